@@ -1,0 +1,6 @@
+"""hookbus.cli: the `hookbus` command and the embedded nats-server. Sits on top of
+`hookbus.dispatcher` and `hookbus.workers`."""
+
+from ._server import EmbeddedNatsServer, NatsServerNotFoundError, find_nats_server
+
+__all__ = ["EmbeddedNatsServer", "NatsServerNotFoundError", "find_nats_server"]

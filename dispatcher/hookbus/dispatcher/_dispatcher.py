@@ -1,0 +1,449 @@
+"""`HookDispatcher`: amplifier-core's `HookRegistry`, with handlers anywhere on NATS."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, overload
+
+import anyio
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from hookbus.schemas import (
+    STANDARD_EVENTS,
+    EventEnvelope,
+    FailurePolicy,
+    HookbusError,
+    HookReply,
+    HookResult,
+    NotConnectedError,
+    StandardEvents,
+    UnknownEventError,
+    collect_reply_subject,
+    collect_subject,
+    decode,
+    encode,
+    validate_name,
+)
+
+from ._calls import Failed, Outcome, call_local, call_remote
+from ._fold import Fold
+from ._registry import RegistryWatch, open_handlers_bucket
+from ._routes import LocalHandler, Route, RoutingTable
+
+__all__ = ["HookDispatcher"]
+
+log = logging.getLogger("hookbus.dispatcher")
+
+
+class _Collect:
+    """One emit_and_collect in flight: which remote handlers are expected, what came."""
+
+    __slots__ = ("done", "expected", "results")
+
+    def __init__(self, expected: set[str]) -> None:
+        self.expected = expected
+        self.results: dict[str, HookResult] = {}
+        self.done = anyio.Event()
+
+
+class HookDispatcher(StandardEvents):
+    """Emit events to handlers in-process and on NATS, folded as amplifier-core does.
+
+    Made with no connection, it is amplifier-core's `HookRegistry` (`register`, `on`,
+    `set_default_fields`, `emit`, `emit_and_collect`, `list_handlers`, the event constants)
+    and code written for it runs unchanged. Given a connection (``HookDispatcher(nc)`` then
+    ``await d.start()``, or ``async with HookDispatcher(nc) as d``), it also watches the
+    handler registry bucket and calls remote handlers in the same priority order.
+
+    Args:
+        nc: a connected nats-py client, or None for in-process only.
+        strict_events: raise `UnknownEventError` when emitting an event that is neither a
+            standard event nor has any handler (a typo would otherwise pass silently).
+        resync_s: seconds between full re-reads of the registry (a backstop to the watch).
+        bucket_replicas: replicas of the registry bucket if this dispatcher creates it.
+    """
+
+    def __init__(
+        self,
+        nc: NATS | None = None,
+        *,
+        strict_events: bool = False,
+        resync_s: float = 30.0,
+        bucket_replicas: int = 1,
+    ) -> None:
+        self._nc = nc
+        self._strict = strict_events
+        self._resync_s = resync_s
+        self._bucket_replicas = bucket_replicas
+        self._table = RoutingTable()
+        self._defaults: dict[str, Any] = {}
+        self._watch: RegistryWatch | None = None
+        self._inbox_sub: Subscription | None = None
+        self._inbox_prefix = ""
+        self._collects: dict[str, _Collect] = {}
+        self._tokens = itertools.count()
+        self._started = False
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load the handler registry and start watching it (no-op without a connection).
+
+        Returns once the current declarations are in the routing table.
+        """
+        if self._started or self._nc is None:
+            return
+        kv = await open_handlers_bucket(self._nc, replicas=self._bucket_replicas)
+        self._watch = RegistryWatch(kv, self._table, resync_s=self._resync_s)
+        await self._watch.start()
+        self._inbox_prefix = self._nc.new_inbox()
+        self._inbox_sub = await self._nc.subscribe(
+            collect_reply_subject(self._inbox_prefix, "*"), cb=self._on_collect_reply
+        )
+        await self._nc.flush()
+        self._started = True
+
+    async def connect(self, nc: NATS) -> None:
+        """Attach a connection to a dispatcher made without one, then `start`."""
+        if self._nc is not None and self._nc is not nc:
+            raise HookbusError("this dispatcher already has a connection")
+        self._nc = nc
+        await self.start()
+
+    async def close(self) -> None:
+        """Stop watching and unsubscribe (idempotent). The connection stays the caller's."""
+        if self._watch is not None:
+            await self._watch.stop()
+            self._watch = None
+        if self._inbox_sub is not None:
+            with contextlib.suppress(Exception):
+                await self._inbox_sub.unsubscribe()
+            self._inbox_sub = None
+        self._started = False
+
+    async def __aenter__(self) -> HookDispatcher:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def refresh(self) -> None:
+        """Re-read the whole handler registry now (normally the watch keeps it current)."""
+        if self._watch is not None:
+            await self._watch.resync()
+
+    # -- amplifier-core HookRegistry API -------------------------------------------------
+    @overload
+    def register(
+        self,
+        event: str,
+        handler: LocalHandler,
+        priority: int = 0,
+        name: str | None = None,
+        *,
+        timeout_s: float | None = None,
+        failure_policy: FailurePolicy = "ignore",
+        tool_filter: list[str] | None = None,
+        parallel: bool = False,
+    ) -> Callable[[], None]: ...
+    @overload
+    def register(
+        self,
+        event: str,
+        handler: None = None,
+        priority: int = 0,
+        name: str | None = None,
+        *,
+        timeout_s: float | None = None,
+        failure_policy: FailurePolicy = "ignore",
+        tool_filter: list[str] | None = None,
+        parallel: bool = False,
+    ) -> Callable[[LocalHandler], LocalHandler]: ...
+    def register(
+        self,
+        event: str,
+        handler: LocalHandler | None = None,
+        priority: int = 0,
+        name: str | None = None,
+        *,
+        timeout_s: float | None = None,
+        failure_policy: FailurePolicy = "ignore",
+        tool_filter: list[str] | None = None,
+        parallel: bool = False,
+    ) -> Callable[[], None] | Callable[[LocalHandler], LocalHandler]:
+        """Register an in-process handler (amplifier-core `HookRegistry.register`).
+
+        ``async def handler(event: str, data: dict) -> HookResult`` (a sync function, a
+        dict or None as result work too). Lower `priority` runs first; `name` defaults to
+        the function's name. Returns the unregister function; called without `handler`
+        it is a decorator that registers and returns the function unchanged.
+
+        hookbus keyword-only extras, as for remote handlers: `timeout_s` (seconds, None
+        for no limit), `failure_policy` (``ignore`` | ``deny``), `tool_filter` (globs over
+        ``data["tool_name"]``), `parallel`.
+        """
+        validate_name("event", event)
+        if handler is None:
+
+            def decorator(fn: LocalHandler) -> LocalHandler:
+                self.register(
+                    event,
+                    fn,
+                    priority,
+                    name,
+                    timeout_s=timeout_s,
+                    failure_policy=failure_policy,
+                    tool_filter=tool_filter,
+                    parallel=parallel,
+                )
+                return fn
+
+            return decorator
+        route = Route.make(
+            event=event,
+            name=name or getattr(handler, "__name__", "handler"),
+            priority=priority,
+            timeout_s=timeout_s,
+            failure_policy=failure_policy,
+            parallel=parallel,
+            tool_filter=tool_filter,
+            local=handler,
+            seq=self._table.next_seq(),
+        )
+        return self._table.add_local(route)
+
+    on = register
+    """Alias of `register` (amplifier-core keeps it for backwards compatibility)."""
+
+    def set_default_fields(self, **defaults: Any) -> None:
+        """Set the fields merged into every emit's data; explicit data wins. Replaces
+        earlier defaults (amplifier-core `HookRegistry.set_default_fields`)."""
+        self._defaults = defaults
+
+    def list_handlers(self, event: str | None = None) -> dict[str, list[str]]:
+        """Handler names per event in call order, in-process and remote alike.
+
+        Shape: ``{"tool:pre": ["security", "redactor"], ...}`` (amplifier-core).
+        """
+        if event is not None:
+            return {event: [r.name for r in self._table.routes(event)]}
+        return {e: [r.name for r in self._table.routes(e)] for e in self._table.events()}
+
+    def routes(self, event: str) -> tuple[Route, ...]:
+        """The full routes of `event` in call order (priority, policy, filter, ...)."""
+        return self._table.routes(event)
+
+    async def emit(self, event: str, data: dict[str, Any]) -> HookResult:
+        """Emit `event` to its handlers in priority order and fold their results.
+
+        amplifier-core `HookRegistry.emit` semantics: with no handlers, ``continue`` with
+        `data` unchanged (no defaults, no timestamp); otherwise default fields are merged
+        (explicit data wins), ``timestamp`` is stamped (UTC ISO-8601), and handlers run in
+        order with deny short-circuit, modify chaining, inject_context merging, first
+        ask_user kept; precedence deny > ask_user > inject_context > modify > continue.
+        Handlers whose tool filter does not match are skipped with no round trip; an
+        adjacent run of ``parallel`` handlers is called concurrently and folded in order.
+        A handler failure (timeout, no responders, error, bad reply) is judged by its
+        failure policy and recorded in ``result.failures``. See `Fold` for the fold and
+        the README for where hookbus deliberately differs (data stays on the result).
+
+        Returns:
+            The folded `HookResult`; ``result.data`` is the final chained data.
+        Raises:
+            UnknownEventError: `strict_events` is on and the event is unknown.
+            PayloadTooLargeError: the event does not fit the server's max_payload.
+            NotConnectedError: a remote handler is routed but the connection is closed.
+        """
+        routes = self._table.routes(event)
+        if not routes:
+            if self._strict and event not in STANDARD_EVENTS:
+                raise UnknownEventError(f"unknown event {event!r}: no handler is declared")
+            return HookResult(action="continue", data=data)
+        current = {**self._defaults, **(data or {})}
+        current["timestamp"] = datetime.now(UTC).isoformat()
+        fold = Fold(current)
+        ctx = _EmitContext(event, current)
+        i, n = 0, len(routes)
+        while i < n:
+            route = routes[i]
+            if not route.parallel:
+                i += 1
+                if route.matches(fold.data):
+                    outcome = await self._call(route, ctx, fold.data)
+                    denied = self._fold_one(fold, route, outcome)
+                    if denied is not None:
+                        return denied
+                continue
+            group = []
+            while i < n and routes[i].parallel:
+                if routes[i].matches(fold.data):
+                    group.append(routes[i])
+                i += 1
+            for route, outcome in zip(group, await self._call_group(group, ctx, fold.data)):
+                denied = self._fold_one(fold, route, outcome)
+                if denied is not None:
+                    return denied
+        return fold.result()
+
+    async def emit_and_collect(
+        self, event: str, data: dict[str, Any], timeout: float = 1.0
+    ) -> list[Any]:
+        """Emit `event` to every handler at once and collect their answers.
+
+        amplifier-core `HookRegistry.emit_and_collect` semantics: `data` is passed as is
+        (no defaults, no timestamp); returns the non-None ``result.data`` of each handler
+        that answered within `timeout` seconds, in priority order; failures are logged and
+        skipped. Remote handlers get one publish on the event's collect subject; the call
+        returns as soon as every expected handler has answered (tool filters do not apply).
+
+        Raises:
+            UnknownEventError: `strict_events` is on and the event is unknown.
+        """
+        routes = self._table.routes(event)
+        if not routes:
+            if self._strict and event not in STANDARD_EVENTS:
+                raise UnknownEventError(f"unknown event {event!r}: no handler is declared")
+            return []
+        outcomes: dict[str, Outcome] = {}
+        remote = [r for r in routes if r.remote]
+        with anyio.move_on_after(timeout):
+            async with anyio.create_task_group() as tg:
+                for route in routes:
+                    if not route.remote:
+                        tg.start_soon(self._collect_local, route, event, data, timeout, outcomes)
+                if remote:
+                    tg.start_soon(self._collect_remote, remote, event, data, outcomes)
+        responses = []
+        for route in routes:
+            outcome = outcomes.get(route.name)
+            if isinstance(outcome, HookResult):
+                if outcome.data is not None:
+                    responses.append(outcome.data)
+            elif outcome is None:
+                log.warning("handler %r gave no answer to %r within %ss", route.name, event, timeout)
+            else:
+                log.warning("handler %r failed on %r: %s", route.name, event, outcome.message)
+        return responses
+
+    # -- internals -----------------------------------------------------------------------
+    async def _call(self, route: Route, ctx: _EmitContext, data: dict[str, Any]) -> Outcome:
+        if route.local is not None:
+            return await call_local(route, ctx.event, data)
+        return await call_remote(self._nc, route, ctx.envelope(data), None)
+
+    async def _call_group(
+        self, group: list[Route], ctx: _EmitContext, data: dict[str, Any]
+    ) -> list[Outcome]:
+        if len(group) == 1:
+            return [await self._call(group[0], ctx, data)]
+        outcomes: list[Outcome] = [Failed("error", "not called")] * len(group)
+
+        async def one(i: int, route: Route) -> None:
+            outcomes[i] = await self._call(route, ctx, data)
+
+        async with anyio.create_task_group() as tg:
+            for i, route in enumerate(group):
+                tg.start_soon(one, i, route)
+        return outcomes
+
+    @staticmethod
+    def _fold_one(fold: Fold, route: Route, outcome: Outcome) -> HookResult | None:
+        if isinstance(outcome, Failed):
+            log.warning(
+                "handler %r failed (%s, policy %s): %s",
+                route.name,
+                outcome.kind,
+                route.failure_policy,
+                outcome.message,
+            )
+            return fold.fail(route.name, outcome.kind, route.failure_policy, outcome.message)
+        if route.parallel and outcome.action == "modify":
+            return fold.fail(
+                route.name, "bad_reply", route.failure_policy, "a parallel handler may not modify"
+            )
+        return fold.apply(route.name, outcome)
+
+    async def _collect_local(
+        self,
+        route: Route,
+        event: str,
+        data: dict[str, Any],
+        timeout: float,
+        outcomes: dict[str, Outcome],
+    ) -> None:
+        limited = route if route.timeout_s is not None else _with_timeout(route, timeout)
+        outcomes[route.name] = await call_local(limited, event, data)
+
+    async def _collect_remote(
+        self, remote: list[Route], event: str, data: dict[str, Any], outcomes: dict[str, Outcome]
+    ) -> None:
+        nc = self._nc
+        if nc is None or not self._started:
+            raise NotConnectedError("remote handlers need a started dispatcher with a connection")
+        token = f"{next(self._tokens):x}"
+        collect = self._collects[token] = _Collect({r.name for r in remote})
+        try:
+            envelope = _EmitContext(event, data).envelope(data)
+            await nc.publish(
+                collect_subject(event),
+                encode(envelope),
+                reply=collect_reply_subject(self._inbox_prefix, token),
+            )
+            await collect.done.wait()
+        finally:
+            outcomes.update(self._collects.pop(token).results)
+
+    async def _on_collect_reply(self, msg: Msg) -> None:
+        collect = self._collects.get(msg.subject.rpartition(".")[2])
+        if collect is None:
+            return  # late answer to a finished collect
+        try:
+            reply = decode(msg.data, HookReply)
+        except HookbusError as exc:
+            log.warning("bad collect reply on %s: %s", msg.subject, exc)
+            return
+        if reply.handler not in collect.expected:
+            return
+        if reply.result is not None:
+            collect.results[reply.handler] = reply.result
+        collect.expected.discard(reply.handler)
+        if not collect.expected:
+            collect.done.set()
+
+
+def _with_timeout(route: Route, timeout_s: float) -> Route:
+    return dataclasses.replace(route, timeout_s=timeout_s)
+
+
+class _EmitContext:
+    """What every handler call of one emit shares: its id, event and start time."""
+
+    __slots__ = ("agent_id", "emitted_at", "event", "id", "session_id")
+
+    def __init__(self, event: str, data: dict[str, Any]) -> None:
+        self.event = event
+        self.id = uuid.uuid4().hex
+        self.emitted_at = time.time()
+        agent, session = data.get("agent_id"), data.get("session_id")
+        self.agent_id = agent if isinstance(agent, str) else None
+        self.session_id = session if isinstance(session, str) else None
+
+    def envelope(self, data: dict[str, Any]) -> EventEnvelope:
+        return EventEnvelope(
+            id=self.id,
+            event=self.event,
+            data=data,
+            agent_id=self.agent_id,
+            session_id=self.session_id,
+            emitted_at=self.emitted_at,
+        )
+

@@ -1,0 +1,81 @@
+"""JSON encoding of the wire types: one encoder and one decoder per type, built once.
+
+msgspec JSON: readable with the `nats` CLI, writable from any language. Decode errors
+become `WireFormatError` with msgspec's message, which names the JSON path
+(e.g. ``Expected `str`, got `int` - at `$.event```).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import msgspec
+
+from ._errors import WireFormatError
+from ._types import (
+    CollectReply,
+    CollectRequest,
+    EmitReply,
+    EmitRequest,
+    EventEnvelope,
+    HandlerDeclaration,
+    HookReply,
+    HookResult,
+    WireError,
+)
+
+__all__ = ["WIRE_TYPES", "decode", "encode", "json_schemas", "to_builtins"]
+
+T = TypeVar("T")
+
+WIRE_TYPES: tuple[type[Any], ...] = (
+    EventEnvelope,
+    HookResult,
+    HookReply,
+    HandlerDeclaration,
+    EmitRequest,
+    EmitReply,
+    CollectRequest,
+    CollectReply,
+    WireError,
+)
+"""Every type that crosses the wire; `json_schemas` covers exactly these."""
+
+_encoder = msgspec.json.Encoder()
+_decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {}
+
+
+def encode(obj: Any) -> bytes:
+    """Encode a wire type (or any msgspec-encodable value) as compact JSON bytes."""
+    return _encoder.encode(obj)
+
+
+def decode(data: bytes | str, type_: type[T]) -> T:
+    """Decode JSON into `type_`.
+
+    Raises:
+        WireFormatError: the bytes are not JSON or do not fit `type_` (message has the path).
+    """
+    dec = _decoders.get(type_)
+    if dec is None:
+        dec = _decoders[type_] = msgspec.json.Decoder(type_)
+    try:
+        return dec.decode(data)  # type: ignore[no-any-return]
+    except msgspec.DecodeError as exc:
+        raise WireFormatError(f"invalid {type_.__name__}: {exc}") from exc
+
+
+def to_builtins(obj: Any) -> Any:
+    """A wire type as plain dicts and lists (for printing and for JSON Schema checks)."""
+    return msgspec.to_builtins(obj)
+
+
+def json_schemas() -> dict[str, Any]:
+    """The JSON Schema (2020-12) of every wire type: ``{"$defs": {...}, "types": [...]}``."""
+    _, defs = msgspec.json.schema_components(WIRE_TYPES, ref_template="#/$defs/{name}")
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "hookbus v1 wire types",
+        "$defs": defs,
+        "types": [t.__name__ for t in WIRE_TYPES],
+    }

@@ -1,0 +1,59 @@
+"""Errors of hookbus: one root, a few leaves per area.
+
+Errors that cross the wire travel as data (`hookbus.schemas.WireError`), never as pickles
+or tracebacks; these classes are what the Python API raises.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BadRequestError",
+    "HookbusError",
+    "HookbusTimeoutError",
+    "NotConnectedError",
+    "PayloadTooLargeError",
+    "RemoteError",
+    "UnknownEventError",
+    "WireFormatError",
+]
+
+
+class HookbusError(Exception):
+    """Root of every error hookbus raises."""
+
+
+class HookbusTimeoutError(HookbusError, TimeoutError):
+    """An operation ran past its deadline (also a stdlib `TimeoutError`)."""
+
+
+class NotConnectedError(HookbusError):
+    """The operation needs a NATS connection and none was given or it is closed."""
+
+
+class WireFormatError(HookbusError):
+    """A message could not be decoded into its wire type; the message names the JSON path."""
+
+
+class BadRequestError(HookbusError):
+    """The caller's input is invalid (bad JSON, wrong types, bad event name)."""
+
+
+class UnknownEventError(BadRequestError):
+    """The event is neither a standard event nor one with a declared handler (strict mode)."""
+
+
+class PayloadTooLargeError(BadRequestError):
+    """The encoded message exceeds the server's `max_payload` (bytes)."""
+
+
+class RemoteError(HookbusError):
+    """A hookbus service answered with a structured error (`WireError`).
+
+    Attributes:
+        code: the wire error code, e.g. ``"unknown_event"`` or ``"bad_request"``.
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message

@@ -1,0 +1,173 @@
+"""Every NATS subject, queue group, bucket and KV key hookbus uses, built in one place.
+
+Names (events, handler names, labels) may hold any text; subject tokens and KV keys may
+not (no ``.``, ``*``, ``>``, whitespace; KV keys only ``[-/_=.a-zA-Z0-9]``). `encode_token`
+is the one reversible encoding for both: ``[A-Za-z0-9_-]`` stays as is and every other
+byte of the UTF-8 text becomes ``=XX`` (upper-case hex), so ``tool:pre`` is ``tool=3Apre``.
+
+Subjects (version in the subject, ``v1``):
+
+========================================  =============================================
+``hookbus.v1.hook.<event>.<handler>``     one handler's requests (queue group per handler)
+``hookbus.v1.collect.<event>``            emit_and_collect scatter (every handler hears it)
+``hookbus.v1.emit.<event>``               dispatcher service: emit
+``hookbus.v1.emit_and_collect.<event>``   dispatcher service: emit_and_collect
+========================================  =============================================
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from ._errors import BadRequestError
+
+__all__ = [
+    "COLLECT_SERVICE_WILDCARD",
+    "DISPATCHER_QUEUE_GROUP",
+    "EMIT_SERVICE_WILDCARD",
+    "HANDLERS_BUCKET",
+    "MAX_NAME_LENGTH",
+    "SUBJECT_PREFIX",
+    "collect_reply_subject",
+    "collect_service_subject",
+    "collect_subject",
+    "decode_token",
+    "emit_service_subject",
+    "encode_token",
+    "event_from_service_subject",
+    "handler_key",
+    "handler_queue_group",
+    "handler_subject",
+    "parse_handler_key",
+    "validate_name",
+]
+
+SUBJECT_PREFIX: Final = "hookbus.v1"
+HANDLERS_BUCKET: Final = "hookbus_handlers"
+"""JetStream KV bucket holding one `HandlerDeclaration` per (event, handler)."""
+DISPATCHER_QUEUE_GROUP: Final = "hookbus-dispatcher"
+"""Queue group of the dispatcher service replicas."""
+EMIT_SERVICE_WILDCARD: Final = f"{SUBJECT_PREFIX}.emit.*"
+COLLECT_SERVICE_WILDCARD: Final = f"{SUBJECT_PREFIX}.emit_and_collect.*"
+MAX_NAME_LENGTH: Final = 200
+"""Longest event or handler name accepted, in characters."""
+
+_PLAIN = re.compile(r"[A-Za-z0-9_-]")
+_TOKEN = re.compile(r"(?:[A-Za-z0-9_-]|=[0-9A-F]{2})+")
+
+
+def encode_token(name: str) -> str:
+    """Encode any non-empty text as one subject token / KV key segment (reversible).
+
+    Raises:
+        BadRequestError: `name` is empty.
+    """
+    if not name:
+        raise BadRequestError("a name may not be empty")
+    if name.isascii() and all(_PLAIN.fullmatch(c) for c in name):
+        return name
+    out: list[str] = []
+    for ch in name:
+        if _PLAIN.fullmatch(ch):
+            out.append(ch)
+        else:
+            out.extend(f"={b:02X}" for b in ch.encode())
+    return "".join(out)
+
+
+def decode_token(token: str) -> str:
+    """Invert `encode_token`.
+
+    Raises:
+        BadRequestError: `token` is not the output of `encode_token`.
+    """
+    if not _TOKEN.fullmatch(token):
+        raise BadRequestError(f"not a hookbus token: {token!r}")
+    raw = bytearray()
+    i = 0
+    while i < len(token):
+        if token[i] == "=":
+            raw.append(int(token[i + 1 : i + 3], 16))
+            i += 3
+        else:
+            raw.append(ord(token[i]))
+            i += 1
+    try:
+        name = raw.decode()
+    except UnicodeDecodeError as exc:
+        raise BadRequestError(f"not a hookbus token: {token!r}") from exc
+    if encode_token(name) != token:  # one encoding per name: reject non-canonical forms
+        raise BadRequestError(f"not a canonical hookbus token: {token!r}")
+    return name
+
+
+def validate_name(kind: str, name: object) -> str:
+    """Check an event or handler name: a non-empty string of at most `MAX_NAME_LENGTH`.
+
+    Raises:
+        BadRequestError: with `kind` ("event", "handler") in the message.
+    """
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME_LENGTH:
+        raise BadRequestError(
+            f"{kind} name must be a non-empty string of at most {MAX_NAME_LENGTH} characters,"
+            f" got {name!r}"
+        )
+    return name
+
+
+def handler_subject(event: str, handler: str) -> str:
+    """Request subject of one handler: ``hookbus.v1.hook.<event>.<handler>``."""
+    return f"{SUBJECT_PREFIX}.hook.{encode_token(event)}.{encode_token(handler)}"
+
+
+def handler_queue_group(handler: str) -> str:
+    """Queue group shared by the replicas of one handler (one group per handler)."""
+    return encode_token(handler)
+
+
+def collect_subject(event: str) -> str:
+    """Scatter subject of `emit_and_collect`: every handler of `event` subscribes to it."""
+    return f"{SUBJECT_PREFIX}.collect.{encode_token(event)}"
+
+
+def collect_reply_subject(inbox_prefix: str, token: str) -> str:
+    """Reply subject of one emit_and_collect on a dispatcher's long-lived wildcard inbox
+    (`token` ``"*"`` gives the inbox's subscription subject)."""
+    return f"{inbox_prefix}.{token}"
+
+
+def emit_service_subject(event: str) -> str:
+    """Dispatcher service subject for `emit`: ``hookbus.v1.emit.<event>``."""
+    return f"{SUBJECT_PREFIX}.emit.{encode_token(event)}"
+
+
+def collect_service_subject(event: str) -> str:
+    """Dispatcher service subject for `emit_and_collect`."""
+    return f"{SUBJECT_PREFIX}.emit_and_collect.{encode_token(event)}"
+
+
+def event_from_service_subject(subject: str) -> str:
+    """The event name in a dispatcher service subject (the last token, decoded).
+
+    Raises:
+        BadRequestError: the last token is not a valid encoded name.
+    """
+    return decode_token(subject.rpartition(".")[2])
+
+
+def handler_key(event: str, handler: str) -> str:
+    """Key of a `HandlerDeclaration` in `HANDLERS_BUCKET`: ``<event>.<handler>``."""
+    return f"{encode_token(event)}.{encode_token(handler)}"
+
+
+def parse_handler_key(key: str) -> tuple[str, str]:
+    """Invert `handler_key`: ``(event, handler)``.
+
+    Raises:
+        BadRequestError: `key` is not a handler key.
+    """
+    event, sep, handler = key.partition(".")
+    if not sep:
+        raise BadRequestError(f"not a handler key: {key!r}")
+    return decode_token(event), decode_token(handler)

@@ -1,0 +1,188 @@
+"""The wire contract: msgspec Structs for every message hookbus sends.
+
+Rules (msgspec schema evolution): every field added later has a default; unknown fields
+are ignored on decode; encoders omit fields left at their default, so messages stay small
+and readable with the `nats` CLI. `hookbus schema` writes the JSON Schema of each type.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+__all__ = [
+    "Action",
+    "CollectReply",
+    "CollectRequest",
+    "ContextInjection",
+    "EmitReply",
+    "EmitRequest",
+    "EventEnvelope",
+    "FailureKind",
+    "FailurePolicy",
+    "HandlerDeclaration",
+    "HandlerFailure",
+    "HookReply",
+    "HookResult",
+    "WireError",
+]
+
+Action = Literal["continue", "deny", "modify", "inject_context", "ask_user"]
+"""amplifier-core's `HookResult.action` values."""
+
+FailureKind = Literal["timeout", "no_responders", "error", "bad_reply"]
+"""Why a handler gave no usable answer: it ran past its timeout, no replica was subscribed
+(NATS status 503, answered at once), it raised, or its reply did not decode."""
+
+FailurePolicy = Literal["ignore", "deny"]
+"""What a handler failure does: ``ignore`` skips the handler and records the fail-open
+(amplifier-core's behaviour), ``deny`` fails closed."""
+
+
+class _Wire(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=False):
+    """Base of every wire type."""
+
+
+class ContextInjection(_Wire):
+    """One handler's context injection, kept losslessly next to the merged text."""
+
+    handler: str
+    """Name of the handler that returned it."""
+    content: str
+    """The text to inject."""
+    role: Literal["system", "user", "assistant"] = "system"
+    ephemeral: bool = False
+    append_to_last_tool_result: bool = False
+
+
+class HandlerFailure(_Wire):
+    """A handler that gave no usable answer, and the failure policy applied to it."""
+
+    handler: str
+    kind: FailureKind
+    policy: FailurePolicy
+    message: str = ""
+    """Human-readable detail (the exception text, the decode error with its JSON path)."""
+
+
+class HookResult(_Wire):
+    """What a handler returns and what `emit` returns.
+
+    Every field of amplifier-core's `HookResult` (`amplifier_core/models.py`) with the same
+    names, types and defaults, so handlers written for amplifier-core construct it unchanged;
+    plus three hookbus fields: `context_injections`, `failures` and `decided_by`.
+    """
+
+    action: Action = "continue"
+    data: dict[str, Any] | None = None
+    """Event data. From a handler: with ``action="modify"``, replaces the data for the next
+    handler (whole replacement). From `emit`: the final chained data, whatever the action."""
+    reason: str | None = None
+    context_injection: str | None = None
+    context_injection_role: Literal["system", "user", "assistant"] = "system"
+    ephemeral: bool = False
+    append_to_last_tool_result: bool = False
+    approval_prompt: str | None = None
+    approval_options: list[str] | None = None
+    approval_timeout: float = 300.0
+    """Seconds to wait for the user's answer before `approval_default` applies."""
+    approval_default: Literal["allow", "deny"] = "deny"
+    suppress_output: bool = False
+    user_message: str | None = None
+    user_message_level: Literal["info", "warning", "error"] = "info"
+    # hookbus extensions -------------------------------------------------------------
+    context_injections: list[ContextInjection] = msgspec.field(default_factory=list)
+    """Every injection in priority order, each with the handler that made it (lossless)."""
+    failures: list[HandlerFailure] = msgspec.field(default_factory=list)
+    """Handlers that failed during the emit, with the policy applied (never silent)."""
+    decided_by: str | None = None
+    """Name of the handler whose result decided the action (deny / ask_user), if any."""
+
+
+class EventEnvelope(_Wire):
+    """One event as a handler receives it on ``hookbus.v1.hook.<event>.<handler>``."""
+
+    id: str
+    """Unique id of this emit (hex), shared by every handler call of the emit."""
+    event: str
+    """Event name, e.g. ``"tool:pre"``."""
+    data: dict[str, Any]
+    """The event data as the handler sees it (after defaults and earlier modifies)."""
+    agent_id: str | None = None
+    session_id: str | None = None
+    emitted_at: float = 0.0
+    """When the emit started: seconds since the Unix epoch."""
+    deadline: float | None = None
+    """When the dispatcher stops waiting for this handler: seconds since the Unix epoch."""
+
+
+class WireError(_Wire):
+    """A structured error reply. `code` is one of ``bad_request``, ``unknown_event``,
+    ``payload_too_large``, ``handler_error``, ``bad_result``, ``not_ready``, ``internal``."""
+
+    code: str
+    message: str
+
+
+class HookReply(_Wire):
+    """A worker's answer to one `EventEnvelope`: exactly one of `result` or `error`."""
+
+    handler: str
+    result: HookResult | None = None
+    error: WireError | None = None
+
+
+class HandlerDeclaration(_Wire):
+    """A remote handler, as a worker declares it in the registry bucket.
+
+    A declaration outlives the worker instances that serve it (like a Kubernetes webhook
+    configuration): a declared handler with no live replica answers "no responders" at
+    once and its failure policy applies.
+    """
+
+    event: str
+    name: str
+    priority: int = 0
+    """Lower runs first (amplifier-core order); ties break by name."""
+    tool_filter: list[str] | None = None
+    """Glob patterns (`fnmatch`) over ``data["tool_name"]``; ``None`` matches every call."""
+    timeout_s: float = 5.0
+    """Seconds the dispatcher waits for one call of this handler."""
+    failure_policy: FailurePolicy = "ignore"
+    parallel: bool = False
+    """May run concurrently with adjacent parallel handlers; may not modify."""
+    subject: str = ""
+    """Request subject, built by `hookbus.schemas.handler_subject`."""
+    collect_subject: str = ""
+    queue_group: str = ""
+
+
+class EmitRequest(_Wire):
+    """Body of a request to the dispatcher service on ``hookbus.v1.emit.<event>``."""
+
+    data: dict[str, Any] = msgspec.field(default_factory=dict)
+    agent_id: str | None = None
+    session_id: str | None = None
+
+
+class EmitReply(_Wire):
+    """The dispatcher service's answer: exactly one of `result` or `error`."""
+
+    result: HookResult | None = None
+    error: WireError | None = None
+
+
+class CollectRequest(_Wire):
+    """Body of a request on ``hookbus.v1.emit_and_collect.<event>``."""
+
+    data: dict[str, Any] = msgspec.field(default_factory=dict)
+    timeout_s: float = 1.0
+    """Seconds to wait for the handlers' answers (amplifier-core's `timeout`)."""
+
+
+class CollectReply(_Wire):
+    """The dispatcher service's answer to a `CollectRequest`."""
+
+    responses: list[Any] = msgspec.field(default_factory=list)
+    error: WireError | None = None

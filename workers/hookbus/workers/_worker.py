@@ -1,0 +1,360 @@
+"""`HookWorker`: serve hook handlers on NATS, one queue group per handler."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import anyio
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from hookbus.schemas import (
+    EventEnvelope,
+    FailurePolicy,
+    HandlerDeclaration,
+    HookbusError,
+    HookReply,
+    NotConnectedError,
+    WireError,
+    WireFormatError,
+    collect_subject,
+    decode,
+    encode,
+    handler_key,
+    handler_queue_group,
+    handler_subject,
+    handlers_bucket_config,
+    to_hook_result,
+    validate_name,
+)
+
+__all__ = ["HandlerSpec", "HookWorker"]
+
+log = logging.getLogger("hookbus.workers")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+Handler = Callable[[str, dict[str, Any]], Any]
+"""``(event, data) -> HookResult | dict | None``, sync or async (amplifier-core signature)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerSpec:
+    """One handler of a worker: its function and its declaration."""
+
+    fn: Handler
+    declaration: HandlerDeclaration
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn)
+
+
+class HookWorker:
+    """A worker process's hook handlers, served on NATS.
+
+    Each handler gets its own subject and queue group (``hookbus.v1.hook.<event>.<name>``),
+    so replicas of the same worker share its load, and its declaration is written to the
+    handler registry bucket, where dispatchers pick it up. Each request runs in a task of
+    its own, at most `max_concurrency` at a time; shutdown drains: nothing received is lost.
+
+    Use ``async with HookWorker(nc) as w: ...`` or ``await w.run()`` (serves until
+    `shutdown` or, with ``handle_signals=True``, SIGTERM / SIGINT). Handlers may be added
+    with the `handler` decorator before the worker has a connection (`hookbus worker
+    module:attr` gives it one).
+
+    Args:
+        nc: a connected nats-py client (or give it to `start` later).
+        max_concurrency: requests handled at once by this process (all handlers together).
+        bucket_replicas: replicas of the registry bucket if this worker creates it.
+    """
+
+    def __init__(
+        self, nc: NATS | None = None, *, max_concurrency: int = 256, bucket_replicas: int = 1
+    ) -> None:
+        if max_concurrency < 1:
+            raise ValueError("max_concurrency must be at least 1")
+        self._nc = nc
+        self._max_concurrency = max_concurrency
+        self._bucket_replicas = bucket_replicas
+        self._specs: dict[tuple[str, str], HandlerSpec] = {}
+        self._subs: list[Subscription] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._limiter: asyncio.Semaphore | None = None
+        self._stopped: asyncio.Event | None = None
+        self._state = "new"  # new -> serving -> draining -> stopped
+        self.handled = 0
+        """Requests answered so far (for tests and stats)."""
+
+    # -- declaring handlers ------------------------------------------------------------
+    def handler(
+        self,
+        event: str,
+        *,
+        priority: int = 0,
+        name: str | None = None,
+        tool_filter: list[str] | None = None,
+        timeout_s: float = 5.0,
+        failure_policy: FailurePolicy = "ignore",
+        parallel: bool = False,
+    ) -> Callable[[F], F]:
+        """Decorator: serve the function as a handler of `event`; returns it unchanged.
+
+        Args:
+            event: event name, e.g. ``"tool:pre"``.
+            priority: lower runs first (amplifier-core order); ties break by name.
+            name: unique per event; defaults to the function's name.
+            tool_filter: globs over ``data["tool_name"]``; None matches every call.
+            timeout_s: seconds the dispatcher waits for one call (also enforced here).
+            failure_policy: ``ignore`` (fail open, recorded) or ``deny`` (fail closed).
+            parallel: may run concurrently with adjacent parallel handlers; may not modify.
+        Raises:
+            BadRequestError: bad event or handler name.
+            ValueError: a handler of that name is already registered for the event, or the
+                worker is already serving.
+        """
+
+        def decorator(fn: F) -> F:
+            self.add_handler(
+                event,
+                fn,
+                priority=priority,
+                name=name,
+                tool_filter=tool_filter,
+                timeout_s=timeout_s,
+                failure_policy=failure_policy,
+                parallel=parallel,
+            )
+            return fn
+
+        return decorator
+
+    def add_handler(
+        self,
+        event: str,
+        fn: Handler,
+        *,
+        priority: int = 0,
+        name: str | None = None,
+        tool_filter: list[str] | None = None,
+        timeout_s: float = 5.0,
+        failure_policy: FailurePolicy = "ignore",
+        parallel: bool = False,
+    ) -> HandlerSpec:
+        """Non-decorator form of `handler`; returns the spec."""
+        if self._state != "new":
+            raise ValueError("handlers must be added before the worker starts")
+        validate_name("event", event)
+        name = validate_name("handler", name or getattr(fn, "__name__", ""))
+        if (event, name) in self._specs:
+            raise ValueError(f"handler {name!r} is already registered for {event!r}")
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be positive (seconds)")
+        decl = HandlerDeclaration(
+            event=event,
+            name=name,
+            priority=priority,
+            tool_filter=list(tool_filter) if tool_filter is not None else None,
+            timeout_s=timeout_s,
+            failure_policy=failure_policy,
+            parallel=parallel,
+            subject=handler_subject(event, name),
+            collect_subject=collect_subject(event),
+            queue_group=handler_queue_group(name),
+        )
+        spec = self._specs[(event, name)] = HandlerSpec(fn=fn, declaration=decl)
+        return spec
+
+    @property
+    def handlers(self) -> list[HandlerSpec]:
+        return list(self._specs.values())
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def start(self, nc: NATS | None = None) -> None:
+        """Subscribe every handler, then declare it in the registry bucket.
+
+        Returns once the subscriptions are flushed to the server: a dispatcher may send
+        at once. Raises `NotConnectedError` without a connection.
+        """
+        if self._state != "new":
+            return
+        self._nc = nc or self._nc
+        if self._nc is None:
+            raise NotConnectedError("HookWorker.start needs a NATS connection")
+        if not self._specs:
+            raise ValueError("this worker has no handlers")
+        nc_ = self._nc
+        self._limiter = asyncio.Semaphore(self._max_concurrency)
+        self._stopped = asyncio.Event()
+        for spec in self._specs.values():
+            decl = spec.declaration
+            cb = self._make_callback(spec)
+            self._subs.append(await nc_.subscribe(decl.subject, queue=decl.queue_group, cb=cb))
+            self._subs.append(
+                await nc_.subscribe(decl.collect_subject, queue=decl.queue_group, cb=cb)
+            )
+        await nc_.flush()
+        js = nc_.jetstream()
+        try:
+            kv = await js.create_key_value(config=handlers_bucket_config(replicas=self._bucket_replicas))
+        except nats.js.errors.BadRequestError:
+            kv = await js.key_value(handlers_bucket_config().bucket)
+        for spec in self._specs.values():
+            decl = spec.declaration
+            await kv.put(handler_key(decl.event, decl.name), encode(decl))
+        self._state = "serving"
+        log.info("serving %d handler(s): %s", len(self._specs), ", ".join(n for _, n in self._specs))
+
+    async def run(self, nc: NATS | None = None, *, handle_signals: bool = False) -> None:
+        """Start (if needed) and serve until `shutdown`; then return, drained.
+
+        With `handle_signals`, SIGTERM and SIGINT start a graceful shutdown.
+        """
+        await self.start(nc)
+        assert self._stopped is not None
+        loop = asyncio.get_running_loop()
+        installed = []
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.add_signal_handler(sig, lambda: asyncio.ensure_future(self.shutdown()))
+                    installed.append(sig)
+        try:
+            await self._stopped.wait()
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+    async def shutdown(self) -> None:
+        """Stop taking requests and finish every one already received (idempotent).
+
+        Order (FIELD-NOTES: this loses nothing): drain each subscription (the server stops
+        sending, buffered messages are still handled), then await the in-flight tasks. The
+        connection is left open: it belongs to the caller. Declarations stay in the
+        registry (they outlive instances); remove one with `unregister` or the CLI.
+        """
+        if self._state in ("new", "stopped"):
+            self._state = "stopped"
+            if self._stopped is not None:
+                self._stopped.set()
+            return
+        if self._state == "draining":
+            assert self._stopped is not None
+            await self._stopped.wait()
+            return
+        self._state = "draining"
+        for sub in self._subs:
+            with contextlib.suppress(nats.errors.ConnectionClosedError, nats.errors.BadSubscriptionError):
+                await sub.drain()
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        self._subs.clear()
+        self._state = "stopped"
+        assert self._stopped is not None
+        self._stopped.set()
+        log.info("worker drained after %d request(s)", self.handled)
+
+    async def unregister(self) -> None:
+        """Delete this worker's declarations from the registry (an explicit act)."""
+        if self._nc is None:
+            raise NotConnectedError("unregister needs a NATS connection")
+        kv = await self._nc.jetstream().key_value(handlers_bucket_config().bucket)
+        for event, name in self._specs:
+            with contextlib.suppress(nats.js.errors.KeyNotFoundError):
+                await kv.delete(handler_key(event, name))
+
+    async def __aenter__(self) -> HookWorker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    # -- serving -----------------------------------------------------------------------
+    def _make_callback(self, spec: HandlerSpec) -> Callable[[Msg], Awaitable[None]]:
+        async def on_message(msg: Msg) -> None:
+            assert self._limiter is not None
+            await self._limiter.acquire()  # backpressure: later messages wait in the sub
+            task = asyncio.create_task(self._serve(spec, msg))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        return on_message
+
+    async def _serve(self, spec: HandlerSpec, msg: Msg) -> None:
+        assert self._limiter is not None
+        try:
+            reply = await self._handle(spec, msg)
+            if reply is not None:
+                await self._respond(msg, reply)
+        except Exception:  # never let one request take the worker down
+            log.exception("unexpected error serving %s", msg.subject)
+        finally:
+            self.handled += 1
+            self._limiter.release()
+
+    async def _handle(self, spec: HandlerSpec, msg: Msg) -> HookReply | None:
+        decl = spec.declaration
+        try:
+            envelope = decode(msg.data, EventEnvelope)
+        except WireFormatError as exc:
+            log.warning("bad request on %s: %s", msg.subject, exc)
+            return HookReply(handler=decl.name, error=WireError(code="bad_request", message=str(exc)))
+        if envelope.deadline is not None and envelope.deadline < time.time():
+            log.info("dropping %s %s: its deadline passed before it started", decl.name, envelope.id)
+            return None  # the dispatcher has given up on it already
+        try:
+            with anyio.fail_after(decl.timeout_s):
+                if spec.is_async:
+                    raw = await spec.fn(envelope.event, envelope.data)
+                else:
+                    raw = await anyio.to_thread.run_sync(spec.fn, envelope.event, envelope.data)
+                    if inspect.isawaitable(raw):
+                        raw = await raw
+        except TimeoutError:
+            return HookReply(
+                handler=decl.name,
+                error=WireError(code="handler_timeout", message=f"ran past {decl.timeout_s}s"),
+            )
+        except Exception as exc:
+            log.warning("handler %s raised on %s: %r", decl.name, envelope.id, exc)
+            return HookReply(
+                handler=decl.name,
+                error=WireError(code="handler_error", message=f"{type(exc).__name__}: {exc}"),
+            )
+        try:
+            result = to_hook_result(raw)
+        except HookbusError as exc:
+            return HookReply(handler=decl.name, error=WireError(code="bad_result", message=str(exc)))
+        return HookReply(handler=decl.name, result=result)
+
+    async def _respond(self, msg: Msg, reply: HookReply) -> None:
+        if not msg.reply:
+            log.warning("request on %s has no reply subject; answer dropped", msg.subject)
+            return
+        assert self._nc is not None
+        payload = encode(reply)
+        if len(payload) > self._nc.max_payload:
+            log.warning("reply of %s is %d bytes, over max_payload", reply.handler, len(payload))
+            payload = encode(
+                HookReply(
+                    handler=reply.handler,
+                    error=WireError(
+                        code="payload_too_large",
+                        message=f"reply is {len(payload)} bytes; max_payload is"
+                        f" {self._nc.max_payload}",
+                    ),
+                )
+            )
+        await self._nc.publish(msg.reply, payload)
