@@ -1,0 +1,131 @@
+"""What the CLI commands share: the NATS URL (or the embedded server), connecting,
+loading `module:attr`, parsing JSON arguments, logging setup."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+import nats
+import nats.errors
+from nats.aio.client import Client as NATS
+
+from ._server import EmbeddedNatsServer
+
+log = logging.getLogger("hookbus.cli")
+
+url_option = click.option(
+    "--url",
+    envvar="NATS_URL",
+    default=None,
+    metavar="URL[,URL...]",
+    help="NATS server URL, or a comma-separated server list (env NATS_URL). "
+    "Without one, an embedded nats-server with JetStream is started and stopped on exit.",
+)
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+@contextlib.contextmanager
+def nats_url_or_embedded(url: str | None, *, data_dir: str | None = None) -> Iterator[str]:
+    """Yield `url`, or start the embedded nats-server and yield its URL."""
+    if url:
+        yield url
+        return
+    with EmbeddedNatsServer(data_dir) as server:
+        click.echo(f"embedded nats-server at {server.url} (data in {server.data_dir})", err=True)
+        yield server.url
+
+
+async def connect(url: str, *, name: str, service: bool = False) -> NATS:
+    """Connect, with the settings services need (reconnect forever, 20 s pings).
+
+    Raises:
+        click.ClickException: the URL is malformed or no server answers.
+    """
+    servers = [s.strip() for s in url.split(",") if s.strip()]
+    for server in servers:
+        if "://" not in server:
+            raise click.BadParameter(f"{server!r} is not a NATS URL (nats://host:port)", param_hint="--url")
+
+    async def on_error(exc: Exception) -> None:
+        log.warning("NATS: %s", exc)
+
+    try:
+        nc = await nats.connect(
+            servers,
+            name=name,
+            connect_timeout=3,
+            max_reconnect_attempts=1,  # fail fast on a bad URL at start ...
+            reconnect_time_wait=0.2,
+            ping_interval=20,
+            error_cb=on_error,
+            allow_reconnect=True,
+        )
+    except (nats.errors.NoServersError, OSError, TimeoutError) as exc:
+        raise click.ClickException(
+            f"cannot connect to NATS at {url}: {exc or type(exc).__name__}"
+        ) from exc
+    # ... then, once connected, reconnect like a service: forever (FIELD-NOTES), 2 s apart.
+    nc.options["max_reconnect_attempts"] = -1 if service else 60
+    nc.options["reconnect_time_wait"] = 2.0
+    return nc
+
+
+def load_object(ref: str) -> Any:
+    """Load ``module:attr`` or ``path/to/file.py:attr``.
+
+    Raises:
+        click.BadParameter: a clear message for a missing module, file or attribute.
+    """
+    module_ref, sep, attr = ref.partition(":")
+    if not sep or not module_ref or not attr:
+        raise click.BadParameter(f"{ref!r} is not MODULE:ATTR (e.g. examples.security:worker)")
+    try:
+        if module_ref.endswith(".py") or "/" in module_ref:
+            path = Path(module_ref)
+            if not path.is_file():
+                raise click.BadParameter(f"no such file: {module_ref}")
+            spec = importlib.util.spec_from_file_location(path.stem, path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[path.stem] = module
+            spec.loader.exec_module(module)
+        else:
+            if "" not in sys.path:
+                sys.path.insert(0, "")
+            module = importlib.import_module(module_ref)
+    except ImportError as exc:
+        raise click.BadParameter(f"cannot import {module_ref!r}: {exc}") from exc
+    try:
+        obj = module
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError as exc:
+        raise click.BadParameter(f"module {module_ref!r} has no attribute {attr!r}") from exc
+    return obj
+
+
+def parse_json_object(text: str, *, what: str = "JSON") -> dict[str, Any]:
+    """Parse a JSON object argument. Raises `click.BadParameter` with the position."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(
+            f"{what} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from exc
+    if not isinstance(value, dict):
+        raise click.BadParameter(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value

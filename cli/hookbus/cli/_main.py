@@ -1,0 +1,251 @@
+"""The `hookbus` command (click)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+from pathlib import Path
+
+import anyio
+import click
+import nats.js.errors
+from rich.console import Console
+from rich.table import Table
+
+from hookbus.dispatcher import DispatcherService, HookDispatcher
+from hookbus.schemas import (
+    STANDARD_EVENTS,
+    HandlerDeclaration,
+    HookbusError,
+    decode,
+    handler_key,
+    handlers_bucket_config,
+    json_schemas,
+    to_builtins,
+)
+from hookbus.workers import HookWorker
+
+from ._common import (
+    connect,
+    load_object,
+    nats_url_or_embedded,
+    parse_json_object,
+    setup_logging,
+    url_option,
+)
+from ._server import EmbeddedNatsServer
+
+__all__ = ["cli", "main"]
+
+
+@click.group()
+@click.option("--log-level", default="warning", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]), help="Logging level.")
+@click.version_option(package_name="hookbus")
+def cli(log_level: str) -> None:
+    """hookbus: a distributed hook dispatcher for AI agent fleets, on NATS."""
+    setup_logging(log_level)
+
+
+@cli.command()
+@click.option("--port", default=4222, show_default=True, help="Client port (-1: any free port).")
+@click.option("--data-dir", default=".hookbus/nats", show_default=True,
+              type=click.Path(file_okay=False), help="JetStream store (kept across runs).")
+def server(port: int, data_dir: str) -> None:
+    """Run the embedded nats-server (JetStream on) in the foreground, for development."""
+    srv = EmbeddedNatsServer(data_dir, port=port)
+    url = srv.start()
+    click.echo(f"nats-server with JetStream at {url}; data in {data_dir}; Ctrl-C stops it")
+    try:
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.stop()
+
+
+@cli.command()
+@click.argument("target", metavar="MODULE:ATTR")
+@url_option
+@click.option("--max-concurrency", default=256, show_default=True,
+              help="Requests handled at once by this process.")
+def worker(target: str, url: str | None, max_concurrency: int) -> None:
+    """Serve the HookWorker at MODULE:ATTR (or path/to/file.py:ATTR) until SIGTERM/SIGINT,
+    then drain: every request received is answered."""
+    obj = load_object(target)
+    if not isinstance(obj, HookWorker):
+        raise click.BadParameter(f"{target} is a {type(obj).__name__}, not a HookWorker")
+    obj._max_concurrency = max_concurrency
+
+    async def run(nats_url: str) -> None:
+        nc = await connect(nats_url, name=f"hookbus-worker {target}", service=True)
+        try:
+            await obj.run(nc, handle_signals=True)
+        finally:
+            await nc.drain()
+
+    with nats_url_or_embedded(url) as nats_url:
+        _run(run(nats_url))
+
+
+@cli.command("dispatcher")
+@url_option
+@click.option("--max-concurrency", default=512, show_default=True,
+              help="Emit requests served at once by this replica.")
+def dispatcher_cmd(url: str | None, max_concurrency: int) -> None:
+    """Serve emit / emit_and_collect on hookbus.v1.emit.<event> and
+    hookbus.v1.emit_and_collect.<event> (queue group hookbus-dispatcher)."""
+
+    async def run(nats_url: str) -> None:
+        nc = await connect(nats_url, name="hookbus-dispatcher", service=True)
+        service = DispatcherService(
+            HookDispatcher(nc, strict_events=True), nc, max_concurrency=max_concurrency
+        )
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: asyncio.ensure_future(service.stop()))
+        try:
+            await service.start()
+            click.echo("dispatcher serving hookbus.v1.emit.* (Ctrl-C drains and stops)", err=True)
+            await service.run()
+        finally:
+            await nc.drain()
+
+    with nats_url_or_embedded(url) as nats_url:
+        _run(run(nats_url))
+
+
+@cli.command()
+@click.argument("event")
+@click.argument("data", default="{}", metavar="JSON")
+@url_option
+@click.option("--collect", is_flag=True, help="emit_and_collect instead of emit.")
+@click.option("--timeout", default=1.0, show_default=True, help="emit_and_collect timeout, s.")
+@click.option("--allow-unknown", is_flag=True,
+              help="Emit even if the event is neither standard nor has a declared handler.")
+def emit(event: str, data: str, url: str | None, collect: bool, timeout: float,
+         allow_unknown: bool) -> None:
+    """Emit EVENT with JSON data through a dispatcher in this process; print the result."""
+    payload = parse_json_object(data, what="JSON data")
+
+    async def run(nats_url: str) -> None:
+        nc = await connect(nats_url, name="hookbus-emit")
+        try:
+            async with HookDispatcher(nc, strict_events=not allow_unknown) as d:
+                if collect:
+                    out = await d.emit_and_collect(event, payload, timeout)
+                else:
+                    result = await d.emit(event, payload)
+                    out = {"action": result.action, **to_builtins(result)}
+            click.echo(json.dumps(out, indent=2))
+        finally:
+            await nc.close()
+
+    with nats_url_or_embedded(url) as nats_url:
+        try:
+            _run(run(nats_url))
+        except HookbusError as exc:
+            known = sorted(STANDARD_EVENTS)
+            raise click.ClickException(f"{exc} (standard events: {', '.join(known)})") from exc
+
+
+@cli.command()
+@url_option
+@click.option("--event", default=None, help="Only this event.")
+@click.option("--remove", "remove", nargs=2, default=None, metavar="EVENT NAME",
+              help="Delete a handler's declaration from the registry.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def handlers(url: str | None, event: str | None, remove: tuple[str, str] | None,
+             as_json: bool) -> None:
+    """List the handlers declared in the registry bucket, in call order."""
+
+    async def run(nats_url: str) -> list[HandlerDeclaration]:
+        nc = await connect(nats_url, name="hookbus-handlers")
+        try:
+            kv = await nc.jetstream().key_value(handlers_bucket_config().bucket)
+            if remove:
+                try:
+                    await kv.get(handler_key(*remove))
+                except nats.js.errors.KeyNotFoundError:
+                    raise click.ClickException(f"no handler {remove[1]!r} for {remove[0]!r}") from None
+                await kv.delete(handler_key(*remove))
+                click.echo(f"removed {remove[1]} from {remove[0]}")
+            try:
+                keys = await kv.keys()
+            except nats.js.errors.NoKeysError:
+                keys = []
+            decls = []
+            for key in keys:
+                with contextlib.suppress(nats.js.errors.KeyNotFoundError, HookbusError):
+                    entry = await kv.get(key)
+                    if entry.value:
+                        decls.append(decode(entry.value, HandlerDeclaration))
+            return decls
+        except nats.js.errors.BucketNotFoundError:
+            return []
+        finally:
+            await nc.close()
+
+    with nats_url_or_embedded(url) as nats_url:
+        decls = _run(run(nats_url))
+    decls = sorted((d for d in decls if event in (None, d.event)),
+                   key=lambda d: (d.event, d.priority, d.name))
+    if as_json:
+        click.echo(json.dumps([to_builtins(d) for d in decls], indent=2))
+        return
+    table = Table("event", "priority", "handler", "tool filter", "timeout s", "policy", "parallel",
+                  title="declared handlers")
+    for d in decls:
+        table.add_row(d.event, str(d.priority), d.name, ",".join(d.tool_filter or ["*"]),
+                      f"{d.timeout_s:g}", d.failure_policy, "yes" if d.parallel else "")
+    Console().print(table)
+
+
+@cli.command()
+@click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write to this file instead of stdout.")
+def schema(out: str | None) -> None:
+    """Write the JSON Schema of every wire type (to write a worker in any language)."""
+    text = json.dumps(json_schemas(), indent=2)
+    if out:
+        Path(out).write_text(text + "\n")
+        click.echo(f"wrote {out}", err=True)
+    else:
+        click.echo(text)
+
+
+@cli.command()
+@url_option
+@click.option("--examples-dir", type=click.Path(file_okay=False, exists=True), default=None,
+              help="Folder with the example workers and transcript (default: ./examples, "
+              "else the one beside this installation's sources).")
+@click.option("--interactive", is_flag=True, help="Answer approvals in the terminal.")
+def demo(url: str | None, examples_dir: str | None, interactive: bool) -> None:
+    """Run a fleet of agents whose tool calls are decided by remote hook workers; print the
+    decision table; exit 1 if any decision differs from the transcript's expectation."""
+    from ._demo import demo_main, find_examples_dir
+
+    folder = Path(examples_dir) if examples_dir else find_examples_dir()
+    with nats_url_or_embedded(url) as nats_url:
+        code = _run(demo_main(nats_url, folder, interactive=interactive))
+    sys.exit(code)
+
+
+def _run(coro):  # type: ignore[no-untyped-def]
+    """Run a coroutine on asyncio (nats-py's backend) through anyio."""
+
+    async def runner():  # type: ignore[no-untyped-def]
+        return await coro
+
+    return anyio.run(runner, backend="asyncio")
+
+
+def main() -> None:
+    cli(prog_name="hookbus")
+
+
+if __name__ == "__main__":
+    main()
