@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
 import anyio
 from nats.aio.client import Client as NATS
@@ -34,12 +34,16 @@ from hookbus.schemas import (
     validate_name,
 )
 
+from ._approvals import Approvals
 from ._calls import Failed, Outcome, call_local, call_remote
 from ._fold import Fold
 from ._registry import RegistryWatch, open_handlers_bucket
 from ._routes import LocalHandler, Route, RoutingTable
+from ._suspensions import HookEventStream, PendingHook, RunScope, Suspensions
 
 __all__ = ["HookDispatcher"]
+
+T = TypeVar("T")
 
 log = logging.getLogger("hookbus.dispatcher")
 
@@ -69,7 +73,10 @@ class HookDispatcher(StandardEvents):
         strict_events: raise `UnknownEventError` when emitting an event that is neither a
             standard event nor has any handler (a typo would otherwise pass silently).
         resync_s: seconds between full re-reads of the registry (a backstop to the watch).
-        bucket_replicas: replicas of the registry bucket if this dispatcher creates it.
+        bucket_replicas: replicas of the buckets this dispatcher creates (3 on a cluster).
+        approvals: turn ``ask_user`` results into durable approvals and wait for the answer
+            (needs a connection; without one, ask_user passes through as amplifier-core does).
+        suspension_ttl_s: seconds a suspension record lives after its last write.
     """
 
     def __init__(
@@ -79,6 +86,8 @@ class HookDispatcher(StandardEvents):
         strict_events: bool = False,
         resync_s: float = 30.0,
         bucket_replicas: int = 1,
+        approvals: bool = True,
+        suspension_ttl_s: float = 7 * 24 * 3600,
     ) -> None:
         self._nc = nc
         self._strict = strict_events
@@ -92,6 +101,10 @@ class HookDispatcher(StandardEvents):
         self._collects: dict[str, _Collect] = {}
         self._tokens = itertools.count()
         self._started = False
+        self._approvals_on = approvals
+        self._suspension_ttl_s = suspension_ttl_s
+        self._suspensions: Suspensions | None = None
+        self._approvals: Approvals | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -108,6 +121,13 @@ class HookDispatcher(StandardEvents):
         self._inbox_sub = await self._nc.subscribe(
             collect_reply_subject(self._inbox_prefix, "*"), cb=self._on_collect_reply
         )
+        self._suspensions = await Suspensions.open(
+            self._nc, ttl_s=self._suspension_ttl_s, replicas=self._bucket_replicas
+        )
+        if self._approvals_on:
+            self._approvals = await Approvals.open(
+                self._nc, self._suspensions, replicas=self._bucket_replicas
+            )
         await self._nc.flush()
         self._started = True
 
@@ -292,7 +312,10 @@ class HookDispatcher(StandardEvents):
                 denied = self._fold_one(fold, route, outcome)
                 if denied is not None:
                     return denied
-        return fold.result()
+        result = fold.result()
+        if result.action == "ask_user" and self._approvals is not None:
+            return await self._approvals.decide(event, result)
+        return result
 
     async def emit_and_collect(
         self, event: str, data: dict[str, Any], timeout: float = 1.0
@@ -333,6 +356,51 @@ class HookDispatcher(StandardEvents):
             else:
                 log.warning("handler %r failed on %r: %s", route.name, event, outcome.message)
         return responses
+
+    # -- suspensions (Vercel AI SDK hooks, durable) -----------------------------------------
+    @property
+    def suspensions(self) -> Suspensions:
+        """The suspension store (raises `NotConnectedError` before `start`)."""
+        if self._suspensions is None:
+            raise NotConnectedError("suspensions need a started dispatcher with a connection")
+        return self._suspensions
+
+    async def hook(
+        self,
+        label: str,
+        payload: type[T] | None = None,
+        *,
+        metadata: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> T:
+        """Suspend until `label` is resolved (Vercel AI SDK ``hook``); see `Suspensions.hook`
+        for the semantics and the errors raised."""
+        return await self.suspensions.hook(
+            label, payload=payload, metadata=metadata, timeout_s=timeout_s
+        )
+
+    async def resolve_hook(self, label: str, value: Any) -> None:
+        """Resolve `label` from any process, or pre-register the resolution; see
+        `Suspensions.resolve_hook` (`ResolutionRejectedError`, `AlreadySettledError`)."""
+        await self.suspensions.resolve_hook(label, value)
+
+    async def cancel_hook(self, label: str, *, reason: str | None = None) -> None:
+        """Cancel the pending hook `label`; see `Suspensions.cancel_hook`."""
+        await self.suspensions.cancel_hook(label, reason=reason)
+
+    def abort_pending_hook(self, hook: PendingHook | Any) -> bool:
+        """Stop waiting on a hook here (by `HookPart`, `PendingHook` or hook id); the record
+        stays pending for a later run. Returns False if nothing here waits on it."""
+        return self.suspensions.abort_pending_hook(hook)
+
+    def run(self, run_id: str | None = None) -> contextlib.AbstractAsyncContextManager[RunScope]:
+        """``async with dispatcher.run(run_id):`` scopes the labels a run uses; exit removes
+        its live hooks and unused pre-registered resolutions. Same `run_id` = resume."""
+        return self.suspensions.run(run_id)
+
+    async def hook_events(self) -> HookEventStream:
+        """Subscribe to hook events (pending / resolved / cancelled) as an async iterator."""
+        return await self.suspensions.events()
 
     # -- internals -----------------------------------------------------------------------
     async def _call(self, route: Route, ctx: _EmitContext, data: dict[str, Any]) -> Outcome:

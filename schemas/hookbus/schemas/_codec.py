@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from ._errors import WireFormatError
+from ._suspensions import ApprovalAnswer, HookEvent, SuspensionRecord
 from ._types import (
     CollectReply,
     CollectRequest,
@@ -38,6 +39,9 @@ WIRE_TYPES: tuple[type[Any], ...] = (
     CollectRequest,
     CollectReply,
     WireError,
+    SuspensionRecord,
+    HookEvent,
+    ApprovalAnswer,
 )
 """Every type that crosses the wire; `json_schemas` covers exactly these."""
 

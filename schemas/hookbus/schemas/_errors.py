@@ -7,12 +7,20 @@ or tracebacks; these classes are what the Python API raises.
 from __future__ import annotations
 
 __all__ = [
+    "AlreadySettledError",
     "BadRequestError",
+    "DuplicateHookError",
+    "HookAbortedError",
+    "HookCancelledError",
+    "HookNotFoundError",
+    "HookTimeoutError",
     "HookbusError",
     "HookbusTimeoutError",
     "NotConnectedError",
     "PayloadTooLargeError",
     "RemoteError",
+    "ResolutionRejectedError",
+    "SuspensionError",
     "UnknownEventError",
     "WireFormatError",
 ]
@@ -57,3 +65,40 @@ class RemoteError(HookbusError):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+
+
+class SuspensionError(HookbusError):
+    """Root of the suspension (hook) errors."""
+
+
+class DuplicateHookError(SuspensionError):
+    """A live hook with this label already exists (another waiter is attached)."""
+
+
+class HookNotFoundError(SuspensionError):
+    """No suspension record exists for the label."""
+
+
+class AlreadySettledError(SuspensionError):
+    """The hook is already resolved or cancelled; exactly one outcome wins."""
+
+
+class ResolutionRejectedError(SuspensionError, BadRequestError):
+    """The value does not fit the hook's payload schema; the record is unchanged."""
+
+
+class HookCancelledError(SuspensionError):
+    """The awaited hook was cancelled (`cancel_hook`); `reason` says why."""
+
+    def __init__(self, label: str, reason: str | None) -> None:
+        super().__init__(f"hook {label!r} was cancelled" + (f": {reason}" if reason else ""))
+        self.label = label
+        self.reason = reason
+
+
+class HookAbortedError(SuspensionError):
+    """`abort_pending_hook` stopped this wait; the record stays pending for a later run."""
+
+
+class HookTimeoutError(SuspensionError, HookbusTimeoutError):
+    """No resolution arrived within the hook's timeout (also a stdlib `TimeoutError`)."""

@@ -12,6 +12,7 @@ Subjects (version in the subject, ``v1``):
 ``hookbus.v1.collect.<event>``            emit_and_collect scatter (every handler hears it)
 ``hookbus.v1.emit.<event>``               dispatcher service: emit
 ``hookbus.v1.emit_and_collect.<event>``   dispatcher service: emit_and_collect
+``hookbus.v1.hooks.<label>.<status>``     hook (suspension) events
 ========================================  =============================================
 """
 
@@ -26,9 +27,13 @@ __all__ = [
     "COLLECT_SERVICE_WILDCARD",
     "DISPATCHER_QUEUE_GROUP",
     "EMIT_SERVICE_WILDCARD",
+    "APPROVALS_BUCKET",
     "HANDLERS_BUCKET",
+    "HOOK_EVENTS_WILDCARD",
+    "SUSPENSIONS_BUCKET",
     "MAX_NAME_LENGTH",
     "SUBJECT_PREFIX",
+    "always_allow_key",
     "collect_reply_subject",
     "collect_service_subject",
     "collect_subject",
@@ -37,6 +42,9 @@ __all__ = [
     "encode_token",
     "event_from_service_subject",
     "handler_key",
+    "hook_event_subject",
+    "label_from_key",
+    "suspension_key",
     "handler_queue_group",
     "handler_subject",
     "parse_handler_key",
@@ -50,6 +58,12 @@ DISPATCHER_QUEUE_GROUP: Final = "hookbus-dispatcher"
 """Queue group of the dispatcher service replicas."""
 EMIT_SERVICE_WILDCARD: Final = f"{SUBJECT_PREFIX}.emit.*"
 COLLECT_SERVICE_WILDCARD: Final = f"{SUBJECT_PREFIX}.emit_and_collect.*"
+SUSPENSIONS_BUCKET: Final = "hookbus_suspensions"
+"""JetStream KV bucket holding one `SuspensionRecord` per label."""
+APPROVALS_BUCKET: Final = "hookbus_approvals"
+"""JetStream KV bucket of "Allow always" grants (per session, handler and tool)."""
+HOOK_EVENTS_WILDCARD: Final = f"{SUBJECT_PREFIX}.hooks.>"
+"""Every hook event (pending / resolved / cancelled of every label)."""
 MAX_NAME_LENGTH: Final = 200
 """Longest event or handler name accepted, in characters."""
 
@@ -154,6 +168,26 @@ def event_from_service_subject(subject: str) -> str:
         BadRequestError: the last token is not a valid encoded name.
     """
     return decode_token(subject.rpartition(".")[2])
+
+
+def suspension_key(label: str) -> str:
+    """Key of a label's `SuspensionRecord` in `SUSPENSIONS_BUCKET` (any text works)."""
+    return encode_token(label)
+
+
+def label_from_key(key: str) -> str:
+    """Invert `suspension_key`. Raises `BadRequestError` for a foreign key."""
+    return decode_token(key)
+
+
+def hook_event_subject(label: str, status: str) -> str:
+    """Subject of a hook event: ``hookbus.v1.hooks.<label>.<status>``."""
+    return f"{SUBJECT_PREFIX}.hooks.{encode_token(label)}.{status}"
+
+
+def always_allow_key(session_id: str, handler: str, tool: str) -> str:
+    """Key of an "Allow always" grant in `APPROVALS_BUCKET`."""
+    return ".".join(encode_token(part or "-") for part in (session_id, handler, tool))
 
 
 def handler_key(event: str, handler: str) -> str:
