@@ -36,6 +36,7 @@ from ._common import (
     setup_logging,
     url_option,
 )
+from ._hooks_cmd import approvals, hooks
 from ._server import EmbeddedNatsServer
 
 __all__ = ["cli", "main"]
@@ -232,6 +233,10 @@ def demo(url: str | None, examples_dir: str | None, interactive: bool) -> None:
     with nats_url_or_embedded(url) as nats_url:
         code = _run(demo_main(nats_url, folder, interactive=interactive))
     sys.exit(code)
+
+
+cli.add_command(hooks)
+cli.add_command(approvals)
 
 
 def _run(coro):  # type: ignore[no-untyped-def]

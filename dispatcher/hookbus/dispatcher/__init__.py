@@ -1,10 +1,26 @@
-"""hookbus.dispatcher: emit events to hook handlers in-process and over NATS."""
+"""hookbus.dispatcher: emit events to hook handlers in-process and over NATS; durable
+suspensions and approvals."""
 
 from hookbus.schemas import HookResult
 
+from ._approvals import APPROVAL_LABEL_PREFIX, approval_label, is_allow
 from ._dispatcher import HookDispatcher
 from ._fold import Fold
 from ._routes import Route
 from ._service import DispatcherService
+from ._suspensions import HookEventStream, PendingHook, RunScope, Suspensions
 
-__all__ = ["DispatcherService", "Fold", "HookDispatcher", "HookResult", "Route"]
+__all__ = [
+    "APPROVAL_LABEL_PREFIX",
+    "DispatcherService",
+    "Fold",
+    "HookDispatcher",
+    "HookEventStream",
+    "HookResult",
+    "PendingHook",
+    "Route",
+    "RunScope",
+    "Suspensions",
+    "approval_label",
+    "is_allow",
+]

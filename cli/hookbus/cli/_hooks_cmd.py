@@ -1,0 +1,162 @@
+"""`hookbus hooks ...` and `hookbus approvals ...`: suspensions from the terminal."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+import click
+from rich.console import Console
+from rich.table import Table
+
+from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher
+from hookbus.schemas import HookbusError, SuspensionRecord, to_builtins
+
+from ._common import connect, nats_url_or_embedded, url_option
+
+T = TypeVar("T")
+
+
+def _with_dispatcher(url: str | None, fn: Callable[[HookDispatcher], Awaitable[T]]) -> T:
+    async def run(nats_url: str) -> T:
+        nc = await connect(nats_url, name="hookbus-hooks")
+        try:
+            async with HookDispatcher(nc, approvals=False) as d:
+                return await fn(d)
+        finally:
+            await nc.close()
+
+    with nats_url_or_embedded(url) as nats_url:
+        try:
+            return anyio.run(run, nats_url, backend="asyncio")
+        except HookbusError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
+async def _require(d: HookDispatcher, label: str) -> SuspensionRecord:
+    got = await d.suspensions.get(label)
+    if got is None:
+        raise click.ClickException(f"no hook with label {label!r} (see `hookbus hooks list`)")
+    return got[0]
+
+
+def _state(r: SuspensionRecord) -> str:
+    if r.status == "resolved":
+        return "resolved, consumed" if r.consumed else (
+            "pre-registered" if r.preregistered else "resolved")
+    if r.status == "pending":
+        return "pending" if r.attached else "pending (no waiter)"
+    return "cancelled"
+
+
+@click.group()
+def hooks() -> None:
+    """Durable suspensions: list, show, resolve and cancel hooks by label."""
+
+
+@hooks.command("list")
+@url_option
+@click.option("--json", "as_json", is_flag=True)
+def hooks_list(url: str | None, as_json: bool) -> None:
+    """Every hook record: label, state, run, metadata."""
+    records = _with_dispatcher(url, lambda d: d.suspensions.list())
+    if as_json:
+        click.echo(json.dumps([to_builtins(r) for r in records], indent=2))
+        return
+    table = Table("label", "state", "hook id", "run", "metadata", title="hooks")
+    for r in records:
+        table.add_row(r.label, _state(r), r.hook_id[:12], r.run_id or "",
+                      json.dumps(r.metadata)[:80])
+    Console().print(table)
+
+
+@hooks.command("show")
+@click.argument("label")
+@url_option
+def hooks_show(label: str, url: str | None) -> None:
+    """One hook record, whole, as JSON."""
+    record = _with_dispatcher(url, lambda d: _require(d, label))
+    click.echo(json.dumps(to_builtins(record), indent=2))
+
+
+@hooks.command("resolve")
+@click.argument("label")
+@click.argument("value", metavar="JSON")
+@url_option
+@click.option("--preregister", is_flag=True,
+              help="Store the resolution even if no hook with this label exists yet.")
+def hooks_resolve(label: str, value: str, url: str | None, preregister: bool) -> None:
+    """Resolve LABEL with a JSON value (checked against the hook's payload schema)."""
+    try:
+        data: Any = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"value is not valid JSON: {exc.msg} at column {exc.colno}") from exc
+
+    async def resolve(d: HookDispatcher) -> None:
+        if not preregister:
+            await _require(d, label)
+        await d.resolve_hook(label, data)
+
+    _with_dispatcher(url, resolve)
+    click.echo(f"resolved {label}")
+
+
+@hooks.command("cancel")
+@click.argument("label")
+@url_option
+@click.option("--reason", default=None, help="Why (the waiter's error says it).")
+def hooks_cancel(label: str, url: str | None, reason: str | None) -> None:
+    """Cancel the pending hook LABEL: its waiter raises HookCancelledError."""
+    _with_dispatcher(url, lambda d: d.cancel_hook(label, reason=reason))
+    click.echo(f"cancelled {label}")
+
+
+@click.group(invoke_without_command=True)
+@click.pass_context
+@url_option
+def approvals(ctx: click.Context, url: str | None) -> None:
+    """Pending approvals (ask_user results): list them, or `answer LABEL CHOICE`."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(approvals_list, url=url)
+
+
+async def _pending_approvals(d: HookDispatcher) -> list[SuspensionRecord]:
+    return [
+        r for r in await d.suspensions.list()
+        if r.label.startswith(APPROVAL_LABEL_PREFIX) and r.status == "pending"
+    ]  # fmt: skip
+
+
+@approvals.command("list")
+@url_option
+def approvals_list(url: str | None) -> None:
+    """Pending approvals with prompt, options, handler and tool."""
+    records = _with_dispatcher(url, _pending_approvals)
+    table = Table("label", "prompt", "options", "handler", "tool", "default",
+                  title="pending approvals")
+    for r in records:
+        m = r.metadata
+        table.add_row(r.label, str(m.get("prompt", "")), " / ".join(m.get("options", [])),
+                      str(m.get("handler", "")), str(m.get("tool_name", "")),
+                      str(m.get("default", "")))
+    Console().print(table)
+
+
+@approvals.command("answer")
+@click.argument("label")
+@click.argument("choice")
+@url_option
+def approvals_answer(label: str, choice: str, url: str | None) -> None:
+    """Answer the approval LABEL with one of its options (e.g. "Allow always")."""
+
+    async def answer(d: HookDispatcher) -> None:
+        record = await _require(d, label)
+        options = record.metadata.get("options", [])
+        if choice not in options:
+            raise click.ClickException(f"{choice!r} is not an option of {label!r}: {options}")
+        await d.resolve_hook(label, {"choice": choice})
+
+    _with_dispatcher(url, answer)
+    click.echo(f"answered {label}: {choice}")
