@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -37,6 +38,7 @@ from ._common import (
     url_option,
 )
 from ._hooks_cmd import approvals, hooks
+from ._otel import otel_session, otlp_option, print_denied_trace
 from ._server import EmbeddedNatsServer
 
 __all__ = ["cli", "main"]
@@ -71,9 +73,10 @@ def server(port: int, data_dir: str) -> None:
 @cli.command()
 @click.argument("target", metavar="MODULE:ATTR")
 @url_option
+@otlp_option
 @click.option("--max-concurrency", default=256, show_default=True,
               help="Requests handled at once by this process.")
-def worker(target: str, url: str | None, max_concurrency: int) -> None:
+def worker(target: str, url: str | None, otlp_endpoint: str | None, max_concurrency: int) -> None:
     """Serve the HookWorker at MODULE:ATTR (or path/to/file.py:ATTR) until SIGTERM/SIGINT,
     then drain: every request received is answered."""
     obj = load_object(target)
@@ -88,15 +91,18 @@ def worker(target: str, url: str | None, max_concurrency: int) -> None:
         finally:
             await nc.drain()
 
-    with nats_url_or_embedded(url) as nats_url:
+    with nats_url_or_embedded(url) as nats_url, otel_session(
+        "hookbus-worker", otlp_endpoint, resource_attributes={"hookbus.worker.target": target}
+    ):
         _run(run(nats_url))
 
 
 @cli.command("dispatcher")
 @url_option
+@otlp_option
 @click.option("--max-concurrency", default=512, show_default=True,
               help="Emit requests served at once by this replica.")
-def dispatcher_cmd(url: str | None, max_concurrency: int) -> None:
+def dispatcher_cmd(url: str | None, otlp_endpoint: str | None, max_concurrency: int) -> None:
     """Serve emit / emit_and_collect on hookbus.v1.emit.<event> and
     hookbus.v1.emit_and_collect.<event> (queue group hookbus-dispatcher)."""
 
@@ -115,7 +121,7 @@ def dispatcher_cmd(url: str | None, max_concurrency: int) -> None:
         finally:
             await nc.drain()
 
-    with nats_url_or_embedded(url) as nats_url:
+    with nats_url_or_embedded(url) as nats_url, otel_session("hookbus-dispatcher", otlp_endpoint):
         _run(run(nats_url))
 
 
@@ -224,14 +230,20 @@ def schema(out: str | None) -> None:
               help="Folder with the example workers and transcript (default: ./examples, "
               "else the one beside this installation's sources).")
 @click.option("--interactive", is_flag=True, help="Answer approvals in the terminal.")
-def demo(url: str | None, examples_dir: str | None, interactive: bool) -> None:
+@otlp_option
+def demo(url: str | None, examples_dir: str | None, interactive: bool,
+         otlp_endpoint: str | None) -> None:
     """Run a fleet of agents whose tool calls are decided by remote hook workers; print the
     decision table; exit 1 if any decision differs from the transcript's expectation."""
     from ._demo import demo_main, find_examples_dir
 
     folder = Path(examples_dir) if examples_dir else find_examples_dir()
-    with nats_url_or_embedded(url) as nats_url:
-        code = _run(demo_main(nats_url, folder, interactive=interactive))
+    if otlp_endpoint:  # worker processes the demo starts export there too
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp_endpoint
+    with otel_session("hookbus-demo", otlp_endpoint, keep_spans=True) as otel:
+        with nats_url_or_embedded(url) as nats_url:
+            code = _run(demo_main(nats_url, folder, interactive=interactive))
+        print_denied_trace(otel)
     sys.exit(code)
 
 

@@ -46,12 +46,12 @@ class Fold:
     it; when every handler has been folded, return ``fold.result()``.
     """
 
-    __slots__ = ("_ask_user", "_ask_user_by", "_failures", "_injected", "_modified", "data")
+    __slots__ = ("_ask_user", "_ask_user_by", "_failures", "_injected", "_modified_by", "data")
 
     def __init__(self, data: dict[str, Any]) -> None:
         self.data = data
         """The current chained data: what the next handler sees."""
-        self._modified = False
+        self._modified_by: list[str] = []
         self._ask_user: HookResult | None = None
         self._ask_user_by: str | None = None
         self._injected: list[tuple[HookResult, ContextInjection]] = []
@@ -65,7 +65,7 @@ class Fold:
         if action == "modify":
             if result.data is not None:
                 self.data = result.data
-                self._modified = True
+                self._modified_by.append(handler)
         elif action == "inject_context":
             if result.context_injection:
                 injection = ContextInjection(
@@ -119,9 +119,10 @@ class Fold:
                     append_to_last_tool_result=first.append_to_last_tool_result,
                     suppress_output=first.suppress_output,
                 )
-            return self._final(merged, decided_by=None)
-        action = "modify" if self._modified else "continue"
-        return self._final(HookResult(action=action), decided_by=None)
+            return self._final(merged, decided_by=self._injected[0][1].handler)
+        if self._modified_by:
+            return self._final(HookResult(action="modify"), decided_by=self._modified_by[-1])
+        return self._final(HookResult(action="continue"), decided_by=None)
 
     def _final(self, result: HookResult, *, decided_by: str | None) -> HookResult:
         return msgspec.structs.replace(
@@ -130,4 +131,5 @@ class Fold:
             context_injections=[i for _, i in self._injected],
             failures=list(self._failures),
             decided_by=decided_by,
+            modified_by=list(self._modified_by),
         )

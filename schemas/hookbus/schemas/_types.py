@@ -97,7 +97,10 @@ class HookResult(_Wire):
     failures: list[HandlerFailure] = msgspec.field(default_factory=list)
     """Handlers that failed during the emit, with the policy applied (never silent)."""
     decided_by: str | None = None
-    """Name of the handler whose result decided the action (deny / ask_user), if any."""
+    """Name of the handler whose result decided the action: the denying or asking handler,
+    the last one that modified the data, or the first injector; None for continue."""
+    modified_by: list[str] = msgspec.field(default_factory=list)
+    """Handlers whose ``modify`` replaced the data, in the order they ran."""
 
 
 class EventEnvelope(_Wire):

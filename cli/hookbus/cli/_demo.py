@@ -1,0 +1,784 @@
+"""`hookbus demo`: a fleet of agents whose lifecycle events are decided by hook workers
+running as separate processes, replayed from a transcript and checked against it.
+
+What it does, in order:
+
+1. reads ``<examples>/transcript.json`` (agents, their steps, the decision each step must
+   get, and the worker files to run with their replica counts);
+2. starts every worker as its own ``hookbus worker <file>:worker`` process and waits until
+   each replica has subscribed and declared its handlers (seen as puts on a KV watch of
+   the handler registry bucket: a worker declares only after its subscriptions are flushed);
+3. runs the agents concurrently, each with its own connection and `HookDispatcher`
+   (``agent_id`` / ``session_id`` as default fields), emitting its steps in order;
+4. prints the decision table (agent, event, tool, action, deciding handler, latency) and a
+   summary, stops the workers (SIGTERM: they drain; SIGKILL after `STOP_TIMEOUT_S`), removes
+   the declarations the demo added, and returns 0 if every decision matched, else 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import click
+import msgspec
+import nats.errors
+import nats.js.errors
+from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher
+from hookbus.schemas import (
+    Action,
+    HandlerDeclaration,
+    HookbusError,
+    HookResult,
+    handler_key,
+    handlers_bucket_config,
+)
+from hookbus.workers import HookWorker
+from nats.aio.client import Client as NATS
+from nats.js.kv import KeyValue
+from rich.console import Console
+from rich.table import Table
+
+from ._common import connect, load_object
+
+__all__ = ["TRANSCRIPT_FILE", "Transcript", "demo_main", "find_examples_dir", "load_transcript"]
+
+TRANSCRIPT_FILE = "transcript.json"
+READY_TIMEOUT_S = 60.0
+"""Seconds to wait for every worker replica to subscribe and declare its handlers."""
+STOP_TIMEOUT_S = 10.0
+"""Seconds a worker gets to drain after SIGTERM before it is killed."""
+APPROVER_READY = "approver ready"
+_DRAINED = re.compile(r"drained after (\d+) request")
+
+
+# -- the transcript -----------------------------------------------------------------------
+class _Spec(msgspec.Struct, forbid_unknown_fields=True):
+    """Base of the transcript types: a misspelt key is an error, not silently ignored."""
+
+
+class WorkerFile(_Spec):
+    """A worker to run: ``<examples>/<file>:<attr>`` in `replicas` processes."""
+
+    file: str
+    attr: str = "worker"
+    replicas: int = 1
+
+
+class Expect(_Spec):
+    """The decision a step must get."""
+
+    action: Action
+    decided_by: str | None = None
+    """The deciding handler (deny, ask_user), the modifying one (modify), or the injecting
+    ones joined by ``", "`` (inject_context). None: not checked."""
+
+
+class Step(_Spec):
+    """One emit of an agent."""
+
+    event: str
+    expect: Expect
+    data: dict[str, Any] = msgspec.field(default_factory=dict)
+    aos: str = ""
+    """The OWASP AOS hook this step replays (``steps/toolCallRequest``, ...)."""
+    note: str = ""
+
+
+class AgentScript(_Spec):
+    """One agent of the fleet and the steps it replays, in order."""
+
+    id: str
+    session_id: str
+    steps: list[Step]
+    name: str = ""
+
+
+class Transcript(_Spec):
+    """The whole demo: worker files and agents."""
+
+    workers: list[WorkerFile]
+    agents: list[AgentScript]
+    approver: str | None = None
+    """A script (``<examples>/<approver> NATS_URL``) that answers approvals; it prints
+    ``approver ready`` once subscribed. Replaced by a terminal prompt with --interactive."""
+    description: str = ""
+    source: str = ""
+
+
+def load_transcript(path: Path) -> Transcript:
+    """Read and check a transcript file.
+
+    Raises:
+        click.ClickException: unreadable file, invalid JSON, or a field that does not fit
+            (the message has the JSON path, e.g. ``$.agents[0].steps[3].expect.action``).
+    """
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise click.ClickException(f"cannot read the transcript {path}: {exc}") from exc
+    try:
+        transcript = msgspec.json.decode(raw, type=Transcript)
+    except msgspec.DecodeError as exc:
+        raise click.ClickException(f"{path} is not a valid transcript: {exc}") from exc
+    if not transcript.agents or not transcript.workers:
+        raise click.ClickException(f"{path}: a transcript needs at least one agent and one worker")
+    for i, worker in enumerate(transcript.workers):
+        if worker.replicas < 1:
+            raise click.ClickException(f"{path}: $.workers[{i}].replicas must be at least 1")
+    return transcript
+
+
+def find_examples_dir() -> Path:
+    """``./examples`` if it holds a transcript, else the ``examples/`` folder of the source
+    checkout this module belongs to (``cli/hookbus/cli/_demo.py`` -> ``examples/``).
+
+    Raises:
+        click.ClickException: neither exists.
+    """
+    here = Path(__file__).resolve()
+    candidates = [Path.cwd() / "examples", here.parents[3] / "examples"]
+    for folder in candidates:
+        if (folder / TRANSCRIPT_FILE).is_file():
+            return folder
+    raise click.ClickException(
+        "no examples folder with a transcript.json (looked in "
+        + ", ".join(str(c) for c in candidates)
+        + "); pass one with --examples-dir"
+    )
+
+
+# -- worker processes -----------------------------------------------------------------------
+@dataclass(eq=False)
+class _WorkerProcess:
+    """One worker replica: its process, everything it printed, and how it ended."""
+
+    label: str
+    command: list[str]
+    process: anyio.abc.Process | None = None
+    lines: list[str] = field(default_factory=list)
+    exited: anyio.Event = field(default_factory=anyio.Event)
+    eof: anyio.Event = field(default_factory=anyio.Event)
+    ready: anyio.Event = field(default_factory=anyio.Event)
+    """Set when the process prints `APPROVER_READY` (the approver's ready signal)."""
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode if self.process else None
+
+    @property
+    def handled(self) -> int | None:
+        """Requests the worker answered, from its drain log line (None if it has none)."""
+        for line in reversed(self.lines):
+            if match := _DRAINED.search(line):
+                return int(match.group(1))
+        return None
+
+    def tail(self, n: int = 15) -> str:
+        return "\n".join(f"    {line}" for line in self.lines[-n:]) or "    (no output)"
+
+    async def start(self, tg: anyio.abc.TaskGroup) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.process = await anyio.open_process(
+            self.command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        tg.start_soon(self._read)
+        tg.start_soon(self._wait)
+
+    async def _read(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        buffer = b""
+        try:
+            async for chunk in self.process.stdout:
+                buffer += chunk
+                *complete, buffer = buffer.split(b"\n")
+                self.lines.extend(line.decode(errors="replace") for line in complete)
+                if any(line.strip() == APPROVER_READY.encode() for line in complete):
+                    self.ready.set()
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+        finally:
+            if buffer:
+                self.lines.append(buffer.decode(errors="replace"))
+            self.eof.set()
+
+    async def _wait(self) -> None:
+        assert self.process is not None
+        await self.process.wait()
+        self.exited.set()
+
+    def send_signal(self, sig: signal.Signals) -> None:
+        if self.process is not None and self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(sig)
+
+
+class _Fleet:
+    """Every worker replica of the transcript, started and stopped together."""
+
+    def __init__(
+        self, url: str, examples_dir: Path, workers: list[WorkerFile], approver: str | None
+    ) -> None:
+        self.processes: list[_WorkerProcess] = []
+        self.approver: _WorkerProcess | None = None
+        if approver is not None:
+            script = str((examples_dir / approver).resolve())
+            self.approver = _WorkerProcess(approver, [sys.executable, script, url])
+        for spec in workers:
+            target = f"{(examples_dir / spec.file).resolve()}:{spec.attr}"
+            for replica in range(1, spec.replicas + 1):
+                label = spec.file if spec.replicas == 1 else f"{spec.file} #{replica}"
+                command = [
+                    sys.executable,
+                    "-m",
+                    "hookbus.cli",
+                    "--log-level",
+                    "info",
+                    "worker",
+                    target,
+                    "--url",
+                    url,
+                ]
+                self.processes.append(_WorkerProcess(label, command))
+
+    @property
+    def all(self) -> list[_WorkerProcess]:
+        """The worker replicas and the approver."""
+        return [*self.processes, *([self.approver] if self.approver else [])]
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Start every replica; on leaving, even on an error or a cancel, stop them all."""
+        with _single_errors():
+            async with anyio.create_task_group() as tg:
+                try:
+                    for proc in self.all:
+                        await proc.start(tg)
+                    yield
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await self.stop()
+
+    async def stop(self) -> None:
+        """SIGTERM every replica (each drains: in-flight requests are answered), wait up
+        to `STOP_TIMEOUT_S` seconds, then SIGKILL what is left; wait for their output."""
+        running = [p for p in self.all if p.process is not None]
+        for proc in running:
+            proc.send_signal(signal.SIGTERM)
+        with anyio.move_on_after(STOP_TIMEOUT_S):
+            for proc in running:
+                await proc.exited.wait()
+        for proc in running:
+            if not proc.exited.is_set():
+                proc.lines.append(f"(killed: still running {STOP_TIMEOUT_S:g} s after SIGTERM)")
+                proc.send_signal(signal.SIGKILL)
+                await proc.exited.wait()
+        with anyio.move_on_after(STOP_TIMEOUT_S):
+            for proc in running:
+                await proc.eof.wait()
+
+
+def _expected_declarations(
+    examples_dir: Path, transcript: Transcript
+) -> dict[str, list[HandlerDeclaration]]:
+    """The handler declarations of each worker file, read from its `HookWorker`.
+
+    Raises:
+        click.ClickException: a file is missing or its attribute is not a `HookWorker`.
+    """
+    out: dict[str, list[HandlerDeclaration]] = {}
+    for spec in transcript.workers:
+        path = examples_dir / spec.file
+        if not path.is_file():
+            raise click.ClickException(f"worker file {path} (in {TRANSCRIPT_FILE}) is missing")
+        try:
+            obj = load_object(f"{path.resolve()}:{spec.attr}")
+        except click.BadParameter as exc:
+            raise click.ClickException(f"{path}: {exc.message}") from exc
+        except Exception as exc:  # the module itself failed while loading
+            raise click.ClickException(
+                f"{path} failed to load: {type(exc).__name__}: {exc}"
+            ) from exc
+        if not isinstance(obj, HookWorker):
+            raise click.ClickException(
+                f"{path}:{spec.attr} is a {type(obj).__name__}, not a HookWorker"
+            )
+        out[spec.file] = [h.declaration for h in obj.handlers]
+    return out
+
+
+async def _handlers_bucket(nc: NATS) -> KeyValue:
+    js = nc.jetstream()
+    try:
+        return await js.create_key_value(config=handlers_bucket_config())
+    except nats.js.errors.BadRequestError:  # exists with another config: use it as it is
+        return await js.key_value(handlers_bucket_config().bucket)
+
+
+async def _live_keys(watcher: KeyValue.KeyWatcher) -> set[str]:
+    """Consume a fresh watch's initial values (up to its None marker): the live keys."""
+    live: set[str] = set()
+    while (entry := await watcher.updates(timeout=10.0)) is not None:  # type: ignore[no-untyped-call]
+        if entry.operation is None:
+            live.add(entry.key)
+        else:
+            live.discard(entry.key)
+    return live
+
+
+async def _wait_ready(
+    watcher: KeyValue.KeyWatcher, pending: Counter[str], fleet: _Fleet, timeout_s: float
+) -> None:
+    """Wait until every expected declaration put has been seen (each replica puts its
+    declarations after its subscriptions are flushed), or fail on the first replica that
+    exits, or after `timeout_s` seconds.
+
+    Raises:
+        click.ClickException: a worker exited early, or not all were ready in time.
+    """
+    dead: _WorkerProcess | None = None
+
+    async def puts(tg: anyio.abc.TaskGroup) -> None:
+        if fleet.approver is not None:
+            await fleet.approver.ready.wait()
+        while +pending:
+            try:
+                entry = await watcher.updates(timeout=timeout_s + 5)  # type: ignore[no-untyped-call]
+            except nats.errors.TimeoutError:
+                return
+            if entry is not None and entry.operation is None and pending[entry.key] > 0:
+                pending[entry.key] -= 1
+        tg.cancel_scope.cancel()
+
+    async def exits(proc: _WorkerProcess, tg: anyio.abc.TaskGroup) -> None:
+        nonlocal dead
+        await proc.exited.wait()
+        dead = proc
+        tg.cancel_scope.cancel()
+
+    with anyio.move_on_after(timeout_s):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(puts, tg)
+            for proc in fleet.all:
+                tg.start_soon(exits, proc, tg)
+    if dead is not None:
+        await dead.eof.wait()
+        raise click.ClickException(
+            f"worker {dead.label} exited with code {dead.returncode} before serving:\n{dead.tail()}"
+        )
+    if +pending:
+        missing = ", ".join(sorted(k for k, n in pending.items() if n))
+        raise click.ClickException(
+            f"the workers did not declare {missing} within {timeout_s:g} s:\n"
+            + "\n".join(f"  {p.label}:\n{p.tail(5)}" for p in fleet.processes)
+        )
+
+
+# -- the agents --------------------------------------------------------------------------
+@dataclass
+class _Decision:
+    """One emit of one agent and what came of it."""
+
+    agent: str
+    step_no: int
+    step: Step
+    sent: dict[str, Any]
+    """The data as the agent emitted it, with its default fields."""
+    result: HookResult | None
+    error: str | None
+    latency_ms: float
+
+    @property
+    def tool(self) -> str:
+        tool = self.step.data.get("tool_name")
+        return tool if isinstance(tool, str) else ""
+
+    @property
+    def action(self) -> str:
+        return self.result.action if self.result is not None else "error"
+
+    @property
+    def handler(self) -> str:
+        """Who decided: the deny / ask_user handler, the modifying handler(s)
+        (``result.modified_by``), or the injecting handler(s)."""
+        r = self.result
+        if r is None:
+            return ""
+        if r.action in ("deny", "ask_user"):
+            return r.decided_by or "?"
+        if r.action == "inject_context":
+            return ", ".join(dict.fromkeys(i.handler for i in r.context_injections))
+        if r.action == "modify":
+            return ", ".join(dict.fromkeys(r.modified_by)) or "?"
+        return r.decided_by or ""  # continue after an approval names the asking handler
+
+    @property
+    def ok(self) -> bool:
+        want = self.step.expect
+        if self.action != want.action:
+            return False
+        return want.decided_by is None or want.decided_by == self.handler
+
+
+class _AgentSetupError(Exception):
+    pass
+
+
+async def _run_agents(
+    url: str, transcript: Transcript, expected: dict[str, set[str]]
+) -> tuple[list[_Decision], float, list[str]]:
+    """Run every agent concurrently; return the decisions in completion order, the wall
+    time in seconds, and warnings (handlers on the demo's events that the demo did not start)."""
+    decisions: list[_Decision] = []
+    warnings: list[str] = []
+    go = anyio.Event()
+
+    async def agent(script: AgentScript, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        nc = await connect(url, name=f"hookbus-demo-agent {script.id}")
+        try:
+            async with HookDispatcher(nc, strict_events=True) as d:
+                d.set_default_fields(agent_id=script.id, session_id=script.session_id)
+                for event, names in expected.items():
+                    routed = set(d.list_handlers(event)[event])
+                    if missing := names - routed:
+                        raise _AgentSetupError(
+                            f"agent {script.id}: {event} handlers {sorted(missing)} are not routed"
+                        )
+                    extra = sorted(routed - names)
+                    note = f"{event} also has handlers the demo did not start: {', '.join(extra)}"
+                    if extra and note not in warnings:
+                        warnings.append(note)
+                task_status.started()
+                await go.wait()
+                for no, step in enumerate(script.steps, 1):
+                    sent = {"agent_id": script.id, "session_id": script.session_id, **step.data}
+                    t0 = time.perf_counter()
+                    try:
+                        result, error = await d.emit(step.event, step.data), None
+                    except HookbusError as exc:
+                        result, error = None, f"{type(exc).__name__}: {exc}"
+                    ms = (time.perf_counter() - t0) * 1000
+                    decisions.append(_Decision(script.id, no, step, sent, result, error, ms))
+        finally:
+            await nc.close()
+
+    with _single_errors():
+        async with anyio.create_task_group() as tg:
+            for script in transcript.agents:
+                await tg.start(agent, script)
+            t0 = time.perf_counter()
+            go.set()
+    return decisions, time.perf_counter() - t0, warnings
+
+
+@contextlib.contextmanager
+def _single_errors() -> Iterator[None]:
+    """Re-raise a task group's lone exception as itself (clear CLI errors, no group)."""
+    try:
+        yield
+    except ExceptionGroup as group:
+        if len(group.exceptions) == 1:
+            exc = group.exceptions[0]
+            if isinstance(exc, _AgentSetupError):
+                raise click.ClickException(str(exc)) from None
+            raise exc from None
+        raise
+
+
+# -- output ------------------------------------------------------------------------------
+_STYLE = {
+    "deny": "bold red",
+    "modify": "yellow",
+    "inject_context": "cyan",
+    "ask_user": "magenta",
+    "continue": "green",
+    "error": "bold red",
+}
+
+
+def _short(value: Any, limit: int = 150) -> str:
+    text = value if isinstance(value, str) else msgspec.json.encode(value).decode()
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _changes(before: Any, after: Any, path: str = "") -> list[str]:
+    """Leaf-level differences between two JSON values, as ``path = new`` strings."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        out = []
+        for key in after:
+            if key in ("timestamp", "modified_by", "redactions") and not path:
+                continue
+            sub = f"{path}.{key}" if path else str(key)
+            if key not in before:
+                out.append(f"{sub} = {_short(after[key])}")
+            else:
+                out.extend(_changes(before[key], after[key], sub))
+        out.extend(f"{path + '.' if path else ''}{k} removed" for k in before if k not in after)
+        return out
+    return [] if before == after else [f"{path} = {_short(after)}"]
+
+
+def _detail(d: _Decision) -> str:
+    r = d.result
+    if r is None:
+        return d.error or ""
+    parts = []
+    if r.action in ("deny", "ask_user"):
+        parts.append(r.reason or r.approval_prompt or "")
+    elif r.action == "continue" and r.approval_prompt:
+        parts.append(f"asked {r.approval_prompt!r}; {r.reason}")
+        if r.modified_by:
+            changes = "; ".join(_changes(d.sent, r.data or {}))
+            parts.append(f"(data modified by {', '.join(r.modified_by)}: {changes})")
+    elif r.action == "inject_context":
+        parts.append(f"injects ({r.context_injection_role}): {_short(r.context_injection or '')}")
+    elif r.action == "modify":
+        parts.append("; ".join(_changes(d.sent, r.data or {})))
+    parts.extend(
+        f"[{f.handler} failed: {f.kind}, policy {f.policy}]"
+        for f in r.failures
+        if not (r.action == "deny" and f.handler == r.decided_by)
+    )
+    return " ".join(p for p in parts if p)
+
+
+def _print_handlers(console: Console, declared: dict[str, list[HandlerDeclaration]]) -> None:
+    chains: dict[str, list[HandlerDeclaration]] = {}
+    for decls in declared.values():
+        for decl in decls:
+            chains.setdefault(decl.event, []).append(decl)
+    console.print("[bold]call order per event[/] (priority; parallel runs share one round trip):")
+    for event in sorted(chains):
+        links = []
+        for decl in sorted(chains[event], key=lambda x: (x.priority, x.name)):
+            marks = [str(decl.priority)]
+            if decl.failure_policy == "deny":
+                marks.append("fail closed")
+            if decl.parallel:
+                marks.append("parallel")
+            links.append(f"{decl.name} ({', '.join(marks)})")
+        console.print(f"  {event:<15} {' -> '.join(links)}", highlight=False)
+
+
+def _report(
+    console: Console,
+    decisions: list[_Decision],
+    elapsed_s: float,
+    fleet: _Fleet,
+    warnings: list[str],
+    transcript: Transcript,
+) -> int:
+    table = Table(title="decisions (in completion order)", title_justify="left")
+    table.add_column("#", justify="right")
+    table.add_column("agent", no_wrap=True)
+    table.add_column("step", justify="right")
+    table.add_column("event", no_wrap=True)
+    table.add_column("tool", no_wrap=True)
+    table.add_column("action", no_wrap=True)
+    table.add_column("deciding handler", no_wrap=True)
+    table.add_column("latency ms", justify="right", no_wrap=True)
+    table.add_column("expected", no_wrap=True)
+    for i, d in enumerate(decisions, 1):
+        style = _STYLE.get(d.action, "")
+        table.add_row(
+            str(i),
+            d.agent,
+            str(d.step_no),
+            d.step.event,
+            d.tool,
+            f"[{style}]{d.action}[/]",
+            d.handler,
+            f"{d.latency_ms:.2f}",
+            "[green]ok[/]" if d.ok else "[bold red]MISMATCH[/]",
+        )
+    console.print(table)
+
+    console.print("[bold]what the handlers did[/] (every decision other than a plain continue):")
+    for i, d in enumerate(decisions, 1):
+        if d.action != "continue" or d.handler:
+            console.print(
+                f"  {i:>2} {d.agent} step {d.step_no} {d.step.event} {d.tool}".rstrip()
+                + f" -> {d.action}"
+                + (f" by {d.handler}" if d.handler else "")
+                + f": {_detail(d)}",
+                highlight=False,
+                soft_wrap=True,
+            )
+
+    counts = Counter(d.action for d in decisions)
+    latencies = sorted(d.latency_ms for d in decisions)
+    agents = len(transcript.agents)
+    console.print("\n[bold]summary[/]")
+    console.print(
+        f"  {len(decisions)} decisions from {agents} concurrent agents"
+        f" in {elapsed_s * 1000:.0f} ms: "
+        + ", ".join(f"{n} {action}" for action, n in counts.most_common()),
+        highlight=False,
+    )
+    if latencies:
+        p95 = latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))]
+        console.print(
+            f"  latency per emit: p50 {statistics.median(latencies):.2f} ms, p95 {p95:.2f} ms,"
+            f" max {latencies[-1]:.2f} ms",
+            highlight=False,
+        )
+    served = ", ".join(
+        f"{p.label} (pid {p.pid}): {p.handled if p.handled is not None else '?'}"
+        for p in fleet.processes
+    )
+    console.print(
+        f"  requests answered per worker process (from their drain logs): {served}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    if fleet.approver is not None:
+        answers = [line for line in fleet.approver.lines if line.startswith("approver answered")]
+        console.print(
+            f"  approvals answered by the approver process (pid {fleet.approver.pid}):"
+            f" {len(answers)}",
+            highlight=False,
+        )
+        for line in answers:
+            console.print(f"    {line}", highlight=False, soft_wrap=True)
+    for warning in warnings:
+        console.print(f"  [yellow]warning:[/] {warning}", highlight=False)
+    mismatches = [d for d in decisions if not d.ok]
+    if not mismatches:
+        console.print(f"  [bold green]all {len(decisions)} decisions match the transcript[/]")
+        return 0
+    console.print(f"  [bold red]{len(mismatches)} decision(s) differ from the transcript:[/]")
+    for d in mismatches:
+        want = d.step.expect
+        got = d.action + (f" by {d.handler}" if d.handler else "")
+        wanted = want.action + (f" by {want.decided_by}" if want.decided_by else "")
+        console.print(
+            f"  MISMATCH {d.agent} step {d.step_no} ({d.step.event} {d.tool}".rstrip()
+            + f"): expected {wanted}, got {got}"
+            + (f" ({d.error})" if d.error else ""),
+            highlight=False,
+            soft_wrap=True,
+        )
+    return 1
+
+
+def _say(console: Console, text: str) -> None:
+    console.print(text, highlight=False, soft_wrap=True)
+
+
+def _console() -> Console:
+    console = Console()
+    return console if console.is_terminal else Console(width=max(console.width, 140))
+
+
+@contextlib.asynccontextmanager
+async def _terminal_approver(url: str, console: Console, *, enabled: bool) -> AsyncIterator[None]:
+    """With --interactive: ask in the terminal for every pending approval while the agents run."""
+    if not enabled:
+        yield
+        return
+    nc = await connect(url, name="hookbus-demo-terminal-approver")
+    try:
+        async with HookDispatcher(nc, approvals=False) as hooks:
+            events = await hooks.hook_events()
+
+            async def ask() -> None:
+                async for event in events:
+                    hook = event.hook
+                    if hook.status != "pending" or not hook.label.startswith(APPROVAL_LABEL_PREFIX):
+                        continue
+                    options = list(hook.metadata.get("options") or ["Allow", "Deny"])
+                    console.print(f"\n[bold]approval needed[/]: {hook.metadata.get('prompt')}")
+                    choice = await anyio.to_thread.run_sync(
+                        lambda: click.prompt("answer", type=click.Choice(options), default=options[0])
+                    )
+                    with contextlib.suppress(HookbusError):
+                        await hooks.resolve_hook(hook.label, {"choice": choice})
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ask)
+                try:
+                    yield
+                finally:
+                    tg.cancel_scope.cancel()
+                    await events.aclose()
+    finally:
+        await nc.close()
+
+
+# -- entry point -------------------------------------------------------------------------
+async def demo_main(url: str, examples_dir: Path, *, interactive: bool = False) -> int:
+    """Run the demo against the NATS server at `url` with the workers and transcript in
+    `examples_dir`; print the decision table and summary.
+
+    Returns:
+        0 if every decision matched the transcript's expectation, 1 otherwise.
+    Raises:
+        click.ClickException: a bad transcript or worker file, a worker that exits or is
+            not ready within `READY_TIMEOUT_S` seconds, or NATS not reachable.
+    """
+    console = _console()
+    transcript = load_transcript(examples_dir / TRANSCRIPT_FILE)
+    declared = _expected_declarations(examples_dir, transcript)
+    pending: Counter[str] = Counter()
+    expected: dict[str, set[str]] = {}
+    for spec in transcript.workers:
+        for decl in declared[spec.file]:
+            pending[handler_key(decl.event, decl.name)] += spec.replicas
+            expected.setdefault(decl.event, set()).add(decl.name)
+    steps = sum(len(a.steps) for a in transcript.agents)
+
+    nc = await connect(url, name="hookbus-demo")
+    try:
+        kv = await _handlers_bucket(nc)
+        watcher = await kv.watchall()
+        try:
+            live_before = await _live_keys(watcher)
+            approver = None if interactive else transcript.approver
+            fleet = _Fleet(url, examples_dir, transcript.workers, approver)
+            replicas = ", ".join(f"{w.file} x{w.replicas}" for w in transcript.workers)
+            _say(console, f"starting {len(fleet.processes)} worker processes: {replicas}")
+            t0 = time.perf_counter()
+            async with fleet.running():
+                await _wait_ready(watcher, pending, fleet, READY_TIMEOUT_S)
+                ready_s = time.perf_counter() - t0
+                _say(console, f"all replicas subscribed and declared in {ready_s:.1f} s")
+                _print_handlers(console, declared)
+                _say(
+                    console,
+                    f"{len(transcript.agents)} agents replay {steps} steps of"
+                    f" {TRANSCRIPT_FILE} concurrently, each with its own connection and"
+                    " dispatcher\n",
+                )
+                async with _terminal_approver(url, console, enabled=interactive):
+                    decisions, elapsed_s, warnings = await _run_agents(url, transcript, expected)
+        finally:
+            with contextlib.suppress(Exception):
+                await watcher.stop()  # type: ignore[no-untyped-call]
+        for key in set(pending) - live_before:  # the demo's own declarations go with it
+            with contextlib.suppress(nats.js.errors.KeyNotFoundError):
+                await kv.delete(key)
+    finally:
+        await nc.close()
+    return _report(console, decisions, elapsed_s, fleet, warnings, transcript)

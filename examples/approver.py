@@ -1,0 +1,53 @@
+"""The demo's approver: a separate process that answers pending approvals through NATS.
+
+Run as ``python approver.py NATS_URL``. It watches hook events and answers every pending
+approval with "Allow once" (a real one would show the prompt to a person: see
+``hookbus approvals`` and ``hookbus demo --interactive``). It prints one line per answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+import nats
+
+from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher
+from hookbus.schemas import HookbusError
+
+CHOICE = "Allow once"
+
+
+async def main(url: str) -> None:
+    nc = await nats.connect(url, name="hookbus-demo-approver")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with HookDispatcher(nc, approvals=False) as hooks:
+        events = await hooks.hook_events()
+        print("approver ready", flush=True)
+
+        async def answer() -> None:
+            async for event in events:
+                hook = event.hook
+                if hook.status != "pending" or not hook.label.startswith(APPROVAL_LABEL_PREFIX):
+                    continue
+                try:
+                    await hooks.resolve_hook(hook.label, {"choice": CHOICE})
+                except HookbusError as exc:
+                    print(f"approver: {hook.label}: {exc}", flush=True)
+                    continue
+                prompt = hook.metadata.get("prompt")
+                print(f"approver answered {CHOICE!r} to {prompt!r} ({hook.label})", flush=True)
+
+        task = asyncio.create_task(answer())
+        await stop.wait()
+        task.cancel()
+        await events.aclose()
+    await nc.drain()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1]))

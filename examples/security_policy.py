@@ -1,0 +1,78 @@
+"""Security policy worker: denies dangerous or leaking actions, and fails closed.
+
+Both handlers are declared with ``failure_policy="deny"``: if one raises (for example on a
+tool call whose input is not an object), times out, or has no live replica, the
+dispatcher denies instead of letting the action through unchecked.
+
+Rules, after the OWASP AOS hook examples (``steps/toolCallRequest``, ``steps/memoryStore``,
+``steps/message`` with role agent):
+
+- ``tool:pre``: no shell or OS tools; text messages only to the user's verified numbers;
+  no full bank account numbers written to agent memory.
+- ``agent:complete``: a response to the user may not reveal a full bank account number.
+
+Run one replica with ``hookbus worker examples/security_policy.py:worker``.
+"""
+
+from __future__ import annotations
+
+import re
+from fnmatch import fnmatchcase
+from typing import Any
+
+import msgspec
+from hookbus.schemas import AGENT_COMPLETE, TOOL_PRE, HookResult
+from hookbus.workers import HookWorker
+
+worker = HookWorker()
+
+SHELL_TOOLS = ("bash", "sh", "shell", "exec", "run_command", "os:*", "terminal:*")
+"""Glob patterns of tool names that run commands on a host."""
+
+MESSAGING_TOOLS = ("send_sms",)
+VERIFIED_NUMBERS = frozenset({"+337-665-99-06"})
+"""Phone numbers the user has verified (the OWASP e-mail assistant texts this one)."""
+
+FULL_ACCOUNT_NUMBER = re.compile(r"(?<![\d-])\d{10,17}(?![\d-])")
+"""A bare run of 10 to 17 digits: a full bank account number (000123456789)."""
+
+
+class ToolCall(msgspec.Struct):
+    """The part of ``tool:pre`` data this policy reads; anything else is refused."""
+
+    tool_name: str
+    tool_input: dict[str, Any]
+
+
+def _deny(reason: str) -> HookResult:
+    return HookResult(action="deny", reason=reason)
+
+
+@worker.handler(TOOL_PRE, priority=10, failure_policy="deny", timeout_s=2.0)
+def security_policy(event: str, data: dict[str, Any]) -> HookResult | None:
+    """Deny shell tools, texts to unverified numbers, account numbers stored in memory.
+
+    Raises `msgspec.ValidationError` on malformed tool calls (the dispatcher then denies).
+    """
+    call = msgspec.convert(data, ToolCall)
+    tool = call.tool_name
+    if any(fnmatchcase(tool, pattern) for pattern in SHELL_TOOLS):
+        return _deny(f"{tool}: shell and OS tools are not allowed for fleet agents")
+    if tool in MESSAGING_TOOLS:
+        number = call.tool_input.get("phone_number")
+        if number not in VERIFIED_NUMBERS:
+            return _deny(f"{tool}: {number!r} is not one of the user's verified numbers")
+    if tool == "memory:store" and FULL_ACCOUNT_NUMBER.search(str(call.tool_input)):
+        return _deny(f"{tool}: full bank account numbers may not be written to agent memory")
+    return None
+
+
+@worker.handler(AGENT_COMPLETE, priority=10, failure_policy="deny", timeout_s=2.0)
+def response_dlp(event: str, data: dict[str, Any]) -> HookResult | None:
+    """Deny a response to the user that reveals a full bank account number."""
+    response = data["response"]
+    if not isinstance(response, str):
+        raise TypeError(f"response must be text, got {type(response).__name__}")
+    if FULL_ACCOUNT_NUMBER.search(response):
+        return _deny("the response reveals a full bank account number; give the last 4 digits only")
+    return None

@@ -1,0 +1,129 @@
+"""Names of every OpenTelemetry span, attribute, event and instrument hookbus records.
+
+Strings only (no OpenTelemetry import): the dispatcher and the workers trace with these,
+tests and dashboards query by them. Messaging names follow the OpenTelemetry messaging
+semantic conventions (span name ``{operation} {destination}``; ``messaging.system`` has no
+registered value for NATS, so it is the plain string ``"nats"``). GenAI names are plain
+strings on purpose: the GenAI constants of ``opentelemetry-semantic-conventions`` are
+deprecated and warn when imported.
+
+The span tree of one tool call (service mode; an embedded `HookDispatcher` starts at
+``emit``)::
+
+    send hookbus.v1.emit.<event>              PRODUCER  agent
+      process hookbus.v1.emit.<event>         CONSUMER  dispatcher service (queue group)
+        emit <event>                          INTERNAL  HookDispatcher.emit: the decision
+          send hookbus.v1.hook.<event>.<h>    PRODUCER  one per remote handler call
+            process hookbus.v1.hook.<e>.<h>   CONSUMER  the worker replica that handled it
+          handler <h>                         INTERNAL  one per in-process handler call
+          await approval                      INTERNAL  an ask_user suspension wait
+
+Each CONSUMER span is parented to, and linked with, the context in the W3C ``traceparent``
+header of the NATS message it processes.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# -- instrumentation scopes ---------------------------------------------------------------
+SCOPE_DISPATCHER: Final = "hookbus.dispatcher"
+SCOPE_WORKERS: Final = "hookbus.workers"
+
+# -- span names (prefixes; the subject or event follows) ----------------------------------
+SPAN_EMIT: Final = "emit"
+"""``emit <event>``: one `HookDispatcher.emit` (INTERNAL)."""
+SPAN_EMIT_AND_COLLECT: Final = "emit_and_collect"
+"""``emit_and_collect <event>`` (INTERNAL)."""
+SPAN_SEND: Final = "send"
+"""``send <subject>``: a remote handler call or an agent's service request (PRODUCER)."""
+SPAN_PROCESS: Final = "process"
+"""``process <subject>``: a worker handling or the dispatcher service serving (CONSUMER)."""
+SPAN_HANDLER: Final = "handler"
+"""``handler <name>``: an in-process handler call (INTERNAL)."""
+SPAN_AWAIT: Final = "await"
+"""``await <kind>``: a suspension wait, e.g. ``await approval`` (INTERNAL)."""
+
+# -- messaging semantic conventions -------------------------------------------------------
+MESSAGING_SYSTEM: Final = "messaging.system"
+MESSAGING_SYSTEM_NATS: Final = "nats"
+MESSAGING_DESTINATION_NAME: Final = "messaging.destination.name"
+MESSAGING_OPERATION_TYPE: Final = "messaging.operation.type"
+MESSAGING_OPERATION_NAME: Final = "messaging.operation.name"
+MESSAGING_CONSUMER_GROUP_NAME: Final = "messaging.consumer.group.name"
+MESSAGING_MESSAGE_ID: Final = "messaging.message.id"
+"""The emit's id (`EventEnvelope.id`), shared by every handler call of one emit."""
+MESSAGING_MESSAGE_BODY_SIZE: Final = "messaging.message.body.size"
+OPERATION_SEND: Final = "send"
+OPERATION_PROCESS: Final = "process"
+ERROR_TYPE: Final = "error.type"
+"""General semconv attribute: the failure kind or error code when an operation failed."""
+
+# -- hookbus -------------------------------------------------------------------------------
+EVENT: Final = "hookbus.event"
+HANDLER: Final = "hookbus.handler"
+PRIORITY: Final = "hookbus.priority"
+ACTION: Final = "hookbus.action"
+"""A handler's action (handler spans) or the folded decision (emit spans)."""
+REASON: Final = "hookbus.reason"
+DECIDED_BY: Final = "hookbus.decided_by"
+FAILURE_KIND: Final = "hookbus.failure.kind"
+"""``timeout`` | ``no_responders`` | ``error`` | ``bad_reply``."""
+FAILURE_POLICY: Final = "hookbus.failure.policy"
+"""``ignore`` | ``deny``: the policy applied to the failure."""
+FAILED_OPEN: Final = "hookbus.failed_open"
+"""True when a failure was ignored (fail open); on emit spans: any handler failed open."""
+FAILURE_COUNT: Final = "hookbus.failure.count"
+FAILED_OPEN_HANDLERS: Final = "hookbus.failed_open.handlers"
+PARALLEL: Final = "hookbus.parallel"
+RESPONSE_COUNT: Final = "hookbus.response.count"
+"""emit_and_collect: how many responses were collected."""
+DROPPED: Final = "hookbus.dropped"
+"""Worker: the request's deadline had passed before it started; no answer was sent."""
+SUSPENSION_LABEL: Final = "hookbus.suspension.label"
+SUSPENSION_KIND: Final = "hookbus.suspension.kind"
+"""``suspension`` | ``approval``."""
+SUSPENSION_OUTCOME: Final = "hookbus.suspension.outcome"
+
+# -- GenAI (plain strings; see the module docstring) ----------------------------------------
+GEN_AI_AGENT_ID: Final = "gen_ai.agent.id"
+GEN_AI_CONVERSATION_ID: Final = "gen_ai.conversation.id"
+"""The hookbus ``session_id``."""
+GEN_AI_TOOL_NAME: Final = "gen_ai.tool.name"
+
+# -- span events -----------------------------------------------------------------------------
+EVENT_HANDLER_FAILURE: Final = "hookbus.handler.failure"
+"""On an emit span, one per failed handler (handler, kind, policy, failed_open)."""
+SUSPENSION_PENDING: Final = "pending"
+SUSPENSION_RESOLVED: Final = "resolved"
+SUSPENSION_CANCELLED: Final = "cancelled"
+SUSPENSION_TIMED_OUT: Final = "timed_out"
+SUSPENSION_ABORTED: Final = "aborted"
+SUSPENSION_EVENTS: Final = frozenset(
+    {SUSPENSION_PENDING, SUSPENSION_RESOLVED, SUSPENSION_CANCELLED, SUSPENSION_TIMED_OUT,
+     SUSPENSION_ABORTED}
+)  # fmt: skip
+SUSPENSION_TERMINAL: Final = SUSPENSION_EVENTS - {SUSPENSION_PENDING}
+
+# -- metric instruments (seconds for durations) ------------------------------------------------
+METRIC_EMIT_DURATION: Final = "hookbus.emit.duration"
+"""Histogram, s: one emit, by event and decision (action)."""
+METRIC_HANDLER_DURATION: Final = "hookbus.handler.duration"
+"""Histogram, s: one handler call as the dispatcher saw it (round trip for remote ones)."""
+METRIC_DECISIONS: Final = "hookbus.decisions"
+"""Counter: emits by event and folded action."""
+METRIC_FAILURES: Final = "hookbus.handler.failures"
+"""Counter: handler failures by event, handler, kind and policy."""
+METRIC_FAIL_OPENS: Final = "hookbus.handler.fail_opens"
+"""Counter: failures ignored by policy (the call went on without the handler)."""
+METRIC_SUSPENSIONS_PENDING: Final = "hookbus.suspensions.pending"
+"""UpDownCounter: suspension waits in progress in this process, by kind."""
+METRIC_PROCESS_DURATION: Final = "messaging.process.duration"
+"""Histogram, s (messaging semconv): one handling in a worker."""
+
+DURATION_BUCKETS_S: Final = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075,
+    0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+)  # fmt: skip
+"""Histogram bucket boundaries in seconds: the messaging semconv advice, extended below 5 ms
+(an in-process handler takes microseconds, a NATS round trip about half a millisecond)."""

@@ -1,0 +1,207 @@
+"""`hookbus demo`: the example workers as separate processes, three agents replaying the
+OWASP AOS transcript concurrently, decisions checked against the transcript."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nats
+import nats.js.errors
+import pytest
+from hookbus.schemas import handlers_bucket_config
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+DEMO_TIMEOUT_S = 50
+
+
+def run_demo(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hookbus.cli", "demo", *args],
+        capture_output=True,
+        text=True,
+        timeout=DEMO_TIMEOUT_S,
+        env=env,
+    )
+
+
+def table_rows(out: str) -> list[list[str]]:
+    """The decision table's rows, as lists of cell texts."""
+    rows = []
+    for line in out.splitlines():
+        if line.startswith("│"):
+            rows.append([cell.strip() for cell in line.strip("│").split("│")])
+    return rows
+
+
+def row(rows: list[list[str]], agent: str, step: int) -> dict[str, str]:
+    header = ["#", "agent", "step", "event", "tool", "action", "handler", "latency", "expected"]
+    for cells in rows:
+        if cells[1] == agent and cells[2] == str(step):
+            return dict(zip(header, cells, strict=True))
+    raise AssertionError(f"no row for {agent} step {step}")
+
+
+async def handler_keys(url: str) -> set[str]:
+    nc = await nats.connect(url)
+    try:
+        kv = await nc.jetstream().key_value(handlers_bucket_config().bucket)
+        try:
+            return set(await kv.keys())
+        except nats.js.errors.NoKeysError:
+            return set()
+    except nats.js.errors.BucketNotFoundError:
+        return set()
+    finally:
+        await nc.close()
+
+
+def copy_examples(dest: Path) -> dict:
+    for path in EXAMPLES.iterdir():
+        if path.is_file():
+            shutil.copy(path, dest / path.name)
+    return json.loads((dest / "transcript.json").read_text())
+
+
+@pytest.mark.anyio
+async def test_demo_on_a_given_server(nats_url: str) -> None:
+    before = await handler_keys(nats_url)
+    proc = run_demo("--url", nats_url)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = table_rows(proc.stdout)
+    transcript = json.loads((EXAMPLES / "transcript.json").read_text())
+    assert len(rows) == sum(len(a["steps"]) for a in transcript["agents"])
+    assert {r[1] for r in rows} == {"email-assistant", "payments-agent", "appointment-agent"}
+    assert all(r[-1] == "ok" for r in rows)
+
+    bash = row(rows, "appointment-agent", 7)
+    assert (bash["tool"], bash["action"], bash["handler"]) == ("bash", "deny", "security_policy")
+    fail_closed = row(rows, "email-assistant", 6)
+    assert (fail_closed["action"], fail_closed["handler"]) == ("deny", "security_policy")
+    assert "failure policy is deny" in proc.stdout
+    sms = row(rows, "email-assistant", 2)
+    assert (sms["tool"], sms["action"], sms["handler"]) == ("send_sms", "modify", "redact_pii")
+    # The transfer asked for approval; the separate approver process allowed it, and
+    # the redaction made on the way stays in the data.
+    transfer = row(rows, "payments-agent", 9)
+    assert (transfer["action"], transfer["handler"]) == ("continue", "transfer_approval")
+    assert re.search(r"approvals answered by the approver process \(pid \d+\): 1", proc.stdout)
+    assert "approver answered 'Allow once' to 'Transfer 1200.00 USD to Acme Corp?'" in proc.stdout
+    assert "[REDACTED card ending 1111]" in proc.stdout
+    assert "[REDACTED e-mail]" in proc.stdout
+    mcp = row(rows, "appointment-agent", 4)
+    assert (mcp["tool"], mcp["action"], mcp["handler"]) == (
+        "mcp:get_appointment_slots",
+        "inject_context",
+        "untrusted_content",
+    )
+    assert "all 26 decisions match the transcript" in proc.stdout
+
+    # The redactor ran as 2 processes; together they answered every tool:pre that the
+    # security policy let through (4 in the transcript; the transfer among them, since
+    # ask_user does not stop the chain).
+    served = dict(re.findall(r"(redactor\.py #\d) \(pid \d+\): (\d+)", proc.stdout))
+    assert set(served) == {"redactor.py #1", "redactor.py #2"}
+    assert sum(int(n) for n in served.values()) == 4
+
+    # The demo's declarations go with its workers: no dead handler is left routed.
+    assert await handler_keys(nats_url) <= before
+
+
+def test_demo_with_no_url_uses_the_embedded_server() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "NATS_URL"}
+    proc = run_demo(env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "embedded nats-server at nats://127.0.0.1:" in proc.stderr
+    actions = {(r[5], r[6]) for r in table_rows(proc.stdout)}
+    assert {
+        ("deny", "security_policy"),
+        ("modify", "redact_pii"),
+        ("inject_context", "untrusted_content"),
+    } <= actions
+
+
+@pytest.mark.parametrize(
+    ("agent", "step", "expect", "mismatch"),
+    [
+        (
+            1,
+            9,
+            {"action": "deny"},
+            "MISMATCH payments-agent step 9 (tool:pre payments:create_transfer):"
+            " expected deny, got continue by transfer_approval",
+        ),
+        (
+            2,
+            7,
+            {"action": "deny", "decided_by": "redact_pii"},
+            "MISMATCH appointment-agent step 7 (tool:pre bash):"
+            " expected deny by redact_pii, got deny by security_policy",
+        ),
+    ],
+)
+def test_a_changed_expectation_fails_the_demo(
+    nats_url: str, tmp_path: Path, agent: int, step: int, expect: dict, mismatch: str
+) -> None:
+    transcript = copy_examples(tmp_path)
+    transcript["agents"][agent]["steps"][step - 1]["expect"] = expect
+    (tmp_path / "transcript.json").write_text(json.dumps(transcript))
+    proc = run_demo("--url", nats_url, "--examples-dir", str(tmp_path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "1 decision(s) differ from the transcript" in proc.stdout
+    assert mismatch in proc.stdout
+    assert sum(r[-1] == "MISMATCH" for r in table_rows(proc.stdout)) == 1
+
+
+def test_a_bad_transcript_is_a_clear_error(nats_url: str, tmp_path: Path) -> None:
+    transcript = copy_examples(tmp_path)
+    transcript["agents"][0]["steps"][1]["expect"]["action"] = "allow"
+    (tmp_path / "transcript.json").write_text(json.dumps(transcript))
+    proc = run_demo("--url", nats_url, "--examples-dir", str(tmp_path))
+    assert proc.returncode == 1
+    assert "is not a valid transcript" in proc.stderr
+    assert "$.agents[0].steps[1].expect.action" in proc.stderr
+
+
+def test_a_worker_that_cannot_start_is_reported(nats_url: str, tmp_path: Path) -> None:
+    copy_examples(tmp_path)
+    (tmp_path / "audit.py").write_text("raise RuntimeError('audit store unreachable')\n")
+    proc = run_demo("--url", nats_url, "--examples-dir", str(tmp_path))
+    assert proc.returncode == 1
+    assert "audit.py failed to load: RuntimeError: audit store unreachable" in proc.stderr
+
+
+def test_redactor_rules() -> None:
+    spec = importlib.util.spec_from_file_location("demo_redactor", EXAMPLES / "redactor.py")
+    assert spec is not None and spec.loader is not None
+    redactor = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(redactor)
+    at = chr(64)
+    text, kinds = redactor.redact_text(
+        f"card 4111-1111-1111-1111, not a card 4111 1111 1111 1112, account 000123456789,"
+        f" mail jo.doe{at}example.org"
+    )
+    assert text == (
+        "card [REDACTED card ending 1111], not a card 4111 1111 1111 1112, account 000123456789,"
+        " mail [REDACTED e-mail]"
+    )
+    assert kinds == ["card_number", "email_address"]
+
+
+def test_a_worker_process_that_exits_is_reported(nats_url: str, tmp_path: Path) -> None:
+    copy_examples(tmp_path)
+    source = (tmp_path / "audit.py").read_text()
+    (tmp_path / "audit.py").write_text(
+        source + "\nimport sys\nif 'worker' in sys.argv:\n"
+        "    sys.exit('audit: cannot open the audit store')\n"
+    )
+    proc = run_demo("--url", nats_url, "--examples-dir", str(tmp_path))
+    assert proc.returncode == 1
+    assert "worker audit.py exited with code 1 before serving" in proc.stderr
+    assert "cannot open the audit store" in proc.stderr
