@@ -146,7 +146,7 @@ def emit(event: str, data: str, url: str | None, collect: bool, timeout: float,
                     out = await d.emit_and_collect(event, payload, timeout)
                 else:
                     result = await d.emit(event, payload)
-                    out = {"action": result.action, **to_builtins(result)}
+                    out = to_builtins(result)
             click.echo(json.dumps(out, indent=2))
         finally:
             await nc.close()

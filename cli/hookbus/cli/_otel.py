@@ -27,6 +27,7 @@ from typing import Any
 import click
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
+from opentelemetry.metrics import NoOpMeterProvider
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
@@ -114,6 +115,10 @@ class _Switch(SpanProcessor):
 
 _switch: _Switch | None = None
 
+_NO_SELF_METRICS = NoOpMeterProvider()
+"""The SDK's own metrics (``otel.sdk.span.*``, exporter counters) cost a few microseconds
+per span on the emit path; the CLI leaves them off and exports only hookbus's metrics."""
+
 
 @dataclass
 class OtelSetup:
@@ -165,7 +170,7 @@ def configure_otel(
         otlp_endpoint: OTLP/HTTP base URL (``http://host:4318``), overriding the variables.
         keep_spans: also keep finished spans in memory (`OtelSetup.finished_spans`), even
             with nothing to export.
-        resource_attributes: extra resource attributes (``OTEL_RESOURCE_ATTRIBUTES`` wins).
+        resource_attributes: extra resource attributes (over ``OTEL_RESOURCE_ATTRIBUTES``).
     Returns:
         The `OtelSetup` to `shutdown` at exit (a do-nothing one when OTel is off).
     """
@@ -183,16 +188,21 @@ def configure_otel(
     if not (export_traces or export_metrics or keep_spans):
         return setup
     attrs: dict[str, Any] = {"process.pid": os.getpid(), **(resource_attributes or {})}
-    if not _env("OTEL_SERVICE_NAME"):
+    named = _env("OTEL_SERVICE_NAME") or "service.name=" in os.environ.get(
+        "OTEL_RESOURCE_ATTRIBUTES", ""
+    )
+    if not named:
         attrs[SERVICE_NAME] = service_name
     resource = Resource.create(attrs)
 
     if export_traces:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        span_exporter = OTLPSpanExporter(endpoint=f"{base}/v1/traces" if base else None)
+        span_exporter = OTLPSpanExporter(
+            endpoint=f"{base}/v1/traces" if base else None, meter_provider=_NO_SELF_METRICS
+        )
         setup.traces_endpoint = _signal_endpoint(base, "traces")
-        setup.processors.append(BatchSpanProcessor(span_exporter))
+        setup.processors.append(BatchSpanProcessor(span_exporter, meter_provider=_NO_SELF_METRICS))
     if keep_spans:
         setup.memory = InMemorySpanExporter()
         setup.processors.append(SimpleSpanProcessor(setup.memory))
@@ -203,7 +213,7 @@ def configure_otel(
             if isinstance(current, TracerProvider):  # the application set an SDK one already
                 current.add_span_processor(_switch)
             else:
-                provider = TracerProvider(resource=resource)
+                provider = TracerProvider(resource=resource, meter_provider=_NO_SELF_METRICS)
                 provider.add_span_processor(_switch)
                 trace.set_tracer_provider(provider)
         _switch.processors = (*_switch.processors, *setup.processors)
@@ -214,7 +224,9 @@ def configure_otel(
         else:
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-            metric_exporter = OTLPMetricExporter(endpoint=f"{base}/v1/metrics" if base else None)
+            metric_exporter = OTLPMetricExporter(
+                endpoint=f"{base}/v1/metrics" if base else None, meter_provider=_NO_SELF_METRICS
+            )
             setup.metrics_endpoint = _signal_endpoint(base, "metrics")
             setup.meter_provider = MeterProvider(
                 resource=resource,
@@ -280,8 +292,9 @@ def _label(span: ReadableSpan) -> Text:
     if span.end_time is not None and span.start_time is not None:
         text.append(f"  {(span.end_time - span.start_time) / 1e6:.2f} ms", style="dim")
     reason = attrs.get(tn.REASON)
-    if reason:
-        text.append(f"  — {reason}", style="italic")
+    if isinstance(reason, str) and reason:
+        short = reason if len(reason) <= 60 else reason[:59] + "…"
+        text.append(f"  — {short}", style="italic")
     return text
 
 

@@ -85,6 +85,8 @@ async def call_remote(
     """
     if nc is None or nc.is_closed:
         raise NotConnectedError(f"remote handler {route.name!r} needs a NATS connection")
+    if not nc.is_connected:  # reconnecting: fail now, not after the handler's timeout
+        return Failed("error", "not connected to NATS (reconnecting); the request was not sent")
     timeout_s = route.timeout_s or 5.0
     envelope.deadline = time.time() + timeout_s
     payload = encode(envelope)

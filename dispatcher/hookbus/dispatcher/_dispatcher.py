@@ -13,11 +13,13 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar, overload
 
 import anyio
+import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from hookbus.schemas import (
+    PayloadTooLargeError,
     STANDARD_EVENTS,
     EventEnvelope,
     FailurePolicy,
@@ -40,6 +42,7 @@ from ._fold import Fold
 from ._registry import RegistryWatch, open_handlers_bucket
 from ._routes import LocalHandler, Route, RoutingTable
 from ._suspensions import HookEventStream, PendingHook, RunScope, Suspensions
+from ._telemetry import trace_headers, traced_call, traced_collect, traced_emit
 
 __all__ = ["HookDispatcher"]
 
@@ -262,6 +265,7 @@ class HookDispatcher(StandardEvents):
         """The full routes of `event` in call order (priority, policy, filter, ...)."""
         return self._table.routes(event)
 
+    @traced_emit
     async def emit(self, event: str, data: dict[str, Any]) -> HookResult:
         """Emit `event` to its handlers in priority order and fold their results.
 
@@ -317,6 +321,7 @@ class HookDispatcher(StandardEvents):
             return await self._approvals.decide(event, result)
         return result
 
+    @traced_collect
     async def emit_and_collect(
         self, event: str, data: dict[str, Any], timeout: float = 1.0
     ) -> list[Any]:
@@ -338,13 +343,19 @@ class HookDispatcher(StandardEvents):
             return []
         outcomes: dict[str, Outcome] = {}
         remote = [r for r in routes if r.remote]
-        with anyio.move_on_after(timeout):
-            async with anyio.create_task_group() as tg:
-                for route in routes:
-                    if not route.remote:
-                        tg.start_soon(self._collect_local, route, event, data, timeout, outcomes)
-                if remote:
-                    tg.start_soon(self._collect_remote, remote, event, data, outcomes)
+        # caller errors (closed connection, oversize event) raise here, not in a task group
+        collect = await self._publish_collect(remote, event, data) if remote else None
+        try:
+            with anyio.move_on_after(timeout):
+                async with anyio.create_task_group() as tg:
+                    for route in routes:
+                        if not route.remote:
+                            tg.start_soon(self._collect_local, route, event, data, timeout, outcomes)
+                    if collect is not None:
+                        tg.start_soon(collect[1].done.wait)
+        finally:
+            if collect is not None:
+                outcomes.update(self._collects.pop(collect[0]).results)
         responses = []
         for route in routes:
             outcome = outcomes.get(route.name)
@@ -403,10 +414,11 @@ class HookDispatcher(StandardEvents):
         return await self.suspensions.events()
 
     # -- internals -----------------------------------------------------------------------
+    @traced_call
     async def _call(self, route: Route, ctx: _EmitContext, data: dict[str, Any]) -> Outcome:
         if route.local is not None:
             return await call_local(route, ctx.event, data)
-        return await call_remote(self._nc, route, ctx.envelope(data), None)
+        return await call_remote(self._nc, route, ctx.envelope(data), trace_headers())
 
     async def _call_group(
         self, group: list[Route], ctx: _EmitContext, data: dict[str, Any]
@@ -451,24 +463,33 @@ class HookDispatcher(StandardEvents):
         limited = route if route.timeout_s is not None else _with_timeout(route, timeout)
         outcomes[route.name] = await call_local(limited, event, data)
 
-    async def _collect_remote(
-        self, remote: list[Route], event: str, data: dict[str, Any], outcomes: dict[str, Outcome]
-    ) -> None:
+    async def _publish_collect(
+        self, remote: list[Route], event: str, data: dict[str, Any]
+    ) -> tuple[str, _Collect]:
         nc = self._nc
-        if nc is None or not self._started:
+        if nc is None or nc.is_closed or not self._started:
             raise NotConnectedError("remote handlers need a started dispatcher with a connection")
+        payload = encode(_EmitContext(event, data).envelope(data))
+        if len(payload) > nc.max_payload:
+            raise PayloadTooLargeError(
+                f"event {event!r} is {len(payload)} bytes encoded; the server's"
+                f" max_payload is {nc.max_payload} bytes"
+            )
         token = f"{next(self._tokens):x}"
         collect = self._collects[token] = _Collect({r.name for r in remote})
         try:
-            envelope = _EmitContext(event, data).envelope(data)
             await nc.publish(
                 collect_subject(event),
-                encode(envelope),
+                payload,
                 reply=collect_reply_subject(self._inbox_prefix, token),
+                headers=trace_headers(),
             )
-            await collect.done.wait()
-        finally:
-            outcomes.update(self._collects.pop(token).results)
+        except BaseException as exc:
+            del self._collects[token]
+            if isinstance(exc, nats.errors.ConnectionClosedError):
+                raise NotConnectedError("the NATS connection is closed") from exc
+            raise
+        return token, collect
 
     async def _on_collect_reply(self, msg: Msg) -> None:
         collect = self._collects.get(msg.subject.rpartition(".")[2])

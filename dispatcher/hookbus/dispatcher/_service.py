@@ -37,6 +37,7 @@ from hookbus.schemas import (
 )
 
 from ._dispatcher import HookDispatcher
+from ._telemetry import traced_dispatch
 
 __all__ = ["DispatcherService"]
 
@@ -69,6 +70,7 @@ class DispatcherService:
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopped = asyncio.Event()
         self._running = False
+        self._draining = False
 
     async def start(self) -> None:
         """Start the dispatcher, subscribe, flush; returns when requests can be served."""
@@ -93,10 +95,14 @@ class DispatcherService:
 
     async def stop(self) -> None:
         """Drain: stop taking requests, answer every one received (idempotent)."""
+        if self._draining:  # a concurrent stop(): wait for the drain in progress
+            await self._stopped.wait()
+            return
         if not self._running:
             self._stopped.set()
             return
         self._running = False
+        self._draining = True
         for sub in self._subs:
             with contextlib.suppress(nats.errors.ConnectionClosedError, nats.errors.BadSubscriptionError):
                 await sub.drain()
@@ -137,6 +143,7 @@ class DispatcherService:
         finally:
             self._limiter.release()
 
+    @traced_dispatch
     async def _emit(self, msg: Msg) -> bytes:
         try:
             event = event_from_service_subject(msg.subject)
@@ -147,7 +154,11 @@ class DispatcherService:
         except HookbusError as exc:
             log.warning("emit on %s refused: %s", msg.subject, exc)
             return encode(EmitReply(error=WireError(code=_error_code(exc), message=str(exc))))
+        except Exception as exc:  # a bug of ours: still answer, never leave the agent waiting
+            log.exception("emit on %s failed", msg.subject)
+            return encode(EmitReply(error=WireError(code="internal", message=repr(exc))))
 
+    @traced_dispatch
     async def _collect(self, msg: Msg) -> bytes:
         try:
             event = event_from_service_subject(msg.subject)
@@ -157,3 +168,6 @@ class DispatcherService:
         except HookbusError as exc:
             log.warning("emit_and_collect on %s refused: %s", msg.subject, exc)
             return encode(CollectReply(error=WireError(code=_error_code(exc), message=str(exc))))
+        except Exception as exc:
+            log.exception("emit_and_collect on %s failed", msg.subject)
+            return encode(CollectReply(error=WireError(code="internal", message=repr(exc))))

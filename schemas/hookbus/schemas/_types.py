@@ -66,8 +66,11 @@ class HandlerFailure(_Wire):
     """Human-readable detail (the exception text, the decode error with its JSON path)."""
 
 
-class HookResult(_Wire):
+class HookResult(_Wire, omit_defaults=False):
     """What a handler returns and what `emit` returns.
+
+    Encoded with every field (defaults included), so an agent in any language reads
+    ``action`` and the rest without knowing the defaults.
 
     Every field of amplifier-core's `HookResult` (`amplifier_core/models.py`) with the same
     names, types and defaults, so handlers written for amplifier-core construct it unchanged;

@@ -1,0 +1,301 @@
+"""The package layout contract: namespace portions, the dependency direction, the public API.
+
+- `schemas/`, `workers/`, `dispatcher/`, `cli/` are portions of the `hookbus` namespace
+  package: none has a ``hookbus/__init__.py``.
+- Direction (STYLE.md): schemas at the bottom (no I/O, imports nothing of ours), workers
+  and dispatcher import schemas and never each other, the CLI sits on top.
+- The public exports (`__all__`) of each part are pinned, and each name resolves.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import importlib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PORTIONS = ("schemas", "workers", "dispatcher", "cli")
+
+FORBIDDEN: dict[str, set[str]] = {
+    "schemas": {"hookbus.workers", "hookbus.dispatcher", "hookbus.cli"},
+    "workers": {"hookbus.dispatcher", "hookbus.cli"},
+    "dispatcher": {"hookbus.workers", "hookbus.cli"},
+}
+"""Per portion, the hookbus packages its modules may not import."""
+
+SCHEMAS_NO_IO = {
+    "asyncio", "anyio", "socket", "subprocess", "nats.aio", "nats.js.client", "nats.js.kv",
+}  # fmt: skip
+"""The wire contract does no I/O: it may use nats-py's data classes (`nats.js.api`), no more."""
+
+
+def _module_name(root: Path, portion: str, path: Path) -> str:
+    rel = path.relative_to(root / portion).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(root: Path, portion: str, path: Path) -> list[tuple[int, str]]:
+    """Every module `path` imports (relative imports resolved), with line numbers."""
+    module = _module_name(root, portion, path)
+    is_package = path.name == "__init__.py"
+    package = module if is_package else module.rpartition(".")[0]
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                if node.level > 1:
+                    base = base[: -(node.level - 1)]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            found.append((node.lineno, target))
+            # `from hookbus import dispatcher` imports a package too
+            found.extend((node.lineno, f"{target}.{alias.name}") for alias in node.names)
+        elif isinstance(node, ast.Call):
+            # importlib.import_module("hookbus.x") / __import__("hookbus.x") with a literal
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in ("import_module", "__import__") and node.args:
+                arg = node.args[0]
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    found.append((node.lineno, arg.value))
+    return found
+
+
+def _py_files(root: Path, portion: str) -> list[Path]:
+    files = sorted((root / portion).rglob("*.py"))
+    assert files, f"no Python files under {portion}/"
+    return files
+
+
+def _violations(portion: str, forbidden: set[str], root: Path = ROOT) -> list[str]:
+    out = []
+    for path in _py_files(root, portion):
+        for lineno, target in _imports(root, portion, path):
+            for bad in forbidden:
+                if target == bad or target.startswith(bad + "."):
+                    out.append(f"{path.relative_to(root)}:{lineno} imports {target}")
+    return out
+
+
+@pytest.mark.parametrize("portion", sorted(FORBIDDEN))
+def test_dependency_direction(portion: str) -> None:
+    assert _violations(portion, FORBIDDEN[portion]) == []
+
+
+def test_schemas_does_no_io() -> None:
+    assert _violations("schemas", SCHEMAS_NO_IO) == []
+
+
+def test_the_checker_sees_violations(tmp_path: Path) -> None:
+    """The AST check itself: absolute, relative and `from hookbus import x` forms."""
+    portion = tmp_path / "workers" / "hookbus" / "workers"
+    portion.mkdir(parents=True)
+    (portion / "_bad.py").write_text(
+        "import hookbus.dispatcher\n"
+        "from hookbus.dispatcher._fold import Fold\n"
+        "from ..dispatcher import HookDispatcher\n"
+        "from hookbus import cli\n"
+        "from . import _ok\n"
+        "from hookbus.schemas import encode\n"
+    )
+    found = _violations("workers", FORBIDDEN["workers"], root=tmp_path)
+    assert sorted(v.partition(":")[2] for v in found) == [
+        "1 imports hookbus.dispatcher",
+        "2 imports hookbus.dispatcher._fold",
+        "2 imports hookbus.dispatcher._fold.Fold",
+        "3 imports hookbus.dispatcher",
+        "3 imports hookbus.dispatcher.HookDispatcher",
+        "4 imports hookbus.cli",
+    ]
+
+
+@pytest.mark.parametrize("portion", PORTIONS)
+def test_no_hookbus_init(portion: str) -> None:
+    assert (ROOT / portion / "hookbus").is_dir()
+    assert not (ROOT / portion / "hookbus" / "__init__.py").exists()
+    assert (ROOT / portion / "hookbus" / portion / "__init__.py").is_file()
+
+
+def test_hookbus_is_a_namespace_package() -> None:
+    import hookbus
+
+    assert getattr(hookbus, "__file__", None) is None
+    paths = {Path(p).resolve() for p in hookbus.__path__}
+    assert {(ROOT / p / "hookbus").resolve() for p in PORTIONS} <= paths
+
+
+EVENT_CONSTANTS = [
+    "AGENT_COMPLETE",
+    "AGENT_SPAWN",
+    "CONTEXT_PRE_COMPACT",
+    "DECISION_AGENT_RESOLUTION",
+    "DECISION_CONTEXT_RESOLUTION",
+    "DECISION_TOOL_RESOLUTION",
+    "ERROR_ORCHESTRATION",
+    "ERROR_PROVIDER",
+    "ERROR_TOOL",
+    "ORCHESTRATOR_COMPLETE",
+    "PROMPT_SUBMIT",
+    "SESSION_END",
+    "SESSION_START",
+    "TOOL_POST",
+    "TOOL_PRE",
+    "USER_NOTIFICATION",
+]
+
+PUBLIC_API: dict[str, set[str]] = {
+    "hookbus.schemas": {
+        *EVENT_CONSTANTS,
+        "APPROVALS_BUCKET",
+        "APPROVAL_DEFAULT_OPTIONS",
+        "COLLECT_SERVICE_WILDCARD",
+        "DISPATCHER_QUEUE_GROUP",
+        "EMIT_SERVICE_WILDCARD",
+        "HANDLERS_BUCKET",
+        "HOOK_EVENTS_WILDCARD",
+        "STANDARD_EVENTS",
+        "SUBJECT_PREFIX",
+        "SUSPENSIONS_BUCKET",
+        "WIRE_TYPES",
+        "Action",
+        "AlreadySettledError",
+        "ApprovalAnswer",
+        "BadRequestError",
+        "CollectReply",
+        "CollectRequest",
+        "ContextInjection",
+        "DuplicateHookError",
+        "EmitReply",
+        "EmitRequest",
+        "EventEnvelope",
+        "FailureKind",
+        "FailurePolicy",
+        "HandlerDeclaration",
+        "HandlerFailure",
+        "HookAbortedError",
+        "HookCancelledError",
+        "HookEvent",
+        "HookNotFoundError",
+        "HookPart",
+        "HookReply",
+        "HookResult",
+        "HookStatus",
+        "HookTimeoutError",
+        "HookbusError",
+        "HookbusTimeoutError",
+        "NotConnectedError",
+        "PayloadTooLargeError",
+        "RemoteError",
+        "ResolutionRejectedError",
+        "StandardEvents",
+        "SuspensionError",
+        "SuspensionRecord",
+        "UnknownEventError",
+        "WireError",
+        "WireFormatError",
+        "always_allow_key",
+        "approvals_bucket_config",
+        "collect_reply_subject",
+        "collect_service_subject",
+        "collect_subject",
+        "decode",
+        "decode_token",
+        "emit_service_subject",
+        "encode",
+        "encode_token",
+        "event_from_service_subject",
+        "handler_key",
+        "handler_queue_group",
+        "handler_subject",
+        "handlers_bucket_config",
+        "hook_event_subject",
+        "json_schemas",
+        "label_from_key",
+        "parse_handler_key",
+        "suspension_key",
+        "suspensions_bucket_config",
+        "to_builtins",
+        "to_hook_result",
+        "validate_name",
+    },
+    "hookbus.workers": {"HandlerSpec", "HookResult", "HookWorker"},
+    "hookbus.dispatcher": {
+        "APPROVAL_LABEL_PREFIX",
+        "DispatcherService",
+        "Fold",
+        "HookDispatcher",
+        "HookEventStream",
+        "HookResult",
+        "PendingHook",
+        "Route",
+        "RunScope",
+        "Suspensions",
+        "approval_label",
+        "is_allow",
+    },
+    "hookbus.cli": {"EmbeddedNatsServer", "NatsServerNotFoundError", "find_nats_server"},
+}
+
+
+@pytest.mark.parametrize("module_name", sorted(PUBLIC_API))
+def test_public_exports_pinned(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    assert set(module.__all__) == PUBLIC_API[module_name]
+    for name in module.__all__:
+        assert hasattr(module, name), f"{module_name}.{name} is in __all__ but does not resolve"
+
+
+@pytest.mark.parametrize("module_name", sorted(PUBLIC_API))
+def test_public_exports_have_no_duplicates(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    dupes = sorted(n for n, k in collections.Counter(module.__all__).items() if k > 1)
+    assert dupes == []
+
+
+def test_hookresult_is_one_type_everywhere() -> None:
+    import hookbus.dispatcher
+    import hookbus.schemas
+    import hookbus.workers
+
+    assert hookbus.workers.HookResult is hookbus.schemas.HookResult
+    assert hookbus.dispatcher.HookResult is hookbus.schemas.HookResult
+
+
+def test_errors_share_one_root() -> None:
+    import hookbus.cli
+    import hookbus.schemas as s
+
+    for name in (
+        "AlreadySettledError",
+        "DuplicateHookError",
+        "HookAbortedError",
+        "HookCancelledError",
+        "HookNotFoundError",
+        "HookTimeoutError",
+        "ResolutionRejectedError",
+        "SuspensionError",
+        "BadRequestError",
+        "HookbusTimeoutError",
+        "NotConnectedError",
+        "PayloadTooLargeError",
+        "RemoteError",
+        "UnknownEventError",
+        "WireFormatError",
+    ):
+        assert issubclass(getattr(s, name), s.HookbusError), name
+    assert issubclass(hookbus.cli.NatsServerNotFoundError, s.HookbusError)
+    assert issubclass(s.HookbusTimeoutError, TimeoutError)
+    assert issubclass(s.HookTimeoutError, TimeoutError)
+    assert issubclass(s.UnknownEventError, s.BadRequestError)
+    assert issubclass(s.PayloadTooLargeError, s.BadRequestError)

@@ -1,0 +1,251 @@
+"""Subjects, queue groups and KV keys: the one reversible token encoding and every builder.
+
+Pure functions: no server needed. The shapes pinned here are the ones documented in
+`hookbus.schemas._subjects` (and relied on by agents in other languages).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hookbus.schemas import (
+    APPROVALS_BUCKET,
+    COLLECT_SERVICE_WILDCARD,
+    DISPATCHER_QUEUE_GROUP,
+    EMIT_SERVICE_WILDCARD,
+    HANDLERS_BUCKET,
+    HOOK_EVENTS_WILDCARD,
+    SUBJECT_PREFIX,
+    SUSPENSIONS_BUCKET,
+    BadRequestError,
+    always_allow_key,
+    collect_reply_subject,
+    collect_service_subject,
+    collect_subject,
+    decode_token,
+    emit_service_subject,
+    encode_token,
+    event_from_service_subject,
+    handler_key,
+    handler_queue_group,
+    handler_subject,
+    hook_event_subject,
+    label_from_key,
+    parse_handler_key,
+    suspension_key,
+    validate_name,
+)
+
+TRICKY_NAMES = [
+    "tool:pre",
+    "a.b",
+    "*",
+    ">",
+    "with space",
+    "ünïcode",
+    "=3A",
+    "=",
+    "==",
+    "_-_",
+    "😀",
+    "emoji 🚀 in: a.name",
+    "tab\tand\nnewline",
+    "slash/and\\back",
+    "plain",
+    "A-Z_0-9",
+    "%41",
+    "\x00nul",
+    "中文.事件",
+    "tool:pre.>.*",
+    "x" * 200,
+]
+
+SUBJECT_TOKEN = re.compile(r"[A-Za-z0-9_=-]+")
+"""Characters an encoded token may hold: safe in a NATS subject token (no `.`, `*`, `>`,
+whitespace) and in a queue group name."""
+KV_KEY = re.compile(r"[-/_=.a-zA-Z0-9]+")
+"""JetStream KV key charset (FIELD-NOTES; nats-py's `VALID_KEY_RE`)."""
+
+
+@pytest.mark.parametrize("name", TRICKY_NAMES)
+def test_token_round_trip(name: str) -> None:
+    token = encode_token(name)
+    assert decode_token(token) == name
+
+
+@pytest.mark.parametrize("name", TRICKY_NAMES)
+def test_token_has_only_allowed_characters(name: str) -> None:
+    token = encode_token(name)
+    assert SUBJECT_TOKEN.fullmatch(token), token
+    assert KV_KEY.fullmatch(token), token
+    assert "." not in token
+
+
+def test_tokens_are_distinct_for_distinct_names() -> None:
+    tokens = [encode_token(n) for n in TRICKY_NAMES]
+    assert len(set(tokens)) == len(TRICKY_NAMES)
+
+
+def test_known_encodings() -> None:
+    assert encode_token("tool:pre") == "tool=3Apre"
+    assert encode_token("plain_name-1") == "plain_name-1"
+    assert encode_token("a.b") == "a=2Eb"
+    assert encode_token("=") == "=3D"
+    assert encode_token("ü") == "=C3=BC"  # UTF-8 bytes, upper-case hex
+
+
+def test_empty_name_rejected() -> None:
+    with pytest.raises(BadRequestError, match="empty"):
+        encode_token("")
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        "",  # empty
+        "tool=3apre",  # lower-case hex
+        "=41",  # 'A' is plain: must not be escaped
+        "=5F",  # '_' is plain
+        "=2D",  # '-' is plain
+        "=",  # dangling escape
+        "=3",  # short escape
+        "=G1",  # not hex
+        "a.b",  # '.' is never in a token
+        "a b",
+        "*",
+        ">",
+        "=C3",  # an incomplete UTF-8 sequence
+        "=FF",  # not UTF-8 at all
+        "=C0=80",  # overlong NUL: not valid UTF-8
+        "ü",  # raw non-ASCII: must be escaped
+    ],
+)
+def test_non_canonical_tokens_rejected(token: str) -> None:
+    with pytest.raises(BadRequestError, match="token"):
+        decode_token(token)
+
+
+def test_validate_name() -> None:
+    assert validate_name("event", "tool:pre") == "tool:pre"
+    for bad in ("", None, 1, "x" * 201):
+        with pytest.raises(BadRequestError, match="event name"):
+            validate_name("event", bad)
+    with pytest.raises(BadRequestError, match="handler name"):
+        validate_name("handler", "")
+
+
+def test_constants() -> None:
+    assert SUBJECT_PREFIX == "hookbus.v1"
+    assert HANDLERS_BUCKET == "hookbus_handlers"
+    for bucket in (HANDLERS_BUCKET, SUSPENSIONS_BUCKET, APPROVALS_BUCKET):
+        assert re.fullmatch(r"[a-zA-Z0-9_-]+", bucket)  # bucket charset (no '.')
+    assert len({HANDLERS_BUCKET, SUSPENSIONS_BUCKET, APPROVALS_BUCKET}) == 3
+    assert HOOK_EVENTS_WILDCARD == "hookbus.v1.hooks.>"
+    assert DISPATCHER_QUEUE_GROUP == "hookbus-dispatcher"
+    assert EMIT_SERVICE_WILDCARD == "hookbus.v1.emit.*"
+    assert COLLECT_SERVICE_WILDCARD == "hookbus.v1.emit_and_collect.*"
+
+
+def test_handler_subject_shape() -> None:
+    assert handler_subject("tool:pre", "security") == "hookbus.v1.hook.tool=3Apre.security"
+    for event in TRICKY_NAMES:
+        for handler in ("h", "a.b", "> *"):
+            subject = handler_subject(event, handler)
+            tokens = subject.split(".")
+            assert tokens[:3] == ["hookbus", "v1", "hook"]
+            assert len(tokens) == 5, subject  # a '.' in a name never adds a token
+            assert decode_token(tokens[3]) == event
+            assert decode_token(tokens[4]) == handler
+
+
+def test_handler_queue_group_shape() -> None:
+    assert handler_queue_group("security") == "security"
+    assert handler_queue_group("my handler") == "my=20handler"
+    for name in TRICKY_NAMES:
+        assert SUBJECT_TOKEN.fullmatch(handler_queue_group(name))
+
+
+def test_collect_subject_shape() -> None:
+    assert collect_subject("tool:pre") == "hookbus.v1.collect.tool=3Apre"
+    for event in TRICKY_NAMES:
+        tokens = collect_subject(event).split(".")
+        assert tokens[:3] == ["hookbus", "v1", "collect"]
+        assert len(tokens) == 4
+        assert decode_token(tokens[3]) == event
+
+
+def test_collect_reply_subject_shape() -> None:
+    assert collect_reply_subject("_INBOX.abc", "1f") == "_INBOX.abc.1f"
+    assert collect_reply_subject("_INBOX.abc", "*") == "_INBOX.abc.*"
+
+
+def test_service_subject_shapes() -> None:
+    assert emit_service_subject("tool:pre") == "hookbus.v1.emit.tool=3Apre"
+    assert collect_service_subject("tool:pre") == "hookbus.v1.emit_and_collect.tool=3Apre"
+    for event in TRICKY_NAMES:
+        emit = emit_service_subject(event)
+        collect = collect_service_subject(event)
+        # each matches its service wildcard: same prefix, exactly one more token
+        assert emit.rpartition(".")[0] == EMIT_SERVICE_WILDCARD.rpartition(".")[0]
+        assert collect.rpartition(".")[0] == COLLECT_SERVICE_WILDCARD.rpartition(".")[0]
+        assert len(emit.split(".")) == len(EMIT_SERVICE_WILDCARD.split("."))
+        assert len(collect.split(".")) == len(COLLECT_SERVICE_WILDCARD.split("."))
+        assert event_from_service_subject(emit) == event
+        assert event_from_service_subject(collect) == event
+
+
+def test_event_from_bad_service_subject() -> None:
+    with pytest.raises(BadRequestError):
+        event_from_service_subject("hookbus.v1.emit.tool=3apre")
+    with pytest.raises(BadRequestError):
+        event_from_service_subject("hookbus.v1.emit.")
+
+
+def test_handler_key_shape() -> None:
+    assert handler_key("tool:pre", "security") == "tool=3Apre.security"
+    for event in TRICKY_NAMES:
+        for handler in ("h", "a.b", "😀"):
+            key = handler_key(event, handler)
+            assert KV_KEY.fullmatch(key), key
+            assert key.count(".") == 1
+            assert parse_handler_key(key) == (event, handler)
+
+
+@pytest.mark.parametrize("key", ["nodot", "a.b.c", "tool=3apre.x", ".x", "x."])
+def test_parse_handler_key_rejects(key: str) -> None:
+    with pytest.raises(BadRequestError):
+        parse_handler_key(key)
+
+
+def test_suspension_key_shape() -> None:
+    for label in TRICKY_NAMES:
+        key = suspension_key(label)
+        assert KV_KEY.fullmatch(key) and "." not in key, key
+        assert label_from_key(key) == label
+    with pytest.raises(BadRequestError):
+        label_from_key("not.a.label")
+    with pytest.raises(BadRequestError):
+        suspension_key("")
+
+
+@pytest.mark.parametrize("status", ["pending", "resolved", "cancelled"])
+def test_hook_event_subject_shape(status: str) -> None:
+    assert hook_event_subject("approve:42", status) == f"hookbus.v1.hooks.approve=3A42.{status}"
+    prefix = HOOK_EVENTS_WILDCARD.removesuffix(">")
+    for label in TRICKY_NAMES:
+        subject = hook_event_subject(label, status)
+        assert subject.startswith(prefix)  # the wildcard hears it
+        tokens = subject.split(".")
+        assert len(tokens) == 5 and tokens[-1] == status
+        assert decode_token(tokens[3]) == label
+
+
+def test_always_allow_key_shape() -> None:
+    assert always_allow_key("s1", "security", "bash") == "s1.security.bash"
+    triples = [(s, h, t) for s in ("s1", "a.b", "ü") for h in ("h", "h.x") for t in ("bash", "*")]
+    keys = [always_allow_key(*t) for t in triples]
+    assert len(set(keys)) == len(triples)  # one key per (session, handler, tool)
+    for key, triple in zip(keys, triples, strict=True):
+        assert KV_KEY.fullmatch(key), key
+        assert tuple(decode_token(part) for part in key.split(".")) == triple
