@@ -84,6 +84,16 @@ async def connect(url: str, *, name: str, service: bool = False) -> NATS:
     return nc
 
 
+async def drain_or_close(nc: NATS) -> None:
+    """Drain the connection; if the server is gone (drain cannot run), just close it."""
+    try:
+        await nc.drain()
+    except (nats.errors.ConnectionReconnectingError, nats.errors.ConnectionClosedError,
+            nats.errors.TimeoutError):  # fmt: skip
+        log.warning("NATS server unreachable at shutdown: closing without draining")
+        await nc.close()
+
+
 def load_object(ref: str) -> Any:
     """Load ``module:attr`` or ``path/to/file.py:attr``.
 

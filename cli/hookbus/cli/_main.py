@@ -31,6 +31,7 @@ from hookbus.workers import HookWorker
 
 from ._common import (
     connect,
+    drain_or_close,
     load_object,
     nats_url_or_embedded,
     parse_json_object,
@@ -89,7 +90,7 @@ def worker(target: str, url: str | None, otlp_endpoint: str | None, max_concurre
         try:
             await obj.run(nc, handle_signals=True)
         finally:
-            await nc.drain()
+            await drain_or_close(nc)
 
     with nats_url_or_embedded(url) as nats_url, otel_session(
         "hookbus-worker", otlp_endpoint, resource_attributes={"hookbus.worker.target": target}
@@ -119,7 +120,7 @@ def dispatcher_cmd(url: str | None, otlp_endpoint: str | None, max_concurrency: 
             click.echo("dispatcher serving hookbus.v1.emit.* (Ctrl-C drains and stops)", err=True)
             await service.run()
         finally:
-            await nc.drain()
+            await drain_or_close(nc)
 
     with nats_url_or_embedded(url) as nats_url, otel_session("hookbus-dispatcher", otlp_endpoint):
         _run(run(nats_url))

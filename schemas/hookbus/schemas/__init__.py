@@ -21,7 +21,6 @@ from ._errors import (
     WireFormatError,
 )
 from ._events import *  # noqa: F403  (the standard event constants)
-from ._events import STANDARD_EVENTS, StandardEvents
 from ._events import __all__ as _event_names
 from ._result import to_hook_result
 from ._subjects import (
