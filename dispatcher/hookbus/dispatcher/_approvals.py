@@ -116,6 +116,7 @@ class Approvals:
                 metadata=metadata,
                 timeout_s=result.approval_timeout,
                 schema=schema,
+                shared=True,  # a retried emit (dispatcher restart) takes over the same approval
             )
         except HookTimeoutError:
             allow = result.approval_default == "allow"

@@ -51,6 +51,7 @@ class RegistryWatch:
         self._resync_s = resync_s
         self._task: asyncio.Task[None] | None = None
         self._loaded = asyncio.Event()
+        self._stopping = False
 
     async def start(self) -> None:
         await self.resync()
@@ -58,18 +59,29 @@ class RegistryWatch:
         await self._loaded.wait()
 
     async def stop(self) -> None:
+        """Stop the watch task. Idempotent; never swallows the caller's own cancellation.
+
+        On Python 3.11 the `asyncio.wait_for` inside nats-py's watcher can swallow a
+        cancel, so the task is also told to stop by a flag and cancelled until it ends.
+        """
         task, self._task = self._task, None
-        if task is not None:
+        if task is None:
+            return
+        self._stopping = True
+        while not task.done():
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await asyncio.wait({task}, timeout=0.1)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("registry watch ended with %r", task.exception())
 
     async def resync(self) -> None:
         """Read every declaration and replace the remote routes with them."""
         try:
             keys = await self._kv.keys()
         except nats.js.errors.NoKeysError:
-            keys = []
+            # nats-py can report "no keys" spuriously while keys exist: never wipe the
+            # routes on that; an empty bucket has no remote routes to lose anyway.
+            return
         decls = []
         for key in keys:
             try:
@@ -82,7 +94,7 @@ class RegistryWatch:
         self._table.replace_remote(decls)
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 watcher = await self._kv.watchall()
                 try:
@@ -102,7 +114,7 @@ class RegistryWatch:
     async def _follow(self, watcher: KeyValue.KeyWatcher) -> None:
         loop = asyncio.get_running_loop()
         next_resync = loop.time() + self._resync_s
-        while True:
+        while not self._stopping:
             try:
                 entry = await watcher.updates(timeout=max(0.1, next_resync - loop.time()))
             except nats.errors.TimeoutError:

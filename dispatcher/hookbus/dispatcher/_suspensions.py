@@ -176,6 +176,8 @@ class Suspensions:
         self._kv = kv
         self._poll_s = poll_s
         self._waiters: dict[str, anyio.CancelScope] = {}
+        self._live_labels: set[str] = set()
+        self._validators: dict[bytes, jsonschema.protocols.Validator] = {}
 
     @classmethod
     async def open(cls, nc: NATS, *, ttl_s: float = 7 * 24 * 3600, replicas: int = 1) -> Suspensions:
@@ -221,6 +223,7 @@ class Suspensions:
         metadata: dict[str, Any] | None = None,
         timeout_s: float | None = None,
         schema: dict[str, Any] | None = None,
+        shared: bool = False,
     ) -> T:
         """Suspend until `label` is resolved; return the resolution as `payload`.
 
@@ -230,16 +233,21 @@ class Suspensions:
             metadata: JSON data shown to whoever resolves it (prompt, tool, ...).
             timeout_s: seconds to wait; None waits until resolved, cancelled or aborted.
             schema: JSON Schema to check resolutions against (default: `payload`'s).
+            shared: the label names one call that may be retried from another process (an
+                approval): attach to its pending record even if a waiter is recorded, and
+                take its resolution even if another waiter consumed it.
         Raises:
             DuplicateHookError: another waiter is attached to a pending hook of this label.
             HookCancelledError: it was cancelled (now or before).
             HookAbortedError: `abort_pending_hook` stopped the wait.
             HookTimeoutError: no resolution within `timeout_s`.
         """
+        key = suspension_key(label)  # BadRequestError for a label too long to be a key
+        if label in self._live_labels and not shared:
+            raise DuplicateHookError(f"this process already waits on a hook labelled {label!r}")
         run = _current_run.get()
         if run is not None:
             run.labels.add(label)
-        key = suspension_key(label)
         hook_id = uuid.uuid4().hex
         while True:
             got = await self.get(label)
@@ -263,9 +271,10 @@ class Suspensions:
                 break
             record, revision = got
             if record.status == "resolved" and not record.consumed:
+                result = _convert(label, record.resolution, payload)  # refuse before consuming
                 value = await self._consume(key, record, revision)
                 if value is not _LOST_RACE:
-                    return from_json_value(value, payload)
+                    return result
                 continue
             if record.status == "cancelled":
                 raise HookCancelledError(label, record.reason)
@@ -286,7 +295,7 @@ class Suspensions:
                 break
             # pending: re-attach if nobody waits on it or it is this run's own (resume)
             same_run = run is not None and record.run_id == run.run_id
-            if record.attached and not same_run:
+            if record.attached and not same_run and not shared:
                 raise DuplicateHookError(
                     f"a live hook with label {label!r} exists (hook {record.hook_id})"
                 )
@@ -298,8 +307,8 @@ class Suspensions:
                 continue
             record = attached
             break
-        return from_json_value(
-            await self._wait(key, label, hook_id, revision, timeout_s, run), payload
+        return _convert(
+            label, await self._wait(key, label, hook_id, timeout_s, run, shared=shared), payload
         )
 
     async def _wait(
@@ -307,21 +316,25 @@ class Suspensions:
         key: str,
         label: str,
         hook_id: str,
-        revision: int,
         timeout_s: float | None,
         run: RunScope | None,
+        *,
+        shared: bool,
     ) -> Any:
         scope = anyio.CancelScope()
         self._waiters[hook_id] = scope
+        self._live_labels.add(label)
         try:
-            with scope:
-                with anyio.fail_after(timeout_s):
-                    return await self._watch_until_settled(key, label, revision)
-        except TimeoutError:
-            await self._detach(key, label)
-            raise HookTimeoutError(f"hook {label!r} got no resolution within {timeout_s}s") from None
+            with scope, anyio.move_on_after(timeout_s) as deadline:
+                return await self._watch_until_settled(key, label, shared=shared)
+            if deadline.cancelled_caught:
+                with anyio.CancelScope(shield=True):
+                    await self._detach(key, label)
+                raise HookTimeoutError(f"hook {label!r} got no resolution within {timeout_s}s")
+            raise AssertionError("unreachable")  # pragma: no cover
         finally:
             self._waiters.pop(hook_id, None)
+            self._live_labels.discard(label)
             if scope.cancelled_caught:
                 if run is not None:
                     run.aborted.add(label)
@@ -329,34 +342,49 @@ class Suspensions:
                     await self._detach(key, label)
                 raise HookAbortedError(f"waiting on hook {label!r} was aborted; it stays pending")
 
-    async def _watch_until_settled(self, key: str, label: str, revision: int) -> Any:
-        watcher = await self._kv.watch(key)
-        try:
-            while True:
-                try:
-                    entry = await watcher.updates(timeout=self._poll_s)
-                except nats.errors.TimeoutError:
-                    entry = None  # quiet: read it ourselves (the watch may have stalled)
-                if entry is None:
-                    got = await self.get(label)
-                    if got is None:
-                        raise HookCancelledError(label, "the record was removed")
-                    record, rev = got
-                elif entry.value and entry.revision is not None:
-                    record, rev = decode(entry.value, SuspensionRecord), entry.revision
-                elif entry.operation in ("DEL", "PURGE"):
-                    raise HookCancelledError(label, "the record was removed")
-                else:
-                    continue
-                if record.status == "cancelled":
-                    raise HookCancelledError(label, record.reason)
-                if record.status == "resolved" and not record.consumed:
-                    value = await self._consume(key, record, rev)
-                    if value is not _LOST_RACE:
-                        return value
-        finally:
-            with contextlib.suppress(Exception):
-                await watcher.stop()
+    async def _watch_until_settled(self, key: str, label: str, *, shared: bool) -> Any:
+        """Wait on a KV watch, read the record every `poll_s` seconds anyway, and survive a
+        lost server: the watch is re-created and reads are retried until settled."""
+        while True:
+            try:
+                watcher = await self._kv.watch(key)
+            except Exception as exc:  # server restarting: try again after a poll period
+                log.info("watch on %r failed (%s); retrying", label, exc)
+                await anyio.sleep(self._poll_s)
+                continue
+            try:
+                while True:
+                    try:
+                        entry = await watcher.updates(timeout=self._poll_s)
+                    except nats.errors.TimeoutError:
+                        entry = None  # quiet: read it ourselves (the watch may have stalled)
+                    if entry is None or not entry.value or entry.revision is None:
+                        if entry is not None and entry.operation not in ("DEL", "PURGE"):
+                            continue
+                        got = await self.get(label)
+                        if got is None:
+                            raise HookCancelledError(label, "the record was removed")
+                        record, rev = got
+                    else:
+                        record, rev = decode(entry.value, SuspensionRecord), entry.revision
+                    if record.status == "cancelled":
+                        raise HookCancelledError(label, record.reason)
+                    if record.status == "resolved":
+                        if record.consumed:
+                            if shared:
+                                return record.resolution
+                            raise AlreadySettledError(
+                                f"hook {label!r} was resolved and consumed by another waiter"
+                            )
+                        value = await self._consume(key, record, rev)
+                        if value is not _LOST_RACE:
+                            return value
+            except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+                log.info("waiting on %r: %s; re-creating the watch", label, exc)
+                await anyio.sleep(self._poll_s)
+            finally:
+                with contextlib.suppress(Exception):
+                    await watcher.stop()
 
     async def _consume(self, key: str, record: SuspensionRecord, revision: int) -> Any:
         """Mark a resolution consumed (compare-and-set): exactly one consumer wins."""
@@ -417,7 +445,7 @@ class Suspensions:
             if record.status != "pending":
                 raise AlreadySettledError(f"hook {label!r} is already {_settled(record)}")
             if record.payload_schema is not None:
-                _check(record, data)
+                _check(record, data, self._validator(record.payload_schema))
             resolved = msgspec.structs.replace(
                 record, status="resolved", resolution=data, settled_at=now
             )
@@ -498,15 +526,32 @@ class Suspensions:
         await self._nc.flush()
         return HookEventStream(sub)
 
-    # -- plumbing --------------------------------------------------------------------------
+    # -- plumbing ---
+    def _validator(self, schema: dict[str, Any]) -> jsonschema.protocols.Validator:
+        """A JSON Schema validator per distinct schema, built once (35 us each)."""
+        cache_key = encode(schema)
+        validator = self._validators.get(cache_key)
+        if validator is None:
+            if len(self._validators) > 256:
+                self._validators.clear()
+            validator = self._validators[cache_key] = jsonschema.Draft202012Validator(schema)
+        return validator
+
     async def _write(self, key: str, record: SuspensionRecord, *, last: int) -> int:
         payload = encode(record)
+        try:  # the first attempt goes straight out: tenacity only once something failed
+            return await self._put(key, payload, last)
+        except _TRANSIENT:
+            pass
         async for attempt in _retrying():
             with attempt:
-                if last == 0:
-                    return await self._kv.create(key, payload)
-                return await self._kv.update(key, payload, last=last)
+                return await self._put(key, payload, last)
         raise AssertionError("unreachable")
+
+    async def _put(self, key: str, payload: bytes, last: int) -> int:
+        if last == 0:
+            return await self._kv.create(key, payload)
+        return await self._kv.update(key, payload, last=last)
 
     async def _publish(self, record: SuspensionRecord) -> None:
         event = HookEvent(
@@ -527,15 +572,24 @@ class Suspensions:
 _LOST_RACE = object()
 
 
+def _convert(label: str, value: Any, payload: type[T] | None) -> T:
+    """The resolution as `payload`, or `ResolutionRejectedError` with the reason."""
+    try:
+        return from_json_value(value, payload)
+    except (msgspec.ValidationError, ValueError, TypeError) as exc:
+        name = getattr(payload, "__name__", "the payload type")
+        raise ResolutionRejectedError(
+            f"the resolution of {label!r} does not fit {name}: {exc}"
+        ) from exc
+
+
 def _settled(record: SuspensionRecord) -> str:
     if record.status == "resolved":
         return "resolved (consumed)" if record.consumed else "resolved"
     return f"cancelled ({record.reason})" if record.reason else "cancelled"
 
 
-def _check(record: SuspensionRecord, data: Any) -> None:
-    assert record.payload_schema is not None
-    validator = jsonschema.Draft202012Validator(record.payload_schema)
+def _check(record: SuspensionRecord, data: Any, validator: jsonschema.protocols.Validator) -> None:
     error = jsonschema.exceptions.best_match(validator.iter_errors(data))
     if error is not None:
         path = "$" + "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)

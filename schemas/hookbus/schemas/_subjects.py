@@ -170,9 +170,22 @@ def event_from_service_subject(subject: str) -> str:
     return decode_token(subject.rpartition(".")[2])
 
 
+MAX_KEY_LENGTH: Final = 1024
+"""Longest encoded suspension key, in characters (a NATS control line must hold it)."""
+
+
 def suspension_key(label: str) -> str:
-    """Key of a label's `SuspensionRecord` in `SUSPENSIONS_BUCKET` (any text works)."""
-    return encode_token(label)
+    """Key of a label's `SuspensionRecord` in `SUSPENSIONS_BUCKET` (any text works).
+
+    Raises:
+        BadRequestError: the label is empty or its encoding exceeds `MAX_KEY_LENGTH`.
+    """
+    key = encode_token(label)
+    if len(key) > MAX_KEY_LENGTH:
+        raise BadRequestError(
+            f"label too long: {len(key)} characters encoded, at most {MAX_KEY_LENGTH}"
+        )
+    return key
 
 
 def label_from_key(key: str) -> str:

@@ -1,0 +1,207 @@
+"""Suspension benchmark (issue 3, part 7): resolve -> waiter wakes, against a KV put.
+
+    .venv/bin/python benchmarks/suspensions.py              # embedded nats-server, n=300
+    .venv/bin/python benchmarks/suspensions.py --n 1000 --url nats://127.0.0.1:4222
+
+Two dispatchers on two connections (a waiter and a resolver, as two processes would be)
+in one process, so one clock times both ends:
+
+- ``put``: one JetStream KV ``put`` of a record-sized value (the baseline);
+- ``wake``: from just before ``resolve_hook`` is called on the resolver's connection to the
+  waiter's ``hook()`` returning on its own connection (resolve's read + compare-and-set,
+  the KV watch delivery, the waiter's consume compare-and-set).
+
+For reading the figure, a third sample per round, ``floor``: the least a KV-watch wake can
+cost, a raw ``put`` on the resolver's connection -> a raw watcher on the waiter's
+connection returns it (one write, one push, no hookbus code).
+
+Samples are interleaved (one of each per round, alternating which goes first) so
+machine noise hits both alike; the ratio ``wake_p50 / put_p50`` is the figure (target
+<= 1.5). Each wake sample starts once the waiter is in its wait loop: its pending event has
+arrived and its KV watch consumer has been looked up (the last step of setting up the
+watch), plus a 2 ms settle outside the measured window. Not a test: nothing asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+import uuid
+from typing import Any
+
+import msgspec
+import nats
+import nats.js.errors
+from hookbus.cli import EmbeddedNatsServer
+from hookbus.dispatcher import HookDispatcher
+from hookbus.schemas import SUSPENSIONS_BUCKET, SuspensionRecord, encode
+from nats.js.api import KeyValueConfig
+
+__all__ = ["bench_suspensions"]
+
+BENCH_BUCKET = "hookbus_bench_kv"
+"""The baseline's bucket: same settings as the suspensions bucket (file, history 1, direct)."""
+TARGET_RATIO = 1.5
+WARMUP = 20
+SETTLE_S = 0.002
+
+
+class Answer(msgspec.Struct):
+    approved: bool
+    by: str = ""
+
+
+def _record_sized_value() -> bytes:
+    """A value the size of a resolved suspension record (what a resolve writes)."""
+    return encode(
+        SuspensionRecord(
+            label="bench " + "x" * 40, status="resolved", hook_id=uuid.uuid4().hex,
+            run_id=uuid.uuid4().hex, metadata={"tool_name": "bash", "prompt": "Allow bash?"},
+            payload_type="Answer", payload_schema=msgspec.json.schema(Answer),
+            resolution={"approved": True, "by": "bench"}, created_at=time.time(),
+            settled_at=time.time(),
+        )
+    )  # fmt: skip
+
+
+def _pct(xs: list[float], q: float) -> float:
+    ordered = sorted(xs)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def bench_suspensions(url: str, n: int) -> dict[str, Any]:
+    """Measure `n` interleaved rounds (after `WARMUP` unmeasured ones) against `url`.
+
+    Returns (times in milliseconds): ``{"n", "put_p50_ms", "put_p90_ms", "wake_p50_ms",
+    "wake_p90_ms", "resolve_call_p50_ms", "floor_p50_ms", "floor_ratio", "ratio", "target",
+    "met"}`` where ``ratio`` is ``wake_p50_ms / put_p50_ms``; ``resolve_call_p50_ms`` is how
+    long ``resolve_hook`` itself took (read, schema check, compare-and-set, event) and
+    ``floor_p50_ms`` a raw put -> raw watcher wake (``floor_ratio`` to the put): both only
+    for reading the wake figure.
+    """
+    nc_wait = await nats.connect(url, name="bench-waiter")
+    nc_res = await nats.connect(url, name="bench-resolver")
+    try:
+        waiter = HookDispatcher(nc_wait, approvals=False)
+        resolver = HookDispatcher(nc_res, approvals=False)
+        await waiter.start()
+        await resolver.start()
+        js = nc_res.jetstream()
+        config = KeyValueConfig(bucket=BENCH_BUCKET, history=1, direct=True)
+        try:
+            kv = await js.create_key_value(config=config)
+        except nats.js.errors.BadRequestError:
+            kv = await js.key_value(BENCH_BUCKET)
+        value = _record_sized_value()
+        events = await resolver.hook_events()
+        # the waiter's watch setup ends with a consumer info request: seen on the bus
+        infos = await nc_res.subscribe(f"$JS.API.CONSUMER.INFO.KV_{SUSPENSIONS_BUCKET}.>")
+        await nc_res.flush()
+
+        floor_watch = await (await nc_wait.jetstream().key_value(BENCH_BUCKET)).watch("floor")
+        while await floor_watch.updates(timeout=5) is not None:
+            pass  # the initial state, up to the "no more" marker
+        puts: list[float] = []
+        floors: list[float] = []
+        wakes: list[float] = []
+        calls: list[float] = []
+
+        async def put_once(i: int) -> float:
+            t0 = time.perf_counter()
+            await kv.put(f"k{i % 64}", value)
+            return time.perf_counter() - t0
+
+        async def floor_once(i: int) -> float:
+            t0 = time.perf_counter()
+            await kv.put("floor", value)
+            while await floor_watch.updates(timeout=10) is None:
+                pass
+            return time.perf_counter() - t0
+
+        async def wake_once(i: int) -> tuple[float, float]:
+            label = f"bench {uuid.uuid4().hex[:8]} {i}"
+            woke: list[float] = []
+
+            async def wait() -> None:
+                await waiter.hook(label, Answer)
+                woke.append(time.perf_counter())
+
+            task = asyncio.create_task(wait())
+            async for e in events:
+                if e.hook.label == label and e.hook.status == "pending":
+                    break
+            await infos.next_msg(timeout=10)
+            await asyncio.sleep(SETTLE_S)  # the consumer info reply lands; not measured
+            t0 = time.perf_counter()
+            await resolver.resolve_hook(label, Answer(approved=True, by="bench"))
+            t_call = time.perf_counter() - t0
+            await asyncio.wait_for(task, 10)
+            return woke[0] - t0, t_call
+
+        async with waiter.run():  # its exit removes the bench records
+            for i in range(WARMUP + n):
+                if i % 2:
+                    w, c = await wake_once(i)
+                    f = await floor_once(i)
+                    p = await put_once(i)
+                else:
+                    p = await put_once(i)
+                    f = await floor_once(i)
+                    w, c = await wake_once(i)
+                if i >= WARMUP:
+                    puts.append(p)
+                    floors.append(f)
+                    wakes.append(w)
+                    calls.append(c)
+        await floor_watch.stop()
+        await infos.unsubscribe()
+        await events.aclose()
+        await waiter.close()
+        await resolver.close()
+        with_ms = {
+            "put_p50_ms": statistics.median(puts) * 1e3,
+            "put_p90_ms": _pct(puts, 0.9) * 1e3,
+            "wake_p50_ms": statistics.median(wakes) * 1e3,
+            "wake_p90_ms": _pct(wakes, 0.9) * 1e3,
+            "resolve_call_p50_ms": statistics.median(calls) * 1e3,
+            "floor_p50_ms": statistics.median(floors) * 1e3,
+        }
+        ratio = with_ms["wake_p50_ms"] / with_ms["put_p50_ms"]
+        return {
+            "n": n,
+            **{k: round(v, 3) for k, v in with_ms.items()},
+            "floor_ratio": round(with_ms["floor_p50_ms"] / with_ms["put_p50_ms"], 2),
+            "ratio": round(ratio, 2),
+            "target": TARGET_RATIO,
+            "met": ratio <= TARGET_RATIO,
+        }
+    finally:
+        await nc_wait.close()
+        await nc_res.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=300, help="measured rounds (default 300)")
+    parser.add_argument("--url", default=None, help="NATS URL (default: an embedded server)")
+    args = parser.parse_args(argv)
+    if args.url:
+        result = asyncio.run(bench_suspensions(args.url, args.n))
+    else:
+        with EmbeddedNatsServer() as server:
+            result = asyncio.run(bench_suspensions(server.url, args.n))
+    print(json.dumps(result, indent=2))
+    print(
+        f"resolve -> waiter wakes p50 {result['wake_p50_ms']:.3f} ms = {result['ratio']:.2f}x "
+        f"a KV put ({result['put_p50_ms']:.3f} ms); target <= {TARGET_RATIO}x: "
+        f"{'MET' if result['met'] else 'MISSED'}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,433 @@
+"""Approvals (issue 3, part 3): a handler's ``ask_user`` becomes a durable approval suspension.
+
+The agent's dispatcher emits; an "approver" (another connection, as another process would
+be) answers from the hook events. Each test has its own event and session id, so its
+approval labels and "Allow always" grants are its own.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+import pytest
+from anyio.abc import TaskGroup
+from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher, approval_label
+from hookbus.schemas import (
+    AlreadySettledError,
+    HookEvent,
+    HookPart,
+    HookResult,
+    ResolutionRejectedError,
+    encode,
+    hook_event_subject,
+)
+from hookbus.workers import HookWorker
+from nats.aio.client import Client as NATS
+
+pytestmark = pytest.mark.anyio
+
+Connect = Callable[..., Awaitable[NATS]]
+
+
+class Approver:
+    """Another process that watches hook events and answers approvals."""
+
+    def __init__(self, d: HookDispatcher, nc: NATS) -> None:
+        self.d, self.nc = d, nc
+        self.seen: list[HookEvent] = []
+        self._taken: set[int] = set()
+        self._stream: Any = None
+
+    async def open(self) -> Approver:
+        self._stream = await self.d.hook_events()
+        return self
+
+    async def close(self) -> None:
+        await self._stream.aclose()
+
+    async def next(self, pred: Callable[[HookPart], bool], timeout_s: float = 10) -> HookPart:
+        with anyio.fail_after(timeout_s):
+            i = 0
+            while True:
+                while i < len(self.seen):
+                    if i not in self._taken and pred(self.seen[i].hook):
+                        self._taken.add(i)
+                        return self.seen[i].hook
+                    i += 1
+                self.seen.append(await self._stream.__anext__())
+
+    async def pending(self, session: str) -> HookPart:
+        """The next pending approval of `session`."""
+        return await self.next(
+            lambda h: h.status == "pending" and h.metadata.get("session_id") == session
+        )
+
+    async def settle(self, *conns: NATS) -> list[HookPart]:
+        """Every event received once all `conns` sent so far has arrived (sentinel)."""
+        for conn in conns:
+            await conn.flush()
+        sentinel = f"sentinel {uuid.uuid4().hex}"
+        await self.nc.publish(
+            hook_event_subject(sentinel, "pending"),
+            encode(HookEvent(hook=HookPart(hook_id="-", label=sentinel, status="pending"))),
+        )
+        await self.next(lambda h: h.label == sentinel)
+        return [e.hook for e in self.seen if e.hook.label != sentinel]
+
+    def pending_of(self, session: str) -> list[HookPart]:
+        return [
+            e.hook
+            for e in self.seen
+            if e.hook.status == "pending" and e.hook.metadata.get("session_id") == session
+        ]
+
+
+class Agent:
+    """The agent's dispatcher (approvals on), its connection and its session id."""
+
+    def __init__(self, d: HookDispatcher, nc: NATS, session: str) -> None:
+        self.d, self.nc, self.session = d, nc, session
+        d.set_default_fields(session_id=session)
+
+
+@pytest.fixture
+async def approver(connect: Connect) -> AsyncIterator[Approver]:
+    nc = await connect()
+    d = HookDispatcher(nc, approvals=False)
+    async with d:
+        a = await Approver(d, nc).open()
+        try:
+            yield a
+        finally:
+            await a.close()
+
+
+@pytest.fixture
+async def agent(connect: Connect) -> AsyncIterator[Agent]:
+    nc = await connect()
+    d = HookDispatcher(nc)
+    async with d:
+        yield Agent(d, nc, f"session-{uuid.uuid4().hex[:10]}")
+
+
+class Emitted:
+    def __init__(self) -> None:
+        self.result: HookResult | None = None
+        self.done = anyio.Event()
+
+    async def wait(self, timeout_s: float = 10) -> HookResult:
+        with anyio.fail_after(timeout_s):
+            await self.done.wait()
+        assert self.result is not None
+        return self.result
+
+
+def spawn_emit(tg: TaskGroup, d: HookDispatcher, event: str, data: dict[str, Any]) -> Emitted:
+    out = Emitted()
+
+    async def run() -> None:
+        try:
+            out.result = await d.emit(event, data)
+        finally:
+            out.done.set()
+
+    tg.start_soon(run)
+    return out
+
+
+def asker(name: str = "guard", **fields: Any) -> Callable[..., Awaitable[HookResult]]:
+    """A handler that asks the user (`fields` are the HookResult's approval_* fields).
+
+    The approval times out after 10 s by default (denying), so a test whose answer never
+    comes fails with a wrong action instead of hanging until the per-test timeout.
+    """
+    fields.setdefault("approval_timeout", 10.0)
+
+    async def handler(event: str, data: dict[str, Any]) -> HookResult:
+        return HookResult(action="ask_user", **fields)
+
+    handler.__name__ = name
+    return handler
+
+
+def returning(name: str, result: HookResult) -> Callable[..., Awaitable[HookResult]]:
+    async def handler(event: str, data: dict[str, Any]) -> HookResult:
+        return result
+
+    handler.__name__ = name
+    return handler
+
+
+# -- the approval suspension -------------------------------------------------------------------
+async def test_ask_user_from_a_remote_handler_waits_for_the_answer_and_allows(
+    agent: Agent, approver: Approver, connect: Connect, event: str
+) -> None:
+    worker = HookWorker(await connect())
+    worker.add_handler(
+        event,
+        asker(
+            "remote_guard",
+            approval_prompt="Run rm -rf?",
+            approval_options=["Allow once", "Allow always", "Deny"],
+            approval_timeout=30,
+            approval_default="deny",
+        ),
+    )
+    async with worker:
+        await agent.d.refresh()
+        assert agent.d.list_handlers(event) == {event: ["remote_guard"]}
+        async with anyio.create_task_group() as tg:
+            out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
+            part = await approver.pending(agent.session)
+            assert part.label.startswith(APPROVAL_LABEL_PREFIX)
+            m = part.metadata
+            assert m["prompt"] == "Run rm -rf?"
+            assert m["options"] == ["Allow once", "Allow always", "Deny"]
+            assert m["timeout_s"] == 30 and m["default"] == "deny"
+            assert m["handler"] == "remote_guard" and m["event"] == event
+            assert m["tool_name"] == "bash" and m["agent_id"] == "a1"
+            assert not out.done.is_set()
+            await approver.d.resolve_hook(part.label, {"choice": "Allow once"})
+            r = await out.wait()
+    assert r.action == "continue"
+    assert r.decided_by == "remote_guard"
+    assert r.reason is not None and "Allow once" in r.reason
+    assert r.data is not None and r.data["tool_name"] == "bash"
+
+
+async def test_a_local_handler_deny_choice_denies(
+    agent: Agent, approver: Approver, event: str
+) -> None:
+    agent.d.register(event, asker(approval_options=["Yes", "No"]))
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, {"tool_name": "write_file"})
+        part = await approver.pending(agent.session)
+        await approver.d.resolve_hook(part.label, {"choice": "No"})
+        r = await out.wait()
+    assert r.action == "deny" and r.decided_by == "guard"
+    assert r.reason is not None and "No" in r.reason
+
+
+async def test_default_options_are_allow_and_deny_and_other_choices_are_refused(
+    agent: Agent, approver: Approver, event: str
+) -> None:
+    agent.d.register(event, asker())
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
+        part = await approver.pending(agent.session)
+        assert part.metadata["options"] == ["Allow", "Deny"]
+        assert part.metadata["prompt"]  # a prompt is always shown, even when none was given
+        before = await approver.d.suspensions.get(part.label)
+        with pytest.raises(ResolutionRejectedError, match="choice"):
+            await approver.d.resolve_hook(part.label, {"choice": "Maybe"})
+        with pytest.raises(ResolutionRejectedError):
+            await approver.d.resolve_hook(part.label, {"answer": "Allow"})
+        assert await approver.d.suspensions.get(part.label) == before
+        await approver.d.resolve_hook(part.label, {"choice": "Deny"})
+        r = await out.wait()
+    assert r.action == "deny"
+
+
+@pytest.mark.parametrize(("default", "action"), [("allow", "continue"), ("deny", "deny")])
+async def test_a_timeout_applies_the_default(
+    agent: Agent, approver: Approver, event: str, default: str, action: str
+) -> None:
+    agent.d.register(event, asker(approval_timeout=0.3, approval_default=default))
+    r = await agent.d.emit(event, {"tool_name": "bash"})
+    assert r.action == action
+    assert r.decided_by == "guard"
+    assert r.reason is not None and "timed out" in r.reason
+    part = await approver.pending(agent.session)
+    closed = await approver.next(lambda h: h.label == part.label and h.status == "cancelled")
+    assert closed.reason is not None and default in closed.reason
+    with pytest.raises(AlreadySettledError):  # a late answer is refused, not silently lost
+        await approver.d.resolve_hook(part.label, {"choice": "Allow"})
+
+
+async def test_a_cancelled_approval_denies(agent: Agent, approver: Approver, event: str) -> None:
+    agent.d.register(event, asker(approval_default="allow"))
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
+        part = await approver.pending(agent.session)
+        await approver.d.cancel_hook(part.label, reason="operator left")
+        r = await out.wait()
+    assert r.action == "deny"
+    assert r.reason is not None and "operator left" in r.reason
+
+
+# -- "Allow always" ------------------------------------------------------------------------------
+async def test_allow_always_is_remembered_for_the_session_handler_and_tool(
+    agent: Agent, approver: Approver, connect: Connect, event: str
+) -> None:
+    agent.d.register(event, asker(approval_options=["Allow once", "Allow always", "Deny"]))
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "command": "ls"})
+        part = await approver.pending(agent.session)
+        await approver.d.resolve_hook(part.label, {"choice": "Allow always"})
+        assert (await out.wait()).action == "continue"
+
+    # the next call of the same tool in the same session does not ask again
+    again = await agent.d.emit(event, {"tool_name": "bash", "command": "pwd"})
+    assert again.action == "continue" and again.decided_by == "guard"
+    assert again.reason is not None and "always" in again.reason
+    seen = await approver.settle(agent.nc, approver.nc)
+    assert (
+        len(
+            [
+                h
+                for h in seen
+                if h.status == "pending" and h.metadata.get("session_id") == agent.session
+            ]
+        )
+        == 1
+    )
+
+    # ... even from another dispatcher process (the grant is in KV, not in memory)
+    other = HookDispatcher(await connect())
+    other.register(event, asker(approval_options=["Allow once", "Allow always", "Deny"]))
+    other.set_default_fields(session_id=agent.session)
+    async with other:
+        assert (
+            await other.emit(event, {"tool_name": "bash", "command": "id"})
+        ).action == "continue"
+    assert len(approver.pending_of(agent.session)) == 1
+
+    # another tool in the same session asks again
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, {"tool_name": "write_file"})
+        part = await approver.pending(agent.session)
+        assert part.metadata["tool_name"] == "write_file"
+        await approver.d.resolve_hook(part.label, {"choice": "Deny"})
+        assert (await out.wait()).action == "deny"
+
+    # the same tool in another session asks again
+    agent.d.set_default_fields(session_id=f"{agent.session}-other")
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "command": "ls"})
+        part = await approver.pending(f"{agent.session}-other")
+        await approver.d.resolve_hook(part.label, {"choice": "Deny"})
+        assert (await out.wait()).action == "deny"
+
+
+async def test_allow_always_is_per_handler(agent: Agent, approver: Approver, event: str) -> None:
+    agent.d.register(event, asker("first", approval_options=["Allow always", "Deny"]), priority=1)
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
+        part = await approver.pending(agent.session)
+        await approver.d.resolve_hook(part.label, {"choice": "Allow always"})
+        assert (await out.wait()).action == "continue"
+    unregister_second = agent.d.register(event, asker("second"), priority=0)  # now asks first
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
+        part = await approver.pending(agent.session)
+        assert part.metadata["handler"] == "second"
+        await approver.d.resolve_hook(part.label, {"choice": "Deny"})
+        r = await out.wait()
+    assert r.action == "deny" and r.decided_by == "second"
+    unregister_second()
+
+
+async def test_allow_once_is_not_remembered(agent: Agent, approver: Approver, event: str) -> None:
+    agent.d.register(event, asker(approval_options=["Allow once", "Allow always", "Deny"]))
+    for _ in range(2):  # the identical call asks again each time
+        async with anyio.create_task_group() as tg:
+            out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "command": "ls"})
+            part = await approver.pending(agent.session)
+            await approver.d.resolve_hook(part.label, {"choice": "Allow once"})
+            assert (await out.wait()).action == "continue"
+
+
+# -- precedence (amplifier-core) ------------------------------------------------------------------
+async def test_deny_by_an_earlier_handler_wins_without_asking(
+    agent: Agent, approver: Approver, event: str
+) -> None:
+    calls: list[str] = []
+
+    async def ask(ev: str, data: dict[str, Any]) -> HookResult:
+        calls.append("ask")
+        return HookResult(action="ask_user")
+
+    agent.d.register(
+        event, returning("blocker", HookResult(action="deny", reason="no")), priority=1
+    )
+    agent.d.register(event, ask, priority=2)
+    r = await agent.d.emit(event, {"tool_name": "bash"})
+    assert r.action == "deny" and r.decided_by == "blocker" and r.reason == "no"
+    assert calls == []
+    assert [
+        h for h in await approver.settle(agent.nc) if h.metadata.get("session_id") == agent.session
+    ] == []
+
+
+async def test_deny_by_a_later_handler_wins_without_asking(
+    agent: Agent, approver: Approver, event: str
+) -> None:
+    agent.d.register(event, asker("ask"), priority=1)
+    agent.d.register(
+        event, returning("blocker", HookResult(action="deny", reason="no")), priority=2
+    )
+    r = await agent.d.emit(event, {"tool_name": "bash"})
+    assert r.action == "deny" and r.decided_by == "blocker"
+    assert [
+        h for h in await approver.settle(agent.nc) if h.metadata.get("session_id") == agent.session
+    ] == []
+
+
+async def test_ask_user_beats_inject_context_and_the_asking_handler_decides(
+    agent: Agent, approver: Approver, event: str
+) -> None:
+    agent.d.register(
+        event,
+        returning("context", HookResult(action="inject_context", context_injection="be careful")),
+        priority=1,
+    )
+    agent.d.register(event, asker("ask", approval_prompt="ok?"), priority=2)
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
+        part = await approver.pending(agent.session)
+        assert part.metadata["prompt"] == "ok?" and part.metadata["handler"] == "ask"
+        await approver.d.resolve_hook(part.label, {"choice": "Allow"})
+        r = await out.wait()
+    assert r.action == "continue" and r.decided_by == "ask"
+
+
+async def test_the_first_ask_user_is_kept(agent: Agent, approver: Approver, event: str) -> None:
+    agent.d.register(event, asker("first", approval_prompt="first?"), priority=1)
+    agent.d.register(event, asker("second", approval_prompt="second?"), priority=2)
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
+        part = await approver.pending(agent.session)
+        assert part.metadata["prompt"] == "first?"
+        await approver.d.resolve_hook(part.label, {"choice": "Deny"})
+        r = await out.wait()
+    assert r.action == "deny" and r.decided_by == "first"
+    assert len(approver.pending_of(agent.session)) == 1
+
+
+async def test_approvals_off_passes_ask_user_through(
+    connect: Connect, approver: Approver, event: str
+) -> None:
+    nc = await connect()
+    d = HookDispatcher(nc, approvals=False)
+    d.register(event, asker(approval_prompt="ok?"))
+    session = f"session-{uuid.uuid4().hex[:10]}"
+    d.set_default_fields(session_id=session)
+    async with d:
+        r = await d.emit(event, {"tool_name": "bash"})
+    assert r.action == "ask_user" and r.approval_prompt == "ok?" and r.decided_by == "guard"
+    assert [h for h in await approver.settle(nc) if h.metadata.get("session_id") == session] == []
+
+
+# -- the label -----------------------------------------------------------------------------------
+def test_approval_label_is_deterministic_per_call_and_ignores_the_timestamp() -> None:
+    data = {"session_id": "s1", "tool_name": "bash", "timestamp": "2025-01-01T00:00:00+00:00"}
+    same = {**data, "timestamp": "2026-02-02T00:00:00+00:00"}
+    label = approval_label("tool:pre", data, "guard")
+    assert label == approval_label("tool:pre", same, "guard")
+    assert label.startswith(APPROVAL_LABEL_PREFIX)
+    assert label != approval_label("tool:pre", {**data, "x": 1}, "guard")
+    assert label != approval_label("tool:pre", data, "other")
+    assert label != approval_label("tool:post", data, "guard")
