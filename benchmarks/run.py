@@ -617,6 +617,45 @@ async def bench(
     return rows, notes
 
 
+async def bench_more(url: str, quick: bool) -> tuple[list[Row], list[str]]:
+    """The suspension (issue 3) and tracing (issue 4) rows, each with its own baseline
+    taken in the same run: a KV put, and emit with tracing off."""
+    from suspensions import bench_suspensions  # siblings: benchmarks/ is on sys.path
+    from tracing import bench_noop_overhead, bench_tracing
+
+    sus = await bench_suspensions(url, 100 if quick else 300)
+    tr = await bench_tracing(url, 500 if quick else 2000)
+    noop = await bench_noop_overhead(5000 if quick else 20000)
+    rows = [
+        Row(
+            measure="suspension: resolve -> waiter wakes, p50",
+            hookbus=f"{sus['wake_p50_ms']:.3f} ms",
+            baseline=f"KV put {sus['put_p50_ms']:.3f} ms",
+            ratio=f"{sus['ratio']:.2f}x",
+            target="<= 1.50x",
+            met=bool(sus["met"]),
+            figures=sus,
+            floor=f"raw put -> raw watch: {sus['floor_ratio']:.2f}x",
+        ),
+        Row(
+            measure="chain of 3, tracing on (SDK, batch processor), p50",
+            hookbus=f"{tr['on_p50_ms']:.3f} ms",
+            baseline=f"tracing off {tr['off_p50_ms']:.3f} ms",
+            ratio=f"{tr['ratio']:.2f}x",
+            target="<= 1.20x",
+            met=bool(tr["met"]),
+            figures=tr,
+        ),
+    ]
+    notes = [
+        f"tracing on with metrics too: {tr['ratio_with_metrics']:.2f}x of off",
+        "instrumentation with no OTel provider set (in-process emit, 3 handlers): "
+        + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                    for k, v in noop.items()),
+    ]
+    return rows, notes
+
+
 def render(rows: list[Row], notes: list[str], header: str, console: Console) -> None:
     table = Table(title="hookbus vs raw nc.request (same run)", caption=header,
                   show_lines=False)
@@ -666,6 +705,9 @@ def main() -> None:
             url = stack.enter_context(EmbeddedNatsServer()).url
         try:
             rows, notes = asyncio.run(bench(url, s, console, spread=args.spread))
+            more_rows, more_notes = asyncio.run(bench_more(url, args.quick))
+            rows += more_rows
+            notes += more_notes
         except (BenchAborted, RuntimeError) as exc:
             console.print(f"[red]benchmark aborted:[/red] {exc}", highlight=False)
             sys.exit(1)

@@ -1,0 +1,592 @@
+"""`emit` across processes: remote handlers served by `HookWorker`s on a real nats-server.
+
+Every worker and every dispatcher has its own connection (one per simulated process).
+Positive call counts are taken from the handlers' own records (a handler records before
+it replies); a worker's `handled` count is only used to show that no request ever came.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+import nats.js.errors
+import pytest
+from hookbus.dispatcher import HookDispatcher
+from hookbus.schemas import (
+    HANDLERS_BUCKET,
+    HandlerDeclaration,
+    HookReply,
+    HookResult,
+    WireFormatError,
+    collect_subject,
+    decode,
+    encode,
+    handler_key,
+    handler_queue_group,
+    handler_subject,
+    handlers_bucket_config,
+)
+from hookbus.workers import HookWorker
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js.kv import KeyValue
+
+pytestmark = pytest.mark.anyio
+
+Connect = Callable[..., Awaitable[NATS]]
+
+
+# -- helpers ---------------------------------------------------------------------------
+async def handlers_bucket(nc: NATS) -> KeyValue:
+    js = nc.jetstream()
+    try:
+        return await js.create_key_value(config=handlers_bucket_config())
+    except nats.js.errors.BadRequestError:
+        return await js.key_value(HANDLERS_BUCKET)
+
+
+async def wait_for_handlers(d: HookDispatcher, event: str, names: list[str]) -> None:
+    """Poll `list_handlers` until it shows `names` (bounded: 10 s)."""
+    with anyio.fail_after(10):
+        # no change event in the public API: poll
+        while d.list_handlers(event)[event] != names:  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+
+
+def recorder(calls: list[str], name: str, result: Any = None) -> Callable[..., Awaitable[Any]]:
+    async def handler(event: str, data: dict[str, Any]) -> Any:
+        calls.append(name)
+        return result
+
+    handler.__name__ = name
+    return handler
+
+
+def trail(name: str) -> Callable[..., Awaitable[HookResult]]:
+    """A handler that appends its name to ``data["trail"]`` (modify)."""
+
+    async def handler(event: str, data: dict[str, Any]) -> HookResult:
+        return HookResult(action="modify", data={**data, "trail": [*data.get("trail", []), name]})
+
+    handler.__name__ = name
+    return handler
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    conn: NATS, *handlers: tuple[str, Callable[..., Any], dict[str, Any]]
+) -> AsyncIterator[HookWorker]:
+    """A started `HookWorker` on `conn` with `(event, fn, options)` handlers."""
+    w = HookWorker(conn)
+    for event, fn, options in handlers:
+        w.add_handler(event, fn, **options)
+    async with w:
+        yield w
+
+
+# -- priority order across processes ------------------------------------------------------
+async def test_remote_and_local_interleave_in_one_priority_order(
+    nc: NATS, connect: Connect, event: str
+) -> None:
+    d = HookDispatcher(await connect())
+    d.register(event, trail("local1"), priority=1)
+    d.register(event, trail("local3"), priority=3)
+    d.register(event, trail("local5"), priority=5)  # tie with remotes: in-process first
+    async with (
+        serving(
+            nc,
+            (event, trail("remote2"), {"priority": 2}),
+            (event, trail("remote4"), {"priority": 4}),
+            (event, trail("zz_remote5"), {"priority": 5}),
+            (event, trail("aa_remote5"), {"priority": 5}),  # ties between remotes: by name
+        ),
+        d,
+    ):
+        expected = ["local1", "remote2", "local3", "remote4", "local5", "aa_remote5", "zz_remote5"]
+        assert d.list_handlers(event) == {event: expected}
+        r = await d.emit(event, {"tool_name": "bash"})
+    assert r.action == "modify"
+    assert r.failures == []
+    assert r.data is not None
+    assert r.data["trail"] == expected
+    assert r.modified_by == expected and r.decided_by == expected[-1]
+    assert r.data["tool_name"] == "bash" and "timestamp" in r.data
+
+
+async def test_deny_short_circuits_across_processes(nc: NATS, connect: Connect, event: str) -> None:
+    calls: list[str] = []
+    d = HookDispatcher(await connect())
+    d.register(event, recorder(calls, "local_later"), priority=3)
+    deny = HookResult(action="deny", reason="no bash", user_message="blocked")
+    async with (
+        serving(nc, (event, recorder(calls, "guard", deny), {"priority": 1})),
+        serving(await connect(), (event, recorder(calls, "remote_later"), {"priority": 2})) as w2,
+        d,
+    ):
+        assert d.list_handlers(event) == {event: ["guard", "remote_later", "local_later"]}
+        r = await d.emit(event, {"tool_name": "bash"})
+        assert w2.handled == 0
+    assert calls == ["guard"]
+    assert r.action == "deny" and r.reason == "no bash" and r.user_message == "blocked"
+    assert r.decided_by == "guard"
+    assert r.data is not None and r.data["tool_name"] == "bash"
+
+
+async def test_modify_chains_across_two_remote_handlers(
+    nc: NATS, connect: Connect, event: str
+) -> None:
+    seen: list[dict[str, Any]] = []
+
+    async def first(ev: str, data: dict[str, Any]) -> HookResult:
+        seen.append(data)
+        return HookResult(action="modify", data={**data, "a": 1})
+
+    async def second(ev: str, data: dict[str, Any]) -> dict[str, Any]:
+        seen.append(data)
+        return {"action": "modify", "data": {**data, "b": data["a"] + 1}}
+
+    async with (
+        serving(nc, (event, first, {"priority": 1})),
+        serving(await connect(), (event, second, {"priority": 2})),
+        HookDispatcher(await connect()) as d,
+    ):
+        r = await d.emit(event, {"tool_name": "bash", "command": "ls"})
+    assert r.action == "modify" and r.failures == []
+    assert r.modified_by == ["first", "second"]
+    assert r.data is not None
+    assert (r.data["a"], r.data["b"], r.data["command"]) == (1, 2, "ls")
+    assert "a" not in seen[0] and seen[1]["a"] == 1
+    assert seen[0]["timestamp"] == seen[1]["timestamp"] == r.data["timestamp"]
+
+
+async def test_remote_modify_replaces_data_whole(nc: NATS, connect: Connect, event: str) -> None:
+    seen: list[dict[str, Any]] = []
+
+    async def replace(ev: str, data: dict[str, Any]) -> HookResult:
+        return HookResult(action="modify", data={"only": True})
+
+    async def look(ev: str, data: dict[str, Any]) -> None:
+        seen.append(data)
+
+    async with (
+        serving(nc, (event, replace, {"priority": 1}), (event, look, {"priority": 2})),
+        HookDispatcher(await connect()) as d,
+    ):
+        r = await d.emit(event, {"tool_name": "bash"})
+    assert seen == [{"only": True}]
+    assert r.action == "modify" and r.data == {"only": True}
+
+
+# -- tool filters ----------------------------------------------------------------------------
+async def test_tool_filter_skips_with_no_round_trip(nc: NATS, connect: Connect, event: str) -> None:
+    calls: list[str] = []
+    async with (
+        serving(nc, (event, recorder(calls, "bash_guard"), {"tool_filter": ["bash*"]})) as w,
+        HookDispatcher(await connect()) as d,
+    ):
+        await d.emit(event, {"tool_name": "ls"})
+        await d.emit(event, {"tool_name": "xbash"})
+        await d.emit(event, {})  # no tool name: a filter never admits it
+        await d.emit(event, {"tool_name": 7})
+        assert w.handled == 0
+        assert calls == []
+        await d.emit(event, {"tool_name": "bash_exec"})
+        await d.emit(event, {"tool_name": "bash"})
+    assert calls == ["bash_guard", "bash_guard"]
+
+
+@pytest.mark.parametrize(
+    ("tool", "matched"),
+    [
+        ("read_a", True),
+        ("read_ab", False),
+        ("apple", True),
+        ("banana", True),
+        ("cherry", False),
+        ("write_file", True),
+        ("write", False),
+        ("READ_A", False),
+    ],
+)
+async def test_tool_filter_globs(
+    nc: NATS, connect: Connect, event: str, tool: str, matched: bool
+) -> None:
+    calls: list[str] = []
+    filt = ["read_?", "[ab]*", "write_*"]
+    async with (
+        serving(nc, (event, recorder(calls, "filtered"), {"tool_filter": filt})) as w,
+        HookDispatcher(await connect()) as d,
+    ):
+        await d.emit(event, {"tool_name": tool})
+        if not matched:
+            assert w.handled == 0
+    assert calls == (["filtered"] if matched else [])
+
+
+async def test_tool_filter_sees_the_chained_data(nc: NATS, connect: Connect, event: str) -> None:
+    calls: list[str] = []
+    d = HookDispatcher(await connect())
+
+    async def rename(ev: str, data: dict[str, Any]) -> HookResult:
+        return HookResult(action="modify", data={**data, "tool_name": "bash"})
+
+    d.register(event, rename, priority=0)
+    async with (
+        serving(
+            nc, (event, recorder(calls, "bash_only"), {"priority": 1, "tool_filter": ["bash"]})
+        ),
+        d,
+    ):
+        await d.emit(event, {"tool_name": "ls"})
+    assert calls == ["bash_only"]
+
+
+async def test_empty_tool_filter_admits_nothing(nc: NATS, connect: Connect, event: str) -> None:
+    calls: list[str] = []
+    async with (
+        serving(nc, (event, recorder(calls, "never"), {"tool_filter": []})) as w,
+        HookDispatcher(await connect()) as d,
+    ):
+        await d.emit(event, {"tool_name": "bash"})
+        assert w.handled == 0
+    assert calls == []
+
+
+# -- parallel handlers ---------------------------------------------------------------------
+async def test_adjacent_parallel_handlers_run_concurrently(
+    nc: NATS, connect: Connect, event: str
+) -> None:
+    """A and B each wait for the other to have started: this completes only if both run
+    at once (run one after the other, the first would wait until its timeout)."""
+    a_started, b_started = asyncio.Event(), asyncio.Event()
+
+    async def a(ev: str, data: dict[str, Any]) -> HookResult:
+        a_started.set()
+        await b_started.wait()
+        return HookResult(action="inject_context", context_injection="from a")
+
+    async def b(ev: str, data: dict[str, Any]) -> HookResult:
+        b_started.set()
+        await a_started.wait()
+        return HookResult(action="inject_context", context_injection="from b")
+
+    opts = {"parallel": True, "timeout_s": 20.0}
+    async with (
+        serving(nc, (event, a, {**opts, "priority": 1})),
+        serving(await connect(), (event, b, {**opts, "priority": 2})),
+        HookDispatcher(await connect()) as d,
+    ):
+        with anyio.fail_after(30):
+            r = await d.emit(event, {})
+    assert r.failures == []
+    assert r.action == "inject_context"
+    assert r.context_injection == "from a\n\nfrom b"  # folded in priority order
+    assert [c.handler for c in r.context_injections] == ["a", "b"]
+
+
+async def test_local_and_remote_parallel_handlers_run_concurrently(
+    nc: NATS, connect: Connect, event: str
+) -> None:
+    local_started, remote_started = asyncio.Event(), asyncio.Event()
+
+    async def local(ev: str, data: dict[str, Any]) -> HookResult:
+        local_started.set()
+        await remote_started.wait()
+        return HookResult(action="inject_context", context_injection="local")
+
+    async def remote(ev: str, data: dict[str, Any]) -> HookResult:
+        remote_started.set()
+        await local_started.wait()
+        return HookResult(action="inject_context", context_injection="remote")
+
+    d = HookDispatcher(await connect())
+    d.register(event, local, priority=2, parallel=True, timeout_s=20.0)
+    async with (
+        serving(nc, (event, remote, {"priority": 1, "parallel": True, "timeout_s": 20.0})),
+        d,
+    ):
+        with anyio.fail_after(30):
+            r = await d.emit(event, {})
+    assert r.failures == []
+    assert [c.handler for c in r.context_injections] == ["remote", "local"]
+
+
+async def test_parallel_first_deny_in_priority_order_wins(
+    nc: NATS, connect: Connect, event: str
+) -> None:
+    """B (later in priority order) denies and answers first; A denies only after B's reply
+    was seen on the wire. The fold still names A, first in priority order."""
+    b_replied = asyncio.Event()
+    monitor = await connect()
+
+    async def watch(msg: Msg) -> None:
+        with contextlib.suppress(WireFormatError):
+            if decode(msg.data, HookReply).handler == "b_deny":
+                b_replied.set()
+
+    await monitor.subscribe("_INBOX.>", cb=watch)
+    await monitor.flush()
+
+    async def a_deny(ev: str, data: dict[str, Any]) -> HookResult:
+        await b_replied.wait()
+        return HookResult(action="deny", reason="denied by a")
+
+    async def b_deny(ev: str, data: dict[str, Any]) -> HookResult:
+        return HookResult(action="deny", reason="denied by b")
+
+    opts = {"parallel": True, "timeout_s": 20.0}
+    async with (
+        serving(nc, (event, a_deny, {**opts, "priority": 1})),
+        serving(await connect(), (event, b_deny, {**opts, "priority": 2})),
+        HookDispatcher(await connect()) as d,
+    ):
+        with anyio.fail_after(30):
+            r = await d.emit(event, {})
+    assert b_replied.is_set()
+    assert r.failures == []
+    assert r.action == "deny" and r.decided_by == "a_deny" and r.reason == "denied by a"
+
+
+async def test_parallel_group_is_followed_by_sequential_handlers(
+    nc: NATS, connect: Connect, event: str
+) -> None:
+    seen: list[dict[str, Any]] = []
+
+    async def look(ev: str, data: dict[str, Any]) -> None:
+        seen.append(data)
+
+    async with (
+        serving(
+            nc,
+            (event, trail("seq1"), {"priority": 1}),
+            (event, recorder([], "par2"), {"priority": 2, "parallel": True}),
+            (event, recorder([], "par3"), {"priority": 3, "parallel": True}),
+            (event, trail("seq4"), {"priority": 4}),
+            (event, look, {"priority": 5}),
+        ),
+        HookDispatcher(await connect()) as d,
+    ):
+        r = await d.emit(event, {})
+    assert r.failures == []
+    assert r.data is not None and r.data["trail"] == ["seq1", "seq4"]
+    assert seen[0]["trail"] == ["seq1", "seq4"]
+
+
+@pytest.mark.parametrize("policy", ["ignore", "deny"])
+async def test_parallel_handler_returning_modify_is_a_bad_reply(
+    nc: NATS, connect: Connect, event: str, policy: str
+) -> None:
+    calls: list[str] = []
+
+    async def sneaky(ev: str, data: dict[str, Any]) -> HookResult:
+        return HookResult(action="modify", data={"hacked": True})
+
+    d = HookDispatcher(await connect())
+    d.register(event, recorder(calls, "after"), priority=5)
+    async with (
+        serving(
+            nc,
+            (event, sneaky, {"priority": 1, "parallel": True, "failure_policy": policy}),
+            (event, recorder(calls, "peer"), {"priority": 2, "parallel": True}),
+        ),
+        d,
+    ):
+        r = await d.emit(event, {"tool_name": "bash"})
+    assert [(f.handler, f.kind, f.policy) for f in r.failures] == [("sneaky", "bad_reply", policy)]
+    assert r.data is not None and "hacked" not in r.data and r.data["tool_name"] == "bash"
+    if policy == "ignore":
+        assert r.action == "continue" and r.decided_by is None
+        assert calls == ["peer", "after"]
+    else:
+        assert r.action == "deny" and r.decided_by == "sneaky"
+        assert "after" not in calls
+
+
+# -- failures under both policies -------------------------------------------------------------
+KINDS = ["timeout", "no_responders", "error", "bad_reply"]
+
+
+@contextlib.asynccontextmanager
+async def failing_handler(kind: str, policy: str, event: str, nc: NATS) -> AsyncIterator[str]:
+    """A remote handler of `event` that fails with `kind`; yields its name."""
+    name = f"failing_{kind}"
+    opts: dict[str, Any] = {"priority": 1, "failure_policy": policy, "name": name}
+    never = asyncio.Event()
+
+    async def stuck(ev: str, data: dict[str, Any]) -> None:
+        await never.wait()
+
+    async def raises(ev: str, data: dict[str, Any]) -> None:
+        raise RuntimeError("handler exploded")
+
+    async def explodes(ev: str, data: dict[str, Any]) -> dict[str, Any]:
+        return {"action": "explode"}
+
+    async def fine(ev: str, data: dict[str, Any]) -> None:
+        return None
+
+    match kind:
+        case "timeout":
+            async with serving(nc, (event, stuck, {**opts, "timeout_s": 0.5})):
+                yield name
+        case "no_responders":
+            # declared (the declaration outlives the worker), but nobody serves it
+            async with serving(nc, (event, fine, {**opts, "timeout_s": 30.0})):
+                pass
+            await nc.flush()  # the server has processed the unsubscribes
+            yield name
+        case "error":
+            async with serving(nc, (event, raises, opts)):
+                yield name
+        case "bad_reply":
+            async with serving(nc, (event, explodes, opts)):
+                yield name
+        case _:
+            raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_failure_under_ignore_is_recorded_and_emit_continues(
+    nc: NATS, connect: Connect, event: str, kind: str
+) -> None:
+    calls: list[str] = []
+    d = HookDispatcher(await connect())
+    d.register(
+        event,
+        recorder(
+            calls, "after", HookResult(action="inject_context", context_injection="still ran")
+        ),
+        priority=10,
+    )
+    async with failing_handler(kind, "ignore", event, nc) as name, d:
+        assert d.list_handlers(event) == {event: [name, "after"]}
+        r = await d.emit(event, {"tool_name": "bash"})
+    assert calls == ["after"]
+    assert r.action == "inject_context" and r.context_injection == "still ran"
+    assert r.decided_by == "after"
+    assert [(f.handler, f.kind, f.policy) for f in r.failures] == [(name, kind, "ignore")]
+    assert r.data is not None and r.data["tool_name"] == "bash"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_failure_under_deny_fails_closed(
+    nc: NATS, connect: Connect, event: str, kind: str
+) -> None:
+    calls: list[str] = []
+    d = HookDispatcher(await connect())
+    d.register(event, recorder(calls, "after"), priority=10)
+    async with failing_handler(kind, "deny", event, nc) as name, d:
+        r = await d.emit(event, {"tool_name": "bash"})
+    assert calls == []
+    assert r.action == "deny"
+    assert r.decided_by == name
+    assert r.reason is not None and name in r.reason and kind in r.reason
+    assert [(f.handler, f.kind, f.policy) for f in r.failures] == [(name, kind, "deny")]
+
+
+async def test_error_failure_message_carries_the_exception(
+    nc: NATS, connect: Connect, event: str
+) -> None:
+    async with (
+        failing_handler("error", "ignore", event, nc) as name,
+        HookDispatcher(await connect()) as d,
+    ):
+        r = await d.emit(event, {})
+    assert r.failures[0].handler == name
+    assert "RuntimeError" in r.failures[0].message and "handler exploded" in r.failures[0].message
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\x00\xffnot json{",
+        b'{"handler": "raw"}',  # neither result nor error
+        b'{"handler": "raw", "result": {"action": "explode"}}',
+        b'{"handler": "raw", "result": "deny"}',
+    ],
+    ids=["garbage", "empty-reply", "bad-action", "result-not-object"],
+)
+@pytest.mark.parametrize("policy", ["ignore", "deny"])
+async def test_raw_responder_replying_garbage_is_a_bad_reply(
+    nc: NATS, connect: Connect, event: str, payload: bytes, policy: str
+) -> None:
+    name = "raw"
+    decl = HandlerDeclaration(
+        event=event,
+        name=name,
+        priority=1,
+        timeout_s=5.0,
+        failure_policy=policy,  # type: ignore[arg-type]
+        subject=handler_subject(event, name),
+        collect_subject=collect_subject(event),
+        queue_group=handler_queue_group(name),
+    )
+    answered: list[bytes] = []
+
+    async def respond(msg: Msg) -> None:
+        answered.append(msg.data)
+        await msg.respond(payload)
+
+    raw = await connect()
+    await raw.subscribe(decl.subject, queue=decl.queue_group, cb=respond)
+    await raw.flush()
+    kv = await handlers_bucket(raw)
+    await kv.put(handler_key(event, name), encode(decl))
+    calls: list[str] = []
+    d = HookDispatcher(await connect())
+    d.register(event, recorder(calls, "after"), priority=10)
+    try:
+        async with d:
+            r = await d.emit(event, {"tool_name": "bash"})
+    finally:
+        await kv.delete(handler_key(event, name))
+    assert len(answered) == 1
+    assert [(f.handler, f.kind, f.policy) for f in r.failures] == [(name, "bad_reply", policy)]
+    if policy == "ignore":
+        assert r.action == "continue" and calls == ["after"]
+    else:
+        assert r.action == "deny" and r.decided_by == name and calls == []
+
+
+# -- the registry watch ----------------------------------------------------------------------
+async def test_handler_declared_after_start_is_picked_up_and_deletion_removes_it(
+    nc: NATS, connect: Connect, event: str
+) -> None:
+    calls: list[str] = []
+    async with HookDispatcher(await connect()) as d:
+        assert d.list_handlers(event) == {event: []}
+        w = HookWorker(nc)
+        w.add_handler(event, recorder(calls, "late", HookResult(action="deny", reason="late")))
+        async with w:
+            await wait_for_handlers(d, event, ["late"])
+            r = await d.emit(event, {})
+            assert r.action == "deny" and r.decided_by == "late"
+            assert calls == ["late"]
+            await w.unregister()
+            await wait_for_handlers(d, event, [])
+            r = await d.emit(event, {"x": 1})
+        assert r.action == "continue" and r.data == {"x": 1}
+        assert calls == ["late"]
+        assert event not in d.list_handlers()
+
+
+async def test_redeclaration_updates_the_route(nc: NATS, connect: Connect, event: str) -> None:
+    """A put of a changed declaration (here: a new priority) reorders the routes."""
+    async with (
+        serving(nc, (event, trail("a"), {"priority": 1}), (event, trail("b"), {"priority": 2})),
+        HookDispatcher(await connect()) as d,
+    ):
+        assert d.list_handlers(event) == {event: ["a", "b"]}
+        kv = await handlers_bucket(nc)
+        entry = await kv.get(handler_key(event, "a"))
+        assert entry.value is not None
+        decl = decode(entry.value, HandlerDeclaration)
+        decl.priority = 3
+        await kv.put(handler_key(event, "a"), encode(decl))
+        await wait_for_handlers(d, event, ["b", "a"])
+        r = await d.emit(event, {})
+    assert r.data is not None and r.data["trail"] == ["b", "a"]
