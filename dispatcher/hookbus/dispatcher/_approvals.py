@@ -25,6 +25,7 @@ import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
 
+from hookbus.schemas import _telemetry_names as tn
 from hookbus.schemas import (
     APPROVAL_DEFAULT_OPTIONS,
     ApprovalAnswer,
@@ -37,6 +38,7 @@ from hookbus.schemas import (
 )
 
 from ._suspensions import Suspensions
+
 
 __all__ = ["APPROVAL_LABEL_PREFIX", "Approvals", "approval_label", "is_allow"]
 
@@ -117,6 +119,9 @@ class Approvals:
                 timeout_s=result.approval_timeout,
                 schema=schema,
                 shared=True,  # a retried emit (dispatcher restart) takes over the same approval
+                kind="approval",
+                span_attributes={tn.HANDLER: handler, tn.GEN_AI_TOOL_NAME: tool,
+                                 tn.GEN_AI_CONVERSATION_ID: session},
             )
         except HookTimeoutError:
             allow = result.approval_default == "allow"

@@ -61,6 +61,8 @@ from hookbus.schemas import (
     suspensions_bucket_config,
 )
 
+from ._telemetry import SuspensionSpan, suspension_span
+
 __all__ = ["HookEventStream", "PendingHook", "RunScope", "Suspensions"]
 
 log = logging.getLogger("hookbus.dispatcher")
@@ -224,6 +226,8 @@ class Suspensions:
         timeout_s: float | None = None,
         schema: dict[str, Any] | None = None,
         shared: bool = False,
+        kind: str = "suspension",
+        span_attributes: dict[str, Any] | None = None,
     ) -> T:
         """Suspend until `label` is resolved; return the resolution as `payload`.
 
@@ -236,12 +240,44 @@ class Suspensions:
             shared: the label names one call that may be retried from another process (an
                 approval): attach to its pending record even if a waiter is recorded, and
                 take its resolution even if another waiter consumed it.
+            kind: what the wait is for (``suspension``, ``approval``): the span is
+                ``await <kind>``, with events pending / resolved / cancelled / timed_out /
+                aborted; `span_attributes` are added to it.
         Raises:
             DuplicateHookError: another waiter is attached to a pending hook of this label.
             HookCancelledError: it was cancelled (now or before).
             HookAbortedError: `abort_pending_hook` stopped the wait.
             HookTimeoutError: no resolution within `timeout_s`.
         """
+        with suspension_span(label, kind=kind, attributes=span_attributes) as span:
+            try:
+                value = await self._hook(
+                    span, label, payload=payload, metadata=metadata, timeout_s=timeout_s,
+                    schema=schema, shared=shared,
+                )  # fmt: skip
+            except HookCancelledError as exc:
+                span.event("cancelled", reason=exc.reason or "")
+                raise
+            except HookTimeoutError:
+                span.event("timed_out")
+                raise
+            except HookAbortedError:
+                span.event("aborted")
+                raise
+            span.event("resolved")
+            return value
+
+    async def _hook(
+        self,
+        span: SuspensionSpan,
+        label: str,
+        *,
+        payload: type[T] | None,
+        metadata: dict[str, Any] | None,
+        timeout_s: float | None,
+        schema: dict[str, Any] | None,
+        shared: bool,
+    ) -> T:
         key = suspension_key(label)  # BadRequestError for a label too long to be a key
         if label in self._live_labels and not shared:
             raise DuplicateHookError(f"this process already waits on a hook labelled {label!r}")
@@ -268,6 +304,7 @@ class Suspensions:
                 except nats.js.errors.KeyWrongLastSequenceError:
                     continue  # someone created it first: look again
                 await self._publish(record)
+                span.event("pending")
                 break
             record, revision = got
             if record.status == "resolved" and not record.consumed:
@@ -292,6 +329,7 @@ class Suspensions:
                     continue
                 record = fresh
                 await self._publish(record)
+                span.event("pending")
                 break
             # pending: re-attach if nobody waits on it or it is this run's own (resume)
             same_run = run is not None and record.run_id == run.run_id
@@ -306,6 +344,7 @@ class Suspensions:
             except nats.js.errors.KeyWrongLastSequenceError:
                 continue
             record = attached
+            span.event("pending")
             break
         return _convert(
             label, await self._wait(key, label, hook_id, timeout_s, run, shared=shared), payload

@@ -49,11 +49,9 @@ MESSAGING_SYSTEM: Final = "messaging.system"
 MESSAGING_SYSTEM_NATS: Final = "nats"
 MESSAGING_DESTINATION_NAME: Final = "messaging.destination.name"
 MESSAGING_OPERATION_TYPE: Final = "messaging.operation.type"
-MESSAGING_OPERATION_NAME: Final = "messaging.operation.name"
 MESSAGING_CONSUMER_GROUP_NAME: Final = "messaging.consumer.group.name"
 MESSAGING_MESSAGE_ID: Final = "messaging.message.id"
 """The emit's id (`EventEnvelope.id`), shared by every handler call of one emit."""
-MESSAGING_MESSAGE_BODY_SIZE: Final = "messaging.message.body.size"
 OPERATION_SEND: Final = "send"
 OPERATION_PROCESS: Final = "process"
 ERROR_TYPE: Final = "error.type"
@@ -103,7 +101,6 @@ SUSPENSION_EVENTS: Final = frozenset(
     {SUSPENSION_PENDING, SUSPENSION_RESOLVED, SUSPENSION_CANCELLED, SUSPENSION_TIMED_OUT,
      SUSPENSION_ABORTED}
 )  # fmt: skip
-SUSPENSION_TERMINAL: Final = SUSPENSION_EVENTS - {SUSPENSION_PENDING}
 
 # -- metric instruments (seconds for durations) ------------------------------------------------
 METRIC_EMIT_DURATION: Final = "hookbus.emit.duration"

@@ -1,0 +1,320 @@
+"""Tracing benchmark (issue 4, part 7): emit p50 with tracing on vs off, in the same run.
+
+    .venv/bin/python benchmarks/tracing.py                  # embedded nats-server, n=2000
+    .venv/bin/python benchmarks/tracing.py --n 4000 --url nats://127.0.0.1:4222
+
+Two figures, each a ratio or a difference measured in one run:
+
+- ``bench_tracing``: an agent-side `HookDispatcher.emit` of a chain of 3 remote handlers
+  (sequential, each answers continue). "off": no provider set anywhere (the API's defaults).
+  "on": what ``--otlp-endpoint`` installs, with an exporter that drops everything instead
+  of sending: an SDK `TracerProvider` with a `BatchSpanProcessor` and an SDK `MeterProvider`,
+  in the agent and in the worker process. Each side has worker processes of its own (this
+  file served by ``hookbus worker``; the "on" ones configure the SDK at import), so the
+  handler spans are paid for too. Rounds alternate off/on (the order flips each round) so
+  machine noise hits both alike; the agent's providers are swapped between rounds the way
+  opentelemetry-test-utils resets them. Target: ``on_p50 / off_p50 <= 1.2``.
+- ``bench_noop_overhead``: with no provider set, an in-process emit to 3 local handlers,
+  instrumented (the library as shipped) vs the same methods unwrapped (``__wrapped__``):
+  the cost of the instrumentation when tracing is off. Target: < 5 us per emit.
+
+Not a test: nothing asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hookbus.dispatcher import HookDispatcher
+from hookbus.workers import HookWorker
+from opentelemetry import metrics, trace
+from opentelemetry.metrics import NoOpMeterProvider
+from opentelemetry.metrics import _internal as _metrics_internal
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.util._once import Once
+
+__all__ = ["bench_noop_overhead", "bench_tracing"]
+
+TARGET_RATIO = 1.2
+TARGET_NOOP_US = 5.0
+DATA: dict[str, Any] = {
+    "tool_name": "bash",
+    "tool_input": {"command": "ls -la /tmp"},
+    "agent_id": "agent-1",
+    "session_id": "session-1",
+}
+ENV_TRACING = "HOOKBUS_BENCH_TRACING"
+"""In a worker process: ``traces`` or ``all`` (traces and metrics) makes this module install
+the SDK at import; anything else leaves the API's defaults."""
+EVENTS = {"off": "bench:tracing-off", "traces": "bench:tracing-on", "all": "bench:tracing-all"}
+"""Per variant, the event of its chain of 3 (each served by worker processes of its own)."""
+
+
+class DropExporter(SpanExporter):
+    """An exporter that accepts and drops spans (counts them): the SDK's cost, no I/O."""
+
+    def __init__(self) -> None:
+        self.spans = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.spans += len(spans)
+        return SpanExportResult.SUCCESS
+
+
+def sdk_providers() -> tuple[TracerProvider, MeterProvider, DropExporter]:
+    """What `hookbus.cli.configure_otel` installs, with a dropping exporter."""
+    exporter = DropExporter()
+    tracer_provider = TracerProvider(meter_provider=NoOpMeterProvider())
+    tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
+    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    return tracer_provider, meter_provider, exporter
+
+
+def _reset_globals() -> None:
+    """Forget the global providers (as opentelemetry-test-utils' reset_*_globals do)."""
+    trace._TRACER_PROVIDER_SET_ONCE = Once()
+    trace._TRACER_PROVIDER = None
+    _metrics_internal._METER_PROVIDER_SET_ONCE = Once()
+    _metrics_internal._METER_PROVIDER = None
+
+
+# -- the worker processes (``hookbus worker benchmarks/tracing.py:worker_on``) ----------------
+if os.environ.get(ENV_TRACING) in ("traces", "all"):
+    _tp, _mp, _ = sdk_providers()
+    trace.set_tracer_provider(_tp)
+    if os.environ[ENV_TRACING] == "all":
+        metrics.set_meter_provider(_mp)
+
+
+def _chain(worker: HookWorker, event: str) -> HookWorker:
+    for priority in (1, 2, 3):
+
+        async def passthrough(ev: str, data: dict[str, Any]) -> None:
+            return None
+
+        worker.add_handler(event, passthrough, priority=priority, name=f"chain{priority}")
+    return worker
+
+
+worker_off = _chain(HookWorker(), EVENTS["off"])
+worker_traces = _chain(HookWorker(), EVENTS["traces"])
+worker_all = _chain(HookWorker(), EVENTS["all"])
+
+
+class _Proc:
+    def __init__(self, variant: str, url: str) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        env[ENV_TRACING] = variant
+        attr = f"worker_{variant}"
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "hookbus.cli", "--log-level", "info", "worker",
+             f"{Path(__file__).resolve()}:{attr}", "--url", url],
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    def wait_ready(self) -> None:
+        assert self.popen.stderr is not None
+        for line in self.popen.stderr:
+            if "serving " in line:
+                return
+        raise RuntimeError(f"worker exited with {self.popen.wait()}")
+
+    def stop(self) -> None:
+        self.popen.terminate()
+        try:
+            self.popen.wait(30)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+        if self.popen.stderr is not None:
+            self.popen.stderr.close()
+
+
+def _p(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def _timed(d: HookDispatcher, event: str, n: int, out: list[float] | None) -> None:
+    for _ in range(n):
+        t = time.perf_counter()
+        await d.emit(event, DATA)
+        if out is not None:
+            out.append(time.perf_counter() - t)
+
+
+async def bench_tracing(
+    url: str, n: int = 2000, *, rounds: int = 10, warmup: int = 200
+) -> dict[str, Any]:
+    """Emit p50 of a chain of 3 remote handlers: tracing off, on, and on with metrics.
+
+    Args:
+        url: NATS server URL (JetStream on).
+        n: measured emits per variant.
+        rounds: rounds the emits are split into; the variants' order rotates each round.
+        warmup: unmeasured emits per variant first.
+    Returns:
+        ``{"n", "off_p50_ms", "on_p50_ms", "all_p50_ms", "off_p95_ms", "on_p95_ms",
+        "all_p95_ms", "ratio", "ratio_with_metrics", "target", "met", "spans_per_emit_agent"}``
+        where ``ratio`` is tracing on / off (the issue's figure) and ``ratio_with_metrics``
+        is tracing and metrics on / off.
+    """
+    import nats
+
+    variants = ("off", "traces", "all")
+    procs = [_Proc(v, url) for v in variants]
+    _reset_globals()
+    tracer_provider, meter_provider, exporter = sdk_providers()
+    nc = await nats.connect(url)
+    samples: dict[str, list[float]] = {v: [] for v in variants}
+    spans_per_emit = 0.0
+    try:
+        for proc in procs:
+            await asyncio.to_thread(proc.wait_ready)  # subscribed and declared
+        d = HookDispatcher(nc, approvals=False)
+        await d.start()  # loads the declarations written before this point
+        for event in EVENTS.values():
+            assert len(d.list_handlers(event)[event]) == 3, d.list_handlers(event)
+
+        def install(variant: str) -> None:
+            _reset_globals()
+            if variant != "off":
+                trace.set_tracer_provider(tracer_provider)
+            if variant == "all":
+                metrics.set_meter_provider(meter_provider)
+
+        for variant in variants:
+            install(variant)
+            await _timed(d, EVENTS[variant], warmup, None)
+        per_round = max(1, n // rounds)
+        for r in range(rounds):
+            order = variants[r % 3 :] + variants[: r % 3]
+            for variant in order if r % 2 == 0 else reversed(order):
+                install(variant)
+                tracer_provider.force_flush()
+                before = exporter.spans
+                await _timed(d, EVENTS[variant], per_round, samples[variant])
+                if variant == "traces":
+                    tracer_provider.force_flush()
+                    spans_per_emit = (exporter.spans - before) / per_round
+        await d.close()
+    finally:
+        _reset_globals()
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+        await nc.close()
+        for proc in procs:
+            proc.stop()
+    p50 = {v: statistics.median(samples[v]) for v in variants}
+    ratio = p50["traces"] / p50["off"]
+    return {
+        "n": len(samples["off"]),
+        "off_p50_ms": p50["off"] * 1e3,
+        "on_p50_ms": p50["traces"] * 1e3,
+        "all_p50_ms": p50["all"] * 1e3,
+        "off_p95_ms": _p(samples["off"], 0.95) * 1e3,
+        "on_p95_ms": _p(samples["traces"], 0.95) * 1e3,
+        "all_p95_ms": _p(samples["all"], 0.95) * 1e3,
+        "ratio": ratio,
+        "ratio_with_metrics": p50["all"] / p50["off"],
+        "target": TARGET_RATIO,
+        "met": ratio <= TARGET_RATIO,
+        "spans_per_emit_agent": spans_per_emit,
+    }
+
+
+async def bench_noop_overhead(n: int = 20000, *, rounds: int = 10) -> dict[str, Any]:
+    """Instrumentation cost with no provider set: emit to 3 in-process handlers, as shipped
+    vs unwrapped, interleaved. Returns ``{"n", "bare_us", "instrumented_us",
+    "overhead_us", "target_us", "met"}`` (medians of the per-round means)."""
+    _reset_globals()
+
+    class Bare(HookDispatcher):
+        emit = HookDispatcher.emit.__wrapped__  # type: ignore[attr-defined]
+        _call = HookDispatcher._call.__wrapped__  # type: ignore[attr-defined]
+
+    async def h(event: str, data: dict[str, Any]) -> None:
+        return None
+
+    def make(cls: type[HookDispatcher]) -> HookDispatcher:
+        d = cls()
+        for priority in (1, 2, 3):
+            d.register("bench:local", h, priority, f"h{priority}")
+        return d
+
+    bare, shipped = make(Bare), make(HookDispatcher)
+    per_round = max(1, n // rounds)
+    results: dict[str, list[float]] = {"bare": [], "instrumented": []}
+    for d in (bare, shipped):
+        await _timed(d, "bench:local", per_round // 5, None)
+    for r in range(rounds):
+        order = (("bare", bare), ("instrumented", shipped))
+        for name, d in order if r % 2 == 0 else reversed(order):
+            t = time.perf_counter()
+            await _timed(d, "bench:local", per_round, None)
+            results[name].append((time.perf_counter() - t) / per_round * 1e6)
+    bare_us = statistics.median(results["bare"])
+    inst_us = statistics.median(results["instrumented"])
+    return {
+        "n": per_round * rounds,
+        "bare_us": bare_us,
+        "instrumented_us": inst_us,
+        "overhead_us": inst_us - bare_us,
+        "target_us": TARGET_NOOP_US,
+        "met": inst_us - bare_us < TARGET_NOOP_US,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default=None, help="NATS URL (default: embedded nats-server)")
+    parser.add_argument("--n", type=int, default=2000, help="measured emits per side")
+    parser.add_argument("--json", action="store_true", help="print JSON only")
+    args = parser.parse_args()
+
+    async def run(url: str) -> dict[str, Any]:
+        return {
+            "tracing": await bench_tracing(url, args.n),
+            "noop_overhead": await bench_noop_overhead(),
+        }
+
+    if args.url:
+        out = asyncio.run(run(args.url))
+    else:
+        from hookbus.cli import EmbeddedNatsServer
+
+        with EmbeddedNatsServer() as server:
+            out = asyncio.run(run(server.url))
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return
+    t, o = out["tracing"], out["noop_overhead"]
+    print(f"emit, chain of 3 remote handlers, n={t['n']} per side")
+    print(f"  tracing off  p50 {t['off_p50_ms']:.3f} ms   p95 {t['off_p95_ms']:.3f} ms")
+    print(f"  tracing on   p50 {t['on_p50_ms']:.3f} ms   p95 {t['on_p95_ms']:.3f} ms"
+          f"   ({t['spans_per_emit_agent']:.1f} agent-side spans per emit)")
+    print(f"  + metrics    p50 {t['all_p50_ms']:.3f} ms   p95 {t['all_p95_ms']:.3f} ms")
+    print(f"  ratio on/off {t['ratio']:.3f}  (target <= {t['target']})  "
+          f"{'MET' if t['met'] else 'MISSED'};  with metrics {t['ratio_with_metrics']:.3f}")
+    print(f"no-op overhead, in-process emit to 3 handlers, no provider, n={o['n']}")
+    print(f"  unwrapped {o['bare_us']:.2f} us   instrumented {o['instrumented_us']:.2f} us   "
+          f"overhead {o['overhead_us']:+.2f} us  (target < {o['target_us']} us)  "
+          f"{'MET' if o['met'] else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,465 @@
+"""Tracing and metrics in one process: the SDK's in-memory exporter and metric reader.
+
+A real nats-server; the worker and the dispatcher each have their own connection, so every
+handler call crosses NATS with its ``traceparent`` header. Each test installs fresh global
+providers (as an application would) and removes them afterwards, so other tests run with
+the API's defaults (tracing off).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from nats.aio.msg import Msg
+from opentelemetry import metrics, propagate, trace
+from opentelemetry.metrics import _internal as metrics_internal
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.util._once import Once
+
+from hookbus.dispatcher import DispatcherService, HookDispatcher
+from hookbus.dispatcher._telemetry import suspension_span, trace_headers
+from hookbus.schemas import (
+    EmitReply,
+    EmitRequest,
+    HookResult,
+    decode,
+    emit_service_subject,
+    encode,
+    handler_subject,
+)
+from hookbus.schemas import _telemetry_names as tn
+from hookbus.workers import HookWorker
+
+pytestmark = pytest.mark.anyio
+
+
+def _reset_globals() -> None:
+    """Forget the global providers (what opentelemetry-test-utils' reset_*_globals do)."""
+    trace._TRACER_PROVIDER_SET_ONCE = Once()
+    trace._TRACER_PROVIDER = None
+    metrics_internal._METER_PROVIDER_SET_ONCE = Once()
+    metrics_internal._METER_PROVIDER = None
+
+
+class Otel:
+    """The providers a test installed, and what they recorded."""
+
+    def __init__(self) -> None:
+        self.exporter = InMemorySpanExporter()
+        self.tracer_provider = TracerProvider()
+        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.reader = InMemoryMetricReader()
+        self.meter_provider = MeterProvider(metric_readers=[self.reader])
+
+    def install(self) -> None:
+        trace.set_tracer_provider(self.tracer_provider)
+        metrics.set_meter_provider(self.meter_provider)
+
+    def spans(self, trace_id: int | None = None) -> list[ReadableSpan]:
+        spans = list(self.exporter.get_finished_spans())
+        if trace_id is not None:
+            spans = [s for s in spans if s.context.trace_id == trace_id]
+        return sorted(spans, key=lambda s: s.start_time or 0)
+
+    def emit_span(self, event: str) -> ReadableSpan:
+        found = [s for s in self.spans() if s.name == f"emit {event}"]
+        assert len(found) == 1, [s.name for s in self.spans()]
+        return found[0]
+
+    def points(self, name: str) -> list[tuple[dict[str, Any], float]]:
+        """(attributes, value) of each data point of instrument `name` (histogram: count)."""
+        data = self.reader.get_metrics_data()
+        out = []
+        for rm in data.resource_metrics if data else []:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    if m.name == name:
+                        for p in m.data.data_points:
+                            value = p.value if hasattr(p, "value") else p.count
+                            out.append((dict(p.attributes), value))
+        return out
+
+
+@pytest.fixture
+def no_otel() -> Iterator[None]:
+    _reset_globals()
+    yield
+    _reset_globals()
+
+
+@pytest.fixture
+def otel() -> Iterator[Otel]:
+    _reset_globals()
+    o = Otel()
+    o.install()
+    yield o
+    o.tracer_provider.shutdown()
+    o.meter_provider.shutdown()
+    _reset_globals()
+
+
+def children(spans: list[ReadableSpan], parent: ReadableSpan) -> list[ReadableSpan]:
+    return [s for s in spans if s.parent is not None and s.parent.span_id == parent.context.span_id]
+
+
+def only(spans: list[ReadableSpan], name: str) -> ReadableSpan:
+    found = [s for s in spans if s.name == name]
+    assert len(found) == 1, (name, [s.name for s in spans])
+    return found[0]
+
+
+async def wire_headers(nc: Any, subject: str) -> list[dict[str, str] | None]:
+    """Record the headers of every message on `subject` as NATS delivers them (a plain
+    subscriber beside the worker's queue group: it sees each request and never answers)."""
+    seen: list[dict[str, str] | None] = []
+
+    async def cb(msg: Msg) -> None:
+        seen.append(msg.headers)
+
+    await nc.subscribe(subject, cb=cb)
+    await nc.flush()
+    return seen
+
+
+async def test_deny_is_one_trace_emit_calls_and_handlings(otel: Otel, nc, connect, event) -> None:
+    w = HookWorker(nc)
+
+    @w.handler(event, priority=1)
+    async def redact(ev: str, data: dict[str, Any]) -> HookResult:
+        return HookResult(action="modify", data={**data, "command": "ls ***"})
+
+    @w.handler(event, priority=2, failure_policy="deny")
+    async def security(ev: str, data: dict[str, Any]) -> HookResult:
+        return HookResult(action="deny", reason="no bash")
+
+    @w.handler(event, priority=3)
+    async def audit(ev: str, data: dict[str, Any]) -> None:
+        raise AssertionError("never called after a deny")
+
+    spy = await connect()
+    headers = await wire_headers(spy, handler_subject(event, "security"))
+    async with w, HookDispatcher(await connect()) as d:
+        d.set_default_fields(agent_id="agent-7")
+        result = await d.emit(event, {"tool_name": "bash", "session_id": "sess-1"})
+        await spy.flush()
+    assert result.action == "deny" and result.decided_by == "security"
+
+    emit = otel.emit_span(event)
+    spans = otel.spans(emit.context.trace_id)
+    assert emit.parent is None and emit.kind is SpanKind.INTERNAL
+    assert emit.attributes[tn.ACTION] == "deny"
+    assert emit.attributes[tn.DECIDED_BY] == "security"
+    assert emit.attributes[tn.REASON] == "no bash"
+    assert emit.attributes[tn.FAILED_OPEN] is False
+    assert emit.attributes[tn.GEN_AI_AGENT_ID] == "agent-7"
+    assert emit.attributes[tn.GEN_AI_CONVERSATION_ID] == "sess-1"
+    assert emit.attributes[tn.GEN_AI_TOOL_NAME] == "bash"
+
+    sends = children(spans, emit)
+    assert [s.attributes[tn.HANDLER] for s in sends] == ["redact", "security"]  # audit never ran
+    for send, priority, action in zip(sends, (1, 2), ("modify", "deny"), strict=True):
+        assert send.kind is SpanKind.PRODUCER
+        assert send.name == f"send {handler_subject(event, send.attributes[tn.HANDLER])}"
+        assert send.attributes[tn.MESSAGING_SYSTEM] == "nats"
+        assert send.attributes[tn.MESSAGING_OPERATION_TYPE] == "send"
+        assert send.attributes[tn.PRIORITY] == priority
+        assert send.attributes[tn.ACTION] == action
+        assert send.attributes[tn.FAILED_OPEN] is False
+        (process,) = children(spans, send)
+        assert process.kind is SpanKind.CONSUMER
+        assert process.name == f"process {send.attributes[tn.MESSAGING_DESTINATION_NAME]}"
+        assert process.attributes[tn.MESSAGING_CONSUMER_GROUP_NAME] == send.attributes[tn.HANDLER]
+        assert process.attributes[tn.ACTION] == action
+        assert process.attributes[tn.GEN_AI_AGENT_ID] == "agent-7"
+        assert [link.context.span_id for link in process.links] == [send.context.span_id]
+        assert len(process.attributes[tn.MESSAGING_MESSAGE_ID]) == 32  # the emit's id
+    assert sends[1].attributes[tn.REASON] == "no bash"
+    assert tn.FAILURE_POLICY not in sends[1].attributes  # set when a failure applies it
+    assert len(spans) == 5
+
+    # the traceparent on the wire is the send span's context
+    (sent,) = headers
+    assert sent is not None
+    ctx = trace.get_current_span(propagate.extract(sent)).get_span_context()
+    assert (ctx.trace_id, ctx.span_id) == (emit.context.trace_id, sends[1].context.span_id)
+
+    decisions = otel.points(tn.METRIC_DECISIONS)
+    assert ({tn.EVENT: event, tn.ACTION: "deny"}, 1) in decisions
+    durations = [a for a, _ in otel.points(tn.METRIC_HANDLER_DURATION) if a[tn.EVENT] == event]
+    by_handler = {a[tn.HANDLER]: a[tn.ACTION] for a in durations}
+    assert by_handler == {"redact": "modify", "security": "deny"}
+
+
+async def test_modify_chain_spans_in_priority_order(otel: Otel, nc, connect, event) -> None:
+    w = HookWorker(nc)
+
+    @w.handler(event, priority=1)
+    async def first(ev: str, data: dict[str, Any]) -> dict[str, Any]:
+        return {"action": "modify", "data": {**data, "trail": [*data.get("trail", []), "first"]}}
+
+    @w.handler(event, priority=3)
+    def third(ev: str, data: dict[str, Any]) -> dict[str, Any]:  # a sync handler (a thread)
+        return {"action": "modify", "data": {**data, "trail": [*data["trail"], "third"]}}
+
+    async with w, HookDispatcher(await connect()) as d:
+
+        @d.register(event, priority=2, name="local_second")
+        async def second(ev: str, data: dict[str, Any]) -> HookResult:
+            return HookResult(action="modify", data={**data, "trail": [*data["trail"], "second"]})
+
+        result = await d.emit(event, {"tool_name": "edit"})
+    assert result.action == "modify" and result.data["trail"] == ["first", "second", "third"]
+
+    emit = otel.emit_span(event)
+    spans = otel.spans(emit.context.trace_id)
+    calls = children(spans, emit)
+    assert [(s.name.split()[0], s.attributes[tn.HANDLER]) for s in calls] == [
+        ("send", "first"),
+        ("handler", "local_second"),
+        ("send", "third"),
+    ]
+    assert [s.kind for s in calls] == [SpanKind.PRODUCER, SpanKind.INTERNAL, SpanKind.PRODUCER]
+    assert all(s.attributes[tn.ACTION] == "modify" for s in calls)
+    assert calls[0].end_time <= calls[1].start_time and calls[1].end_time <= calls[2].start_time
+    assert [len(children(spans, s)) for s in calls] == [1, 0, 1]  # a worker handling per remote
+    assert emit.attributes[tn.ACTION] == "modify"
+    assert emit.attributes.get(tn.DECIDED_BY) == result.decided_by
+
+
+async def test_failure_under_ignore_fails_open_and_says_so(otel: Otel, nc, connect, event) -> None:
+    w = HookWorker(nc)
+
+    @w.handler(event, priority=1, failure_policy="ignore")
+    async def flaky(ev: str, data: dict[str, Any]) -> None:
+        raise RuntimeError("database down")
+
+    @w.handler(event, priority=2)
+    async def fine(ev: str, data: dict[str, Any]) -> None:
+        return None
+
+    async with w, HookDispatcher(await connect()) as d:
+        result = await d.emit(event, {"tool_name": "bash"})
+    assert result.action == "continue" and [f.handler for f in result.failures] == ["flaky"]
+
+    emit = otel.emit_span(event)
+    spans = otel.spans(emit.context.trace_id)
+    flaky_send = only(spans, f"send {handler_subject(event, 'flaky')}")
+    assert flaky_send.status.status_code is StatusCode.ERROR
+    assert "database down" in (flaky_send.status.description or "")
+    assert flaky_send.attributes[tn.FAILURE_KIND] == "error"
+    assert flaky_send.attributes[tn.FAILURE_POLICY] == "ignore"
+    assert flaky_send.attributes[tn.FAILED_OPEN] is True
+    (flaky_process,) = children(spans, flaky_send)
+    assert flaky_process.status.status_code is StatusCode.ERROR
+    assert flaky_process.attributes[tn.ERROR_TYPE] == "handler_error"
+    fine_send = only(spans, f"send {handler_subject(event, 'fine')}")
+    assert fine_send.attributes[tn.FAILED_OPEN] is False
+    assert fine_send.status.status_code is StatusCode.UNSET
+
+    assert emit.attributes[tn.FAILED_OPEN] is True
+    assert emit.attributes[tn.FAILED_OPEN_HANDLERS] == ("flaky",)
+    (failure,) = [e for e in emit.events if e.name == tn.EVENT_HANDLER_FAILURE]
+    assert failure.attributes[tn.HANDLER] == "flaky"
+    assert failure.attributes[tn.FAILURE_KIND] == "error"
+    assert failure.attributes[tn.FAILED_OPEN] is True
+
+    key = {tn.EVENT: event, tn.HANDLER: "flaky", tn.FAILURE_KIND: "error"}
+    assert ({**key, tn.FAILURE_POLICY: "ignore"}, 1) in otel.points(tn.METRIC_FAILURES)
+    assert (key, 1) in otel.points(tn.METRIC_FAIL_OPENS)
+
+
+async def test_failure_under_deny_fails_closed(otel: Otel, nc, connect, event) -> None:
+    w = HookWorker(nc)
+
+    @w.handler(event, priority=1, failure_policy="deny")
+    async def guard(ev: str, data: dict[str, Any]) -> None:
+        return None
+
+    async with w:
+        pass  # declared, then gone: its declaration outlives it (no responders)
+    async with HookDispatcher(await connect()) as d:
+        result = await d.emit(event, {"tool_name": "bash"})
+    assert result.action == "deny" and result.decided_by == "guard"
+
+    emit = otel.emit_span(event)
+    (send,) = children(otel.spans(emit.context.trace_id), emit)
+    assert send.attributes[tn.FAILURE_KIND] == "no_responders"
+    assert send.attributes[tn.FAILURE_POLICY] == "deny"
+    assert send.attributes[tn.FAILED_OPEN] is False
+    assert send.status.status_code is StatusCode.ERROR
+    assert emit.attributes[tn.ACTION] == "deny"
+    assert emit.attributes[tn.FAILED_OPEN] is False
+    (failure,) = [e for e in emit.events if e.name == tn.EVENT_HANDLER_FAILURE]
+    assert failure.attributes[tn.FAILURE_POLICY] == "deny"
+    assert failure.attributes[tn.FAILED_OPEN] is False
+
+    key = {tn.EVENT: event, tn.HANDLER: "guard", tn.FAILURE_KIND: "no_responders"}
+    assert ({**key, tn.FAILURE_POLICY: "deny"}, 1) in otel.points(tn.METRIC_FAILURES)
+    assert not [p for p in otel.points(tn.METRIC_FAIL_OPENS) if p[0].get(tn.EVENT) == event]
+    assert [v for a, v in otel.points(tn.METRIC_EMIT_DURATION) if a[tn.EVENT] == event] == [1]
+
+
+async def test_service_mode_continues_the_agents_trace(otel: Otel, nc, connect, event) -> None:
+    w = HookWorker(nc)
+
+    @w.handler(event)
+    async def security(ev: str, data: dict[str, Any]) -> HookResult:
+        return HookResult(action="deny", reason="not in prod")
+
+    agent = await connect()
+    service_nc = await connect()
+    service = DispatcherService(HookDispatcher(service_nc), service_nc)
+    async with w:
+        await service.start()
+        try:
+            tracer = trace.get_tracer("test-agent")
+            subject = emit_service_subject(event)
+            with tracer.start_as_current_span(f"send {subject}", kind=SpanKind.PRODUCER) as span:
+                headers: dict[str, str] = {}
+                propagate.inject(headers)
+                body = encode(EmitRequest(data={"tool_name": "kubectl"}, agent_id="a1"))
+                msg = await agent.request(subject, body, timeout=5, headers=headers)
+        finally:
+            await service.stop()
+    reply = decode(msg.data, EmitReply)
+    assert reply.result is not None and reply.result.action == "deny"
+
+    trace_id = span.get_span_context().trace_id
+    spans = otel.spans(trace_id)
+    agent_span = only(spans, f"send {subject}")
+    (dispatch,) = children(spans, agent_span)
+    assert dispatch.name == f"process {subject}" and dispatch.kind is SpanKind.CONSUMER
+    assert [ln.context.span_id for ln in dispatch.links] == [agent_span.context.span_id]
+    assert dispatch.attributes[tn.MESSAGING_CONSUMER_GROUP_NAME] == "hookbus-dispatcher"
+    assert dispatch.attributes[tn.EVENT] == event
+    assert dispatch.attributes[tn.ACTION] == "deny"
+    (emit,) = children(spans, dispatch)
+    assert emit.name == f"emit {event}" and emit.attributes[tn.GEN_AI_AGENT_ID] == "a1"
+    (send,) = children(spans, emit)
+    (process,) = children(spans, send)
+    assert process.attributes[tn.ACTION] == "deny" and process.kind is SpanKind.CONSUMER
+    assert len(spans) == 5  # one trace: agent, dispatcher service, emit, call, handling
+
+
+async def test_emit_and_collect_is_traced_to_the_workers(otel: Otel, nc, connect, event) -> None:
+    w = HookWorker(nc)
+
+    @w.handler(event, priority=1)
+    async def one(ev: str, data: dict[str, Any]) -> dict[str, Any]:
+        return {"data": {"from": "one"}}
+
+    @w.handler(event, priority=2)
+    async def two(ev: str, data: dict[str, Any]) -> dict[str, Any]:
+        return {"data": {"from": "two"}}
+
+    async with w, HookDispatcher(await connect()) as d:
+        responses = await d.emit_and_collect(event, {"q": 1}, timeout=5)
+    assert responses == [{"from": "one"}, {"from": "two"}]
+    (collect,) = [s for s in otel.spans() if s.name == f"emit_and_collect {event}"]
+    assert collect.attributes[tn.RESPONSE_COUNT] == 2
+    handlings = children(otel.spans(collect.context.trace_id), collect)
+    assert sorted(s.attributes[tn.HANDLER] for s in handlings) == ["one", "two"]
+    assert all(s.kind is SpanKind.CONSUMER for s in handlings)
+
+
+async def test_tracing_off_sends_no_headers_then_a_provider_set_later_is_used(
+    no_otel: None, nc, connect, event
+) -> None:
+    assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    w = HookWorker(nc)
+
+    @w.handler(event)
+    async def h(ev: str, data: dict[str, Any]) -> None:
+        return None
+
+    spy = await connect()
+    headers = await wire_headers(spy, handler_subject(event, "h"))
+    async with w, HookDispatcher(await connect()) as d:
+        await d.emit(event, {})
+        assert trace_headers() is None
+        # the application sets its providers after hookbus was imported and used
+        later = Otel()
+        later.install()
+        try:
+            await d.emit(event, {})
+            await spy.flush()
+        finally:
+            later.tracer_provider.shutdown()
+    assert headers[0] is None
+    assert headers[1] is not None and "traceparent" in headers[1]
+    assert [s.name for s in later.spans()].count(f"emit {event}") == 1
+    assert ({tn.EVENT: event, tn.ACTION: "continue"}, 1) in later.points(tn.METRIC_DECISIONS)
+
+
+async def test_suspension_span_events_and_pending_gauge(otel: Otel) -> None:
+    tracer = trace.get_tracer("test")
+    with tracer.start_as_current_span("emit test:approval") as parent:
+        with suspension_span("approval:s1:h:abc", kind="approval",
+                             attributes={tn.HANDLER: "h"}) as wait:  # fmt: skip
+            wait.event("pending", prompt="Allow rm?")
+            pending = otel.points(tn.METRIC_SUSPENSIONS_PENDING)
+            wait.event("resolved", choice="Allow")
+        with pytest.raises(ValueError, match="not a suspension event"):
+            with suspension_span("x") as bad:
+                bad.event("maybe")
+        with suspension_span("approval:s1:h:def", kind="approval") as timed:
+            timed.event("pending")
+            timed.event("timed_out", default="deny")
+    assert pending == [({tn.SUSPENSION_KIND: "approval"}, 1)]
+    assert otel.points(tn.METRIC_SUSPENSIONS_PENDING) == [({tn.SUSPENSION_KIND: "approval"}, 0)]
+    waits = [s for s in otel.spans() if s.name == "await approval"]
+    assert [s.parent.span_id for s in waits] == [parent.get_span_context().span_id] * 2
+    first, second = waits
+    assert [e.name for e in first.events] == ["pending", "resolved"]
+    assert first.events[0].attributes == {"hookbus.suspension.prompt": "Allow rm?"}
+    assert first.events[1].attributes == {"hookbus.suspension.choice": "Allow"}
+    assert first.attributes[tn.SUSPENSION_LABEL] == "approval:s1:h:abc"
+    assert first.attributes[tn.SUSPENSION_OUTCOME] == "resolved"
+    assert first.attributes[tn.HANDLER] == "h"
+    assert second.attributes[tn.SUSPENSION_OUTCOME] == "timed_out"
+
+
+async def test_approval_wait_is_a_span_under_the_emit(otel: Otel, nc, connect, event) -> None:
+    """ask_user -> an approval suspension: its wait is an ``await approval`` span, child of
+    the emit span, with ``pending`` then ``resolved`` events (needs the dispatcher's
+    approvals to call `suspension_span`)."""
+    w = HookWorker(nc)
+
+    @w.handler(event)
+    async def ask(ev: str, data: dict[str, Any]) -> HookResult:
+        return HookResult(action="ask_user", approval_prompt="Run rm?", approval_timeout=30)
+
+    async with w, HookDispatcher(await connect()) as d:
+        stream = await d.hook_events()
+
+        async def approve() -> None:
+            async for ev in stream:
+                if ev.hook.status == "pending" and ev.hook.metadata.get("event") == event:
+                    await d.resolve_hook(ev.hook.label, {"choice": "Allow"})
+                    return
+
+        approver = asyncio.create_task(approve())
+        try:
+            result = await d.emit(event, {"tool_name": "rm", "session_id": f"s-{event}"})
+            await asyncio.wait_for(approver, 10)
+        finally:
+            approver.cancel()
+            await stream.aclose()
+    assert result.action == "continue"
+
+    emit = otel.emit_span(event)
+    spans = otel.spans(emit.context.trace_id)
+    (wait,) = [s for s in children(spans, emit) if s.name == "await approval"]
+    assert [e.name for e in wait.events] == ["pending", "resolved"]
+    assert wait.attributes[tn.SUSPENSION_KIND] == "approval"
+    assert wait.attributes[tn.SUSPENSION_OUTCOME] == "resolved"
+    assert emit.attributes[tn.ACTION] == "continue"
+    assert otel.points(tn.METRIC_SUSPENSIONS_PENDING) == [({tn.SUSPENSION_KIND: "approval"}, 0)]
