@@ -402,8 +402,8 @@ async def test_tracing_off_sends_no_headers_then_a_provider_set_later_is_used(
 async def test_suspension_span_events_and_pending_gauge(otel: Otel) -> None:
     tracer = trace.get_tracer("test")
     with tracer.start_as_current_span("emit test:approval") as parent:
-        with suspension_span("approval:s1:h:abc", kind="approval",
-                             attributes={tn.HANDLER: "h"}) as wait:  # fmt: skip
+        attrs = {tn.HANDLER: "h", tn.GEN_AI_TOOL_NAME: None}  # None: dropped
+        with suspension_span("approval:s1:h:abc", kind="approval", attributes=attrs) as wait:
             wait.event("pending", prompt="Allow rm?")
             pending = otel.points(tn.METRIC_SUSPENSIONS_PENDING)
             wait.event("resolved", choice="Allow")
@@ -423,7 +423,7 @@ async def test_suspension_span_events_and_pending_gauge(otel: Otel) -> None:
     assert first.events[1].attributes == {"hookbus.suspension.choice": "Allow"}
     assert first.attributes[tn.SUSPENSION_LABEL] == "approval:s1:h:abc"
     assert first.attributes[tn.SUSPENSION_OUTCOME] == "resolved"
-    assert first.attributes[tn.HANDLER] == "h"
+    assert first.attributes[tn.HANDLER] == "h" and tn.GEN_AI_TOOL_NAME not in first.attributes
     assert second.attributes[tn.SUSPENSION_OUTCOME] == "timed_out"
 
 

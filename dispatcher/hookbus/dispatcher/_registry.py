@@ -75,13 +75,23 @@ class RegistryWatch:
             log.warning("registry watch ended with %r", task.exception())
 
     async def resync(self) -> None:
-        """Read every declaration and replace the remote routes with them."""
-        try:
-            keys = await self._kv.keys()
-        except nats.js.errors.NoKeysError:
-            # nats-py can report "no keys" spuriously while keys exist: never wipe the
-            # routes on that; an empty bucket has no remote routes to lose anyway.
-            return
+        """Read every declaration into the routing table.
+
+        nats-py's `keys()` can report too few keys (its "initial values done" signal races
+        the consumer; nats.py issues 842, 995), so: a "no keys" answer is retried while the
+        stream holds messages, and the remote routes are replaced wholesale only when the
+        keys read account for every message of the bucket; otherwise they are only added
+        to (deletions also arrive through the watch).
+        """
+        keys: list[str] = []
+        for attempt in range(5):
+            try:
+                keys = await self._kv.keys()
+                break
+            except nats.js.errors.NoKeysError:
+                if (await self._kv.status()).values == 0:
+                    break  # really empty
+                await asyncio.sleep(0.02 * (attempt + 1))
         decls = []
         for key in keys:
             try:
@@ -91,7 +101,11 @@ class RegistryWatch:
             decl = self._decode(key, entry.value)
             if decl is not None:
                 decls.append(decl)
-        self._table.replace_remote(decls)
+        if len(keys) == (await self._kv.status()).values:
+            self._table.replace_remote(decls)
+        else:
+            for decl in decls:
+                self._table.put_remote(decl)
 
     async def _run(self) -> None:
         while not self._stopping:

@@ -522,8 +522,8 @@ def suspension_span(
     An exception leaving the block ends the pending count; it is recorded on the span as an
     error unless an outcome (``timed_out``, ``cancelled``, ...) was recorded first, so
     ``s.event("timed_out"); raise HookTimeoutError(...)`` is an outcome, not a failure.
-    `attributes` may use any names (GenAI ids, ``hookbus.handler``, ...). With tracing and
-    metrics off, the object does nothing.
+    `attributes` may use any names (GenAI ids, ``hookbus.handler``, ...); None values are
+    dropped. With tracing and metrics off, the object does nothing.
     """
     _otel.refresh()
     base = {tn.SUSPENSION_KIND: kind}
@@ -534,7 +534,8 @@ def suspension_span(
         finally:
             holder._uncount()
         return
-    attrs = {tn.SUSPENSION_LABEL: label, **base, **(attributes or {})}
+    extra = {k: v for k, v in (attributes or {}).items() if v is not None}
+    attrs = {tn.SUSPENSION_LABEL: label, **base, **extra}
     span = _otel.tracer.start_span(f"{tn.SPAN_AWAIT} {kind}", attributes=attrs)
     holder = SuspensionSpan(span, base)
     try:
