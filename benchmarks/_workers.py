@@ -20,6 +20,7 @@ import sys
 from typing import Any
 
 import anyio
+
 from hookbus.workers import HookWorker
 
 EVENT_ONE = "bench:one"

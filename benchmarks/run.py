@@ -28,11 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import nats
-from hookbus.cli import EmbeddedNatsServer
-from hookbus.dispatcher import HookDispatcher
 from nats.aio.client import Client as NATS
 from rich.console import Console
 from rich.table import Table
+
+from hookbus.cli import EmbeddedNatsServer
+from hookbus.dispatcher import HookDispatcher
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -73,10 +74,26 @@ class Settings:
     """``--max-concurrency`` of each replica in the replica rows."""
 
 
-DEFAULT = Settings(latency_n=6000, rounds=12, warmup=300, in_flight=256, tput_s=2.5,
-                   tput_rounds=3, io_s=4.0, replica_bound=8)
-QUICK = Settings(latency_n=1000, rounds=4, warmup=100, in_flight=256, tput_s=1.0,
-                 tput_rounds=2, io_s=1.5, replica_bound=8)
+DEFAULT = Settings(
+    latency_n=6000,
+    rounds=12,
+    warmup=300,
+    in_flight=256,
+    tput_s=2.5,
+    tput_rounds=3,
+    io_s=4.0,
+    replica_bound=8,
+)
+QUICK = Settings(
+    latency_n=1000,
+    rounds=4,
+    warmup=100,
+    in_flight=256,
+    tput_s=1.0,
+    tput_rounds=2,
+    io_s=1.5,
+    replica_bound=8,
+)
 WARMUP_S = 0.3
 """Unmeasured seconds before each throughput measurement."""
 MAX_FAILURES = 5
@@ -151,16 +168,19 @@ class Proc:
                 while True:
                     line = await self.proc.stderr.readline()
                     if not line:
-                        raise RuntimeError(f"{self.label} exited before it was ready:\n"
-                                           + "".join(self.lines[-20:]))
+                        raise RuntimeError(
+                            f"{self.label} exited before it was ready:\n"
+                            + "".join(self.lines[-20:])
+                        )
                     text = line.decode(errors="replace")
                     self.lines.append(text)
                     if self.ready in text:
                         break
         except TimeoutError:
             await self.stop()
-            raise RuntimeError(f"{self.label} not ready within {timeout_s}s:\n"
-                               + "".join(self.lines[-20:])) from None
+            raise RuntimeError(
+                f"{self.label} not ready within {timeout_s}s:\n" + "".join(self.lines[-20:])
+            ) from None
         self._drain = asyncio.create_task(self._drain_stderr())
 
     @property
@@ -201,8 +221,17 @@ def _die_with_parent() -> None:
 def worker_proc(
     attr: str, url: str, *, max_concurrency: int | None = None, label: str = ""
 ) -> Proc:
-    argv = [sys.executable, "-m", "hookbus.cli", "--log-level", "info", "worker",
-            f"{WORKERS_FILE}:{attr}", "--url", url]
+    argv = [
+        sys.executable,
+        "-m",
+        "hookbus.cli",
+        "--log-level",
+        "info",
+        "worker",
+        f"{WORKERS_FILE}:{attr}",
+        "--url",
+        url,
+    ]
     if max_concurrency is not None:
         argv += ["--max-concurrency", str(max_concurrency)]
     return Proc(label or attr, argv, W.WORKER_READY)
@@ -387,8 +416,10 @@ def cpu_note(label: str, cpu: CpuWindow) -> str | None:
         return None
     cores = os.cpu_count() or 1
     client = cpu.client_cpu_s / cpu.elapsed_s if cpu.elapsed_s else 0.0
-    text = (f"{label}: our processes used {cpu.ours_busy:.0%} of {cores} cores"
-            f" (the client {client:.0%} of one), the machine was {cpu.machine_busy:.0%} busy")
+    text = (
+        f"{label}: our processes used {cpu.ours_busy:.0%} of {cores} cores"
+        f" (the client {client:.0%} of one), the machine was {cpu.machine_busy:.0%} busy"
+    )
     if client >= 0.9:
         text += " -> the client's one event loop is CPU-bound"
     elif cpu.ours_busy >= 0.85:
@@ -468,12 +499,21 @@ async def bench(
         await raw_scatter.start()
         latency_rows: list[tuple[str, Call, Call | None, str, float]] = [
             ("one-handler emit", emit_call(W.EVENT_ONE), None, "", 1.10),
-            ("chain of 3 sequential handlers", emit_call(W.EVENT_CHAIN), raw_chain,
-             "3 sequential requests", 3.3),
-            ("parallel group of 3", emit_call(W.EVENT_PARALLEL), raw_parallel,
-             "3 concurrent requests", 1.3),
-            ("emit_and_collect of 3", collect_call, raw_scatter,
-             "1 publish, 3 replies", 1.3),
+            (
+                "chain of 3 sequential handlers",
+                emit_call(W.EVENT_CHAIN),
+                raw_chain,
+                "3 sequential requests",
+                3.3,
+            ),
+            (
+                "parallel group of 3",
+                emit_call(W.EVENT_PARALLEL),
+                raw_parallel,
+                "3 concurrent requests",
+                1.3,
+            ),
+            ("emit_and_collect of 3", collect_call, raw_scatter, "1 publish, 3 replies", 1.3),
         ]
         for name, call, shape, shape_name, target in latency_rows:
             say(f"latency: {name} ({s.latency_n} calls per side, {s.rounds} rounds) ...")
@@ -486,49 +526,61 @@ async def bench(
             a, b = samples[0], samples[1]
             a50, b50, a99, b99 = pct(a, 0.5), pct(b, 0.5), pct(a, 0.99), pct(b, 0.99)
             ratio = b50 / a50
-            figures = {"p50_s": b50, "p99_s": b99, "raw_p50_s": a50, "raw_p99_s": a99,
-                       "ratio_p50": ratio}
+            figures = {
+                "p50_s": b50,
+                "p99_s": b99,
+                "raw_p50_s": a50,
+                "raw_p99_s": a99,
+                "ratio_p50": ratio,
+            }
             floor = ""
             if shape:
                 c50 = pct(samples[2], 0.5)
                 figures |= {"raw_shape_p50_s": c50, "raw_shape_ratio_p50": c50 / a50}
                 floor = f"{shape_name}: {ms(c50)} = {c50 / a50:.2f}x"
-            rows.append(Row(
-                measure=f"{name}, p50",
-                hookbus=f"{ms(b50)} (p99 {b99 * 1000:.2f})",
-                baseline=f"{ms(a50)} (p99 {a99 * 1000:.2f})",
-                ratio=f"{ratio:.2f}x (p99 {b99 / a99:.2f}x)",
-                target=f"<= {target:.2f}x",
-                met=ratio <= target,
-                figures=figures,
-                errors=failures.count,
-                floor=floor,
-            ))
+            rows.append(
+                Row(
+                    measure=f"{name}, p50",
+                    hookbus=f"{ms(b50)} (p99 {b99 * 1000:.2f})",
+                    baseline=f"{ms(a50)} (p99 {a99 * 1000:.2f})",
+                    ratio=f"{ratio:.2f}x (p99 {b99 / a99:.2f}x)",
+                    target=f"<= {target:.2f}x",
+                    met=ratio <= target,
+                    figures=figures,
+                    errors=failures.count,
+                    floor=floor,
+                )
+            )
 
         # -- throughput at 256 in flight, raw vs one-handler emit, A/B interleaved -----------
-        say(f"throughput: {s.in_flight} in flight,"
-            f" {s.tput_rounds} rounds x {s.tput_s}s per side ...")
+        say(
+            f"throughput: {s.in_flight} in flight,"
+            f" {s.tput_rounds} rounds x {s.tput_s}s per side ..."
+        )
         raw_rates: list[Rate] = []
         hb_rates: list[Rate] = []
         failures = Failures("throughput")
         for r in range(s.tput_rounds):
             order = ((raw_call, raw_rates), (emit_call(W.EVENT_ONE), hb_rates))
             for call, out in order if r % 2 == 0 else order[::-1]:
-                out.append(await throughput(call, s.in_flight, s.tput_s, failures,
-                                            [raw.pid, lat.pid]))
+                out.append(
+                    await throughput(call, s.in_flight, s.tput_s, failures, [raw.pid, lat.pid])
+                )
         raw_tput = median([x.per_s for x in raw_rates])
         hb_tput = median([x.per_s for x in hb_rates])
         ratio = hb_tput / raw_tput
-        rows.append(Row(
-            measure=f"throughput at {s.in_flight} in flight (one-handler emit)",
-            hookbus=rps(hb_tput),
-            baseline=rps(raw_tput),
-            ratio=f"{ratio:.0%}",
-            target=">= 85%",
-            met=ratio >= 0.85,
-            figures={"req_per_s": hb_tput, "raw_req_per_s": raw_tput, "ratio": ratio},
-            errors=sum(x.errors for x in hb_rates) + sum(x.errors for x in raw_rates),
-        ))
+        rows.append(
+            Row(
+                measure=f"throughput at {s.in_flight} in flight (one-handler emit)",
+                hookbus=rps(hb_tput),
+                baseline=rps(raw_tput),
+                ratio=f"{ratio:.0%}",
+                target=">= 85%",
+                met=ratio >= 0.85,
+                figures={"req_per_s": hb_tput, "raw_req_per_s": raw_tput, "ratio": ratio},
+                errors=sum(x.errors for x in hb_rates) + sum(x.errors for x in raw_rates),
+            )
+        )
         raw_cpu = sum(x.cpu.client_cpu_s for x in raw_rates) / sum(x.calls for x in raw_rates)
         hb_cpu = sum(x.cpu.client_cpu_s for x in hb_rates) / sum(x.calls for x in hb_rates)
         for label, rates in (("raw throughput", raw_rates), ("emit throughput", hb_rates)):
@@ -547,21 +599,26 @@ async def bench(
         procs.append(io)
         await io.start()
         await d.refresh()
-        rate = await throughput(emit_call(W.EVENT_IO), s.in_flight, s.io_s, Failures("5 ms I/O"),
-                                [io.pid])
+        rate = await throughput(
+            emit_call(W.EVENT_IO), s.in_flight, s.io_s, Failures("5 ms I/O"), [io.pid]
+        )
         await io.stop()
-        rows.append(Row(
-            measure=f"one worker with a 5 ms I/O handler ({s.in_flight} in flight)",
-            hookbus=rps(rate.per_s),
-            baseline=f"{rps(raw_tput)} (no I/O)",
-            ratio=f"{rate.per_s / raw_tput:.0%}",
-            target=">= 5,000 req/s",
-            met=rate.per_s >= 5000,
-            figures={"req_per_s": rate.per_s, "ratio_to_raw": rate.per_s / raw_tput},
-            errors=rate.errors,
-        ))
-        notes.append(f"5 ms I/O row: the handler alone would allow {s.in_flight}/5 ms ="
-                     f" {s.in_flight / W.IO_SECONDS:,.0f} req/s")
+        rows.append(
+            Row(
+                measure=f"one worker with a 5 ms I/O handler ({s.in_flight} in flight)",
+                hookbus=rps(rate.per_s),
+                baseline=f"{rps(raw_tput)} (no I/O)",
+                ratio=f"{rate.per_s / raw_tput:.0%}",
+                target=">= 5,000 req/s",
+                met=rate.per_s >= 5000,
+                figures={"req_per_s": rate.per_s, "ratio_to_raw": rate.per_s / raw_tput},
+                errors=rate.errors,
+            )
+        )
+        notes.append(
+            f"5 ms I/O row: the handler alone would allow {s.in_flight}/5 ms ="
+            f" {s.in_flight / W.IO_SECONDS:,.0f} req/s"
+        )
         if note := cpu_note("5 ms I/O row", rate.cpu):
             notes.append(note)
 
@@ -572,38 +629,49 @@ async def bench(
         one_replica = 0.0
         for n in (1, 2, 4):
             say(f"replicas: {n} x --max-concurrency {bound} ...")
-            new = [worker_proc("replica_worker", url, max_concurrency=bound,
-                               label=f"replica {i + 1}") for i in range(len(replicas), n)]
+            new = [
+                worker_proc("replica_worker", url, max_concurrency=bound, label=f"replica {i + 1}")
+                for i in range(len(replicas), n)
+            ]
             procs += new
             replicas += new
             await asyncio.gather(*(p.start() for p in new))
             await d.refresh()
-            rate = await throughput(emit_call(W.EVENT_REPLICAS), s.in_flight, s.io_s,
-                                    Failures(f"{n} replicas"), [p.pid for p in replicas])
+            rate = await throughput(
+                emit_call(W.EVENT_REPLICAS),
+                s.in_flight,
+                s.io_s,
+                Failures(f"{n} replicas"),
+                [p.pid for p in replicas],
+            )
             if n == 1:
                 one_replica = rate.per_s
-                rows.append(Row(
-                    measure=f"1 replica, per-replica concurrency bound {bound}, 5 ms handler",
-                    hookbus=rps(rate.per_s),
-                    baseline="-",
-                    ratio=f"{rate.per_s / ceiling:.2f}x of {bound}/5ms",
-                    target="reference",
-                    met=None,
-                    figures={"req_per_s": rate.per_s, "bound_req_per_s": ceiling},
-                    errors=rate.errors,
-                ))
+                rows.append(
+                    Row(
+                        measure=f"1 replica, per-replica concurrency bound {bound}, 5 ms handler",
+                        hookbus=rps(rate.per_s),
+                        baseline="-",
+                        ratio=f"{rate.per_s / ceiling:.2f}x of {bound}/5ms",
+                        target="reference",
+                        met=None,
+                        figures={"req_per_s": rate.per_s, "bound_req_per_s": ceiling},
+                        errors=rate.errors,
+                    )
+                )
             else:
                 ratio = rate.per_s / (n * one_replica)
-                rows.append(Row(
-                    measure=f"{n} replicas, per-replica concurrency bound {bound} each",
-                    hookbus=rps(rate.per_s),
-                    baseline="-",
-                    ratio=f"{ratio:.2f}x of {n} x 1 replica",
-                    target=">= 0.90x",
-                    met=ratio >= 0.9,
-                    figures={"req_per_s": rate.per_s, "ratio_to_n_x_one": ratio},
-                    errors=rate.errors,
-                ))
+                rows.append(
+                    Row(
+                        measure=f"{n} replicas, per-replica concurrency bound {bound} each",
+                        hookbus=rps(rate.per_s),
+                        baseline="-",
+                        ratio=f"{ratio:.2f}x of {n} x 1 replica",
+                        target=">= 0.90x",
+                        met=ratio >= 0.9,
+                        figures={"req_per_s": rate.per_s, "ratio_to_n_x_one": ratio},
+                        errors=rate.errors,
+                    )
+                )
             if note := cpu_note(f"{n} replica(s)", rate.cpu):
                 notes.append(note)
         await asyncio.gather(*(p.stop() for p in replicas))
@@ -650,15 +718,15 @@ async def bench_more(url: str, quick: bool) -> tuple[list[Row], list[str]]:
     notes = [
         f"tracing on with metrics too: {tr['ratio_with_metrics']:.2f}x of off",
         "instrumentation with no OTel provider set (in-process emit, 3 handlers): "
-        + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
-                    for k, v in noop.items()),
+        + ", ".join(
+            f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in noop.items()
+        ),
     ]
     return rows, notes
 
 
 def render(rows: list[Row], notes: list[str], header: str, console: Console) -> None:
-    table = Table(title="hookbus vs raw nc.request (same run)", caption=header,
-                  show_lines=False)
+    table = Table(title="hookbus vs raw nc.request (same run)", caption=header, show_lines=False)
     table.add_column("measure", max_width=44)
     table.add_column("hookbus", justify="right", no_wrap=True)
     table.add_column("raw nc.request", justify="right", no_wrap=True)
@@ -669,8 +737,15 @@ def render(rows: list[Row], notes: list[str], header: str, console: Console) -> 
     style = {"MET": "green", "MISSED": "red", "-": "dim"}
     for row in rows:
         st = row.status
-        table.add_row(row.measure, row.hookbus, row.baseline, row.ratio, row.target,
-                      f"[{style.get(st, 'yellow')}]{st}[/]", row.floor)
+        table.add_row(
+            row.measure,
+            row.hookbus,
+            row.baseline,
+            row.ratio,
+            row.target,
+            f"[{style.get(st, 'yellow')}]{st}[/]",
+            row.floor,
+        )
     console.print(table)
     judged = [r for r in rows if r.met is not None]
     met = sum(1 for r in judged if r.met and not r.errors)
@@ -682,15 +757,30 @@ def render(rows: list[Row], notes: list[str], header: str, console: Console) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="short run (~30 s), fewer samples")
-    parser.add_argument("--url", default=None,
-                        help="NATS URL of an existing server (JetStream on); default: embedded")
-    parser.add_argument("--in-flight", type=int, default=None,
-                        help="requests in flight in the throughput rows (default 256)")
-    parser.add_argument("--spread", action="store_true",
-                        help="serve the 3 handlers of the chain / parallel / collect rows from"
-                        " 3 worker processes instead of one")
-    parser.add_argument("--json", dest="json_out", default=None, metavar="PATH",
-                        help="also write the rows and notes as JSON to PATH")
+    parser.add_argument(
+        "--url",
+        default=None,
+        help="NATS URL of an existing server (JetStream on); default: embedded",
+    )
+    parser.add_argument(
+        "--in-flight",
+        type=int,
+        default=None,
+        help="requests in flight in the throughput rows (default 256)",
+    )
+    parser.add_argument(
+        "--spread",
+        action="store_true",
+        help="serve the 3 handlers of the chain / parallel / collect rows from"
+        " 3 worker processes instead of one",
+    )
+    parser.add_argument(
+        "--json",
+        dest="json_out",
+        default=None,
+        metavar="PATH",
+        help="also write the rows and notes as JSON to PATH",
+    )
     args = parser.parse_args()
     # SIGTERM behaves like Ctrl-C: stop the worker processes and the embedded server.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -715,19 +805,27 @@ def main() -> None:
             console.print("[red]interrupted[/red]: worker processes and server stopped")
             sys.exit(130)
     elapsed = time.perf_counter() - t0
-    header = (f"{'quick' if args.quick else 'default'} run, {elapsed:.0f} s; "
-              f"{os.cpu_count()} cores, Python {platform.python_version()}, "
-              f"{'embedded nats-server' if args.url is None else args.url}; "
-              f"handlers and raw responder in separate processes"
-              f"{' (groups spread over 3)' if args.spread else ''}")
+    header = (
+        f"{'quick' if args.quick else 'default'} run, {elapsed:.0f} s; "
+        f"{os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"{'embedded nats-server' if args.url is None else args.url}; "
+        f"handlers and raw responder in separate processes"
+        f"{' (groups spread over 3)' if args.spread else ''}"
+    )
     render(rows, notes, header, console)
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({
-            "header": header,
-            "settings": asdict(s),
-            "rows": [{**asdict(r), "status": r.status} for r in rows],
-            "notes": notes,
-        }, indent=2) + "\n")
+        Path(args.json_out).write_text(
+            json.dumps(
+                {
+                    "header": header,
+                    "settings": asdict(s),
+                    "rows": [{**asdict(r), "status": r.status} for r in rows],
+                    "notes": notes,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -36,10 +36,11 @@ from typing import Any
 import msgspec
 import nats
 import nats.js.errors
+from nats.js.api import KeyValueConfig
+
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import SUSPENSIONS_BUCKET, SuspensionRecord, encode
-from nats.js.api import KeyValueConfig
 
 __all__ = ["bench_suspensions"]
 

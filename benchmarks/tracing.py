@@ -35,8 +35,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hookbus.dispatcher import HookDispatcher
-from hookbus.workers import HookWorker
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import NoOpMeterProvider
 from opentelemetry.metrics import _internal as _metrics_internal
@@ -45,6 +43,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.util._once import Once
+
+from hookbus.dispatcher import HookDispatcher
+from hookbus.workers import HookWorker
 
 __all__ = ["bench_noop_overhead", "bench_tracing"]
 
@@ -305,15 +306,21 @@ def main() -> None:
     t, o = out["tracing"], out["noop_overhead"]
     print(f"emit, chain of 3 remote handlers, n={t['n']} per side")
     print(f"  tracing off  p50 {t['off_p50_ms']:.3f} ms   p95 {t['off_p95_ms']:.3f} ms")
-    print(f"  tracing on   p50 {t['on_p50_ms']:.3f} ms   p95 {t['on_p95_ms']:.3f} ms"
-          f"   ({t['spans_per_emit_agent']:.1f} agent-side spans per emit)")
+    print(
+        f"  tracing on   p50 {t['on_p50_ms']:.3f} ms   p95 {t['on_p95_ms']:.3f} ms"
+        f"   ({t['spans_per_emit_agent']:.1f} agent-side spans per emit)"
+    )
     print(f"  + metrics    p50 {t['all_p50_ms']:.3f} ms   p95 {t['all_p95_ms']:.3f} ms")
-    print(f"  ratio on/off {t['ratio']:.3f}  (target <= {t['target']})  "
-          f"{'MET' if t['met'] else 'MISSED'};  with metrics {t['ratio_with_metrics']:.3f}")
+    print(
+        f"  ratio on/off {t['ratio']:.3f}  (target <= {t['target']})  "
+        f"{'MET' if t['met'] else 'MISSED'};  with metrics {t['ratio_with_metrics']:.3f}"
+    )
     print(f"no-op overhead, in-process emit to 3 handlers, no provider, n={o['n']}")
-    print(f"  unwrapped {o['bare_us']:.2f} us   instrumented {o['instrumented_us']:.2f} us   "
-          f"overhead {o['overhead_us']:+.2f} us  (target < {o['target_us']} us)  "
-          f"{'MET' if o['met'] else 'MISSED'}")
+    print(
+        f"  unwrapped {o['bare_us']:.2f} us   instrumented {o['instrumented_us']:.2f} us   "
+        f"overhead {o['overhead_us']:+.2f} us  (target < {o['target_us']} us)  "
+        f"{'MET' if o['met'] else 'MISSED'}"
+    )
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ MCP server); this worker rewrites every string in ``tool_input`` before the call
 
 It records each change in ``data["redactions"]`` (field path and kind, never the removed
 value), so later handlers and the audit trail can tell what changed; the dispatcher names
-the handler in ``result.modified_by``. The demo runs this worker with 2 replicas: both serve the same queue
-group and share the requests.
+the handler in ``result.modified_by``. The demo runs this worker with 2 replicas: both
+serve the same queue group and share the requests.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 import msgspec
+
 from hookbus.schemas import AGENT_COMPLETE, TOOL_PRE, HookResult
 from hookbus.workers import HookWorker
 

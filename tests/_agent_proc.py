@@ -16,6 +16,7 @@ import sys
 import anyio
 import msgspec
 import nats
+
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import HookbusError
 

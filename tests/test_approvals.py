@@ -14,6 +14,8 @@ from typing import Any
 import anyio
 import pytest
 from anyio.abc import TaskGroup
+from nats.aio.client import Client as NATS
+
 from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher, approval_label
 from hookbus.schemas import (
     AlreadySettledError,
@@ -25,7 +27,6 @@ from hookbus.schemas import (
     hook_event_subject,
 )
 from hookbus.workers import HookWorker
-from nats.aio.client import Client as NATS
 
 pytestmark = pytest.mark.anyio
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import nats
 import pytest
+
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
     SESSION_END,

@@ -21,6 +21,7 @@ import jsonschema
 import nats.js.errors
 import pytest
 from click.testing import CliRunner
+
 from hookbus.cli._main import cli
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (

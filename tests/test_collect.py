@@ -16,10 +16,11 @@ from typing import Any
 
 import anyio
 import pytest
+from nats.aio.client import Client as NATS
+
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import HookResult
 from hookbus.workers import HookWorker
-from nats.aio.client import Client as NATS
 
 pytestmark = pytest.mark.anyio
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import nats
 import nats.js.errors
 import pytest
+
 from hookbus.schemas import handlers_bucket_config
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -15,6 +15,10 @@ from typing import Any
 import anyio
 import nats.js.errors
 import pytest
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js.kv import KeyValue
+
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
     HANDLERS_BUCKET,
@@ -31,9 +35,6 @@ from hookbus.schemas import (
     handlers_bucket_config,
 )
 from hookbus.workers import HookWorker
-from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
-from nats.js.kv import KeyValue
 
 pytestmark = pytest.mark.anyio
 

@@ -12,6 +12,7 @@ import itertools
 from typing import Any
 
 import pytest
+
 from hookbus.dispatcher import Fold, HookDispatcher
 from hookbus.schemas import ContextInjection, HandlerFailure, HookResult
 

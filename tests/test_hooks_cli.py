@@ -16,9 +16,10 @@ import anyio
 import msgspec
 import pytest
 from anyio.abc import TaskGroup
+from nats.aio.client import Client as NATS
+
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import HookbusError, HookCancelledError, HookPart, HookResult
-from nats.aio.client import Client as NATS
 
 pytestmark = pytest.mark.anyio
 

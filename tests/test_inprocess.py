@@ -11,6 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
+
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import HandlerFailure, HookResult, UnknownEventError
 

@@ -7,12 +7,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _otlp_receiver import OtlpReceiver
 from opentelemetry import trace
 from opentelemetry.metrics import _internal as metrics_internal
 from opentelemetry.util._once import Once
 from rich.console import Console
 
-from _otlp_receiver import OtlpReceiver
 from hookbus.cli import _otel
 from hookbus.cli._otel import configure_otel, otel_session, print_denied_trace, render_trace_tree
 from hookbus.dispatcher import HookDispatcher

@@ -28,6 +28,8 @@ import nats
 import pytest
 from anyio.abc import Process, TaskGroup
 from anyio.streams.text import TextReceiveStream
+from nats.aio.client import Client as NATS
+
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
@@ -44,7 +46,6 @@ from hookbus.schemas import (
     suspension_key,
 )
 from hookbus.workers import HookWorker
-from nats.aio.client import Client as NATS
 
 pytestmark = pytest.mark.anyio
 

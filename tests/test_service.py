@@ -12,6 +12,7 @@ from typing import Any
 
 import nats.errors
 import pytest
+
 from hookbus.dispatcher import DispatcherService, HookDispatcher
 from hookbus.schemas import (
     CollectReply,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from hookbus.schemas import (
     APPROVALS_BUCKET,
     COLLECT_SERVICE_WILDCARD,

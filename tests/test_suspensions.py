@@ -17,6 +17,8 @@ import msgspec
 import pydantic
 import pytest
 from anyio.abc import TaskGroup
+from nats.aio.client import Client as NATS
+
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
     AlreadySettledError,
@@ -36,7 +38,6 @@ from hookbus.schemas import (
     label_from_key,
     suspension_key,
 )
-from nats.aio.client import Client as NATS
 
 pytestmark = pytest.mark.anyio
 

@@ -22,11 +22,11 @@ from typing import Any
 
 import anyio
 import pytest
+from _otlp_receiver import OtlpReceiver, ReceivedSpan
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanContext, SpanKind
 
-from _otlp_receiver import OtlpReceiver, ReceivedSpan
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
     EmitReply,
@@ -49,7 +49,9 @@ P = os.environ["HOOKBUS_TEST_PREFIX"]
 worker = HookWorker()
 """
 
-WORKER_A = WORKER_HEAD + '''
+WORKER_A = (
+    WORKER_HEAD
+    + """
 @worker.handler(f"{P}:deny", priority=1)
 async def redact(event, data):
     return HookResult(action="modify", data={**data, "redacted": True})
@@ -65,9 +67,12 @@ async def flaky(event, data):
 @worker.handler(f"{P}:approval", priority=1)
 async def ask(event, data):
     return HookResult(action="ask_user", approval_prompt="Run rm?", approval_timeout=30)
-'''
+"""
+)
 
-WORKER_B = WORKER_HEAD + '''
+WORKER_B = (
+    WORKER_HEAD
+    + """
 @worker.handler(f"{P}:deny", priority=2)
 async def security(event, data):
     if data.get("tool_name") == "bash":
@@ -85,7 +90,8 @@ async def fine(event, data):
 @worker.handler(f"{P}:closed", priority=1, failure_policy="deny")
 async def broken(event, data):
     raise RuntimeError("policy engine crashed")
-'''
+"""
+)
 
 
 class Proc:
@@ -397,4 +403,3 @@ async def test_metrics_are_exported_by_every_process(fleet, nc, agent_tracer) ->
     denies = [p for p in points if p.name == tn.METRIC_DECISIONS
               and p.attributes == {tn.EVENT: event, tn.ACTION: "deny"}]  # fmt: skip
     assert denies and denies[-1].value >= 1  # cumulative
-

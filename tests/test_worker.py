@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio
 import pytest
+
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
     HANDLERS_BUCKET,

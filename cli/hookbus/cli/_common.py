@@ -58,7 +58,9 @@ async def connect(url: str, *, name: str, service: bool = False) -> NATS:
     servers = [s.strip() for s in url.split(",") if s.strip()]
     for server in servers:
         if "://" not in server:
-            raise click.BadParameter(f"{server!r} is not a NATS URL (nats://host:port)", param_hint="--url")
+            raise click.BadParameter(
+                f"{server!r} is not a NATS URL (nats://host:port)", param_hint="--url"
+            )
 
     async def on_error(exc: Exception) -> None:
         log.warning("NATS: %s", exc)

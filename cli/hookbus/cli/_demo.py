@@ -37,6 +37,11 @@ import click
 import msgspec
 import nats.errors
 import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.js.kv import KeyValue
+from rich.console import Console
+from rich.table import Table
+
 from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher
 from hookbus.schemas import (
     Action,
@@ -47,10 +52,6 @@ from hookbus.schemas import (
     handlers_bucket_config,
 )
 from hookbus.workers import HookWorker
-from nats.aio.client import Client as NATS
-from nats.js.kv import KeyValue
-from rich.console import Console
-from rich.table import Table
 
 from ._common import connect, load_object
 
@@ -711,7 +712,9 @@ async def _terminal_approver(url: str, console: Console, *, enabled: bool) -> As
                     options = list(hook.metadata.get("options") or ["Allow", "Deny"])
                     console.print(f"\n[bold]approval needed[/]: {hook.metadata.get('prompt')}")
                     choice = await anyio.to_thread.run_sync(
-                        lambda: click.prompt("answer", type=click.Choice(options), default=options[0])
+                        lambda opts=options: click.prompt(  # type: ignore[misc]
+                            "answer", type=click.Choice(opts), default=opts[0]
+                        )
                     )
                     with contextlib.suppress(HookbusError):
                         await hooks.resolve_hook(hook.label, {"choice": choice})

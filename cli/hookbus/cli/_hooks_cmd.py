@@ -44,8 +44,11 @@ async def _require(d: HookDispatcher, label: str) -> SuspensionRecord:
 
 def _state(r: SuspensionRecord) -> str:
     if r.status == "resolved":
-        return "resolved, consumed" if r.consumed else (
-            "pre-registered" if r.preregistered else "resolved")
+        return (
+            "resolved, consumed"
+            if r.consumed
+            else ("pre-registered" if r.preregistered else "resolved")
+        )
     if r.status == "pending":
         return "pending" if r.attached else "pending (no waiter)"
     return "cancelled"
@@ -67,8 +70,9 @@ def hooks_list(url: str | None, as_json: bool) -> None:
         return
     table = Table("label", "state", "hook id", "run", "metadata", title="hooks")
     for r in records:
-        table.add_row(r.label, _state(r), r.hook_id[:12], r.run_id or "",
-                      json.dumps(r.metadata)[:80])
+        table.add_row(
+            r.label, _state(r), r.hook_id[:12], r.run_id or "", json.dumps(r.metadata)[:80]
+        )
     Console().print(table)
 
 
@@ -85,14 +89,19 @@ def hooks_show(label: str, url: str | None) -> None:
 @click.argument("label")
 @click.argument("value", metavar="JSON")
 @url_option
-@click.option("--preregister", is_flag=True,
-              help="Store the resolution even if no hook with this label exists yet.")
+@click.option(
+    "--preregister",
+    is_flag=True,
+    help="Store the resolution even if no hook with this label exists yet.",
+)
 def hooks_resolve(label: str, value: str, url: str | None, preregister: bool) -> None:
     """Resolve LABEL with a JSON value (checked against the hook's payload schema)."""
     try:
         data: Any = json.loads(value)
     except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"value is not valid JSON: {exc.msg} at column {exc.colno}") from exc
+        raise click.BadParameter(
+            f"value is not valid JSON: {exc.msg} at column {exc.colno}"
+        ) from exc
 
     async def resolve(d: HookDispatcher) -> None:
         if not preregister:
@@ -134,13 +143,19 @@ async def _pending_approvals(d: HookDispatcher) -> list[SuspensionRecord]:
 def approvals_list(url: str | None) -> None:
     """Pending approvals with prompt, options, handler and tool."""
     records = _with_dispatcher(url, _pending_approvals)
-    table = Table("label", "prompt", "options", "handler", "tool", "default",
-                  title="pending approvals")
+    table = Table(
+        "label", "prompt", "options", "handler", "tool", "default", title="pending approvals"
+    )
     for r in records:
         m = r.metadata
-        table.add_row(r.label, str(m.get("prompt", "")), " / ".join(m.get("options", [])),
-                      str(m.get("handler", "")), str(m.get("tool_name", "")),
-                      str(m.get("default", "")))
+        table.add_row(
+            r.label,
+            str(m.get("prompt", "")),
+            " / ".join(m.get("options", [])),
+            str(m.get("handler", "")),
+            str(m.get("tool_name", "")),
+            str(m.get("default", "")),
+        )
     Console().print(table)
 
 

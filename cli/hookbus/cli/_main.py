@@ -46,8 +46,13 @@ __all__ = ["cli", "main"]
 
 
 @click.group()
-@click.option("--log-level", default="warning", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]), help="Logging level.")
+@click.option(
+    "--log-level",
+    default="warning",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    help="Logging level.",
+)
 @click.version_option(package_name="hookbus")
 def cli(log_level: str) -> None:
     """hookbus: a distributed hook dispatcher for AI agent fleets, on NATS."""
@@ -56,8 +61,13 @@ def cli(log_level: str) -> None:
 
 @cli.command()
 @click.option("--port", default=4222, show_default=True, help="Client port (-1: any free port).")
-@click.option("--data-dir", default=".hookbus/nats", show_default=True,
-              type=click.Path(file_okay=False), help="JetStream store (kept across runs).")
+@click.option(
+    "--data-dir",
+    default=".hookbus/nats",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="JetStream store (kept across runs).",
+)
 def server(port: int, data_dir: str) -> None:
     """Run the embedded nats-server (JetStream on) in the foreground, for development."""
     srv = EmbeddedNatsServer(data_dir, port=port)
@@ -75,8 +85,12 @@ def server(port: int, data_dir: str) -> None:
 @click.argument("target", metavar="MODULE:ATTR")
 @url_option
 @otlp_option
-@click.option("--max-concurrency", default=256, show_default=True,
-              help="Requests handled at once by this process.")
+@click.option(
+    "--max-concurrency",
+    default=256,
+    show_default=True,
+    help="Requests handled at once by this process.",
+)
 def worker(target: str, url: str | None, otlp_endpoint: str | None, max_concurrency: int) -> None:
     """Serve the HookWorker at MODULE:ATTR (or path/to/file.py:ATTR) until SIGTERM/SIGINT,
     then drain: every request received is answered."""
@@ -92,8 +106,11 @@ def worker(target: str, url: str | None, otlp_endpoint: str | None, max_concurre
         finally:
             await drain_or_close(nc)
 
-    with nats_url_or_embedded(url) as nats_url, otel_session(
-        "hookbus-worker", otlp_endpoint, resource_attributes={"hookbus.worker.target": target}
+    with (
+        nats_url_or_embedded(url) as nats_url,
+        otel_session(
+            "hookbus-worker", otlp_endpoint, resource_attributes={"hookbus.worker.target": target}
+        ),
     ):
         _run(run(nats_url))
 
@@ -101,8 +118,12 @@ def worker(target: str, url: str | None, otlp_endpoint: str | None, max_concurre
 @cli.command("dispatcher")
 @url_option
 @otlp_option
-@click.option("--max-concurrency", default=512, show_default=True,
-              help="Emit requests served at once by this replica.")
+@click.option(
+    "--max-concurrency",
+    default=512,
+    show_default=True,
+    help="Emit requests served at once by this replica.",
+)
 def dispatcher_cmd(url: str | None, otlp_endpoint: str | None, max_concurrency: int) -> None:
     """Serve emit / emit_and_collect on hookbus.v1.emit.<event> and
     hookbus.v1.emit_and_collect.<event> (queue group hookbus-dispatcher)."""
@@ -132,10 +153,14 @@ def dispatcher_cmd(url: str | None, otlp_endpoint: str | None, max_concurrency: 
 @url_option
 @click.option("--collect", is_flag=True, help="emit_and_collect instead of emit.")
 @click.option("--timeout", default=1.0, show_default=True, help="emit_and_collect timeout, s.")
-@click.option("--allow-unknown", is_flag=True,
-              help="Emit even if the event is neither standard nor has a declared handler.")
-def emit(event: str, data: str, url: str | None, collect: bool, timeout: float,
-         allow_unknown: bool) -> None:
+@click.option(
+    "--allow-unknown",
+    is_flag=True,
+    help="Emit even if the event is neither standard nor has a declared handler.",
+)
+def emit(
+    event: str, data: str, url: str | None, collect: bool, timeout: float, allow_unknown: bool
+) -> None:
     """Emit EVENT with JSON data through a dispatcher in this process; print the result."""
     payload = parse_json_object(data, what="JSON data")
 
@@ -163,11 +188,18 @@ def emit(event: str, data: str, url: str | None, collect: bool, timeout: float,
 @cli.command()
 @url_option
 @click.option("--event", default=None, help="Only this event.")
-@click.option("--remove", "remove", nargs=2, default=None, metavar="EVENT NAME",
-              help="Delete a handler's declaration from the registry.")
+@click.option(
+    "--remove",
+    "remove",
+    nargs=2,
+    default=None,
+    metavar="EVENT NAME",
+    help="Delete a handler's declaration from the registry.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def handlers(url: str | None, event: str | None, remove: tuple[str, str] | None,
-             as_json: bool) -> None:
+def handlers(
+    url: str | None, event: str | None, remove: tuple[str, str] | None, as_json: bool
+) -> None:
     """List the handlers declared in the registry bucket, in call order."""
 
     async def run(nats_url: str) -> list[HandlerDeclaration]:
@@ -178,7 +210,9 @@ def handlers(url: str | None, event: str | None, remove: tuple[str, str] | None,
                 try:
                     await kv.get(handler_key(*remove))
                 except nats.js.errors.KeyNotFoundError:
-                    raise click.ClickException(f"no handler {remove[1]!r} for {remove[0]!r}") from None
+                    raise click.ClickException(
+                        f"no handler {remove[1]!r} for {remove[0]!r}"
+                    ) from None
                 await kv.delete(handler_key(*remove))
                 click.echo(f"removed {remove[1]} from {remove[0]}")
             try:
@@ -199,22 +233,42 @@ def handlers(url: str | None, event: str | None, remove: tuple[str, str] | None,
 
     with nats_url_or_embedded(url) as nats_url:
         decls = _run(run(nats_url))
-    decls = sorted((d for d in decls if event in (None, d.event)),
-                   key=lambda d: (d.event, d.priority, d.name))
+    decls = sorted(
+        (d for d in decls if event in (None, d.event)), key=lambda d: (d.event, d.priority, d.name)
+    )
     if as_json:
         click.echo(json.dumps([to_builtins(d) for d in decls], indent=2))
         return
-    table = Table("event", "priority", "handler", "tool filter", "timeout s", "policy", "parallel",
-                  title="declared handlers")
+    table = Table(
+        "event",
+        "priority",
+        "handler",
+        "tool filter",
+        "timeout s",
+        "policy",
+        "parallel",
+        title="declared handlers",
+    )
     for d in decls:
-        table.add_row(d.event, str(d.priority), d.name, ",".join(d.tool_filter or ["*"]),
-                      f"{d.timeout_s:g}", d.failure_policy, "yes" if d.parallel else "")
+        table.add_row(
+            d.event,
+            str(d.priority),
+            d.name,
+            ",".join(d.tool_filter or ["*"]),
+            f"{d.timeout_s:g}",
+            d.failure_policy,
+            "yes" if d.parallel else "",
+        )
     Console().print(table)
 
 
 @cli.command()
-@click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None,
-              help="Write to this file instead of stdout.")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    help="Write to this file instead of stdout.",
+)
 def schema(out: str | None) -> None:
     """Write the JSON Schema of every wire type (to write a worker in any language)."""
     text = json.dumps(json_schemas(), indent=2)
@@ -227,13 +281,18 @@ def schema(out: str | None) -> None:
 
 @cli.command()
 @url_option
-@click.option("--examples-dir", type=click.Path(file_okay=False, exists=True), default=None,
-              help="Folder with the example workers and transcript (default: ./examples, "
-              "else the one beside this installation's sources).")
+@click.option(
+    "--examples-dir",
+    type=click.Path(file_okay=False, exists=True),
+    default=None,
+    help="Folder with the example workers and transcript (default: ./examples, "
+    "else the one beside this installation's sources).",
+)
 @click.option("--interactive", is_flag=True, help="Answer approvals in the terminal.")
 @otlp_option
-def demo(url: str | None, examples_dir: str | None, interactive: bool,
-         otlp_endpoint: str | None) -> None:
+def demo(
+    url: str | None, examples_dir: str | None, interactive: bool, otlp_endpoint: str | None
+) -> None:
     """Run a fleet of agents whose tool calls are decided by remote hook workers; print the
     decision table; exit 1 if any decision differs from the transcript's expectation."""
     from ._demo import demo_main, find_examples_dir

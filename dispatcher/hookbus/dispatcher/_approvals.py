@@ -25,7 +25,6 @@ import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
 
-from hookbus.schemas import _telemetry_names as tn
 from hookbus.schemas import (
     APPROVAL_DEFAULT_OPTIONS,
     ApprovalAnswer,
@@ -36,9 +35,9 @@ from hookbus.schemas import (
     approvals_bucket_config,
     encode,
 )
+from hookbus.schemas import _telemetry_names as tn
 
 from ._suspensions import Suspensions
-
 
 __all__ = ["APPROVAL_LABEL_PREFIX", "Approvals", "approval_label", "is_allow"]
 
@@ -91,7 +90,9 @@ class Approvals:
         with contextlib.suppress(nats.js.errors.KeyNotFoundError):
             entry = await self._always.get(grant)
             if entry.value:
-                return self._answer(result, allow=True, reason=f"allowed always in session {session}")
+                return self._answer(
+                    result, allow=True, reason=f"allowed always in session {session}"
+                )
         options = list(result.approval_options or APPROVAL_DEFAULT_OPTIONS)
         metadata = {
             "kind": "approval",
@@ -120,8 +121,11 @@ class Approvals:
                 schema=schema,
                 shared=True,  # a retried emit (dispatcher restart) takes over the same approval
                 kind="approval",
-                span_attributes={tn.HANDLER: handler, tn.GEN_AI_TOOL_NAME: tool,
-                                 tn.GEN_AI_CONVERSATION_ID: session},
+                span_attributes={
+                    tn.HANDLER: handler,
+                    tn.GEN_AI_TOOL_NAME: tool,
+                    tn.GEN_AI_CONVERSATION_ID: session,
+                },
             )
         except HookTimeoutError:
             allow = result.approval_default == "allow"

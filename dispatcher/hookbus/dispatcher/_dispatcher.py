@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import os
 import itertools
 import logging
+import os
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -19,7 +19,6 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from hookbus.schemas import (
-    PayloadTooLargeError,
     STANDARD_EVENTS,
     EventEnvelope,
     FailurePolicy,
@@ -27,6 +26,7 @@ from hookbus.schemas import (
     HookReply,
     HookResult,
     NotConnectedError,
+    PayloadTooLargeError,
     StandardEvents,
     UnknownEventError,
     collect_reply_subject,
@@ -233,7 +233,7 @@ class HookDispatcher(StandardEvents):
             return decorator
         route = Route.make(
             event=event,
-            name=name or getattr(handler, "__name__", "handler"),
+            name=name or str(getattr(handler, "__name__", "handler")),
             priority=priority,
             timeout_s=timeout_s,
             failure_policy=failure_policy,
@@ -312,7 +312,9 @@ class HookDispatcher(StandardEvents):
                 if routes[i].matches(fold.data):
                     group.append(routes[i])
                 i += 1
-            for route, outcome in zip(group, await self._call_group(group, ctx, fold.data)):
+            for route, outcome in zip(
+                group, await self._call_group(group, ctx, fold.data), strict=True
+            ):
                 denied = self._fold_one(fold, route, outcome)
                 if denied is not None:
                     return denied
@@ -366,7 +368,9 @@ class HookDispatcher(StandardEvents):
                 if outcome.data is not None:
                     responses.append(outcome.data)
             elif outcome is None:
-                log.warning("handler %r gave no answer to %r within %ss", route.name, event, timeout)
+                log.warning(
+                    "handler %r gave no answer to %r within %ss", route.name, event, timeout
+                )
             else:
                 log.warning("handler %r failed on %r: %s", route.name, event, outcome.message)
         return responses
@@ -532,4 +536,3 @@ class _EmitContext:
             session_id=self.session_id,
             emitted_at=self.emitted_at,
         )
-

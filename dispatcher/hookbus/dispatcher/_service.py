@@ -104,7 +104,9 @@ class DispatcherService:
         self._running = False
         self._draining = True
         for sub in self._subs:
-            with contextlib.suppress(nats.errors.ConnectionClosedError, nats.errors.BadSubscriptionError):
+            with contextlib.suppress(
+                nats.errors.ConnectionClosedError, nats.errors.BadSubscriptionError
+            ):
                 await sub.drain()
         self._subs.clear()
         while self._tasks:
@@ -112,7 +114,9 @@ class DispatcherService:
         await self._dispatcher.close()
         self._stopped.set()
 
-    def _spawner(self, handle: Callable[[Msg], Awaitable[bytes]]) -> Callable[[Msg], Awaitable[None]]:
+    def _spawner(
+        self, handle: Callable[[Msg], Awaitable[bytes]]
+    ) -> Callable[[Msg], Awaitable[None]]:
         async def on_message(msg: Msg) -> None:
             await self._limiter.acquire()
             task = asyncio.create_task(self._serve(handle, msg))
@@ -148,7 +152,9 @@ class DispatcherService:
         try:
             event = event_from_service_subject(msg.subject)
             req = decode(msg.data, EmitRequest)
-            ids = {k: v for k, v in (("agent_id", req.agent_id), ("session_id", req.session_id)) if v}
+            ids = {
+                k: v for k, v in (("agent_id", req.agent_id), ("session_id", req.session_id)) if v
+            }
             result = await self._dispatcher.emit(event, {**ids, **req.data})
             return encode(EmitReply(result=result))
         except HookbusError as exc:

@@ -182,7 +182,9 @@ class Suspensions:
         self._validators: dict[bytes, jsonschema.protocols.Validator] = {}
 
     @classmethod
-    async def open(cls, nc: NATS, *, ttl_s: float = 7 * 24 * 3600, replicas: int = 1) -> Suspensions:
+    async def open(
+        cls, nc: NATS, *, ttl_s: float = 7 * 24 * 3600, replicas: int = 1
+    ) -> Suspensions:
         js = nc.jetstream()
         config = suspensions_bucket_config(ttl_s=ttl_s, replicas=replicas)
         try:
@@ -631,7 +633,9 @@ def _settled(record: SuspensionRecord) -> str:
 def _check(record: SuspensionRecord, data: Any, validator: jsonschema.protocols.Validator) -> None:
     error = jsonschema.exceptions.best_match(validator.iter_errors(data))
     if error is not None:
-        path = "$" + "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+        path = "$" + "".join(
+            f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path
+        )
         raise ResolutionRejectedError(
             f"resolution for {record.label!r} does not fit {record.payload_type or 'its schema'}:"
             f" {error.message} at {path}"

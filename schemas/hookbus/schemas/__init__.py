@@ -7,11 +7,11 @@ from ._errors import (
     BadRequestError,
     DuplicateHookError,
     HookAbortedError,
+    HookbusError,
+    HookbusTimeoutError,
     HookCancelledError,
     HookNotFoundError,
     HookTimeoutError,
-    HookbusError,
-    HookbusTimeoutError,
     NotConnectedError,
     PayloadTooLargeError,
     RemoteError,
@@ -24,10 +24,10 @@ from ._events import *  # noqa: F403  (the standard event constants)
 from ._events import __all__ as _event_names
 from ._result import to_hook_result
 from ._subjects import (
+    APPROVALS_BUCKET,
     COLLECT_SERVICE_WILDCARD,
     DISPATCHER_QUEUE_GROUP,
     EMIT_SERVICE_WILDCARD,
-    APPROVALS_BUCKET,
     HANDLERS_BUCKET,
     HOOK_EVENTS_WILDCARD,
     SUBJECT_PREFIX,

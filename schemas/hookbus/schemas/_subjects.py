@@ -24,15 +24,15 @@ from typing import Final
 from ._errors import BadRequestError
 
 __all__ = [
+    "APPROVALS_BUCKET",
     "COLLECT_SERVICE_WILDCARD",
     "DISPATCHER_QUEUE_GROUP",
     "EMIT_SERVICE_WILDCARD",
-    "APPROVALS_BUCKET",
     "HANDLERS_BUCKET",
     "HOOK_EVENTS_WILDCARD",
-    "SUSPENSIONS_BUCKET",
     "MAX_NAME_LENGTH",
     "SUBJECT_PREFIX",
+    "SUSPENSIONS_BUCKET",
     "always_allow_key",
     "collect_reply_subject",
     "collect_service_subject",
@@ -42,12 +42,12 @@ __all__ = [
     "encode_token",
     "event_from_service_subject",
     "handler_key",
-    "hook_event_subject",
-    "label_from_key",
-    "suspension_key",
     "handler_queue_group",
     "handler_subject",
+    "hook_event_subject",
+    "label_from_key",
     "parse_handler_key",
+    "suspension_key",
     "validate_name",
 ]
 

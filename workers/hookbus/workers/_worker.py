@@ -209,14 +209,18 @@ class HookWorker:
         await nc_.flush()
         js = nc_.jetstream()
         try:
-            kv = await js.create_key_value(config=handlers_bucket_config(replicas=self._bucket_replicas))
+            kv = await js.create_key_value(
+                config=handlers_bucket_config(replicas=self._bucket_replicas)
+            )
         except nats.js.errors.BadRequestError:
             kv = await js.key_value(handlers_bucket_config().bucket)
         for spec in self._specs.values():
             decl = spec.declaration
             await kv.put(handler_key(decl.event, decl.name), encode(decl))
         self._state = "serving"
-        log.info("serving %d handler(s): %s", len(self._specs), ", ".join(n for _, n in self._specs))
+        log.info(
+            "serving %d handler(s): %s", len(self._specs), ", ".join(n for _, n in self._specs)
+        )
 
     async def run(self, nc: NATS | None = None, *, handle_signals: bool = False) -> None:
         """Start (if needed) and serve until `shutdown`; then return, drained.
@@ -257,7 +261,9 @@ class HookWorker:
             return
         self._state = "draining"
         for sub in self._subs:
-            with contextlib.suppress(nats.errors.ConnectionClosedError, nats.errors.BadSubscriptionError):
+            with contextlib.suppress(
+                nats.errors.ConnectionClosedError, nats.errors.BadSubscriptionError
+            ):
                 await sub.drain()
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
@@ -318,9 +324,13 @@ class HookWorker:
             envelope = decode(msg.data, EventEnvelope)
         except WireFormatError as exc:
             log.warning("bad request on %s: %s", msg.subject, exc)
-            return HookReply(handler=decl.name, error=WireError(code="bad_request", message=str(exc)))
+            return HookReply(
+                handler=decl.name, error=WireError(code="bad_request", message=str(exc))
+            )
         if envelope.deadline is not None and envelope.deadline < time.time():
-            log.info("dropping %s %s: its deadline passed before it started", decl.name, envelope.id)
+            log.info(
+                "dropping %s %s: its deadline passed before it started", decl.name, envelope.id
+            )
             return None  # the dispatcher has given up on it already
         try:
             async with asyncio.timeout(decl.timeout_s):  # cheaper than anyio's on this path
@@ -344,7 +354,9 @@ class HookWorker:
         try:
             result = to_hook_result(raw)
         except HookbusError as exc:
-            return HookReply(handler=decl.name, error=WireError(code="bad_result", message=str(exc)))
+            return HookReply(
+                handler=decl.name, error=WireError(code="bad_result", message=str(exc))
+            )
         return HookReply(handler=decl.name, result=result)
 
     async def _respond(self, msg: Msg, reply: HookReply) -> None:
