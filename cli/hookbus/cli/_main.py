@@ -97,7 +97,7 @@ def worker(target: str, url: str | None, otlp_endpoint: str | None, max_concurre
     obj = load_object(target)
     if not isinstance(obj, HookWorker):
         raise click.BadParameter(f"{target} is a {type(obj).__name__}, not a HookWorker")
-    obj._max_concurrency = max_concurrency
+    obj.max_concurrency = max_concurrency
 
     async def run(nats_url: str) -> None:
         nc = await connect(nats_url, name=f"hookbus-worker {target}", service=True)

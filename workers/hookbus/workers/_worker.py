@@ -86,7 +86,8 @@ class HookWorker:
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
         self._nc = nc
-        self._max_concurrency = max_concurrency
+        self.max_concurrency = max_concurrency
+        """Requests handled at once by this process; may be changed before `start`."""
         self._bucket_replicas = bucket_replicas
         self._specs: dict[tuple[str, str], HandlerSpec] = {}
         self._subs: list[Subscription] = []
@@ -197,7 +198,7 @@ class HookWorker:
         if not self._specs:
             raise ValueError("this worker has no handlers")
         nc_ = self._nc
-        self._limiter = asyncio.Semaphore(self._max_concurrency)
+        self._limiter = asyncio.Semaphore(self.max_concurrency)
         self._stopped = asyncio.Event()
         for spec in self._specs.values():
             decl = spec.declaration
