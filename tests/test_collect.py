@@ -9,18 +9,17 @@ expected handler has answered.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 import pytest
+from _serving import serving
 from nats.aio.client import Client as NATS
 
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import HookResult
-from hookbus.workers import HookWorker
 
 pytestmark = pytest.mark.anyio
 
@@ -38,17 +37,6 @@ def answer(
 
     handler.__name__ = name
     return handler
-
-
-@contextlib.asynccontextmanager
-async def serving(
-    conn: NATS, *handlers: tuple[str, Callable[..., Any], dict[str, Any]]
-) -> AsyncIterator[HookWorker]:
-    w = HookWorker(conn)
-    for event, fn, options in handlers:
-        w.add_handler(event, fn, **options)
-    async with w:
-        yield w
 
 
 async def test_collect_remote_and_local_in_priority_order_data_as_given(

@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import nats.js.errors
 import pytest
+from _serving import serving
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
@@ -75,18 +76,6 @@ def trail(name: str) -> Callable[..., Awaitable[HookResult]]:
 
     handler.__name__ = name
     return handler
-
-
-@contextlib.asynccontextmanager
-async def serving(
-    conn: NATS, *handlers: tuple[str, Callable[..., Any], dict[str, Any]]
-) -> AsyncIterator[HookWorker]:
-    """A started `HookWorker` on `conn` with `(event, fn, options)` handlers."""
-    w = HookWorker(conn)
-    for event, fn, options in handlers:
-        w.add_handler(event, fn, **options)
-    async with w:
-        yield w
 
 
 # -- priority order across processes ------------------------------------------------------

@@ -196,7 +196,6 @@ PUBLIC_API: dict[str, set[str]] = {
         "HookbusTimeoutError",
         "NotConnectedError",
         "PayloadTooLargeError",
-        "RemoteError",
         "ResolutionRejectedError",
         "StandardEvents",
         "SuspensionError",
@@ -289,7 +288,6 @@ def test_errors_share_one_root() -> None:
         "HookbusTimeoutError",
         "NotConnectedError",
         "PayloadTooLargeError",
-        "RemoteError",
         "UnknownEventError",
         "WireFormatError",
     ):

@@ -517,15 +517,22 @@ def _with_timeout(route: Route, timeout_s: float) -> Route:
 class _EmitContext:
     """What every handler call of one emit shares: its id, event and start time."""
 
-    __slots__ = ("agent_id", "emitted_at", "event", "id", "session_id")
+    __slots__ = ("_id", "agent_id", "emitted_at", "event", "session_id")
 
     def __init__(self, event: str, data: dict[str, Any]) -> None:
         self.event = event
-        self.id = os.urandom(16).hex()  # 32 hex digits, like uuid4().hex at a seventh the cost
+        self._id = ""
         self.emitted_at = time.time()
         agent, session = data.get("agent_id"), data.get("session_id")
         self.agent_id = agent if isinstance(agent, str) else None
         self.session_id = session if isinstance(session, str) else None
+
+    @property
+    def id(self) -> str:
+        """The emit's id, made on first use: an in-process-only emit never needs one."""
+        if not self._id:
+            self._id = os.urandom(16).hex()  # 32 hex digits, like uuid4().hex, cheaper
+        return self._id
 
     def envelope(self, data: dict[str, Any]) -> EventEnvelope:
         return EventEnvelope(

@@ -19,7 +19,7 @@ from typing import Any
 
 from hookbus.schemas import FailurePolicy, HandlerDeclaration
 
-__all__ = ["LocalHandler", "Route", "RoutingTable", "parallel_groups"]
+__all__ = ["LocalHandler", "Route", "RoutingTable"]
 
 LocalHandler = Callable[[str, dict[str, Any]], Awaitable[Any]]
 """amplifier-core's handler signature: ``async def handler(event, data) -> HookResult``."""
@@ -105,18 +105,6 @@ class Route:
             tool_filter=decl.tool_filter,
             subject=decl.subject,
         )
-
-
-def parallel_groups(routes: Iterable[Route]) -> list[list[Route]]:
-    """Split routes (in order) into runs: each adjacent run of parallel routes is one
-    group, every sequential route is a group of its own."""
-    groups: list[list[Route]] = []
-    for route in routes:
-        if route.parallel and groups and groups[-1][-1].parallel:
-            groups[-1].append(route)
-        else:
-            groups.append([route])
-    return groups
 
 
 class RoutingTable:

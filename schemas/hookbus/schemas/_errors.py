@@ -18,7 +18,6 @@ __all__ = [
     "HookbusTimeoutError",
     "NotConnectedError",
     "PayloadTooLargeError",
-    "RemoteError",
     "ResolutionRejectedError",
     "SuspensionError",
     "UnknownEventError",
@@ -52,19 +51,6 @@ class UnknownEventError(BadRequestError):
 
 class PayloadTooLargeError(BadRequestError):
     """The encoded message exceeds the server's `max_payload` (bytes)."""
-
-
-class RemoteError(HookbusError):
-    """A hookbus service answered with a structured error (`WireError`).
-
-    Attributes:
-        code: the wire error code, e.g. ``"unknown_event"`` or ``"bad_request"``.
-    """
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
 
 
 class SuspensionError(HookbusError):
