@@ -68,7 +68,7 @@ BAD_BODIES = [
     (b'{"id": 7, "event": "e", "data": {}}', "$.id"),
     (b'{"id": "a", "event": "e", "data": []}', "$.data"),
     (b'{"id": "a", "event": "e"}', "missing required field `data`"),
-    (b'{"id": "a", "event": "e", "data": {}, "deadline": "soon"}', "$.deadline"),
+    (b'{"id": "a", "event": "e", "data": {}, "budget_s": "soon"}', "$.budget_s"),
     ("\ud800".encode("utf-8", "surrogatepass"), "invalid"),
 ]
 

@@ -103,7 +103,7 @@ SAMPLES = [
         agent_id="a",
         session_id="s",
         emitted_at=1.5,
-        deadline=2.5,
+        budget_s=2.5,
     ),
     EventEnvelope(id="e2", event="x", data={}),
     HookResult(),

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,7 +87,7 @@ async def call_remote(
     if not nc.is_connected:  # reconnecting: fail now, not after the handler's timeout
         return Failed("error", "not connected to NATS (reconnecting); the request was not sent")
     timeout_s = route.timeout_s or 5.0
-    envelope.deadline = time.time() + timeout_s
+    envelope.budget_s = timeout_s
     payload = encode(envelope)
     if len(payload) > nc.max_payload:
         raise PayloadTooLargeError(

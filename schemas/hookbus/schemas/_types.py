@@ -118,17 +118,28 @@ class EventEnvelope(_Wire):
     agent_id: str | None = None
     session_id: str | None = None
     emitted_at: float = 0.0
-    """When the emit started: seconds since the Unix epoch."""
-    deadline: float | None = None
-    """When the dispatcher stops waiting for this handler: seconds since the Unix epoch."""
+    """When the emit started: seconds since the Unix epoch (informational only: clocks of
+    different hosts disagree, so no decision is taken on it)."""
+    budget_s: float | None = None
+    """Seconds the caller still waits for this call, measured when it was sent. The worker
+    computes its own deadline on receipt (receipt + `budget_s`, on its monotonic clock) and
+    never runs past it, so a skewed wall clock on either side changes nothing."""
+    attempt: int = 1
+    """1 for the first request of this handler call, 2+ for a hedged retry."""
 
 
 class WireError(_Wire):
     """A structured error reply. `code` is one of ``bad_request``, ``unknown_event``,
-    ``payload_too_large``, ``handler_error``, ``bad_result``, ``not_ready``, ``internal``."""
+    ``payload_too_large``, ``handler_error``, ``handler_timeout``, ``bad_result``,
+    ``not_ready``, ``busy`` (over the concurrency bound: refused at once),
+    ``unavailable`` (shutting down), ``deadline_exceeded`` (the caller's budget ran out
+    before the work could start), ``internal``."""
 
     code: str
     message: str
+    retryable: bool = False
+    """True when the same request may succeed if sent again (``busy``, ``unavailable``,
+    ``deadline_exceeded``): nothing was run."""
 
 
 class HookReply(_Wire):
@@ -158,8 +169,12 @@ class HandlerDeclaration(_Wire):
     failure_policy: FailurePolicy = "ignore"
     parallel: bool = False
     """May run concurrently with adjacent parallel handlers; may not modify."""
+    retry_safe: bool = False
+    """Running it twice for one call is harmless (it has no side effects, or they are
+    idempotent): the dispatcher may hedge a slow call on another replica. Never assumed."""
     subject: str = ""
-    """Request subject, built by `hookbus.schemas.handler_subject`."""
+    """Request subject. Informational: dispatchers derive the subject, collect subject and
+    queue group from (`event`, `name`) and refuse a declaration whose values differ."""
     collect_subject: str = ""
     queue_group: str = ""
 
@@ -170,6 +185,13 @@ class EmitRequest(_Wire):
     data: dict[str, Any] = msgspec.field(default_factory=dict)
     agent_id: str | None = None
     session_id: str | None = None
+    idempotency_key: str | None = None
+    """The caller's id for this call: a retry of the same call (same key, after a lost reply
+    or a dispatcher restart) finds its approval and its answer without asking again; a new
+    call with the same content but another key asks anew."""
+    timeout_s: float | None = None
+    """Overall deadline of the emit in seconds (clamped by the service); None: the
+    handlers' own timeouts (and an approval's) decide."""
 
 
 class EmitReply(_Wire):

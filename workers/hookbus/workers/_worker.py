@@ -7,7 +7,6 @@ import contextlib
 import inspect
 import logging
 import signal
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -328,11 +327,6 @@ class HookWorker:
             return HookReply(
                 handler=decl.name, error=WireError(code="bad_request", message=str(exc))
             )
-        if envelope.deadline is not None and envelope.deadline < time.time():
-            log.info(
-                "dropping %s %s: its deadline passed before it started", decl.name, envelope.id
-            )
-            return None  # the dispatcher has given up on it already
         try:
             async with asyncio.timeout(decl.timeout_s):  # cheaper than anyio's on this path
                 if spec.is_async:
