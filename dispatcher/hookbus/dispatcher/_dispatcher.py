@@ -5,61 +5,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import itertools
 import logging
-import os
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar, overload
 
-import nats.errors
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 
 from hookbus.schemas import (
     STANDARD_EVENTS,
-    EventEnvelope,
     FailurePolicy,
     HookbusError,
-    HookReply,
     HookResult,
     NotConnectedError,
-    PayloadTooLargeError,
     StandardEvents,
     UnknownEventError,
-    collect_reply_subject,
-    collect_subject,
-    decode,
-    encode,
     validate_name,
 )
 
 from ._approvals import Approvals
-from ._calls import Failed, Outcome, call_local, call_remote
+from ._calls import Failed, Outcome, call_local
 from ._fold import Fold
-from ._registry import RegistryWatch, open_handlers_bucket
-from ._routes import LocalHandler, Route, RoutingTable
+from ._router import EmitContext, Router
+from ._routes import LocalHandler, Route
 from ._suspensions import HookEventStream, PendingHook, RunScope, Suspensions
-from ._telemetry import trace_headers, traced_call, traced_collect, traced_emit
+from ._telemetry import traced_call, traced_collect, traced_emit
 
 __all__ = ["HookDispatcher"]
 
 T = TypeVar("T")
 
 log = logging.getLogger("hookbus.dispatcher")
-
-
-class _Collect:
-    """One emit_and_collect in flight: which remote handlers are expected, what came."""
-
-    __slots__ = ("done", "expected", "results")
-
-    def __init__(self, expected: set[str]) -> None:
-        self.expected = expected
-        self.results: dict[str, HookResult] = {}
-        self.done = asyncio.Event()
 
 
 class HookDispatcher(StandardEvents):
@@ -94,15 +70,10 @@ class HookDispatcher(StandardEvents):
     ) -> None:
         self._nc = nc
         self._strict = strict_events
-        self._resync_s = resync_s
         self._bucket_replicas = bucket_replicas
-        self._table = RoutingTable()
+        self._router = Router(nc, resync_s=resync_s, bucket_replicas=bucket_replicas)
+        self._table = self._router.table
         self._defaults: dict[str, Any] = {}
-        self._watch: RegistryWatch | None = None
-        self._inbox_sub: Subscription | None = None
-        self._inbox_prefix = ""
-        self._collects: dict[str, _Collect] = {}
-        self._tokens = itertools.count()
         self._started = False
         self._approvals_on = approvals
         self._suspension_ttl_s = suspension_ttl_s
@@ -117,13 +88,8 @@ class HookDispatcher(StandardEvents):
         """
         if self._started or self._nc is None:
             return
-        kv = await open_handlers_bucket(self._nc, replicas=self._bucket_replicas)
-        self._watch = RegistryWatch(kv, self._table, resync_s=self._resync_s)
-        await self._watch.start()
-        self._inbox_prefix = self._nc.new_inbox()
-        self._inbox_sub = await self._nc.subscribe(
-            collect_reply_subject(self._inbox_prefix, "*"), cb=self._on_collect_reply
-        )
+        self._router.nc = self._nc
+        await self._router.start()
         self._suspensions = await Suspensions.open(
             self._nc, ttl_s=self._suspension_ttl_s, replicas=self._bucket_replicas
         )
@@ -143,13 +109,7 @@ class HookDispatcher(StandardEvents):
 
     async def close(self) -> None:
         """Stop watching and unsubscribe (idempotent). The connection stays the caller's."""
-        if self._watch is not None:
-            await self._watch.stop()
-            self._watch = None
-        if self._inbox_sub is not None:
-            with contextlib.suppress(Exception):
-                await self._inbox_sub.unsubscribe()
-            self._inbox_sub = None
+        await self._router.close()
         self._started = False
 
     async def __aenter__(self) -> HookDispatcher:
@@ -161,8 +121,7 @@ class HookDispatcher(StandardEvents):
 
     async def refresh(self) -> None:
         """Re-read the whole handler registry now (normally the watch keeps it current)."""
-        if self._watch is not None:
-            await self._watch.resync()
+        await self._router.refresh()
 
     # -- amplifier-core HookRegistry API -------------------------------------------------
     @overload
@@ -295,7 +254,7 @@ class HookDispatcher(StandardEvents):
         current = {**self._defaults, **(data or {})}
         current["timestamp"] = datetime.now(UTC).isoformat()
         fold = Fold(current)
-        ctx = _EmitContext(event, current)
+        ctx = EmitContext(event, current)
         i, n = 0, len(routes)
         while i < n:
             route = routes[i]
@@ -346,7 +305,7 @@ class HookDispatcher(StandardEvents):
         outcomes: dict[Route, Outcome] = {}  # by route: in-process names need not be unique
         remote = [r for r in routes if r.remote]
         # caller errors (closed connection, oversize event) raise here, not in a task group
-        collect = await self._publish_collect(remote, event, data) if remote else None
+        collect = await self._router.publish_collect(remote, event, data) if remote else None
         try:
             local = [r for r in routes if not r.remote]
             with contextlib.suppress(TimeoutError):
@@ -356,10 +315,10 @@ class HookDispatcher(StandardEvents):
                             *(self._collect_local(r, event, data, timeout, outcomes) for r in local)
                         )
                     if collect is not None:
-                        await collect[1].done.wait()
+                        await collect.done.wait()
         finally:
             if collect is not None:
-                answers = self._collects.pop(collect[0]).results
+                answers = self._router.finish_collect(collect)
                 outcomes.update((r, answers[r.name]) for r in remote if r.name in answers)
         responses = []
         for route in routes:
@@ -422,13 +381,11 @@ class HookDispatcher(StandardEvents):
 
     # -- internals -----------------------------------------------------------------------
     @traced_call
-    async def _call(self, route: Route, ctx: _EmitContext, data: dict[str, Any]) -> Outcome:
-        if route.local is not None:
-            return await call_local(route, ctx.event, data)
-        return await call_remote(self._nc, route, ctx.envelope(data), trace_headers())
+    async def _call(self, route: Route, ctx: EmitContext, data: dict[str, Any]) -> Outcome:
+        return await self._router.call(route, ctx, data)
 
     async def _call_group(
-        self, group: list[Route], ctx: _EmitContext, data: dict[str, Any]
+        self, group: list[Route], ctx: EmitContext, data: dict[str, Any]
     ) -> list[Outcome]:
         if len(group) == 1:
             return [await self._call(group[0], ctx, data)]
@@ -464,82 +421,6 @@ class HookDispatcher(StandardEvents):
         limited = route if route.timeout_s is not None else _with_timeout(route, timeout)
         outcomes[route] = await call_local(limited, event, data)
 
-    async def _publish_collect(
-        self, remote: list[Route], event: str, data: dict[str, Any]
-    ) -> tuple[str, _Collect]:
-        nc = self._nc
-        if nc is None or nc.is_closed or not self._started:
-            raise NotConnectedError("remote handlers need a started dispatcher with a connection")
-        payload = encode(_EmitContext(event, data).envelope(data))
-        if len(payload) > nc.max_payload:
-            raise PayloadTooLargeError(
-                f"event {event!r} is {len(payload)} bytes encoded; the server's"
-                f" max_payload is {nc.max_payload} bytes"
-            )
-        token = f"{next(self._tokens):x}"
-        collect = self._collects[token] = _Collect({r.name for r in remote})
-        try:
-            await nc.publish(
-                collect_subject(event),
-                payload,
-                reply=collect_reply_subject(self._inbox_prefix, token),
-                headers=trace_headers(),
-            )
-        except BaseException as exc:
-            del self._collects[token]
-            if isinstance(exc, nats.errors.ConnectionClosedError):
-                raise NotConnectedError("the NATS connection is closed") from exc
-            raise
-        return token, collect
-
-    async def _on_collect_reply(self, msg: Msg) -> None:
-        collect = self._collects.get(msg.subject.rpartition(".")[2])
-        if collect is None:
-            return  # late answer to a finished collect
-        try:
-            reply = decode(msg.data, HookReply)
-        except HookbusError as exc:
-            log.warning("bad collect reply on %s: %s", msg.subject, exc)
-            return
-        if reply.handler not in collect.expected:
-            return
-        if reply.result is not None:
-            collect.results[reply.handler] = reply.result
-        collect.expected.discard(reply.handler)
-        if not collect.expected:
-            collect.done.set()
-
 
 def _with_timeout(route: Route, timeout_s: float) -> Route:
     return dataclasses.replace(route, timeout_s=timeout_s)
-
-
-class _EmitContext:
-    """What every handler call of one emit shares: its id, event and start time."""
-
-    __slots__ = ("_id", "agent_id", "emitted_at", "event", "session_id")
-
-    def __init__(self, event: str, data: dict[str, Any]) -> None:
-        self.event = event
-        self._id = ""
-        self.emitted_at = time.time()
-        agent, session = data.get("agent_id"), data.get("session_id")
-        self.agent_id = agent if isinstance(agent, str) else None
-        self.session_id = session if isinstance(session, str) else None
-
-    @property
-    def id(self) -> str:
-        """The emit's id, made on first use: an in-process-only emit never needs one."""
-        if not self._id:
-            self._id = os.urandom(16).hex()  # 32 hex digits, like uuid4().hex, cheaper
-        return self._id
-
-    def envelope(self, data: dict[str, Any]) -> EventEnvelope:
-        return EventEnvelope(
-            id=self.id,
-            event=self.event,
-            data=data,
-            agent_id=self.agent_id,
-            session_id=self.session_id,
-            emitted_at=self.emitted_at,
-        )

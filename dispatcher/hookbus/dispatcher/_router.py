@@ -1,0 +1,208 @@
+"""The router: which handlers an event has, and how one of them is called.
+
+It holds the routing table, the watch that keeps it in step with the registry bucket, the
+remote calls (see `_calls`) and the one long-lived inbox `emit_and_collect` answers land
+on. `HookDispatcher` folds what the router returns; it never talks to NATS about routing
+itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import time
+from typing import Any
+
+import nats.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from hookbus.schemas import (
+    EventEnvelope,
+    HookbusError,
+    HookReply,
+    HookResult,
+    NotConnectedError,
+    PayloadTooLargeError,
+    collect_reply_subject,
+    collect_subject,
+    decode,
+    encode,
+)
+
+from ._calls import Outcome, call_local, call_remote
+from ._registry import RegistryWatch, open_handlers_bucket
+from ._routes import Route, RoutingTable
+from ._telemetry import trace_headers
+
+__all__ = ["Collect", "EmitContext", "Router"]
+
+log = logging.getLogger("hookbus.dispatcher")
+
+
+class EmitContext:
+    """What every handler call of one emit shares: its id, event and start time."""
+
+    __slots__ = ("_id", "agent_id", "emitted_at", "event", "session_id")
+
+    def __init__(self, event: str, data: dict[str, Any]) -> None:
+        self.event = event
+        self._id = ""
+        self.emitted_at = time.time()
+        agent, session = data.get("agent_id"), data.get("session_id")
+        self.agent_id = agent if isinstance(agent, str) else None
+        self.session_id = session if isinstance(session, str) else None
+
+    @property
+    def id(self) -> str:
+        """The emit's id, made on first use: an in-process-only emit never needs one."""
+        if not self._id:
+            self._id = os.urandom(16).hex()  # 32 hex digits, like uuid4().hex, cheaper
+        return self._id
+
+    def envelope(self, data: dict[str, Any]) -> EventEnvelope:
+        return EventEnvelope(
+            id=self.id,
+            event=self.event,
+            data=data,
+            agent_id=self.agent_id,
+            session_id=self.session_id,
+            emitted_at=self.emitted_at,
+        )
+
+
+class Collect:
+    """One emit_and_collect in flight: which remote handlers are expected, what came."""
+
+    __slots__ = ("done", "expected", "results", "token")
+
+    def __init__(self, token: str, expected: set[str]) -> None:
+        self.token = token
+        self.expected = expected
+        self.results: dict[str, HookResult] = {}
+        self.done = asyncio.Event()
+
+
+class Router:
+    """Routing table + registry watch + remote calls + the collect inbox.
+
+    Args:
+        nc: a connected nats-py client, or None (in-process routes only).
+        resync_s: seconds between full re-reads of the registry.
+        bucket_replicas: replicas of the handlers bucket if this router creates it.
+    """
+
+    def __init__(
+        self, nc: NATS | None, *, resync_s: float = 30.0, bucket_replicas: int = 1
+    ) -> None:
+        self.nc = nc
+        self.table = RoutingTable()
+        self._resync_s = resync_s
+        self._bucket_replicas = bucket_replicas
+        self._watch: RegistryWatch | None = None
+        self._inbox_sub: Subscription | None = None
+        self._inbox_prefix = ""
+        self._collects: dict[str, Collect] = {}
+        self._tokens = itertools.count()
+        self.started = False
+
+    async def start(self) -> None:
+        """Load the registry, start watching it and open the collect inbox."""
+        if self.started or self.nc is None:
+            return
+        kv = await open_handlers_bucket(self.nc, replicas=self._bucket_replicas)
+        self._watch = RegistryWatch(kv, self.table, resync_s=self._resync_s)
+        await self._watch.start()
+        self._inbox_prefix = self.nc.new_inbox()
+        self._inbox_sub = await self.nc.subscribe(
+            collect_reply_subject(self._inbox_prefix, "*"), cb=self._on_collect_reply
+        )
+        self.started = True
+
+    async def close(self) -> None:
+        """Stop watching and unsubscribe (idempotent)."""
+        if self._watch is not None:
+            await self._watch.stop()
+            self._watch = None
+        if self._inbox_sub is not None:
+            with contextlib.suppress(Exception):
+                await self._inbox_sub.unsubscribe()
+            self._inbox_sub = None
+        self.started = False
+
+    async def refresh(self) -> None:
+        """Re-read the whole handler registry now."""
+        if self._watch is not None:
+            await self._watch.resync()
+
+    def routes(self, event: str) -> tuple[Route, ...]:
+        return self.table.routes(event)
+
+    # -- one call ------------------------------------------------------------------------
+    async def call(self, route: Route, ctx: EmitContext, data: dict[str, Any]) -> Outcome:
+        """Call one handler; failures are outcomes, only caller errors raise."""
+        if route.local is not None:
+            return await call_local(route, ctx.event, data)
+        return await call_remote(self.nc, route, ctx.envelope(data), trace_headers())
+
+    # -- emit_and_collect --------------------------------------------------------------------
+    async def publish_collect(
+        self, remote: list[Route], event: str, data: dict[str, Any]
+    ) -> Collect:
+        """Publish `event` once on its collect subject; answers gather on the returned
+        `Collect` until `finish_collect`.
+
+        Raises:
+            NotConnectedError: no started connection, or it is closed.
+            PayloadTooLargeError: the event exceeds the server's max_payload.
+        """
+        nc = self.nc
+        if nc is None or nc.is_closed or not self.started:
+            raise NotConnectedError("remote handlers need a started dispatcher with a connection")
+        payload = encode(EmitContext(event, data).envelope(data))
+        if len(payload) > nc.max_payload:
+            raise PayloadTooLargeError(
+                f"event {event!r} is {len(payload)} bytes encoded; the server's"
+                f" max_payload is {nc.max_payload} bytes"
+            )
+        token = f"{next(self._tokens):x}"
+        collect = self._collects[token] = Collect(token, {r.name for r in remote})
+        try:
+            await nc.publish(
+                collect_subject(event),
+                payload,
+                reply=collect_reply_subject(self._inbox_prefix, token),
+                headers=trace_headers(),
+            )
+        except BaseException as exc:
+            del self._collects[token]
+            if isinstance(exc, nats.errors.ConnectionClosedError):
+                raise NotConnectedError("the NATS connection is closed") from exc
+            raise
+        return collect
+
+    def finish_collect(self, collect: Collect) -> dict[str, HookResult]:
+        """Stop listening for `collect`; the results that came, by handler name."""
+        self._collects.pop(collect.token, None)
+        return collect.results
+
+    async def _on_collect_reply(self, msg: Msg) -> None:
+        collect = self._collects.get(msg.subject.rpartition(".")[2])
+        if collect is None:
+            return  # late answer to a finished collect
+        try:
+            reply = decode(msg.data, HookReply)
+        except HookbusError as exc:
+            log.warning("bad collect reply on %s: %s", msg.subject, exc)
+            return
+        if reply.handler not in collect.expected:
+            return
+        if reply.result is not None:
+            collect.results[reply.handler] = reply.result
+        collect.expected.discard(reply.handler)
+        if not collect.expected:
+            collect.done.set()
