@@ -1,10 +1,16 @@
 """hookbus.schemas: the wire contract (types, subjects, codec, event names). No I/O."""
 
-from ._buckets import approvals_bucket_config, handlers_bucket_config, suspensions_bucket_config
+from ._buckets import (
+    approvals_bucket_config,
+    config_differences,
+    handlers_bucket_config,
+    suspensions_bucket_config,
+)
 from ._codec import WIRE_TYPES, decode, encode, json_schemas, to_builtins
 from ._errors import (
     AlreadySettledError,
     BadRequestError,
+    BucketConfigError,
     DuplicateHookError,
     HookAbortedError,
     HookbusError,
@@ -90,6 +96,7 @@ __all__ = [
     "SuspensionRecord",
     "always_allow_key",
     "approvals_bucket_config",
+    "config_differences",
     "hook_event_subject",
     "label_from_key",
     "suspension_key",
@@ -118,6 +125,7 @@ __all__ = [
     "HandlerFailure",
     "HookReply",
     "HookResult",
+    "BucketConfigError",
     "HookbusError",
     "HookbusTimeoutError",
     "NotConnectedError",

@@ -2,16 +2,26 @@
 
 Both the workers (which write declarations) and the dispatcher (which watches them)
 create the bucket if it is absent, with exactly this configuration, so either may start
-first. On a cluster, pass ``replicas=3`` (JetStream R3) to `handlers_bucket_config`.
+first. On a cluster, pass ``replicas=3`` (JetStream R3) to every ``*_bucket_config``.
+A bucket that already exists keeps its configuration (JetStream refuses to create it again
+with another one); `config_differences` names what differs so that it is reported, never
+used silently.
 """
 
 from __future__ import annotations
 
-from nats.js.api import KeyValueConfig
+from typing import Any
+
+from nats.js.api import KeyValueConfig, StorageType
 
 from ._subjects import APPROVALS_BUCKET, HANDLERS_BUCKET, SUSPENSIONS_BUCKET
 
-__all__ = ["approvals_bucket_config", "handlers_bucket_config", "suspensions_bucket_config"]
+__all__ = [
+    "approvals_bucket_config",
+    "config_differences",
+    "handlers_bucket_config",
+    "suspensions_bucket_config",
+]
 
 
 def handlers_bucket_config(*, replicas: int = 1) -> KeyValueConfig:
@@ -48,3 +58,42 @@ def approvals_bucket_config(*, ttl_s: float = 24 * 3600, replicas: int = 1) -> K
         replicas=replicas,
         direct=True,
     )
+
+
+def _seconds(value: float | None) -> float:
+    """A max age in seconds, with None and 0 both meaning "no limit" (0)."""
+    return float(value or 0.0)
+
+
+def _storage(value: Any) -> str:
+    if value is None:
+        return StorageType.FILE.value  # JetStream's default
+    return str(getattr(value, "value", value))
+
+
+def config_differences(asked: KeyValueConfig, actual: Any) -> list[str]:
+    """What an existing bucket's configuration does not share with the one asked for.
+
+    Compares replicas, TTL (max age, seconds, within 1 ms), history, storage and direct
+    get: the settings that decide durability and record lifetime.
+
+    Args:
+        asked: the config hookbus would create the bucket with (``*_bucket_config``).
+        actual: the bucket stream's config as the server reports it (a nats-py
+            ``StreamConfig``, e.g. ``(await kv.status()).stream_info.config``).
+    Returns:
+        One human-readable line per difference, e.g. ``"replicas: asked 3, bucket has 1"``;
+        empty when the bucket is as asked.
+    """
+    pairs: list[tuple[str, Any, Any]] = [
+        ("replicas", asked.replicas or 1, getattr(actual, "num_replicas", None) or 1),
+        ("history", asked.history or 1, getattr(actual, "max_msgs_per_subject", None) or 1),
+        ("storage", _storage(asked.storage), _storage(getattr(actual, "storage", None))),
+        ("direct get", bool(asked.direct), bool(getattr(actual, "allow_direct", False))),
+    ]
+    out = [f"{name}: asked {a}, bucket has {b}" for name, a, b in pairs if a != b]
+    ttl_asked, ttl_actual = _seconds(asked.ttl), _seconds(getattr(actual, "max_age", None))
+    if abs(ttl_asked - ttl_actual) > 1e-3:
+        shown = [f"{t:g} s" if t else "none" for t in (ttl_asked, ttl_actual)]
+        out.append(f"ttl: asked {shown[0]}, bucket has {shown[1]}")
+    return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "AlreadySettledError",
     "BadRequestError",
+    "BucketConfigError",
     "DuplicateHookError",
     "HookAbortedError",
     "HookCancelledError",
@@ -35,6 +36,11 @@ class HookbusTimeoutError(HookbusError, TimeoutError):
 
 class NotConnectedError(HookbusError):
     """The operation needs a NATS connection and none was given or it is closed."""
+
+
+class BucketConfigError(HookbusError):
+    """A KV bucket exists with another configuration (replicas, TTL, history) than the
+    one asked for, and strict bucket checking is on; the message names each difference."""
 
 
 class WireFormatError(HookbusError):
