@@ -45,6 +45,8 @@ class Route:
     tool_filter: tuple[str, ...] | None
     local: LocalHandler | None = None
     subject: str = ""
+    retry_safe: bool = False
+    """Running it twice for one call is harmless: a slow call may be hedged."""
     order: tuple[int, int, int | str] = (0, 0, 0)
     _filter: re.Pattern[str] | None = field(default=None, repr=False)
 
@@ -76,6 +78,7 @@ class Route:
         local: LocalHandler | None = None,
         subject: str = "",
         seq: int = 0,
+        retry_safe: bool = False,
     ) -> Route:
         patterns = None if tool_filter is None else tuple(tool_filter)
         order: tuple[int, int, int | str] = (priority, 0, seq) if local else (priority, 1, name)
@@ -89,6 +92,7 @@ class Route:
             tool_filter=patterns,
             local=local,
             subject=subject,
+            retry_safe=retry_safe,
             order=order,
             _filter=_compile_filter(patterns),
         )
@@ -104,6 +108,7 @@ class Route:
             parallel=decl.parallel,
             tool_filter=decl.tool_filter,
             subject=decl.subject,
+            retry_safe=decl.retry_safe,
         )
 
 
