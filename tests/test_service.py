@@ -216,31 +216,31 @@ async def test_two_replicas_share_the_load(connect, event):
 
 
 async def test_stop_is_idempotent_and_drains(connect, event):
-    """Requests running and queued when stop() is called are all answered; a second,
-    concurrent stop() also returns only once the drain is done."""
+    """Requests running when stop() is called are all answered within the grace; a
+    second, concurrent stop() also returns only once the drain is done."""
     snc = await connect()
     d = HookDispatcher(snc, strict_events=True)
     gate = asyncio.Event()
     started = 0
-    two_started = asyncio.Event()
+    all_started = asyncio.Event()
 
     async def slow(ev: str, data: dict[str, Any]) -> HookResult:
         nonlocal started
         started += 1
-        if started == 2:
-            two_started.set()
+        if started == 6:
+            all_started.set()
         await gate.wait()
         return HookResult(action="modify", data={**data, "done": True})
 
     d.register(event, slow)
-    service = DispatcherService(d, snc, max_concurrency=2)
+    service = DispatcherService(d, snc, max_concurrency=6)
     await service.start()
     agent = await connect()
     pending = [
         asyncio.create_task(_emit(agent, event, json.dumps({"data": {"n": n}}).encode()))
         for n in range(6)
     ]
-    await two_started.wait()
+    await all_started.wait()
     await agent.flush()  # every request has reached the server, hence the service
     first = asyncio.create_task(service.stop())
     second = asyncio.create_task(service.stop())
@@ -271,3 +271,132 @@ async def test_run_returns_once_stopped(connect, event):
     assert "error" not in reply
     # `action` is omitted at its default, "continue" (msgspec omit_defaults)
     assert reply["result"].get("action", "continue") == "continue"
+
+
+def _gated(gate: asyncio.Event, started: list[int], ready: asyncio.Event, n: int) -> Any:
+    """An in-process handler that waits on `gate`; `ready` is set once `n` calls run."""
+
+    async def handler(ev: str, data: dict[str, Any]) -> HookResult:
+        started.append(1)
+        if len(started) == n:
+            ready.set()
+        await gate.wait()
+        return HookResult(action="modify", data={**data, "done": True})
+
+    return handler
+
+
+async def test_over_the_bound_is_refused_busy_at_once(connect, event):
+    """Over max_concurrency the service answers `busy` (retryable) at once instead of
+    queueing the request behind the ones in flight until the agent times out."""
+    snc = await connect()
+    d = HookDispatcher(snc, strict_events=True)
+    gate, started, ready = asyncio.Event(), [], asyncio.Event()
+    d.register(event, _gated(gate, started, ready, 2), name="slow")
+    service = DispatcherService(d, snc, max_concurrency=2)
+    await service.start()
+    agent = await connect()
+    running = [
+        asyncio.create_task(_emit(agent, event, json.dumps({"data": {"n": n}}).encode()))
+        for n in range(2)
+    ]
+    await ready.wait()
+    extra = await asyncio.wait_for(
+        asyncio.gather(
+            *(_emit(agent, event, json.dumps({"data": {"n": n}}).encode()) for n in range(2, 6))
+        ),
+        timeout=4,  # answered while the slots are still taken (the gate is closed)
+    )
+    gate.set()
+    first = await asyncio.gather(*running)
+    await service.stop()
+    assert [r["error"]["code"] for r in extra] == ["busy"] * 4
+    assert all(r["error"]["retryable"] for r in extra)
+    assert [r["result"]["data"]["n"] for r in first] == [0, 1]
+    assert len(started) == 2  # the refused requests never ran a handler
+
+
+@pytest.mark.parametrize(
+    ("subject", "body"),
+    [
+        (_collect_subject, b'{"data": {}, "timeout_s": -1}'),
+        (_collect_subject, b'{"data": {}, "timeout_s": 0}'),
+        (_collect_subject, b'{"data": {}, "timeout_s": 1e999}'),  # inf
+        (_emit_subject, b'{"data": {}, "timeout_s": -5}'),
+        (_emit_subject, b'{"data": {}, "timeout_s": 1e999}'),
+    ],
+)
+async def test_timeouts_must_be_finite_and_positive(connect, event, subject, body):
+    async with _worker(await connect(), event):
+        service, _ = await _service(connect)
+        agent = await connect()
+        msg = await agent.request(subject(event), body, timeout=5)
+        reply = json.loads(msg.data)
+        await _assert_serves(agent, event)
+        await service.stop()
+    assert reply["error"]["code"] == "bad_request", reply
+    assert "timeout_s" in reply["error"]["message"]
+
+
+async def test_collect_timeout_is_clamped(connect, event):
+    """A collect asking for 1e9 s waits at most the service's maximum."""
+    gate = asyncio.Event()
+
+    async def stuck(ev: str, data: dict[str, Any]) -> HookResult:
+        await gate.wait()
+        return HookResult(action="modify", data={"late": True})
+
+    w = _worker(await connect(), event)
+    w.add_handler(event, stuck, name="stuck", priority=5)
+    async with w:
+        service, _ = await _service(connect, max_collect_timeout_s=0.5)
+        agent = await connect()
+        msg = await agent.request(
+            _collect_subject(event), b'{"data": {"secret": "pw"}, "timeout_s": 1e9}', timeout=10
+        )
+        gate.set()
+        await service.stop()
+    reply = decode(msg.data, CollectReply)
+    assert reply.error is None
+    assert reply.responses == [{"secret": "***"}]  # the stuck handler was given up on
+
+
+async def test_collects_with_huge_timeouts_do_not_starve_other_agents(connect, event):
+    """600 emit_and_collect requests with timeout_s=1e9 to a handler with no live replica
+    do not hold every slot: another agent's emit still gets its decision."""
+
+    async def noop(ev: str, data: dict[str, Any]) -> None:
+        return None
+
+    w = HookWorker(await connect())
+    w.add_handler(event, noop, name="gone")
+    async with w:  # declare the handler, then stop its only replica:
+        pass  # the declaration stays, nobody answers
+    snc = await connect()
+    d = HookDispatcher(snc, strict_events=True)
+    other = event + "-other"
+
+    async def deny(ev: str, data: dict[str, Any]) -> HookResult:
+        return HookResult(action="deny", reason="policy")
+
+    d.register(other, deny, name="policy")
+    service = DispatcherService(d, snc)
+    await service.start()
+    agents = [await connect() for _ in range(3)]
+    body = b'{"data": {}, "timeout_s": 1e9}'
+    flood = [
+        asyncio.create_task(agents[i % 3].request(_collect_subject(event), body, timeout=30))
+        for i in range(600)
+    ]
+    for a in agents:
+        await a.flush()
+    agent = await connect()
+    msg = await agent.request(_emit_subject(other), b'{"data": {"tool_name": "x"}}', timeout=5)
+    await service.stop(grace_s=0.5)
+    answers = [decode(m.data, CollectReply) for m in await asyncio.gather(*flood)]
+    reply = decode(msg.data, EmitReply)
+    assert reply.result is not None and reply.result.action == "deny"
+    # every flooding request got an answer too: responses, or a retryable refusal
+    codes = {a.error.code if a.error else "ok" for a in answers}
+    assert codes <= {"ok", "busy", "unavailable"}, codes
+    assert all(a.error.retryable for a in answers if a.error)

@@ -3,15 +3,25 @@
 An agent in any language emits with one plain NATS request and a JSON body:
 ``nats req 'hookbus.v1.emit.tool=3Apre' '{"data": {"tool_name": "bash"}}'`` answers
 an `EmitReply`. Replicas share the load in the `DISPATCHER_QUEUE_GROUP` queue group.
+
+Every request gets exactly one reply, never silence: the result, or a `WireError`. The
+retryable ones (``busy``: over the concurrency bound, refused at once; ``unavailable``:
+shutting down, or the bus is unreachable) mean the agent may send the same request again,
+to this or another replica; with the same ``idempotency_key`` a retried emit finds its
+approval instead of asking twice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
+import math
 from collections.abc import Awaitable, Callable
+from typing import Any
 
+import msgspec
 import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -26,7 +36,10 @@ from hookbus.schemas import (
     CollectRequest,
     EmitReply,
     EmitRequest,
+    HookAbortedError,
     HookbusError,
+    HookbusTimeoutError,
+    NotConnectedError,
     PayloadTooLargeError,
     UnknownEventError,
     WireError,
@@ -43,46 +56,111 @@ __all__ = ["DispatcherService"]
 
 log = logging.getLogger("hookbus.dispatcher")
 
+Reply = type[EmitReply] | type[CollectReply]
 
-def _error_code(exc: Exception) -> str:
+
+def _wire_error(exc: BaseException) -> WireError:
+    """The structured error a failed request is answered with."""
     if isinstance(exc, UnknownEventError):
-        return "unknown_event"
+        return WireError(code="unknown_event", message=str(exc))
     if isinstance(exc, PayloadTooLargeError):
-        return "payload_too_large"
+        return WireError(code="payload_too_large", message=str(exc))
     if isinstance(exc, BadRequestError | WireFormatError):
-        return "bad_request"
-    return "internal"
+        return WireError(code="bad_request", message=str(exc))
+    if isinstance(exc, HookAbortedError | asyncio.CancelledError):
+        return _unavailable("the dispatcher is shutting down; send the request again")
+    if isinstance(exc, NotConnectedError | HookbusTimeoutError | nats.errors.Error):
+        return _unavailable(f"NATS or JetStream is unreachable: {exc}")
+    if isinstance(exc, HookbusError):
+        return WireError(code="internal", message=str(exc))
+    return WireError(code="internal", message=repr(exc))
+
+
+def _unavailable(message: str) -> WireError:
+    return WireError(code="unavailable", message=message, retryable=True)
+
+
+def _timeout(value: float | None, *, maximum: float, field: str) -> float | None:
+    """`value` clamped to `maximum`; None stays None.
+
+    Raises:
+        BadRequestError: not a finite number above 0 (NaN, inf, 0, negative).
+    """
+    if value is None:
+        return None
+    if not math.isfinite(value) or value <= 0:
+        raise BadRequestError(f"$.{field}: must be a finite number of seconds above 0")
+    return min(value, maximum)
 
 
 class DispatcherService:
     """Serve a `HookDispatcher` on ``hookbus.v1.emit.*`` and ``hookbus.v1.emit_and_collect.*``.
 
-    One task per request, at most `max_concurrency` at once; `stop` drains (idempotent).
-    Bad input (malformed JSON, wrong types, an unknown event, an oversize result) gets a
-    structured `WireError` reply and a log line; the service keeps serving.
+    One task per request. Over `max_concurrency` requests in flight (emit_and_collect may
+    hold at most half of them, so decisions always have room), a request is refused at
+    once with a retryable ``busy`` error instead of queueing into timeouts. Bad input
+    (malformed JSON, wrong types, an unknown event, an oversize result, a timeout that is
+    not a finite number above 0) gets a structured `WireError` reply and a log line; the
+    service keeps serving. Timeouts in requests are clamped: ``EmitRequest.timeout_s`` to
+    `max_emit_timeout_s`, ``CollectRequest.timeout_s`` to `max_collect_timeout_s`.
+
+    Args:
+        dispatcher: the dispatcher that serves the requests (started by `start`).
+        nc: the connection to serve on.
+        max_concurrency: requests served at once; more are answered ``busy``.
+        grace_s: default bounded-drain grace period of `stop`, seconds (below the 30 s
+            Kubernetes gives between SIGTERM and SIGKILL).
+        max_emit_timeout_s: upper bound of ``EmitRequest.timeout_s``, seconds.
+        max_collect_timeout_s: upper bound of ``CollectRequest.timeout_s``, seconds.
     """
 
-    def __init__(self, dispatcher: HookDispatcher, nc: NATS, *, max_concurrency: int = 512) -> None:
+    DEFAULT_GRACE_S = 20.0
+    MAX_EMIT_TIMEOUT_S = 900.0
+    MAX_COLLECT_TIMEOUT_S = 60.0
+
+    def __init__(
+        self,
+        dispatcher: HookDispatcher,
+        nc: NATS,
+        *,
+        max_concurrency: int = 512,
+        grace_s: float = DEFAULT_GRACE_S,
+        max_emit_timeout_s: float = MAX_EMIT_TIMEOUT_S,
+        max_collect_timeout_s: float = MAX_COLLECT_TIMEOUT_S,
+    ) -> None:
+        if max_concurrency < 1:
+            raise ValueError("max_concurrency must be at least 1")
         self._dispatcher = dispatcher
         self._nc = nc
-        self._limiter = asyncio.Semaphore(max_concurrency)
+        self._max = max_concurrency
+        self._max_collect = max(1, max_concurrency // 2)
+        self._grace_s = grace_s
+        self._max_emit_timeout_s = max_emit_timeout_s
+        self._max_collect_timeout_s = max_collect_timeout_s
+        self._active = 0
+        self._active_collect = 0
         self._subs: list[Subscription] = []
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._inflight: dict[asyncio.Task[None], tuple[Msg, Reply]] = {}
         self._stopped = asyncio.Event()
         self._running = False
         self._draining = False
+
+    @property
+    def in_flight(self) -> int:
+        """Requests being served now."""
+        return self._active
 
     async def start(self) -> None:
         """Start the dispatcher, subscribe, flush; returns when requests can be served."""
         if self._running:
             return
         await self._dispatcher.start()
-        for subject, handle in (
-            (EMIT_SERVICE_WILDCARD, self._emit),
-            (COLLECT_SERVICE_WILDCARD, self._collect),
+        for subject, handle, reply_type in (
+            (EMIT_SERVICE_WILDCARD, self._emit, EmitReply),
+            (COLLECT_SERVICE_WILDCARD, self._collect, CollectReply),
         ):
             sub = await self._nc.subscribe(
-                subject, queue=DISPATCHER_QUEUE_GROUP, cb=self._spawner(handle)
+                subject, queue=DISPATCHER_QUEUE_GROUP, cb=self._spawner(handle, reply_type)
             )
             self._subs.append(sub)
         await self._nc.flush()
@@ -93,9 +171,22 @@ class DispatcherService:
         await self.start()
         await self._stopped.wait()
 
-    async def stop(self) -> None:
-        """Drain: stop taking requests, answer every one received (idempotent)."""
-        if self._draining:  # a concurrent stop(): wait for the drain in progress
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Bounded drain (idempotent; a concurrent call waits for the drain in progress).
+
+        1. Intake stops on every subscription at once; a request that still arrives is
+           answered ``unavailable`` (retryable) at once.
+        2. Requests in flight run to their end for up to `grace_s` seconds.
+        3. Then this process's durable waits (approvals, hooks) are aborted: their records
+           stay pending, so a retry with the same idempotency key resumes them. Whatever
+           has not finished a moment later is cancelled. Every request not answered by
+           then is answered ``unavailable`` (retryable).
+
+        Args:
+            grace_s: seconds for step 2; None: the `grace_s` given at construction.
+        """
+        grace = self._grace_s if grace_s is None else max(0.0, grace_s)
+        if self._draining:
             await self._stopped.wait()
             return
         if not self._running:
@@ -103,49 +194,127 @@ class DispatcherService:
             return
         self._running = False
         self._draining = True
-        for sub in self._subs:
-            with contextlib.suppress(
-                nats.errors.ConnectionClosedError, nats.errors.BadSubscriptionError
-            ):
-                await sub.drain()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        await asyncio.gather(*(self._stop_intake(sub, grace) for sub in self._subs))
         self._subs.clear()
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        if self._inflight:
+            await asyncio.wait(list(self._inflight), timeout=max(0.0, deadline - loop.time()))
+        if self._inflight:
+            aborted = await self._abort_waits()
+            log.warning(
+                "drain: %d request(s) still running after %ss; %d durable wait(s) aborted "
+                "(left pending), the rest answered unavailable",
+                len(self._inflight),
+                grace,
+                aborted,
+            )
+            await asyncio.wait(list(self._inflight), timeout=1.0)
+        for task in list(self._inflight):
+            task.cancel()
+        if self._inflight:
+            await asyncio.wait(list(self._inflight), timeout=1.0)
+        for msg, reply_type in list(self._inflight.values()):  # tasks that would not end
+            await self._answer(msg, encode(reply_type(error=_wire_error(asyncio.CancelledError()))))
+        self._inflight.clear()
+        with contextlib.suppress(nats.errors.Error, TimeoutError):
+            await self._nc.flush(timeout=2)
         await self._dispatcher.close()
         self._stopped.set()
 
+    async def _stop_intake(self, sub: Subscription, grace_s: float) -> None:
+        """Unsubscribe and pass the messages already delivered through the callback
+        (which answers them ``unavailable`` now that the service is draining)."""
+        with contextlib.suppress(nats.errors.Error, TimeoutError):
+            async with asyncio.timeout(max(grace_s, 1.0)):
+                await sub.drain()
+
+    async def _abort_waits(self) -> int:
+        """Abort this process's durable waits (`Suspensions.abort_all`); records stay pending."""
+        try:
+            store = self._dispatcher.suspensions
+        except HookbusError:
+            return 0
+        abort_all = getattr(store, "abort_all", None)
+        if abort_all is None:
+            return 0
+        count = abort_all()
+        if inspect.isawaitable(count):
+            count = await count
+        return int(count)
+
     def _spawner(
-        self, handle: Callable[[Msg], Awaitable[bytes]]
+        self, handle: Callable[[Msg], Awaitable[bytes]], reply_type: Reply
     ) -> Callable[[Msg], Awaitable[None]]:
+        collect = reply_type is CollectReply
+
         async def on_message(msg: Msg) -> None:
-            await self._limiter.acquire()
-            task = asyncio.create_task(self._serve(handle, msg))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            if self._draining:
+                await self._refuse(msg, reply_type, _unavailable("the dispatcher is draining"))
+                return
+            if self._active >= self._max or (collect and self._active_collect >= self._max_collect):
+                await self._refuse(
+                    msg,
+                    reply_type,
+                    WireError(
+                        code="busy",
+                        message=f"over this replica's concurrency bound ({self._max})",
+                        retryable=True,
+                    ),
+                )
+                return
+            self._active += 1
+            if collect:
+                self._active_collect += 1
+            task = asyncio.create_task(self._serve(handle, msg, reply_type))
+            self._inflight[task] = (msg, reply_type)
+            task.add_done_callback(self._done(collect))
 
         return on_message
 
-    async def _serve(self, handle: Callable[[Msg], Awaitable[bytes]], msg: Msg) -> None:
-        try:
-            payload = await handle(msg)
-            if not msg.reply:
-                log.warning("request on %s has no reply subject; answer dropped", msg.subject)
-                return
-            if len(payload) > self._nc.max_payload:
-                payload = encode(
-                    EmitReply(
-                        error=WireError(
-                            code="payload_too_large",
-                            message=f"reply is {len(payload)} bytes; max_payload is "
-                            f"{self._nc.max_payload}",
-                        )
+    def _done(self, collect: bool) -> Callable[[asyncio.Task[None]], None]:
+        def done(task: asyncio.Task[None]) -> None:
+            self._active -= 1
+            if collect:
+                self._active_collect -= 1
+
+        return done
+
+    async def _refuse(self, msg: Msg, reply_type: Reply, error: WireError) -> None:
+        with contextlib.suppress(nats.errors.Error):
+            await self._answer(msg, encode(reply_type(error=error)))
+
+    async def _answer(self, msg: Msg, payload: bytes) -> None:
+        if not msg.reply:
+            log.warning("request on %s has no reply subject; answer dropped", msg.subject)
+            return
+        if len(payload) > self._nc.max_payload:
+            payload = encode(
+                EmitReply(
+                    error=WireError(
+                        code="payload_too_large",
+                        message=f"reply is {len(payload)} bytes; max_payload is "
+                        f"{self._nc.max_payload}",
                     )
                 )
-            await self._nc.publish(msg.reply, payload)
+            )
+        await self._nc.publish(msg.reply, payload)
+
+    async def _serve(
+        self, handle: Callable[[Msg], Awaitable[bytes]], msg: Msg, reply_type: Reply
+    ) -> None:
+        task = asyncio.current_task()
+        try:
+            try:
+                payload = await handle(msg)
+            except asyncio.CancelledError:  # the drain ran out of grace
+                payload = encode(reply_type(error=_wire_error(asyncio.CancelledError())))
+            await self._answer(msg, payload)
         except Exception:
-            log.exception("unexpected error serving %s", msg.subject)
+            log.exception("unexpected error answering %s", msg.subject)
         finally:
-            self._limiter.release()
+            if task is not None:
+                self._inflight.pop(task, None)
 
     @traced_dispatch
     async def _emit(self, msg: Msg) -> bytes:
@@ -155,25 +324,36 @@ class DispatcherService:
             ids = {
                 k: v for k, v in (("agent_id", req.agent_id), ("session_id", req.session_id)) if v
             }
-            result = await self._dispatcher.emit(event, {**ids, **req.data})
+            options: dict[str, Any] = {}
+            if req.idempotency_key:
+                options["idempotency_key"] = req.idempotency_key
+            timeout_s = _timeout(req.timeout_s, maximum=self._max_emit_timeout_s, field="timeout_s")
+            if timeout_s is not None:
+                options["timeout_s"] = timeout_s
+            result = await self._dispatcher.emit(event, {**ids, **req.data}, **options)
             return encode(EmitReply(result=result))
-        except HookbusError as exc:
-            log.warning("emit on %s refused: %s", msg.subject, exc)
-            return encode(EmitReply(error=WireError(code=_error_code(exc), message=str(exc))))
-        except Exception as exc:  # a bug of ours: still answer, never leave the agent waiting
-            log.exception("emit on %s failed", msg.subject)
-            return encode(EmitReply(error=WireError(code="internal", message=repr(exc))))
+        except Exception as exc:
+            return encode(EmitReply(error=self._log_error("emit", msg, exc)))
 
     @traced_dispatch
     async def _collect(self, msg: Msg) -> bytes:
         try:
             event = event_from_service_subject(msg.subject)
             req = decode(msg.data, CollectRequest)
-            responses = await self._dispatcher.emit_and_collect(event, req.data, req.timeout_s)
+            timeout_s = _timeout(
+                req.timeout_s, maximum=self._max_collect_timeout_s, field="timeout_s"
+            )
+            assert timeout_s is not None
+            responses = await self._dispatcher.emit_and_collect(event, req.data, timeout_s)
             return encode(CollectReply(responses=responses))
-        except HookbusError as exc:
-            log.warning("emit_and_collect on %s refused: %s", msg.subject, exc)
-            return encode(CollectReply(error=WireError(code=_error_code(exc), message=str(exc))))
         except Exception as exc:
-            log.exception("emit_and_collect on %s failed", msg.subject)
-            return encode(CollectReply(error=WireError(code="internal", message=repr(exc))))
+            return encode(CollectReply(error=self._log_error("emit_and_collect", msg, exc)))
+
+    @staticmethod
+    def _log_error(what: str, msg: Msg, exc: Exception) -> WireError:
+        error = _wire_error(exc)
+        if error.code == "internal" and not isinstance(exc, HookbusError | msgspec.MsgspecError):
+            log.exception("%s on %s failed", what, msg.subject)  # a bug of ours: still answer
+        else:
+            log.warning("%s on %s refused (%s): %s", what, msg.subject, error.code, exc)
+        return error
