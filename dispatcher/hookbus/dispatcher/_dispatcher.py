@@ -6,14 +6,17 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar, overload
 
+import nats.errors
 from nats.aio.client import Client as NATS
 
 from hookbus.schemas import (
     STANDARD_EVENTS,
+    BadRequestError,
     FailurePolicy,
     HookbusError,
     HookResult,
@@ -23,7 +26,7 @@ from hookbus.schemas import (
     validate_name,
 )
 
-from ._approvals import Approvals
+from ._approvals import ApprovalGrant, Approvals, Grants
 from ._calls import Failed, Outcome, call_local
 from ._fold import Fold
 from ._router import EmitContext, Router
@@ -225,7 +228,14 @@ class HookDispatcher(StandardEvents):
         return self._table.routes(event)
 
     @traced_emit
-    async def emit(self, event: str, data: dict[str, Any]) -> HookResult:
+    async def emit(
+        self,
+        event: str,
+        data: dict[str, Any],
+        *,
+        idempotency_key: str | None = None,
+        timeout_s: float | None = None,
+    ) -> HookResult:
         """Emit `event` to its handlers in priority order and fold their results.
 
         amplifier-core `HookRegistry.emit` semantics: with no handlers, ``continue`` with
@@ -239,22 +249,51 @@ class HookDispatcher(StandardEvents):
         failure policy and recorded in ``result.failures``. See `Fold` for the fold and
         the README for where hookbus deliberately differs (data stays on the result).
 
+        Args:
+            event: the event name.
+            data: the event data.
+            idempotency_key: the caller's id for this call: a retry of the same call (after
+                a lost reply or a restart) finds its approval and answer; None: a new call.
+            timeout_s: overall deadline of the handler chain in seconds; each handler call
+                gets its own timeout cut to what is left, and a handler not called because
+                it ran out is a ``timeout`` failure judged by its policy. None: only the
+                handlers' own timeouts apply.
+
         Returns:
             The folded `HookResult`; ``result.data`` is the final chained data.
         Raises:
             UnknownEventError: `strict_events` is on and the event is unknown.
+            BadRequestError: `timeout_s` is negative or not finite.
             PayloadTooLargeError: the event does not fit the server's max_payload.
-            NotConnectedError: a remote handler is routed but the connection is closed.
+            NotConnectedError: a remote handler is routed but the connection is closed,
+                or NATS failed under an approval (every nats-py error ends as this).
+            HookbusError: any other failure (a subclass named by the approvals store);
+                never a raw nats-py error.
         """
+        if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s >= 0):
+            raise BadRequestError(f"timeout_s must be a finite number of seconds >= 0: {timeout_s}")
         routes = self._table.routes(event)
         if not routes:
             if self._strict and event not in STANDARD_EVENTS:
                 raise UnknownEventError(f"unknown event {event!r}: no handler is declared")
             return HookResult(action="continue", data=data)
+        try:
+            return await self._emit(event, data, routes, idempotency_key, timeout_s)
+        except nats.errors.Error as exc:
+            raise NotConnectedError(f"NATS failed during the emit: {type(exc).__name__}") from exc
+
+    async def _emit(
+        self,
+        event: str,
+        data: dict[str, Any],
+        routes: tuple[Route, ...],
+        idempotency_key: str | None,
+        timeout_s: float | None,
+    ) -> HookResult:
         current = {**self._defaults, **(data or {})}
         current["timestamp"] = datetime.now(UTC).isoformat()
         fold = Fold(current)
-        ctx = EmitContext(event, current)
+        ctx = EmitContext(event, current, timeout_s=timeout_s, call_id=idempotency_key)
         i, n = 0, len(routes)
         while i < n:
             route = routes[i]
@@ -279,7 +318,7 @@ class HookDispatcher(StandardEvents):
                     return denied
         result = fold.result()
         if result.action == "ask_user" and self._approvals is not None:
-            return await self._approvals.decide(event, result)
+            return await self._approvals.decide(event, result, call_id=ctx.id)
         return result
 
     @traced_collect
@@ -378,6 +417,36 @@ class HookDispatcher(StandardEvents):
     async def hook_events(self) -> HookEventStream:
         """Subscribe to hook events (pending / resolved / cancelled) as an async iterator."""
         return await self.suspensions.events()
+
+    # -- approval grants ("Allow always") -----------------------------------------------------
+    @property
+    def approvals(self) -> Approvals:
+        """The approvals policy (grants: ``approvals.grants``). Raises `NotConnectedError`
+        before `start` or when made with ``approvals=False``."""
+        if self._approvals is None:
+            raise NotConnectedError("approvals need a started dispatcher with approvals on")
+        return self._approvals
+
+    async def approval_grants(
+        self, *, agent_id: str | None = None, session_id: str | None = None
+    ) -> list[ApprovalGrant]:
+        """Live "Allow always" grants, oldest first, of one agent and/or session (None:
+        any); see `Grants.list` for more filters and the errors raised."""
+        grants = await self._grants()
+        return await grants.list(agent_id=agent_id, session_id=session_id)
+
+    async def revoke_grant(self, grant: ApprovalGrant | str) -> None:
+        """Revoke one grant (an `ApprovalGrant` or its key); see `Grants.revoke`."""
+        await (await self._grants()).revoke(grant)
+
+    async def _grants(self) -> Grants:
+        """The grants store, also with approvals off (an operator's dispatcher)."""
+        if self._approvals is not None:
+            return self._approvals.grants
+        if self._nc is None:
+            raise NotConnectedError("grants need a started dispatcher with a connection")
+        approvals = await Approvals.open(self._nc, self.suspensions, replicas=self._bucket_replicas)
+        return approvals.grants
 
     # -- internals -----------------------------------------------------------------------
     @traced_call

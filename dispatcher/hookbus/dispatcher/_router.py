@@ -34,7 +34,7 @@ from hookbus.schemas import (
     encode,
 )
 
-from ._calls import Outcome, call_local, call_remote
+from ._calls import Failed, Outcome, Requester, call_local, call_remote
 from ._registry import RegistryWatch, open_handlers_bucket
 from ._routes import Route, RoutingTable
 from ._telemetry import trace_headers
@@ -45,14 +45,31 @@ log = logging.getLogger("hookbus.dispatcher")
 
 
 class EmitContext:
-    """What every handler call of one emit shares: its id, event and start time."""
+    """What every handler call of one emit shares: its id, event, start time and deadline.
 
-    __slots__ = ("_id", "agent_id", "emitted_at", "event", "session_id")
+    Args:
+        event: the event name.
+        data: the event data (agent and session ids are read from it).
+        timeout_s: the emit's overall deadline in seconds from now; None for none.
+        call_id: the caller's idempotency key: the emit's id when given (a retry of the
+            same call has the same id, so its approval is found again).
+    """
 
-    def __init__(self, event: str, data: dict[str, Any]) -> None:
+    __slots__ = ("_id", "agent_id", "deadline", "emitted_at", "event", "session_id")
+
+    def __init__(
+        self,
+        event: str,
+        data: dict[str, Any],
+        *,
+        timeout_s: float | None = None,
+        call_id: str | None = None,
+    ) -> None:
         self.event = event
-        self._id = ""
+        self._id = call_id or ""
         self.emitted_at = time.time()
+        self.deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        """`time.monotonic()` at which the emit gives up on its handlers; None: never."""
         agent, session = data.get("agent_id"), data.get("session_id")
         self.agent_id = agent if isinstance(agent, str) else None
         self.session_id = session if isinstance(session, str) else None
@@ -63,6 +80,10 @@ class EmitContext:
         if not self._id:
             self._id = os.urandom(16).hex()  # 32 hex digits, like uuid4().hex, cheaper
         return self._id
+
+    def remaining(self) -> float | None:
+        """Seconds left before the emit's deadline (may be negative); None: no deadline."""
+        return None if self.deadline is None else self.deadline - time.monotonic()
 
     def envelope(self, data: dict[str, Any]) -> EventEnvelope:
         return EventEnvelope(
@@ -108,6 +129,7 @@ class Router:
         self._inbox_prefix = ""
         self._collects: dict[str, Collect] = {}
         self._tokens = itertools.count()
+        self._requester = Requester()
         self.started = False
 
     async def start(self) -> None:
@@ -121,6 +143,7 @@ class Router:
         self._inbox_sub = await self.nc.subscribe(
             collect_reply_subject(self._inbox_prefix, "*"), cb=self._on_collect_reply
         )
+        await self._requester.start(self.nc)
         self.started = True
 
     async def close(self) -> None:
@@ -132,6 +155,7 @@ class Router:
             with contextlib.suppress(Exception):
                 await self._inbox_sub.unsubscribe()
             self._inbox_sub = None
+        await self._requester.close()
         self.started = False
 
     async def refresh(self) -> None:
@@ -144,10 +168,22 @@ class Router:
 
     # -- one call ------------------------------------------------------------------------
     async def call(self, route: Route, ctx: EmitContext, data: dict[str, Any]) -> Outcome:
-        """Call one handler; failures are outcomes, only caller errors raise."""
+        """Call one handler within its timeout cut to what the emit has left; a handler
+        not called because the emit's deadline passed is a ``timeout`` failure. Failures
+        are outcomes; only caller errors raise.
+
+        Raises:
+            NotConnectedError: a remote route and no started connection.
+            PayloadTooLargeError: the envelope exceeds the server's max_payload.
+        """
+        budget_s = ctx.remaining()
+        if budget_s is not None and budget_s <= 0:
+            return Failed("timeout", "not called: the emit's deadline had passed")
         if route.local is not None:
-            return await call_local(route, ctx.event, data)
-        return await call_remote(self.nc, route, ctx.envelope(data), trace_headers())
+            return await call_local(route, ctx.event, data, budget_s)
+        return await call_remote(
+            self.nc, self._requester, route, ctx.envelope(data), trace_headers(), budget_s
+        )
 
     # -- emit_and_collect --------------------------------------------------------------------
     async def publish_collect(
@@ -194,6 +230,10 @@ class Router:
         collect = self._collects.get(msg.subject.rpartition(".")[2])
         if collect is None:
             return  # late answer to a finished collect
+        if msg.headers and "Status" in msg.headers:
+            if not msg.data and msg.headers["Status"] == "503":
+                collect.done.set()  # no handler has a live replica: nobody will answer
+            return
         try:
             reply = decode(msg.data, HookReply)
         except HookbusError as exc:

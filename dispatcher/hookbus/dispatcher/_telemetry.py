@@ -180,24 +180,25 @@ def _result_attrs(result: HookResult) -> dict[str, Any]:
 
 # -- emit ------------------------------------------------------------------------------------
 def traced_emit(
-    fn: Callable[[Any, str, dict[str, Any]], Awaitable[HookResult]],
-) -> Callable[[Any, str, dict[str, Any]], Awaitable[HookResult]]:
+    fn: Callable[..., Awaitable[HookResult]],
+) -> Callable[..., Awaitable[HookResult]]:
     """Decorate `HookDispatcher.emit`: the ``emit <event>`` span and the emit metrics."""
 
     @functools.wraps(fn)
-    async def emit(self: Any, event: str, data: dict[str, Any]) -> HookResult:
+    async def emit(self: Any, event: str, data: dict[str, Any], **kwargs: Any) -> HookResult:
         if not _otel.refresh():
-            return await fn(self, event, data)
-        return await _observed_emit(fn, self, event, data)
+            return await fn(self, event, data, **kwargs)
+        return await _observed_emit(fn, self, event, data, kwargs)
 
     return emit
 
 
 async def _observed_emit(
-    fn: Callable[[Any, str, dict[str, Any]], Awaitable[HookResult]],
+    fn: Callable[..., Awaitable[HookResult]],
     dispatcher: Any,
     event: str,
     data: dict[str, Any],
+    kwargs: dict[str, Any],
 ) -> HookResult:
     tracing = _otel.tracing
     span: trace.Span | None = None
@@ -209,7 +210,7 @@ async def _observed_emit(
     start = time.perf_counter()
     metric_attrs: dict[str, Any] = {tn.EVENT: event}
     try:
-        result = await fn(dispatcher, event, data)
+        result = await fn(dispatcher, event, data, **kwargs)
     except BaseException as exc:
         metric_attrs[tn.ERROR_TYPE] = type(exc).__qualname__
         if span is not None:

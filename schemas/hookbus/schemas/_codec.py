@@ -57,6 +57,10 @@ def encode(obj: Any) -> bytes:
 def decode(data: bytes | str, type_: type[T]) -> T:
     """Decode JSON into `type_`.
 
+    Any bytes at all end here or as a value: invalid UTF-8 inside a string (msgspec raises
+    `UnicodeDecodeError` for it, not `DecodeError`) and nesting deeper than the interpreter's
+    recursion limit (`RecursionError`) are format errors like any other.
+
     Raises:
         WireFormatError: the bytes are not JSON or do not fit `type_` (message has the path).
     """
@@ -67,6 +71,10 @@ def decode(data: bytes | str, type_: type[T]) -> T:
         return dec.decode(data)  # type: ignore[no-any-return]
     except msgspec.DecodeError as exc:
         raise WireFormatError(f"invalid {type_.__name__}: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise WireFormatError(f"invalid {type_.__name__}: invalid UTF-8 ({exc.reason})") from exc
+    except RecursionError as exc:
+        raise WireFormatError(f"invalid {type_.__name__}: nested too deeply") from exc
 
 
 def to_builtins(obj: Any) -> Any:

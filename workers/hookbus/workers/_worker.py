@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import math
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -66,7 +68,13 @@ class HookWorker:
     Each handler gets its own subject and queue group (``hookbus.v1.hook.<event>.<name>``),
     so replicas of the same worker share its load, and its declaration is written to the
     handler registry bucket, where dispatchers pick it up. Each request runs in a task of
-    its own, at most `max_concurrency` at a time; shutdown drains: nothing received is lost.
+    its own, at most `max_concurrency` at a time: a request over that bound is refused at
+    once with a retryable ``busy`` error (the dispatcher sends it to another replica)
+    instead of waiting into the caller's timeout. A request runs at most its handler's
+    `timeout_s` and never longer than the caller still waits (the envelope's ``budget_s``,
+    counted from receipt on this host's monotonic clock: wall clocks may disagree). Every
+    request gets an answer, never silence: a result or a `WireError`. `shutdown` drains
+    within a grace period.
 
     Use ``async with HookWorker(nc) as w: ...`` or ``await w.run()`` (serves until
     `shutdown` or, with ``handle_signals=True``, SIGTERM / SIGINT). Handlers may be added
@@ -92,10 +100,14 @@ class HookWorker:
         self._subs: list[Subscription] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._limiter: asyncio.Semaphore | None = None
+        self._inflight = 0
+        self._bad_requests = _RateLimitedWarning(log)
         self._stopped: asyncio.Event | None = None
         self._state = "new"  # new -> serving -> draining -> stopped
         self.handled = 0
         """Requests answered so far (for tests and stats)."""
+        self.refused = 0
+        """Requests refused with ``busy`` or ``unavailable`` without running (stats)."""
 
     # -- declaring handlers ------------------------------------------------------------
     def handler(
@@ -108,6 +120,7 @@ class HookWorker:
         timeout_s: float = 5.0,
         failure_policy: FailurePolicy = "ignore",
         parallel: bool = False,
+        retry_safe: bool = False,
     ) -> Callable[[F], F]:
         """Decorator: serve the function as a handler of `event`; returns it unchanged.
 
@@ -119,6 +132,9 @@ class HookWorker:
             timeout_s: seconds the dispatcher waits for one call (also enforced here).
             failure_policy: ``ignore`` (fail open, recorded) or ``deny`` (fail closed).
             parallel: may run concurrently with adjacent parallel handlers; may not modify.
+            retry_safe: running it twice for one call is harmless (no side effects, or
+                idempotent ones): a dispatcher may then send a slow call to a second
+                replica (hedging). Never assumed: without it, a call runs at most once.
         Raises:
             BadRequestError: bad event or handler name.
             ValueError: a handler of that name is already registered for the event, or the
@@ -135,6 +151,7 @@ class HookWorker:
                 timeout_s=timeout_s,
                 failure_policy=failure_policy,
                 parallel=parallel,
+                retry_safe=retry_safe,
             )
             return fn
 
@@ -151,6 +168,7 @@ class HookWorker:
         timeout_s: float = 5.0,
         failure_policy: FailurePolicy = "ignore",
         parallel: bool = False,
+        retry_safe: bool = False,
     ) -> HandlerSpec:
         """Non-decorator form of `handler`; returns the spec."""
         if self._state != "new":
@@ -169,6 +187,7 @@ class HookWorker:
             timeout_s=timeout_s,
             failure_policy=failure_policy,
             parallel=parallel,
+            retry_safe=retry_safe,
             subject=handler_subject(event, name),
             collect_subject=collect_subject(event),
             queue_group=handler_queue_group(name),
@@ -242,13 +261,17 @@ class HookWorker:
             for sig in installed:
                 loop.remove_signal_handler(sig)
 
-    async def shutdown(self) -> None:
-        """Stop taking requests and finish every one already received (idempotent).
+    async def shutdown(self, grace_s: float = 20.0) -> None:
+        """Stop taking requests, finish what runs within `grace_s` seconds (idempotent).
 
-        Order (FIELD-NOTES: this loses nothing): drain each subscription (the server stops
-        sending, buffered messages are still handled), then await the in-flight tasks. The
-        connection is left open: it belongs to the caller. Declarations stay in the
-        registry (they outlive instances); remove one with `unregister` or the CLI.
+        Intake stops on every subscription at once (all drained concurrently: the server
+        stops sending; messages already buffered are answered ``unavailable``, retryable,
+        as is anything arriving meanwhile). Requests in flight get `grace_s` seconds (the
+        default stays well below Kubernetes' 30 s termination grace); then they are
+        cancelled and answered ``unavailable`` — retryable only for a ``retry_safe``
+        handler, since the others may have done part of their work. The connection is
+        left open: it belongs to the caller. Declarations stay in the registry (they
+        outlive instances); remove one with `unregister` or the CLI.
         """
         if self._state in ("new", "stopped"):
             self._state = "stopped"
@@ -260,18 +283,30 @@ class HookWorker:
             await self._stopped.wait()
             return
         self._state = "draining"
-        for sub in self._subs:
-            with contextlib.suppress(
-                nats.errors.ConnectionClosedError, nats.errors.BadSubscriptionError
-            ):
-                await sub.drain()
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        deadline = time.monotonic() + max(grace_s, 0.0)
+        await asyncio.gather(*(self._drain(sub) for sub in self._subs))
+        while self._tasks and (left := deadline - time.monotonic()) > 0:
+            await asyncio.wait(list(self._tasks), timeout=left)
+        late = list(self._tasks)
+        for task in late:
+            task.cancel()
+        if late:
+            log.warning("cancelled %d request(s) still running after %ss", len(late), grace_s)
+            await asyncio.wait(late, timeout=5.0)  # each answers `unavailable` as it ends
         self._subs.clear()
         self._state = "stopped"
         assert self._stopped is not None
         self._stopped.set()
         log.info("worker drained after %d request(s)", self.handled)
+
+    @staticmethod
+    async def _drain(sub: Subscription) -> None:
+        with contextlib.suppress(
+            nats.errors.ConnectionClosedError,
+            nats.errors.ConnectionDrainingError,
+            nats.errors.BadSubscriptionError,
+        ):
+            await sub.drain()
 
     async def unregister(self) -> None:
         """Delete this worker's declarations from the registry (an explicit act)."""
@@ -292,53 +327,101 @@ class HookWorker:
     # -- serving -----------------------------------------------------------------------
     def _make_callback(self, spec: HandlerSpec) -> Callable[[Msg], Awaitable[None]]:
         async def on_message(msg: Msg) -> None:
-            assert self._limiter is not None
-            await self._limiter.acquire()  # backpressure: later messages wait in the sub
-            task = asyncio.create_task(self._serve(spec, msg))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            # never await the work here: the subscription would stall behind it
+            if self._state in ("draining", "stopped"):
+                await self._refuse(spec, msg, "unavailable", "the worker is shutting down")
+            elif self._inflight >= self.max_concurrency:
+                await self._refuse(
+                    spec, msg, "busy", f"over max_concurrency={self.max_concurrency}"
+                )
+            else:
+                self._inflight += 1
+                task = asyncio.create_task(self._serve(spec, msg))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
 
         return on_message
 
+    async def _refuse(self, spec: HandlerSpec, msg: Msg, code: str, message: str) -> None:
+        """Answer at once that the request was not run and may be sent again."""
+        self.refused += 1
+        if msg.reply and self._nc is not None:
+            error = WireError(code=code, message=message, retryable=True)
+            payload = encode(HookReply(handler=spec.declaration.name, error=error))
+            with contextlib.suppress(nats.errors.Error):
+                await self._nc.publish(msg.reply, payload)
+
     async def _serve(self, spec: HandlerSpec, msg: Msg) -> None:
-        assert self._limiter is not None
+        decl = spec.declaration
         try:
             reply = await self._handle(spec, msg)
             if reply is not None:
                 await self._respond(msg, reply)
+        except asyncio.CancelledError:  # shutdown's grace ran out
+            error = WireError(
+                code="unavailable",
+                message="the worker shut down while the handler ran",
+                retryable=decl.retry_safe,
+            )
+            with contextlib.suppress(Exception):
+                await self._respond(msg, HookReply(handler=decl.name, error=error))
+            raise
         except Exception as exc:  # never let one request take the worker down
             log.exception("unexpected error serving %s", msg.subject)
             if msg.reply and self._nc is not None:  # answer anyway: no wait for a timeout
                 error = WireError(code="internal", message=repr(exc))
                 with contextlib.suppress(Exception):
-                    payload = encode(HookReply(handler=spec.declaration.name, error=error))
+                    payload = encode(HookReply(handler=decl.name, error=error))
                     await self._nc.publish(msg.reply, payload)
         finally:
             self.handled += 1
-            self._limiter.release()
+            self._inflight -= 1
 
     @traced_handling
     async def _handle(self, spec: HandlerSpec, msg: Msg) -> HookReply | None:
         decl = spec.declaration
+        received = time.monotonic()
         try:
             envelope = decode(msg.data, EventEnvelope)
         except WireFormatError as exc:
-            log.warning("bad request on %s: %s", msg.subject, exc)
+            self._bad_requests.warn("bad request on %s: %.200s", msg.subject, exc)
             return HookReply(
-                handler=decl.name, error=WireError(code="bad_request", message=str(exc))
+                handler=decl.name, error=WireError(code="bad_request", message=str(exc)[:500])
             )
+        timeout_s = decl.timeout_s
+        budget = envelope.budget_s
+        if budget is not None:
+            if math.isnan(budget):
+                self._bad_requests.warn("bad request on %s: budget_s is NaN", msg.subject)
+                return HookReply(
+                    handler=decl.name,
+                    error=WireError(code="bad_request", message="budget_s is not a number"),
+                )
+            if budget <= 0:  # the caller has given up already: say so, run nothing
+                return HookReply(
+                    handler=decl.name,
+                    error=WireError(
+                        code="deadline_exceeded",
+                        message=f"the caller's budget ({budget}s) was spent on arrival",
+                        retryable=True,
+                    ),
+                )
+            timeout_s = min(timeout_s, budget)  # never more than the caller has left
+        timeout_s -= time.monotonic() - received
         try:
-            async with asyncio.timeout(decl.timeout_s):  # cheaper than anyio's on this path
+            async with asyncio.timeout(timeout_s):  # cheaper than anyio's on this path
                 if spec.is_async:
                     raw = await spec.fn(envelope.event, envelope.data)
                 else:
-                    raw = await anyio.to_thread.run_sync(spec.fn, envelope.event, envelope.data)
+                    raw = await anyio.to_thread.run_sync(
+                        spec.fn, envelope.event, envelope.data, abandon_on_cancel=True
+                    )
                     if inspect.isawaitable(raw):
                         raw = await raw
         except TimeoutError:
             return HookReply(
                 handler=decl.name,
-                error=WireError(code="handler_timeout", message=f"ran past {decl.timeout_s}s"),
+                error=WireError(code="handler_timeout", message=f"ran past {timeout_s:.3g}s"),
             )
         except Exception as exc:
             log.warning("handler %s raised on %s: %r", decl.name, envelope.id, exc)
@@ -373,3 +456,32 @@ class HookWorker:
                 )
             )
         await self._nc.publish(msg.reply, payload)
+
+
+class _RateLimitedWarning:
+    """WARNING lines for repeated bad input: the first `burst` per `interval_s` seconds
+    one by one (one line each, no traceback), the rest as one count per interval."""
+
+    def __init__(self, logger: logging.Logger, *, burst: int = 5, interval_s: float = 10.0):
+        self._log = logger
+        self._burst = burst
+        self._interval_s = interval_s
+        self._since = time.monotonic()
+        self._logged = 0
+        self._suppressed = 0
+
+    def warn(self, fmt: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self._since >= self._interval_s:
+            if self._suppressed:
+                self._log.warning(
+                    "%d more bad request(s) in the last %.0fs (not logged one by one)",
+                    self._suppressed,
+                    now - self._since,
+                )
+            self._since, self._logged, self._suppressed = now, 0, 0
+        if self._logged < self._burst:
+            self._logged += 1
+            self._log.warning(fmt, *args)
+        else:
+            self._suppressed += 1
