@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from typing import Any
+from unittest.mock import ANY
 
 import nats.errors
 import pytest
@@ -400,3 +401,67 @@ async def test_collects_with_huge_timeouts_do_not_starve_other_agents(connect, e
     codes = {a.error.code if a.error else "ok" for a in answers}
     assert codes <= {"ok", "busy", "unavailable"}, codes
     assert all(a.error.retryable for a in answers if a.error)
+
+
+async def test_drain_is_bounded_by_the_grace(connect, event):
+    """stop(grace_s) lets a request that finishes in time complete, and answers one that
+    does not with a retryable `unavailable` error once the grace is spent, instead of
+    waiting for it forever (Kubernetes would SIGKILL first and the agent get nothing)."""
+    snc = await connect()
+    d = HookDispatcher(snc, strict_events=True)
+    never, started, ready = asyncio.Event(), [], asyncio.Event()
+    d.register(event, _gated(never, started, ready, 1), name="stuck")
+    quick = event + "-quick"
+    gate, q_started, q_ready = asyncio.Event(), [], asyncio.Event()
+    d.register(quick, _gated(gate, q_started, q_ready, 1), name="finishes")
+    service = DispatcherService(d, snc, grace_s=0.5)
+    await service.start()
+    agent = await connect()
+    stuck_reply = asyncio.create_task(_emit(agent, event, b'{"data": {}}'))
+    quick_reply = asyncio.create_task(_emit(agent, quick, b'{"data": {"n": 1}}'))
+    await ready.wait()
+    await q_ready.wait()
+    stopping = asyncio.create_task(service.stop())
+    gate.set()  # the quick one finishes within the grace
+    await asyncio.wait_for(stopping, 10)
+    stuck, done = await asyncio.gather(stuck_reply, quick_reply)
+    assert done["result"]["data"] == {"n": 1, "done": True, "timestamp": ANY}
+    assert stuck["error"]["code"] == "unavailable"
+    assert stuck["error"]["retryable"] is True
+    assert "result" not in stuck
+
+
+async def test_drain_stops_intake_on_every_subscription_at_once(connect, event):
+    """While a drain waits for the requests in flight, no subscription takes new work:
+    a request sent then is answered at once (no responders, or `unavailable`), not taken
+    and left waiting behind the drain."""
+    snc = await connect()
+    d = HookDispatcher(snc, strict_events=True)
+    gate, started, ready = asyncio.Event(), [], asyncio.Event()
+    d.register(event, _gated(gate, started, ready, 1), name="slow")
+    service = DispatcherService(d, snc, max_concurrency=1)
+    await service.start()
+    agent = await connect()
+    first = asyncio.create_task(_emit(agent, event, b'{"data": {}}'))
+    await ready.wait()
+    second = asyncio.create_task(_emit(agent, event, b'{"data": {}}'))  # over the bound
+    await agent.flush()
+    stopping = asyncio.create_task(service.stop(grace_s=8))
+    outcome = None
+    for _ in range(10):  # the unsubscribes are on their way: a few tries at most
+        try:
+            msg = await agent.request(_collect_subject(event), b'{"data": {}}', timeout=0.5)
+        except nats.errors.NoRespondersError:
+            outcome = "no_responders"
+            break
+        except nats.errors.TimeoutError:
+            continue  # taken by a subscription that should have stopped
+        outcome = json.loads(msg.data)["error"]["code"]
+        if outcome == "unavailable":
+            break
+    gate.set()
+    await asyncio.wait_for(stopping, 10)
+    replies = await asyncio.gather(first, second)
+    assert outcome in ("no_responders", "unavailable"), outcome
+    assert replies[0]["result"]["data"]["done"] is True
+    assert replies[1]["error"]["code"] in ("busy", "unavailable")
