@@ -29,6 +29,7 @@ from hookbus.schemas import (
 from ._approvals import ApprovalGrant, Approvals, Grants
 from ._calls import Failed, Outcome, call_local
 from ._fold import Fold
+from ._kv import ensure_buckets
 from ._router import EmitContext, Router
 from ._routes import LocalHandler, Route
 from ._suspensions import HookEventStream, PendingHook, RunScope, Suspensions
@@ -59,6 +60,9 @@ class HookDispatcher(StandardEvents):
         approvals: turn ``ask_user`` results into durable approvals and wait for the answer
             (needs a connection; without one, ask_user passes through as amplifier-core does).
         suspension_ttl_s: seconds a suspension record lives after its last write.
+        approval_ttl_s: seconds an "Allow always" grant lives.
+        strict_buckets: raise `BucketConfigError` at `start` when a bucket exists with
+            another config (replicas, TTL, history) than asked; else a warning names it.
     """
 
     def __init__(
@@ -70,6 +74,8 @@ class HookDispatcher(StandardEvents):
         bucket_replicas: int = 1,
         approvals: bool = True,
         suspension_ttl_s: float = 7 * 24 * 3600,
+        approval_ttl_s: float = 24 * 3600,
+        strict_buckets: bool = False,
     ) -> None:
         self._nc = nc
         self._strict = strict_events
@@ -80,6 +86,8 @@ class HookDispatcher(StandardEvents):
         self._started = False
         self._approvals_on = approvals
         self._suspension_ttl_s = suspension_ttl_s
+        self._approval_ttl_s = approval_ttl_s
+        self._strict_buckets = strict_buckets
         self._suspensions: Suspensions | None = None
         self._approvals: Approvals | None = None
 
@@ -92,6 +100,13 @@ class HookDispatcher(StandardEvents):
         if self._started or self._nc is None:
             return
         self._router.nc = self._nc
+        await ensure_buckets(  # created as asked, or reported if they differ
+            self._nc,
+            replicas=self._bucket_replicas,
+            suspension_ttl_s=self._suspension_ttl_s,
+            approval_ttl_s=self._approval_ttl_s if self._approvals_on else None,
+            strict=self._strict_buckets,
+        )
         await self._router.start()
         self._suspensions = await Suspensions.open(
             self._nc, ttl_s=self._suspension_ttl_s, replicas=self._bucket_replicas

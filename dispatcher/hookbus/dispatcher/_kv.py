@@ -30,9 +30,16 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from hookbus.schemas import BucketConfigError, HookbusTimeoutError, config_differences
+from hookbus.schemas import (
+    BucketConfigError,
+    HookbusTimeoutError,
+    approvals_bucket_config,
+    config_differences,
+    handlers_bucket_config,
+    suspensions_bucket_config,
+)
 
-__all__ = ["is_transient", "kv_retry", "open_bucket"]
+__all__ = ["ensure_buckets", "is_transient", "kv_retry", "open_bucket"]
 
 T = TypeVar("T")
 
@@ -149,3 +156,35 @@ async def open_bucket(
             raise BucketConfigError(f"bucket {config.bucket} exists with another config: {text}")
         log.warning("bucket %s exists with another config, used as it is: %s", config.bucket, text)
     return kv
+
+
+async def ensure_buckets(
+    nc: NATS,
+    *,
+    replicas: int = 1,
+    suspension_ttl_s: float = 7 * 24 * 3600,
+    approval_ttl_s: float | None = 24 * 3600,
+    strict: bool = False,
+    deadline_s: float = 30.0,
+) -> None:
+    """Create the dispatcher's buckets with the configuration asked for, or report those
+    that exist with another one (see `open_bucket`), before the stores open them.
+
+    Args:
+        replicas: JetStream replicas of each bucket (1 on a single server, 3 on a cluster).
+        suspension_ttl_s: max age of a suspension record after its last write, seconds.
+        approval_ttl_s: max age of an "Allow always" grant, seconds; None: no approvals
+            bucket (approvals off).
+        strict: raise instead of warning when a bucket differs.
+    Raises:
+        BucketConfigError: `strict` and a bucket differs from what was asked.
+        HookbusTimeoutError: JetStream stayed unavailable for `deadline_s` seconds.
+    """
+    configs = [
+        handlers_bucket_config(replicas=replicas),
+        suspensions_bucket_config(ttl_s=suspension_ttl_s, replicas=replicas),
+    ]
+    if approval_ttl_s is not None:
+        configs.append(approvals_bucket_config(ttl_s=approval_ttl_s, replicas=replicas))
+    for config in configs:
+        await open_bucket(nc, config, strict=strict, deadline_s=deadline_s)
