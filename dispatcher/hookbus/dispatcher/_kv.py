@@ -89,7 +89,9 @@ async def kv_retry(
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + deadline_s
-    backoff = wait_exponential_jitter(initial=initial_wait_s, max=max_wait_s, jitter=initial_wait_s)
+    backoff = wait_exponential_jitter(
+        multiplier=initial_wait_s, max=max_wait_s, jitter=initial_wait_s
+    )
 
     def wait(state: RetryCallState) -> float:
         return max(0.0, min(backoff(state), deadline - loop.time()))
