@@ -1,5 +1,5 @@
 """What the CLI commands share: the NATS URL (or the embedded server), connecting,
-loading `module:attr`, parsing JSON arguments, logging setup."""
+loading `module:attr`, parsing JSON arguments, logging setup, the bucket and drain options."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 import json
 import logging
+import math
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +30,65 @@ url_option = click.option(
     metavar="URL[,URL...]",
     help="NATS server URL, or a comma-separated server list (env NATS_URL). "
     "Without one, an embedded nats-server with JetStream is started and stopped on exit.",
+)
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+class Duration(click.ParamType):
+    """Seconds, as a number or with a unit: ``90``, ``90s``, ``15m``, ``24h``, ``7d``."""
+
+    name = "duration"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        if isinstance(value, int | float):
+            seconds = float(value)
+        else:
+            text = str(value).strip().lower()
+            scale = _UNITS.get(text[-1:])
+            try:
+                seconds = float(text[:-1] if scale else text) * (scale or 1.0)
+            except ValueError:
+                self.fail(f"{value!r} is not a duration (e.g. 90, 90s, 15m, 24h, 7d)", param, ctx)
+        if not math.isfinite(seconds) or seconds <= 0:
+            self.fail(f"{value!r} must be a finite duration above 0", param, ctx)
+        return seconds
+
+
+DURATION = Duration()
+
+bucket_replicas_option = click.option(
+    "--bucket-replicas",
+    envvar="HOOKBUS_BUCKET_REPLICAS",
+    type=click.IntRange(1, 5),
+    default=1,
+    show_default=True,
+    help="JetStream replicas of the KV buckets this process creates (env "
+    "HOOKBUS_BUCKET_REPLICAS): 1 on a single server, 3 on a 3-node cluster, so that losing "
+    "a node loses no route, suspension or grant.",
+)
+
+strict_buckets_option = click.option(
+    "--strict-buckets",
+    envvar="HOOKBUS_STRICT_BUCKETS",
+    is_flag=True,
+    help="Refuse to start when a bucket exists with another config (replicas, TTL, history) "
+    "than asked (env HOOKBUS_STRICT_BUCKETS=1); without it, a warning names the differences.",
+)
+
+grace_period_option = click.option(
+    "--grace-period",
+    "grace_s",
+    envvar="HOOKBUS_GRACE_PERIOD",
+    type=DURATION,
+    default=20.0,
+    show_default=True,
+    help="On SIGTERM/SIGINT: seconds (or 15s, 1m) that requests in flight get to finish "
+    "before the rest are answered with a retryable 'unavailable' (env HOOKBUS_GRACE_PERIOD). "
+    "Keep it below the orchestrator's kill deadline (Kubernetes: 30 s).",
 )
 
 

@@ -8,15 +8,19 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
 import click
 import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.js.api import KeyValueConfig
 from rich.console import Console
 from rich.table import Table
 
 from hookbus.dispatcher import DispatcherService, HookDispatcher
+from hookbus.dispatcher._kv import open_bucket
 from hookbus.schemas import (
     STANDARD_EVENTS,
     HandlerDeclaration,
@@ -30,12 +34,16 @@ from hookbus.schemas import (
 from hookbus.workers import HookWorker
 
 from ._common import (
+    DURATION,
+    bucket_replicas_option,
     connect,
     drain_or_close,
+    grace_period_option,
     load_object,
     nats_url_or_embedded,
     parse_json_object,
     setup_logging,
+    strict_buckets_option,
     url_option,
 )
 from ._hooks_cmd import approvals, hooks
@@ -89,11 +97,23 @@ def server(port: int, data_dir: str) -> None:
     "--max-concurrency",
     default=256,
     show_default=True,
-    help="Requests handled at once by this process.",
+    help="Requests handled at once by this process; more are refused 'busy' at once.",
 )
-def worker(target: str, url: str | None, otlp_endpoint: str | None, max_concurrency: int) -> None:
+@grace_period_option
+@bucket_replicas_option
+@strict_buckets_option
+def worker(
+    target: str,
+    url: str | None,
+    otlp_endpoint: str | None,
+    max_concurrency: int,
+    grace_s: float,
+    bucket_replicas: int,
+    strict_buckets: bool,
+) -> None:
     """Serve the HookWorker at MODULE:ATTR (or path/to/file.py:ATTR) until SIGTERM/SIGINT,
-    then drain: every request received is answered."""
+    then drain within the grace period: every request received is answered (a result, or
+    a retryable 'unavailable' for what could not finish)."""
     obj = load_object(target)
     if not isinstance(obj, HookWorker):
         raise click.BadParameter(f"{target} is a {type(obj).__name__}, not a HookWorker")
@@ -102,7 +122,11 @@ def worker(target: str, url: str | None, otlp_endpoint: str | None, max_concurre
     async def run(nats_url: str) -> None:
         nc = await connect(nats_url, name=f"hookbus-worker {target}", service=True)
         try:
-            await obj.run(nc, handle_signals=True)
+            await _ensure_bucket(
+                nc, handlers_bucket_config(replicas=bucket_replicas), strict=strict_buckets
+            )
+            _on_signals(lambda: obj.shutdown(grace_s=grace_s))
+            await obj.run(nc)
         finally:
             await drain_or_close(nc)
 
@@ -122,22 +146,64 @@ def worker(target: str, url: str | None, otlp_endpoint: str | None, max_concurre
     "--max-concurrency",
     default=512,
     show_default=True,
-    help="Emit requests served at once by this replica.",
+    help="Emit requests served at once by this replica; more are refused 'busy' at once.",
 )
-def dispatcher_cmd(url: str | None, otlp_endpoint: str | None, max_concurrency: int) -> None:
+@grace_period_option
+@bucket_replicas_option
+@click.option(
+    "--suspension-ttl",
+    "suspension_ttl_s",
+    envvar="HOOKBUS_SUSPENSION_TTL",
+    type=DURATION,
+    default="7d",
+    show_default=True,
+    help="How long a suspension record lives after its last write (env HOOKBUS_SUSPENSION_TTL).",
+)
+@click.option(
+    "--approval-ttl",
+    "approval_ttl_s",
+    envvar="HOOKBUS_APPROVAL_TTL",
+    type=DURATION,
+    default="24h",
+    show_default=True,
+    help='How long an "Allow always" grant lives (env HOOKBUS_APPROVAL_TTL).',
+)
+@strict_buckets_option
+def dispatcher_cmd(
+    url: str | None,
+    otlp_endpoint: str | None,
+    max_concurrency: int,
+    grace_s: float,
+    bucket_replicas: int,
+    suspension_ttl_s: float,
+    approval_ttl_s: float,
+    strict_buckets: bool,
+) -> None:
     """Serve emit / emit_and_collect on hookbus.v1.emit.<event> and
-    hookbus.v1.emit_and_collect.<event> (queue group hookbus-dispatcher)."""
+    hookbus.v1.emit_and_collect.<event> (queue group hookbus-dispatcher). SIGTERM/SIGINT
+    drain within the grace period: intake stops at once, requests in flight finish, then
+    approval waits are aborted (left pending: the agent's retry with the same idempotency
+    key resumes them) and whatever is left is answered with a retryable 'unavailable'."""
 
     async def run(nats_url: str) -> None:
         nc = await connect(nats_url, name="hookbus-dispatcher", service=True)
-        service = DispatcherService(
-            HookDispatcher(nc, strict_events=True), nc, max_concurrency=max_concurrency
+        dispatcher = HookDispatcher(
+            nc,
+            strict_events=True,
+            bucket_replicas=bucket_replicas,
+            suspension_ttl_s=suspension_ttl_s,
+            approval_ttl_s=approval_ttl_s,
+            strict_buckets=strict_buckets,
         )
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, lambda: asyncio.ensure_future(service.stop()))
+        service = DispatcherService(
+            dispatcher, nc, max_concurrency=max_concurrency, grace_s=grace_s
+        )
+        _on_signals(service.stop)
         try:
-            await service.start()
+            try:
+                await service.start()
+            except HookbusError as exc:  # a bucket that differs (strict), JetStream down
+                raise click.ClickException(str(exc)) from exc
             click.echo("dispatcher serving hookbus.v1.emit.* (Ctrl-C drains and stops)", err=True)
             await service.run()
         finally:
@@ -309,6 +375,31 @@ def demo(
 
 cli.add_command(hooks)
 cli.add_command(approvals)
+
+
+def _on_signals(stop: Callable[[], Awaitable[None]]) -> None:
+    """Run `stop()` once on the first SIGTERM or SIGINT (later ones change nothing)."""
+    loop = asyncio.get_running_loop()
+    stopping: list[asyncio.Future[None]] = []
+
+    def on_signal() -> None:
+        if not stopping:
+            stopping.append(asyncio.ensure_future(stop()))
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+
+
+async def _ensure_bucket(nc: NATS, config: KeyValueConfig, *, strict: bool) -> None:
+    """Create `config`'s bucket as asked, or report it if it exists with another config.
+
+    Raises:
+        click.ClickException: `strict` and the bucket differs, or JetStream is unavailable.
+    """
+    try:
+        await open_bucket(nc, config, strict=strict)
+    except HookbusError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 def _run(coro):  # type: ignore[no-untyped-def]
