@@ -1,4 +1,4 @@
-"""Approvals (issue 3, part 3): a handler's ``ask_user`` becomes a durable approval suspension.
+"""Approvals: a handler's ``ask_user`` becomes a durable approval suspension.
 
 The agent's dispatcher emits; an "approver" (another connection, as another process would
 be) answers from the hook events. Each test has its own event and session id, so its
@@ -18,12 +18,15 @@ from nats.aio.client import Client as NATS
 
 from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher, approval_label
 from hookbus.schemas import (
+    APPROVALS_BUCKET,
     AlreadySettledError,
+    ApprovalGrant,
     HookEvent,
     HookPart,
     HookResult,
     ResolutionRejectedError,
     encode,
+    grant_key,
     hook_event_subject,
 )
 from hookbus.workers import HookWorker
@@ -422,13 +425,255 @@ async def test_approvals_off_passes_ask_user_through(
     assert [h for h in await approver.settle(nc) if h.metadata.get("session_id") == session] == []
 
 
-# -- the label -----------------------------------------------------------------------------------
-def test_approval_label_is_deterministic_per_call_and_ignores_the_timestamp() -> None:
-    data = {"session_id": "s1", "tool_name": "bash", "timestamp": "2025-01-01T00:00:00+00:00"}
-    same = {**data, "timestamp": "2026-02-02T00:00:00+00:00"}
-    label = approval_label("tool:pre", data, "guard")
-    assert label == approval_label("tool:pre", same, "guard")
+# -- the label: one approval per call -------------------------------------------------------------
+def test_approval_label_is_per_call_not_per_content() -> None:
+    """The label binds the call's id: a retry (same id, any timestamp) finds the same
+    approval; another id (a new identical call) or other data, agent, session, handler or
+    event is another approval. (The former label hashed the content only, so an identical
+    new call found the previous call's decided approval.)"""
+    data = {"session_id": "s1", "agent_id": "a1", "tool_name": "bash", "timestamp": "t1"}
+    label = approval_label("tool:pre", data, "guard", call_id="k1")
     assert label.startswith(APPROVAL_LABEL_PREFIX)
-    assert label != approval_label("tool:pre", {**data, "x": 1}, "guard")
-    assert label != approval_label("tool:pre", data, "other")
-    assert label != approval_label("tool:post", data, "guard")
+    assert label == approval_label("tool:pre", {**data, "timestamp": "t2"}, "guard", call_id="k1")
+    others = [
+        approval_label("tool:pre", data, "guard", call_id="k2"),
+        approval_label("tool:pre", {**data, "x": 1}, "guard", call_id="k1"),
+        approval_label("tool:pre", {**data, "agent_id": "a2"}, "guard", call_id="k1"),
+        approval_label("tool:pre", {**data, "session_id": "s2"}, "guard", call_id="k1"),
+        approval_label("tool:pre", data, "other", call_id="k1"),
+        approval_label("tool:post", data, "guard", call_id="k1"),
+    ]
+    assert len({label, *others}) == 1 + len(others)
+
+
+async def pending_label(approver: Approver, session: str | None, agent: str | None = None) -> str:
+    part = await approver.next(
+        lambda h: (
+            h.status == "pending"
+            and h.metadata.get("session_id") == session
+            and h.metadata.get("agent_id") == agent
+        )
+    )
+    return part.label
+
+
+# -- a decided approval never decides another call -------------------------------------------------
+async def test_a_timed_out_approval_does_not_decide_the_next_identical_call(
+    agent: Agent, approver: Approver, event: str
+) -> None:
+    """A timed-out approval (default allow) is closed; the next identical call is asked
+    anew, and its own answer decides it (formerly: denied at once as "cancelled")."""
+    agent.d.register(event, asker(approval_timeout=0.3, approval_default="allow"))
+    call = {"tool_name": "bash", "command": "ls"}
+    first = await agent.d.emit(event, dict(call))
+    assert first.action == "continue"
+    assert first.reason is not None and "timed out" in first.reason
+    first_label = (await approver.pending(agent.session)).label
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, dict(call))
+        part = await approver.pending(agent.session)
+        assert part.label != first_label
+        await approver.d.resolve_hook(part.label, {"choice": "Deny"})
+        second = await out.wait()
+    assert second.action == "deny" and second.decided_by == "guard"
+    assert second.reason == "user chose 'Deny'"
+
+
+async def test_a_cancelled_approval_does_not_decide_the_next_identical_call(
+    agent: Agent, approver: Approver, event: str
+) -> None:
+    agent.d.register(event, asker(approval_default="allow"))
+    call = {"tool_name": "bash", "command": "ls"}
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, dict(call))
+        part = await approver.pending(agent.session)
+        await approver.d.cancel_hook(part.label, reason="operator left")
+        assert (await out.wait()).action == "deny"
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, dict(call))
+        again = await approver.pending(agent.session)
+        assert again.label != part.label
+        await approver.d.resolve_hook(again.label, {"choice": "Allow"})
+        r = await out.wait()
+    assert r.action == "continue" and r.reason == "user chose 'Allow'"
+
+
+# -- a retry of the same call (idempotency key) ----------------------------------------------------
+async def test_a_retry_with_the_same_key_finds_its_answer_without_asking_again(
+    agent: Agent, approver: Approver, connect: Connect, event: str
+) -> None:
+    agent.d.register(event, asker(approval_options=["Allow once", "Deny"]))
+    call = {"tool_name": "bash", "command": "make deploy"}
+    key = f"call-{uuid.uuid4().hex}"
+    async with anyio.create_task_group() as tg:
+        first = Emitted()
+
+        async def run() -> None:
+            first.result = await agent.d.emit(event, dict(call), idempotency_key=key)
+            first.done.set()
+
+        tg.start_soon(run)
+        part = await approver.pending(agent.session)
+        # the reply is lost; the agent retries the same call through another dispatcher
+        other = HookDispatcher(await connect())
+        other.register(event, asker(approval_options=["Allow once", "Deny"]))
+        other.set_default_fields(session_id=agent.session)
+        async with other:
+            retried = Emitted()
+
+            async def retry() -> None:
+                retried.result = await other.emit(event, dict(call), idempotency_key=key)
+                retried.done.set()
+
+            tg.start_soon(retry)
+            await approver.d.resolve_hook(part.label, {"choice": "Allow once"})
+            assert (await first.wait()).action == "continue"
+            assert (await retried.wait()).action == "continue"
+            # a retry after the answer gets it at once
+            late = await other.emit(event, dict(call), idempotency_key=key)
+    assert late.action == "continue" and late.reason == "user chose 'Allow once'"
+    assert len(approver.pending_of(agent.session)) == 1
+    # a new identical call (another key, or none) asks anew
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, dict(call))
+        fresh = await approver.pending(agent.session)
+        assert fresh.label != part.label
+        await approver.d.resolve_hook(fresh.label, {"choice": "Deny"})
+        assert (await out.wait()).action == "deny"
+
+
+async def test_a_retry_after_the_timeout_gets_the_same_decision(
+    agent: Agent, approver: Approver, event: str
+) -> None:
+    agent.d.register(event, asker(approval_timeout=0.3, approval_default="allow"))
+    key = f"call-{uuid.uuid4().hex}"
+    first = await agent.d.emit(event, {"tool_name": "bash"}, idempotency_key=key)
+    again = await agent.d.emit(event, {"tool_name": "bash"}, idempotency_key=key)
+    assert first.action == again.action == "continue"
+    assert again.reason is not None and "timed out" in again.reason
+    await approver.settle(agent.nc, approver.nc)
+    assert len(approver.pending_of(agent.session)) == 1
+
+
+async def test_a_key_reused_for_another_call_does_not_reuse_the_answer(
+    agent: Agent, approver: Approver, event: str
+) -> None:
+    agent.d.register(event, asker())
+    key = f"call-{uuid.uuid4().hex}"
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit_keyed(tg, agent.d, event, {"tool_name": "bash", "command": "ls"}, key)
+        part = await approver.pending(agent.session)
+        await approver.d.resolve_hook(part.label, {"choice": "Allow"})
+        assert (await out.wait()).action == "continue"
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit_keyed(tg, agent.d, event, {"tool_name": "bash", "command": "rm"}, key)
+        again = await approver.pending(agent.session)
+        assert again.label != part.label
+        await approver.d.resolve_hook(again.label, {"choice": "Deny"})
+        assert (await out.wait()).action == "deny"
+
+
+def spawn_emit_keyed(
+    tg: TaskGroup, d: HookDispatcher, event: str, data: dict[str, Any], key: str
+) -> Emitted:
+    out = Emitted()
+
+    async def run() -> None:
+        try:
+            out.result = await d.emit(event, data, idempotency_key=key)
+        finally:
+            out.done.set()
+
+    tg.start_soon(run)
+    return out
+
+
+# -- "Allow always": scoped, never without a session, listed and revoked ---------------------------
+async def test_allow_always_without_a_session_allows_that_call_only(
+    connect: Connect, approver: Approver, event: str
+) -> None:
+    """Agents that send no session id: agent A's "Allow always" for ``ls`` allows that
+    call only (the reason says so); neither agent B's ``rm -rf /data`` nor A's next call is
+    allowed without asking (formerly both shared session ``-`` and the grant)."""
+    d = HookDispatcher(await connect())
+    d.register(event, asker(approval_options=["Allow once", "Allow always", "Deny"]))
+    agent_a, agent_b = f"agent-a-{uuid.uuid4().hex[:8]}", f"agent-b-{uuid.uuid4().hex[:8]}"
+    async with d:
+        async with anyio.create_task_group() as tg:
+            out = spawn_emit(tg, d, event, {"tool_name": "bash", "agent_id": agent_a,
+                                            "tool_input": {"command": "ls"}})  # fmt: skip
+            label = await pending_label(approver, None, agent_a)
+            await approver.d.resolve_hook(label, {"choice": "Allow always"})
+            r = await out.wait()
+        assert r.action == "continue"
+        assert r.reason is not None and "this call only" in r.reason and "session" in r.reason
+        assert await d.approval_grants(agent_id=agent_a) == []
+        for who, command in ((agent_b, "rm -rf /data"), (agent_a, "ls")):
+            async with anyio.create_task_group() as tg:
+                out = spawn_emit(tg, d, event, {"tool_name": "bash", "agent_id": who,
+                                                "tool_input": {"command": command}})  # fmt: skip
+                label = await pending_label(approver, None, who)
+                await approver.d.resolve_hook(label, {"choice": "Deny"})
+                r = await out.wait()
+            assert r.action == "deny" and r.reason == "user chose 'Deny'", who
+
+
+async def test_allow_always_is_per_agent_within_a_session(
+    agent: Agent, approver: Approver, event: str
+) -> None:
+    agent.d.register(event, asker(approval_options=["Allow always", "Deny"]))
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
+        label = await pending_label(approver, agent.session, "a1")
+        await approver.d.resolve_hook(label, {"choice": "Allow always"})
+        assert (await out.wait()).action == "continue"
+    ok = await agent.d.emit(event, {"tool_name": "bash", "agent_id": "a1", "command": "x"})
+    assert ok.action == "continue" and ok.reason is not None and "always" in ok.reason
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a2"})
+        label = await pending_label(approver, agent.session, "a2")
+        await approver.d.resolve_hook(label, {"choice": "Deny"})
+        assert (await out.wait()).action == "deny"
+
+
+async def test_grants_are_listed_and_revoked(agent: Agent, approver: Approver, event: str) -> None:
+    agent.d.register(event, asker(approval_options=["Allow always", "Deny"]))
+    agent.d.set_default_fields(session_id=agent.session, agent_id="a1")
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
+        part = await approver.pending(agent.session)
+        await approver.d.resolve_hook(part.label, {"choice": "Allow always"})
+        assert (await out.wait()).action == "continue"
+    (grant,) = await approver.d.approval_grants(session_id=agent.session)
+    assert (grant.agent_id, grant.session_id, grant.event, grant.handler, grant.tool) == (
+        "a1", agent.session, event, "guard", "bash"
+    )  # fmt: skip
+    assert grant.label == part.label and grant.choice == "Allow always" and grant.granted_at > 0
+    assert (await agent.d.emit(event, {"tool_name": "bash"})).action == "continue"
+
+    await approver.d.revoke_grant(grant)
+    assert await approver.d.approval_grants(session_id=agent.session) == []
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
+        part = await approver.pending(agent.session)  # asked again once revoked
+        await approver.d.resolve_hook(part.label, {"choice": "Deny"})
+        assert (await out.wait()).action == "deny"
+
+
+async def test_a_grant_that_does_not_match_its_key_is_ignored_and_the_human_asked(
+    agent: Agent, approver: Approver, nc: NATS, event: str
+) -> None:
+    """A grant value that does not decode, or names another scope than its key, never
+    allows: the human is asked."""
+    agent.d.register(event, asker())
+    kv = await nc.jetstream().key_value(APPROVALS_BUCKET)
+    key = grant_key(None, agent.session, event, "guard", "bash")
+    other = ApprovalGrant(session_id="another", event=event, handler="guard", tool="bash")
+    for value in (b"\xff not json", encode(other), b"{}"):
+        await kv.put(key, value)
+        async with anyio.create_task_group() as tg:
+            out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
+            part = await approver.pending(agent.session)
+            await approver.d.resolve_hook(part.label, {"choice": "Deny"})
+            assert (await out.wait()).action == "deny"
+    assert await approver.d.approval_grants(session_id=agent.session) == []

@@ -15,6 +15,7 @@ from hookbus.schemas import (
     COLLECT_SERVICE_WILDCARD,
     DISPATCHER_QUEUE_GROUP,
     EMIT_SERVICE_WILDCARD,
+    GRANT_NONE,
     HANDLERS_BUCKET,
     HOOK_EVENTS_WILDCARD,
     SUBJECT_PREFIX,
@@ -28,11 +29,13 @@ from hookbus.schemas import (
     emit_service_subject,
     encode_token,
     event_from_service_subject,
+    grant_key,
     handler_key,
     handler_queue_group,
     handler_subject,
     hook_event_subject,
     label_from_key,
+    parse_grant_key,
     parse_handler_key,
     suspension_key,
     validate_name,
@@ -242,11 +245,26 @@ def test_hook_event_subject_shape(status: str) -> None:
         assert decode_token(tokens[3]) == label
 
 
-def test_always_allow_key_shape() -> None:
-    assert always_allow_key("s1", "security", "bash") == "s1.security.bash"
-    triples = [(s, h, t) for s in ("s1", "a.b", "ü") for h in ("h", "h.x") for t in ("bash", "*")]
-    keys = [always_allow_key(*t) for t in triples]
-    assert len(set(keys)) == len(triples)  # one key per (session, handler, tool)
-    for key, triple in zip(keys, triples, strict=True):
+def test_grant_key_shape() -> None:
+    """agent.session.event.handler.tool, each part encoded; an absent agent or tool is
+    GRANT_NONE, which no name encodes to; no session, no key."""
+    assert grant_key("a1", "s1", "tool:pre", "security", "bash") == "a1.s1.tool=3Apre.security.bash"
+    assert grant_key(None, "s1", "e", "h", None) == f"{GRANT_NONE}.s1.e.h.{GRANT_NONE}"
+    assert always_allow_key is grant_key
+    scopes = [
+        (a, s, "e", h, t)
+        for a in (None, "a", "-", "=")
+        for s in ("s1", "a.b", "ü")
+        for h in ("h", "h.x")
+        for t in (None, "bash", "*")
+    ]
+    keys = [grant_key(*scope) for scope in scopes]
+    assert len(set(keys)) == len(scopes)  # one key per scope
+    for key, scope in zip(keys, scopes, strict=True):
         assert KV_KEY.fullmatch(key), key
-        assert tuple(decode_token(part) for part in key.split(".")) == triple
+        assert parse_grant_key(key) == scope
+    for bad in ("", "a.b.c", "a.=.e.h.t", "a.s.e.h.t.x", "a.s.e.h.x=1"):
+        with pytest.raises(BadRequestError):
+            parse_grant_key(bad)
+    with pytest.raises(BadRequestError):
+        grant_key("a", "", "e", "h", "t")

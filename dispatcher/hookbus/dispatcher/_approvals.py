@@ -4,47 +4,82 @@ amplifier-core's `HookResult` carries the question (`approval_prompt`), the choi
 (`approval_options`, default ``["Allow", "Deny"]``), how long to wait (`approval_timeout`,
 seconds) and what to do then (`approval_default`). hookbus turns that into a suspension
 whose metadata carries them; the emit waits for an `ApprovalAnswer` and returns continue or
-deny. A choice starting with "allow" (any case) allows; anything else denies. "Allow always"
-is remembered in `APPROVALS_BUCKET` for the rest of the session, keyed by session, handler
-and tool, so the next identical call does not ask again.
+deny. A choice starting with "allow" (any case) allows; anything else denies.
 
-The label is derived from the call (session, handler, event and data without the
-timestamp), so an emit retried after a dispatcher restart finds the same suspension and
-its resolution instead of asking twice.
+**One approval per call.** The label is derived from the call: event, agent, session,
+handler, the call's id (the caller's idempotency key, else the emit's own random id) and
+its data (without the timestamp). A retry of the same call (same key, e.g. after a lost
+reply or a dispatcher restart) finds its approval and its answer and is never asked twice;
+a new call, even an identical one, asks anew; a decided approval (answered, cancelled,
+timed out) never decides another call, and a key reused for other data does not reuse the
+answer. An answer that won the compare-and-set is applied whatever the clock says: on
+timeout the approval is cancelled, and if that cancel loses to an answer, the answer wins.
+
+**"Allow always"** stores an `ApprovalGrant` in `APPROVALS_BUCKET` under `grant_key`
+(agent, session, event, handler, tool). It allows every later call of that tool **with any
+input** by the same agent in the same session when the same handler asks, until the
+bucket's TTL (24 h by default) or until revoked (`Approvals.revoke_grants`, ``hookbus
+approvals revoke``). A call without a session id is never remembered: "Allow always" then
+allows that call only, and the reason says so.
 """
 
 from __future__ import annotations
 
-import contextlib
+import builtins
 import hashlib
 import logging
-from typing import Any
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
+import anyio
 import msgspec
+import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
 from hookbus.schemas import (
     APPROVAL_DEFAULT_OPTIONS,
+    AlreadySettledError,
     ApprovalAnswer,
+    ApprovalGrant,
+    HookbusError,
+    HookbusTimeoutError,
     HookCancelledError,
+    HookNotFoundError,
     HookResult,
     HookTimeoutError,
-    always_allow_key,
+    SuspensionRecord,
     approvals_bucket_config,
+    decode,
     encode,
+    grant_key,
+    parse_grant_key,
 )
 from hookbus.schemas import _telemetry_names as tn
 
 from ._suspensions import Suspensions
 
-__all__ = ["APPROVAL_LABEL_PREFIX", "Approvals", "approval_label", "is_allow"]
+__all__ = [
+    "APPROVAL_LABEL_PREFIX",
+    "ApprovalGrant",
+    "Approvals",
+    "Grants",
+    "approval_label",
+    "is_allow",
+]
 
 log = logging.getLogger("hookbus.dispatcher")
 
+T = TypeVar("T")
+
 APPROVAL_LABEL_PREFIX = "approval:"
 """Every approval suspension's label starts with this (``hookbus approvals`` lists them)."""
+
+_TIMED_OUT = "timed out after "
+"""How the cancel reason of an approval closed by its timeout starts."""
 
 
 def is_allow(choice: str) -> bool:
@@ -52,23 +87,195 @@ def is_allow(choice: str) -> bool:
     return choice.strip().lower().startswith("allow")
 
 
-def approval_label(event: str, data: dict[str, Any], handler: str) -> str:
-    """The deterministic label of the approval for one call."""
-    session = str(data.get("session_id") or "-")
+def _is_always(choice: str) -> bool:
+    return choice.strip().lower() == "allow always"
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def approval_label(event: str, data: dict[str, Any], handler: str, *, call_id: str) -> str:
+    """The label of the approval of one call: ``approval:<32 hex digits>``.
+
+    A digest of the event, ``data["agent_id"]``, ``data["session_id"]``, the handler, the
+    call's id (`call_id`: the caller's idempotency key, else the emit's own id) and the
+    data without ``timestamp``. Same call (a retry) -> same label; another call id or
+    other data -> another label.
+    """
     stable = {k: v for k, v in data.items() if k != "timestamp"}
-    digest = hashlib.sha256(encode([event, handler, stable])).hexdigest()[:20]
-    return f"{APPROVAL_LABEL_PREFIX}{session}:{handler}:{digest}"
+    agent, session = _text(data.get("agent_id")), _text(data.get("session_id"))
+    digest = hashlib.sha256(encode([event, agent, session, handler, call_id, stable]))
+    return f"{APPROVAL_LABEL_PREFIX}{digest.hexdigest()[:32]}"
+
+
+def _transient(exc: BaseException) -> bool:
+    """A KV error worth retrying: a leader election, a reconnect, a timeout."""
+    if isinstance(exc, HookbusError):
+        return False
+    if isinstance(
+        exc,
+        TimeoutError
+        | nats.errors.NoRespondersError
+        | nats.errors.ConnectionReconnectingError
+        | nats.js.errors.NoStreamResponseError
+        | nats.js.errors.ServiceUnavailableError,
+    ):
+        return True
+    return isinstance(exc, nats.js.errors.APIError) and exc.code == 503
+
+
+async def _retry(op: Callable[[], Awaitable[T]], *, budget_s: float, what: str) -> T:
+    """`op()`, retried on transient KV errors for at most `budget_s` seconds (tenacity).
+
+    Raises:
+        HookbusTimeoutError: still failing transiently when the budget ran out.
+    """
+    deadline = time.monotonic() + budget_s
+    try:
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(_transient),
+            wait=wait_exponential_jitter(multiplier=0.05, max=1.0, jitter=0.05),
+            stop=stop_after_delay(budget_s),
+            reraise=True,
+        ):
+            with attempt:
+                with anyio.fail_after(max(deadline - time.monotonic(), 0.001)):
+                    return await op()
+    except Exception as exc:
+        if not _transient(exc):
+            raise
+        raise HookbusTimeoutError(f"{what}: JetStream unavailable for {budget_s:g}s") from exc
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class Grants:
+    """The "Allow always" grants in `APPROVALS_BUCKET` (see the module docstring)."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self._kv = kv
+
+    async def find(
+        self, agent_id: str | None, session_id: str, event: str, handler: str, tool: str | None,
+        *, budget_s: float,
+    ) -> ApprovalGrant | None:  # fmt: skip
+        """The grant for this scope, or None (none, or a value that does not match its key).
+
+        Raises:
+            HookbusTimeoutError: JetStream stayed unavailable for `budget_s` seconds.
+            BadRequestError: the scope cannot be a key (too long).
+        """
+        key = grant_key(agent_id, session_id, event, handler, tool)
+
+        async def get() -> bytes | None:
+            try:
+                entry = await self._kv.get(key)
+            except nats.js.errors.KeyNotFoundError:  # also deleted (revoked)
+                return None
+            return entry.value or None
+
+        value = await _retry(get, budget_s=budget_s, what=f"reading grant {key}")
+        return None if value is None else self._valid(key, value)
+
+    async def put(self, grant: ApprovalGrant, *, budget_s: float) -> None:
+        """Store `grant` (idempotent).
+
+        Raises:
+            HookbusTimeoutError: JetStream stayed unavailable for `budget_s` seconds.
+            BadRequestError: no session id, or the scope is too long for a key.
+        """
+        key = self.key(grant)
+        await _retry(
+            lambda: self._kv.put(key, encode(grant)), budget_s=budget_s, what=f"storing {key}"
+        )
+
+    @staticmethod
+    def key(grant: ApprovalGrant) -> str:
+        """The `grant_key` of `grant`."""
+        return grant_key(grant.agent_id, grant.session_id, grant.event, grant.handler, grant.tool)
+
+    async def list(
+        self, *, agent_id: str | None = None, session_id: str | None = None,
+        event: str | None = None, handler: str | None = None, tool: str | None = None,
+        budget_s: float = 15.0,
+    ) -> builtins.list[ApprovalGrant]:  # fmt: skip
+        """Every live grant matching the filters (None matches anything), oldest first.
+
+        A value that does not decode or does not match its key is skipped and logged.
+
+        Raises:
+            HookbusTimeoutError: JetStream stayed unavailable for `budget_s` seconds.
+        """
+        wanted = {"agent_id": agent_id, "session_id": session_id, "event": event,
+                  "handler": handler, "tool": tool}  # fmt: skip
+        grants = [
+            g for g in await _retry(self._read_all, budget_s=budget_s, what="listing grants")
+            if all(v is None or getattr(g, k) == v for k, v in wanted.items())
+        ]  # fmt: skip
+        return sorted(grants, key=lambda g: g.granted_at)
+
+    async def revoke(self, grant: ApprovalGrant | str, *, budget_s: float = 15.0) -> None:
+        """Revoke one grant (an `ApprovalGrant` or its key); revoking none is no error.
+
+        Raises:
+            BadRequestError: `grant` is a string that is not a grant key.
+            HookbusTimeoutError: JetStream stayed unavailable for `budget_s` seconds.
+        """
+        key = grant if isinstance(grant, str) else self.key(grant)
+        parse_grant_key(key)  # a foreign key is refused, not deleted
+        await _retry(lambda: self._kv.delete(key), budget_s=budget_s, what=f"revoking {key}")
+
+    async def _read_all(self) -> builtins.list[ApprovalGrant]:
+        watcher = await self._kv.watch(">", ignore_deletes=True)
+        out: builtins.list[ApprovalGrant] = []
+        try:
+            while True:
+                entry = await watcher.updates(timeout=5)
+                if entry is None:
+                    return out
+                if entry.value:
+                    grant = self._valid(entry.key, entry.value)
+                    if grant is not None:
+                        out.append(grant)
+        finally:
+            await watcher.stop()
+
+    @classmethod
+    def _valid(cls, key: str, value: bytes) -> ApprovalGrant | None:
+        try:
+            grant = decode(value, ApprovalGrant)
+            if cls.key(grant) == key:
+                return grant
+            problem = "it does not match its key"
+        except HookbusError as exc:
+            problem = str(exc)
+        log.warning("ignoring the grant under %r in the approvals bucket: %s", key[:200], problem)
+        return None
 
 
 class Approvals:
-    """Turns ``ask_user`` results into answers, through `Suspensions`."""
+    """Turns ``ask_user`` results into answers, through `Suspensions` (see the module
+    docstring). Made by `HookDispatcher.start`.
 
-    def __init__(self, suspensions: Suspensions, always: KeyValue) -> None:
+    Args:
+        suspensions: the suspension store the approvals wait in.
+        grants: the grants bucket.
+        grant_read_s: longest time, in seconds, a grant read or write retries through a
+            JetStream leader election (and never longer than the approval's own timeout);
+            after that the human is asked (a read) or the grant is not stored (a write).
+    """
+
+    def __init__(
+        self, suspensions: Suspensions, grants: KeyValue, *, grant_read_s: float = 15.0
+    ) -> None:
         self._suspensions = suspensions
-        self._always = always
+        self.grants = Grants(grants)
+        """The "Allow always" grants: list, revoke."""
+        self._grant_read_s = grant_read_s
 
     @classmethod
     async def open(cls, nc: NATS, suspensions: Suspensions, *, replicas: int = 1) -> Approvals:
+        """Open (create if absent) the grants bucket."""
         js = nc.jetstream()
         config = approvals_bucket_config(replicas=replicas)
         try:
@@ -77,74 +284,168 @@ class Approvals:
             kv = await js.key_value(config.bucket)
         return cls(suspensions, kv)
 
-    async def decide(self, event: str, result: HookResult) -> HookResult:
+    async def decide(self, event: str, result: HookResult, *, call_id: str) -> HookResult:
         """Ask, wait, and fold the answer into `result`: continue or deny.
 
-        The timeout applies `approval_default`; a cancelled approval denies.
+        Args:
+            event: the emitted event.
+            result: the folded ``ask_user`` result (``decided_by`` is the asking handler).
+            call_id: the call's id: the caller's idempotency key, else the emit's own id.
+        Returns:
+            `result` with ``action`` continue or deny and the ``reason``: a grant, the
+            human's choice, the timeout's `approval_default`, or a cancel (deny).
+        Raises:
+            HookAbortedError: the wait was aborted (a draining dispatcher); the approval
+                stays pending and a retry with the same call id resumes it.
         """
         data = result.data or {}
         handler = result.decided_by or "?"
-        tool = str(data.get("tool_name") or "-")
-        session = str(data.get("session_id") or "-")
-        grant = always_allow_key(session, handler, tool)
-        with contextlib.suppress(nats.js.errors.KeyNotFoundError):
-            entry = await self._always.get(grant)
-            if entry.value:
-                return self._answer(
-                    result, allow=True, reason=f"allowed always in session {session}"
+        tool = _text(data.get("tool_name"))
+        session, agent = _text(data.get("session_id")), _text(data.get("agent_id"))
+        timeout = result.approval_timeout
+        started = time.monotonic()
+        if session is not None:
+            budget = min(self._grant_read_s, self._grant_read_s if timeout is None else timeout)
+            try:
+                grant = await self.grants.find(
+                    agent, session, event, handler, tool, budget_s=max(budget, 0.001)
                 )
+            except HookbusError as exc:  # unavailable: ask the human, never allow by accident
+                log.warning("grant read failed (%s); asking instead", exc)
+                grant = None
+            if grant is not None:
+                return self._answer(
+                    result, allow=True,
+                    reason=f"allowed always for {tool or 'this call'} in session {session}"
+                    f" (granted by {grant.label or 'an earlier approval'})",
+                )  # fmt: skip
         options = list(result.approval_options or APPROVAL_DEFAULT_OPTIONS)
+        label = approval_label(event, data, handler, call_id=call_id)
+        got = await self._suspensions.get(label)  # a retry of this call finds its approval
+        if got is not None:
+            decided = await self._from_record(result, got[0], options, event)
+            if decided is not None:
+                return decided
+        remaining = None
+        if timeout is not None:
+            remaining = max(0.0, timeout - (time.monotonic() - started))
+            if got is not None:  # a retry does not extend the approval it resumes
+                remaining = min(remaining, max(0.0, got[0].created_at + timeout - time.time()))
         metadata = {
             "kind": "approval",
-            "prompt": result.approval_prompt or f"Allow {tool} ({event})?",
+            "prompt": result.approval_prompt or f"Allow {tool or 'this call'} ({event})?",
             "options": options,
-            "timeout_s": result.approval_timeout,
+            "timeout_s": timeout,
             "default": result.approval_default,
             "handler": handler,
             "event": event,
             "tool_name": tool,
             "session_id": session,
-            "agent_id": data.get("agent_id"),
+            "agent_id": agent,
         }
         schema = {
             "type": "object",
             "properties": {"choice": {"enum": options}},
             "required": ["choice"],
         }
-        label = approval_label(event, data, handler)
         try:
             answer = await self._suspensions.hook(
                 label,
                 payload=ApprovalAnswer,
                 metadata=metadata,
-                timeout_s=result.approval_timeout,
+                timeout_s=remaining,
                 schema=schema,
-                shared=True,  # a retried emit (dispatcher restart) takes over the same approval
+                shared=True,  # a retried call (same call id) takes over the same approval
                 kind="approval",
                 span_attributes={
                     tn.HANDLER: handler,
-                    tn.GEN_AI_TOOL_NAME: tool,
-                    tn.GEN_AI_CONVERSATION_ID: session,
+                    tn.GEN_AI_TOOL_NAME: tool or "",
+                    tn.GEN_AI_CONVERSATION_ID: session or "",
                 },
             )
         except HookTimeoutError:
-            allow = result.approval_default == "allow"
-            with contextlib.suppress(Exception):
-                await self._suspensions.cancel_hook(
-                    label, reason=f"timed out; default {result.approval_default} applied"
-                )
+            return await self._timed_out(result, label, options, event)
+        except HookCancelledError as exc:
+            return self._cancelled(result, exc.reason)
+        return await self._answered(result, answer.choice, options, event, label)
+
+    async def _timed_out(
+        self, result: HookResult, label: str, options: list[str], event: str
+    ) -> HookResult:
+        """Close the approval; if an answer won the race, it decides, not the clock."""
+        reason = f"{_TIMED_OUT}{result.approval_timeout}s; default {result.approval_default}"
+        try:
+            await self._suspensions.cancel_hook(label, reason=f"{reason} applied")
+        except AlreadySettledError:
+            got = await self._suspensions.get(label)
+            decided = (
+                None if got is None else await self._from_record(result, got[0], options, event)
+            )
+            if decided is not None:
+                return decided
+            log.warning("approval %r settled but unreadable after its timeout", label)
+        except HookNotFoundError:
+            log.warning("approval %r vanished at its timeout; default applied", label)
+        except HookbusError as exc:
+            log.warning(
+                "approval %r could not be closed at its timeout (%s); default %s applied and a"
+                " later answer is ignored by this call", label, exc, result.approval_default,
+            )  # fmt: skip
+        return self._answer(result, allow=result.approval_default == "allow", reason=reason)
+
+    def _cancelled(self, result: HookResult, reason: str | None) -> HookResult:
+        if reason is not None and reason.startswith(_TIMED_OUT):  # closed by its own timeout
             return self._answer(
                 result,
-                allow=allow,
-                reason=f"approval timed out after {result.approval_timeout}s; "
-                f"default {result.approval_default}",
+                allow=result.approval_default == "allow",
+                reason=reason.removesuffix(" applied"),
             )
-        except HookCancelledError as exc:
-            return self._answer(result, allow=False, reason=f"approval cancelled: {exc.reason}")
-        allow = is_allow(answer.choice)
-        if allow and answer.choice.strip().lower() == "allow always":
-            await self._always.put(grant, encode({"choice": answer.choice, "label": label}))
-        return self._answer(result, allow=allow, reason=f"user chose {answer.choice!r}")
+        return self._answer(result, allow=False, reason=f"approval cancelled: {reason}")
+
+    async def _from_record(
+        self, result: HookResult, record: SuspensionRecord, options: list[str], event: str
+    ) -> HookResult | None:
+        """The decision a settled approval record holds (None while it is pending)."""
+        if record.status == "cancelled":
+            return self._cancelled(result, record.reason)
+        if record.status != "resolved":
+            return None
+        try:
+            choice = msgspec.convert(record.resolution, ApprovalAnswer).choice
+        except msgspec.ValidationError as exc:
+            return self._answer(result, allow=False, reason=f"the stored answer is invalid: {exc}")
+        return await self._answered(result, choice, options, event, record.label)
+
+    async def _answered(
+        self, result: HookResult, choice: str, options: list[str], event: str, label: str
+    ) -> HookResult:
+        if choice not in options:
+            return self._answer(
+                result, allow=False, reason=f"answer {choice!r} is not one of the options {options}"
+            )
+        allow = is_allow(choice)
+        reason = f"user chose {choice!r}"
+        if allow and _is_always(choice):
+            reason += await self._remember(result, choice, event, label)
+        return self._answer(result, allow=allow, reason=reason)
+
+    async def _remember(self, result: HookResult, choice: str, event: str, label: str) -> str:
+        """Store the grant of an "Allow always"; returns what to add to the reason."""
+        data = result.data or {}
+        session = _text(data.get("session_id"))
+        if session is None:
+            return "; allowed this call only: the call has no session id to remember it for"
+        grant = ApprovalGrant(
+            agent_id=_text(data.get("agent_id")), session_id=session, event=event,
+            handler=result.decided_by or "?", tool=_text(data.get("tool_name")),
+            choice=choice, label=label, granted_at=time.time(),
+        )  # fmt: skip
+        try:
+            await self.grants.put(grant, budget_s=self._grant_read_s)
+        except (HookbusError, nats.errors.Error, nats.js.errors.Error) as exc:
+            log.warning("could not store the grant of %r: %s", label, exc)
+            return f"; allowed this call only: the grant could not be stored ({exc})"
+        return ""
 
     @staticmethod
     def _answer(result: HookResult, *, allow: bool, reason: str) -> HookResult:

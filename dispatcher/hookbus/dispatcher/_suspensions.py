@@ -317,6 +317,8 @@ class Suspensions:
                 continue
             if record.status == "cancelled":
                 raise HookCancelledError(label, record.reason)
+            if record.status == "resolved" and shared:  # one call, retried: its answer
+                return _convert(label, record.resolution, payload)
             if record.status == "resolved":  # consumed earlier: this is a new hook
                 fresh = SuspensionRecord(
                     label=label, status="pending", hook_id=hook_id,

@@ -1,5 +1,6 @@
 """hookbus.schemas: the wire contract (types, subjects, codec, event names). No I/O."""
 
+from ._approvals import ApprovalGrant
 from ._buckets import (
     approvals_bucket_config,
     config_differences,
@@ -33,6 +34,7 @@ from ._subjects import (
     COLLECT_SERVICE_WILDCARD,
     DISPATCHER_QUEUE_GROUP,
     EMIT_SERVICE_WILDCARD,
+    GRANT_NONE,
     HANDLERS_BUCKET,
     HOOK_EVENTS_WILDCARD,
     SUBJECT_PREFIX,
@@ -45,11 +47,13 @@ from ._subjects import (
     emit_service_subject,
     encode_token,
     event_from_service_subject,
+    grant_key,
     handler_key,
     handler_queue_group,
     handler_subject,
     hook_event_subject,
     label_from_key,
+    parse_grant_key,
     parse_handler_key,
     suspension_key,
     validate_name,
@@ -90,6 +94,10 @@ __all__ = [
     "HOOK_EVENTS_WILDCARD",
     "SUSPENSIONS_BUCKET",
     "ApprovalAnswer",
+    "ApprovalGrant",
+    "GRANT_NONE",
+    "grant_key",
+    "parse_grant_key",
     "HookEvent",
     "HookPart",
     "HookStatus",

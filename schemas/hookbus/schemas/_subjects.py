@@ -28,6 +28,7 @@ __all__ = [
     "COLLECT_SERVICE_WILDCARD",
     "DISPATCHER_QUEUE_GROUP",
     "EMIT_SERVICE_WILDCARD",
+    "GRANT_NONE",
     "HANDLERS_BUCKET",
     "HOOK_EVENTS_WILDCARD",
     "MAX_NAME_LENGTH",
@@ -41,11 +42,13 @@ __all__ = [
     "emit_service_subject",
     "encode_token",
     "event_from_service_subject",
+    "grant_key",
     "handler_key",
     "handler_queue_group",
     "handler_subject",
     "hook_event_subject",
     "label_from_key",
+    "parse_grant_key",
     "parse_handler_key",
     "suspension_key",
     "validate_name",
@@ -61,7 +64,7 @@ COLLECT_SERVICE_WILDCARD: Final = f"{SUBJECT_PREFIX}.emit_and_collect.*"
 SUSPENSIONS_BUCKET: Final = "hookbus_suspensions"
 """JetStream KV bucket holding one `SuspensionRecord` per label."""
 APPROVALS_BUCKET: Final = "hookbus_approvals"
-"""JetStream KV bucket of "Allow always" grants (per session, handler and tool)."""
+"""JetStream KV bucket of "Allow always" grants (per agent, session, event, handler and tool)."""
 HOOK_EVENTS_WILDCARD: Final = f"{SUBJECT_PREFIX}.hooks.>"
 """Every hook event (pending / resolved / cancelled of every label)."""
 MAX_NAME_LENGTH: Final = 200
@@ -198,9 +201,59 @@ def hook_event_subject(label: str, status: str) -> str:
     return f"{SUBJECT_PREFIX}.hooks.{encode_token(label)}.{status}"
 
 
-def always_allow_key(session_id: str, handler: str, tool: str) -> str:
-    """Key of an "Allow always" grant in `APPROVALS_BUCKET`."""
-    return ".".join(encode_token(part or "-") for part in (session_id, handler, tool))
+GRANT_NONE: Final = "="
+"""The key segment of an absent agent id or tool name in a grant key (never a token)."""
+
+
+def grant_key(
+    agent_id: str | None, session_id: str, event: str, handler: str, tool: str | None
+) -> str:
+    """Key of an "Allow always" grant in `APPROVALS_BUCKET`:
+    ``<agent>.<session>.<event>.<handler>.<tool>``, each part `encode_token`-ed; an absent
+    agent id or tool is `GRANT_NONE` (which no name encodes to). A grant needs a session.
+
+    Raises:
+        BadRequestError: `session_id`, `event` or `handler` is empty, or the key would exceed
+            `MAX_KEY_LENGTH` characters.
+    """
+    if not session_id:
+        raise BadRequestError("a grant needs a session id")
+    parts = (
+        encode_token(agent_id) if agent_id else GRANT_NONE,
+        encode_token(session_id),
+        encode_token(event),
+        encode_token(handler),
+        encode_token(tool) if tool else GRANT_NONE,
+    )
+    key = ".".join(parts)
+    if len(key) > MAX_KEY_LENGTH:
+        raise BadRequestError(
+            f"grant key too long: {len(key)} characters, at most {MAX_KEY_LENGTH}"
+        )
+    return key
+
+
+def parse_grant_key(key: str) -> tuple[str | None, str, str, str, str | None]:
+    """Invert `grant_key`: ``(agent_id, session_id, event, handler, tool)``.
+
+    Raises:
+        BadRequestError: `key` is not a grant key.
+    """
+    parts = key.split(".")
+    if len(parts) != 5 or GRANT_NONE in (parts[1], parts[2], parts[3]):
+        raise BadRequestError(f"not a grant key: {key!r}")
+    agent, session, event, handler, tool = parts
+    return (
+        None if agent == GRANT_NONE else decode_token(agent),
+        decode_token(session),
+        decode_token(event),
+        decode_token(handler),
+        None if tool == GRANT_NONE else decode_token(tool),
+    )
+
+
+always_allow_key = grant_key
+""""The former name of `grant_key`."""
 
 
 def handler_key(event: str, handler: str) -> str:
