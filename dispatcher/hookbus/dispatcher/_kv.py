@@ -59,7 +59,7 @@ def is_transient(exc: BaseException) -> bool:
     client reconnects): a timeout, no responders, no stream response, or a 503 API error."""
     if isinstance(exc, _TRANSIENT):
         return True
-    return isinstance(exc, nats.js.errors.APIError) and exc.code == 503
+    return isinstance(exc, nats.js.errors.APIError) and getattr(exc, "code", None) == 503
 
 
 async def kv_retry(
@@ -136,7 +136,8 @@ async def open_bucket(
     history, storage, direct get; see `config_differences`), or, with `strict`, an error.
 
     Raises:
-        BucketConfigError: `strict` and the existing bucket differs from `config`.
+        BucketConfigError: `strict` and the existing bucket differs from `config`, or
+            JetStream refused to create it (e.g. 3 replicas on a single server).
         HookbusTimeoutError: JetStream stayed unavailable for `deadline_s` seconds.
     """
     js = nc.jetstream()
@@ -149,9 +150,15 @@ async def open_bucket(
             status = await kv.status()
             return kv, config_differences(config, status.stream_info.config)
 
-    kv, differences = await kv_retry(
-        create, deadline_s=deadline_s, what=f"opening bucket {config.bucket}"
-    )
+    try:
+        kv, differences = await kv_retry(
+            create, deadline_s=deadline_s, what=f"opening bucket {config.bucket}"
+        )
+    except nats.js.errors.APIError as exc:  # e.g. R3 asked of a server that is not clustered
+        raise BucketConfigError(
+            f"cannot create bucket {config.bucket} as asked (replicas {config.replicas}, "
+            f"ttl {config.ttl or 0:g} s): {getattr(exc, 'description', None) or exc}"
+        ) from exc
     if differences:
         text = "; ".join(differences)
         if strict:
@@ -179,7 +186,8 @@ async def ensure_buckets(
             bucket (approvals off).
         strict: raise instead of warning when a bucket differs.
     Raises:
-        BucketConfigError: `strict` and a bucket differs from what was asked.
+        BucketConfigError: `strict` and a bucket differs from what was asked, or
+            JetStream refused to create one as asked.
         HookbusTimeoutError: JetStream stayed unavailable for `deadline_s` seconds.
     """
     configs = [
