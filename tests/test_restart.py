@@ -281,8 +281,13 @@ async def ask_worker(nc: NATS, event: str) -> HookWorker:
 
 
 async def emit_request(nc: NATS, event: str, session: str) -> EmitReply:
-    """The agent's plain NATS request (long timeout: a human answers it)."""
-    body = EmitRequest(data={"tool_name": "bash", "command": "make deploy"}, session_id=session)
+    """The agent's plain NATS request (long timeout: a human answers it). The retry is the
+    same call: it carries the same idempotency key (one per test session)."""
+    body = EmitRequest(
+        data={"tool_name": "bash", "command": "make deploy"},
+        session_id=session,
+        idempotency_key=f"deploy-{session}",
+    )
     msg = await nc.request(emit_service_subject(event), encode(body), timeout=60)
     return decode(msg.data, EmitReply)
 
