@@ -6,6 +6,7 @@ from hookbus.schemas import HookResult
 from ._approvals import APPROVAL_LABEL_PREFIX, approval_label, is_allow
 from ._dispatcher import HookDispatcher
 from ._fold import Fold
+from ._registry import LiveReplica, live_handlers, require_handler, unrequire_handler
 from ._routes import Route
 from ._service import DispatcherService
 from ._suspensions import HookEventStream, PendingHook, RunScope, Suspensions
@@ -17,10 +18,14 @@ __all__ = [
     "HookDispatcher",
     "HookEventStream",
     "HookResult",
+    "LiveReplica",
     "PendingHook",
     "Route",
     "RunScope",
     "Suspensions",
     "approval_label",
     "is_allow",
+    "live_handlers",
+    "require_handler",
+    "unrequire_handler",
 ]

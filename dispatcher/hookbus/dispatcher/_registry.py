@@ -1,60 +1,245 @@
 """Keeping the routing table in step with the handler registry bucket.
 
 A KV watch on `HANDLERS_BUCKET` feeds every put and delete into the `RoutingTable`, so an
-emit never waits on discovery. FIELD-NOTES: a watch can stall for seconds after its server
-dies, so the watch is re-created when it ends or fails, and a full resync (read every key)
-runs every `resync_s` seconds as a backstop.
+emit never waits on discovery. A watch can stall for seconds after its server dies, so it
+is re-created when it ends or fails, and a full resync runs every `resync_s` seconds as a
+backstop.
+
+Every record is validated (`check_declaration`, `check_required`) and bound to its key:
+routes are keyed by the (event, name) the *key* encodes and their subjects derived from
+it, so a value can neither route elsewhere nor outlive its key. A record that fails is
+skipped, logged once and listed in `RegistryWatch.rejected`; it never stops the watch.
+
+The resync is a complete read that sees deletes: one watch of the last value per key
+(delete markers included), read up to the stream's last sequence as it was when the read
+began. Only a complete read replaces the remote routes, so a declaration deleted while the
+watch missed it is gone after the next resync.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import time
+from dataclasses import dataclass, field
 
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
 from hookbus.schemas import (
+    WORKER_SERVICE_NAME,
+    BadRequestError,
+    FailurePolicy,
     HandlerDeclaration,
-    HookbusError,
-    decode,
+    NotConnectedError,
+    RequiredHandler,
+    check_declaration,
+    check_required,
+    encode,
     handlers_bucket_config,
-    parse_handler_key,
+    parse_registry_key,
+    parse_served_handlers,
+    required_key,
 )
 
+from ._kv import open_bucket
 from ._routes import RoutingTable
 
-__all__ = ["RegistryWatch", "open_handlers_bucket"]
+__all__ = [
+    "LiveReplica",
+    "RegistryRead",
+    "RegistryWatch",
+    "live_handlers",
+    "open_handlers_bucket",
+    "read_registry",
+    "require_handler",
+    "unrequire_handler",
+]
 
 log = logging.getLogger("hookbus.dispatcher")
 
+DELETE_OPS = ("DEL", "PURGE")
 
-async def open_handlers_bucket(nc: NATS, *, replicas: int = 1) -> KeyValue:
-    """The handlers bucket, created with `handlers_bucket_config` if absent."""
-    js = nc.jetstream()
+
+async def open_handlers_bucket(
+    nc: NATS, *, replicas: int = 1, deadline_s: float = 30.0
+) -> KeyValue:
+    """The handlers bucket, created with `handlers_bucket_config` if absent; retried
+    through a JetStream leader election for up to `deadline_s` seconds; a bucket with
+    another config is used and reported (see `open_bucket`).
+
+    Raises:
+        HookbusTimeoutError: JetStream stayed unavailable for `deadline_s` seconds.
+    """
+    return await open_bucket(nc, handlers_bucket_config(replicas=replicas), deadline_s=deadline_s)
+
+
+async def require_handler(
+    nc: NATS,
+    event: str,
+    name: str,
+    *,
+    failure_policy: FailurePolicy = "deny",
+    priority: int = 0,
+    timeout_s: float = 5.0,
+    tool_filter: list[str] | None = None,
+    bucket_replicas: int = 1,
+) -> RequiredHandler:
+    """Mark handler `name` as required for `event` (an operator's act): while it has no
+    declaration, every emit of `event` calls its derived subject anyway, so its absence is
+    judged by `failure_policy` (``deny``: fail closed), never a silent continue.
+
+    Returns:
+        The stored `RequiredHandler` (timeout clamped like a declaration's).
+    Raises:
+        BadRequestError: bad names, timeout, priority or filter (`check_required` bounds).
+        HookbusTimeoutError: JetStream stayed unavailable (bucket opening is retried).
+    """
+    req = RequiredHandler(
+        event=event,
+        name=name,
+        failure_policy=failure_policy,
+        priority=priority,
+        timeout_s=timeout_s,
+        tool_filter=tool_filter,
+    )
+    key = required_key(event, name)
+    req = check_required(key, encode(req))  # the bounds every reader applies
+    kv = await open_handlers_bucket(nc, replicas=bucket_replicas)
+    await kv.put(key, encode(req))
+    return req
+
+
+async def unrequire_handler(nc: NATS, event: str, name: str) -> bool:
+    """Remove the requirement of handler `name` for `event`.
+
+    Returns:
+        Whether there was one.
+    Raises:
+        BadRequestError: bad names.
+    """
+    key = required_key(event, name)
+    kv = await open_handlers_bucket(nc)
     try:
-        return await js.create_key_value(config=handlers_bucket_config(replicas=replicas))
-    except nats.js.errors.BadRequestError:  # exists with another config: use it as it is
-        return await js.key_value(handlers_bucket_config().bucket)
+        await kv.get(key)
+    except nats.js.errors.KeyNotFoundError:
+        return False
+    await kv.delete(key)
+    return True
+
+
+@dataclass
+class RegistryRead:
+    """One complete (or not) read of the registry bucket."""
+
+    declarations: dict[str, HandlerDeclaration] = field(default_factory=dict)
+    """Valid declarations by key."""
+    required: dict[str, RequiredHandler] = field(default_factory=dict)
+    """Valid required-handler records by key."""
+    rejected: dict[str, str] = field(default_factory=dict)
+    """Keys of refused records (keys shortened to 200 characters), with the reason."""
+    complete: bool = False
+    """Whether every key's last value (or delete marker) was seen."""
+
+
+def _short(key: str) -> str:
+    return key if len(key) <= 200 else key[:200] + "..."
+
+
+def classify(read: RegistryRead, key: str, value: bytes | None) -> None:
+    """Validate one live record into `read` (a bad one goes to `read.rejected`)."""
+    try:
+        kind, _, _ = parse_registry_key(key)
+        if kind == "required":
+            read.required[key] = check_required(key, value)
+        else:
+            read.declarations[key] = check_declaration(key, value)
+    except BadRequestError as exc:
+        read.rejected[_short(key)] = str(exc)
+
+
+async def read_registry(kv: KeyValue, *, timeout_s: float = 5.0) -> RegistryRead:
+    """Read the last value of every key of the handlers bucket, delete markers included.
+
+    The read is complete when it reached the stream's last sequence as of its start (or,
+    failing that, saw as many keys as the stream holds messages: one per key, history 1).
+
+    Raises:
+        nats-py errors of the stream info call (the caller retries or keeps its routes).
+    """
+    read = RegistryRead()
+    state = (await kv.status()).stream_info.state
+    if state.messages == 0:
+        read.complete = True
+        return read
+    last_seq = state.last_seq
+    seen: dict[str, tuple[bytes | None, bool]] = {}
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    watcher = await kv.watchall()
+    try:
+        while (left := deadline - loop.time()) > 0:
+            try:
+                entry = await watcher.updates(timeout=left)
+            except nats.errors.TimeoutError:
+                break
+            if entry is None:  # nats-py's "initial values done": may come early, not trusted
+                continue
+            seen[entry.key] = (entry.value, entry.operation in DELETE_OPS)
+            if entry.revision >= last_seq:
+                read.complete = True
+                break
+    finally:
+        with contextlib.suppress(Exception):
+            await watcher.stop()
+    if not read.complete:  # the last message may have been removed: count the keys instead
+        with contextlib.suppress(Exception):
+            read.complete = (await kv.status()).stream_info.state.messages == len(seen)
+    for key, (value, deleted) in seen.items():
+        if not deleted:
+            classify(read, key, value)
+    return read
 
 
 class RegistryWatch:
     """Watches the handlers bucket into a routing table. `start` returns once the
-    current declarations are loaded; `stop` is idempotent."""
+    current declarations are loaded; `stop` is idempotent.
 
-    def __init__(self, kv: KeyValue, table: RoutingTable, *, resync_s: float = 30.0) -> None:
+    Args:
+        kv: the handlers bucket.
+        table: the routing table to keep in step.
+        resync_s: seconds between complete re-reads.
+        read_timeout_s: seconds one complete read may take before it counts as incomplete.
+    """
+
+    def __init__(
+        self,
+        kv: KeyValue,
+        table: RoutingTable,
+        *,
+        resync_s: float = 30.0,
+        read_timeout_s: float = 5.0,
+    ) -> None:
         self._kv = kv
         self._table = table
         self._resync_s = resync_s
+        self._read_timeout_s = read_timeout_s
         self._task: asyncio.Task[None] | None = None
         self._loaded = asyncio.Event()
         self._stopping = False
+        self.rejected: dict[str, str] = {}
+        """Keys of the records currently refused, with the reason (reported, not routed)."""
+        self.resyncs = 0
+        """Complete reads applied so far."""
 
     async def start(self) -> None:
         await self.resync()
+        self._stopping = False
         self._task = asyncio.create_task(self._run(), name="hookbus-registry-watch")
         await self._loaded.wait()
 
@@ -74,38 +259,33 @@ class RegistryWatch:
         if not task.cancelled() and task.exception() is not None:
             log.warning("registry watch ended with %r", task.exception())
 
-    async def resync(self) -> None:
-        """Read every declaration into the routing table.
+    async def resync(self) -> bool:
+        """Re-read the whole registry. A complete read replaces every remote route and
+        requirement (deletes the watch missed included); an incomplete one only adds.
 
-        nats-py's `keys()` can report too few keys (its "initial values done" signal races
-        the consumer; nats.py issues 842, 995), so: a "no keys" answer is retried while the
-        stream holds messages, and the remote routes are replaced wholesale only when the
-        keys read account for every message of the bucket; otherwise they are only added
-        to (deletions also arrive through the watch).
+        Returns:
+            Whether the read was complete.
+        Raises:
+            nats-py errors when the bucket cannot be read at all (routes are kept).
         """
-        keys: list[str] = []
-        for attempt in range(5):
-            try:
-                keys = await self._kv.keys()
-                break
-            except nats.js.errors.NoKeysError:
-                if (await self._kv.status()).values == 0:
-                    break  # really empty
-                await asyncio.sleep(0.02 * (attempt + 1))
-        decls = []
-        for key in keys:
-            try:
-                entry = await self._kv.get(key)
-            except nats.js.errors.KeyNotFoundError:
-                continue
-            decl = self._decode(key, entry.value)
-            if decl is not None:
-                decls.append(decl)
-        if len(keys) == (await self._kv.status()).values:
-            self._table.replace_remote(decls)
+        read = await read_registry(self._kv, timeout_s=self._read_timeout_s)
+        self._report(read.rejected)
+        if read.complete:
+            self._table.replace_remote(read.declarations.values(), read.required.values())
+            self.rejected = read.rejected
+            self.resyncs += 1
         else:
-            for decl in decls:
+            log.warning("registry read incomplete; routes only added to until the next resync")
+            for decl in read.declarations.values():
                 self._table.put_remote(decl)
+            for req in read.required.values():
+                self._table.put_required(req)
+        return read.complete
+
+    def _report(self, rejected: dict[str, str]) -> None:
+        for key, reason in rejected.items():
+            if self.rejected.get(key) != reason:
+                log.warning("ignoring bad record at %r in the handlers bucket: %s", key, reason)
 
     async def _run(self) -> None:
         while not self._stopping:
@@ -134,29 +314,94 @@ class RegistryWatch:
             except nats.errors.TimeoutError:
                 entry = None
             if loop.time() >= next_resync:
-                await self.resync()
+                with contextlib.suppress(Exception):
+                    await self.resync()
                 next_resync = loop.time() + self._resync_s
             if entry is None:  # end of the initial values, or a quiet period
                 self._loaded.set()
                 continue
-            try:
-                event, name = parse_handler_key(entry.key)
-            except HookbusError:
-                log.warning("ignoring foreign key %r in the handlers bucket", entry.key)
-                continue
-            if entry.operation in ("DEL", "PURGE") or entry.value is None:
-                self._table.delete_remote(event, name)
-                continue
-            decl = self._decode(entry.key, entry.value)
-            if decl is not None:
-                self._table.put_remote(decl)
+            self.apply(entry.key, entry.value, entry.operation in DELETE_OPS)
 
-    @staticmethod
-    def _decode(key: str, value: bytes | None) -> HandlerDeclaration | None:
-        if not value:
-            return None
+    def apply(self, key: str, value: bytes | None, deleted: bool) -> None:
+        """Apply one change of the bucket: the route or requirement at `key` follows it.
+        A refused value removes what the key had (it is no longer a valid declaration)."""
         try:
-            return decode(value, HandlerDeclaration)
-        except HookbusError as exc:
-            log.warning("ignoring bad declaration at %r: %s", key, exc)
-            return None
+            kind, event, name = parse_registry_key(key)
+        except BadRequestError:
+            log.warning("ignoring foreign key %r in the handlers bucket", _short(key))
+            return
+        drop = self._table.delete_required if kind == "required" else self._table.delete_remote
+        self.rejected.pop(_short(key), None)
+        if deleted or value is None:
+            drop(event, name)
+            return
+        read = RegistryRead()
+        classify(read, key, value)
+        if read.rejected:
+            self._report(read.rejected)
+            self.rejected.update(read.rejected)
+            drop(event, name)
+        for decl in read.declarations.values():
+            self._table.put_remote(decl)
+        for req in read.required.values():
+            self._table.put_required(req)
+
+
+@dataclass(frozen=True)
+class LiveReplica:
+    """One live worker process serving a handler, as the NATS services API reports it."""
+
+    service_id: str
+    """The `nats.micro` service instance id (one per worker process)."""
+    seen_at: float
+    """When it answered, seconds since the Unix epoch."""
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+async def live_handlers(
+    nc: NATS, *, timeout_s: float = 0.5
+) -> dict[tuple[str, str], list[LiveReplica]]:
+    """Which handlers have live replicas now: a ``$SRV.PING.hookbus-worker`` scatter,
+    answers gathered for `timeout_s` seconds (the NATS services API, ADR-32).
+
+    Returns:
+        ``{(event, handler): [LiveReplica, ...]}``; a declared handler absent from it has
+        no live replica (or its workers did not answer within `timeout_s`).
+    Raises:
+        NotConnectedError: the connection is closed.
+    """
+    if nc.is_closed:
+        raise NotConnectedError("live_handlers needs an open NATS connection")
+
+    found: dict[tuple[str, str], list[LiveReplica]] = {}
+    seen: set[str] = set()
+    inbox = nc.new_inbox()
+    done = asyncio.Event()
+
+    async def on_reply(msg: Msg) -> None:
+        if done.is_set():
+            return
+        try:
+            body = json.loads(msg.data)
+            service_id = str(body["id"])
+            metadata = body.get("metadata") or {}
+        except (ValueError, KeyError, TypeError, RecursionError):
+            return
+        if service_id in seen or not isinstance(metadata, dict):
+            return
+        seen.add(service_id)
+        meta = {str(k): str(v)[:200] for k, v in metadata.items() if k != "handlers"}
+        replica = LiveReplica(service_id=service_id, seen_at=time.time(), metadata=meta)
+        for pair in parse_served_handlers(metadata.get("handlers")):
+            found.setdefault(pair, []).append(replica)
+
+    sub = await nc.subscribe(inbox, cb=on_reply)
+    try:
+        await nc.publish(f"$SRV.PING.{WORKER_SERVICE_NAME}", b"", reply=inbox)
+        await nc.flush()
+        await asyncio.sleep(timeout_s)  # a scatter has no "last answer": wait it out
+    finally:
+        done.set()
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+    return found

@@ -6,6 +6,12 @@ sort, so an in-process-only dispatcher behaves like `HookRegistry`), then remote
 by name (deterministic across dispatcher replicas).
 
 Lookups on the emit path are one dict get of an immutable tuple, rebuilt on change.
+
+Remote routes come from validated declarations only (`check_declaration`): the subject is
+always derived from (event, name). A `RequiredHandler` with no declaration (and no
+in-process handler of that name) becomes a route of its own to the handler's derived
+subject, so the call fails with ``no_responders`` and the requirement's failure policy
+decides: a required handler is never silently absent.
 """
 
 from __future__ import annotations
@@ -17,7 +23,13 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hookbus.schemas import FailurePolicy, HandlerDeclaration
+from hookbus.schemas import (
+    MAX_HANDLER_TIMEOUT_S,
+    FailurePolicy,
+    HandlerDeclaration,
+    RequiredHandler,
+    handler_subject,
+)
 
 __all__ = ["LocalHandler", "Route", "RoutingTable"]
 
@@ -99,16 +111,40 @@ class Route:
 
     @classmethod
     def from_declaration(cls, decl: HandlerDeclaration) -> Route:
+        """The route of a declaration: subject derived from (event, name), whatever the
+        declaration says; timeout clamped to `MAX_HANDLER_TIMEOUT_S` seconds.
+
+        Raises:
+            BadRequestError: the names are too long for a subject.
+        """
         return cls.make(
             event=decl.event,
             name=decl.name,
             priority=decl.priority,
-            timeout_s=decl.timeout_s,
+            timeout_s=min(decl.timeout_s, MAX_HANDLER_TIMEOUT_S),
             failure_policy=decl.failure_policy,
             parallel=decl.parallel,
             tool_filter=decl.tool_filter,
-            subject=decl.subject,
+            subject=handler_subject(decl.event, decl.name),
             retry_safe=decl.retry_safe,
+        )
+
+    @classmethod
+    def from_required(cls, req: RequiredHandler) -> Route:
+        """The stand-in route of a required handler that has no declaration.
+
+        Raises:
+            BadRequestError: the names are too long for a subject.
+        """
+        return cls.make(
+            event=req.event,
+            name=req.name,
+            priority=req.priority,
+            timeout_s=min(req.timeout_s, MAX_HANDLER_TIMEOUT_S),
+            failure_policy=req.failure_policy,
+            parallel=False,
+            tool_filter=req.tool_filter,
+            subject=handler_subject(req.event, req.name),
         )
 
 
@@ -118,6 +154,7 @@ class RoutingTable:
     def __init__(self) -> None:
         self._local: dict[str, list[Route]] = {}
         self._remote: dict[str, dict[str, Route]] = {}
+        self._required: dict[str, dict[str, Route]] = {}
         self._snapshots: dict[str, tuple[Route, ...]] = {}
         self._seq = itertools.count()
 
@@ -146,7 +183,7 @@ class RoutingTable:
         return remove
 
     def put_remote(self, decl: HandlerDeclaration) -> None:
-        """Add or replace the remote route of a declaration."""
+        """Add or replace the remote route of a (validated) declaration."""
         self._remote.setdefault(decl.event, {})[decl.name] = Route.from_declaration(decl)
         self._rebuild(decl.event)
 
@@ -154,17 +191,43 @@ class RoutingTable:
         if self._remote.get(event, {}).pop(name, None) is not None:
             self._rebuild(event)
 
-    def replace_remote(self, decls: Iterable[HandlerDeclaration]) -> None:
-        """Replace every remote route at once (a full resync of the registry)."""
-        old_events = set(self._remote)
+    def put_required(self, req: RequiredHandler) -> None:
+        """Add or replace a required handler of `req.event`."""
+        self._required.setdefault(req.event, {})[req.name] = Route.from_required(req)
+        self._rebuild(req.event)
+
+    def delete_required(self, event: str, name: str) -> None:
+        if self._required.get(event, {}).pop(name, None) is not None:
+            self._rebuild(event)
+
+    def replace_remote(
+        self,
+        decls: Iterable[HandlerDeclaration],
+        required: Iterable[RequiredHandler] | None = None,
+    ) -> None:
+        """Replace every remote route (and, if given, every requirement) at once: a full
+        resync of the registry."""
+        old_events = set(self._remote) | set(self._required)
         self._remote = {}
         for decl in decls:
             self._remote.setdefault(decl.event, {})[decl.name] = Route.from_declaration(decl)
-        for event in old_events | set(self._remote):
+        if required is not None:
+            self._required = {}
+            for req in required:
+                self._required.setdefault(req.event, {})[req.name] = Route.from_required(req)
+        for event in old_events | set(self._remote) | set(self._required):
             self._rebuild(event)
 
+    def required(self, event: str) -> list[str]:
+        """Names of the handlers required for `event`."""
+        return sorted(self._required.get(event, {}))
+
     def _rebuild(self, event: str) -> None:
-        routes = [*self._local.get(event, ()), *self._remote.get(event, {}).values()]
+        local = self._local.get(event, ())
+        remote = self._remote.get(event, {})
+        present = {r.name for r in local} | set(remote)
+        standins = [r for n, r in self._required.get(event, {}).items() if n not in present]
+        routes = [*local, *remote.values(), *standins]
         if routes:
             self._snapshots[event] = tuple(sorted(routes, key=lambda r: r.order))
         else:

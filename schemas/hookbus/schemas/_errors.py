@@ -11,6 +11,7 @@ __all__ = [
     "BadRequestError",
     "BucketConfigError",
     "DuplicateHookError",
+    "HandlerConflictError",
     "HookAbortedError",
     "HookCancelledError",
     "HookNotFoundError",
@@ -41,6 +42,12 @@ class NotConnectedError(HookbusError):
 class BucketConfigError(HookbusError):
     """A KV bucket exists with another configuration (replicas, TTL, history) than the
     one asked for, and strict bucket checking is on; the message names each difference."""
+
+
+class HandlerConflictError(HookbusError):
+    """A worker declares a handler whose name is already declared, live, with other
+    settings (priority, filter, policy, timeout, parallel, retry_safe); the message names
+    each difference. Declare it with ``replace=True`` to take the name over."""
 
 
 class WireFormatError(HookbusError):

@@ -32,8 +32,10 @@ __all__ = [
     "HANDLERS_BUCKET",
     "HOOK_EVENTS_WILDCARD",
     "MAX_NAME_LENGTH",
+    "REQUIRED_KEY_PREFIX",
     "SUBJECT_PREFIX",
     "SUSPENSIONS_BUCKET",
+    "WORKER_SERVICE_NAME",
     "always_allow_key",
     "collect_reply_subject",
     "collect_service_subject",
@@ -50,6 +52,8 @@ __all__ = [
     "label_from_key",
     "parse_grant_key",
     "parse_handler_key",
+    "parse_registry_key",
+    "required_key",
     "suspension_key",
     "validate_name",
 ]
@@ -69,6 +73,11 @@ HOOK_EVENTS_WILDCARD: Final = f"{SUBJECT_PREFIX}.hooks.>"
 """Every hook event (pending / resolved / cancelled of every label)."""
 MAX_NAME_LENGTH: Final = 200
 """Longest event or handler name accepted, in characters."""
+WORKER_SERVICE_NAME: Final = "hookbus-worker"
+"""Name of the NATS services API (``nats.micro``) service every worker process runs:
+``$SRV.PING.hookbus-worker`` / ``$SRV.INFO.hookbus-worker`` reach every live worker."""
+REQUIRED_KEY_PREFIX: Final = "_required"
+"""First segment of a required-handler key in `HANDLERS_BUCKET` (see `required_key`)."""
 
 _PLAIN = re.compile(r"[A-Za-z0-9_-]")
 _TOKEN = re.compile(r"(?:[A-Za-z0-9_-]|=[0-9A-F]{2})+")
@@ -134,8 +143,12 @@ def validate_name(kind: str, name: object) -> str:
 
 
 def handler_subject(event: str, handler: str) -> str:
-    """Request subject of one handler: ``hookbus.v1.hook.<event>.<handler>``."""
-    return f"{SUBJECT_PREFIX}.hook.{encode_token(event)}.{encode_token(handler)}"
+    """Request subject of one handler: ``hookbus.v1.hook.<event>.<handler>``.
+
+    Raises:
+        BadRequestError: as `handler_key` (names too long for a subject).
+    """
+    return f"{SUBJECT_PREFIX}.hook.{handler_key(event, handler)}"
 
 
 def handler_queue_group(handler: str) -> str:
@@ -257,8 +270,47 @@ always_allow_key = grant_key
 
 
 def handler_key(event: str, handler: str) -> str:
-    """Key of a `HandlerDeclaration` in `HANDLERS_BUCKET`: ``<event>.<handler>``."""
-    return f"{encode_token(event)}.{encode_token(handler)}"
+    """Key of a `HandlerDeclaration` in `HANDLERS_BUCKET`: ``<event>.<handler>``.
+
+    Raises:
+        BadRequestError: a name is empty, or the key would exceed `MAX_KEY_LENGTH`
+            characters (the handler's subject, one token longer, must fit a NATS control line).
+    """
+    key = f"{encode_token(event)}.{encode_token(handler)}"
+    if len(key) > MAX_KEY_LENGTH:
+        raise BadRequestError(
+            f"event and handler names too long: {len(key)} characters encoded,"
+            f" at most {MAX_KEY_LENGTH}"
+        )
+    return key
+
+
+def required_key(event: str, handler: str) -> str:
+    """Key of a `RequiredHandler` in `HANDLERS_BUCKET`:
+    ``_required.<event>.<handler>`` (three segments; a declaration key has two).
+
+    Raises:
+        BadRequestError: as `handler_key`.
+    """
+    return f"{REQUIRED_KEY_PREFIX}.{handler_key(event, handler)}"
+
+
+def parse_registry_key(key: str) -> tuple[str, str, str]:
+    """Any key of `HANDLERS_BUCKET`: ``("handler" | "required", event, handler)``.
+
+    Raises:
+        BadRequestError: `key` is neither a handler key nor a required-handler key, or is
+            longer than a key `handler_key` makes.
+    """
+    if len(key) > MAX_KEY_LENGTH + len(REQUIRED_KEY_PREFIX) + 1:
+        raise BadRequestError(f"registry key too long: {len(key)} characters")
+    kind = "handler"
+    if key.startswith(REQUIRED_KEY_PREFIX + ".") and key.count(".") == 2:
+        kind, key = "required", key[len(REQUIRED_KEY_PREFIX) + 1 :]
+    if key.count(".") != 1:
+        raise BadRequestError(f"not a registry key: {key!r}")
+    event, handler = parse_handler_key(key)
+    return kind, event, handler
 
 
 def parse_handler_key(key: str) -> tuple[str, str]:

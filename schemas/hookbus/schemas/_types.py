@@ -25,6 +25,7 @@ __all__ = [
     "HandlerFailure",
     "HookReply",
     "HookResult",
+    "RequiredHandler",
     "WireError",
 ]
 
@@ -177,6 +178,25 @@ class HandlerDeclaration(_Wire):
     queue group from (`event`, `name`) and refuse a declaration whose values differ."""
     collect_subject: str = ""
     queue_group: str = ""
+
+
+class RequiredHandler(_Wire):
+    """An operator's rule "`event` requires handler `name`", kept in the registry bucket
+    under `required_key`. While no declaration of that handler exists, dispatchers route
+    the event to the handler's derived subject anyway, so the call fails with
+    ``no_responders`` and `failure_policy` decides (``deny``: fail closed) instead of the
+    handler being silently absent. A declaration, once written, takes its place.
+    """
+
+    event: str
+    name: str
+    failure_policy: FailurePolicy = "deny"
+    priority: int = 0
+    """Where the absent handler sits in the call order (lower runs first)."""
+    timeout_s: float = 5.0
+    """Seconds a call waits while the handler has no declaration."""
+    tool_filter: list[str] | None = None
+    """Globs over ``data["tool_name"]`` the requirement applies to; None: every call."""
 
 
 class EmitRequest(_Wire):

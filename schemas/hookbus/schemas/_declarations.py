@@ -1,0 +1,198 @@
+"""Validation of the handler registry's records (declarations and required handlers).
+
+Every value read from `HANDLERS_BUCKET` is untrusted input: anyone who may write the bucket
+may write anything. A record is accepted only if it fits these bounds, and it is bound to
+its key: the event and name inside must be the ones the key encodes, and the subject,
+collect subject and queue group are derived from (event, name), never read from the value
+(a non-empty value that differs refuses the record). Dispatchers skip and report a record
+that fails; it never takes a dispatcher or a CLI command down.
+
+Bounds (documented, enforced here):
+
+=============================  ================================================
+value size                     at most `MAX_RECORD_BYTES` bytes
+event, handler names           `validate_name`; the encoded key within `MAX_KEY_LENGTH`
+``timeout_s``                  finite and > 0; clamped to `MAX_HANDLER_TIMEOUT_S` seconds
+``priority``                   an int within ±`MAX_PRIORITY`
+``tool_filter``                at most `MAX_TOOL_PATTERNS` non-empty globs of at most
+                               `MAX_NAME_LENGTH` characters
+=============================  ================================================
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Final, TypeVar
+
+import msgspec
+
+from ._codec import decode
+from ._errors import BadRequestError, HookbusError
+from ._subjects import (
+    MAX_NAME_LENGTH,
+    collect_subject,
+    handler_key,
+    handler_queue_group,
+    handler_subject,
+    parse_registry_key,
+    validate_name,
+)
+from ._types import HandlerDeclaration, RequiredHandler
+
+__all__ = [
+    "MAX_HANDLER_TIMEOUT_S",
+    "MAX_PRIORITY",
+    "MAX_RECORD_BYTES",
+    "MAX_TOOL_PATTERNS",
+    "check_declaration",
+    "check_required",
+    "declaration_differences",
+    "derive_declaration",
+    "format_served_handlers",
+    "parse_served_handlers",
+]
+
+MAX_RECORD_BYTES: Final = 4096
+"""Largest registry value accepted, in bytes."""
+MAX_HANDLER_TIMEOUT_S: Final = 60.0
+"""Longest per-call timeout a record may ask for, in seconds (larger ones are clamped)."""
+MAX_PRIORITY: Final = 1_000_000
+"""Priorities are ints within ``[-MAX_PRIORITY, MAX_PRIORITY]``."""
+MAX_TOOL_PATTERNS: Final = 64
+"""Most globs in one ``tool_filter``."""
+
+COMPARED_FIELDS: Final = (
+    "priority",
+    "tool_filter",
+    "failure_policy",
+    "timeout_s",
+    "parallel",
+    "retry_safe",
+)
+"""The declaration settings two workers must agree on to serve the same handler."""
+
+R = TypeVar("R", HandlerDeclaration, RequiredHandler)
+
+
+def _check_common(record: R, event: str, name: str) -> R:
+    validate_name("event", record.event)
+    validate_name("handler", record.name)
+    if (record.event, record.name) != (event, name):
+        raise BadRequestError(
+            f"the value declares ({record.event!r}, {record.name!r}) but its key is for"
+            f" ({event!r}, {name!r})"
+        )
+    if isinstance(record.priority, bool) or abs(record.priority) > MAX_PRIORITY:
+        raise BadRequestError(f"priority {record.priority!r} outside ±{MAX_PRIORITY}")
+    timeout = record.timeout_s
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise BadRequestError(f"timeout_s must be finite and positive, got {timeout!r}")
+    patterns = record.tool_filter
+    if patterns is not None:
+        if len(patterns) > MAX_TOOL_PATTERNS:
+            raise BadRequestError(
+                f"tool_filter has {len(patterns)} globs, at most {MAX_TOOL_PATTERNS}"
+            )
+        for pattern in patterns:
+            if not pattern or len(pattern) > MAX_NAME_LENGTH:
+                raise BadRequestError(
+                    f"tool_filter globs must have 1 to {MAX_NAME_LENGTH} characters"
+                )
+    if timeout > MAX_HANDLER_TIMEOUT_S:
+        record = msgspec.structs.replace(record, timeout_s=MAX_HANDLER_TIMEOUT_S)
+    return record
+
+
+def _decode_bounded(key: str, value: bytes | None, type_: type[R]) -> tuple[str, str, str, R]:
+    kind, event, name = parse_registry_key(key)
+    if not value:
+        raise BadRequestError(f"empty value at {key!r}")
+    if len(value) > MAX_RECORD_BYTES:
+        raise BadRequestError(f"value is {len(value)} bytes, at most {MAX_RECORD_BYTES}")
+    try:
+        record = decode(value, type_)
+    except HookbusError as exc:
+        raise BadRequestError(str(exc)) from exc
+    return kind, event, name, record
+
+
+def derive_declaration(decl: HandlerDeclaration) -> HandlerDeclaration:
+    """`decl` with its subject, collect subject and queue group derived from its
+    (event, name).
+
+    Raises:
+        BadRequestError: the names are too long for a subject.
+    """
+    return msgspec.structs.replace(
+        decl,
+        subject=handler_subject(decl.event, decl.name),
+        collect_subject=collect_subject(decl.event),
+        queue_group=handler_queue_group(decl.name),
+    )
+
+
+def check_declaration(key: str, value: bytes | None) -> HandlerDeclaration:
+    """The `HandlerDeclaration` stored at `key`, validated against the key and the bounds
+    of the module docstring; its timeout clamped and its subjects derived.
+
+    Raises:
+        BadRequestError: the record is refused; the message says why (also for a key that
+            is not a declaration key).
+    """
+    kind, event, name, decl = _decode_bounded(key, value, HandlerDeclaration)
+    if kind != "handler":
+        raise BadRequestError(f"{key!r} is not a declaration key")
+    decl = _check_common(decl, event, name)
+    derived = derive_declaration(decl)
+    for field in ("subject", "collect_subject", "queue_group"):
+        given = getattr(decl, field)
+        if given and given != getattr(derived, field):
+            raise BadRequestError(
+                f"{field} {given[:80]!r} differs from the derived {getattr(derived, field)!r}"
+            )
+    return derived
+
+
+def check_required(key: str, value: bytes | None) -> RequiredHandler:
+    """The `RequiredHandler` stored at `key`, validated like `check_declaration`.
+
+    Raises:
+        BadRequestError: the record is refused; the message says why.
+    """
+    kind, event, name, req = _decode_bounded(key, value, RequiredHandler)
+    if kind != "required":
+        raise BadRequestError(f"{key!r} is not a required-handler key")
+    return _check_common(req, event, name)
+
+
+def declaration_differences(live: HandlerDeclaration, asked: HandlerDeclaration) -> list[str]:
+    """The settings (`COMPARED_FIELDS`) on which two declarations of one handler differ,
+    one line each, e.g. ``"failure_policy: live 'deny', declared 'ignore'"``; empty for
+    replicas of the same handler."""
+    out = []
+    for field in COMPARED_FIELDS:
+        a, b = getattr(live, field), getattr(asked, field)
+        if a != b:
+            out.append(f"{field}: live {a!r}, declared {b!r}")
+    return out
+
+
+def format_served_handlers(pairs: list[tuple[str, str]]) -> str:
+    """The worker service's ``handlers`` metadata value: the handler keys it serves,
+    space-separated (keys never hold a space)."""
+    return " ".join(handler_key(event, name) for event, name in pairs)
+
+
+def parse_served_handlers(text: object) -> list[tuple[str, str]]:
+    """Invert `format_served_handlers`; keys that do not parse are skipped."""
+    out: list[tuple[str, str]] = []
+    if not isinstance(text, str):
+        return out
+    for key in text.split()[:10_000]:
+        try:
+            kind, event, name = parse_registry_key(key)
+        except BadRequestError:
+            continue
+        if kind == "handler":
+            out.append((event, name))
+    return out

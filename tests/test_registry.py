@@ -1,0 +1,288 @@
+"""The handler registry nobody can corrupt by accident, against a real nats-server.
+
+Records are written straight into the bucket (as a careless or hostile writer would), and
+every test asserts the decision an emit returns. The records of the first tests are spelled
+out as JSON and literal keys, so the same tests run against an older hookbus.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import nats.js.errors
+import pytest
+from _serving import serving
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js.kv import KeyValue
+
+from hookbus.dispatcher import HookDispatcher
+from hookbus.schemas import (
+    HANDLERS_BUCKET,
+    HandlerDeclaration,
+    HookReply,
+    HookResult,
+    collect_subject,
+    encode,
+    encode_token,
+    handler_key,
+    handler_subject,
+    handlers_bucket_config,
+)
+
+pytestmark = pytest.mark.anyio
+
+Connect = Callable[..., Awaitable[NATS]]
+
+
+async def bucket(nc: NATS) -> KeyValue:
+    js = nc.jetstream()
+    try:
+        return await js.create_key_value(config=handlers_bucket_config())
+    except nats.js.errors.BadRequestError:
+        return await js.key_value(HANDLERS_BUCKET)
+
+
+def declaration(event: str, name: str, **options: Any) -> HandlerDeclaration:
+    """A declaration as a worker writes it (subjects filled in)."""
+    return HandlerDeclaration(
+        event=event,
+        name=name,
+        subject=handler_subject(event, name),
+        collect_subject=collect_subject(event),
+        queue_group=encode_token(name),
+        **options,
+    )
+
+
+def names(d: HookDispatcher, event: str) -> list[str]:
+    return d.list_handlers(event).get(event, [])
+
+
+async def until(check: Callable[[], bool], what: str) -> None:
+    """Poll `check` (the routing table has no change event) for at most 10 s."""
+    with anyio.fail_after(10, shield=False):
+        while not check():  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+
+
+async def sentinel(kv: KeyValue, d: HookDispatcher, event: str) -> None:
+    """Write a valid declaration after the records under test and wait until the dispatcher
+    routes it: the watch has then processed everything written before it."""
+    name = f"sentinel{uuid.uuid4().hex[:6]}"
+    decl = declaration(event, name, timeout_s=0.5, priority=99)
+    await kv.put(handler_key(event, name), encode(decl))
+    await until(lambda: name in names(d, event), f"sentinel {name}")
+    await kv.delete(handler_key(event, name))
+    await until(lambda: name not in names(d, event), f"sentinel {name} gone")
+
+
+async def deny_responder(nc: NATS, event: str, name: str) -> None:
+    """A raw replica of (event, name) on its derived subject that denies everything."""
+
+    async def respond(msg: Msg) -> None:
+        result = HookResult(action="deny", reason="raw says no")
+        await msg.respond(encode(HookReply(handler=name, result=result)))
+
+    await nc.subscribe(handler_subject(event, name), queue=encode_token(name), cb=respond)
+    await nc.flush()
+
+
+# -- a value is bound to its key; subjects are derived ------------------------------------
+async def test_value_under_another_key_routes_nothing(
+    nc: NATS, connect: Connect, event: str
+) -> None:
+    attacker = await connect()
+    inbox = f"attacker.inbox.{uuid.uuid4().hex}"
+    stolen: list[bytes] = []
+
+    async def steal(msg: Msg) -> None:
+        stolen.append(msg.data)
+
+    await attacker.subscribe(inbox, cb=steal)
+    await attacker.flush()
+    kv = await bucket(nc)
+    other = f"A{uuid.uuid4().hex[:8]}"
+    value = {"event": event, "name": "x", "subject": inbox, "timeout_s": 0.3}
+    async with HookDispatcher(await connect()) as d:
+        await kv.put(f"{other}.x", json.dumps(value).encode())
+        await sentinel(kv, d, event)
+        result = await d.emit(event, {"tool_name": "bash", "tool_input": {"secret": 1}})
+        await attacker.flush()
+        assert stolen == []
+        assert result.action == "continue" and result.failures == []
+        assert names(d, event) == [] and names(d, other) == []
+        await kv.delete(f"{other}.x")
+
+
+async def test_foreign_subject_under_the_right_key_is_refused(
+    nc: NATS, connect: Connect, event: str
+) -> None:
+    attacker = await connect()
+    inbox = f"attacker.inbox.{uuid.uuid4().hex}"
+    stolen: list[bytes] = []
+
+    async def steal(msg: Msg) -> None:
+        stolen.append(msg.data)
+
+    await attacker.subscribe(inbox, cb=steal)
+    kv = await bucket(nc)
+    value = {"event": event, "name": "x", "subject": inbox, "timeout_s": 0.3}
+    async with HookDispatcher(await connect()) as d:
+        await kv.put(handler_key(event, "x"), json.dumps(value).encode())
+        await sentinel(kv, d, event)
+        result = await d.emit(event, {"tool_name": "bash"})
+        await attacker.flush()
+        assert stolen == []
+        assert names(d, event) == []
+        assert result.action == "continue"
+
+
+async def test_empty_subject_is_derived_and_routes(nc: NATS, connect: Connect, event: str) -> None:
+    await deny_responder(await connect(), event, "guard")
+    kv = await bucket(nc)
+    value = {"event": event, "name": "guard", "subject": "", "failure_policy": "deny"}
+    async with HookDispatcher(await connect()) as d:
+        await kv.put(handler_key(event, "guard"), json.dumps(value).encode())
+        await until(lambda: names(d, event) == ["guard"], "guard routed")
+        result = await d.emit(event, {"tool_name": "bash"})
+        assert (result.action, result.decided_by, result.reason) == ("deny", "guard", "raw says no")
+
+
+# -- a complete resync sees deletes --------------------------------------------------------
+async def test_resync_removes_a_route_whose_delete_the_watch_missed(
+    nc: NATS, connect: Connect, event: str
+) -> None:
+    kv = await bucket(nc)
+    decl = declaration(event, "gate", failure_policy="deny", timeout_s=0.5)
+    async with HookDispatcher(await connect()) as d:
+        await kv.put(handler_key(event, "gate"), encode(decl))
+        await until(lambda: names(d, event) == ["gate"], "gate routed")
+        denied = await d.emit(event, {})
+        assert denied.action == "deny"
+        assert [(f.handler, f.kind) for f in denied.failures] == [("gate", "no_responders")]
+        router = getattr(d, "_router", d)
+        await router._watch.stop()  # the watch misses what follows
+        await kv.delete(handler_key(event, "gate"))
+        assert names(d, event) == ["gate"]  # nothing told the dispatcher yet
+        await d.refresh()
+        assert names(d, event) == []
+        result = await d.emit(event, {})
+        assert result.action == "continue" and result.failures == []
+
+
+# -- one bad record is skipped, never fatal -------------------------------------------------
+async def test_invalid_utf8_record_neither_freezes_the_watch_nor_blocks_a_start(
+    nc: NATS, connect: Connect, event: str
+) -> None:
+    kv = await bucket(nc)
+    bad = b'{"event": "' + event.encode() + b'", "name": "bad\xff\xfe"}'
+    try:
+        await invalid_utf8_record(kv, connect, event, bad)
+    finally:  # other tests share the bucket
+        await kv.delete(handler_key(event, "bad"))
+        await kv.delete(handler_key(event, "gate"))
+
+
+async def invalid_utf8_record(kv: KeyValue, connect: Connect, event: str, bad: bytes) -> None:
+    async with HookDispatcher(await connect()) as d:
+        await kv.put(handler_key(event, "bad"), bad)
+        decl = declaration(event, "gate", failure_policy="deny", timeout_s=0.5)
+        await kv.put(handler_key(event, "gate"), encode(decl))  # added after the bad record
+        await until(lambda: "gate" in names(d, event), "gate routed after the bad record")
+        assert names(d, event) == ["gate"]
+        assert (await d.emit(event, {})).action == "deny"
+    with anyio.fail_after(15):
+        async with HookDispatcher(await connect(), strict_events=True) as fresh:
+            assert names(fresh, event) == ["gate"]
+            assert (await fresh.emit(event, {})).action == "deny"
+
+
+@pytest.mark.parametrize("field", ["subject", "name"])
+async def test_oversized_record_does_not_close_the_dispatchers_connection(
+    nc: NATS, connect: Connect, event: str, field: str
+) -> None:
+    await deny_responder(await connect(), event, "guard")
+    kv = await bucket(nc)
+    value: dict[str, Any] = {"event": event, "name": "huge", "timeout_s": 0.3}
+    value[field] = "hookbus.v1.hook." + "a" * 5000 if field == "subject" else "n" * 5000
+    dnc = await connect(max_reconnect_attempts=1)
+    async with HookDispatcher(dnc) as d:
+        await kv.put(handler_key(event, "huge"), json.dumps(value).encode())
+        await sentinel(kv, d, event)
+        first = await d.emit(event, {"tool_name": "bash"})
+        guard = {"event": event, "name": "guard", "failure_policy": "deny", "timeout_s": 2}
+        await kv.put(handler_key(event, "guard"), json.dumps(guard).encode())
+        await until(lambda: "guard" in names(d, event), "guard routed")
+        second = await d.emit(event, {"tool_name": "bash"})
+        assert dnc.is_connected
+        assert first.action == "continue" and first.failures == []
+        assert (second.action, second.decided_by) == ("deny", "guard")
+    await kv.delete(handler_key(event, "huge"))
+    await kv.delete(handler_key(event, "guard"))
+
+
+@pytest.mark.parametrize(
+    "raw_timeout, routed",
+    [("1e9", 60.0), ("1e999", None), ("-1", None), ("0", None), ('"5"', None), ("2.5", 2.5)],
+)
+async def test_timeout_is_bounded(
+    nc: NATS, connect: Connect, event: str, raw_timeout: str, routed: float | None
+) -> None:
+    kv = await bucket(nc)
+    raw = f'{{"event": "{event}", "name": "slow", "timeout_s": {raw_timeout}}}'.encode()
+    async with HookDispatcher(await connect()) as d:
+        await kv.put(handler_key(event, "slow"), raw)
+        await sentinel(kv, d, event)
+        routes = {r.name: r.timeout_s for r in d._table.routes(event)}
+        assert routes == ({} if routed is None else {"slow": routed})
+    await kv.delete(handler_key(event, "slow"))
+
+
+# -- required handlers ---------------------------------------------------------------------
+async def test_required_handler_absent_denies_until_the_requirement_is_removed(
+    nc: NATS, connect: Connect, event: str
+) -> None:
+    kv = await bucket(nc)
+    key = f"_required.{encode_token(event)}.security_policy"
+    async with HookDispatcher(await connect()) as d:
+        await kv.put(key, json.dumps({"event": event, "name": "security_policy"}).encode())
+        await until(lambda: "security_policy" in names(d, event), "requirement routed")
+        denied = await d.emit(event, {"tool_name": "bash"})
+        assert denied.action == "deny"
+        assert [(f.handler, f.kind, f.policy) for f in denied.failures] == [
+            ("security_policy", "no_responders", "deny")
+        ]
+        await kv.delete(key)
+        await until(lambda: names(d, event) == [], "requirement removed")
+        result = await d.emit(event, {"tool_name": "bash"})
+        assert result.action == "continue" and result.failures == []
+
+
+async def test_required_handler_api_and_a_declaration_taking_its_place(
+    nc: NATS, connect: Connect, event: str
+) -> None:
+    from hookbus.dispatcher import require_handler, unrequire_handler
+
+    req = await require_handler(nc, event, "policy", priority=5, timeout_s=1e9)
+    assert (req.failure_policy, req.timeout_s) == ("deny", 60.0)
+    async with HookDispatcher(await connect(), strict_events=True) as d:
+        assert names(d, event) == ["policy"]  # the event is known: it has a requirement
+        assert (await d.emit(event, {})).action == "deny"
+
+        async def allow(event_: str, data: dict[str, Any]) -> HookResult:
+            return HookResult(action="continue")
+
+        wnc = await connect()
+        async with serving(wnc, (event, allow, {"name": "policy", "failure_policy": "deny"})):
+            await until(lambda: d._table.routes(event)[0].priority == 0, "declared")
+            result = await d.emit(event, {})
+            assert result.action == "continue" and result.failures == []
+        assert await unrequire_handler(nc, event, "policy") is True
+        assert await unrequire_handler(nc, event, "policy") is False
+        await asyncio.sleep(0)
