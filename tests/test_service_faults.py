@@ -20,10 +20,8 @@ import pytest
 
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import DispatcherService, HookDispatcher
-from hookbus.dispatcher._kv import kv_retry, open_bucket
 from hookbus.schemas import (
     HOOK_EVENTS_WILDCARD,
-    BucketConfigError,
     EmitReply,
     HookbusTimeoutError,
     HookEvent,
@@ -143,9 +141,11 @@ async def test_sigterm_drains_the_dispatcher_within_the_grace(embedded_server, e
                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env=_env(),
             )  # fmt: skip
             assert proc.stderr is not None
+            seen = []
             with anyio.fail_after(30):
-                while b"dispatcher serving" not in await proc.stderr.readline():
-                    pass
+                while b"dispatcher serving" not in (line := await proc.stderr.readline()):
+                    seen.append(line)
+                    assert line, b"".join(seen).decode()  # exited before serving
             request = asyncio.create_task(
                 agent.request(_emit_subject(event), b'{"data": {}}', timeout=30)
             )
@@ -178,6 +178,8 @@ async def test_a_bucket_with_another_config_is_reported(embedded_server, caplog)
                 pass
         warned = [r.getMessage() for r in caplog.records if "hookbus_suspensions" in r.getMessage()]
         assert any("ttl: asked 7200 s, bucket has 3600 s" in m for m in warned), warned
+        from hookbus.schemas import BucketConfigError  # new: absent from old trees
+
         with pytest.raises(BucketConfigError, match="ttl: asked 7200 s, bucket has 3600 s"):
             await HookDispatcher(nc, suspension_ttl_s=7200, strict_buckets=True).start()
         caplog.clear()
@@ -228,6 +230,8 @@ async def test_kv_retry_rides_out_a_paused_server():
     """A KV read while the server is paused (SIGSTOP, as during a leader election or a
     long GC) succeeds once it is back, within the deadline; past the deadline it fails
     with a hookbus timeout, not a raw nats-py error."""
+    from hookbus.dispatcher._kv import kv_retry, open_bucket  # new: absent from old trees
+
     with EmbeddedNatsServer() as server:
         nc = await nats.connect(server.url, max_reconnect_attempts=-1)
         try:
