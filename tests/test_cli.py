@@ -395,3 +395,58 @@ async def test_emit_subprocess_reaches_a_worker(nc, nats_url, event):
     assert "timestamp" in out["data"]
     assert collected.returncode == 0, collected.stderr
     assert json.loads(collected.stdout) == [{"q": 1, "tagged": True}]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--grace-period", "0"], "above 0"),
+        (["--grace-period", "soon"], "not a duration"),
+        (["--suspension-ttl", "nan"], "above 0"),
+        (["--approval-ttl", "-1h"], "above 0"),
+        (["--bucket-replicas", "0"], "1<=x<=5"),
+    ],
+)
+def test_dispatcher_operations_options_are_checked(args, message):
+    result = CliRunner().invoke(cli, ["dispatcher", "--url", "nats://127.0.0.1:1", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_durations_take_units():
+    from hookbus.cli._common import DURATION
+
+    assert [DURATION.convert(v, None, None) for v in ("90", "90s", "15m", "24h", "7d", 2.5)] == [
+        90.0, 90.0, 900.0, 86400.0, 604800.0, 2.5,
+    ]  # fmt: skip
+
+
+def _k8s_commands() -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(pod spec, container) of every container in deploy/k8s/hookbus.yaml."""
+    import yaml
+
+    path = Path(__file__).resolve().parents[1] / "deploy" / "k8s" / "hookbus.yaml"
+    out = []
+    for doc in yaml.safe_load_all(path.read_text()):
+        pod = doc["spec"]["template"]["spec"]
+        out.extend((pod, c) for c in pod["containers"])
+    return out
+
+
+@pytest.mark.parametrize("pod_container", _k8s_commands(), ids=lambda pc: pc[1]["name"])
+def test_k8s_example_parses_and_drains_before_the_kill(pod_container, monkeypatch):
+    """Every container's command line parses with the real CLI under its env; buckets
+    are R3 and strict; the drain's grace ends before Kubernetes' SIGKILL."""
+    pod, container = pod_container
+    for var in container["env"]:
+        monkeypatch.setenv(var["name"], var["value"])
+    args = container["args"]
+    i = next(i for i, a in enumerate(args) if a in cli.commands)
+    command = cli.commands[args[i]]
+    with cli.make_context("hookbus", args[:i]) as ctx:
+        with command.make_context(args[i], args[i + 1 :], parent=ctx) as sub:
+            params = sub.params
+    assert params["bucket_replicas"] == 3
+    assert params["strict_buckets"] is True
+    assert params["url"].count("nats://") == 3
+    assert params["grace_s"] + 5 <= pod["terminationGracePeriodSeconds"]
