@@ -16,9 +16,12 @@ import pytest
 
 from hookbus.dispatcher import DispatcherService, HookDispatcher
 from hookbus.schemas import (
+    BadRequestError,
     CollectReply,
     EmitReply,
+    HookAbortedError,
     HookResult,
+    NotConnectedError,
     decode,
     encode_token,
 )
@@ -465,3 +468,23 @@ async def test_drain_stops_intake_on_every_subscription_at_once(connect, event):
     assert outcome in ("no_responders", "unavailable"), outcome
     assert replies[0]["result"]["data"]["done"] is True
     assert replies[1]["error"]["code"] in ("busy", "unavailable")
+
+
+@pytest.mark.parametrize(
+    ("exc", "code", "retryable"),
+    [
+        (HookAbortedError("aborted by the drain"), "unavailable", True),
+        (NotConnectedError("connection closed"), "unavailable", True),
+        (nats.errors.ConnectionClosedError(), "unavailable", True),
+        (BadRequestError("$.data: expected object"), "bad_request", False),
+        (RuntimeError("a bug"), "internal", False),
+    ],
+)
+def test_every_failure_is_a_structured_error(exc, code, retryable):
+    """What an emit raises becomes the agent's error reply: aborts and outages are
+    retryable `unavailable`, never silence and never a generic `internal`."""
+    from hookbus.dispatcher._service import _wire_error
+
+    error = _wire_error(exc)
+    assert (error.code, error.retryable) == (code, retryable)
+    assert error.message
