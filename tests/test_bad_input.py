@@ -87,6 +87,74 @@ async def test_malformed_request_gets_bad_request(nc, connect, event, body, name
     assert w.handled == 2
 
 
+HOSTILE_BODIES = [
+    b'{"id": "a", "event": "e", "data": {"k": "\xff\xfe"}}',  # invalid UTF-8 in a string
+    b'{"id": "\xc3", "event": "e", "data": {}}',
+    b'{"id": "a", "event": "e", "data": {"k": ' + b"[" * 5000 + b"]" * 5000 + b"}}",
+    b'{"id": "a", "event": "e", "data": {"k": 1e999999}}',
+    b'{"id": "a", "event": "e", "data": {}, "budget_s": NaN}',
+]
+
+
+@pytest.mark.parametrize("body", HOSTILE_BODIES)
+async def test_hostile_request_gets_bad_request_not_internal(nc, connect, event, body, caplog):
+    """Invalid UTF-8 and deep nesting used to escape the decoder as UnicodeDecodeError /
+    RecursionError: answered ``internal`` with a traceback logged at ERROR per message."""
+    async with _echo_worker(nc, event):
+        raw = await connect()
+        subject = handler_subject(event, "echo")
+        reply = await _raw(raw, subject, body)
+        assert reply.error is not None and reply.error.code == "bad_request", reply.error
+        await _assert_still_serves(raw, subject, event)
+    records = [r for r in caplog.records if r.name == "hookbus.workers"]
+    assert all(r.levelname != "ERROR" and r.exc_info is None for r in records)
+
+
+@pytest.mark.faults
+async def test_ten_thousand_hostile_requests(nc, connect, event, caplog):
+    """10,000 generated bodies (random bytes, JSON of random shapes, broken UTF-8) on a
+    handler subject: every answer is ``bad_request``, the worker still serves, and the log
+    stays small (one line per bad request at most a few times, then a count)."""
+    import random
+
+    rng = random.Random(7)
+
+    def body(i: int) -> bytes:
+        kind = i % 4
+        if kind == 0:
+            return rng.randbytes(rng.randrange(0, 200))
+        if kind == 1:
+            junk = rng.randbytes(rng.randrange(1, 6)).replace(b'"', b"").replace(b"\\", b"")
+            return b'{"id":"a","event":"e","data":{"k":"' + junk + b'\xff"}}'
+        if kind == 2:
+            depth = rng.randrange(1000, 3000)
+            return b'{"id":"a","event":"e","data":{"k":' + b"[" * depth + b"]" * depth + b"}}"
+        shape = rng.choice([[], 1, "x", None, {"id": 1}, {"data": []}, {"event": {}}])
+        return encode(shape)
+
+    async with _echo_worker(nc, event) as w:
+        raw = await connect()
+        subject = handler_subject(event, "echo")
+        codes: dict[str, int] = {}
+        sem = asyncio.Semaphore(200)
+
+        async def one(i: int) -> None:
+            async with sem:
+                reply = await _raw(raw, subject, body(i))
+                code = reply.error.code if reply.error else "result"
+                codes[code] = codes.get(code, 0) + 1
+
+        caplog.clear()
+        await asyncio.gather(*(one(i) for i in range(10_000)))
+        await _assert_still_serves(raw, subject, event)
+    assert codes == {"bad_request": 10_000}
+    logged = [r for r in caplog.records if r.name == "hookbus.workers"]
+    size = sum(len(r.getMessage()) for r in logged)
+    print(f"\n10,000 hostile requests: {len(logged)} log lines, {size} bytes of log")
+    assert len(logged) < 100 and all(r.exc_info is None for r in logged)
+    assert w.handled >= 10_001
+
+
 async def test_handler_that_raises(nc, connect, event):
     async with _echo_worker(nc, event, failure_policy="ignore") as w:
         raw = await connect()

@@ -192,3 +192,25 @@ async def test_collect_local_and_remote_handler_sharing_a_name(
             responses = await d.emit_and_collect(event, {}, timeout=20.0)
     assert len(seen) == 2
     assert responses == [{"from": "local"}, {"from": "remote"}]
+
+
+async def test_collect_with_no_live_replica_returns_at_once(
+    nc: NATS, connect: Connect, event: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A declared remote handler with no replica: the server's 503 status on the collect
+    inbox means nobody will answer, so the call returns at once (amplifier-core: no
+    responses), without reading the status as a bad reply."""
+    async with serving(nc, (event, answer("gone", {"from": "gone"}, []), {})):
+        pass  # declared, then drained: no replica is left
+    seen: list[tuple[str, dict[str, Any]]] = []
+    d = HookDispatcher(await connect())
+    d.register(event, answer("local", {"from": "local"}, seen), priority=5)
+    async with d:
+        assert [r.name for r in d.routes(event)] == ["gone", "local"]
+        start = time.monotonic()
+        with anyio.fail_after(30):
+            responses = await d.emit_and_collect(event, {}, timeout=20.0)
+        elapsed = time.monotonic() - start
+    assert responses == [{"from": "local"}]
+    assert not [r for r in caplog.records if "bad collect reply" in r.getMessage()]
+    assert elapsed < 10.0  # not the 20 s timeout

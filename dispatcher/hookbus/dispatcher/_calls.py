@@ -12,9 +12,11 @@ the envelope as ``budget_s`` so the worker never runs past it. Within it:
 - an error reply marked ``retryable`` (``busy``, ``unavailable``: the handler did not run)
   is sent again at once, to whichever replica the queue group picks;
 - a handler declared ``retry_safe`` that is unanswered after a fraction of the budget
-  (`HEDGE_FRACTION`, at least `HEDGE_MIN_S`) is sent again (hedged), at most once per such
-  window, and the first answer wins. A handler not declared retry_safe is never sent twice
-  unless a replica said it did not run it.
+  (`HEDGE_FRACTION`, at least `HEDGE_MIN_S`) is sent again (hedged), then once per half
+  such window while the budget lasts (at most `MAX_RESENDS` extra requests: the queue group
+  picks a replica at random, so each further request halves the odds of landing on the
+  stalled one again), and the first answer wins. A handler not declared retry_safe is
+  never sent twice unless a replica said it did not run it.
 """
 
 from __future__ import annotations
@@ -252,7 +254,7 @@ class Requester:
                         return failed
                 else:
                     live.add(token)
-                next_send = loop.time() + window
+                next_send = loop.time() + (window if attempt == 1 else max(HEDGE_MIN_S, window / 2))
                 while True:
                     wait = min(next_send, deadline) - loop.time()
                     try:

@@ -33,6 +33,7 @@ from hookbus.schemas import (
     decode,
     encode,
 )
+from hookbus.schemas._nats_guard import harden_connection
 
 from ._calls import Failed, Outcome, Requester, call_local, call_remote
 from ._registry import RegistryWatch, open_handlers_bucket
@@ -136,6 +137,7 @@ class Router:
         """Load the registry, start watching it and open the collect inbox."""
         if self.started or self.nc is None:
             return
+        harden_connection(self.nc)  # replies come from anyone: none may silence us
         kv = await open_handlers_bucket(self.nc, replicas=self._bucket_replicas)
         self._watch = RegistryWatch(kv, self.table, resync_s=self._resync_s)
         await self._watch.start()

@@ -39,6 +39,7 @@ from hookbus.schemas import (
     to_hook_result,
     validate_name,
 )
+from hookbus.schemas._nats_guard import harden_connection
 
 from ._telemetry import traced_handling
 
@@ -326,6 +327,8 @@ class HookWorker:
 
     # -- serving -----------------------------------------------------------------------
     def _make_callback(self, spec: HandlerSpec) -> Callable[[Msg], Awaitable[None]]:
+        harden_connection(self._nc)  # requests come from anyone: none may silence us
+
         async def on_message(msg: Msg) -> None:
             # never await the work here: the subscription would stall behind it
             if self._state in ("draining", "stopped"):

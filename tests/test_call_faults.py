@@ -1,0 +1,409 @@
+"""The call path under faults: hostile replies, a skewed worker clock, an emit deadline, a
+server outage and a stalled replica. Each test asserts the decision, not only "no crash".
+Every test talks to a real nats-server; replicas that are paused or skewed run as
+separate processes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import msgspec
+import nats
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hookbus.dispatcher import HookDispatcher
+from hookbus.schemas import (
+    HookbusError,
+    HookReply,
+    HookResult,
+    WireFormatError,
+    decode,
+    handler_queue_group,
+    handler_subject,
+)
+from hookbus.workers import HookWorker
+
+pytestmark = pytest.mark.anyio
+
+
+# -- a raw NATS responder: answers each request with exactly the bytes it is given -----------
+class RawResponder:
+    """Speaks the NATS client protocol over a plain socket, so it can send what no client
+    library would: invalid UTF-8, status lines with bodies, any header bytes."""
+
+    def __init__(self, url: str, subject: str, queue: str) -> None:
+        u = urlparse(url)
+        self._addr = (u.hostname or "127.0.0.1", u.port or 4222)
+        self._sub = f"SUB {subject} {queue} 1\r\n".encode()
+        self.body = b""
+        self.headers: bytes | None = None
+        self.requests = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> RawResponder:
+        self._r, self._w = await asyncio.open_connection(*self._addr)
+        await self._r.readline()  # INFO
+        connect = b'CONNECT {"verbose":false,"pedantic":false,"headers":true,"protocol":1}\r\n'
+        self._w.write(connect + self._sub + b"PING\r\n")
+        await self._w.drain()
+        while (await self._r.readline()).strip() != b"PONG":
+            pass
+        self._task = asyncio.create_task(self._serve())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._w.close()
+
+    async def _serve(self) -> None:
+        while True:
+            parts = (await self._r.readline()).split()
+            if parts == [b"PING"]:
+                self._w.write(b"PONG\r\n")
+                continue
+            if not parts or parts[0] not in (b"MSG", b"HMSG"):
+                continue
+            await self._r.readexactly(int(parts[-1]) + 2)
+            self.requests += 1
+            reply = parts[3]  # MSG subject sid reply size / HMSG subject sid reply hdr size
+            if self.headers is None:
+                self._w.write(b"PUB %s %d\r\n%s\r\n" % (reply, len(self.body), self.body))
+            else:
+                size = len(self.headers) + len(self.body)
+                self._w.write(
+                    b"HPUB %s %d %d\r\n%s%s\r\n"
+                    % (reply, len(self.headers), size, self.headers, self.body)
+                )
+            await self._w.drain()
+
+
+async def _declare(nc: Any, event: str, name: str, **options: Any) -> None:
+    """Declare a handler the way a worker does, then stop serving it (the raw responder
+    takes its subject)."""
+    w = HookWorker(nc)
+
+    async def placeholder(ev: str, data: dict[str, Any]) -> None:
+        return None
+
+    w.add_handler(event, placeholder, name=name, **options)
+    await w.start()
+    await w.shutdown()
+
+
+@contextlib.asynccontextmanager
+async def _raw_handler(
+    nats_url: str, connect: Any, event: str, policy: str
+) -> AsyncIterator[tuple[RawResponder, HookDispatcher]]:
+    await _declare(await connect(), event, "raw", failure_policy=policy, timeout_s=3)
+    async with (
+        RawResponder(nats_url, handler_subject(event, "raw"), handler_queue_group("raw")) as r,
+        HookDispatcher(await connect()) as d,
+    ):
+        yield r, d
+
+
+OK = b'{"handler":"raw","result":{"action":"continue"}}'
+_DEEP = b"[" * 5000 + b"]" * 5000
+HOSTILE: dict[str, tuple[bytes | None, bytes]] = {
+    "invalid utf-8 in a string": (None, b'{"handler":"raw","result":{"data":{"k":"\xff\xfe"}}}'),
+    "invalid utf-8 in the handler": (None, b'{"handler":"r\xc3","result":{}}'),
+    "invalid utf-8 outside strings": (None, b"\xff\xfe\xfd"),
+    "deep nesting": (None, b'{"handler":"raw","result":{"data":{"k":%s}}}' % _DEEP),
+    "number out of range": (None, b'{"handler":"raw","result":{"data":{"k":1e999999}}}'),
+    "wrong types": (None, b'{"handler":7,"result":{"action":"explode"}}'),
+    "an array": (None, b"[]"),
+    "empty": (None, b""),
+    "neither result nor error": (None, b'{"handler":"raw"}'),
+    "a 503 status with a body": (b"NATS/1.0 503\r\n\r\n", OK),
+    "a status line with invalid utf-8": (b"NATS/1.0 \xff\xfe\r\n\r\n", b"x"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("policy", ["deny", "ignore"])
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+async def test_hostile_reply_is_a_bad_reply_under_the_policy(
+    nats_url, connect, event, case, policy
+):
+    async with _raw_handler(nats_url, connect, event, policy) as (responder, d):
+        responder.headers, responder.body = HOSTILE[case]
+        result = await d.emit(event, {"n": 1})
+        assert [(f.handler, f.kind, f.policy) for f in result.failures] == [
+            ("raw", "bad_reply", policy)
+        ]
+        assert result.action == ("deny" if policy == "deny" else "continue")
+        # the connection still hears replies: a good one is a result again
+        responder.headers, responder.body = None, OK
+        again = await d.emit(event, {"n": 2})
+        assert again.failures == [] and again.action == "continue"
+
+
+async def test_status_line_with_invalid_utf8_does_not_silence_the_dispatcher(
+    nats_url, connect, event
+):
+    """nats-py decodes a status description strictly in its read loop: one such reply
+    used to leave the dispatcher's connection deaf for good (every later emit a timeout)."""
+    async with _raw_handler(nats_url, connect, event, "deny") as (responder, d):
+        responder.headers, responder.body = b"NATS/1.0 503 \xff\xfe\r\n\r\n", b""
+        await d.emit(event, {})
+        responder.headers, responder.body = None, OK
+        after = await d.emit(event, {})
+    assert after.failures == [] and after.action == "continue"
+
+
+_KEYS = st.sampled_from(["handler", "result", "error", "action", "data", "code", "message"])
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_KEYS, inner, max_size=4),
+    max_leaves=20,
+)
+_BROKEN_UTF8 = st.binary(min_size=1, max_size=8).map(
+    lambda junk: b'{"handler":"raw","result":{"action":"continue","data":{"k":"%s"}}}' % junk
+)
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(body=st.one_of(st.binary(max_size=300), _JSON.map(msgspec.json.encode), _BROKEN_UTF8))
+async def test_any_reply_bytes_end_as_a_decision(nats_url, connect, event, body):
+    """Whatever bytes come back, emit returns a decision: the reply's own result if the
+    bytes are a valid reply, else ``bad_reply`` under the deny policy. It never raises."""
+    async with _raw_handler(nats_url, connect, event, "deny") as (responder, d):
+        responder.body = body
+        result = await d.emit(event, {})
+    try:
+        valid = decode(body, HookReply).result is not None
+    except WireFormatError:
+        valid = False
+    if valid:
+        assert result.failures == [] or result.failures[0].kind != "bad_reply"
+    else:
+        assert [(f.kind, f.policy) for f in result.failures] == [("bad_reply", "deny")]
+        assert result.action == "deny"
+
+
+# -- worker processes (skewed clock, stalled replica) ---------------------------------------------
+WORKER_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, sys, time
+    import nats
+    from hookbus.workers import HookWorker
+
+    url, event, skew, log = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+    real_time = time.time
+    time.time = lambda: real_time() + skew  # this host's wall clock is off by `skew` s
+
+    async def main():
+        nc = await nats.connect(url)
+        w = HookWorker(nc)
+        calls = open(log, "a", buffering=1)
+
+        async def gate(ev, data):
+            return {"action": "continue"}
+
+        async def audit(ev, data):
+            calls.write(f"{data['n']}\\n")
+            return None
+
+        def add(fn, **options):
+            try:
+                w.add_handler(event, fn, **options)
+            except TypeError:  # a worker without retry_safe: declare it without
+                options.pop("retry_safe")
+                w.add_handler(event, fn, **options)
+
+        add(gate, priority=1, failure_policy="deny", timeout_s=1.0, retry_safe=True)
+        add(audit, priority=2, failure_policy="ignore", timeout_s=1.0, retry_safe=False)
+        await w.start()
+        print("ready", flush=True)
+        await w.run(handle_signals=True)
+        await nc.close()
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.fixture
+def worker_process(tmp_path: Path, nats_url: str) -> Iterator[Any]:
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(event: str, *, skew_s: float = 0.0, log: Path) -> subprocess.Popen[str]:
+        script = tmp_path / "worker.py"
+        script.write_text(WORKER_SCRIPT)
+        proc = subprocess.Popen(
+            [sys.executable, str(script), nats_url, event, str(skew_s), str(log)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=os.environ.copy(),
+        )
+        procs.append(proc)
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"  # blocks until it serves
+        return proc
+
+    yield start
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+@pytest.mark.faults
+async def test_worker_with_a_skewed_clock_still_answers(connect, event, worker_process, tmp_path):
+    """A worker whose wall clock is an hour ahead serves as any other: the envelope carries
+    a relative budget, not a wall-clock deadline, so a deny-policy handler denies nothing."""
+    worker_process(event, skew_s=3600.0, log=tmp_path / "calls.txt")
+    async with HookDispatcher(await connect()) as d:
+        results = [await d.emit(event, {"n": n}) for n in range(20)]
+    assert [r.action for r in results] == ["continue"] * 20
+    assert all(r.failures == [] for r in results), results[0].failures
+
+
+@pytest.mark.faults
+async def test_stalled_replica_costs_latency_not_decisions(
+    connect, event, worker_process, tmp_path
+):
+    """Two replica processes; one is paused (SIGSTOP, as a GC pause or a hung loop would)
+    under load. The retry_safe deny-policy handler is hedged to the live replica, so
+    (nearly) no emit is denied; the non-retry_safe handler is never run twice for a call."""
+    logs = [tmp_path / "a.txt", tmp_path / "b.txt"]
+    stalled = worker_process(event, log=logs[0])
+    worker_process(event, log=logs[1])
+    results: list[HookResult] = []
+    async with HookDispatcher(await connect()) as d:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 4.5
+        counter = iter(range(10**9))
+
+        async def agent() -> None:
+            while loop.time() < end:
+                results.append(await d.emit(event, {"n": next(counter)}))
+
+        agents = [asyncio.create_task(agent()) for _ in range(50)]
+        await asyncio.sleep(0.5)  # steady load first
+        os.kill(stalled.pid, signal.SIGSTOP)
+        await asyncio.sleep(3.0)  # a 3 s stall under load
+        os.kill(stalled.pid, signal.SIGCONT)
+        await asyncio.gather(*agents)
+    n = len(results)
+    denied = sum(1 for r in results if r.action == "deny")
+    timeouts = sum(1 for r in results for f in r.failures if f.handler == "audit")
+    print(f"\n3 s stall: {denied}/{n} emits denied, {timeouts} audit calls timed out (ignore)")
+    assert denied <= max(3, n // 1000), f"{denied} of {n} emits denied by policy"
+    await asyncio.sleep(1.5)  # let the resumed replica finish what it had buffered
+    calls = [line for log in logs for line in log.read_text().split()]
+    assert len(calls) == len(set(calls)), "a non-retry_safe handler ran twice for one call"
+
+
+# -- deadlines -----------------------------------------------------------------------------------
+async def test_emit_deadline_cuts_the_chain(connect, event):
+    """emit(timeout_s=...) bounds the whole chain: the slow handler is cut to what was left
+    and the handler not reached in time is a ``timeout`` judged by its (deny) policy."""
+    dnc = await connect()
+    w = HookWorker(await connect())
+    ran: list[str] = []
+
+    @w.handler(event, priority=1, timeout_s=5.0)
+    async def slow(ev: str, data: dict[str, Any]) -> None:
+        ran.append("slow")
+        await asyncio.sleep(3.0)
+
+    @w.handler(event, priority=2, timeout_s=5.0, failure_policy="deny")
+    async def policy(ev: str, data: dict[str, Any]) -> None:
+        ran.append("policy")
+
+    async with w, HookDispatcher(dnc) as d:
+        t0 = asyncio.get_running_loop().time()
+        result = await d.emit(event, {}, timeout_s=0.5)
+        took = asyncio.get_running_loop().time() - t0
+    assert [(f.handler, f.kind, f.policy) for f in result.failures] == [
+        ("slow", "timeout", "ignore"),
+        ("policy", "timeout", "deny"),
+    ]
+    assert result.action == "deny" and ran == ["slow"]
+    assert took < 3.0  # the 5 s handler timeout was cut to the emit's budget
+
+
+async def test_worker_never_runs_past_the_callers_budget(connect, event):
+    """The worker cuts its handler's own timeout to the budget in the envelope, and a
+    request whose budget is already spent is answered at once, not dropped."""
+    nc = await connect()
+    cancelled = asyncio.Event()
+
+    async def long(ev: str, data: dict[str, Any]) -> None:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    w = HookWorker(nc)
+    w.add_handler(event, long, timeout_s=30)
+    async with w:
+        client = await connect()
+        subject = handler_subject(event, "long")
+        body = b'{"id":"x","event":"%s","data":{},"budget_s":0.2}' % event.encode()
+        reply = decode((await client.request(subject, body, timeout=5)).data, HookReply)
+        assert reply.error is not None and reply.error.code == "handler_timeout"
+        assert cancelled.is_set()
+        spent = b'{"id":"y","event":"%s","data":{},"budget_s":-1}' % event.encode()
+        reply = decode((await client.request(subject, spent, timeout=5)).data, HookReply)
+        assert reply.error is not None
+        assert (reply.error.code, reply.error.retryable) == ("deadline_exceeded", True)
+
+
+# -- an outage: only hookbus errors or decisions come out ------------------------------------------
+async def test_emit_during_an_outage_raises_only_hookbus_errors(embedded_server, event):
+    url = embedded_server.url
+    wnc = await nats.connect(url)
+    dnc = await nats.connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.05)
+    w = HookWorker(wnc)
+
+    @w.handler(event, failure_policy="deny", timeout_s=0.5)
+    async def gate(ev: str, data: dict[str, Any]) -> None:
+        return None
+
+    await w.start()
+    d = HookDispatcher(dnc)
+    await d.start()
+    assert (await d.emit(event, {})).action == "continue"
+    embedded_server.stop()
+    outcomes: list[str] = []
+    for _ in range(30):
+        try:
+            r = await d.emit(event, {})
+            outcomes.append(r.action)
+            assert r.action == "deny" and r.failures[0].policy == "deny"
+        except HookbusError as exc:
+            outcomes.append(type(exc).__name__)
+        await asyncio.sleep(0.01)
+    await dnc.close()
+    try:
+        await d.emit(event, {})
+    except HookbusError as exc:
+        outcomes.append(type(exc).__name__)
+    assert outcomes[-1] == "NotConnectedError"
+    assert set(outcomes) <= {"deny", "NotConnectedError"}, outcomes
+    with contextlib.suppress(Exception):
+        await wnc.close()
