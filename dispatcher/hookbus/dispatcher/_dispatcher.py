@@ -128,6 +128,8 @@ class HookDispatcher(StandardEvents):
     async def close(self) -> None:
         """Stop watching and unsubscribe (idempotent). The connection stays the caller's."""
         await self._router.close()
+        if self._suspensions is not None:
+            await self._suspensions.close()
         self._started = False
 
     async def __aenter__(self) -> HookDispatcher:

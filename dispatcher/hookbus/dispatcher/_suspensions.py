@@ -1,44 +1,47 @@
 """Durable suspensions: the Vercel AI SDK's hooks, kept in a JetStream KV bucket.
 
 A run that needs an answer calls ``await hook(label, payload=T)``. One KV record per label
-(`SuspensionRecord`) holds the state; every change is a compare-and-set on its revision, so
-concurrent resolvers, cancellers and waiters in any process end in exactly one outcome.
+(`SuspensionRecord`) holds the state; every change is a compare-and-set on its revision
+that stays exactly-once when a write's outcome is unknown (`RecordStore`), so concurrent
+resolvers, cancellers and waiters in any process end in exactly one outcome.
 
 - A pre-registered resolution (``resolve_hook`` before any ``hook``) is consumed by the next
-  matching ``hook`` exactly once, which returns at once.
-- Otherwise ``hook`` creates a pending record (create-if-absent: a second live hook on the
-  label is `DuplicateHookError`), publishes a ``pending`` `HookEvent`, and waits on a KV
-  watch backed by a periodic read (FIELD-NOTES: a watch can stall after a server loss).
+  matching ``hook`` exactly once, which returns at once. One that does not fit the payload
+  is refused (`ResolutionRejectedError`) and left unconsumed; an operator replaces it
+  (``resolve_hook(label, value, replace=True)``) or clears it (``clear_hook``).
+- Otherwise ``hook`` creates a pending record owned by this process (its waiter id, kept
+  alive by one lease per process, see `Leases`), publishes a ``pending`` `HookEvent`, and
+  waits on the process's one shared watch (`SharedWatch`). A second ``hook`` on a label
+  whose owner is alive is `DuplicateHookError`; an owner whose lease expired (a crashed
+  process) is taken over.
 - ``resolve_hook`` checks the value against the payload's JSON Schema kept in the record
   (`ResolutionRejectedError`, record unchanged), then compare-and-sets it to resolved.
 - ``cancel_hook`` compare-and-sets it to cancelled; the waiter raises `HookCancelledError`.
-- ``abort_pending_hook`` stops a local waiter and leaves the record pending, detached: a
-  later run calling ``hook(label)`` again gets the stored resolution (serverless resume), or
+- ``abort_pending_hook`` (or ``abort_all``) stops local waits and leaves the record pending,
+  detached: a later ``hook(label)`` gets the stored resolution (serverless resume), or
   re-attaches and waits if there is none yet.
-- A run scope (``async with run(run_id)``) records the labels it used; on exit it removes
-  its live hooks and unused pre-registered resolutions (and consumed / cancelled records).
-- Records expire with the bucket's TTL (its max age, counted from the last write).
+- A run scope (``async with run(run_id)``, `RunScope`) records the labels it used; on exit it
+  removes its live hooks, unused pre-registered resolutions and consumed / cancelled records.
+- Records expire with the bucket's TTL (its max age, counted from the last write). A
+  malformed record is skipped and logged, never raised (listings count it).
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
 import jsonschema
 import msgspec
 import nats.errors
-import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from hookbus.schemas import (
     HOOK_EVENTS_WILDCARD,
@@ -50,36 +53,28 @@ from hookbus.schemas import (
     HookEvent,
     HookNotFoundError,
     HookPart,
+    HookStatus,
     HookTimeoutError,
     ResolutionRejectedError,
     SuspensionRecord,
     decode,
     encode,
     hook_event_subject,
-    label_from_key,
     suspension_key,
     suspensions_bucket_config,
 )
 
+from ._kv import kv_retry, open_bucket
+from ._records import Entry, RecordStore, SuspensionPage
+from ._runs import RunScope, cleanup, current_run, note
 from ._telemetry import SuspensionSpan, suspension_span
+from ._waiter import Leases, SharedWatch, Slot
 
-__all__ = ["HookEventStream", "PendingHook", "RunScope", "Suspensions"]
+__all__ = ["HookEventStream", "PendingHook", "RunScope", "SuspensionPage", "Suspensions"]
 
 log = logging.getLogger("hookbus.dispatcher")
 
 T = TypeVar("T")
-
-_TRANSIENT = (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError)
-"""KV write failures worth retrying (a stream leader moving, FIELD-NOTES: ~6-7 s)."""
-
-
-def _retrying() -> AsyncRetrying:
-    return AsyncRetrying(
-        retry=retry_if_exception_type(_TRANSIENT),
-        wait=wait_exponential(multiplier=0.05, max=1.0),
-        stop=stop_after_delay(15),
-        reraise=True,
-    )
 
 
 def payload_schema(payload: type[Any] | None) -> dict[str, Any] | None:
@@ -114,20 +109,6 @@ class PendingHook:
 
     hook_id: str
     label: str
-
-
-@dataclass
-class RunScope:
-    """The labels one run used; see `Suspensions.run`."""
-
-    run_id: str
-    labels: set[str] = field(default_factory=set)
-    aborted: set[str] = field(default_factory=set)
-
-
-_current_run: contextvars.ContextVar[RunScope | None] = contextvars.ContextVar(
-    "hookbus_run", default=None
-)
 
 
 class HookEventStream:
@@ -170,53 +151,102 @@ class Suspensions:
     Args:
         nc: a connected client.
         kv: the suspensions bucket.
-        poll_s: seconds between the periodic reads that back the KV watch.
+        poll_s: seconds between the periodic reads that back the shared watch.
+        leases: this process's waiter lease (None: opened with the first waiter).
+        write_deadline_s: seconds one read or write may keep retrying through an outage.
+        poll_batch: records read per poll period (see `SharedWatch`).
     """
 
-    def __init__(self, nc: NATS, kv: KeyValue, *, poll_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        nc: NATS,
+        kv: KeyValue,
+        *,
+        poll_s: float = 1.0,
+        leases: Leases | None = None,
+        write_deadline_s: float = 15.0,
+        poll_batch: int = 256,
+    ) -> None:
         self._nc = nc
-        self._kv = kv
-        self._poll_s = poll_s
-        self._waiters: dict[str, anyio.CancelScope] = {}
-        self._live_labels: set[str] = set()
+        self.records = RecordStore(kv, deadline_s=write_deadline_s)
+        """The record store (create / compare-and-set / reconcile, validated reads)."""
+        self.watch = SharedWatch(self.records, poll_s=poll_s, poll_batch=poll_batch)
+        """The process's one watch on the bucket (``watch.consumers`` is 0 or 1)."""
+        self._leases = leases
+        self._waiters: dict[str, set[anyio.CancelScope]] = {}
+        self._live: dict[str, int] = {}
         self._validators: dict[bytes, jsonschema.protocols.Validator] = {}
 
     @classmethod
     async def open(
-        cls, nc: NATS, *, ttl_s: float = 7 * 24 * 3600, replicas: int = 1
+        cls,
+        nc: NATS,
+        *,
+        ttl_s: float = 7 * 24 * 3600,
+        replicas: int = 1,
+        lease_s: float = 15.0,
+        poll_s: float = 1.0,
     ) -> Suspensions:
-        js = nc.jetstream()
-        config = suspensions_bucket_config(ttl_s=ttl_s, replicas=replicas)
-        try:
-            kv = await js.create_key_value(config=config)
-        except nats.js.errors.BadRequestError:  # exists with another TTL: use it as it is
-            kv = await js.key_value(config.bucket)
-        return cls(nc, kv)
+        """Open (or create) the suspensions and leases buckets.
+
+        Args:
+            ttl_s: seconds a record lives after its last write (a new bucket's max age).
+            replicas: JetStream replicas of buckets created here (3 on a cluster).
+            lease_s: seconds a crashed waiter keeps its label (a new leases bucket's max
+                age; an existing bucket's own max age wins).
+        Raises:
+            HookbusTimeoutError: JetStream stayed unavailable.
+        """
+        kv = await open_bucket(nc, suspensions_bucket_config(ttl_s=ttl_s, replicas=replicas))
+        leases = await Leases.open(nc, lease_s=lease_s, replicas=replicas)
+        return cls(nc, kv, leases=leases, poll_s=poll_s)
+
+    @property
+    def waiter_id(self) -> str | None:
+        """This process's waiter id (the ``owner`` of the records it waits on)."""
+        return None if self._leases is None else self._leases.waiter_id
+
+    async def close(self) -> None:
+        """Stop the shared watch and the lease heartbeat (waits in progress keep their
+        records; their lease expires). Idempotent."""
+        await self.watch.close()
+        if self._leases is not None:
+            await self._leases.close()
 
     # -- reading ---------------------------------------------------------------------------
     async def get(self, label: str) -> tuple[SuspensionRecord, int] | None:
-        """The record of `label` and its revision, or None."""
-        try:
-            entry = await self._kv.get(suspension_key(label))
-        except nats.js.errors.KeyNotFoundError:
-            return None
-        if not entry.value or entry.revision is None:
-            return None  # an expiry marker (FIELD-NOTES) or a delete
-        return decode(entry.value, SuspensionRecord), entry.revision
+        """The record of `label` and its revision, or None (absent, or malformed: skipped
+        and logged).
 
-    async def list(self) -> list[SuspensionRecord]:
-        """Every record in the bucket (pending, resolved, cancelled), by creation time."""
-        try:
-            keys = await self._kv.keys()
-        except nats.js.errors.NoKeysError:
-            return []
-        records = []
-        for key in keys:
-            with contextlib.suppress(HookbusError):
-                got = await self.get(label_from_key(key))
-                if got is not None:
-                    records.append(got[0])
-        return sorted(records, key=lambda r: r.created_at)
+        Raises:
+            BadRequestError: the label cannot be a key (empty or too long).
+            HookbusTimeoutError: JetStream stayed unavailable.
+        """
+        entry = await self.records.read(label)
+        if entry is None or entry.record is None:
+            return None
+        return entry.record, entry.revision
+
+    async def list(self, *, status: HookStatus | None = None) -> list[SuspensionRecord]:
+        """Every valid record (optionally of one `status`), by creation time; malformed
+        ones are skipped and logged (see `page` for their count).
+
+        Raises:
+            HookbusTimeoutError: JetStream stayed unavailable.
+        """
+        return (await self.page(status=status)).records
+
+    async def page(
+        self,
+        *,
+        status: HookStatus | None = None,
+        limit: int | None = None,
+        after: str | None = None,
+        prefix: str | None = None,
+    ) -> SuspensionPage:
+        """One page of records, oldest first, read in one pass over the bucket (no round
+        trip per record); see `RecordStore.page` for the arguments and errors."""
+        return await self.records.page(status=status, limit=limit, after=after, prefix=prefix)
 
     # -- the hook --------------------------------------------------------------------------
     async def hook(
@@ -246,10 +276,14 @@ class Suspensions:
                 ``await <kind>``, with events pending / resolved / cancelled / timed_out /
                 aborted; `span_attributes` are added to it.
         Raises:
-            DuplicateHookError: another waiter is attached to a pending hook of this label.
-            HookCancelledError: it was cancelled (now or before).
-            HookAbortedError: `abort_pending_hook` stopped the wait.
+            DuplicateHookError: a live waiter (its process's lease alive) holds a pending
+                hook of this label.
+            ResolutionRejectedError: the stored resolution does not fit `payload`; it is
+                not consumed (replace or clear it).
+            HookCancelledError: it was cancelled (now or before), or its record removed.
+            HookAbortedError: `abort_pending_hook` / `abort_all` stopped the wait.
             HookTimeoutError: no resolution within `timeout_s`.
+            HookbusTimeoutError: JetStream stayed unavailable while writing the record.
         """
         with suspension_span(label, kind=kind, attributes=span_attributes) as span:
             try:
@@ -281,245 +315,256 @@ class Suspensions:
         shared: bool,
     ) -> T:
         key = suspension_key(label)  # BadRequestError for a label too long to be a key
-        if label in self._live_labels and not shared:
+        if self._live.get(label) and not shared:
             raise DuplicateHookError(f"this process already waits on a hook labelled {label!r}")
-        run = _current_run.get()
-        if run is not None:
-            run.labels.add(label)
-        hook_id = uuid.uuid4().hex
-        while True:
-            got = await self.get(label)
-            if got is None:
-                record = SuspensionRecord(
-                    label=label,
-                    status="pending",
-                    hook_id=hook_id,
-                    run_id=run.run_id if run else None,
-                    attached=True,
-                    metadata=metadata or {},
-                    payload_type=getattr(payload, "__name__", None),
-                    payload_schema=schema if schema is not None else payload_schema(payload),
-                    created_at=time.time(),
-                )
-                try:
-                    revision = await self._write(key, record, last=0)
-                except nats.js.errors.KeyWrongLastSequenceError:
-                    continue  # someone created it first: look again
-                await self._publish(record)
-                span.event("pending")
-                break
-            record, revision = got
-            if record.status == "resolved" and not record.consumed:
-                result = _convert(label, record.resolution, payload)  # refuse before consuming
-                value = await self._consume(key, record, revision)
-                if value is not _LOST_RACE:
-                    return result
-                continue
-            if record.status == "cancelled":
-                raise HookCancelledError(label, record.reason)
-            if record.status == "resolved" and shared:  # one call, retried: its answer
-                return _convert(label, record.resolution, payload)
-            if record.status == "resolved":  # consumed earlier: this is a new hook
-                fresh = SuspensionRecord(
+        run = note(label)
+        leases = await self._lease()
+        slot = self.watch.register(key)
+        try:
+            await kv_retry(self.watch.start, deadline_s=self.records.deadline_s, what="watch")
+            hook_id = uuid.uuid4().hex
+
+            def fresh() -> SuspensionRecord:
+                return SuspensionRecord(
                     label=label, status="pending", hook_id=hook_id,
-                    run_id=run.run_id if run else None, attached=True,
+                    run_id=run.run_id if run else None, attached=True, owner=leases.waiter_id,
                     metadata=metadata or {}, payload_type=getattr(payload, "__name__", None),
                     payload_schema=schema if schema is not None else payload_schema(payload),
                     created_at=time.time(),
                 )  # fmt: skip
-                try:
-                    revision = await self._write(key, fresh, last=revision)
-                except nats.js.errors.KeyWrongLastSequenceError:
+
+            while True:
+                entry = await self.records.read(label)
+                if entry is None or entry.record is None:  # absent, or malformed: replace it
+                    record = fresh()
+                    revision = await self.records.create(record, over=entry)
+                    if revision is None:
+                        continue  # someone created it first: look again
+                    await self._publish(record)
+                    break
+                record, revision = entry.record, entry.revision
+                if record.status == "resolved" and not record.consumed:
+                    result = _convert(label, record.resolution, payload)  # refuse, unconsumed
+                    if await self._consume(record, revision):
+                        return result
                     continue
-                record = fresh
-                await self._publish(record)
-                span.event("pending")
+                if record.status == "cancelled":
+                    raise HookCancelledError(label, record.reason)
+                if record.status == "resolved":  # consumed earlier: this is a new hook
+                    record = fresh()
+                    revision = await self.records.swap(record, last=entry.revision)
+                    if revision is None:
+                        continue
+                    await self._publish(record)
+                    break
+                # pending: attach if nobody live waits on it, or it is this run's (resume)
+                same_run = run is not None and record.run_id == run.run_id
+                if record.attached and not same_run and not shared:
+                    if not record.owner or await leases.alive(record.owner):
+                        raise DuplicateHookError(
+                            f"a live hook with label {label!r} exists (hook {record.hook_id})"
+                        )
+                    log.info("taking over hook %r from %s (its lease expired)",
+                             label, record.owner)  # fmt: skip
+                hook_id = record.hook_id
+                record = msgspec.structs.replace(record, attached=True, owner=leases.waiter_id)
+                revision = await self.records.swap(record, last=entry.revision)
+                if revision is None:
+                    continue
                 break
-            # pending: re-attach if nobody waits on it or it is this run's own (resume)
-            same_run = run is not None and record.run_id == run.run_id
-            if record.attached and not same_run and not shared:
-                raise DuplicateHookError(
-                    f"a live hook with label {label!r} exists (hook {record.hook_id})"
-                )
-            hook_id = record.hook_id
-            attached = msgspec.structs.replace(record, attached=True)
-            try:
-                revision = await self._write(key, attached, last=revision)
-            except nats.js.errors.KeyWrongLastSequenceError:
-                continue
-            record = attached
             span.event("pending")
-            break
-        return _convert(
-            label, await self._wait(key, label, hook_id, timeout_s, run, shared=shared), payload
-        )
+            slot.arm(Entry(revision, record))
+            return await self._wait(slot, label, hook_id, payload, timeout_s, run, shared=shared)
+        finally:
+            self.watch.unregister(slot)
+
+    async def _lease(self) -> Leases:
+        if self._leases is None:
+            self._leases = await Leases.open(self._nc)
+        await self._leases.ensure()
+        return self._leases
 
     async def _wait(
         self,
-        key: str,
+        slot: Slot,
         label: str,
         hook_id: str,
+        payload: type[T] | None,
         timeout_s: float | None,
         run: RunScope | None,
         *,
         shared: bool,
-    ) -> Any:
+    ) -> T:
         scope = anyio.CancelScope()
-        self._waiters[hook_id] = scope
-        self._live_labels.add(label)
+        self._waiters.setdefault(hook_id, set()).add(scope)
+        self._live[label] = self._live.get(label, 0) + 1
+        keep = False  # a run cancelled from outside: its exit removes the record
         try:
             with scope, anyio.move_on_after(timeout_s) as deadline:
-                return await self._watch_until_settled(key, label, shared=shared)
+                return await self._until_settled(slot, label, payload, shared=shared)
             if deadline.cancelled_caught:
-                with anyio.CancelScope(shield=True):
-                    await self._detach(key, label)
                 raise HookTimeoutError(f"hook {label!r} got no resolution within {timeout_s}s")
             raise AssertionError("unreachable")  # pragma: no cover
+        except BaseException as exc:
+            keep = run is not None and isinstance(exc, anyio.get_cancelled_exc_class())
+            raise
         finally:
-            self._waiters.pop(hook_id, None)
-            self._live_labels.discard(label)
+            scopes = self._waiters.get(hook_id, set())
+            scopes.discard(scope)
+            if not scopes:
+                self._waiters.pop(hook_id, None)
+            self._live[label] -= 1
+            if not self._live[label]:
+                del self._live[label]
+            if label not in self._live and not keep:
+                with anyio.CancelScope(shield=True):
+                    await self._detach(label)
             if scope.cancelled_caught:
                 if run is not None:
                     run.aborted.add(label)
-                with anyio.CancelScope(shield=True):
-                    await self._detach(key, label)
                 raise HookAbortedError(f"waiting on hook {label!r} was aborted; it stays pending")
 
-    async def _watch_until_settled(self, key: str, label: str, *, shared: bool) -> Any:
-        """Wait on a KV watch, read the record every `poll_s` seconds anyway, and survive a
-        lost server: the watch is re-created and reads are retried until settled."""
+    async def _until_settled(
+        self, slot: Slot, label: str, payload: type[T] | None, *, shared: bool
+    ) -> T:
+        """Act on each state the shared watch (or its backing read) delivers."""
         while True:
-            try:
-                watcher = await self._kv.watch(key)
-            except Exception as exc:  # server restarting: try again after a poll period
-                log.info("watch on %r failed (%s); retrying", label, exc)
-                await anyio.sleep(self._poll_s)
+            await slot.changed(None)
+            if slot.removed:
+                raise HookCancelledError(label, "the record was removed")
+            entry = slot.latest
+            if entry is None or entry.record is None:
+                continue  # malformed (logged): wait for a good version
+            record = entry.record
+            if record.status == "cancelled":
+                raise HookCancelledError(label, record.reason)
+            if record.status != "resolved":
                 continue
-            try:
-                while True:
-                    try:
-                        entry = await watcher.updates(timeout=self._poll_s)
-                    except nats.errors.TimeoutError:
-                        entry = None  # quiet: read it ourselves (the watch may have stalled)
-                    if entry is None or not entry.value or entry.revision is None:
-                        if entry is not None and entry.operation not in ("DEL", "PURGE"):
-                            continue
-                        got = await self.get(label)
-                        if got is None:
-                            raise HookCancelledError(label, "the record was removed")
-                        record, rev = got
-                    else:
-                        record, rev = decode(entry.value, SuspensionRecord), entry.revision
-                    if record.status == "cancelled":
-                        raise HookCancelledError(label, record.reason)
-                    if record.status == "resolved":
-                        if record.consumed:
-                            if shared:
-                                return record.resolution
-                            raise AlreadySettledError(
-                                f"hook {label!r} was resolved and consumed by another waiter"
-                            )
-                        value = await self._consume(key, record, rev)
-                        if value is not _LOST_RACE:
-                            return value
-            except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
-                log.info("waiting on %r: %s; re-creating the watch", label, exc)
-                await anyio.sleep(self._poll_s)
-            finally:
-                with contextlib.suppress(Exception):
-                    await watcher.stop()
+            if record.consumed:
+                if shared:
+                    return _convert(label, record.resolution, payload)
+                raise AlreadySettledError(
+                    f"hook {label!r} was resolved and consumed by another waiter"
+                )
+            result = _convert(label, record.resolution, payload)  # refused: not consumed
+            if await self._consume(record, entry.revision):
+                return result
 
-    async def _consume(self, key: str, record: SuspensionRecord, revision: int) -> Any:
+    async def _consume(self, record: SuspensionRecord, revision: int) -> bool:
         """Mark a resolution consumed (compare-and-set): exactly one consumer wins."""
-        try:
-            await self._write(
-                key, msgspec.structs.replace(record, consumed=True, attached=False), last=revision
-            )
-        except nats.js.errors.KeyWrongLastSequenceError:
-            return _LOST_RACE
-        return record.resolution
+        done = msgspec.structs.replace(record, consumed=True, attached=False, owner="")
+        return await self.records.swap(done, last=revision) is not None
 
-    async def _detach(self, key: str, label: str) -> None:
-        """Leave a pending record pending with no waiter attached (abort, timeout)."""
+    async def _detach(self, label: str) -> None:
+        """Leave a pending record this process holds pending with no waiter (abort,
+        timeout, error). Best effort: a lease that lapses detaches it anyway."""
+        me = self.waiter_id
         with contextlib.suppress(Exception):
             for _ in range(5):
-                got = await self.get(label)
-                if got is None or got[0].status != "pending" or not got[0].attached:
+                entry = await self.records.read(label)
+                record = None if entry is None else entry.record
+                if entry is None or record is None or record.status != "pending":
                     return
-                try:
-                    await self._write(
-                        key, msgspec.structs.replace(got[0], attached=False), last=got[1]
-                    )
+                if not record.attached or (record.owner and record.owner != me):
                     return
-                except nats.js.errors.KeyWrongLastSequenceError:
-                    continue
+                detached = msgspec.structs.replace(record, attached=False, owner="")
+                if await self.records.swap(detached, last=entry.revision) is not None:
+                    return
 
     # -- settling --------------------------------------------------------------------------
-    async def resolve_hook(self, label: str, value: Any) -> SuspensionRecord:
+    async def resolve_hook(
+        self, label: str, value: Any, *, replace: bool = False
+    ) -> SuspensionRecord:
         """Resolve `label` with `value` (a Struct, pydantic model or JSON data).
 
-        With no record, stores a pre-registered resolution for the next ``hook(label)``.
-        Returns the record as written.
+        With no record (or a malformed one), stores a pre-registered resolution for the
+        next ``hook(label)``. With `replace`, a resolution not consumed yet (e.g. a
+        pre-registered value its waiter refused) is replaced by `value`. Returns the record
+        as written.
 
         Raises:
             ResolutionRejectedError: the value does not fit the hook's payload schema
                 (the message gives the reason and JSON path; the record is unchanged).
-            AlreadySettledError: it is already resolved or cancelled.
+            AlreadySettledError: it is already resolved (without `replace`), consumed or
+                cancelled.
+            HookbusTimeoutError: JetStream stayed unavailable.
         """
-        run = _current_run.get()
-        if run is not None:
-            run.labels.add(label)
+        note(label)
         data = to_json_value(value)
-        key = suspension_key(label)
         while True:
-            got = await self.get(label)
+            entry = await self.records.read(label)
             now = time.time()
-            if got is None:
+            if entry is None or entry.record is None:
                 record = SuspensionRecord(
                     label=label, status="resolved", resolution=data, preregistered=True,
                     created_at=now, settled_at=now,
                 )  # fmt: skip
-                try:
-                    await self._write(key, record, last=0)
-                except nats.js.errors.KeyWrongLastSequenceError:
+                if await self.records.create(record, over=entry) is None:
                     continue
                 return record
-            record, revision = got
-            if record.status != "pending":
+            record = entry.record
+            settled_unconsumed = record.status == "resolved" and not record.consumed
+            if record.status != "pending" and not (replace and settled_unconsumed):
                 raise AlreadySettledError(f"hook {label!r} is already {_settled(record)}")
             if record.payload_schema is not None:
                 _check(record, data, self._validator(record.payload_schema))
             resolved = msgspec.structs.replace(
                 record, status="resolved", resolution=data, settled_at=now
             )
-            try:
-                await self._write(key, resolved, last=revision)
-            except nats.js.errors.KeyWrongLastSequenceError:
+            if await self.records.swap(resolved, last=entry.revision) is None:
                 continue  # changed under us: judge again on the new state
-            await self._publish(resolved)
+            if not resolved.preregistered:
+                await self._publish(resolved)
             return resolved
+
+    async def clear_hook(self, label: str) -> bool:
+        """Remove a resolution of `label` that no waiter consumed (e.g. a pre-registered
+        value that does not fit): a pre-registered one is deleted, one that resolved a
+        pending hook turns it back to pending. A malformed record is deleted.
+
+        Returns True if something was cleared, False if there was nothing to clear
+        (no record, pending, consumed or cancelled).
+
+        Raises:
+            HookbusTimeoutError: JetStream stayed unavailable.
+        """
+        while True:
+            entry = await self.records.read(label)
+            if entry is None:
+                return False
+            record = entry.record
+            if record is None or (record.preregistered and not record.consumed):
+                if await self.records.delete(label, last=entry.revision):
+                    return True
+                continue
+            if record.status != "resolved" or record.consumed:
+                return False
+            back = msgspec.structs.replace(
+                record, status="pending", resolution=None, settled_at=None
+            )
+            if await self.records.swap(back, last=entry.revision) is not None:
+                await self._publish(back)
+                return True
 
     async def cancel_hook(self, label: str, *, reason: str | None = None) -> SuspensionRecord:
         """Cancel the pending hook `label`; its waiter raises `HookCancelledError`.
 
         Raises:
-            HookNotFoundError: no record for the label.
+            HookNotFoundError: no (valid) record for the label.
             AlreadySettledError: it is already resolved or cancelled.
+            HookbusTimeoutError: JetStream stayed unavailable.
         """
-        key = suspension_key(label)
         while True:
-            got = await self.get(label)
-            if got is None:
+            entry = await self.records.read(label)
+            if entry is None or entry.record is None:
                 raise HookNotFoundError(f"no hook with label {label!r}")
-            record, revision = got
+            record = entry.record
             if record.status != "pending":
                 raise AlreadySettledError(f"hook {label!r} is already {_settled(record)}")
             cancelled = msgspec.structs.replace(
                 record, status="cancelled", reason=reason, settled_at=time.time()
             )
-            try:
-                await self._write(key, cancelled, last=revision)
-            except nats.js.errors.KeyWrongLastSequenceError:
+            if await self.records.swap(cancelled, last=entry.revision) is None:
                 continue
             await self._publish(cancelled)
             return cancelled
@@ -528,40 +573,37 @@ class Suspensions:
         """Stop this process's wait on a hook (by `PendingHook`, `HookPart` or hook id);
         the record stays pending. Returns False if nothing here waits on it."""
         hook_id = hook if isinstance(hook, str) else hook.hook_id
-        scope = self._waiters.get(hook_id)
-        if scope is None:
+        scopes = self._waiters.get(hook_id)
+        if not scopes:
             return False
-        scope.cancel()
+        for scope in scopes:
+            scope.cancel()
         return True
+
+    def abort_all(self) -> int:
+        """Stop every wait of this process (each raises `HookAbortedError`); the records
+        stay pending, detached, for a later ``hook(label)`` to resume. Returns how many
+        waits were stopped."""
+        scopes = [scope for group in self._waiters.values() for scope in group]
+        for scope in scopes:
+            scope.cancel()
+        return len(scopes)
 
     # -- runs and events -------------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def run(self, run_id: str | None = None) -> AsyncIterator[RunScope]:
-        """Scope a run: labels used inside are cleaned up on exit (see module docstring).
+        """Scope a run: labels used inside are cleaned up on exit (see `_runs`).
 
         Re-entering with the same `run_id` (in any process) resumes that run's hooks.
         """
         scope = RunScope(run_id or uuid.uuid4().hex)
-        token = _current_run.set(scope)
+        token = current_run.set(scope)
         try:
             yield scope
         finally:
-            _current_run.reset(token)
+            current_run.reset(token)
             with anyio.CancelScope(shield=True):
-                await self._cleanup(scope)
-
-    async def _cleanup(self, scope: RunScope) -> None:
-        for label in scope.labels - scope.aborted:
-            got = await self.get(label)
-            if got is None:
-                continue
-            record, revision = got
-            live = record.status == "pending" and record.attached and record.run_id == scope.run_id
-            finished = record.consumed or record.status == "cancelled"
-            unused_prereg = record.preregistered and not record.consumed
-            if live or finished or unused_prereg:
-                with contextlib.suppress(nats.js.errors.KeyWrongLastSequenceError):
-                    await self._kv.delete(suspension_key(label), last=revision)
+                await cleanup(self.records, scope)
 
     async def events(self) -> HookEventStream:
         """Subscribe to every hook event (pending / resolved / cancelled)."""
@@ -580,22 +622,6 @@ class Suspensions:
             validator = self._validators[cache_key] = jsonschema.Draft202012Validator(schema)
         return validator
 
-    async def _write(self, key: str, record: SuspensionRecord, *, last: int) -> int:
-        payload = encode(record)
-        try:  # the first attempt goes straight out: tenacity only once something failed
-            return await self._put(key, payload, last)
-        except _TRANSIENT:
-            pass
-        async for attempt in _retrying():
-            with attempt:
-                return await self._put(key, payload, last)
-        raise AssertionError("unreachable")
-
-    async def _put(self, key: str, payload: bytes, last: int) -> int:
-        if last == 0:
-            return await self._kv.create(key, payload)
-        return await self._kv.update(key, payload, last=last)
-
     async def _publish(self, record: SuspensionRecord) -> None:
         event = HookEvent(
             hook=HookPart(
@@ -610,9 +636,6 @@ class Suspensions:
         )
         with contextlib.suppress(nats.errors.ConnectionClosedError):
             await self._nc.publish(hook_event_subject(record.label, record.status), encode(event))
-
-
-_LOST_RACE = object()
 
 
 def _convert(label: str, value: Any, payload: type[T] | None) -> T:

@@ -14,12 +14,13 @@ from typing import Any
 
 from nats.js.api import KeyValueConfig, StorageType
 
-from ._subjects import APPROVALS_BUCKET, HANDLERS_BUCKET, SUSPENSIONS_BUCKET
+from ._subjects import APPROVALS_BUCKET, HANDLERS_BUCKET, LEASES_BUCKET, SUSPENSIONS_BUCKET
 
 __all__ = [
     "approvals_bucket_config",
     "config_differences",
     "handlers_bucket_config",
+    "leases_bucket_config",
     "suspensions_bucket_config",
 ]
 
@@ -45,6 +46,20 @@ def suspensions_bucket_config(*, ttl_s: float = 7 * 24 * 3600, replicas: int = 1
         ttl=ttl_s,
         replicas=replicas,
         direct=True,
+    )
+
+
+def leases_bucket_config(*, lease_s: float = 15.0, replicas: int = 1) -> KeyValueConfig:
+    """The `LEASES_BUCKET` config: a waiter lease lives `lease_s` seconds after its last
+    heartbeat (the bucket's max age, counted by the server's clock), memory storage."""
+    return KeyValueConfig(
+        bucket=LEASES_BUCKET,
+        description="hookbus waiter leases: one key per process with waiters",
+        history=1,
+        ttl=lease_s,
+        replicas=replicas,
+        direct=True,
+        storage=StorageType.MEMORY,
     )
 
 

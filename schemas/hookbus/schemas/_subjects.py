@@ -31,6 +31,7 @@ __all__ = [
     "GRANT_NONE",
     "HANDLERS_BUCKET",
     "HOOK_EVENTS_WILDCARD",
+    "LEASES_BUCKET",
     "MAX_NAME_LENGTH",
     "REQUIRED_KEY_PREFIX",
     "SUBJECT_PREFIX",
@@ -50,6 +51,7 @@ __all__ = [
     "handler_subject",
     "hook_event_subject",
     "label_from_key",
+    "lease_key",
     "parse_grant_key",
     "parse_handler_key",
     "parse_registry_key",
@@ -69,6 +71,9 @@ SUSPENSIONS_BUCKET: Final = "hookbus_suspensions"
 """JetStream KV bucket holding one `SuspensionRecord` per label."""
 APPROVALS_BUCKET: Final = "hookbus_approvals"
 """JetStream KV bucket of "Allow always" grants (per agent, session, event, handler and tool)."""
+LEASES_BUCKET: Final = "hookbus_leases"
+"""KV bucket of waiter leases: one key per process with waiters, kept alive by a heartbeat
+and expired by the bucket's max age (the lease)."""
 HOOK_EVENTS_WILDCARD: Final = f"{SUBJECT_PREFIX}.hooks.>"
 """Every hook event (pending / resolved / cancelled of every label)."""
 MAX_NAME_LENGTH: Final = 200
@@ -207,6 +212,17 @@ def suspension_key(label: str) -> str:
 def label_from_key(key: str) -> str:
     """Invert `suspension_key`. Raises `BadRequestError` for a foreign key."""
     return decode_token(key)
+
+
+def lease_key(waiter_id: str) -> str:
+    """Key of one process's waiter lease in `LEASES_BUCKET` (the id is a hex token).
+
+    Raises:
+        BadRequestError: the id is not a non-empty hex token of at most 64 characters.
+    """
+    if not waiter_id or len(waiter_id) > 64 or any(c not in "0123456789abcdef" for c in waiter_id):
+        raise BadRequestError(f"not a waiter id: {waiter_id!r}")
+    return f"w.{waiter_id}"
 
 
 def hook_event_subject(label: str, status: str) -> str:

@@ -20,6 +20,7 @@ __all__ = [
     "HookEvent",
     "HookPart",
     "HookStatus",
+    "SUSPENSION_MAX_BYTES",
     "SuspensionRecord",
 ]
 
@@ -29,6 +30,10 @@ HookStatus = Literal["pending", "resolved", "cancelled"]
 APPROVAL_DEFAULT_OPTIONS: tuple[str, ...] = ("Allow", "Deny")
 """amplifier-core: ``approval_options=None`` means ``["Allow", "Deny"]``."""
 
+SUSPENSION_MAX_BYTES = 256 * 1024
+"""Largest encoded `SuspensionRecord` written or read (bytes); a bigger value in the bucket
+is skipped as malformed."""
+
 
 class SuspensionRecord(_Wire):
     """The KV record of one label. Transitions (each a compare-and-set on the revision):
@@ -36,6 +41,9 @@ class SuspensionRecord(_Wire):
     absent -> pending (a waiter created it) -> resolved | cancelled;
     absent -> resolved with ``preregistered=True`` (resolve_hook came first);
     resolved -> resolved with ``consumed=True`` (a waiter took the value, exactly once).
+
+    Every write carries a fresh `write_id`, so a writer whose write had an unknown outcome
+    (a lost ack) can tell its own write from another's by reading the key again.
     """
 
     label: str
@@ -46,6 +54,12 @@ class SuspensionRecord(_Wire):
     """The run that created the pending hook; the same run may re-attach (resume)."""
     attached: bool = False
     """A waiter is currently waiting on it (False after abort, timeout or a crash resume)."""
+    owner: str = ""
+    """Waiter id of the process whose waiter holds it (empty: none). That process keeps a
+    lease key alive in the leases bucket; once the lease is gone the record may be taken
+    over by a new ``hook(label)``."""
+    write_id: str = ""
+    """Unique id of the write that stored this version (reconciles lost acks)."""
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
     payload_type: str | None = None
     """Name of the payload type the waiter expects."""

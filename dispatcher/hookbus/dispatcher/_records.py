@@ -1,0 +1,454 @@
+"""The suspension record store: validated reads, create / compare-and-set / delete that
+stay exactly-once when a write's outcome is unknown, and a listing in one pass.
+
+A JetStream publish that times out (nats-py ``TimeoutError``, ``NoStreamResponseError``, a
+stream leader moving) may have been stored: retrying it blindly with the same expected
+revision then fails against our own write, and the writer wrongly concludes it lost a race.
+Instead every record written carries a fresh ``write_id``; after an unknown outcome the key
+is read again and reconciled:
+
+- our ``write_id`` is there: the write succeeded (with that revision);
+- the key is unchanged (same revision, or still absent for a create): the same write is
+  sent again (same bytes, same ``write_id``);
+- anything else: another writer really won.
+
+Retries go through tenacity and stop at a deadline (seconds per write). Deletes carry no
+body, so "the key is gone" counts as done.
+
+Every value read from the bucket is validated (size, UTF-8, JSON types, the label matching
+its key); a bad one is reported once per revision in the log and skipped, never raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+import msgspec
+import nats.js.errors
+from nats.js.api import DeliverPolicy
+from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
+
+from hookbus.schemas import (
+    BadRequestError,
+    HookbusError,
+    HookbusTimeoutError,
+    HookStatus,
+    PayloadTooLargeError,
+    SuspensionRecord,
+    decode,
+    encode,
+    label_from_key,
+    suspension_key,
+)
+from hookbus.schemas._suspensions import SUSPENSION_MAX_BYTES
+
+from ._kv import is_transient, kv_retry
+
+__all__ = ["Entry", "RecordStore", "SuspensionPage", "parse_record"]
+
+log = logging.getLogger("hookbus.dispatcher")
+
+T = TypeVar("T")
+
+_WRONG_LAST = (10071, 10164)
+"""JetStream error codes of a failed compare-and-set (wrong last subject sequence)."""
+
+_MARKER_REASON = "Nats-Marker-Reason"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One key's latest value: a valid `record`, or None with the `problem` that made it
+    unusable (a malformed value still has a `revision`, so a writer can replace it)."""
+
+    revision: int
+    record: SuspensionRecord | None
+    problem: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SuspensionPage:
+    """One page of a listing, oldest first (by ``created_at``, then label).
+
+    Attributes:
+        records: at most the page size.
+        next: cursor for the next page (pass as ``after``), or None on the last page.
+        skipped: malformed records skipped in the whole bucket (each is logged).
+        total: records matching the filter in the whole bucket.
+    """
+
+    records: list[SuspensionRecord]
+    next: str | None = None
+    skipped: int = 0
+    total: int = 0
+    skipped_keys: list[str] = field(default_factory=list)
+
+
+def parse_record(key: str, value: bytes | None) -> SuspensionRecord | str:
+    """Validate a stored value: the record, or the reason it is unusable.
+
+    Checks the size (`SUSPENSION_MAX_BYTES`), JSON and UTF-8, every field's type, a finite
+    ``created_at``, and that the record's label is the one its key encodes.
+    """
+    if not value:
+        return "empty value"
+    if len(value) > SUSPENSION_MAX_BYTES:
+        return f"{len(value)} bytes, more than {SUSPENSION_MAX_BYTES}"
+    try:
+        record = decode(value, SuspensionRecord)
+    except HookbusError as exc:
+        return str(exc)
+    if not math.isfinite(record.created_at):
+        return "created_at is not a finite number"
+    try:
+        if suspension_key(record.label) != key:
+            return f"its label {record.label[:80]!r} does not match its key"
+    except BadRequestError as exc:
+        return str(exc)
+    return record
+
+
+class _Conflict(Exception):
+    """A compare-and-set failed (internal)."""
+
+
+class RecordStore:
+    """Suspension records in one KV bucket.
+
+    Args:
+        kv: the suspensions bucket (anything with nats-py's ``KeyValue`` methods).
+        deadline_s: seconds one read or write may keep retrying through an outage.
+    """
+
+    def __init__(self, kv: KeyValue, *, deadline_s: float = 15.0) -> None:
+        self.kv = kv
+        self.deadline_s = deadline_s
+        self._reported: set[tuple[str, int]] = set()
+
+    # -- reading ----------------------------------------------------------------------------
+    async def read(self, label: str) -> Entry | None:
+        """The latest value of `label` (None: absent or deleted).
+
+        Raises:
+            BadRequestError: the label cannot be a key (empty or too long).
+            HookbusTimeoutError: JetStream stayed unavailable for `deadline_s`.
+        """
+        return await self.read_key(suspension_key(label))
+
+    async def read_key(self, key: str, *, deadline_s: float | None = None) -> Entry | None:
+        """As `read`, by key."""
+
+        async def get() -> Any:
+            try:
+                return await self.kv.get(key)
+            except nats.js.errors.KeyNotFoundError:
+                return None
+
+        got = await kv_retry(
+            get, deadline_s=deadline_s or self.deadline_s, what=f"reading suspension {key[:80]}"
+        )
+        if got is None or got.revision is None:
+            return None
+        return self.entry(key, got.value, got.revision)
+
+    def entry(self, key: str, value: bytes | None, revision: int) -> Entry:
+        """Validate `value` stored at `revision` (a malformed one is logged once)."""
+        parsed = parse_record(key, value)
+        if isinstance(parsed, SuspensionRecord):
+            return Entry(revision, parsed)
+        self.report(key, revision, parsed)
+        return Entry(revision, None, parsed)
+
+    def report(self, key: str, revision: int, problem: str) -> None:
+        if (key, revision) in self._reported:
+            return
+        if len(self._reported) > 10_000:
+            self._reported.clear()
+        self._reported.add((key, revision))
+        log.warning("skipping malformed suspension record %s (revision %d): %s",
+                    key[:120], revision, problem)  # fmt: skip
+
+    # -- writing ----------------------------------------------------------------------------
+    async def create(self, record: SuspensionRecord, *, over: Entry | None = None) -> int | None:
+        """Create `record` where there is none (or replace the malformed `over`).
+        Returns the new revision, or None when another writer got there first.
+
+        Raises:
+            PayloadTooLargeError: the record encodes to more than `SUSPENSION_MAX_BYTES`.
+            HookbusTimeoutError: the outcome stayed unknown until the deadline.
+        """
+        last = over.revision if over is not None else 0
+        return await self._write(record, last)
+
+    async def swap(self, record: SuspensionRecord, *, last: int) -> int | None:
+        """Compare-and-set: write `record` if the key is still at revision `last`.
+        Returns the new revision, or None when another writer changed it first.
+
+        Raises:
+            PayloadTooLargeError: the record encodes to more than `SUSPENSION_MAX_BYTES`.
+            HookbusTimeoutError: the outcome stayed unknown until the deadline.
+        """
+        return await self._write(record, last)
+
+    async def delete(self, label: str, *, last: int) -> bool:
+        """Delete `label` if it is still at revision `last`; True once it is gone (by this
+        call, or already), False when another writer changed it first.
+
+        Raises:
+            HookbusTimeoutError: the outcome stayed unknown until the deadline.
+        """
+        key = suspension_key(label)
+
+        async def attempt() -> bool:
+            try:
+                await self.kv.delete(key, last=last)
+            except nats.js.errors.APIError as exc:
+                if exc.err_code in _WRONG_LAST:
+                    raise _Conflict from exc
+                raise
+            return True
+
+        async def probe() -> Literal["ours", "unchanged", "changed"]:
+            got = await self._raw(key)
+            if got is None:
+                return "ours"  # gone: what the delete was for
+            return "unchanged" if got[1] == last else "changed"
+
+        return await self._reconciled(key, attempt, probe, lambda: True) is not None
+
+    async def _write(self, record: SuspensionRecord, last: int) -> int | None:
+        record = msgspec.structs.replace(record, write_id=uuid.uuid4().hex)
+        key = suspension_key(record.label)
+        data = encode(record)
+        if len(data) > SUSPENSION_MAX_BYTES:
+            raise PayloadTooLargeError(
+                f"suspension record of {record.label[:80]!r} is {len(data)} bytes,"
+                f" more than {SUSPENSION_MAX_BYTES}"
+            )
+        found: list[int] = []
+
+        async def attempt() -> int:
+            try:
+                if last == 0:
+                    return await self.kv.create(key, data)
+                return await self.kv.update(key, data, last=last)
+            except nats.js.errors.KeyWrongLastSequenceError as exc:
+                raise _Conflict from exc
+
+        async def probe() -> Literal["ours", "unchanged", "changed"]:
+            got = await self._raw(key)
+            if got is None:
+                return "unchanged" if last == 0 else "changed"
+            value, revision, op = got
+            if op is None and value and _write_id(value) == record.write_id:
+                found.append(revision)
+                return "ours"
+            if last == 0:
+                return "unchanged" if op is not None else "changed"  # a delete marker
+            return "unchanged" if revision == last else "changed"
+
+        return await self._reconciled(key, attempt, probe, lambda: found[-1])
+
+    async def _reconciled(
+        self,
+        key: str,
+        attempt: Callable[[], Awaitable[T]],
+        probe: Callable[[], Awaitable[Literal["ours", "unchanged", "changed"]]],
+        ours: Callable[[], T],
+    ) -> T | None:
+        """Run `attempt`; after an unknown outcome, `probe` decides: ours (return
+        `ours()`), unchanged (send it again) or changed (a lost race: None)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.deadline_s
+        unknown = False
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(is_transient),
+            wait=wait_exponential_jitter(multiplier=0.05, max=1.0, jitter=0.05),
+            stop=stop_after_delay(self.deadline_s),
+            reraise=True,
+        )
+        try:
+            async for tried in retrying:
+                with tried:
+                    if unknown:
+                        verdict = await probe()
+                        if verdict == "ours":
+                            return ours()
+                        if verdict == "changed":
+                            return None
+                    try:
+                        async with asyncio.timeout(max(0.001, deadline - loop.time())):
+                            return await attempt()
+                    except _Conflict:
+                        if unknown and await probe() == "ours":
+                            return ours()  # our earlier try landed after all
+                        return None
+                    except BaseException as exc:
+                        if is_transient(exc):
+                            unknown = True
+                            log.info("write to %s: outcome unknown (%r); reconciling",
+                                     key[:80], exc)  # fmt: skip
+                        raise
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            raise HookbusTimeoutError(
+                f"writing suspension {key[:80]} did not complete within {self.deadline_s:g} s"
+                f" ({type(exc).__name__}: {exc})"
+            ) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _raw(self, key: str) -> tuple[bytes, int, str | None] | None:
+        """(value, revision, delete op or None) of the key's last message; None if absent."""
+        try:
+            got = await self.kv.get(key)
+        except nats.js.errors.KeyNotFoundError as exc:
+            entry = getattr(exc, "entry", None)
+            if entry is not None and entry.revision is not None:
+                return b"", entry.revision, str(getattr(exc, "op", None) or KV_DEL)
+            return None
+        return got.value or b"", got.revision or 0, None
+
+    # -- listing ----------------------------------------------------------------------------
+    async def scan(self) -> tuple[list[SuspensionRecord], list[str]]:
+        """Every valid record, and the keys of the malformed ones, in one pass: an ordered
+        consumer delivers the last value of every key (no round trip per record).
+
+        Raises:
+            HookbusTimeoutError: JetStream stayed unavailable for `deadline_s`.
+        """
+        return await kv_retry(self._scan_once, deadline_s=self.deadline_s, what="listing")
+
+    async def _scan_once(self) -> tuple[list[SuspensionRecord], list[str]]:
+        kv: Any = self.kv
+        js, stream, prefix = kv._js, kv._stream, kv._pre
+        records: dict[str, SuspensionRecord] = {}
+        bad: dict[str, None] = {}
+        done = asyncio.get_running_loop().create_future()
+
+        async def on_msg(msg: Any) -> None:
+            key = msg.subject[len(prefix) :]
+            meta = msg.metadata
+            headers = msg.headers or {}
+            if headers.get(KV_OP) in (KV_DEL, KV_PURGE) or _MARKER_REASON in headers:
+                records.pop(key, None)
+                bad.pop(key, None)
+            else:
+                entry = self.entry(key, msg.data, meta.sequence.stream)
+                if entry.record is not None:
+                    records[key] = entry.record
+                    bad.pop(key, None)
+                else:
+                    records.pop(key, None)
+                    bad[key] = None
+            if meta.num_pending == 0 and not done.done():
+                done.set_result(None)
+
+        sub = await js.subscribe(
+            f"{prefix}>",
+            stream=stream,
+            cb=on_msg,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            inactive_threshold=60.0,
+            pending_msgs_limit=-1,
+            pending_bytes_limit=-1,
+        )
+        try:
+            info = await sub.consumer_info()
+            if info.num_pending == 0 and sub.delivered == 0 and not done.done():
+                done.set_result(None)
+            async with asyncio.timeout(self.deadline_s):
+                await done
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        return list(records.values()), list(bad)
+
+    async def page(
+        self,
+        *,
+        status: HookStatus | None = None,
+        limit: int | None = None,
+        after: str | None = None,
+        prefix: str | None = None,
+    ) -> SuspensionPage:
+        """A page of records, oldest first, filtered by `status` and label `prefix`.
+
+        Args:
+            limit: page size (None: everything).
+            after: the ``next`` cursor of the previous page.
+        Raises:
+            BadRequestError: `after` is not a cursor from this listing, or `limit` < 1.
+            HookbusTimeoutError: JetStream stayed unavailable.
+        """
+        if limit is not None and limit < 1:
+            raise BadRequestError(f"page size must be at least 1, not {limit}")
+        records, bad = await self.scan()
+        chosen = sorted(
+            (
+                r
+                for r in records
+                if (status is None or r.status == status)
+                and (prefix is None or r.label.startswith(prefix))
+            ),
+            key=_order,
+        )
+        start = 0
+        if after is not None:
+            mark = _cursor_position(after)
+            start = next((i for i, r in enumerate(chosen) if _order(r) > mark), len(chosen))
+        end = len(chosen) if limit is None else min(len(chosen), start + limit)
+        more = end < len(chosen)
+        return SuspensionPage(
+            records=chosen[start:end],
+            next=json.dumps(list(_order(chosen[end - 1]))) if more and end > start else None,
+            skipped=len(bad),
+            total=len(chosen),
+            skipped_keys=[label_or_key(k) for k in bad],
+        )
+
+
+def label_or_key(key: str) -> str:
+    """A key's label for display, or the raw key when it is not a hookbus key."""
+    try:
+        return label_from_key(key)
+    except BadRequestError:
+        return key
+
+
+def _order(r: SuspensionRecord) -> tuple[float, str]:
+    return (r.created_at, r.label)
+
+
+def _cursor_position(after: str) -> tuple[float, str]:
+    try:
+        created, label = json.loads(after)
+        return float(created), str(label)
+    except (ValueError, TypeError) as exc:
+        raise BadRequestError(f"not a listing cursor: {after[:80]!r}") from exc
+
+
+class _WriteId(msgspec.Struct):
+    write_id: str = ""
+
+
+_write_id_decoder = msgspec.json.Decoder(_WriteId)
+
+
+def _write_id(value: bytes) -> str | None:
+    try:
+        return _write_id_decoder.decode(value).write_id
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return None
+
+

@@ -1,0 +1,326 @@
+"""Waiting on suspension records at fleet scale: one shared watch per process, and leases.
+
+- `SharedWatch`: one ordered consumer on the suspensions bucket's stream (deliver new,
+  filtered in memory by key) feeds every waiter of the process, so the number of JetStream
+  consumers per process stays constant however many hooks wait. It starts with the first
+  waiter, is checked every few seconds and re-created after a lost server, and is backed by
+  a periodic read of the waited-on keys, a bounded batch per period (round robin), plus a
+  read of every one of them after the watch was re-created.
+- `Leases`: a waiter's record names its process's waiter id (``owner``); the process keeps
+  ONE lease key alive in `LEASES_BUCKET` (put every lease/3 seconds) whose max age is the
+  lease. Once the key is gone (expired by the server's clock; no host clock is compared) the
+  owner is dead, and a new ``hook(label)`` may take its record over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+import uuid
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.js.api import DeliverPolicy
+from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
+
+from hookbus.schemas._buckets import leases_bucket_config
+from hookbus.schemas._subjects import lease_key
+
+from ._kv import kv_retry, open_bucket
+from ._records import Entry, RecordStore
+
+__all__ = ["Leases", "SharedWatch", "Slot"]
+
+log = logging.getLogger("hookbus.dispatcher")
+
+_MARKER_REASON = "Nats-Marker-Reason"
+
+
+class Slot:
+    """What one waiter sees of its key: the latest entry delivered by the watch or a read
+    (None once the record is removed), and an event set at each change."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.latest: Entry | None = None
+        self.removed = False
+        self.version = 0
+        self.armed = False
+        self._changed = asyncio.Event()
+
+    def push(self, entry: Entry | None, *, version: int | None = None) -> None:
+        """A newer state of the key (None: removed). `version`: the slot version a read
+        started at; the read is dropped if anything was delivered since."""
+        if version is not None and version != self.version:
+            return
+        if entry is None:
+            if not self.armed or self.removed:
+                return
+            self.removed = True
+        else:
+            if self.latest is not None and entry.revision <= self.latest.revision:
+                return
+            self.latest, self.removed = entry, False
+        self.version += 1
+        self._changed.set()
+
+    def arm(self, entry: Entry) -> None:
+        """The waiter's own write: later deliveries are compared with it."""
+        self.push(entry)
+        self.armed = True
+
+    async def changed(self, timeout_s: float | None) -> None:
+        """Wait for a change (or `timeout_s` seconds); clears the flag."""
+        if not self._changed.is_set() and timeout_s is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    await self._changed.wait()
+        elif not self._changed.is_set():
+            await self._changed.wait()
+        self._changed.clear()
+
+
+class SharedWatch:
+    """The process's one watch on the suspensions bucket (see the module docstring).
+
+    Args:
+        records: the record store (its bucket is watched).
+        poll_s: seconds between the backing reads.
+        poll_batch: keys read per period (each waited-on key is read at least every
+            ``ceil(waiters / poll_batch) * poll_s`` seconds).
+        check_s: seconds between checks that the watch's consumer still exists.
+    """
+
+    def __init__(
+        self,
+        records: RecordStore,
+        *,
+        poll_s: float = 1.0,
+        poll_batch: int = 256,
+        check_s: float = 5.0,
+    ) -> None:
+        self._records = records
+        self._poll_s = poll_s
+        self._batch = poll_batch
+        self._check_s = check_s
+        self._slots: dict[str, set[Slot]] = {}
+        self._sub: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        self._sweep = False
+        self._cursor = 0
+
+    @property
+    def consumers(self) -> int:
+        """JetStream consumers this watch holds (0 or 1)."""
+        return 0 if self._sub is None else 1
+
+    def register(self, key: str) -> Slot:
+        slot = Slot(key)
+        self._slots.setdefault(key, set()).add(slot)
+        return slot
+
+    def unregister(self, slot: Slot) -> None:
+        slots = self._slots.get(slot.key)
+        if slots is not None:
+            slots.discard(slot)
+            if not slots:
+                del self._slots[slot.key]
+
+    async def start(self) -> None:
+        """Subscribe (once) and start the backing reads. Raises what subscribing raises
+        (the caller retries through an outage)."""
+        if self._sub is not None and self._task is not None:
+            return
+        async with self._lock:
+            if self._sub is None:
+                await self._subscribe()
+            if self._task is None:
+                self._task = asyncio.get_running_loop().create_task(self._poll_loop())
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self._unsubscribe()
+
+    # -- the watch -------------------------------------------------------------------------
+    async def _subscribe(self) -> None:
+        kv: Any = self._records.kv
+        self._prefix = kv._pre
+        self._sub = await kv._js.subscribe(
+            f"{kv._pre}>",
+            stream=kv._stream,
+            cb=self._on_msg,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.NEW,
+            inactive_threshold=max(30.0, 6 * self._check_s),
+            pending_msgs_limit=-1,
+            pending_bytes_limit=-1,
+        )
+
+    async def _unsubscribe(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def _on_msg(self, msg: Any) -> None:
+        key = msg.subject[len(self._prefix) :]
+        slots = self._slots.get(key)
+        if not slots:
+            return
+        headers = msg.headers or {}
+        if headers.get(KV_OP) in (KV_DEL, KV_PURGE) or _MARKER_REASON in headers:
+            for slot in list(slots):
+                slot.push(None)
+            return
+        entry = self._records.entry(key, msg.data, msg.metadata.sequence.stream)
+        for slot in list(slots):
+            slot.push(entry)
+
+    # -- the backing reads -------------------------------------------------------------------
+    async def _poll_loop(self) -> None:
+        checked = time.monotonic()
+        while True:
+            await asyncio.sleep(self._poll_s)
+            if not self._slots:
+                continue
+            if self._sub is None or time.monotonic() - checked >= self._check_s:
+                checked = time.monotonic()
+                await self._check()
+            keys = list(self._slots)
+            if self._sweep:
+                self._sweep = False
+                batch = keys
+            else:
+                start = self._cursor % len(keys)
+                batch = list(itertools.islice(itertools.cycle(keys), start, start + self._batch))
+                batch = list(dict.fromkeys(batch))
+                self._cursor = start + len(batch)
+            limit = asyncio.Semaphore(64)
+            await asyncio.gather(*(self._read(key, limit) for key in batch))
+
+    async def _check(self) -> None:
+        """Re-create the watch if its consumer is gone (a lost or restarted server)."""
+        try:
+            if self._sub is not None:
+                await self._sub.consumer_info()
+                return
+        except nats.js.errors.NotFoundError:
+            log.info("suspension watch lost its consumer; re-creating it")
+        except Exception as exc:  # an outage: the reads carry on; re-create when it ends
+            log.info("suspension watch check failed (%r); re-creating it", exc)
+        await self._unsubscribe()
+        try:
+            await self._subscribe()
+        except Exception as exc:
+            log.info("suspension watch could not be re-created yet (%r)", exc)
+            return
+        self._sweep = True  # what changed while it was down is read back
+
+    async def _read(self, key: str, limit: asyncio.Semaphore) -> None:
+        slots = self._slots.get(key)
+        if not slots:
+            return
+        versions = {slot: slot.version for slot in slots}
+        async with limit:
+            try:
+                entry = await self._records.read_key(key, deadline_s=max(self._poll_s, 1.0))
+            except Exception as exc:
+                log.debug("backing read of %s failed: %r", key[:80], exc)
+                return
+        for slot, version in versions.items():
+            slot.push(entry, version=version)
+
+
+class Leases:
+    """This process's waiter lease (see the module docstring).
+
+    Args:
+        kv: the leases bucket (its max age is the lease).
+        lease_s: the bucket's max age in seconds; the heartbeat puts every third of it.
+    """
+
+    def __init__(self, kv: KeyValue, *, lease_s: float) -> None:
+        self.kv = kv
+        self.lease_s = lease_s
+        self.waiter_id = uuid.uuid4().hex
+        self._key = lease_key(self.waiter_id)
+        self._last_put = -float("inf")
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(cls, nc: NATS, *, lease_s: float = 15.0, replicas: int = 1) -> Leases:
+        """Open (or create) `LEASES_BUCKET`; an existing bucket's max age is the lease.
+
+        Raises:
+            HookbusTimeoutError: JetStream stayed unavailable.
+        """
+        kv = await open_bucket(nc, leases_bucket_config(lease_s=lease_s, replicas=replicas))
+        with contextlib.suppress(Exception):
+            status = await kv.status()
+            age = status.stream_info.config.max_age
+            if age:
+                lease_s = float(age)
+        return cls(kv, lease_s=lease_s)
+
+    async def ensure(self) -> None:
+        """Make sure the lease is alive now and the heartbeat runs.
+
+        Raises:
+            HookbusTimeoutError: the lease could not be written within one lease.
+        """
+        if time.monotonic() - self._last_put > self.lease_s / 2:
+            await kv_retry(self._put, deadline_s=self.lease_s, what="writing the waiter lease")
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._heartbeat())
+
+    async def alive(self, owner: str) -> bool:
+        """Whether the process `owner` still holds its lease (an unreadable lease counts
+        as alive: a record is never taken from a live waiter by accident)."""
+        if not owner:
+            return False
+        if owner == self.waiter_id:
+            return True
+        try:
+            await kv_retry(
+                lambda: self.kv.get(lease_key(owner)), deadline_s=5.0, what="reading a lease"
+            )
+        except nats.js.errors.KeyNotFoundError:
+            return False
+        except Exception as exc:
+            log.info("lease of %s unreadable (%r); counted alive", owner, exc)
+        return True
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(2.0):
+                    await self.kv.delete(self._key)
+
+    async def _put(self) -> None:
+        await self.kv.put(self._key, self.waiter_id.encode())
+        self._last_put = time.monotonic()
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            try:
+                async with asyncio.timeout(self.lease_s / 3):
+                    await self._put()
+            except (nats.errors.Error, TimeoutError, OSError) as exc:
+                log.warning("waiter lease heartbeat failed: %r", exc)
+            except Exception as exc:  # never let the heartbeat die silently
+                log.warning("waiter lease heartbeat failed: %r", exc)
