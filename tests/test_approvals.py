@@ -607,7 +607,6 @@ async def test_allow_always_without_a_session_allows_that_call_only(
             r = await out.wait()
         assert r.action == "continue"
         assert r.reason is not None and "this call only" in r.reason and "session" in r.reason
-        assert await d.approval_grants(agent_id=agent_a) == []
         for who, command in ((agent_b, "rm -rf /data"), (agent_a, "ls")):
             async with anyio.create_task_group() as tg:
                 out = spawn_emit(tg, d, event, {"tool_name": "bash", "agent_id": who,
@@ -616,6 +615,7 @@ async def test_allow_always_without_a_session_allows_that_call_only(
                 await approver.d.resolve_hook(label, {"choice": "Deny"})
                 r = await out.wait()
             assert r.action == "deny" and r.reason == "user chose 'Deny'", who
+        assert await d.approval_grants(agent_id=agent_a) == []
 
 
 async def test_allow_always_is_per_agent_within_a_session(

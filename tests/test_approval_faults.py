@@ -1,0 +1,177 @@
+"""Approvals under faults and races: answers that land at the deadline, grant reads during
+an outage.
+
+- An answer that wins the compare-and-set is applied whatever the clock says: many calls
+  are answered right when their timeout fires (on the first write after the pending one,
+  or at the deadline give or take a few ms); every call's decision must match its record's
+  final state (resolved -> the answer, cancelled -> the default), and the next identical
+  call is asked anew, never decided by the stale answer.
+- A grant read inside an emit retries through an outage of the nats-server within the
+  approval's own timeout: a stored "Allow always" still allows once the server is back.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+import nats
+import pytest
+from nats.aio.client import Client as NATS
+from test_approvals import Approver, asker, spawn_emit
+
+from hookbus.cli import EmbeddedNatsServer
+from hookbus.dispatcher import HookDispatcher
+from hookbus.schemas import (
+    SUSPENSIONS_BUCKET,
+    AlreadySettledError,
+    suspension_key,
+)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.faults]
+
+Connect = Callable[..., Awaitable[NATS]]
+
+TIMEOUT_S = 0.4
+"""Each racing approval's own timeout."""
+
+
+@pytest.fixture
+async def approver(connect: Connect) -> AsyncIterator[Approver]:
+    nc = await connect()
+    async with HookDispatcher(nc, approvals=False) as d:
+        a = await Approver(d, nc).open()
+        try:
+            yield a
+        finally:
+            await a.close()
+
+
+async def answer_at_the_deadline(
+    approver: Approver, nc: NATS, label: str, *, on_write: bool, offset_s: float
+) -> None:
+    """Answer "Allow" right when the approval's timeout fires: on the first write to its
+    record after the pending one (`on_write`: the waiter giving up), else at its deadline
+    plus `offset_s` seconds. Losing to the timeout (`AlreadySettledError`) is fine."""
+    got = await approver.d.suspensions.get(label)
+    assert got is not None
+    record, revision = got
+    if on_write:
+        kv = await nc.jetstream().key_value(SUSPENSIONS_BUCKET)
+        watcher = await kv.watch(suspension_key(label))
+        try:
+            with anyio.fail_after(TIMEOUT_S + 10):
+                while True:
+                    entry = await watcher.updates(timeout=TIMEOUT_S + 10)
+                    if entry is not None and (entry.revision or 0) > revision:
+                        break
+        finally:
+            await watcher.stop()
+    else:
+        await anyio.sleep(max(0.0, record.created_at + TIMEOUT_S + offset_s - time.time()))
+    try:
+        await approver.d.resolve_hook(label, {"choice": "Allow"})
+    except AlreadySettledError:
+        pass
+
+
+async def test_an_answer_at_the_deadline_decides_exactly_as_the_record_says(
+    connect: Connect, approver: Approver, event: str
+) -> None:
+    nc = await connect()
+    d = HookDispatcher(nc)
+    d.register(event, asker(approval_timeout=TIMEOUT_S, approval_default="deny"))
+    base = f"race-{uuid.uuid4().hex[:8]}"
+    outcomes = {"resolved": 0, "cancelled": 0}
+    async with d:
+        for i in range(24):
+            session = f"{base}-{i}"
+            call = {"tool_name": "bash", "session_id": session, "command": f"deploy {i}"}
+            async with anyio.create_task_group() as tg:
+                out = spawn_emit(tg, d, event, dict(call))
+                part = await approver.pending(session)
+                await answer_at_the_deadline(
+                    approver, approver.nc, part.label,
+                    on_write=i % 2 == 0, offset_s=((i // 2) % 6 - 3) * 0.005,
+                )  # fmt: skip
+                r = await out.wait()
+            got = await approver.d.suspensions.get(part.label)
+            assert got is not None
+            final = got[0]
+            assert final.status in ("resolved", "cancelled")
+            outcomes[final.status] += 1
+            if final.status == "resolved":
+                assert (r.action, r.reason) == ("continue", "user chose 'Allow'"), i
+            else:
+                assert r.action == "deny", i
+                assert r.reason is not None and "timed out" in r.reason, i
+
+            # the same call content again is a new call: asked anew, never the stale answer
+            async with anyio.create_task_group() as tg:
+                again = spawn_emit(tg, d, event, dict(call))
+                fresh = await approver.pending(session)
+                assert fresh.label != part.label
+                await approver.d.resolve_hook(fresh.label, {"choice": "Deny"})
+                r2 = await again.wait()
+            assert (r2.action, r2.reason) == ("deny", "user chose 'Deny'"), i
+    print(f"answers at the deadline: {outcomes}")
+
+
+async def test_a_grant_read_retries_through_a_server_outage(
+    embedded_server: EmbeddedNatsServer, event: str
+) -> None:
+    port = int(embedded_server.url.rpartition(":")[2])
+
+    async def quiet(exc: Exception) -> None:  # refused reconnects while the server is down
+        pass
+
+    nc = await nats.connect(
+        embedded_server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.1, error_cb=quiet
+    )
+    restarted: EmbeddedNatsServer | None = None
+    session = f"outage-{uuid.uuid4().hex[:8]}"
+    asked = anyio.Event()
+    ask = asker(approval_options=["Allow always", "Deny"], approval_timeout=30.0)
+
+    async def guard(ev: str, data: dict[str, Any]) -> Any:
+        asked.set()
+        return await ask(ev, data)
+
+    try:
+        d = HookDispatcher(nc)
+        d.register(event, guard, name="guard")
+        d.set_default_fields(session_id=session, agent_id="a1")
+        async with d:
+            # a human answers "Allow always" (the grant is stored), then the server goes
+            nc2 = await nats.connect(embedded_server.url)
+            try:
+                async with HookDispatcher(nc2, approvals=False) as other:
+                    approver = await Approver(other, nc2).open()
+                    async with anyio.create_task_group() as tg:
+                        out = spawn_emit(tg, d, event, {"tool_name": "bash"})
+                        part = await approver.pending(session)
+                        await other.resolve_hook(part.label, {"choice": "Allow always"})
+                        assert (await out.wait()).action == "continue"
+                    await approver.close()
+            finally:
+                await nc2.close()
+
+            asked = anyio.Event()
+            embedded_server.kill()  # keeps its data folder
+            async with anyio.create_task_group() as tg:
+                out = spawn_emit(tg, d, event, {"tool_name": "bash"})
+                with anyio.fail_after(10):
+                    await asked.wait()  # the emit now reads the grant, with no server
+                await anyio.sleep(1.0)  # the outage itself
+                restarted = EmbeddedNatsServer(embedded_server.data_dir, port=port)
+                restarted.start()
+                r = await out.wait(timeout_s=30)
+        assert r.action == "continue", r.reason
+        assert r.reason is not None and "allowed always" in r.reason
+    finally:
+        await nc.close()
+        if restarted is not None:
+            restarted.stop()
