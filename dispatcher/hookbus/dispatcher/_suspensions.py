@@ -350,6 +350,8 @@ class Suspensions:
                     continue
                 if record.status == "cancelled":
                     raise HookCancelledError(label, record.reason)
+                if record.status == "resolved" and shared:  # one call, retried: its answer
+                    return _convert(label, record.resolution, payload)
                 if record.status == "resolved":  # consumed earlier: this is a new hook
                     record = fresh()
                     revision = await self.records.swap(record, last=entry.revision)
