@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
+import nats
 import nats.js.errors
 import pytest
 from _serving import serving
@@ -286,3 +287,164 @@ async def test_required_handler_api_and_a_declaration_taking_its_place(
         assert await unrequire_handler(nc, event, "policy") is True
         assert await unrequire_handler(nc, event, "policy") is False
         await asyncio.sleep(0)
+
+
+# -- conflicting declarations ---------------------------------------------------------------
+async def allow(event: str, data: dict[str, Any]) -> HookResult:
+    return HookResult(action="continue")
+
+
+SECURITY = {"priority": 10, "tool_filter": ["bash", "shell*"], "failure_policy": "deny"}
+LAX = {"priority": 0, "tool_filter": None, "failure_policy": "ignore"}
+
+
+async def test_second_worker_with_other_settings_is_refused(
+    nc: NATS, connect: Connect, event: str
+) -> None:
+    from hookbus.workers import HookWorker
+
+    async with serving(await connect(), (event, allow, {"name": "security", **SECURITY})):
+        intruder = HookWorker(await connect())
+        intruder.add_handler(event, allow, name="security", **LAX)
+        with pytest.raises(Exception) as caught:  # HandlerConflictError (imported lazily)
+            await intruder.start()
+        assert type(caught.value).__name__ == "HandlerConflictError"
+        message = str(caught.value)
+        assert "failure_policy: live 'deny', declared 'ignore'" in message
+        assert "priority: live 10, declared 0" in message and "replace=True" in message
+        entry = await (await bucket(nc)).get(handler_key(event, "security"))
+        live = json.loads(entry.value)
+        assert (live["failure_policy"], live["priority"]) == ("deny", 10)
+        assert live["tool_filter"] == ["bash", "shell*"]
+        async with HookDispatcher(await connect()) as d:
+            route = d._table.routes(event)[0]
+            assert (route.failure_policy, route.priority) == ("deny", 10)
+            await intruder.shutdown()
+        assert intruder.handled == 0
+
+
+async def test_replica_with_identical_settings_and_explicit_replace(
+    nc: NATS, connect: Connect, event: str
+) -> None:
+    from hookbus.workers import HookWorker
+
+    opts = {"name": "security", **SECURITY}
+    async with serving(await connect(), (event, allow, opts)):
+        async with serving(await connect(), (event, allow, opts)):  # a second replica
+            pass
+        successor = HookWorker(await connect(), replace=True)
+        successor.add_handler(event, allow, name="security", **LAX)
+        async with successor:
+            entry = await (await bucket(nc)).get(handler_key(event, "security"))
+            assert json.loads(entry.value).get("failure_policy", "ignore") == "ignore"
+        per_handler = HookWorker(await connect())
+        per_handler.add_handler(event, allow, name="security", replace=True, **SECURITY)
+        async with per_handler:
+            entry = await (await bucket(nc)).get(handler_key(event, "security"))
+            assert json.loads(entry.value)["failure_policy"] == "deny"
+
+
+async def test_two_racing_workers_cannot_both_win(connect: Connect, event: str) -> None:
+    from hookbus.schemas import HandlerConflictError
+    from hookbus.workers import HookWorker
+
+    workers = []
+    for options in (SECURITY, LAX, {**LAX, "priority": 3}):
+        w = HookWorker(await connect())
+        w.add_handler(event, allow, name="race", **options)
+        workers.append(w)
+    outcomes = await asyncio.gather(*(w.start() for w in workers), return_exceptions=True)
+    try:
+        winners = [o for o in outcomes if o is None]
+        assert len(winners) == 1, outcomes
+        assert all(isinstance(o, HandlerConflictError) for o in outcomes if o is not None)
+    finally:
+        for w in workers:
+            await w.shutdown()
+
+
+async def test_bad_record_is_overwritten_by_a_valid_declaration(
+    nc: NATS, connect: Connect, event: str
+) -> None:
+    kv = await bucket(nc)
+    await kv.put(handler_key(event, "fixme"), b"\xff not json")
+    async with serving(await connect(), (event, allow, {"name": "fixme"})):
+        entry = await kv.get(handler_key(event, "fixme"))
+        assert json.loads(entry.value)["name"] == "fixme"
+
+
+# -- liveness -----------------------------------------------------------------------------
+async def test_live_replicas_are_listed_and_leave_on_shutdown(
+    nc: NATS, connect: Connect, event: str
+) -> None:
+    from hookbus.dispatcher import live_handlers
+
+    async with serving(
+        await connect(), (event, allow, {"name": "a"}), (event, allow, {"name": "b"})
+    ):
+        async with serving(await connect(), (event, allow, {"name": "a"})):
+            live = await live_handlers(nc, timeout_s=0.5)
+            assert len(live[(event, "a")]) == 2
+            assert len(live[(event, "b")]) == 1
+            ids = {r.service_id for r in live[(event, "a")]}
+            assert len(ids) == 2
+        live = await live_handlers(nc, timeout_s=0.5)
+        assert len(live[(event, "a")]) == 1
+    live = await live_handlers(nc, timeout_s=0.5)
+    assert (event, "a") not in live and (event, "b") not in live
+
+
+async def test_worker_answers_the_services_api(nc: NATS, connect: Connect, event: str) -> None:
+    from hookbus.schemas import WORKER_SERVICE_NAME, parse_served_handlers
+
+    async with serving(await connect(), (event, allow, {"name": "a"})):
+        info = json.loads((await nc.request(f"$SRV.INFO.{WORKER_SERVICE_NAME}", b"")).data)
+        stats = json.loads((await nc.request(f"$SRV.STATS.{WORKER_SERVICE_NAME}", b"")).data)
+        assert info["name"] == stats["name"] == WORKER_SERVICE_NAME
+        # other workers of the session may answer first: ask this one by id
+        mine = [
+            json.loads((await nc.request(f"$SRV.INFO.{WORKER_SERVICE_NAME}.{i}", b"")).data)
+            for i in {info["id"]}
+        ]
+        assert all("handlers" in m["metadata"] for m in mine)
+        assert all(isinstance(parse_served_handlers(m["metadata"]["handlers"]), list) for m in mine)
+
+
+# -- registration through a JetStream outage ----------------------------------------------
+@pytest.mark.faults
+async def test_worker_registration_rides_out_a_jetstream_without_quorum(tmp_path: Any) -> None:
+    """Two of three cluster nodes go away, so JetStream has no quorum (as during a leader
+    election, only longer: more than nats-py's 5 s request timeout) while core NATS still
+    works; a worker started meanwhile keeps retrying and registers once they are back."""
+    from _cluster import Cluster
+
+    from hookbus.workers import HookWorker
+
+    event = f"test:{uuid.uuid4().hex[:10]}"
+    cluster = Cluster(tmp_path / "cluster").start()
+    try:
+        await cluster.wait_ready()
+        first = cluster.nodes[0]
+        conn = await nats.connect(first.url, max_reconnect_attempts=-1)
+        seed = HookWorker(conn, bucket_replicas=3)
+        seed.add_handler(event, allow, name="seed")
+        async with seed:  # the bucket exists (R3) before the outage
+            pass
+        for node in cluster.nodes[1:]:
+            node.stop()
+        w = HookWorker(conn, bucket_replicas=3)  # retries for 30 s by default
+        w.add_handler(event, allow, name="late", failure_policy="deny")
+        starting = asyncio.create_task(w.start())
+        await asyncio.sleep(6.5)  # the outage itself: nothing to wait on
+        assert not starting.done()
+        for node in cluster.nodes[1:]:
+            node.start()
+        with anyio.fail_after(40):
+            await starting
+        kv = await conn.jetstream().key_value(HANDLERS_BUCKET)
+        entry = await kv.get(handler_key(event, "late"))
+        assert json.loads(entry.value)["failure_policy"] == "deny"
+        await w.shutdown()
+        await conn.close()
+    finally:
+        cluster.stop()

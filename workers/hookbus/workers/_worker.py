@@ -19,6 +19,7 @@ import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.micro.service import Service
 
 from hookbus.schemas import (
     EventEnvelope,
@@ -41,6 +42,7 @@ from hookbus.schemas import (
 )
 from hookbus.schemas._nats_guard import harden_connection
 
+from ._registration import declare_handlers, open_registry, start_liveness, stop_liveness
 from ._telemetry import traced_handling
 
 __all__ = ["HandlerSpec", "HookWorker"]
@@ -86,10 +88,20 @@ class HookWorker:
         nc: a connected nats-py client (or give it to `start` later).
         max_concurrency: requests handled at once by this process (all handlers together).
         bucket_replicas: replicas of the registry bucket if this worker creates it.
+        replace: take over handler names already declared with other settings (default:
+            `start` raises `HandlerConflictError`); per handler with ``replace=`` too.
+        registration_timeout_s: seconds `start` keeps retrying the registry through a
+            JetStream leader election before it raises `HookbusTimeoutError`.
     """
 
     def __init__(
-        self, nc: NATS | None = None, *, max_concurrency: int = 256, bucket_replicas: int = 1
+        self,
+        nc: NATS | None = None,
+        *,
+        max_concurrency: int = 256,
+        bucket_replicas: int = 1,
+        replace: bool = False,
+        registration_timeout_s: float = 30.0,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
@@ -97,6 +109,11 @@ class HookWorker:
         self.max_concurrency = max_concurrency
         """Requests handled at once by this process; may be changed before `start`."""
         self._bucket_replicas = bucket_replicas
+        self.replace = replace
+        """Whether `start` takes over names declared with other settings."""
+        self.registration_timeout_s = registration_timeout_s
+        self._replace_handlers: dict[tuple[str, str], bool] = {}
+        self._liveness: Service | None = None
         self._specs: dict[tuple[str, str], HandlerSpec] = {}
         self._subs: list[Subscription] = []
         self._tasks: set[asyncio.Task[None]] = set()
@@ -122,6 +139,7 @@ class HookWorker:
         failure_policy: FailurePolicy = "ignore",
         parallel: bool = False,
         retry_safe: bool = False,
+        replace: bool | None = None,
     ) -> Callable[[F], F]:
         """Decorator: serve the function as a handler of `event`; returns it unchanged.
 
@@ -136,6 +154,8 @@ class HookWorker:
             retry_safe: running it twice for one call is harmless (no side effects, or
                 idempotent ones): a dispatcher may then send a slow call to a second
                 replica (hedging). Never assumed: without it, a call runs at most once.
+            replace: take over this name if it is declared with other settings (None:
+                the worker's `replace`).
         Raises:
             BadRequestError: bad event or handler name.
             ValueError: a handler of that name is already registered for the event, or the
@@ -153,6 +173,7 @@ class HookWorker:
                 failure_policy=failure_policy,
                 parallel=parallel,
                 retry_safe=retry_safe,
+                replace=replace,
             )
             return fn
 
@@ -170,6 +191,7 @@ class HookWorker:
         failure_policy: FailurePolicy = "ignore",
         parallel: bool = False,
         retry_safe: bool = False,
+        replace: bool | None = None,
     ) -> HandlerSpec:
         """Non-decorator form of `handler`; returns the spec."""
         if self._state != "new":
@@ -193,6 +215,8 @@ class HookWorker:
             collect_subject=collect_subject(event),
             queue_group=handler_queue_group(name),
         )
+        if replace is not None:
+            self._replace_handlers[(event, name)] = replace
         spec = self._specs[(event, name)] = HandlerSpec(
             fn=fn, declaration=decl, is_async=inspect.iscoroutinefunction(fn)
         )
@@ -204,10 +228,18 @@ class HookWorker:
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self, nc: NATS | None = None) -> None:
-        """Subscribe every handler, then declare it in the registry bucket.
+        """Subscribe every handler, then declare it in the registry bucket (see
+        `_registration`: compare-and-set, retried through a leader election for
+        `registration_timeout_s` seconds) and start answering liveness pings.
 
         Returns once the subscriptions are flushed to the server: a dispatcher may send
-        at once. Raises `NotConnectedError` without a connection.
+        at once. On an error nothing stays subscribed.
+
+        Raises:
+            NotConnectedError: no connection.
+            HandlerConflictError: a handler name is declared with other settings and
+                `replace` is off.
+            HookbusTimeoutError: the registry stayed unavailable.
         """
         if self._state != "new":
             return
@@ -226,17 +258,23 @@ class HookWorker:
             self._subs.append(
                 await nc_.subscribe(decl.collect_subject, queue=decl.queue_group, cb=cb)
             )
-        await nc_.flush()
-        js = nc_.jetstream()
         try:
-            kv = await js.create_key_value(
-                config=handlers_bucket_config(replicas=self._bucket_replicas)
+            await nc_.flush()
+            kv = await open_registry(
+                nc_, replicas=self._bucket_replicas, deadline_s=self.registration_timeout_s
             )
-        except nats.js.errors.BadRequestError:
-            kv = await js.key_value(handlers_bucket_config().bucket)
-        for spec in self._specs.values():
-            decl = spec.declaration
-            await kv.put(handler_key(decl.event, decl.name), encode(decl))
+            declarations = [
+                (spec.declaration, self._replace_handlers.get(key, self.replace))
+                for key, spec in self._specs.items()
+            ]
+            await declare_handlers(kv, declarations, deadline_s=self.registration_timeout_s)
+            self._liveness = await start_liveness(nc_, list(self._specs))
+        except BaseException:
+            for sub in self._subs:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+            self._subs.clear()
+            raise
         self._state = "serving"
         log.info(
             "serving %d handler(s): %s", len(self._specs), ", ".join(n for _, n in self._specs)
@@ -284,6 +322,7 @@ class HookWorker:
             await self._stopped.wait()
             return
         self._state = "draining"
+        await stop_liveness(self._liveness)
         deadline = time.monotonic() + max(grace_s, 0.0)
         await asyncio.gather(*(self._drain(sub) for sub in self._subs))
         while self._tasks and (left := deadline - time.monotonic()) > 0:

@@ -1,0 +1,240 @@
+"""Declaring a worker's handlers in the registry bucket, and showing the worker as live.
+
+Declaring is a compare-and-set per handler key, so two workers racing for one name cannot
+both win:
+
+- no declaration (or only a delete marker): create it;
+- the same declaration (another replica of this handler): nothing to write;
+- another declaration (priority, filter, policy, timeout, parallel or retry_safe differ):
+  refused with `HandlerConflictError` naming each difference, unless the handler is declared
+  with ``replace=True``; then it is overwritten at the revision read;
+- a record that does not validate: overwritten at the revision read (logged).
+
+During a JetStream leader election (4-6 s on a cluster) the bucket API answers 503, no
+responders or nothing at all: every step is retried with jittered exponential backoff
+(tenacity) until `deadline_s` (30 s by default). A write whose answer was lost is not
+retried blindly: the loop re-reads the key and finds its own declaration.
+
+Liveness: every worker process runs a service of the NATS services API (``nats.micro``,
+name `WORKER_SERVICE_NAME`) whose ``handlers`` metadata lists the handler keys it serves;
+``$SRV.PING.hookbus-worker`` reaches every live replica (see `hookbus handlers`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.metadata
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.js.kv import KeyValue
+from nats.micro import ServiceConfig, add_service
+from nats.micro.service import Service
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+
+from hookbus.schemas import (
+    WORKER_SERVICE_NAME,
+    BadRequestError,
+    HandlerConflictError,
+    HandlerDeclaration,
+    HookbusTimeoutError,
+    check_declaration,
+    config_differences,
+    declaration_differences,
+    encode,
+    format_served_handlers,
+    handler_key,
+    handlers_bucket_config,
+)
+
+__all__ = ["declare_handlers", "is_transient", "open_registry", "start_liveness", "stop_liveness"]
+
+log = logging.getLogger("hookbus.workers")
+
+T = TypeVar("T")
+
+_TRANSIENT: tuple[type[BaseException], ...] = (
+    TimeoutError,  # nats.errors.TimeoutError subclasses it
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionReconnectingError,
+    nats.js.errors.NoStreamResponseError,
+    nats.js.errors.ServiceUnavailableError,
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether `exc` is what a JetStream call raises while a leader is elected (or the
+    client reconnects): a timeout, no responders, no stream response, a 503 API error."""
+    if isinstance(exc, _TRANSIENT):
+        return True
+    return isinstance(exc, nats.js.errors.APIError) and exc.code == 503
+
+
+async def _retrying(op: Callable[[], Awaitable[T]], *, deadline: float, what: str) -> T:
+    """`op()` retried on transient errors until the loop time `deadline`.
+
+    Raises:
+        HookbusTimeoutError: still failing transiently at the deadline (cause: last error).
+    """
+    loop = asyncio.get_running_loop()
+    backoff = wait_exponential_jitter(multiplier=0.05, max=1.0, jitter=0.05)
+
+    def wait(state: RetryCallState) -> float:
+        return max(0.0, min(backoff(state), deadline - loop.time()))
+
+    def before_sleep(state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        log.info("%s: try %d failed (%r); retrying", what, state.attempt_number, exc)
+
+    retrying = AsyncRetrying(
+        stop=stop_after_delay(max(0.0, deadline - loop.time())),
+        wait=wait,
+        retry=retry_if_exception(is_transient),
+        before_sleep=before_sleep,
+        reraise=True,
+    )
+    try:
+        async for attempt in retrying:
+            with attempt:
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise TimeoutError(f"{what}: no time left")
+                async with asyncio.timeout(left):
+                    result = await op()
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        raise HookbusTimeoutError(
+            f"{what} failed: JetStream unavailable ({type(exc).__name__}: {exc})"
+        ) from exc
+    return result
+
+
+async def open_registry(nc: NATS, *, replicas: int = 1, deadline_s: float = 30.0) -> KeyValue:
+    """The handlers bucket, created if absent, retried through a leader election for up to
+    `deadline_s` seconds. A bucket that exists with another config is used and reported.
+
+    Raises:
+        HookbusTimeoutError: JetStream stayed unavailable for `deadline_s` seconds.
+    """
+    config = handlers_bucket_config(replicas=replicas)
+    js = nc.jetstream()
+
+    async def create() -> KeyValue:
+        try:
+            return await js.create_key_value(config=config)
+        except nats.js.errors.BadRequestError:  # exists (maybe with another config)
+            kv = await js.key_value(config.bucket)
+            status = await kv.status()
+            differences = config_differences(config, status.stream_info.config)
+            if differences:
+                log.warning(
+                    "bucket %s exists with another config, used as it is: %s",
+                    config.bucket,
+                    "; ".join(differences),
+                )
+            return kv
+
+    deadline = asyncio.get_running_loop().time() + deadline_s
+    return await _retrying(create, deadline=deadline, what=f"opening bucket {config.bucket}")
+
+
+async def _declare_one(kv: KeyValue, decl: HandlerDeclaration, replace: bool) -> None:
+    key = handler_key(decl.event, decl.name)
+    value = encode(decl)
+    for _ in range(100):  # each turn lost a race to another writer: bounded
+        try:
+            entry = await kv.get(key)
+        except nats.js.errors.KeyNotFoundError:  # absent, or a delete marker
+            try:
+                await kv.create(key, value)
+                return
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue  # someone else declared it meanwhile: compare with theirs
+        try:
+            live: HandlerDeclaration | None = check_declaration(key, entry.value)
+        except BadRequestError as exc:
+            log.warning("overwriting the bad record at %r: %s", key, exc)
+            live = None
+        if live is not None:
+            differences = declaration_differences(live, decl)
+            if not differences:
+                return  # another replica of the same handler (or our own lost ack)
+            if not replace:
+                raise HandlerConflictError(
+                    f"handler {decl.name!r} of {decl.event!r} is already declared with other"
+                    f" settings ({'; '.join(differences)}); declare it with replace=True"
+                    " (hookbus worker --replace) to take the name over"
+                )
+            log.warning("replacing handler %s of %s: %s", decl.name, decl.event, differences)
+        try:
+            await kv.update(key, value, last=entry.revision)
+            return
+        except nats.js.errors.KeyWrongLastSequenceError:
+            continue
+    raise HandlerConflictError(f"handler {decl.name!r} of {decl.event!r}: too many racing writers")
+
+
+async def declare_handlers(
+    kv: KeyValue,
+    declarations: Iterable[tuple[HandlerDeclaration, bool]],
+    *,
+    deadline_s: float = 30.0,
+) -> None:
+    """Declare each handler (compare-and-set; see the module docstring), each retried
+    through a leader election within one overall `deadline_s` seconds.
+
+    Args:
+        kv: the handlers bucket (`open_registry`).
+        declarations: ``(declaration, replace)`` pairs.
+    Raises:
+        HandlerConflictError: a name is declared with other settings and `replace` is false.
+        HookbusTimeoutError: JetStream stayed unavailable for `deadline_s` seconds.
+    """
+    deadline = asyncio.get_running_loop().time() + deadline_s
+    for decl, replace in declarations:
+
+        async def once(decl: HandlerDeclaration = decl, replace: bool = replace) -> None:
+            await _declare_one(kv, decl, replace)
+
+        await _retrying(once, deadline=deadline, what=f"declaring handler {decl.name}")
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("hookbus")
+    except importlib.metadata.PackageNotFoundError:
+        return "0.0.0"
+
+
+async def start_liveness(nc: NATS, handlers: Iterable[tuple[str, str]]) -> Service:
+    """Start this process's `WORKER_SERVICE_NAME` service (``nats.micro``: answers
+    ``$SRV.PING``, ``$SRV.INFO`` and ``$SRV.STATS``) with the ``(event, name)`` pairs it
+    serves in its ``handlers`` metadata. Stop it with `stop_liveness` before draining."""
+    config = ServiceConfig(
+        name=WORKER_SERVICE_NAME,
+        version=_version(),
+        description="hookbus hook worker",
+        metadata={"handlers": format_served_handlers(list(handlers))},
+        queue_group=WORKER_SERVICE_NAME,
+    )
+    return await add_service(nc, config)
+
+
+async def stop_liveness(service: Service | None) -> None:
+    """Stop answering liveness pings (idempotent; a lost connection is ignored)."""
+    if service is None:
+        return
+    with contextlib.suppress(Exception):
+        await service.stop()
