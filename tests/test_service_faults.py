@@ -60,7 +60,7 @@ async def _pending_approvals(nc: Any) -> asyncio.Queue[str]:
     return queue
 
 
-async def test_drain_aborts_an_approval_wait_and_a_retry_resumes_it(embedded_server, event):
+async def test_drain_aborts_an_approval_wait_and_a_retry_resumes_it(embedded_server, event, caplog):
     """An approval wait in flight when the service stops: the agent gets a retryable
     `unavailable` within the grace, the approval stays pending, and the agent's retry
     with the same idempotency key on a new service finds that approval (no second
@@ -85,8 +85,12 @@ async def test_drain_aborts_an_approval_wait_and_a_retry_resumes_it(embedded_ser
             first = asyncio.create_task(agent.request(_emit_subject(event), body, timeout=30))
             with anyio.fail_after(20):
                 label = await pending.get()
-            with anyio.fail_after(10):  # the grace, then the abort: well within this
+            with (
+                anyio.fail_after(10),  # the grace, then the abort: well within this
+                caplog.at_level(logging.WARNING, logger="hookbus.dispatcher"),
+            ):
                 await service.stop(grace_s=0.3)
+            assert any("1 durable wait(s) aborted" in r.getMessage() for r in caplog.records)
             reply = decode((await first).data, EmitReply)
             assert reply.error is not None, reply
             assert (reply.error.code, reply.error.retryable) == ("unavailable", True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -201,7 +200,7 @@ class DispatcherService:
         if self._inflight:
             await asyncio.wait(list(self._inflight), timeout=max(0.0, deadline - loop.time()))
         if self._inflight:
-            aborted = await self._abort_waits()
+            aborted = self._abort_waits()
             log.warning(
                 "drain: %d request(s) still running after %ss; %d durable wait(s) aborted "
                 "(left pending), the rest answered unavailable",
@@ -229,19 +228,13 @@ class DispatcherService:
             async with asyncio.timeout(max(grace_s, 1.0)):
                 await sub.drain()
 
-    async def _abort_waits(self) -> int:
+    def _abort_waits(self) -> int:
         """Abort this process's durable waits (`Suspensions.abort_all`); records stay pending."""
         try:
             store = self._dispatcher.suspensions
-        except HookbusError:
+        except HookbusError:  # no connection: no durable waits
             return 0
-        abort_all = getattr(store, "abort_all", None)
-        if abort_all is None:
-            return 0
-        count = abort_all()
-        if inspect.isawaitable(count):
-            count = await count
-        return int(count)
+        return store.abort_all()
 
     def _spawner(
         self, handle: Callable[[Msg], Awaitable[bytes]], reply_type: Reply
