@@ -208,7 +208,8 @@ class DispatcherService:
                 grace,
                 aborted,
             )
-            await asyncio.wait(list(self._inflight), timeout=1.0)
+            if aborted:  # let the aborted emits answer for themselves
+                await asyncio.wait(list(self._inflight), timeout=1.0)
         for task in list(self._inflight):
             task.cancel()
         if self._inflight:
