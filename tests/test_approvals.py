@@ -7,6 +7,10 @@ approval labels and "Allow always" grants are its own.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -677,3 +681,47 @@ async def test_a_grant_that_does_not_match_its_key_is_ignored_and_the_human_aske
             await approver.d.resolve_hook(part.label, {"choice": "Deny"})
             assert (await out.wait()).action == "deny"
     assert await approver.d.approval_grants(session_id=agent.session) == []
+
+
+# -- the CLI: hookbus approvals grants | revoke ------------------------------------------------
+async def hookbus_cli(nats_url: str, *args: str) -> subprocess.CompletedProcess[bytes]:
+    """Run the CLI as a user would (a wide terminal so tables do not wrap)."""
+    with anyio.fail_after(30):
+        return await anyio.run_process(
+            [sys.executable, "-m", "hookbus.cli", *args, "--url", nats_url],
+            check=False,
+            env={**os.environ, "COLUMNS": "400", "NO_COLOR": "1"},
+        )
+
+
+async def test_grants_are_listed_and_revoked_from_the_cli(
+    agent: Agent, approver: Approver, nats_url: str, event: str
+) -> None:
+    agent.d.register(event, asker(approval_options=["Allow always", "Deny"]))
+    agent.d.set_default_fields(session_id=agent.session, agent_id="cli-agent")
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
+        part = await approver.pending(agent.session)
+        await approver.d.resolve_hook(part.label, {"choice": "Allow always"})
+        assert (await out.wait()).action == "continue"
+    key = grant_key("cli-agent", agent.session, event, "guard", "bash")
+
+    p = await hookbus_cli(nats_url, "approvals", "grants", "--json", "--session", agent.session)
+    assert p.returncode == 0, p.stderr.decode()
+    (listed,) = json.loads(p.stdout)
+    assert listed["key"] == key and listed["agent_id"] == "cli-agent"
+    assert (listed["tool"], listed["handler"], listed["label"]) == ("bash", "guard", part.label)
+    p = await hookbus_cli(nats_url, "approvals", "grants")
+    assert p.returncode == 0 and key in p.stdout.decode(), p.stderr.decode()
+
+    p = await hookbus_cli(nats_url, "approvals", "revoke")
+    assert p.returncode == 2 and "--all" in p.stderr.decode()  # nothing named: refused
+    p = await hookbus_cli(nats_url, "approvals", "revoke", "--session", agent.session)
+    assert p.returncode == 0 and p.stdout.decode().split() == ["revoked", key], p.stderr.decode()
+    p = await hookbus_cli(nats_url, "approvals", "grants", "--json", "--session", agent.session)
+    assert p.returncode == 0 and json.loads(p.stdout) == []
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
+        part = await approver.pending(agent.session)  # asked again
+        await approver.d.resolve_hook(part.label, {"choice": "Deny"})
+        assert (await out.wait()).action == "deny"

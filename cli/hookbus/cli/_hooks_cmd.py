@@ -1,4 +1,4 @@
-"""`hookbus hooks ...` and `hookbus approvals ...`: suspensions from the terminal."""
+"""`hookbus hooks ...`: suspensions from the terminal (approvals: `_approvals_cmd`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher
+from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import HookbusError, SuspensionRecord, to_builtins
 
 from ._common import connect, nats_url_or_embedded, url_option
@@ -120,58 +120,3 @@ def hooks_cancel(label: str, url: str | None, reason: str | None) -> None:
     """Cancel the pending hook LABEL: its waiter raises HookCancelledError."""
     _with_dispatcher(url, lambda d: d.cancel_hook(label, reason=reason))
     click.echo(f"cancelled {label}")
-
-
-@click.group(invoke_without_command=True)
-@click.pass_context
-@url_option
-def approvals(ctx: click.Context, url: str | None) -> None:
-    """Pending approvals (ask_user results): list them, or `answer LABEL CHOICE`."""
-    if ctx.invoked_subcommand is None:
-        ctx.invoke(approvals_list, url=url)
-
-
-async def _pending_approvals(d: HookDispatcher) -> list[SuspensionRecord]:
-    return [
-        r for r in await d.suspensions.list()
-        if r.label.startswith(APPROVAL_LABEL_PREFIX) and r.status == "pending"
-    ]  # fmt: skip
-
-
-@approvals.command("list")
-@url_option
-def approvals_list(url: str | None) -> None:
-    """Pending approvals with prompt, options, handler and tool."""
-    records = _with_dispatcher(url, _pending_approvals)
-    table = Table(
-        "label", "prompt", "options", "handler", "tool", "default", title="pending approvals"
-    )
-    for r in records:
-        m = r.metadata
-        table.add_row(
-            r.label,
-            str(m.get("prompt", "")),
-            " / ".join(m.get("options", [])),
-            str(m.get("handler", "")),
-            str(m.get("tool_name", "")),
-            str(m.get("default", "")),
-        )
-    Console().print(table)
-
-
-@approvals.command("answer")
-@click.argument("label")
-@click.argument("choice")
-@url_option
-def approvals_answer(label: str, choice: str, url: str | None) -> None:
-    """Answer the approval LABEL with one of its options (e.g. "Allow always")."""
-
-    async def answer(d: HookDispatcher) -> None:
-        record = await _require(d, label)
-        options = record.metadata.get("options", [])
-        if choice not in options:
-            raise click.ClickException(f"{choice!r} is not an option of {label!r}: {options}")
-        await d.resolve_hook(label, {"choice": choice})
-
-    _with_dispatcher(url, answer)
-    click.echo(f"answered {label}: {choice}")

@@ -33,6 +33,7 @@ from hookbus.schemas import (
 )
 from hookbus.workers import HookWorker
 
+from ._approvals_cmd import approvals
 from ._common import (
     DURATION,
     bucket_replicas_option,
@@ -46,7 +47,7 @@ from ._common import (
     strict_buckets_option,
     url_option,
 )
-from ._hooks_cmd import approvals, hooks
+from ._hooks_cmd import hooks
 from ._otel import otel_session, otlp_option, print_denied_trace
 from ._server import EmbeddedNatsServer
 

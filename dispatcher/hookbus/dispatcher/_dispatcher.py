@@ -445,12 +445,23 @@ class HookDispatcher(StandardEvents):
         return self._approvals
 
     async def approval_grants(
-        self, *, agent_id: str | None = None, session_id: str | None = None
+        self,
+        *,
+        agent_id: str | None = None,
+        session_id: str | None = None,
+        event: str | None = None,
+        handler: str | None = None,
+        tool: str | None = None,
     ) -> list[ApprovalGrant]:
-        """Live "Allow always" grants, oldest first, of one agent and/or session (None:
-        any); see `Grants.list` for more filters and the errors raised."""
+        """Live "Allow always" grants, oldest first, matching the filters (None: any).
+
+        Raises:
+            HookbusTimeoutError: JetStream stayed unavailable (see `Grants.list`).
+        """
         grants = await self._grants()
-        return await grants.list(agent_id=agent_id, session_id=session_id)
+        return await grants.list(
+            agent_id=agent_id, session_id=session_id, event=event, handler=handler, tool=tool
+        )
 
     async def revoke_grant(self, grant: ApprovalGrant | str) -> None:
         """Revoke one grant (an `ApprovalGrant` or its key); see `Grants.revoke`."""

@@ -1,0 +1,186 @@
+"""`hookbus approvals ...`: pending approvals, and "Allow always" grants, from the terminal."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import TypeVar
+
+import anyio
+import click
+from rich.console import Console
+from rich.table import Table
+
+from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher
+from hookbus.schemas import ApprovalGrant, HookbusError, SuspensionRecord, grant_key, to_builtins
+
+from ._common import connect, nats_url_or_embedded, url_option
+
+T = TypeVar("T")
+
+
+def _with_dispatcher(url: str | None, fn: Callable[[HookDispatcher], Awaitable[T]]) -> T:
+    async def run(nats_url: str) -> T:
+        nc = await connect(nats_url, name="hookbus-approvals")
+        try:
+            async with HookDispatcher(nc, approvals=False) as d:
+                return await fn(d)
+        finally:
+            await nc.close()
+
+    with nats_url_or_embedded(url) as nats_url:
+        try:
+            return anyio.run(run, nats_url, backend="asyncio")
+        except HookbusError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
+@click.group(invoke_without_command=True)
+@click.pass_context
+@url_option
+def approvals(ctx: click.Context, url: str | None) -> None:
+    """Pending approvals (ask_user results): list them, `answer LABEL CHOICE`; "Allow
+    always" grants: `grants`, `revoke`."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(approvals_list, url=url)
+
+
+async def _pending_approvals(d: HookDispatcher) -> list[SuspensionRecord]:
+    page = await d.suspensions.page(status="pending", prefix=APPROVAL_LABEL_PREFIX)
+    return page.records
+
+
+@approvals.command("list")
+@url_option
+def approvals_list(url: str | None) -> None:
+    """Pending approvals with prompt, options, handler and tool."""
+    records = _with_dispatcher(url, _pending_approvals)
+    table = Table(
+        "label", "prompt", "options", "handler", "tool", "agent", "session", "default",
+        title="pending approvals",
+    )  # fmt: skip
+    for r in records:
+        m = r.metadata
+        table.add_row(
+            r.label,
+            str(m.get("prompt", "")),
+            " / ".join(str(o) for o in m.get("options", []) or []),
+            str(m.get("handler", "")),
+            str(m.get("tool_name") or ""),
+            str(m.get("agent_id") or ""),
+            str(m.get("session_id") or ""),
+            str(m.get("default", "")),
+        )
+    Console().print(table)
+
+
+@approvals.command("answer")
+@click.argument("label")
+@click.argument("choice")
+@url_option
+def approvals_answer(label: str, choice: str, url: str | None) -> None:
+    """Answer the approval LABEL with one of its options (e.g. "Allow always": it then
+    allows every input of that tool for that agent and session until revoked)."""
+
+    async def answer(d: HookDispatcher) -> None:
+        got = await d.suspensions.get(label)
+        if got is None:
+            raise click.ClickException(f"no hook with label {label!r} (see `hookbus approvals`)")
+        options = got[0].metadata.get("options", [])
+        if choice not in options:
+            raise click.ClickException(f"{choice!r} is not an option of {label!r}: {options}")
+        await d.resolve_hook(label, {"choice": choice})
+
+    _with_dispatcher(url, answer)
+    click.echo(f"answered {label}: {choice}")
+
+
+def _filters(f: Callable[..., None]) -> Callable[..., None]:
+    for name, help_ in reversed(
+        [
+            ("--agent", "Only this agent's grants."),
+            ("--session", "Only this session's grants."),
+            ("--event", "Only grants asked for on this event."),
+            ("--handler", "Only grants of this handler."),
+            ("--tool", "Only grants of this tool."),
+        ]
+    ):
+        f = click.option(name, default=None, help=help_)(f)
+    return f
+
+
+def _key(g: ApprovalGrant) -> str:
+    return grant_key(g.agent_id, g.session_id, g.event, g.handler, g.tool)
+
+
+@approvals.command("grants")
+@url_option
+@_filters
+@click.option("--json", "as_json", is_flag=True, help="One JSON array, each grant with its key.")
+def approvals_grants(
+    url: str | None,
+    agent: str | None,
+    session: str | None,
+    event: str | None,
+    handler: str | None,
+    tool: str | None,
+    as_json: bool,
+) -> None:
+    """Live "Allow always" grants. Each allows every input of its tool, for its agent and
+    session, when its handler asks on its event, until revoked or expired."""
+
+    async def grants(d: HookDispatcher) -> list[ApprovalGrant]:
+        return await d.approval_grants(
+            agent_id=agent, session_id=session, event=event, handler=handler, tool=tool
+        )
+
+    found = _with_dispatcher(url, grants)
+    if as_json:
+        click.echo(json.dumps([{"key": _key(g), **to_builtins(g)} for g in found], indent=2))
+        return
+    table = Table("key", "agent", "session", "event", "handler", "tool", "granted", "by approval",
+                  title='"Allow always" grants')  # fmt: skip
+    for g in found:
+        at = datetime.fromtimestamp(g.granted_at, UTC).isoformat(timespec="seconds")
+        table.add_row(_key(g), g.agent_id or "", g.session_id, g.event, g.handler,
+                      g.tool or "", at, g.label)  # fmt: skip
+    Console().print(table)
+
+
+@approvals.command("revoke")
+@click.argument("keys", nargs=-1)
+@url_option
+@_filters
+@click.option("--all", "revoke_all", is_flag=True, help="Every grant the filters match.")
+def approvals_revoke(
+    keys: tuple[str, ...],
+    url: str | None,
+    agent: str | None,
+    session: str | None,
+    event: str | None,
+    handler: str | None,
+    tool: str | None,
+    revoke_all: bool,
+) -> None:
+    """Revoke grants: by KEY (as `grants` prints it), or every grant the filters match
+    (at least one filter, or --all for every grant)."""
+    filtered = any(v is not None for v in (agent, session, event, handler, tool))
+    if not keys and not filtered and not revoke_all:
+        raise click.UsageError("name grant KEYs, or filters (--agent, --session, ...), or --all")
+    if keys and (filtered or revoke_all):
+        raise click.UsageError("give either KEYs or filters, not both")
+
+    async def revoke(d: HookDispatcher) -> list[str]:
+        targets = list(keys) or [
+            _key(g)
+            for g in await d.approval_grants(
+                agent_id=agent, session_id=session, event=event, handler=handler, tool=tool
+            )
+        ]
+        for key in targets:
+            await d.revoke_grant(key)
+        return targets
+
+    for key in _with_dispatcher(url, revoke):
+        click.echo(f"revoked {key}")
