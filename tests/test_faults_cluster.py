@@ -1,0 +1,221 @@
+"""Fault tests on a 3-node JetStream cluster: losing the meta leader and the handlers
+bucket's stream leader under steady emit load, then getting them back.
+
+The decision is asserted, not only "no crash": every emit gets a decision by its deadline,
+a fail-closed handler never fails open (a `deny`-policy failure denies, with the failure
+recorded and `decided_by` naming the handler), and a worker started during the election
+registers (it retries instead of giving up).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from _cluster import Cluster, wait_for
+from nats.aio.client import Client as NATS
+
+from hookbus.dispatcher import HookDispatcher
+from hookbus.schemas import HANDLERS_BUCKET, HookResult
+from hookbus.workers import HookWorker
+
+pytestmark = [pytest.mark.anyio, pytest.mark.faults]
+
+HANDLERS_STREAM = f"KV_{HANDLERS_BUCKET}"
+RATE_PER_S = 150.0
+"""Emits per second of the steady load (at most: a slow emit delays its lane)."""
+EMIT_DEADLINE_S = 10.0
+"""Seconds an emit may take before it counts as undecided (two handlers of 2 s each, a
+reconnect, and a retry through an election fit in it)."""
+
+
+@dataclass
+class Load:
+    """Outcome of a steady emit load: every call is counted once."""
+
+    decided: int = 0
+    undecided: list[str] = field(default_factory=list)
+    """Emits that raised or had no decision by their deadline (what happened)."""
+    wrong: list[str] = field(default_factory=list)
+    """Decisions that contradict the policy (what was returned)."""
+    latencies: list[float] = field(default_factory=list)
+
+
+def check_decision(result: HookResult, destructive: bool, guard: str) -> str | None:
+    """Why `result` contradicts the policy of the fail-closed `guard` handler, or None.
+
+    `guard` denies destructive commands; its failure policy is `deny`. A continue is right
+    only for a harmless command with no failure of `guard`; a deny of a harmless command is
+    right only when `guard` failed (recorded, policy deny) and is named as the decider.
+    """
+    guard_failures = [f for f in result.failures if f.handler == guard]
+    if any(f.policy != "deny" for f in guard_failures):
+        return f"{guard} failure recorded with another policy: {result.failures}"
+    if result.action == "deny":
+        if result.decided_by != guard:
+            return f"denied by {result.decided_by!r}, not {guard!r}"
+        if not destructive and not guard_failures:
+            return f"harmless call denied with no failure of {guard}: {result.reason}"
+        return None
+    if destructive:
+        return f"destructive call got {result.action} (failures {result.failures})"
+    if guard_failures:
+        return f"{guard} failed but the call got {result.action}: fail-closed failed open"
+    if result.action != "continue":
+        return f"harmless call got {result.action}"
+    return None
+
+
+async def steady_load(
+    d: HookDispatcher, event: str, guard: str, load: Load, stop: anyio.Event, concurrency: int
+) -> None:
+    """Emit until `stop`, alternating destructive and harmless commands."""
+
+    async def one(i: int) -> None:
+        destructive = i % 2 == 0
+        command = "rm -rf /data" if destructive else "ls -la"
+        data = {"tool_name": "bash", "tool_input": {"command": command}}
+        started = time.monotonic()
+        try:
+            with anyio.fail_after(EMIT_DEADLINE_S):
+                result = await d.emit(event, data)
+        except TimeoutError:
+            load.undecided.append(f"no decision within {EMIT_DEADLINE_S}s")
+            return
+        except Exception as exc:
+            load.undecided.append(f"emit raised {type(exc).__module__}.{type(exc).__name__}")
+            return
+        load.latencies.append(time.monotonic() - started)
+        load.decided += 1
+        why = check_decision(result, destructive, guard)
+        if why:
+            load.wrong.append(why)
+
+    async def lane(k: int) -> None:
+        i = k
+        next_at = time.monotonic()
+        while not stop.is_set():
+            await one(i)
+            i += concurrency
+            # a steady rate, not a tight loop: an emit that fails fast (connection
+            # reconnecting) must not spin the event loop the reconnect needs
+            next_at = max(next_at + concurrency / RATE_PER_S, time.monotonic())
+            await anyio.sleep(max(0.0, next_at - time.monotonic()))
+
+    async with anyio.create_task_group() as tg:
+        for k in range(concurrency):
+            tg.start_soon(lane, k)
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    c = Cluster(tmp_path / "cluster").start()
+    try:
+        await c.wait_ready()
+        yield c
+    finally:
+        c.stop()
+
+
+async def guard_handler(event: str, data: dict[str, Any]) -> HookResult:
+    if "rm -rf" in str(data.get("tool_input", {}).get("command", "")):
+        return HookResult(action="deny", reason="destructive")
+    return HookResult(action="continue")
+
+
+async def audit_handler(event: str, data: dict[str, Any]) -> HookResult:
+    return HookResult(action="continue")
+
+
+async def start_new_worker(nc: NATS, event: str, name: str, timeout_s: float) -> float:
+    """Start a worker declaring a new handler; returns the seconds `start` took.
+
+    Raises whatever `start` raises, or TimeoutError after `timeout_s`.
+    """
+    w = HookWorker(nc, bucket_replicas=3)
+    w.add_handler(event, audit_handler, name=name, priority=50, timeout_s=2.0)
+    started = time.monotonic()
+    with anyio.fail_after(timeout_s):
+        await w.start()
+    return time.monotonic() - started
+
+
+async def test_meta_and_stream_leader_loss_under_load(cluster: Cluster) -> None:
+    event = f"faults:{uuid.uuid4().hex[:10]}"
+    guard, audit = f"guard_{uuid.uuid4().hex[:6]}", f"audit_{uuid.uuid4().hex[:6]}"
+    conns: list[NATS] = []
+    try:
+        nc_w, nc_d, nc_new = [await cluster.connect() for _ in range(3)]
+        conns += [nc_w, nc_d, nc_new]
+        worker = HookWorker(nc_w, bucket_replicas=3)
+        worker.add_handler(
+            event, guard_handler, name=guard, priority=10, timeout_s=2.0, failure_policy="deny"
+        )
+        worker.add_handler(event, audit_handler, name=audit, priority=20, timeout_s=2.0)
+        async with worker, HookDispatcher(nc_d, bucket_replicas=3) as d:
+            await wait_for(lambda: _has_routes(d, event, {guard, audit}))
+            load, stop = Load(), anyio.Event()
+            registered: list[str] = []
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(steady_load, d, event, guard, load, stop, 6)
+                await wait_for(lambda: _at_least(load, 50))
+
+                # 1. the meta leader dies, and comes back
+                meta = await wait_for(cluster.meta_leader)
+                cluster.node(meta).kill()
+                await wait_for(lambda: _new_meta_leader(cluster, meta), timeout_s=25)
+                cluster.node(meta).start()
+                await cluster.wait_ready()
+                before = load.decided
+                await wait_for(lambda: _at_least(load, before + 50))
+
+                # 2. the handlers bucket's stream leader dies; a new worker registers meanwhile
+                leader = await cluster.stream_leader(nc_d, HANDLERS_STREAM)
+                cluster.node(leader).kill()
+                name = f"late_{uuid.uuid4().hex[:6]}"
+                try:
+                    took = await start_new_worker(nc_new, event, name, timeout_s=20)
+                    registered.append(f"{name} in {took:.1f}s")
+                except Exception as exc:  # reported below, after the load is stopped
+                    registered.append(f"FAILED: {type(exc).__name__}: {exc}")
+                cluster.node(leader).start()
+                await cluster.wait_ready()
+                # 3. after the election, another worker registers
+                name2 = f"after_{uuid.uuid4().hex[:6]}"
+                try:
+                    await start_new_worker(nc_new, event, name2, timeout_s=20)
+                    await wait_for(lambda: _has_routes(d, event, {name2}), timeout_s=20)
+                    registered.append(f"{name2} routed")
+                except Exception as exc:
+                    registered.append(f"FAILED after: {type(exc).__name__}: {exc}")
+                before = load.decided
+                await wait_for(lambda: _at_least(load, before + 50))
+                stop.set()
+    finally:
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                await conn.close()
+    assert not [r for r in registered if r.startswith("FAILED")], registered
+    assert load.decided > 150
+    assert load.undecided == [], f"{len(load.undecided)} undecided: {sorted(set(load.undecided))}"
+    assert load.wrong == [], f"{len(load.wrong)} wrong: {sorted(set(load.wrong))[:5]}"
+
+
+async def _has_routes(d: HookDispatcher, event: str, names: set[str]) -> bool:
+    return names <= {r.name for r in d.routes(event)}
+
+
+async def _at_least(load: Load, n: int) -> bool:
+    return load.decided + len(load.undecided) >= n
+
+
+async def _new_meta_leader(cluster: Cluster, old: str) -> bool:
+    leader = await cluster.meta_leader()
+    return leader is not None and leader != old
