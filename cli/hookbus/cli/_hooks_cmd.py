@@ -36,10 +36,15 @@ def _with_dispatcher(url: str | None, fn: Callable[[HookDispatcher], Awaitable[T
 
 
 async def _require(d: HookDispatcher, label: str) -> SuspensionRecord:
-    got = await d.suspensions.get(label)
-    if got is None:
+    entry = await d.suspensions.records.read(label)
+    if entry is None:
         raise click.ClickException(f"no hook with label {label!r} (see `hookbus hooks list`)")
-    return got[0]
+    if entry.record is None:
+        raise click.ClickException(
+            f"the record of {label!r} is malformed ({entry.problem}); replace it with"
+            f" `hookbus hooks resolve --preregister` or remove it with `hookbus hooks clear`"
+        )
+    return entry.record
 
 
 def _state(r: SuspensionRecord) -> str:
@@ -62,13 +67,37 @@ def hooks() -> None:
 @hooks.command("list")
 @url_option
 @click.option("--json", "as_json", is_flag=True)
-def hooks_list(url: str | None, as_json: bool) -> None:
-    """Every hook record: label, state, run, metadata."""
-    records = _with_dispatcher(url, lambda d: d.suspensions.list())
+@click.option(
+    "--status",
+    type=click.Choice(["pending", "resolved", "cancelled"]),
+    default=None,
+    help="Only records in this state.",
+)
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many.")
+@click.option("--after", default=None, help="The cursor a previous page printed.")
+def hooks_list(
+    url: str | None, as_json: bool, status: str | None, limit: int | None, after: str | None
+) -> None:
+    """Hook records, oldest first: label, state, run, metadata. Malformed records are
+    skipped and counted."""
+    page = _with_dispatcher(
+        url,
+        lambda d: d.suspensions.page(status=status, limit=limit, after=after),  # type: ignore[arg-type]
+    )
+    records = page.records
+    if page.skipped:
+        click.echo(
+            f"skipped {page.skipped} malformed record(s): "
+            + ", ".join(repr(k) for k in page.skipped_keys[:10]),
+            err=True,
+        )
     if as_json:
         click.echo(json.dumps([to_builtins(r) for r in records], indent=2))
+        if page.next is not None:
+            click.echo(f"more: --after '{page.next}'", err=True)
         return
-    table = Table("label", "state", "hook id", "run", "metadata", title="hooks")
+    caption = f"more: --after '{page.next}'" if page.next is not None else None
+    table = Table("label", "state", "hook id", "run", "metadata", title="hooks", caption=caption)
     for r in records:
         table.add_row(
             r.label, _state(r), r.hook_id[:12], r.run_id or "", json.dumps(r.metadata)[:80]
@@ -94,7 +123,14 @@ def hooks_show(label: str, url: str | None) -> None:
     is_flag=True,
     help="Store the resolution even if no hook with this label exists yet.",
 )
-def hooks_resolve(label: str, value: str, url: str | None, preregister: bool) -> None:
+@click.option(
+    "--replace",
+    is_flag=True,
+    help="Replace a resolution no waiter consumed yet (e.g. one its waiter refused).",
+)
+def hooks_resolve(
+    label: str, value: str, url: str | None, preregister: bool, replace: bool
+) -> None:
     """Resolve LABEL with a JSON value (checked against the hook's payload schema)."""
     try:
         data: Any = json.loads(value)
@@ -106,7 +142,7 @@ def hooks_resolve(label: str, value: str, url: str | None, preregister: bool) ->
     async def resolve(d: HookDispatcher) -> None:
         if not preregister:
             await _require(d, label)
-        await d.resolve_hook(label, data)
+        await d.suspensions.resolve_hook(label, data, replace=replace)
 
     _with_dispatcher(url, resolve)
     click.echo(f"resolved {label}")
@@ -120,3 +156,15 @@ def hooks_cancel(label: str, url: str | None, reason: str | None) -> None:
     """Cancel the pending hook LABEL: its waiter raises HookCancelledError."""
     _with_dispatcher(url, lambda d: d.cancel_hook(label, reason=reason))
     click.echo(f"cancelled {label}")
+
+
+@hooks.command("clear")
+@click.argument("label")
+@url_option
+def hooks_clear(label: str, url: str | None) -> None:
+    """Remove a resolution of LABEL that no waiter consumed (a pre-registered value is
+    deleted; a resolved pending hook waits again) or a malformed record."""
+    cleared = _with_dispatcher(url, lambda d: d.suspensions.clear_hook(label))
+    if not cleared:
+        raise click.ClickException(f"{label!r} holds no unconsumed resolution to clear")
+    click.echo(f"cleared {label}")

@@ -7,7 +7,8 @@ revision then fails against our own write, and the writer wrongly concludes it l
 Instead every record written carries a fresh ``write_id``; after an unknown outcome the key
 is read again and reconciled:
 
-- our ``write_id`` is there: the write succeeded (with that revision);
+- our ``write_id`` is there, or in the ``lineage`` of a version that replaced it: the
+  write succeeded;
 - the key is unchanged (same revision, or still absent for a create): the same write is
   sent again (same bytes, same ``write_id``);
 - anything else: another writer really won.
@@ -63,6 +64,9 @@ _WRONG_LAST = (10071, 10164)
 """JetStream error codes of a failed compare-and-set (wrong last subject sequence)."""
 
 _MARKER_REASON = "Nats-Marker-Reason"
+
+LINEAGE = 8
+"""Write ids of replaced versions a record keeps."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,24 +184,32 @@ class RecordStore:
     # -- writing ----------------------------------------------------------------------------
     async def create(self, record: SuspensionRecord, *, over: Entry | None = None) -> int | None:
         """Create `record` where there is none (or replace the malformed `over`).
-        Returns the new revision, or None when another writer got there first.
+        Returns the new revision (0 when it was stored but already replaced by another
+        writer before it could be read back), or None when another writer got there first.
 
         Raises:
             PayloadTooLargeError: the record encodes to more than `SUSPENSION_MAX_BYTES`.
             HookbusTimeoutError: the outcome stayed unknown until the deadline.
         """
         last = over.revision if over is not None else 0
-        return await self._write(record, last)
+        return await self._write(record, last, record)
 
-    async def swap(self, record: SuspensionRecord, *, last: int) -> int | None:
+    async def swap(
+        self, record: SuspensionRecord, *, last: int, prior: SuspensionRecord | None = None
+    ) -> int | None:
         """Compare-and-set: write `record` if the key is still at revision `last`.
-        Returns the new revision, or None when another writer changed it first.
+        Returns the new revision (0 as for `create`), or None when another writer changed
+        it first.
+
+        Args:
+            prior: the version `record` replaces, when `record` was not derived from it
+                (its write id goes into `record`'s lineage).
 
         Raises:
             PayloadTooLargeError: the record encodes to more than `SUSPENSION_MAX_BYTES`.
             HookbusTimeoutError: the outcome stayed unknown until the deadline.
         """
-        return await self._write(record, last)
+        return await self._write(record, last, record if prior is None else prior)
 
     async def delete(self, label: str, *, last: int) -> bool:
         """Delete `label` if it is still at revision `last`; True once it is gone (by this
@@ -225,8 +237,13 @@ class RecordStore:
 
         return await self._reconciled(key, attempt, probe, lambda: True) is not None
 
-    async def _write(self, record: SuspensionRecord, last: int) -> int | None:
-        record = msgspec.structs.replace(record, write_id=uuid.uuid4().hex)
+    async def _write(
+        self, record: SuspensionRecord, last: int, prior: SuspensionRecord
+    ) -> int | None:
+        lineage = ([prior.write_id] if prior.write_id else []) + prior.lineage
+        record = msgspec.structs.replace(
+            record, write_id=uuid.uuid4().hex, lineage=lineage[:LINEAGE]
+        )
         key = suspension_key(record.label)
         data = encode(record)
         if len(data) > SUSPENSION_MAX_BYTES:
@@ -249,8 +266,12 @@ class RecordStore:
             if got is None:
                 return "unchanged" if last == 0 else "changed"
             value, revision, op = got
-            if op is None and value and _write_id(value) == record.write_id:
+            ids = _write_ids(value) if op is None and value else []
+            if ids and ids[0] == record.write_id:
                 found.append(revision)
+                return "ours"
+            if record.write_id in ids:  # stored, then replaced by a writer that read it
+                found.append(0)
                 return "ours"
             if last == 0:
                 return "unchanged" if op is not None else "changed"  # a delete marker
@@ -438,17 +459,18 @@ def _cursor_position(after: str) -> tuple[float, str]:
         raise BadRequestError(f"not a listing cursor: {after[:80]!r}") from exc
 
 
-class _WriteId(msgspec.Struct):
+class _WriteIds(msgspec.Struct):
     write_id: str = ""
+    lineage: list[str] = msgspec.field(default_factory=list)
 
 
-_write_id_decoder = msgspec.json.Decoder(_WriteId)
+_write_ids_decoder = msgspec.json.Decoder(_WriteIds)
 
 
-def _write_id(value: bytes) -> str | None:
+def _write_ids(value: bytes) -> list[str]:
+    """The write id of a stored value, then its lineage ([] if unreadable)."""
     try:
-        return _write_id_decoder.decode(value).write_id
+        got = _write_ids_decoder.decode(value)
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
-        return None
-
-
+        return []
+    return [got.write_id, *got.lineage]

@@ -354,7 +354,9 @@ class Suspensions:
                     return _convert(label, record.resolution, payload)
                 if record.status == "resolved":  # consumed earlier: this is a new hook
                     record = fresh()
-                    revision = await self.records.swap(record, last=entry.revision)
+                    revision = await self.records.swap(
+                        record, last=entry.revision, prior=entry.record
+                    )
                     if revision is None:
                         continue
                     await self._publish(record)

@@ -16,11 +16,11 @@ from ._types import _Wire
 
 __all__ = [
     "APPROVAL_DEFAULT_OPTIONS",
+    "SUSPENSION_MAX_BYTES",
     "ApprovalAnswer",
     "HookEvent",
     "HookPart",
     "HookStatus",
-    "SUSPENSION_MAX_BYTES",
     "SuspensionRecord",
 ]
 
@@ -60,6 +60,9 @@ class SuspensionRecord(_Wire):
     over by a new ``hook(label)``."""
     write_id: str = ""
     """Unique id of the write that stored this version (reconciles lost acks)."""
+    lineage: list[str] = msgspec.field(default_factory=list)
+    """Write ids of the versions this one replaced, newest first (a few): a writer whose
+    write was replaced before it could read it back still finds it here."""
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
     payload_type: str | None = None
     """Name of the payload type the waiter expects."""
