@@ -725,3 +725,14 @@ async def test_grants_are_listed_and_revoked_from_the_cli(
         part = await approver.pending(agent.session)  # asked again
         await approver.d.resolve_hook(part.label, {"choice": "Deny"})
         assert (await out.wait()).action == "deny"
+
+
+@pytest.mark.parametrize("timeout_s", [-5.0, float("nan")])
+async def test_an_approval_timeout_out_of_range_is_clamped(
+    agent: Agent, approver: Approver, event: str, timeout_s: float
+) -> None:
+    """A handler's negative or NaN `approval_timeout` is no wait at all: the default."""
+    agent.d.register(event, asker(approval_timeout=timeout_s, approval_default="allow"))
+    r = await agent.d.emit(event, {"tool_name": "bash"})
+    assert r.action == "continue" and r.approval_timeout == 0
+    assert r.reason is not None and r.reason.startswith("timed out after 0.0s; default allow")

@@ -78,6 +78,9 @@ T = TypeVar("T")
 APPROVAL_LABEL_PREFIX = "approval:"
 """Every approval suspension's label starts with this (``hookbus approvals`` lists them)."""
 
+_MIN_READ_S = 0.5
+"""A grant read gets at least this many seconds, even for an approval with a shorter timeout."""
+
 _TIMED_OUT = "timed out after "
 """How the cancel reason of an approval closed by its timeout starts."""
 
@@ -89,6 +92,19 @@ def is_allow(choice: str) -> bool:
 
 def _is_always(choice: str) -> bool:
     return choice.strip().lower() == "allow always"
+
+
+MAX_APPROVAL_TIMEOUT_S = 7 * 24 * 3600.0
+"""Longest approval wait, in seconds (a handler's `approval_timeout` is clamped to it)."""
+
+
+def _clamp(timeout_s: float | None) -> float | None:
+    """A handler's `approval_timeout` within [0, `MAX_APPROVAL_TIMEOUT_S`] (NaN: 0)."""
+    if timeout_s is None:
+        return None
+    if not timeout_s >= 0:  # negative or NaN
+        return 0.0
+    return min(float(timeout_s), MAX_APPROVAL_TIMEOUT_S)
 
 
 def _text(value: Any) -> str | None:
@@ -261,8 +277,9 @@ class Approvals:
         suspensions: the suspension store the approvals wait in.
         grants: the grants bucket.
         grant_read_s: longest time, in seconds, a grant read or write retries through a
-            JetStream leader election (and never longer than the approval's own timeout);
-            after that the human is asked (a read) or the grant is not stored (a write).
+            JetStream leader election (a read: never longer than the approval's own
+            timeout, but at least 0.5 s); after that the human is asked (a read) or the
+            grant is not stored and the reason says so (a write).
     """
 
     def __init__(
@@ -297,20 +314,24 @@ class Approvals:
         Raises:
             HookAbortedError: the wait was aborted (a draining dispatcher); the approval
                 stays pending and a retry with the same call id resumes it.
+            HookbusError: the suspension store failed (e.g. `HookbusTimeoutError`: JetStream
+                stayed unavailable); a grant store failure only means the human is asked.
         """
         data = result.data or {}
         handler = result.decided_by or "?"
         tool = _text(data.get("tool_name"))
         session, agent = _text(data.get("session_id")), _text(data.get("agent_id"))
-        timeout = result.approval_timeout
+        timeout = _clamp(result.approval_timeout)
+        result = msgspec.structs.replace(result, approval_timeout=timeout)
         started = time.monotonic()
         if session is not None:
-            budget = min(self._grant_read_s, self._grant_read_s if timeout is None else timeout)
+            budget = self._grant_read_s if timeout is None else min(self._grant_read_s, timeout)
             try:
                 grant = await self.grants.find(
-                    agent, session, event, handler, tool, budget_s=max(budget, 0.001)
+                    agent, session, event, handler, tool, budget_s=max(budget, _MIN_READ_S)
                 )
-            except HookbusError as exc:  # unavailable: ask the human, never allow by accident
+            except (HookbusError, nats.errors.Error, nats.js.errors.Error) as exc:
+                # unavailable or refused: ask the human, never allow by accident
                 log.warning("grant read failed (%s); asking instead", exc)
                 grant = None
             if grant is not None:
@@ -386,7 +407,7 @@ class Approvals:
             log.warning("approval %r settled but unreadable after its timeout", label)
         except HookNotFoundError:
             log.warning("approval %r vanished at its timeout; default applied", label)
-        except HookbusError as exc:
+        except (HookbusError, nats.errors.Error, nats.js.errors.Error) as exc:
             log.warning(
                 "approval %r could not be closed at its timeout (%s); default %s applied and a"
                 " later answer is ignored by this call", label, exc, result.approval_default,
