@@ -220,6 +220,84 @@ async def test_preregistered_value_that_does_not_fit_the_payload_is_a_clear_erro
         await world.a.hook(label, Grant, timeout_s=2)
 
 
+async def test_a_refused_preregistered_value_can_be_replaced_or_cleared(
+    world: World, label: str
+) -> None:
+    """A value that does not fit stays unconsumed, so it poisoned the label: an operator
+    replaces it (``replace=True``) or clears it, and the next hook works."""
+    await world.b.resolve_hook(label, {"approved": "yes please"})
+    with pytest.raises(ResolutionRejectedError):
+        await world.a.hook(label, Grant, timeout_s=2)
+    record = await world.record(label)
+    assert record is not None and record.status == "resolved" and not record.consumed
+    with pytest.raises(AlreadySettledError):  # no silent overwrite without replace
+        await world.b.resolve_hook(label, Grant(approved=True))
+    await world.b.suspensions.resolve_hook(label, Grant(approved=True, by="fixed"), replace=True)
+    assert await world.a.hook(label, Grant, timeout_s=2) == Grant(approved=True, by="fixed")
+
+    cleared = f"{label} cleared"
+    await world.b.resolve_hook(cleared, {"approved": 3})
+    assert await world.b.suspensions.clear_hook(cleared) is True
+    assert await world.record(cleared) is None
+    assert await world.b.suspensions.clear_hook(cleared) is False  # nothing left to clear
+    with pytest.raises(HookTimeoutError):  # a fresh hook waits instead of being refused
+        await world.a.hook(cleared, Grant, timeout_s=0.3)
+
+
+async def test_a_resolution_the_waiter_refuses_is_not_consumed(world: World, label: str) -> None:
+    """A waiter whose schema let a value through that its payload type refuses leaves the
+    value unconsumed (it used to be consumed, then refused: lost)."""
+    errors: list[HookbusError] = []
+    async with anyio.create_task_group() as tg:
+
+        async def wait() -> None:
+            try:
+                await world.a.suspensions.hook(label, payload=Budget, schema={})
+            except HookbusError as exc:
+                errors.append(exc)
+
+        tg.start_soon(wait)
+        await world.events.next(label, "pending")
+        await world.b.resolve_hook(label, {"amount": -1})
+    assert [type(e) for e in errors] == [ResolutionRejectedError]
+    record = await world.record(label)
+    assert record is not None and record.status == "resolved" and not record.consumed
+    await world.b.suspensions.resolve_hook(label, Budget(amount=3), replace=True)
+    assert await world.a.hook(label, Budget, timeout_s=2) == Budget(amount=3)
+
+
+async def test_listing_is_paged_and_filtered_by_status(world: World) -> None:
+    tag = f"page-{uuid.uuid4().hex[:8]}"
+    pending = [f"{tag} pending {i}" for i in range(5)]
+    preregistered = [f"{tag} resolved {i}" for i in range(3)]
+    async with anyio.create_task_group() as tg:
+        for lab in pending:
+            spawn_hook(tg, world.a, lab, Grant)
+            await world.events.next(lab, "pending")
+        for lab in preregistered:
+            await world.b.resolve_hook(lab, Grant(approved=True))
+        seen: list[str] = []
+        pages: list[int] = []
+        after = None
+        while True:
+            page = await world.b.suspensions.page(
+                status="pending", prefix=tag, limit=2, after=after
+            )
+            assert page.total == len(pending) and page.skipped == 0
+            seen += [r.label for r in page.records]
+            pages.append(len(page.records))
+            assert all(r.status == "pending" for r in page.records)
+            if page.next is None:
+                break
+            after = page.next
+        assert seen == pending and pages == [2, 2, 1]  # oldest first, each label once
+        resolved = await world.b.suspensions.list(status="resolved")
+        assert [r.label for r in resolved if r.label.startswith(tag)] == preregistered
+        with pytest.raises(BadRequestError):
+            await world.b.suspensions.page(after="not a cursor")
+        tg.cancel_scope.cancel()
+
+
 # -- pending, resolve, duplicates ------------------------------------------------------------
 async def test_hook_creates_a_pending_record_emits_pending_and_wakes_on_resolve(
     world: World, label: str
