@@ -448,3 +448,78 @@ async def test_worker_registration_rides_out_a_jetstream_without_quorum(tmp_path
         await conn.close()
     finally:
         cluster.stop()
+
+
+# -- the CLI -------------------------------------------------------------------------------
+async def hookbus(*args: str) -> Any:
+    """Run the `hookbus` command in a subprocess (as a user would)."""
+    import sys
+
+    return await anyio.run_process(
+        [sys.executable, "-m", "hookbus.cli", *args], check=False, stdin=None
+    )
+
+
+async def test_cli_shows_replicas_and_manages_requirements(
+    nc: NATS, connect: Connect, nats_url: str, event: str
+) -> None:
+    async with serving(await connect(), (event, allow, {"name": "seen", "priority": 2})):
+        async with serving(await connect(), (event, allow, {"name": "seen", "priority": 2})):
+            listed = await hookbus("handlers", "--url", nats_url, "--event", event, "--json")
+            table = await hookbus("handlers", "--url", nats_url, "--event", event)
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)
+    assert [(r["name"], r["declared"], len(r["replicas"])) for r in rows] == [("seen", True, 2)]
+    assert rows[0]["last_seen"] is not None
+    line = next(x for x in table.stdout.decode().splitlines() if event in x)
+    assert "seen" in line and " 2 " in line and "s ago" in line
+
+    req = await hookbus("handlers", "require", event, "security_policy", "--url", nats_url)
+    assert req.returncode == 0, req.stderr
+    async with HookDispatcher(await connect()) as d:
+        denied = await d.emit(event, {"tool_name": "bash"})
+        assert denied.action == "deny" and denied.decided_by == "security_policy"
+        assert [f.kind for f in denied.failures] == ["no_responders"]
+        listed = await hookbus("handlers", "--url", nats_url, "--event", event, "--json")
+        rows = {r["name"]: r for r in json.loads(listed.stdout)}
+        assert rows["security_policy"]["declared"] is False
+        assert rows["security_policy"]["required"]["failure_policy"] == "deny"
+        assert rows["seen"]["replicas"] == []
+        gone = await hookbus("handlers", "unrequire", event, "security_policy", "--url", nats_url)
+        assert gone.returncode == 0, gone.stderr
+        await until(lambda: "security_policy" not in names(d, event), "requirement removed")
+        assert (await d.emit(event, {"tool_name": "bash"})).action == "continue"
+    again = await hookbus("handlers", "unrequire", event, "security_policy", "--url", nats_url)
+    assert again.returncode == 1
+    assert f"{event} does not require security_policy" in again.stderr.decode()
+
+
+@pytest.mark.faults
+async def test_cli_reports_an_unreadable_registry_in_one_line(tmp_path: Any) -> None:
+    """A server without JetStream answers no KV call; after retrying, `hookbus handlers`
+    prints one error line, no traceback."""
+    from _cluster import free_ports
+
+    from hookbus.cli import find_nats_server
+
+    port = free_ports(1)[0]
+    server = await anyio.open_process([find_nats_server(), "-a", "127.0.0.1", "-p", str(port)])
+    try:
+        url = f"nats://127.0.0.1:{port}"
+        with anyio.fail_after(10):
+            while True:  # wait until it accepts connections
+                try:
+                    probe = await nats.connect(url, max_reconnect_attempts=0, connect_timeout=1)
+                    await probe.close()
+                    break
+                except Exception:
+                    await anyio.sleep(0.05)
+        result = await hookbus("handlers", "--url", url)
+        err = result.stderr.decode()
+        assert result.returncode == 1, err
+        assert "Traceback" not in err
+        lines = [x for x in err.splitlines() if x.strip()]
+        assert len(lines) == 1 and lines[0].startswith("Error: cannot read the handler registry")
+    finally:
+        server.terminate()
+        await server.wait()

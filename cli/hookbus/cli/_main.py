@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
@@ -13,20 +12,14 @@ from pathlib import Path
 
 import anyio
 import click
-import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.js.api import KeyValueConfig
-from rich.console import Console
-from rich.table import Table
 
 from hookbus.dispatcher import DispatcherService, HookDispatcher
 from hookbus.dispatcher._kv import open_bucket
 from hookbus.schemas import (
     STANDARD_EVENTS,
-    HandlerDeclaration,
     HookbusError,
-    decode,
-    handler_key,
     handlers_bucket_config,
     json_schemas,
     to_builtins,
@@ -47,6 +40,7 @@ from ._common import (
     strict_buckets_option,
     url_option,
 )
+from ._handlers_cmd import handlers
 from ._hooks_cmd import hooks
 from ._otel import otel_session, otlp_option, print_denied_trace
 from ._server import EmbeddedNatsServer
@@ -103,6 +97,11 @@ def server(port: int, data_dir: str) -> None:
 @grace_period_option
 @bucket_replicas_option
 @strict_buckets_option
+@click.option(
+    "--replace",
+    is_flag=True,
+    help="Take over handler names already declared with other settings (else refused).",
+)
 def worker(
     target: str,
     url: str | None,
@@ -111,6 +110,7 @@ def worker(
     grace_s: float,
     bucket_replicas: int,
     strict_buckets: bool,
+    replace: bool,
 ) -> None:
     """Serve the HookWorker at MODULE:ATTR (or path/to/file.py:ATTR) until SIGTERM/SIGINT,
     then drain within the grace period: every request received is answered (a result, or
@@ -119,6 +119,7 @@ def worker(
     if not isinstance(obj, HookWorker):
         raise click.BadParameter(f"{target} is a {type(obj).__name__}, not a HookWorker")
     obj.max_concurrency = max_concurrency
+    obj.replace = obj.replace or replace
 
     async def run(nats_url: str) -> None:
         nc = await connect(nats_url, name=f"hookbus-worker {target}", service=True)
@@ -127,7 +128,10 @@ def worker(
                 nc, handlers_bucket_config(replicas=bucket_replicas), strict=strict_buckets
             )
             _on_signals(lambda: obj.shutdown(grace_s=grace_s))
-            await obj.run(nc)
+            try:
+                await obj.run(nc)
+            except HookbusError as exc:  # a conflicting declaration, the registry unavailable
+                raise click.ClickException(str(exc)) from exc
         finally:
             await drain_or_close(nc)
 
@@ -253,83 +257,6 @@ def emit(
 
 
 @cli.command()
-@url_option
-@click.option("--event", default=None, help="Only this event.")
-@click.option(
-    "--remove",
-    "remove",
-    nargs=2,
-    default=None,
-    metavar="EVENT NAME",
-    help="Delete a handler's declaration from the registry.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def handlers(
-    url: str | None, event: str | None, remove: tuple[str, str] | None, as_json: bool
-) -> None:
-    """List the handlers declared in the registry bucket, in call order."""
-
-    async def run(nats_url: str) -> list[HandlerDeclaration]:
-        nc = await connect(nats_url, name="hookbus-handlers")
-        try:
-            kv = await nc.jetstream().key_value(handlers_bucket_config().bucket)
-            if remove:
-                try:
-                    await kv.get(handler_key(*remove))
-                except nats.js.errors.KeyNotFoundError:
-                    raise click.ClickException(
-                        f"no handler {remove[1]!r} for {remove[0]!r}"
-                    ) from None
-                await kv.delete(handler_key(*remove))
-                click.echo(f"removed {remove[1]} from {remove[0]}")
-            try:
-                keys = await kv.keys()
-            except nats.js.errors.NoKeysError:
-                keys = []
-            decls = []
-            for key in keys:
-                with contextlib.suppress(nats.js.errors.KeyNotFoundError, HookbusError):
-                    entry = await kv.get(key)
-                    if entry.value:
-                        decls.append(decode(entry.value, HandlerDeclaration))
-            return decls
-        except nats.js.errors.BucketNotFoundError:
-            return []
-        finally:
-            await nc.close()
-
-    with nats_url_or_embedded(url) as nats_url:
-        decls = _run(run(nats_url))
-    decls = sorted(
-        (d for d in decls if event in (None, d.event)), key=lambda d: (d.event, d.priority, d.name)
-    )
-    if as_json:
-        click.echo(json.dumps([to_builtins(d) for d in decls], indent=2))
-        return
-    table = Table(
-        "event",
-        "priority",
-        "handler",
-        "tool filter",
-        "timeout s",
-        "policy",
-        "parallel",
-        title="declared handlers",
-    )
-    for d in decls:
-        table.add_row(
-            d.event,
-            str(d.priority),
-            d.name,
-            ",".join(d.tool_filter or ["*"]),
-            f"{d.timeout_s:g}",
-            d.failure_policy,
-            "yes" if d.parallel else "",
-        )
-    Console().print(table)
-
-
-@cli.command()
 @click.option(
     "--out",
     type=click.Path(dir_okay=False, writable=True),
@@ -374,6 +301,7 @@ def demo(
     sys.exit(code)
 
 
+cli.add_command(handlers)
 cli.add_command(hooks)
 cli.add_command(approvals)
 

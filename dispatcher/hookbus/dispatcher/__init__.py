@@ -6,7 +6,8 @@ from hookbus.schemas import HookResult
 from ._approvals import APPROVAL_LABEL_PREFIX, approval_label, is_allow
 from ._dispatcher import HookDispatcher
 from ._fold import Fold
-from ._registry import LiveReplica, live_handlers, require_handler, unrequire_handler
+from ._liveness import HandlerStatus, LiveReplica, RegistryView, describe_handlers, live_handlers
+from ._registry import require_handler, unrequire_handler
 from ._routes import Route
 from ._service import DispatcherService
 from ._suspensions import HookEventStream, PendingHook, RunScope, Suspensions
@@ -15,15 +16,18 @@ __all__ = [
     "APPROVAL_LABEL_PREFIX",
     "DispatcherService",
     "Fold",
+    "HandlerStatus",
     "HookDispatcher",
     "HookEventStream",
     "HookResult",
     "LiveReplica",
     "PendingHook",
+    "RegistryView",
     "Route",
     "RunScope",
     "Suspensions",
     "approval_label",
+    "describe_handlers",
     "is_allow",
     "live_handlers",
     "require_handler",

@@ -20,30 +20,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import time
 from dataclasses import dataclass, field
 
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
 from hookbus.schemas import (
-    WORKER_SERVICE_NAME,
     BadRequestError,
     FailurePolicy,
     HandlerDeclaration,
-    NotConnectedError,
     RequiredHandler,
     check_declaration,
     check_required,
     encode,
     handlers_bucket_config,
     parse_registry_key,
-    parse_served_handlers,
     required_key,
 )
 
@@ -51,10 +45,8 @@ from ._kv import open_bucket
 from ._routes import RoutingTable
 
 __all__ = [
-    "LiveReplica",
     "RegistryRead",
     "RegistryWatch",
-    "live_handlers",
     "open_handlers_bucket",
     "read_registry",
     "require_handler",
@@ -345,63 +337,3 @@ class RegistryWatch:
             self._table.put_remote(decl)
         for req in read.required.values():
             self._table.put_required(req)
-
-
-@dataclass(frozen=True)
-class LiveReplica:
-    """One live worker process serving a handler, as the NATS services API reports it."""
-
-    service_id: str
-    """The `nats.micro` service instance id (one per worker process)."""
-    seen_at: float
-    """When it answered, seconds since the Unix epoch."""
-    metadata: dict[str, str] = field(default_factory=dict)
-
-
-async def live_handlers(
-    nc: NATS, *, timeout_s: float = 0.5
-) -> dict[tuple[str, str], list[LiveReplica]]:
-    """Which handlers have live replicas now: a ``$SRV.PING.hookbus-worker`` scatter,
-    answers gathered for `timeout_s` seconds (the NATS services API, ADR-32).
-
-    Returns:
-        ``{(event, handler): [LiveReplica, ...]}``; a declared handler absent from it has
-        no live replica (or its workers did not answer within `timeout_s`).
-    Raises:
-        NotConnectedError: the connection is closed.
-    """
-    if nc.is_closed:
-        raise NotConnectedError("live_handlers needs an open NATS connection")
-
-    found: dict[tuple[str, str], list[LiveReplica]] = {}
-    seen: set[str] = set()
-    inbox = nc.new_inbox()
-    done = asyncio.Event()
-
-    async def on_reply(msg: Msg) -> None:
-        if done.is_set():
-            return
-        try:
-            body = json.loads(msg.data)
-            service_id = str(body["id"])
-            metadata = body.get("metadata") or {}
-        except (ValueError, KeyError, TypeError, RecursionError):
-            return
-        if service_id in seen or not isinstance(metadata, dict):
-            return
-        seen.add(service_id)
-        meta = {str(k): str(v)[:200] for k, v in metadata.items() if k != "handlers"}
-        replica = LiveReplica(service_id=service_id, seen_at=time.time(), metadata=meta)
-        for pair in parse_served_handlers(metadata.get("handlers")):
-            found.setdefault(pair, []).append(replica)
-
-    sub = await nc.subscribe(inbox, cb=on_reply)
-    try:
-        await nc.publish(f"$SRV.PING.{WORKER_SERVICE_NAME}", b"", reply=inbox)
-        await nc.flush()
-        await asyncio.sleep(timeout_s)  # a scatter has no "last answer": wait it out
-    finally:
-        done.set()
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
-    return found

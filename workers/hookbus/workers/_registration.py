@@ -33,8 +33,8 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
-from nats.micro import ServiceConfig, add_service
-from nats.micro.service import Service
+from nats.micro import add_service
+from nats.micro.service import Service, ServiceConfig
 from tenacity import (
     AsyncRetrying,
     RetryCallState,

@@ -1,0 +1,211 @@
+"""`hookbus handlers ...`: the handler registry, live replicas and required handlers."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+import click
+import nats.errors
+import nats.js.errors
+from msgspec.structs import asdict
+from nats.aio.client import Client as NATS
+from rich.console import Console
+from rich.table import Table
+
+from hookbus.dispatcher import (
+    HandlerStatus,
+    RegistryView,
+    describe_handlers,
+    require_handler,
+    unrequire_handler,
+)
+from hookbus.schemas import HookbusError, handler_key, handlers_bucket_config, to_builtins
+
+from ._common import connect, nats_url_or_embedded, url_option
+
+__all__ = ["handlers"]
+
+T = TypeVar("T")
+
+
+def _with_connection(url: str | None, what: str, fn: Callable[[NATS], Awaitable[T]]) -> T:
+    """Run `fn` on a fresh connection; any registry failure is one clear error line."""
+
+    async def run(nats_url: str) -> T:
+        nc = await connect(nats_url, name="hookbus-handlers")
+        try:
+            return await fn(nc)
+        finally:
+            await nc.close()
+
+    with nats_url_or_embedded(url) as nats_url:
+        try:
+            return anyio.run(run, nats_url, backend="asyncio")
+        except (HookbusError, nats.errors.Error) as exc:
+            detail = str(exc) or type(exc).__name__
+            raise click.ClickException(f"cannot {what}: {detail}") from exc
+
+
+def _row_json(h: HandlerStatus) -> dict[str, Any]:
+    out: dict[str, Any] = (
+        to_builtins(asdict(h.declaration)) if h.declaration else {"event": h.event, "name": h.name}
+    )
+    out["declared"] = h.declaration is not None
+    out["required"] = to_builtins(asdict(h.required)) if h.required else None
+    out["replicas"] = [r.service_id for r in h.replicas]
+    out["last_seen"] = h.last_seen
+    return out
+
+
+def _age(at: float | None) -> str:
+    return "-" if at is None else f"{max(0.0, time.time() - at):.1f} s ago"
+
+
+@click.group(invoke_without_command=True)
+@url_option
+@click.option("--event", default=None, help="Only this event.")
+@click.option(
+    "--remove",
+    "remove",
+    nargs=2,
+    default=None,
+    metavar="EVENT NAME",
+    help="Delete a handler's declaration from the registry.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option(
+    "--ping-timeout",
+    default=0.5,
+    show_default=True,
+    help="Seconds to gather the live workers' answers ($SRV.PING).",
+)
+@click.pass_context
+def handlers(
+    ctx: click.Context,
+    url: str | None,
+    event: str | None,
+    remove: tuple[str, str] | None,
+    as_json: bool,
+    ping_timeout: float,
+) -> None:
+    """List the handlers declared or required in the registry bucket, in call order, with
+    their live replicas (workers answering the NATS services API) and when last seen."""
+    if ctx.invoked_subcommand is not None:
+        return
+
+    async def run(nc: NATS) -> RegistryView:
+        if remove:
+            kv = await nc.jetstream().key_value(handlers_bucket_config().bucket)
+            try:
+                await kv.get(handler_key(*remove))
+            except nats.js.errors.KeyNotFoundError:
+                raise click.ClickException(f"no handler {remove[1]!r} for {remove[0]!r}") from None
+            await kv.delete(handler_key(*remove))
+            click.echo(f"removed {remove[1]} from {remove[0]}")
+        return await describe_handlers(nc, ping_timeout_s=ping_timeout)
+
+    view = _with_connection(url, "read the handler registry", run)
+    for key, reason in view.rejected.items():
+        click.echo(f"skipped bad record at {key!r}: {reason}", err=True)
+    rows = [h for h in view.handlers if event in (None, h.event)]
+    if as_json:
+        click.echo(json.dumps([_row_json(h) for h in rows], indent=2))
+        return
+    table = Table(
+        "event",
+        "priority",
+        "handler",
+        "tool filter",
+        "timeout s",
+        "policy",
+        "parallel",
+        "required",
+        "replicas",
+        "last seen",
+        title="handlers",
+    )
+    for h in rows:
+        d, req = h.declaration, h.required
+        src = d or req
+        assert src is not None
+        table.add_row(
+            h.event,
+            str(src.priority),
+            h.name,
+            ",".join(src.tool_filter or ["*"]),
+            f"{src.timeout_s:g}",
+            src.failure_policy,
+            "yes" if d is not None and d.parallel else "",
+            ("yes" if d else "yes, NOT DECLARED") if req else "",
+            str(len(h.replicas)),
+            _age(h.last_seen),
+        )
+    console = Console()
+    if not console.is_terminal:  # piped: never truncate a column
+        console = Console(width=max(console.width, 200))
+    console.print(table)
+    for ev, name in view.live_only:
+        if event in (None, ev):
+            click.echo(f"served but not declared: {name} ({ev})", err=True)
+
+
+@handlers.command("require")
+@click.argument("event")
+@click.argument("name")
+@url_option
+@click.option(
+    "--failure-policy",
+    type=click.Choice(["deny", "ignore"]),
+    default="deny",
+    show_default=True,
+    help="What an emit does while the handler has no declaration or no live replica.",
+)
+@click.option("--priority", default=0, show_default=True, help="Its place in the call order.")
+@click.option("--timeout", "timeout_s", default=5.0, show_default=True, help="Seconds per call.")
+@click.option(
+    "--tool-filter", multiple=True, help="Glob over tool_name (repeatable); default: every call."
+)
+def require(
+    event: str,
+    name: str,
+    url: str | None,
+    failure_policy: str,
+    priority: int,
+    timeout_s: float,
+    tool_filter: tuple[str, ...],
+) -> None:
+    """Mark handler NAME as required for EVENT: while it is absent, emits of EVENT are
+    decided by its failure policy (deny by default), never a silent continue."""
+
+    async def run(nc: NATS) -> None:
+        await require_handler(
+            nc,
+            event,
+            name,
+            failure_policy="deny" if failure_policy == "deny" else "ignore",
+            priority=priority,
+            timeout_s=timeout_s,
+            tool_filter=list(tool_filter) or None,
+        )
+
+    _with_connection(url, "store the requirement", run)
+    click.echo(f"{event} now requires {name} (failure policy {failure_policy})")
+
+
+@handlers.command("unrequire")
+@click.argument("event")
+@click.argument("name")
+@url_option
+def unrequire(event: str, name: str, url: str | None) -> None:
+    """Remove the requirement of handler NAME for EVENT."""
+
+    async def run(nc: NATS) -> bool:
+        return await unrequire_handler(nc, event, name)
+
+    if not _with_connection(url, "remove the requirement", run):
+        raise click.ClickException(f"{event} does not require {name}")
+    click.echo(f"{event} no longer requires {name}")
