@@ -10,7 +10,7 @@ from ._liveness import HandlerStatus, LiveReplica, RegistryView, describe_handle
 from ._registry import require_handler, unrequire_handler
 from ._routes import Route
 from ._service import DispatcherService
-from ._suspensions import HookEventStream, PendingHook, RunScope, Suspensions
+from ._suspensions import HookEventStream, PendingHook, RunScope, SuspensionPage, Suspensions
 
 __all__ = [
     "APPROVAL_LABEL_PREFIX",
@@ -25,6 +25,7 @@ __all__ = [
     "RegistryView",
     "Route",
     "RunScope",
+    "SuspensionPage",
     "Suspensions",
     "approval_label",
     "describe_handlers",

@@ -39,6 +39,7 @@ from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
 from hookbus.schemas import (
+    SUSPENSION_MAX_BYTES,
     BadRequestError,
     HookbusError,
     HookbusTimeoutError,
@@ -50,7 +51,6 @@ from hookbus.schemas import (
     label_from_key,
     suspension_key,
 )
-from hookbus.schemas._suspensions import SUSPENSION_MAX_BYTES
 
 from ._kv import is_transient, kv_retry
 

@@ -28,8 +28,7 @@ from nats.aio.client import Client as NATS
 from nats.js.api import DeliverPolicy
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
-from hookbus.schemas._buckets import leases_bucket_config
-from hookbus.schemas._subjects import lease_key
+from hookbus.schemas import lease_key, leases_bucket_config
 
 from ._kv import kv_retry, open_bucket
 from ._records import Entry, RecordStore

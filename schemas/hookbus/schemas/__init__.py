@@ -5,6 +5,7 @@ from ._buckets import (
     approvals_bucket_config,
     config_differences,
     handlers_bucket_config,
+    leases_bucket_config,
     suspensions_bucket_config,
 )
 from ._codec import WIRE_TYPES, decode, encode, json_schemas, to_builtins
@@ -50,6 +51,7 @@ from ._subjects import (
     GRANT_NONE,
     HANDLERS_BUCKET,
     HOOK_EVENTS_WILDCARD,
+    LEASES_BUCKET,
     REQUIRED_KEY_PREFIX,
     SUBJECT_PREFIX,
     SUSPENSIONS_BUCKET,
@@ -68,6 +70,7 @@ from ._subjects import (
     handler_subject,
     hook_event_subject,
     label_from_key,
+    lease_key,
     parse_grant_key,
     parse_handler_key,
     parse_registry_key,
@@ -77,6 +80,7 @@ from ._subjects import (
 )
 from ._suspensions import (
     APPROVAL_DEFAULT_OPTIONS,
+    SUSPENSION_MAX_BYTES,
     ApprovalAnswer,
     HookEvent,
     HookPart,
@@ -126,6 +130,8 @@ __all__ = [
     "APPROVAL_DEFAULT_OPTIONS",
     "HANDLERS_BUCKET",
     "HOOK_EVENTS_WILDCARD",
+    "LEASES_BUCKET",
+    "SUSPENSION_MAX_BYTES",
     "SUSPENSIONS_BUCKET",
     "ApprovalAnswer",
     "ApprovalGrant",
@@ -141,6 +147,8 @@ __all__ = [
     "config_differences",
     "hook_event_subject",
     "label_from_key",
+    "lease_key",
+    "leases_bucket_config",
     "suspension_key",
     "suspensions_bucket_config",
     "SUBJECT_PREFIX",
