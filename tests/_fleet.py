@@ -20,11 +20,26 @@ import json
 import os
 import signal
 import sys
+import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["Fleet", "HandlerConf", "Proc", "write_worker"]
+import anyio
+
+from hookbus.dispatcher import HookDispatcher
+from hookbus.schemas import HookResult
+
+__all__ = [
+    "Fleet",
+    "HandlerConf",
+    "Load",
+    "Proc",
+    "check_decision",
+    "run_cli",
+    "steady_load",
+    "write_worker",
+]
 
 WORKER_READY = "serving "
 DISPATCHER_READY = "dispatcher serving"
@@ -329,3 +344,94 @@ async def run_cli(url: str, *args: str, timeout_s: float = 30.0) -> tuple[int, s
         raise
     assert proc.returncode is not None
     return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+# -- steady emit load and its judgement (shared by the fault tests and benchmarks/faults.py)
+RATE_PER_S = 150.0
+"""Emits per second of the steady load (at most: a slow emit delays its lane)."""
+EMIT_DEADLINE_S = 10.0
+"""Seconds an emit may take before it counts as undecided (two handlers of 2 s each, a
+reconnect, and a retry through an election fit in it)."""
+
+
+@dataclass
+class Load:
+    """Outcome of a steady emit load: every call is counted once."""
+
+    decided: int = 0
+    undecided: list[str] = field(default_factory=list)
+    """Emits that raised or had no decision by their deadline (what happened)."""
+    wrong: list[str] = field(default_factory=list)
+    """Decisions that contradict the policy (what was returned)."""
+    latencies: list[float] = field(default_factory=list)
+    failed_closed: int = 0
+    """Harmless calls denied because the guard failed (right by policy, but a decision the
+    handler itself would not have taken)."""
+
+
+def check_decision(result: HookResult, destructive: bool, guard: str) -> str | None:
+    """Why `result` contradicts the policy of the fail-closed `guard` handler, or None.
+
+    `guard` denies destructive commands; its failure policy is `deny`. A continue is right
+    only for a harmless command with no failure of `guard`; a deny of a harmless command is
+    right only when `guard` failed (recorded, policy deny) and is named as the decider.
+    """
+    guard_failures = [f for f in result.failures if f.handler == guard]
+    if any(f.policy != "deny" for f in guard_failures):
+        return f"{guard} failure recorded with another policy: {result.failures}"
+    if result.action == "deny":
+        if result.decided_by != guard:
+            return f"denied by {result.decided_by!r}, not {guard!r}"
+        if not destructive and not guard_failures:
+            return f"harmless call denied with no failure of {guard}: {result.reason}"
+        return None
+    if destructive:
+        return f"destructive call got {result.action} (failures {result.failures})"
+    if guard_failures:
+        return f"{guard} failed but the call got {result.action}: fail-closed failed open"
+    if result.action != "continue":
+        return f"harmless call got {result.action}"
+    return None
+
+
+async def steady_load(
+    d: HookDispatcher, event: str, guard: str, load: Load, stop: anyio.Event, concurrency: int
+) -> None:
+    """Emit until `stop`, alternating destructive and harmless commands."""
+
+    async def one(i: int) -> None:
+        destructive = i % 2 == 0
+        command = "rm -rf /data" if destructive else "ls -la"
+        data = {"tool_name": "bash", "tool_input": {"command": command}}
+        started = time.monotonic()
+        try:
+            with anyio.fail_after(EMIT_DEADLINE_S):
+                result = await d.emit(event, data)
+        except TimeoutError:
+            load.undecided.append(f"no decision within {EMIT_DEADLINE_S}s")
+            return
+        except Exception as exc:
+            load.undecided.append(f"emit raised {type(exc).__module__}.{type(exc).__name__}")
+            return
+        load.latencies.append(time.monotonic() - started)
+        load.decided += 1
+        if not destructive and result.action == "deny":
+            load.failed_closed += 1
+        why = check_decision(result, destructive, guard)
+        if why:
+            load.wrong.append(why)
+
+    async def lane(k: int) -> None:
+        i = k
+        next_at = time.monotonic()
+        while not stop.is_set():
+            await one(i)
+            i += concurrency
+            # a steady rate, not a tight loop: an emit that fails fast (connection
+            # reconnecting) must not spin the event loop the reconnect needs
+            next_at = max(next_at + concurrency / RATE_PER_S, time.monotonic())
+            await anyio.sleep(max(0.0, next_at - time.monotonic()))
+
+    async with anyio.create_task_group() as tg:
+        for k in range(concurrency):
+            tg.start_soon(lane, k)

@@ -13,13 +13,13 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 from _cluster import Cluster, wait_for
+from _fleet import Load, steady_load
 from nats.aio.client import Client as NATS
 
 from hookbus.dispatcher import HookDispatcher
@@ -29,89 +29,6 @@ from hookbus.workers import HookWorker
 pytestmark = [pytest.mark.anyio, pytest.mark.faults]
 
 HANDLERS_STREAM = f"KV_{HANDLERS_BUCKET}"
-RATE_PER_S = 150.0
-"""Emits per second of the steady load (at most: a slow emit delays its lane)."""
-EMIT_DEADLINE_S = 10.0
-"""Seconds an emit may take before it counts as undecided (two handlers of 2 s each, a
-reconnect, and a retry through an election fit in it)."""
-
-
-@dataclass
-class Load:
-    """Outcome of a steady emit load: every call is counted once."""
-
-    decided: int = 0
-    undecided: list[str] = field(default_factory=list)
-    """Emits that raised or had no decision by their deadline (what happened)."""
-    wrong: list[str] = field(default_factory=list)
-    """Decisions that contradict the policy (what was returned)."""
-    latencies: list[float] = field(default_factory=list)
-
-
-def check_decision(result: HookResult, destructive: bool, guard: str) -> str | None:
-    """Why `result` contradicts the policy of the fail-closed `guard` handler, or None.
-
-    `guard` denies destructive commands; its failure policy is `deny`. A continue is right
-    only for a harmless command with no failure of `guard`; a deny of a harmless command is
-    right only when `guard` failed (recorded, policy deny) and is named as the decider.
-    """
-    guard_failures = [f for f in result.failures if f.handler == guard]
-    if any(f.policy != "deny" for f in guard_failures):
-        return f"{guard} failure recorded with another policy: {result.failures}"
-    if result.action == "deny":
-        if result.decided_by != guard:
-            return f"denied by {result.decided_by!r}, not {guard!r}"
-        if not destructive and not guard_failures:
-            return f"harmless call denied with no failure of {guard}: {result.reason}"
-        return None
-    if destructive:
-        return f"destructive call got {result.action} (failures {result.failures})"
-    if guard_failures:
-        return f"{guard} failed but the call got {result.action}: fail-closed failed open"
-    if result.action != "continue":
-        return f"harmless call got {result.action}"
-    return None
-
-
-async def steady_load(
-    d: HookDispatcher, event: str, guard: str, load: Load, stop: anyio.Event, concurrency: int
-) -> None:
-    """Emit until `stop`, alternating destructive and harmless commands."""
-
-    async def one(i: int) -> None:
-        destructive = i % 2 == 0
-        command = "rm -rf /data" if destructive else "ls -la"
-        data = {"tool_name": "bash", "tool_input": {"command": command}}
-        started = time.monotonic()
-        try:
-            with anyio.fail_after(EMIT_DEADLINE_S):
-                result = await d.emit(event, data)
-        except TimeoutError:
-            load.undecided.append(f"no decision within {EMIT_DEADLINE_S}s")
-            return
-        except Exception as exc:
-            load.undecided.append(f"emit raised {type(exc).__module__}.{type(exc).__name__}")
-            return
-        load.latencies.append(time.monotonic() - started)
-        load.decided += 1
-        why = check_decision(result, destructive, guard)
-        if why:
-            load.wrong.append(why)
-
-    async def lane(k: int) -> None:
-        i = k
-        next_at = time.monotonic()
-        while not stop.is_set():
-            await one(i)
-            i += concurrency
-            # a steady rate, not a tight loop: an emit that fails fast (connection
-            # reconnecting) must not spin the event loop the reconnect needs
-            next_at = max(next_at + concurrency / RATE_PER_S, time.monotonic())
-            await anyio.sleep(max(0.0, next_at - time.monotonic()))
-
-    async with anyio.create_task_group() as tg:
-        for k in range(concurrency):
-            tg.start_soon(lane, k)
 
 
 @pytest.fixture
