@@ -523,3 +523,58 @@ async def test_cli_reports_an_unreadable_registry_in_one_line(tmp_path: Any) -> 
     finally:
         server.terminate()
         await server.wait()
+
+
+# -- validation never raises anything but BadRequestError ---------------------------------
+def _hostile_values() -> Any:
+    from hypothesis import strategies as st
+
+    json_values = st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=50),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner),
+        max_leaves=20,
+    )
+    fields = st.fixed_dictionaries(
+        {},
+        optional={
+            "event": st.sampled_from(["tool:pre", "x"]) | st.text(max_size=300),
+            "name": st.sampled_from(["x", "guard"]) | st.text(max_size=300),
+            "priority": st.integers() | json_values,
+            "timeout_s": st.floats() | st.integers() | json_values,
+            "tool_filter": st.lists(st.text(max_size=250), max_size=70) | json_values,
+            "failure_policy": st.sampled_from(["deny", "ignore", "maybe"]),
+            "subject": st.text(max_size=50),
+            "queue_group": st.text(max_size=20),
+        },
+    )
+    as_json = fields.map(lambda d: json.dumps(d, allow_nan=True).encode())
+    return as_json | st.binary(max_size=300)
+
+
+def test_any_record_is_accepted_bound_to_its_key_or_refused() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from hookbus.schemas import (
+        MAX_HANDLER_TIMEOUT_S,
+        BadRequestError,
+        check_declaration,
+        check_required,
+    )
+
+    keys = st.sampled_from(["tool=3Apre.x", "x.guard", "_required.tool=3Apre.x", "bad key", ""])
+
+    @settings(max_examples=400, deadline=None)
+    @given(key=keys, value=_hostile_values())
+    def check(key: str, value: bytes) -> None:
+        for fn in (check_declaration, check_required):
+            try:
+                record = fn(key, value)
+            except BadRequestError:
+                continue
+            assert key.endswith(f"{encode_token(record.event)}.{encode_token(record.name)}")
+            assert 0 < record.timeout_s <= MAX_HANDLER_TIMEOUT_S
+            if isinstance(record, HandlerDeclaration):
+                assert record.subject == handler_subject(record.event, record.name)
+
+    check()

@@ -41,7 +41,7 @@ from hookbus.schemas import (
     required_key,
 )
 
-from ._kv import open_bucket
+from ._kv import kv_retry, open_bucket
 from ._routes import RoutingTable
 
 __all__ = [
@@ -229,8 +229,14 @@ class RegistryWatch:
         self.resyncs = 0
         """Complete reads applied so far."""
 
-    async def start(self) -> None:
-        await self.resync()
+    async def start(self, *, deadline_s: float = 30.0) -> None:
+        """Load the registry (retried through a leader election for `deadline_s` seconds),
+        then follow it.
+
+        Raises:
+            HookbusTimeoutError: the registry could not be read within `deadline_s`.
+        """
+        await kv_retry(self.resync, deadline_s=deadline_s, what="reading the handler registry")
         self._stopping = False
         self._task = asyncio.create_task(self._run(), name="hookbus-registry-watch")
         await self._loaded.wait()
