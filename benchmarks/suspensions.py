@@ -20,6 +20,13 @@ machine noise hits both alike; the ratio ``wake_p50 / put_p50`` is the figure (t
 <= 1.5). Each wake sample starts once the waiter is in its wait loop: its pending event has
 arrived and its KV watch consumer has been looked up (the last step of setting up the
 watch), plus a 2 ms settle outside the measured window. Not a test: nothing asserts.
+
+``--scale N`` (e.g. 100000) measures suspensions at fleet scale instead, on one server:
+N hooks waiting at once in one process (started in waves of 1,000, each wave until its
+``pending`` events arrived), a listing of the N pending records (one pass, filtered by
+status, one page of 100 and the whole set, through the API and ``hookbus hooks list``),
+then every hook resolved from a second connection (256 at a time) until every waiter has
+returned. It prints the seconds of each phase and the JetStream consumers on the bucket.
 """
 
 from __future__ import annotations
@@ -27,7 +34,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 import uuid
@@ -40,9 +49,16 @@ from nats.js.api import KeyValueConfig
 
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import HookDispatcher
-from hookbus.schemas import SUSPENSIONS_BUCKET, SuspensionRecord, encode
+from hookbus.schemas import (
+    HOOK_EVENTS_WILDCARD,
+    SUSPENSIONS_BUCKET,
+    HookEvent,
+    SuspensionRecord,
+    decode,
+    encode,
+)
 
-__all__ = ["bench_suspensions"]
+__all__ = ["bench_scale", "bench_suspensions"]
 
 BENCH_BUCKET = "hookbus_bench_kv"
 """The baseline's bucket: same settings as the suspensions bucket (file, history 1, direct)."""
@@ -185,11 +201,110 @@ async def bench_suspensions(url: str, n: int) -> dict[str, Any]:
         await nc_res.close()
 
 
+async def bench_scale(url: str, n: int, *, wave: int = 1000) -> dict[str, Any]:
+    """Create `n` waiting hooks in one process, list them, resolve them all and wait until
+    every waiter returned. Returns seconds per phase and the bucket's consumer count."""
+    nc_wait = await nats.connect(url, name="bench-scale-waiter", pending_size=256 * 1024 * 1024)
+    nc_res = await nats.connect(url, name="bench-scale-resolver")
+    tag = f"scale-{uuid.uuid4().hex[:6]}"
+    labels = [f"{tag} {i}" for i in range(n)]
+    try:
+        waiter = HookDispatcher(nc_wait, approvals=False)
+        resolver = HookDispatcher(nc_res, approvals=False)
+        await waiter.start()
+        await resolver.start()
+        events = await nc_res.subscribe(HOOK_EVENTS_WILDCARD, pending_msgs_limit=-1)
+        await nc_res.flush()
+        woke = 0
+        all_woke = asyncio.Event()
+
+        async def wait(label: str) -> None:
+            nonlocal woke
+            await waiter.hook(label, Answer)
+            woke += 1
+            if woke == n:
+                all_woke.set()
+
+        tasks = []
+        t0 = time.perf_counter()
+        for start in range(0, n, wave):
+            chunk = labels[start : start + wave]
+            tasks += [asyncio.create_task(wait(label)) for label in chunk]
+            seen = 0
+            while seen < len(chunk):
+                hook = decode((await events.next_msg(timeout=60)).data, HookEvent).hook
+                if hook.status == "pending" and hook.label.startswith(tag):
+                    seen += 1
+        create_s = time.perf_counter() - t0
+        info = await nc_res.jetstream().stream_info(f"KV_{SUSPENSIONS_BUCKET}")
+        consumers = info.state.consumer_count
+
+        t0 = time.perf_counter()
+        first = await resolver.suspensions.page(status="pending", prefix=tag, limit=100)
+        page_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        everything = await resolver.suspensions.page(status="pending", prefix=tag)
+        list_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        cli = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "hookbus.cli", "hooks", "list", "--status", "pending",
+            "--limit", "100", "--json", "--url", url,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={**os.environ, "NO_COLOR": "1"},
+        )  # fmt: skip
+        cli_code = await cli.wait()
+        cli_s = time.perf_counter() - t0
+
+        limit = asyncio.Semaphore(256)
+
+        async def resolve(label: str) -> None:
+            async with limit:
+                await resolver.resolve_hook(label, Answer(approved=True, by="bench"))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(resolve(label) for label in labels))
+        resolve_s = time.perf_counter() - t0
+        await asyncio.wait_for(all_woke.wait(), 600)
+        wake_s = time.perf_counter() - t0
+        await asyncio.gather(*tasks)
+        await events.unsubscribe()
+        await waiter.close()
+        await resolver.close()
+        return {
+            "n": n,
+            "create_s": round(create_s, 2),
+            "list_first_page_s": round(page_s, 2),
+            "list_all_s": round(list_s, 2),
+            "listed": everything.total,
+            "first_page": len(first.records),
+            "cli_list_page_s": round(cli_s, 2),
+            "cli_ok": cli_code == 0,
+            "resolve_all_s": round(resolve_s, 2),
+            "resolve_and_wake_all_s": round(wake_s, 2),
+            "woken": woke,
+            "bucket_consumers_while_waiting": consumers,
+        }
+    finally:
+        await nc_wait.close()
+        await nc_res.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=300, help="measured rounds (default 300)")
     parser.add_argument("--url", default=None, help="NATS URL (default: an embedded server)")
+    parser.add_argument(
+        "--scale", type=int, default=None, metavar="N", help="fleet-scale run with N hooks"
+    )
     args = parser.parse_args(argv)
+    if args.scale:
+        if args.url:
+            scaled = asyncio.run(bench_scale(args.url, args.scale))
+        else:
+            with EmbeddedNatsServer() as server:
+                scaled = asyncio.run(bench_scale(server.url, args.scale))
+        print(json.dumps(scaled, indent=2))
+        return 0
     if args.url:
         result = asyncio.run(bench_suspensions(args.url, args.n))
     else:

@@ -37,9 +37,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
-import jsonschema
 import msgspec
-import nats.errors
 from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
 
@@ -48,22 +46,26 @@ from hookbus.schemas import (
     AlreadySettledError,
     DuplicateHookError,
     HookAbortedError,
-    HookbusError,
     HookCancelledError,
-    HookEvent,
     HookNotFoundError,
     HookPart,
     HookStatus,
     HookTimeoutError,
-    ResolutionRejectedError,
     SuspensionRecord,
-    decode,
-    encode,
-    hook_event_subject,
     suspension_key,
     suspensions_bucket_config,
 )
 
+from ._hookparts import (
+    HookEventStream,
+    Validators,
+    check,
+    convert,
+    payload_schema,
+    publish,
+    settled,
+    to_json_value,
+)
 from ._kv import kv_retry, open_bucket
 from ._records import Entry, RecordStore, SuspensionPage
 from ._runs import RunScope, cleanup, current_run, note
@@ -77,71 +79,12 @@ log = logging.getLogger("hookbus.dispatcher")
 T = TypeVar("T")
 
 
-def payload_schema(payload: type[Any] | None) -> dict[str, Any] | None:
-    """JSON Schema of a payload type: a msgspec Struct (or any msgspec type), or a
-    pydantic model when pydantic is installed; None for any JSON value."""
-    if payload is None:
-        return None
-    if hasattr(payload, "model_json_schema"):
-        return payload.model_json_schema()  # type: ignore[no-any-return]
-    return msgspec.json.schema(payload)
-
-
-def to_json_value(value: Any) -> Any:
-    """A resolution as plain JSON data (Structs, pydantic models, dataclasses, dicts)."""
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json")
-    return msgspec.to_builtins(value)
-
-
-def from_json_value(value: Any, payload: type[T] | None) -> T:
-    """Convert a stored resolution into the payload type (identity without one)."""
-    if payload is None:
-        return value  # type: ignore[no-any-return]
-    if hasattr(payload, "model_validate"):
-        return payload.model_validate(value)  # type: ignore[no-any-return,attr-defined]
-    return msgspec.convert(value, payload)
-
-
 @dataclass(frozen=True, slots=True)
 class PendingHook:
     """A hook this process is waiting on (what `abort_pending_hook` takes)."""
 
     hook_id: str
     label: str
-
-
-class HookEventStream:
-    """Hook events as an async iterator (`async for event in stream`); close with
-    `aclose` or use ``async with``. Subscribed before it is returned: nothing after the
-    call is missed."""
-
-    def __init__(self, sub: Any) -> None:
-        self._sub = sub
-
-    def __aiter__(self) -> HookEventStream:
-        return self
-
-    async def __anext__(self) -> HookEvent:
-        while True:
-            try:
-                msg = await self._sub.next_msg(timeout=None)
-            except (nats.errors.ConnectionClosedError, nats.errors.BadSubscriptionError):
-                raise StopAsyncIteration from None
-            try:
-                return decode(msg.data, HookEvent)
-            except HookbusError as exc:
-                log.warning("ignoring bad hook event on %s: %s", msg.subject, exc)
-
-    async def aclose(self) -> None:
-        with contextlib.suppress(Exception):
-            await self._sub.unsubscribe()
-
-    async def __aenter__(self) -> HookEventStream:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
 
 class Suspensions:
@@ -175,7 +118,7 @@ class Suspensions:
         self._leases = leases
         self._waiters: dict[str, set[anyio.CancelScope]] = {}
         self._live: dict[str, int] = {}
-        self._validators: dict[bytes, jsonschema.protocols.Validator] = {}
+        self._validators = Validators()
 
     @classmethod
     async def open(
@@ -340,18 +283,18 @@ class Suspensions:
                     revision = await self.records.create(record, over=entry)
                     if revision is None:
                         continue  # someone created it first: look again
-                    await self._publish(record)
+                    await publish(self._nc, record)
                     break
                 record, revision = entry.record, entry.revision
                 if record.status == "resolved" and not record.consumed:
-                    result = _convert(label, record.resolution, payload)  # refuse, unconsumed
+                    result = convert(label, record.resolution, payload)  # refuse, unconsumed
                     if await self._consume(record, revision):
                         return result
                     continue
                 if record.status == "cancelled":
                     raise HookCancelledError(label, record.reason)
                 if record.status == "resolved" and shared:  # one call, retried: its answer
-                    return _convert(label, record.resolution, payload)
+                    return convert(label, record.resolution, payload)
                 if record.status == "resolved":  # consumed earlier: this is a new hook
                     record = fresh()
                     revision = await self.records.swap(
@@ -359,7 +302,7 @@ class Suspensions:
                     )
                     if revision is None:
                         continue
-                    await self._publish(record)
+                    await publish(self._nc, record)
                     break
                 # pending: attach if nobody live waits on it, or it is this run's (resume)
                 same_run = run is not None and record.run_id == run.run_id
@@ -405,7 +348,7 @@ class Suspensions:
         keep = False  # a run cancelled from outside: its exit removes the record
         try:
             with scope, anyio.move_on_after(timeout_s) as deadline:
-                return await self._until_settled(slot, label, payload, shared=shared)
+                return await self._untilsettled(slot, label, payload, shared=shared)
             if deadline.cancelled_caught:
                 raise HookTimeoutError(f"hook {label!r} got no resolution within {timeout_s}s")
             raise AssertionError("unreachable")  # pragma: no cover
@@ -428,7 +371,7 @@ class Suspensions:
                     run.aborted.add(label)
                 raise HookAbortedError(f"waiting on hook {label!r} was aborted; it stays pending")
 
-    async def _until_settled(
+    async def _untilsettled(
         self, slot: Slot, label: str, payload: type[T] | None, *, shared: bool
     ) -> T:
         """Act on each state the shared watch (or its backing read) delivers."""
@@ -446,11 +389,11 @@ class Suspensions:
                 continue
             if record.consumed:
                 if shared:
-                    return _convert(label, record.resolution, payload)
+                    return convert(label, record.resolution, payload)
                 raise AlreadySettledError(
                     f"hook {label!r} was resolved and consumed by another waiter"
                 )
-            result = _convert(label, record.resolution, payload)  # refused: not consumed
+            result = convert(label, record.resolution, payload)  # refused: not consumed
             if await self._consume(record, entry.revision):
                 return result
 
@@ -509,16 +452,16 @@ class Suspensions:
             record = entry.record
             settled_unconsumed = record.status == "resolved" and not record.consumed
             if record.status != "pending" and not (replace and settled_unconsumed):
-                raise AlreadySettledError(f"hook {label!r} is already {_settled(record)}")
+                raise AlreadySettledError(f"hook {label!r} is already {settled(record)}")
             if record.payload_schema is not None:
-                _check(record, data, self._validator(record.payload_schema))
+                check(record, data, self._validators.get(record.payload_schema))
             resolved = msgspec.structs.replace(
                 record, status="resolved", resolution=data, settled_at=now
             )
             if await self.records.swap(resolved, last=entry.revision) is None:
                 continue  # changed under us: judge again on the new state
             if not resolved.preregistered:
-                await self._publish(resolved)
+                await publish(self._nc, resolved)
             return resolved
 
     async def clear_hook(self, label: str) -> bool:
@@ -547,7 +490,7 @@ class Suspensions:
                 record, status="pending", resolution=None, settled_at=None
             )
             if await self.records.swap(back, last=entry.revision) is not None:
-                await self._publish(back)
+                await publish(self._nc, back)
                 return True
 
     async def cancel_hook(self, label: str, *, reason: str | None = None) -> SuspensionRecord:
@@ -564,13 +507,13 @@ class Suspensions:
                 raise HookNotFoundError(f"no hook with label {label!r}")
             record = entry.record
             if record.status != "pending":
-                raise AlreadySettledError(f"hook {label!r} is already {_settled(record)}")
+                raise AlreadySettledError(f"hook {label!r} is already {settled(record)}")
             cancelled = msgspec.structs.replace(
                 record, status="cancelled", reason=reason, settled_at=time.time()
             )
             if await self.records.swap(cancelled, last=entry.revision) is None:
                 continue
-            await self._publish(cancelled)
+            await publish(self._nc, cancelled)
             return cancelled
 
     def abort_pending_hook(self, hook: PendingHook | HookPart | str) -> bool:
@@ -614,58 +557,3 @@ class Suspensions:
         sub = await self._nc.subscribe(HOOK_EVENTS_WILDCARD)
         await self._nc.flush()
         return HookEventStream(sub)
-
-    # -- plumbing ---
-    def _validator(self, schema: dict[str, Any]) -> jsonschema.protocols.Validator:
-        """A JSON Schema validator per distinct schema, built once (35 us each)."""
-        cache_key = encode(schema)
-        validator = self._validators.get(cache_key)
-        if validator is None:
-            if len(self._validators) > 256:
-                self._validators.clear()
-            validator = self._validators[cache_key] = jsonschema.Draft202012Validator(schema)
-        return validator
-
-    async def _publish(self, record: SuspensionRecord) -> None:
-        event = HookEvent(
-            hook=HookPart(
-                hook_id=record.hook_id,
-                label=record.label,
-                status=record.status,
-                metadata=record.metadata,
-                resolution=record.resolution,
-                reason=record.reason,
-            ),
-            at=time.time(),
-        )
-        with contextlib.suppress(nats.errors.ConnectionClosedError):
-            await self._nc.publish(hook_event_subject(record.label, record.status), encode(event))
-
-
-def _convert(label: str, value: Any, payload: type[T] | None) -> T:
-    """The resolution as `payload`, or `ResolutionRejectedError` with the reason."""
-    try:
-        return from_json_value(value, payload)
-    except (msgspec.ValidationError, ValueError, TypeError) as exc:
-        name = getattr(payload, "__name__", "the payload type")
-        raise ResolutionRejectedError(
-            f"the resolution of {label!r} does not fit {name}: {exc}"
-        ) from exc
-
-
-def _settled(record: SuspensionRecord) -> str:
-    if record.status == "resolved":
-        return "resolved (consumed)" if record.consumed else "resolved"
-    return f"cancelled ({record.reason})" if record.reason else "cancelled"
-
-
-def _check(record: SuspensionRecord, data: Any, validator: jsonschema.protocols.Validator) -> None:
-    error = jsonschema.exceptions.best_match(validator.iter_errors(data))
-    if error is not None:
-        path = "$" + "".join(
-            f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path
-        )
-        raise ResolutionRejectedError(
-            f"resolution for {record.label!r} does not fit {record.payload_type or 'its schema'}:"
-            f" {error.message} at {path}"
-        )
