@@ -4,7 +4,8 @@ Declaring is a compare-and-set per handler key, so two workers racing for one na
 both win:
 
 - no declaration (or only a delete marker): create it;
-- the same declaration (another replica of this handler): nothing to write;
+- the same declaration (another replica of this handler): written again at the revision
+  read (each replica's start shows as a put in a watch; nothing changes);
 - another declaration (priority, filter, policy, timeout, parallel or retry_safe differ):
   refused with `HandlerConflictError` naming each difference, unless the handler is declared
   with ``replace=True``; then it is overwritten at the revision read;
@@ -169,15 +170,16 @@ async def _declare_one(kv: KeyValue, decl: HandlerDeclaration, replace: bool) ->
             live = None
         if live is not None:
             differences = declaration_differences(live, decl)
-            if not differences:
-                return  # another replica of the same handler (or our own lost ack)
-            if not replace:
+            if differences and not replace:
                 raise HandlerConflictError(
                     f"handler {decl.name!r} of {decl.event!r} is already declared with other"
                     f" settings ({'; '.join(differences)}); declare it with replace=True"
                     " (hookbus worker --replace) to take the name over"
                 )
-            log.warning("replacing handler %s of %s: %s", decl.name, decl.event, differences)
+            if differences:
+                log.warning("replacing handler %s of %s: %s", decl.name, decl.event, differences)
+            # no differences: another replica's declaration (or ours, its ack lost); written
+            # again at the revision read, so that every replica's start shows in a watch
         try:
             await kv.update(key, value, last=entry.revision)
             return
