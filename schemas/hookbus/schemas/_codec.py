@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from ._approvals import ApprovalGrant
 from ._errors import WireFormatError
 from ._suspensions import ApprovalAnswer, HookEvent, SuspensionRecord
 from ._types import (
@@ -42,6 +43,7 @@ WIRE_TYPES: tuple[type[Any], ...] = (
     SuspensionRecord,
     HookEvent,
     ApprovalAnswer,
+    ApprovalGrant,
 )
 """Every type that crosses the wire; `json_schemas` covers exactly these."""
 
