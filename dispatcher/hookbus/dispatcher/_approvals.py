@@ -29,16 +29,13 @@ import builtins
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import anyio
 import msgspec
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
 from hookbus.schemas import (
     APPROVAL_DEFAULT_OPTIONS,
@@ -46,7 +43,6 @@ from hookbus.schemas import (
     ApprovalAnswer,
     ApprovalGrant,
     HookbusError,
-    HookbusTimeoutError,
     HookCancelledError,
     HookNotFoundError,
     HookResult,
@@ -60,6 +56,7 @@ from hookbus.schemas import (
 )
 from hookbus.schemas import _telemetry_names as tn
 
+from ._kv import kv_retry
 from ._suspensions import Suspensions
 
 __all__ = [
@@ -125,46 +122,6 @@ def approval_label(event: str, data: dict[str, Any], handler: str, *, call_id: s
     return f"{APPROVAL_LABEL_PREFIX}{digest.hexdigest()[:32]}"
 
 
-def _transient(exc: BaseException) -> bool:
-    """A KV error worth retrying: a leader election, a reconnect, a timeout."""
-    if isinstance(exc, HookbusError):
-        return False
-    if isinstance(
-        exc,
-        TimeoutError
-        | nats.errors.NoRespondersError
-        | nats.errors.ConnectionReconnectingError
-        | nats.js.errors.NoStreamResponseError
-        | nats.js.errors.ServiceUnavailableError,
-    ):
-        return True
-    return isinstance(exc, nats.js.errors.APIError) and exc.code == 503
-
-
-async def _retry(op: Callable[[], Awaitable[T]], *, budget_s: float, what: str) -> T:
-    """`op()`, retried on transient KV errors for at most `budget_s` seconds (tenacity).
-
-    Raises:
-        HookbusTimeoutError: still failing transiently when the budget ran out.
-    """
-    deadline = time.monotonic() + budget_s
-    try:
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception(_transient),
-            wait=wait_exponential_jitter(multiplier=0.05, max=1.0, jitter=0.05),
-            stop=stop_after_delay(budget_s),
-            reraise=True,
-        ):
-            with attempt:
-                with anyio.fail_after(max(deadline - time.monotonic(), 0.001)):
-                    return await op()
-    except Exception as exc:
-        if not _transient(exc):
-            raise
-        raise HookbusTimeoutError(f"{what}: JetStream unavailable for {budget_s:g}s") from exc
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
 class Grants:
     """The "Allow always" grants in `APPROVALS_BUCKET` (see the module docstring)."""
 
@@ -190,7 +147,7 @@ class Grants:
                 return None
             return entry.value or None
 
-        value = await _retry(get, budget_s=budget_s, what=f"reading grant {key}")
+        value = await kv_retry(get, deadline_s=budget_s, what=f"reading grant {key}")
         return None if value is None else self._valid(key, value)
 
     async def put(self, grant: ApprovalGrant, *, budget_s: float) -> None:
@@ -201,8 +158,8 @@ class Grants:
             BadRequestError: no session id, or the scope is too long for a key.
         """
         key = self.key(grant)
-        await _retry(
-            lambda: self._kv.put(key, encode(grant)), budget_s=budget_s, what=f"storing {key}"
+        await kv_retry(
+            lambda: self._kv.put(key, encode(grant)), deadline_s=budget_s, what=f"storing {key}"
         )
 
     @staticmethod
@@ -225,7 +182,7 @@ class Grants:
         wanted = {"agent_id": agent_id, "session_id": session_id, "event": event,
                   "handler": handler, "tool": tool}  # fmt: skip
         grants = [
-            g for g in await _retry(self._read_all, budget_s=budget_s, what="listing grants")
+            g for g in await kv_retry(self._read_all, deadline_s=budget_s, what="listing grants")
             if all(v is None or getattr(g, k) == v for k, v in wanted.items())
         ]  # fmt: skip
         return sorted(grants, key=lambda g: g.granted_at)
@@ -239,7 +196,7 @@ class Grants:
         """
         key = grant if isinstance(grant, str) else self.key(grant)
         parse_grant_key(key)  # a foreign key is refused, not deleted
-        await _retry(lambda: self._kv.delete(key), budget_s=budget_s, what=f"revoking {key}")
+        await kv_retry(lambda: self._kv.delete(key), deadline_s=budget_s, what=f"revoking {key}")
 
     async def _read_all(self) -> builtins.list[ApprovalGrant]:
         watcher = await self._kv.watch(">", ignore_deletes=True)
