@@ -25,11 +25,14 @@ from hypothesis import strategies as st
 
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
+    EventEnvelope,
     HookbusError,
     HookReply,
     HookResult,
+    WireError,
     WireFormatError,
     decode,
+    encode,
     handler_queue_group,
     handler_subject,
 )
@@ -416,3 +419,68 @@ async def test_emit_during_an_outage_raises_only_hookbus_errors(embedded_server,
     assert "continue" not in outcomes, outcomes
     with contextlib.suppress(Exception):
         await wnc.close()
+
+
+# -- hedging and refusals, seen from the replicas ------------------------------------------------
+@pytest.mark.parametrize("retry_safe", [True, False])
+async def test_hedged_only_when_retry_safe(connect, event, retry_safe):
+    """A replica that never answers (stalled): a retry_safe call is sent again within its
+    budget, each request numbered in ``attempt`` with the budget left; any other call is
+    sent exactly once. Either way the call ends as a ``timeout`` under its policy."""
+    await _declare(
+        await connect(), event, "slow", failure_policy="deny", timeout_s=1.0, retry_safe=retry_safe
+    )
+    stalled = await connect()
+    seen: list[EventEnvelope] = []
+
+    async def record(msg: Any) -> None:  # and never answer
+        seen.append(decode(msg.data, EventEnvelope))
+
+    await stalled.subscribe(
+        handler_subject(event, "slow"), queue=handler_queue_group("slow"), cb=record
+    )
+    await stalled.flush()
+    async with HookDispatcher(await connect()) as d:
+        result = await d.emit(event, {})
+    assert [(f.kind, f.policy) for f in result.failures] == [("timeout", "deny")]
+    assert len({e.id for e in seen}) == 1
+    attempts = [e.attempt for e in seen]
+    budgets = [e.budget_s or 0.0 for e in seen]
+    if retry_safe:
+        assert attempts == list(range(1, len(seen) + 1)) and len(seen) >= 3, attempts
+        assert budgets == sorted(budgets, reverse=True) and budgets[0] <= 1.0
+    else:
+        assert attempts == [1] and budgets[0] <= 1.0
+
+
+@pytest.mark.parametrize("code", ["busy", "unavailable"])
+async def test_refused_calls_go_to_another_replica(connect, event, code):
+    """A replica that refuses every request (over its bound, or draining) says nothing ran:
+    the call is sent again and the other replica decides it, even for a handler that is
+    not retry_safe. Before, half the calls failed and a deny policy denied them."""
+    refuser = await connect()
+    refusal = encode(
+        HookReply(handler="gate", error=WireError(code=code, message="no", retryable=True))
+    )
+    refused = 0
+
+    async def refuse(msg: Any) -> None:
+        nonlocal refused
+        refused += 1
+        await msg.respond(refusal)
+
+    w = HookWorker(await connect())
+
+    @w.handler(event, failure_policy="deny", timeout_s=5.0)
+    async def gate(ev: str, data: dict[str, Any]) -> None:
+        return None
+
+    async with w, HookDispatcher(await connect()) as d:
+        await refuser.subscribe(
+            handler_subject(event, "gate"), queue=handler_queue_group("gate"), cb=refuse
+        )
+        await refuser.flush()
+        results = [await d.emit(event, {"n": n}) for n in range(50)]
+    denied = [r for r in results if r.action == "deny"]
+    assert refused > 0 and w.handled + len(denied) == 50
+    assert len(denied) <= 2, [r.failures for r in denied]  # 1 in 256 per call

@@ -75,9 +75,10 @@ HEDGE_MIN_S = 0.05
 """Seconds: the shortest hedging window."""
 MAX_RESENDS = 8
 """At most this many extra requests per call (hedges and retries of refused requests)."""
-MAX_REFUSALS = 3
-"""A call refused (``busy``/``unavailable``) this many times in a row fails (kind
-``error``): the replicas are overloaded, more requests would only add load."""
+MAX_REFUSALS = 8
+"""A call refused (``busy``/``unavailable``) this many times fails (kind ``error``): the
+queue group picks a replica at random, so with one of two replicas refusing a call fails
+1 time in 256; with every replica overloaded, more requests would only add load."""
 
 _STATUS = "Status"
 _NO_RESPONDERS = "503"
