@@ -348,10 +348,14 @@ class HookDispatcher(StandardEvents):
         (no defaults, no timestamp); returns the non-None ``result.data`` of each handler
         that answered within `timeout` seconds, in priority order; failures are logged and
         skipped. Remote handlers get one publish on the event's collect subject; the call
-        returns as soon as every expected handler has answered (tool filters do not apply).
+        returns as soon as every expected handler has answered (tool filters do not apply),
+        or at once when no remote handler has a live replica (the server says so).
 
         Raises:
             UnknownEventError: `strict_events` is on and the event is unknown.
+            PayloadTooLargeError: the event does not fit the server's max_payload.
+            NotConnectedError: a remote handler is routed but the connection is closed or
+                NATS failed (never a raw nats-py error).
         """
         routes = self._table.routes(event)
         if not routes:

@@ -220,6 +220,8 @@ class Router:
             del self._collects[token]
             if isinstance(exc, nats.errors.ConnectionClosedError):
                 raise NotConnectedError("the NATS connection is closed") from exc
+            if isinstance(exc, nats.errors.Error):  # never a raw nats-py error
+                raise NotConnectedError(f"NATS failed: {type(exc).__name__}") from exc
             raise
         return collect
 
