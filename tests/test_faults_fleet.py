@@ -128,7 +128,7 @@ async def test_sigterm_drain_answers_every_request(fleet: Fleet, nc: NATS) -> No
             HandlerConf(event, guard, priority=10, failure_policy="deny", timeout_s=5.0),
             HandlerConf(event, slow, priority=20, timeout_s=5.0, sleep_s=0.5),
             # an approval nobody answers: the drain must not wait its 300 s
-            HandlerConf(event, asker, priority=30, tool_filter=["approve"], ask=True),
+            HandlerConf(event, asker, priority=5, tool_filter=["approve"], ask=True),
         ]
     )
     service = await fleet.dispatcher()
@@ -155,13 +155,20 @@ async def test_sigterm_drain_answers_every_request(fleet: Fleet, nc: NATS) -> No
             answers.append(f"non-retryable error: {reply.error}")
 
     started = time.monotonic()
-    async with anyio.create_task_group() as tg:
+    async with HookDispatcher(nc, approvals=False) as watcher, anyio.create_task_group() as tg:
+        events = await watcher.hook_events()
         for i in range(60):
             tg.start_soon(call, "bash", "rm -rf /x" if i % 2 else "ls")
         for _ in range(3):
             tg.start_soon(call, "approve", "ls")
-        await nc.flush()
-        await anyio.sleep(0.2)  # let the requests reach the service and the worker
+        pending: set[str] = set()
+        with anyio.fail_after(10):  # the approvals are waiting: the service is mid-work
+            async for ev in events:
+                if ev.hook.status == "pending" and ev.hook.metadata.get("handler") == asker:
+                    pending.add(ev.hook.label)
+                    if len(pending) == 3:
+                        break
+        await events.aclose()
         service.terminate()
         worker.terminate()
         status = [await service.wait_exit(35), await worker.wait_exit(35)]
