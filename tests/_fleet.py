@@ -364,6 +364,8 @@ class Load:
     wrong: list[str] = field(default_factory=list)
     """Decisions that contradict the policy (what was returned)."""
     latencies: list[float] = field(default_factory=list)
+    samples: list[tuple[float, float]] = field(default_factory=list)
+    """(monotonic start, seconds) of every decided emit, to cut an outage window."""
     failed_closed: int = 0
     """Harmless calls denied because the guard failed (right by policy, but a decision the
     handler itself would not have taken)."""
@@ -414,6 +416,7 @@ async def steady_load(
             load.undecided.append(f"emit raised {type(exc).__module__}.{type(exc).__name__}")
             return
         load.latencies.append(time.monotonic() - started)
+        load.samples.append((started, load.latencies[-1]))
         load.decided += 1
         if not destructive and result.action == "deny":
             load.failed_closed += 1
