@@ -286,7 +286,6 @@ async def test_required_handler_api_and_a_declaration_taking_its_place(
             assert result.action == "continue" and result.failures == []
         assert await unrequire_handler(nc, event, "policy") is True
         assert await unrequire_handler(nc, event, "policy") is False
-        await asyncio.sleep(0)
 
 
 # -- conflicting declarations ---------------------------------------------------------------
@@ -578,3 +577,25 @@ def test_any_record_is_accepted_bound_to_its_key_or_refused() -> None:
                 assert record.subject == handler_subject(record.event, record.name)
 
     check()
+
+
+async def test_cli_worker_conflict_is_one_error_line(
+    nc: NATS, connect: Connect, nats_url: str, event: str, tmp_path: Any
+) -> None:
+    module = tmp_path / "lax_worker.py"
+    module.write_text(
+        "from hookbus.workers import HookWorker\n"
+        "worker = HookWorker()\n"
+        f"@worker.handler({event!r}, name='security', failure_policy='ignore')\n"
+        "async def security(event, data):\n"
+        "    return None\n"
+    )
+    async with serving(await connect(), (event, allow, {"name": "security", **SECURITY})):
+        with anyio.fail_after(30):  # a worker that started would serve until killed
+            result = await hookbus("worker", f"{module}:worker", "--url", nats_url)
+    err = result.stderr.decode()
+    assert result.returncode == 1, err
+    assert "Traceback" not in err
+    assert "Error: handler 'security'" in err and "--replace" in err
+    entry = await (await bucket(nc)).get(handler_key(event, "security"))
+    assert json.loads(entry.value)["failure_policy"] == "deny"
