@@ -86,7 +86,7 @@ class SuspensionPage:
     Attributes:
         records: at most the page size.
         next: cursor for the next page (pass as ``after``), or None on the last page.
-        skipped: malformed records skipped in the whole bucket (each is logged).
+        skipped: malformed records skipped (each is logged), within `prefix` if one is given.
         total: records matching the filter in the whole bucket.
     """
 
@@ -428,14 +428,17 @@ class RecordStore:
         if after is not None:
             mark = _cursor_position(after)
             start = next((i for i, r in enumerate(chosen) if _order(r) > mark), len(chosen))
+        shown_bad = [
+            label for label in map(label_or_key, bad) if prefix is None or label.startswith(prefix)
+        ]
         end = len(chosen) if limit is None else min(len(chosen), start + limit)
         more = end < len(chosen)
         return SuspensionPage(
             records=chosen[start:end],
             next=json.dumps(list(_order(chosen[end - 1]))) if more and end > start else None,
-            skipped=len(bad),
+            skipped=len(shown_bad),
             total=len(chosen),
-            skipped_keys=[label_or_key(k) for k in bad],
+            skipped_keys=shown_bad,
         )
 
 
