@@ -282,7 +282,7 @@ def parse_grant_key(key: str) -> tuple[str | None, str, str, str, str | None]:
 
 
 always_allow_key = grant_key
-""""The former name of `grant_key`."""
+"""The former name of `grant_key`."""
 
 
 def handler_key(event: str, handler: str) -> str:
