@@ -1,7 +1,7 @@
 """hookbus fault benchmark: decisions, suspensions and registrations through real outages.
 
-    .venv/bin/python benchmarks/faults.py               # every run, ~4 minutes
-    .venv/bin/python benchmarks/faults.py --quick       # fewer emits and suspensions, < 5 min
+    .venv/bin/python benchmarks/faults.py               # every run, about 1 minute
+    .venv/bin/python benchmarks/faults.py --quick       # fewer emits and suspensions, ~1 min
     .venv/bin/python benchmarks/faults.py --json out.json
 
 Runs (each on servers and processes of its own, as the fault tests do, with the helpers
@@ -142,6 +142,13 @@ class Answer(msgspec.Struct):
     n: int
 
 
+def _leaf(exc: BaseException) -> str:
+    """The first innermost exception of a (nested) exception group, as text."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__module__}.{type(exc).__name__}: {exc}"
+
+
 class SuspensionLoad:
     """Suspensions through the outage: each created by a waiter on the agent's connection,
     resolved once from another connection (a second resolve must be refused), woken."""
@@ -177,7 +184,7 @@ class SuspensionLoad:
                     except AlreadySettledError:
                         pass
         except Exception as exc:
-            self.lost.append(f"{type(exc).__name__}: {exc}"[:200])
+            self.lost.append(f"{label}: {_leaf(exc)}"[:300])
             return
         if got != [Answer(i)]:
             self.lost.append(f"{label}: woke with {got}")
