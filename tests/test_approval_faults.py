@@ -12,6 +12,7 @@ an outage.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -28,6 +29,7 @@ from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
     SUSPENSIONS_BUCKET,
     AlreadySettledError,
+    HookResult,
     suspension_key,
 )
 
@@ -175,3 +177,36 @@ async def test_a_grant_read_retries_through_a_server_outage(
         await nc.close()
         if restarted is not None:
             restarted.stop()
+
+
+@pytest.mark.parametrize("default", ["deny", "allow"])
+async def test_an_unreachable_approval_store_denies_within_the_deadline(
+    embedded_server: EmbeddedNatsServer, default: str
+) -> None:
+    """JetStream gone while a handler asks: whether anybody answered is unknown, so the
+    emit is denied within its deadline whatever the approval's default, with the failure on
+    the result (never a raw error, never a hang, never an allow)."""
+    nc = await nats.connect(
+        embedded_server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.05
+    )
+    d = HookDispatcher(nc)
+    event = f"test:{uuid.uuid4().hex[:8]}"
+
+    @d.register(event)
+    async def gate(ev: str, data: dict[str, Any]) -> HookResult:
+        return HookResult(action="ask_user", approval_prompt="go?", approval_default=default)
+
+    await d.start()
+    embedded_server.stop()
+    started = time.monotonic()
+    try:
+        result = await d.emit(event, {"session_id": "s", "tool_name": "bash"}, timeout_s=2.0)
+    finally:
+        elapsed = time.monotonic() - started
+        await d.close()
+        with contextlib.suppress(Exception):
+            await nc.close()
+    assert result.action == "deny", result
+    assert result.reason == "approval unavailable: the suspension store could not be reached"
+    assert [(f.handler, f.kind, f.policy) for f in result.failures] == [("gate", "error", "deny")]
+    assert elapsed < 10, elapsed  # bounded by the emit's deadline, not the store's 15 s retries

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar, overload
 
+import msgspec
 import nats.errors
 from nats.aio.client import Client as NATS
 
@@ -18,6 +19,8 @@ from hookbus.schemas import (
     STANDARD_EVENTS,
     BadRequestError,
     FailurePolicy,
+    HandlerFailure,
+    HookAbortedError,
     HookbusError,
     HookResult,
     NotConnectedError,
@@ -40,6 +43,10 @@ __all__ = ["HookDispatcher"]
 T = TypeVar("T")
 
 log = logging.getLogger("hookbus.dispatcher")
+
+_SETTLE_S = 1.0
+"""Seconds past an emit's deadline that settling its approval (the store's reads and the
+closing write) may take before the call is denied as unknown."""
 
 
 class HookDispatcher(StandardEvents):
@@ -284,8 +291,11 @@ class HookDispatcher(StandardEvents):
             PayloadTooLargeError: the event does not fit the server's max_payload.
             NotConnectedError: a remote handler is routed but the connection is closed,
                 or NATS failed under an approval (every nats-py error ends as this).
-            HookbusError: any other failure (a subclass named by the approvals store);
-                never a raw nats-py error.
+            HookAbortedError: the approval wait was aborted (`Suspensions.abort_all` in a
+                draining service); the approval stays pending and a retry with the same
+                `idempotency_key` resumes it.
+        An approval whose store cannot be reached within the deadline is not an error: the
+        call is denied and the failure recorded. No nats-py error ever propagates.
         """
         if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s >= 0):
             raise BadRequestError(f"timeout_s must be a finite number of seconds >= 0: {timeout_s}")
@@ -335,8 +345,45 @@ class HookDispatcher(StandardEvents):
                     return denied
         result = fold.result()
         if result.action == "ask_user" and self._approvals is not None:
-            return await self._approvals.decide(event, result, call_id=ctx.id)
+            return await self._approve(event, result, ctx)
         return result
+
+    async def _approve(self, event: str, result: HookResult, ctx: EmitContext) -> HookResult:
+        """Turn an ``ask_user`` result into the human's answer, within the emit's deadline.
+
+        The wait is cut to what the emit has left (the approval's default applies when it
+        runs out, as for its own timeout), and the store's reads and writes get at most
+        `_SETTLE_S` seconds more. If the suspension store cannot be reached in that time
+        (JetStream lost, a leader election longer than the deadline), whether a human
+        answered is unknown: the call is denied (fail closed, whatever the default) and the
+        failure is recorded on the result.
+        """
+        assert self._approvals is not None
+        left = ctx.remaining()
+        if left is not None:
+            left = max(0.0, left)
+            result = msgspec.structs.replace(
+                result, approval_timeout=min(result.approval_timeout, left)
+            )
+        try:
+            async with asyncio.timeout(None if left is None else left + _SETTLE_S):
+                return await self._approvals.decide(event, result, call_id=ctx.id)
+        except (HookAbortedError, NotConnectedError):
+            raise  # a draining dispatcher (resumable) or a closed connection: the caller's
+        except (HookbusError, TimeoutError) as exc:
+            log.warning("approval for %r could not be settled (%r); denied", event, exc)
+            failure = HandlerFailure(
+                handler=result.decided_by or "?",
+                kind="error",
+                policy="deny",
+                message=f"the approval store could not be reached: {exc!r}",
+            )
+            return msgspec.structs.replace(
+                result,
+                action="deny",
+                reason="approval unavailable: the suspension store could not be reached",
+                failures=[*result.failures, failure],
+            )
 
     @traced_collect
     async def emit_and_collect(
