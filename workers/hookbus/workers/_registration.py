@@ -59,7 +59,14 @@ from hookbus.schemas import (
     handlers_bucket_config,
 )
 
-__all__ = ["declare_handlers", "is_transient", "open_registry", "start_liveness", "stop_liveness"]
+__all__ = [
+    "declare_handlers",
+    "flush_subscriptions",
+    "is_transient",
+    "open_registry",
+    "start_liveness",
+    "stop_liveness",
+]
 
 log = logging.getLogger("hookbus.workers")
 
@@ -120,6 +127,17 @@ async def _retrying(op: Callable[[], Awaitable[T]], *, deadline: float, what: st
             f"{what} failed: JetStream unavailable ({type(exc).__name__}: {exc})"
         ) from exc
     return result
+
+
+async def flush_subscriptions(nc: NATS, *, deadline_s: float = 30.0) -> None:
+    """Flush (the server has every subscription once this returns), retried while the
+    client reconnects, e.g. after its server died in a cluster, for up to `deadline_s` s.
+
+    Raises:
+        HookbusTimeoutError: the server did not answer the flush within `deadline_s`.
+    """
+    deadline = asyncio.get_running_loop().time() + deadline_s
+    await _retrying(nc.flush, deadline=deadline, what="flushing the subscriptions")
 
 
 async def open_registry(nc: NATS, *, replicas: int = 1, deadline_s: float = 30.0) -> KeyValue:

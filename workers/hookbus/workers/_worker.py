@@ -42,7 +42,13 @@ from hookbus.schemas import (
 )
 from hookbus.schemas._nats_guard import harden_connection
 
-from ._registration import declare_handlers, open_registry, start_liveness, stop_liveness
+from ._registration import (
+    declare_handlers,
+    flush_subscriptions,
+    open_registry,
+    start_liveness,
+    stop_liveness,
+)
 from ._telemetry import traced_handling
 
 __all__ = ["HandlerSpec", "HookWorker"]
@@ -259,7 +265,7 @@ class HookWorker:
                 await nc_.subscribe(decl.collect_subject, queue=decl.queue_group, cb=cb)
             )
         try:
-            await nc_.flush()
+            await flush_subscriptions(nc_, deadline_s=self.registration_timeout_s)
             kv = await open_registry(
                 nc_, replicas=self._bucket_replicas, deadline_s=self.registration_timeout_s
             )
