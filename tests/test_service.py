@@ -11,6 +11,7 @@ import json
 from typing import Any
 from unittest.mock import ANY
 
+import msgspec
 import nats.errors
 import pytest
 
@@ -488,3 +489,25 @@ def test_every_failure_is_a_structured_error(exc, code, retryable):
     error = _wire_error(exc)
     assert (error.code, error.retryable) == (code, retryable)
     assert error.message
+
+
+@pytest.mark.parametrize("subject", [_emit_subject, _collect_subject])
+async def test_data_nested_near_the_decoders_limit_is_a_bad_request_not_internal(
+    connect, event, subject
+):
+    """Data that decodes just under the recursion limit cannot always be encoded again
+    inside a reply: the agent gets ``bad_request`` (its data), never ``internal``, and the
+    service keeps serving."""
+    async with _worker(await connect(), event):
+        service, _ = await _service(connect)
+        agent = await connect()
+        codes = set()
+        for depth in range(880, 1010, 6):
+            body = b'{"data": {"d": ' + b"[" * depth + b"1" + b"]" * depth + b"}}"
+            msg = await agent.request(subject(event), body, timeout=5)
+            reply = msgspec.json.decode(msg.data)
+            if "error" in reply:
+                codes.add(reply["error"]["code"])
+        assert codes <= {"bad_request"}, codes
+        await _assert_serves(agent, event)
+        await service.stop()

@@ -296,7 +296,7 @@ class Requester:
     ) -> Failed | None:  # fmt: skip
         try:
             payload = encode(envelope)
-        except (RecursionError, OverflowError, TypeError, ValueError) as exc:
+        except (WireFormatError, OverflowError, TypeError, ValueError) as exc:
             return Failed("bad_reply", f"the data cannot be encoded: {exc}")
         if len(payload) > nc.max_payload:
             raise PayloadTooLargeError(

@@ -52,8 +52,18 @@ _decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {}
 
 
 def encode(obj: Any) -> bytes:
-    """Encode a wire type (or any msgspec-encodable value) as compact JSON bytes."""
-    return _encoder.encode(obj)
+    """Encode a wire type (or any msgspec-encodable value) as compact JSON bytes.
+
+    Raises:
+        WireFormatError: the value is nested deeper than the interpreter's recursion limit
+            (data that decoded just under that limit can still fail here once wrapped in a
+            reply: it is the sender's error, answered as ``bad_request``).
+        TypeError: a value of a type JSON cannot hold (msgspec's error).
+    """
+    try:
+        return _encoder.encode(obj)
+    except RecursionError as exc:
+        raise WireFormatError("the data is nested too deeply to encode") from exc
 
 
 def decode(data: bytes | str, type_: type[T]) -> T:
