@@ -484,3 +484,64 @@ async def test_refused_calls_go_to_another_replica(connect, event, code):
     denied = [r for r in results if r.action == "deny"]
     assert refused > 0 and w.handled + len(denied) == 50
     assert len(denied) <= 2, [r.failures for r in denied]  # 1 in 256 per call
+
+
+# -- hedges reach another replica --------------------------------------------------------------
+def _replica(who: str, seen: dict[str, list[tuple[str, int]]], stuck: asyncio.Event) -> Any:
+    """Handlers ``gate`` and ``audit`` of one replica, noting each call it takes in
+    ``seen[who]``; the ``stalled`` replica never finishes one until `stuck` is set."""
+
+    async def gate(ev: str, data: dict[str, Any]) -> dict[str, str]:
+        seen[who].append(("gate", data["n"]))
+        if who == "stalled":
+            await stuck.wait()
+        return {"action": "continue"}
+
+    async def audit(ev: str, data: dict[str, Any]) -> None:
+        seen[who].append(("audit", data["n"]))
+        if who == "stalled":
+            await stuck.wait()
+
+    return gate, audit
+
+
+async def test_hedge_goes_to_another_instance_than_the_stalled_one(connect, event):
+    """Two worker instances of the same handlers; one never finishes a call (a hung loop).
+    Every call it takes of the retry_safe ``gate`` is hedged to the instance that answered
+    recently, never back to the stalled one (before, the queue group picked again at random
+    and half the hedges landed on the stalled replica); the ``audit`` handler, not
+    retry_safe, is still sent exactly once per call and its stalled calls time out."""
+    stuck = asyncio.Event()  # set only at the end: the stalled instance hangs until then
+    seen: dict[str, list[tuple[str, int]]] = {"stalled": [], "healthy": []}
+    workers = {"stalled": HookWorker(await connect()), "healthy": HookWorker(await connect())}
+    for who, w in workers.items():
+        gate, audit = _replica(who, seen, stuck)
+        w.add_handler(
+            event, gate, priority=1, failure_policy="deny", timeout_s=1.0, retry_safe=True
+        )
+        w.add_handler(event, audit, priority=2, failure_policy="ignore", timeout_s=0.3)
+    async with workers["stalled"], workers["healthy"], HookDispatcher(await connect()) as d:
+        n = 0
+        while not seen["healthy"]:  # until the healthy instance has answered once
+            await d.emit(event, {"n": n})
+            n += 1
+        first = n
+        results = [await d.emit(event, {"n": n}) for n in range(first, first + 24)]
+        stuck.set()
+    assert [r.action for r in results] == ["continue"] * 24, [r.failures for r in results]
+    stalled = [(h, m) for h, m in seen["stalled"] if m >= first]
+    healthy = [(h, m) for h, m in seen["healthy"] if m >= first]
+    gates_stalled = [m for h, m in stalled if h == "gate"]
+    assert gates_stalled, "no call reached the stalled instance: the fault never happened"
+    # each call the stalled instance took was hedged to the healthy one, not back to it
+    assert len(gates_stalled) == len(set(gates_stalled)), sorted(gates_stalled)
+    assert set(gates_stalled) <= {m for h, m in healthy if h == "gate"}
+    # not retry_safe: one request per call, wherever it landed; a stalled one times out
+    audits = sorted(m for h, m in stalled + healthy if h == "audit")
+    assert audits == list(range(first, first + 24))
+    audit_stalled = {m for h, m in stalled if h == "audit"}
+    for m, r in zip(range(first, first + 24), results, strict=True):
+        kinds = [(f.handler, f.kind, f.policy) for f in r.failures]
+        assert kinds == ([("audit", "timeout", "ignore")] if m in audit_stalled else []), kinds
+    instances = {workers["stalled"].instance, workers["healthy"].instance}
+    assert len(instances) == 2 and "" not in instances

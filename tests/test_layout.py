@@ -221,6 +221,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "encode_token",
         "event_from_service_subject",
         "grant_key",
+        "handler_instance_subject",
         "handler_key",
         "handler_queue_group",
         "handler_subject",

@@ -10,13 +10,22 @@ A call has a budget (seconds: the handler's timeout, cut to what the emit has le
 the envelope as ``budget_s`` so the worker never runs past it. Within it:
 
 - an error reply marked ``retryable`` (``busy``, ``unavailable``: the handler did not run)
-  is sent again at once, to whichever replica the queue group picks;
+  is sent again at once, to another replica (see below);
 - a handler declared ``retry_safe`` that is unanswered after a fraction of the budget
   (`HEDGE_FRACTION`, at least `HEDGE_MIN_S`) is sent again (hedged), then once per half
-  such window while the budget lasts (at most `MAX_RESENDS` extra requests: the queue group
-  picks a replica at random, so each further request halves the odds of landing on the
-  stalled one again), and the first answer wins. A handler not declared retry_safe is
-  never sent twice unless a replica said it did not run it.
+  such window while the budget lasts (at most `MAX_RESENDS` extra requests), and the
+  first answer wins. A handler not declared retry_safe is never sent twice unless a
+  replica said it did not run it.
+
+The first request of a call goes to the handler's queue subject (the queue group picks a
+replica). Every reply names the worker instance that sent it, and the requester keeps, per
+handler, the instances that answered recently (most recent last; at most
+`RECENT_INSTANCES`, forgotten after `RECENT_TTL_S`). A further request goes to the instance
+subject (`handler_instance_subject`) of the most recently answering instance this call has
+not sent to and that has not refused it: a stalled replica stops answering, drops back in
+that order, and the hedge reaches a healthy one instead of a coin toss. With no such
+instance it goes to the queue subject. An instance subject with no responders (the
+instance is gone) is forgotten and the next request is sent at once.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from hookbus.schemas import (
+    BadRequestError,
     EventEnvelope,
     FailureKind,
     HookReply,
@@ -47,6 +57,7 @@ from hookbus.schemas import (
     collect_reply_subject,
     decode,
     encode,
+    handler_instance_subject,
     to_hook_result,
 )
 
@@ -56,6 +67,8 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "HEDGE_FRACTION",
     "HEDGE_MIN_S",
+    "RECENT_INSTANCES",
+    "RECENT_TTL_S",
     "Failed",
     "Outcome",
     "Requester",
@@ -79,6 +92,11 @@ MAX_REFUSALS = 8
 """A call refused (``busy``/``unavailable``) this many times fails (kind ``error``): the
 queue group picks a replica at random, so with one of two replicas refusing a call fails
 1 time in 256; with every replica overloaded, more requests would only add load."""
+
+RECENT_INSTANCES = 16
+"""Worker instances remembered per handler as hedge targets (the most recent answers)."""
+RECENT_TTL_S = 60.0
+"""Seconds after its last answer an instance is no longer a hedge target."""
 
 _STATUS = "Status"
 _NO_RESPONDERS = "503"
@@ -155,36 +173,30 @@ def judge_reply(msg: Msg) -> Outcome | None:
     Every byte string ends as an outcome: status messages with a body, invalid UTF-8,
     nesting too deep, wrong types and empty bodies are all ``bad_reply``.
     """
+    return _read_reply(msg)[0]
+
+
+def _read_reply(msg: Msg) -> tuple[Outcome | None, str | None, str]:
+    """`judge_reply`, plus the error code of a reply that says "not run, send it again"
+    (else None) and the id of the worker instance that answered ("" if unknown)."""
     headers = msg.headers or {}
     status = headers.get(_STATUS)
     if status is not None:
         if not msg.data and status == _NO_RESPONDERS:
-            return None
-        return Failed("bad_reply", f"a status {status!r} message, not a HookReply")
+            return None, None, ""
+        return Failed("bad_reply", f"a status {status!r} message, not a HookReply"), None, ""
     try:
         reply = decode(msg.data, HookReply)
     except WireFormatError as exc:
-        return Failed("bad_reply", str(exc))
-    if reply.error is not None:
-        kind = _ERROR_KINDS.get(reply.error.code, "error")
-        return Failed(kind, f"{reply.error.code}: {reply.error.message}")
-    if reply.result is None:
-        return Failed("bad_reply", "reply carries neither result nor error")
-    return reply.result
-
-
-def _retryable(msg: Msg) -> str | None:
-    """The error code of a reply that says "not run, send it again", else None."""
-    if msg.headers and _STATUS in msg.headers:
-        return None
-    try:
-        reply = decode(msg.data, HookReply)
-    except WireFormatError:
-        return None
+        return Failed("bad_reply", str(exc)), None, ""
     err = reply.error
-    if err is not None and err.retryable and err.code in ("busy", "unavailable"):
-        return err.code
-    return None
+    if err is not None:
+        failed = Failed(_ERROR_KINDS.get(err.code, "error"), f"{err.code}: {err.message}")
+        again = err.code if err.retryable and err.code in ("busy", "unavailable") else None
+        return failed, again, reply.instance
+    if reply.result is None:
+        return Failed("bad_reply", "reply carries neither result nor error"), None, reply.instance
+    return reply.result, None, reply.instance
 
 
 class Requester:
@@ -199,6 +211,8 @@ class Requester:
         self._sub: Subscription | None = None
         self._tokens = itertools.count()
         self._waiting: dict[str, asyncio.Queue[tuple[str, Msg]]] = {}
+        self._recent: dict[str, dict[str, float]] = {}
+        """Per handler subject: instance id -> loop time of its last answer, oldest first."""
 
     @property
     def started(self) -> bool:
@@ -238,6 +252,8 @@ class Requester:
         window = max(HEDGE_MIN_S, budget_s * HEDGE_FRACTION) if hedge else math.inf
         queue: asyncio.Queue[tuple[str, Msg]] = asyncio.Queue()
         live: set[str] = set()
+        targets: dict[str, str] = {}  # token -> instance of a request sent to one instance
+        avoid: set[str] = set()  # instances this call was sent to or refused by
         refused: str | None = None
         refusals = 0
         try:
@@ -248,8 +264,11 @@ class Requester:
                 envelope.attempt = attempt
                 envelope.budget_s = remaining
                 token = f"{next(self._tokens):x}"
+                subject = route.subject
+                if attempt > 1:
+                    subject = self._target(route, avoid, token, targets, loop.time())
                 self._waiting[token] = queue
-                failed = await self._send(nc, route, envelope, headers, token)
+                failed = await self._send(nc, subject, envelope, headers, token)
                 if failed is not None:
                     if not live:
                         return failed
@@ -265,8 +284,10 @@ class Requester:
                         break  # hedge (retry_safe) or the budget is spent
                     live.discard(token)
                     self._waiting.pop(token, None)
-                    code = _retryable(msg)
-                    if code is not None:  # not run: send again, to any replica
+                    outcome, code, instance = _read_reply(msg)
+                    if code is not None:  # not run: send again, to another replica
+                        if instance:
+                            avoid.add(instance)
                         refused, refusals = code, refusals + 1
                         if live:
                             continue
@@ -274,9 +295,16 @@ class Requester:
                             return Failed("error", f"{code}: refused {refusals} times")
                         await asyncio.sleep(min(0.005 * refusals, max(wait, 0)))
                         break
-                    outcome = judge_reply(msg)
                     if outcome is not None:
+                        if instance:
+                            self._answered(route.subject, instance, loop.time())
                         return outcome
+                    gone = targets.pop(token, None)
+                    if gone is not None:  # no responders on an instance subject: it is gone
+                        self._forget(route.subject, gone)
+                        if live:
+                            continue
+                        break  # send the next request at once
                     if not live:  # no replica subscribed: answered at once
                         return Failed(
                             "no_responders", f"no replica of {route.name!r} is subscribed"
@@ -290,8 +318,43 @@ class Requester:
             return Failed("error", f"{refused}: every replica refused within {budget_s:.3g}s")
         return Failed("timeout", f"no reply within {budget_s:.3g}s")
 
+    def _answered(self, subject: str, instance: str, now: float) -> None:
+        """Note that `instance` answered a request on handler `subject` at `now`."""
+        recent = self._recent.get(subject)
+        if recent is None:
+            recent = self._recent[subject] = {}
+        elif recent.pop(instance, None) is None and len(recent) >= RECENT_INSTANCES:
+            del recent[next(iter(recent))]  # the one that answered least recently
+        recent[instance] = now
+
+    def _forget(self, subject: str, instance: str) -> None:
+        recent = self._recent.get(subject)
+        if recent is not None:
+            recent.pop(instance, None)
+
+    def _target(
+        self, route: Route, avoid: set[str], token: str, targets: dict[str, str], now: float
+    ) -> str:
+        """Subject of a further request: the instance subject of the most recently
+        answering instance not in `avoid` (then added to it), else the queue subject."""
+        recent = self._recent.get(route.subject)
+        if recent:
+            for instance, seen in reversed(recent.items()):
+                if now - seen > RECENT_TTL_S:
+                    break  # older still from here on
+                if instance in avoid:
+                    continue
+                try:
+                    subject = handler_instance_subject(route.event, route.name, instance)
+                except BadRequestError:  # not an id we can address: never a target
+                    continue
+                avoid.add(instance)
+                targets[token] = instance
+                return subject
+        return route.subject
+
     async def _send(
-        self, nc: NATS, route: Route, envelope: EventEnvelope, headers: dict[str, str] | None,
+        self, nc: NATS, subject: str, envelope: EventEnvelope, headers: dict[str, str] | None,
         token: str,
     ) -> Failed | None:  # fmt: skip
         try:
@@ -305,7 +368,7 @@ class Requester:
             )
         try:
             await nc.publish(
-                route.subject,
+                subject,
                 payload,
                 reply=collect_reply_subject(self._prefix, token),
                 headers=headers,

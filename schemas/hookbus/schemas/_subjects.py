@@ -9,6 +9,7 @@ Subjects (version in the subject, ``v1``):
 
 ========================================  =============================================
 ``hookbus.v1.hook.<event>.<handler>``     one handler's requests (queue group per handler)
+``hookbus.v1.hook.<event>.<handler>.<i>`` the same handler on one worker instance only
 ``hookbus.v1.collect.<event>``            emit_and_collect scatter (every handler hears it)
 ``hookbus.v1.emit.<event>``               dispatcher service: emit
 ``hookbus.v1.emit_and_collect.<event>``   dispatcher service: emit_and_collect
@@ -46,6 +47,7 @@ __all__ = [
     "encode_token",
     "event_from_service_subject",
     "grant_key",
+    "handler_instance_subject",
     "handler_key",
     "handler_queue_group",
     "handler_subject",
@@ -154,6 +156,24 @@ def handler_subject(event: str, handler: str) -> str:
         BadRequestError: as `handler_key` (names too long for a subject).
     """
     return f"{SUBJECT_PREFIX}.hook.{handler_key(event, handler)}"
+
+
+MAX_INSTANCE_LENGTH: Final = 64
+"""Longest worker instance id accepted in a subject, in characters."""
+
+
+def handler_instance_subject(event: str, handler: str, instance: str) -> str:
+    """Subject of one handler on one worker instance (no queue group):
+    ``hookbus.v1.hook.<event>.<handler>.<instance>``. Dispatchers send hedges there, to a
+    replica that answered recently, instead of letting the queue group pick one.
+
+    Raises:
+        BadRequestError: as `handler_key`, or `instance` is empty or longer than
+            `MAX_INSTANCE_LENGTH` characters.
+    """
+    if not instance or len(instance) > MAX_INSTANCE_LENGTH:
+        raise BadRequestError(f"not a worker instance id: {instance!r:.80}")
+    return f"{handler_subject(event, handler)}.{encode_token(instance)}"
 
 
 def handler_queue_group(handler: str) -> str:

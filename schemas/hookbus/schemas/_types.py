@@ -149,6 +149,10 @@ class HookReply(_Wire):
     handler: str
     result: HookResult | None = None
     error: WireError | None = None
+    instance: str = ""
+    """Id of the worker process that answered (its ``nats.micro`` service id): a
+    dispatcher may send a hedge to ``handler_instance_subject(event, handler, instance)``.
+    Empty from workers that predate it."""
 
 
 class HandlerDeclaration(_Wire):

@@ -33,6 +33,7 @@ from hookbus.schemas import (
     collect_subject,
     decode,
     encode,
+    handler_instance_subject,
     handler_key,
     handler_queue_group,
     handler_subject,
@@ -120,6 +121,9 @@ class HookWorker:
         self.registration_timeout_s = registration_timeout_s
         self._replace_handlers: dict[tuple[str, str], bool] = {}
         self._liveness: Service | None = None
+        self.instance = ""
+        """This process's instance id (its liveness service id) once started: every reply
+        carries it, and each handler also listens on its instance subject (hedges)."""
         self._specs: dict[tuple[str, str], HandlerSpec] = {}
         self._subs: list[Subscription] = []
         self._tasks: set[asyncio.Task[None]] = set()
@@ -275,6 +279,13 @@ class HookWorker:
             ]
             await declare_handlers(kv, declarations, deadline_s=self.registration_timeout_s)
             self._liveness = await start_liveness(nc_, list(self._specs))
+            # after the queue subscriptions: a reply names this instance only once its
+            # subjects exist (the server handles one connection's SUB before its PUB)
+            for spec in self._specs.values():
+                decl = spec.declaration
+                subject = handler_instance_subject(decl.event, decl.name, self._liveness.id)
+                self._subs.append(await nc_.subscribe(subject, cb=self._make_callback(spec)))
+            self.instance = self._liveness.id
         except BaseException:
             for sub in self._subs:
                 with contextlib.suppress(Exception):
@@ -395,7 +406,8 @@ class HookWorker:
         self.refused += 1
         if msg.reply and self._nc is not None:
             error = WireError(code=code, message=message, retryable=True)
-            payload = encode(HookReply(handler=spec.declaration.name, error=error))
+            reply = HookReply(handler=spec.declaration.name, error=error, instance=self.instance)
+            payload = encode(reply)
             with contextlib.suppress(nats.errors.Error):
                 await self._nc.publish(msg.reply, payload)
 
@@ -419,8 +431,8 @@ class HookWorker:
             if msg.reply and self._nc is not None:  # answer anyway: no wait for a timeout
                 error = WireError(code="internal", message=repr(exc))
                 with contextlib.suppress(Exception):
-                    payload = encode(HookReply(handler=decl.name, error=error))
-                    await self._nc.publish(msg.reply, payload)
+                    reply = HookReply(handler=decl.name, error=error, instance=self.instance)
+                    await self._nc.publish(msg.reply, encode(reply))
         finally:
             self.handled += 1
             self._inflight -= 1
@@ -490,6 +502,7 @@ class HookWorker:
             log.warning("request on %s has no reply subject; answer dropped", msg.subject)
             return
         assert self._nc is not None
+        reply.instance = self.instance
         payload = encode(reply)
         if len(payload) > self._nc.max_payload:
             log.warning("reply of %s is %d bytes, over max_payload", reply.handler, len(payload))
@@ -501,6 +514,7 @@ class HookWorker:
                         message=f"reply is {len(payload)} bytes; max_payload is"
                         f" {self._nc.max_payload}",
                     ),
+                    instance=self.instance,
                 )
             )
         await self._nc.publish(msg.reply, payload)
