@@ -545,3 +545,55 @@ async def test_hedge_goes_to_another_instance_than_the_stalled_one(connect, even
         assert kinds == ([("audit", "timeout", "ignore")] if m in audit_stalled else []), kinds
     instances = {workers["stalled"].instance, workers["healthy"].instance}
     assert len(instances) == 2 and "" not in instances
+
+
+async def _until_interest(nc: Any, subject: str) -> None:
+    """Wait until a request from `nc` on `subject` reaches a subscriber (no 503): under
+    load the server may briefly not see a subscription flushed on another connection."""
+    while True:
+        try:
+            await nc.request(subject, b"probe", timeout=0.05)
+        except nats.errors.NoRespondersError:
+            await asyncio.sleep(0.01)
+        except nats.errors.TimeoutError:
+            return
+        else:
+            return
+
+
+async def test_hedge_to_a_gone_instance_falls_back_to_the_queue_group(connect, event):
+    """The instance that answered last has shut down; a replica that never answers is the
+    only one left. The hedge to the gone instance gets "no responders": the instance is
+    forgotten, the next requests go to the queue group, and the call ends as the stalled
+    replica's ``timeout`` under the deny policy, not as ``no_responders``."""
+    w = HookWorker(await connect())
+
+    @w.handler(event, failure_policy="deny", timeout_s=1.0, retry_safe=True)
+    async def slow(ev: str, data: dict[str, Any]) -> None:
+        return None
+
+    stalled, dnc = await connect(), await connect()
+    seen: list[EventEnvelope] = []
+
+    async def record(msg: Any) -> None:  # and never answer
+        with contextlib.suppress(WireFormatError):  # a probe
+            seen.append(decode(msg.data, EventEnvelope))
+
+    subject = handler_subject(event, "slow")
+    await w.start()
+    async with HookDispatcher(dnc) as d:
+        assert [r.name for r in d.routes(event)] == ["slow"]
+        await _until_interest(dnc, subject)
+        first = await d.emit(event, {})  # the worker answers: its instance is known
+        await w.shutdown()
+        await stalled.subscribe(subject, queue=handler_queue_group("slow"), cb=record)
+        await stalled.flush()
+        await _until_interest(dnc, subject)
+        result = await d.emit(event, {})
+    assert first.action == "continue" and first.failures == []
+    assert [(f.kind, f.policy) for f in result.failures] == [("timeout", "deny")], (
+        result.failures,
+        [e.attempt for e in seen],
+    )
+    attempts = [e.attempt for e in seen]
+    assert attempts[0] == 1 and 2 not in attempts and len(attempts) >= 2, attempts
