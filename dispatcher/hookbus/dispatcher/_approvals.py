@@ -56,7 +56,7 @@ from hookbus.schemas import (
 )
 from hookbus.schemas import _telemetry_names as tn
 
-from ._kv import kv_retry
+from ._kv import kv_retry, release_consumer
 from ._suspensions import Suspensions
 
 __all__ = [
@@ -211,7 +211,7 @@ class Grants:
                     if grant is not None:
                         out.append(grant)
         finally:
-            await watcher.stop()
+            await release_consumer(watcher._sub)
 
     @classmethod
     def _valid(cls, key: str, value: bytes) -> ApprovalGrant | None:

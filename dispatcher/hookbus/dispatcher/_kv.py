@@ -13,9 +13,10 @@ write whose outcome is unknown must be re-read and reconciled, not retried blind
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import nats.errors
 import nats.js.errors
@@ -39,7 +40,7 @@ from hookbus.schemas import (
     suspensions_bucket_config,
 )
 
-__all__ = ["ensure_buckets", "is_transient", "kv_retry", "open_bucket"]
+__all__ = ["ensure_buckets", "is_transient", "kv_retry", "open_bucket", "release_consumer"]
 
 T = TypeVar("T")
 
@@ -123,6 +124,26 @@ async def kv_retry(
             f"{type(exc).__name__}: {exc})"
         ) from exc
     return result
+
+
+async def release_consumer(sub: Any, *, timeout_s: float = 2.0) -> None:
+    """Unsubscribe a JetStream push subscription (a KV watch's ``_sub`` or a
+    ``js.subscribe`` result) and delete its ephemeral consumer at once.
+
+    Unsubscribing alone leaves the consumer on the server until its inactive threshold
+    (5 minutes for nats-py's KV watches): a process that reads a bucket every few seconds
+    then holds hundreds of consumers, and JetStream refuses new ones past its limit
+    ("maximum consumers limit reached", err 10026), which stops every KV watch. Best
+    effort, bounded by `timeout_s` seconds; never raises.
+    """
+    stream, name = getattr(sub, "_stream", None), getattr(sub, "_consumer", None)
+    with contextlib.suppress(Exception):
+        await sub.unsubscribe()
+    if not stream or not name:
+        return
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(timeout_s):
+            await sub._js._jsm.delete_consumer(stream, name)
 
 
 async def open_bucket(

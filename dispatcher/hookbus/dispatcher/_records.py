@@ -23,7 +23,6 @@ its key); a bad one is reported once per revision in the log and skipped, never 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import math
@@ -52,7 +51,7 @@ from hookbus.schemas import (
     suspension_key,
 )
 
-from ._kv import is_transient, kv_retry
+from ._kv import is_transient, kv_retry, release_consumer
 
 __all__ = ["Entry", "RecordStore", "SuspensionPage", "parse_record"]
 
@@ -391,8 +390,7 @@ class RecordStore:
             async with asyncio.timeout(self.deadline_s):
                 await done
         finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+            await release_consumer(sub)
         return list(records.values()), list(bad)
 
     async def page(

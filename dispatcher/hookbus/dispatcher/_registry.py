@@ -41,7 +41,7 @@ from hookbus.schemas import (
     required_key,
 )
 
-from ._kv import kv_retry, open_bucket
+from ._kv import kv_retry, open_bucket, release_consumer
 from ._routes import RoutingTable
 
 __all__ = [
@@ -187,8 +187,7 @@ async def read_registry(kv: KeyValue, *, timeout_s: float = 5.0) -> RegistryRead
                 read.complete = True
                 break
     finally:
-        with contextlib.suppress(Exception):
-            await watcher.stop()
+        await release_consumer(watcher._sub)
     if not read.complete:  # the last message may have been removed: count the keys instead
         with contextlib.suppress(Exception):
             read.complete = (await kv.status()).stream_info.state.messages == len(seen)
@@ -292,8 +291,7 @@ class RegistryWatch:
                 try:
                     await self._follow(watcher)
                 finally:
-                    with contextlib.suppress(Exception):
-                        await watcher.stop()
+                    await release_consumer(watcher._sub)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # server lost, stream gone: retry, resync meanwhile

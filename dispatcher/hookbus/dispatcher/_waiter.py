@@ -30,7 +30,7 @@ from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
 from hookbus.schemas import lease_key, leases_bucket_config
 
-from ._kv import kv_retry, open_bucket
+from ._kv import kv_retry, open_bucket, release_consumer
 from ._records import Entry, RecordStore
 
 __all__ = ["Leases", "SharedWatch", "Slot"]
@@ -168,8 +168,7 @@ class SharedWatch:
     async def _unsubscribe(self) -> None:
         sub, self._sub = self._sub, None
         if sub is not None:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+            await release_consumer(sub)
 
     async def _on_msg(self, msg: Any) -> None:
         key = msg.subject[len(self._prefix) :]
