@@ -98,6 +98,11 @@ RECENT_INSTANCES = 16
 RECENT_TTL_S = 60.0
 """Seconds after its last answer an instance is no longer a hedge target."""
 
+NO_RESPONDERS_RECHECK_S = 0.02
+"""Seconds before a call answered "no responders" is sent once more (only once) before it
+fails as ``no_responders``: a subscription made and flushed on another connection a moment
+earlier was seen to miss a publish under load."""
+
 _STATUS = "Status"
 _NO_RESPONDERS = "503"
 
@@ -256,6 +261,7 @@ class Requester:
         avoid: set[str] = set()  # instances this call was sent to or refused by
         refused: str | None = None
         refusals = 0
+        rechecked = False
         try:
             for attempt in itertools.count(1):
                 remaining = deadline - loop.time()
@@ -306,6 +312,12 @@ class Requester:
                             continue
                         break  # send the next request at once
                     if not live:  # no replica subscribed: answered at once
+                        if not rechecked and deadline - loop.time() > NO_RESPONDERS_RECHECK_S:
+                            # a replica that subscribed a moment ago may not be visible to
+                            # this publish yet (seen under load): ask once more, shortly
+                            rechecked = True
+                            await asyncio.sleep(NO_RESPONDERS_RECHECK_S)
+                            break
                         return Failed(
                             "no_responders", f"no replica of {route.name!r} is subscribed"
                         )
