@@ -686,7 +686,7 @@ async def bench(
 
 
 async def bench_more(url: str, quick: bool) -> tuple[list[Row], list[str]]:
-    """The suspension (issue 3) and tracing (issue 4) rows, each with its own baseline
+    """The suspension and tracing rows, each with its own baseline
     taken in the same run: a KV put, and emit with tracing off."""
     from suspensions import bench_suspensions  # siblings: benchmarks/ is on sys.path
     from tracing import bench_noop_overhead, bench_tracing

@@ -1,4 +1,4 @@
-"""Suspension benchmark (issue 3, part 7): resolve -> waiter wakes, against a KV put.
+"""Suspension benchmark: resolve -> waiter wakes, against a KV put.
 
     .venv/bin/python benchmarks/suspensions.py              # embedded nats-server, n=300
     .venv/bin/python benchmarks/suspensions.py --n 1000 --url nats://127.0.0.1:4222

@@ -1,4 +1,4 @@
-"""Tracing benchmark (issue 4, part 7): emit p50 with tracing on vs off, in the same run.
+"""Tracing benchmark: emit p50 with tracing on vs off, in the same run.
 
     .venv/bin/python benchmarks/tracing.py                  # embedded nats-server, n=2000
     .venv/bin/python benchmarks/tracing.py --n 4000 --url nats://127.0.0.1:4222

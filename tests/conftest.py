@@ -23,7 +23,7 @@ from hookbus.cli import EmbeddedNatsServer
 
 
 def _docker_answers() -> bool:
-    """Whether a Docker daemon answers a ping (FIELD-NOTES: none on these machines)."""
+    """Whether a Docker daemon answers a ping (none on the machines this suite was written on)."""
     if not os.environ.get("DOCKER_HOST") and not os.path.exists("/var/run/docker.sock"):
         return False
     try:

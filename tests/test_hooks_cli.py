@@ -1,5 +1,5 @@
-"""`hookbus hooks list|show|resolve|cancel` and `hookbus approvals [list] | answer` (issue 3,
-part 4), run as a user would: ``python -m hookbus.cli ... --url NATS_URL`` in a subprocess,
+"""`hookbus hooks list|show|resolve|cancel` and `hookbus approvals [list] | answer`,
+run as a user would: ``python -m hookbus.cli ... --url NATS_URL`` in a subprocess,
 while a hook waits in this process."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 - `schemas/`, `workers/`, `dispatcher/`, `cli/` are portions of the `hookbus` namespace
   package: none has a ``hookbus/__init__.py``.
-- Direction (STYLE.md): schemas at the bottom (no I/O, imports nothing of ours), workers
+- Direction: schemas at the bottom (no I/O, imports nothing of ours), workers
   and dispatcher import schemas and never each other, the CLI sits on top.
 - The public exports (`__all__`) of each part are pinned, and each name resolves.
 """

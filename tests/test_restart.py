@@ -1,4 +1,4 @@
-"""Restarts (issue 3, part 6): suspensions live in JetStream KV, not in any process.
+"""Restarts: suspensions live in JetStream KV, not in any process.
 
 - The agent's process is killed (SIGKILL) while its hook is pending; the hook is resolved
   while no agent runs; a new process entering the same run gets the resolution at once,
@@ -447,7 +447,7 @@ async def restart_while_waiting(
 async def test_a_waiter_survives_a_nats_server_restart_mid_wait(
     embedded_server: EmbeddedNatsServer,
 ) -> None:
-    """FIELD-NOTES: a watch can stall after a server loss; the periodic read covers it."""
+    """A watch can stall after a server loss; the periodic read covers it."""
     await restart_while_waiting(embedded_server, steady=True)
 
 

@@ -69,7 +69,7 @@ SUBJECT_TOKEN = re.compile(r"[A-Za-z0-9_=-]+")
 """Characters an encoded token may hold: safe in a NATS subject token (no `.`, `*`, `>`,
 whitespace) and in a queue group name."""
 KV_KEY = re.compile(r"[-/_=.a-zA-Z0-9]+")
-"""JetStream KV key charset (FIELD-NOTES; nats-py's `VALID_KEY_RE`)."""
+"""JetStream KV key charset (nats-py's `VALID_KEY_RE`)."""
 
 
 @pytest.mark.parametrize("name", TRICKY_NAMES)

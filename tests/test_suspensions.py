@@ -1,4 +1,4 @@
-"""Durable suspensions (issue 3, part 2): every semantic against a real nats-server.
+"""Durable suspensions: every semantic against a real nats-server.
 
 Each dispatcher has its own connection (one per simulated process). Hook events are read
 from the bus; "no such event" is shown with a sentinel event published after flushing
@@ -701,7 +701,7 @@ async def test_a_very_long_label_works_or_is_refused_clearly_and_the_connection_
 # -- TTL -------------------------------------------------------------------------------------------
 async def test_records_expire_by_the_bucket_ttl(embedded_server: Any) -> None:
     """A private server: the bucket takes its TTL from the first dispatcher that creates it.
-    FIELD-NOTES: expiry lags 2-10 s, so the check polls (bounded) instead of asserting a time."""
+    Expiry lags 2-10 s, so the check polls (bounded) instead of asserting a time."""
     import nats
 
     nc = await nats.connect(embedded_server.url)

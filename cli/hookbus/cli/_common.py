@@ -140,7 +140,8 @@ async def connect(url: str, *, name: str, service: bool = False) -> NATS:
         raise click.ClickException(
             f"cannot connect to NATS at {url}: {exc or type(exc).__name__}"
         ) from exc
-    # ... then, once connected, reconnect like a service: forever (FIELD-NOTES), 2 s apart.
+    # ... then, once connected, reconnect like a service: forever (by default nats-py
+    # closes for good after 60 tries), 2 s apart.
     nc.options["max_reconnect_attempts"] = -1 if service else 60
     nc.options["reconnect_time_wait"] = 2.0
     return nc

