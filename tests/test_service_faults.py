@@ -83,8 +83,13 @@ async def test_drain_aborts_an_approval_wait_and_a_retry_resumes_it(embedded_ser
             service = DispatcherService(HookDispatcher(snc, strict_events=True), snc)
             await service.start()
             first = asyncio.create_task(agent.request(_emit_subject(event), body, timeout=30))
-            with anyio.fail_after(20):
-                label = await pending.get()
+            asked = asyncio.create_task(pending.get())
+            done, _ = await asyncio.wait({first, asked}, timeout=40, return_when="FIRST_COMPLETED")
+            if asked not in done:  # say what the emit did instead of asking
+                asked.cancel()
+                got = decode((await first).data, EmitReply) if first in done else "no reply yet"
+                pytest.fail(f"no approval was asked within 40 s; the emit answered: {got}")
+            label = asked.result()
             with (
                 anyio.fail_after(10),  # the grace, then the abort: well within this
                 caplog.at_level(logging.WARNING, logger="hookbus.dispatcher"),
