@@ -7,33 +7,20 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TypeVar
 
-import anyio
 import click
 from rich.console import Console
 from rich.table import Table
 
 from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher
-from hookbus.schemas import ApprovalGrant, HookbusError, SuspensionRecord, grant_key, to_builtins
+from hookbus.schemas import ApprovalGrant, SuspensionRecord, grant_key, to_builtins
 
-from ._common import connect, nats_url_or_embedded, url_option
+from ._common import url_option, with_dispatcher
 
 T = TypeVar("T")
 
 
 def _with_dispatcher(url: str | None, fn: Callable[[HookDispatcher], Awaitable[T]]) -> T:
-    async def run(nats_url: str) -> T:
-        nc = await connect(nats_url, name="hookbus-approvals")
-        try:
-            async with HookDispatcher(nc, approvals=False) as d:
-                return await fn(d)
-        finally:
-            await nc.close()
-
-    with nats_url_or_embedded(url) as nats_url:
-        try:
-            return anyio.run(run, nats_url, backend="asyncio")
-        except HookbusError as exc:
-            raise click.ClickException(str(exc)) from exc
+    return with_dispatcher(url, fn, name="hookbus-approvals")
 
 
 @click.group(invoke_without_command=True)

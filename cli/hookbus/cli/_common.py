@@ -10,14 +10,18 @@ import json
 import logging
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import anyio
 import click
 import nats
 import nats.errors
 from nats.aio.client import Client as NATS
+
+from hookbus.dispatcher import HookDispatcher
+from hookbus.schemas import HookbusError
 
 from ._server import EmbeddedNatsServer
 
@@ -36,7 +40,7 @@ url_option = click.option(
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
-class Duration(click.ParamType):
+class Duration(click.ParamType):  # type: ignore[type-arg]
     """Seconds, as a number or with a unit: ``90``, ``90s``, ``15m``, ``24h``, ``7d``."""
 
     name = "duration"
@@ -202,3 +206,31 @@ def parse_json_object(text: str, *, what: str = "JSON") -> dict[str, Any]:
     if not isinstance(value, dict):
         raise click.BadParameter(f"{what} must be a JSON object, got {type(value).__name__}")
     return value
+
+
+T = TypeVar("T")
+
+
+def with_dispatcher(
+    url: str | None, fn: Callable[[HookDispatcher], Awaitable[T]], *, name: str
+) -> T:
+    """Run ``fn(dispatcher)`` on a started `HookDispatcher` (approvals off) connected as
+    client `name` to `url` (or the embedded server), and return what it returned.
+
+    Raises:
+        click.ClickException: a hookbus error, as one line.
+    """
+
+    async def run(nats_url: str) -> T:
+        nc = await connect(nats_url, name=name)
+        try:
+            async with HookDispatcher(nc, approvals=False) as d:
+                return await fn(d)
+        finally:
+            await nc.close()
+
+    with nats_url_or_embedded(url) as nats_url:
+        try:
+            return anyio.run(run, nats_url, backend="asyncio")
+        except HookbusError as exc:
+            raise click.ClickException(str(exc)) from exc

@@ -6,33 +6,20 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import anyio
 import click
 from rich.console import Console
 from rich.table import Table
 
 from hookbus.dispatcher import HookDispatcher
-from hookbus.schemas import HookbusError, SuspensionRecord, to_builtins
+from hookbus.schemas import SuspensionRecord, to_builtins
 
-from ._common import connect, nats_url_or_embedded, url_option
+from ._common import url_option, with_dispatcher
 
 T = TypeVar("T")
 
 
 def _with_dispatcher(url: str | None, fn: Callable[[HookDispatcher], Awaitable[T]]) -> T:
-    async def run(nats_url: str) -> T:
-        nc = await connect(nats_url, name="hookbus-hooks")
-        try:
-            async with HookDispatcher(nc, approvals=False) as d:
-                return await fn(d)
-        finally:
-            await nc.close()
-
-    with nats_url_or_embedded(url) as nats_url:
-        try:
-            return anyio.run(run, nats_url, backend="asyncio")
-        except HookbusError as exc:
-            raise click.ClickException(str(exc)) from exc
+    return with_dispatcher(url, fn, name="hookbus-hooks")
 
 
 async def _require(d: HookDispatcher, label: str) -> SuspensionRecord:

@@ -419,5 +419,4 @@ async def call_remote(
     assert timeout_s is not None
     if timeout_s <= 0:
         return Failed("timeout", "not called: the emit's deadline had passed")
-    retry_safe = bool(getattr(route, "retry_safe", False))
-    return await requester.call(nc, route, envelope, headers, timeout_s, hedge=retry_safe)
+    return await requester.call(nc, route, envelope, headers, timeout_s, hedge=route.retry_safe)
