@@ -75,7 +75,7 @@ async def answer_at_the_deadline(
     else:
         await anyio.sleep(max(0.0, record.created_at + TIMEOUT_S + offset_s - time.time()))
     try:
-        await approver.d.resolve_hook(label, {"choice": "Allow"})
+        await approver.d.answer_approval(label, "Allow", approver="tester", agent_id=None)
     except AlreadySettledError:
         pass
 
@@ -106,7 +106,7 @@ async def test_an_answer_at_the_deadline_decides_exactly_as_the_record_says(
             assert final.status in ("resolved", "cancelled")
             outcomes[final.status] += 1
             if final.status == "resolved":
-                assert (r.action, r.reason) == ("continue", "user chose 'Allow'"), i
+                assert (r.action, r.reason) == ("continue", "tester chose 'Allow'"), i
             else:
                 assert r.action == "deny", i
                 assert r.reason is not None and "timed out" in r.reason, i
@@ -116,9 +116,11 @@ async def test_an_answer_at_the_deadline_decides_exactly_as_the_record_says(
                 again = spawn_emit(tg, d, event, dict(call))
                 fresh = await approver.pending(session)
                 assert fresh.label != part.label
-                await approver.d.resolve_hook(fresh.label, {"choice": "Deny"})
+                await approver.d.answer_approval(
+                    fresh.label, "Deny", approver="tester", agent_id=fresh.agent_id
+                )
                 r2 = await again.wait()
-            assert (r2.action, r2.reason) == ("deny", "user chose 'Deny'"), i
+            assert (r2.action, r2.reason) == ("deny", "tester chose 'Deny'"), i
     print(f"answers at the deadline: {outcomes}")
 
 
@@ -155,7 +157,9 @@ async def test_a_grant_read_retries_through_a_server_outage(
                     async with anyio.create_task_group() as tg:
                         out = spawn_emit(tg, d, event, {"tool_name": "bash"})
                         part = await approver.pending(session)
-                        await other.resolve_hook(part.label, {"choice": "Allow always"})
+                        await other.answer_approval(
+                            part.label, "Allow always", approver="tester", agent_id=part.agent_id
+                        )
                         assert (await out.wait()).action == "continue"
                     await approver.close()
             finally:

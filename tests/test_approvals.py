@@ -198,7 +198,9 @@ async def test_ask_user_from_a_remote_handler_waits_for_the_answer_and_allows(
             assert m["handler"] == "remote_guard" and m["event"] == event
             assert m["tool_name"] == "bash" and m["agent_id"] == "a1"
             assert not out.done.is_set()
-            await approver.d.resolve_hook(part.label, {"choice": "Allow once"})
+            await approver.d.answer_approval(
+                part.label, "Allow once", approver="tester", agent_id=part.agent_id
+            )
             r = await out.wait()
     assert r.action == "continue"
     assert r.decided_by == "remote_guard"
@@ -213,7 +215,9 @@ async def test_a_local_handler_deny_choice_denies(
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "write_file"})
         part = await approver.pending(agent.session)
-        await approver.d.resolve_hook(part.label, {"choice": "No"})
+        await approver.d.answer_approval(
+            part.label, "No", approver="tester", agent_id=part.agent_id
+        )
         r = await out.wait()
     assert r.action == "deny" and r.decided_by == "guard"
     assert r.reason is not None and "No" in r.reason
@@ -230,11 +234,15 @@ async def test_default_options_are_allow_and_deny_and_other_choices_are_refused(
         assert part.metadata["prompt"]  # a prompt is always shown, even when none was given
         before = await approver.d.suspensions.get(part.label)
         with pytest.raises(ResolutionRejectedError, match="choice"):
-            await approver.d.resolve_hook(part.label, {"choice": "Maybe"})
+            await approver.d.answer_approval(
+                part.label, "Maybe", approver="tester", agent_id=part.agent_id
+            )
         with pytest.raises(ResolutionRejectedError):
             await approver.d.resolve_hook(part.label, {"answer": "Allow"})
         assert await approver.d.suspensions.get(part.label) == before
-        await approver.d.resolve_hook(part.label, {"choice": "Deny"})
+        await approver.d.answer_approval(
+            part.label, "Deny", approver="tester", agent_id=part.agent_id
+        )
         r = await out.wait()
     assert r.action == "deny"
 
@@ -252,7 +260,9 @@ async def test_a_timeout_applies_the_default(
     closed = await approver.next(lambda h: h.label == part.label and h.status == "cancelled")
     assert closed.reason is not None and default in closed.reason
     with pytest.raises(AlreadySettledError):  # a late answer is refused, not silently lost
-        await approver.d.resolve_hook(part.label, {"choice": "Allow"})
+        await approver.d.answer_approval(
+            part.label, "Allow", approver="tester", agent_id=part.agent_id
+        )
 
 
 async def test_a_cancelled_approval_denies(agent: Agent, approver: Approver, event: str) -> None:
@@ -274,7 +284,9 @@ async def test_allow_always_is_remembered_for_the_session_handler_and_tool(
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "command": "ls"})
         part = await approver.pending(agent.session)
-        await approver.d.resolve_hook(part.label, {"choice": "Allow always"})
+        await approver.d.answer_approval(
+            part.label, "Allow always", approver="tester", agent_id=part.agent_id
+        )
         assert (await out.wait()).action == "continue"
 
     # the next call of the same tool in the same session does not ask again
@@ -308,7 +320,9 @@ async def test_allow_always_is_remembered_for_the_session_handler_and_tool(
         out = spawn_emit(tg, agent.d, event, {"tool_name": "write_file"})
         part = await approver.pending(agent.session)
         assert part.metadata["tool_name"] == "write_file"
-        await approver.d.resolve_hook(part.label, {"choice": "Deny"})
+        await approver.d.answer_approval(
+            part.label, "Deny", approver="tester", agent_id=part.agent_id
+        )
         assert (await out.wait()).action == "deny"
 
     # the same tool in another session asks again
@@ -316,7 +330,9 @@ async def test_allow_always_is_remembered_for_the_session_handler_and_tool(
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "command": "ls"})
         part = await approver.pending(f"{agent.session}-other")
-        await approver.d.resolve_hook(part.label, {"choice": "Deny"})
+        await approver.d.answer_approval(
+            part.label, "Deny", approver="tester", agent_id=part.agent_id
+        )
         assert (await out.wait()).action == "deny"
 
 
@@ -325,14 +341,18 @@ async def test_allow_always_is_per_handler(agent: Agent, approver: Approver, eve
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
         part = await approver.pending(agent.session)
-        await approver.d.resolve_hook(part.label, {"choice": "Allow always"})
+        await approver.d.answer_approval(
+            part.label, "Allow always", approver="tester", agent_id=part.agent_id
+        )
         assert (await out.wait()).action == "continue"
     unregister_second = agent.d.register(event, asker("second"), priority=0)  # now asks first
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
         part = await approver.pending(agent.session)
         assert part.metadata["handler"] == "second"
-        await approver.d.resolve_hook(part.label, {"choice": "Deny"})
+        await approver.d.answer_approval(
+            part.label, "Deny", approver="tester", agent_id=part.agent_id
+        )
         r = await out.wait()
     assert r.action == "deny" and r.decided_by == "second"
     unregister_second()
@@ -344,7 +364,9 @@ async def test_allow_once_is_not_remembered(agent: Agent, approver: Approver, ev
         async with anyio.create_task_group() as tg:
             out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "command": "ls"})
             part = await approver.pending(agent.session)
-            await approver.d.resolve_hook(part.label, {"choice": "Allow once"})
+            await approver.d.answer_approval(
+                part.label, "Allow once", approver="tester", agent_id=part.agent_id
+            )
             assert (await out.wait()).action == "continue"
 
 
@@ -397,7 +419,9 @@ async def test_ask_user_beats_inject_context_and_the_asking_handler_decides(
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
         part = await approver.pending(agent.session)
         assert part.metadata["prompt"] == "ok?" and part.metadata["handler"] == "ask"
-        await approver.d.resolve_hook(part.label, {"choice": "Allow"})
+        await approver.d.answer_approval(
+            part.label, "Allow", approver="tester", agent_id=part.agent_id
+        )
         r = await out.wait()
     assert r.action == "continue" and r.decided_by == "ask"
 
@@ -409,7 +433,9 @@ async def test_the_first_ask_user_is_kept(agent: Agent, approver: Approver, even
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
         part = await approver.pending(agent.session)
         assert part.metadata["prompt"] == "first?"
-        await approver.d.resolve_hook(part.label, {"choice": "Deny"})
+        await approver.d.answer_approval(
+            part.label, "Deny", approver="tester", agent_id=part.agent_id
+        )
         r = await out.wait()
     assert r.action == "deny" and r.decided_by == "first"
     assert len(approver.pending_of(agent.session)) == 1
@@ -477,10 +503,12 @@ async def test_a_timed_out_approval_does_not_decide_the_next_identical_call(
         out = spawn_emit(tg, agent.d, event, dict(call))
         part = await approver.pending(agent.session)
         assert part.label != first_label
-        await approver.d.resolve_hook(part.label, {"choice": "Deny"})
+        await approver.d.answer_approval(
+            part.label, "Deny", approver="tester", agent_id=part.agent_id
+        )
         second = await out.wait()
     assert second.action == "deny" and second.decided_by == "guard"
-    assert second.reason == "user chose 'Deny'"
+    assert second.reason == "tester chose 'Deny'"
 
 
 async def test_a_cancelled_approval_does_not_decide_the_next_identical_call(
@@ -497,9 +525,11 @@ async def test_a_cancelled_approval_does_not_decide_the_next_identical_call(
         out = spawn_emit(tg, agent.d, event, dict(call))
         again = await approver.pending(agent.session)
         assert again.label != part.label
-        await approver.d.resolve_hook(again.label, {"choice": "Allow"})
+        await approver.d.answer_approval(
+            again.label, "Allow", approver="tester", agent_id=again.agent_id
+        )
         r = await out.wait()
-    assert r.action == "continue" and r.reason == "user chose 'Allow'"
+    assert r.action == "continue" and r.reason == "tester chose 'Allow'"
 
 
 # -- a retry of the same call (idempotency key) ----------------------------------------------------
@@ -530,19 +560,23 @@ async def test_a_retry_with_the_same_key_finds_its_answer_without_asking_again(
                 retried.done.set()
 
             tg.start_soon(retry)
-            await approver.d.resolve_hook(part.label, {"choice": "Allow once"})
+            await approver.d.answer_approval(
+                part.label, "Allow once", approver="tester", agent_id=part.agent_id
+            )
             assert (await first.wait()).action == "continue"
             assert (await retried.wait()).action == "continue"
             # a retry after the answer gets it at once
             late = await other.emit(event, dict(call), idempotency_key=key)
-    assert late.action == "continue" and late.reason == "user chose 'Allow once'"
+    assert late.action == "continue" and late.reason == "tester chose 'Allow once'"
     assert len(approver.pending_of(agent.session)) == 1
     # a new identical call (another key, or none) asks anew
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, dict(call))
         fresh = await approver.pending(agent.session)
         assert fresh.label != part.label
-        await approver.d.resolve_hook(fresh.label, {"choice": "Deny"})
+        await approver.d.answer_approval(
+            fresh.label, "Deny", approver="tester", agent_id=fresh.agent_id
+        )
         assert (await out.wait()).action == "deny"
 
 
@@ -567,13 +601,17 @@ async def test_a_key_reused_for_another_call_does_not_reuse_the_answer(
     async with anyio.create_task_group() as tg:
         out = spawn_emit_keyed(tg, agent.d, event, {"tool_name": "bash", "command": "ls"}, key)
         part = await approver.pending(agent.session)
-        await approver.d.resolve_hook(part.label, {"choice": "Allow"})
+        await approver.d.answer_approval(
+            part.label, "Allow", approver="tester", agent_id=part.agent_id
+        )
         assert (await out.wait()).action == "continue"
     async with anyio.create_task_group() as tg:
         out = spawn_emit_keyed(tg, agent.d, event, {"tool_name": "bash", "command": "rm"}, key)
         again = await approver.pending(agent.session)
         assert again.label != part.label
-        await approver.d.resolve_hook(again.label, {"choice": "Deny"})
+        await approver.d.answer_approval(
+            again.label, "Deny", approver="tester", agent_id=again.agent_id
+        )
         assert (await out.wait()).action == "deny"
 
 
@@ -607,7 +645,9 @@ async def test_allow_always_without_a_session_allows_that_call_only(
             out = spawn_emit(tg, d, event, {"tool_name": "bash", "agent_id": agent_a,
                                             "tool_input": {"command": "ls"}})  # fmt: skip
             label = await pending_label(approver, None, agent_a)
-            await approver.d.resolve_hook(label, {"choice": "Allow always"})
+            await approver.d.answer_approval(
+                label, "Allow always", approver="tester", agent_id=agent_a
+            )
             r = await out.wait()
         assert r.action == "continue"
         assert r.reason is not None and "this call only" in r.reason and "session" in r.reason
@@ -616,9 +656,9 @@ async def test_allow_always_without_a_session_allows_that_call_only(
                 out = spawn_emit(tg, d, event, {"tool_name": "bash", "agent_id": who,
                                                 "tool_input": {"command": command}})  # fmt: skip
                 label = await pending_label(approver, None, who)
-                await approver.d.resolve_hook(label, {"choice": "Deny"})
+                await approver.d.answer_approval(label, "Deny", approver="tester", agent_id=who)
                 r = await out.wait()
-            assert r.action == "deny" and r.reason == "user chose 'Deny'", who
+            assert r.action == "deny" and r.reason == "tester chose 'Deny'", who
         assert await d.approval_grants(agent_id=agent_a) == []
 
 
@@ -629,14 +669,14 @@ async def test_allow_always_is_per_agent_within_a_session(
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
         label = await pending_label(approver, agent.session, "a1")
-        await approver.d.resolve_hook(label, {"choice": "Allow always"})
+        await approver.d.answer_approval(label, "Allow always", approver="tester", agent_id="a1")
         assert (await out.wait()).action == "continue"
     ok = await agent.d.emit(event, {"tool_name": "bash", "agent_id": "a1", "command": "x"})
     assert ok.action == "continue" and ok.reason is not None and "always" in ok.reason
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a2"})
         label = await pending_label(approver, agent.session, "a2")
-        await approver.d.resolve_hook(label, {"choice": "Deny"})
+        await approver.d.answer_approval(label, "Deny", approver="tester", agent_id="a2")
         assert (await out.wait()).action == "deny"
 
 
@@ -646,7 +686,9 @@ async def test_grants_are_listed_and_revoked(agent: Agent, approver: Approver, e
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
         part = await approver.pending(agent.session)
-        await approver.d.resolve_hook(part.label, {"choice": "Allow always"})
+        await approver.d.answer_approval(
+            part.label, "Allow always", approver="tester", agent_id=part.agent_id
+        )
         assert (await out.wait()).action == "continue"
     (grant,) = await approver.d.approval_grants(session_id=agent.session)
     assert (grant.agent_id, grant.session_id, grant.event, grant.handler, grant.tool) == (
@@ -660,7 +702,9 @@ async def test_grants_are_listed_and_revoked(agent: Agent, approver: Approver, e
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
         part = await approver.pending(agent.session)  # asked again once revoked
-        await approver.d.resolve_hook(part.label, {"choice": "Deny"})
+        await approver.d.answer_approval(
+            part.label, "Deny", approver="tester", agent_id=part.agent_id
+        )
         assert (await out.wait()).action == "deny"
 
 
@@ -678,7 +722,9 @@ async def test_a_grant_that_does_not_match_its_key_is_ignored_and_the_human_aske
         async with anyio.create_task_group() as tg:
             out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
             part = await approver.pending(agent.session)
-            await approver.d.resolve_hook(part.label, {"choice": "Deny"})
+            await approver.d.answer_approval(
+                part.label, "Deny", approver="tester", agent_id=part.agent_id
+            )
             assert (await out.wait()).action == "deny"
     assert await approver.d.approval_grants(session_id=agent.session) == []
 
@@ -702,7 +748,9 @@ async def test_grants_are_listed_and_revoked_from_the_cli(
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
         part = await approver.pending(agent.session)
-        await approver.d.resolve_hook(part.label, {"choice": "Allow always"})
+        await approver.d.answer_approval(
+            part.label, "Allow always", approver="tester", agent_id=part.agent_id
+        )
         assert (await out.wait()).action == "continue"
     key = grant_key("cli-agent", agent.session, event, "guard", "bash")
 
@@ -723,7 +771,9 @@ async def test_grants_are_listed_and_revoked_from_the_cli(
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
         part = await approver.pending(agent.session)  # asked again
-        await approver.d.resolve_hook(part.label, {"choice": "Deny"})
+        await approver.d.answer_approval(
+            part.label, "Deny", approver="tester", agent_id=part.agent_id
+        )
         assert (await out.wait()).action == "deny"
 
 

@@ -401,7 +401,9 @@ async def test_cancelled_approval_denies_that_call_only(asking: Any) -> None:
             tg.start_soon(emit)
             again = await a.next_pending()  # the next identical call asks anew
             assert again.label != pending.label or again.hook_id != pending.hook_id
-            await approver.resolve_hook(again.label, {"choice": "Allow"})
+            await approver.answer_approval(
+                again.label, "Allow", approver="tester", agent_id=again.agent_id
+            )
         assert results[1].action == "continue"
 
 
@@ -422,7 +424,9 @@ async def test_answer_at_the_deadline_decides_its_call(asking: Any) -> None:
                 asked_at = time.monotonic()
                 await anyio.sleep(max(0.0, 1.0 + offset - (time.monotonic() - asked_at)))
                 try:
-                    await approver.resolve_hook(pending.label, {"choice": "Allow"})
+                    await approver.answer_approval(
+                        pending.label, "Allow", approver="tester", agent_id=pending.agent_id
+                    )
                     won = True
                 except AlreadySettledError:
                     won = False

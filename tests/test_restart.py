@@ -317,7 +317,9 @@ async def test_dispatcher_service_killed_mid_approval_loses_nothing(
                 tg.cancel_scope.cancel()  # the agent gives up on that request
 
             if answer_first:  # answered while no dispatcher service runs
-                await observer.d.resolve_hook(part.label, {"choice": "Allow"})
+                await observer.d.answer_approval(
+                    part.label, "Allow", approver="tester", agent_id=part.agent_id
+                )
                 await children.service(url)
                 reply = await emit_request(agent_nc, event, session)  # the retry
             else:  # the retry reaches a new service first, then the answer comes
@@ -358,7 +360,9 @@ async def test_dispatcher_service_killed_mid_approval_loses_nothing(
                                 race.start_soon(on, replied)
                                 race.start_soon(on, taken_up)
                         if not replied.is_set():
-                            await observer.d.resolve_hook(part.label, {"choice": "Allow"})
+                            await observer.d.answer_approval(
+                                part.label, "Allow", approver="tester", agent_id=part.agent_id
+                            )
                 finally:
                     await watcher.stop()
                 (reply,) = replies

@@ -116,7 +116,7 @@ async def test_drain_aborts_an_approval_wait_and_a_retry_resumes_it(embedded_ser
                     if got is not None and got[0].attached:
                         break
                     await asyncio.sleep(0.05)  # no event marks "re-attached"
-            await d2.resolve_hook(label, {"choice": "Allow"})
+            await d2.answer_approval(label, "Allow", approver="tester", agent_id=None)
             answer = decode((await retry).data, EmitReply)
             await service2.stop()
         assert pending.empty(), "the retry asked again instead of finding its approval"

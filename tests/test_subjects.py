@@ -21,7 +21,9 @@ from hookbus.schemas import (
     SUBJECT_PREFIX,
     SUSPENSIONS_BUCKET,
     BadRequestError,
+    agent_from_service_subject,
     always_allow_key,
+    approval_answer_key,
     collect_reply_subject,
     collect_service_subject,
     collect_subject,
@@ -34,9 +36,12 @@ from hookbus.schemas import (
     handler_queue_group,
     handler_subject,
     hook_event_subject,
+    hook_events_subject,
+    is_answer_key,
     label_from_key,
     parse_grant_key,
     parse_handler_key,
+    parse_suspension_key,
     suspension_key,
     validate_name,
 )
@@ -147,8 +152,8 @@ def test_constants() -> None:
     assert len({HANDLERS_BUCKET, SUSPENSIONS_BUCKET, APPROVALS_BUCKET}) == 3
     assert HOOK_EVENTS_WILDCARD == "hookbus.v1.hooks.>"
     assert DISPATCHER_QUEUE_GROUP == "hookbus-dispatcher"
-    assert EMIT_SERVICE_WILDCARD == "hookbus.v1.emit.*"
-    assert COLLECT_SERVICE_WILDCARD == "hookbus.v1.emit_and_collect.*"
+    assert EMIT_SERVICE_WILDCARD == "hookbus.v1.emit.*.*"
+    assert COLLECT_SERVICE_WILDCARD == "hookbus.v1.emit_and_collect.*.*"
 
 
 def test_handler_subject_shape() -> None:
@@ -185,18 +190,22 @@ def test_collect_reply_subject_shape() -> None:
 
 
 def test_service_subject_shapes() -> None:
-    assert emit_service_subject("tool:pre") == "hookbus.v1.emit.tool=3Apre"
-    assert collect_service_subject("tool:pre") == "hookbus.v1.emit_and_collect.tool=3Apre"
+    assert emit_service_subject("tool:pre") == "hookbus.v1.emit.=.tool=3Apre"
+    assert emit_service_subject("tool:pre", "a 1") == "hookbus.v1.emit.a=201.tool=3Apre"
+    assert collect_service_subject("tool:pre", "a1") == "hookbus.v1.emit_and_collect.a1.tool=3Apre"
     for event in TRICKY_NAMES:
-        emit = emit_service_subject(event)
-        collect = collect_service_subject(event)
-        # each matches its service wildcard: same prefix, exactly one more token
-        assert emit.rpartition(".")[0] == EMIT_SERVICE_WILDCARD.rpartition(".")[0]
-        assert collect.rpartition(".")[0] == COLLECT_SERVICE_WILDCARD.rpartition(".")[0]
-        assert len(emit.split(".")) == len(EMIT_SERVICE_WILDCARD.split("."))
-        assert len(collect.split(".")) == len(COLLECT_SERVICE_WILDCARD.split("."))
-        assert event_from_service_subject(emit) == event
-        assert event_from_service_subject(collect) == event
+        for agent in (None, *TRICKY_NAMES):
+            emit = emit_service_subject(event, agent)
+            collect = collect_service_subject(event, agent)
+            # each matches its service wildcard: same prefix, exactly two more tokens
+            assert emit.split(".")[:3] == EMIT_SERVICE_WILDCARD.split(".")[:3]
+            assert collect.split(".")[:3] == COLLECT_SERVICE_WILDCARD.split(".")[:3]
+            assert len(emit.split(".")) == len(EMIT_SERVICE_WILDCARD.split("."))
+            assert len(collect.split(".")) == len(COLLECT_SERVICE_WILDCARD.split("."))
+            assert event_from_service_subject(emit) == event
+            assert event_from_service_subject(collect) == event
+            assert agent_from_service_subject(emit) == agent
+            assert agent_from_service_subject(collect) == agent
 
 
 def test_event_from_bad_service_subject() -> None:
@@ -223,26 +232,43 @@ def test_parse_handler_key_rejects(key: str) -> None:
 
 
 def test_suspension_key_shape() -> None:
+    """``<agent>.<label>``: the agent a token of its own, so that a NATS permission on
+    ``$KV.hookbus_suspensions.<agent>.*`` confines an agent to its records; an answer proof
+    adds the approver as a third token, which the agent's permission does not cover."""
+    assert suspension_key("l:1") == "=.l=3A1"
+    assert suspension_key("l:1", "payments") == "payments.l=3A1"
     for label in TRICKY_NAMES:
-        key = suspension_key(label)
-        assert KV_KEY.fullmatch(key) and "." not in key, key
-        assert label_from_key(key) == label
+        for agent in (None, *TRICKY_NAMES):
+            key = suspension_key(label, agent)
+            assert KV_KEY.fullmatch(key) and key.count(".") == 1, key
+            assert label_from_key(key) == label
+            assert parse_suspension_key(key) == (agent, label)
+            proof = approval_answer_key(label, agent, "alice.b")
+            assert KV_KEY.fullmatch(proof) and proof.count(".") == 2
+            assert proof.startswith(key + ".") and is_answer_key(proof) and not is_answer_key(key)
     with pytest.raises(BadRequestError):
         label_from_key("not.a.label")
     with pytest.raises(BadRequestError):
         suspension_key("")
+    with pytest.raises(BadRequestError):
+        approval_answer_key("l", "a", "")
 
 
 @pytest.mark.parametrize("status", ["pending", "resolved", "cancelled"])
 def test_hook_event_subject_shape(status: str) -> None:
-    assert hook_event_subject("approve:42", status) == f"hookbus.v1.hooks.approve=3A42.{status}"
+    assert (
+        hook_event_subject("approve:42", status, "a1")
+        == f"hookbus.v1.hooks.a1.approve=3A42.{status}"
+    )
     prefix = HOOK_EVENTS_WILDCARD.removesuffix(">")
     for label in TRICKY_NAMES:
-        subject = hook_event_subject(label, status)
-        assert subject.startswith(prefix)  # the wildcard hears it
-        tokens = subject.split(".")
-        assert len(tokens) == 5 and tokens[-1] == status
-        assert decode_token(tokens[3]) == label
+        for agent in (None, "a1", "a.b"):
+            subject = hook_event_subject(label, status, agent)
+            assert subject.startswith(prefix)  # the wildcard hears it
+            assert subject.startswith(hook_events_subject(agent).removesuffix(">"))
+            tokens = subject.split(".")
+            assert len(tokens) == 6 and tokens[-1] == status
+            assert decode_token(tokens[4]) == label
 
 
 def test_grant_key_shape() -> None:

@@ -443,7 +443,9 @@ async def test_approval_wait_is_a_span_under_the_emit(otel: Otel, nc, connect, e
         async def approve() -> None:
             async for ev in stream:
                 if ev.hook.status == "pending" and ev.hook.metadata.get("event") == event:
-                    await d.resolve_hook(ev.hook.label, {"choice": "Allow"})
+                    await d.answer_approval(
+                        ev.hook.label, "Allow", approver="tester", agent_id=ev.hook.agent_id
+                    )
                     return
 
         approver = asyncio.create_task(approve())

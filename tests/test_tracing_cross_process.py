@@ -360,7 +360,9 @@ async def test_approval_wait_in_the_trace(fleet, nc, connect, agent_tracer) -> N
         async def approve() -> None:
             async for ev in stream:
                 if ev.hook.status == "pending" and ev.hook.metadata.get("event") == event:
-                    await approver.resolve_hook(ev.hook.label, {"choice": "Allow"})
+                    await approver.answer_approval(
+                        ev.hook.label, "Allow", approver="tester", agent_id=ev.hook.agent_id
+                    )
                     return
 
         task = asyncio.create_task(approve())

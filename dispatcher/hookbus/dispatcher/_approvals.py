@@ -42,12 +42,15 @@ from hookbus.schemas import (
     AlreadySettledError,
     ApprovalAnswer,
     ApprovalGrant,
+    BadRequestError,
     HookbusError,
     HookCancelledError,
     HookNotFoundError,
     HookResult,
     HookTimeoutError,
+    ResolutionRejectedError,
     SuspensionRecord,
+    approval_answer_key,
     approvals_bucket_config,
     decode,
     encode,
@@ -56,7 +59,7 @@ from hookbus.schemas import (
 )
 from hookbus.schemas import _telemetry_names as tn
 
-from ._kv import kv_retry, release_consumer
+from ._kv import kv_retry, open_bucket, release_consumer
 from ._suspensions import Suspensions
 
 __all__ = [
@@ -250,12 +253,7 @@ class Approvals:
     @classmethod
     async def open(cls, nc: NATS, suspensions: Suspensions, *, replicas: int = 1) -> Approvals:
         """Open (create if absent) the grants bucket."""
-        js = nc.jetstream()
-        config = approvals_bucket_config(replicas=replicas)
-        try:
-            kv = await js.create_key_value(config=config)
-        except nats.js.errors.BadRequestError:
-            kv = await js.key_value(config.bucket)
+        kv = await open_bucket(nc, approvals_bucket_config(replicas=replicas))
         return cls(suspensions, kv)
 
     async def decide(self, event: str, result: HookResult, *, call_id: str) -> HookResult:
@@ -278,6 +276,7 @@ class Approvals:
         handler = result.decided_by or "?"
         tool = _text(data.get("tool_name"))
         session, agent = _text(data.get("session_id")), _text(data.get("agent_id"))
+        store = self._suspensions.for_agent(agent)
         timeout = _clamp(result.approval_timeout)
         result = msgspec.structs.replace(result, approval_timeout=timeout)
         started = time.monotonic()
@@ -299,9 +298,9 @@ class Approvals:
                 )  # fmt: skip
         options = list(result.approval_options or APPROVAL_DEFAULT_OPTIONS)
         label = approval_label(event, data, handler, call_id=call_id)
-        got = await self._suspensions.get(label)  # a retry of this call finds its approval
+        got = await store.get(label)  # a retry of this call finds its approval
         if got is not None:
-            decided = await self._from_record(result, got[0], options, event)
+            decided = await self._from_record(result, got[0], options, store)
             if decided is not None:
                 return decided
         remaining = None
@@ -327,7 +326,7 @@ class Approvals:
             "required": ["choice"],
         }
         try:
-            answer = await self._suspensions.hook(
+            answer = await store.hook(
                 label,
                 payload=ApprovalAnswer,
                 metadata=metadata,
@@ -342,22 +341,22 @@ class Approvals:
                 },
             )
         except HookTimeoutError:
-            return await self._timed_out(result, label, options, event)
+            return await self._timed_out(result, label, options, store)
         except HookCancelledError as exc:
             return self._cancelled(result, exc.reason)
-        return await self._answered(result, answer.choice, options, event, label)
+        return await self._answered(result, answer, options, store, label)
 
     async def _timed_out(
-        self, result: HookResult, label: str, options: list[str], event: str
+        self, result: HookResult, label: str, options: list[str], store: Suspensions
     ) -> HookResult:
         """Close the approval; if an answer won the race, it decides, not the clock."""
         reason = f"{_TIMED_OUT}{result.approval_timeout}s; default {result.approval_default}"
         try:
-            await self._suspensions.cancel_hook(label, reason=f"{reason} applied")
+            await store.cancel_hook(label, reason=f"{reason} applied")
         except AlreadySettledError:
-            got = await self._suspensions.get(label)
+            got = await store.get(label)
             decided = (
-                None if got is None else await self._from_record(result, got[0], options, event)
+                None if got is None else await self._from_record(result, got[0], options, store)
             )
             if decided is not None:
                 return decided
@@ -381,7 +380,7 @@ class Approvals:
         return self._answer(result, allow=False, reason=f"approval cancelled: {reason}")
 
     async def _from_record(
-        self, result: HookResult, record: SuspensionRecord, options: list[str], event: str
+        self, result: HookResult, record: SuspensionRecord, options: list[str], store: Suspensions
     ) -> HookResult | None:
         """The decision a settled approval record holds (None while it is pending)."""
         if record.status == "cancelled":
@@ -389,41 +388,131 @@ class Approvals:
         if record.status != "resolved":
             return None
         try:
-            choice = msgspec.convert(record.resolution, ApprovalAnswer).choice
+            answer = msgspec.convert(record.resolution, ApprovalAnswer)
         except msgspec.ValidationError as exc:
             return self._answer(result, allow=False, reason=f"the stored answer is invalid: {exc}")
-        return await self._answered(result, choice, options, event, record.label)
+        return await self._answered(result, answer, options, store, record.label)
 
     async def _answered(
-        self, result: HookResult, choice: str, options: list[str], event: str, label: str
+        self,
+        result: HookResult,
+        answer: ApprovalAnswer,
+        options: list[str],
+        store: Suspensions,
+        label: str,
     ) -> HookResult:
+        choice = answer.choice
         if choice not in options:
             return self._answer(
                 result, allow=False, reason=f"answer {choice!r} is not one of the options {options}"
             )
+        problem = await self._unproven(answer, store, label)
+        if problem is not None:
+            log.warning("approval %r: answer refused: %s", label, problem)
+            return self._answer(result, allow=False, reason=f"answer refused: {problem}")
         allow = is_allow(choice)
-        reason = f"user chose {choice!r}"
-        if allow and _is_always(choice):
-            reason += await self._remember(result, choice, event, label)
-        return self._answer(result, allow=allow, reason=reason)
+        reason = f"{answer.answered_by} chose {choice!r}"
+        if allow and _is_always(choice) and _text((result.data or {}).get("session_id")) is None:
+            reason += "; allowed this call only: the call has no session id to remember it for"
+        decided = self._answer(result, allow=allow, reason=reason)
+        return msgspec.structs.replace(decided, approved_by=answer.answered_by)
 
-    async def _remember(self, result: HookResult, choice: str, event: str, label: str) -> str:
-        """Store the grant of an "Allow always"; returns what to add to the reason."""
-        data = result.data or {}
-        session = _text(data.get("session_id"))
-        if session is None:
-            return "; allowed this call only: the call has no session id to remember it for"
-        grant = ApprovalGrant(
-            agent_id=_text(data.get("agent_id")), session_id=session, event=event,
-            handler=result.decided_by or "?", tool=_text(data.get("tool_name")),
-            choice=choice, label=label, granted_at=time.time(),
-        )  # fmt: skip
+    async def _unproven(self, answer: ApprovalAnswer, store: Suspensions, label: str) -> str | None:
+        """Why `answer` is not an approver's (None: its proof holds the same choice).
+
+        The proof is the key ``<agent>.<label>.<approver>``, which only that approver's
+        NATS user may write: a record resolved by anyone else (the agent itself included)
+        carries no matching proof and decides nothing.
+        """
+        if not answer.answered_by:
+            return "it names no approver"
         try:
-            await self.grants.put(grant, budget_s=self._grant_read_s)
-        except (HookbusError, nats.errors.Error, nats.js.errors.Error) as exc:
-            log.warning("could not store the grant of %r: %s", label, exc)
-            return f"; allowed this call only: the grant could not be stored ({exc})"
-        return ""
+            key = approval_answer_key(label, store.agent_id, answer.answered_by)
+        except BadRequestError as exc:
+            return str(exc)
+        kv = store.records.kv
+
+        async def get() -> bytes | None:
+            try:
+                return (await kv.get(key)).value or None
+            except nats.js.errors.KeyNotFoundError:
+                return None
+
+        value = await kv_retry(get, deadline_s=self._grant_read_s, what=f"reading {key[:80]}")
+        if value is None:
+            return f"no answer of approver {answer.answered_by!r} is on record"
+        try:
+            proof = decode(value, ApprovalAnswer)
+        except HookbusError as exc:
+            return f"the answer of approver {answer.answered_by!r} is unreadable: {exc}"
+        if proof.choice != answer.choice or proof.answered_by != answer.answered_by:
+            return f"{answer.answered_by!r} answered {proof.choice!r}, not {answer.choice!r}"
+        return None
+
+    async def answer(
+        self, label: str, choice: str, *, agent_id: str | None, approver: str
+    ) -> ApprovalAnswer:
+        """Answer the pending approval `label` of agent `agent_id` as `approver`.
+
+        First the answer proof is created under ``<agent>.<label>.<approver>`` (the key
+        only this approver's NATS user may write), then the approval record is resolved
+        with it (compare-and-set: one answer wins). An "Allow always" that won stores the
+        grant (agent from the record's key; session, event, handler, tool from the record).
+
+        Returns:
+            The answer that decided the approval.
+        Raises:
+            HookNotFoundError: no approval with this label for this agent.
+            AlreadySettledError: it was answered, cancelled or timed out first, or this
+                approver already answered it otherwise.
+            ResolutionRejectedError: `choice` is not one of its options.
+            BadRequestError: `approver` is empty or too long.
+            HookbusTimeoutError: JetStream stayed unavailable (or this client's NATS user
+                may not write the proof: a refused publish is never acknowledged).
+        """
+        store = self._suspensions.for_agent(agent_id)
+        got = await store.get(label)
+        if got is None or got[0].metadata.get("kind") != "approval":
+            raise HookNotFoundError(f"no approval {label!r} for agent {agent_id!r}")
+        record = got[0]
+        if record.status != "pending":
+            raise AlreadySettledError(f"approval {label!r} is already {record.status}")
+        options = list(record.metadata.get("options") or APPROVAL_DEFAULT_OPTIONS)
+        if choice not in options:
+            raise ResolutionRejectedError(f"choice {choice!r} is not one of the options {options}")
+        answer = ApprovalAnswer(choice=choice, answered_by=approver, answered_at=time.time())
+        key = approval_answer_key(label, agent_id, approver)
+        kv = store.records.kv
+
+        async def prove() -> None:
+            try:
+                await kv.create(key, encode(answer))
+            except nats.js.errors.KeyWrongLastSequenceError:  # answered before (or a retry)
+                earlier = decode((await kv.get(key)).value or b"{}", ApprovalAnswer)
+                if earlier.choice != choice:
+                    raise AlreadySettledError(
+                        f"{approver} already answered {label!r} with {earlier.choice!r}"
+                    ) from None
+
+        await kv_retry(prove, deadline_s=self._grant_read_s, what=f"writing {key[:80]}")
+        await store.resolve_hook(label, msgspec.to_builtins(answer))
+        if is_allow(choice) and _is_always(choice):
+            await self._grant(record, answer, agent_id, label)
+        return answer
+
+    async def _grant(
+        self, record: SuspensionRecord, answer: ApprovalAnswer, agent_id: str | None, label: str
+    ) -> None:
+        meta = record.metadata
+        session = _text(meta.get("session_id"))
+        if session is None:
+            return  # nothing to remember it for; the dispatcher's reason says so
+        grant = ApprovalGrant(
+            agent_id=agent_id, session_id=session, event=str(meta.get("event") or "?"),
+            handler=str(meta.get("handler") or "?"), tool=_text(meta.get("tool_name")),
+            choice=answer.choice, label=label, granted_at=time.time(),
+        )  # fmt: skip
+        await self.grants.put(grant, budget_s=self._grant_read_s)
 
     @staticmethod
     def _answer(result: HookResult, *, allow: bool, reason: str) -> HookResult:

@@ -17,6 +17,7 @@ from nats.aio.client import Client as NATS
 
 from hookbus.schemas import (
     STANDARD_EVENTS,
+    ApprovalAnswer,
     BadRequestError,
     FailurePolicy,
     HandlerFailure,
@@ -70,6 +71,12 @@ class HookDispatcher(StandardEvents):
         approval_ttl_s: seconds an "Allow always" grant lives.
         strict_buckets: raise `BucketConfigError` at `start` when a bucket exists with
             another config (replicas, TTL, history) than asked; else a warning names it.
+        agent_id: the agent this dispatcher acts as (its NATS user's identity, see
+            docs/security.md). Every emit's ``agent_id`` is set to it (data naming another
+            agent is a `BadRequestError`), suspensions are this agent's
+            (``<agent>.<label>`` keys) and only its records are watched and listed — what an
+            agent's NATS permissions allow. None: the agent id comes from each call's data
+            and every agent's records are read (a dispatcher service, an operator).
     """
 
     def __init__(
@@ -83,7 +90,11 @@ class HookDispatcher(StandardEvents):
         suspension_ttl_s: float = 7 * 24 * 3600,
         approval_ttl_s: float = 24 * 3600,
         strict_buckets: bool = False,
+        agent_id: str | None = None,
     ) -> None:
+        if agent_id is not None:
+            validate_name("agent", agent_id)
+        self._agent_id = agent_id
         self._nc = nc
         self._strict = strict_events
         self._bucket_replicas = bucket_replicas
@@ -116,7 +127,11 @@ class HookDispatcher(StandardEvents):
         )
         await self._router.start()
         self._suspensions = await Suspensions.open(
-            self._nc, ttl_s=self._suspension_ttl_s, replicas=self._bucket_replicas
+            self._nc,
+            ttl_s=self._suspension_ttl_s,
+            replicas=self._bucket_replicas,
+            agent_id=self._agent_id,
+            scoped=self._agent_id is not None,
         )
         if self._approvals_on:
             self._approvals = await Approvals.open(
@@ -318,6 +333,14 @@ class HookDispatcher(StandardEvents):
         timeout_s: float | None,
     ) -> HookResult:
         current = {**self._defaults, **(data or {})}
+        if self._agent_id is not None:
+            claimed = current.get("agent_id")
+            if claimed not in (None, self._agent_id):
+                raise BadRequestError(
+                    f"this dispatcher acts as agent {self._agent_id!r}; the data names"
+                    f" agent {claimed!r}"
+                )
+            current["agent_id"] = self._agent_id
         current["timestamp"] = datetime.now(UTC).isoformat()
         fold = Fold(current)
         ctx = EmitContext(event, current, timeout_s=timeout_s, call_id=idempotency_key)
@@ -458,19 +481,48 @@ class HookDispatcher(StandardEvents):
         timeout_s: float | None = None,
     ) -> T:
         """Suspend until `label` is resolved (Vercel AI SDK ``hook``); see `Suspensions.hook`
-        for the semantics and the errors raised."""
-        return await self.suspensions.hook(
+        for the semantics and the errors raised. The hook is this dispatcher's agent's
+        (``agent_id``, else the ``agent_id`` default field)."""
+        return await self._store().hook(
             label, payload=payload, metadata=metadata, timeout_s=timeout_s
         )
 
-    async def resolve_hook(self, label: str, value: Any) -> None:
-        """Resolve `label` from any process, or pre-register the resolution; see
-        `Suspensions.resolve_hook` (`ResolutionRejectedError`, `AlreadySettledError`)."""
-        await self.suspensions.resolve_hook(label, value)
+    async def resolve_hook(self, label: str, value: Any, *, agent_id: str | None = None) -> None:
+        """Resolve `label` of agent `agent_id` (default: this dispatcher's agent) from any
+        process, or pre-register the resolution; see `Suspensions.resolve_hook`
+        (`ResolutionRejectedError`, `AlreadySettledError`). An approval is answered with
+        `answer_approval` instead: a resolution without an approver's proof denies."""
+        await self._store(agent_id).resolve_hook(label, value)
 
-    async def cancel_hook(self, label: str, *, reason: str | None = None) -> None:
-        """Cancel the pending hook `label`; see `Suspensions.cancel_hook`."""
-        await self.suspensions.cancel_hook(label, reason=reason)
+    async def cancel_hook(
+        self, label: str, *, reason: str | None = None, agent_id: str | None = None
+    ) -> None:
+        """Cancel the pending hook `label` of agent `agent_id` (default: this dispatcher's
+        agent); see `Suspensions.cancel_hook`."""
+        await self._store(agent_id).cancel_hook(label, reason=reason)
+
+    async def answer_approval(
+        self, label: str, choice: str, *, approver: str, agent_id: str | None = None
+    ) -> ApprovalAnswer:
+        """Answer the pending approval `label` of agent `agent_id` (default: this
+        dispatcher's agent) as `approver`; see `Approvals.answer` for the proof it writes
+        and the errors raised. Needs an approver's NATS permissions on a secured server."""
+        approvals = self._approvals or await self._open_approvals()
+        return await approvals.answer(
+            label, choice, agent_id=self._agent(agent_id), approver=approver
+        )
+
+    def _agent(self, agent_id: str | None = None) -> str | None:
+        """The agent a suspension call addresses: the one asked, else this dispatcher's."""
+        if agent_id is not None:
+            return agent_id
+        if self._agent_id is not None:
+            return self._agent_id
+        default = self._defaults.get("agent_id")
+        return default if isinstance(default, str) and default else None
+
+    def _store(self, agent_id: str | None = None) -> Suspensions:
+        return self.suspensions.for_agent(self._agent(agent_id))
 
     def abort_pending_hook(self, hook: PendingHook | Any) -> bool:
         """Stop waiting on a hook here (by `HookPart`, `PendingHook` or hook id); the record
@@ -480,7 +532,7 @@ class HookDispatcher(StandardEvents):
     def run(self, run_id: str | None = None) -> contextlib.AbstractAsyncContextManager[RunScope]:
         """``async with dispatcher.run(run_id):`` scopes the labels a run uses; exit removes
         its live hooks and unused pre-registered resolutions. Same `run_id` = resume."""
-        return self.suspensions.run(run_id)
+        return self._store().run(run_id)
 
     async def hook_events(self) -> HookEventStream:
         """Subscribe to hook events (pending / resolved / cancelled) as an async iterator."""
@@ -522,10 +574,12 @@ class HookDispatcher(StandardEvents):
         """The grants store, also with approvals off (an operator's dispatcher)."""
         if self._approvals is not None:
             return self._approvals.grants
+        return (await self._open_approvals()).grants
+
+    async def _open_approvals(self) -> Approvals:
         if self._nc is None:
-            raise NotConnectedError("grants need a started dispatcher with a connection")
-        approvals = await Approvals.open(self._nc, self.suspensions, replicas=self._bucket_replicas)
-        return approvals.grants
+            raise NotConnectedError("approvals need a started dispatcher with a connection")
+        return await Approvals.open(self._nc, self.suspensions, replicas=self._bucket_replicas)
 
     # -- internals -----------------------------------------------------------------------
     @traced_call

@@ -124,6 +124,7 @@ async def publish(nc: NATS, record: SuspensionRecord) -> None:
             hook_id=record.hook_id,
             label=record.label,
             status=record.status,
+            agent_id=record.agent_id,
             metadata=record.metadata,
             resolution=record.resolution,
             reason=record.reason,
@@ -131,7 +132,9 @@ async def publish(nc: NATS, record: SuspensionRecord) -> None:
         at=time.time(),
     )
     with contextlib.suppress(nats.errors.ConnectionClosedError):
-        await nc.publish(hook_event_subject(record.label, record.status), encode(event))
+        await nc.publish(
+            hook_event_subject(record.label, record.status, record.agent_id), encode(event)
+        )
 
 
 def convert(label: str, value: Any, payload: type[T] | None) -> T:

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
-from nats.js.api import KeyValueConfig
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig
 from nats.js.kv import KeyValue
 from tenacity import (
     AsyncRetrying,
@@ -40,7 +40,14 @@ from hookbus.schemas import (
     suspensions_bucket_config,
 )
 
-__all__ = ["ensure_buckets", "is_transient", "kv_retry", "open_bucket", "release_consumer"]
+__all__ = [
+    "ensure_buckets",
+    "is_transient",
+    "kv_retry",
+    "open_bucket",
+    "release_consumer",
+    "subscribe_keys",
+]
 
 T = TypeVar("T")
 
@@ -146,6 +153,43 @@ async def release_consumer(sub: Any, *, timeout_s: float = 2.0) -> None:
             await sub._js._jsm.delete_consumer(stream, name)
 
 
+async def subscribe_keys(
+    kv: KeyValue,
+    keys: str,
+    *,
+    cb: Callable[[Any], Awaitable[None]],
+    deliver_policy: DeliverPolicy,
+    inactive_threshold_s: float,
+) -> Any:
+    """A push subscription on the bucket's keys matching `keys` (``>`` for all of them,
+    or e.g. ``"<agent>.>"``), delivering to `cb`.
+
+    The whole bucket is read with nats-py's ordered consumer. A narrower filter gets a
+    *named* consumer (no acks, no flow control), because only then does the consumer's
+    create request carry the filter in its subject
+    (``$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>``), which is what lets a NATS
+    permission allow an agent to read its own keys and nothing else. It is not ordered: a
+    message it misses is read back by the caller's periodic reads.
+    """
+    js: Any = kv._js
+    stream, prefix = kv._stream, kv._pre
+    common: dict[str, Any] = {
+        "stream": stream,
+        "cb": cb,
+        "deliver_policy": deliver_policy,
+        "inactive_threshold": inactive_threshold_s,
+        "pending_msgs_limit": -1,
+        "pending_bytes_limit": -1,
+    }
+    if keys == ">":
+        return await js.subscribe(f"{prefix}>", ordered_consumer=True, **common)
+    config = ConsumerConfig(
+        name=js._nc._nuid.next().decode(), ack_policy=AckPolicy.NONE, max_deliver=1,
+        mem_storage=True, num_replicas=1,
+    )  # fmt: skip
+    return await js.subscribe(f"{prefix}{keys}", config=config, manual_ack=True, **common)
+
+
 async def open_bucket(
     nc: NATS, config: KeyValueConfig, *, strict: bool = False, deadline_s: float = 30.0
 ) -> KeyValue:
@@ -164,17 +208,27 @@ async def open_bucket(
     js = nc.jetstream()
 
     async def create() -> tuple[KeyValue, list[str]]:
+        # look before creating: a client that may read a bucket but not create it (an
+        # agent, an approver) opens an existing one with a stream info request only
         try:
-            return await js.create_key_value(config=config), []
-        except nats.js.errors.BadRequestError:  # exists with another config
             kv = await js.key_value(config.bucket)
-            status = await kv.status()
-            return kv, config_differences(config, status.stream_info.config)
+        except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
+            try:
+                return await js.create_key_value(config=config), []
+            except nats.js.errors.BadRequestError:  # created meanwhile with another config
+                kv = await js.key_value(config.bucket)
+        status = await kv.status()
+        return kv, config_differences(config, status.stream_info.config)
 
     try:
         kv, differences = await kv_retry(
             create, deadline_s=deadline_s, what=f"opening bucket {config.bucket}"
         )
+    except HookbusTimeoutError as exc:
+        raise HookbusTimeoutError(
+            f"{exc} (if the bucket does not exist yet and this client's NATS user may not"
+            " create it, start the dispatcher service or run an admin command first)"
+        ) from exc.__cause__
     except nats.js.errors.APIError as exc:  # e.g. R3 asked of a server that is not clustered
         raise BucketConfigError(
             f"cannot create bucket {config.bucket} as asked (replicas {config.replicas}, "

@@ -45,13 +45,15 @@ from hookbus.schemas import (
     HookStatus,
     PayloadTooLargeError,
     SuspensionRecord,
+    agent_token,
     decode,
     encode,
+    is_answer_key,
     label_from_key,
     suspension_key,
 )
 
-from ._kv import is_transient, kv_retry, release_consumer
+from ._kv import is_transient, kv_retry, release_consumer, subscribe_keys
 
 __all__ = ["Entry", "RecordStore", "SuspensionPage", "parse_record"]
 
@@ -100,7 +102,7 @@ def parse_record(key: str, value: bytes | None) -> SuspensionRecord | str:
     """Validate a stored value: the record, or the reason it is unusable.
 
     Checks the size (`SUSPENSION_MAX_BYTES`), JSON and UTF-8, every field's type, a finite
-    ``created_at``, and that the record's label is the one its key encodes.
+    ``created_at``, and that the record's agent and label are the ones its key encodes.
     """
     if not value:
         return "empty value"
@@ -113,8 +115,8 @@ def parse_record(key: str, value: bytes | None) -> SuspensionRecord | str:
     if not math.isfinite(record.created_at):
         return "created_at is not a finite number"
     try:
-        if suspension_key(record.label) != key:
-            return f"its label {record.label[:80]!r} does not match its key"
+        if suspension_key(record.label, record.agent_id) != key:
+            return f"its agent and label {record.label[:80]!r} do not match its key"
     except BadRequestError as exc:
         return str(exc)
     return record
@@ -127,15 +129,51 @@ class _Conflict(Exception):
 class RecordStore:
     """Suspension records in one KV bucket.
 
+    Records are addressed by label within one agent's key space (``<agent>.<label>``,
+    see `suspension_key`); `for_agent` gives the same store for another agent.
+
     Args:
         kv: the suspensions bucket (anything with nats-py's ``KeyValue`` methods).
         deadline_s: seconds one read or write may keep retrying through an outage.
+        agent_id: the agent whose records are read and written by label (None: the
+            records of calls without an agent id).
+        scoped: listings and watches read this agent's keys only (what an agent's NATS
+            user is allowed to read); False reads every agent's (a dispatcher service,
+            an approver, an admin).
     """
 
-    def __init__(self, kv: KeyValue, *, deadline_s: float = 15.0) -> None:
+    def __init__(
+        self,
+        kv: KeyValue,
+        *,
+        deadline_s: float = 15.0,
+        agent_id: str | None = None,
+        scoped: bool = False,
+    ) -> None:
         self.kv = kv
         self.deadline_s = deadline_s
+        self.agent_id = agent_id
+        self.scoped = scoped
         self._reported: set[tuple[str, int]] = set()
+
+    def for_agent(self, agent_id: str | None) -> RecordStore:
+        """The same bucket and settings, addressing `agent_id`'s records."""
+        if agent_id == self.agent_id:
+            return self
+        other = RecordStore(
+            self.kv, deadline_s=self.deadline_s, agent_id=agent_id, scoped=self.scoped
+        )
+        other._reported = self._reported
+        return other
+
+    @property
+    def keys(self) -> str:
+        """The key filter of listings and watches: ``<agent>.>`` when scoped, else ``>``."""
+        return f"{agent_token(self.agent_id)}.>" if self.scoped else ">"
+
+    def key(self, label: str) -> str:
+        """The key of `label`'s record in this agent's key space."""
+        return suspension_key(label, self.agent_id)
 
     # -- reading ----------------------------------------------------------------------------
     async def read(self, label: str) -> Entry | None:
@@ -145,7 +183,7 @@ class RecordStore:
             BadRequestError: the label cannot be a key (empty or too long).
             HookbusTimeoutError: JetStream stayed unavailable for `deadline_s`.
         """
-        return await self.read_key(suspension_key(label))
+        return await self.read_key(self.key(label))
 
     async def read_key(self, key: str, *, deadline_s: float | None = None) -> Entry | None:
         """As `read`, by key."""
@@ -217,7 +255,7 @@ class RecordStore:
         Raises:
             HookbusTimeoutError: the outcome stayed unknown until the deadline.
         """
-        key = suspension_key(label)
+        key = self.key(label)
 
         async def attempt() -> bool:
             try:
@@ -241,9 +279,9 @@ class RecordStore:
     ) -> int | None:
         lineage = ([prior.write_id] if prior.write_id else []) + prior.lineage
         record = msgspec.structs.replace(
-            record, write_id=uuid.uuid4().hex, lineage=lineage[:LINEAGE]
+            record, agent_id=self.agent_id, write_id=uuid.uuid4().hex, lineage=lineage[:LINEAGE]
         )
-        key = suspension_key(record.label)
+        key = self.key(record.label)
         data = encode(record)
         if len(data) > SUSPENSION_MAX_BYTES:
             raise PayloadTooLargeError(
@@ -350,7 +388,7 @@ class RecordStore:
 
     async def _scan_once(self) -> tuple[list[SuspensionRecord], list[str]]:
         kv: Any = self.kv
-        js, stream, prefix = kv._js, kv._stream, kv._pre
+        prefix = kv._pre
         records: dict[str, SuspensionRecord] = {}
         bad: dict[str, None] = {}
         done = asyncio.get_running_loop().create_future()
@@ -359,7 +397,9 @@ class RecordStore:
             key = msg.subject[len(prefix) :]
             meta = msg.metadata
             headers = msg.headers or {}
-            if headers.get(KV_OP) in (KV_DEL, KV_PURGE) or _MARKER_REASON in headers:
+            if is_answer_key(key):
+                pass  # an approver's answer proof, not a record
+            elif headers.get(KV_OP) in (KV_DEL, KV_PURGE) or _MARKER_REASON in headers:
                 records.pop(key, None)
                 bad.pop(key, None)
             else:
@@ -373,15 +413,12 @@ class RecordStore:
             if meta.num_pending == 0 and not done.done():
                 done.set_result(None)
 
-        sub = await js.subscribe(
-            f"{prefix}>",
-            stream=stream,
+        sub = await subscribe_keys(
+            kv,
+            self.keys,
             cb=on_msg,
-            ordered_consumer=True,
             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-            inactive_threshold=60.0,
-            pending_msgs_limit=-1,
-            pending_bytes_limit=-1,
+            inactive_threshold_s=60.0,
         )
         try:
             info = await sub.consumer_info()

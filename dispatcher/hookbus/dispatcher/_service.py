@@ -43,6 +43,7 @@ from hookbus.schemas import (
     UnknownEventError,
     WireError,
     WireFormatError,
+    agent_from_service_subject,
     decode,
     encode,
     event_from_service_subject,
@@ -315,8 +316,9 @@ class DispatcherService:
         try:
             event = event_from_service_subject(msg.subject)
             req = decode(msg.data, EmitRequest)
+            agent = _agent_of(msg.subject, req.agent_id, req.data.get("agent_id"))
             ids = {
-                k: v for k, v in (("agent_id", req.agent_id), ("session_id", req.session_id)) if v
+                k: v for k, v in (("agent_id", agent), ("session_id", req.session_id)) if v
             }
             options: dict[str, Any] = {}
             if req.idempotency_key:
@@ -334,6 +336,7 @@ class DispatcherService:
         try:
             event = event_from_service_subject(msg.subject)
             req = decode(msg.data, CollectRequest)
+            _agent_of(msg.subject, req.data.get("agent_id"))
             timeout_s = _timeout(
                 req.timeout_s, maximum=self._max_collect_timeout_s, field="timeout_s"
             )
@@ -351,3 +354,22 @@ class DispatcherService:
         else:
             log.warning("%s on %s refused (%s): %s", what, msg.subject, error.code, exc)
         return error
+
+
+def _agent_of(subject: str, *claimed: object) -> str | None:
+    """The agent a service request acts as: the one its subject names
+    (``hookbus.v1.emit.<agent>.<event>``, which only that agent's NATS user may publish
+    on). A request whose body names another agent is refused, never believed.
+
+    Raises:
+        BadRequestError: the subject has no valid agent token, or the body names another
+            agent.
+    """
+    agent = agent_from_service_subject(subject)
+    for name in claimed:
+        if name not in (None, "", agent):
+            raise BadRequestError(
+                f"the request names agent {name!r} but was sent as agent {agent!r}"
+                " (the agent is the one in the subject: hookbus.v1.emit.<agent>.<event>)"
+            )
+    return agent

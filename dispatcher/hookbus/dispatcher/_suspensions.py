@@ -29,6 +29,7 @@ resolvers, cancellers and waiters in any process end in exactly one outcome.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import time
 import uuid
@@ -42,7 +43,6 @@ from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
 
 from hookbus.schemas import (
-    HOOK_EVENTS_WILDCARD,
     AlreadySettledError,
     DuplicateHookError,
     HookAbortedError,
@@ -52,7 +52,7 @@ from hookbus.schemas import (
     HookStatus,
     HookTimeoutError,
     SuspensionRecord,
-    suspension_key,
+    hook_events_subject,
     suspensions_bucket_config,
 )
 
@@ -109,9 +109,13 @@ class Suspensions:
         leases: Leases | None = None,
         write_deadline_s: float = 15.0,
         poll_batch: int = 256,
+        agent_id: str | None = None,
+        scoped: bool = False,
     ) -> None:
         self._nc = nc
-        self.records = RecordStore(kv, deadline_s=write_deadline_s)
+        self.records = RecordStore(
+            kv, deadline_s=write_deadline_s, agent_id=agent_id, scoped=scoped
+        )
         """The record store (create / compare-and-set / reconcile, validated reads)."""
         self.watch = SharedWatch(self.records, poll_s=poll_s, poll_batch=poll_batch)
         """The process's one watch on the bucket (``watch.consumers`` is 0 or 1)."""
@@ -119,6 +123,20 @@ class Suspensions:
         self._waiters: dict[str, set[anyio.CancelScope]] = {}
         self._live: dict[str, int] = {}
         self._validators = Validators()
+
+    def for_agent(self, agent_id: str | None) -> Suspensions:
+        """This store addressing `agent_id`'s records (``<agent>.<label>`` keys): the same
+        watch, lease and waits, so a dispatcher service serves every agent with one watch."""
+        if agent_id == self.records.agent_id:
+            return self
+        view = copy.copy(self)
+        view.records = self.records.for_agent(agent_id)
+        return view
+
+    @property
+    def agent_id(self) -> str | None:
+        """The agent whose records this store addresses by label."""
+        return self.records.agent_id
 
     @classmethod
     async def open(
@@ -129,10 +147,15 @@ class Suspensions:
         replicas: int = 1,
         lease_s: float = 15.0,
         poll_s: float = 1.0,
+        agent_id: str | None = None,
+        scoped: bool = False,
     ) -> Suspensions:
         """Open (or create) the suspensions and leases buckets.
 
         Args:
+            agent_id: the agent whose records are addressed by label (see `for_agent`).
+            scoped: watch and list `agent_id`'s records only (an agent's NATS user may
+                read nothing else); False: every agent's.
             ttl_s: seconds a record lives after its last write (a new bucket's max age).
             replicas: JetStream replicas of buckets created here (3 on a cluster).
             lease_s: seconds a crashed waiter keeps its label (a new leases bucket's max
@@ -142,7 +165,7 @@ class Suspensions:
         """
         kv = await open_bucket(nc, suspensions_bucket_config(ttl_s=ttl_s, replicas=replicas))
         leases = await Leases.open(nc, lease_s=lease_s, replicas=replicas)
-        return cls(nc, kv, leases=leases, poll_s=poll_s)
+        return cls(nc, kv, leases=leases, poll_s=poll_s, agent_id=agent_id, scoped=scoped)
 
     @property
     def waiter_id(self) -> str | None:
@@ -257,8 +280,8 @@ class Suspensions:
         schema: dict[str, Any] | None,
         shared: bool,
     ) -> T:
-        key = suspension_key(label)  # BadRequestError for a label too long to be a key
-        if self._live.get(label) and not shared:
+        key = self.records.key(label)  # BadRequestError for a label too long to be a key
+        if self._live.get(key) and not shared:
             raise DuplicateHookError(f"this process already waits on a hook labelled {label!r}")
         run = note(label)
         leases = await self._lease()
@@ -269,7 +292,7 @@ class Suspensions:
 
             def fresh() -> SuspensionRecord:
                 return SuspensionRecord(
-                    label=label, status="pending", hook_id=hook_id,
+                    label=label, status="pending", hook_id=hook_id, agent_id=self.agent_id,
                     run_id=run.run_id if run else None, attached=True, owner=leases.waiter_id,
                     metadata=metadata or {}, payload_type=getattr(payload, "__name__", None),
                     payload_schema=schema if schema is not None else payload_schema(payload),
@@ -344,7 +367,8 @@ class Suspensions:
     ) -> T:
         scope = anyio.CancelScope()
         self._waiters.setdefault(hook_id, set()).add(scope)
-        self._live[label] = self._live.get(label, 0) + 1
+        key = self.records.key(label)
+        self._live[key] = self._live.get(key, 0) + 1
         keep = False  # a run cancelled from outside: its exit removes the record
         try:
             with scope, anyio.move_on_after(timeout_s) as deadline:
@@ -360,10 +384,10 @@ class Suspensions:
             scopes.discard(scope)
             if not scopes:
                 self._waiters.pop(hook_id, None)
-            self._live[label] -= 1
-            if not self._live[label]:
-                del self._live[label]
-            if label not in self._live and not keep:
+            self._live[key] -= 1
+            if not self._live[key]:
+                del self._live[key]
+            if key not in self._live and not keep:
                 with anyio.CancelScope(shield=True):
                     await self._detach(label)
             if scope.cancelled_caught:
@@ -444,6 +468,7 @@ class Suspensions:
             if entry is None or entry.record is None:
                 record = SuspensionRecord(
                     label=label, status="resolved", resolution=data, preregistered=True,
+                    agent_id=self.agent_id,
                     created_at=now, settled_at=now,
                 )  # fmt: skip
                 if await self.records.create(record, over=entry) is None:
@@ -553,7 +578,9 @@ class Suspensions:
                 await cleanup(self.records, scope)
 
     async def events(self) -> HookEventStream:
-        """Subscribe to every hook event (pending / resolved / cancelled)."""
-        sub = await self._nc.subscribe(HOOK_EVENTS_WILDCARD)
+        """Subscribe to the hook events (pending / resolved / cancelled): this agent's
+        (``hookbus.v1.hooks.<agent>.>``) for a scoped store, every agent's otherwise."""
+        subject = hook_events_subject(self.agent_id, every_agent=not self.records.scoped)
+        sub = await self._nc.subscribe(subject)
         await self._nc.flush()
         return HookEventStream(sub)

@@ -175,6 +175,8 @@ def _result_attrs(result: HookResult) -> dict[str, Any]:
         attrs[tn.REASON] = result.reason
     if result.decided_by:
         attrs[tn.DECIDED_BY] = result.decided_by
+    if result.approved_by:
+        attrs[tn.APPROVED_BY] = result.approved_by
     return attrs
 
 

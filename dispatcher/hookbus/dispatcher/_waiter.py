@@ -30,7 +30,7 @@ from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
 from hookbus.schemas import lease_key, leases_bucket_config
 
-from ._kv import kv_retry, open_bucket, release_consumer
+from ._kv import kv_retry, open_bucket, release_consumer, subscribe_keys
 from ._records import Entry, RecordStore
 
 __all__ = ["Leases", "SharedWatch", "Slot"]
@@ -154,15 +154,12 @@ class SharedWatch:
     async def _subscribe(self) -> None:
         kv: Any = self._records.kv
         self._prefix = kv._pre
-        self._sub = await kv._js.subscribe(
-            f"{kv._pre}>",
-            stream=kv._stream,
+        self._sub = await subscribe_keys(
+            kv,
+            self._records.keys,
             cb=self._on_msg,
-            ordered_consumer=True,
             deliver_policy=DeliverPolicy.NEW,
-            inactive_threshold=max(30.0, 6 * self._check_s),
-            pending_msgs_limit=-1,
-            pending_bytes_limit=-1,
+            inactive_threshold_s=max(30.0, 6 * self._check_s),
         )
 
     async def _unsubscribe(self) -> None:

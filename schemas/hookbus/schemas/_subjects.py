@@ -11,10 +11,16 @@ Subjects (version in the subject, ``v1``):
 ``hookbus.v1.hook.<event>.<handler>``     one handler's requests (queue group per handler)
 ``hookbus.v1.hook.<event>.<handler>.<i>`` the same handler on one worker instance only
 ``hookbus.v1.collect.<event>``            emit_and_collect scatter (every handler hears it)
-``hookbus.v1.emit.<event>``               dispatcher service: emit
-``hookbus.v1.emit_and_collect.<event>``   dispatcher service: emit_and_collect
-``hookbus.v1.hooks.<label>.<status>``     hook (suspension) events
+``hookbus.v1.emit.<agent>.<event>``       dispatcher service: emit, as agent ``<agent>``
+``hookbus.v1.emit_and_collect.<agent>.<event>``  dispatcher service: emit_and_collect
+``hookbus.v1.hooks.<agent>.<label>.<status>``    hook (suspension) events of one agent
 ========================================  =============================================
+
+``<agent>`` is the agent's identity (`agent_token`: its encoded agent id, or `NO_AGENT`).
+It sits in every subject and key that belongs to one agent so that a NATS permission can
+say "this user may act as this agent only" (see docs/security.md): the dispatcher service
+takes the agent id from the subject, suspension keys are ``<agent>.<label>``, an approval
+answer proof is ``<agent>.<label>.<approver>``, and grants are ``<agent>.<session>...``.
 """
 
 from __future__ import annotations
@@ -27,6 +33,10 @@ from ._errors import BadRequestError
 __all__ = [
     "APPROVALS_BUCKET",
     "COLLECT_SERVICE_WILDCARD",
+    "DECISIONS_STREAM",
+    "DECISIONS_WILDCARD",
+    "DECISIONS_STREAM",
+    "DECISIONS_WILDCARD",
     "DISPATCHER_QUEUE_GROUP",
     "EMIT_SERVICE_WILDCARD",
     "GRANT_NONE",
@@ -34,14 +44,21 @@ __all__ = [
     "HOOK_EVENTS_WILDCARD",
     "LEASES_BUCKET",
     "MAX_NAME_LENGTH",
+    "NO_AGENT",
     "REQUIRED_KEY_PREFIX",
     "SUBJECT_PREFIX",
     "SUSPENSIONS_BUCKET",
     "WORKER_SERVICE_NAME",
+    "agent_from_service_subject",
+    "agent_from_token",
+    "agent_token",
     "always_allow_key",
+    "approval_answer_key",
     "collect_reply_subject",
     "collect_service_subject",
     "collect_subject",
+    "decisions_subject",
+    "decisions_subject",
     "decode_token",
     "emit_service_subject",
     "encode_token",
@@ -52,11 +69,14 @@ __all__ = [
     "handler_queue_group",
     "handler_subject",
     "hook_event_subject",
+    "hook_events_subject",
+    "is_answer_key",
     "label_from_key",
     "lease_key",
     "parse_grant_key",
     "parse_handler_key",
     "parse_registry_key",
+    "parse_suspension_key",
     "required_key",
     "suspension_key",
     "validate_name",
@@ -67,8 +87,8 @@ HANDLERS_BUCKET: Final = "hookbus_handlers"
 """JetStream KV bucket holding one `HandlerDeclaration` per (event, handler)."""
 DISPATCHER_QUEUE_GROUP: Final = "hookbus-dispatcher"
 """Queue group of the dispatcher service replicas."""
-EMIT_SERVICE_WILDCARD: Final = f"{SUBJECT_PREFIX}.emit.*"
-COLLECT_SERVICE_WILDCARD: Final = f"{SUBJECT_PREFIX}.emit_and_collect.*"
+EMIT_SERVICE_WILDCARD: Final = f"{SUBJECT_PREFIX}.emit.*.*"
+COLLECT_SERVICE_WILDCARD: Final = f"{SUBJECT_PREFIX}.emit_and_collect.*.*"
 SUSPENSIONS_BUCKET: Final = "hookbus_suspensions"
 """JetStream KV bucket holding one `SuspensionRecord` per label."""
 APPROVALS_BUCKET: Final = "hookbus_approvals"
@@ -192,14 +212,38 @@ def collect_reply_subject(inbox_prefix: str, token: str) -> str:
     return f"{inbox_prefix}.{token}"
 
 
-def emit_service_subject(event: str) -> str:
-    """Dispatcher service subject for `emit`: ``hookbus.v1.emit.<event>``."""
-    return f"{SUBJECT_PREFIX}.emit.{encode_token(event)}"
+NO_AGENT: Final = "="
+"""The agent token of a call without an agent id (no id encodes to it)."""
 
 
-def collect_service_subject(event: str) -> str:
-    """Dispatcher service subject for `emit_and_collect`."""
-    return f"{SUBJECT_PREFIX}.emit_and_collect.{encode_token(event)}"
+def agent_token(agent_id: str | None) -> str:
+    """The subject token / key segment of an agent: `encode_token` of its id, or
+    `NO_AGENT` for None or an empty id.
+
+    Raises:
+        BadRequestError: the id is not a string or longer than `MAX_NAME_LENGTH`.
+    """
+    if agent_id is None or agent_id == "":
+        return NO_AGENT
+    return encode_token(validate_name("agent", agent_id))
+
+
+def agent_from_token(token: str) -> str | None:
+    """Invert `agent_token` (`NO_AGENT` is None). Raises `BadRequestError` for a foreign token."""
+    return None if token == NO_AGENT else decode_token(token)
+
+
+def emit_service_subject(event: str, agent_id: str | None = None) -> str:
+    """Dispatcher service subject for `emit` as agent `agent_id`:
+    ``hookbus.v1.emit.<agent>.<event>``. Only that agent's NATS user may publish on it.
+    """
+    return f"{SUBJECT_PREFIX}.emit.{agent_token(agent_id)}.{encode_token(event)}"
+
+
+def collect_service_subject(event: str, agent_id: str | None = None) -> str:
+    """Dispatcher service subject for `emit_and_collect`:
+    ``hookbus.v1.emit_and_collect.<agent>.<event>``."""
+    return f"{SUBJECT_PREFIX}.emit_and_collect.{agent_token(agent_id)}.{encode_token(event)}"
 
 
 def event_from_service_subject(subject: str) -> str:
@@ -211,27 +255,70 @@ def event_from_service_subject(subject: str) -> str:
     return decode_token(subject.rpartition(".")[2])
 
 
+def agent_from_service_subject(subject: str) -> str | None:
+    """The agent id in a dispatcher service subject (the token before the event; None
+    for `NO_AGENT`).
+
+    Raises:
+        BadRequestError: the subject has no agent token, or it is not a valid encoded name.
+    """
+    parts = subject.split(".")
+    if len(parts) < 2:
+        raise BadRequestError(f"not a dispatcher service subject: {subject[:120]!r}")
+    return agent_from_token(parts[-2])
+
+
 MAX_KEY_LENGTH: Final = 1024
 """Longest encoded suspension key, in characters (a NATS control line must hold it)."""
 
 
-def suspension_key(label: str) -> str:
-    """Key of a label's `SuspensionRecord` in `SUSPENSIONS_BUCKET` (any text works).
+def suspension_key(label: str, agent_id: str | None = None) -> str:
+    """Key of a label's `SuspensionRecord` in `SUSPENSIONS_BUCKET`: ``<agent>.<label>``
+    (any text works as a label; `agent_id` None is `NO_AGENT`).
 
     Raises:
         BadRequestError: the label is empty or its encoding exceeds `MAX_KEY_LENGTH`.
     """
-    key = encode_token(label)
-    if len(key) > MAX_KEY_LENGTH:
+    token = encode_token(label)
+    if len(token) > MAX_KEY_LENGTH:
         raise BadRequestError(
-            f"label too long: {len(key)} characters encoded, at most {MAX_KEY_LENGTH}"
+            f"label too long: {len(token)} characters encoded, at most {MAX_KEY_LENGTH}"
         )
-    return key
+    return f"{agent_token(agent_id)}.{token}"
+
+
+def parse_suspension_key(key: str) -> tuple[str | None, str]:
+    """Invert `suspension_key`: ``(agent_id, label)``.
+
+    Raises:
+        BadRequestError: `key` is not a record key (an answer proof key has three
+            segments and is refused too).
+    """
+    agent, sep, label = key.partition(".")
+    if not sep or "." in label:
+        raise BadRequestError(f"not a suspension key: {key[:120]!r}")
+    return agent_from_token(agent), decode_token(label)
 
 
 def label_from_key(key: str) -> str:
-    """Invert `suspension_key`. Raises `BadRequestError` for a foreign key."""
-    return decode_token(key)
+    """The label of a `suspension_key`. Raises `BadRequestError` for a foreign key."""
+    return parse_suspension_key(key)[1]
+
+
+def approval_answer_key(label: str, agent_id: str | None, approver: str) -> str:
+    """Key of an approver's answer proof in `SUSPENSIONS_BUCKET`:
+    ``<agent>.<label>.<approver>``. Only that approver's NATS user may write it, so it
+    proves who answered the approval `label` of agent `agent_id`.
+
+    Raises:
+        BadRequestError: a name is empty or too long.
+    """
+    return f"{suspension_key(label, agent_id)}.{encode_token(validate_name('approver', approver))}"
+
+
+def is_answer_key(key: str) -> bool:
+    """Whether a `SUSPENSIONS_BUCKET` key is an answer proof (three segments), not a record."""
+    return key.count(".") == 2
 
 
 def lease_key(waiter_id: str) -> str:
@@ -245,9 +332,17 @@ def lease_key(waiter_id: str) -> str:
     return f"w.{waiter_id}"
 
 
-def hook_event_subject(label: str, status: str) -> str:
-    """Subject of a hook event: ``hookbus.v1.hooks.<label>.<status>``."""
-    return f"{SUBJECT_PREFIX}.hooks.{encode_token(label)}.{status}"
+def hook_event_subject(label: str, status: str, agent_id: str | None = None) -> str:
+    """Subject of a hook event: ``hookbus.v1.hooks.<agent>.<label>.<status>``."""
+    return f"{SUBJECT_PREFIX}.hooks.{agent_token(agent_id)}.{encode_token(label)}.{status}"
+
+
+def hook_events_subject(agent_id: str | None = None, *, every_agent: bool = False) -> str:
+    """Wildcard of the hook events of one agent (``hookbus.v1.hooks.<agent>.>``), or of
+    every agent (`HOOK_EVENTS_WILDCARD`) with `every_agent`."""
+    if every_agent:
+        return HOOK_EVENTS_WILDCARD
+    return f"{SUBJECT_PREFIX}.hooks.{agent_token(agent_id)}.>"
 
 
 GRANT_NONE: Final = "="
@@ -359,3 +454,18 @@ def parse_handler_key(key: str) -> tuple[str, str]:
     if not sep:
         raise BadRequestError(f"not a handler key: {key!r}")
     return decode_token(event), decode_token(handler)
+
+
+DECISIONS_STREAM: Final = "hookbus_decisions"
+"""JetStream stream of the decision audit trail: one `DecisionRecord` per decided emit."""
+DECISIONS_WILDCARD: Final = f"{SUBJECT_PREFIX}.decisions.*"
+"""The subjects of `DECISIONS_STREAM`: every agent's decision records."""
+
+
+def decisions_subject(agent_id: str | None) -> str:
+    """Subject of an agent's decision records: ``hookbus.v1.decisions.<agent>``, the agent
+    `encode_token`-ed, or ``=`` (which no name encodes to) for a call without an agent id.
+    Only that agent and the dispatcher may publish on it; admins and auditors read it
+    through the stream.
+    """
+    return f"{SUBJECT_PREFIX}.decisions.{encode_token(agent_id) if agent_id else GRANT_NONE}"

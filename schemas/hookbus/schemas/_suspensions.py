@@ -50,6 +50,9 @@ class SuspensionRecord(_Wire):
     status: HookStatus
     hook_id: str = ""
     """Id of the waiting hook (empty for a pre-registered resolution)."""
+    agent_id: str | None = None
+    """The agent the record belongs to: its key is ``<agent>.<label>`` (see
+    `suspension_key`), so NATS permissions can keep agents out of each other's records."""
     run_id: str | None = None
     """The run that created the pending hook; the same run may re-attach (resume)."""
     attached: bool = False
@@ -85,13 +88,15 @@ class HookPart(_Wire):
     hook_id: str
     label: str
     status: HookStatus
+    agent_id: str | None = None
+    """The agent whose hook it is (also the ``<agent>`` token of the event's subject)."""
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
     resolution: Any = None
     reason: str | None = None
 
 
 class HookEvent(_Wire):
-    """Published on ``hookbus.v1.hooks.<label>.<status>`` at each transition."""
+    """Published on ``hookbus.v1.hooks.<agent>.<label>.<status>`` at each transition."""
 
     hook: HookPart
     at: float = 0.0
@@ -99,6 +104,19 @@ class HookEvent(_Wire):
 
 
 class ApprovalAnswer(_Wire):
-    """The payload that resolves an approval suspension: one of the offered options."""
+    """The payload that resolves an approval suspension: one of the offered options, and
+    who chose it.
+
+    An approver writes it twice: first as its answer proof under
+    ``<agent>.<label>.<approver>`` (a key only that approver's NATS user may write), then
+    as the record's resolution. A dispatcher accepts a resolution only when the proof of
+    `answered_by` holds the same choice, so no other client (the agent included) can
+    answer an approval by writing the record.
+    """
 
     choice: str
+    answered_by: str | None = None
+    """The approver's name, as its NATS permissions establish it (the proof key's last
+    segment)."""
+    answered_at: float | None = None
+    """Seconds since the Unix epoch."""

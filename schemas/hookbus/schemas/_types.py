@@ -105,6 +105,9 @@ class HookResult(_Wire, omit_defaults=False):
     the last one that modified the data, or the first injector; None for continue."""
     modified_by: list[str] = msgspec.field(default_factory=list)
     """Handlers whose ``modify`` replaced the data, in the order they ran."""
+    approved_by: str | None = None
+    """The approver whose answer decided an ``ask_user`` (its name as its NATS
+    permissions prove it; see `ApprovalAnswer`); None when no human answered."""
 
 
 class EventEnvelope(_Wire):
