@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from ._approvals import ApprovalGrant
+from ._audit import DecisionRecord
 from ._errors import WireFormatError
 from ._suspensions import ApprovalAnswer, HookEvent, SuspensionRecord
 from ._types import (
@@ -44,6 +45,7 @@ WIRE_TYPES: tuple[type[Any], ...] = (
     HookEvent,
     ApprovalAnswer,
     ApprovalGrant,
+    DecisionRecord,
 )
 """Every type that crosses the wire; `json_schemas` covers exactly these."""
 

@@ -1,0 +1,128 @@
+"""The decision audit trail's wire type and stream configuration (data only, no I/O).
+
+A dispatcher with the audit trail on appends one `DecisionRecord` per decided emit to the
+JetStream stream `DECISIONS_STREAM`, on ``hookbus.v1.decisions.<agent>``
+(`decisions_subject`). The stream keeps records by age and size (limits retention, the
+oldest discarded first); `decisions_stream_config` is the configuration it is created with.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+
+from ._subjects import DECISIONS_STREAM, DECISIONS_WILDCARD
+from ._types import Action, HandlerFailure, _Wire
+
+__all__ = [
+    "DECISIONS_DEFAULT_MAX_AGE_S",
+    "DECISIONS_DEFAULT_MAX_BYTES",
+    "DecisionRecord",
+    "decisions_stream_config",
+    "stream_config_differences",
+]
+
+DECISIONS_DEFAULT_MAX_AGE_S = 30 * 24 * 3600.0
+"""Records older than this (30 days) are removed by the server."""
+DECISIONS_DEFAULT_MAX_BYTES = 1 << 30
+"""Past this size (1 GiB) the oldest records are removed first."""
+
+
+class DecisionRecord(_Wire):
+    """One decided emit, as the audit trail stores it.
+
+    Written once per emit that returned a result (an emit that raised decided nothing and
+    leaves no record); never updated. A retry of a call (same `idempotency_key`) that is
+    decided again is a second record with the same `emit_id`.
+    """
+
+    id: str
+    """Unique id of this record (hex); also its JetStream ``Nats-Msg-Id``, so a publish
+    retried after a lost acknowledgement is stored once."""
+    event: str
+    action: Action
+    """The decision: the folded action `emit` returned."""
+    time: float
+    """When the decision was taken: seconds since the Unix epoch (the recorder's clock)."""
+    time_iso: str
+    """`time` as UTC ISO-8601."""
+    emit_id: str
+    """The emit's id, as every handler of the call received it (`EventEnvelope.id`): the
+    caller's idempotency key when it gave one."""
+    idempotency_key: str | None = None
+    """The key the caller gave, None when it gave none."""
+    agent_id: str | None = None
+    """The agent the call was made for (the dispatcher's pinned agent, else the data's)."""
+    session_id: str | None = None
+    tool_name: str | None = None
+    handlers: list[str] = msgspec.field(default_factory=list)
+    """The handlers called, in the order they were called (a handler skipped by its tool
+    filter or after a deny is not in it)."""
+    decided_by: str | None = None
+    """The handler whose result decided (`HookResult.decided_by`)."""
+    reason: str | None = None
+    failures: list[HandlerFailure] = msgspec.field(default_factory=list)
+    """Every handler failure with the policy applied (`HookResult.failures`)."""
+    approver: str | None = None
+    """Who answered the approval that decided the call (`HookResult.approved_by`); None
+    when no human answered."""
+    trace_id: str | None = None
+    """The OpenTelemetry trace of the emit (32 hex digits); None when tracing is off."""
+
+
+def decisions_stream_config(
+    *,
+    max_age_s: float = DECISIONS_DEFAULT_MAX_AGE_S,
+    max_bytes: int = DECISIONS_DEFAULT_MAX_BYTES,
+    replicas: int = 1,
+) -> StreamConfig:
+    """The `DECISIONS_STREAM` config: every ``hookbus.v1.decisions.*`` subject, file
+    storage, limits retention (records are kept until they are older than `max_age_s`
+    seconds or the stream exceeds `max_bytes`; then the oldest go first), no deletion of
+    single records (`deny_delete`: an audit record is never removed on its own), a 2-minute
+    duplicate window for retried publishes. `replicas`: 3 on a cluster."""
+    return StreamConfig(
+        name=DECISIONS_STREAM,
+        description="hookbus decision audit trail: one record per decided emit",
+        subjects=[DECISIONS_WILDCARD],
+        retention=RetentionPolicy.LIMITS,
+        discard=DiscardPolicy.OLD,
+        max_age=max_age_s,
+        max_bytes=max_bytes,
+        storage=StorageType.FILE,
+        num_replicas=replicas,
+        duplicate_window=120.0,
+        deny_delete=True,
+    )
+
+
+def _value(v: Any) -> Any:
+    return getattr(v, "value", v)
+
+
+def stream_config_differences(asked: StreamConfig, actual: Any) -> list[str]:
+    """What an existing stream's config does not share with the one asked for: subjects,
+    retention, discard, max age (within 1 ms), max bytes, replicas, storage.
+
+    Args:
+        asked: the config hookbus would create it with (`decisions_stream_config`).
+        actual: the stream's config as the server reports it (``StreamInfo.config``).
+    Returns:
+        One line per difference, e.g. ``"max_bytes: asked 1073741824, stream has -1"``.
+    """
+    pairs: list[tuple[str, Any, Any]] = [
+        ("subjects", sorted(asked.subjects or []), sorted(getattr(actual, "subjects", []) or [])),
+        ("retention", _value(asked.retention), _value(getattr(actual, "retention", None))),
+        ("discard", _value(asked.discard), _value(getattr(actual, "discard", None))),
+        ("max_bytes", asked.max_bytes, getattr(actual, "max_bytes", None)),
+        ("replicas", asked.num_replicas or 1, getattr(actual, "num_replicas", None) or 1),
+        ("storage", _value(asked.storage), _value(getattr(actual, "storage", None))),
+    ]
+    out = [f"{name}: asked {a}, stream has {b}" for name, a, b in pairs if a != b]
+    age_asked = float(asked.max_age or 0)
+    age_actual = float(getattr(actual, "max_age", None) or 0)
+    if abs(age_asked - age_actual) > 1e-3:
+        out.append(f"max_age: asked {age_asked:g} s, stream has {age_actual:g} s")
+    return out
