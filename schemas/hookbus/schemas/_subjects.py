@@ -14,6 +14,7 @@ Subjects (version in the subject, ``v1``):
 ``hookbus.v1.emit.<agent>.<event>``       dispatcher service: emit, as agent ``<agent>``
 ``hookbus.v1.emit_and_collect.<agent>.<event>``  dispatcher service: emit_and_collect
 ``hookbus.v1.hooks.<agent>.<label>.<status>``    hook (suspension) events of one agent
+``hookbus.v1.decisions.<agent>``          decision audit records (stream `DECISIONS_STREAM`)
 ========================================  =============================================
 
 ``<agent>`` is the agent's identity (`agent_token`: its encoded agent id, or `NO_AGENT`).
@@ -460,9 +461,11 @@ DECISIONS_WILDCARD: Final = f"{SUBJECT_PREFIX}.decisions.*"
 
 
 def decisions_subject(agent_id: str | None) -> str:
-    """Subject of an agent's decision records: ``hookbus.v1.decisions.<agent>``, the agent
-    `encode_token`-ed, or ``=`` (which no name encodes to) for a call without an agent id.
-    Only that agent and the dispatcher may publish on it; admins and auditors read it
-    through the stream.
+    """Subject of an agent's decision records: ``hookbus.v1.decisions.<agent>`` (`agent_token`:
+    `NO_AGENT` for a call without an agent id). Only that agent and the dispatcher may
+    publish on it; admins and auditors read it through `DECISIONS_STREAM`.
+
+    Raises:
+        BadRequestError: as `agent_token` (an id that is not a string or is too long).
     """
-    return f"{SUBJECT_PREFIX}.decisions.{encode_token(agent_id) if agent_id else GRANT_NONE}"
+    return f"{SUBJECT_PREFIX}.decisions.{agent_token(agent_id)}"
