@@ -8,6 +8,7 @@ approval with "Allow once" (a real one would show the prompt to a person: see
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 
@@ -17,6 +18,8 @@ from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher
 from hookbus.schemas import HookbusError
 
 CHOICE = "Allow once"
+APPROVER = os.environ.get("HOOKBUS_APPROVER", "demo-approver")
+"""Who answers: on a secured server, the approver name this process's NATS user may answer as."""
 
 
 async def main(url: str) -> None:
@@ -35,12 +38,17 @@ async def main(url: str) -> None:
                 if hook.status != "pending" or not hook.label.startswith(APPROVAL_LABEL_PREFIX):
                     continue
                 try:
-                    await hooks.resolve_hook(hook.label, {"choice": CHOICE})
+                    await hooks.answer_approval(
+                        hook.label, CHOICE, approver=APPROVER, agent_id=hook.agent_id
+                    )
                 except HookbusError as exc:
                     print(f"approver: {hook.label}: {exc}", flush=True)
                     continue
                 prompt = hook.metadata.get("prompt")
-                print(f"approver answered {CHOICE!r} to {prompt!r} ({hook.label})", flush=True)
+                print(
+                    f"approver answered {CHOICE!r} to {prompt!r} ({hook.label}) as {APPROVER}",
+                    flush=True,
+                )
 
         task = asyncio.create_task(answer())
         await stop.wait()

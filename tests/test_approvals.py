@@ -23,12 +23,15 @@ from nats.aio.client import Client as NATS
 from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher, approval_label
 from hookbus.schemas import (
     APPROVALS_BUCKET,
+    SUSPENSIONS_BUCKET,
     AlreadySettledError,
+    ApprovalAnswer,
     ApprovalGrant,
     HookEvent,
     HookPart,
     HookResult,
     ResolutionRejectedError,
+    approval_answer_key,
     encode,
     grant_key,
     hook_event_subject,
@@ -786,3 +789,81 @@ async def test_an_approval_timeout_out_of_range_is_clamped(
     r = await agent.d.emit(event, {"tool_name": "bash"})
     assert r.action == "continue" and r.approval_timeout == 0
     assert r.reason is not None and r.reason.startswith("timed out after 0.0s; default allow")
+
+
+# -- who answered: only an approver's proof decides ---------------------------------------------
+@pytest.mark.parametrize(
+    "forged",
+    [
+        {"choice": "Allow"},  # names nobody
+        {"choice": "Allow", "answered_by": "alice"},  # names an approver with no proof
+    ],
+)
+async def test_a_record_resolved_without_an_approvers_proof_denies(
+    agent: Agent, approver: Approver, event: str, forged: dict[str, Any]
+) -> None:
+    """Writing "Allow" into the approval record (what the agent's own NATS user may do to
+    its own keys) decides nothing: the dispatcher looks for the proof
+    ``<agent>.<label>.<approver>`` that only that approver's user may write, finds none,
+    and denies."""
+    agent.d.register(event, asker())
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
+        part = await approver.pending(agent.session)
+        await agent.d.resolve_hook(part.label, forged, agent_id="a1")
+        r = await out.wait()
+    assert r.action == "deny" and r.approved_by is None
+    assert r.reason is not None and r.reason.startswith("answer refused"), r.reason
+
+
+async def test_a_proof_for_another_choice_does_not_carry_a_forged_one(
+    agent: Agent, approver: Approver, event: str
+) -> None:
+    """alice answered "Deny" (proof and record). A writer that then swaps the record's
+    choice for "Allow" in alice's name is refused: the proof says "Deny"."""
+    agent.d.register(event, asker(approval_timeout=30))
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
+        part = await approver.pending(agent.session)
+        kv = await approver.nc.jetstream().key_value(SUSPENSIONS_BUCKET)
+        proof = ApprovalAnswer(choice="Deny", answered_by="alice", answered_at=1.0)
+        await kv.create(approval_answer_key(part.label, "a1", "alice"), encode(proof))
+        await agent.d.resolve_hook(
+            part.label, {"choice": "Allow", "answered_by": "alice"}, agent_id="a1"
+        )
+        r = await out.wait()
+    assert r.action == "deny" and r.reason is not None and "'Deny', not 'Allow'" in r.reason
+
+
+async def test_the_approver_is_on_the_result_the_record_and_the_hook_event(
+    agent: Agent, approver: Approver, event: str
+) -> None:
+    agent.d.register(event, asker())
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
+        part = await approver.pending(agent.session)
+        assert part.agent_id == "a1"
+        answer = await approver.d.answer_approval(
+            part.label, "Allow", approver="alice", agent_id="a1"
+        )
+        r = await out.wait()
+    assert answer.answered_by == "alice"
+    assert (r.action, r.approved_by, r.reason) == ("continue", "alice", "alice chose 'Allow'")
+    resolved = await approver.next(lambda h: h.label == part.label and h.status == "resolved")
+    assert resolved.resolution["answered_by"] == "alice" and resolved.agent_id == "a1"
+    got = await approver.d.suspensions.for_agent("a1").get(part.label)
+    assert got is not None and got[0].resolution["answered_by"] == "alice"
+
+
+async def test_a_second_approver_loses_and_is_told(
+    agent: Agent, approver: Approver, event: str
+) -> None:
+    agent.d.register(event, asker())
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
+        part = await approver.pending(agent.session)
+        await approver.d.answer_approval(part.label, "Deny", approver="alice", agent_id="a1")
+        with pytest.raises(AlreadySettledError):
+            await approver.d.answer_approval(part.label, "Allow", approver="bob", agent_id="a1")
+        r = await out.wait()
+    assert (r.action, r.approved_by) == ("deny", "alice")

@@ -1,7 +1,8 @@
 """Service mode: an agent in any language emits with one plain NATS request and JSON.
 
 The "agent" here uses nothing of hookbus to build its requests: a subject string and a
-JSON body, as ``nats req 'hookbus.v1.emit.tool=3Apre' '{"data": {...}}'`` would.
+JSON body, as ``nats req 'hookbus.v1.emit.<agent>.tool=3Apre' '{"data": {...}}'`` would
+(``=`` is the agent token of a call without an agent id).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from hookbus.schemas import (
     HookResult,
     NotConnectedError,
     decode,
+    emit_service_subject,
     encode_token,
 )
 from hookbus.workers import HookWorker
@@ -54,11 +56,11 @@ async def _service(connect: Any, **options: Any) -> tuple[DispatcherService, Hoo
 
 
 def _emit_subject(event: str) -> str:
-    return "hookbus.v1.emit." + encode_token(event)
+    return "hookbus.v1.emit.=." + encode_token(event)
 
 
 def _collect_subject(event: str) -> str:
-    return "hookbus.v1.emit_and_collect." + encode_token(event)
+    return "hookbus.v1.emit_and_collect.=." + encode_token(event)
 
 
 async def _emit(agent: Any, event: str, body: bytes) -> dict[str, Any]:
@@ -148,15 +150,24 @@ async def test_unknown_event(connect, event, subject):
         await service.stop()
 
 
-@pytest.mark.parametrize("token", ["tool=3apre", "=ZZ", "%3A"])
-async def test_bad_subject_token(connect, event, token):
+@pytest.mark.parametrize(
+    ("token", "bad"),
+    [
+        ("=.tool=3apre", "tool=3apre"),
+        ("=.=ZZ", "=ZZ"),
+        ("=.%3A", "%3A"),
+        ("a=zz.tool=3Apre", "a=zz"),
+        ("%.tool=3Apre", "'%'"),
+    ],
+)
+async def test_bad_subject_token(connect, event, token, bad):
     async with _worker(await connect(), event):
         service, _ = await _service(connect)
         agent = await connect()
         msg = await agent.request("hookbus.v1.emit." + token, b'{"data": {}}', timeout=5)
         reply = json.loads(msg.data)
         assert reply["error"]["code"] == "bad_request"
-        assert token in reply["error"]["message"]
+        assert bad in reply["error"]["message"], reply
         await _assert_serves(agent, event)
         await service.stop()
 
@@ -510,4 +521,28 @@ async def test_data_nested_near_the_decoders_limit_is_a_bad_request_not_internal
                 codes.add(reply["error"]["code"])
         assert codes <= {"bad_request"}, codes
         await _assert_serves(agent, event)
+        await service.stop()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"data": {}, "agent_id": "mallory"}',
+        b'{"data": {"agent_id": "mallory"}}',
+        b'{"data": {"agent_id": "mallory"}, "agent_id": "payments"}',
+    ],
+)
+async def test_the_agent_is_the_one_in_the_subject(connect, event, body):
+    """The service acts as the agent its subject names (a subject only that agent's NATS
+    user may publish on); a body naming another agent is refused, never believed."""
+    async with _worker(await connect(), event):
+        service, _ = await _service(connect)
+        agent = await connect()
+        subject = emit_service_subject(event, "payments")
+        msg = await agent.request(subject, body, timeout=5)
+        reply = json.loads(msg.data)
+        assert reply["error"]["code"] == "bad_request", reply
+        assert "mallory" in reply["error"]["message"]
+        ok = json.loads((await agent.request(subject, b'{"data": {}}', timeout=5)).data)
+        assert ok["result"]["data"]["agent_id"] == "payments", ok
         await service.stop()

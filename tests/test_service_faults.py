@@ -38,7 +38,7 @@ HOOKBUS = [sys.executable, "-m", "hookbus.cli"]
 
 
 def _emit_subject(event: str) -> str:
-    return "hookbus.v1.emit." + encode_token(event)
+    return "hookbus.v1.emit.=." + encode_token(event)
 
 
 def _env() -> dict[str, str]:

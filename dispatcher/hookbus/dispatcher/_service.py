@@ -359,15 +359,21 @@ class DispatcherService:
 def _agent_of(subject: str, *claimed: object) -> str | None:
     """The agent a service request acts as: the one its subject names
     (``hookbus.v1.emit.<agent>.<event>``, which only that agent's NATS user may publish
-    on). A request whose body names another agent is refused, never believed.
+    on). A request whose body names another agent is refused, never believed. On the
+    no-agent subject (``hookbus.v1.emit.=.<event>``, which the generated permissions give
+    no agent) the body's agent id is taken as it is, as on an open development server.
 
     Raises:
         BadRequestError: the subject has no valid agent token, or the body names another
-            agent.
+            agent (or two different ones).
     """
     agent = agent_from_service_subject(subject)
-    for name in claimed:
-        if name not in (None, "", agent):
+    names = {n for n in claimed if n not in (None, "")}
+    if agent is None and len(names) <= 1:
+        name = next(iter(names), None)
+        return name if isinstance(name, str) else None
+    for name in names:
+        if name != agent:
             raise BadRequestError(
                 f"the request names agent {name!r} but was sent as agent {agent!r}"
                 " (the agent is the one in the subject: hookbus.v1.emit.<agent>.<event>)"
