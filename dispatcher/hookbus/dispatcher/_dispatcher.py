@@ -16,6 +16,8 @@ import nats.errors
 from nats.aio.client import Client as NATS
 
 from hookbus.schemas import (
+    DECISIONS_DEFAULT_MAX_AGE_S,
+    DECISIONS_DEFAULT_MAX_BYTES,
     STANDARD_EVENTS,
     ApprovalAnswer,
     BadRequestError,
@@ -31,6 +33,7 @@ from hookbus.schemas import (
 )
 
 from ._approvals import ApprovalGrant, Approvals, Grants
+from ._audit import DecisionLog, current_trace_id
 from ._calls import Failed, Outcome, call_local
 from ._fold import Fold
 from ._kv import ensure_buckets
@@ -77,6 +80,12 @@ class HookDispatcher(StandardEvents):
             (``<agent>.<label>`` keys) and only its records are watched and listed — what an
             agent's NATS permissions allow. None: the agent id comes from each call's data
             and every agent's records are read (a dispatcher service, an operator).
+        audit: append one `DecisionRecord` per decided emit to the decision audit stream
+            (``hookbus_decisions``, created at `start` if absent; see `DecisionLog`). Off by
+            default; needs a connection.
+        audit_max_age_s: seconds the stream keeps a record, if this dispatcher creates it.
+        audit_max_bytes: size past which the stream drops its oldest records, if this
+            dispatcher creates it.
     """
 
     def __init__(
@@ -91,6 +100,9 @@ class HookDispatcher(StandardEvents):
         approval_ttl_s: float = 24 * 3600,
         strict_buckets: bool = False,
         agent_id: str | None = None,
+        audit: bool = False,
+        audit_max_age_s: float = DECISIONS_DEFAULT_MAX_AGE_S,
+        audit_max_bytes: int = DECISIONS_DEFAULT_MAX_BYTES,
     ) -> None:
         if agent_id is not None:
             validate_name("agent", agent_id)
@@ -108,6 +120,10 @@ class HookDispatcher(StandardEvents):
         self._strict_buckets = strict_buckets
         self._suspensions: Suspensions | None = None
         self._approvals: Approvals | None = None
+        self.audit = audit
+        """Whether `start` turns the decision audit trail on (set it before `start`)."""
+        self._audit_retention = (audit_max_age_s, audit_max_bytes)
+        self._decisions: DecisionLog | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -137,6 +153,17 @@ class HookDispatcher(StandardEvents):
             self._approvals = await Approvals.open(
                 self._nc, self._suspensions, replicas=self._bucket_replicas
             )
+        if self.audit and self._decisions is None:
+            max_age_s, max_bytes = self._audit_retention
+            decisions = DecisionLog(
+                self._nc,
+                max_age_s=max_age_s,
+                max_bytes=max_bytes,
+                replicas=self._bucket_replicas,
+                strict=self._strict_buckets,
+            )
+            await decisions.start()
+            self._decisions = decisions
         await self._nc.flush()
         self._started = True
 
@@ -152,6 +179,9 @@ class HookDispatcher(StandardEvents):
         await self._router.close()
         if self._suspensions is not None:
             await self._suspensions.close()
+        if self._decisions is not None:
+            await self._decisions.close()  # bounded: queued records get a few seconds
+            self._decisions = None
         self._started = False
 
     async def __aenter__(self) -> HookDispatcher:
@@ -319,10 +349,14 @@ class HookDispatcher(StandardEvents):
             if self._strict and event not in STANDARD_EVENTS:
                 raise UnknownEventError(f"unknown event {event!r}: no handler is declared")
             return HookResult(action="continue", data=data)
+        trail: list[EmitContext] = []
         try:
-            return await self._emit(event, data, routes, idempotency_key, timeout_s)
+            result = await self._emit(event, data, routes, idempotency_key, timeout_s, trail)
         except nats.errors.Error as exc:
             raise NotConnectedError(f"NATS failed during the emit: {type(exc).__name__}") from exc
+        if self._decisions is not None and trail:  # the decision is final: record it
+            self._record(event, data, result, trail[0], idempotency_key)
+        return result
 
     async def _emit(
         self,
@@ -331,6 +365,7 @@ class HookDispatcher(StandardEvents):
         routes: tuple[Route, ...],
         idempotency_key: str | None,
         timeout_s: float | None,
+        trail: list[EmitContext] | None = None,
     ) -> HookResult:
         current = {**self._defaults, **(data or {})}
         if self._agent_id is not None:
@@ -344,6 +379,8 @@ class HookDispatcher(StandardEvents):
         current["timestamp"] = datetime.now(UTC).isoformat()
         fold = Fold(current)
         ctx = EmitContext(event, current, timeout_s=timeout_s, call_id=idempotency_key)
+        if trail is not None:  # the caller records the decision with the emit's id and calls
+            trail.append(ctx)
         i, n = 0, len(routes)
         while i < n:
             route = routes[i]
@@ -584,6 +621,7 @@ class HookDispatcher(StandardEvents):
     # -- internals -----------------------------------------------------------------------
     @traced_call
     async def _call(self, route: Route, ctx: EmitContext, data: dict[str, Any]) -> Outcome:
+        ctx.called.append(route.name)
         return await self._router.call(route, ctx, data)
 
     async def _call_group(
@@ -594,6 +632,34 @@ class HookDispatcher(StandardEvents):
         # asyncio.gather: a third of an anyio task group's cost here; `_call` returns
         # failures as outcomes, so only caller errors (closed connection) propagate.
         return list(await asyncio.gather(*(self._call(r, ctx, data) for r in group)))
+
+    @property
+    def decision_log(self) -> DecisionLog | None:
+        """The decision audit trail's writer while it is on (``audit=True``, started)."""
+        return self._decisions
+
+    def _record(
+        self,
+        event: str,
+        data: dict[str, Any],
+        result: HookResult,
+        ctx: EmitContext,
+        idempotency_key: str | None,
+    ) -> None:
+        """Append one decided emit to the audit trail; never raises (see `DecisionLog`)."""
+        assert self._decisions is not None
+        tool = (data or {}).get("tool_name", self._defaults.get("tool_name"))
+        self._decisions.append(
+            event,
+            result,
+            emit_id=ctx.id,
+            idempotency_key=idempotency_key,
+            agent_id=ctx.agent_id,
+            session_id=ctx.session_id,
+            tool_name=tool if isinstance(tool, str) else None,
+            handlers=ctx.called,
+            trace_id=current_trace_id(),  # the emit span's
+        )
 
     @staticmethod
     def _fold_one(fold: Fold, route: Route, outcome: Outcome) -> HookResult | None:

@@ -56,7 +56,7 @@ class EmitContext:
             same call has the same id, so its approval is found again).
     """
 
-    __slots__ = ("_id", "agent_id", "deadline", "emitted_at", "event", "session_id")
+    __slots__ = ("_id", "agent_id", "called", "deadline", "emitted_at", "event", "session_id")
 
     def __init__(
         self,
@@ -74,6 +74,8 @@ class EmitContext:
         agent, session = data.get("agent_id"), data.get("session_id")
         self.agent_id = agent if isinstance(agent, str) else None
         self.session_id = session if isinstance(session, str) else None
+        self.called: list[str] = []
+        """Names of the handlers called so far, in the order they were called."""
 
     @property
     def id(self) -> str:

@@ -112,6 +112,8 @@ class DispatcherService:
             Kubernetes gives between SIGTERM and SIGKILL).
         max_emit_timeout_s: upper bound of ``EmitRequest.timeout_s``, seconds.
         max_collect_timeout_s: upper bound of ``CollectRequest.timeout_s``, seconds.
+        audit: turn the dispatcher's decision audit trail on (``HookDispatcher(audit=True)``):
+            one record per decided emit in the ``hookbus_decisions`` stream.
     """
 
     DEFAULT_GRACE_S = 20.0
@@ -127,9 +129,12 @@ class DispatcherService:
         grace_s: float = DEFAULT_GRACE_S,
         max_emit_timeout_s: float = MAX_EMIT_TIMEOUT_S,
         max_collect_timeout_s: float = MAX_COLLECT_TIMEOUT_S,
+        audit: bool = False,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
+        if audit:
+            dispatcher.audit = True  # opened by the dispatcher's start
         self._dispatcher = dispatcher
         self._nc = nc
         self._max = max_concurrency

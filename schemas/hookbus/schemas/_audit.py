@@ -30,8 +30,9 @@ DECISIONS_DEFAULT_MAX_BYTES = 1 << 30
 """Past this size (1 GiB) the oldest records are removed first."""
 
 
-class DecisionRecord(_Wire):
-    """One decided emit, as the audit trail stores it.
+class DecisionRecord(_Wire, omit_defaults=False):
+    """One decided emit, as the audit trail stores it (every field encoded, defaults too,
+    so a reader in any language sees ``null`` rather than a missing key).
 
     Written once per emit that returned a result (an emit that raised decided nothing and
     leaves no record); never updated. A retry of a call (same `idempotency_key`) that is

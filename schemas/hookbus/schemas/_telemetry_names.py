@@ -119,6 +119,11 @@ METRIC_SUSPENSIONS_PENDING: Final = "hookbus.suspensions.pending"
 """UpDownCounter: suspension waits in progress in this process, by kind."""
 METRIC_PROCESS_DURATION: Final = "messaging.process.duration"
 """Histogram, s (messaging semconv): one handling in a worker."""
+METRIC_AUDIT_DROPPED: Final = "hookbus.audit.dropped"
+"""Counter: decision audit records not stored, by `AUDIT_DROP_REASON`."""
+AUDIT_DROP_REASON: Final = "hookbus.audit.drop_reason"
+"""``queue_full`` | ``unavailable`` (no ack until the retries ran out) | ``refused`` (JetStream
+answered an error) | ``closed`` (the log closed first) | ``error``."""
 
 DURATION_BUCKETS_S: Final = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075,
