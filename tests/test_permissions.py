@@ -1,0 +1,441 @@
+"""The permission model against a real server started from `hookbus auth init`.
+
+Every probe below is something a client of one role must not do; each must be refused by
+the server with a NATS permissions violation (or, across tenants, never be delivered),
+while every legitimate flow passes: an agent's emit decided by a worker, a worker's reply
+and declaration, an approval answered by an approver (who is recorded), an agent's own
+suspension resolved by itself, an emit through the dispatcher service, the auditor reading
+the decision trail.
+
+Run with ``-s`` to see the probe table (probe, expected, observed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import nats
+import nats.errors
+import pytest
+from nats.aio.client import Client as NATS
+
+from hookbus.cli._server import find_nats_server
+from hookbus.dispatcher import DispatcherService, HookDispatcher
+from hookbus.schemas import (
+    TOOL_PRE,
+    ApprovalAnswer,
+    HookResult,
+    approval_answer_key,
+    emit_service_subject,
+    encode,
+    handler_key,
+    handler_subject,
+    hook_event_subject,
+    suspension_key,
+)
+from hookbus.workers import HookWorker
+
+pytestmark = pytest.mark.anyio
+
+VIOLATION = "permissions violation"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Secure:
+    """A server started from `hookbus auth init` (two tenants), and its credentials."""
+
+    out: Path
+    url: str
+    table: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def context(self, tenant: str, stem: str) -> dict[str, Any]:
+        return dict(json.loads((self.out / tenant / f"{stem}.json").read_text()))
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure]:
+    out = tmp_path_factory.mktemp("auth")
+    port = _free_port()
+    subprocess.run(
+        [sys.executable, "-m", "hookbus.cli", "auth", "init", "--out", str(out),
+         "--tenant", "T1", "--tenant", "T2", "--agent", "a1", "--agent", "a2",
+         "--worker", "sec:security", "--worker", "other:audit", "--approver", "alice",
+         "--approver", "bob", "--auditor", "aud", "--port", str(port)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    check = subprocess.run(
+        [find_nats_server(), "-c", str(out / "server.conf"), "-t"], capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stderr + check.stdout
+    log = out / "nats.log"
+    proc = subprocess.Popen(
+        [find_nats_server(), "-c", str(out / "server.conf"), "-l", str(log)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                break
+            assert proc.poll() is None, log.read_text() if log.exists() else "server exited"
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.05)
+        secure = Secure(out, f"nats://127.0.0.1:{port}")
+        yield secure
+        if secure.table:
+            width = max(len(p) for p, _, _ in secure.table)
+            print("\n" + f"{'probe':<{width}}  expected  observed")
+            for probe, expected, observed in secure.table:
+                print(f"{probe:<{width}}  {expected:<8}  {observed}")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+class Client:
+    """One connection with one identity's credentials, collecting asynchronous errors."""
+
+    def __init__(self, nc: NATS, errors: list[str]) -> None:
+        self.nc, self.errors = nc, errors
+
+    async def violation(self, since: int, timeout_s: float = 3.0) -> str | None:
+        """The first permissions violation reported after error number `since`."""
+        with anyio.move_on_after(timeout_s):
+            while True:
+                for err in self.errors[since:]:
+                    if VIOLATION in err.lower():
+                        return err
+                await anyio.sleep(0.02)
+        return None
+
+
+Connect = Callable[..., Awaitable[Client]]
+
+
+@pytest.fixture
+async def as_(secure: Secure) -> AsyncIterator[Connect]:
+    clients: list[NATS] = []
+
+    async def make(stem: str, tenant: str = "T1") -> Client:
+        ctx = secure.context(tenant, stem)
+        errors: list[str] = []
+
+        async def on_error(exc: Exception) -> None:
+            errors.append(str(exc))
+
+        nc = await nats.connect(
+            secure.url, nkeys_seed=ctx["nkey"], inbox_prefix=ctx["inbox_prefix"],
+            error_cb=on_error, max_reconnect_attempts=0, connect_timeout=3,
+        )  # fmt: skip
+        clients.append(nc)
+        return Client(nc, errors)
+
+    yield make
+    for nc in clients:
+        with contextlib.suppress(Exception):
+            await nc.close()
+
+
+async def refused(
+    secure: Secure, client: Client, probe: str, act: Callable[[], Awaitable[Any]]
+) -> None:
+    """Run `act` and require a permissions violation for it (its own error, if any, is the
+    refused request timing out)."""
+    since = len(client.errors)
+    with contextlib.suppress(Exception):
+        with anyio.fail_after(6):
+            await act()
+    await client.nc.flush()
+    seen = await client.violation(since)
+    secure.table.append((probe, "refused", seen or "ALLOWED"))
+    assert seen is not None, f"{probe}: no permissions violation"
+
+
+async def _system(as_: Connect, event: str) -> tuple[HookWorker, Client]:
+    """Buckets created by the admin, worker `sec` serving `security` on `event`."""
+    admin = await as_("admin-admin")
+    async with HookDispatcher(admin.nc, approvals=True):
+        pass  # creates the buckets as the admin may
+    worker_client = await as_("worker-sec")
+    worker = HookWorker(worker_client.nc)
+
+    @worker.handler(event, name="security", failure_policy="deny")
+    async def security(ev: str, data: dict[str, Any]) -> HookResult:
+        command = str(data.get("tool_input", {}).get("command", ""))
+        if "rm -rf" in command:
+            return HookResult(action="deny", reason="destructive")
+        if "ask" in command:
+            return HookResult(action="ask_user", approval_prompt="run it?", approval_timeout=20)
+        return HookResult(action="continue")
+
+    return worker, worker_client
+
+
+# -- probes: each refused -----------------------------------------------------------------------
+ANONYMOUS = """
+import asyncio, sys, nats
+async def main():
+    errors = []
+    async def on_error(exc):
+        errors.append(str(exc))
+    try:
+        nc = await nats.connect(sys.argv[1], allow_reconnect=False, connect_timeout=3,
+                                error_cb=on_error)
+    except Exception as exc:
+        print("refused:", type(exc).__name__, *errors)
+        return
+    print("CONNECTED")
+    await nc.close()
+asyncio.run(main())
+"""
+
+
+async def test_anonymous_connect_is_refused(secure: Secure) -> None:
+    # in a process of its own: nats-py leaves the refused socket for the GC to close
+    with anyio.fail_after(30):
+        run = await anyio.run_process([sys.executable, "-c", ANONYMOUS, secure.url], check=False)
+    observed = run.stdout.decode().strip() or run.stderr.decode().strip()[-200:]
+    secure.table.append(("anonymous connect", "refused", observed))
+    assert observed.startswith("refused") and "authorization violation" in observed.lower()
+
+
+async def test_agent_probes_are_refused(secure: Secure, as_: Connect, event: str) -> None:
+    worker, _ = await _system(as_, event)
+    async with worker:
+        agent = await as_("agent-a1")
+        nc = agent.nc
+        js = nc.jetstream(timeout=2)
+        await refused(secure, agent, "agent subscribes to hookbus.v1.hook.>",
+                      lambda: nc.subscribe("hookbus.v1.hook.>"))  # fmt: skip
+        await refused(
+            secure, agent, "agent joins the security handler's queue group",
+            lambda: nc.subscribe(handler_subject(event, "security"), queue="security"),
+        )  # fmt: skip
+        disp = secure.context("T1", "dispatcher-dispatcher")["inbox_prefix"]
+        await refused(
+            secure,
+            agent,
+            "agent replies on another user's inbox",
+            lambda: nc.publish(f"{disp}.x", b'{"result": {"action": "continue"}}'),
+        )
+        decl = f"$KV.hookbus_handlers.{handler_key(event, 'security')}"
+        await refused(secure, agent, "agent writes a declaration",
+                      lambda: js.publish(decl, b"{}"))  # fmt: skip
+        await refused(secure, agent, "agent deletes the handlers bucket",
+                      lambda: js.delete_key_value("hookbus_handlers"))  # fmt: skip
+        await refused(
+            secure,
+            agent,
+            "agent emits as another agent (service subject)",
+            lambda: nc.publish(emit_service_subject(event, "a2"), b'{"data": {}}'),
+        )
+        await refused(
+            secure, agent, "agent writes another agent's suspension (resolve/cancel)",
+            lambda: js.publish(f"$KV.hookbus_suspensions.{suspension_key('l', 'a2')}", b"{}"),
+        )  # fmt: skip
+        kv = await js.key_value("hookbus_suspensions")
+        await refused(secure, agent, "agent reads another agent's suspension",
+                      lambda: kv.get(suspension_key("l", "a2")))  # fmt: skip
+        await refused(secure, agent, "agent watches every suspension",
+                      lambda: kv.watch(">"))  # fmt: skip
+        await refused(
+            secure, agent, "agent writes an approval answer proof (answers an approval)",
+            lambda: kv.create(approval_answer_key("l", "a1", "alice"),
+                              encode(ApprovalAnswer(choice="Allow", answered_by="alice"))),
+        )  # fmt: skip
+        await refused(
+            secure, agent, "agent forges an 'Allow always' grant",
+            lambda: js.publish("$KV.hookbus_approvals.a1.s.tool=3Apre.security.bash", b"{}"),
+        )  # fmt: skip
+        await refused(secure, agent, "agent listens to another agent's hook events",
+                      lambda: nc.subscribe("hookbus.v1.hooks.a2.>"))  # fmt: skip
+        await refused(
+            secure,
+            agent,
+            "agent publishes a fake hook event of another agent",
+            lambda: nc.publish(hook_event_subject("l", "resolved", "a2"), b"{}"),
+        )
+        await refused(secure, agent, "agent reads the audit stream",
+                      lambda: js.stream_info("hookbus_decisions"))  # fmt: skip
+        await refused(
+            secure,
+            agent,
+            "agent marks a handler required",
+            lambda: js.publish("$KV.hookbus_handlers._required.x.y", b"{}"),
+        )
+
+
+async def test_worker_probes_are_refused(secure: Secure, as_: Connect, event: str) -> None:
+    worker, client = await _system(as_, event)
+    async with worker:
+        nc, js = client.nc, client.nc.jetstream(timeout=2)
+        other = f"$KV.hookbus_handlers.{handler_key(event, 'audit')}"
+        await refused(secure, client, "worker declares under another worker's handler name",
+                      lambda: js.publish(other, b"{}"))  # fmt: skip
+        await refused(
+            secure,
+            client,
+            "worker serves another worker's handler",
+            lambda: nc.subscribe(handler_subject(event, "audit"), queue="audit"),
+        )
+        await refused(
+            secure,
+            client,
+            "worker publishes a fake 'resolved' hook event",
+            lambda: nc.publish(hook_event_subject("l", "resolved", "a1"), b"{}"),
+        )
+        await refused(
+            secure,
+            client,
+            "worker emits as an agent",
+            lambda: nc.publish(emit_service_subject(event, "a1"), b'{"data": {}}'),
+        )
+        await refused(
+            secure, client, "worker resolves a suspension",
+            lambda: js.publish(f"$KV.hookbus_suspensions.{suspension_key('l', 'a1')}", b"{}"),
+        )  # fmt: skip
+
+
+async def test_approver_cannot_answer_as_another_approver(secure: Secure, as_: Connect) -> None:
+    bob = await as_("approver-bob")
+    kv = await bob.nc.jetstream(timeout=2).key_value("hookbus_suspensions")
+    await refused(
+        secure, bob, "approver bob writes alice's answer proof",
+        lambda: kv.create(approval_answer_key("l", "a1", "alice"),
+                          encode(ApprovalAnswer(choice="Allow", answered_by="alice"))),
+    )  # fmt: skip
+
+
+async def test_tenants_do_not_see_each_other(secure: Secure, as_: Connect) -> None:
+    """Same agent name in two tenants (NATS accounts): nothing crosses."""
+    t1, t2 = await as_("agent-a1", "T1"), await as_("agent-a1", "T2")
+    got: list[bytes] = []
+    arrived = anyio.Event()
+
+    async def on(msg: Any) -> None:
+        got.append(msg.data)
+        arrived.set()
+
+    await t2.nc.subscribe("hookbus.v1.hooks.a1.>", cb=on)
+    await t2.nc.flush()
+    await t1.nc.publish(hook_event_subject("secret", "pending", "a1"), b"tenant one")
+    await t1.nc.flush()
+    await t2.nc.publish(hook_event_subject("mine", "pending", "a1"), b"tenant two")
+    with anyio.fail_after(5):
+        await arrived.wait()
+    await t1.nc.flush()
+    await t2.nc.flush()
+    observed = "not delivered" if got == [b"tenant two"] else f"DELIVERED {got}"
+    secure.table.append(("agent reads another tenant's events", "refused", observed))
+    assert got == [b"tenant two"]
+
+
+# -- legitimate flows ---------------------------------------------------------------------------
+async def test_legitimate_flows_pass(secure: Secure, as_: Connect, event: str) -> None:
+    worker, _ = await _system(as_, event)
+    async with worker:  # the worker's declaration and queue subscription were allowed
+        agent = await as_("agent-a1")
+        async with HookDispatcher(agent.nc, agent_id="a1") as d:
+            d.set_default_fields(session_id="s1")
+            await d.refresh()
+            assert d.list_handlers(event) == {event: ["security"]}
+            denied = await d.emit(event, {"tool_name": "bash",
+                                          "tool_input": {"command": "rm -rf /"}})  # fmt: skip
+            assert (denied.action, denied.decided_by) == ("deny", "security")
+            allowed = await d.emit(event, {"tool_name": "bash", "tool_input": {"command": "ls"}})
+            assert allowed.action == "continue" and not allowed.failures
+
+            # an approval, answered by approver alice, who is recorded
+            approver = await as_("approver-alice")
+            async with HookDispatcher(approver.nc, approvals=False) as ad:
+                events = await ad.hook_events()
+                async with anyio.create_task_group() as tg:
+                    out: list[HookResult] = []
+
+                    async def emit() -> None:
+                        out.append(
+                            await d.emit(
+                                event, {"tool_name": "bash", "tool_input": {"command": "ask me"}}
+                            )
+                        )
+
+                    tg.start_soon(emit)
+                    async for ev in events:
+                        if ev.hook.status == "pending" and ev.hook.agent_id == "a1":
+                            await ad.answer_approval(ev.hook.label, "Allow", approver="alice",
+                                                     agent_id="a1")  # fmt: skip
+                            break
+                await events.aclose()
+            assert (out[0].action, out[0].approved_by) == ("continue", "alice")
+
+            # the agent's own suspension, resolved by itself
+            async with anyio.create_task_group() as tg:
+                label = f"own-{uuid.uuid4().hex[:6]}"
+                got: list[Any] = []
+
+                async def wait() -> None:
+                    got.append(await d.hook(label, timeout_s=15))
+
+                tg.start_soon(wait)
+                with anyio.fail_after(10):
+                    while True:
+                        record = await d.suspensions.get(label)
+                        if record is not None:
+                            break
+                        await anyio.sleep(0.05)
+                await d.resolve_hook(label, {"ok": True})
+            assert got == [{"ok": True}]
+        assert not [e for e in agent.errors if VIOLATION in e.lower()], agent.errors
+
+        # an emit through the dispatcher service, as the agent the subject names
+        service_client = await as_("dispatcher-dispatcher")
+        service = DispatcherService(HookDispatcher(service_client.nc), service_client.nc)
+        await service.start()
+        try:
+            msg = await agent.nc.request(
+                emit_service_subject(event, "a1"),
+                json.dumps({"data": {"tool_name": "bash",
+                                     "tool_input": {"command": "rm -rf /"}}}).encode(),
+                timeout=10,
+            )  # fmt: skip
+            reply = json.loads(msg.data)
+            assert reply["result"]["action"] == "deny", reply
+            assert reply["result"]["data"]["agent_id"] == "a1"
+        finally:
+            await service.stop()
+    secure.table.append(
+        (
+            "legitimate flows (emit, reply, declaration, approval by an "
+            "approver, own suspension, service emit)",
+            "pass",
+            "pass",
+        )
+    )
+
+
+async def test_the_library_never_leaks_a_raw_error_on_a_refused_write(
+    secure: Secure, as_: Connect
+) -> None:
+    """An agent's dispatcher asked to act for another agent refuses at once, naming it."""
+    agent = await as_("agent-a1")
+    async with HookDispatcher(agent.nc, agent_id="a1") as d:
+        d.register(TOOL_PRE, lambda ev, data: None)
+        with pytest.raises(Exception, match="acts as agent 'a1'"):
+            await d.emit(TOOL_PRE, {"agent_id": "a2"})
