@@ -40,6 +40,7 @@ from ._common import (
     strict_buckets_option,
     url_option,
 )
+from ._decisions_cmd import audit_options, decisions
 from ._handlers_cmd import handlers
 from ._hooks_cmd import hooks
 from ._otel import otel_session, otlp_option, print_denied_trace
@@ -174,6 +175,7 @@ def worker(
     help='How long an "Allow always" grant lives (env HOOKBUS_APPROVAL_TTL).',
 )
 @strict_buckets_option
+@audit_options
 def dispatcher_cmd(
     url: str | None,
     otlp_endpoint: str | None,
@@ -183,6 +185,9 @@ def dispatcher_cmd(
     suspension_ttl_s: float,
     approval_ttl_s: float,
     strict_buckets: bool,
+    audit: bool,
+    audit_max_age_s: float,
+    audit_max_bytes: int,
 ) -> None:
     """Serve emit / emit_and_collect on hookbus.v1.emit.<event> and
     hookbus.v1.emit_and_collect.<event> (queue group hookbus-dispatcher). SIGTERM/SIGINT
@@ -199,6 +204,9 @@ def dispatcher_cmd(
             suspension_ttl_s=suspension_ttl_s,
             approval_ttl_s=approval_ttl_s,
             strict_buckets=strict_buckets,
+            audit=audit,
+            audit_max_age_s=audit_max_age_s,
+            audit_max_bytes=audit_max_bytes,
         )
         service = DispatcherService(
             dispatcher, nc, max_concurrency=max_concurrency, grace_s=grace_s
@@ -304,6 +312,7 @@ def demo(
 cli.add_command(handlers)
 cli.add_command(hooks)
 cli.add_command(approvals)
+cli.add_command(decisions)
 
 
 def _on_signals(stop: Callable[[], Awaitable[None]]) -> None:

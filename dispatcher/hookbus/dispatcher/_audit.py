@@ -384,16 +384,15 @@ class DecisionLog:
             _drops.add(reason)
         if self._warn_handle is not None:
             return
-        wait = self._last_warning + self._warn_interval_s - time.monotonic()
-        if wait <= 0:
-            self._warn_now()
-            return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop: report at once
             self._warn_now()
             return
-        self._warn_handle = loop.call_later(wait, self._warn_now)
+        # the next WARNING: once this burst is over (a later turn of the loop), and no
+        # sooner than `warn_interval_s` after the last one
+        wait = self._last_warning + self._warn_interval_s - time.monotonic()
+        self._warn_handle = loop.call_later(max(0.0, wait), self._warn_now)
 
     def _warn_now(self) -> None:
         """One WARNING naming every emit id dropped since the last one."""

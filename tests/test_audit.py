@@ -1,0 +1,487 @@
+"""The decision audit trail: one `DecisionRecord` per decided emit in the hookbus_decisions
+stream, and `hookbus decisions` reading it.
+
+A real nats-server (the session's). The stream is shared by the tests, so each test uses
+its own agent id and reads that agent's subject only. Workers and dispatchers each have
+their own connection, as separate processes would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from datetime import datetime
+from typing import Any
+
+import anyio
+import nats.js.errors
+import pytest
+from _serving import serving
+from nats.aio.client import Client as NATS
+from nats.js.api import DiscardPolicy, RetentionPolicy
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.util._once import Once
+
+from hookbus.cli import EmbeddedNatsServer
+from hookbus.dispatcher import DispatcherService, HookDispatcher
+from hookbus.dispatcher._audit import DecisionLog
+from hookbus.dispatcher._kv import release_consumer
+from hookbus.schemas import (
+    DECISIONS_STREAM,
+    DECISIONS_WILDCARD,
+    DecisionRecord,
+    EmitReply,
+    EmitRequest,
+    HookResult,
+    decisions_stream_config,
+    decisions_subject,
+    decode,
+    emit_service_subject,
+    encode,
+    stream_config_differences,
+)
+
+pytestmark = pytest.mark.anyio
+
+Connect = Callable[..., Awaitable[NATS]]
+
+
+# -- helpers ---------------------------------------------------------------------------------
+@pytest.fixture
+def agent() -> str:
+    """A fresh agent id per test (its records are on its own subject)."""
+    return f"agent-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    """Tracing on (an SDK provider with an in-memory exporter) for one test."""
+
+    def reset() -> None:
+        trace._TRACER_PROVIDER_SET_ONCE = Once()
+        trace._TRACER_PROVIDER = None
+
+    reset()
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    yield exporter
+    provider.shutdown()
+    reset()
+
+
+def emit_trace_id(exporter: InMemorySpanExporter, event: str) -> str:
+    found = [s for s in exporter.get_finished_spans() if s.name == f"emit {event}"]
+    assert len(found) == 1, [s.name for s in exporter.get_finished_spans()]
+    return format(found[0].context.trace_id, "032x")
+
+
+async def records(nc: NATS, agent: str | None) -> list[DecisionRecord]:
+    """Every record on `agent`'s subject, oldest first (read with an ordered consumer)."""
+    js = nc.jetstream()
+    subject = decisions_subject(agent)
+    try:
+        info = await js.stream_info(DECISIONS_STREAM, subjects_filter=subject)
+    except nats.js.errors.NotFoundError:
+        return []
+    count = (info.state.subjects or {}).get(subject, 0)
+    if not count:
+        return []
+    sub = await js.subscribe(subject, stream=DECISIONS_STREAM, ordered_consumer=True)
+    try:
+        return [decode((await sub.next_msg(timeout=5)).data, DecisionRecord) for _ in range(count)]
+    finally:
+        await release_consumer(sub)
+
+
+async def written(d: HookDispatcher, n: int) -> None:
+    """Wait (at most 10 s) until the dispatcher's log has stored `n` records."""
+    log = d.decision_log
+    assert log is not None
+    with anyio.fail_after(10):
+        while log.written < n:  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+
+
+async def until_routed(d: HookDispatcher, event: str, names: list[str]) -> None:
+    with anyio.fail_after(10):
+        while d.list_handlers(event)[event] != names:  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+
+
+def deny(reason: str) -> Callable[..., Awaitable[HookResult]]:
+    async def handler(event: str, data: dict[str, Any]) -> HookResult:
+        return HookResult(action="deny", reason=reason)
+
+    return handler
+
+
+async def go_on(event: str, data: dict[str, Any]) -> HookResult:
+    return HookResult(action="continue")
+
+
+# -- off by default ---------------------------------------------------------------------------
+async def test_off_by_default_nothing_is_written(
+    nc: NATS, connect: Connect, event: str, agent: str
+) -> None:
+    async with (
+        serving(nc, (event, deny("no"), {"name": "guard"})),
+        HookDispatcher(await connect(), agent_id=agent) as d,
+    ):
+        await until_routed(d, event, ["guard"])
+        assert (await d.emit(event, {"tool_name": "bash"})).action == "deny"
+        assert d.decision_log is None
+        await anyio.sleep(0.2)
+    assert await records(nc, agent) == []
+
+
+# -- one record per decided emit ----------------------------------------------------------------
+async def test_a_deny_by_a_remote_worker_is_one_record(
+    spans: InMemorySpanExporter, nc: NATS, connect: Connect, event: str, agent: str
+) -> None:
+    later_calls: list[str] = []
+
+    async def later(ev: str, data: dict[str, Any]) -> None:
+        later_calls.append(ev)
+
+    async with (
+        serving(
+            nc,
+            (event, deny("destructive command"), {"name": "guard", "priority": 1}),
+            (event, later, {"name": "later", "priority": 2}),
+        ),
+        HookDispatcher(await connect(), agent_id=agent, audit=True) as d,
+    ):
+        await until_routed(d, event, ["guard", "later"])
+        d.set_default_fields(session_id="sess-1")
+        before = time.time()
+        r = await d.emit(event, {"tool_name": "bash"}, idempotency_key="call-7")
+        assert r.action == "deny" and r.decided_by == "guard"
+        await written(d, 1)
+    [rec] = await records(nc, agent)
+    assert later_calls == []
+    assert rec.event == event
+    assert rec.agent_id == agent and rec.session_id == "sess-1" and rec.tool_name == "bash"
+    assert rec.handlers == ["guard"]  # `later` was never called
+    assert rec.action == "deny" and rec.decided_by == "guard"
+    assert rec.reason == "destructive command"
+    assert rec.failures == [] and rec.approver is None
+    assert rec.emit_id == "call-7" and rec.idempotency_key == "call-7"
+    assert rec.trace_id == emit_trace_id(spans, event)
+    assert before <= rec.time <= time.time()
+    assert datetime.fromisoformat(rec.time_iso).timestamp() == pytest.approx(rec.time)
+    assert len(rec.id) == 32
+
+
+async def test_a_continue_is_one_record_with_the_handlers_called_in_order(
+    spans: InMemorySpanExporter, nc: NATS, connect: Connect, event: str, agent: str
+) -> None:
+    async with (
+        serving(
+            nc,
+            (event, go_on, {"name": "first", "priority": 1}),
+            (event, go_on, {"name": "skipped", "priority": 2, "tool_filter": ["python"]}),
+            (event, go_on, {"name": "second", "priority": 3}),
+        ),
+        HookDispatcher(await connect(), audit=True) as d,
+    ):
+        await until_routed(d, event, ["first", "skipped", "second"])
+        r = await d.emit(event, {"tool_name": "bash", "agent_id": agent, "session_id": "s2"})
+        assert r.action == "continue"
+        await written(d, 1)
+    [rec] = await records(nc, agent)
+    assert rec.handlers == ["first", "second"]  # the tool filter skipped the middle one
+    assert rec.action == "continue" and rec.decided_by is None and rec.reason is None
+    assert rec.agent_id == agent and rec.session_id == "s2"
+    assert rec.idempotency_key is None and len(rec.emit_id) == 32
+    assert rec.trace_id == emit_trace_id(spans, event)
+
+
+async def test_a_failure_under_deny_policy_is_one_record_with_the_failure(
+    spans: InMemorySpanExporter, nc: NATS, connect: Connect, event: str, agent: str
+) -> None:
+    async def broken(ev: str, data: dict[str, Any]) -> HookResult:
+        raise RuntimeError("policy store down")
+
+    async with (
+        serving(
+            nc,
+            (event, go_on, {"name": "audit_ok", "priority": 1}),
+            (event, broken, {"name": "policy", "priority": 2, "failure_policy": "deny"}),
+        ),
+        HookDispatcher(await connect(), agent_id=agent, audit=True) as d,
+    ):
+        await until_routed(d, event, ["audit_ok", "policy"])
+        r = await d.emit(event, {"tool_name": "bash"})
+        assert r.action == "deny"
+        await written(d, 1)
+    [rec] = await records(nc, agent)
+    assert rec.action == "deny" and rec.decided_by == r.decided_by
+    assert rec.handlers == ["audit_ok", "policy"]
+    assert [(f.handler, f.kind, f.policy) for f in rec.failures] == [("policy", "error", "deny")]
+    assert rec.reason == r.reason
+    assert rec.trace_id == emit_trace_id(spans, event)
+
+
+async def test_the_service_records_its_emits_with_the_agent_of_the_subject(
+    nc: NATS, connect: Connect, event: str, agent: str
+) -> None:
+    service_nc = await connect()
+    d = HookDispatcher(service_nc)
+    service = DispatcherService(d, service_nc, audit=True)
+    async with serving(nc, (event, deny("no"), {"name": "guard"})):
+        await service.start()
+        try:
+            await until_routed(d, event, ["guard"])
+            msg = await nc.request(
+                emit_service_subject(event, agent),
+                encode(EmitRequest(data={"tool_name": "sh"}, session_id="s3")),
+                timeout=5,
+            )
+            reply = decode(msg.data, EmitReply)
+            assert reply.result is not None and reply.result.action == "deny"
+            await written(d, 1)
+        finally:
+            await service.stop(grace_s=1)
+    [rec] = await records(nc, agent)
+    assert (rec.agent_id, rec.session_id, rec.tool_name) == (agent, "s3", "sh")
+    assert rec.handlers == ["guard"] and rec.action == "deny"
+    assert rec.trace_id is None  # tracing off: no trace id, nothing else changes
+
+
+async def test_an_event_without_handlers_is_not_recorded(nc: NATS, event: str, agent: str) -> None:
+    async with HookDispatcher(nc, agent_id=agent, audit=True) as d:
+        assert (await d.emit(event, {"tool_name": "bash"})).action == "continue"
+        log = d.decision_log
+        assert log is not None and log.pending == 0
+    assert await records(nc, agent) == []
+
+
+# -- an append that fails never changes the decision ---------------------------------------
+async def test_records_that_do_not_fit_the_queue_are_dropped_and_logged_by_emit_id(
+    nc: NATS, caplog: pytest.LogCaptureFixture, agent: str
+) -> None:
+    log = DecisionLog(nc, queue_size=2)
+    await log.start()
+    ids = [f"emit-{i}" for i in range(6)]
+    with caplog.at_level(logging.WARNING, logger="hookbus.dispatcher.audit"):
+        for emit_id in ids:  # no await in between: the publisher cannot take any yet
+            log.append("tool:pre", HookResult(action="deny"), emit_id=emit_id, agent_id=agent)
+        assert log.dropped == 4
+        await log.close()
+    assert log.written == 2
+    assert [r.emit_id for r in await records(nc, agent)] == ids[:2]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1  # rate-limited: one line naming every dropped emit id
+    assert "queue_full 4" in warnings[0]
+    assert all(emit_id in warnings[0] for emit_id in ids[2:])
+
+
+async def test_an_unreachable_stream_changes_no_decision(
+    embedded_server: EmbeddedNatsServer,
+    caplog: pytest.LogCaptureFixture,
+    event: str,
+    agent: str,
+) -> None:
+    """On a private server: the stream is deleted under a running dispatcher; emits decide
+    as before and at once, and the records not stored are counted and named."""
+    worker_nc = await nats.connect(embedded_server.url)
+    nc = await nats.connect(embedded_server.url)
+    try:
+        async with (
+            serving(worker_nc, (event, deny("no"), {"name": "guard"})),
+            HookDispatcher(nc, agent_id=agent, audit=True) as d,
+        ):
+            await until_routed(d, event, ["guard"])
+            await nc.jetstream().delete_stream(DECISIONS_STREAM)
+            with caplog.at_level(logging.WARNING, logger="hookbus.dispatcher.audit"):
+                started = time.monotonic()
+                results = [await d.emit(event, {}, idempotency_key=f"k{i}") for i in range(3)]
+                assert time.monotonic() - started < 2.0  # the emits never waited on the log
+                assert [r.action for r in results] == ["deny"] * 3
+                log = d.decision_log
+                assert log is not None
+                await log.close(timeout_s=0.2)
+            assert (log.written, log.dropped) == (0, 3)
+        text = "\n".join(r.getMessage() for r in caplog.records)
+        assert "NOT stored" in text and all(f"k{i}" in text for i in range(3))
+    finally:
+        await nc.close()
+        await worker_nc.close()
+
+
+# -- retention -----------------------------------------------------------------------------------
+async def test_retention_is_limits_30_days_1_gib_discard_old(nc: NATS, agent: str) -> None:
+    config = decisions_stream_config()
+    assert config.name == DECISIONS_STREAM and config.subjects == [DECISIONS_WILDCARD]
+    assert config.retention == RetentionPolicy.LIMITS and config.discard == DiscardPolicy.OLD
+    assert config.max_age == 30 * 24 * 3600 and config.max_bytes == 1 << 30
+    assert config.num_replicas == 1 and config.deny_delete
+    custom = decisions_stream_config(max_age_s=3600, max_bytes=1 << 20, replicas=3)
+    assert (custom.max_age, custom.max_bytes, custom.num_replicas) == (3600, 1 << 20, 3)
+    assert stream_config_differences(config, custom) == [
+        "max_bytes: asked 1073741824, stream has 1048576",
+        "replicas: asked 1, stream has 3",
+        "max_age: asked 2.592e+06 s, stream has 3600 s",
+    ]
+    log = DecisionLog(nc)  # opens the stream (creates it if this is the first test)
+    await log.start()
+    await log.close()
+    info = await nc.jetstream().stream_info(DECISIONS_STREAM)
+    assert stream_config_differences(config, info.config) == []
+    assert info.config.deny_delete
+
+
+# -- hookbus decisions ---------------------------------------------------------------------------
+CLI_TIMEOUT_S = 30.0
+CLI_ENV = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1"}
+
+
+async def hookbus(nats_url: str, *args: str) -> subprocess.CompletedProcess[bytes]:
+    with anyio.fail_after(CLI_TIMEOUT_S):
+        return await anyio.run_process(
+            [sys.executable, "-m", "hookbus.cli", *args, "--url", nats_url],
+            check=False,
+            env=CLI_ENV,
+        )
+
+
+def json_lines(p: subprocess.CompletedProcess[bytes]) -> list[dict[str, Any]]:
+    assert p.returncode == 0, p.stderr.decode()
+    return [json.loads(line) for line in p.stdout.decode().splitlines() if line.strip()]
+
+
+@pytest.fixture
+async def trail(nc: NATS, connect: Connect, event: str, agent: str) -> list[DecisionRecord]:
+    """Four decisions of `agent`: deny by `guard` (sessions a, b), continue, and a deny by
+    `policy`'s failure; the `guard` denies come from calls on tool ``rm``."""
+
+    async def guard(ev: str, data: dict[str, Any]) -> HookResult:
+        if data.get("tool_name") == "rm":
+            return HookResult(action="deny", reason="no rm")
+        return HookResult(action="continue")
+
+    async def policy(ev: str, data: dict[str, Any]) -> HookResult:
+        if data.get("tool_name") == "curl":
+            raise RuntimeError("down")
+        return HookResult(action="continue")
+
+    async with (
+        serving(
+            nc,
+            (event, guard, {"name": "guard", "priority": 1}),
+            (event, policy, {"name": "policy", "priority": 2, "failure_policy": "deny"}),
+        ),
+        HookDispatcher(await connect(), agent_id=agent, audit=True) as d,
+    ):
+        await until_routed(d, event, ["guard", "policy"])
+        for tool, session in (("rm", "a"), ("ls", "a"), ("curl", "b"), ("rm", "b")):
+            await d.emit(event, {"tool_name": tool, "session_id": session})
+        await written(d, 4)
+    got = await records(nc, agent)
+    assert [r.action for r in got] == ["deny", "continue", "deny", "deny"]
+    return got
+
+
+async def test_decisions_json_filters_by_agent_action_handler_session(
+    nats_url: str, trail: list[DecisionRecord], agent: str
+) -> None:
+    every = json_lines(await hookbus(nats_url, "decisions", "--agent", agent, "--json"))
+    assert [r["emit_id"] for r in every] == [r.emit_id for r in trail]
+    assert every[0]["agent_id"] == agent and every[0]["handlers"] == ["guard"]
+    assert every[0]["reason"] == "no rm" and every[0]["failures"] == []
+
+    denies = json_lines(
+        await hookbus(nats_url, "decisions", "--agent", agent, "--action", "deny", "--json")
+    )
+    assert [r["emit_id"] for r in denies] == [trail[i].emit_id for i in (0, 2, 3)]
+
+    by_policy = json_lines(
+        await hookbus(nats_url, "decisions", "--agent", agent, "--handler", "policy", "--json")
+    )
+    assert [r["emit_id"] for r in by_policy] == [trail[i].emit_id for i in (1, 2)]
+    assert by_policy[1]["failures"][0]["kind"] == "error"
+
+    session_b = json_lines(
+        await hookbus(
+            nats_url, "decisions", "--agent", agent, "--session", "b", "--limit", "1", "--json"
+        )
+    )
+    assert [r["emit_id"] for r in session_b] == [trail[3].emit_id]  # the most recent one
+
+    other = json_lines(await hookbus(nats_url, "decisions", "--agent", f"x{agent}", "--json"))
+    assert other == []
+
+
+async def test_decisions_table_shows_whole_identifiers(
+    nats_url: str, trail: list[DecisionRecord], agent: str
+) -> None:
+    p = await hookbus(nats_url, "decisions", "--agent", agent, "--action", "deny")
+    assert p.returncode == 0, p.stderr.decode()
+    text = p.stdout.decode()
+    for r in (trail[0], trail[2], trail[3]):
+        assert r.emit_id in text
+    assert trail[1].emit_id not in text  # the continue is filtered out
+    assert agent in text and "guard" in text and "policy:error:deny" in text
+
+
+async def test_decisions_without_the_stream_is_a_clear_error(
+    embedded_server: EmbeddedNatsServer,
+) -> None:
+    p = await hookbus(embedded_server.url, "decisions")
+    assert p.returncode == 1
+    assert "hookbus_decisions stream does not exist" in p.stderr.decode()
+    assert "Traceback" not in p.stderr.decode()
+
+
+async def test_decisions_follow_prints_new_records_and_stops_cleanly_on_ctrl_c(
+    nc: NATS, connect: Connect, nats_url: str, event: str, agent: str
+) -> None:
+    js = nc.jetstream()
+    async with (
+        serving(nc, (event, deny("no"), {"name": "guard"})),
+        HookDispatcher(await connect(), agent_id=agent, audit=True) as d,
+    ):
+        await until_routed(d, event, ["guard"])
+        await d.emit(event, {"tool_name": "rm"}, idempotency_key="before")
+        await written(d, 1)
+        consumers = (await js.stream_info(DECISIONS_STREAM)).state.consumer_count
+        proc = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "hookbus.cli", "decisions", "--agent", agent),
+            *("--follow", "--json", "--url", nats_url),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=CLI_ENV,
+        )
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            with anyio.fail_after(CLI_TIMEOUT_S):
+                first = json.loads(await proc.stdout.readline())
+            assert first["emit_id"] == "before"  # the backlog, then it waits for more
+            await d.emit(event, {"tool_name": "rm"}, idempotency_key="after")
+            with anyio.fail_after(CLI_TIMEOUT_S):
+                second = json.loads(await proc.stdout.readline())
+            assert second["emit_id"] == "after" and second["action"] == "deny"
+            proc.send_signal(signal.SIGINT)
+            with anyio.fail_after(CLI_TIMEOUT_S):
+                rest, err = await proc.communicate()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert proc.returncode == 0, err.decode()
+    assert "Traceback" not in err.decode() and rest == b""
+    # the ordered consumer was deleted on exit, not left for its inactive threshold
+    assert (await js.stream_info(DECISIONS_STREAM)).state.consumer_count == consumers
