@@ -35,7 +35,7 @@ from opentelemetry.util._once import Once
 
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import DispatcherService, HookDispatcher
-from hookbus.dispatcher._audit import DecisionLog
+from hookbus.dispatcher._audit import DecisionLog, ensure_decisions_stream
 from hookbus.dispatcher._kv import release_consumer
 from hookbus.schemas import (
     DECISIONS_STREAM,
@@ -58,6 +58,13 @@ Connect = Callable[..., Awaitable[NATS]]
 
 
 # -- helpers ---------------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+async def decisions_stream(nc: NATS) -> None:
+    """The stream exists on the session's server (a dispatcher pinned to an agent only
+    appends to it: an agent's NATS user may not create it)."""
+    await ensure_decisions_stream(nc)
+
+
 @pytest.fixture
 def agent() -> str:
     """A fresh agent id per test (its records are on its own subject)."""
@@ -289,14 +296,15 @@ async def test_records_that_do_not_fit_the_queue_are_dropped_and_logged_by_emit_
     assert all(emit_id in warnings[0] for emit_id in ids[2:])
 
 
-async def test_an_unreachable_stream_changes_no_decision(
+async def test_a_missing_stream_changes_no_decision(
     embedded_server: EmbeddedNatsServer,
     caplog: pytest.LogCaptureFixture,
     event: str,
     agent: str,
 ) -> None:
-    """On a private server: the stream is deleted under a running dispatcher; emits decide
-    as before and at once, and the records not stored are counted and named."""
+    """On a private server without the stream: an agent's dispatcher (pinned) starts at
+    once without creating it; its emits decide as before and at once, and the records not
+    stored are counted and named, with what to do."""
     worker_nc = await nats.connect(embedded_server.url)
     nc = await nats.connect(embedded_server.url)
     try:
@@ -305,7 +313,8 @@ async def test_an_unreachable_stream_changes_no_decision(
             HookDispatcher(nc, agent_id=agent, audit=True) as d,
         ):
             await until_routed(d, event, ["guard"])
-            await nc.jetstream().delete_stream(DECISIONS_STREAM)
+            with pytest.raises(nats.js.errors.NotFoundError):
+                await nc.jetstream().stream_info(DECISIONS_STREAM)
             with caplog.at_level(logging.WARNING, logger="hookbus.dispatcher.audit"):
                 started = time.monotonic()
                 results = [await d.emit(event, {}, idempotency_key=f"k{i}") for i in range(3)]
@@ -317,6 +326,7 @@ async def test_an_unreachable_stream_changes_no_decision(
             assert (log.written, log.dropped) == (0, 3)
         text = "\n".join(r.getMessage() for r in caplog.records)
         assert "NOT stored" in text and all(f"k{i}" in text for i in range(3))
+        assert f"no stream stores {decisions_subject(agent)}" in text
     finally:
         await nc.close()
         await worker_nc.close()

@@ -44,6 +44,7 @@ from opentelemetry import metrics, trace
 from hookbus.schemas import (
     DECISIONS_DEFAULT_MAX_AGE_S,
     DECISIONS_DEFAULT_MAX_BYTES,
+    DECISIONS_STREAM,
     BucketConfigError,
     DecisionRecord,
     HookbusTimeoutError,
@@ -146,6 +147,12 @@ class _Pending:
     subject: str
     payload: bytes
     queued_at: float  # monotonic
+    error: str = ""  # why the last publish of it failed
+
+    def closed(self) -> str:
+        """The reason it was dropped when the log closed before it was stored."""
+        tried = f"; last try: {self.error}" if self.error else ""
+        return f"the log closed before it was stored{tried}"
 
 
 class _DropCounter:
@@ -190,6 +197,8 @@ class DecisionLog:
         retry_for_s: seconds after which a record not yet stored is dropped.
         warn_interval_s: at most one WARNING about dropped records per this many seconds.
         create_timeout_s: bound of each stream info / create request at `start`.
+        open_stream: check (and create) the stream at `start`; False: only publish (a
+            NATS user that may append records but not read or create the stream).
     """
 
     def __init__(
@@ -206,6 +215,7 @@ class DecisionLog:
         retry_for_s: float = 10.0,
         warn_interval_s: float = 10.0,
         create_timeout_s: float = 5.0,
+        open_stream: bool = True,
     ) -> None:
         self._nc = nc
         self._retention = (max_age_s, max_bytes, replicas)
@@ -216,6 +226,7 @@ class DecisionLog:
         self._retry_for_s = retry_for_s
         self._warn_interval_s = warn_interval_s
         self._create_timeout_s = create_timeout_s
+        self._open_stream = open_stream
         self._js = nc.jetstream()
         self._runner: asyncio.Task[None] | None = None
         self._inflight: dict[asyncio.Task[None], _Pending] = {}
@@ -236,14 +247,15 @@ class DecisionLog:
         if self._runner is not None:
             return
         max_age_s, max_bytes, replicas = self._retention
-        await ensure_decisions_stream(
-            self._nc,
-            max_age_s=max_age_s,
-            max_bytes=max_bytes,
-            replicas=replicas,
-            strict=self._strict,
-            timeout_s=self._create_timeout_s,
-        )
+        if self._open_stream:
+            await ensure_decisions_stream(
+                self._nc,
+                max_age_s=max_age_s,
+                max_bytes=max_bytes,
+                replicas=replicas,
+                strict=self._strict,
+                timeout_s=self._create_timeout_s,
+            )
         self._closed = False
         self._runner = asyncio.create_task(self._run(), name="hookbus-decision-log")
 
@@ -320,12 +332,12 @@ class DecisionLog:
         if self._inflight:
             await asyncio.wait(list(self._inflight), timeout=1.0)
         for p in self._inflight.values():  # tasks that would not end
-            self._drop(p.record.emit_id, "closed", "the log closed before it was stored")
+            self._drop(p.record.emit_id, "closed", p.closed())
         self._inflight.clear()
         while not self._queue.empty():
             item = self._queue.get_nowait()
             if item is not None:
-                self._drop(item.record.emit_id, "closed", "the log closed before it was stored")
+                self._drop(item.record.emit_id, "closed", item.closed())
         self._warn_now()
 
     # -- internals ------------------------------------------------------------------------
@@ -349,7 +361,7 @@ class DecisionLog:
         self._slots.release()
         item = self._inflight.pop(task, None)
         if item is not None and task.cancelled():
-            self._drop(item.record.emit_id, "closed", "the log closed before it was stored")
+            self._drop(item.record.emit_id, "closed", item.closed())
 
     async def _publish(self, item: _Pending) -> None:
         headers = {"Nats-Msg-Id": item.record.id}
@@ -364,6 +376,12 @@ class DecisionLog:
                 return
             except Exception as exc:
                 error = _describe(exc)
+                if isinstance(exc, nats.js.errors.NoStreamResponseError):
+                    error += (
+                        f" (no stream stores {item.subject}: `hookbus dispatcher --audit` or an"
+                        f" admin creates {DECISIONS_STREAM})"
+                    )
+                item.error = error
                 if not is_transient(exc):
                     self._drop(item.record.emit_id, "refused", error)
                     return

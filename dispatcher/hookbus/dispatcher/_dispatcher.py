@@ -82,7 +82,9 @@ class HookDispatcher(StandardEvents):
             and every agent's records are read (a dispatcher service, an operator).
         audit: append one `DecisionRecord` per decided emit to the decision audit stream
             (``hookbus_decisions``, created at `start` if absent; see `DecisionLog`). Off by
-            default; needs a connection.
+            default; needs a connection. With `agent_id` set, records are only appended (an
+            agent's NATS user may neither read nor create the stream: the dispatcher
+            service or an admin creates it).
         audit_max_age_s: seconds the stream keeps a record, if this dispatcher creates it.
         audit_max_bytes: size past which the stream drops its oldest records, if this
             dispatcher creates it.
@@ -161,6 +163,7 @@ class HookDispatcher(StandardEvents):
                 max_bytes=max_bytes,
                 replicas=self._bucket_replicas,
                 strict=self._strict_buckets,
+                open_stream=self._agent_id is None,
             )
             await decisions.start()
             self._decisions = decisions
@@ -180,7 +183,7 @@ class HookDispatcher(StandardEvents):
         if self._suspensions is not None:
             await self._suspensions.close()
         if self._decisions is not None:
-            await self._decisions.close()  # bounded: queued records get a few seconds
+            await self._decisions.close(timeout_s=2.0)  # queued records get 2 s more
             self._decisions = None
         self._started = False
 
