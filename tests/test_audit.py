@@ -268,6 +268,42 @@ async def test_the_service_records_its_emits_with_the_agent_of_the_subject(
     assert rec.trace_id is None  # tracing off: no trace id, nothing else changes
 
 
+async def test_an_answered_approval_records_its_approver(
+    nc: NATS, connect: Connect, event: str, agent: str
+) -> None:
+    async def guard(ev: str, data: dict[str, Any]) -> HookResult:
+        return HookResult(action="ask_user", approval_prompt="Run it?", approval_timeout=10.0)
+
+    agent_d = HookDispatcher(await connect(), audit=True)
+    agent_d.register(event, guard)
+    approver_d = HookDispatcher(await connect(), approvals=False)
+    async with agent_d, approver_d:
+        events = await approver_d.hook_events()
+        out: list[HookResult] = []
+
+        async def run() -> None:
+            data = {"tool_name": "bash", "agent_id": agent, "session_id": "s4"}
+            out.append(await agent_d.emit(event, data))
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run)
+                with anyio.fail_after(10):
+                    async for e in events:
+                        if e.hook.status == "pending" and e.hook.metadata.get("agent_id") == agent:
+                            break
+                await approver_d.answer_approval(
+                    e.hook.label, "Allow", approver="alice", agent_id=e.hook.agent_id
+                )
+        finally:
+            await events.aclose()
+        assert out[0].action == "continue" and out[0].approved_by == "alice"
+        await written(agent_d, 1)
+    [rec] = await records(nc, agent)
+    assert (rec.action, rec.approver, rec.decided_by) == ("continue", "alice", "guard")
+    assert rec.handlers == ["guard"]
+
+
 async def test_an_event_without_handlers_is_not_recorded(nc: NATS, event: str, agent: str) -> None:
     async with HookDispatcher(nc, agent_id=agent, audit=True) as d:
         assert (await d.emit(event, {"tool_name": "bash"})).action == "continue"
