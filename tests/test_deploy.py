@@ -1,15 +1,46 @@
-"""deploy/ configs are validated offline by the real nats-server (`-t`), no Docker needed."""
+"""deploy/ configs are validated offline by the real nats-server (`-t`), no Docker needed.
+
+The shipped configs include what `hookbus auth init` writes (``auth/auth.conf``: the
+accounts and nkey users; ``auth/cluster-auth.conf``: the route password), never shipped
+themselves: each test writes them beside a copy of the configs first. No config allows an
+anonymous client, and the single-server config, run, refuses one.
+"""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
+import nats
 import pytest
+from click.testing import CliRunner
+from nats.aio.client import Client as NATS
 
-from hookbus.cli import find_nats_server
+from hookbus.cli import EmbeddedNatsServer, find_nats_server
+from hookbus.cli._auth import public_key_of
+from hookbus.cli._main import cli
+from hookbus.schemas._permissions import inbox_prefix
 
-CONFIGS = sorted((Path(__file__).parents[1] / "deploy" / "nats").glob("*.conf"))
+DEPLOY_NATS = Path(__file__).parents[1] / "deploy" / "nats"
+CONFIGS = sorted(DEPLOY_NATS.glob("*.conf"))
+ROUTES = ("127.0.0.1:6222", "127.0.0.1:6223", "127.0.0.1:6224")
+
+
+@pytest.fixture
+def deploy_copy(tmp_path: Path) -> Path:
+    """deploy/nats/*.conf copied to a folder with auth/ written by `hookbus auth init`."""
+    folder = tmp_path / "nats"
+    folder.mkdir()
+    for config in CONFIGS:
+        shutil.copy(config, folder / config.name)
+    args = ["auth", "init", "--out", str(folder / "auth"), "--host", "0.0.0.0",
+            "--agent", "payments", "--worker", "security:security_policy"]  # fmt: skip
+    for route in ROUTES:
+        args += ["--route", route]
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return folder
 
 
 def test_there_are_configs() -> None:
@@ -17,12 +48,62 @@ def test_there_are_configs() -> None:
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
-def test_nats_config_is_valid(config: Path) -> None:
+def test_nats_config_is_valid(config: Path, deploy_copy: Path) -> None:
     out = subprocess.run(
-        [find_nats_server(), "-c", str(config), "-t"], capture_output=True, text=True, timeout=30
+        [find_nats_server(), "-c", str(deploy_copy / config.name), "-t"],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert out.returncode == 0, out.stderr + out.stdout
     assert "is valid" in out.stderr + out.stdout
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
+def test_no_config_allows_anonymous_clients_or_routes(config: Path) -> None:
+    text = config.read_text()
+    assert 'include "auth/auth.conf"' in text
+    for anonymous in ("no_auth_user", "authorization", "users", "accounts"):
+        # every user comes from auth.conf; none is defined (or made the default) here
+        assert not any(line.strip().startswith(anonymous) for line in text.splitlines())
+    if "cluster {" in text:
+        assert 'include "auth/cluster-auth.conf"' in text
+        assert "nats-route://" not in text  # the routes carry the password: generated
+
+
+@pytest.mark.anyio
+async def test_the_single_server_config_refuses_anonymous_clients(
+    deploy_copy: Path, tmp_path: Path
+) -> None:
+    config = deploy_copy / "hookbus.conf"
+    text = config.read_text()  # its own ports and store here, the rest as shipped
+    for shipped, local in (("0.0.0.0:4222", "127.0.0.1:-1"), ("0.0.0.0:8222", "127.0.0.1:-1"),
+                           ("/data/jetstream", str(tmp_path / "js"))):  # fmt: skip
+        assert shipped in text
+        text = text.replace(shipped, local)
+    config.write_text(text)
+    with EmbeddedNatsServer(tmp_path / "run", config=config) as server:
+        anonymous = NATS()
+
+        async def quiet(exc: Exception) -> None:
+            pass
+
+        with pytest.raises(Exception, match=r"(?i)authorization"):
+            await anonymous.connect(
+                server.url, allow_reconnect=False, connect_timeout=3, error_cb=quiet
+            )
+        await anonymous.close()
+        seed = deploy_copy / "auth" / "dispatcher-dispatcher.nk"
+        nc = await nats.connect(
+            server.url,
+            nkeys_seed=str(seed),
+            inbox_prefix=inbox_prefix(public_key_of(seed)),
+            allow_reconnect=False,
+        )
+        try:
+            assert (await nc.jetstream().account_info()) is not None
+        finally:
+            await nc.close()
 
 
 def test_a_broken_config_is_refused(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from hookbus.schemas import (
 from hookbus.workers import HookWorker
 
 from ._approvals_cmd import approvals
+from ._auth import auth
 from ._common import (
     DURATION,
     bucket_replicas_option,
@@ -64,21 +65,51 @@ def cli(log_level: str) -> None:
 
 
 @cli.command()
-@click.option("--port", default=4222, show_default=True, help="Client port (-1: any free port).")
+@click.option(
+    "--port",
+    type=int,
+    default=None,
+    help="Client port (default 4222; -1: any free port; with --config: the config's).",
+)
 @click.option(
     "--data-dir",
     default=".hookbus/nats",
     show_default=True,
     type=click.Path(file_okay=False),
-    help="JetStream store (kept across runs).",
+    help="JetStream store (kept across runs); with --config: the log and ports file only.",
 )
-def server(port: int, data_dir: str) -> None:
-    """Run the embedded nats-server (JetStream on) in the foreground, for development."""
-    srv = EmbeddedNatsServer(data_dir, port=port)
-    url = srv.start()
-    click.echo(f"nats-server with JetStream at {url}; data in {data_dir}; Ctrl-C stops it")
+@click.option(
+    "--config",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="A nats-server config (e.g. `hookbus auth init`'s server.conf): auth, TLS, listen.",
+)
+def server(port: int | None, data_dir: str, config: str | None) -> None:
+    """Run nats-server (JetStream on) in the foreground: with --config, as configured;
+    without, the development server: open (no auth) and on loopback only."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # before the server starts: a SIGTERM at any point stops it (never orphaned)
+    signal.signal(signal.SIGTERM, interrupt)
+    if config:
+        srv = EmbeddedNatsServer(data_dir, port=port, config=config)
+    else:
+        click.echo(
+            "development server: open (no auth: any local process may connect) and on"
+            " loopback (127.0.0.1) only; for auth: `hookbus auth init`, then"
+            " `hookbus server --config`",
+            err=True,
+        )
+        srv = EmbeddedNatsServer(data_dir, port=4222 if port is None else port)
     try:
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+        url = srv.start()
+        where = f"log in {srv.log_file}" if config else f"data in {data_dir}"
+        label = f"with {config}" if config else "with JetStream"
+        click.echo(f"nats-server {label} at {url}; {where}; Ctrl-C stops it")
+        while True:
+            signal.pause()
     except KeyboardInterrupt:
         pass
     finally:
@@ -312,6 +343,7 @@ def demo(
 cli.add_command(handlers)
 cli.add_command(hooks)
 cli.add_command(approvals)
+cli.add_command(auth)
 cli.add_command(decisions)
 
 

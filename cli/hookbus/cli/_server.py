@@ -51,22 +51,29 @@ class EmbeddedNatsServer:
 
     Args:
         data_dir: JetStream store and log folder; a fresh temporary one (removed on stop)
-            when None. Give a fixed one to keep KV buckets across restarts.
-        port: client port; -1 picks a free one.
-        host: interface to listen on (loopback by default).
+            when None. Give a fixed one to keep KV buckets across restarts. With `config`,
+            the folder of the log and the ports file only (the config names the store).
+        port: client port; -1 (the default without `config`) picks a free one. With
+            `config`, None (the default) keeps the config's port, a number overrides it.
+        host: interface to listen on: loopback by default without `config` (the server
+            is open: no auth); with `config`, None keeps the config's.
         startup_timeout_s: seconds to wait for the server to accept clients.
+        config: a nats-server config file (e.g. from ``hookbus auth init``): run with it
+            (``-c``) instead of the open development settings.
     """
 
     def __init__(
         self,
         data_dir: str | os.PathLike[str] | None = None,
         *,
-        port: int = -1,
-        host: str = "127.0.0.1",
+        port: int | None = None,
+        host: str | None = None,
         startup_timeout_s: float = 10.0,
+        config: str | os.PathLike[str] | None = None,
     ) -> None:
         self._own_dir = data_dir is None
         self._dir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="hookbus-nats-"))
+        self._config = Path(config) if config is not None else None
         self._port = port
         self._host = host
         self._timeout = startup_timeout_s
@@ -97,12 +104,19 @@ class EmbeddedNatsServer:
         ports_dir.mkdir(exist_ok=True)
         for old in ports_dir.glob("*.ports"):
             old.unlink()
-        cmd = [
-            binary, "-a", self._host, "-p", str(self._port), "-js",
-            "-sd", str(self._dir / "jetstream"),
-            "--ports_file_dir", str(ports_dir),
-            "-l", str(self.log_file),
-        ]  # fmt: skip
+        if self._config is None:
+            cmd = [
+                binary, "-a", self._host or "127.0.0.1",
+                "-p", str(-1 if self._port is None else self._port), "-js",
+                "-sd", str(self._dir / "jetstream"),
+            ]  # fmt: skip
+        else:
+            cmd = [binary, "-c", str(self._config)]
+            if self._host is not None:
+                cmd += ["-a", self._host]
+            if self._port is not None:
+                cmd += ["-p", str(self._port)]
+        cmd += ["--ports_file_dir", str(ports_dir), "-l", str(self.log_file)]
         self._proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
@@ -116,8 +130,9 @@ class EmbeddedNatsServer:
             if ports:
                 with contextlib.suppress(json.JSONDecodeError):
                     urls = json.loads(ports[0].read_text()).get("nats") or []
-                    if urls:
-                        self.url = urls[0]
+                    if urls:  # a server on every interface lists each: loopback first
+                        loopback = [u for u in urls if "://127.0.0.1:" in u]
+                        self.url = (loopback or urls)[0]
                         return self.url
             time.sleep(0.02)
         self.stop()

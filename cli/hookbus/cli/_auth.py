@@ -1,0 +1,570 @@
+"""`hookbus auth`: nkey users with hookbus's role permissions, as nats-server config.
+
+``hookbus auth init --out DIR`` writes, for every identity (role, name, tenant):
+
+- ``<role>-<name>.nk``: its nkey seed (mode 0600; the only secret; never rewritten);
+- ``<role>-<name>.json``: a nats CLI context (url, nkey path, inbox prefix);
+
+and for the server:
+
+- ``auth.conf``: one NATS account per tenant, each with its users (public keys) and their
+  permissions (`hookbus.schemas._permissions`); no user without a key, so anonymous
+  clients are refused;
+- ``server.conf``: listen address, JetStream store, TLS if asked, ``include "auth.conf"``;
+- ``cluster-auth.conf`` (only with ``--route``; mode 0600): the route password and the
+  route URLs, for the ``cluster`` block of every node, so no server joins without it;
+- ``hookbus-auth.json``: the identities (role, name, tenant, public key, handlers), read
+  back by ``hookbus auth add`` to add one and write ``auth.conf`` again;
+- ``.gitignore`` (``*``) when it made DIR: seeds are never committed by accident.
+
+Files of the default tenant (``HOOKBUS``) are in DIR; those of any other tenant T in DIR/T/.
+``<name>`` in file names is `encode_token(name)`. Seeds are made with `nkeys` from 32
+random bytes; nats-server stores only the public keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import click
+import nkeys  # type: ignore[import-untyped]
+
+from hookbus.schemas import BadRequestError, encode_token
+from hookbus.schemas._permissions import (
+    ROLES,
+    RolePermissions,
+    inbox_prefix,
+    permission_table,
+    permissions_for,
+)
+from hookbus.schemas._permissions import Role as RoleName
+
+__all__ = [
+    "AUTH_CONF",
+    "CLUSTER_CONF",
+    "DEFAULT_TENANT",
+    "MANIFEST",
+    "SERVER_CONF",
+    "AuthSetup",
+    "Identity",
+    "auth",
+    "load_setup",
+    "render_accounts",
+    "render_server",
+]
+
+DEFAULT_TENANT: Final = "HOOKBUS"
+MANIFEST: Final = "hookbus-auth.json"
+AUTH_CONF: Final = "auth.conf"
+SERVER_CONF: Final = "server.conf"
+CLUSTER_CONF: Final = "cluster-auth.conf"
+ROUTE_USER: Final = "hookbus-route"
+_TENANT = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
+_ADDABLE = ("agent", "worker", "approver", "auditor", "dispatcher", "admin")
+
+
+@dataclass
+class Identity:
+    """One nkey user: its role, name, tenant, public key and (workers) handlers."""
+
+    role: RoleName
+    name: str
+    tenant: str
+    public_key: str
+    handlers: list[str] = field(default_factory=list)
+
+    @property
+    def stem(self) -> str:
+        """File name without extension: ``<role>-<encoded name>``."""
+        return f"{self.role}-{encode_token(self.name)}"
+
+    def folder(self, out: Path) -> Path:
+        return out if self.tenant == DEFAULT_TENANT else out / self.tenant
+
+    def seed_path(self, out: Path) -> Path:
+        return self.folder(out) / f"{self.stem}.nk"
+
+    def context_path(self, out: Path) -> Path:
+        return self.folder(out) / f"{self.stem}.json"
+
+    def permissions(self) -> RolePermissions:
+        return permissions_for(
+            self.role,
+            self.name,
+            handlers=self.handlers if self.role == "worker" else None,
+            public_key=self.public_key,
+        )
+
+
+@dataclass
+class AuthSetup:
+    """What ``hookbus-auth.json`` holds: the server's listen settings and the identities."""
+
+    host: str = "127.0.0.1"
+    port: int = 4222
+    store_dir: str = "jetstream"
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    tenants: list[str] = field(default_factory=lambda: [DEFAULT_TENANT])
+    routes: list[str] = field(default_factory=list)
+    """``host:port`` of every node's cluster port (``cluster-auth.conf``), if a cluster."""
+    identities: list[Identity] = field(default_factory=list)
+
+    def find(self, tenant: str, role: str, name: str) -> Identity | None:
+        for ident in self.identities:
+            if (ident.tenant, ident.role, ident.name) == (tenant, role, name):
+                return ident
+        return None
+
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        scheme = "tls" if self.tls_cert else "nats"
+        return f"{scheme}://{host}:{self.port}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": 1, **asdict(self)}
+
+
+def load_setup(out: Path) -> AuthSetup:
+    """Read ``DIR/hookbus-auth.json``.
+
+    Raises:
+        click.ClickException: missing or not a hookbus auth manifest.
+    """
+    path = out / MANIFEST
+    try:
+        raw = json.loads(path.read_text())
+        idents = [Identity(**i) for i in raw.pop("identities")]
+        raw.pop("version", None)
+        return AuthSetup(**raw, identities=idents)
+    except FileNotFoundError:
+        raise click.ClickException(
+            f"{path} not found: run `hookbus auth init --out {out}`"
+        ) from None
+    except (ValueError, TypeError, KeyError) as exc:
+        raise click.ClickException(f"{path} is not a hookbus auth manifest: {exc}") from exc
+
+
+# -- rendering (pure) -------------------------------------------------------------------
+
+
+def _q(text: str) -> str:
+    """A quoted string for the NATS config format (JSON escaping is a subset it reads)."""
+    return json.dumps(text)
+
+
+def _allow_block(kind: str, subjects: Sequence[str], indent: str) -> list[str]:
+    lines = [f"{indent}{kind}: {{ allow: ["]
+    lines += [f"{indent}  {_q(s)}" for s in subjects]
+    lines.append(f"{indent}] }}")
+    return lines
+
+
+def _user_block(ident: Identity, indent: str) -> list[str]:
+    perms = ident.permissions()
+    for subject in [*perms.publish, *perms.subscribe]:
+        if "<" in subject or ">" in subject.replace(".>", "") or not subject.strip():
+            raise ValueError(f"not a subject for a config: {subject!r}")
+    label = f"{ident.role} {ident.name!r}"
+    if ident.handlers:
+        label += f" (handlers: {', '.join(ident.handlers)})"
+    inner = indent + "  "
+    lines = [f"{indent}# {label}", f"{indent}{{", f"{inner}nkey: {_q(ident.public_key)}"]
+    lines.append(f"{inner}permissions: {{")
+    lines += _allow_block("publish", perms.publish, inner + "  ")
+    lines += _allow_block("subscribe", perms.subscribe, inner + "  ")
+    if perms.allow_responses is not None:
+        r = perms.allow_responses
+        lines.append(
+            f"{inner}  allow_responses: {{ max: {r.max_msgs}, expires: {_q(f'{r.expires_s:g}s')} }}"
+        )
+    lines.append(f"{inner}}}")
+    lines.append(f"{indent}}}")
+    return lines
+
+
+def render_accounts(setup: AuthSetup) -> str:
+    """``auth.conf``: one account per tenant with its nkey users and their permissions."""
+    lines = [
+        "# hookbus identities: one NATS account per tenant, one nkey user per identity.",
+        "# Written by `hookbus auth init` / `hookbus auth add` from hookbus-auth.json;",
+        "# add identities with `hookbus auth add`, then reload the server (SIGHUP).",
+        "# Every client must present an nkey: there is no anonymous user.",
+        "accounts {",
+    ]
+    for tenant in setup.tenants:
+        lines += [f"  {tenant} {{", "    jetstream: enabled", "    users: ["]
+        for ident in setup.identities:
+            if ident.tenant == tenant:
+                lines += _user_block(ident, "      ")
+        lines += ["    ]", "  }"]
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def render_server(setup: AuthSetup, out: Path) -> str:
+    """``server.conf``: listen, JetStream, TLS (if set) and ``include "auth.conf"``."""
+    store = Path(setup.store_dir)
+    if not store.is_absolute():
+        store = (out / store).resolve()
+    lines = [
+        "# nats-server for hookbus, written by `hookbus auth init`.",
+        "# Run: hookbus server --config server.conf   (or: nats-server -c server.conf)",
+        f"host: {_q(setup.host)}",
+        f"port: {setup.port}",
+        "",
+        "jetstream {",
+        f"  store_dir: {_q(str(store))}",
+        "}",
+        "",
+        "max_payload: 1MB",
+    ]
+    if setup.tls_cert:
+        lines += ["", "tls {", f"  cert_file: {_q(setup.tls_cert)}"]
+        lines.append(f"  key_file: {_q(setup.tls_key or '')}")
+        if setup.tls_ca:
+            lines.append(f"  ca_file: {_q(setup.tls_ca)}")
+        lines.append("}")
+    lines += ["", f"include {_q(AUTH_CONF)}"]
+    return "\n".join(lines) + "\n"
+
+
+def render_cluster(routes: Sequence[str], password: str) -> str:
+    """``cluster-auth.conf``: route credentials and URLs, for every node's cluster block."""
+    lines = [
+        "# Route credentials of the hookbus cluster, written by `hookbus auth init --route`.",
+        "# Every node includes this in its cluster block: a server without the password",
+        "# cannot join as a route (a route sees every account's traffic). Keep it secret.",
+        "authorization {",
+        f"  user: {_q(ROUTE_USER)}",
+        f"  password: {_q(password)}",
+        "}",
+        "routes: [",
+    ]
+    lines += [f"  {_q(f'nats-route://{ROUTE_USER}:{password}@{route}')}" for route in routes]
+    lines.append("]")
+    return "\n".join(lines) + "\n"
+
+
+def parse_route(route: str) -> str:
+    """Check a ``HOST:PORT`` route address."""
+    host, sep, port = route.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise click.BadParameter(f"a route is HOST:PORT, got {route!r}", param_hint="--route")
+    if any(c in host for c in "@/ \"'"):
+        raise click.BadParameter(f"not a host: {host!r}", param_hint="--route")
+    return route
+
+
+def context_json(ident: Identity, setup: AuthSetup, out: Path) -> dict[str, Any]:
+    """A nats CLI context for `ident` (``nats --context FILE``-style fields)."""
+    ctx: dict[str, Any] = {
+        "description": f"hookbus {ident.role} {ident.name} (tenant {ident.tenant})",
+        "url": setup.url(),
+        "nkey": str(ident.seed_path(out).resolve()),
+        "inbox_prefix": inbox_prefix(ident.public_key),
+    }
+    if setup.tls_ca:
+        ctx["ca"] = setup.tls_ca
+    return ctx
+
+
+# -- files --------------------------------------------------------------------------------
+
+
+def new_user_seed() -> tuple[str, str]:
+    """A fresh nkey user: ``(seed, public key)`` (``SU...``, ``U...``)."""
+    seed = nkeys.encode_seed(secrets.token_bytes(32), nkeys.PREFIX_BYTE_USER)
+    kp = nkeys.from_seed(bytearray(seed))
+    try:
+        return bytes(seed).decode(), bytes(kp.public_key).decode()
+    finally:
+        kp.wipe()
+
+
+def public_key_of(seed_file: Path) -> str:
+    """The public key of the seed in `seed_file`."""
+    kp = nkeys.from_seed(bytearray(seed_file.read_bytes().strip()))
+    try:
+        return bytes(kp.public_key).decode()
+    finally:
+        kp.wipe()
+
+
+def _write_new_secret(path: Path, text: str) -> None:
+    """Create `path` (mode 0600); never overwrite one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _new_identity(
+    setup: AuthSetup, out: Path, role: RoleName, name: str, tenant: str, handlers: Sequence[str]
+) -> Identity:
+    """Make a seed for a new identity, write its seed and context files, record it."""
+    if setup.find(tenant, role, name) is not None:
+        raise click.ClickException(f"{role} {name!r} already exists in tenant {tenant}")
+    try:
+        encode_token(name)
+        for h in handlers:
+            encode_token(h)
+    except BadRequestError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    if role == "worker":
+        handlers = list(dict.fromkeys(handlers or [name]))
+    elif handlers:
+        raise click.BadParameter(f"only a worker has handlers, not a {role}")
+    seed, public = new_user_seed()
+    ident = Identity(role, name, tenant, public, list(handlers))
+    if ident.seed_path(out).exists():
+        raise click.ClickException(f"{ident.seed_path(out)} exists: not overwriting a seed")
+    _write_new_secret(ident.seed_path(out), seed + "\n")
+    setup.identities.append(ident)
+    return ident
+
+
+def write_setup(setup: AuthSetup, out: Path) -> None:
+    """Write ``auth.conf``, ``server.conf``, every context and the manifest (not seeds)."""
+    for ident in setup.identities:
+        _write_atomic(
+            ident.context_path(out), json.dumps(context_json(ident, setup, out), indent=2) + "\n"
+        )
+    _write_atomic(out / AUTH_CONF, render_accounts(setup))
+    _write_atomic(out / SERVER_CONF, render_server(setup, out))
+    _write_atomic(out / MANIFEST, json.dumps(setup.to_json(), indent=2) + "\n")
+
+
+def parse_worker(spec: str) -> tuple[str, list[str]]:
+    """``NAME[:handler,handler]`` -> ``(NAME, handlers)`` (default: ``[NAME]``)."""
+    name, sep, rest = spec.partition(":")
+    handlers = [h.strip() for h in rest.split(",") if h.strip()] if sep else []
+    if not name:
+        raise click.BadParameter(f"a worker needs a name: {spec!r}")
+    return name, handlers or [name]
+
+
+def _check_tenant(name: str) -> str:
+    if not _TENANT.fullmatch(name):
+        raise click.BadParameter(
+            f"tenant {name!r}: a letter, then up to 63 letters, digits, '_' or '-'"
+        )
+    return name
+
+
+def init_setup(
+    out: Path,
+    *,
+    tenants: Iterable[str] = (),
+    agents: Iterable[str] = (),
+    workers: Iterable[str] = (),
+    approvers: Iterable[str] = (),
+    auditors: Iterable[str] = (),
+    routes: Iterable[str] = (),
+    host: str = "127.0.0.1",
+    port: int = 4222,
+    store_dir: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    tls_ca: str | None = None,
+) -> AuthSetup:
+    """What ``hookbus auth init`` does (see its help). Returns the setup written."""
+    if (out / MANIFEST).exists():
+        raise click.ClickException(
+            f"{out / MANIFEST} exists: add identities with `hookbus auth add --dir {out}`"
+        )
+    if bool(tls_cert) != bool(tls_key):
+        raise click.BadParameter("--tls-cert and --tls-key go together")
+    tenant_list = list(dict.fromkeys(_check_tenant(t) for t in tenants)) or [DEFAULT_TENANT]
+    abs_tls = [str(Path(p).resolve()) if p else None for p in (tls_cert, tls_key, tls_ca)]
+    setup = AuthSetup(
+        host=host,
+        port=port,
+        store_dir=store_dir or str((out / "jetstream").resolve()),
+        tls_cert=abs_tls[0],
+        tls_key=abs_tls[1],
+        tls_ca=abs_tls[2],
+        tenants=tenant_list,
+        routes=[parse_route(r) for r in routes],
+    )
+    wanted: list[tuple[RoleName, str, list[str]]] = [
+        ("admin", "admin", []),
+        ("dispatcher", "dispatcher", []),
+    ]
+    wanted += [("agent", a, []) for a in agents]
+    for spec in workers:
+        name, handlers = parse_worker(spec)
+        wanted.append(("worker", name, handlers))
+    wanted += [("approver", a, []) for a in approvers]
+    wanted += [("auditor", a, []) for a in auditors]
+    if not out.exists():
+        out.mkdir(parents=True)
+        (out / ".gitignore").write_text("# seeds: never commit\n*\n")
+    if setup.routes:
+        _write_new_secret(out / CLUSTER_CONF, render_cluster(setup.routes, secrets.token_hex(24)))
+    for tenant in tenant_list:
+        for role, name, handlers in wanted:
+            if setup.find(tenant, role, name) is None:
+                _new_identity(setup, out, role, name, tenant, handlers)
+    write_setup(setup, out)
+    return setup
+
+
+def add_identity(
+    out: Path, role: RoleName, name: str, *, tenant: str | None = None, handlers: Sequence[str] = ()
+) -> Identity:
+    """What ``hookbus auth add`` does: a new identity; other seeds are left as they are."""
+    setup = load_setup(out)
+    if tenant is None:
+        tenant = DEFAULT_TENANT if DEFAULT_TENANT in setup.tenants else setup.tenants[0]
+        if len(setup.tenants) > 1 and DEFAULT_TENANT not in setup.tenants:
+            raise click.BadParameter(f"several tenants: pick one with --tenant ({setup.tenants})")
+    if tenant not in setup.tenants:
+        raise click.BadParameter(f"unknown tenant {tenant!r}; known: {', '.join(setup.tenants)}")
+    ident = _new_identity(setup, out, role, name, tenant, list(handlers))
+    write_setup(setup, out)
+    return ident
+
+
+def markdown_table() -> str:
+    """The role table of docs/security.md, from `permission_table`."""
+    lines = ["| role | direction | subject | why |", "| --- | --- | --- | --- |"]
+    for row in permission_table():
+        subject = row.subject if row.direction == "responses" else f"`{row.subject}`"
+        lines.append(f"| {row.role} | {row.direction} | {subject} | {row.why} |")
+    return "\n".join(lines) + "\n"
+
+
+# -- the command group --------------------------------------------------------------------
+
+
+@click.group()
+def auth() -> None:
+    """NATS credentials for hookbus: nkey users with role permissions, one account per tenant."""
+
+
+@auth.command("init")
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder to write server.conf, auth.conf, seeds and contexts to.",
+)
+@click.option("--tenant", "tenants", multiple=True, help="A tenant (NATS account); repeat.")
+@click.option("--agent", "agents", multiple=True, help="An agent identity; repeat.")
+@click.option(
+    "--worker",
+    "workers",
+    multiple=True,
+    metavar="NAME[:H,H]",
+    help="A worker identity and the handlers it serves (default: one named NAME); repeat.",
+)
+@click.option("--approver", "approvers", multiple=True, help="An approver identity; repeat.")
+@click.option("--auditor", "auditors", multiple=True, help="An auditor identity; repeat.")
+@click.option(
+    "--route",
+    "routes",
+    multiple=True,
+    metavar="HOST:PORT",
+    help="A cluster node's route address; repeat. Writes cluster-auth.conf (route password).",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
+@click.option("--port", default=4222, show_default=True, help="Client port.")
+@click.option(
+    "--store-dir", default=None, help="JetStream store (default: OUT/jetstream, absolute)."
+)
+@click.option("--tls-cert", type=click.Path(dir_okay=False), help="Server certificate (PEM).")
+@click.option("--tls-key", type=click.Path(dir_okay=False), help="Server key (PEM).")
+@click.option("--tls-ca", type=click.Path(dir_okay=False), help="CA clients verify it with.")
+def init_cmd(
+    out: Path,
+    tenants: tuple[str, ...],
+    agents: tuple[str, ...],
+    workers: tuple[str, ...],
+    approvers: tuple[str, ...],
+    auditors: tuple[str, ...],
+    routes: tuple[str, ...],
+    host: str,
+    port: int,
+    store_dir: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    tls_ca: str | None,
+) -> None:
+    """Write a nats-server config with one nkey user per identity: an admin and a
+    dispatcher, plus the agents, workers, approvers and auditors asked for, in every
+    tenant (default tenant HOOKBUS; files of another tenant T go to OUT/T/).
+
+    Run it with `hookbus server --config OUT/server.conf`; connect a client with
+    `--nkey OUT/<role>-<name>.nk`."""
+    setup = init_setup(
+        out,
+        tenants=tenants,
+        agents=agents,
+        workers=workers,
+        approvers=approvers,
+        auditors=auditors,
+        routes=routes,
+        host=host,
+        port=port,
+        store_dir=store_dir,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        tls_ca=tls_ca,
+    )
+    for ident in setup.identities:
+        click.echo(f"{ident.tenant:<10} {ident.role:<10} {ident.name:<20} {ident.seed_path(out)}")
+    click.echo(f"server config: {out / SERVER_CONF} (accounts and users: {out / AUTH_CONF})")
+    if setup.routes:
+        click.echo(f"route credentials for every node's cluster block: {out / CLUSTER_CONF}")
+
+
+@auth.command("add")
+@click.argument("role", type=click.Choice(_ADDABLE))
+@click.argument("name")
+@click.option(
+    "--dir",
+    "out",
+    required=True,
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="The folder `hookbus auth init` wrote.",
+)
+@click.option("--tenant", default=None, help="Its tenant (default: HOOKBUS, or the only one).")
+@click.option("--handler", "handlers", multiple=True, help="A handler a worker serves; repeat.")
+def add_cmd(role: str, name: str, out: Path, tenant: str | None, handlers: tuple[str, ...]) -> None:
+    """Add one identity and write auth.conf again (existing seeds are never changed).
+    Reload the running server afterwards (`nats-server --signal reload` or SIGHUP)."""
+    if role not in ROLES:  # narrows the click choice to a role
+        raise click.BadParameter(f"unknown role {role!r}")
+    ident = add_identity(out, role, name, tenant=tenant, handlers=handlers)
+    click.echo(f"{ident.tenant} {ident.role} {ident.name}: {ident.seed_path(out)}")
+
+
+@auth.command("table")
+def table_cmd() -> None:
+    """Print the role -> permissions table (markdown), as in docs/security.md."""
+    click.echo(markdown_table(), nl=False)

@@ -1,0 +1,447 @@
+"""`hookbus auth` and the permission model, against real nats-servers started from the
+generated config (no mocks): the config is valid, seeds survive `auth add`, anonymous
+clients are refused, every identity connects with its seed, tenants are isolated, and a
+few permissions hold (the full per-role probe suite lives elsewhere)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import nats
+import pytest
+from click.testing import CliRunner
+from nats.aio.client import Client as NATS
+from nats.js.api import KeyValueConfig
+
+from hookbus.cli import EmbeddedNatsServer, find_nats_server
+from hookbus.cli._auth import (
+    DEFAULT_TENANT,
+    Identity,
+    load_setup,
+    markdown_table,
+    public_key_of,
+)
+from hookbus.cli._main import cli
+from hookbus.schemas._permissions import (
+    agent,
+    inbox_prefix,
+    permission_table,
+    permissions_for,
+    worker,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+anyio_test = pytest.mark.anyio
+
+
+def auth_cli(*args: str) -> str:
+    result = CliRunner().invoke(cli, ["auth", *args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def config_check(config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [find_nats_server(), "-c", str(config), "-t"], capture_output=True, text=True, timeout=30
+    )
+
+
+def seeds(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*.nk"))}
+
+
+# -- the model (pure) -----------------------------------------------------------------
+
+
+def test_a_worker_serves_its_name_by_default_and_only_its_handlers() -> None:
+    assert worker("security").subscribe == worker("security", ["security"]).subscribe
+    perms = worker("sec", ["security_policy", "a:b"])
+    assert "hookbus.v1.collect.* security_policy" in perms.subscribe
+    assert "hookbus.v1.hook.*.a=3Ab a=3Ab" in perms.subscribe  # queue group = handler token
+    assert "$KV.hookbus_handlers.*.a=3Ab" in perms.publish
+    assert not any("sec " in s or s.endswith(".sec") for s in perms.subscribe)
+    assert perms.allow_responses is not None and perms.allow_responses.max_msgs == 4
+
+
+def test_an_agent_is_scoped_to_its_token() -> None:
+    perms = agent("pay.ments", public_key="UXYZ")
+    assert "hookbus.v1.emit.pay=2Ements.*" in perms.publish
+    assert "$KV.hookbus_suspensions.pay=2Ements.*" in perms.publish
+    assert perms.subscribe == ["_INBOX_UXYZ.>", "hookbus.v1.hooks.pay=2Ements.>"]
+    assert perms.allow_responses is None
+    # reads of suspensions and grants only through subjects that carry its prefix
+    scoped = [s for s in perms.publish if "hookbus_suspensions" in s or "hookbus_approvals" in s]
+    assert scoped and all(
+        ".pay=2Ements." in s or s.startswith(("$JS.API.STREAM.INFO", "$JS.API.CONSUMER.INFO",
+                                              "$JS.API.CONSUMER.DELETE"))
+        for s in scoped
+    ), scoped  # fmt: skip
+
+
+def test_only_the_admin_may_delete_update_or_purge_streams() -> None:
+    for role in ("agent", "worker", "dispatcher", "approver", "auditor"):
+        perms = permissions_for(role, "x")  # type: ignore[arg-type]
+        verbs = ("STREAM.DELETE", "STREAM.PURGE", "STREAM.UPDATE", "STREAM.MSG.DELETE")
+        assert not any(v in s for s in perms.publish for v in verbs), role
+        assert not any(s.endswith((".>", "*")) and "STREAM" in s for s in perms.publish), role
+        assert "$JS.API.>" not in perms.publish
+    assert "$JS.API.>" in permissions_for("admin", "admin").publish
+
+
+def test_every_user_subscribes_only_to_its_own_inbox() -> None:
+    for row in permission_table():
+        if row.direction == "subscribe" and row.subject.startswith("_INBOX"):
+            assert row.subject == "_INBOX_<PUBKEY>.>"
+    for role in ("admin", "agent", "worker", "dispatcher", "approver", "auditor"):
+        perms = permissions_for(role, "x", public_key="UKEY")  # type: ignore[arg-type]
+        inboxes = [s for s in perms.subscribe if "INBOX" in s]
+        assert inboxes == ["_INBOX_UKEY.>"], role
+        assert ">" not in perms.subscribe and "_INBOX.>" not in perms.subscribe
+
+
+def test_the_security_doc_has_every_row_of_the_table() -> None:
+    doc = (ROOT / "docs" / "security.md").read_text()
+    missing = [line for line in markdown_table().splitlines() if line not in doc]
+    assert missing == [], "docs/security.md is stale: paste `hookbus auth table`"
+
+
+# -- the files ----------------------------------------------------------------------------
+
+
+def test_init_writes_a_valid_config_seeds_and_contexts(tmp_path: Path) -> None:
+    out = tmp_path / "auth"
+    auth_cli("init", "--out", str(out), "--agent", "payments",
+             "--worker", "security:security_policy,response_dlp", "--approver", "alice",
+             "--auditor", "audit")  # fmt: skip
+    check = config_check(out / "server.conf")
+    assert check.returncode == 0 and "is valid" in check.stderr, check.stderr
+    setup = load_setup(out)
+    roles = {(i.role, i.name) for i in setup.identities}
+    assert roles == {
+        ("admin", "admin"), ("dispatcher", "dispatcher"), ("agent", "payments"),
+        ("worker", "security"), ("approver", "alice"), ("auditor", "audit"),
+    }  # fmt: skip
+    sec = setup.find(DEFAULT_TENANT, "worker", "security")
+    assert sec is not None and sec.handlers == ["security_policy", "response_dlp"]
+    conf = (out / "auth.conf").read_text()
+    for ident in setup.identities:
+        seed = ident.seed_path(out)
+        assert seed.parent == out and seed.name == f"{ident.role}-{ident.name}.nk"
+        assert stat.S_IMODE(seed.stat().st_mode) == 0o600
+        assert seed.read_text().startswith("SU")
+        assert public_key_of(seed) == ident.public_key
+        assert f'nkey: "{ident.public_key}"' in conf
+        context = json.loads(ident.context_path(out).read_text())
+        assert context["url"] == "nats://127.0.0.1:4222"
+        assert Path(context["nkey"]) == seed.resolve()
+        assert context["inbox_prefix"] == f"_INBOX_{ident.public_key}"
+    assert "no_auth_user" not in conf and "authorization" not in conf
+    # a second init over the same folder is refused: seeds are never replaced
+    again = CliRunner().invoke(cli, ["auth", "init", "--out", str(out)])
+    assert again.exit_code != 0 and "auth add" in again.output
+
+
+def test_add_adds_a_user_and_changes_no_seed(tmp_path: Path) -> None:
+    out = tmp_path / "auth"
+    auth_cli("init", "--out", str(out), "--agent", "payments")
+    before = seeds(out)
+    auth_cli("add", "agent", "billing", "--dir", str(out))
+    auth_cli("add", "worker", "sec", "--handler", "security_policy", "--handler", "dlp",
+             "--dir", str(out))  # fmt: skip
+    after = seeds(out)
+    assert {k: after[k] for k in before} == before
+    assert set(after) - set(before) == {"agent-billing.nk", "worker-sec.nk"}
+    setup = load_setup(out)
+    billing = setup.find(DEFAULT_TENANT, "agent", "billing")
+    assert billing is not None and f'"{billing.public_key}"' in (out / "auth.conf").read_text()
+    assert setup.find(DEFAULT_TENANT, "worker", "sec").handlers == ["security_policy", "dlp"]  # type: ignore[union-attr]
+    assert config_check(out / "server.conf").returncode == 0
+    dup = CliRunner().invoke(cli, ["auth", "add", "agent", "billing", "--dir", str(out)])
+    assert dup.exit_code != 0 and "already exists" in dup.output
+    assert seeds(out) == after
+
+
+def test_tenants_get_folders_and_accounts(tmp_path: Path) -> None:
+    out = tmp_path / "auth"
+    auth_cli("init", "--out", str(out), "--tenant", "ACME", "--tenant", "GLOBEX",
+             "--agent", "payments")  # fmt: skip
+    assert (out / "ACME" / "agent-payments.nk").is_file()
+    assert (out / "GLOBEX" / "agent-payments.nk").is_file()
+    conf = (out / "auth.conf").read_text()
+    assert "  ACME {" in conf and "  GLOBEX {" in conf
+    refused = CliRunner().invoke(cli, ["auth", "add", "agent", "x", "--dir", str(out)])
+    assert refused.exit_code != 0 and "--tenant" in refused.output
+    auth_cli("add", "agent", "x", "--tenant", "GLOBEX", "--dir", str(out))
+    assert (out / "GLOBEX" / "agent-x.nk").is_file() and not (out / "ACME" / "agent-x.nk").exists()
+    assert config_check(out / "server.conf").returncode == 0
+
+
+# -- a real server ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """A nats-server run from `hookbus auth init` output: two tenants, every role."""
+    out = tmp_path_factory.mktemp("auth")
+    auth_cli("init", "--out", str(out), "--tenant", "ACME", "--tenant", "GLOBEX",
+             "--agent", "payments", "--worker", "sec:security_policy,audit",
+             "--approver", "alice", "--auditor", "audit")  # fmt: skip
+    with EmbeddedNatsServer(out / "run", config=out / "server.conf", port=-1) as server:
+        yield server.url, out
+
+
+def ident(out: Path, tenant: str, role: str, name: str) -> Identity:
+    found = load_setup(out).find(tenant, role, name)
+    assert found is not None
+    return found
+
+
+async def connect_as(url: str, out: Path, who: Identity) -> tuple[NATS, list[str]]:
+    """Connect with `who`'s seed and inbox prefix; `errors` collects async errors."""
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc))
+
+    nc = await nats.connect(
+        url,
+        nkeys_seed=str(who.seed_path(out)),
+        inbox_prefix=inbox_prefix(who.public_key),
+        error_cb=on_error,
+        allow_reconnect=False,
+        connect_timeout=3,
+    )
+    return nc, errors
+
+
+@anyio_test
+async def test_anonymous_and_unknown_keys_are_refused(
+    secured: tuple[str, Path], tmp_path: Path
+) -> None:
+    url, _ = secured
+    assert "authorization" in (await refusal(url)).lower()
+    stranger = tmp_path / "stranger"
+    auth_cli("init", "--out", str(stranger))  # a valid seed the server does not know
+    denied = await refusal(url, nkeys_seed=str(stranger / "admin-admin.nk"))
+    assert "authorization" in denied.lower()
+
+
+@anyio_test
+async def test_every_identity_connects_with_its_seed(secured: tuple[str, Path]) -> None:
+    url, out = secured
+    for who in load_setup(out).identities:
+        nc, errors = await connect_as(url, out, who)
+        try:
+            # a request: its reply comes to the identity's own inbox prefix
+            info = await nc.jetstream().account_info()
+            assert info is not None
+            assert errors == [], (who.role, errors)
+        finally:
+            await nc.close()
+
+
+@anyio_test
+async def test_tenants_do_not_see_each_other(secured: tuple[str, Path]) -> None:
+    url, out = secured
+    acme, _ = await connect_as(url, out, ident(out, "ACME", "agent", "payments"))
+    acme_listener, _ = await connect_as(url, out, ident(out, "ACME", "admin", "admin"))
+    globex, _ = await connect_as(url, out, ident(out, "GLOBEX", "admin", "admin"))
+    try:
+        subject = "hookbus.v1.hooks.payments.label.pending"
+        seen_acme = await acme_listener.subscribe("hookbus.v1.hooks.>", max_msgs=1)
+        seen_globex = await globex.subscribe("hookbus.v1.hooks.>")
+        await acme_listener.flush()
+        await globex.flush()
+        await acme.publish(subject, b"from acme")
+        await acme.flush()
+        msg = await seen_acme.next_msg(timeout=3)  # the same tenant hears it ...
+        assert msg.data == b"from acme"
+        with pytest.raises(nats.errors.TimeoutError):  # ... the other does not
+            await seen_globex.next_msg(timeout=0.5)
+    finally:
+        for nc in (acme, acme_listener, globex):
+            await nc.close()
+
+
+async def refusal(url: str, **options: object) -> str:
+    """Connect with `options`, expecting a refusal; its text (the socket is closed after)."""
+    nc = NATS()
+
+    async def quiet(exc: Exception) -> None:
+        pass
+
+    try:
+        await nc.connect(
+            url,
+            allow_reconnect=False,
+            connect_timeout=3,
+            error_cb=quiet,
+            **options,  # type: ignore[arg-type]
+        )
+    except Exception as exc:
+        return str(exc) or type(exc).__name__
+    finally:
+        await nc.close()
+    raise AssertionError(f"connected to {url} with {options}")
+
+
+async def _violation(errors: list[str], needle: str, kind: str = "") -> None:
+    for _ in range(100):
+        # nats-py lower-cases the server's error text
+        if any(f"permissions violation for {kind}" in e.lower() and needle.lower() in e.lower()
+               for e in errors):  # fmt: skip
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"no permissions violation for {needle!r}: {errors}")
+
+
+@anyio_test
+async def test_an_agent_cannot_listen_to_handler_requests(secured: tuple[str, Path]) -> None:
+    url, out = secured
+    spy, spy_errors = await connect_as(url, out, ident(out, "ACME", "agent", "payments"))
+    dispatcher, _ = await connect_as(url, out, ident(out, "ACME", "dispatcher", "dispatcher"))
+    try:
+        sub = await spy.subscribe("hookbus.v1.hook.>")
+        await _violation(spy_errors, "hookbus.v1.hook.>")
+        await dispatcher.publish("hookbus.v1.hook.tool=3Apre.sec", b"secret")
+        await dispatcher.flush()
+        with pytest.raises(nats.errors.TimeoutError):
+            await sub.next_msg(timeout=0.5)
+    finally:
+        await spy.close()
+        await dispatcher.close()
+
+
+@anyio_test
+async def test_a_worker_declares_only_its_own_handlers(secured: tuple[str, Path]) -> None:
+    url, out = secured
+    admin, _ = await connect_as(url, out, ident(out, "ACME", "admin", "admin"))
+    wrk, wrk_errors = await connect_as(url, out, ident(out, "ACME", "worker", "sec"))
+    try:
+        await admin.jetstream().create_key_value(
+            KeyValueConfig(bucket="hookbus_handlers", history=1, direct=True)
+        )
+        kv = await wrk.jetstream().key_value("hookbus_handlers")
+        await kv.put("tool=3Apre.security_policy", b"{}")  # its own handler: acked
+        assert (await kv.get("tool=3Apre.security_policy")).value == b"{}"
+        with pytest.raises(nats.errors.TimeoutError):  # refused publish: no ack ever comes
+            await wrk.jetstream().publish("$KV.hookbus_handlers.tool=3Apre.other", b"{}", timeout=1)
+        await _violation(wrk_errors, "$KV.hookbus_handlers.tool=3Apre.other")
+        # nor may it serve another handler's requests, or its own outside its queue group
+        await wrk.subscribe("hookbus.v1.hook.*.other", queue="other")
+        await _violation(wrk_errors, "hookbus.v1.hook.*.other")
+        await wrk.subscribe("hookbus.v1.hook.*.audit")
+        await _violation(wrk_errors, "hookbus.v1.hook.*.audit")
+    finally:
+        await wrk.close()
+        await admin.close()
+
+
+@anyio_test
+async def test_one_worker_connection_answers_a_collect_once_per_handler(
+    secured: tuple[str, Path],
+) -> None:
+    """A worker serving two handlers hears one emit_and_collect twice (two queue groups)
+    with one reply subject, and may answer it twice (nats-server needs allow_responses
+    max >= 3 for that: the model gives 2 per handler)."""
+    url, out = secured
+    wrk, wrk_errors = await connect_as(url, out, ident(out, "ACME", "worker", "sec"))
+    disp, _ = await connect_as(url, out, ident(out, "ACME", "dispatcher", "dispatcher"))
+    try:
+        for handler in ("security_policy", "audit"):
+
+            async def answer(msg: nats.aio.msg.Msg, handler: str = handler) -> None:
+                await msg.respond(handler.encode())
+
+            await wrk.subscribe("hookbus.v1.collect.*", queue=handler, cb=answer)
+        await wrk.flush()
+        inbox = disp.new_inbox()
+        replies = await disp.subscribe(inbox)
+        await disp.publish("hookbus.v1.collect.tool=3Apre", b"{}", reply=inbox)
+        got = {(await replies.next_msg(timeout=3)).data for _ in range(2)}
+        assert got == {b"security_policy", b"audit"}
+        assert wrk_errors == []
+    finally:
+        await wrk.close()
+        await disp.close()
+
+
+@anyio_test
+async def test_an_agent_reads_only_its_own_suspensions(secured: tuple[str, Path]) -> None:
+    url, out = secured
+    disp, _ = await connect_as(url, out, ident(out, "GLOBEX", "dispatcher", "dispatcher"))
+    agt, agt_errors = await connect_as(url, out, ident(out, "GLOBEX", "agent", "payments"))
+    try:
+        kv = await disp.jetstream().create_key_value(
+            KeyValueConfig(bucket="hookbus_suspensions", history=1, direct=True)
+        )
+        await kv.put("payments.l1", b"mine")
+        await kv.put("other.l1", b"theirs")
+        mine = await agt.jetstream().key_value("hookbus_suspensions")
+        assert (await mine.get("payments.l1")).value == b"mine"
+        await mine.put("payments.l2", b"own write")  # its own 2-token key: allowed
+        with pytest.raises(nats.errors.TimeoutError):
+            await mine.get("other.l1")
+        await _violation(agt_errors, "$KV.hookbus_suspensions.other.l1")
+    finally:
+        await agt.close()
+        await disp.close()
+
+
+# -- hookbus server --config -----------------------------------------------------------
+
+
+def _hookbus(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "hookbus.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def _stop(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=15)
+    return out, err
+
+
+@anyio_test
+async def test_server_command_runs_a_generated_config(tmp_path: Path) -> None:
+    out = tmp_path / "auth"
+    auth_cli("init", "--out", str(out), "--agent", "payments")
+    proc = _hookbus("server", "--config", str(out / "server.conf"), "--port", "-1",
+                    "--data-dir", str(tmp_path / "run"))  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 15)
+        url = line.split(" at ")[1].split(";")[0]
+        assert "authorization" in (await refusal(url)).lower()
+        nc, _ = await connect_as(url, out, ident(out, DEFAULT_TENANT, "agent", "payments"))
+        await nc.jetstream().account_info()
+        await nc.close()
+        assert (out / "jetstream").is_dir()  # the config's store, not --data-dir
+    finally:
+        _stop(proc)
+    # nats-server removes its ports file when it exits: it was stopped, not orphaned
+    assert list((tmp_path / "run" / "ports").glob("*.ports")) == []
+
+
+def test_the_development_server_says_it_is_open_and_on_loopback(tmp_path: Path) -> None:
+    proc = _hookbus("server", "--port", "-1", "--data-dir", str(tmp_path / "dev"))
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "nats://127.0.0.1:" in line
+    finally:
+        _, err = _stop(proc)
+    assert "open (no auth" in err and "loopback" in err
