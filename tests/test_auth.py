@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import signal
+import ssl
 import stat
 import subprocess
 import sys
@@ -167,6 +168,23 @@ def test_add_adds_a_user_and_changes_no_seed(tmp_path: Path) -> None:
     dup = CliRunner().invoke(cli, ["auth", "add", "agent", "billing", "--dir", str(out)])
     assert dup.exit_code != 0 and "already exists" in dup.output
     assert seeds(out) == after
+
+
+def test_routes_get_a_password_of_their_own(tmp_path: Path) -> None:
+    out = tmp_path / "auth"
+    auth_cli("init", "--out", str(out), "--route", "10.0.0.1:6222", "--route", "n2:6222")
+    assert (out / ".gitignore").read_text().splitlines()[-1] == "*"  # seeds stay out of git
+    cluster = out / "cluster-auth.conf"
+    assert stat.S_IMODE(cluster.stat().st_mode) == 0o600
+    text = cluster.read_text()
+    password = text.split('password: "')[1].split('"')[0]
+    assert len(password) >= 32 and password not in (out / "auth.conf").read_text()
+    assert f'"nats-route://hookbus-route:{password}@10.0.0.1:6222"' in text
+    assert f'"nats-route://hookbus-route:{password}@n2:6222"' in text
+    auth_cli("add", "agent", "late", "--dir", str(out))
+    assert cluster.read_text() == text
+    bad = CliRunner().invoke(cli, ["auth", "init", "--out", str(tmp_path / "x"), "--route", "n1"])
+    assert bad.exit_code != 0 and "HOST:PORT" in bad.output
 
 
 def test_tenants_get_folders_and_accounts(tmp_path: Path) -> None:
@@ -394,6 +412,39 @@ async def test_an_agent_reads_only_its_own_suspensions(secured: tuple[str, Path]
     finally:
         await agt.close()
         await disp.close()
+
+
+@anyio_test
+async def test_tls_options_give_a_tls_server_and_contexts(tmp_path: Path) -> None:
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    for name, pem in (("cert.pem", cert.cert_chain_pems[0]), ("key.pem", cert.private_key_pem),
+                      ("ca.pem", ca.cert_pem)):  # fmt: skip
+        pem.write_to_path(str(tmp_path / name))
+    out = tmp_path / "auth"
+    auth_cli("init", "--out", str(out), "--agent", "payments",
+             "--tls-cert", str(tmp_path / "cert.pem"), "--tls-key", str(tmp_path / "key.pem"),
+             "--tls-ca", str(tmp_path / "ca.pem"))  # fmt: skip
+    assert config_check(out / "server.conf").returncode == 0
+    who = ident(out, DEFAULT_TENANT, "agent", "payments")
+    context = json.loads(who.context_path(out).read_text())
+    assert context["url"].startswith("tls://") and context["ca"] == str(tmp_path / "ca.pem")
+    with EmbeddedNatsServer(tmp_path / "run", config=out / "server.conf", port=-1) as server:
+        url = "tls://" + server.url.partition("://")[2]
+        tls = ssl.create_default_context()
+        ca.configure_trust(tls)
+        nc = await nats.connect(
+            url,
+            tls=tls,
+            nkeys_seed=str(who.seed_path(out)),
+            inbox_prefix=inbox_prefix(who.public_key),
+            allow_reconnect=False,
+        )
+        try:
+            assert (await nc.jetstream().account_info()) is not None
+        finally:
+            await nc.close()
 
 
 # -- hookbus server --config -----------------------------------------------------------

@@ -128,6 +128,8 @@ class AuthSetup:
 
     def url(self) -> str:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        if ":" in host:  # IPv6
+            host = f"[{host}]"
         scheme = "tls" if self.tls_cert else "nats"
         return f"{scheme}://{host}:{self.port}"
 
