@@ -447,6 +447,47 @@ async def test_tls_options_give_a_tls_server_and_contexts(tmp_path: Path) -> Non
             await nc.close()
 
 
+@anyio_test
+async def test_the_scoped_jetstream_forms_cannot_be_widened_by_the_request_body(
+    secured: tuple[str, Path],
+) -> None:
+    """An agent allowed only the subject forms carrying its own key prefix cannot read
+    another agent's keys by putting another filter in the request body: nats-server
+    checks the body against the subject."""
+    url, out = secured
+    disp, _ = await connect_as(url, out, ident(out, "ACME", "dispatcher", "dispatcher"))
+    agt, _ = await connect_as(url, out, ident(out, "ACME", "agent", "payments"))
+    try:
+        kv = await disp.jetstream().create_key_value(
+            KeyValueConfig(bucket="hookbus_suspensions", history=1, direct=True)
+        )
+        await kv.put("other.secret", b"theirs")
+        own, other = "$KV.hookbus_suspensions.payments.>", "$KV.hookbus_suspensions.other.>"
+        inbox = agt.new_inbox()
+        delivered = await agt.subscribe(inbox)
+        for i, widen in enumerate(
+            [{"filter_subject": other}, {"filter_subjects": [own, other]}, {}]
+        ):
+            config = {"name": f"w{i}", "deliver_subject": inbox, "ack_policy": "none", **widen}
+            reply = await agt.request(
+                f"$JS.API.CONSUMER.CREATE.KV_hookbus_suspensions.w{i}.{own}",
+                json.dumps({"stream_name": "KV_hookbus_suspensions", "config": config}).encode(),
+                timeout=3,
+            )
+            assert json.loads(reply.data).get("error"), (widen, reply.data)
+        got = await agt.request(
+            "$JS.API.DIRECT.GET.KV_hookbus_suspensions.$KV.hookbus_suspensions.payments.none",
+            json.dumps({"last_by_subj": "$KV.hookbus_suspensions.other.secret"}).encode(),
+            timeout=3,
+        )
+        assert got.data != b"theirs"
+        with pytest.raises(nats.errors.TimeoutError):
+            await delivered.next_msg(timeout=0.3)
+    finally:
+        await agt.close()
+        await disp.close()
+
+
 # -- hookbus server --config -----------------------------------------------------------
 
 
