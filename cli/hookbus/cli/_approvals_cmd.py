@@ -14,23 +14,23 @@ from rich.table import Table
 from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher
 from hookbus.schemas import ApprovalGrant, SuspensionRecord, grant_key, to_builtins
 
-from ._common import url_option, with_dispatcher
+from ._common import ConnectionSettings, connection_options, with_dispatcher
 
 T = TypeVar("T")
 
 
-def _with_dispatcher(url: str | None, fn: Callable[[HookDispatcher], Awaitable[T]]) -> T:
-    return with_dispatcher(url, fn, name="hookbus-approvals")
+def _with_dispatcher(conn: ConnectionSettings, fn: Callable[[HookDispatcher], Awaitable[T]]) -> T:
+    return with_dispatcher(conn, fn, name="hookbus-approvals")
 
 
 @click.group(invoke_without_command=True)
 @click.pass_context
-@url_option
-def approvals(ctx: click.Context, url: str | None) -> None:
+@connection_options
+def approvals(ctx: click.Context, conn: ConnectionSettings) -> None:
     """Pending approvals (ask_user results): list them, `answer LABEL CHOICE`; "Allow
     always" grants: `grants`, `revoke`."""
     if ctx.invoked_subcommand is None:
-        ctx.invoke(approvals_list, url=url)
+        ctx.invoke(approvals_list, conn=conn)
 
 
 async def _pending_approvals(d: HookDispatcher) -> list[SuspensionRecord]:
@@ -39,10 +39,10 @@ async def _pending_approvals(d: HookDispatcher) -> list[SuspensionRecord]:
 
 
 @approvals.command("list")
-@url_option
-def approvals_list(url: str | None) -> None:
+@connection_options
+def approvals_list(conn: ConnectionSettings) -> None:
     """Pending approvals with prompt, options, handler and tool."""
-    records = _with_dispatcher(url, _pending_approvals)
+    records = _with_dispatcher(conn, _pending_approvals)
     table = Table(
         "label", "prompt", "options", "handler", "tool", "agent", "session", "default",
         title="pending approvals",
@@ -65,8 +65,8 @@ def approvals_list(url: str | None) -> None:
 @approvals.command("answer")
 @click.argument("label")
 @click.argument("choice")
-@url_option
-def approvals_answer(label: str, choice: str, url: str | None) -> None:
+@connection_options
+def approvals_answer(label: str, choice: str, conn: ConnectionSettings) -> None:
     """Answer the approval LABEL with one of its options (e.g. "Allow always": it then
     allows every input of that tool for that agent and session until revoked)."""
 
@@ -79,7 +79,7 @@ def approvals_answer(label: str, choice: str, url: str | None) -> None:
             raise click.ClickException(f"{choice!r} is not an option of {label!r}: {options}")
         await d.resolve_hook(label, {"choice": choice})
 
-    _with_dispatcher(url, answer)
+    _with_dispatcher(conn, answer)
     click.echo(f"answered {label}: {choice}")
 
 
@@ -102,11 +102,11 @@ def _key(g: ApprovalGrant) -> str:
 
 
 @approvals.command("grants")
-@url_option
+@connection_options
 @_filters
 @click.option("--json", "as_json", is_flag=True, help="One JSON array, each grant with its key.")
 def approvals_grants(
-    url: str | None,
+    conn: ConnectionSettings,
     agent: str | None,
     session: str | None,
     event: str | None,
@@ -122,7 +122,7 @@ def approvals_grants(
             agent_id=agent, session_id=session, event=event, handler=handler, tool=tool
         )
 
-    found = _with_dispatcher(url, grants)
+    found = _with_dispatcher(conn, grants)
     if as_json:
         click.echo(json.dumps([{"key": _key(g), **to_builtins(g)} for g in found], indent=2))
         return
@@ -137,12 +137,12 @@ def approvals_grants(
 
 @approvals.command("revoke")
 @click.argument("keys", nargs=-1)
-@url_option
+@connection_options
 @_filters
 @click.option("--all", "revoke_all", is_flag=True, help="Every grant the filters match.")
 def approvals_revoke(
     keys: tuple[str, ...],
-    url: str | None,
+    conn: ConnectionSettings,
     agent: str | None,
     session: str | None,
     event: str | None,
@@ -169,5 +169,5 @@ def approvals_revoke(
             await d.revoke_grant(key)
         return targets
 
-    for key in _with_dispatcher(url, revoke):
+    for key in _with_dispatcher(conn, revoke):
         click.echo(f"revoked {key}")

@@ -1,4 +1,4 @@
-"""What the CLI commands share: the NATS URL (or the embedded server), connecting,
+"""What the CLI commands share: the connection options (or the embedded server), connecting,
 loading `module:attr`, parsing JSON arguments, logging setup, the bucket and drain options."""
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ from nats.aio.client import Client as NATS
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import HookbusError
 
+from ._connect import ConnectionSettings as ConnectionSettings
+from ._connect import connect as connect
+from ._connect import connection_options as connection_options
 from ._server import EmbeddedNatsServer
 
 log = logging.getLogger("hookbus.cli")
@@ -113,42 +116,19 @@ def nats_url_or_embedded(url: str | None, *, data_dir: str | None = None) -> Ite
         yield server.url
 
 
-async def connect(url: str, *, name: str, service: bool = False) -> NATS:
-    """Connect, with the settings services need (reconnect forever, 20 s pings).
-
-    Raises:
-        click.ClickException: the URL is malformed or no server answers.
-    """
-    servers = [s.strip() for s in url.split(",") if s.strip()]
-    for server in servers:
-        if "://" not in server:
-            raise click.BadParameter(
-                f"{server!r} is not a NATS URL (nats://host:port)", param_hint="--url"
-            )
-
-    async def on_error(exc: Exception) -> None:
-        log.warning("NATS: %s", exc)
-
-    try:
-        nc = await nats.connect(
-            servers,
-            name=name,
-            connect_timeout=3,
-            max_reconnect_attempts=1,  # fail fast on a bad URL at start ...
-            reconnect_time_wait=0.2,
-            ping_interval=20,
-            error_cb=on_error,
-            allow_reconnect=True,
+@contextlib.contextmanager
+def connection_or_embedded(conn: ConnectionSettings) -> Iterator[ConnectionSettings]:
+    """Yield `conn`, or, when it has no URL, `conn` with the embedded nats-server's URL."""
+    if conn.url:
+        yield conn
+        return
+    if conn.has_credentials or conn.uses_tls:
+        log.warning(
+            "no --url: the embedded nats-server has no auth and no TLS; the credentials"
+            " and TLS options are not used"
         )
-    except (nats.errors.NoServersError, OSError, TimeoutError) as exc:
-        raise click.ClickException(
-            f"cannot connect to NATS at {url}: {exc or type(exc).__name__}"
-        ) from exc
-    # ... then, once connected, reconnect like a service: forever (by default nats-py
-    # closes for good after 60 tries), 2 s apart.
-    nc.options["max_reconnect_attempts"] = -1 if service else 60
-    nc.options["reconnect_time_wait"] = 2.0
-    return nc
+    with nats_url_or_embedded(None) as url:
+        yield conn.with_url(url)
 
 
 async def drain_or_close(nc: NATS) -> None:
@@ -212,25 +192,31 @@ T = TypeVar("T")
 
 
 def with_dispatcher(
-    url: str | None, fn: Callable[[HookDispatcher], Awaitable[T]], *, name: str
+    conn: ConnectionSettings | str | None,
+    fn: Callable[[HookDispatcher], Awaitable[T]],
+    *,
+    name: str,
 ) -> T:
     """Run ``fn(dispatcher)`` on a started `HookDispatcher` (approvals off) connected as
-    client `name` to `url` (or the embedded server), and return what it returned.
+    client `name` with `conn` (settings or a URL; no URL: the embedded server), and return
+    what it returned.
 
     Raises:
         click.ClickException: a hookbus error, as one line.
     """
+    if not isinstance(conn, ConnectionSettings):
+        conn = ConnectionSettings(url=conn)
 
-    async def run(nats_url: str) -> T:
-        nc = await connect(nats_url, name=name)
+    async def run(server: ConnectionSettings) -> T:
+        nc = await connect(server, name=name)
         try:
             async with HookDispatcher(nc, approvals=False) as d:
                 return await fn(d)
         finally:
             await nc.close()
 
-    with nats_url_or_embedded(url) as nats_url:
+    with connection_or_embedded(conn) as server:
         try:
-            return anyio.run(run, nats_url, backend="asyncio")
+            return anyio.run(run, server, backend="asyncio")
         except HookbusError as exc:
             raise click.ClickException(str(exc)) from exc

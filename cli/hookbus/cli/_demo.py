@@ -53,7 +53,7 @@ from hookbus.schemas import (
 )
 from hookbus.workers import HookWorker
 
-from ._common import connect, load_object
+from ._common import ConnectionSettings, connect, load_object
 
 __all__ = ["TRANSCRIPT_FILE", "Transcript", "demo_main", "find_examples_dir", "load_transcript"]
 
@@ -169,6 +169,8 @@ class _WorkerProcess:
 
     label: str
     command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    """Variables added to this process's environment (the connection settings)."""
     process: anyio.abc.Process | None = None
     lines: list[str] = field(default_factory=list)
     exited: anyio.Event = field(default_factory=anyio.Event)
@@ -196,7 +198,7 @@ class _WorkerProcess:
         return "\n".join(f"    {line}" for line in self.lines[-n:]) or "    (no output)"
 
     async def start(self, tg: anyio.abc.TaskGroup) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         self.process = await anyio.open_process(
             self.command,
             stdin=subprocess.DEVNULL,
@@ -239,13 +241,20 @@ class _Fleet:
     """Every worker replica of the transcript, started and stopped together."""
 
     def __init__(
-        self, url: str, examples_dir: Path, workers: list[WorkerFile], approver: str | None
+        self,
+        conn: str | ConnectionSettings,
+        examples_dir: Path,
+        workers: list[WorkerFile],
+        approver: str | None,
     ) -> None:
+        if not isinstance(conn, ConnectionSettings):
+            conn = ConnectionSettings(url=conn)
+        url, env = conn.url or "", conn.child_env()
         self.processes: list[_WorkerProcess] = []
         self.approver: _WorkerProcess | None = None
         if approver is not None:
             script = str((examples_dir / approver).resolve())
-            self.approver = _WorkerProcess(approver, [sys.executable, script, url])
+            self.approver = _WorkerProcess(approver, [sys.executable, script, url], env)
         for spec in workers:
             target = f"{(examples_dir / spec.file).resolve()}:{spec.attr}"
             for replica in range(1, spec.replicas + 1):
@@ -261,7 +270,7 @@ class _Fleet:
                     "--url",
                     url,
                 ]
-                self.processes.append(_WorkerProcess(label, command))
+                self.processes.append(_WorkerProcess(label, command, env))
 
     @property
     def all(self) -> list[_WorkerProcess]:
@@ -447,7 +456,7 @@ class _AgentSetupError(Exception):
 
 
 async def _run_agents(
-    url: str, transcript: Transcript, expected: dict[str, set[str]]
+    url: str | ConnectionSettings, transcript: Transcript, expected: dict[str, set[str]]
 ) -> tuple[list[_Decision], float, list[str]]:
     """Run every agent concurrently; return the decisions in completion order, the wall
     time in seconds, and warnings (handlers on the demo's events that the demo did not start)."""
@@ -694,7 +703,9 @@ def _console() -> Console:
 
 
 @contextlib.asynccontextmanager
-async def _terminal_approver(url: str, console: Console, *, enabled: bool) -> AsyncIterator[None]:
+async def _terminal_approver(
+    url: str | ConnectionSettings, console: Console, *, enabled: bool
+) -> AsyncIterator[None]:
     """With --interactive: ask in the terminal for every pending approval while the agents run."""
     if not enabled:
         yield
@@ -731,8 +742,11 @@ async def _terminal_approver(url: str, console: Console, *, enabled: bool) -> As
 
 
 # -- entry point -------------------------------------------------------------------------
-async def demo_main(url: str, examples_dir: Path, *, interactive: bool = False) -> int:
-    """Run the demo against the NATS server at `url` with the workers and transcript in
+async def demo_main(
+    url: str | ConnectionSettings, examples_dir: Path, *, interactive: bool = False
+) -> int:
+    """Run the demo against the NATS server at `url` (or with these connection settings;
+    the worker processes get them too) with the workers and transcript in
     `examples_dir`; print the decision table and summary.
 
     Returns:

@@ -25,26 +25,26 @@ from hookbus.dispatcher import (
 )
 from hookbus.schemas import HookbusError, handler_key, handlers_bucket_config, to_builtins
 
-from ._common import connect, nats_url_or_embedded, url_option
+from ._common import ConnectionSettings, connect, connection_options, connection_or_embedded
 
 __all__ = ["handlers"]
 
 T = TypeVar("T")
 
 
-def _with_connection(url: str | None, what: str, fn: Callable[[NATS], Awaitable[T]]) -> T:
+def _with_connection(conn: ConnectionSettings, what: str, fn: Callable[[NATS], Awaitable[T]]) -> T:
     """Run `fn` on a fresh connection; any registry failure is one clear error line."""
 
-    async def run(nats_url: str) -> T:
-        nc = await connect(nats_url, name="hookbus-handlers")
+    async def run(server: ConnectionSettings) -> T:
+        nc = await connect(server, name="hookbus-handlers")
         try:
             return await fn(nc)
         finally:
             await nc.close()
 
-    with nats_url_or_embedded(url) as nats_url:
+    with connection_or_embedded(conn) as server:
         try:
-            return anyio.run(run, nats_url, backend="asyncio")
+            return anyio.run(run, server, backend="asyncio")
         except (HookbusError, nats.errors.Error) as exc:
             detail = str(exc) or type(exc).__name__
             raise click.ClickException(f"cannot {what}: {detail}") from exc
@@ -66,7 +66,7 @@ def _age(at: float | None) -> str:
 
 
 @click.group(invoke_without_command=True)
-@url_option
+@connection_options
 @click.option("--event", default=None, help="Only this event.")
 @click.option(
     "--remove",
@@ -86,7 +86,7 @@ def _age(at: float | None) -> str:
 @click.pass_context
 def handlers(
     ctx: click.Context,
-    url: str | None,
+    conn: ConnectionSettings,
     event: str | None,
     remove: tuple[str, str] | None,
     as_json: bool,
@@ -108,7 +108,7 @@ def handlers(
             click.echo(f"removed {remove[1]} from {remove[0]}")
         return await describe_handlers(nc, ping_timeout_s=ping_timeout)
 
-    view = _with_connection(url, "read the handler registry", run)
+    view = _with_connection(conn, "read the handler registry", run)
     for key, reason in view.rejected.items():
         click.echo(f"skipped bad record at {key!r}: {reason}", err=True)
     rows = [h for h in view.handlers if event in (None, h.event)]
@@ -156,7 +156,7 @@ def handlers(
 @handlers.command("require")
 @click.argument("event")
 @click.argument("name")
-@url_option
+@connection_options
 @click.option(
     "--failure-policy",
     type=click.Choice(["deny", "ignore"]),
@@ -172,7 +172,7 @@ def handlers(
 def require(
     event: str,
     name: str,
-    url: str | None,
+    conn: ConnectionSettings,
     failure_policy: str,
     priority: int,
     timeout_s: float,
@@ -192,20 +192,20 @@ def require(
             tool_filter=list(tool_filter) or None,
         )
 
-    _with_connection(url, "store the requirement", run)
+    _with_connection(conn, "store the requirement", run)
     click.echo(f"{event} now requires {name} (failure policy {failure_policy})")
 
 
 @handlers.command("unrequire")
 @click.argument("event")
 @click.argument("name")
-@url_option
-def unrequire(event: str, name: str, url: str | None) -> None:
+@connection_options
+def unrequire(event: str, name: str, conn: ConnectionSettings) -> None:
     """Remove the requirement of handler NAME for EVENT."""
 
     async def run(nc: NATS) -> bool:
         return await unrequire_handler(nc, event, name)
 
-    if not _with_connection(url, "remove the requirement", run):
+    if not _with_connection(conn, "remove the requirement", run):
         raise click.ClickException(f"{event} does not require {name}")
     click.echo(f"{event} no longer requires {name}")

@@ -13,13 +13,13 @@ from rich.table import Table
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import SuspensionRecord, to_builtins
 
-from ._common import url_option, with_dispatcher
+from ._common import ConnectionSettings, connection_options, with_dispatcher
 
 T = TypeVar("T")
 
 
-def _with_dispatcher(url: str | None, fn: Callable[[HookDispatcher], Awaitable[T]]) -> T:
-    return with_dispatcher(url, fn, name="hookbus-hooks")
+def _with_dispatcher(conn: ConnectionSettings, fn: Callable[[HookDispatcher], Awaitable[T]]) -> T:
+    return with_dispatcher(conn, fn, name="hookbus-hooks")
 
 
 async def _require(d: HookDispatcher, label: str) -> SuspensionRecord:
@@ -52,7 +52,7 @@ def hooks() -> None:
 
 
 @hooks.command("list")
-@url_option
+@connection_options
 @click.option("--json", "as_json", is_flag=True)
 @click.option(
     "--status",
@@ -63,12 +63,16 @@ def hooks() -> None:
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many.")
 @click.option("--after", default=None, help="The cursor a previous page printed.")
 def hooks_list(
-    url: str | None, as_json: bool, status: str | None, limit: int | None, after: str | None
+    conn: ConnectionSettings,
+    as_json: bool,
+    status: str | None,
+    limit: int | None,
+    after: str | None,
 ) -> None:
     """Hook records, oldest first: label, state, run, metadata. Malformed records are
     skipped and counted."""
     page = _with_dispatcher(
-        url,
+        conn,
         lambda d: d.suspensions.page(status=status, limit=limit, after=after),  # type: ignore[arg-type]
     )
     records = page.records
@@ -94,17 +98,17 @@ def hooks_list(
 
 @hooks.command("show")
 @click.argument("label")
-@url_option
-def hooks_show(label: str, url: str | None) -> None:
+@connection_options
+def hooks_show(label: str, conn: ConnectionSettings) -> None:
     """One hook record, whole, as JSON."""
-    record = _with_dispatcher(url, lambda d: _require(d, label))
+    record = _with_dispatcher(conn, lambda d: _require(d, label))
     click.echo(json.dumps(to_builtins(record), indent=2))
 
 
 @hooks.command("resolve")
 @click.argument("label")
 @click.argument("value", metavar="JSON")
-@url_option
+@connection_options
 @click.option(
     "--preregister",
     is_flag=True,
@@ -116,7 +120,7 @@ def hooks_show(label: str, url: str | None) -> None:
     help="Replace a resolution no waiter consumed yet (e.g. one its waiter refused).",
 )
 def hooks_resolve(
-    label: str, value: str, url: str | None, preregister: bool, replace: bool
+    label: str, value: str, conn: ConnectionSettings, preregister: bool, replace: bool
 ) -> None:
     """Resolve LABEL with a JSON value (checked against the hook's payload schema)."""
     try:
@@ -131,27 +135,27 @@ def hooks_resolve(
             await _require(d, label)
         await d.suspensions.resolve_hook(label, data, replace=replace)
 
-    _with_dispatcher(url, resolve)
+    _with_dispatcher(conn, resolve)
     click.echo(f"resolved {label}")
 
 
 @hooks.command("cancel")
 @click.argument("label")
-@url_option
+@connection_options
 @click.option("--reason", default=None, help="Why (the waiter's error says it).")
-def hooks_cancel(label: str, url: str | None, reason: str | None) -> None:
+def hooks_cancel(label: str, conn: ConnectionSettings, reason: str | None) -> None:
     """Cancel the pending hook LABEL: its waiter raises HookCancelledError."""
-    _with_dispatcher(url, lambda d: d.cancel_hook(label, reason=reason))
+    _with_dispatcher(conn, lambda d: d.cancel_hook(label, reason=reason))
     click.echo(f"cancelled {label}")
 
 
 @hooks.command("clear")
 @click.argument("label")
-@url_option
-def hooks_clear(label: str, url: str | None) -> None:
+@connection_options
+def hooks_clear(label: str, conn: ConnectionSettings) -> None:
     """Remove a resolution of LABEL that no waiter consumed (a pre-registered value is
     deleted; a resolved pending hook waits again) or a malformed record."""
-    cleared = _with_dispatcher(url, lambda d: d.suspensions.clear_hook(label))
+    cleared = _with_dispatcher(conn, lambda d: d.suspensions.clear_hook(label))
     if not cleared:
         raise click.ClickException(f"{label!r} holds no unconsumed resolution to clear")
     click.echo(f"cleared {label}")

@@ -30,16 +30,17 @@ from ._approvals_cmd import approvals
 from ._auth import auth
 from ._common import (
     DURATION,
+    ConnectionSettings,
     bucket_replicas_option,
     connect,
+    connection_options,
+    connection_or_embedded,
     drain_or_close,
     grace_period_option,
     load_object,
-    nats_url_or_embedded,
     parse_json_object,
     setup_logging,
     strict_buckets_option,
-    url_option,
 )
 from ._decisions_cmd import audit_options, decisions
 from ._handlers_cmd import handlers
@@ -118,7 +119,7 @@ def server(port: int | None, data_dir: str, config: str | None) -> None:
 
 @cli.command()
 @click.argument("target", metavar="MODULE:ATTR")
-@url_option
+@connection_options
 @otlp_option
 @click.option(
     "--max-concurrency",
@@ -136,7 +137,7 @@ def server(port: int | None, data_dir: str, config: str | None) -> None:
 )
 def worker(
     target: str,
-    url: str | None,
+    conn: ConnectionSettings,
     otlp_endpoint: str | None,
     max_concurrency: int,
     grace_s: float,
@@ -153,8 +154,8 @@ def worker(
     obj.max_concurrency = max_concurrency
     obj.replace = obj.replace or replace
 
-    async def run(nats_url: str) -> None:
-        nc = await connect(nats_url, name=f"hookbus-worker {target}", service=True)
+    async def run(server: ConnectionSettings) -> None:
+        nc = await connect(server, name=f"hookbus-worker {target}", service=True)
         try:
             await _ensure_bucket(
                 nc, handlers_bucket_config(replicas=bucket_replicas), strict=strict_buckets
@@ -168,16 +169,16 @@ def worker(
             await drain_or_close(nc)
 
     with (
-        nats_url_or_embedded(url) as nats_url,
+        connection_or_embedded(conn) as server,
         otel_session(
             "hookbus-worker", otlp_endpoint, resource_attributes={"hookbus.worker.target": target}
         ),
     ):
-        _run(run(nats_url))
+        _run(run(server))
 
 
 @cli.command("dispatcher")
-@url_option
+@connection_options
 @otlp_option
 @click.option(
     "--max-concurrency",
@@ -208,7 +209,7 @@ def worker(
 @strict_buckets_option
 @audit_options
 def dispatcher_cmd(
-    url: str | None,
+    conn: ConnectionSettings,
     otlp_endpoint: str | None,
     max_concurrency: int,
     grace_s: float,
@@ -226,8 +227,8 @@ def dispatcher_cmd(
     approval waits are aborted (left pending: the agent's retry with the same idempotency
     key resumes them) and whatever is left is answered with a retryable 'unavailable'."""
 
-    async def run(nats_url: str) -> None:
-        nc = await connect(nats_url, name="hookbus-dispatcher", service=True)
+    async def run(server: ConnectionSettings) -> None:
+        nc = await connect(server, name="hookbus-dispatcher", service=True)
         dispatcher = HookDispatcher(
             nc,
             strict_events=True,
@@ -253,14 +254,14 @@ def dispatcher_cmd(
         finally:
             await drain_or_close(nc)
 
-    with nats_url_or_embedded(url) as nats_url, otel_session("hookbus-dispatcher", otlp_endpoint):
-        _run(run(nats_url))
+    with connection_or_embedded(conn) as server, otel_session("hookbus-dispatcher", otlp_endpoint):
+        _run(run(server))
 
 
 @cli.command()
 @click.argument("event")
 @click.argument("data", default="{}", metavar="JSON")
-@url_option
+@connection_options
 @click.option("--collect", is_flag=True, help="emit_and_collect instead of emit.")
 @click.option("--timeout", default=1.0, show_default=True, help="emit_and_collect timeout, s.")
 @click.option(
@@ -269,13 +270,18 @@ def dispatcher_cmd(
     help="Emit even if the event is neither standard nor has a declared handler.",
 )
 def emit(
-    event: str, data: str, url: str | None, collect: bool, timeout: float, allow_unknown: bool
+    event: str,
+    data: str,
+    conn: ConnectionSettings,
+    collect: bool,
+    timeout: float,
+    allow_unknown: bool,
 ) -> None:
     """Emit EVENT with JSON data through a dispatcher in this process; print the result."""
     payload = parse_json_object(data, what="JSON data")
 
-    async def run(nats_url: str) -> None:
-        nc = await connect(nats_url, name="hookbus-emit")
+    async def run(server: ConnectionSettings) -> None:
+        nc = await connect(server, name="hookbus-emit")
         try:
             async with HookDispatcher(nc, strict_events=not allow_unknown) as d:
                 if collect:
@@ -287,9 +293,9 @@ def emit(
         finally:
             await nc.close()
 
-    with nats_url_or_embedded(url) as nats_url:
+    with connection_or_embedded(conn) as server:
         try:
-            _run(run(nats_url))
+            _run(run(server))
         except HookbusError as exc:
             known = sorted(STANDARD_EVENTS)
             raise click.ClickException(f"{exc} (standard events: {', '.join(known)})") from exc
@@ -313,7 +319,7 @@ def schema(out: str | None) -> None:
 
 
 @cli.command()
-@url_option
+@connection_options
 @click.option(
     "--examples-dir",
     type=click.Path(file_okay=False, exists=True),
@@ -324,7 +330,10 @@ def schema(out: str | None) -> None:
 @click.option("--interactive", is_flag=True, help="Answer approvals in the terminal.")
 @otlp_option
 def demo(
-    url: str | None, examples_dir: str | None, interactive: bool, otlp_endpoint: str | None
+    conn: ConnectionSettings,
+    examples_dir: str | None,
+    interactive: bool,
+    otlp_endpoint: str | None,
 ) -> None:
     """Run a fleet of agents whose tool calls are decided by remote hook workers; print the
     decision table; exit 1 if any decision differs from the transcript's expectation."""
@@ -334,8 +343,8 @@ def demo(
     if otlp_endpoint:  # worker processes the demo starts export there too
         os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp_endpoint
     with otel_session("hookbus-demo", otlp_endpoint, keep_spans=True) as otel:
-        with nats_url_or_embedded(url) as nats_url:
-            code = _run(demo_main(nats_url, folder, interactive=interactive))
+        with connection_or_embedded(conn) as server:
+            code = _run(demo_main(server, folder, interactive=interactive))
         print_denied_trace(otel)
     sys.exit(code)
 
@@ -343,8 +352,8 @@ def demo(
 cli.add_command(handlers)
 cli.add_command(hooks)
 cli.add_command(approvals)
-cli.add_command(auth)
 cli.add_command(decisions)
+cli.add_command(auth)
 
 
 def _on_signals(stop: Callable[[], Awaitable[None]]) -> None:

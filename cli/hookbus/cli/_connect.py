@@ -1,0 +1,658 @@
+"""How every CLI command connects to NATS: the URL, the credentials (a creds file, an nkey
+seed, user and password, a token), TLS, the inbox prefix, or a `nats` CLI context holding
+them; and one clear error line when the server refuses the connection.
+
+Authentication is nats-py's own (``user_credentials``, ``nkeys_seed``, ``user``/``password``,
+``token``, ``tls``); this module only gathers the settings, checks the files can be read,
+derives the inbox prefix of an nkey user, and words the refusals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import os
+import re
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import click
+import nats
+import nats.errors
+import nkeys
+from nats.aio.client import Client as NATS
+
+__all__ = [
+    "ConnectionSettings",
+    "connect",
+    "connection_options",
+    "load_context",
+    "nkey_inbox_prefix",
+    "resolve_connection",
+]
+
+log = logging.getLogger("hookbus.cli")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_CONTEXT_URL = "nats://localhost:4222"
+"""A context without a URL means the local server, as for the `nats` CLI."""
+
+# `nats` CLI context fields hookbus reads, and the settings they fill.
+_CONTEXT_FIELDS = {
+    "url": "url",
+    "user": "user",
+    "password": "password",
+    "creds": "creds",
+    "nkey": "nkey",
+    "token": "token",
+    "ca": "tls_ca",
+    "cert": "tls_cert",
+    "key": "tls_key",
+    "inbox_prefix": "inbox_prefix",
+}
+# Context fields that change where or as whom a client connects: refused rather than ignored.
+_UNSUPPORTED_CONTEXT_FIELDS = (
+    "user_jwt",
+    "nsc",
+    "jetstream_domain",
+    "jetstream_api_prefix",
+    "socks_proxy",
+    "windows_cert_store",
+    "windows_cert_match_by",
+    "windows_cert_match",
+    "windows_ca_certs_match",
+)
+_AUTH_FIELDS = ("creds", "nkey", "user", "password", "token")
+_PATH_FIELDS = ("creds", "nkey", "tls_ca", "tls_cert", "tls_key")
+_OPTION_NAMES = {
+    "url": "--url",
+    "creds": "--creds",
+    "nkey": "--nkey",
+    "user": "--user",
+    "password": "--password",
+    "token": "--token",
+    "tls_ca": "--tls-ca",
+    "tls_cert": "--tls-cert",
+    "tls_key": "--tls-key",
+    "inbox_prefix": "--inbox-prefix",
+}
+# The environment variable of each option (the `nats` CLI's names).
+ENV_VARS = {
+    "url": "NATS_URL",
+    "creds": "NATS_CREDS",
+    "nkey": "NATS_NKEY",
+    "user": "NATS_USER",
+    "password": "NATS_PASSWORD",
+    "token": "NATS_TOKEN",
+    "tls_ca": "NATS_CA",
+    "tls_cert": "NATS_CERT",
+    "tls_key": "NATS_KEY",
+    "inbox_prefix": "NATS_INBOX_PREFIX",
+    "context": "NATS_CONTEXT",
+}
+_PERMISSIONS = re.compile(r"permissions violation for (\w+) to \"?([^\"]*)\"?", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class ConnectionSettings:
+    """Where and how to connect: what the connection options and a context gave.
+
+    `url` None means the embedded server. Secrets are kept out of `repr`.
+    """
+
+    url: str | None = None
+    creds: str | None = None
+    nkey: str | None = None
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_first: bool = False
+    inbox_prefix: str | None = None
+    context: str | None = None
+    """The context the settings were read from (for messages)."""
+
+    def with_url(self, url: str) -> ConnectionSettings:
+        return replace(self, url=url)
+
+    @property
+    def has_credentials(self) -> bool:
+        return any(getattr(self, name) for name in _AUTH_FIELDS)
+
+    @property
+    def uses_tls(self) -> bool:
+        return bool(self.tls_ca or self.tls_cert or self.tls_first)
+
+    @property
+    def identity(self) -> str:
+        """Who this connects as, for messages (never a secret)."""
+        if self.creds:
+            return f"creds {self.creds}"
+        if self.nkey:
+            try:
+                return f"nkey {_nkey_public_key(self.nkey)}"
+            except click.ClickException:
+                return f"nkey {self.nkey}"
+        if self.user:
+            return f"user {self.user!r}"
+        if self.token:
+            return "token"
+        user = _url_user(self.url or "")
+        return f"user {user!r} from the URL" if user else "no credentials"
+
+    def check(self) -> None:
+        """Read every file the connection needs, so a bad one fails before anything starts.
+
+        Raises:
+            click.ClickException: a file is missing or unreadable, or not what it should be.
+        """
+        if self.creds:
+            _check_creds_file(self.creds)
+        if self.nkey:
+            _nkey_public_key(self.nkey)
+        self.ssl_context()
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context from the CA, certificate and key (None when none is given).
+
+        Raises:
+            click.ClickException: a file cannot be read or is not a certificate / key.
+        """
+        if not self.uses_tls:
+            return None
+        try:
+            ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.tls_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise click.ClickException(
+                f"cannot load the TLS CA {self.tls_ca}: {_os_reason(exc)}"
+            ) from exc
+        if self.tls_cert:
+            try:
+                ctx.load_cert_chain(self.tls_cert, self.tls_key)
+            except (OSError, ssl.SSLError) as exc:
+                raise click.ClickException(
+                    f"cannot load the TLS certificate {self.tls_cert}"
+                    f" (key {self.tls_key or 'in the same file'}): {_os_reason(exc)}"
+                ) from exc
+        return ctx
+
+    def inbox(self) -> str | None:
+        """The inbox prefix: the one given, else ``_INBOX_<public key>`` for an nkey user."""
+        if self.inbox_prefix:
+            return self.inbox_prefix
+        if self.nkey:
+            return nkey_inbox_prefix(self.nkey)
+        return None
+
+    def nats_options(self) -> dict[str, Any]:
+        """The `nats.connect` keyword arguments for these settings.
+
+        Raises:
+            click.ClickException: a file cannot be read.
+        """
+        options: dict[str, Any] = {}
+        if self.creds:
+            options["user_credentials"] = self.creds
+        elif self.nkey:
+            options["nkeys_seed"] = self.nkey
+        elif self.user:
+            options["user"] = self.user
+            options["password"] = self.password
+        elif self.token:
+            options["token"] = self.token
+        tls = self.ssl_context()
+        if tls is not None:
+            options["tls"] = tls
+        if self.tls_first:
+            options["tls_handshake_first"] = True
+        inbox = self.inbox()
+        if inbox:
+            options["inbox_prefix"] = inbox
+        return options
+
+    def child_env(self) -> dict[str, str]:
+        """Environment variables that give a child ``hookbus`` process these settings
+        (the URL excluded: pass it with ``--url``). The child reads the same context, if
+        any, and these values win over it as they did here; without one, ``NATS_CONTEXT``
+        is emptied (click ignores an empty variable)."""
+        env = {
+            ENV_VARS[f.name]: str(getattr(self, f.name))
+            for f in fields(self)
+            if f.name in ENV_VARS and f.name != "url" and getattr(self, f.name)
+        }
+        env.setdefault("NATS_CONTEXT", "")
+        return env
+
+
+def nkey_inbox_prefix(seed_file: str) -> str:
+    """``_INBOX_<public key>``: the inbox prefix of the nkey user whose seed is in `seed_file`.
+
+    Raises:
+        click.ClickException: the file cannot be read or holds no user seed.
+    """
+    return f"_INBOX_{_nkey_public_key(seed_file)}"
+
+
+@functools.lru_cache(maxsize=16)
+def _nkey_public_key(seed_file: str) -> str:
+    try:
+        seed = bytearray(Path(seed_file).read_bytes().strip())
+    except OSError as exc:
+        raise click.ClickException(
+            f"cannot read the nkey seed file {seed_file}: {_os_reason(exc)}"
+        ) from exc
+    try:
+        kp = nkeys.from_seed(seed)
+        public = str(kp.public_key.decode())
+        kp.wipe()
+    except (nkeys.NkeysError, ValueError, UnicodeDecodeError) as exc:
+        raise click.ClickException(
+            f"the nkey seed file {seed_file} holds no valid nkey seed"
+        ) from exc
+    finally:
+        seed[:] = b"\0" * len(seed)
+    if not public.startswith("U"):
+        raise click.ClickException(
+            f"the nkey seed file {seed_file} holds a {public[:1]}... seed, not a user seed (SU...)"
+        )
+    return public
+
+
+def _check_creds_file(path: str) -> None:
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError as exc:
+        raise click.ClickException(f"cannot read the creds file {path}: {_os_reason(exc)}") from exc
+    if "BEGIN NATS USER JWT" not in text or "BEGIN USER NKEY SEED" not in text:
+        raise click.ClickException(
+            f"{path} is not a NATS credentials file (no user JWT and nkey seed)"
+        )
+
+
+def _os_reason(exc: BaseException) -> str:
+    if isinstance(exc, ssl.SSLError) and exc.reason:
+        return str(exc.reason).replace("_", " ").lower()
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+# -- `nats` CLI contexts ----------------------------------------------------------------
+def _context_path(ref: str) -> Path:
+    if ref.endswith(".json") or os.sep in ref:
+        return Path(ref).expanduser()
+    if ref in (".", "..") or ".." in ref:
+        raise click.ClickException(f"{ref!r} is not a valid NATS context name")
+    config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(config_home) / "nats" / "context" / f"{ref}.json"
+
+
+def load_context(ref: str) -> dict[str, Any]:
+    """The settings of a `nats` CLI context, by name (``$XDG_CONFIG_HOME/nats/context/
+    NAME.json``, default ``~/.config/nats/context/NAME.json``) or by the path of a .json
+    file, as `ConnectionSettings` field names; empty fields are left out.
+
+    Raises:
+        click.ClickException: no such context, unreadable or invalid JSON, a field hookbus
+            does not support (e.g. ``user_jwt``, ``jetstream_domain``).
+    """
+    path = _context_path(ref)
+    try:
+        raw = path.read_text()
+    except FileNotFoundError as exc:
+        raise click.ClickException(f"no NATS context {ref!r} (no file {path})") from exc
+    except OSError as exc:
+        raise click.ClickException(
+            f"cannot read the NATS context {ref!r} ({path}): {_os_reason(exc)}"
+        ) from exc
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise click.ClickException(
+            f"the NATS context {path} is not valid JSON: {exc.msg} at line {exc.lineno}"
+        ) from exc
+    if not isinstance(data, dict):
+        raise click.ClickException(f"the NATS context {path} is not a JSON object")
+    unsupported = [k for k in _UNSUPPORTED_CONTEXT_FIELDS if data.get(k)]
+    if unsupported:
+        raise click.ClickException(
+            f"the NATS context {path} sets {', '.join(unsupported)}, which hookbus does not support"
+        )
+    out: dict[str, Any] = {}
+    for key, name in _CONTEXT_FIELDS.items():
+        value = data.get(key)
+        if value in (None, ""):
+            continue
+        if not isinstance(value, str):
+            raise click.ClickException(f"the NATS context {path}: {key} must be a string")
+        if name in _PATH_FIELDS:
+            value = _context_file(path, key, value)
+        out[name] = value
+    if data.get("tls_first"):
+        out["tls_first"] = True
+    return out
+
+
+def _context_file(path: Path, key: str, value: str) -> str:
+    if value.startswith("file://"):
+        value = value[len("file://") :]
+    elif re.match(r"^[a-z][a-z0-9+.-]*:", value) and not re.match(r"^[A-Za-z]:[\\/]", value):
+        raise click.ClickException(
+            f"the NATS context {path}: {key} {value.split(':', 1)[0]}: URIs are not supported"
+            " (give a file path)"
+        )
+    return str(Path(value).expanduser())
+
+
+def resolve_connection(*, context: str | None = None, **given: str | None) -> ConnectionSettings:
+    """Merge the options given (flags or their environment variables) over a context's.
+
+    Any credential given explicitly replaces every credential of the context; the URL,
+    the TLS files and the inbox prefix are taken one by one.
+
+    Raises:
+        click.ClickException: a bad context, or an unreadable or invalid file.
+        click.UsageError: options that do not go together.
+    """
+    values: dict[str, Any] = {k: v for k, v in given.items() if v}
+    if context:
+        from_context = load_context(context)
+        if any(values.get(k) for k in _AUTH_FIELDS):
+            from_context = {k: v for k, v in from_context.items() if k not in _AUTH_FIELDS}
+        values = {**from_context, **values}
+        values.setdefault("url", DEFAULT_CONTEXT_URL)
+        values["context"] = context
+    settings = ConnectionSettings(**values)
+    where = f" (with the NATS context {context!r})" if context else ""
+    methods = [_OPTION_NAMES[k] for k in ("creds", "nkey", "user", "token") if getattr(settings, k)]
+    if len(methods) > 1:
+        raise click.UsageError(f"{' and '.join(methods)} do not go together{where}")
+    if settings.password and not settings.user:
+        raise click.UsageError(f"--password needs --user{where}")
+    if settings.user and settings.password is None:
+        raise click.UsageError(f"--user needs --password (or NATS_PASSWORD){where}")
+    if settings.tls_key and not settings.tls_cert:
+        raise click.UsageError(f"--tls-key needs --tls-cert{where}")
+    settings.check()
+    return settings
+
+
+def connection_options(f: F) -> F:
+    """Add the connection options (``--url``, ``--creds``, ``--nkey``, ``--user``,
+    ``--password``, ``--token``, ``--tls-ca``, ``--tls-cert``, ``--tls-key``,
+    ``--inbox-prefix``, ``--context``; each also from its ``NATS_*`` variable) to a
+    command, which gets them as one `ConnectionSettings` argument named ``conn``."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        given = {name: kwargs.pop(name) for name in _OPTION_NAMES}
+        context = kwargs.pop("context")
+        kwargs["conn"] = resolve_connection(context=context, **given)
+        return f(*args, **kwargs)
+
+    file_type = click.Path(dir_okay=False)
+    options = [
+        click.option(
+            "--url",
+            envvar="NATS_URL",
+            default=None,
+            metavar="URL[,URL...]",
+            help="NATS server URL, or a comma-separated server list (env NATS_URL). Without "
+            "one (nor a context), an embedded nats-server with JetStream is started and "
+            "stopped on exit.",
+        ),
+        click.option(
+            "--creds",
+            envvar="NATS_CREDS",
+            type=file_type,
+            default=None,
+            metavar="FILE",
+            help="User credentials file: JWT and nkey seed (env NATS_CREDS).",
+        ),
+        click.option(
+            "--nkey",
+            envvar="NATS_NKEY",
+            type=file_type,
+            default=None,
+            metavar="SEED_FILE",
+            help="Nkey user seed file (env NATS_NKEY); the inbox prefix becomes "
+            "_INBOX_<public key> unless --inbox-prefix is given.",
+        ),
+        click.option("--user", envvar="NATS_USER", default=None, help="User (env NATS_USER)."),
+        click.option(
+            "--password",
+            envvar="NATS_PASSWORD",
+            default=None,
+            help="Password (env NATS_PASSWORD, which keeps it out of the process list).",
+        ),
+        click.option(
+            "--token", envvar="NATS_TOKEN", default=None, help="Auth token (env NATS_TOKEN)."
+        ),
+        click.option(
+            "--tls-ca",
+            envvar="NATS_CA",
+            type=file_type,
+            default=None,
+            metavar="FILE",
+            help="CA certificates (PEM) to verify the server with (env NATS_CA).",
+        ),
+        click.option(
+            "--tls-cert",
+            envvar="NATS_CERT",
+            type=file_type,
+            default=None,
+            metavar="FILE",
+            help="Client certificate (PEM) for TLS client auth (env NATS_CERT).",
+        ),
+        click.option(
+            "--tls-key",
+            envvar="NATS_KEY",
+            type=file_type,
+            default=None,
+            metavar="FILE",
+            help="Private key (PEM) of --tls-cert (env NATS_KEY).",
+        ),
+        click.option(
+            "--inbox-prefix",
+            envvar="NATS_INBOX_PREFIX",
+            default=None,
+            help="Prefix of the reply subjects (env NATS_INBOX_PREFIX).",
+        ),
+        click.option(
+            "--context",
+            envvar="NATS_CONTEXT",
+            default=None,
+            metavar="NAME|FILE",
+            help="A `nats` CLI context: NAME in $XDG_CONFIG_HOME/nats/context/ (default "
+            "~/.config/nats/context/), or a .json file (env NATS_CONTEXT). Options given "
+            "explicitly win over it.",
+        ),
+    ]
+    decorated: Any = wrapper
+    for option in reversed(options):
+        decorated = option(decorated)
+    return decorated  # type: ignore[no-any-return]
+
+
+# -- connecting ---------------------------------------------------------------------------
+def _url_user(url: str) -> str | None:
+    for server in url.split(","):
+        with contextlib.suppress(ValueError):
+            if user := urlsplit(server.strip()).username:
+                return user
+    return None
+
+
+def _redacted(url: str) -> str:
+    """`url` with any password in it replaced by ``***``."""
+    out = []
+    for server in url.split(","):
+        server = server.strip()
+        try:
+            parts = urlsplit(server)
+        except ValueError:
+            out.append(server)
+            continue
+        if parts.password is not None:
+            host = parts.netloc.rpartition("@")[2]
+            parts = parts._replace(netloc=f"{parts.username}:***@{host}")
+            server = urlunsplit(parts)
+        out.append(server)
+    return ",".join(out)
+
+
+class _DropTlsEofNote(logging.Filter):
+    """asyncio warns when a TLS peer closes and the stream protocol asks to keep its half
+    open; a server closing a refused connection says nothing more than the error does."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "eof_received() has no effect when using ssl" not in record.getMessage()
+
+
+_TLS_EOF_FILTER = _DropTlsEofNote()
+
+
+def _quiet_asyncio_tls_eof() -> None:
+    logging.getLogger("asyncio").addFilter(_TLS_EOF_FILTER)  # a no-op when already added
+
+
+def _most_telling(errors: list[BaseException]) -> BaseException:
+    """The error that says most about a failed connect: each server is tried more than
+    once, and a refusal (authorization, TLS) is often followed by a plain reset."""
+
+    def rank(exc: BaseException) -> int:
+        text = str(exc).lower()
+        if isinstance(exc, nats.errors.AuthorizationError) or "authorization" in text:
+            return 0
+        if isinstance(exc, ssl.SSLError):
+            return 1
+        if isinstance(exc, nats.errors.NoServersError):
+            return 4
+        if isinstance(exc, nats.errors.Error):
+            return 2
+        return 3
+
+    return min(errors, key=rank)  # the first of the best rank
+
+
+def describe_refusal(url: str, settings: ConnectionSettings, exc: BaseException) -> str:
+    """One line: why NATS at `url` could not be connected to, naming who asked."""
+    where = f"NATS at {_redacted(url)}"
+    text = str(exc).removeprefix("nats: ").strip().strip("'")
+    if isinstance(exc, nats.errors.AuthorizationError) or "authorization" in text.lower():
+        return f"{where} refused the connection: authorization violation ({settings.identity})"
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        trusted = f"CA {settings.tls_ca}" if settings.tls_ca else "the system's CAs"
+        reason = exc.verify_message or _os_reason(exc)
+        return f"TLS with {where} failed: {reason} (verified with {trusted})"
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS with {where} failed: {_os_reason(exc)}"
+    if "tls" in text.lower() or "secure" in text.lower():
+        return f"TLS with {where} failed: {text}"
+    if isinstance(exc, ConnectionRefusedError):
+        return f"cannot connect to {where}: connection refused"
+    if isinstance(exc, TimeoutError):
+        return f"cannot connect to {where}: no answer within the connect timeout"
+    if isinstance(exc, nats.errors.UnexpectedEOF):
+        return (
+            f"{where} closed the connection while connecting ({settings.identity};"
+            " TLS or credentials it expects may be missing)"
+        )
+    if isinstance(exc, OSError):
+        return f"cannot connect to {where}: {_os_reason(exc)}"
+    return f"cannot connect to {where}: {text or type(exc).__name__}"
+
+
+async def connect(settings: str | ConnectionSettings, *, name: str, service: bool = False) -> NATS:
+    """Connect with `settings` (or just a URL), with the settings services need (reconnect
+    forever, 20 s pings). A permissions violation later is logged as one warning line
+    naming the subject.
+
+    Raises:
+        click.ClickException: the URL is malformed, no server answers, or the server
+            refused the connection (credentials, TLS): one line saying so.
+    """
+    if isinstance(settings, str):
+        settings = ConnectionSettings(url=settings)
+    url = settings.url or ""
+    servers = [s.strip() for s in url.split(",") if s.strip()]
+    if not servers:
+        raise click.BadParameter("no NATS URL", param_hint="--url")
+    for server in servers:
+        if "://" not in server:
+            raise click.BadParameter(
+                f"{server!r} is not a NATS URL (nats://host:port)", param_hint="--url"
+            )
+    options = settings.nats_options()
+    _quiet_asyncio_tls_eof()
+    connecting = True
+    seen: list[BaseException] = []
+    tls_failed = asyncio.Event()
+
+    async def on_error(exc: Exception) -> None:
+        if connecting:
+            seen.append(exc)
+            if isinstance(exc, ssl.SSLError):
+                tls_failed.set()
+            return
+        text = str(exc).removeprefix("nats: ")
+        if match := _PERMISSIONS.search(text):
+            log.warning(
+                "NATS refused %s to %r: permissions violation (%s)",
+                match.group(1),
+                match.group(2),
+                settings.identity,
+            )
+        elif isinstance(exc, nats.errors.AuthorizationError):
+            log.warning("%s", describe_refusal(url, settings, exc))
+        else:
+            log.warning("NATS: %s", exc)
+
+    connecting_task = asyncio.ensure_future(
+        nats.connect(
+            servers,
+            name=name,
+            connect_timeout=3,
+            max_reconnect_attempts=1,  # fail fast on a bad URL at start ...
+            reconnect_time_wait=0.2,
+            ping_interval=20,
+            error_cb=on_error,
+            allow_reconnect=True,
+            **options,
+        )
+    )
+    tls_failure = asyncio.ensure_future(tls_failed.wait())
+    try:
+        # nats-py never returns from a failed TLS handshake (closing the half-upgraded
+        # socket waits forever), and a certificate refused is refused on every retry:
+        # stop at the first TLS error.
+        await asyncio.wait({connecting_task, tls_failure}, return_when=asyncio.FIRST_COMPLETED)
+        if not connecting_task.done():
+            connecting_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await connecting_task
+            raise click.ClickException(describe_refusal(url, settings, _most_telling(seen)))
+        nc = connecting_task.result()
+    except (nats.errors.Error, OSError, TimeoutError) as exc:
+        cause = _most_telling([*seen, exc])
+        raise click.ClickException(describe_refusal(url, settings, cause)) from exc
+    finally:
+        connecting = False
+        tls_failure.cancel()
+        if not connecting_task.done():  # cancelled from outside
+            connecting_task.cancel()
+    # ... then, once connected, reconnect like a service: forever (by default nats-py
+    # closes for good after 60 tries), 2 s apart.
+    nc.options["max_reconnect_attempts"] = -1 if service else 60
+    nc.options["reconnect_time_wait"] = 2.0
+    return nc
