@@ -42,7 +42,13 @@ from hookbus.schemas import (
     to_builtins,
 )
 
-from ._common import DURATION, connect, nats_url_or_embedded, url_option
+from ._common import (
+    DURATION,
+    ConnectionSettings,
+    connect,
+    connection_options,
+    connection_or_embedded,
+)
 
 __all__ = ["audit_options", "decisions"]
 
@@ -134,7 +140,7 @@ class _Filters:
 
 
 @click.command("decisions")
-@url_option
+@connection_options
 @click.option("--agent", default=None, help="Only this agent's decisions (read by subject).")
 @click.option("--session", default=None, help="Only this session's decisions.")
 @click.option(
@@ -156,7 +162,7 @@ class _Filters:
 @click.option("--follow", is_flag=True, help="Keep printing new decisions until Ctrl-C.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def decisions(
-    url: str | None,
+    conn: ConnectionSettings,
     agent: str | None,
     session: str | None,
     action: str | None,
@@ -172,8 +178,8 @@ def decisions(
     keep = _Filters(session, action, handler)
     out = _Printer(as_json=as_json, follow=follow)
 
-    async def run(nats_url: str) -> int:
-        nc = await connect(nats_url, name="hookbus-decisions")
+    async def run(server: ConnectionSettings) -> int:
+        nc = await connect(server, name="hookbus-decisions")
         try:
             return await _read(
                 nc, agent=agent, keep=keep, limit=limit, since=since, follow=follow, out=out
@@ -182,9 +188,9 @@ def decisions(
             with contextlib.suppress(Exception):
                 await nc.close()
 
-    with nats_url_or_embedded(url) as nats_url:
+    with connection_or_embedded(conn) as server:
         try:
-            skipped = anyio.run(run, nats_url, backend="asyncio")
+            skipped = anyio.run(run, server, backend="asyncio")
         except HookbusError as exc:
             raise click.ClickException(str(exc)) from exc
         except KeyboardInterrupt:  # a second Ctrl-C while stopping
