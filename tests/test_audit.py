@@ -19,12 +19,14 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import anyio
 import nats.js.errors
 import pytest
 from _serving import serving
+from click.testing import CliRunner
 from nats.aio.client import Client as NATS
 from nats.js.api import DiscardPolicy, RetentionPolicy
 from opentelemetry import trace
@@ -34,6 +36,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.util._once import Once
 
 from hookbus.cli import EmbeddedNatsServer
+from hookbus.cli._auth import DEFAULT_TENANT, load_setup
+from hookbus.cli._main import cli
 from hookbus.dispatcher import DispatcherService, HookDispatcher
 from hookbus.dispatcher._audit import DecisionLog, ensure_decisions_stream
 from hookbus.dispatcher._kv import release_consumer
@@ -51,6 +55,7 @@ from hookbus.schemas import (
     encode,
     stream_config_differences,
 )
+from hookbus.schemas._permissions import inbox_prefix
 
 pytestmark = pytest.mark.anyio
 
@@ -531,3 +536,85 @@ async def test_decisions_follow_prints_new_records_and_stops_cleanly_on_ctrl_c(
     assert "Traceback" not in err.decode() and rest == b""
     # the ordered consumer was deleted on exit, not left for its inactive threshold
     assert (await js.stream_info(DECISIONS_STREAM)).state.consumer_count == consumers
+
+
+# -- on a server with the generated permissions ---------------------------------------------
+async def test_on_a_secured_server_the_service_and_the_agent_write_and_only_auditors_read(
+    tmp_path: Path,
+) -> None:
+    """`hookbus auth init` users: the dispatcher service creates the stream and records the
+    agent's service emits; the agent's own pinned dispatcher appends its embedded emits;
+    the auditor reads both with `hookbus decisions --nkey`; the agent may not read them."""
+    out = tmp_path / "auth"
+    init = CliRunner().invoke(
+        cli, ["auth", "init", "--out", str(out), "--agent", "payments", "--auditor", "audit"]
+    )
+    assert init.exit_code == 0, init.output
+    setup = load_setup(out)
+
+    def seed(role: str, name: str) -> str:
+        who = setup.find(DEFAULT_TENANT, role, name)
+        assert who is not None
+        return str(who.seed_path(out))
+
+    async def connect_as(role: str, name: str) -> NATS:
+        who = setup.find(DEFAULT_TENANT, role, name)
+        assert who is not None
+        return await nats.connect(
+            url,
+            nkeys_seed=str(who.seed_path(out)),
+            inbox_prefix=inbox_prefix(who.public_key),
+            allow_reconnect=False,
+        )
+
+    event = f"test:{uuid.uuid4().hex[:8]}"
+    with EmbeddedNatsServer(out / "run", config=out / "server.conf", port=-1) as server:
+        url = server.url
+        service_nc, agent_nc = await connect_as("dispatcher", "dispatcher"), None
+        try:
+            d = HookDispatcher(service_nc)
+            d.register(event, deny("by the service"), name="guard")
+            service = DispatcherService(d, service_nc, audit=True)
+            await service.start()
+            agent_nc = await connect_as("agent", "payments")
+            reply = decode(
+                (
+                    await agent_nc.request(
+                        emit_service_subject(event, "payments"),
+                        encode(EmitRequest(data={"tool_name": "bash"})),
+                        timeout=5,
+                    )
+                ).data,
+                EmitReply,
+            )
+            assert reply.result is not None and reply.result.action == "deny"
+            await written(d, 1)
+            own = HookDispatcher(agent_nc, agent_id="payments", audit=True)
+            own.register(event, deny("in the agent"), name="local_guard")
+            async with own:
+                assert (await own.emit(event, {"tool_name": "sh"})).action == "deny"
+                await written(own, 1)
+            await service.stop(grace_s=1)
+        finally:
+            for conn in (service_nc, agent_nc):
+                if conn is not None:
+                    await conn.close()
+
+        auditor = await anyio.run_process(
+            [sys.executable, "-m", "hookbus.cli", "decisions", "--json",
+             "--url", url, "--nkey", seed("auditor", "audit")],
+            check=False, env=CLI_ENV,
+        )  # fmt: skip
+        got = json_lines(auditor)
+        assert [(r["agent_id"], r["decided_by"], r["tool_name"]) for r in got] == [
+            ("payments", "guard", "bash"),
+            ("payments", "local_guard", "sh"),
+        ]
+        refused = await anyio.run_process(
+            [sys.executable, "-m", "hookbus.cli", "decisions",
+             "--url", url, "--nkey", seed("agent", "payments")],
+            check=False, env=CLI_ENV,
+        )  # fmt: skip
+        assert refused.returncode == 1 and refused.stdout == b""
+        assert "cannot read the hookbus_decisions stream" in refused.stderr.decode()
+        assert "Traceback" not in refused.stderr.decode()
