@@ -26,7 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 import click
 import nats
 import nats.errors
-import nkeys
+import nkeys  # type: ignore[import-untyped]
 from nats.aio.client import Client as NATS
 
 __all__ = [
@@ -71,6 +71,13 @@ _UNSUPPORTED_CONTEXT_FIELDS = (
     "windows_ca_certs_match",
 )
 _AUTH_FIELDS = ("creds", "nkey", "user", "password", "token")
+_AUTH_KINDS = {
+    "creds": "creds",
+    "nkey": "nkey",
+    "user": "user",
+    "password": "user",
+    "token": "token",
+}
 _PATH_FIELDS = ("creds", "nkey", "tls_ca", "tls_cert", "tls_key")
 _OPTION_NAMES = {
     "url": "--url",
@@ -357,8 +364,10 @@ def _context_file(path: Path, key: str, value: str) -> str:
 def resolve_connection(*, context: str | None = None, **given: str | None) -> ConnectionSettings:
     """Merge the options given (flags or their environment variables) over a context's.
 
-    Any credential given explicitly replaces every credential of the context; the URL,
-    the TLS files and the inbox prefix are taken one by one.
+    A credential given explicitly replaces the context's credentials of another kind (a
+    ``--token`` drops the context's user and password); within one kind (user and
+    password) and for the URL, the TLS files and the inbox prefix, each option given
+    wins over the context's value.
 
     Raises:
         click.ClickException: a bad context, or an unreadable or invalid file.
@@ -367,8 +376,13 @@ def resolve_connection(*, context: str | None = None, **given: str | None) -> Co
     values: dict[str, Any] = {k: v for k, v in given.items() if v}
     if context:
         from_context = load_context(context)
-        if any(values.get(k) for k in _AUTH_FIELDS):
-            from_context = {k: v for k, v in from_context.items() if k not in _AUTH_FIELDS}
+        kinds = {_AUTH_KINDS[k] for k in _AUTH_FIELDS if values.get(k)}
+        if kinds:
+            from_context = {
+                k: v
+                for k, v in from_context.items()
+                if k not in _AUTH_KINDS or _AUTH_KINDS[k] in kinds
+            }
         values = {**from_context, **values}
         values.setdefault("url", DEFAULT_CONTEXT_URL)
         values["context"] = context
@@ -395,12 +409,13 @@ def connection_options(f: F) -> F:
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        given = {name: kwargs.pop(name) for name in _OPTION_NAMES}
-        context = kwargs.pop("context")
-        kwargs["conn"] = resolve_connection(context=context, **given)
+        given = {name: kwargs.pop(name, None) for name in _OPTION_NAMES}
+        context = kwargs.pop("context", None)
+        if "conn" not in kwargs:  # `ctx.invoke(command, conn=...)` hands settings on
+            kwargs["conn"] = resolve_connection(context=context, **given)
         return f(*args, **kwargs)
 
-    file_type = click.Path(dir_okay=False)
+    file_type = click.STRING  # read by `ConnectionSettings.check`: one error line
     options = [
         click.option(
             "--url",
@@ -606,7 +621,7 @@ async def connect(settings: str | ConnectionSettings, *, name: str, service: boo
                 tls_failed.set()
             return
         text = str(exc).removeprefix("nats: ")
-        if match := _PERMISSIONS.search(text):
+        if match := _PERMISSIONS.search(text):  # nats-py lowercases it, subject included
             log.warning(
                 "NATS refused %s to %r: permissions violation (%s)",
                 match.group(1),
