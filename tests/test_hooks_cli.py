@@ -247,20 +247,23 @@ async def test_approvals_list_and_answer(agent: Agent, nats_url: str, event: str
             assert "Allow once / Allow always / Deny" in line
             assert "deploy_guard" in line and "deploy" in line
 
-        p = await hookbus(nats_url, "approvals", "answer", label, "Maybe")
+        answer = ("approvals", "answer", "--approver", "ops")
+        p = await hookbus(nats_url, *answer, label, "Maybe")
         assert p.returncode == 1
-        assert "'Maybe' is not an option" in err(p) and "Allow always" in err(p), err(p)
-        p = await hookbus(nats_url, "approvals", "answer", f"{label}x", "Allow once")
-        assert p.returncode == 1 and "no hook with label" in err(p)
+        assert "'Maybe' is not one of the options" in err(p) and "Allow always" in err(p), err(p)
+        p = await hookbus(nats_url, *answer, f"{label}x", "Allow once")
+        assert p.returncode == 1 and "no pending approval" in err(p)
+        p = await hookbus(nats_url, "approvals", "answer", label, "Allow once")
+        assert p.returncode == 2 and "--approver" in err(p)  # who answers is never implied
         assert not result
 
-        p = await hookbus(nats_url, "approvals", "answer", label, "Allow once")
+        p = await hookbus(nats_url, *answer, label, "Allow once")
         assert p.returncode == 0, err(p)
-        assert f"answered {label}: Allow once" in out(p)
+        assert f"answered {label}: Allow once (as ops)" in out(p)
         with anyio.fail_after(10):
             await emitted.wait()
     (r,) = result
-    assert r.action == "continue" and r.decided_by == "deploy_guard"
+    assert r.action == "continue" and r.decided_by == "deploy_guard" and r.approved_by == "ops"
 
     p = await hookbus(nats_url, "approvals", "list")
     assert p.returncode == 0 and label not in out(p)  # answered: no longer pending

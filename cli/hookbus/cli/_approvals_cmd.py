@@ -65,22 +65,36 @@ def approvals_list(conn: ConnectionSettings) -> None:
 @approvals.command("answer")
 @click.argument("label")
 @click.argument("choice")
+@click.option(
+    "--approver",
+    envvar="HOOKBUS_APPROVER",
+    required=True,
+    help="Your approver name (env HOOKBUS_APPROVER): on a secured server, the name your "
+    "NATS user may answer as (`hookbus auth add approver NAME`); it is recorded as who "
+    "answered.",
+)
+@click.option("--agent", default=None, help="The agent whose approval it is (default: found).")
 @connection_options
-def approvals_answer(label: str, choice: str, conn: ConnectionSettings) -> None:
+def approvals_answer(
+    label: str, choice: str, approver: str, agent: str | None, conn: ConnectionSettings
+) -> None:
     """Answer the approval LABEL with one of its options (e.g. "Allow always": it then
     allows every input of that tool for that agent and session until revoked)."""
 
     async def answer(d: HookDispatcher) -> None:
-        got = await d.suspensions.get(label)
-        if got is None:
-            raise click.ClickException(f"no hook with label {label!r} (see `hookbus approvals`)")
-        options = got[0].metadata.get("options", [])
-        if choice not in options:
-            raise click.ClickException(f"{choice!r} is not an option of {label!r}: {options}")
-        await d.resolve_hook(label, {"choice": choice})
+        owners = [r.agent_id for r in await _pending_approvals(d) if r.label == label]
+        if agent is not None:
+            owners = [a for a in owners if a == agent]
+        if not owners:
+            raise click.ClickException(f"no pending approval {label!r} (see `hookbus approvals`)")
+        if len(set(owners)) > 1:
+            raise click.ClickException(
+                f"approval {label!r} is pending for several agents; pick one with --agent"
+            )
+        await d.answer_approval(label, choice, approver=approver, agent_id=owners[0])
 
     _with_dispatcher(conn, answer)
-    click.echo(f"answered {label}: {choice}")
+    click.echo(f"answered {label}: {choice} (as {approver})")
 
 
 def _filters(f: Callable[..., None]) -> Callable[..., None]:

@@ -63,6 +63,8 @@ READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 """Seconds a worker gets to drain after SIGTERM before it is killed."""
 APPROVER_READY = "approver ready"
+_DEMO_APPROVER = "terminal"
+"""The approver name the --interactive terminal answers as."""
 _DRAINED = re.compile(r"drained after (\d+) request")
 
 
@@ -728,7 +730,9 @@ async def _terminal_approver(
                         )
                     )
                     with contextlib.suppress(HookbusError):
-                        await hooks.resolve_hook(hook.label, {"choice": choice})
+                        await hooks.answer_approval(
+                            hook.label, choice, approver=_DEMO_APPROVER, agent_id=hook.agent_id
+                        )
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(ask)
