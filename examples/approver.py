@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import ssl
 import sys
+from typing import Any
 
 import nats
 
@@ -22,8 +24,22 @@ APPROVER = os.environ.get("HOOKBUS_APPROVER", "demo-approver")
 """Who answers: on a secured server, the approver name this process's NATS user may answer as."""
 
 
+def credentials_from_env() -> dict[str, Any]:
+    """nats-py options from the variables `hookbus demo` sets for its processes: an nkey
+    seed (NATS_NKEY), the inbox prefix the server lets this user listen on
+    (NATS_INBOX_PREFIX) and a CA to verify the server with (NATS_CA)."""
+    options: dict[str, Any] = {}
+    if os.environ.get("NATS_NKEY"):
+        options["nkeys_seed"] = os.environ["NATS_NKEY"]
+    if os.environ.get("NATS_INBOX_PREFIX"):
+        options["inbox_prefix"] = os.environ["NATS_INBOX_PREFIX"]
+    if os.environ.get("NATS_CA"):
+        options["tls"] = ssl.create_default_context(cafile=os.environ["NATS_CA"])
+    return options
+
+
 async def main(url: str) -> None:
-    nc = await nats.connect(url, name="hookbus-demo-approver")
+    nc = await nats.connect(url, name="hookbus-demo-approver", **credentials_from_env())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -3,13 +3,17 @@ OWASP AOS transcript concurrently, decisions checked against the transcript."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nats
@@ -42,7 +46,10 @@ def table_rows(out: str) -> list[list[str]]:
 
 
 def row(rows: list[list[str]], agent: str, step: int) -> dict[str, str]:
-    header = ["#", "agent", "step", "event", "tool", "action", "handler", "latency", "expected"]
+    header = [
+        "#", "agent", "step", "event", "tool", "action", "handler", "approved", "latency",
+        "expected",
+    ]  # fmt: skip
     for cells in rows:
         if cells[1] == agent and cells[2] == str(step):
             return dict(zip(header, cells, strict=True))
@@ -206,3 +213,48 @@ def test_a_worker_process_that_exits_is_reported(nats_url: str, tmp_path: Path) 
     assert proc.returncode == 1
     assert "worker audit.py exited with code 1 before serving" in proc.stderr
     assert "cannot open the audit store" in proc.stderr
+
+
+def test_secure_demo_from_auth_init(tmp_path: Path) -> None:
+    """The README's three commands: `hookbus auth init --demo` -> `hookbus server --config`
+    -> `hookbus demo --secure`: every process connects as its own identity (anonymous
+    access refused), every decision matches, and the approval names its approver."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    auth = tmp_path / "auth"
+    hookbus = [sys.executable, "-m", "hookbus.cli"]
+    subprocess.run(
+        [*hookbus, "auth", "init", "--out", str(auth), "--demo", "--port", str(port)],
+        check=True, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    server = subprocess.Popen(
+        [*hookbus, "server", "--config", str(auth / "server.conf"),
+         "--data-dir", str(tmp_path / "data")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                break
+            assert server.poll() is None and time.monotonic() < deadline, "server did not start"
+            time.sleep(0.05)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NATS_")}
+        proc = run_demo(
+            "--secure", "--auth", str(auth), "--url", f"nats://127.0.0.1:{port}", env=env
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "all 26 decisions match the transcript" in proc.stdout
+        assert "demo-approver chose 'Allow once'" in proc.stdout
+        assert "as demo-approver" in proc.stdout
+        transfer = row(table_rows(proc.stdout), "payments-agent", 9)
+        assert transfer["approved"].startswith("demo-appro"), transfer
+        # the same server refuses anyone without credentials
+        anonymous = run_demo("--url", f"nats://127.0.0.1:{port}", env=env)
+        assert anonymous.returncode != 0
+        assert "authorization violation" in anonymous.stderr.lower(), anonymous.stderr
+        assert "Traceback" not in anonymous.stderr
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(20)

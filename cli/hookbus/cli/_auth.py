@@ -502,7 +502,14 @@ def auth() -> None:
 @click.option("--tls-cert", type=click.Path(dir_okay=False), help="Server certificate (PEM).")
 @click.option("--tls-key", type=click.Path(dir_okay=False), help="Server key (PEM).")
 @click.option("--tls-ca", type=click.Path(dir_okay=False), help="CA clients verify it with.")
+@click.option(
+    "--demo",
+    is_flag=True,
+    help="Also the identities `hookbus demo --secure` uses: its agents, one worker per "
+    "example worker file (with the handlers the file declares) and its approver.",
+)
 def init_cmd(
+    demo: bool,
     out: Path,
     tenants: tuple[str, ...],
     agents: tuple[str, ...],
@@ -523,6 +530,12 @@ def init_cmd(
 
     Run it with `hookbus server --config OUT/server.conf`; connect a client with
     `--nkey OUT/<role>-<name>.nk`."""
+    if demo:
+        from ._demo import demo_identities, find_examples_dir  # only for --demo
+
+        demo_agents, demo_workers, demo_approvers = demo_identities(find_examples_dir())
+        agents, workers = (*agents, *demo_agents), (*workers, *demo_workers)
+        approvers = (*approvers, *demo_approvers)
     setup = init_setup(
         out,
         tenants=tenants,

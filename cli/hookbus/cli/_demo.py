@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,8 +63,12 @@ READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 """Seconds a worker gets to drain after SIGTERM before it is killed."""
 APPROVER_READY = "approver ready"
-_DEMO_APPROVER = "terminal"
-"""The approver name the --interactive terminal answers as."""
+DEMO_APPROVER = "demo-approver"
+"""The approver name the demo's approver (the script, or the --interactive terminal)
+answers as; with --secure, the identity ``approver-demo-approver`` of the auth folder."""
+
+Credentials = Callable[[str, str], ConnectionSettings]
+"""(role, name) -> the connection settings of that identity (``hookbus demo --secure``)."""
 _DRAINED = re.compile(r"drained after (\d+) request")
 
 
@@ -248,14 +252,20 @@ class _Fleet:
         examples_dir: Path,
         workers: list[WorkerFile],
         approver: str | None,
+        credentials: Credentials | None = None,
     ) -> None:
         if not isinstance(conn, ConnectionSettings):
             conn = ConnectionSettings(url=conn)
-        url, env = conn.url or "", conn.child_env()
+        url = conn.url or ""
+
+        def env_of(role: str, name: str) -> dict[str, str]:
+            return (credentials(role, name) if credentials else conn).child_env()
+
         self.processes: list[_WorkerProcess] = []
         self.approver: _WorkerProcess | None = None
         if approver is not None:
             script = str((examples_dir / approver).resolve())
+            env = {**env_of("approver", DEMO_APPROVER), "HOOKBUS_APPROVER": DEMO_APPROVER}
             self.approver = _WorkerProcess(approver, [sys.executable, script, url], env)
         for spec in workers:
             target = f"{(examples_dir / spec.file).resolve()}:{spec.attr}"
@@ -272,6 +282,7 @@ class _Fleet:
                     "--url",
                     url,
                 ]
+                env = env_of("worker", worker_identity(spec.file))
                 self.processes.append(_WorkerProcess(label, command, env))
 
     @property
@@ -458,7 +469,10 @@ class _AgentSetupError(Exception):
 
 
 async def _run_agents(
-    url: str | ConnectionSettings, transcript: Transcript, expected: dict[str, set[str]]
+    url: str | ConnectionSettings,
+    transcript: Transcript,
+    expected: dict[str, set[str]],
+    credentials: Credentials | None = None,
 ) -> tuple[list[_Decision], float, list[str]]:
     """Run every agent concurrently; return the decisions in completion order, the wall
     time in seconds, and warnings (handlers on the demo's events that the demo did not start)."""
@@ -467,9 +481,10 @@ async def _run_agents(
     go = anyio.Event()
 
     async def agent(script: AgentScript, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        nc = await connect(url, name=f"hookbus-demo-agent {script.id}")
-        try:
-            async with HookDispatcher(nc, strict_events=True) as d:
+        conn = credentials("agent", script.id) if credentials else url
+        nc = await connect(conn, name=f"hookbus-demo-agent {script.id}")
+        try:  # each agent acts as itself: with --secure, its NATS user allows nothing else
+            async with HookDispatcher(nc, strict_events=True, agent_id=script.id) as d:
                 d.set_default_fields(agent_id=script.id, session_id=script.session_id)
                 for event, names in expected.items():
                     routed = set(d.list_handlers(event)[event])
@@ -610,6 +625,7 @@ def _report(
     table.add_column("tool", no_wrap=True)
     table.add_column("action", no_wrap=True)
     table.add_column("deciding handler", no_wrap=True)
+    table.add_column("approved by", no_wrap=True)
     table.add_column("latency ms", justify="right", no_wrap=True)
     table.add_column("expected", no_wrap=True)
     for i, d in enumerate(decisions, 1):
@@ -622,6 +638,7 @@ def _report(
             d.tool,
             f"[{style}]{d.action}[/]",
             d.handler,
+            (d.result.approved_by or "") if d.result is not None else "",
             f"{d.latency_ms:.2f}",
             "[green]ok[/]" if d.ok else "[bold red]MISMATCH[/]",
         )
@@ -701,7 +718,7 @@ def _say(console: Console, text: str) -> None:
 
 def _console() -> Console:
     console = Console()
-    return console if console.is_terminal else Console(width=max(console.width, 140))
+    return console if console.is_terminal else Console(width=max(console.width, 160))
 
 
 @contextlib.asynccontextmanager
@@ -712,7 +729,7 @@ async def _terminal_approver(
     if not enabled:
         yield
         return
-    nc = await connect(url, name="hookbus-demo-terminal-approver")
+    nc = await connect(url, name="hookbus-demo-terminal-approver")  # approver's settings
     try:
         async with HookDispatcher(nc, approvals=False) as hooks:
             events = await hooks.hook_events()
@@ -731,7 +748,7 @@ async def _terminal_approver(
                     )
                     with contextlib.suppress(HookbusError):
                         await hooks.answer_approval(
-                            hook.label, choice, approver=_DEMO_APPROVER, agent_id=hook.agent_id
+                            hook.label, choice, approver=DEMO_APPROVER, agent_id=hook.agent_id
                         )
 
             async with anyio.create_task_group() as tg:
@@ -747,11 +764,20 @@ async def _terminal_approver(
 
 # -- entry point -------------------------------------------------------------------------
 async def demo_main(
-    url: str | ConnectionSettings, examples_dir: Path, *, interactive: bool = False
+    url: str | ConnectionSettings,
+    examples_dir: Path,
+    *,
+    interactive: bool = False,
+    credentials: Credentials | None = None,
 ) -> int:
     """Run the demo against the NATS server at `url` (or with these connection settings;
     the worker processes get them too) with the workers and transcript in
     `examples_dir`; print the decision table and summary.
+
+    With `credentials` (``hookbus demo --secure``), every process connects as its own
+    identity: the demo itself as ``admin`` (it creates the buckets and removes its
+    declarations), each worker file as ``worker <file stem>``, the approver as
+    ``approver demo-approver``, each agent as ``agent <id>`` (see `demo_identities`).
 
     Returns:
         0 if every decision matched the transcript's expectation, 1 otherwise.
@@ -770,14 +796,16 @@ async def demo_main(
             expected.setdefault(decl.event, set()).add(decl.name)
     steps = sum(len(a.steps) for a in transcript.agents)
 
-    nc = await connect(url, name="hookbus-demo")
+    nc = await connect(credentials("admin", "admin") if credentials else url, name="hookbus-demo")
     try:
+        async with HookDispatcher(nc):
+            pass  # every bucket, created as asked before agents (who may not create them) open them
         kv = await _handlers_bucket(nc)
         watcher = await kv.watchall()
         try:
             live_before = await _live_keys(watcher)
             approver = None if interactive else transcript.approver
-            fleet = _Fleet(url, examples_dir, transcript.workers, approver)
+            fleet = _Fleet(url, examples_dir, transcript.workers, approver, credentials)
             replicas = ", ".join(f"{w.file} x{w.replicas}" for w in transcript.workers)
             _say(console, f"starting {len(fleet.processes)} worker processes: {replicas}")
             t0 = time.perf_counter()
@@ -792,8 +820,11 @@ async def demo_main(
                     f" {TRANSCRIPT_FILE} concurrently, each with its own connection and"
                     " dispatcher\n",
                 )
-                async with _terminal_approver(url, console, enabled=interactive):
-                    decisions, elapsed_s, warnings = await _run_agents(url, transcript, expected)
+                terminal = credentials("approver", DEMO_APPROVER) if credentials else url
+                async with _terminal_approver(terminal, console, enabled=interactive):
+                    decisions, elapsed_s, warnings = await _run_agents(
+                        url, transcript, expected, credentials
+                    )
         finally:
             with contextlib.suppress(Exception):
                 await watcher.stop()  # type: ignore[no-untyped-call]
@@ -803,3 +834,65 @@ async def demo_main(
     finally:
         await nc.close()
     return _report(console, decisions, elapsed_s, fleet, warnings, transcript)
+
+
+# -- identities (hookbus demo --secure) ----------------------------------------------------
+def worker_identity(file: str) -> str:
+    """The worker identity that serves a worker file: its stem (``security_policy.py`` ->
+    ``security_policy``)."""
+    return Path(file).stem
+
+
+def demo_identities(examples_dir: Path) -> tuple[list[str], list[str], list[str]]:
+    """The identities the demo needs besides admin: ``(agents, workers, approvers)``, the
+    workers as ``NAME:handler,handler`` (the handlers its file declares), as
+    ``hookbus auth init --demo`` writes them.
+
+    Raises:
+        click.ClickException: a bad transcript or worker file.
+    """
+    transcript = load_transcript(examples_dir / TRANSCRIPT_FILE)
+    declared = _expected_declarations(examples_dir, transcript)
+    workers = {
+        worker_identity(spec.file): sorted({d.name for d in declared[spec.file]})
+        for spec in transcript.workers
+    }
+    return (
+        [a.id for a in transcript.agents],
+        [f"{name}:{','.join(handlers)}" for name, handlers in workers.items()],
+        [DEMO_APPROVER],
+    )
+
+
+def secure_credentials(
+    auth_dir: Path, url: str | None, *, tenant: str | None = None
+) -> Credentials:
+    """Credentials of each identity of the auth folder `auth_dir` (``hookbus auth init``):
+    its nkey seed, its inbox prefix and the server's CA, at `url` (default: the folder's).
+
+    Raises:
+        click.ClickException: the folder has no ``hookbus-auth.json``; later, an identity the
+            demo needs is missing (add it with ``hookbus auth add``).
+    """
+    from ._auth import load_setup  # the auth commands, only for --secure
+
+    setup = load_setup(auth_dir)
+    chosen = tenant or setup.tenants[0]
+
+    def settings(role: str, name: str) -> ConnectionSettings:
+        ident = setup.find(chosen, role, name)
+        if ident is None:
+            raise click.ClickException(
+                f"{auth_dir} has no {role} {name!r} in tenant {chosen}: run"
+                f" `hookbus auth add {role} {name} --dir {auth_dir}` (or init with --demo)"
+            )
+        from hookbus.schemas._permissions import inbox_prefix
+
+        return ConnectionSettings(
+            url=url or setup.url(),
+            nkey=str(ident.seed_path(auth_dir).resolve()),
+            inbox_prefix=inbox_prefix(ident.public_key),
+            tls_ca=setup.tls_ca,
+        )
+
+    return settings

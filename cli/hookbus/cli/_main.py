@@ -328,23 +328,48 @@ def schema(out: str | None) -> None:
     "else the one beside this installation's sources).",
 )
 @click.option("--interactive", is_flag=True, help="Answer approvals in the terminal.")
+@click.option(
+    "--secure",
+    is_flag=True,
+    help="Run every process as its own identity from the --auth folder (made with "
+    "`hookbus auth init --demo`): workers, approver and agents with their roles' "
+    "credentials; the server is --url, else the folder's.",
+)
+@click.option(
+    "--auth",
+    "auth_dir",
+    envvar="HOOKBUS_AUTH_DIR",
+    default="auth",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="With --secure: the folder `hookbus auth init` wrote (env HOOKBUS_AUTH_DIR).",
+)
 @otlp_option
 def demo(
     conn: ConnectionSettings,
     examples_dir: str | None,
     interactive: bool,
+    secure: bool,
+    auth_dir: str,
     otlp_endpoint: str | None,
 ) -> None:
     """Run a fleet of agents whose tool calls are decided by remote hook workers; print the
     decision table; exit 1 if any decision differs from the transcript's expectation."""
-    from ._demo import demo_main, find_examples_dir
+    from ._demo import demo_main, find_examples_dir, secure_credentials
 
     folder = Path(examples_dir) if examples_dir else find_examples_dir()
     if otlp_endpoint:  # worker processes the demo starts export there too
         os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp_endpoint
     with otel_session("hookbus-demo", otlp_endpoint, keep_spans=True) as otel:
-        with connection_or_embedded(conn) as server:
-            code = _run(demo_main(server, folder, interactive=interactive))
+        if secure:
+            credentials = secure_credentials(Path(auth_dir), conn.url)
+            target = credentials("admin", "admin")
+            click.echo(f"secure demo: every process as its own identity from {auth_dir}/"
+                       f" at {target.url}", err=True)  # fmt: skip
+            code = _run(demo_main(target, folder, interactive=interactive, credentials=credentials))
+        else:
+            with connection_or_embedded(conn) as server:
+                code = _run(demo_main(server, folder, interactive=interactive))
         print_denied_trace(otel)
     sys.exit(code)
 
