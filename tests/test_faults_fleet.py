@@ -395,7 +395,9 @@ async def test_cancelled_approval_denies_that_call_only(asking: Any) -> None:
 
             tg.start_soon(emit)
             pending = await a.next_pending()
-            await approver.cancel_hook(pending.label, reason="client went away")
+            await approver.cancel_hook(
+                pending.label, reason="client went away", agent_id=pending.agent_id
+            )
         assert results[0].action == "deny"
         async with anyio.create_task_group() as tg:
             tg.start_soon(emit)

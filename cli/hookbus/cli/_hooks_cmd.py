@@ -22,8 +22,17 @@ def _with_dispatcher(conn: ConnectionSettings, fn: Callable[[HookDispatcher], Aw
     return with_dispatcher(conn, fn, name="hookbus-hooks")
 
 
-async def _require(d: HookDispatcher, label: str) -> SuspensionRecord:
-    entry = await d.suspensions.records.read(label)
+agent_option = click.option(
+    "--agent",
+    envvar="HOOKBUS_AGENT_ID",
+    default=None,
+    help="The agent whose hook it is (records are per agent; env HOOKBUS_AGENT_ID; "
+    "default: the hooks of calls without an agent id).",
+)
+
+
+async def _require(d: HookDispatcher, label: str, agent: str | None) -> SuspensionRecord:
+    entry = await d.suspensions.for_agent(agent).records.read(label)
     if entry is None:
         raise click.ClickException(f"no hook with label {label!r} (see `hookbus hooks list`)")
     if entry.record is None:
@@ -88,20 +97,24 @@ def hooks_list(
             click.echo(f"more: --after '{page.next}'", err=True)
         return
     caption = f"more: --after '{page.next}'" if page.next is not None else None
-    table = Table("label", "state", "hook id", "run", "metadata", title="hooks", caption=caption)
+    table = Table(
+        "agent", "label", "state", "hook id", "run", "metadata", title="hooks", caption=caption
+    )
     for r in records:
         table.add_row(
-            r.label, _state(r), r.hook_id[:12], r.run_id or "", json.dumps(r.metadata)[:80]
-        )
+            r.agent_id or "", r.label, _state(r), r.hook_id[:12], r.run_id or "",
+            json.dumps(r.metadata)[:80],
+        )  # fmt: skip
     Console().print(table)
 
 
 @hooks.command("show")
 @click.argument("label")
 @connection_options
-def hooks_show(label: str, conn: ConnectionSettings) -> None:
+@agent_option
+def hooks_show(label: str, conn: ConnectionSettings, agent: str | None) -> None:
     """One hook record, whole, as JSON."""
-    record = _with_dispatcher(conn, lambda d: _require(d, label))
+    record = _with_dispatcher(conn, lambda d: _require(d, label, agent))
     click.echo(json.dumps(to_builtins(record), indent=2))
 
 
@@ -119,8 +132,14 @@ def hooks_show(label: str, conn: ConnectionSettings) -> None:
     is_flag=True,
     help="Replace a resolution no waiter consumed yet (e.g. one its waiter refused).",
 )
+@agent_option
 def hooks_resolve(
-    label: str, value: str, conn: ConnectionSettings, preregister: bool, replace: bool
+    label: str,
+    value: str,
+    conn: ConnectionSettings,
+    preregister: bool,
+    replace: bool,
+    agent: str | None,
 ) -> None:
     """Resolve LABEL with a JSON value (checked against the hook's payload schema)."""
     try:
@@ -132,8 +151,8 @@ def hooks_resolve(
 
     async def resolve(d: HookDispatcher) -> None:
         if not preregister:
-            await _require(d, label)
-        await d.suspensions.resolve_hook(label, data, replace=replace)
+            await _require(d, label, agent)
+        await d.suspensions.for_agent(agent).resolve_hook(label, data, replace=replace)
 
     _with_dispatcher(conn, resolve)
     click.echo(f"resolved {label}")
@@ -143,19 +162,25 @@ def hooks_resolve(
 @click.argument("label")
 @connection_options
 @click.option("--reason", default=None, help="Why (the waiter's error says it).")
-def hooks_cancel(label: str, conn: ConnectionSettings, reason: str | None) -> None:
+@agent_option
+def hooks_cancel(
+    label: str, conn: ConnectionSettings, reason: str | None, agent: str | None
+) -> None:
     """Cancel the pending hook LABEL: its waiter raises HookCancelledError."""
-    _with_dispatcher(conn, lambda d: d.cancel_hook(label, reason=reason))
+    _with_dispatcher(
+        conn, lambda d: d.suspensions.for_agent(agent).cancel_hook(label, reason=reason)
+    )
     click.echo(f"cancelled {label}")
 
 
 @hooks.command("clear")
 @click.argument("label")
 @connection_options
-def hooks_clear(label: str, conn: ConnectionSettings) -> None:
+@agent_option
+def hooks_clear(label: str, conn: ConnectionSettings, agent: str | None) -> None:
     """Remove a resolution of LABEL that no waiter consumed (a pre-registered value is
     deleted; a resolved pending hook waits again) or a malformed record."""
-    cleared = _with_dispatcher(conn, lambda d: d.suspensions.clear_hook(label))
+    cleared = _with_dispatcher(conn, lambda d: d.suspensions.for_agent(agent).clear_hook(label))
     if not cleared:
         raise click.ClickException(f"{label!r} holds no unconsumed resolution to clear")
     click.echo(f"cleared {label}")
