@@ -362,7 +362,7 @@ async def _handlers_bucket(nc: NATS) -> KeyValue:
 async def _live_keys(watcher: KeyValue.KeyWatcher) -> set[str]:
     """Consume a fresh watch's initial values (up to its None marker): the live keys."""
     live: set[str] = set()
-    while (entry := await watcher.updates(timeout=10.0)) is not None:  # type: ignore[no-untyped-call]
+    while (entry := await watcher.updates(timeout=10.0)) is not None:
         if entry.operation is None:
             live.add(entry.key)
         else:
@@ -387,7 +387,7 @@ async def _wait_ready(
             await fleet.approver.ready.wait()
         while +pending:
             try:
-                entry = await watcher.updates(timeout=timeout_s + 5)  # type: ignore[no-untyped-call]
+                entry = await watcher.updates(timeout=timeout_s + 5)
             except nats.errors.TimeoutError:
                 return
             if entry is not None and entry.operation is None and pending[entry.key] > 0:
@@ -827,7 +827,7 @@ async def demo_main(
                     )
         finally:
             with contextlib.suppress(Exception):
-                await watcher.stop()  # type: ignore[no-untyped-call]
+                await watcher.stop()
         for key in set(pending) - live_before:  # the demo's own declarations go with it
             with contextlib.suppress(nats.js.errors.KeyNotFoundError):
                 await kv.delete(key)

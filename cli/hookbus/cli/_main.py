@@ -7,8 +7,9 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 import anyio
 import click
@@ -49,6 +50,8 @@ from ._otel import otel_session, otlp_option, print_denied_trace
 from ._server import EmbeddedNatsServer
 
 __all__ = ["cli", "main"]
+
+T = TypeVar("T")
 
 
 @click.group()
@@ -406,10 +409,10 @@ async def _ensure_bucket(nc: NATS, config: KeyValueConfig, *, strict: bool) -> N
         raise click.ClickException(str(exc)) from exc
 
 
-def _run(coro):  # type: ignore[no-untyped-def]
+def _run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine on asyncio (nats-py's backend) through anyio."""
 
-    async def runner():  # type: ignore[no-untyped-def]
+    async def runner() -> T:
         return await coro
 
     return anyio.run(runner, backend="asyncio")
