@@ -30,16 +30,6 @@ from ._server import EmbeddedNatsServer
 
 log = logging.getLogger("hookbus.cli")
 
-url_option = click.option(
-    "--url",
-    envvar="NATS_URL",
-    default=None,
-    metavar="URL[,URL...]",
-    help="NATS server URL, or a comma-separated server list (env NATS_URL). "
-    "Without one, an embedded nats-server with JetStream is started and stopped on exit.",
-)
-
-
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
@@ -106,17 +96,6 @@ def setup_logging(level: str) -> None:
 
 
 @contextlib.contextmanager
-def nats_url_or_embedded(url: str | None, *, data_dir: str | None = None) -> Iterator[str]:
-    """Yield `url`, or start the embedded nats-server and yield its URL."""
-    if url:
-        yield url
-        return
-    with EmbeddedNatsServer(data_dir) as server:
-        click.echo(f"embedded nats-server at {server.url} (data in {server.data_dir})", err=True)
-        yield server.url
-
-
-@contextlib.contextmanager
 def connection_or_embedded(conn: ConnectionSettings) -> Iterator[ConnectionSettings]:
     """Yield `conn`, or, when it has no URL, `conn` with the embedded nats-server's URL."""
     if conn.url:
@@ -127,8 +106,9 @@ def connection_or_embedded(conn: ConnectionSettings) -> Iterator[ConnectionSetti
             "no --url: the embedded nats-server has no auth and no TLS; the credentials"
             " and TLS options are not used"
         )
-    with nats_url_or_embedded(None) as url:
-        yield conn.with_url(url)
+    with EmbeddedNatsServer() as server:
+        click.echo(f"embedded nats-server at {server.url} (data in {server.data_dir})", err=True)
+        yield conn.with_url(server.url)
 
 
 async def drain_or_close(nc: NATS) -> None:

@@ -874,6 +874,8 @@ def secure_credentials(
         click.ClickException: the folder has no ``hookbus-auth.json``; later, an identity the
             demo needs is missing (add it with ``hookbus auth add``).
     """
+    from hookbus.schemas._permissions import inbox_prefix
+
     from ._auth import load_setup  # the auth commands, only for --secure
 
     setup = load_setup(auth_dir)
@@ -886,8 +888,6 @@ def secure_credentials(
                 f"{auth_dir} has no {role} {name!r} in tenant {chosen}: run"
                 f" `hookbus auth add {role} {name} --dir {auth_dir}` (or init with --demo)"
             )
-        from hookbus.schemas._permissions import inbox_prefix
-
         return ConnectionSettings(
             url=url or setup.url(),
             nkey=str(ident.seed_path(auth_dir).resolve()),

@@ -352,7 +352,7 @@ class HookDispatcher(StandardEvents):
             if self._strict and event not in STANDARD_EVENTS:
                 raise UnknownEventError(f"unknown event {event!r}: no handler is declared")
             return HookResult(action="continue", data=data)
-        trail: list[EmitContext] = []
+        trail: list[EmitContext] | None = [] if self._decisions is not None else None
         try:
             result = await self._emit(event, data, routes, idempotency_key, timeout_s, trail)
         except nats.errors.Error as exc:

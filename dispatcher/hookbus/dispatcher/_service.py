@@ -322,9 +322,7 @@ class DispatcherService:
             event = event_from_service_subject(msg.subject)
             req = decode(msg.data, EmitRequest)
             agent = _agent_of(msg.subject, req.agent_id, req.data.get("agent_id"))
-            ids = {
-                k: v for k, v in (("agent_id", agent), ("session_id", req.session_id)) if v
-            }
+            ids = {k: v for k, v in (("agent_id", agent), ("session_id", req.session_id)) if v}
             options: dict[str, Any] = {}
             if req.idempotency_key:
                 options["idempotency_key"] = req.idempotency_key
