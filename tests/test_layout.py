@@ -1,9 +1,10 @@
 """The package layout contract: namespace portions, the dependency direction, the public API.
 
-- `schemas/`, `workers/`, `dispatcher/`, `cli/` are portions of the `hookbus` namespace
+- `schemas/`, `workers/`, `dispatcher/`, `cli/`, `integrations/` are portions of the `hookbus` namespace
   package: none has a ``hookbus/__init__.py``.
 - Direction: schemas at the bottom (no I/O, imports nothing of ours), workers
-  and dispatcher import schemas and never each other, the CLI sits on top.
+  and dispatcher import schemas and never each other; the framework integrations sit on
+  the dispatcher and nothing of ours imports them; the CLI sits on top.
 - The public exports (`__all__`) of each part are pinned, and each name resolves.
 """
 
@@ -17,12 +18,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PORTIONS = ("schemas", "workers", "dispatcher", "cli")
+PORTIONS = ("schemas", "workers", "dispatcher", "cli", "integrations")
 
 FORBIDDEN: dict[str, set[str]] = {
-    "schemas": {"hookbus.workers", "hookbus.dispatcher", "hookbus.cli"},
-    "workers": {"hookbus.dispatcher", "hookbus.cli"},
-    "dispatcher": {"hookbus.workers", "hookbus.cli"},
+    "schemas": {"hookbus.workers", "hookbus.dispatcher", "hookbus.cli", "hookbus.integrations"},
+    "workers": {"hookbus.dispatcher", "hookbus.cli", "hookbus.integrations"},
+    "dispatcher": {"hookbus.workers", "hookbus.cli", "hookbus.integrations"},
+    "integrations": {"hookbus.cli"},
 }
 """Per portion, the hookbus packages its modules may not import."""
 

@@ -1,0 +1,8 @@
+"""Adapters that make hookbus the hook layer of agent frameworks people already run.
+
+Each adapter is its own module with its own optional extra, so an agent that uses none of
+them installs only hookbus's lean core:
+
+- `hookbus.integrations.pydantic_ai` (extra ``pydantic-ai``)
+- `hookbus.integrations.ai` (extra ``ai``: the Vercel AI SDK for Python)
+"""
