@@ -33,7 +33,12 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher
-from hookbus.integrations.pydantic_ai import TOOL_ERROR, HookbusCapability, HookDeniedError
+from hookbus.integrations.pydantic_ai import (
+    PROMPT_COMPLETE,
+    TOOL_ERROR,
+    HookbusCapability,
+    HookDeniedError,
+)
 from hookbus.schemas import (
     PROMPT_SUBMIT,
     SESSION_END,
@@ -506,3 +511,36 @@ async def test_a_failing_tool_emits_tool_error_and_the_error_goes_on(connect: Co
     [(event, data)] = seen
     assert event == TOOL_ERROR and data["tool_name"] == "explode"
     assert data["error"] == {"type": "RuntimeError", "msg": "boom"}
+
+
+async def test_prompt_complete_denies_or_rewrites_the_answer(connect: Connect) -> None:
+    async def dlp(event: str, data: dict[str, Any]) -> HookResult | None:
+        if "000123456789" in data["response"]:
+            return HookResult(action="deny", reason="the answer reveals an account number")
+        return HookResult(action="modify", data={**data, "response": data["response"].upper()})
+
+    async with (
+        worker(connect, (PROMPT_COMPLETE, named("response_dlp", dlp), {})),
+        HookDispatcher(await connect()) as d,
+    ):
+        leaky = Script([ModelResponse(parts=[TextPart("it is 000123456789")])])
+        with pytest.raises(HookDeniedError, match="account number"):
+            await make_agent(HookbusCapability(d), leaky, Tools()).run("account?")
+        fine = Script([ModelResponse(parts=[TextPart("it ends in 6789")])])
+        result = await make_agent(HookbusCapability(d), fine, Tools()).run("account?")
+    assert result.output == "IT ENDS IN 6789"
+
+
+async def test_a_strict_dispatcher_with_no_handler_for_an_event_lets_it_pass(
+    connect: Connect,
+) -> None:
+    async with HookDispatcher(await connect(), strict_events=True) as d:
+        script = Script([calls(("explode", {}))])
+        agent: Agent[None, str] = Agent(FunctionModel(script), capabilities=[HookbusCapability(d)])
+
+        @agent.tool_plain
+        def explode() -> str:
+            raise RuntimeError("boom")
+
+        with pytest.raises(RuntimeError, match="boom"):  # not UnknownEventError (tool:error)
+            await agent.run("go")

@@ -13,6 +13,7 @@ pydantic-ai hook              hookbus event       data (besides ``run_id``, ``se
 ``before_tool_execute``       ``tool:pre``        ``tool_name``, ``tool_input``, ``tool_call_id``
 ``after_tool_execute``        ``tool:post``       the same and ``tool_result``
 ``on_tool_execute_error``     ``tool:error``      the same and ``error`` (``type``, ``msg``)
+``wrap_run`` (run completed)  ``prompt:complete`` ``prompt``, ``response`` (the output)
 ``wrap_run`` (after)          ``session:end``     ``status``, ``error``
 ============================  ==================  ===========================================
 
@@ -28,15 +29,18 @@ judged by that handler's failure policy, in the dispatcher; nothing is re-decide
 - ``deny`` on ``tool:pre``: `SkipToolExecution` — the tool never runs and the model sees
   ``"Denied by hook: <reason>"`` as its result. On ``tool:post``: the tool has run, but its
   result is withheld — the model sees ``"Tool result withheld by hook: <reason>"``. On
-  ``session:start`` or ``prompt:submit``: `HookDeniedError` is raised and the run stops (a
-  denial is never turned into text that could pass for the model's answer).
+  ``session:start``, ``prompt:submit`` or ``prompt:complete``: `HookDeniedError` is raised
+  and the run stops without an output (a denial is never turned into text that could pass
+  for the model's answer).
 - ``modify``: the final chained data's ``tool_input`` reaches the tool, validated again with
   the tool's own argument validator (arguments that do not validate deny the call);
   ``tool_result`` on ``tool:post`` replaces the result the model sees; ``prompt`` on
-  ``prompt:submit`` replaces the text of the user prompt, in this request and in the history.
-  The final data is read from ``result.chained_data`` if the dispatcher has it, else from
-  ``result.data`` (for continue, modify and inject_context): ``action == "modify"`` is never
-  required, so a fold that ends a modify chain as ``continue`` (amplifier-core) works alike.
+  ``prompt:submit`` replaces the text of the user prompt, in this request and in the history;
+  ``response`` on ``prompt:complete`` replaces a text output (the history keeps the model's
+  text). A modify that cannot be applied raises `HookbusError`. The final data is read
+  from ``result.chained_data`` if the dispatcher has it, else from ``result.data`` (for
+  continue, modify and inject_context): ``action == "modify"`` is never required, so a fold
+  that ends a modify chain as ``continue`` (amplifier-core) works alike.
 - ``inject_context``: each injection (``result.context_injections``, one per handler) is
   queued with `RunContext.enqueue` and reaches the model's next request: a ``system`` (or
   ``assistant``) role as a `SystemPromptPart` (``ephemeral`` → ``scope='request'``, seen by
@@ -72,6 +76,7 @@ dispatcher's ``emit(timeout_s=...)``, which also cuts an approval's wait).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -91,7 +96,7 @@ from pydantic_ai.messages import (
     ToolCallPart,
     UserPromptPart,
 )
-from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
+from pydantic_ai.tools import AgentDepsT, DeferredToolRequests, RunContext, ToolDefinition
 
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
@@ -103,13 +108,21 @@ from hookbus.schemas import (
     HookbusError,
     HookResult,
     NotConnectedError,
+    UnknownEventError,
 )
 
 if TYPE_CHECKING:
     from pydantic_ai.models import ModelRequestContext
     from pydantic_ai.run import AgentRunResult
 
-__all__ = ["EVENTS", "TOOL_ERROR", "ApprovalMode", "HookDeniedError", "HookbusCapability"]
+__all__ = [
+    "EVENTS",
+    "PROMPT_COMPLETE",
+    "TOOL_ERROR",
+    "ApprovalMode",
+    "HookDeniedError",
+    "HookbusCapability",
+]
 
 log = logging.getLogger("hookbus.integrations.pydantic_ai")
 
@@ -120,7 +133,18 @@ waits for (``"hookbus"``), or pydantic-ai's deferred-tools flow (``"deferred"``)
 TOOL_ERROR = "tool:error"
 """amplifier-core's ``TOOL_ERROR`` event (``amplifier_core.events``): a tool raised."""
 
-EVENTS = (SESSION_START, PROMPT_SUBMIT, TOOL_PRE, TOOL_POST, TOOL_ERROR, SESSION_END)
+PROMPT_COMPLETE = "prompt:complete"
+"""amplifier-core's ``PROMPT_COMPLETE`` event: the run's answer to its prompt."""
+
+EVENTS = (
+    SESSION_START,
+    PROMPT_SUBMIT,
+    TOOL_PRE,
+    TOOL_POST,
+    TOOL_ERROR,
+    PROMPT_COMPLETE,
+    SESSION_END,
+)
 """The events this capability emits, in lifecycle order."""
 
 _SESSION_END_BUDGET_S = 10.0
@@ -238,7 +262,7 @@ class HookbusCapability(AbstractCapability[AgentDepsT]):
         self._inject(ctx, result)
         status, error = "failed", None
         try:
-            run_result = await handler()
+            run_result = await self._prompt_complete(ctx, await handler())
             status = "completed"
             return run_result
         except anyio.get_cancelled_exc_class():
@@ -249,6 +273,33 @@ class HookbusCapability(AbstractCapability[AgentDepsT]):
             raise
         finally:
             await self._session_end(ctx, status, error)
+
+    async def _prompt_complete(
+        self, ctx: RunContext[AgentDepsT], run_result: AgentRunResult[Any]
+    ) -> AgentRunResult[Any]:
+        """``prompt:complete`` with the run's output as ``response``: a deny raises
+        `HookDeniedError` (the output never reaches the caller); a new ``response`` replaces
+        a text output (the history keeps the model's own text). A run paused on deferred
+        tool calls has not completed: nothing is emitted."""
+        output = run_result.output
+        if isinstance(output, DeferredToolRequests):
+            return run_result
+        sent = _jsonable(output)
+        data = {**self._run_fields(ctx), "prompt": _prompt_text(ctx.prompt), "response": sent}
+        result = await self._emit(PROMPT_COMPLETE, data, key=self._key(ctx, PROMPT_COMPLETE))
+        if _denied(result):
+            raise HookDeniedError(
+                PROMPT_COMPLETE, _as_deny(result, PROMPT_COMPLETE, self.approvals)
+            )
+        new = _final_data(result).get("response", sent)
+        if new != sent and isinstance(output, str) and isinstance(new, str):
+            return dataclasses.replace(run_result, output=new)
+        if new != sent:
+            raise HookbusError(
+                f"prompt:complete: {result.decided_by or 'a hook'} modified the response, which"
+                " can only replace a text output with text"
+            )
+        return run_result
 
     async def _session_end(
         self, ctx: RunContext[AgentDepsT], status: str, error: dict[str, str] | None
@@ -370,6 +421,8 @@ class HookbusCapability(AbstractCapability[AgentDepsT]):
         timeout = self.timeouts.get(event, self.timeout_s)
         try:
             return await self.dispatcher.emit(event, data, idempotency_key=key, timeout_s=timeout)
+        except UnknownEventError:  # a strict dispatcher, and no handler declared: nothing decides
+            return HookResult(action="continue", data=data)
         except HookbusError:
             raise
         except OSError as exc:  # never let the decision pass as "allow"
