@@ -248,7 +248,8 @@ class HookbusCapability(AbstractCapability[AgentDepsT]):
         self, ctx: RunContext[AgentDepsT], *, handler: WrapRunHandler
     ) -> AgentRunResult[Any]:
         """``session:start`` before the run (a deny raises `HookDeniedError`, injections go
-        to the first model request), ``session:end`` after it, whatever its outcome."""
+        to the first model request); ``prompt:complete`` once it completed; ``session:end``
+        after it, whatever its outcome (``status``: completed, failed or cancelled)."""
         if self.approvals == "deferred" and _runs_approvals(self.dispatcher):
             log.warning(
                 "approvals='deferred', but the dispatcher runs hookbus approvals itself: each"
