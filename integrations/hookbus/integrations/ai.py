@@ -1,0 +1,674 @@
+"""hookbus as the durable hook store of the Vercel AI SDK for Python (the ``ai`` package).
+
+In ``ai`` (0.8) a run suspends with ``await ai.hook(label, payload=Model, metadata=...)``
+(tools declared ``@ai.tool(require_approval=True)`` do it for you, on the label
+``approve_<tool call id>`` with payload ``ai.tools.ToolApproval``); the suspension lives in
+the run's in-memory ``ai.HookRegistry``, so only code in that process can resolve it and it
+dies with the process. `HookbusHooks` moves it into hookbus's `Suspensions` (a record per
+label in the ``hookbus_suspensions`` JetStream KV bucket):
+
+.. code-block:: python
+
+    hooks = await HookbusHooks.open(nc, agent_id="payments")
+    async with hooks.run(agent, model, messages, run_id="run-42") as stream:
+        async for event in stream:        # ai's events, HookEvent included
+            ...
+
+    # from any other process, on its own connection:
+    other = await HookbusHooks.open(nc2, agent_id="payments")
+    await other.resolve_hook("approve_call_1", {"granted": True})
+
+**The seam.** ``ai.HookRegistry`` is not pluggable (``ai.hook``, ``ai.resolve_hook`` and
+``ai.cancel_hook`` read its dictionaries directly), but every ``ai.hook(...)`` call goes
+through the run's middleware chain (``ai.agents._middleware``, ``wrap_hook``, activated by
+``Agent.run(..., _middleware=[...])``). `HookbusHooks` is such a middleware: it answers each
+``ai.hook`` call from hookbus instead of the in-memory registry, so the built-in approval
+gating and any ``ai.hook`` in your tools become durable with no change to them. Those two
+names are private in ``ai``; `HookbusHooks.run` is the one place that uses them (importing
+this module raises `ImportError` if an ``ai`` release drops them).
+
+**Same names, same events.** `hook`, `resolve_hook`, `cancel_hook` keep ``ai``'s names and
+arguments (a label, or an ``ai`` ``HookPart`` whose ``hook_id`` is the label; ``payload``
+is a pydantic model class); `abort_pending_hook` and `defer_hook` complete them. The run's
+stream carries ``ai``'s own ``HookEvent``/``HookPart`` (``ai.events.HookEvent``):
+``pending`` when a hook suspends (none when a resolution was waiting: it returns at once, as
+``ai``'s pre-registered resolutions do), ``resolved`` with the resolution, ``cancelled``.
+`HookbusHooks.events` yields the same type for every hook of the agent, from any process.
+
+How each ``ai`` behaviour maps onto hookbus:
+
+- resolve (any process): the record is compare-and-set to resolved; the value is checked
+  against the payload's JSON Schema first (`ResolutionRejectedError`, record unchanged);
+  one of several resolvers wins (`AlreadySettledError` for the others).
+- pre-registered resolution (``resolve_hook`` before the hook exists, any process): stored
+  in the record and consumed exactly once by the next hook of that label, which returns
+  at once. A resolution pre-registered the ``ai`` way (``ai.resolve_hook`` into the run's
+  registry before iterating) is written to the record the same way.
+- cancel (any process): the waiting ``ai.hook`` raises ``asyncio.CancelledError(reason)``,
+  as ``ai.cancel_hook`` makes it do; a ``cancelled`` event is published.
+- abort (`abort_pending_hook`, `abort_all`, ``ai.defer_hook``): this process stops waiting,
+  the record stays pending, and ``ai.hook`` raises ``ai.HookDeferredException`` — approval
+  gating turns it into a deferred tool result and the run ends blocked (``RunBlocked``).
+  Resume anywhere later: run the agent again on the saved messages (``stream.messages``)
+  with `HookbusHooks.run`; the deferred tool call is replayed and its ``ai.hook`` gets the
+  resolution stored meanwhile, or waits again.
+- ``ai.resolve_hook`` / ``ai.cancel_hook`` / ``ai.defer_hook`` on the run's registry from
+  the consumer's ``async with`` block still work: a live hook is also listed in the
+  ``ai`` registry, and what they do is carried to the record.
+
+The record's metadata is ``ai``'s ``metadata`` plus one key, ``"_ai"``: ``{"hook_type":
+payload class name, "tool_call_id": ...}`` (removed again in the events given here).
+Differences from ``ai``: a second live hook on one label raises `DuplicateHookError`
+(``ai`` would replace it silently); ``cancel_hook`` of an unknown label raises
+`HookNotFoundError` (``ai``: ``ValueError``); an exception passed to ``resolve_hook``
+(``defer_hook``) reaches only a hook waiting, or next waiting, in this process; ``ai``'s
+hook telemetry span is replaced by hookbus's ``await suspension`` span.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import inspect
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any, TypeVar
+
+import ai
+import pydantic
+from ai.agents import _middleware as ai_middleware
+from ai.agents import hooks as ai_hooks
+from ai.agents import runtime as ai_runtime
+from ai.types import events as ai_events
+from ai.types import messages as ai_messages
+from nats.aio.client import Client as NATS
+
+from hookbus.dispatcher import Suspensions
+from hookbus.schemas import (
+    AlreadySettledError,
+    HookAbortedError,
+    HookCancelledError,
+    HookEvent,
+    HookNotFoundError,
+    HookPart,
+    ResolutionRejectedError,
+)
+
+__all__ = [
+    "AI_METADATA_KEY",
+    "HookbusHooks",
+    "abort_pending_hook",
+    "ai_hook_part",
+    "cancel_hook",
+    "current_hooks",
+    "defer_hook",
+    "hook",
+    "resolve_hook",
+    "use_hooks",
+]
+
+if not hasattr(ai_middleware, "_Middleware") or "_middleware" not in (
+    inspect.signature(ai.Agent.run).parameters
+):  # pragma: no cover - depends on the installed ai release
+    raise ImportError(
+        "hookbus.integrations.ai needs an ai release whose Agent.run takes _middleware "
+        "and whose ai.agents._middleware has _Middleware (ai 0.8)"
+    )
+
+M = TypeVar("M", bound=pydantic.BaseModel)
+
+AI_METADATA_KEY = "_ai"
+"""The key of a record's metadata that holds what ``ai``'s ``HookPart`` needs besides the
+caller's metadata: ``{"hook_type": str, "tool_call_id": str | None}``."""
+
+_ABORT_POLL_S = 0.02
+_ABORT_DEADLINE_S = 15.0
+
+HookTarget = str | ai_messages.HookPart[Any] | HookPart
+"""A hook as the functions here take it: its label, ``ai``'s ``HookPart`` (whose
+``hook_id`` is the label) or hookbus's `HookPart` (its ``label``)."""
+
+
+def _label(target: HookTarget) -> str:
+    if isinstance(target, str):
+        return target
+    if isinstance(target, ai_messages.HookPart):
+        return target.hook_id
+    if isinstance(target, HookPart):
+        return target.label
+    raise TypeError(f"expected a label or a HookPart, got {type(target).__name__}")
+
+
+def _json(value: Any) -> Any:
+    """A resolution as JSON data (what the record stores)."""
+    if isinstance(value, pydantic.BaseModel):
+        return value.model_dump(mode="json")
+    return value
+
+
+class _Wait:
+    """One hook this process waits on. ``abort`` gets the exception to raise instead of
+    the resolution (None: ``ai.HookDeferredException`` for the pending part)."""
+
+    __slots__ = ("abort",)
+
+    def __init__(self) -> None:
+        self.abort: asyncio.Future[BaseException | None] = (
+            asyncio.get_running_loop().create_future()
+        )
+
+
+class HookbusHooks(ai_middleware._Middleware):
+    """``ai``'s hooks kept in hookbus: an ``ai`` middleware (its ``wrap_hook``) over a
+    `Suspensions` store, plus ``ai``'s hook functions with the same names.
+
+    Args:
+        suspensions: the store (``await Suspensions.open(nc, agent_id=...)``, or
+            ``dispatcher.suspensions`` of a started `HookDispatcher`). Its ``agent_id``
+            names whose hooks these are (records ``<agent>.<label>``).
+        timeout_s: seconds a hook waits before `HookTimeoutError`; None (``ai``'s
+            behaviour) waits until resolved, cancelled or aborted.
+    """
+
+    def __init__(self, suspensions: Suspensions, *, timeout_s: float | None = None) -> None:
+        self.suspensions = suspensions
+        self.timeout_s = timeout_s
+        self._owned = False
+        self._waits: dict[str, _Wait] = {}
+        self._stashed: dict[str, BaseException] = {}
+
+    @classmethod
+    async def open(
+        cls,
+        nc: NATS,
+        *,
+        agent_id: str | None = None,
+        scoped: bool = False,
+        timeout_s: float | None = None,
+        ttl_s: float = 7 * 24 * 3600,
+        replicas: int = 1,
+    ) -> HookbusHooks:
+        """Open (or create) the suspensions bucket on `nc` for `agent_id`'s hooks; `close`
+        releases it. `scoped`, `ttl_s` (seconds) and `replicas`: see `Suspensions.open`.
+
+        Raises:
+            HookbusTimeoutError: JetStream stayed unavailable.
+        """
+        store = await Suspensions.open(
+            nc, agent_id=agent_id, scoped=scoped, ttl_s=ttl_s, replicas=replicas
+        )
+        hooks = cls(store, timeout_s=timeout_s)
+        hooks._owned = True
+        return hooks
+
+    async def close(self) -> None:
+        """Stop the store's watch and lease if `open` made it (waits in progress keep
+        their records). Idempotent."""
+        if self._owned:
+            await self.suspensions.close()
+
+    async def __aenter__(self) -> HookbusHooks:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- running an agent ---------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def run(
+        self,
+        agent: ai.Agent,
+        model: ai.Model,
+        messages: Sequence[ai_messages.Message],
+        *,
+        run_id: str | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[Any]:
+        """``agent.run(model, messages, **kwargs)`` with its hooks in hookbus; yields
+        ``ai``'s ``AgentStream``.
+
+        `run_id` scopes the run's labels (`Suspensions.run`): on exit its finished records
+        and unused pre-registered resolutions are removed, and hooks it aborted stay for a
+        later run. Resume with the run's saved messages (``stream.messages``) and the same
+        `run_id`, in any process. Within the block, the module functions (`hook`,
+        `resolve_hook`, ...) use these hooks.
+        """
+        middleware = [self, *(kwargs.pop("_middleware", None) or [])]
+        async with self.suspensions.run(run_id):
+            with use_hooks(self):
+                async with agent.run(
+                    model, list(messages), _middleware=middleware, **kwargs
+                ) as stream:
+                    yield stream
+
+    async def wrap_hook(self, call: Any, next: Any) -> pydantic.BaseModel:
+        """``ai``'s middleware entry: every ``ai.hook(...)`` of a run this middleware is
+        part of is answered by `hook` (``next``, ``ai``'s in-memory registry, is not
+        called)."""
+        registry = call.registry or ai_hooks._hook_registry.get(None)
+        return await self._hook(
+            call.label,
+            payload=call.payload,
+            metadata=call.metadata,
+            tool_call_id=call.tool_call_id,
+            registry=registry,
+            timeout_s=self.timeout_s,
+        )
+
+    # -- ai's hook functions ------------------------------------------------------------------
+    async def hook(
+        self,
+        hook: HookTarget,
+        *,
+        payload: type[M],
+        metadata: dict[str, Any] | None = None,
+        tool_call_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> M:
+        """Suspend until `hook` (a label) is resolved; return the resolution validated as
+        `payload` (``ai.hook``).
+
+        Inside an ``ai`` run it emits ``ai``'s ``HookEvent``s on the run's stream.
+        `metadata` must be JSON data; `timeout_s` (seconds) defaults to the instance's.
+
+        Raises:
+            asyncio.CancelledError: the hook was cancelled (args: the reason), as ``ai``.
+            ai.HookDeferredException: the wait was aborted (`abort_pending_hook`,
+                `abort_all`, ``defer_hook``); the record stays pending for a later run.
+            DuplicateHookError: a live hook of this label waits elsewhere.
+            ResolutionRejectedError: the stored resolution does not fit `payload`.
+            HookTimeoutError: no resolution within `timeout_s`.
+            HookbusTimeoutError: JetStream stayed unavailable.
+        """
+        return await self._hook(
+            _label(hook),
+            payload=payload,
+            metadata=metadata,
+            tool_call_id=tool_call_id,
+            registry=ai_hooks._hook_registry.get(None),
+            timeout_s=self.timeout_s if timeout_s is None else timeout_s,
+        )
+
+    async def resolve_hook(
+        self,
+        hook: HookTarget,
+        data: pydantic.BaseModel | dict[str, Any] | BaseException,
+        *,
+        payload: type[pydantic.BaseModel] | None = None,
+        replace: bool = False,
+    ) -> None:
+        """Resolve `hook` with `data` from any process, or pre-register it for the next
+        hook of that label (``ai.resolve_hook``; here a coroutine).
+
+        `data` is a pydantic model or a dict (validated as `payload` first when given), or
+        an exception: that one is raised by the hook waiting (or next waiting) on the label
+        in *this* process, and the record stays pending (``ai.defer_hook`` passes
+        ``ai.HookDeferredException``). `replace` replaces a resolution not consumed yet
+        (see `Suspensions.resolve_hook`).
+
+        Raises:
+            pydantic.ValidationError: `data` does not validate as `payload`.
+            ResolutionRejectedError: it does not fit the waiting hook's payload schema.
+            AlreadySettledError: already resolved (without `replace`), consumed or cancelled.
+            TypeError: `data` is none of the above.
+            HookbusTimeoutError: JetStream stayed unavailable.
+        """
+        label = _label(hook)
+        if isinstance(data, BaseException):
+            wait = self._waits.get(label)
+            if wait is not None and not wait.abort.done():
+                wait.abort.set_result(data)
+            else:
+                self._stashed[label] = data
+            return
+        if isinstance(data, pydantic.BaseModel):
+            value = data.model_dump(mode="json")
+        elif isinstance(data, dict):
+            value = payload(**data).model_dump(mode="json") if payload is not None else data
+        else:
+            raise TypeError(f"expected a dict or a pydantic model, got {type(data).__name__}")
+        await self.suspensions.resolve_hook(label, value, replace=replace)
+
+    def defer_hook(self, hook_part: ai_messages.HookPart[Any]) -> None:
+        """Abort this process's wait on `hook_part` with ``ai.HookDeferredException``
+        (``ai.defer_hook``); if nothing waits here yet, the next hook of that label in this
+        process raises it. The record stays pending."""
+        exc = ai.HookDeferredException(hook_part)
+        wait = self._waits.get(hook_part.hook_id)
+        if wait is not None and not wait.abort.done():
+            wait.abort.set_result(exc)
+        else:
+            self._stashed[hook_part.hook_id] = exc
+
+    async def cancel_hook(self, hook: HookTarget, *, reason: str | None = None) -> None:
+        """Cancel the pending hook `hook` from any process (``ai.cancel_hook``): its
+        waiter raises ``asyncio.CancelledError(reason)``.
+
+        Raises:
+            HookNotFoundError: no hook of that label (``ai`` raises ``ValueError``).
+            AlreadySettledError: it is already resolved or cancelled.
+            HookbusTimeoutError: JetStream stayed unavailable.
+        """
+        await self.suspensions.cancel_hook(_label(hook), reason=reason)
+
+    def abort_pending_hook(self, hook: HookTarget) -> bool:
+        """Stop this process's wait on `hook`: its ``ai.hook`` raises
+        ``ai.HookDeferredException`` and the record stays pending, detached, for a later
+        run to resume (in any process). Call it on the event loop's thread. Returns False
+        if nothing here waits on it. A resolution that lands before the abort is returned
+        instead (never lost)."""
+        wait = self._waits.get(_label(hook))
+        if wait is None or wait.abort.done():
+            return False
+        wait.abort.set_result(None)
+        return True
+
+    def abort_all(self) -> int:
+        """`abort_pending_hook` for every hook this process waits on (e.g. a serverless
+        function about to time out). Returns how many waits were aborted."""
+        return sum(self.abort_pending_hook(label) for label in list(self._waits))
+
+    async def events(self) -> _AIHookEvents:
+        """``ai``'s ``HookEvent`` for every pending / resolved / cancelled transition of
+        this agent's hooks (every agent's when the store is not scoped), from any process,
+        as an async iterator (close it with ``aclose`` or ``async with``). Subscribed
+        before it returns."""
+        return _AIHookEvents(await self.suspensions.events())
+
+    # -- the hook -----------------------------------------------------------------------------
+    async def _hook(
+        self,
+        label: str,
+        *,
+        payload: type[M],
+        metadata: dict[str, Any] | None,
+        tool_call_id: str | None,
+        registry: ai.HookRegistry | None,
+        timeout_s: float | None,
+    ) -> M:
+        metadata = dict(metadata or {})
+        stashed = self._stashed.pop(label, None)
+        if stashed is not None:
+            raise stashed
+        if registry is not None:  # pre-registered the ai way: into the run's registry
+            local = registry._pending_resolutions.pop(label, None)
+            if isinstance(local, BaseException):
+                raise local
+            if local is not None:
+                with contextlib.suppress(AlreadySettledError):  # a resolution there wins
+                    await self.suspensions.resolve_hook(label, _json(local))
+        rt = _runtime()
+        part: ai_messages.HookPart[Any] = ai_messages.HookPart(
+            hook_id=label,
+            hook_type=payload.__name__,
+            status="pending",
+            metadata=metadata,
+            tool_call_id=tool_call_id,
+        )
+        stored = {
+            **metadata,
+            AI_METADATA_KEY: {"hook_type": payload.__name__, "tool_call_id": tool_call_id},
+        }
+        found = await self.suspensions.get(label)
+        waiting_value = (
+            found is not None and found[0].status == "resolved" and not found[0].consumed
+        )
+
+        wait = _Wait()
+        self._waits[label] = wait
+        local_future: asyncio.Future[dict[str, Any]] | None = None
+        if registry is not None and rt is not None:  # ai.resolve_hook & co. find it
+            local_future = asyncio.get_running_loop().create_future()
+            registry._live_hooks[label] = (local_future, metadata, rt)
+        kv = asyncio.ensure_future(
+            self.suspensions.hook(label, payload=payload, metadata=stored, timeout_s=timeout_s)
+        )
+        instead: BaseException | None = None  # what an abort raises
+        cancelled_locally = False
+        announced = False  # pending was emitted (ai: not for a resolution already there)
+        try:
+            if not waiting_value and rt is not None and await self._until_waiting(label, kv):
+                await rt.put_hook(part)  # once other services can resolve it
+                announced = True
+            sources: set[asyncio.Future[Any]] = {kv, wait.abort}
+            if local_future is not None:
+                sources.add(local_future)
+            done, _ = await asyncio.wait(sources, return_when=asyncio.FIRST_COMPLETED)
+            if kv not in done:
+                if local_future is not None and local_future in done:
+                    instead, cancelled_locally = await self._carry(label, local_future, kv)
+                else:
+                    instead = wait.abort.result()
+                    await self._abort(label, kv)
+                await asyncio.wait({kv})
+            return await self._outcome(
+                kv, part, rt if announced else None,
+                instead=instead, cancelled_locally=cancelled_locally,
+            )  # fmt: skip
+        finally:
+            if not kv.done():
+                kv.cancel()
+                with contextlib.suppress(BaseException):
+                    await kv
+            if self._waits.get(label) is wait:
+                del self._waits[label]
+            if registry is not None and local_future is not None:
+                live = registry._live_hooks.get(label)
+                if live is not None and live[0] is local_future:
+                    del registry._live_hooks[label]
+
+    async def _carry(
+        self, label: str, local: asyncio.Future[dict[str, Any]], kv: asyncio.Future[Any]
+    ) -> tuple[BaseException | None, bool]:
+        """Carry what ``ai.resolve_hook`` / ``ai.cancel_hook`` / ``ai.defer_hook`` did to
+        the run's registry over to the record; return (exception to raise instead, whether
+        ``ai.cancel_hook`` did it: it published its own ``cancelled`` event)."""
+        if local.cancelled():
+            reason = _cancel_reason(local)
+            with contextlib.suppress(HookNotFoundError, AlreadySettledError):
+                await self.suspensions.cancel_hook(label, reason=reason)
+            return None, True
+        exc = local.exception()
+        if exc is not None:
+            await self._abort(label, kv)
+            return exc, False
+        try:
+            await self.suspensions.resolve_hook(label, _json(local.result()))
+        except AlreadySettledError:
+            pass  # another resolution or a cancel won: the waiter reports it
+        except ResolutionRejectedError as exc:
+            await self._abort(label, kv)
+            return exc, False
+        return None, False
+
+    async def _until_waiting(self, label: str, kv: asyncio.Future[Any]) -> bool:
+        """Wait until the store's wait holds a pending record of `label` (True), or ended
+        first (False)."""
+        while not kv.done():
+            found = await self.suspensions.get(label)
+            if found is not None:
+                record = found[0]
+                if record.status == "pending" and record.attached:
+                    if record.owner and record.owner == self.suspensions.waiter_id:
+                        return True
+            await asyncio.wait({kv}, timeout=_ABORT_POLL_S)
+        return False
+
+    async def _abort(self, label: str, kv: asyncio.Future[Any]) -> None:
+        """Abort the store's wait on `label` (by its hook id, read from the record once the
+        wait has created or attached it); the record stays pending, detached."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _ABORT_DEADLINE_S
+        while not kv.done():
+            found = await self.suspensions.get(label)
+            if found is not None and found[0].status == "pending":
+                if self.suspensions.abort_pending_hook(found[0].hook_id):
+                    return
+            if loop.time() > deadline:
+                kv.cancel()
+                return
+            await asyncio.sleep(_ABORT_POLL_S)
+
+    async def _outcome(
+        self,
+        kv: asyncio.Future[M],
+        part: ai_messages.HookPart[Any],
+        rt: ai_runtime.Runtime | None,
+        *,
+        instead: BaseException | None,
+        cancelled_locally: bool,
+    ) -> M:
+        if kv.cancelled():  # an abort that could not reach the store's wait
+            raise instead or ai.HookDeferredException(part)
+        exc = kv.exception()
+        if isinstance(exc, HookAbortedError):
+            raise (instead or ai.HookDeferredException(part)) from None
+        if isinstance(exc, HookCancelledError):
+            if rt is not None and not cancelled_locally:
+                await rt.put_hook(part.model_copy(update={"status": "cancelled"}))
+            raise asyncio.CancelledError(exc.reason)
+        if exc is not None:
+            raise exc
+        value = kv.result()
+        if rt is not None:
+            resolution = value.model_dump() if isinstance(value, pydantic.BaseModel) else value
+            await rt.put_hook(
+                part.model_copy(update={"status": "resolved", "resolution": resolution})
+            )
+        return value
+
+
+def _runtime() -> ai_runtime.Runtime | None:
+    try:
+        return ai_runtime.get_runtime()
+    except LookupError:
+        return None
+
+
+def _cancel_reason(future: asyncio.Future[Any]) -> str | None:
+    try:
+        future.result()
+    except asyncio.CancelledError as exc:
+        return str(exc.args[0]) if exc.args and exc.args[0] is not None else None
+    return None  # pragma: no cover - only called on a cancelled future
+
+
+def ai_hook_part(part: HookPart) -> ai_messages.HookPart[Any]:
+    """hookbus's `HookPart` as ``ai``'s (``hook_id`` = the label; ``hook_type`` and
+    ``tool_call_id`` from the ``"_ai"`` metadata key, which is removed)."""
+    metadata = dict(part.metadata)
+    extra = metadata.pop(AI_METADATA_KEY, None)
+    extra = extra if isinstance(extra, dict) else {}
+    return ai_messages.HookPart(
+        hook_id=part.label,
+        hook_type=str(extra.get("hook_type") or ""),
+        status=part.status,
+        metadata=metadata,
+        resolution=part.resolution,
+        tool_call_id=extra.get("tool_call_id"),
+    )
+
+
+class _AIHookEvents:
+    """hookbus hook events as ``ai``'s ``HookEvent`` (see `HookbusHooks.events`)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def __aiter__(self) -> _AIHookEvents:
+        return self
+
+    async def __anext__(self) -> ai_events.HookEvent:
+        event: HookEvent = await self._stream.__anext__()
+        part = ai_hook_part(event.hook)
+        message = ai_messages.Message(role="internal", parts=[part])
+        return ai_events.HookEvent(message=message, hook=part)
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+    async def __aenter__(self) -> _AIHookEvents:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+# -- module functions: ai's names, on the current HookbusHooks --------------------------------
+_current: contextvars.ContextVar[HookbusHooks] = contextvars.ContextVar("hookbus_ai_hooks")
+
+
+def current_hooks() -> HookbusHooks:
+    """The `HookbusHooks` of the current context (inside `HookbusHooks.run` or
+    `use_hooks`).
+
+    Raises:
+        LookupError: there is none (as ``ai.get_hook_registry``).
+    """
+    try:
+        return _current.get()
+    except LookupError:
+        raise LookupError(
+            "no current HookbusHooks: use hooks.run(...) or use_hooks(hooks), or pass hooks="
+        ) from None
+
+
+@contextlib.contextmanager
+def use_hooks(hooks: HookbusHooks) -> Iterator[HookbusHooks]:
+    """Make `hooks` current for the module functions, in this task and the tasks it
+    starts, until the block exits."""
+    token = _current.set(hooks)
+    try:
+        yield hooks
+    finally:
+        _current.reset(token)
+
+
+def _pick(hooks: HookbusHooks | None) -> HookbusHooks:
+    return hooks if hooks is not None else current_hooks()
+
+
+async def hook(
+    hook: HookTarget,
+    *,
+    payload: type[M],
+    metadata: dict[str, Any] | None = None,
+    tool_call_id: str | None = None,
+    timeout_s: float | None = None,
+    hooks: HookbusHooks | None = None,
+) -> M:
+    """``ai.hook`` on `hooks` (default: `current_hooks`); see `HookbusHooks.hook`."""
+    return await _pick(hooks).hook(
+        hook, payload=payload, metadata=metadata, tool_call_id=tool_call_id, timeout_s=timeout_s
+    )
+
+
+async def resolve_hook(
+    hook: HookTarget,
+    data: pydantic.BaseModel | dict[str, Any] | BaseException,
+    *,
+    payload: type[pydantic.BaseModel] | None = None,
+    replace: bool = False,
+    hooks: HookbusHooks | None = None,
+) -> None:
+    """``ai.resolve_hook`` on `hooks` (default: `current_hooks`); a coroutine here. See
+    `HookbusHooks.resolve_hook`."""
+    await _pick(hooks).resolve_hook(hook, data, payload=payload, replace=replace)
+
+
+def defer_hook(hook_part: ai_messages.HookPart[Any], *, hooks: HookbusHooks | None = None) -> None:
+    """``ai.defer_hook`` on `hooks` (default: `current_hooks`); see `HookbusHooks.defer_hook`."""
+    _pick(hooks).defer_hook(hook_part)
+
+
+async def cancel_hook(
+    hook: HookTarget, *, reason: str | None = None, hooks: HookbusHooks | None = None
+) -> None:
+    """``ai.cancel_hook`` on `hooks` (default: `current_hooks`); see `HookbusHooks.cancel_hook`."""
+    await _pick(hooks).cancel_hook(hook, reason=reason)
+
+
+def abort_pending_hook(hook: HookTarget, *, hooks: HookbusHooks | None = None) -> bool:
+    """Stop waiting on `hook` here, leaving it pending (see
+    `HookbusHooks.abort_pending_hook`); `hooks` defaults to `current_hooks`."""
+    return _pick(hooks).abort_pending_hook(hook)

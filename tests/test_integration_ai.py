@@ -1,0 +1,444 @@
+"""`hookbus.integrations.ai`: the Vercel AI SDK for Python's hooks (the ``ai`` package), kept
+in hookbus over a real nats-server.
+
+An ``ai`` agent (``ai.testing.FakeModel``: scripted, no network) calls a tool declared
+``@ai.tool(require_approval=True)``, so ``ai``'s approval gating suspends on
+``approve_<tool call id>``. Other services act on it from their own NATS connection — a
+real subprocess (this file run as a script) where the point is another process:
+
+- resolve: the run resumes and the tool runs; a value that does not fit is refused;
+- abort, then resume in a new process (new connection, messages restored from JSON);
+- cancel: the run ends with the tool not run;
+- a pre-registered resolution is consumed exactly once, with no pending event;
+- ``ai``'s own functions on the run's registry still work, carried to the record.
+
+``ai`` needs Python >= 3.12: under an older interpreter this file is skipped;
+`tests/test_integration_ai_runner.py` runs it on a >= 3.12 interpreter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ai = pytest.importorskip(
+    "ai",
+    reason="the ai package (Vercel AI SDK for Python) needs Python >= 3.12; "
+    "tests/test_integration_ai_runner.py runs this file on such an interpreter",
+)
+
+import nats  # noqa: E402
+import pydantic  # noqa: E402
+from ai import testing  # noqa: E402
+
+from hookbus.integrations import ai as hb_ai  # noqa: E402
+from hookbus.integrations.ai import HookbusHooks  # noqa: E402
+from hookbus.schemas import (  # noqa: E402
+    AlreadySettledError,
+    HookNotFoundError,
+    HookTimeoutError,
+    ResolutionRejectedError,
+)
+
+pytestmark = pytest.mark.anyio
+
+HERE = Path(__file__).resolve()
+PROCESS_TIMEOUT_S = 60.0
+
+
+# -- the agent -----------------------------------------------------------------------------
+TRANSFERS: list[int] = []
+
+
+@ai.tool(require_approval=True)
+async def transfer(amount: int) -> str:
+    """Transfer `amount` (cents) to the payee."""
+    TRANSFERS.append(amount)
+    return f"sent {amount}"
+
+
+def script(call: Any) -> list[Any]:
+    return [
+        ai.user_message("pay 1200"),
+        ai.assistant_message("paying", call),
+        ai.assistant_message("done"),
+    ]
+
+
+def resume_script(messages: list[Any]) -> list[Any]:
+    """The script a resumed run replays: ai marks the interrupted assistant turn
+    ``replay=True`` and sends it again."""
+    return [
+        messages[0],
+        messages[1].model_copy(update={"replay": True}),
+        ai.assistant_message("done"),
+    ]
+
+
+def tool_results(messages: list[Any]) -> list[Any]:
+    return [
+        part.result
+        for message in messages
+        if message.role == "tool"
+        for part in message.parts
+        if part.kind == "tool_result"
+    ]
+
+
+MESSAGES = pydantic.TypeAdapter(list[ai.messages.Message])
+
+
+# -- another process: this file as a script --------------------------------------------------
+async def _main(argv: list[str]) -> int:
+    """``python test_integration_ai.py COMMAND URL AGENT ...`` (its own connection):
+
+    - ``resolve LABEL JSON`` / ``cancel LABEL REASON``: print ``ok`` or the error's class;
+    - ``resume RUN_ID MESSAGES_FILE [RESOLVE_JSON]``: run the agent on the saved messages,
+      resolving a pending hook with RESOLVE_JSON if one is emitted; print a JSON line
+      ``{"statuses": [...], "results": [...], "transfers": [...]}``.
+    """
+    command, url, agent_id, *rest = argv
+    nc = await nats.connect(url)
+    hooks = await HookbusHooks.open(nc, agent_id=agent_id)
+    try:
+        if command == "resolve":
+            label, value = rest
+            try:
+                await hb_ai.resolve_hook(label, json.loads(value), hooks=hooks)
+            except Exception as exc:
+                print(type(exc).__name__)
+                return 0
+            print("ok")
+        elif command == "cancel":
+            label, reason = rest
+            await hb_ai.cancel_hook(label, reason=reason, hooks=hooks)
+            print("ok")
+        elif command == "resume":
+            run_id, path, *answer = rest
+            messages = MESSAGES.validate_json(await asyncio.to_thread(Path(path).read_text))
+            model = testing.FakeModel(resume_script(messages))
+            statuses = []
+            async with hooks.run(ai.Agent(tools=[transfer]), model, messages, run_id=run_id) as s:
+                async for event in s:
+                    if isinstance(event, ai.events.HookEvent):
+                        statuses.append(event.hook.status)
+                        if event.hook.status == "pending" and answer:
+                            await hb_ai.resolve_hook(event.hook, json.loads(answer[0]))
+            out = {"statuses": statuses, "results": tool_results(s.messages)}
+            print(json.dumps({**out, "transfers": TRANSFERS}))
+        else:
+            raise SystemExit(f"unknown command {command!r}")
+        return 0
+    finally:
+        await hooks.close()
+        await nc.close()
+
+
+async def other_process(*args: str) -> str:
+    """Run `_main` in a new Python process; its last output line (it must exit 0)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(HERE), *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONWARNINGS": "error"},
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), PROCESS_TIMEOUT_S)
+    assert proc.returncode == 0, f"{args[0]} failed ({proc.returncode}):\n{err.decode()}"
+    return out.decode().strip().splitlines()[-1]
+
+
+# -- fixtures -------------------------------------------------------------------------------
+@pytest.fixture
+def agent_id() -> str:
+    return f"ai-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+async def hooks(nc: Any, agent_id: str) -> AsyncIterator[HookbusHooks]:
+    h = await HookbusHooks.open(nc, agent_id=agent_id)
+    yield h
+    await h.close()
+
+
+@pytest.fixture
+async def observer(connect: Any, agent_id: str) -> AsyncIterator[HookbusHooks]:
+    """The same agent's hooks on another connection (another service)."""
+    h = await HookbusHooks.open(await connect(), agent_id=agent_id)
+    yield h
+    await h.close()
+
+
+@pytest.fixture(autouse=True)
+def _clear_transfers() -> None:
+    TRANSFERS.clear()
+
+
+def statuses(events: list[Any]) -> list[str]:
+    return [e.hook.status for e in events if isinstance(e, ai.events.HookEvent)]
+
+
+# -- tests ----------------------------------------------------------------------------------
+async def test_approval_resolved_by_another_process(
+    hooks: HookbusHooks, nats_url: str, agent_id: str
+) -> None:
+    call = testing.tool_call(transfer, amount=1200)
+    model = testing.FakeModel(script(call))
+    seen = []
+    async with hooks.run(ai.Agent(tools=[transfer]), model, [ai.user_message("pay 1200")]) as s:
+        async for event in s:
+            seen.append(event)
+            if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
+                assert event.hook.hook_id == f"approve_{call.tool_call_id}"
+                assert event.hook.hook_type == "ToolApproval"
+                assert event.hook.tool_call_id == call.tool_call_id
+                assert event.hook.metadata == {"tool": "transfer", "kwargs": {"amount": 1200}}
+                record, _ = await hooks.suspensions.get(event.hook.hook_id)  # type: ignore[misc]
+                assert record.status == "pending"
+                assert TRANSFERS == []
+                # the refused value leaves the record pending (checked in the other process)
+                refused = await other_process(
+                    "resolve", nats_url, agent_id, event.hook.hook_id, '{"granted": "maybe"}'
+                )
+                assert refused == "ResolutionRejectedError"
+                answer = '{"granted": true, "reason": "ok"}'
+                assert (
+                    await other_process("resolve", nats_url, agent_id, event.hook.hook_id, answer)
+                    == "ok"
+                )
+    assert statuses(seen) == ["pending", "resolved"]
+    resolved = [e for e in seen if isinstance(e, ai.events.HookEvent)][-1]
+    assert resolved.hook.resolution == {"granted": True, "reason": "ok"}
+    assert TRANSFERS == [1200]
+    assert tool_results(s.messages) == ["sent 1200"]
+    assert model.unused == []
+    # the run's exit removed its consumed record
+    assert await hooks.suspensions.get(f"approve_{call.tool_call_id}") is None
+
+
+async def test_denied_approval_does_not_run_the_tool(
+    hooks: HookbusHooks, observer: HookbusHooks
+) -> None:
+    call = testing.tool_call(transfer, amount=5)
+    model = testing.FakeModel(script(call))
+    async with hooks.run(ai.Agent(tools=[transfer]), model, [ai.user_message("pay 1200")]) as s:
+        async for event in s:
+            if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
+                await observer.resolve_hook(
+                    event.hook, ai.tools.ToolApproval(granted=False, reason="over limit")
+                )
+    assert TRANSFERS == []
+    assert tool_results(s.messages) == ["Rejected: over limit"]
+
+
+async def test_abort_then_resume_in_a_new_process(
+    hooks: HookbusHooks, observer: HookbusHooks, nats_url: str, agent_id: str, tmp_path: Path
+) -> None:
+    call = testing.tool_call(transfer, amount=1200)
+    label = f"approve_{call.tool_call_id}"
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    seen = []
+    async with hooks.run(
+        ai.Agent(tools=[transfer]), testing.FakeModel(script(call)),
+        [ai.user_message("pay 1200")], run_id=run_id,
+    ) as s:  # fmt: skip
+        async for event in s:
+            seen.append(event)
+            if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
+                assert hooks.abort_pending_hook(event.hook) is True
+                assert hooks.abort_pending_hook(event.hook) is False  # already aborting
+    # ai's serverless abort: the run ends blocked, the tool call deferred
+    assert statuses(seen) == ["pending"]
+    assert any(isinstance(e, ai.events.RunBlocked) for e in seen)
+    assert TRANSFERS == []
+    assert s.messages[-1].role == "tool"
+    assert s.messages[-1].parts[0].is_hook_deferred
+    # the record outlived the run: pending, detached, with ai's metadata
+    record, _ = await observer.suspensions.get(label)  # type: ignore[misc]
+    assert (record.status, record.attached, record.run_id) == ("pending", False, run_id)
+    assert record.metadata[hb_ai.AI_METADATA_KEY] == {
+        "hook_type": "ToolApproval", "tool_call_id": call.tool_call_id,
+    }  # fmt: skip
+    saved = tmp_path / "messages.json"
+    saved.write_bytes(MESSAGES.dump_json(s.messages))
+    await hooks.close()
+
+    # another service approves while no process runs the agent ...
+    await observer.resolve_hook(label, {"granted": True})
+    # ... and a new process resumes the run from the saved messages
+    out = json.loads(await other_process("resume", nats_url, agent_id, run_id, str(saved)))
+    assert out["transfers"] == [1200]
+    assert out["results"] == ["sent 1200"]
+    assert out["statuses"] == []  # the stored resolution returned at once: no pending event
+    assert await observer.suspensions.get(label) is None  # consumed, removed by the run's exit
+
+
+async def test_resume_before_the_answer_waits_again(
+    hooks: HookbusHooks, nats_url: str, agent_id: str, tmp_path: Path
+) -> None:
+    call = testing.tool_call(transfer, amount=7)
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    async with hooks.run(
+        ai.Agent(tools=[transfer]), testing.FakeModel(script(call)),
+        [ai.user_message("pay 1200")], run_id=run_id,
+    ) as s:  # fmt: skip
+        async for event in s:
+            if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
+                assert hb_ai.abort_pending_hook(event.hook) is True  # the current hooks
+    saved = tmp_path / "messages.json"
+    saved.write_bytes(MESSAGES.dump_json(s.messages))
+    # the new process re-attaches, emits pending again, and is answered while it waits
+    out = json.loads(
+        await other_process("resume", nats_url, agent_id, run_id, str(saved), '{"granted": true}')
+    )
+    assert out["statuses"] == ["pending", "resolved"]
+    assert out["transfers"] == [7]
+
+
+async def test_cancel_from_another_process(
+    hooks: HookbusHooks, observer: HookbusHooks, nats_url: str, agent_id: str
+) -> None:
+    call = testing.tool_call(transfer, amount=1200)
+    label = f"approve_{call.tool_call_id}"
+    model = testing.FakeModel(script(call))
+    events = await observer.events()
+    seen = []
+    async with hooks.run(ai.Agent(tools=[transfer]), model, [ai.user_message("pay 1200")]) as s:
+        async for event in s:
+            seen.append(event)
+            if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
+                assert (
+                    await other_process("cancel", nats_url, agent_id, label, "client disconnected")
+                    == "ok"
+                )
+    # as ai.cancel_hook: the hook raised CancelledError, the run ended, the tool never ran
+    assert statuses(seen) == ["pending", "cancelled"]
+    assert TRANSFERS == []
+    assert tool_results(s.messages) == []
+    # every service saw ai's HookEvents: pending, then cancelled
+    async with events:
+        got = [await asyncio.wait_for(events.__anext__(), 5) for _ in range(2)]
+    assert [e.hook.status for e in got] == ["pending", "cancelled"]
+    assert all(isinstance(e, ai.events.HookEvent) for e in got)
+    assert got[0].hook.hook_id == label
+    assert got[0].hook.tool_call_id == call.tool_call_id
+    assert hb_ai.AI_METADATA_KEY not in got[0].hook.metadata
+    with pytest.raises(HookNotFoundError):  # the run's exit removed the cancelled record
+        await observer.cancel_hook(label)
+
+
+async def test_preregistered_resolution_is_consumed_once(
+    hooks: HookbusHooks, nats_url: str, agent_id: str
+) -> None:
+    call = testing.tool_call(transfer, amount=3)
+    label = f"approve_{call.tool_call_id}"
+    # resolved by another process before the run even started
+    assert await other_process("resolve", nats_url, agent_id, label, '{"granted": true}') == "ok"
+    model = testing.FakeModel(script(call))
+    seen = []
+    async with hooks.run(ai.Agent(tools=[transfer]), model, [ai.user_message("pay 1200")]) as s:
+        async for event in s:
+            seen.append(event)
+    assert statuses(seen) == []  # returned at once: ai's pre-registered behaviour
+    assert TRANSFERS == [3]
+    assert model.unused == []
+    assert await hooks.suspensions.get(label) is None  # consumed, removed by the run's exit
+    # consumed once: the next hook of that label waits instead of getting it again
+    with pytest.raises(HookTimeoutError):
+        await hooks.hook(label, payload=ai.tools.ToolApproval, timeout_s=0.5)
+
+
+async def test_ai_functions_on_the_run_registry_reach_the_record(
+    hooks: HookbusHooks, observer: HookbusHooks
+) -> None:
+    """``ai.resolve_hook`` / ``ai.cancel_hook`` from the consumer's block, as ai documents
+    them, still work and other services see the outcome."""
+    events = await observer.events()
+    call = testing.tool_call(transfer, amount=9)
+    async with hooks.run(
+        ai.Agent(tools=[transfer]), testing.FakeModel(script(call)), [ai.user_message("pay 1200")]
+    ) as s:
+        async for event in s:
+            if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
+                ai.resolve_hook(event.hook, {"granted": True})
+    assert TRANSFERS == [9]
+    call2 = testing.tool_call(transfer, amount=10)
+    seen = []
+    async with hooks.run(
+        ai.Agent(tools=[transfer]), testing.FakeModel(script(call2)), [ai.user_message("pay 1200")]
+    ) as s:
+        async for event in s:
+            seen.append(event)
+            if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
+                await ai.cancel_hook(event.hook, reason="user said no")
+    assert statuses(seen) == ["pending", "cancelled"]  # ai's own cancelled event, once
+    assert TRANSFERS == [9]
+    async with events:
+        got = [await asyncio.wait_for(events.__anext__(), 5) for _ in range(4)]
+    assert [(e.hook.hook_id, e.hook.status) for e in got] == [
+        (f"approve_{call.tool_call_id}", "pending"),
+        (f"approve_{call.tool_call_id}", "resolved"),
+        (f"approve_{call2.tool_call_id}", "pending"),
+        (f"approve_{call2.tool_call_id}", "cancelled"),
+    ]
+
+
+async def test_ai_preregistration_in_the_run_block(hooks: HookbusHooks) -> None:
+    """ai's serverless re-entry: ``ai.resolve_hook`` inside the run block, before iterating,
+    pre-registers into the run's registry; the hook takes it through the record."""
+    call = testing.tool_call(transfer, amount=11)
+    async with hooks.run(
+        ai.Agent(tools=[transfer]), testing.FakeModel(script(call)), [ai.user_message("pay 1200")]
+    ) as s:
+        ai.resolve_hook(f"approve_{call.tool_call_id}", {"granted": True})
+        seen = [event async for event in s]
+    assert statuses(seen) == []
+    assert TRANSFERS == [11]
+
+
+async def test_hook_outside_an_agent_run(hooks: HookbusHooks, observer: HookbusHooks) -> None:
+    """The module functions, for agent loops of one's own: pending until another service
+    resolves; a value that does not fit the payload is refused at the resolver."""
+
+    class Choice(pydantic.BaseModel):
+        option: str
+
+    with hb_ai.use_hooks(hooks):
+        task = asyncio.ensure_future(
+            hb_ai.hook("pick", payload=Choice, metadata={"options": ["a", "b"]})
+        )
+        for _ in range(500):
+            found = await observer.suspensions.get("pick")
+            if found is not None and found[0].status == "pending":
+                break
+            await asyncio.sleep(0.01)
+        assert found is not None and found[0].metadata["options"] == ["a", "b"]
+        with pytest.raises(ResolutionRejectedError):
+            await observer.resolve_hook("pick", {"option": 3})
+        await observer.resolve_hook("pick", Choice(option="b"))
+        with pytest.raises(AlreadySettledError):  # one resolver wins
+            await observer.resolve_hook("pick", Choice(option="a"))
+        got = await asyncio.wait_for(task, 10)
+    assert got == Choice(option="b")
+    with pytest.raises(LookupError):
+        hb_ai.current_hooks()
+
+
+async def test_public_api() -> None:
+    assert set(hb_ai.__all__) == {
+        "AI_METADATA_KEY", "HookbusHooks", "abort_pending_hook", "ai_hook_part", "cancel_hook",
+        "current_hooks", "defer_hook", "hook", "resolve_hook", "use_hooks",
+    }  # fmt: skip
+    assert issubclass(HookbusHooks, ai.agents._middleware._Middleware)
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(asyncio.run(_main(sys.argv[1:])))

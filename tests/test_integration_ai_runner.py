@@ -1,0 +1,108 @@
+"""Run `tests/test_integration_ai.py` on a Python >= 3.12 (the ``ai`` package needs it).
+
+The suite runs on 3.11, where that file skips itself. This test makes (or reuses) a venv
+of a >= 3.12 interpreter, installs hookbus with its ``test`` extra there (which brings
+``ai``), runs that file with pytest against this session's nats-server, and requires every
+test of it to pass, none skipped.
+
+The interpreter: ``HOOKBUS_PY312`` (CI sets it from ``.ci/python312.sh``), else the one that
+script cached (``$HOOKBUS_PY312_DIR/bin/python3``, default ``/opt/hookbus-py312``). With
+neither, this test skips — but fails when ``CI`` is set, so a missing install step cannot
+pass unnoticed. The venv: ``HOOKBUS_PY312_VENV``, default ``.hookbus/venv-py312`` in the
+repository; it is rebuilt when the interpreter or ``pyproject.toml`` changed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+AI_TESTS = ROOT / "tests" / "test_integration_ai.py"
+VENV = Path(os.environ.get("HOOKBUS_PY312_VENV") or ROOT / ".hookbus" / "venv-py312")
+CACHED = Path(os.environ.get("HOOKBUS_PY312_DIR") or "/opt/hookbus-py312") / "bin" / "python3"
+INSTALL_TIMEOUT_S = 600
+RUN_TIMEOUT_S = 600
+
+
+def _interpreter() -> str:
+    given = os.environ.get("HOOKBUS_PY312")
+    if given:
+        return given
+    if CACHED.exists():
+        return str(CACHED)
+    reason = (
+        "no Python >= 3.12 for the ai integration tests: set HOOKBUS_PY312 "
+        "(HOOKBUS_PY312=$(.ci/python312.sh))"
+    )
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason}; CI must provide one")
+    pytest.skip(reason)
+
+
+def _run(
+    cmd: list[str], timeout: int, *, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, check=False, cwd=cwd, env=env
+    )
+
+
+def _venv(python: str) -> Path:
+    """The venv's python, made or reused (see the module docstring)."""
+    version = _run([python, "-c", "import sys; print(sys.version_info >= (3, 12))"], 60)
+    assert version.stdout.strip() == "True", (
+        f"HOOKBUS_PY312={python} is not a working Python >= 3.12: {version.stdout}{version.stderr}"
+    )
+    stamp = hashlib.sha256(
+        b"\0".join([
+            os.path.realpath(python).encode(), str(ROOT).encode(),
+            (ROOT / "pyproject.toml").read_bytes(),
+        ])
+    ).hexdigest()  # fmt: skip
+    VENV.parent.mkdir(parents=True, exist_ok=True)
+    with open(VENV.parent / f".{VENV.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        marker = VENV / ".hookbus-stamp"
+        venv_python = VENV / "bin" / "python"
+        if marker.exists() and marker.read_text() == stamp and venv_python.exists():
+            return venv_python
+        shutil.rmtree(VENV, ignore_errors=True)
+        made = _run([python, "-m", "venv", str(VENV)], 120)
+        assert made.returncode == 0, f"venv failed:\n{made.stdout}{made.stderr}"
+        installed = _run(
+            [str(venv_python), "-m", "pip", "install", "-q", "-e", f"{ROOT}[test]"],
+            INSTALL_TIMEOUT_S,
+        )
+        assert installed.returncode == 0, f"pip install failed:\n{installed.stderr[-4000:]}"
+        marker.write_text(stamp)
+        return venv_python
+
+
+@pytest.mark.timeout(INSTALL_TIMEOUT_S + RUN_TIMEOUT_S + 60)
+def test_ai_integration_passes_on_python312(nats_url: str) -> None:
+    venv_python = _venv(_interpreter())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.pop("VIRTUAL_ENV", None)
+    env["HOOKBUS_TEST_NATS_URL"] = nats_url  # this session's server
+    result = _run(
+        [str(venv_python), "-m", "pytest", str(AI_TESTS), "-q", "-p", "no:cacheprovider"],
+        RUN_TIMEOUT_S,
+        cwd=ROOT,
+        env=env,
+    )
+    output = result.stdout + result.stderr
+    tail = "\n".join(output.splitlines()[-60:])
+    assert result.returncode == 0, f"tests/test_integration_ai.py failed on {venv_python}:\n{tail}"
+    summary = output.strip().splitlines()[-1]
+    passed = re.search(r"(\d+) passed", summary)
+    assert passed and int(passed.group(1)) > 0, f"no test passed:\n{tail}"
+    for bad in ("skipped", "failed", "error", "xfail", "deselected"):
+        assert bad not in summary, f"{bad} in the ai integration run:\n{tail}"
