@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from hookbus.schemas import (
-    AGENT_COMPLETE,
+    PROMPT_COMPLETE,
     PROMPT_SUBMIT,
     SESSION_END,
     SESSION_START,
@@ -26,7 +26,7 @@ log = logging.getLogger("hookbus.examples.audit")
 
 worker = HookWorker()
 
-AUDITED_EVENTS = (SESSION_START, PROMPT_SUBMIT, TOOL_PRE, TOOL_POST, AGENT_COMPLETE, SESSION_END)
+AUDITED_EVENTS = (SESSION_START, PROMPT_SUBMIT, TOOL_PRE, TOOL_POST, PROMPT_COMPLETE, SESSION_END)
 
 
 def audit(event: str, data: dict[str, Any]) -> None:

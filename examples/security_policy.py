@@ -9,7 +9,7 @@ Rules, after the OWASP AOS hook examples (``steps/toolCallRequest``, ``steps/mem
 
 - ``tool:pre``: no shell or OS tools; text messages only to the user's verified numbers;
   no full bank account numbers written to agent memory.
-- ``agent:complete``: a response to the user may not reveal a full bank account number.
+- ``prompt:complete``: a response to the user may not reveal a full bank account number.
 
 Run one replica with ``hookbus worker examples/security_policy.py:worker``.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from hookbus.schemas import AGENT_COMPLETE, TOOL_PRE, HookResult
+from hookbus.schemas import PROMPT_COMPLETE, TOOL_PRE, HookResult
 from hookbus.workers import HookWorker
 
 worker = HookWorker()
@@ -68,7 +68,7 @@ def security_policy(event: str, data: dict[str, Any]) -> HookResult | None:
     return None
 
 
-@worker.handler(AGENT_COMPLETE, priority=10, failure_policy="deny", timeout_s=2.0)
+@worker.handler(PROMPT_COMPLETE, priority=10, failure_policy="deny", timeout_s=2.0)
 def response_dlp(event: str, data: dict[str, Any]) -> HookResult | None:
     """Deny a response to the user that reveals a full bank account number."""
     response = data["response"]

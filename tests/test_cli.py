@@ -114,7 +114,9 @@ SAMPLES = [
         context_injection_role="user",
         ephemeral=True,
         approval_options=["yes", "no"],
-        context_injections=[ContextInjection(handler="h", content="hi", role="user")],
+        context_injections=[
+            ContextInjection(content="hi", role="user", hook_name="h", event="tool:pre")
+        ],
         failures=[HandlerFailure(handler="g", kind="timeout", policy="ignore", message="slow")],
         decided_by="h",
     ),
@@ -390,7 +392,7 @@ async def test_emit_subprocess_reaches_a_worker(nc, nats_url, event):
         )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert out["action"] == "modify"
+    assert out["action"] == "continue"  # a modify chain ends as continue with its data
     assert out["data"]["tool_name"] == "bash" and out["data"]["tagged"] is True
     assert "timestamp" in out["data"]
     assert collected.returncode == 0, collected.stderr

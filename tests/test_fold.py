@@ -1,5 +1,6 @@
-"""The fold of handler results, pure (no server): amplifier-core's `HookRegistry.emit`
-semantics plus hookbus's documented differences (see `hookbus.dispatcher._fold`).
+"""The fold of handler results, pure (no server): amplifier-core 2.0.2's
+`HookRegistry.emit` semantics, result for result, plus hookbus's own fields (see
+`hookbus.dispatcher._fold`).
 
 Most tests feed `Fold` directly, in priority order, the way the dispatcher does; the
 short-circuit tests also go through an in-process `HookDispatcher` to show that a later
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from hookbus.dispatcher import Fold, HookDispatcher
+from hookbus.dispatcher._fold import INVALID_RESULT_REASON
 from hookbus.schemas import ContextInjection, HandlerFailure, HookResult
 
 DATA = {"tool_name": "bash", "command": "ls"}
@@ -23,7 +25,7 @@ def fold_all(
     results: list[tuple[str, HookResult]], data: dict[str, Any] | None = None
 ) -> HookResult:
     """Fold `(handler, result)` pairs in order, stopping at a deny, as the dispatcher does."""
-    fold = Fold(dict(data if data is not None else DATA))
+    fold = Fold(dict(data if data is not None else DATA), "tool:pre")
     for name, result in results:
         denied = fold.apply(name, result)
         if denied is not None:
@@ -35,7 +37,7 @@ def fold_all(
 def test_no_results_continue_with_data_unchanged() -> None:
     r = fold_all([])
     assert r.action == "continue"
-    assert r.data == DATA
+    assert r.data == DATA and r.chained_data == DATA
     assert r.failures == [] and r.context_injections == [] and r.decided_by is None
 
 
@@ -65,7 +67,8 @@ def test_deny_returns_at_once_with_the_denying_result() -> None:
     assert denied.reason == "no bash"
     assert denied.user_message == "blocked"
     assert denied.decided_by == "guard"
-    assert denied.data == DATA  # hookbus: the chained data stays on the result
+    assert denied.data is None  # as the handler made it (amplifier-core)
+    assert denied.chained_data == DATA  # hookbus: the chained data on a field of its own
 
 
 def test_deny_short_circuits_later_results() -> None:
@@ -79,7 +82,7 @@ def test_deny_short_circuits_later_results() -> None:
     assert r.action == "deny"
     assert r.reason == "first"
     assert r.decided_by == "denier"
-    assert r.data == DATA
+    assert r.data is None and r.chained_data == DATA
     assert r.context_injections == []
     assert r.approval_prompt is None
 
@@ -93,8 +96,19 @@ def test_deny_keeps_what_was_folded_before_it() -> None:
         ]
     )
     assert r.action == "deny" and r.decided_by == "guard"
-    assert r.data == {"command": "***"}
-    assert r.context_injections == [ContextInjection(handler="note", content="careful")]
+    assert r.data is None and r.chained_data == {"command": "***"}
+    assert r.context_injections == []  # the deny as its handler made it
+    assert r.modified_by == ["redact"]
+
+
+def test_deny_keeps_the_data_its_handler_put_on_it() -> None:
+    r = fold_all(
+        [
+            ("redact", HookResult(action="modify", data={"command": "***"})),
+            ("guard", HookResult(action="deny", reason="no", data={"why": "policy"})),
+        ]
+    )
+    assert r.data == {"why": "policy"} and r.chained_data == {"command": "***"}
 
 
 @pytest.mark.anyio
@@ -123,8 +137,8 @@ def test_modify_replaces_the_data_whole() -> None:
     assert fold.apply("redact", HookResult(action="modify", data={"command": "***"})) is None
     assert fold.data == {"command": "***"}  # not merged: tool_name is gone
     r = fold.result()
-    assert r.action == "modify"  # hookbus: a modify chain ends as modify
-    assert r.data == {"command": "***"}
+    assert r.action == "continue"  # a modify chain ends as continue with its data
+    assert r.data == {"command": "***"} and r.chained_data == r.data
     assert r.decided_by == "redact"
     assert r.modified_by == ["redact"]
 
@@ -134,7 +148,7 @@ def test_modify_chains_to_the_next_handler() -> None:
     for name in ("a", "b", "c"):
         fold.apply(name, HookResult(action="modify", data={"n": fold.data["n"] + 1}))
     r = fold.result()
-    assert r.action == "modify"
+    assert r.action == "continue"
     assert r.data == {"n": 3}
     assert r.modified_by == ["a", "b", "c"]
     assert r.decided_by == "c"  # the last one that modified the data
@@ -154,19 +168,19 @@ def test_modify_with_data_none_does_not_undo_an_earlier_modify() -> None:
             ("b", HookResult(action="modify", data=None)),
         ]
     )
-    assert r.action == "modify"
+    assert r.action == "continue"
     assert r.data == {"x": 1}
     assert r.modified_by == ["a"] and r.decided_by == "a"
 
 
 def test_modify_with_empty_dict_replaces() -> None:
     r = fold_all([("wipe", HookResult(action="modify", data={}))])
-    assert r.action == "modify"
+    assert r.action == "continue"
     assert r.data == {}
 
 
 # -- inject_context --------------------------------------------------------------------
-def test_single_injection_returned_as_is_with_chained_data() -> None:
+def test_single_injection_returned_as_its_handler_made_it() -> None:
     injection = HookResult(
         action="inject_context",
         context_injection="lint: 2 issues",
@@ -176,6 +190,7 @@ def test_single_injection_returned_as_is_with_chained_data() -> None:
         suppress_output=True,
         user_message="linted",
         user_message_level="warning",
+        user_message_source="linter",
         reason="lint",
     )
     r = fold_all([("redact", HookResult(action="modify", data={"x": 1})), ("lint", injection)])
@@ -186,35 +201,40 @@ def test_single_injection_returned_as_is_with_chained_data() -> None:
     assert r.append_to_last_tool_result is True
     assert r.suppress_output is True
     assert r.user_message == "linted" and r.user_message_level == "warning"
+    assert r.user_message_source == "linter"
     assert r.reason == "lint"
-    assert r.data == {"x": 1}  # the chained data, not the injecting handler's
+    assert r.data is None  # the injecting handler's (amplifier-core)
+    assert r.chained_data == {"x": 1}
     assert r.context_injections == [
         ContextInjection(
-            handler="lint",
             content="lint: 2 issues",
             role="user",
             ephemeral=True,
             append_to_last_tool_result=True,
+            hook_name="lint",
+            event="tool:pre",
         )
     ]
     assert r.decided_by == "lint"
     assert r.modified_by == ["redact"]
 
 
-def test_injections_merge_joined_by_blank_line_flags_from_the_first() -> None:
+def test_injections_merge_joined_by_blank_line() -> None:
     first = HookResult(
         action="inject_context",
         context_injection="one",
         context_injection_role="assistant",
-        ephemeral=True,
+        ephemeral=False,
         append_to_last_tool_result=False,
         suppress_output=True,
+        user_message="first says",
+        reason="first",
     )
     second = HookResult(
         action="inject_context",
         context_injection="two",
         context_injection_role="user",
-        ephemeral=False,
+        ephemeral=True,
         append_to_last_tool_result=True,
         suppress_output=False,
     )
@@ -222,42 +242,95 @@ def test_injections_merge_joined_by_blank_line_flags_from_the_first() -> None:
     r = fold_all([("a", first), ("b", second), ("c", third)])
     assert r.action == "inject_context"
     assert r.context_injection == "one\n\ntwo\n\nthree"
-    assert r.context_injection_role == "assistant"
-    assert r.ephemeral is True
-    assert r.append_to_last_tool_result is False
-    assert r.suppress_output is True
-    assert r.data == DATA
+    assert r.context_injection_role == "assistant"  # the first item's
+    assert r.ephemeral is True  # any item's
+    assert r.append_to_last_tool_result is True  # any item's
+    assert r.suppress_output is True  # the first result's
+    assert r.user_message is None and r.reason is None  # a new result: nothing else kept
+    assert r.data is None and r.chained_data == DATA
     assert r.decided_by == "a"  # the first injector
-    # lossless: every injection with its own handler and flags, in order
+    # lossless: every injection with its own hook, event and flags, in order
     assert r.context_injections == [
-        ContextInjection(handler="a", content="one", role="assistant", ephemeral=True),
-        ContextInjection(handler="b", content="two", role="user", append_to_last_tool_result=True),
-        ContextInjection(handler="c", content="three"),
+        ContextInjection(content="one", role="assistant", hook_name="a", event="tool:pre"),
+        ContextInjection(
+            content="two",
+            role="user",
+            ephemeral=True,
+            append_to_last_tool_result=True,
+            hook_name="b",
+            event="tool:pre",
+        ),
+        ContextInjection(content="three", hook_name="c", event="tool:pre"),
     ]
 
 
-def test_merged_injection_flags_from_the_first_even_when_false() -> None:
-    plain = HookResult(action="inject_context", context_injection="one")
+@pytest.mark.parametrize("flagged_first", [True, False])
+def test_merged_flags_are_any_items_and_suppress_output_the_first_results(
+    flagged_first: bool,
+) -> None:
+    plain = HookResult(action="inject_context", context_injection="plain")
     flagged = HookResult(
         action="inject_context",
-        context_injection="two",
+        context_injection="flagged",
         ephemeral=True,
         append_to_last_tool_result=True,
         suppress_output=True,
         context_injection_role="user",
     )
-    r = fold_all([("a", plain), ("b", flagged)])
-    assert r.context_injection == "one\n\ntwo"
-    assert r.context_injection_role == "system"
-    assert r.ephemeral is False
-    assert r.append_to_last_tool_result is False
-    assert r.suppress_output is False
+    order = [("f", flagged), ("p", plain)] if flagged_first else [("p", plain), ("f", flagged)]
+    r = fold_all(order)
+    assert r.ephemeral is True and r.append_to_last_tool_result is True
+    assert r.suppress_output is flagged_first
+    assert r.context_injection_role == ("user" if flagged_first else "system")
+
+
+def test_injection_items_of_one_result_are_projected() -> None:
+    items = [
+        ContextInjection(content="i1", role="user"),
+        ContextInjection(content="i2", ephemeral=True),
+    ]
+    r = fold_all([("h", HookResult(action="inject_context", context_injections=items))])
+    assert r.action == "inject_context"
+    assert r.context_injection == "i1\n\ni2"
+    assert r.context_injection_role == "user" and r.ephemeral is True
+    assert [(i.content, i.hook_name, i.event) for i in r.context_injections] == [
+        ("i1", "h", "tool:pre"),
+        ("i2", "h", "tool:pre"),
+    ]
+
+
+def test_injection_items_win_over_the_scalar_text() -> None:
+    r = fold_all(
+        [
+            (
+                "h",
+                HookResult(
+                    action="inject_context",
+                    context_injection="scalar",
+                    context_injections=[ContextInjection(content="item")],
+                ),
+            )
+        ]
+    )
+    assert r.context_injection == "item"
 
 
 def test_injection_without_text_is_not_counted() -> None:
     r = fold_all([("empty", HookResult(action="inject_context", context_injection=None))])
     assert r.action == "continue"
     assert r.context_injections == []
+    r = fold_all(
+        [
+            ("empty", HookResult(action="inject_context")),
+            ("one", HookResult(action="inject_context", context_injection="b", user_message="u")),
+        ]
+    )
+    assert r.context_injection == "b" and r.user_message == "u"  # one injector: as is
+
+
+def test_continue_with_injection_text_injects_nothing() -> None:
+    r = fold_all([("h", HookResult(action="continue", context_injection="zz"))])
+    assert r.action == "continue" and r.context_injection is None
 
 
 # -- ask_user --------------------------------------------------------------------------
@@ -277,7 +350,7 @@ def test_first_ask_user_kept() -> None:
     assert r.approval_prompt == "first?"
     assert r.approval_options == ["y", "n"]
     assert r.decided_by == "first"
-    assert r.data == DATA
+    assert r.data is None and r.chained_data == DATA
 
 
 def test_ask_user_does_not_stop_the_chain() -> None:
@@ -288,10 +361,10 @@ def test_ask_user_does_not_stop_the_chain() -> None:
         ]
     )
     assert r.action == "ask_user"
-    assert r.data == {"x": 1}  # later handlers ran and their modify chained
+    assert r.chained_data == {"x": 1}  # later handlers ran and their modify chained
 
 
-# -- precedence: deny > ask_user > inject_context > modify > continue -------------------
+# -- precedence: deny > ask_user > inject_context > modify (ends as continue) > continue --
 RANK = {"continue": 0, "modify": 1, "inject_context": 2, "ask_user": 3, "deny": 4}
 
 
@@ -322,7 +395,7 @@ def test_precedence(actions: tuple[str, ...]) -> None:
     names = [f"h{i}" for i in range(len(actions))]
     r = fold_all([(n, sample(a, n)) for n, a in zip(names, actions, strict=True)])
     expected = max(actions, key=RANK.__getitem__)
-    assert r.action == expected
+    assert r.action == ("continue" if expected == "modify" else expected)
     if expected == "deny":
         i = actions.index("deny")
         assert r.decided_by == names[i] and r.reason == f"deny by {names[i]}"
@@ -342,10 +415,14 @@ def test_precedence(actions: tuple[str, ...]) -> None:
     if expected == "continue":
         assert r.decided_by is None
     assert r.modified_by == modifiers
-    # data: the last modify folded (before a deny), else the original
-    assert r.data == ({"by": modifiers[-1]} if modifiers else DATA)
-    injectors = [names[i] for i, a in enumerate(folded) if a == "inject_context"]
-    assert [c.handler for c in r.context_injections] == injectors
+    # chained data: the last modify folded (before a deny), else the original
+    chained = {"by": modifiers[-1]} if modifiers else DATA
+    assert r.chained_data == chained
+    # data: the chain's for a continue; the deciding handler's (None here) otherwise
+    assert r.data == (chained if expected in ("modify", "continue") else None)
+    if expected == "inject_context":
+        injectors = [names[i] for i, a in enumerate(folded) if a == "inject_context"]
+        assert [c.hook_name for c in r.context_injections] == injectors
 
 
 # -- failures --------------------------------------------------------------------------
@@ -355,7 +432,7 @@ def test_failure_under_ignore_is_recorded_and_the_fold_continues() -> None:
     assert fold.apply("redact", HookResult(action="modify", data={"x": 1})) is None
     assert fold.fail("gone", "no_responders", "ignore", "") is None
     r = fold.result()
-    assert r.action == "modify"
+    assert r.action == "continue"
     assert r.data == {"x": 1}
     assert r.decided_by == "redact"
     assert r.failures == [
@@ -388,12 +465,16 @@ def test_failure_under_deny_fails_closed(kind: str) -> None:
     assert denied.action == "deny"
     assert denied.decided_by == "security"
     assert denied.reason is not None
-    assert "security" in denied.reason and kind in denied.reason and "detail text" in denied.reason
+    if kind == "bad_reply":  # amplifier-core's words; the details are on the failure
+        assert denied.reason == INVALID_RESULT_REASON
+    else:
+        assert "security" in denied.reason and kind in denied.reason
+        assert "detail text" in denied.reason
     assert denied.failures == [
         HandlerFailure(handler="security", kind=kind, policy="deny", message="detail text")  # type: ignore[arg-type]
     ]
-    assert denied.data == {"x": 1}
-    assert [c.handler for c in denied.context_injections] == ["note"]
+    assert denied.data is None and denied.chained_data == {"x": 1}
+    assert denied.context_injections == []
 
 
 def test_failure_under_deny_overrides_an_earlier_ask_user() -> None:
@@ -407,10 +488,21 @@ def test_failure_under_deny_overrides_an_earlier_ask_user() -> None:
 
 def test_failures_listed_on_inject_and_ask_results() -> None:
     fold = Fold(dict(DATA))
-    fold.fail("a", "bad_reply", "ignore", "bad")
+    fold.fail("a", "error", "ignore", "bad")
     fold.apply("note", HookResult(action="inject_context", context_injection="hi"))
     assert [f.handler for f in fold.result().failures] == ["a"]
     fold.apply("asker", HookResult(action="ask_user", approval_prompt="ok?"))
     r = fold.result()
     assert r.action == "ask_user" and [f.handler for f in r.failures] == ["a"]
-    assert [c.handler for c in r.context_injections] == ["note"]
+    assert r.context_injections == []  # the ask_user as its handler made it
+
+
+@pytest.mark.parametrize("policy", ["ignore", "deny"])
+def test_a_result_that_cannot_be_read_is_denied_whatever_the_policy(policy: str) -> None:
+    fold = Fold(dict(DATA))
+    denied = fold.fail("weird", "bad_reply", policy, "handler returned int")  # type: ignore[arg-type]
+    assert denied is not None and denied.action == "deny"
+    assert denied.reason == INVALID_RESULT_REASON
+    assert [(f.handler, f.kind, f.policy, f.message) for f in denied.failures] == [
+        ("weird", "bad_reply", "deny", "handler returned int")
+    ]

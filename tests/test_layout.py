@@ -1,7 +1,7 @@
 """The package layout contract: namespace portions, the dependency direction, the public API.
 
-- `schemas/`, `workers/`, `dispatcher/`, `cli/`, `integrations/` are portions of the `hookbus` namespace
-  package: none has a ``hookbus/__init__.py``.
+- `schemas/`, `workers/`, `dispatcher/`, `cli/`, `integrations/` are portions of the
+  `hookbus` namespace package: none has a ``hookbus/__init__.py``.
 - Direction: schemas at the bottom (no I/O, imports nothing of ours), workers
   and dispatcher import schemas and never each other; the framework integrations sit on
   the dispatcher and nothing of ours imports them; the CLI sits on top.
@@ -138,19 +138,47 @@ def test_hookbus_is_a_namespace_package() -> None:
 
 
 EVENT_CONSTANTS = [
-    "AGENT_COMPLETE",
-    "AGENT_SPAWN",
+    "ALL_EVENTS",
+    "APPROVAL_DENIED",
+    "APPROVAL_GRANTED",
+    "APPROVAL_REQUIRED",
+    "ARTIFACT_READ",
+    "ARTIFACT_WRITE",
+    "CANCEL_COMPLETED",
+    "CANCEL_REQUESTED",
+    "CONTENT_BLOCK_DELTA",
+    "CONTENT_BLOCK_END",
+    "CONTENT_BLOCK_START",
+    "CONTEXT_COMPACTION",
+    "CONTEXT_INCLUDE",
+    "CONTEXT_POST_COMPACT",
     "CONTEXT_PRE_COMPACT",
-    "DECISION_AGENT_RESOLUTION",
-    "DECISION_CONTEXT_RESOLUTION",
-    "DECISION_TOOL_RESOLUTION",
-    "ERROR_ORCHESTRATION",
-    "ERROR_PROVIDER",
-    "ERROR_TOOL",
+    "EXECUTION_END",
+    "EXECUTION_START",
+    "LLM_REQUEST",
+    "LLM_RESPONSE",
+    "MODULE_LOAD_FAILED",
+    "MODULE_ON_SESSION_READY_FAILED",
     "ORCHESTRATOR_COMPLETE",
+    "PLAN_END",
+    "PLAN_START",
+    "POLICY_VIOLATION",
+    "PROMPT_COMPLETE",
     "PROMPT_SUBMIT",
+    "PROVIDER_ERROR",
+    "PROVIDER_REQUEST",
+    "PROVIDER_RESOLVE",
+    "PROVIDER_RESPONSE",
+    "PROVIDER_RETRY",
+    "PROVIDER_THROTTLE",
+    "PROVIDER_TOOL_SEQUENCE_REPAIRED",
     "SESSION_END",
+    "SESSION_FORK",
+    "SESSION_RESUME",
     "SESSION_START",
+    "THINKING_DELTA",
+    "THINKING_FINAL",
+    "TOOL_ERROR",
     "TOOL_POST",
     "TOOL_PRE",
     "USER_NOTIFICATION",
@@ -231,6 +259,8 @@ PUBLIC_API: dict[str, set[str]] = {
         "hook_event_subject",
         "hook_events_subject",
         "is_answer_key",
+        "json_copy",
+        "json_safe",
         "json_schemas",
         "NO_AGENT",
         "agent_from_service_subject",

@@ -439,7 +439,14 @@ class _Decision:
 
     @property
     def action(self) -> str:
-        return self.result.action if self.result is not None else "error"
+        """The decision as shown: ``modify`` for a plain continue whose data a handler
+        replaced (amplifier-core's emit returns it as ``continue`` with the data)."""
+        r = self.result
+        if r is None:
+            return "error"
+        if r.action == "continue" and r.modified_by and not r.approval_prompt:
+            return "modify"
+        return r.action
 
     @property
     def handler(self) -> str:
@@ -451,8 +458,8 @@ class _Decision:
         if r.action in ("deny", "ask_user"):
             return r.decided_by or "?"
         if r.action == "inject_context":
-            return ", ".join(dict.fromkeys(i.handler for i in r.context_injections))
-        if r.action == "modify":
+            return ", ".join(dict.fromkeys(i.hook_name for i in r.context_injections))
+        if self.action == "modify":
             return ", ".join(dict.fromkeys(r.modified_by)) or "?"
         return r.decided_by or ""  # continue after an approval names the asking handler
 
@@ -577,12 +584,12 @@ def _detail(d: _Decision) -> str:
     elif r.action == "continue" and r.approval_prompt:
         parts.append(f"asked {r.approval_prompt!r}; {r.reason}")
         if r.modified_by:
-            changes = "; ".join(_changes(d.sent, r.data or {}))
+            changes = "; ".join(_changes(d.sent, r.chained_data or {}))
             parts.append(f"(data modified by {', '.join(r.modified_by)}: {changes})")
     elif r.action == "inject_context":
         parts.append(f"injects ({r.context_injection_role}): {_short(r.context_injection or '')}")
-    elif r.action == "modify":
-        parts.append("; ".join(_changes(d.sent, r.data or {})))
+    elif d.action == "modify":
+        parts.append("; ".join(_changes(d.sent, r.chained_data or {})))
     parts.extend(
         f"[{f.handler} failed: {f.kind}, policy {f.policy}]"
         for f in r.failures

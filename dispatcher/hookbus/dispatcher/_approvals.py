@@ -272,7 +272,7 @@ class Approvals:
             HookbusError: the suspension store failed (e.g. `HookbusTimeoutError`: JetStream
                 stayed unavailable); a grant store failure only means the human is asked.
         """
-        data = result.data or {}
+        data = _call_data(result)
         handler = result.decided_by or "?"
         tool = _text(data.get("tool_name"))
         session, agent = _text(data.get("session_id")), _text(data.get("agent_id"))
@@ -412,7 +412,7 @@ class Approvals:
             return self._answer(result, allow=False, reason=f"answer refused: {problem}")
         allow = is_allow(choice)
         reason = f"{answer.answered_by} chose {choice!r}"
-        if allow and _is_always(choice) and _text((result.data or {}).get("session_id")) is None:
+        if allow and _is_always(choice) and _text(_call_data(result).get("session_id")) is None:
             reason += "; allowed this call only: the call has no session id to remember it for"
         decided = self._answer(result, allow=allow, reason=reason)
         return msgspec.structs.replace(decided, approved_by=answer.answered_by)
@@ -516,6 +516,17 @@ class Approvals:
 
     @staticmethod
     def _answer(result: HookResult, *, allow: bool, reason: str) -> HookResult:
+        """The decided result: an allow goes on with the call's data (``continue`` with
+        the chained data, as a plain continue returns it); a deny keeps the asking
+        handler's own data, as a deny does."""
+        if not allow:
+            return msgspec.structs.replace(result, action="deny", reason=reason)
         return msgspec.structs.replace(
-            result, action="continue" if allow else "deny", reason=reason
+            result, action="continue", reason=reason, data=result.chained_data
         )
+
+
+def _call_data(result: HookResult) -> dict[str, Any]:
+    """The data of the call an ``ask_user`` result is about (the chained data of the emit;
+    a result made outside an emit has only its own)."""
+    return result.chained_data or result.data or {}

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import msgspec
 import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -58,6 +59,7 @@ from hookbus.schemas import (
     decode,
     encode,
     handler_instance_subject,
+    json_copy,
     to_hook_result,
 )
 
@@ -131,11 +133,19 @@ _CONNECTION_ERRORS = (
 
 
 def coerce_result(raw: Any) -> Outcome:
-    """A handler's return value as an outcome: see `hookbus.schemas.to_hook_result`."""
+    """A handler's return value as an outcome: see `hookbus.schemas.to_hook_result`.
+
+    Its data becomes a JSON copy (as amplifier-core turns a handler's result into JSON), so
+    later in-place edits by the handler or by the next one change nothing here. A value
+    that cannot be read is a ``bad_reply`` (the fold denies it).
+    """
     try:
-        return to_hook_result(raw)
-    except WireFormatError as exc:
+        result = to_hook_result(raw)
+        if result.data is not None:
+            result = msgspec.structs.replace(result, data=json_copy(result.data))
+    except (WireFormatError, BadRequestError) as exc:
         return Failed("bad_reply", str(exc))
+    return result
 
 
 def nats_failure(exc: BaseException) -> Failed:

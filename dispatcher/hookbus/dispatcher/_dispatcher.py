@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar, overload
@@ -29,6 +30,8 @@ from hookbus.schemas import (
     NotConnectedError,
     StandardEvents,
     UnknownEventError,
+    json_copy,
+    json_safe,
     validate_name,
 )
 
@@ -247,8 +250,18 @@ class HookDispatcher(StandardEvents):
         hookbus keyword-only extras, as for remote handlers: `timeout_s` (seconds, None
         for no limit), `failure_policy` (``ignore`` | ``deny``), `tool_filter` (globs over
         ``data["tool_name"]``), `parallel`.
+
+        Raises:
+            TypeError: `priority` is not an int (amplifier-core takes a 32-bit int; a bool
+                counts as one), or `name` is not a str.
+            OverflowError: `priority` does not fit in 32 bits.
+            BadRequestError: `event` or `name` is not a valid hookbus name (empty, too
+                long, or with characters NATS subjects cannot carry).
         """
         validate_name("event", event)
+        _check_priority(priority)
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"handler name must be a str, not {type(name).__name__}")
         if handler is None:
 
             def decorator(fn: LocalHandler) -> LocalHandler:
@@ -281,6 +294,16 @@ class HookDispatcher(StandardEvents):
     on = register
     """Alias of `register` (amplifier-core keeps it for backwards compatibility)."""
 
+    def unregister(self, name: str) -> None:
+        """Remove the in-process handlers registered under `name` (amplifier-core
+        `HookRegistry.unregister`). An unknown name is a no-op. Remote handlers are not
+        affected: they leave when their worker withdraws its declaration.
+
+        Where a name was registered more than once, every registration under it goes
+        (amplifier-core 2.0.2 removes one of them, in an unspecified event).
+        """
+        self._table.remove_local_named(name)
+
     def set_default_fields(self, **defaults: Any) -> None:
         """Set the fields merged into every emit's data; explicit data wins. Replaces
         earlier defaults (amplifier-core `HookRegistry.set_default_fields`)."""
@@ -310,16 +333,20 @@ class HookDispatcher(StandardEvents):
     ) -> HookResult:
         """Emit `event` to its handlers in priority order and fold their results.
 
-        amplifier-core `HookRegistry.emit` semantics: with no handlers, ``continue`` with
-        `data` unchanged (no defaults, no timestamp); otherwise default fields are merged
+        amplifier-core 2.0.2 `HookRegistry.emit` semantics: the data is made JSON-safe
+        first (`json_safe`: a `Decimal` becomes ``"1.23"``; the caller's dict is never
+        changed) and each handler gets its own copy; with no handlers, ``continue`` with
+        that data (no defaults, no timestamp); otherwise default fields are merged
         (explicit data wins), ``timestamp`` is stamped (UTC ISO-8601), and handlers run in
         order with deny short-circuit, modify chaining, inject_context merging, first
-        ask_user kept; precedence deny > ask_user > inject_context > modify > continue.
+        ask_user kept; precedence deny > ask_user > inject_context > continue (a modify
+        chain ends as ``continue`` with its data). See `Fold` for every rule.
         Handlers whose tool filter does not match are skipped with no round trip; an
         adjacent run of ``parallel`` handlers is called concurrently and folded in order.
-        A handler failure (timeout, no responders, error, bad reply) is judged by its
-        failure policy and recorded in ``result.failures``. See `Fold` for the fold and
-        the README for where hookbus deliberately differs (data stays on the result).
+        A handler failure (timeout, no responders, error) is judged by its failure policy,
+        a result that cannot be read is denied, and both are recorded in
+        ``result.failures`` (hookbus's own fields: `HookResult.chained_data`,
+        ``decided_by``, ``modified_by``, ``failures``, ``approved_by``).
 
         Args:
             event: the event name.
@@ -332,10 +359,11 @@ class HookDispatcher(StandardEvents):
                 handlers' own timeouts apply.
 
         Returns:
-            The folded `HookResult`; ``result.data`` is the final chained data.
+            The folded `HookResult`; ``result.chained_data`` is the final chained data.
         Raises:
             UnknownEventError: `strict_events` is on and the event is unknown.
-            BadRequestError: `timeout_s` is negative or not finite.
+            BadRequestError: `timeout_s` is negative or not finite; the data holds NaN,
+                a key JSON cannot hold, or refers to itself (see `json_safe`).
             PayloadTooLargeError: the event does not fit the server's max_payload.
             NotConnectedError: a remote handler is routed but the connection is closed,
                 or NATS failed under an approval (every nats-py error ends as this).
@@ -351,7 +379,8 @@ class HookDispatcher(StandardEvents):
         if not routes:
             if self._strict and event not in STANDARD_EVENTS:
                 raise UnknownEventError(f"unknown event {event!r}: no handler is declared")
-            return HookResult(action="continue", data=data)
+            safe = json_safe(data or {})
+            return HookResult(action="continue", data=safe, chained_data=safe)
         trail: list[EmitContext] | None = [] if self._decisions is not None else None
         try:
             result = await self._emit(event, data, routes, idempotency_key, timeout_s, trail)
@@ -370,7 +399,9 @@ class HookDispatcher(StandardEvents):
         timeout_s: float | None,
         trail: list[EmitContext] | None = None,
     ) -> HookResult:
-        current = {**self._defaults, **(data or {})}
+        if data is not None and not isinstance(data, dict):
+            raise BadRequestError(f"event data must be a dict, not {type(data).__name__}")
+        current = json_safe({**self._defaults, **(data or {})})
         if self._agent_id is not None:
             claimed = current.get("agent_id")
             if claimed not in (None, self._agent_id):
@@ -379,8 +410,8 @@ class HookDispatcher(StandardEvents):
                     f" agent {claimed!r}"
                 )
             current["agent_id"] = self._agent_id
-        current["timestamp"] = datetime.now(UTC).isoformat()
-        fold = Fold(current)
+        current["timestamp"] = _rfc3339_ns()
+        fold = Fold(current, event)
         ctx = EmitContext(event, current, timeout_s=timeout_s, call_id=idempotency_key)
         if trail is not None:  # the caller records the decision with the emit's id and calls
             trail.append(ctx)
@@ -454,15 +485,18 @@ class HookDispatcher(StandardEvents):
     ) -> list[Any]:
         """Emit `event` to every handler at once and collect their answers.
 
-        amplifier-core `HookRegistry.emit_and_collect` semantics: `data` is passed as is
-        (no defaults, no timestamp); returns the non-None ``result.data`` of each handler
-        that answered within `timeout` seconds, in priority order; failures are logged and
-        skipped. Remote handlers get one publish on the event's collect subject; the call
-        returns as soon as every expected handler has answered (tool filters do not apply),
-        or at once when no remote handler has a live replica (the server says so).
+        amplifier-core `HookRegistry.emit_and_collect` semantics: `data` is made JSON-safe
+        and each handler gets its own copy (no defaults, no timestamp); returns the
+        non-None ``result.data`` of each handler that answered within `timeout` seconds,
+        in priority order; failures are logged and skipped. Remote handlers get one
+        publish on the event's collect subject; the call returns as soon as every expected
+        handler has answered (tool filters do not apply), or at once when no remote handler
+        has a live replica (the server says so).
 
         Raises:
             UnknownEventError: `strict_events` is on and the event is unknown.
+            BadRequestError: the data cannot be made JSON-safe (see `json_safe`), or
+                `timeout` is not a number of seconds >= 0.
             PayloadTooLargeError: the event does not fit the server's max_payload.
             NotConnectedError: a remote handler is routed but the connection is closed or
                 NATS failed (never a raw nats-py error).
@@ -472,6 +506,9 @@ class HookDispatcher(StandardEvents):
             if self._strict and event not in STANDARD_EVENTS:
                 raise UnknownEventError(f"unknown event {event!r}: no handler is declared")
             return []
+        if not (isinstance(timeout, int | float) and timeout >= 0):  # NaN fails too
+            raise BadRequestError(f"timeout must be a number of seconds >= 0: {timeout!r}")
+        data = json_safe(data or {})
         outcomes: dict[Route, Outcome] = {}  # by route: in-process names need not be unique
         remote = [r for r in routes if r.remote]
         # caller errors (closed connection, oversize event) raise here, not in a task group
@@ -671,7 +708,7 @@ class HookDispatcher(StandardEvents):
                 "handler %r failed (%s, policy %s): %s",
                 route.name,
                 outcome.kind,
-                route.failure_policy,
+                "deny" if outcome.kind == "bad_reply" else route.failure_policy,
                 outcome.message,
             )
             return fold.fail(route.name, outcome.kind, route.failure_policy, outcome.message)
@@ -690,7 +727,23 @@ class HookDispatcher(StandardEvents):
         outcomes: dict[Route, Outcome],
     ) -> None:
         limited = route if route.timeout_s is not None else _with_timeout(route, timeout)
-        outcomes[route] = await call_local(limited, event, data)
+        outcomes[route] = await call_local(limited, event, json_copy(data))
+
+
+def _check_priority(priority: object) -> None:
+    """amplifier-core's rule: a priority is an int that fits in 32 bits (bools are ints)."""
+    if not isinstance(priority, int):
+        raise TypeError(f"priority must be an int, not {type(priority).__name__}")
+    if not -(2**31) <= priority < 2**31:
+        raise OverflowError(f"priority {priority} does not fit in a 32-bit int")
+
+
+def _rfc3339_ns() -> str:
+    """Now in UTC as RFC 3339 with nanoseconds, as amplifier-core stamps ``timestamp``
+    (e.g. ``2026-01-02T03:04:05.123456789+00:00``; `datetime.fromisoformat` reads it)."""
+    ns = time.time_ns()
+    whole = datetime.fromtimestamp(ns // 1_000_000_000, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{whole}.{ns % 1_000_000_000:09d}+00:00"
 
 
 def _with_timeout(route: Route, timeout_s: float) -> Route:

@@ -1,24 +1,27 @@
 """Folding handler results into one `HookResult`: pure, no I/O, tested without a server.
 
-The semantics are amplifier-core's `HookRegistry.emit` (`amplifier_core/hooks.py`):
+The semantics are amplifier-core 2.0.2's `HookRegistry.emit`, result for result:
 
-- handlers are folded in (priority, name) order;
-- ``deny`` returns at once (short-circuit); later handlers never count;
+- handlers are folded in (priority, registration) order;
+- ``deny`` returns at once (short-circuit), as its handler made it (``data`` is the
+  handler's, None if it set none); later handlers never run;
 - ``modify`` with data replaces the data for the next handler (whole replacement);
-- ``inject_context`` results are collected and merged: texts joined by a blank line, role,
-  ``ephemeral``, ``append_to_last_tool_result`` and ``suppress_output`` from the first;
-- the first ``ask_user`` is kept (approvals cannot be merged);
-- precedence of the final action: deny > ask_user > inject_context > modify > continue.
+  ``modify`` without data and ``continue`` with data change nothing;
+- ``inject_context`` results are collected in order: a result's `context_injections`
+  items, else its scalar ``context_injection`` (None injects nothing; "" does). One
+  injecting handler: its result as it made it; several: a new result whose only kept
+  field is the first one's ``suppress_output``. Either way the scalar fields are projected
+  from the items: texts joined by a blank line, the first item's role, ``ephemeral`` and
+  ``append_to_last_tool_result`` if any item has them;
+- the first ``ask_user`` is kept, as its handler made it (approvals cannot be merged);
+- precedence of the final action: deny > ask_user > inject_context > continue; a modify
+  chain ends as ``continue`` with the chained data.
 
-Where hookbus deliberately differs (documented in the README):
-
-- the final chained data stays on the result whatever the action (amplifier-core returns
-  a denying or asking handler's result as is, without the chained data);
-- a modify chain that no higher action overrides ends as ``action="modify"`` (amplifier-core
-  returns ``continue`` with the chained data; the data is the same);
-- handler failures are recorded on the result (`failures`) with the policy applied, and a
-  ``deny`` policy fails closed; amplifier-core only logs them;
-- every injection is also kept losslessly in `context_injections` with its handler.
+hookbus adds, in fields of its own that amplifier-core code never reads: the chained data
+whatever the action (`chained_data`), the deciding handler (`decided_by`), the modifiers
+(`modified_by`) and every handler failure with the policy applied (`failures`; a ``deny``
+policy fails closed, and a result that cannot be read always does, as amplifier-core
+denies an unparseable handler result).
 """
 
 from __future__ import annotations
@@ -35,26 +38,41 @@ from hookbus.schemas import (
     HookResult,
 )
 
-__all__ = ["Fold"]
+__all__ = ["INVALID_RESULT_REASON", "Fold"]
+
+INVALID_RESULT_REASON = "Hook handler returned invalid response"
+"""The reason of the deny a result that cannot be read decides (amplifier-core's words)."""
 
 
 class Fold:
     """The running fold of one emit. Feed results in priority order; stop on a deny.
 
-    Usage: ``fold = Fold(data)``; for each handler in order, ``denied = fold.apply(name, r)``
-    or ``denied = fold.fail(name, kind, policy, message)``; if `denied` is not None return
-    it; when every handler has been folded, return ``fold.result()``.
+    Usage: ``fold = Fold(data, event)``; for each handler in order,
+    ``denied = fold.apply(name, r)`` or ``denied = fold.fail(name, kind, policy, message)``;
+    if `denied` is not None return it; when every handler has been folded, return
+    ``fold.result()``.
     """
 
-    __slots__ = ("_ask_user", "_ask_user_by", "_failures", "_injected", "_modified_by", "data")
+    __slots__ = (
+        "_ask_user",
+        "_ask_user_by",
+        "_event",
+        "_failures",
+        "_injectors",
+        "_items",
+        "_modified_by",
+        "data",
+    )
 
-    def __init__(self, data: dict[str, Any]) -> None:
+    def __init__(self, data: dict[str, Any], event: str = "") -> None:
         self.data = data
         """The current chained data: what the next handler sees."""
+        self._event = event
         self._modified_by: list[str] = []
         self._ask_user: HookResult | None = None
         self._ask_user_by: str | None = None
-        self._injected: list[tuple[HookResult, ContextInjection]] = []
+        self._injectors: list[tuple[str, HookResult]] = []
+        self._items: list[ContextInjection] = []
         self._failures: list[HandlerFailure] = []
 
     def apply(self, handler: str, result: HookResult) -> HookResult | None:
@@ -67,15 +85,10 @@ class Fold:
                 self.data = result.data
                 self._modified_by.append(handler)
         elif action == "inject_context":
-            if result.context_injection:
-                injection = ContextInjection(
-                    handler=handler,
-                    content=result.context_injection,
-                    role=result.context_injection_role,
-                    ephemeral=result.ephemeral,
-                    append_to_last_tool_result=result.append_to_last_tool_result,
-                )
-                self._injected.append((result, injection))
+            items = self._injections(handler, result)
+            if items:
+                self._injectors.append((handler, result))
+                self._items.extend(items)
         elif action == "ask_user":
             if self._ask_user is None:
                 self._ask_user, self._ask_user_by = result, handler
@@ -84,17 +97,20 @@ class Fold:
     def fail(
         self, handler: str, kind: FailureKind, policy: FailurePolicy, message: str
     ) -> HookResult | None:
-        """Record a handler failure. With policy ``deny`` returns the final (deny) result."""
+        """Record a handler failure. With policy ``deny`` — and always for a ``bad_reply``,
+        a result that could not be read — returns the final (deny) result."""
+        if kind == "bad_reply":
+            policy = "deny"
         self._failures.append(
             HandlerFailure(handler=handler, kind=kind, policy=policy, message=message)
         )
         if policy == "deny":
-            denied = HookResult(
-                action="deny",
-                reason=f"handler {handler!r} failed ({kind}) and its failure policy is deny"
-                + (f": {message}" if message else ""),
-            )
-            return self._final(denied, decided_by=handler)
+            if kind == "bad_reply":  # the details are on the failure
+                reason = INVALID_RESULT_REASON
+            else:
+                reason = f"handler {handler!r} failed ({kind}) and its failure policy is deny"
+                reason += f": {message}" if message else ""
+            return self._final(HookResult(action="deny", reason=reason), decided_by=handler)
         return None
 
     @property
@@ -106,29 +122,52 @@ class Fold:
         """The final result after every handler was folded (no deny happened)."""
         if self._ask_user is not None:
             return self._final(self._ask_user, decided_by=self._ask_user_by)
-        if self._injected:
-            first = self._injected[0][0]
-            if len(self._injected) == 1:
-                merged = first
-            else:
-                merged = HookResult(
-                    action="inject_context",
-                    context_injection="\n\n".join(i.content for _, i in self._injected),
-                    context_injection_role=first.context_injection_role,
-                    ephemeral=first.ephemeral,
-                    append_to_last_tool_result=first.append_to_last_tool_result,
-                    suppress_output=first.suppress_output,
-                )
-            return self._final(merged, decided_by=self._injected[0][1].handler)
-        if self._modified_by:
-            return self._final(HookResult(action="modify"), decided_by=self._modified_by[-1])
-        return self._final(HookResult(action="continue"), decided_by=None)
+        if self._items:
+            first_handler, first = self._injectors[0]
+            items = self._items
+            base = (
+                first
+                if len(self._injectors) == 1
+                else HookResult(action="inject_context", suppress_output=first.suppress_output)
+            )
+            merged = msgspec.structs.replace(
+                base,
+                context_injection="\n\n".join(i.content for i in items),
+                context_injection_role=items[0].role,
+                ephemeral=any(i.ephemeral for i in items),
+                append_to_last_tool_result=any(i.append_to_last_tool_result for i in items),
+                context_injections=list(items),
+            )
+            return self._final(merged, decided_by=first_handler)
+        return self._final(
+            HookResult(action="continue", data=self.data),
+            decided_by=self._modified_by[-1] if self._modified_by else None,
+        )
+
+    def _injections(self, handler: str, result: HookResult) -> list[ContextInjection]:
+        """The injections one result makes, stamped with its handler and the event."""
+        if result.context_injections:
+            return [
+                msgspec.structs.replace(i, hook_name=handler, event=self._event)
+                for i in result.context_injections
+            ]
+        if result.context_injection is None:
+            return []
+        return [
+            ContextInjection(
+                content=result.context_injection,
+                role=result.context_injection_role,
+                ephemeral=result.ephemeral,
+                append_to_last_tool_result=result.append_to_last_tool_result,
+                hook_name=handler,
+                event=self._event,
+            )
+        ]
 
     def _final(self, result: HookResult, *, decided_by: str | None) -> HookResult:
         return msgspec.structs.replace(
             result,
-            data=self.data,
-            context_injections=[i for _, i in self._injected],
+            chained_data=self.data,
             failures=list(self._failures),
             decided_by=decided_by,
             modified_by=list(self._modified_by),

@@ -32,6 +32,7 @@ from hookbus.schemas import (
     collect_subject,
     decode,
     encode,
+    json_copy,
 )
 from hookbus.schemas._nats_guard import harden_connection
 
@@ -184,7 +185,7 @@ class Router:
         if budget_s is not None and budget_s <= 0:
             return Failed("timeout", "not called: the emit's deadline had passed")
         if route.local is not None:
-            return await call_local(route, ctx.event, data, budget_s)
+            return await call_local(route, ctx.event, json_copy(data), budget_s)
         return await call_remote(
             self.nc, self._requester, route, ctx.envelope(data), trace_headers(), budget_s
         )

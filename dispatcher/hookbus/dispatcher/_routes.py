@@ -156,6 +156,7 @@ class RoutingTable:
         self._remote: dict[str, dict[str, Route]] = {}
         self._required: dict[str, dict[str, Route]] = {}
         self._snapshots: dict[str, tuple[Route, ...]] = {}
+        self._seen: dict[str, None] = {}
         self._seq = itertools.count()
 
     def routes(self, event: str) -> tuple[Route, ...]:
@@ -163,8 +164,9 @@ class RoutingTable:
         return self._snapshots.get(event, ())
 
     def events(self) -> list[str]:
-        """Events with at least one route, in first-registration order."""
-        return list(self._snapshots)
+        """Events that have had a route, in first-registration order (an event whose
+        routes were all removed stays, with none: amplifier-core lists it as ``[]``)."""
+        return list(self._seen)
 
     def next_seq(self) -> int:
         return next(self._seq)
@@ -181,6 +183,17 @@ class RoutingTable:
                 self._rebuild(route.event)
 
         return remove
+
+    def remove_local_named(self, name: str) -> int:
+        """Remove every in-process route named `name`, on every event; returns how many."""
+        removed = 0
+        for event, routes in self._local.items():
+            kept = [r for r in routes if r.name != name]
+            if len(kept) != len(routes):
+                removed += len(routes) - len(kept)
+                self._local[event] = kept
+                self._rebuild(event)
+        return removed
 
     def put_remote(self, decl: HandlerDeclaration) -> None:
         """Add or replace the remote route of a (validated) declaration."""
@@ -230,5 +243,6 @@ class RoutingTable:
         routes = [*local, *remote.values(), *standins]
         if routes:
             self._snapshots[event] = tuple(sorted(routes, key=lambda r: r.order))
+            self._seen[event] = None
         else:
             self._snapshots.pop(event, None)

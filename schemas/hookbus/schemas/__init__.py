@@ -49,6 +49,7 @@ from ._errors import (
 )
 from ._events import *  # noqa: F403  (the standard event constants)
 from ._events import __all__ as _event_names
+from ._jsonsafe import json_copy, json_safe
 from ._result import to_hook_result
 from ._subjects import (
     APPROVALS_BUCKET,
@@ -231,6 +232,8 @@ __all__ = [
     "handler_instance_subject",
     "handler_queue_group",
     "handler_subject",
+    "json_copy",
+    "json_safe",
     "json_schemas",
     "parse_handler_key",
     "to_builtins",

@@ -45,16 +45,40 @@ class _Wire(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fie
     """Base of every wire type."""
 
 
-class ContextInjection(_Wire):
-    """One handler's context injection, kept losslessly next to the merged text."""
+class _IgnoreUnknownFields(type(msgspec.Struct)):  # type: ignore[misc]
+    """Construction ignores keyword arguments the type does not know, as decoding does
+    (and as amplifier-core's pydantic `HookResult` does): a handler written for a newer
+    field set still returns its decision instead of raising `TypeError`."""
 
-    handler: str
-    """Name of the handler that returned it."""
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except TypeError:
+            known = cls.__struct_fields__
+            unknown = [k for k in kwargs if k not in known]
+            if not unknown:
+                raise
+            for k in unknown:
+                del kwargs[k]
+            return super().__call__(*args, **kwargs)
+
+
+class ContextInjection(_Wire):
+    """One hook's context injection, in the order the hooks ran.
+
+    amplifier-core's `ContextInjection` (`amplifier_core/models.py`, 2.0.2): the same
+    fields, names and defaults. The dispatcher stamps `hook_name` and `event`.
+    """
+
     content: str
     """The text to inject."""
     role: Literal["system", "user", "assistant"] = "system"
     ephemeral: bool = False
     append_to_last_tool_result: bool = False
+    hook_name: str = "unknown"
+    """Name of the handler that returned it."""
+    event: str = ""
+    """The event it was returned for."""
 
 
 class HandlerFailure(_Wire):
@@ -67,26 +91,31 @@ class HandlerFailure(_Wire):
     """Human-readable detail (the exception text, the decode error with its JSON path)."""
 
 
-class HookResult(_Wire, omit_defaults=False):
+class HookResult(_Wire, omit_defaults=False, metaclass=_IgnoreUnknownFields):
     """What a handler returns and what `emit` returns.
 
     Encoded with every field (defaults included), so an agent in any language reads
     ``action`` and the rest without knowing the defaults.
 
-    Every field of amplifier-core's `HookResult` (`amplifier_core/models.py`) with the same
-    names, types and defaults, so handlers written for amplifier-core construct it unchanged;
-    plus three hookbus fields: `context_injections`, `failures` and `decided_by`.
+    amplifier-core's `HookResult` (`amplifier_core/models.py`, 2.0.2): every field with the
+    same name, type and default, so handlers written for amplifier-core construct it
+    unchanged and code reading an emit's result reads what amplifier-core returns. hookbus's
+    own fields follow (`chained_data`, `failures`, `decided_by`, `modified_by`,
+    `approved_by`); amplifier-core code never reads them. Fields a newer sender adds are
+    ignored, on decode and as keyword arguments alike, never an error.
     """
 
     action: Action = "continue"
     data: dict[str, Any] | None = None
-    """Event data. From a handler: with ``action="modify"``, replaces the data for the next
-    handler (whole replacement). From `emit`: the final chained data, whatever the action."""
+    """From a handler: with ``action="modify"``, the data the next handler sees (whole
+    replacement). From `emit`, as amplifier-core returns it: the final data for
+    ``continue`` (a modify chain ends as ``continue`` with its data); for ``deny`` and
+    ``ask_user`` the data the deciding handler put on its result (usually None); None for
+    a merged ``inject_context``. `chained_data` has the final data whatever the action."""
     reason: str | None = None
     context_injection: str | None = None
     context_injection_role: Literal["system", "user", "assistant"] = "system"
     ephemeral: bool = False
-    append_to_last_tool_result: bool = False
     approval_prompt: str | None = None
     approval_options: list[str] | None = None
     approval_timeout: float = 300.0
@@ -95,9 +124,16 @@ class HookResult(_Wire, omit_defaults=False):
     suppress_output: bool = False
     user_message: str | None = None
     user_message_level: Literal["info", "warning", "error"] = "info"
-    # hookbus extensions -------------------------------------------------------------
+    user_message_source: str | None = None
+    """Label shown with `user_message` (amplifier-core: falls back to the hook's name)."""
+    append_to_last_tool_result: bool = False
     context_injections: list[ContextInjection] = msgspec.field(default_factory=list)
-    """Every injection in priority order, each with the handler that made it (lossless)."""
+    """Every injection of the emit in order, each with its hook and event (amplifier-core's
+    ordered, lossless list; the scalar ``context_injection*`` fields are projected from it)."""
+    # hookbus's own fields --------------------------------------------------------------
+    chained_data: dict[str, Any] | None = None
+    """From `emit`: the event data after every handler that ran (defaults, ``timestamp``,
+    modify chaining), whatever the action; None on a handler's own result."""
     failures: list[HandlerFailure] = msgspec.field(default_factory=list)
     """Handlers that failed during the emit, with the policy applied (never silent)."""
     decided_by: str | None = None

@@ -1,9 +1,9 @@
 """pydantic-ai benchmark: the cost of `HookbusCapability` per tool-call step, against the
 same agent without it, measured in the same run.
 
-    .venv/bin/python benchmarks/pydantic_ai.py            # about 15 s
-    .venv/bin/python benchmarks/pydantic_ai.py --quick    # about 5 s, fewer samples
-    .venv/bin/python benchmarks/pydantic_ai.py --url nats://127.0.0.1:4222   # a server of yours
+    .venv/bin/python benchmarks/pydantic_ai_bench.py            # about 15 s
+    .venv/bin/python benchmarks/pydantic_ai_bench.py --quick    # about 5 s, fewer samples
+    .venv/bin/python benchmarks/pydantic_ai_bench.py --url nats://127.0.0.1:4222  # your server
 
 Starts its own nats-server (`hookbus.cli.EmbeddedNatsServer`) unless ``--url`` is given, and
 one hookbus worker in a process of its own (this file run with ``--serve``): one ``tool:pre``
@@ -28,37 +28,32 @@ is met or not (1 only if the run itself failed: a worker not ready, a failed emi
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import contextlib
+import importlib.metadata
+import signal
+import statistics
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-# This file is named like the package it measures: when run as a script its folder is
-# sys.path[0], where `import pydantic_ai` would find this file. Drop it first.
-HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
+import nats
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import contextlib  # noqa: E402
-import importlib.metadata  # noqa: E402
-import signal  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from typing import Any  # noqa: E402
+from hookbus.cli import EmbeddedNatsServer
+from hookbus.dispatcher import HookDispatcher
+from hookbus.integrations.pydantic_ai import HookbusCapability
+from hookbus.schemas import TOOL_PRE
+from hookbus.workers import HookWorker
 
-import nats  # noqa: E402
-from nats.aio.client import Client as NATS  # noqa: E402
-from nats.aio.msg import Msg  # noqa: E402
-from pydantic_ai import Agent  # noqa: E402
-from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart  # noqa: E402
-from pydantic_ai.models.function import AgentInfo, FunctionModel  # noqa: E402
-
-from hookbus.cli import EmbeddedNatsServer  # noqa: E402
-from hookbus.dispatcher import HookDispatcher  # noqa: E402
-from hookbus.integrations.pydantic_ai import HookbusCapability  # noqa: E402
-from hookbus.schemas import TOOL_PRE  # noqa: E402
-from hookbus.workers import HookWorker  # noqa: E402
-
+SELF = Path(__file__).resolve()
 STEPS = 20
 """Tool-call steps per agent run."""
 HANDLER = "bench_policy"
@@ -183,7 +178,7 @@ async def sanity(dispatcher: HookDispatcher) -> None:
 async def measure(url: str, settings: Settings) -> int:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
-        str(HERE / "pydantic_ai.py"),
+        str(SELF),
         "--serve",
         "--url",
         url,

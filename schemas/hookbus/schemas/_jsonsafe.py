@@ -1,0 +1,73 @@
+"""Event data as JSON values, the way amplifier-core hands it to handlers (pure, no I/O).
+
+amplifier-core 2.0.2 serialises an emit's data to JSON before any handler runs (Python's
+``json.dumps(data, default=str)``, parsed back by its Rust kernel), so every handler gets
+its own JSON copy: a `Decimal` arrives as ``"1.23"``, a `datetime` as ``str(dt)``, a tuple
+as a list, an int key as a string key, and in-place edits by one handler are seen by no
+other handler nor by the caller. hookbus does the same, locally and over NATS alike.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+
+from ._errors import BadRequestError
+
+__all__ = ["json_copy", "json_safe"]
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+
+
+def json_safe(data: Any) -> dict[str, Any]:
+    """A fresh JSON-native copy of an emit's `data` (dicts, lists, str, int, float, bool,
+    None only), made as amplifier-core makes it: values JSON cannot hold become their
+    ``str()``; tuples become lists; int, float, bool and None keys become strings.
+
+    Raises:
+        BadRequestError: `data` is not a dict, holds NaN or an infinity (not JSON; the
+            message names it), has a key JSON cannot hold (a tuple, ...), refers to itself,
+            or is nested deeper than the interpreter's recursion limit.
+    """
+    if not isinstance(data, dict):
+        raise BadRequestError(f"event data must be a dict, not {type(data).__name__}")
+    try:
+        text = json.dumps(data, default=str, allow_nan=False)
+    except ValueError as exc:  # NaN / inf, or a circular reference
+        raise BadRequestError(f"event data is not JSON: {exc}") from exc
+    except TypeError as exc:  # a key of a type JSON objects cannot have
+        raise BadRequestError(f"event data is not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise BadRequestError("event data is nested too deeply") from exc
+    copy: dict[str, Any] = json.loads(text)
+    return copy
+
+
+def json_copy(data: dict[str, Any]) -> dict[str, Any]:
+    """A fresh deep copy of JSON data, for one handler (the next handler and the caller
+    never see its in-place edits). Values that are not JSON-native (in data a local
+    handler returned) are converted as amplifier-core converts a handler's result:
+    `Decimal` to a string, `datetime` to ISO 8601, sets and tuples to lists, NaN to
+    None, and anything else to its ``str()``.
+
+    Raises:
+        BadRequestError: the data refers to itself, has a key JSON objects cannot have,
+            or is nested deeper than the interpreter's recursion limit.
+    """
+    try:
+        copy: dict[str, Any] = _decode(_encode(data))
+        return copy
+    except (TypeError, msgspec.EncodeError, msgspec.DecodeError):
+        pass  # a type msgspec does not encode: amplifier-core's str() fallback below
+    except RecursionError as exc:
+        raise BadRequestError("data is nested too deeply") from exc
+    try:
+        copy = _decode(_encode(json.loads(json.dumps(data, default=str))))
+    except (ValueError, TypeError, msgspec.DecodeError) as exc:
+        raise BadRequestError(f"data is not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise BadRequestError("data is nested too deeply") from exc
+    return copy
