@@ -157,6 +157,24 @@ async def test_hostile_reply_is_a_bad_reply_denied_whatever_the_policy(
         assert again.failures == [] and again.action == "continue"
 
 
+@pytest.mark.parametrize("policy", ["deny", "ignore"])
+async def test_a_reply_with_fields_hookbus_does_not_know_keeps_its_deny(
+    nats_url, connect, event, policy
+):
+    """A newer worker's reply: unknown fields (top level, in the result, in an injection
+    item) are ignored and its decision stands, never a bad reply turned into a continue."""
+    body = (
+        b'{"handler":"raw","from_the_future":1,"result":{"action":"deny","reason":"no",'
+        b'"user_message_source":"policy","severity":"high","context_injections":'
+        b'[{"content":"c","priority":3}]}}'
+    )
+    async with _raw_handler(nats_url, connect, event, policy) as (responder, d):
+        responder.body = body
+        result = await d.emit(event, {})
+    assert result.action == "deny" and result.reason == "no" and result.failures == []
+    assert result.user_message_source == "policy"
+
+
 async def test_status_line_with_invalid_utf8_does_not_silence_the_dispatcher(
     nats_url, connect, event
 ):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
+import decimal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -394,6 +396,31 @@ async def test_parallel_handler_returning_modify_is_a_bad_reply_denied(
     assert r.chained_data["tool_name"] == "bash"
     assert r.action == "deny" and r.decided_by == "sneaky"
     assert "after" not in calls
+
+
+# -- JSON-safe data, each handler its own copy, as in-process -----------------------------
+async def test_remote_handlers_get_json_safe_data_as_local_ones_do(
+    nc: NATS, connect: Connect, event: str
+) -> None:
+    seen: list[dict[str, Any]] = []
+
+    async def look(ev: str, data: dict[str, Any]) -> HookResult:
+        seen.append(dict(data))
+        data["edited_in_place"] = True  # reaches nobody
+        return HookResult(data={"collected": data["cost"]})
+
+    d = HookDispatcher(await connect())
+    d.register(event, recorder([], "local"), priority=9)
+    caller = {"cost": decimal.Decimal("1.23"), "at": dt.date(2024, 1, 2), "ids": (1, 2)}
+    async with serving(nc, (event, look, {"priority": 1})), d:
+        r = await d.emit(event, caller)
+        collected = await d.emit_and_collect(event, caller, timeout=5.0)
+    expected = {"cost": "1.23", "at": "2024-01-02", "ids": [1, 2]}
+    assert {k: seen[0][k] for k in expected} == expected  # emit: with timestamp
+    assert seen[1] == expected  # emit_and_collect: as is
+    assert r.data is not None and "edited_in_place" not in r.data
+    assert collected == [{"collected": "1.23"}]
+    assert caller["cost"] == decimal.Decimal("1.23")  # the caller's dict is untouched
 
 
 # -- failures under both policies -------------------------------------------------------------
