@@ -33,16 +33,13 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher
-from hookbus.integrations.pydantic_ai import (
-    PROMPT_COMPLETE,
-    TOOL_ERROR,
-    HookbusCapability,
-    HookDeniedError,
-)
+from hookbus.integrations.pydantic_ai import HookbusCapability, HookDeniedError
 from hookbus.schemas import (
+    PROMPT_COMPLETE,
     PROMPT_SUBMIT,
     SESSION_END,
     SESSION_START,
+    TOOL_ERROR,
     TOOL_POST,
     TOOL_PRE,
     HookResult,

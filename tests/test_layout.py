@@ -328,6 +328,19 @@ PUBLIC_API: dict[str, set[str]] = {
         "unrequire_handler",
     },
     "hookbus.cli": {"EmbeddedNatsServer", "NatsServerNotFoundError", "find_nats_server"},
+    "hookbus.amplifier": {
+        *EVENT_CONSTANTS,
+        "ContextInjection",
+        "HookRegistry",
+        "HookResult",
+        "RustHookRegistry",
+    },
+    "hookbus.integrations.pydantic_ai": {
+        "EVENTS",
+        "ApprovalMode",
+        "HookDeniedError",
+        "HookbusCapability",
+    },
 }
 
 

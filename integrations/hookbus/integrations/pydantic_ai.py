@@ -100,9 +100,11 @@ from pydantic_ai.tools import AgentDepsT, DeferredToolRequests, RunContext, Tool
 
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
+    PROMPT_COMPLETE,
     PROMPT_SUBMIT,
     SESSION_END,
     SESSION_START,
+    TOOL_ERROR,
     TOOL_POST,
     TOOL_PRE,
     HookbusError,
@@ -117,8 +119,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EVENTS",
-    "PROMPT_COMPLETE",
-    "TOOL_ERROR",
     "ApprovalMode",
     "HookDeniedError",
     "HookbusCapability",
@@ -130,11 +130,6 @@ ApprovalMode = Literal["hookbus", "deferred"]
 """How an ``ask_user`` on ``tool:pre`` is answered: a durable hookbus approval the dispatcher
 waits for (``"hookbus"``), or pydantic-ai's deferred-tools flow (``"deferred"``)."""
 
-TOOL_ERROR = "tool:error"
-"""amplifier-core's ``TOOL_ERROR`` event (``amplifier_core.events``): a tool raised."""
-
-PROMPT_COMPLETE = "prompt:complete"
-"""amplifier-core's ``PROMPT_COMPLETE`` event: the run's answer to its prompt."""
 
 EVENTS = (
     SESSION_START,
