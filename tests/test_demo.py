@@ -19,6 +19,7 @@ from pathlib import Path
 import nats
 import nats.js.errors
 import pytest
+from test_integration_ai_runner import INSTALL_TIMEOUT_S, _interpreter, _venv
 
 from hookbus.schemas import handlers_bucket_config
 
@@ -258,3 +259,113 @@ def test_secure_demo_from_auth_init(tmp_path: Path) -> None:
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(20)
+
+
+# -- framework agents (hookbus demo --agents) ----------------------------------------------
+def framework_rows(out: str) -> list[dict[str, str]]:
+    """The rows of the framework agents' table (9 cells; the transcript's table has 10)."""
+    header = [
+        "#", "agent", "framework", "event", "tool", "action", "handler", "approved", "latency",
+    ]  # fmt: skip
+    return [dict(zip(header, r, strict=True)) for r in table_rows(out) if len(r) == len(header)]
+
+
+def test_demo_with_the_pydantic_ai_agent(nats_url: str) -> None:
+    proc = run_demo("--url", nats_url, "--agents", "pydantic-ai")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "all 26 decisions match the transcript" in proc.stdout
+    out = proc.stdout
+    assert (
+        "pydantic-ai: bash: deny by security_policy -> not run; the model read"
+        " 'Denied by hook: bash: shell and OS tools are not allowed for fleet agents'"
+    ) in out
+    assert (
+        'pydantic-ai: send_sms: deny by security_policy -> not run; the model read "Denied by'
+        " hook: send_sms: '+1-202-555-0147' is not one of the user's verified numbers\""
+    ) in out
+    assert (
+        'pydantic-ai: send_sms: modify by redact_pii -> ran with {"phone_number":'
+        ' "+337-665-99-06", "message": "Paying Acme; receipts to [REDACTED e-mail]"}'
+    ) in out
+    assert (
+        "pydantic-ai: payments:create_transfer: continue by transfer_approval, approved by"
+        ' demo-approver -> ran with {"amount": "1200.00", "payee": "Acme Corp",'
+        ' "memo": "invoice 7, card [REDACTED card ending 1111]"}'
+    ) in out
+    assert "pydantic-ai agent ok: 4 of 4 tool calls as pydantic_ai_agent.py expects" in out
+    assert "approver answered 'Allow once' to 'Transfer 1200.00 EUR to Acme Corp?'" in out
+
+    rows = framework_rows(out)
+    assert {r["agent"] for r in rows} == {"payments-agent"}
+    assert {r["framework"] for r in rows} == {"pydantic-ai"}
+    pre = [(r["tool"], r["action"], r["handler"], r["approved"]) for r in rows
+           if r["event"] == "tool:pre"]  # fmt: skip
+    assert pre == [
+        ("bash", "deny", "security_policy", ""),
+        ("send_sms", "deny", "security_policy", ""),
+        ("send_sms", "modify", "redact_pii", ""),
+        ("payments:create_transfer", "continue", "transfer_approval", "demo-approver"),
+    ]
+    submit = [r for r in rows if r["event"] == "prompt:submit"]
+    assert [(r["action"], r["handler"]) for r in submit] == [
+        ("inject_context", "payments_guidance")
+    ]
+
+
+def test_demo_agents_without_the_pydantic_ai_extra(nats_url: str, tmp_path: Path) -> None:
+    """Without pydantic-ai the option is a clear error, before any worker starts."""
+    fake = tmp_path / "pydantic_ai"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('No module named pydantic_ai')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path[1:]])}
+    proc = run_demo("--url", nats_url, "--agents", "pydantic-ai", env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "--agents pydantic-ai needs the pydantic-ai extra" in proc.stderr
+    assert "pip install 'hookbus[pydantic-ai]'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "starting" not in proc.stdout
+
+
+def test_demo_agents_rejects_an_unknown_name() -> None:
+    proc = run_demo("--agents", "pydantic-ai,langchain")
+    assert proc.returncode == 2
+    assert "unknown agent 'langchain' (choose from pydantic-ai, ai)" in proc.stderr
+
+
+def test_demo_ai_agent_without_python312_says_what_is_needed(nats_url: str) -> None:
+    proc = run_demo("--url", nats_url, "--agents", "ai", "--ai-python", sys.executable)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"--ai-python {sys.executable} cannot run the ai agent" in proc.stderr
+    assert "--agents ai needs a Python >= 3.12 with hookbus and its ai extra" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "starting" not in proc.stdout
+
+
+@pytest.mark.timeout(INSTALL_TIMEOUT_S + DEMO_TIMEOUT_S + 60)  # the venv, once: then ~10 s
+def test_demo_with_the_ai_agent(nats_url: str) -> None:
+    """The ai agent on the Python >= 3.12 venv the ai runner test builds (HOOKBUS_PY312;
+    skipped without one, failed when CI is set), its approval answered by the demo's
+    approver through the demo's workers, together with the pydantic-ai agent."""
+    venv_python = _venv(_interpreter())
+    proc = run_demo(
+        "--url", nats_url, "--agents", "pydantic-ai,ai", "--ai-python", str(venv_python)
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert re.search(
+        r"ai: transfer \(asked as payments:create_transfer\): continue by transfer_approval,"
+        r" approved by demo-approver -> hook approve_\S+ resolved granted=True",
+        out,
+    ), out
+    assert "ai: tool result: transferred 1200.00 to Acme Corp" in out
+    assert f"ai agent ok: ran on {venv_python}" in out
+    assert "pydantic-ai agent ok: 4 of 4 tool calls" in out
+    ai_rows = [
+        (r["agent"], r["event"], r["tool"], r["action"], r["handler"], r["approved"])
+        for r in framework_rows(out)
+        if r["framework"] == "ai"
+    ]
+    transfer = ("payments:create_transfer", "continue", "transfer_approval", "demo-approver")
+    assert ai_rows == [("ai-agent", "tool:pre", *transfer)]
+    # the transcript's transfer, the pydantic-ai agent's and the ai agent's
+    assert re.search(r"approvals answered by the approver process \(pid \d+\): 3", out)

@@ -417,7 +417,7 @@ async def test_legitimate_flows_pass(secure: Secure, as_: Connect, event: str) -
             )  # fmt: skip
             reply = json.loads(msg.data)
             assert reply["result"]["action"] == "deny", reply
-            assert reply["result"]["data"]["agent_id"] == "a1"
+            assert reply["result"]["chained_data"]["agent_id"] == "a1"
         finally:
             await service.stop()
     secure.table.append(

@@ -74,7 +74,7 @@ async def _assert_serves(agent: Any, event: str) -> None:
     reply = await _emit(agent, event, b'{"data": {"secret": "pw"}}')
     assert "error" not in reply, reply
     assert reply["result"]["action"] == "inject_context"
-    assert reply["result"]["data"]["secret"] == "***"
+    assert reply["result"]["chained_data"]["secret"] == "***"
 
 
 async def test_plain_request_gets_the_folded_result(connect, event):
@@ -90,11 +90,11 @@ async def test_plain_request_gets_the_folded_result(connect, event):
     result = reply["result"]
     assert result["action"] == "inject_context"
     assert result["context_injection"] == "saw ***"
-    assert result["data"]["tool_name"] == "bash"
-    assert result["data"]["secret"] == "***"  # modify chained into the next handler
-    assert result["data"]["agent_id"] == "agent-7"
-    assert "timestamp" in result["data"]
-    assert [i["handler"] for i in result["context_injections"]] == ["context"]
+    assert result["chained_data"]["tool_name"] == "bash"
+    assert result["chained_data"]["secret"] == "***"  # modify chained into the next handler
+    assert result["chained_data"]["agent_id"] == "agent-7"
+    assert "timestamp" in result["chained_data"]
+    assert [i["hook_name"] for i in result["context_injections"]] == ["context"]
     assert result["failures"] == []  # every field is on the wire, defaults included
 
 
@@ -224,10 +224,12 @@ async def test_two_replicas_share_the_load(connect, event):
     )
     for service in services:
         await service.stop()
-    assert [r["result"]["data"]["n"] for r in replies] == list(range(100))
+    assert [r["result"]["chained_data"]["n"] for r in replies] == list(range(100))
     assert counts[0] > 0 and counts[1] > 0
     assert sum(counts) == 100
-    by_replica = [sum(1 for r in replies if r["result"]["data"]["replica"] == i) for i in (0, 1)]
+    by_replica = [
+        sum(1 for r in replies if r["result"]["chained_data"]["replica"] == i) for i in (0, 1)
+    ]
     assert by_replica == counts
 
 
@@ -266,8 +268,8 @@ async def test_stop_is_idempotent_and_drains(connect, event):
     await asyncio.gather(first, second)
     replies = await asyncio.gather(*pending)
     await service.stop()  # a third time, after the fact
-    assert [r["result"]["data"]["n"] for r in replies] == list(range(6))
-    assert all(r["result"]["data"]["done"] for r in replies)
+    assert [r["result"]["chained_data"]["n"] for r in replies] == list(range(6))
+    assert all(r["result"]["chained_data"]["done"] for r in replies)
     assert started == 6
     with pytest.raises(nats.errors.NoRespondersError):
         await agent.request(_emit_subject(event), b'{"data": {}}', timeout=5)
@@ -328,7 +330,7 @@ async def test_over_the_bound_is_refused_busy_at_once(connect, event):
     await service.stop()
     assert [r["error"]["code"] for r in extra] == ["busy"] * 4
     assert all(r["error"]["retryable"] for r in extra)
-    assert [r["result"]["data"]["n"] for r in first] == [0, 1]
+    assert [r["result"]["chained_data"]["n"] for r in first] == [0, 1]
     assert len(started) == 2  # the refused requests never ran a handler
 
 
@@ -440,7 +442,7 @@ async def test_drain_is_bounded_by_the_grace(connect, event):
     gate.set()  # the quick one finishes within the grace
     await asyncio.wait_for(stopping, 10)
     stuck, done = await asyncio.gather(stuck_reply, quick_reply)
-    assert done["result"]["data"] == {"n": 1, "done": True, "timestamp": ANY}
+    assert done["result"]["chained_data"] == {"n": 1, "done": True, "timestamp": ANY}
     assert stuck["error"]["code"] == "unavailable"
     assert stuck["error"]["retryable"] is True
     assert "result" not in stuck
@@ -478,7 +480,7 @@ async def test_drain_stops_intake_on_every_subscription_at_once(connect, event):
     await asyncio.wait_for(stopping, 10)
     replies = await asyncio.gather(first, second)
     assert outcome in ("no_responders", "unavailable"), outcome
-    assert replies[0]["result"]["data"]["done"] is True
+    assert replies[0]["result"]["chained_data"]["done"] is True
     assert replies[1]["error"]["code"] in ("busy", "unavailable")
 
 
@@ -544,5 +546,5 @@ async def test_the_agent_is_the_one_in_the_subject(connect, event, body):
         assert reply["error"]["code"] == "bad_request", reply
         assert "mallory" in reply["error"]["message"]
         ok = json.loads((await agent.request(subject, b'{"data": {}}', timeout=5)).data)
-        assert ok["result"]["data"]["agent_id"] == "payments", ok
+        assert ok["result"]["chained_data"]["agent_id"] == "payments", ok
         await service.stop()

@@ -16,4 +16,4 @@ async def test_remote_deny(nc, connect, event):
 
     async with w, HookDispatcher(await connect()) as d:
         r = await d.emit(event, {"a": 1})
-    assert r.action == "deny" and r.decided_by == "deny" and r.data["a"] == 1
+    assert r.action == "deny" and r.decided_by == "deny" and r.chained_data["a"] == 1

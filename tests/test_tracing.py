@@ -216,7 +216,7 @@ async def test_modify_chain_spans_in_priority_order(otel: Otel, nc, connect, eve
             return HookResult(action="modify", data={**data, "trail": [*data["trail"], "second"]})
 
         result = await d.emit(event, {"tool_name": "edit"})
-    assert result.action == "modify" and result.data["trail"] == ["first", "second", "third"]
+    assert result.action == "continue" and result.data["trail"] == ["first", "second", "third"]
 
     emit = otel.emit_span(event)
     spans = otel.spans(emit.context.trace_id)
@@ -230,7 +230,9 @@ async def test_modify_chain_spans_in_priority_order(otel: Otel, nc, connect, eve
     assert all(s.attributes[tn.ACTION] == "modify" for s in calls)
     assert calls[0].end_time <= calls[1].start_time and calls[1].end_time <= calls[2].start_time
     assert [len(children(spans, s)) for s in calls] == [1, 0, 1]  # a worker handling per remote
-    assert emit.attributes[tn.ACTION] == "modify"
+    assert (
+        emit.attributes[tn.ACTION] == "continue"
+    )  # the emit returns continue with the chained data
     assert emit.attributes.get(tn.DECIDED_BY) == result.decided_by
 
 

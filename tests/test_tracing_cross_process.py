@@ -292,12 +292,12 @@ async def test_deny_one_trace_across_agent_dispatcher_and_workers(fleet, nc, age
 async def test_modify_chain_across_two_workers(fleet, nc, agent_tracer) -> None:
     event = f"{fleet.prefix}:chain"
     reply, agent = await agent_emit(nc, agent_tracer, event, {"tool_name": "edit"})
-    assert reply.result is not None and reply.result.action == "modify"
+    assert reply.result is not None and reply.result.action == "continue"
     assert reply.result.data is not None and reply.result.data["trail"] == ["a", "b"]
 
     spans = await trace_of(fleet, agent, 6)
     emit = check_service_spine(fleet, spans, agent, event)
-    assert emit.attributes[tn.ACTION] == "modify"
+    assert emit.attributes[tn.ACTION] == "continue"
     first, second = children(spans, emit)
     check_call(fleet, spans, first, event, "first", "worker_a")
     check_call(fleet, spans, second, event, "second", "worker_b")

@@ -50,7 +50,7 @@ async def test_replicas_share_the_load(connect, event):
     for w in replicas:
         await w.shutdown()
 
-    assert all(r.failures == [] and r.action == "modify" for r in results)
+    assert all(r.failures == [] and r.action == "continue" for r in results)
     assert [r.data["n"] for r in results] == list(range(200))
     assert replicas[0].handled > 0 and replicas[1].handled > 0
     assert replicas[0].handled + replicas[1].handled == 200
@@ -88,7 +88,7 @@ async def test_drain_answers_everything(connect, event):
     served = [r for r in results if not r.failures]
     assert len(served) == w.handled >= 10
     for r in served:
-        assert r.action == "modify" and r.data["served"] is True
+        assert r.action == "continue" and r.data["served"] is True
     for r in results:
         assert [f.kind for f in r.failures] in ([], ["error"], ["no_responders"]), r.failures
     # once drained, the worker takes nothing more: the declaration answers no_responders
@@ -189,7 +189,7 @@ async def test_sync_handler(nc, connect, event):
         r = await d.emit(event, {"x": 7})
     assert r.action == "inject_context"
     assert r.context_injection == f"{event} 7"
-    assert [(i.handler, i.content) for i in r.context_injections] == [("inject", f"{event} 7")]
+    assert [(i.hook_name, i.content) for i in r.context_injections] == [("inject", f"{event} 7")]
     # a sync handler runs off the event loop (it may block)
     assert threads and threads[0] != threading.get_ident()
 
@@ -338,7 +338,7 @@ async def test_a_restarted_worker_serves_the_same_declaration(connect, event):
     # no live replica: the declaration answers "no responders" at once, policy deny
     assert r_down.action == "deny" and r_down.decided_by == "guard"
     assert [(f.kind, f.policy) for f in r_down.failures] == [("no_responders", "deny")]
-    assert r2.action == "modify" and r2.data["by"] == "second" and r2.failures == []
+    assert r2.action == "continue" and r2.data["by"] == "second" and r2.failures == []
     assert (first.handled, second.handled) == (1, 1)
 
 
