@@ -26,6 +26,9 @@ It prints, per tool call, whether the tool ran, with which arguments, and what t
 read as its result; then the answer. Exit status 0, or 1 if a decision is not the expected
 one (a worker missing: a fail-closed ``security_policy`` that is declared but not running
 denies every call).
+
+``hookbus demo --agents pydantic-ai`` runs the same agent (`run_agent`) in the demo's
+process, against the workers and approver the demo started.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import argparse
 import asyncio
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import nats
@@ -124,8 +128,36 @@ def build_agent(dispatcher: HookDispatcher, ran: Ran) -> Agent[None, str]:
     return agent
 
 
-def report(messages: list[ModelMessage], ran: Ran) -> bool:
-    """Print each call's outcome; True if every one is the expected one."""
+@dataclass
+class CallOutcome:
+    """One scripted tool call and what came of it."""
+
+    tool_name: str
+    tool_call_id: str
+    ran: dict[str, Any] | None
+    """The arguments the tool ran with (after any modify), or None: it never ran."""
+    model_read: str
+    """What the model read as the call's result (a denial's text if it did not run)."""
+    ok: bool
+    """Whether it ran or not as `EXPECTED` says, and the model read the expected text."""
+
+
+@dataclass
+class AgentRun:
+    """What `run_agent` returns: each tool call's outcome, in the model's order, the texts
+    the hooks injected into the model's requests, and the agent's answer."""
+
+    calls: list[CallOutcome]
+    injected: list[str]
+    answer: str
+
+    @property
+    def ok(self) -> bool:
+        return all(call.ok for call in self.calls)
+
+
+def outcomes(messages: list[ModelMessage], ran: Ran) -> tuple[list[CallOutcome], list[str]]:
+    """Each scripted call's outcome, and the injected texts, from a run's messages."""
     returns = {
         p.tool_call_id: p.content
         for m in messages
@@ -134,36 +166,55 @@ def report(messages: list[ModelMessage], ran: Ran) -> bool:
         if isinstance(p, ToolReturnPart)
     }
     injected = [
-        p.content
+        str(p.content)
         for m in messages
         if isinstance(m, ModelRequest)
         for p in m.parts
         if isinstance(p, SystemPromptPart | UserPromptPart) and p.content != PROMPT
     ]
-    ok = True
+    calls = []
     for call in TOOL_CALLS:
-        did_run = call.tool_call_id in ran
         seen = str(returns.get(call.tool_call_id))
         want_run, want_text = EXPECTED[call.tool_call_id]
-        good = did_run == want_run and seen.startswith(want_text)
-        ok &= good
-        mark = "ok " if good else "BAD"
-        print(f"{mark} {call.tool_name:26} ran={did_run!s:5} model read: {seen[:90]}")
-        if did_run:
-            print(f"    ran with {ran[call.tool_call_id]}")
-    for text in injected:
-        print(f"    injected: {str(text)[:100]}")
-    return ok
+        args = ran.get(call.tool_call_id)
+        ok = (args is not None) == want_run and seen.startswith(want_text)
+        calls.append(CallOutcome(call.tool_name, call.tool_call_id, args, seen, ok))
+    return calls, injected
+
+
+async def run_agent(dispatcher: HookDispatcher) -> AgentRun:
+    """Run the scripted agent once, its hooks emitted through `dispatcher` (a started
+    `HookDispatcher`; its ``agent_id`` names the agent, e.g. ``payments-agent``).
+
+    Raises:
+        HookbusError: an emit failed (e.g. the connection closed); see `HookbusCapability`.
+    """
+    ran: Ran = {}
+    result = await build_agent(dispatcher, ran).run(PROMPT)
+    calls, injected = outcomes(result.all_messages(), ran)
+    return AgentRun(calls, injected, result.output)
+
+
+def report(run: AgentRun) -> bool:
+    """Print each call's outcome; True if every one is the expected one."""
+    for call in run.calls:
+        mark = "ok " if call.ok else "BAD"
+        did_run = call.ran is not None
+        print(f"{mark} {call.tool_name:26} ran={did_run!s:5} model read: {call.model_read[:90]}")
+        if call.ran is not None:
+            print(f"    ran with {call.ran}")
+    for text in run.injected:
+        print(f"    injected: {text[:100]}")
+    return run.ok
 
 
 async def main(url: str) -> int:
     nc = await nats.connect(url, name="pydantic-ai-agent")
     try:
         async with HookDispatcher(nc, agent_id="payments-agent") as dispatcher:
-            ran: Ran = {}
-            result = await build_agent(dispatcher, ran).run(PROMPT)
-            ok = report(result.all_messages(), ran)
-            print(f"answer: {result.output}")
+            run = await run_agent(dispatcher)
+            ok = report(run)
+            print(f"answer: {run.answer}")
     finally:
         await nc.drain()
     return 0 if ok else 1

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -419,6 +419,32 @@ async def _wait_ready(
 
 
 # -- the agents --------------------------------------------------------------------------
+def shown_action(r: HookResult | None) -> str:
+    """The decision as the demo shows it: the result's action, ``modify`` for a plain
+    continue whose data a handler replaced (amplifier-core's emit returns it as ``continue``
+    with the data), ``error`` for no result (the emit raised)."""
+    if r is None:
+        return "error"
+    if r.action == "continue" and r.modified_by and not r.approval_prompt:
+        return "modify"
+    return r.action
+
+
+def deciding_handler(r: HookResult | None) -> str:
+    """Who decided: the deny / ask_user handler, the modifying handler(s)
+    (``result.modified_by``), the injecting handler(s), the asking handler of an allowed
+    approval; ``""`` for a plain continue or no result."""
+    if r is None:
+        return ""
+    if r.action in ("deny", "ask_user"):
+        return r.decided_by or "?"
+    if r.action == "inject_context":
+        return ", ".join(dict.fromkeys(i.hook_name for i in r.context_injections))
+    if shown_action(r) == "modify":
+        return ", ".join(dict.fromkeys(r.modified_by)) or "?"
+    return r.decided_by or ""  # continue after an approval names the asking handler
+
+
 @dataclass
 class _Decision:
     """One emit of one agent and what came of it."""
@@ -439,29 +465,13 @@ class _Decision:
 
     @property
     def action(self) -> str:
-        """The decision as shown: ``modify`` for a plain continue whose data a handler
-        replaced (amplifier-core's emit returns it as ``continue`` with the data)."""
-        r = self.result
-        if r is None:
-            return "error"
-        if r.action == "continue" and r.modified_by and not r.approval_prompt:
-            return "modify"
-        return r.action
+        """The decision as shown (see `shown_action`)."""
+        return shown_action(self.result)
 
     @property
     def handler(self) -> str:
-        """Who decided: the deny / ask_user handler, the modifying handler(s)
-        (``result.modified_by``), or the injecting handler(s)."""
-        r = self.result
-        if r is None:
-            return ""
-        if r.action in ("deny", "ask_user"):
-            return r.decided_by or "?"
-        if r.action == "inject_context":
-            return ", ".join(dict.fromkeys(i.hook_name for i in r.context_injections))
-        if self.action == "modify":
-            return ", ".join(dict.fromkeys(r.modified_by)) or "?"
-        return r.decided_by or ""  # continue after an approval names the asking handler
+        """Who decided (see `deciding_handler`)."""
+        return deciding_handler(self.result)
 
     @property
     def ok(self) -> bool:
@@ -776,6 +786,8 @@ async def demo_main(
     *,
     interactive: bool = False,
     credentials: Credentials | None = None,
+    agents: Sequence[str] = (),
+    ai_python: str | None = None,
 ) -> int:
     """Run the demo against the NATS server at `url` (or with these connection settings;
     the worker processes get them too) with the workers and transcript in
@@ -786,14 +798,26 @@ async def demo_main(
     declarations), each worker file as ``worker <file stem>``, the approver as
     ``approver demo-approver``, each agent as ``agent <id>`` (see `demo_identities`).
 
+    `agents` (``hookbus demo --agents``): framework agents run after the scripted ones,
+    against the same server, workers and approver: ``pydantic-ai`` (in this process) and
+    ``ai`` (a subprocess of `ai_python`, a Python >= 3.12; None: found as
+    `find_ai_python` says). Both are checked before anything starts.
+
     Returns:
-        0 if every decision matched the transcript's expectation, 1 otherwise.
+        0 if every decision matched the transcript's expectation and every framework agent
+        did what its example expects, 1 otherwise.
     Raises:
         click.ClickException: a bad transcript or worker file, a worker that exits or is
-            not ready within `READY_TIMEOUT_S` seconds, or NATS not reachable.
+            not ready within `READY_TIMEOUT_S` seconds, NATS not reachable, or a framework
+            agent that cannot run here (see `prepare_agents`).
     """
+    from ._demo_agents import prepare_agents, report_agents  # only for --agents
+
     console = _console()
     transcript = load_transcript(examples_dir / TRANSCRIPT_FILE)
+    framework = await prepare_agents(
+        agents, examples_dir, ai_python=ai_python, secure=credentials is not None
+    )
     declared = _expected_declarations(examples_dir, transcript)
     pending: Counter[str] = Counter()
     expected: dict[str, set[str]] = {}
@@ -832,6 +856,7 @@ async def demo_main(
                     decisions, elapsed_s, warnings = await _run_agents(
                         url, transcript, expected, credentials
                     )
+                    outcomes = await framework.run(url, console, credentials)
         finally:
             with contextlib.suppress(Exception):
                 await watcher.stop()
@@ -840,7 +865,8 @@ async def demo_main(
                 await kv.delete(key)
     finally:
         await nc.close()
-    return _report(console, decisions, elapsed_s, fleet, warnings, transcript)
+    code = _report(console, decisions, elapsed_s, fleet, warnings, transcript)
+    return max(code, report_agents(console, outcomes))
 
 
 # -- identities (hookbus demo --secure) ----------------------------------------------------

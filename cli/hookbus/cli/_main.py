@@ -321,6 +321,13 @@ def schema(out: str | None) -> None:
         click.echo(text)
 
 
+def _demo_agents_option(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, ...]:
+    """``hookbus demo --agents``: see `parse_agents` (imported only when used)."""
+    from ._demo_agents import parse_agents
+
+    return parse_agents(ctx, param, value)
+
+
 @cli.command()
 @connection_options
 @click.option(
@@ -347,6 +354,23 @@ def schema(out: str | None) -> None:
     type=click.Path(file_okay=False),
     help="With --secure: the folder `hookbus auth init` wrote (env HOOKBUS_AUTH_DIR).",
 )
+@click.option(
+    "--agents",
+    "agents",
+    metavar="NAMES",
+    default="",
+    callback=_demo_agents_option,
+    help="Then also run these framework agents (comma-separated) against the same workers "
+    "and approver, with scripted models: pydantic-ai (examples/pydantic_ai_agent.py; needs "
+    "hookbus[pydantic-ai]), ai (examples/ai_agent.py on a Python >= 3.12, see --ai-python).",
+)
+@click.option(
+    "--ai-python",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="With --agents ai: a Python >= 3.12 with hookbus and its ai extra (default: "
+    ".hookbus/venv-py312/bin/python, else $HOOKBUS_PY312, if it has them).",
+)
 @otlp_option
 def demo(
     conn: ConnectionSettings,
@@ -354,6 +378,8 @@ def demo(
     interactive: bool,
     secure: bool,
     auth_dir: str,
+    agents: tuple[str, ...],
+    ai_python: str | None,
     otlp_endpoint: str | None,
 ) -> None:
     """Run a fleet of agents whose tool calls are decided by remote hook workers; print the
@@ -369,10 +395,12 @@ def demo(
             target = credentials("admin", "admin")
             click.echo(f"secure demo: every process as its own identity from {auth_dir}/"
                        f" at {target.url}", err=True)  # fmt: skip
-            code = _run(demo_main(target, folder, interactive=interactive, credentials=credentials))
+            code = _run(demo_main(target, folder, interactive=interactive, credentials=credentials,
+                                  agents=agents, ai_python=ai_python))  # fmt: skip
         else:
             with connection_or_embedded(conn) as server:
-                code = _run(demo_main(server, folder, interactive=interactive))
+                code = _run(demo_main(server, folder, interactive=interactive, agents=agents,
+                                      ai_python=ai_python))  # fmt: skip
         print_denied_trace(otel)
     sys.exit(code)
 
