@@ -5,11 +5,12 @@ of a >= 3.12 interpreter, installs hookbus with its ``test`` extra there (which 
 ``ai``), runs that file with pytest against this session's nats-server, and requires every
 test of it to pass, none skipped.
 
-The interpreter: ``HOOKBUS_PY312`` (CI sets it from ``.ci/python312.sh``), else the one that
-script cached (``$HOOKBUS_PY312_DIR/bin/python3``, default ``/opt/hookbus-py312``). With
-neither, this test skips — but fails when ``CI`` is set, so a missing install step cannot
-pass unnoticed. The venv: ``HOOKBUS_PY312_VENV``, default ``.hookbus/venv-py312`` in the
-repository; it is rebuilt when the interpreter or ``pyproject.toml`` changed.
+The interpreter: ``HOOKBUS_PY312`` if set, else what ``tests/python312.sh`` finds or
+installs (one already on the machine, else Debian's python3.13 unpacked beside the system;
+see the script). When it finds none, this test skips — but fails when ``CI`` is set, so a
+machine without one cannot pass unnoticed. The venv: ``HOOKBUS_PY312_VENV``, default
+`ai_venv` (a per-checkout folder under the user's cache, outside the work tree); it is
+rebuilt when the interpreter or ``pyproject.toml`` changed.
 """
 
 from __future__ import annotations
@@ -24,26 +25,30 @@ from pathlib import Path
 
 import pytest
 
+from hookbus.cli._demo_agents import ai_venv
+
 ROOT = Path(__file__).resolve().parent.parent
 AI_TESTS = ROOT / "tests" / "test_integration_ai.py"
-VENV = Path(os.environ.get("HOOKBUS_PY312_VENV") or ROOT / ".hookbus" / "venv-py312")
-CACHED = Path(os.environ.get("HOOKBUS_PY312_DIR") or "/opt/hookbus-py312") / "bin" / "python3"
+FIND_PYTHON = ROOT / "tests" / "python312.sh"
+VENV = Path(os.environ.get("HOOKBUS_PY312_VENV") or ai_venv(ROOT))
 INSTALL_TIMEOUT_S = 600
 RUN_TIMEOUT_S = 600
+FIND_TIMEOUT_S = 600
 
 
 def _interpreter() -> str:
     given = os.environ.get("HOOKBUS_PY312")
     if given:
         return given
-    if CACHED.exists():
-        return str(CACHED)
+    found = _run(["bash", str(FIND_PYTHON)], FIND_TIMEOUT_S)
+    if found.returncode == 0 and found.stdout.strip():
+        return found.stdout.strip().splitlines()[-1]
     reason = (
-        "no Python >= 3.12 for the ai integration tests: set HOOKBUS_PY312 "
-        "(HOOKBUS_PY312=$(.ci/python312.sh))"
+        "no Python >= 3.12 for the ai integration tests: tests/python312.sh found none"
+        f" ({found.stderr.strip().splitlines()[-1:]})"
     )
     if os.environ.get("CI"):
-        pytest.fail(f"{reason}; CI must provide one")
+        pytest.fail(f"{reason}; CI must have one")
     pytest.skip(reason)
 
 

@@ -20,6 +20,7 @@ Neither needs a network or an API key: both models are scripted.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import os
@@ -251,10 +252,19 @@ def _json_text(value: Any) -> str:
 
 
 # -- ai (a Python >= 3.12 subprocess) --------------------------------------------------------
+def ai_venv(checkout: Path) -> Path:
+    """The default venv of a Python >= 3.12 with this checkout installed, for the ``ai``
+    agent: ``${XDG_CACHE_HOME:-~/.cache}/hookbus/venv-py312-<hash of the checkout's path>``
+    (outside the work tree; one per checkout, as the install is editable)."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    digest = hashlib.sha256(str(checkout.resolve()).encode()).hexdigest()[:12]
+    return cache / "hookbus" / f"venv-py312-{digest}"
+
+
 def _venv_candidates() -> list[Path]:
     here = Path(__file__).resolve().parents[3]  # cli/hookbus/cli/_demo_agents.py -> root
     venvs = [Path(v) for v in [os.environ.get("HOOKBUS_PY312_VENV")] if v]
-    venvs += [Path.cwd() / ".hookbus" / "venv-py312", here / ".hookbus" / "venv-py312"]
+    venvs += [ai_venv(Path.cwd()), ai_venv(here)]
     return [v / "bin" / "python" for v in dict.fromkeys(venvs)]
 
 
@@ -278,9 +288,9 @@ def _probe(python: str) -> str | None:
 
 def find_ai_python(given: str | None) -> str:
     """The interpreter that runs the ``ai`` agent: `given` (``--ai-python``), else the first
-    that works of ``$HOOKBUS_PY312_VENV/bin/python``, ``.hookbus/venv-py312/bin/python``
-    (in the current folder, then in the source checkout: the venv the ``ai`` runner test
-    builds) and ``$HOOKBUS_PY312``. Each is checked: Python >= 3.12 that imports ``ai``
+    that works of ``$HOOKBUS_PY312_VENV/bin/python``, `ai_venv`'s python (of the current
+    folder, then of the source checkout: the venv the ``ai`` runner test builds) and
+    ``$HOOKBUS_PY312``. Each is checked: Python >= 3.12 that imports ``ai``
     and ``hookbus.integrations.ai``.
 
     Raises:
@@ -305,8 +315,8 @@ def find_ai_python(given: str | None) -> str:
     looked = (
         "tried " + "; ".join(tried)
         if tried
-        else "found none in .hookbus/venv-py312 (the ai runner test builds it from"
-        " HOOKBUS_PY312=$(.ci/python312.sh)) or HOOKBUS_PY312"
+        else f"found none in {ai_venv(Path.cwd())} (the ai runner test builds it; or"
+        " --ai-python a venv of your own) nor in HOOKBUS_PY312"
     )
     raise click.ClickException(f"{_AI_NEEDS} ({looked})")
 

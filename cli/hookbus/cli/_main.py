@@ -369,7 +369,8 @@ def _demo_agents_option(ctx: click.Context, param: click.Parameter, value: str) 
     type=click.Path(dir_okay=False),
     default=None,
     help="With --agents ai: a Python >= 3.12 with hookbus and its ai extra (default: "
-    ".hookbus/venv-py312/bin/python, else $HOOKBUS_PY312, if it has them).",
+    "the venv the ai test builds, ~/.cache/hookbus/venv-py312-*, else $HOOKBUS_PY312, if it"
+    " has them).",
 )
 @otlp_option
 def demo(
