@@ -14,6 +14,7 @@ import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import nats
 import pytest
@@ -70,20 +71,30 @@ async def nc(nats_url: str) -> AsyncIterator[NATS]:
         await conn.close()
 
 
-@pytest.fixture
-async def connect(nats_url: str) -> AsyncIterator[object]:
-    """Factory of extra connections (one per simulated process), all closed at the end."""
+@contextlib.asynccontextmanager
+async def connections(url: str, **defaults: Any) -> AsyncIterator[Any]:
+    """A factory of connections to `url` (``await make(**options)``; `defaults` first),
+    every one closed on exit."""
     conns: list[NATS] = []
 
-    async def make(**kwargs: object) -> NATS:
-        conn = await nats.connect(nats_url, **kwargs)  # type: ignore[arg-type]
+    async def make(**kwargs: Any) -> NATS:
+        conn = await nats.connect(url, **{**defaults, **kwargs})
         conns.append(conn)
         return conn
 
-    yield make
-    for conn in conns:
-        with contextlib.suppress(Exception):
-            await conn.close()
+    try:
+        yield make
+    finally:
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+
+@pytest.fixture
+async def connect(nats_url: str) -> AsyncIterator[object]:
+    """Factory of extra connections (one per simulated process), all closed at the end."""
+    async with connections(nats_url) as make:
+        yield make
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import nats
 import pytest
+from conftest import connections
 from nats.aio.client import Client as NATS
 from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults
 from pydantic_ai.messages import (
@@ -57,19 +57,10 @@ Handler = Callable[[str, dict[str, Any]], Awaitable[Any]]
 @pytest.fixture
 async def connect(embedded_server: EmbeddedNatsServer) -> AsyncIterator[Connect]:
     """Connections to this test's private server (one per simulated process)."""
-    conns: list[NATS] = []
-
-    async def make(**kwargs: Any) -> NATS:
-        conn = await nats.connect(
-            embedded_server.url, max_reconnect_attempts=1, reconnect_time_wait=0.1, **kwargs
-        )
-        conns.append(conn)
-        return conn
-
-    yield make
-    for conn in conns:
-        with contextlib.suppress(Exception):
-            await conn.close()
+    async with connections(
+        embedded_server.url, max_reconnect_attempts=1, reconnect_time_wait=0.1
+    ) as make:
+        yield make
 
 
 @contextlib.asynccontextmanager

@@ -541,13 +541,9 @@ def _prompt_text(prompt: str | Sequence[Any] | None) -> str | None:
 
 
 def _final_data(result: HookResult) -> dict[str, Any]:
-    """The final chained data of an emit, or {} (then every field counts as unchanged)."""
-    chained = getattr(result, "chained_data", None)
-    if isinstance(chained, dict):
-        return chained
-    if result.action in _DATA_ACTIONS and isinstance(result.data, dict):
-        return result.data
-    return {}
+    """The final chained data of an emit (`HookResult.chained_data`), or {} (then every
+    field counts as unchanged)."""
+    return result.chained_data if result.chained_data is not None else {}
 
 
 def _denied(result: HookResult) -> bool:
