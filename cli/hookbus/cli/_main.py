@@ -44,6 +44,7 @@ from ._common import (
     strict_buckets_option,
 )
 from ._decisions_cmd import audit_options, decisions
+from ._gateway_cmd import gateway
 from ._handlers_cmd import handlers
 from ._hooks_cmd import hooks
 from ._otel import otel_session, otlp_option, print_denied_trace
@@ -411,6 +412,7 @@ cli.add_command(hooks)
 cli.add_command(approvals)
 cli.add_command(decisions)
 cli.add_command(auth)
+cli.add_command(gateway)
 
 
 def _on_signals(stop: Callable[[], Awaitable[None]]) -> None:

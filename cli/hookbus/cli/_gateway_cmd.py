@@ -1,0 +1,360 @@
+"""``hookbus gateway http`` / ``hookbus gateway aos``: the HTTP gateway, served by uvicorn.
+
+The process is a dispatcher replica: one `HookDispatcher` (strict events) on its own NATS
+connection calls the remote hook workers, and `hookbus.integrations.gateway.gateway_app`
+answers HTTP with it. It keeps no state of its own (suspensions and grants live in
+JetStream KV), so N replicas behind a load balancer share the work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import ssl
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+import anyio
+import click
+from nats.aio.client import Client as NATS
+
+from hookbus.dispatcher import HookDispatcher
+from hookbus.schemas import HookbusError, HookResult, NotConnectedError
+
+from ._common import (
+    ConnectionSettings,
+    bucket_replicas_option,
+    connect,
+    connection_options,
+    connection_or_embedded,
+    drain_or_close,
+    grace_period_option,
+    strict_buckets_option,
+)
+from ._decisions_cmd import ByteSize, audit_options
+from ._otel import otel_session, otlp_option
+
+__all__ = ["gateway"]
+
+log = logging.getLogger("hookbus.cli")
+
+TOKEN_ENV = "HOOKBUS_GATEWAY_TOKEN"
+DOOR_NAMES = ("claude-code", "aos")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Replica:
+    """The gateway's dispatcher replica: its NATS connection and `HookDispatcher`.
+
+    `emit` refuses with `NotConnectedError` while NATS is not connected (the doors answer
+    that with their fail-closed reply), rather than deciding without the workers.
+    """
+
+    def __init__(self, nc: NATS, dispatcher: HookDispatcher) -> None:
+        self.nc = nc
+        self.dispatcher = dispatcher
+        self.closed = False
+
+    def ready(self) -> bool:
+        return self.nc.is_connected and not self.closed
+
+    async def emit(
+        self,
+        event: str,
+        data: dict[str, Any],
+        *,
+        idempotency_key: str | None = None,
+        timeout_s: float | None = None,
+    ) -> HookResult:
+        if not self.ready():
+            raise NotConnectedError("the gateway is not connected to NATS")
+        return await self.dispatcher.emit(
+            event, data, idempotency_key=idempotency_key, timeout_s=timeout_s
+        )
+
+    async def close(self) -> None:
+        """Stop the dispatcher, drain the connection (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        with contextlib.suppress(Exception):
+            await self.dispatcher.close()
+        if not self.nc.is_closed:
+            await drain_or_close(self.nc)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: object) -> AsyncIterator[None]:
+        """The Starlette lifespan: on shutdown (SIGTERM, after uvicorn's own graceful
+        stop), close the dispatcher and drain NATS."""
+        try:
+            yield
+        finally:
+            await self.close()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket (port 0: any free port).
+
+    Raises:
+        click.ClickException: the address cannot be bound.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise click.ClickException(f"cannot resolve --host {host!r}: {exc.strerror}") from exc
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def _doors(value: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(d.strip() for d in value.split(",") if d.strip()))
+    bad = [d for d in names if d not in DOOR_NAMES]
+    if bad or not names:
+        raise click.BadParameter(
+            f"{value!r}: doors are a comma-separated list of {', '.join(DOOR_NAMES)}",
+            param_hint="--doors",
+        )
+    return names
+
+
+def _serve(
+    *,
+    doors: tuple[str, ...],
+    host: str,
+    port: int,
+    token: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    tls_client_ca: str | None,
+    max_body: int,
+    conn: ConnectionSettings,
+    otlp_endpoint: str | None,
+    grace_s: float,
+    bucket_replicas: int,
+    strict_buckets: bool,
+    audit: bool,
+    audit_max_age_s: float,
+    audit_max_bytes: int,
+) -> None:
+    try:
+        import uvicorn
+
+        from hookbus.integrations.gateway import gateway_app
+    except ImportError as exc:
+        raise click.ClickException(
+            f"the gateway needs starlette and uvicorn ({exc.name} is missing): "
+            "pip install 'hookbus[gateway]'"
+        ) from exc
+    if tls_key and not tls_cert:
+        raise click.UsageError("--gateway-tls-key needs --gateway-tls-cert")
+    if tls_client_ca and not tls_cert:
+        raise click.UsageError("--gateway-client-ca needs --gateway-tls-cert (mTLS is HTTPS)")
+    if token is not None and not token.strip():
+        raise click.UsageError(f"--gateway-token (or {TOKEN_ENV}) is empty")
+    if not token and not tls_client_ca and host not in ("127.0.0.1", "::1", "localhost"):
+        log.warning(
+            "the gateway on %s has neither a token (--gateway-token) nor client certificates"
+            " (--gateway-client-ca): any client that reaches it may ask for decisions",
+            host,
+        )
+    scheme = "https" if tls_cert else "http"
+
+    async def run(server: ConnectionSettings) -> None:
+        nc = await connect(server, name=f"hookbus-gateway {','.join(doors)}", service=True)
+        dispatcher = HookDispatcher(
+            nc,
+            strict_events=True,
+            bucket_replicas=bucket_replicas,
+            strict_buckets=strict_buckets,
+            audit=audit,
+            audit_max_age_s=audit_max_age_s,
+            audit_max_bytes=audit_max_bytes,
+        )
+        replica = Replica(nc, dispatcher)
+        try:
+            try:
+                await dispatcher.start()
+            except HookbusError as exc:  # a bucket that differs (strict), JetStream down
+                raise click.ClickException(str(exc)) from exc
+            app = gateway_app(
+                replica.emit,
+                doors=set(doors),
+                token=token,
+                max_body_bytes=max_body,
+                ready=replica.ready,
+                lifespan=replica.lifespan,
+            )
+            config = uvicorn.Config(
+                app,
+                log_config=None,
+                access_log=log.isEnabledFor(logging.INFO),
+                lifespan="on",
+                timeout_graceful_shutdown=max(1, round(grace_s)),
+                ssl_certfile=tls_cert,
+                ssl_keyfile=tls_key,
+                ssl_ca_certs=tls_client_ca,
+                ssl_cert_reqs=ssl.CERT_REQUIRED if tls_client_ca else ssl.CERT_NONE,
+            )
+            try:
+                config.load()
+            except (OSError, ssl.SSLError) as exc:
+                raise click.ClickException(f"cannot load the TLS files: {exc}") from exc
+            sock = _listen(host, port)
+            methods = [("bearer token", token), ("client certificates", tls_client_ca)]
+            auth = ", ".join(name for name, on in methods if on) or "none"
+            banner = f"(doors: {', '.join(doors)}; auth: {auth}); Ctrl-C stops it"
+            await _serve_app(uvicorn.Server(config), sock, scheme, banner)
+        finally:
+            await replica.close()
+
+    with connection_or_embedded(conn) as server, otel_session("hookbus-gateway", otlp_endpoint):
+        anyio.run(run, server, backend="asyncio")
+
+
+async def _serve_app(server: Any, sock: socket.socket, scheme: str, banner: str) -> None:
+    """Serve with uvicorn on `sock` until SIGTERM/SIGINT; print the URL once serving.
+
+    uvicorn handles SIGTERM/SIGINT while it serves (graceful stop, then the lifespan drains
+    NATS) and raises the signal again afterwards: a no-op handler lets that one end this
+    function normally.
+    """
+    host, port = sock.getsockname()[:2]
+    url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+    startup = server.startup
+
+    async def announce(sockets: list[socket.socket] | None = None) -> None:
+        await startup(sockets)
+        if not server.should_exit:
+            click.echo(f"hookbus gateway serving {url} {banner}", err=True)
+
+    server.startup = announce
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: None)
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        sock.close()
+
+
+def _gateway_options(default_port: int, default_doors: str) -> Callable[[F], F]:
+    options = [
+        click.option(
+            "--host",
+            default="127.0.0.1",
+            show_default=True,
+            help="Address to listen on (0.0.0.0: every interface).",
+        ),
+        click.option(
+            "--port",
+            type=click.IntRange(0, 65535),
+            default=default_port,
+            show_default=True,
+            help="Port (0: any free port; the URL is printed on stderr).",
+        ),
+        click.option(
+            "--doors",
+            default=default_doors,
+            show_default=True,
+            callback=lambda ctx, param, value: _doors(value),
+            help="Doors to serve, comma-separated: claude-code (POST /claude-code, "
+            "/claude-code/<event>), aos (POST /aos).",
+        ),
+        click.option(
+            "--gateway-token",
+            "token",
+            envvar=TOKEN_ENV,
+            default=None,
+            metavar="TOKEN",
+            help=f"Require Authorization: Bearer TOKEN on every door (env {TOKEN_ENV}, which"
+            " keeps it out of the process list). --token is the NATS token.",
+        ),
+        click.option(
+            "--gateway-tls-cert",
+            "tls_cert",
+            envvar="HOOKBUS_GATEWAY_TLS_CERT",
+            default=None,
+            metavar="FILE",
+            help="Serve HTTPS with this certificate chain (PEM; env HOOKBUS_GATEWAY_TLS_CERT)."
+            " --tls-cert is the NATS client certificate.",
+        ),
+        click.option(
+            "--gateway-tls-key",
+            "tls_key",
+            envvar="HOOKBUS_GATEWAY_TLS_KEY",
+            default=None,
+            metavar="FILE",
+            help="Private key (PEM) of --gateway-tls-cert (default: in that file; env"
+            " HOOKBUS_GATEWAY_TLS_KEY).",
+        ),
+        click.option(
+            "--gateway-client-ca",
+            "tls_client_ca",
+            envvar="HOOKBUS_GATEWAY_CLIENT_CA",
+            default=None,
+            metavar="FILE",
+            help="mTLS: refuse clients without a certificate signed by these CAs (PEM; env"
+            " HOOKBUS_GATEWAY_CLIENT_CA).",
+        ),
+        click.option(
+            "--max-body",
+            type=ByteSize(),
+            default="1MiB",
+            show_default=True,
+            help="Largest request body (e.g. 65536, 256KiB); larger ones get 413.",
+        ),
+        connection_options,
+        otlp_option,
+        grace_period_option,
+        bucket_replicas_option,
+        strict_buckets_option,
+        audit_options,
+    ]
+
+    def decorate(f: F) -> F:
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return decorate
+
+
+@click.group()
+def gateway() -> None:
+    """Serve hookbus's doors over HTTP: each process is a stateless dispatcher replica
+    (N replicas behind a load balancer share the work). GET /healthz and /readyz are
+    always served."""
+
+
+@gateway.command("http")
+@_gateway_options(8080, "claude-code")
+def http_cmd(**options: Any) -> None:
+    """Claude Code HTTP hooks: POST /claude-code (any event, named by the body's
+    hook_event_name) and POST /claude-code/<hook_event_name>. SIGTERM stops it gracefully."""
+    _main(options)
+
+
+@gateway.command("aos")
+@_gateway_options(8081, "aos")
+def aos_cmd(**options: Any) -> None:
+    """OWASP AOS guardian endpoint: JSON-RPC 2.0 on POST /aos. SIGTERM stops it gracefully."""
+    _main(options)
+
+
+def _main(options: dict[str, Any]) -> None:
+    token = options.pop("token")
+    if token is None and os.environ.get(TOKEN_ENV) == "":  # click ignores an empty variable
+        token = ""
+    _serve(token=token, **options)
