@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import anyio
 import click
+import nats.errors
 from nats.aio.client import Client as NATS
 
 from hookbus.dispatcher import HookDispatcher
@@ -84,7 +85,10 @@ class Replica:
         with contextlib.suppress(Exception):
             await self.dispatcher.close()
         if not self.nc.is_closed:
-            await drain_or_close(self.nc)
+            try:
+                await drain_or_close(self.nc)
+            except (OSError, nats.errors.Error) as exc:  # nats-py closing a lost connection
+                log.warning("NATS connection closed uncleanly: %s", exc or type(exc).__name__)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: object) -> AsyncIterator[None]:
@@ -136,9 +140,9 @@ def _serve(
     host: str,
     port: int,
     token: str | None,
-    tls_cert: str | None,
-    tls_key: str | None,
-    tls_client_ca: str | None,
+    https_cert: str | None,
+    https_key: str | None,
+    client_ca: str | None,
     max_body: int,
     conn: ConnectionSettings,
     otlp_endpoint: str | None,
@@ -158,19 +162,19 @@ def _serve(
             f"the gateway needs starlette and uvicorn ({exc.name} is missing): "
             "pip install 'hookbus[gateway]'"
         ) from exc
-    if tls_key and not tls_cert:
+    if https_key and not https_cert:
         raise click.UsageError("--gateway-tls-key needs --gateway-tls-cert")
-    if tls_client_ca and not tls_cert:
+    if client_ca and not https_cert:
         raise click.UsageError("--gateway-client-ca needs --gateway-tls-cert (mTLS is HTTPS)")
     if token is not None and not token.strip():
         raise click.UsageError(f"--gateway-token (or {TOKEN_ENV}) is empty")
-    if not token and not tls_client_ca and host not in ("127.0.0.1", "::1", "localhost"):
+    if not token and not client_ca and host not in ("127.0.0.1", "::1", "localhost"):
         log.warning(
             "the gateway on %s has neither a token (--gateway-token) nor client certificates"
             " (--gateway-client-ca): any client that reaches it may ask for decisions",
             host,
         )
-    scheme = "https" if tls_cert else "http"
+    scheme = "https" if https_cert else "http"
 
     async def run(server: ConnectionSettings) -> None:
         nc = await connect(server, name=f"hookbus-gateway {','.join(doors)}", service=True)
@@ -203,17 +207,17 @@ def _serve(
                 access_log=log.isEnabledFor(logging.INFO),
                 lifespan="on",
                 timeout_graceful_shutdown=max(1, round(grace_s)),
-                ssl_certfile=tls_cert,
-                ssl_keyfile=tls_key,
-                ssl_ca_certs=tls_client_ca,
-                ssl_cert_reqs=ssl.CERT_REQUIRED if tls_client_ca else ssl.CERT_NONE,
+                ssl_certfile=https_cert,
+                ssl_keyfile=https_key,
+                ssl_ca_certs=client_ca,
+                ssl_cert_reqs=ssl.CERT_REQUIRED if client_ca else ssl.CERT_NONE,
             )
             try:
                 config.load()
             except (OSError, ssl.SSLError) as exc:
                 raise click.ClickException(f"cannot load the TLS files: {exc}") from exc
             sock = _listen(host, port)
-            methods = [("bearer token", token), ("client certificates", tls_client_ca)]
+            methods = [("bearer token", token), ("client certificates", client_ca)]
             auth = ", ".join(name for name, on in methods if on) or "none"
             banner = f"(doors: {', '.join(doors)}; auth: {auth}); Ctrl-C stops it"
             await _serve_app(uvicorn.Server(config), sock, scheme, banner)
@@ -274,7 +278,7 @@ def _gateway_options(default_port: int, default_doors: str) -> Callable[[F], F]:
         ),
         click.option(
             "--gateway-token",
-            "token",
+            "gateway_token",
             envvar=TOKEN_ENV,
             default=None,
             metavar="TOKEN",
@@ -283,7 +287,7 @@ def _gateway_options(default_port: int, default_doors: str) -> Callable[[F], F]:
         ),
         click.option(
             "--gateway-tls-cert",
-            "tls_cert",
+            "https_cert",
             envvar="HOOKBUS_GATEWAY_TLS_CERT",
             default=None,
             metavar="FILE",
@@ -292,7 +296,7 @@ def _gateway_options(default_port: int, default_doors: str) -> Callable[[F], F]:
         ),
         click.option(
             "--gateway-tls-key",
-            "tls_key",
+            "https_key",
             envvar="HOOKBUS_GATEWAY_TLS_KEY",
             default=None,
             metavar="FILE",
@@ -301,7 +305,7 @@ def _gateway_options(default_port: int, default_doors: str) -> Callable[[F], F]:
         ),
         click.option(
             "--gateway-client-ca",
-            "tls_client_ca",
+            "client_ca",
             envvar="HOOKBUS_GATEWAY_CLIENT_CA",
             default=None,
             metavar="FILE",
@@ -354,7 +358,7 @@ def aos_cmd(**options: Any) -> None:
 
 
 def _main(options: dict[str, Any]) -> None:
-    token = options.pop("token")
+    token = options.pop("gateway_token")
     if token is None and os.environ.get(TOKEN_ENV) == "":  # click ignores an empty variable
         token = ""
     _serve(token=token, **options)

@@ -1,0 +1,546 @@
+"""The HTTP gateway (`hookbus gateway http|aos`, `hookbus.integrations.gateway`).
+
+Everything is real: a private nats-server per test (the doors emit standard events such as
+``tool:pre``, so declarations must not leak between tests), `HookWorker` handlers on their
+own connections, the gateway served by uvicorn on a free port (in this process, or as the
+``hookbus gateway`` subprocess), and HTTP over loopback with httpx or raw sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import ssl
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import trustme
+import uvicorn
+from click.testing import CliRunner
+from conftest import connections
+from nats.aio.client import Client as NATS
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+from opentelemetry.util._once import Once
+from starlette.applications import Starlette
+
+from hookbus.cli import EmbeddedNatsServer
+from hookbus.cli._gateway_cmd import Replica
+from hookbus.cli._main import cli
+from hookbus.dispatcher import HookDispatcher
+from hookbus.integrations.gateway import gateway_app
+from hookbus.schemas import TOOL_PRE, HookResult
+from hookbus.workers import HookWorker
+
+pytestmark = pytest.mark.anyio
+
+Connect = Callable[..., Awaitable[NATS]]
+HOOKBUS = [sys.executable, "-m", "hookbus.cli"]
+TOKEN = "gw-test-token-8d1f"
+
+
+# -- fixtures and helpers --------------------------------------------------------------------
+@pytest.fixture
+async def connect(embedded_server: EmbeddedNatsServer) -> AsyncIterator[Connect]:
+    """Connections to this test's private server (one per simulated process)."""
+    async with connections(
+        embedded_server.url, max_reconnect_attempts=1, reconnect_time_wait=0.1
+    ) as make:
+        yield make
+
+
+def pre_tool_use(command: str, **extra: Any) -> dict[str, Any]:
+    """A Claude Code PreToolUse hook input for the Bash tool."""
+    return {
+        "session_id": "sess-gw",
+        "transcript_path": "/tmp/t.jsonl",
+        "cwd": "/work",
+        "permission_mode": "default",
+        "hook_event_name": "PreToolUse",
+        "tool_name": "Bash",
+        "tool_input": {"command": command},
+        **extra,
+    }
+
+
+def policy_worker(conn: NATS, seen: list[str] | None = None, label: str = "w") -> HookWorker:
+    """``tool:pre`` policy: ``rm -rf`` is denied, ``ls`` is rewritten, the rest goes on.
+    Each call appends `label` to `seen` (which replica of the queue group answered)."""
+    w = HookWorker(conn)
+
+    @w.handler(TOOL_PRE, failure_policy="deny")
+    async def policy(event: str, data: dict[str, Any]) -> HookResult:
+        if seen is not None:
+            seen.append(label)
+        command = str(data.get("tool_input", {}).get("command", ""))
+        if "rm -rf" in command:
+            return HookResult(action="deny", reason="destructive command")
+        if command == "ls":
+            return HookResult(
+                action="modify", data={**data, "tool_input": {"command": "ls --color=never"}}
+            )
+        return HookResult(action="continue")
+
+    return w
+
+
+@contextlib.asynccontextmanager
+async def served(app: Starlette, **config: Any) -> AsyncIterator[str]:
+    """`app` served by uvicorn in this process on a free loopback port; yields its URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="on", **config))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        with anyio.fail_after(10):
+            while not server.started:
+                if task.done():
+                    task.result()
+                    raise AssertionError("uvicorn stopped before it served")
+                await asyncio.sleep(0.01)
+        scheme = "https" if "ssl_certfile" in config else "http"
+        yield f"{scheme}://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        with anyio.fail_after(10):
+            await task
+        sock.close()
+
+
+@contextlib.asynccontextmanager
+async def replica(connect: Connect, **app_options: Any) -> AsyncIterator[tuple[str, Replica]]:
+    """A gateway replica in this process: its own connection and strict `HookDispatcher`,
+    the app of `gateway_app` served by uvicorn; yields (URL, replica)."""
+    nc = await connect()
+    r = Replica(nc, HookDispatcher(nc, strict_events=True, approvals=False))
+    await r.dispatcher.start()
+    app_options.setdefault("doors", {"claude-code"})
+    app = gateway_app(r.emit, ready=r.ready, lifespan=r.lifespan, **app_options)
+    async with served(app) as url:
+        yield url, r
+
+
+class GatewayProcess:
+    """``hookbus gateway <kind> --port 0 ...`` as a subprocess; `url` once it serves."""
+
+    def __init__(self, kind: str, *args: str, env: dict[str, str] | None = None) -> None:
+        self.argv = [*HOOKBUS, "gateway", kind, "--port", "0", *args]
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("NATS_", "HOOKBUS_"))}
+        self.env.update(env or {})
+        self.proc: asyncio.subprocess.Process | None = None
+        self.lines: list[str] = []
+        self.url = ""
+        self._pump: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> GatewayProcess:
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE, env=self.env,
+        )  # fmt: skip
+        assert self.proc.stderr is not None
+        with anyio.fail_after(30):
+            while not self.url:
+                line = (await self.proc.stderr.readline()).decode()
+                if not line:
+                    raise AssertionError("the gateway exited:\n" + "".join(self.lines))
+                self.lines.append(line)
+                if line.startswith("hookbus gateway serving "):
+                    self.url = line.split()[3]
+        self._pump = asyncio.create_task(self._drain(self.proc.stderr))
+        return self
+
+    async def _drain(self, stream: asyncio.StreamReader) -> None:
+        async for line in stream:
+            self.lines.append(line.decode())
+
+    async def stop(self) -> int:
+        """SIGTERM, then the exit code (killed after 20 s)."""
+        assert self.proc is not None
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                with anyio.fail_after(20):
+                    await self.proc.wait()
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        if self._pump is not None:
+            await self._pump
+        assert self.proc.returncode is not None
+        return self.proc.returncode
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.lines)
+
+
+def bearer(token: str = TOKEN) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def raw_exchange(url: str, head: bytes, chunks: list[bytes]) -> bytes:
+    """Send `head`, then `chunks` one by one, reading after each: what the server answered
+    (before the rest was sent, if it answered early)."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(head)
+        await writer.drain()
+        for chunk in [b"", *chunks]:
+            if chunk:
+                writer.write(chunk)
+                await writer.drain()
+            try:
+                with anyio.fail_after(0.5):
+                    data = await reader.read(65536)
+            except TimeoutError:
+                continue
+            return data
+        return b""
+    finally:
+        writer.close()
+
+
+# -- the Claude Code door through the real CLI -----------------------------------------------
+async def test_cli_gateway_answers_claude_code_on_both_urls(
+    connect: Connect, embedded_server: EmbeddedNatsServer
+) -> None:
+    async with (
+        policy_worker(await connect()),
+        GatewayProcess(
+            "http", "--url", embedded_server.url, env={"HOOKBUS_GATEWAY_TOKEN": TOKEN}
+        ) as gw,
+        httpx.AsyncClient(base_url=gw.url, headers=bearer(), timeout=10) as http,
+    ):
+        assert gw.url.startswith("http://127.0.0.1:")
+        assert "doors: claude-code; auth: bearer token" in gw.stderr
+        denied = pre_tool_use("rm -rf /")
+        for path in ("/claude-code", "/claude-code/PreToolUse"):
+            r = await http.post(path, json=denied)
+            assert r.status_code == 200, r.text
+            assert r.headers["content-type"] == "application/json"
+            assert r.json() == {
+                "hookSpecificOutput": {
+                    "hookEventName": "PreToolUse",
+                    "permissionDecision": "deny",
+                    "permissionDecisionReason": "destructive command",
+                }
+            }
+        modified = (await http.post("/claude-code/PreToolUse", json=pre_tool_use("ls"))).json()
+        specific = modified["hookSpecificOutput"]
+        assert specific["updatedInput"] == {"command": "ls --color=never"}
+        allowed = await http.post("/claude-code", json=pre_tool_use("git status"))
+        assert (allowed.status_code, allowed.content) == (200, b"")  # no opinion
+        # one URL per event: a body of another event is a non-blocking error (not 2xx)
+        other = await http.post("/claude-code/PostToolUse", json=denied)
+        assert other.status_code == 400
+        assert "PreToolUse" in other.text and "PostToolUse" in other.text
+        # bad input: a clear non-blocking error, never a 500
+        bad = await http.post("/claude-code", content=b"{not json")
+        assert bad.status_code == 400 and "not JSON" in bad.text
+        assert (await http.get("/healthz")).json() == {"status": "ok"}
+        assert (await http.get("/readyz")).json() == {"status": "ready"}
+        assert (await http.post("/aos", json={})).status_code == 404  # not a door of `http`
+        code = await gw.stop()
+    assert code == 0, gw.stderr
+    assert "Traceback" not in gw.stderr
+    assert TOKEN not in gw.stderr
+
+
+async def test_auth_missing_or_wrong_token_is_401(
+    connect: Connect, embedded_server: EmbeddedNatsServer
+) -> None:
+    async with (
+        policy_worker(await connect()),
+        replica(connect, token=TOKEN) as (url, _),
+        httpx.AsyncClient(base_url=url, timeout=10) as http,
+    ):
+        body = pre_tool_use("rm -rf /")
+        missing = await http.post("/claude-code", json=body)
+        wrong = await http.post("/claude-code", json=body, headers=bearer("not-it"))
+        basic = await http.post("/claude-code", json=body, headers={"Authorization": f"Basic {TOKEN}"})
+        right = await http.post("/claude-code", json=body, headers=bearer())
+        probes = [(await http.get(p)).status_code for p in ("/healthz", "/readyz")]
+    assert missing.status_code == 401
+    assert missing.headers["www-authenticate"] == 'Bearer realm="hookbus"'
+    assert missing.json()["error"]["code"] == "unauthorized"
+    assert "Authorization: Bearer" in missing.json()["error"]["message"]
+    assert wrong.status_code == 401
+    assert 'error="invalid_token"' in wrong.headers["www-authenticate"]
+    assert wrong.json()["error"]["message"] == "the bearer token is not accepted"
+    assert basic.status_code == 401
+    assert right.status_code == 200 and right.json()["hookSpecificOutput"]["permissionDecision"]
+    assert probes == [200, 200]  # the probes need no token
+
+
+async def test_oversize_body_is_413_before_it_is_read(
+    connect: Connect, embedded_server: EmbeddedNatsServer
+) -> None:
+    async with (
+        policy_worker(await connect()),
+        replica(connect, max_body_bytes=1000) as (url, _),
+        httpx.AsyncClient(base_url=url, timeout=10) as http,
+    ):
+        big = pre_tool_use("echo " + "x" * 2000)
+        r = await http.post("/claude-code", json=big)
+        fits = await http.post("/claude-code", json=pre_tool_use("rm -rf /"))
+        # Content-Length over the limit: answered at once, with 500 of 10 MB sent
+        head = b"POST /claude-code HTTP/1.1\r\nHost: t\r\nContent-Length: 10000000\r\n\r\n"
+        early = await raw_exchange(url, head, [b"{" * 500])
+        # chunked: refused as soon as the count passes the limit, the stream still open
+        head = b"POST /claude-code HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+        chunk = b"258\r\n" + b" " * 600 + b"\r\n"  # 600 bytes per chunk
+        chunked = await raw_exchange(url, head, [chunk] * 20)
+        bad_length = await raw_exchange(
+            url, b"POST /claude-code HTTP/1.1\r\nHost: t\r\nContent-Length: -5\r\n\r\n", []
+        )
+    assert r.status_code == 413
+    assert r.json() == {
+        "error": {"code": "payload_too_large", "message": "the body is over 1000 bytes"}
+    }
+    assert fits.status_code == 200
+    assert early.startswith(b"HTTP/1.1 413 "), early
+    assert chunked.startswith(b"HTTP/1.1 413 "), chunked
+    assert bad_length.startswith(b"HTTP/1.1 400 "), bad_length
+
+
+async def test_two_replicas_share_the_workers(
+    connect: Connect, embedded_server: EmbeddedNatsServer
+) -> None:
+    """Two gateway replicas (ports of their own, connections of their own) answer from
+    the same two worker replicas (one queue group): every answer is right, and both
+    workers took calls."""
+    seen: list[str] = []
+    async with (
+        policy_worker(await connect(), seen, "w1"),
+        policy_worker(await connect(), seen, "w2"),
+        replica(connect) as (url_a, _),
+        replica(connect) as (url_b, _),
+        httpx.AsyncClient(timeout=10) as http,
+    ):
+        assert url_a != url_b
+        answers = []
+        for i in range(40):
+            url = (url_a, url_b)[i % 2]
+            command = "rm -rf /" if i % 4 < 2 else "git status"
+            r = await http.post(f"{url}/claude-code", json=pre_tool_use(command))
+            answers.append((url, command, r.status_code, r.content))
+    for url, command, status, content in answers:
+        assert status == 200
+        if command == "rm -rf /":
+            assert json.loads(content)["hookSpecificOutput"]["permissionDecision"] == "deny"
+        else:
+            assert content == b""
+    assert {url for url, *_ in answers} == {url_a, url_b}
+    assert len(seen) == 40 and set(seen) == {"w1", "w2"}
+
+
+# -- trace context ---------------------------------------------------------------------------
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    """A global SDK tracer provider keeping every span in memory (removed afterwards)."""
+    trace._TRACER_PROVIDER_SET_ONCE = Once()
+    trace._TRACER_PROVIDER = None
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    yield exporter
+    provider.shutdown()
+    trace._TRACER_PROVIDER_SET_ONCE = Once()
+    trace._TRACER_PROVIDER = None
+
+
+def ancestors(span: ReadableSpan, by_id: dict[int, ReadableSpan]) -> list[int]:
+    """Span ids from `span`'s parent up, as far as the parents are known (the last one
+    may be a remote parent: the caller's span)."""
+    out = []
+    parent = span.parent
+    while parent is not None:
+        out.append(parent.span_id)
+        up = by_id.get(parent.span_id)
+        parent = up.parent if up is not None else None
+    return out
+
+
+async def test_traceparent_is_continued(
+    spans: InMemorySpanExporter, connect: Connect, embedded_server: EmbeddedNatsServer
+) -> None:
+    trace_id = 0x4BF92F3577B34DA6A3CE929D0E0E4736
+    caller_span = 0x00F067AA0BA902B7
+    headers = {
+        "traceparent": f"00-{trace_id:032x}-{caller_span:016x}-01",
+        "tracestate": "vendor=abc",
+    }
+    async with (
+        policy_worker(await connect()),
+        replica(connect) as (url, _),
+        httpx.AsyncClient(base_url=url, timeout=10) as http,
+    ):
+        r = await http.post("/claude-code", json=pre_tool_use("rm -rf /"), headers=headers)
+        untraced = await http.post("/claude-code", json=pre_tool_use("rm -rf /"))
+    assert r.status_code == untraced.status_code == 200
+    finished = list(spans.get_finished_spans())
+    emits = [s for s in finished if s.name == f"emit {TOOL_PRE}"]
+    assert len(emits) == 2
+    traced = [s for s in emits if s.context.trace_id == trace_id]
+    assert len(traced) == 1, [f"{s.context.trace_id:032x}" for s in emits]
+    emit = traced[0]
+    by_id = {s.context.span_id: s for s in finished}
+    chain = ancestors(emit, by_id)
+    assert chain[-1] == caller_span
+    server = by_id[chain[0]]
+    assert server.kind is SpanKind.SERVER and server.name == "POST /claude-code"
+    assert server.attributes["http.response.status_code"] == 200
+    assert server.context.trace_state.get("vendor") == "abc"
+    # the worker's span, across NATS, is in the same trace
+    process = [s for s in finished if s.name.startswith("process ")]
+    assert {s.context.trace_id for s in process} >= {trace_id}
+    # without a traceparent, the request starts a trace of its own
+    other = next(s for s in emits if s is not emit)
+    assert other.context.trace_id != trace_id
+
+
+# -- mTLS ------------------------------------------------------------------------------------
+async def test_mtls_refuses_a_client_without_a_certificate(
+    tmp_path: Any, connect: Connect, embedded_server: EmbeddedNatsServer
+) -> None:
+    ca = trustme.CA()
+    server_cert = ca.issue_cert("127.0.0.1", "localhost")
+    client_cert = ca.issue_cert("agent@example.test")
+    stranger = trustme.CA().issue_cert("agent@example.test")
+    files = {
+        "ca": tmp_path / "ca.pem",
+        "cert": tmp_path / "server.pem",
+        "client": tmp_path / "client.pem",
+        "stranger": tmp_path / "stranger.pem",
+    }
+    ca.cert_pem.write_to_path(str(files["ca"]))
+    server_cert.private_key_and_cert_chain_pem.write_to_path(str(files["cert"]))
+    client_cert.private_key_and_cert_chain_pem.write_to_path(str(files["client"]))
+    stranger.private_key_and_cert_chain_pem.write_to_path(str(files["stranger"]))
+
+    def client_context(cert: str | None) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(files["ca"]))
+        if cert:
+            ctx.load_cert_chain(str(files[cert]))
+        return ctx
+
+    async with (
+        policy_worker(await connect()),
+        GatewayProcess(
+            "http", "--url", embedded_server.url,
+            "--gateway-tls-cert", str(files["cert"]), "--gateway-client-ca", str(files["ca"]),
+        ) as gw,
+    ):  # fmt: skip
+        assert gw.url.startswith("https://127.0.0.1:")
+        assert "auth: client certificates" in gw.stderr
+        body = pre_tool_use("rm -rf /")
+        async with httpx.AsyncClient(verify=client_context("client"), timeout=10) as http:
+            served_ok = await http.post(f"{gw.url}/claude-code", json=body)
+        for cert in (None, "stranger"):
+            async with httpx.AsyncClient(verify=client_context(cert), timeout=10) as http:
+                with pytest.raises(httpx.TransportError):
+                    await http.post(f"{gw.url}/claude-code", json=body)
+        code = await gw.stop()
+    assert served_ok.status_code == 200
+    assert served_ok.json()["hookSpecificOutput"]["permissionDecision"] == "deny"
+    assert code == 0, gw.stderr
+
+
+# -- NATS down -------------------------------------------------------------------------------
+async def test_nats_down_is_the_doors_fail_closed_answer(
+    connect: Connect, embedded_server: EmbeddedNatsServer
+) -> None:
+    async with (
+        policy_worker(await connect()),
+        GatewayProcess("http", "--url", embedded_server.url) as gw,
+        httpx.AsyncClient(base_url=gw.url, timeout=30) as http,
+    ):
+        before = await http.post("/claude-code", json=pre_tool_use("git status"))
+        embedded_server.stop()
+        with anyio.fail_after(10):
+            while (await http.get("/readyz")).status_code != 503:
+                await anyio.sleep(0.05)
+        readyz = await http.get("/readyz")
+        down = await http.post("/claude-code", json=pre_tool_use("git status"))
+        code = await gw.stop()
+    assert (before.status_code, before.content) == (200, b"")
+    assert readyz.json() == {"status": "not ready", "reason": "not connected to NATS"}
+    assert down.status_code == 200, down.text
+    specific = down.json()["hookSpecificOutput"]
+    assert specific["permissionDecision"] == "deny"
+    assert "not connected to NATS" in specific["permissionDecisionReason"]
+    assert code == 0, gw.stderr
+    assert "Traceback" not in gw.stderr, gw.stderr
+
+
+# -- the app's and the command's own checks --------------------------------------------------
+def test_gateway_app_refuses_bad_settings() -> None:
+    async def emit(event: str, data: dict[str, Any], **kwargs: Any) -> HookResult:
+        return HookResult()
+
+    with pytest.raises(ValueError, match="unknown door"):
+        gateway_app(emit, doors={"claude-code", "mcp"})
+    with pytest.raises(ValueError, match="no door"):
+        gateway_app(emit, doors=set())
+    with pytest.raises(ValueError, match="token is empty"):
+        gateway_app(emit, token=" ")
+    with pytest.raises(ValueError, match="max_body_bytes"):
+        gateway_app(emit, max_body_bytes=0)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--doors", "claude-code,mcp"], "doors are a comma-separated list"),
+        (["--gateway-client-ca", "ca.pem"], "--gateway-client-ca needs --gateway-tls-cert"),
+        (["--gateway-tls-key", "k.pem"], "--gateway-tls-key needs --gateway-tls-cert"),
+        (["--max-body", "0"], "must be above 0 bytes"),
+        (["--port", "70000"], "0<=x<=65535"),
+    ],
+)
+def test_cli_options_are_checked(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(cli, ["gateway", "http", "--url", "nats://127.0.0.1:1", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_cli_empty_token_is_refused() -> None:
+    result = CliRunner().invoke(
+        cli,
+        ["gateway", "aos", "--url", "nats://127.0.0.1:1"],
+        env={"HOOKBUS_GATEWAY_TOKEN": ""},
+    )
+    assert result.exit_code == 2, result.output
+    assert "HOOKBUS_GATEWAY_TOKEN) is empty" in result.output
+
+
+async def test_cli_port_in_use_is_one_clear_line(embedded_server: EmbeddedNatsServer) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = await anyio.run_process(
+            [*HOOKBUS, "gateway", "http", "--port", str(port), "--url", embedded_server.url],
+            check=False,
+        )
+    err = proc.stderr.decode()
+    assert proc.returncode == 1, err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "Traceback" not in err
