@@ -29,6 +29,7 @@ from hookbus.workers import HookWorker
 
 from ._approvals_cmd import approvals
 from ._auth import auth
+from ._claude_code_cmd import claude_code
 from ._common import (
     DURATION,
     ConnectionSettings,
@@ -413,6 +414,7 @@ cli.add_command(approvals)
 cli.add_command(decisions)
 cli.add_command(auth)
 cli.add_command(gateway)
+cli.add_command(claude_code)
 
 
 def _on_signals(stop: Callable[[], Awaitable[None]]) -> None:
