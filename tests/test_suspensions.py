@@ -8,6 +8,7 @@ subscriber), never with a sleep.
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
@@ -721,3 +722,27 @@ async def test_records_expire_by_the_bucket_ttl(embedded_server: Any) -> None:
             assert await d.suspensions.get(waiter_label) is None
     finally:
         await nc.close()
+
+
+async def test_a_listing_reads_every_record_while_others_are_written(world: World) -> None:
+    """A listing reads the last value of every key, and ends when it has: records written
+    meanwhile (other agents' calls) do not make it stop early or miss older ones."""
+    tag = f"many-{uuid.uuid4().hex[:8]}"
+    labels = [f"{tag} {i:03d}" for i in range(300)]
+    for lab in labels:
+        await world.b.resolve_hook(lab, Grant(approved=True))
+    busy = f"busy-{uuid.uuid4().hex[:8]}"
+    totals: list[int] = []
+    async with anyio.create_task_group() as tg:
+
+        async def churn() -> None:
+            for i in itertools.count():
+                await world.a.suspensions.resolve_hook(
+                    f"{busy} {i % 50}", Grant(approved=True), replace=True
+                )
+
+        tg.start_soon(churn)
+        for _ in range(60):
+            totals.append((await world.b.suspensions.page(prefix=tag)).total)
+        tg.cancel_scope.cancel()
+    assert totals == [len(labels)] * 60

@@ -23,6 +23,7 @@ its key); a bad one is reported once per revision in the log and skipped, never 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -391,9 +392,11 @@ class RecordStore:
         prefix = kv._pre
         records: dict[str, SuspensionRecord] = {}
         bad: dict[str, None] = {}
-        done = asyncio.get_running_loop().create_future()
+        seen = 0  # the highest stream sequence processed
+        maybe_done = asyncio.Event()
 
         async def on_msg(msg: Any) -> None:
+            nonlocal seen
             key = msg.subject[len(prefix) :]
             meta = msg.metadata
             headers = msg.headers or {}
@@ -410,9 +413,13 @@ class RecordStore:
                 else:
                     records.pop(key, None)
                     bad[key] = None
-            if meta.num_pending == 0 and not done.done():
-                done.set_result(None)
+            seen = max(seen, meta.sequence.stream)
+            if meta.num_pending == 0:
+                maybe_done.set()
 
+        # Whole bucket: its last message at the start is the last of its key, so the scan
+        # has not ended before it has been read (later writes only come after it).
+        last = (await kv._js.stream_info(kv._stream)).state.last_seq if self.keys == ">" else 0
         sub = await subscribe_keys(
             kv,
             self.keys,
@@ -421,11 +428,19 @@ class RecordStore:
             inactive_threshold_s=60.0,
         )
         try:
-            info = await sub.consumer_info()
-            if info.num_pending == 0 and sub.delivered == 0 and not done.done():
-                done.set_result(None)
             async with asyncio.timeout(self.deadline_s):
-                await done
+                while True:
+                    # The end is when the server has nothing pending for the consumer and
+                    # every message it delivered has been processed here. A message's own
+                    # "nothing pending" is only a hint: the server may have pushed more
+                    # (or answer this info) before this process has read them.
+                    maybe_done.clear()
+                    info = await sub.consumer_info()
+                    if info.num_pending == 0 and info.delivered.stream_seq <= seen >= last:
+                        break
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(0.25):
+                            await maybe_done.wait()
         finally:
             await release_consumer(sub)
         return list(records.values()), list(bad)
