@@ -129,7 +129,8 @@ class _Outcome:
 
 
 class _RecordingDispatcher(HookDispatcher):
-    """A `HookDispatcher` that keeps every emit's event, tool, result and latency."""
+    """A `HookDispatcher` that keeps every emit's event, tool, result and latency, in the
+    order the emits were made."""
 
     def __init__(self, nc: Any, *, agent_id: str, framework: str) -> None:
         super().__init__(nc, agent_id=agent_id)
@@ -151,6 +152,8 @@ class _RecordingDispatcher(HookDispatcher):
             self._agent_id or "", self.framework, event, tool if isinstance(tool, str) else "",
             None, 0.0, call_id if isinstance(call_id, str) else "",
         )  # fmt: skip
+        # in the order the emits were made: an agent's parallel tool calls end in any order
+        self.emits.append(record)
         try:
             result = await super().emit(
                 event, data, idempotency_key=idempotency_key, timeout_s=timeout_s
@@ -160,7 +163,6 @@ class _RecordingDispatcher(HookDispatcher):
             raise
         finally:
             record.latency_ms = (time.perf_counter() - t0) * 1000
-            self.emits.append(record)
         record.result = result
         return result
 
