@@ -64,6 +64,7 @@ async def start_new_worker(nc: NATS, event: str, name: str, timeout_s: float) ->
     return time.monotonic() - started
 
 
+@pytest.mark.timeout(240)  # its own waits (elections, registrations) add up past 60 s
 async def test_meta_and_stream_leader_loss_under_load(cluster: Cluster) -> None:
     event = f"faults:{uuid.uuid4().hex[:10]}"
     guard, audit = f"guard_{uuid.uuid4().hex[:6]}", f"audit_{uuid.uuid4().hex[:6]}"
