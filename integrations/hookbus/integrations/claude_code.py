@@ -246,9 +246,11 @@ def _parse(body: bytes | str, hook_event_name: str | None) -> dict[str, Any]:
             event than `hook_event_name`, or a required field missing or of the wrong type.
     """
     try:
-        value = json.loads(body)
+        text = body.decode("utf-8") if isinstance(body, bytes | bytearray) else body
     except UnicodeDecodeError as exc:
         raise _InputError(f"the hook input is not UTF-8 text ({exc.reason})") from exc
+    try:
+        value = json.loads(text)
     except (ValueError, RecursionError) as exc:
         raise _InputError(f"the hook input is not JSON ({exc})") from exc
     if not isinstance(value, dict):
@@ -424,15 +426,19 @@ def _render(
     elif result.action == "ask_user":
         _ask(name, result, new_input, out, specific)
     elif name == "PreToolUse":
+        allow = opts.on_continue == "allow" or result.approved_by is not None
+        if result.approved_by is not None:
+            specific["permissionDecision"] = "allow"
+            specific["permissionDecisionReason"] = f"approved in hookbus: {result.reason}"
         if new_input is not None:
             by = ", ".join(result.modified_by)
-            specific["permissionDecision"] = "allow" if opts.on_continue == "allow" else "ask"
-            specific["permissionDecisionReason"] = f"tool input modified by hookbus ({by})"
+            specific["permissionDecision"] = "allow" if allow else "ask"
+            specific.setdefault("permissionDecisionReason", f"tool input modified by {by}")
             specific["updatedInput"] = new_input
-        elif opts.on_continue == "allow":
+        elif allow:
             specific["permissionDecision"] = "allow"
     elif name == "PermissionRequest":
-        if opts.on_continue == "allow":
+        if opts.on_continue == "allow" or result.approved_by is not None:
             decision: dict[str, Any] = {"behavior": "allow"}
             if new_input is not None:
                 decision["updatedInput"] = new_input
