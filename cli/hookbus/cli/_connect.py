@@ -26,7 +26,6 @@ from urllib.parse import urlsplit, urlunsplit
 import click
 import nats
 import nats.errors
-import nkeys  # type: ignore[import-untyped]
 from nats.aio.client import Client as NATS
 
 __all__ = [
@@ -252,6 +251,8 @@ def nkey_inbox_prefix(seed_file: str) -> str:
 
 @functools.lru_cache(maxsize=16)
 def _nkey_public_key(seed_file: str) -> str:
+    import nkeys  # type: ignore[import-untyped]  # when used: the Claude Code hook starts faster
+
     try:
         seed = bytearray(Path(seed_file).read_bytes().strip())
     except OSError as exc:
