@@ -9,7 +9,9 @@ What it does, in order:
    each replica has subscribed and declared its handlers (seen as puts on a KV watch of
    the handler registry bucket: a worker declares only after its subscriptions are flushed);
 3. runs the agents concurrently, each with its own connection and `HookDispatcher`
-   (``agent_id`` / ``session_id`` as default fields), emitting its steps in order;
+   (``agent_id`` / ``session_id`` as default fields), emitting its steps in order (with
+   ``--via aos``, sending each step as an OWASP AOS request through the AOS guardian door
+   instead, see `hookbus.cli._demo_aos`);
 4. prints the decision table (agent, event, tool, action, deciding handler, latency) and a
    summary, stops the workers (SIGTERM: they drain; SIGKILL after `STOP_TIMEOUT_S`), removes
    the declarations the demo added, and returns 0 if every decision matched, else 1.
@@ -29,7 +31,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -54,6 +56,9 @@ from hookbus.schemas import (
 from hookbus.workers import HookWorker
 
 from ._common import ConnectionSettings, connect, load_object
+
+if TYPE_CHECKING:
+    from ._demo_aos import AosOutcome
 
 __all__ = ["TRANSCRIPT_FILE", "Transcript", "demo_main", "find_examples_dir", "load_transcript"]
 
@@ -457,6 +462,9 @@ class _Decision:
     result: HookResult | None
     error: str | None
     latency_ms: float
+    aos: AosOutcome | None = None
+    """With ``--via aos``: the AOS request sent and the door's answer (None: emitted
+    directly, AOS has no method for the step)."""
 
     @property
     def tool(self) -> str:
@@ -478,7 +486,18 @@ class _Decision:
         want = self.step.expect
         if self.action != want.action:
             return False
+        if self.aos is not None and not self.aos_agrees:
+            return False
         return want.decided_by is None or want.decided_by == self.handler
+
+    @property
+    def aos_agrees(self) -> bool:
+        """The AOS decision is the hookbus decision: ``deny`` exactly when the result denies
+        (deny, or an ask_user no approver allowed); ``allow`` or ``modify`` otherwise."""
+        if self.aos is None:
+            return True
+        denied = self.result is None or self.result.action in ("deny", "ask_user")
+        return (self.aos.decision == "deny") if denied else self.aos.decision in ("allow", "modify")
 
 
 class _AgentSetupError(Exception):
@@ -490,9 +509,14 @@ async def _run_agents(
     transcript: Transcript,
     expected: dict[str, set[str]],
     credentials: Credentials | None = None,
+    via: str = "direct",
 ) -> tuple[list[_Decision], float, list[str]]:
     """Run every agent concurrently; return the decisions in completion order, the wall
-    time in seconds, and warnings (handlers on the demo's events that the demo did not start)."""
+    time in seconds, and warnings (handlers on the demo's events that the demo did not start).
+    `via` ``aos``: each step the AOS door can carry goes through it (`answer_step`)."""
+    if via == "aos":  # the AOS door is imported only for --via aos
+        from ._demo_aos import answer_step
+
     decisions: list[_Decision] = []
     warnings: list[str] = []
     go = anyio.Event()
@@ -518,12 +542,17 @@ async def _run_agents(
                 for no, step in enumerate(script.steps, 1):
                     sent = {"agent_id": script.id, "session_id": script.session_id, **step.data}
                     t0 = time.perf_counter()
-                    try:
-                        result, error = await d.emit(step.event, step.data), None
-                    except HookbusError as exc:
-                        result, error = None, f"{type(exc).__name__}: {exc}"
+                    aos = await answer_step(d, script, no, step) if via == "aos" else None
+                    if aos is not None:  # the door never raises: a failure is its deny
+                        result, error = aos.result, None if aos.result else aos.message
+                        sent = {"agent_id": script.id, "session_id": script.session_id, **aos.sent}
+                    else:
+                        try:
+                            result, error = await d.emit(step.event, step.data), None
+                        except HookbusError as exc:
+                            result, error = None, f"{type(exc).__name__}: {exc}"
                     ms = (time.perf_counter() - t0) * 1000
-                    decisions.append(_Decision(script.id, no, step, sent, result, error, ms))
+                    decisions.append(_Decision(script.id, no, step, sent, result, error, ms, aos))
         finally:
             await nc.close()
 
@@ -626,6 +655,29 @@ def _print_handlers(console: Console, declared: dict[str, list[HandlerDeclaratio
         console.print(f"  {event:<15} {' -> '.join(links)}", highlight=False)
 
 
+def _aos_table(console: Console, decisions: list[_Decision]) -> None:
+    table = Table(title="sent through the AOS door (same # as above)", title_justify="left")
+    table.add_column("#", justify="right", min_width=2)
+    table.add_column("agent", no_wrap=True)
+    table.add_column("step", justify="right", min_width=4)
+    table.add_column("sent as", no_wrap=True)
+    table.add_column("aos decision", no_wrap=True)
+    table.add_column("aos message", no_wrap=True, overflow="ellipsis", max_width=70)
+    for i, d in enumerate(decisions, 1):
+        aos = d.aos
+        decision = aos.decision if aos is not None else ""
+        style = {"deny": "bold red", "modify": "yellow", "allow": "green"}.get(decision, "")
+        table.add_row(
+            str(i),
+            d.agent,
+            str(d.step_no),
+            aos.method if aos is not None else "direct (no AOS method)",
+            f"[{style}]{decision}[/]" if style else decision,
+            aos.message if aos is not None else "",
+        )
+    console.print(table)
+
+
 def _report(
     console: Console,
     decisions: list[_Decision],
@@ -634,6 +686,7 @@ def _report(
     warnings: list[str],
     transcript: Transcript,
 ) -> int:
+    via_aos = any(d.aos is not None for d in decisions)
     table = Table(title="decisions (in completion order)", title_justify="left")
     table.add_column("#", justify="right")
     table.add_column("agent", no_wrap=True)
@@ -660,6 +713,8 @@ def _report(
             "[green]ok[/]" if d.ok else "[bold red]MISMATCH[/]",
         )
     console.print(table)
+    if via_aos:  # hookbus demo --via aos: what was sent, and what the AOS agent was told
+        _aos_table(console, decisions)
 
     console.print("[bold]what the handlers did[/] (every decision other than a plain continue):")
     for i, d in enumerate(decisions, 1):
@@ -708,6 +763,15 @@ def _report(
         )
         for line in answers:
             console.print(f"    {line}", highlight=False, soft_wrap=True)
+    if via_aos:
+        sent = [d.aos for d in decisions if d.aos is not None]
+        told = Counter(a.decision for a in sent)
+        console.print(
+            f"  sent through the AOS door: {len(sent)} steps ("
+            + ", ".join(f"{n} {decision}" for decision, n in told.most_common())
+            + f"); {len(decisions) - len(sent)} emitted directly (AOS has no method for them)",
+            highlight=False,
+        )
     for warning in warnings:
         console.print(f"  [yellow]warning:[/] {warning}", highlight=False)
     mismatches = [d for d in decisions if not d.ok]
@@ -722,7 +786,8 @@ def _report(
         console.print(
             f"  MISMATCH {d.agent} step {d.step_no} ({d.step.event} {d.tool}".rstrip()
             + f"): expected {wanted}, got {got}"
-            + (f" ({d.error})" if d.error else ""),
+            + (f" ({d.error})" if d.error else "")
+            + (f"; the AOS door answered {d.aos.decision}" if not d.aos_agrees and d.aos else ""),
             highlight=False,
             soft_wrap=True,
         )
@@ -788,6 +853,7 @@ async def demo_main(
     credentials: Credentials | None = None,
     agents: Sequence[str] = (),
     ai_python: str | None = None,
+    via: str = "direct",
 ) -> int:
     """Run the demo against the NATS server at `url` (or with these connection settings;
     the worker processes get them too) with the workers and transcript in
@@ -802,6 +868,12 @@ async def demo_main(
     against the same server, workers and approver: ``pydantic-ai`` (in this process) and
     ``ai`` (a subprocess of `ai_python`, a Python >= 3.12; None: found as
     `find_ai_python` says). Both are checked before anything starts.
+
+    `via` (``hookbus demo --via``): ``direct`` (each agent emits its steps) or ``aos`` (each
+    step that AOS has a method for is sent as an OWASP AOS JSON-RPC request through the AOS
+    guardian door, `hookbus.integrations.aos.answer`, in this process with the agent's
+    dispatcher; the table adds the method sent and the AOS decision, which must agree with
+    the hookbus decision: see `hookbus.cli._demo_aos`).
 
     Returns:
         0 if every decision matched the transcript's expectation and every framework agent
@@ -854,7 +926,7 @@ async def demo_main(
                 terminal = credentials("approver", DEMO_APPROVER) if credentials else url
                 async with _terminal_approver(terminal, console, enabled=interactive):
                     decisions, elapsed_s, warnings = await _run_agents(
-                        url, transcript, expected, credentials
+                        url, transcript, expected, credentials, via
                     )
                     outcomes = await framework.run(url, console, credentials)
         finally:

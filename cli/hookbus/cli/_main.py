@@ -374,6 +374,15 @@ def _demo_agents_option(ctx: click.Context, param: click.Parameter, value: str) 
     "the venv the ai test builds, ~/.cache/hookbus/venv-py312-*, else $HOOKBUS_PY312, if it"
     " has them).",
 )
+@click.option(
+    "--via",
+    type=click.Choice(["direct", "aos"]),
+    default="direct",
+    show_default=True,
+    help="direct: each agent emits its steps; aos: each step is sent as an OWASP AOS "
+    "JSON-RPC request through the AOS guardian door (in process, the agent's dispatcher), "
+    "and the table adds the AOS decision.",
+)
 @otlp_option
 def demo(
     conn: ConnectionSettings,
@@ -383,6 +392,7 @@ def demo(
     auth_dir: str,
     agents: tuple[str, ...],
     ai_python: str | None,
+    via: str,
     otlp_endpoint: str | None,
 ) -> None:
     """Run a fleet of agents whose tool calls are decided by remote hook workers; print the
@@ -399,11 +409,11 @@ def demo(
             click.echo(f"secure demo: every process as its own identity from {auth_dir}/"
                        f" at {target.url}", err=True)  # fmt: skip
             code = _run(demo_main(target, folder, interactive=interactive, credentials=credentials,
-                                  agents=agents, ai_python=ai_python))  # fmt: skip
+                                  agents=agents, ai_python=ai_python, via=via))  # fmt: skip
         else:
             with connection_or_embedded(conn) as server:
                 code = _run(demo_main(server, folder, interactive=interactive, agents=agents,
-                                      ai_python=ai_python))  # fmt: skip
+                                      ai_python=ai_python, via=via))  # fmt: skip
         print_denied_trace(otel)
     sys.exit(code)
 

@@ -373,7 +373,8 @@ def _result(step: Step, rid: Any, result: HookResult) -> AOSSuccessResult:
         if params != step.params:
             request = {"jsonrpc": "2.0", "id": rid, "method": step.method, "params": params}
             by = ", ".join(result.modified_by)
-            return decided("modify", f"modified by {by}", modifiedRequest=request)
+            approved = f" (approved by {result.approved_by})" if result.approved_by else ""
+            return decided("modify", f"modified by {by}{approved}", modifiedRequest=request)
     if result.approved_by:
         return decided("allow", f"allowed: approved by {result.approved_by}")
     if action == "inject_context":
