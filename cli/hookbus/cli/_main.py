@@ -381,7 +381,7 @@ def _demo_agents_option(ctx: click.Context, param: click.Parameter, value: str) 
     show_default=True,
     help="direct: each agent emits its steps; aos: each step is sent as an OWASP AOS "
     "JSON-RPC request through the AOS guardian door (in process, the agent's dispatcher), "
-    "and the table adds the AOS decision.",
+    "and a second table shows each AOS decision.",
 )
 @otlp_option
 def demo(
