@@ -785,3 +785,23 @@ def test_settings_through_the_console_script() -> None:
     assert b"/etc/claude-code/managed-settings.json" in p.stderr
     help_text = subprocess.run([HOOKBUS, "--help"], capture_output=True, timeout=30, env=ENV)
     assert b"claude-code" in help_text.stdout
+
+
+# -- the hook path stays lean ------------------------------------------------------------------
+def loaded_after(statement: str) -> set[str]:
+    code = f"import sys; {statement}; print('\\n'.join(sys.modules))"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, env=ENV, check=True)
+    return set(p.stdout.decode().split())
+
+
+def test_the_hook_path_imports_only_what_it_needs() -> None:
+    """`hookbus claude-code` (through `hookbus.cli._entry`) loads click, msgspec and nats-py
+    of the third-party packages, and neither the dispatcher, the workers nor the full CLI."""
+    loaded = loaded_after("import hookbus.cli._claude_code_cmd")
+    third_party = {n.split(".")[0] for n in loaded if not n.startswith("_")}
+    third_party -= set(sys.stdlib_module_names) | {"hookbus"}
+    assert third_party <= {"click", "msgspec", "nats", "typing_extensions"}
+    for heavy in ("hookbus.dispatcher", "hookbus.workers", "hookbus.cli._main", "anyio"):
+        assert heavy not in loaded
+    door = loaded_after("import hookbus.integrations.claude_code")
+    assert not {"hookbus.dispatcher", "hookbus.cli", "click"} & door
