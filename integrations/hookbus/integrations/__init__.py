@@ -5,4 +5,5 @@ them installs only hookbus's lean core:
 
 - `hookbus.integrations.pydantic_ai` (extra ``pydantic-ai``)
 - `hookbus.integrations.ai` (extra ``ai``: the Vercel AI SDK for Python)
+- `hookbus.integrations.claude_code` (no extra: Claude Code's command and HTTP hooks)
 """
