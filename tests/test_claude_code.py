@@ -42,7 +42,7 @@ from hookbus.integrations.claude_code import (
     fallback_answer,
     http_reply,
 )
-from hookbus.schemas import HookResult
+from hookbus.schemas import DISPATCHER_QUEUE_GROUP, EMIT_SERVICE_WILDCARD, HookResult
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "claude_code"
 HOOKBUS = str(Path(sys.executable).with_name("hookbus"))
@@ -471,6 +471,34 @@ def test_no_dispatcher_service_denies_a_tool_call() -> None:
         **deny_pre(f"hookbus unavailable ({why}): denied"),
         "systemMessage": unavailable("PreToolUse", why, "deny"),
     }
+
+
+@pytest.mark.anyio
+async def test_a_dispatcher_that_never_replies_is_cut_by_the_hook_timeout() -> None:
+    """A subscriber on the service's subjects that never answers: the emit's request
+    times out after --timeout + 1.5 s and the fallback answers."""
+    with EmbeddedNatsServer() as server:
+        nc = await nats.connect(server.url)
+        try:
+            await nc.subscribe(EMIT_SERVICE_WILDCARD, queue=DISPATCHER_QUEUE_GROUP)
+            await nc.flush()
+            start = time.monotonic()
+            done = await anyio.run_process(
+                [HOOKBUS, "claude-code", "--url", server.url, "--timeout", "1"],
+                input=json.dumps(hook_input("PreToolUse")).encode(),
+                env=ENV,
+                check=False,
+            )
+            seconds = time.monotonic() - start
+        finally:
+            await nc.close()
+    why = "the dispatcher service did not answer within 2.5s"
+    assert done.returncode == 0
+    assert json.loads(done.stdout) == {
+        **deny_pre(f"hookbus unavailable ({why}): denied"),
+        "systemMessage": unavailable("PreToolUse", why, "deny"),
+    }
+    assert 2.5 <= seconds < 6
 
 
 def test_a_misconfigured_command_answers_by_the_default_fallback() -> None:

@@ -339,9 +339,9 @@ async def answer(
             )
     except UnknownEventError:  # nothing declared for this event: nobody has an opinion
         return ClaudeCodeAnswer(hook_event_name=name)
-    except TimeoutError:
-        why = f"no answer within {opts.timeout_s + _SETTLE_S:g}s"
-        return _fallback(name, data, why, opts)
+    except TimeoutError as exc:  # the door's own bound, or the emit's timeout error
+        late = f"no answer within {opts.timeout_s + _SETTLE_S:g}s"
+        return _fallback(name, data, _describe(exc) if str(exc) else late, opts)
     except Exception as exc:  # a door answers, it never raises: the fallback decides
         return _fallback(name, data, _describe(exc), opts)
     if not isinstance(result, HookResult):
@@ -429,7 +429,8 @@ def _render(
         allow = opts.on_continue == "allow" or result.approved_by is not None
         if result.approved_by is not None:
             specific["permissionDecision"] = "allow"
-            specific["permissionDecisionReason"] = f"approved in hookbus: {result.reason}"
+            why = result.reason or f"{result.approved_by} allowed it"
+            specific["permissionDecisionReason"] = f"approved in hookbus: {why}"
         if new_input is not None:
             by = ", ".join(result.modified_by)
             specific["permissionDecision"] = "allow" if allow else "ask"
