@@ -17,6 +17,7 @@ import socket
 import ssl
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -74,6 +75,22 @@ def pre_tool_use(command: str, **extra: Any) -> dict[str, Any]:
     }
 
 
+AOS_TOOL_CALL = json.loads(
+    (Path(__file__).parent / "fixtures" / "aos" / "tool_call_request.json").read_text()
+)
+
+
+def aos_tool_call(command: str, request_id: str | None = "req-1") -> dict[str, Any]:
+    """An OWASP AOS ``steps/toolCallRequest`` of the Bash tool (no id: a notification)."""
+    doc = json.loads(json.dumps(AOS_TOOL_CALL))
+    doc["params"]["toolCallRequest"]["toolId"] = "Bash"
+    doc["params"]["toolCallRequest"]["inputs"] = [{"name": "command", "value": command}]
+    doc.pop("id", None)
+    if request_id is not None:
+        doc["id"] = request_id
+    return doc
+
+
 def policy_worker(conn: NATS, seen: list[str] | None = None, label: str = "w") -> HookWorker:
     """``tool:pre`` policy: ``rm -rf`` is denied, ``ls`` is rewritten, the rest goes on.
     Each call appends `label` to `seen` (which replica of the queue group answered)."""
@@ -98,7 +115,8 @@ def policy_worker(conn: NATS, seen: list[str] | None = None, label: str = "w") -
 @contextlib.asynccontextmanager
 async def served(app: Starlette, **config: Any) -> AsyncIterator[str]:
     """`app` served by uvicorn in this process on a free loopback port; yields its URL."""
-    sock = socket.socket()
+    # proto TCP: asyncio sets TCP_NODELAY on the accepted sockets (else Nagle: +40 ms a call)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     sock.listen()
     port = sock.getsockname()[1]
@@ -127,7 +145,6 @@ async def replica(connect: Connect, **app_options: Any) -> AsyncIterator[tuple[s
     nc = await connect()
     r = Replica(nc, HookDispatcher(nc, strict_events=True, approvals=False))
     await r.dispatcher.start()
-    app_options.setdefault("doors", {"claude-code"})
     app = gateway_app(r.emit, ready=r.ready, lifespan=r.lifespan, **app_options)
     async with served(app) as url:
         yield url, r
@@ -263,6 +280,42 @@ async def test_cli_gateway_answers_claude_code_on_both_urls(
     assert TOKEN not in gw.stderr
 
 
+async def test_cli_gateway_aos_answers_tool_calls(
+    connect: Connect, embedded_server: EmbeddedNatsServer
+) -> None:
+    async with (
+        policy_worker(await connect()),
+        GatewayProcess(
+            "aos", "--url", embedded_server.url, env={"HOOKBUS_GATEWAY_TOKEN": TOKEN}
+        ) as gw,
+        httpx.AsyncClient(base_url=gw.url, headers=bearer(), timeout=10) as http,
+    ):
+        assert "doors: aos;" in gw.stderr
+        denied = await http.post("/aos", json=aos_tool_call("rm -rf /", "req-deny"))
+        modified = await http.post("/aos", json=aos_tool_call("ls", "req-modify"))
+        allowed = await http.post("/aos", json=aos_tool_call("git status", "req-allow"))
+        notification = await http.post("/aos", json=aos_tool_call("rm -rf /", None))
+        garbage = await http.post("/aos", content=b"{not json")
+        unauthorized = await http.post("/aos", json=aos_tool_call("ls"), headers=bearer("no"))
+        not_a_door = await http.post("/claude-code", json=pre_tool_use("ls"))
+        code = await gw.stop()
+    assert denied.status_code == 200 and denied.headers["content-type"] == "application/json"
+    assert denied.json()["id"] == "req-deny"
+    assert denied.json()["result"]["decision"] == "deny"
+    assert denied.json()["result"]["message"] == "destructive command"
+    result = modified.json()["result"]
+    assert result["decision"] == "modify"
+    call = result["modifiedRequest"]["params"]["toolCallRequest"]
+    assert call["inputs"] == [{"name": "command", "value": "ls --color=never"}]
+    assert allowed.json()["result"]["decision"] == "allow"
+    assert (notification.status_code, notification.content) == (204, b"")
+    assert garbage.status_code == 200 and garbage.json()["error"]["code"] == -32700
+    assert unauthorized.status_code == 401
+    assert not_a_door.status_code == 404
+    assert code == 0, gw.stderr
+    assert "Traceback" not in gw.stderr
+
+
 async def test_auth_missing_or_wrong_token_is_401(
     connect: Connect, embedded_server: EmbeddedNatsServer
 ) -> None:
@@ -274,7 +327,8 @@ async def test_auth_missing_or_wrong_token_is_401(
         body = pre_tool_use("rm -rf /")
         missing = await http.post("/claude-code", json=body)
         wrong = await http.post("/claude-code", json=body, headers=bearer("not-it"))
-        basic = await http.post("/claude-code", json=body, headers={"Authorization": f"Basic {TOKEN}"})
+        basic_auth = {"Authorization": f"Basic {TOKEN}"}
+        basic = await http.post("/claude-code", json=body, headers=basic_auth)
         right = await http.post("/claude-code", json=body, headers=bearer())
         probes = [(await http.get(p)).status_code for p in ("/healthz", "/readyz")]
     assert missing.status_code == 401
@@ -341,14 +395,18 @@ async def test_two_replicas_share_the_workers(
             command = "rm -rf /" if i % 4 < 2 else "git status"
             r = await http.post(f"{url}/claude-code", json=pre_tool_use(command))
             answers.append((url, command, r.status_code, r.content))
-    for url, command, status, content in answers:
+            aos = await http.post(f"{url}/aos", json=aos_tool_call(command, f"r{i}"))
+            assert aos.status_code == 200
+            expected = "deny" if command == "rm -rf /" else "allow"
+            assert (aos.json()["id"], aos.json()["result"]["decision"]) == (f"r{i}", expected)
+    for _, command, status, content in answers:
         assert status == 200
         if command == "rm -rf /":
             assert json.loads(content)["hookSpecificOutput"]["permissionDecision"] == "deny"
         else:
             assert content == b""
     assert {url for url, *_ in answers} == {url_a, url_b}
-    assert len(seen) == 40 and set(seen) == {"w1", "w2"}
+    assert len(seen) == 80 and set(seen) == {"w1", "w2"}
 
 
 # -- trace context ---------------------------------------------------------------------------
@@ -470,16 +528,14 @@ async def test_nats_down_is_the_doors_fail_closed_answer(
 ) -> None:
     async with (
         policy_worker(await connect()),
-        GatewayProcess("http", "--url", embedded_server.url) as gw,
+        GatewayProcess("http", "--doors", "claude-code,aos", "--url", embedded_server.url) as gw,
         httpx.AsyncClient(base_url=gw.url, timeout=30) as http,
     ):
         before = await http.post("/claude-code", json=pre_tool_use("git status"))
         embedded_server.stop()
-        with anyio.fail_after(10):
-            while (await http.get("/readyz")).status_code != 503:
-                await anyio.sleep(0.05)
-        readyz = await http.get("/readyz")
+        readyz = await until_not_ready(http)
         down = await http.post("/claude-code", json=pre_tool_use("git status"))
+        aos_down = await http.post("/aos", json=aos_tool_call("git status"))
         code = await gw.stop()
     assert (before.status_code, before.content) == (200, b"")
     assert readyz.json() == {"status": "not ready", "reason": "not connected to NATS"}
@@ -487,8 +543,22 @@ async def test_nats_down_is_the_doors_fail_closed_answer(
     specific = down.json()["hookSpecificOutput"]
     assert specific["permissionDecision"] == "deny"
     assert "not connected to NATS" in specific["permissionDecisionReason"]
+    assert aos_down.status_code == 200, aos_down.text
+    result = aos_down.json()["result"]
+    assert result["decision"] == "deny"
+    assert "hookbus:emit_failed:not_connected" in result["reasonCode"]
     assert code == 0, gw.stderr
     assert "Traceback" not in gw.stderr, gw.stderr
+
+
+async def until_not_ready(http: httpx.AsyncClient) -> httpx.Response:
+    """Poll ``GET /readyz`` until it says 503 (within 10 s)."""
+    with anyio.fail_after(10):
+        while True:
+            r = await http.get("/readyz")
+            if r.status_code == 503:
+                return r
+            await anyio.sleep(0.05)
 
 
 # -- the app's and the command's own checks --------------------------------------------------

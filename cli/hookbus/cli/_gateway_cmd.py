@@ -25,6 +25,7 @@ from nats.aio.client import Client as NATS
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import HookbusError, HookResult, NotConnectedError
 
+from ._claude_code_cmd import _parse_fallbacks
 from ._common import (
     ConnectionSettings,
     bucket_replicas_option,
@@ -43,6 +44,9 @@ __all__ = ["gateway"]
 log = logging.getLogger("hookbus.cli")
 
 TOKEN_ENV = "HOOKBUS_GATEWAY_TOKEN"
+DEFAULT_TIMEOUT_S = 25.0
+"""Seconds a decision may take by default: the Claude Code door's default (below the
+shortest default timeout Claude Code gives an HTTP hook)."""
 DOOR_NAMES = ("claude-code", "aos")
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -113,6 +117,9 @@ def _listen(host: str, port: int) -> socket.socket:
     family, kind, proto, _, address = infos[0]
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # answers are written in parts (head, body): without it Nagle's algorithm holds the
+    # body back until the client's delayed ACK (40 ms on Linux); accepted sockets inherit it
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind(address)
     except OSError as exc:
@@ -144,6 +151,10 @@ def _serve(
     https_key: str | None,
     client_ca: str | None,
     max_body: int,
+    on_continue: str,
+    on_ask_user: str,
+    fallbacks: tuple[str, ...],
+    timeout_s: float,
     conn: ConnectionSettings,
     otlp_endpoint: str | None,
     grace_s: float,
@@ -156,6 +167,7 @@ def _serve(
     try:
         import uvicorn
 
+        from hookbus.integrations.claude_code import ClaudeCodeOptions
         from hookbus.integrations.gateway import gateway_app
     except ImportError as exc:
         raise click.ClickException(
@@ -175,12 +187,22 @@ def _serve(
             host,
         )
     scheme = "https" if https_cert else "http"
+    try:
+        options = ClaudeCodeOptions(
+            on_continue=on_continue,  # type: ignore[arg-type]
+            on_ask_user=on_ask_user,  # type: ignore[arg-type]
+            fallback=_parse_fallbacks(fallbacks),
+            timeout_s=timeout_s,
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
 
     async def run(server: ConnectionSettings) -> None:
         nc = await connect(server, name=f"hookbus-gateway {','.join(doors)}", service=True)
         dispatcher = HookDispatcher(
             nc,
             strict_events=True,
+            approvals=on_ask_user == "approval",
             bucket_replicas=bucket_replicas,
             strict_buckets=strict_buckets,
             audit=audit,
@@ -198,6 +220,8 @@ def _serve(
                 doors=set(doors),
                 token=token,
                 max_body_bytes=max_body,
+                claude_code_options=options,
+                aos_timeout_s=timeout_s,
                 ready=replica.ready,
                 lifespan=replica.lifespan,
             )
@@ -253,7 +277,7 @@ async def _serve_app(server: Any, sock: socket.socket, scheme: str, banner: str)
         sock.close()
 
 
-def _gateway_options(default_port: int, default_doors: str) -> Callable[[F], F]:
+def _gateway_options(default_port: int, default_doors: str, default_ask: str) -> Callable[[F], F]:
     options = [
         click.option(
             "--host",
@@ -319,6 +343,41 @@ def _gateway_options(default_port: int, default_doors: str) -> Callable[[F], F]:
             show_default=True,
             help="Largest request body (e.g. 65536, 256KiB); larger ones get 413.",
         ),
+        click.option(
+            "--on-ask-user",
+            type=click.Choice(["ask", "approval"]),
+            default=default_ask,
+            show_default=True,
+            help="A handler's ask_user: left to the caller (Claude Code asks the user; the "
+            "AOS door denies with hookbus:approval_required), or answered by hookbus's "
+            "approval flow (`hookbus approvals`) within --timeout.",
+        ),
+        click.option(
+            "--on-continue",
+            type=click.Choice(["none", "allow"]),
+            default="none",
+            show_default=True,
+            help="Claude Code door, when every handler lets a tool call go on: no opinion "
+            "(Claude Code's permission rules decide) or allow (no permission prompt).",
+        ),
+        click.option(
+            "--fallback",
+            "fallbacks",
+            multiple=True,
+            metavar="[EVENT=]deny|allow|none",
+            help="Claude Code door: what answers when hookbus cannot (repeatable). Default: "
+            "PreToolUse and PermissionRequest deny, every other event none. The AOS door "
+            "always denies.",
+        ),
+        click.option(
+            "--timeout",
+            "timeout_s",
+            type=click.FloatRange(min=0, min_open=True, max=3600),
+            default=DEFAULT_TIMEOUT_S,
+            show_default=True,
+            help="Seconds a decision may take (an approval's wait included); then the "
+            "door's fallback answers. Keep it below the caller's HTTP timeout.",
+        ),
         connection_options,
         otlp_option,
         grace_period_option,
@@ -343,7 +402,7 @@ def gateway() -> None:
 
 
 @gateway.command("http")
-@_gateway_options(8080, "claude-code")
+@_gateway_options(8080, "claude-code", "ask")
 def http_cmd(**options: Any) -> None:
     """Claude Code HTTP hooks: POST /claude-code (any event, named by the body's
     hook_event_name) and POST /claude-code/<hook_event_name>. SIGTERM stops it gracefully."""
@@ -351,7 +410,7 @@ def http_cmd(**options: Any) -> None:
 
 
 @gateway.command("aos")
-@_gateway_options(8081, "aos")
+@_gateway_options(8081, "aos", "approval")
 def aos_cmd(**options: Any) -> None:
     """OWASP AOS guardian endpoint: JSON-RPC 2.0 on POST /aos. SIGTERM stops it gracefully."""
     _main(options)

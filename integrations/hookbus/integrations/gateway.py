@@ -244,11 +244,11 @@ def _claude_code_door(emit: Emit, options: Any) -> Door:
     return door
 
 
-def _aos_door(emit: Emit, max_body_bytes: int) -> Door:
+def _aos_door(emit: Emit, max_body_bytes: int, timeout_s: float | None) -> Door:
     aos = importlib.import_module("hookbus.integrations.aos")
 
     async def door(body: bytes, request: Request) -> tuple[int, bytes, str | None]:
-        reply = await aos.answer(body, emit, max_body_bytes=max_body_bytes)
+        reply = await aos.answer(body, emit, max_body_bytes=max_body_bytes, timeout_s=timeout_s)
         if reply is None:  # a notification: no response body
             return 204, b"", None
         return 200, bytes(reply), JSON
@@ -263,6 +263,7 @@ def gateway_app(
     token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     claude_code_options: Any = None,
+    aos_timeout_s: float | None = None,
     ready: Callable[[], bool] | None = None,
     lifespan: Lifespan[Starlette] | None = None,
 ) -> Starlette:
@@ -275,7 +276,10 @@ def gateway_app(
             serve on loopback only).
         max_body_bytes: largest request body, bytes (over it: 413).
         claude_code_options: a `ClaudeCodeOptions` for the Claude Code door (None: its
-            defaults).
+            defaults: no opinion on continue, ask_user asked in Claude Code, PreToolUse
+            and PermissionRequest fail closed, 25 s to decide).
+        aos_timeout_s: the AOS door's deadline for a decision, seconds (an approval's wait
+            included; past it the door denies); None: the handlers' own timeouts only.
         ready: the readiness check of ``GET /readyz`` (e.g. the NATS connection is up);
             None: always ready.
         lifespan: the Starlette lifespan (e.g. draining NATS at shutdown).
@@ -307,7 +311,7 @@ def gateway_app(
         mount("/claude-code", "claude-code", door)
         mount("/claude-code/{hook_event_name}", "claude-code", door)
     if "aos" in doors:
-        mount("/aos", "aos", _aos_door(emit, max_body_bytes))
+        mount("/aos", "aos", _aos_door(emit, max_body_bytes, aos_timeout_s))
 
     async def healthz(request: Request) -> Response:
         return Response(b'{"status":"ok"}', media_type=JSON)
