@@ -25,6 +25,7 @@ import httpx
 import pytest
 import trustme
 import uvicorn
+from _otlp_receiver import OtlpReceiver
 from click.testing import CliRunner
 from conftest import connections
 from nats.aio.client import Client as NATS
@@ -473,6 +474,36 @@ async def test_traceparent_is_continued(
     # without a traceparent, the request starts a trace of its own
     other = next(s for s in emits if s is not emit)
     assert other.context.trace_id != trace_id
+
+
+async def test_cli_gateway_exports_the_callers_trace(
+    connect: Connect, embedded_server: EmbeddedNatsServer
+) -> None:
+    """``hookbus gateway --otlp-endpoint``: the request's SERVER span and the emit's span,
+    exported by the gateway process, continue the caller's trace."""
+    trace_id, caller = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    with OtlpReceiver() as rx:
+        async with (
+            policy_worker(await connect()),
+            GatewayProcess("http", "--url", embedded_server.url, "--otlp-endpoint", rx.url) as gw,
+            httpx.AsyncClient(base_url=gw.url, timeout=10) as http,
+        ):
+            r = await http.post(
+                "/claude-code/PreToolUse",
+                json=pre_tool_use("rm -rf /"),
+                headers={"traceparent": f"00-{trace_id}-{caller}-01"},
+            )
+            code = await gw.stop()  # flushes the exporter
+        spans = [s for s in rx.spans if s.trace_id == trace_id]
+    assert r.status_code == 200 and code == 0, gw.stderr
+    (server,) = [s for s in spans if s.kind == "SERVER"]
+    assert server.name == "POST /claude-code/{hook_event_name}"
+    assert server.parent_span_id == caller
+    assert server.attributes["url.path"] == "/claude-code/PreToolUse"
+    assert server.attributes["http.response.status_code"] == 200
+    (emit,) = [s for s in spans if s.name == f"emit {TOOL_PRE}"]
+    assert emit.parent_span_id == server.span_id
+    assert emit.attributes["hookbus.action"] == "deny"
 
 
 # -- mTLS ------------------------------------------------------------------------------------
