@@ -335,6 +335,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "HookResult",
         "RustHookRegistry",
     },
+    "hookbus.integrations.gateway": {"DEFAULT_MAX_BODY_BYTES", "DOORS", "gateway_app"},
     "hookbus.integrations.pydantic_ai": {
         "EVENTS",
         "ApprovalMode",
