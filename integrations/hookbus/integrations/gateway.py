@@ -38,11 +38,9 @@ JSON is a non-blocking error), RFC 6750 (bearer tokens), W3C Trace Context.
 from __future__ import annotations
 
 import hmac
-import importlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Collection
-from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
@@ -52,7 +50,9 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Lifespan
 
+from . import aos, claude_code
 from ._emit import Emit
+from .claude_code import ClaudeCodeOptions
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "DOORS", "gateway_app"]
 
@@ -232,21 +232,21 @@ async def _answer(
         return 500, error_body("internal", f"the {name} door failed; see the gateway's log"), JSON
 
 
-def _claude_code_door(emit: Emit, options: Any) -> Door:
-    cc = importlib.import_module("hookbus.integrations.claude_code")
-
+def _claude_code_door(emit: Emit, options: ClaudeCodeOptions | None) -> Door:
     async def door(body: bytes, request: Request) -> tuple[int, bytes, str | None]:
         event = request.path_params.get("hook_event_name")
-        answer = await cc.answer(body, emit, options, hook_event_name=event)
-        status, payload, media = cc.http_reply(answer)
-        return int(status), bytes(payload), media
+        try:
+            reply = await claude_code.answer(body, emit, options, hook_event_name=event)
+        except Exception as exc:  # the door never raises; if it did, its fallback answers
+            log.exception("the claude-code door failed on %s", request.url.path)
+            why = f"the gateway failed: {type(exc).__name__}"
+            reply = claude_code.fallback_answer(body, why, options, hook_event_name=event)
+        return claude_code.http_reply(reply)
 
     return door
 
 
 def _aos_door(emit: Emit, max_body_bytes: int, timeout_s: float | None) -> Door:
-    aos = importlib.import_module("hookbus.integrations.aos")
-
     async def door(body: bytes, request: Request) -> tuple[int, bytes, str | None]:
         reply = await aos.answer(body, emit, max_body_bytes=max_body_bytes, timeout_s=timeout_s)
         if reply is None:  # a notification: no response body
@@ -262,7 +262,7 @@ def gateway_app(
     doors: Collection[str] = DOORS,
     token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    claude_code_options: Any = None,
+    claude_code_options: ClaudeCodeOptions | None = None,
     aos_timeout_s: float | None = None,
     ready: Callable[[], bool] | None = None,
     lifespan: Lifespan[Starlette] | None = None,
