@@ -22,7 +22,7 @@ Each door maps its protocol to a hookbus event, calls `emit` and maps the folded
 - **auth**: with a `token`, every door route needs ``Authorization: Bearer <token>``
   (compared in constant time); otherwise 401 with ``WWW-Authenticate: Bearer`` and a JSON
   error (RFC 6750). The probes stay open. The token is never logged. Client certificates
-  (mTLS) are the server's business (``hookbus gateway --tls-client-ca``).
+  (mTLS) are the server's business (``hookbus gateway --gateway-client-ca``).
 - **body size**: a body over `max_body_bytes` is refused with 413 before it is read: a
   ``Content-Length`` over the limit at once, a chunked body as soon as the count passes it.
 - **trace context**: the W3C ``traceparent`` / ``tracestate`` headers are extracted with
