@@ -140,11 +140,13 @@ async def served(app: Starlette, **config: Any) -> AsyncIterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def replica(connect: Connect, **app_options: Any) -> AsyncIterator[tuple[str, Replica]]:
+async def replica(
+    connect: Connect, *, approvals: bool = False, **app_options: Any
+) -> AsyncIterator[tuple[str, Replica]]:
     """A gateway replica in this process: its own connection and strict `HookDispatcher`,
     the app of `gateway_app` served by uvicorn; yields (URL, replica)."""
     nc = await connect()
-    r = Replica(nc, HookDispatcher(nc, strict_events=True, approvals=False))
+    r = Replica(nc, HookDispatcher(nc, strict_events=True, approvals=approvals))
     await r.dispatcher.start()
     app = gateway_app(r.emit, ready=r.ready, lifespan=r.lifespan, **app_options)
     async with served(app) as url:
@@ -408,6 +410,52 @@ async def test_two_replicas_share_the_workers(
             assert content == b""
     assert {url for url, *_ in answers} == {url_a, url_b}
     assert len(seen) == 80 and set(seen) == {"w1", "w2"}
+
+
+async def test_a_retry_on_another_replica_finds_the_same_approval(
+    connect: Connect, embedded_server: EmbeddedNatsServer
+) -> None:
+    """Replicas keep no state: an AOS request whose approval is pending on replica A is
+    retried on replica B (the caller gave up on A); B finds the same approval (one pending
+    record, not two), and the approver's answer decides B's reply."""
+    w = HookWorker(await connect())
+
+    @w.handler(TOOL_PRE)
+    async def gate(event: str, data: dict[str, Any]) -> HookResult:
+        return HookResult(action="ask_user", approval_prompt="Run it?", approval_timeout=20)
+
+    approver = HookDispatcher(await connect(), approvals=False)
+    request = aos_tool_call("make deploy", "req-ask")
+    async with (
+        w,
+        approver,
+        replica(connect, approvals=True, aos_timeout_s=20) as (url_a, _),
+        replica(connect, approvals=True, aos_timeout_s=20) as (url_b, _),
+        httpx.AsyncClient(timeout=20) as http,
+    ):
+        events = await approver.hook_events()
+        first = asyncio.create_task(http.post(f"{url_a}/aos", json=request))
+        with anyio.fail_after(10):
+            pending = (await events.__anext__()).hook
+        first.cancel()  # the caller gives up on replica A ...
+        retry = asyncio.create_task(http.post(f"{url_b}/aos", json=request))  # ... tries B
+        await asyncio.sleep(0.5)  # B is waiting on the same approval by now
+        await approver.answer_approval(
+            pending.label, "Allow", approver="alice", agent_id=pending.agent_id
+        )
+        with anyio.fail_after(10):
+            answered = await retry
+        seen = []
+        with contextlib.suppress(TimeoutError), anyio.fail_after(1):
+            async for ev in events:
+                seen.append(ev.hook)
+        await events.aclose()
+    assert pending.status == "pending"
+    result = answered.json()["result"]
+    assert result["decision"] == "allow", result
+    assert "approved_by:alice" in result["reasonCode"]
+    assert [h.status for h in seen if h.status == "pending"] == []  # no second approval
+    assert {h.label for h in seen} <= {pending.label}
 
 
 # -- trace context ---------------------------------------------------------------------------
