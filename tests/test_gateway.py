@@ -48,7 +48,8 @@ from hookbus.workers import HookWorker
 pytestmark = pytest.mark.anyio
 
 Connect = Callable[..., Awaitable[NATS]]
-HOOKBUS = [sys.executable, "-m", "hookbus.cli"]
+HOOKBUS = [str(Path(sys.executable).with_name("hookbus"))]
+"""The installed console script (``.venv/bin/hookbus``), as an operator runs it."""
 TOKEN = "gw-test-token-8d1f"
 
 
