@@ -733,21 +733,36 @@ def test_settings_http_door() -> None:
     result = settings("--door", "http", "--url", url, "--token-env", "HOOKBUS_TOKEN",
                       "--events", "PreToolUse,Stop", "--matcher", "Bash|Write")  # fmt: skip
     assert result.exit_code == 0, result.output
-    handler = {
-        "type": "http",
-        "url": url,
-        "timeout": 30,
-        "headers": {"Authorization": "Bearer $HOOKBUS_TOKEN"},
-        "allowedEnvVars": ["HOOKBUS_TOKEN"],
-    }
+    def handler(event: str) -> dict[str, Any]:
+        return {
+            "type": "http",
+            "url": f"{url}/{event}",  # one URL per event: refusals know the event
+            "timeout": 30,
+            "headers": {"Authorization": "Bearer $HOOKBUS_TOKEN"},
+            "allowedEnvVars": ["HOOKBUS_TOKEN"],
+        }
+
     assert json.loads(result.stdout) == {
         "hooks": {
-            "PreToolUse": [{"matcher": "Bash|Write", "hooks": [handler]}],
-            "Stop": [{"hooks": [handler]}],
+            "PreToolUse": [{"matcher": "Bash|Write", "hooks": [handler("PreToolUse")]}],
+            "Stop": [{"hooks": [handler("Stop")]}],
         }
     }
     everything = json.loads(settings("--door", "http", "--url", url).stdout)["hooks"]
     assert set(everything) == set(EVENTS) - {"SessionStart"}  # command hooks only
+
+
+def test_settings_http_merge_replaces_a_one_url_hook(tmp_path: Path) -> None:
+    url = "http://127.0.0.1:8080/claude-code"
+    path = tmp_path / "settings.json"
+    old = {"type": "http", "url": url, "timeout": 30}
+    other = {"type": "http", "url": "http://audit.internal/hook"}
+    path.write_text(json.dumps({"hooks": {"PreToolUse": [{"hooks": [old, other]}]}}))
+    result = settings("--door", "http", "--url", url, "--events", "PreToolUse", "--merge", str(path))
+    assert result.exit_code == 0, result.output
+    groups = json.loads(result.stdout)["hooks"]["PreToolUse"]
+    urls = [h["url"] for g in groups for h in g["hooks"]]
+    assert sorted(urls) == ["http://127.0.0.1:8080/claude-code/PreToolUse", other["url"]]
 
 
 @pytest.mark.parametrize(

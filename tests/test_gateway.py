@@ -320,46 +320,66 @@ async def test_cli_gateway_aos_answers_tool_calls(
     assert "Traceback" not in gw.stderr
 
 
-async def test_auth_missing_or_wrong_token_is_401(
+async def test_a_claude_code_request_without_the_token_is_denied_not_401(
     connect: Connect, embedded_server: EmbeddedNatsServer
 ) -> None:
+    """Claude Code runs the tool on any non-2xx answer of an HTTP hook, so a missing or
+    wrong token is answered 200 with the event's fallback (PreToolUse: deny), and nothing
+    is emitted. The AOS door answers 401 (see the AOS test)."""
+    seen: list[str] = []
     async with (
-        policy_worker(await connect()),
+        policy_worker(await connect(), seen),
         replica(connect, token=TOKEN) as (url, _),
         httpx.AsyncClient(base_url=url, timeout=10) as http,
     ):
-        body = pre_tool_use("rm -rf /")
+        body = pre_tool_use("git status")
         missing = await http.post("/claude-code", json=body)
-        wrong = await http.post("/claude-code", json=body, headers=bearer("not-it"))
+        wrong = await http.post("/claude-code/PreToolUse", json=body, headers=bearer("not-it"))
         basic_auth = {"Authorization": f"Basic {TOKEN}"}
         basic = await http.post("/claude-code", json=body, headers=basic_auth)
+        stop = {**body, "hook_event_name": "Stop", "stop_hook_active": False}
+        for key in ("tool_name", "tool_input"):
+            stop.pop(key)
+        stopped = await http.post("/claude-code", json=stop, headers=bearer("not-it"))
+        assert seen == []  # nothing reached the policy
         right = await http.post("/claude-code", json=body, headers=bearer())
         probes = [(await http.get(p)).status_code for p in ("/healthz", "/readyz")]
-    assert missing.status_code == 401
-    assert missing.headers["www-authenticate"] == 'Bearer realm="hookbus"'
-    assert missing.json()["error"]["code"] == "unauthorized"
-    assert "Authorization: Bearer" in missing.json()["error"]["message"]
-    assert wrong.status_code == 401
-    assert 'error="invalid_token"' in wrong.headers["www-authenticate"]
-    assert wrong.json()["error"]["message"] == "the bearer token is not accepted"
-    assert basic.status_code == 401
-    assert right.status_code == 200 and right.json()["hookSpecificOutput"]["permissionDecision"]
+    for refused in (missing, wrong, basic):
+        assert refused.status_code == 200
+        out = refused.json()
+        assert out["hookSpecificOutput"]["permissionDecision"] == "deny"
+        assert "bearer token is missing or not accepted" in out["systemMessage"]
+    assert stopped.status_code == 200  # Stop's fallback is no opinion: the refusal is told
+    assert stopped.json() == {
+        "systemMessage": "hookbus unavailable (unauthorized: the gateway's bearer token is"
+        " missing or not accepted); Stop answered by the fallback: none"
+    }
+    assert (right.status_code, right.content) == (200, b"")  # allowed: no opinion
+    assert seen == ["w"]
     assert probes == [200, 200]  # the probes need no token
 
 
-async def test_oversize_body_is_413_before_it_is_read(
+async def test_an_oversize_claude_code_body_is_denied_before_it_is_read(
     connect: Connect, embedded_server: EmbeddedNatsServer
 ) -> None:
+    """A body over the limit is not read whole, and (Claude Code running the tool on a
+    413) answered 200 with the event's fallback: the event from the URL, else from the part
+    read before the limit; a request that names no event stops Claude. Nothing is emitted."""
+    seen: list[str] = []
     async with (
-        policy_worker(await connect()),
+        policy_worker(await connect(), seen),
         replica(connect, max_body_bytes=1000) as (url, _),
         httpx.AsyncClient(base_url=url, timeout=10) as http,
     ):
         big = pre_tool_use("echo " + "x" * 2000)
-        r = await http.post("/claude-code", json=big)
+        r = await http.post("/claude-code/PreToolUse", json=big)
+        shared = await http.post("/claude-code", json=big)  # Content-Length alone: no event
+        assert seen == []
         fits = await http.post("/claude-code", json=pre_tool_use("rm -rf /"))
         # Content-Length over the limit: answered at once, with 500 of 10 MB sent
-        head = b"POST /claude-code HTTP/1.1\r\nHost: t\r\nContent-Length: 10000000\r\n\r\n"
+        head = (
+            b"POST /claude-code/PreToolUse HTTP/1.1\r\nHost: t\r\nContent-Length: 10000000\r\n\r\n"
+        )
         early = await raw_exchange(url, head, [b"{" * 500])
         # chunked: refused as soon as the count passes the limit, the stream still open
         head = b"POST /claude-code HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -368,14 +388,42 @@ async def test_oversize_body_is_413_before_it_is_read(
         bad_length = await raw_exchange(
             url, b"POST /claude-code HTTP/1.1\r\nHost: t\r\nContent-Length: -5\r\n\r\n", []
         )
-    assert r.status_code == 413
-    assert r.json() == {
+    assert r.status_code == 200
+    assert r.json()["hookSpecificOutput"]["permissionDecision"] == "deny"
+    assert "payload_too_large: the body is over 1000 bytes" in r.json()["systemMessage"]
+    assert shared.status_code == 200 and shared.json()["continue"] is False
+    assert fits.status_code == 200 and seen == ["w"]
+    assert early.startswith(b"HTTP/1.1 200 "), early
+    assert b'"permissionDecision":"deny"' in early
+    assert chunked.startswith(b"HTTP/1.1 200 "), chunked
+    assert b'"continue":false' in chunked  # no event named: Claude stops
+    # not HTTP at all: the server's parser answers 400 before the app sees it
+    assert bad_length.startswith(b"HTTP/1.1 400 "), bad_length
+
+
+async def test_the_aos_door_answers_refusals_with_http_statuses(
+    connect: Connect, embedded_server: EmbeddedNatsServer
+) -> None:
+    async with (
+        policy_worker(await connect()),
+        replica(connect, token=TOKEN, max_body_bytes=1000) as (url, _),
+        httpx.AsyncClient(base_url=url, timeout=10) as http,
+    ):
+        call = aos_tool_call("ls", "req-1")
+        missing = await http.post("/aos", json=call)
+        wrong = await http.post("/aos", json=call, headers=bearer("not-it"))
+        big = await http.post("/aos", json=aos_tool_call("x" * 2000, "req-2"), headers=bearer())
+    assert missing.status_code == 401
+    assert missing.headers["www-authenticate"] == 'Bearer realm="hookbus"'
+    assert missing.json()["error"]["code"] == "unauthorized"
+    assert "Authorization: Bearer" in missing.json()["error"]["message"]
+    assert wrong.status_code == 401
+    assert 'error="invalid_token"' in wrong.headers["www-authenticate"]
+    assert wrong.json()["error"]["message"] == "the bearer token is not accepted"
+    assert big.status_code == 413
+    assert big.json() == {
         "error": {"code": "payload_too_large", "message": "the body is over 1000 bytes"}
     }
-    assert fits.status_code == 200
-    assert early.startswith(b"HTTP/1.1 413 "), early
-    assert chunked.startswith(b"HTTP/1.1 413 "), chunked
-    assert bad_length.startswith(b"HTTP/1.1 400 "), bad_length
 
 
 async def test_two_replicas_share_the_workers(

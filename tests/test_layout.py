@@ -356,6 +356,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "answer",
         "fallback_answer",
         "http_reply",
+        "refusal_answer",
     },
     "hookbus.integrations.aos": {
         "A2A_METHODS",

@@ -367,9 +367,19 @@ def settings_hooks(
     hooks: dict[str, list[dict[str, Any]]] = {}
     for name in events:
         group: dict[str, Any] = {"matcher": matcher} if name in _TOOL_EVENTS else {}
-        group["hooks"] = [dict(handler)]
+        group["hooks"] = [_for_event(handler, name)]
         hooks[name] = [group]
     return hooks
+
+
+def _for_event(handler: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """`handler` for event `name`: an HTTP hook gets the gateway's URL of that event
+    (``<url>/<Event>``), so the gateway knows the event even of a request it refuses
+    unread (a bad token, an oversize body) and answers it with that event's fallback."""
+    out = dict(handler)
+    if out.get("type") == "http":
+        out["url"] = f"{str(out['url']).rstrip('/')}/{name}"
+    return out
 
 
 def _is_ours(handler: Any, new: Mapping[str, Any]) -> bool:
@@ -380,7 +390,8 @@ def _is_ours(handler: Any, new: Mapping[str, Any]) -> bool:
         command = str(handler.get("command", ""))
         return "hookbus" in command and "claude-code" in command.split()
     if handler.get("type") == "http":
-        return bool(handler.get("url")) and handler.get("url") == new.get("url")
+        url, ours = str(handler.get("url") or ""), str(new.get("url") or "")
+        return bool(url) and url in (ours, ours.rpartition("/")[0])  # per event, or one URL
     return False
 
 
@@ -440,7 +451,8 @@ then ignored); "disableAllHooks" in user or project settings cannot turn managed
     "http_url",
     default=None,
     metavar="URL",
-    help="With --door http: the gateway's Claude Code URL, e.g. http://127.0.0.1:8787/claude-code.",
+    help="With --door http: the gateway's Claude Code URL, e.g. http://127.0.0.1:8080/claude-code"
+    " (each event gets URL/<Event>).",
 )
 @click.option(
     "--token-env",

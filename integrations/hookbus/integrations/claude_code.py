@@ -70,6 +70,7 @@ __all__ = [
     "answer",
     "fallback_answer",
     "http_reply",
+    "refusal_answer",
 ]
 
 CLAUDE_CODE_STOP: Final = "claude_code:stop"
@@ -368,6 +369,31 @@ def fallback_answer(
     except _InputError as exc:
         return ClaudeCodeAnswer(exit_code=1, stderr=f"hookbus claude-code: {exc}")
     return _fallback(data["hook_event_name"], data, why, opts)
+
+
+def refusal_answer(
+    hook_event_name: str | None, why: str, options: ClaudeCodeOptions | None = None
+) -> ClaudeCodeAnswer:
+    """The answer to a request the HTTP door refused before reading it as input (a bad
+    token, a body over the size limit): nothing is emitted, and the event's fallback decides,
+    as if hookbus were unreachable (`PreToolUse` and `PermissionRequest` deny by default).
+
+    Claude Code takes any non-2xx answer of an HTTP hook as a non-blocking error and runs the
+    tool, so a refusal answered with a 401 or 413 status would let a misconfigured token or
+    an oversize tool input skip every policy. `hook_event_name` is the event the URL or the
+    body names; when neither does (an unknown or missing name), the answer is
+    ``{"continue": false, "stopReason": ...}``: Claude stops rather than go on ungoverned.
+    Never raises.
+
+    Source: Claude Code hooks reference, "HTTP response handling" and "Common JSON fields".
+    """
+    opts = options or ClaudeCodeOptions()
+    if hook_event_name not in EVENT_MAP:
+        note = f"hookbus refused the hook request ({why}); Claude stops"
+        out = {"continue": False, "stopReason": note}
+        return ClaudeCodeAnswer(stdout=_dump(out), stderr=note, fallback=why)
+    name = str(hook_event_name)
+    return _fallback(name, {"hook_event_name": name}, why, opts)
 
 
 def http_reply(reply: ClaudeCodeAnswer) -> tuple[int, bytes, str]:

@@ -37,9 +37,11 @@ JSON is a non-blocking error), RFC 6750 (bearer tokens), W3C Trace Context.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable, Collection
 
 from opentelemetry import context as otel_context
@@ -69,6 +71,9 @@ SCOPE = "hookbus.integrations.gateway"
 
 JSON = "application/json"
 
+_PREFIX_BYTES = 64 * 1024
+"""How much of an oversize body is kept to find which event it was."""
+
 # HTTP semantic conventions (stable): the server span's attributes.
 _HTTP_METHOD = "http.request.method"
 _HTTP_ROUTE = "http.route"
@@ -79,6 +84,21 @@ _ERROR_TYPE = "error.type"
 Door = Callable[[bytes, Request], Awaitable[tuple[int, bytes, str | None]]]
 """``await door(body, request) -> (status, body, content type or None)``."""
 
+Refusal = Callable[[Request, "_Refused"], Awaitable[Response]]
+"""``await refuse(request, refused) -> response``: how a door answers a request the gateway
+refused before the door read it (bad token, oversize or unreadable body)."""
+
+
+class _Refused:
+    """A refusal: the HTTP answer the gateway would give, and what it knows of the body."""
+
+    def __init__(self, response: Response, code: str, message: str, body: bytes = b"") -> None:
+        self.response, self.code, self.message, self.body = response, code, message, body
+
+
+async def _http_refusal(request: Request, refused: _Refused) -> Response:
+    return refused.response
+
 
 def error_body(code: str, message: str) -> bytes:
     """``{"error": {"code": code, "message": message}}`` as JSON bytes."""
@@ -86,7 +106,11 @@ def error_body(code: str, message: str) -> bytes:
 
 
 class _TooLarge(Exception):
-    pass
+    def __init__(self, prefix: bytes = b"") -> None:
+        super().__init__()
+        self.prefix = prefix
+        """The start of the body read before the limit was passed (empty when
+        ``Content-Length`` already said too much)."""
 
 
 class _BadLength(Exception):
@@ -113,7 +137,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise _TooLarge
+            raise _TooLarge(b"".join(chunks)[:_PREFIX_BYTES])
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -173,28 +197,37 @@ def _door_route(
     check: Callable[[Request], Response | None],
     max_body_bytes: int,
     tracer: _Tracer,
+    refuse: Refusal = _http_refusal,
 ) -> Route:
     span_name = f"POST {path}"
 
     async def endpoint(request: Request) -> Response:
-        refused = check(request)
-        if refused is not None:
-            return refused
+        denied = check(request)
+        if denied is not None:
+            body = b""
+            with contextlib.suppress(_TooLarge, _BadLength, ClientDisconnect):
+                body = await read_body(request, max_body_bytes)
+            message = "the gateway's bearer token is missing or not accepted"
+            return await refuse(request, _Refused(denied, "unauthorized", message, body))
         try:
             body = await read_body(request, max_body_bytes)
-        except _TooLarge:
-            return Response(
-                error_body("payload_too_large", f"the body is over {max_body_bytes} bytes"),
+        except _TooLarge as exc:
+            message = f"the body is over {max_body_bytes} bytes"
+            response = Response(
+                error_body("payload_too_large", message),
                 status_code=413,
                 media_type=JSON,
                 headers={"Connection": "close"},
             )
-        except _BadLength as exc:
-            return Response(
-                error_body("bad_request", f"Content-Length {exc} is not a number of bytes"),
-                status_code=400,
-                media_type=JSON,
+            return await refuse(
+                request, _Refused(response, "payload_too_large", message, exc.prefix)
             )
+        except _BadLength as exc:
+            message = f"Content-Length {exc} is not a number of bytes"
+            response = Response(
+                error_body("bad_request", message), status_code=400, media_type=JSON
+            )
+            return await refuse(request, _Refused(response, "bad_request", message))
         except ClientDisconnect:
             return Response(status_code=400)  # nobody reads it
         parent = propagate.extract(request.headers)
@@ -244,6 +277,27 @@ def _claude_code_door(emit: Emit, options: ClaudeCodeOptions | None) -> Door:
         return claude_code.http_reply(reply)
 
     return door
+
+
+_EVENT_NAME = re.compile(rb'"hook_event_name"\s*:\s*"([A-Za-z]{1,64})"')
+
+
+def _claude_code_refusal(options: ClaudeCodeOptions | None) -> Refusal:
+    """Refusals on the Claude Code door answer 200 with the event's fallback decision:
+    Claude Code runs the tool on any non-2xx answer (see `claude_code.refusal_answer`)."""
+
+    async def refuse(request: Request, refused: _Refused) -> Response:
+        event = request.path_params.get("hook_event_name")
+        if event is None:
+            found = _EVENT_NAME.search(refused.body[:_PREFIX_BYTES])
+            event = found.group(1).decode() if found else None
+        why = f"{refused.code}: {refused.message}"
+        reply = claude_code.refusal_answer(event, why, options)
+        status, payload, media = claude_code.http_reply(reply)
+        headers = {"Connection": "close"} if refused.code == "payload_too_large" else None
+        return Response(payload, status_code=status, media_type=media, headers=headers)
+
+    return refuse
 
 
 def _aos_door(emit: Emit, max_body_bytes: int, timeout_s: float | None) -> Door:
@@ -300,16 +354,18 @@ def gateway_app(
     tracer = _Tracer()
     routes: list[BaseRoute] = []
 
-    def mount(path: str, name: str, door: Door) -> None:
+    def mount(path: str, name: str, door: Door, refuse: Refusal = _http_refusal) -> None:
         route = _door_route(
-            path, name, door, check=check, max_body_bytes=max_body_bytes, tracer=tracer
-        )
+            path, name, door, check=check, max_body_bytes=max_body_bytes, tracer=tracer,
+            refuse=refuse,
+        )  # fmt: skip
         routes.append(route)
 
     if "claude-code" in doors:
         door = _claude_code_door(emit, claude_code_options)
-        mount("/claude-code", "claude-code", door)
-        mount("/claude-code/{hook_event_name}", "claude-code", door)
+        refuse = _claude_code_refusal(claude_code_options)
+        mount("/claude-code", "claude-code", door, refuse)
+        mount("/claude-code/{hook_event_name}", "claude-code", door, refuse)
     if "aos" in doors:
         mount("/aos", "aos", _aos_door(emit, max_body_bytes, aos_timeout_s))
 
