@@ -758,7 +758,9 @@ def test_settings_http_merge_replaces_a_one_url_hook(tmp_path: Path) -> None:
     old = {"type": "http", "url": url, "timeout": 30}
     other = {"type": "http", "url": "http://audit.internal/hook"}
     path.write_text(json.dumps({"hooks": {"PreToolUse": [{"hooks": [old, other]}]}}))
-    result = settings("--door", "http", "--url", url, "--events", "PreToolUse", "--merge", str(path))
+    result = settings(
+        "--door", "http", "--url", url, "--events", "PreToolUse", "--merge", str(path)
+    )  # fmt: skip
     assert result.exit_code == 0, result.output
     groups = json.loads(result.stdout)["hooks"]["PreToolUse"]
     urls = [h["url"] for g in groups for h in g["hooks"]]
