@@ -43,12 +43,11 @@ from typing import Any
 
 import httpx
 import nats
-from nats.aio.msg import Msg
+from _allow_worker import serve_allow_all
 
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import TOOL_PRE
-from hookbus.workers import HookWorker
 
 SELF = Path(__file__).resolve()
 HANDLER = "bench_gateway_policy"
@@ -112,30 +111,9 @@ QUICK = Settings(rounds=4, per_round=250, warmup=100)
 # -- the worker process (this file run with --serve) ------------------------------------------
 async def serve(url: str) -> None:
     """One ``tool:pre`` handler that allows every call, and a raw responder, until SIGTERM."""
-    nc = await nats.connect(url, name="gateway-bench-worker")
-    worker = HookWorker(nc, replace=True)
-
-    async def policy(event: str, data: dict[str, Any]) -> None:
-        return None
-
-    worker.add_handler(TOOL_PRE, policy, name=HANDLER, timeout_s=5.0)
-    reply = b'{"handler":"raw","result":{"action":"continue"}}'
-
-    async def raw(msg: Msg) -> None:
-        await msg.respond(reply)
-
-    await nc.subscribe(RAW_SUBJECT, cb=raw)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    async with worker:
-        await nc.flush()
-        print(READY, file=sys.stderr, flush=True)
-        await stop.wait()
-    with contextlib.suppress(Exception):
-        await worker.unregister()
-    await nc.drain()
+    await serve_allow_all(
+        url, client="gateway-bench-worker", handler=HANDLER, raw_subject=RAW_SUBJECT, ready=READY
+    )
 
 
 # -- processes ---------------------------------------------------------------------------------

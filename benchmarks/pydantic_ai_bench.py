@@ -38,11 +38,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import nats
+from _allow_worker import serve_allow_all
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -51,7 +50,6 @@ from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import HookDispatcher
 from hookbus.integrations.pydantic_ai import HookbusCapability
 from hookbus.schemas import TOOL_PRE
-from hookbus.workers import HookWorker
 
 SELF = Path(__file__).resolve()
 STEPS = 20
@@ -82,30 +80,13 @@ QUICK = Settings(rounds=4, runs=5, warmup=3, raw_n=500)
 # -- the worker process (this file run with --serve) ------------------------------------------
 async def serve(url: str) -> None:
     """One ``tool:pre`` handler that allows every call, and a raw responder, until SIGTERM."""
-    nc = await nats.connect(url, name="pydantic-ai-bench-worker")
-    worker = HookWorker(nc, replace=True)
-
-    async def bench_policy(event: str, data: dict[str, Any]) -> None:
-        return None
-
-    worker.add_handler(TOOL_PRE, bench_policy, name=HANDLER, timeout_s=5.0)
-    reply = b'{"handler":"raw","result":{"action":"continue"}}'
-
-    async def raw(msg: Msg) -> None:
-        await msg.respond(reply)
-
-    await nc.subscribe(RAW_SUBJECT, cb=raw)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    async with worker:
-        await nc.flush()
-        print(READY, file=sys.stderr, flush=True)
-        await stop.wait()
-    with contextlib.suppress(Exception):
-        await worker.unregister()
-    await nc.drain()
+    await serve_allow_all(
+        url,
+        client="pydantic-ai-bench-worker",
+        handler=HANDLER,
+        raw_subject=RAW_SUBJECT,
+        ready=READY,
+    )
 
 
 # -- the agents ---------------------------------------------------------------------------------
