@@ -319,6 +319,7 @@ class Approvals:
             "tool_name": tool,
             "session_id": session,
             "agent_id": agent,
+            **_shown_data(data),
         }
         schema = {
             "type": "object",
@@ -524,6 +525,26 @@ class Approvals:
         return msgspec.structs.replace(
             result, action="continue", reason=reason, data=result.chained_data
         )
+
+
+APPROVAL_DATA_MAX_BYTES = 16 * 1024
+"""Largest call data an approval record carries whole (its JSON, bytes); larger data is
+shown as the start of its JSON text."""
+
+
+def _shown_data(data: dict[str, Any]) -> dict[str, Any]:
+    """What an approval's metadata shows of the call's data (what the handlers saw, after
+    any data chaining): ``{"data": data}`` when its JSON is at most
+    `APPROVAL_DATA_MAX_BYTES`, else ``{"data": None, "data_preview": <the JSON's first
+    APPROVAL_DATA_MAX_BYTES characters>, "data_bytes": <its full size>}``."""
+    try:
+        text = encode(data)
+    except (HookbusError, TypeError):
+        return {"data": None}
+    if len(text) <= APPROVAL_DATA_MAX_BYTES:
+        return {"data": data}
+    preview = text[:APPROVAL_DATA_MAX_BYTES].decode("utf-8", "ignore")
+    return {"data": None, "data_preview": preview, "data_bytes": len(text)}
 
 
 def _call_data(result: HookResult) -> dict[str, Any]:
