@@ -30,6 +30,7 @@ from hookbus.workers import HookWorker
 from ._approvals_cmd import approvals
 from ._auth import auth
 from ._claude_code_cmd import claude_code
+from ._console_cmd import console
 from ._common import (
     DURATION,
     ConnectionSettings,
@@ -425,6 +426,7 @@ cli.add_command(decisions)
 cli.add_command(auth)
 cli.add_command(gateway)
 cli.add_command(claude_code)
+cli.add_command(console)
 
 
 def _on_signals(stop: Callable[[], Awaitable[None]]) -> None:

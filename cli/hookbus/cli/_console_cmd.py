@@ -1,0 +1,212 @@
+"""``hookbus console``: the approvals console in a browser, served by uvicorn.
+
+The process connects to NATS as one client (on a secured server: an approver's
+credentials), starts a `HookDispatcher` that lists and answers approvals and grants, and
+serves `hookbus.integrations.console.console_app` until SIGTERM / SIGINT.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import ssl
+from typing import Any
+
+import anyio
+import click
+import nats.errors
+import nats.js.errors
+
+from hookbus.dispatcher import HookDispatcher
+from hookbus.schemas import HookbusError
+
+from ._common import (
+    DURATION,
+    ConnectionSettings,
+    connect,
+    connection_options,
+    connection_or_embedded,
+    drain_or_close,
+)
+from ._gateway_cmd import _listen
+
+__all__ = ["console"]
+
+log = logging.getLogger("hookbus.cli")
+
+TOKEN_ENV = "HOOKBUS_CONSOLE_TOKEN"
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+@click.command("console")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on (0.0.0.0: every interface; then serve HTTPS).",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8090,
+    show_default=True,
+    help="Port (0: any free port; the URL is printed on stderr).",
+)
+@click.option(
+    "--console-token",
+    "console_token",
+    envvar=TOKEN_ENV,
+    default=None,
+    metavar="TOKEN",
+    help=f"What signing in to the page takes (env {TOKEN_ENV}, which keeps it out of the "
+    "process list); required. --token is the NATS token.",
+)
+@click.option(
+    "--approver",
+    envvar="HOOKBUS_CONSOLE_APPROVER",
+    default=None,
+    metavar="NAME",
+    help="Bind the token to this approver name: every answer is recorded as NAME (env "
+    "HOOKBUS_CONSOLE_APPROVER). Without it, each person names themselves at sign-in. On a "
+    "secured server, the NATS user must be allowed to answer as that name.",
+)
+@click.option(
+    "--session-ttl",
+    "session_ttl_s",
+    type=DURATION,
+    default="12h",
+    show_default=True,
+    help="How long a sign-in lasts (e.g. 30m, 12h).",
+)
+@click.option(
+    "--console-tls-cert",
+    "https_cert",
+    envvar="HOOKBUS_CONSOLE_TLS_CERT",
+    default=None,
+    metavar="FILE",
+    help="Serve HTTPS with this certificate chain (PEM; env HOOKBUS_CONSOLE_TLS_CERT); the "
+    "session cookie is then Secure. --tls-cert is the NATS client certificate.",
+)
+@click.option(
+    "--console-tls-key",
+    "https_key",
+    envvar="HOOKBUS_CONSOLE_TLS_KEY",
+    default=None,
+    metavar="FILE",
+    help="Private key (PEM) of --console-tls-cert (default: in that file).",
+)
+@click.option(
+    "--ping-timeout",
+    default=0.5,
+    show_default=True,
+    type=click.FloatRange(min=0.05, max=10),
+    help="Seconds the handlers view gathers the live workers' answers.",
+)
+@connection_options
+def console(
+    host: str,
+    port: int,
+    console_token: str | None,
+    approver: str | None,
+    session_ttl_s: float,
+    https_cert: str | None,
+    https_key: str | None,
+    ping_timeout: float,
+    conn: ConnectionSettings,
+) -> None:
+    """Serve the approvals console: pending approvals (answered as the signed-in
+    approver), "Allow always" grants (revoke), recent decisions and live handlers, updated
+    live. Sign in with the console token. SIGTERM / SIGINT stop it."""
+    try:
+        import uvicorn
+
+        from hookbus.integrations.console import Feed, console_app
+        from hookbus.integrations.console._auth import valid_approver
+    except ImportError as exc:
+        raise click.ClickException(
+            f"the console needs starlette and uvicorn ({exc.name} is missing): "
+            "pip install 'hookbus[gateway]'"
+        ) from exc
+    if console_token is None and os.environ.get(TOKEN_ENV) == "":
+        console_token = ""  # click ignores an empty variable
+    if console_token is None:
+        raise click.UsageError(f"the console needs a token: --console-token or {TOKEN_ENV}")
+    if not console_token.strip():
+        raise click.UsageError(f"--console-token (or {TOKEN_ENV}) is empty")
+    if approver is not None and (problem := valid_approver(approver)):
+        raise click.BadParameter(problem, param_hint="--approver")
+    if https_key and not https_cert:
+        raise click.UsageError("--console-tls-key needs --console-tls-cert")
+    if not https_cert and host not in LOOPBACK:
+        log.warning(
+            "the console on %s serves plain HTTP: the token and the session cookie cross the"
+            " network in clear (--console-tls-cert, or a TLS proxy in front)",
+            host,
+        )
+    scheme = "https" if https_cert else "http"
+    who = f"approver {approver}" if approver else "approver named at sign-in"
+
+    async def run(server: ConnectionSettings) -> None:
+        nc = await connect(server, name="hookbus-console")
+        dispatcher = HookDispatcher(nc, approvals=True)
+        feed = Feed(nc)
+        try:
+            try:
+                await dispatcher.start()
+                await feed.start()
+            except (HookbusError, nats.errors.Error, nats.js.errors.Error) as exc:
+                raise click.ClickException(
+                    f"cannot open the approval buckets: {exc or type(exc).__name__}"
+                ) from exc
+            servers: list[Any] = []  # uvicorn's, once made: open event streams end with it
+            app = console_app(
+                dispatcher, nc, token=console_token, approver=approver,
+                session_ttl_s=session_ttl_s, ping_timeout_s=ping_timeout, feed=feed,
+                stopping=lambda: bool(servers) and servers[0].should_exit,
+            )  # fmt: skip
+            config = uvicorn.Config(
+                app,
+                log_config=None,
+                access_log=log.isEnabledFor(logging.INFO),
+                lifespan="on",
+                timeout_graceful_shutdown=2,
+                ssl_certfile=https_cert,
+                ssl_keyfile=https_key,
+            )
+            servers.append(uvicorn.Server(config))
+            try:
+                config.load()
+            except (OSError, ssl.SSLError) as exc:
+                raise click.ClickException(f"cannot load the TLS files: {exc}") from exc
+            sock = _listen(host, port)
+            await _serve(servers[0], sock, scheme, f"({who}); Ctrl-C stops it")
+        finally:
+            await feed.close()
+            await dispatcher.close()
+            if not nc.is_closed:
+                await drain_or_close(nc)
+
+    with connection_or_embedded(conn) as server:
+        anyio.run(run, server, backend="asyncio")
+
+
+async def _serve(server: Any, sock: socket.socket, scheme: str, banner: str) -> None:
+    """Serve until SIGTERM / SIGINT; print the URL on stderr once serving."""
+    host, port = sock.getsockname()[:2]
+    url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}/"
+    startup = server.startup
+
+    async def announce(sockets: list[socket.socket] | None = None) -> None:
+        await startup(sockets)
+        if not server.should_exit:
+            click.echo(f"hookbus console serving {url} {banner}", err=True)
+
+    server.startup = announce
+    for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn raises them again once stopped
+        signal.signal(sig, lambda signum, frame: None)
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        sock.close()

@@ -1,0 +1,323 @@
+// hookbus console: plain JavaScript, no build step. Every value from the bus is put on the
+// page as text (textContent), never as HTML.
+"use strict";
+
+const POST_HEADERS = { "Content-Type": "application/json", "X-Hookbus-Console": "1" };
+const state = { approvals: new Map(), grants: new Map(), decisions: [], offsetMs: 0 };
+let stream = null;
+
+function $(id) { return document.getElementById(id); }
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "class") node.className = v;
+    else if (k.startsWith("data-")) node.setAttribute(k, v);
+    else node[k] = v;
+  }
+  for (const c of children) {
+    if (c === null || c === undefined) continue;
+    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return node;
+}
+
+class ApiError extends Error {
+  constructor(status, code, message) { super(message); this.status = status; this.code = code; }
+}
+
+async function api(path, body) {
+  const init = body === undefined
+    ? { credentials: "same-origin" }
+    : { method: "POST", headers: POST_HEADERS, body: JSON.stringify(body),
+        credentials: "same-origin" };
+  const response = await fetch(path, init);
+  let doc = null;
+  try { doc = await response.json(); } catch (e) { doc = null; }
+  if (response.status === 401 && path !== "/api/login") { showLogin(); }
+  if (!response.ok) {
+    const err = (doc && doc.error) || {};
+    throw new ApiError(response.status, err.code || "error",
+                       err.message || `HTTP ${response.status}`);
+  }
+  return doc;
+}
+
+// -- signing in ---------------------------------------------------------------------------
+function showLogin(message) {
+  if (stream) { stream.close(); stream = null; }
+  setLive(false);
+  $("console").hidden = true;
+  $("who").hidden = true;
+  $("logout").hidden = true;
+  $("login").hidden = false;
+  $("login-error").textContent = message || "";
+  $("token").focus();
+}
+
+function showConsole(approver) {
+  $("login").hidden = true;
+  $("console").hidden = false;
+  $("who").hidden = false;
+  $("who").textContent = `signed in as ${approver}`;
+  $("logout").hidden = false;
+  openStream();
+}
+
+async function start() {
+  const session = await api("/api/session");
+  $("approver-field").hidden = session.approver_bound;
+  $("approver").required = !session.approver_bound;
+  if (session.signed_in) showConsole(session.approver); else showLogin();
+}
+
+$("login-form").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  $("login-error").textContent = "";
+  try {
+    const me = await api("/api/login", { token: $("token").value, approver: $("approver").value });
+    $("token").value = "";
+    showConsole(me.approver);
+  } catch (e) {
+    $("login-error").textContent = e.message;
+  }
+});
+
+$("logout").addEventListener("click", async () => {
+  try { await api("/api/logout", {}); } finally { showLogin("Signed out."); }
+});
+
+// -- the live feed --------------------------------------------------------------------------
+function setLive(on) {
+  $("live").className = on ? "live on" : "live off";
+  $("live").textContent = on ? "live" : "offline";
+}
+
+function openStream() {
+  if (stream) stream.close();
+  stream = new EventSource("/events");
+  stream.addEventListener("hello", (ev) => {
+    setLive(true);
+    const hello = JSON.parse(ev.data);
+    state.offsetMs = hello.now * 1000 - Date.now();
+    loadAll();
+  });
+  stream.addEventListener("approval", (ev) => onApproval(JSON.parse(ev.data)));
+  stream.addEventListener("approval_removed", (ev) => {
+    const d = JSON.parse(ev.data);
+    for (const [k, a] of state.approvals) if (a.label === d.label) state.approvals.delete(k);
+    renderApprovals();
+  });
+  stream.addEventListener("grant", (ev) => {
+    const g = JSON.parse(ev.data);
+    state.grants.set(g.key, g);
+    renderGrants();
+  });
+  stream.addEventListener("grant_removed", (ev) => {
+    state.grants.delete(JSON.parse(ev.data).key);
+    renderGrants();
+  });
+  stream.addEventListener("decision", (ev) => {
+    state.decisions.push(JSON.parse(ev.data));
+    state.decisions = state.decisions.slice(-100);
+    renderDecisions();
+  });
+  stream.addEventListener("resync", () => loadAll());
+  stream.addEventListener("signed_out", () => showLogin("Your sign-in expired."));
+  stream.onerror = async () => {
+    setLive(false);
+    if (stream && stream.readyState === EventSource.CLOSED) {
+      stream = null;
+      try {
+        const session = await api("/api/session");
+        if (session.signed_in) setTimeout(openStream, 2000); else showLogin();
+      } catch (e) { setTimeout(openStream, 2000); }
+    }
+  };
+}
+
+async function loadAll() {
+  await Promise.allSettled([loadApprovals(), loadGrants(), loadDecisions(), loadHandlers()]);
+}
+
+// -- approvals --------------------------------------------------------------------------------
+const keyOf = (a) => `${a.agent_id === null ? "" : a.agent_id}\u0000${a.label}`;
+
+async function loadApprovals() {
+  try {
+    const doc = await api("/api/approvals");
+    state.offsetMs = doc.now * 1000 - Date.now();
+    state.approvals = new Map(doc.approvals.map((a) => [keyOf(a), a]));
+    $("approvals-note").textContent =
+      doc.skipped ? `${doc.skipped} unreadable record(s) skipped` : "";
+  } catch (e) {
+    $("approvals-note").textContent = `cannot list approvals: ${e.message}`;
+  }
+  renderApprovals();
+}
+
+function onApproval(a) {
+  const key = keyOf(a);
+  if (a.status === "pending") state.approvals.set(key, a);
+  else state.approvals.delete(key);
+  renderApprovals();
+}
+
+function isAllow(choice) { return choice.trim().toLowerCase().startsWith("allow"); }
+
+function timeLeft(a) {
+  if (a.expires_at === null) return null;
+  return Math.max(0, a.expires_at - (Date.now() + state.offsetMs) / 1000);
+}
+
+function formatLeft(s) {
+  if (s === null) return "no time limit";
+  if (s >= 3600) return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min left`;
+  if (s >= 60) return `${Math.floor(s / 60)} min ${Math.floor(s % 60)} s left`;
+  return `${Math.floor(s)} s left`;
+}
+
+function dataText(a) {
+  if (a.data !== null && a.data !== undefined) return JSON.stringify(a.data, null, 2);
+  if (a.data_preview) return `${a.data_preview}\n… (${a.data_bytes} bytes in all)`;
+  return "(not recorded)";
+}
+
+function approvalCard(a) {
+  const outcome = el("p", { class: "outcome", role: "status" });
+  const buttons = a.options.map((choice) => el("button", {
+    type: "button", class: isAllow(choice) ? "allow" : "deny", "data-choice": choice,
+    onclick: () => answer(a, choice, card, outcome),
+  }, choice));
+  const left = el("span", { class: "left", "data-expires": a.expires_at }, formatLeft(timeLeft(a)));
+  const fact = (name, value) =>
+    value === null || value === undefined || value === "" ? null : el("span", {}, `${name} `, el("b", {}, value));
+  const card = el("article", { class: "approval", "data-label": a.label },
+    el("h3", {}, a.prompt),
+    el("div", { class: "facts" },
+      fact("agent", a.agent_id), fact("session", a.session_id), fact("tool", a.tool_name),
+      fact("handler", a.handler), fact("event", a.event),
+      fact("default on timeout", a.default), left),
+    el("details", {}, el("summary", {}, "data the handlers saw"), el("pre", {}, dataText(a))),
+    el("div", { class: "choices" }, ...buttons),
+    outcome);
+  return card;
+}
+
+async function answer(a, choice, card, outcome) {
+  for (const b of card.querySelectorAll("button")) b.disabled = true;
+  outcome.textContent = `answering ${choice}…`;
+  try {
+    const got = await api("/api/approvals/answer",
+                          { label: a.label, agent_id: a.agent_id, choice });
+    outcome.textContent = `answered ${got.choice} as ${got.answered_by}`;
+  } catch (e) {
+    outcome.textContent = e.message;
+    outcome.classList.add("error");
+    if (e.status !== 409 && e.status !== 404) {
+      for (const b of card.querySelectorAll("button")) b.disabled = false;
+    }
+  }
+}
+
+function renderApprovals() {
+  const list = [...state.approvals.values()].sort((x, y) => x.created_at - y.created_at);
+  const box = $("approvals");
+  const kept = new Map([...box.children].map((c) => [c.dataset.key, c]));
+  const cards = list.map((a) => {
+    const key = keyOf(a);
+    const card = kept.get(key) || approvalCard(a);
+    card.dataset.key = key;
+    return card;
+  });
+  box.replaceChildren(...cards);
+  $("pending-count").textContent = list.length;
+  $("no-approvals").hidden = list.length > 0;
+}
+
+setInterval(() => {
+  for (const span of document.querySelectorAll(".left[data-expires]")) {
+    const s = Math.max(0, Number(span.dataset.expires) - (Date.now() + state.offsetMs) / 1000);
+    span.textContent = formatLeft(s);
+    span.classList.toggle("urgent", s < 30);
+  }
+}, 1000);
+
+// -- grants -------------------------------------------------------------------------------------
+function when(seconds) {
+  return seconds ? new Date(seconds * 1000).toISOString().replace("T", " ").slice(0, 19) : "";
+}
+
+async function loadGrants() {
+  try {
+    const doc = await api("/api/grants");
+    state.grants = new Map(doc.grants.map((g) => [g.key, g]));
+  } catch (e) { /* shown as empty; the feed reloads on resync */ }
+  renderGrants();
+}
+
+function renderGrants() {
+  const rows = [...state.grants.values()].sort((x, y) => x.granted_at - y.granted_at).map((g) => {
+    const button = el("button", { type: "button", class: "revoke", "data-key": g.key,
+      onclick: async () => {
+        button.disabled = true;
+        try {
+          await api("/api/grants/revoke", { key: g.key });
+          state.grants.delete(g.key);
+          renderGrants();
+        } catch (e) { button.disabled = false; button.title = e.message; }
+      } }, "Revoke");
+    return el("tr", { "data-key": g.key },
+      el("td", {}, g.agent_id || ""), el("td", {}, g.session_id), el("td", {}, g.event),
+      el("td", {}, g.handler), el("td", {}, g.tool || ""), el("td", {}, when(g.granted_at)),
+      el("td", {}, g.label), el("td", {}, button));
+  });
+  $("grants").tBodies[0].replaceChildren(...rows);
+  $("grants-count").textContent = rows.length;
+}
+
+// -- decisions ------------------------------------------------------------------------------------
+async function loadDecisions() {
+  try {
+    const doc = await api("/api/decisions?limit=50");
+    state.decisions = doc.records;
+    $("decisions-note").textContent = doc.available ? "" : doc.reason;
+  } catch (e) {
+    $("decisions-note").textContent = `cannot read the audit trail: ${e.message}`;
+  }
+  renderDecisions();
+}
+
+function renderDecisions() {
+  const rows = state.decisions.slice().reverse().map((d) => el("tr", { "data-emit": d.emit_id },
+    el("td", {}, when(d.time)), el("td", {}, d.agent_id || ""), el("td", {}, d.session_id || ""),
+    el("td", {}, d.event), el("td", {}, d.tool_name || ""),
+    el("td", { class: `action-${d.action}` }, d.action), el("td", {}, d.decided_by || ""),
+    el("td", { class: "approver" }, d.approver || ""), el("td", {}, d.reason || "")));
+  $("decisions").tBodies[0].replaceChildren(...rows);
+}
+
+// -- handlers ---------------------------------------------------------------------------------------
+async function loadHandlers() {
+  try {
+    const doc = await api("/api/handlers");
+    const rows = doc.handlers.map((h) => el("tr", {},
+      el("td", {}, h.event), el("td", {}, h.priority), el("td", {}, h.name),
+      el("td", {}, (h.tool_filter || ["*"]).join(", ")), el("td", {}, h.failure_policy || ""),
+      el("td", {}, h.timeout_s === null ? "" : h.timeout_s),
+      el("td", {}, h.required ? (h.declared ? "yes" : "yes, NOT DECLARED") : ""),
+      el("td", { class: "replicas" }, h.replicas.length),
+      el("td", {}, h.last_seen ? `${Math.max(0, Math.round(Date.now() / 1000 + state.offsetMs / 1000 - h.last_seen))} s ago` : "-")));
+    $("handlers").tBodies[0].replaceChildren(...rows);
+    const notes = Object.entries(doc.rejected).map(([k, why]) => `skipped ${k}: ${why}`);
+    for (const h of doc.live_only) notes.push(`served but not declared: ${h.name} (${h.event})`);
+    $("handlers-note").textContent = notes.join("; ");
+  } catch (e) {
+    $("handlers-note").textContent = `cannot read the handler registry: ${e.message}`;
+  }
+}
+
+$("handlers-refresh").addEventListener("click", loadHandlers);
+
+start().catch((e) => showLogin(`cannot reach the console: ${e.message}`));
