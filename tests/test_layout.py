@@ -303,6 +303,10 @@ PUBLIC_API: dict[str, set[str]] = {
         "decisions_stream_config",
         "decisions_subject",
         "stream_config_differences",
+        # the written wire contract (hookbus schema, hookbus asyncapi)
+        "ApprovalMetadata",
+        "WIRE_ERROR_CODES",
+        "asyncapi_document",
     },
     "hookbus.workers": {"HandlerSpec", "HookResult", "HookWorker"},
     "hookbus.dispatcher": {

@@ -22,7 +22,6 @@ from hookbus.schemas import (
     STANDARD_EVENTS,
     HookbusError,
     handlers_bucket_config,
-    json_schemas,
     to_builtins,
 )
 from hookbus.workers import HookWorker
@@ -45,6 +44,7 @@ from ._common import (
     setup_logging,
     strict_buckets_option,
 )
+from ._contract_cmd import asyncapi, schema
 from ._decisions_cmd import audit_options, decisions
 from ._gateway_cmd import gateway
 from ._handlers_cmd import handlers
@@ -307,23 +307,6 @@ def emit(
             raise click.ClickException(f"{exc} (standard events: {', '.join(known)})") from exc
 
 
-@cli.command()
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False, writable=True),
-    default=None,
-    help="Write to this file instead of stdout.",
-)
-def schema(out: str | None) -> None:
-    """Write the JSON Schema of every wire type (to write a worker in any language)."""
-    text = json.dumps(json_schemas(), indent=2)
-    if out:
-        Path(out).write_text(text + "\n")
-        click.echo(f"wrote {out}", err=True)
-    else:
-        click.echo(text)
-
-
 def _demo_agents_option(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, ...]:
     """``hookbus demo --agents``: see `parse_agents` (imported only when used)."""
     from ._demo_agents import parse_agents
@@ -427,6 +410,8 @@ cli.add_command(auth)
 cli.add_command(gateway)
 cli.add_command(claude_code)
 cli.add_command(console)
+cli.add_command(schema)
+cli.add_command(asyncapi)
 
 
 def _on_signals(stop: Callable[[], Awaitable[None]]) -> None:

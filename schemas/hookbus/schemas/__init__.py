@@ -1,6 +1,8 @@
 """hookbus.schemas: the wire contract (types, subjects, codec, event names). No I/O."""
 
-from ._approvals import ApprovalGrant
+from typing import TYPE_CHECKING, Any
+
+from ._approvals import ApprovalGrant, ApprovalMetadata
 from ._audit import (
     DECISIONS_DEFAULT_MAX_AGE_S,
     DECISIONS_DEFAULT_MAX_BYTES,
@@ -15,7 +17,7 @@ from ._buckets import (
     leases_bucket_config,
     suspensions_bucket_config,
 )
-from ._codec import WIRE_TYPES, decode, encode, json_schemas, to_builtins
+from ._codec import WIRE_TYPES, decode, encode, to_builtins
 from ._declarations import (
     MAX_HANDLER_TIMEOUT_S,
     MAX_PRIORITY,
@@ -107,6 +109,7 @@ from ._suspensions import (
     SuspensionRecord,
 )
 from ._types import (
+    WIRE_ERROR_CODES,
     Action,
     CollectReply,
     CollectRequest,
@@ -123,6 +126,10 @@ from ._types import (
     RequiredHandler,
     WireError,
 )
+
+if TYPE_CHECKING:  # loaded on first use: see __getattr__
+    from ._asyncapi import asyncapi_document
+    from ._contract import json_schemas
 
 __all__ = [
     "MAX_HANDLER_TIMEOUT_S",
@@ -154,6 +161,9 @@ __all__ = [
     "SUSPENSIONS_BUCKET",
     "ApprovalAnswer",
     "ApprovalGrant",
+    "ApprovalMetadata",
+    "WIRE_ERROR_CODES",
+    "asyncapi_document",
     "GRANT_NONE",
     "grant_key",
     "parse_grant_key",
@@ -240,3 +250,17 @@ __all__ = [
     "to_hook_result",
     "validate_name",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """`json_schemas` and `asyncapi_document` load on first use: a process that only sends
+    messages (the Claude Code hook path) never pays for the generators."""
+    if name == "json_schemas":
+        from ._contract import json_schemas
+
+        return json_schemas
+    if name == "asyncapi_document":
+        from ._asyncapi import asyncapi_document
+
+        return asyncapi_document
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,5 @@
-"""Wire types of approval grants ("Allow always"), kept in `APPROVALS_BUCKET`.
+"""Wire types of approvals: the metadata of an approval suspension, and the grants ("Allow
+always") kept in `APPROVALS_BUCKET`.
 
 A grant is stored under `grant_key` (agent, session, event, handler, tool) when a human
 answers an approval with "Allow always" for a call that carries a session id. It allows
@@ -9,9 +10,11 @@ default) or until revoked.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from ._types import _Wire
 
-__all__ = ["ApprovalGrant"]
+__all__ = ["ApprovalGrant", "ApprovalMetadata"]
 
 
 class ApprovalGrant(_Wire):
@@ -21,6 +24,7 @@ class ApprovalGrant(_Wire):
     session_id: str
     """The session it is remembered for (never empty: no session, no grant)."""
     event: str
+    """The event whose handler asked."""
     handler: str
     """The handler that asked (with `event`, the handler's identity)."""
     agent_id: str | None = None
@@ -33,3 +37,37 @@ class ApprovalGrant(_Wire):
     """The label of the approval that granted it."""
     granted_at: float = 0.0
     """Seconds since the Unix epoch."""
+
+
+class ApprovalMetadata(_Wire, omit_defaults=False):
+    """The `SuspensionRecord.metadata` of an approval (a record whose label starts with
+    ``approval:``): what a dispatcher asks when a handler answers ``ask_user``. The
+    dispatcher writes every key (``null`` included); an approver shows `prompt` and
+    `options` and answers with an `ApprovalAnswer`.
+
+    Source of the fields: amplifier-core's `HookResult` ``approval_prompt``,
+    ``approval_options``, ``approval_timeout`` and ``approval_default``.
+    """
+
+    kind: Literal["approval"]
+    """Always ``"approval"`` (other suspensions carry the metadata their waiter chose)."""
+    prompt: str
+    """The question (`HookResult.approval_prompt`, else ``"Allow <tool> (<event>)?"``)."""
+    options: list[str]
+    """The choices offered (`HookResult.approval_options`, default ``["Allow", "Deny"]``):
+    the answer's `ApprovalAnswer.choice` must be one of them."""
+    timeout_s: float | None
+    """Seconds the approval waits from its creation before `default` applies (clamped to
+    7 days); None: no limit."""
+    default: Literal["allow", "deny"]
+    """The decision when `timeout_s` runs out unanswered (`HookResult.approval_default`)."""
+    handler: str
+    """The handler that asked."""
+    event: str
+    """The emitted event."""
+    tool_name: str | None
+    """``data["tool_name"]`` of the call; None when it named no tool."""
+    session_id: str | None
+    """The call's session; None when it had none (then "Allow always" allows this call only)."""
+    agent_id: str | None
+    """The agent the call was made for; None when it had none."""

@@ -43,12 +43,14 @@ class DecisionRecord(_Wire, omit_defaults=False):
     """Unique id of this record (hex); also its JetStream ``Nats-Msg-Id``, so a publish
     retried after a lost acknowledgement is stored once."""
     event: str
+    """The emitted event."""
     action: Action
     """The decision: the folded action `emit` returned."""
     time: float
     """When the decision was taken: seconds since the Unix epoch (the recorder's clock)."""
     time_iso: str
-    """`time` as UTC ISO-8601."""
+    """`time` as an RFC 3339 (ISO 8601) UTC timestamp, e.g.
+    ``2026-01-02T03:04:05.123456+00:00``."""
     emit_id: str
     """The emit's id, as every handler of the call received it (`EventEnvelope.id`): the
     caller's idempotency key when it gave one."""
@@ -57,13 +59,16 @@ class DecisionRecord(_Wire, omit_defaults=False):
     agent_id: str | None = None
     """The agent the call was made for (the dispatcher's pinned agent, else the data's)."""
     session_id: str | None = None
+    """The call's session (``data["session_id"]``), None when it had none."""
     tool_name: str | None = None
+    """``data["tool_name"]`` of the call, None when it named no tool."""
     handlers: list[str] = msgspec.field(default_factory=list)
     """The handlers called, in the order they were called (a handler skipped by its tool
     filter or after a deny is not in it)."""
     decided_by: str | None = None
     """The handler whose result decided (`HookResult.decided_by`)."""
     reason: str | None = None
+    """The decision's reason (`HookResult.reason`)."""
     failures: list[HandlerFailure] = msgspec.field(default_factory=list)
     """Every handler failure with the policy applied (`HookResult.failures`)."""
     approver: str | None = None

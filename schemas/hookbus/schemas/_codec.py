@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from ._approvals import ApprovalGrant
+from ._approvals import ApprovalGrant, ApprovalMetadata
 from ._audit import DecisionRecord
 from ._errors import WireFormatError
 from ._suspensions import ApprovalAnswer, HookEvent, SuspensionRecord
@@ -24,10 +24,11 @@ from ._types import (
     HandlerDeclaration,
     HookReply,
     HookResult,
+    RequiredHandler,
     WireError,
 )
 
-__all__ = ["WIRE_TYPES", "decode", "encode", "json_schemas", "to_builtins"]
+__all__ = ["WIRE_TYPES", "decode", "encode", "to_builtins"]
 
 T = TypeVar("T")
 
@@ -46,8 +47,11 @@ WIRE_TYPES: tuple[type[Any], ...] = (
     ApprovalAnswer,
     ApprovalGrant,
     DecisionRecord,
+    RequiredHandler,
+    ApprovalMetadata,
 )
-"""Every type that crosses the wire; `json_schemas` covers exactly these."""
+"""Every type that crosses the wire (messages and KV values); `json_schemas` covers exactly
+these and the types they nest."""
 
 _encoder = msgspec.json.Encoder()
 _decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {}
@@ -94,14 +98,3 @@ def decode(data: bytes | str, type_: type[T]) -> T:
 def to_builtins(obj: Any) -> Any:
     """A wire type as plain dicts and lists (for printing and for JSON Schema checks)."""
     return msgspec.to_builtins(obj)
-
-
-def json_schemas() -> dict[str, Any]:
-    """The JSON Schema (2020-12) of every wire type: ``{"$defs": {...}, "types": [...]}``."""
-    _, defs = msgspec.json.schema_components(WIRE_TYPES, ref_template="#/$defs/{name}")
-    return {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "title": "hookbus v1 wire types",
-        "$defs": defs,
-        "types": [t.__name__ for t in WIRE_TYPES],
-    }

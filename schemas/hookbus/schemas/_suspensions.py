@@ -47,7 +47,9 @@ class SuspensionRecord(_Wire):
     """
 
     label: str
+    """The label the run suspended on (any text; encoded in the key)."""
     status: HookStatus
+    """``pending`` (a waiter waits), ``resolved`` (a value was given) or ``cancelled``."""
     hook_id: str = ""
     """Id of the waiting hook (empty for a pre-registered resolution)."""
     agent_id: str | None = None
@@ -67,6 +69,8 @@ class SuspensionRecord(_Wire):
     """Write ids of the versions this one replaced, newest first (a few): a writer whose
     write was replaced before it could read it back still finds it here."""
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+    """What the waiter attached for whoever resolves it (for an approval: an
+    `ApprovalMetadata`)."""
     payload_type: str | None = None
     """Name of the payload type the waiter expects."""
     payload_schema: dict[str, Any] | None = None
@@ -76,29 +80,39 @@ class SuspensionRecord(_Wire):
     reason: str | None = None
     """Why it was cancelled."""
     preregistered: bool = False
+    """True: the resolution came before any waiter (a later ``hook(label)`` consumes it)."""
     consumed: bool = False
+    """True: a waiter took the resolution (exactly once)."""
     created_at: float = 0.0
     """Seconds since the Unix epoch."""
     settled_at: float | None = None
+    """When it was resolved or cancelled: seconds since the Unix epoch; None while pending."""
 
 
 class HookPart(_Wire):
     """What a hook event tells about one hook (the Vercel AI SDK's ``HookPart``)."""
 
     hook_id: str
+    """Id of the waiting hook (empty for a pre-registered resolution)."""
     label: str
+    """The hook's label."""
     status: HookStatus
+    """The state this event reports: ``pending``, ``resolved`` or ``cancelled``."""
     agent_id: str | None = None
     """The agent whose hook it is (also the ``<agent>`` token of the event's subject)."""
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+    """The record's metadata (for an approval: an `ApprovalMetadata`)."""
     resolution: Any = None
+    """The resolved value (JSON) for ``resolved``; None otherwise."""
     reason: str | None = None
+    """Why it was cancelled, for ``cancelled``."""
 
 
 class HookEvent(_Wire):
     """Published on ``hookbus.v1.hooks.<agent>.<label>.<status>`` at each transition."""
 
     hook: HookPart
+    """The hook and its new state."""
     at: float = 0.0
     """Seconds since the Unix epoch."""
 
@@ -115,6 +129,7 @@ class ApprovalAnswer(_Wire):
     """
 
     choice: str
+    """One of the approval's options (`ApprovalMetadata.options`), e.g. ``"Allow once"``."""
     answered_by: str | None = None
     """The approver's name, as its NATS permissions establish it (the proof key's last
     segment)."""

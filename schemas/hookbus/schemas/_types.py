@@ -12,6 +12,7 @@ from typing import Any, Literal
 import msgspec
 
 __all__ = [
+    "WIRE_ERROR_CODES",
     "Action",
     "CollectReply",
     "CollectRequest",
@@ -73,8 +74,12 @@ class ContextInjection(_Wire):
     content: str
     """The text to inject."""
     role: Literal["system", "user", "assistant"] = "system"
+    """Role of the injected message in the model's conversation."""
     ephemeral: bool = False
+    """True: the injection is for the next model call only, not kept in the history."""
     append_to_last_tool_result: bool = False
+    """True (on ``tool:post``): appended to the last tool result instead of a message of its
+    own."""
     hook_name: str = "unknown"
     """Name of the handler that returned it."""
     event: str = ""
@@ -85,8 +90,12 @@ class HandlerFailure(_Wire):
     """A handler that gave no usable answer, and the failure policy applied to it."""
 
     handler: str
+    """Name of the handler that failed."""
     kind: FailureKind
+    """How it failed: ``timeout``, ``no_responders``, ``error`` or ``bad_reply``."""
     policy: FailurePolicy
+    """The failure policy applied: ``ignore`` (failed open, the emit went on) or ``deny``
+    (failed closed)."""
     message: str = ""
     """Human-readable detail (the exception text, the decode error with its JSON path)."""
 
@@ -106,6 +115,9 @@ class HookResult(_Wire, omit_defaults=False, metaclass=_IgnoreUnknownFields):
     """
 
     action: Action = "continue"
+    """What to do: ``continue``, ``deny`` (stop; later handlers do not run), ``modify`` (replace
+    the data with `data`), ``inject_context`` (add `context_injection` for the model) or
+    ``ask_user`` (ask a human, see ``approval_*``)."""
     data: dict[str, Any] | None = None
     """From a handler: with ``action="modify"``, the data the next handler sees (whole
     replacement). From `emit`, as amplifier-core returns it: the final data for
@@ -113,20 +125,33 @@ class HookResult(_Wire, omit_defaults=False, metaclass=_IgnoreUnknownFields):
     ``ask_user`` the data the deciding handler put on its result (usually None); None for
     a merged ``inject_context``. `chained_data` has the final data whatever the action."""
     reason: str | None = None
+    """Why (for ``deny`` and ``modify``); shown to the agent and, for a deny, to the model."""
     context_injection: str | None = None
+    """With ``inject_context``: the text to add to the model's context (None injects nothing)."""
     context_injection_role: Literal["system", "user", "assistant"] = "system"
+    """Role of the injected message."""
     ephemeral: bool = False
+    """True: the injection is for the next model call only, not kept in the history."""
     approval_prompt: str | None = None
+    """With ``ask_user``: the question shown to the approver."""
     approval_options: list[str] | None = None
+    """With ``ask_user``: the choices offered; None means ``["Allow", "Deny"]``. A choice
+    starting with "allow" (any case) allows; ``"Allow always"`` also stores a grant."""
     approval_timeout: float = 300.0
     """Seconds to wait for the user's answer before `approval_default` applies."""
     approval_default: Literal["allow", "deny"] = "deny"
+    """With ``ask_user``: the decision when `approval_timeout` runs out unanswered."""
     suppress_output: bool = False
+    """True: hide the hook's output from the user's transcript."""
     user_message: str | None = None
+    """A message to show the user (not the model), separate from the context injection."""
     user_message_level: Literal["info", "warning", "error"] = "info"
+    """Severity of `user_message`."""
     user_message_source: str | None = None
     """Label shown with `user_message` (amplifier-core: falls back to the hook's name)."""
     append_to_last_tool_result: bool = False
+    """True (on ``tool:post``): the injection is appended to the last tool result instead of a
+    message of its own."""
     context_injections: list[ContextInjection] = msgspec.field(default_factory=list)
     """Every injection of the emit in order, each with its hook and event (amplifier-core's
     ordered, lossless list; the scalar ``context_injection*`` fields are projected from it)."""
@@ -156,7 +181,9 @@ class EventEnvelope(_Wire):
     data: dict[str, Any]
     """The event data as the handler sees it (after defaults and earlier modifies)."""
     agent_id: str | None = None
+    """The agent the emit was made for (also ``data["agent_id"]``); None: no agent."""
     session_id: str | None = None
+    """The agent's session (also ``data["session_id"]``); None: no session."""
     emitted_at: float = 0.0
     """When the emit started: seconds since the Unix epoch (informational only: clocks of
     different hosts disagree, so no decision is taken on it)."""
@@ -168,6 +195,24 @@ class EventEnvelope(_Wire):
     """1 for the first request of this handler call, 2+ for a hedged retry."""
 
 
+WIRE_ERROR_CODES: tuple[str, ...] = (
+    "bad_request",
+    "unknown_event",
+    "payload_too_large",
+    "handler_error",
+    "handler_timeout",
+    "bad_result",
+    "not_ready",
+    "busy",
+    "unavailable",
+    "deadline_exceeded",
+    "internal",
+)
+"""Every `WireError.code` a hookbus process sends (the wire contract's enum). A reader
+decodes any string, so a code added later is an ``error`` to older dispatchers, not a
+decode failure."""
+
+
 class WireError(_Wire):
     """A structured error reply. `code` is one of ``bad_request``, ``unknown_event``,
     ``payload_too_large``, ``handler_error``, ``handler_timeout``, ``bad_result``,
@@ -176,7 +221,9 @@ class WireError(_Wire):
     before the work could start), ``internal``."""
 
     code: str
+    """What went wrong (one of `WIRE_ERROR_CODES`; see the type's description)."""
     message: str
+    """Human-readable detail (for a bad request: the JSON path of the problem)."""
     retryable: bool = False
     """True when the same request may succeed if sent again (``busy``, ``unavailable``,
     ``deadline_exceeded``): nothing was run."""
@@ -186,8 +233,11 @@ class HookReply(_Wire):
     """A worker's answer to one `EventEnvelope`: exactly one of `result` or `error`."""
 
     handler: str
+    """Name of the handler that answers (the one the request subject names)."""
     result: HookResult | None = None
+    """The handler's result (exactly one of `result` and `error`)."""
     error: WireError | None = None
+    """Why the handler gave no result (exactly one of `result` and `error`)."""
     instance: str = ""
     """Id of the worker process that answered (its ``nats.micro`` service id): a
     dispatcher may send a hedge to ``handler_instance_subject(event, handler, instance)``.
@@ -203,7 +253,9 @@ class HandlerDeclaration(_Wire):
     """
 
     event: str
+    """The event the handler serves (its key's first segment, decoded)."""
     name: str
+    """The handler's name, unique per event (its key's second segment, decoded)."""
     priority: int = 0
     """Lower runs first (amplifier-core order); ties break by name."""
     tool_filter: list[str] | None = None
@@ -211,16 +263,24 @@ class HandlerDeclaration(_Wire):
     timeout_s: float = 5.0
     """Seconds the dispatcher waits for one call of this handler."""
     failure_policy: FailurePolicy = "ignore"
+    """What a failure of this handler does: ``ignore`` (fail open, recorded on the result) or
+    ``deny`` (fail closed)."""
     parallel: bool = False
     """May run concurrently with adjacent parallel handlers; may not modify."""
     retry_safe: bool = False
     """Running it twice for one call is harmless (it has no side effects, or they are
     idempotent): the dispatcher may hedge a slow call on another replica. Never assumed."""
     subject: str = ""
-    """Request subject. Informational: dispatchers derive the subject, collect subject and
-    queue group from (`event`, `name`) and refuse a declaration whose values differ."""
+    """The handler's request subject ``hookbus.v1.hook.<event>.<handler>`` (names encoded).
+    Writers put the derived value (the wire contract requires it); dispatchers derive the
+    subject, collect subject and queue group from (`event`, `name`) themselves, refuse a
+    declaration whose values differ, and accept one without them."""
     collect_subject: str = ""
+    """The event's emit_and_collect subject ``hookbus.v1.collect.<event>``. Informational, like
+    `subject`."""
     queue_group: str = ""
+    """The queue group every replica subscribes with: the encoded handler name. Informational,
+    like `subject`."""
 
 
 class RequiredHandler(_Wire):
@@ -232,8 +292,11 @@ class RequiredHandler(_Wire):
     """
 
     event: str
+    """The event that requires the handler."""
     name: str
+    """The required handler's name."""
     failure_policy: FailurePolicy = "deny"
+    """What the call's failure does while the handler is not declared (``deny``: fail closed)."""
     priority: int = 0
     """Where the absent handler sits in the call order (lower runs first)."""
     timeout_s: float = 5.0
@@ -246,8 +309,13 @@ class EmitRequest(_Wire):
     """Body of a request to the dispatcher service on ``hookbus.v1.emit.<event>``."""
 
     data: dict[str, Any] = msgspec.field(default_factory=dict)
+    """The event data (a JSON object). The dispatcher adds its default fields, ``agent_id``,
+    ``session_id`` and an RFC 3339 UTC ``timestamp``."""
     agent_id: str | None = None
+    """The agent: must be the one the subject names (``hookbus.v1.emit.<agent>.<event>``), else
+    the request is refused."""
     session_id: str | None = None
+    """The agent's session; copied into the data (``data["session_id"]``)."""
     idempotency_key: str | None = None
     """The caller's id for this call: a retry of the same call (same key, after a lost reply
     or a dispatcher restart) finds its approval and its answer without asking again; a new
@@ -261,13 +329,17 @@ class EmitReply(_Wire):
     """The dispatcher service's answer: exactly one of `result` or `error`."""
 
     result: HookResult | None = None
+    """The folded result of every handler (exactly one of `result` and `error`); encoded with
+    every field."""
     error: WireError | None = None
+    """Why the emit failed (exactly one of `result` and `error`); see `WireError.retryable`."""
 
 
 class CollectRequest(_Wire):
     """Body of a request on ``hookbus.v1.emit_and_collect.<event>``."""
 
     data: dict[str, Any] = msgspec.field(default_factory=dict)
+    """The event data (a JSON object); every handler gets a copy (no defaults, no timestamp)."""
     timeout_s: float = 1.0
     """Seconds to wait for the handlers' answers (amplifier-core's `timeout`)."""
 
@@ -276,4 +348,7 @@ class CollectReply(_Wire):
     """The dispatcher service's answer to a `CollectRequest`."""
 
     responses: list[Any] = msgspec.field(default_factory=list)
+    """The non-null ``result.data`` of each handler that answered in time, in priority order
+    (amplifier-core's `emit_and_collect` return value); failures are skipped."""
     error: WireError | None = None
+    """Set when the request failed as a whole (then `responses` is empty)."""
