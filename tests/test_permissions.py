@@ -409,6 +409,17 @@ async def test_legitimate_flows_pass(secure: Secure, as_: Connect, event: str) -
         service = DispatcherService(HookDispatcher(service_client.nc), service_client.nc)
         await service.start()
         try:
+            # readiness from the agent's side: under load, a request sent right after the
+            # service's subscribe was flushed has once met "no responders"
+            with anyio.fail_after(10):
+                while True:
+                    try:
+                        await agent.nc.request(
+                            emit_service_subject(event, "a1"), b'{"data": {}}', timeout=5
+                        )
+                        break
+                    except nats.errors.NoRespondersError:
+                        await anyio.sleep(0.1)
             msg = await agent.nc.request(
                 emit_service_subject(event, "a1"),
                 json.dumps({"data": {"tool_name": "bash",
