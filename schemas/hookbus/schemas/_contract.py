@@ -10,7 +10,9 @@ types they nest), valid in strict validators (ajv ``strict: true``: no keyword o
 - ``required`` for what a conforming writer always puts in the message (`EXTRA_REQUIRED`
   adds the fields hookbus writes although its decoders would default them);
 - ``oneOf`` for exclusive fields (a reply has exactly one of ``result`` and ``error``);
-- ``enum`` for codes (`WireError.code`, actions, failure kinds and policies, statuses).
+- ``enum`` for codes (`WireError.code`, actions, failure kinds and policies, statuses);
+- the bounds readers enforce (names of 1 to 200 characters, priorities within ±1,000,000,
+  timeouts above 0 seconds, at most 64 tool globs).
 
 Readers are lenient where writers are held to the contract: hookbus decodes a message
 with unknown fields, absent defaults and unknown error codes (see the field descriptions).
@@ -29,6 +31,8 @@ import msgspec
 from ._approvals import ApprovalMetadata
 from ._audit import DecisionRecord
 from ._codec import WIRE_TYPES
+from ._declarations import MAX_PRIORITY, MAX_TOOL_PATTERNS
+from ._subjects import MAX_NAME_LENGTH
 from ._suspensions import HookEvent, HookPart, SuspensionRecord
 from ._types import (
     WIRE_ERROR_CODES,
@@ -76,10 +80,16 @@ _DOCS: dict[type[Any], dict[str, str]] = {}
 """`attribute_docs` by class (the source does not change while the process runs)."""
 
 
+_JSON_WORDS = {"None": "null", "True": "true", "False": "false"}
+
+
 def _clean(doc: str) -> str:
-    """A docstring as one description: dedented, RST literals as Markdown code."""
+    """A docstring as a description: dedented, lines of a paragraph joined, RST literals as
+    Markdown code, Python's None / True / False as JSON's null / true / false."""
     text = inspect.cleandoc(doc)
-    return re.sub(r"``([^`]+)``", r"`\1`", text)
+    text = re.sub(r"(?<!\n)\n(?!\n)", " ", text)
+    text = re.sub(r"``([^`]+)``", r"`\1`", text)
+    return re.sub(r"\b(None|True|False)\b", lambda m: _JSON_WORDS[m.group(1)], text)
 
 
 def attribute_docs(cls: type[Any]) -> dict[str, str]:
@@ -210,6 +220,31 @@ def _approval_record(defs: dict[str, Any], ref: str) -> None:
     }
 
 
+def _number_branch(prop: dict[str, Any]) -> dict[str, Any]:
+    """The part of a property's schema that holds its number (or array) constraints."""
+    for branch in prop.get("anyOf", []):
+        if branch.get("type") != "null":
+            return branch  # type: ignore[no-any-return]
+    return prop
+
+
+def _bounds(defs: dict[str, Any]) -> None:
+    """The bounds readers enforce, stated for writers (see `_declarations`, the service)."""
+    positive = {"exclusiveMinimum": 0}
+    name = {"minLength": 1, "maxLength": MAX_NAME_LENGTH}
+    for type_name in ("HandlerDeclaration", "RequiredHandler"):
+        props = defs[type_name]["properties"]
+        props["event"].update(name)
+        props["name"].update(name)
+        props["priority"].update(minimum=-MAX_PRIORITY, maximum=MAX_PRIORITY)
+        props["timeout_s"].update(positive)
+        globs = _number_branch(props["tool_filter"])
+        globs.update(maxItems=MAX_TOOL_PATTERNS)
+        globs["items"].update(name)
+    for type_name in ("EmitRequest", "CollectRequest"):
+        _number_branch(defs[type_name]["properties"]["timeout_s"]).update(positive)
+
+
 def _enums(defs: dict[str, Any]) -> None:
     code = defs["WireError"]["properties"]["code"]
     code["enum"] = list(WIRE_ERROR_CODES)
@@ -223,6 +258,7 @@ def schema_definitions(ref_template: str = "#/$defs/{name}") -> dict[str, Any]:
     _require(defs)
     _exclusive(defs, ref_template)
     _enums(defs)
+    _bounds(defs)
     _approval_record(defs, ref_template)
     return defs
 
