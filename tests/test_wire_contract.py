@@ -18,12 +18,9 @@ work tree. Without ``node``/``npm`` the Node checks skip with the reason, and fa
 from __future__ import annotations
 
 import asyncio
-import fcntl
-import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -33,6 +30,7 @@ from typing import Any
 import nats
 import pytest
 from _fleet import WORKER_READY, Fleet, run_cli
+from _node import node_packages
 from click.testing import CliRunner
 
 from hookbus.cli import EmbeddedNatsServer
@@ -56,37 +54,11 @@ HOOKBUS = [sys.executable, "-m", "hookbus.cli"]
 # -- the Node tools ------------------------------------------------------------------------
 
 
-def _cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "hookbus"
-
-
 @pytest.fixture(scope="session")
 def node_modules() -> Path:
-    """``ajv`` and ``@asyncapi/parser`` installed with npm into a cache folder outside the
-    work tree (once per package.json version; a lock keeps concurrent sessions apart)."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        reason = "node and npm are needed for the wire-contract checks (ajv, @asyncapi/parser)"
-        if os.environ.get("CI"):
-            pytest.fail(f"{reason}, and CI is set")
-        pytest.skip(reason)
-    manifest = (NODE_DIR / "package.json").read_bytes()
-    prefix = _cache_root() / f"node-contract-{hashlib.sha256(manifest).hexdigest()[:12]}"
-    prefix.mkdir(parents=True, exist_ok=True)
-    done = prefix / ".installed"
-    with open(prefix / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.exists():
-            (prefix / "package.json").write_bytes(manifest)
-            proc = subprocess.run(
-                [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
-                 "--loglevel=error"],
-                capture_output=True, text=True, timeout=600,
-            )  # fmt: skip
-            assert proc.returncode == 0, f"npm install failed:\n{proc.stdout}\n{proc.stderr}"
-            done.write_text("ok\n")
-    return prefix / "node_modules"
+    """``ajv`` and ``@asyncapi/parser`` (tests/node/package.json), installed by npm into
+    the cache folder outside the work tree (see `_node`)."""
+    return node_packages(NODE_DIR / "package.json", "node-contract")
 
 
 def _node(node_modules: Path, *args: str) -> Any:
