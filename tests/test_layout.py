@@ -340,6 +340,13 @@ PUBLIC_API: dict[str, set[str]] = {
         "RustHookRegistry",
     },
     "hookbus.integrations.gateway": {"DEFAULT_MAX_BODY_BYTES", "DOORS", "gateway_app"},
+    "hookbus.integrations.console": {
+        "COOKIE",
+        "CSRF_HEADER",
+        "DEFAULT_SESSION_TTL_S",
+        "Feed",
+        "console_app",
+    },
     "hookbus.integrations.pydantic_ai": {
         "EVENTS",
         "ApprovalMode",

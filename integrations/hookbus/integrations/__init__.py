@@ -8,4 +8,6 @@ them installs only hookbus's lean core:
 - `hookbus.integrations.claude_code` (no extra: Claude Code's command and HTTP hooks)
 - `hookbus.integrations.gateway` (extra ``gateway``: the doors over HTTP, one Starlette app
   that `hookbus gateway http|aos` serves with uvicorn)
+- `hookbus.integrations.console` (extra ``gateway``: the approvals console in a browser,
+  one Starlette app that `hookbus console` serves with uvicorn)
 """
