@@ -3,10 +3,31 @@
 "use strict";
 
 const POST_HEADERS = { "Content-Type": "application/json", "X-Hookbus-Console": "1" };
-const state = { approvals: new Map(), grants: new Map(), decisions: [], offsetMs: 0 };
+const state = { approvals: new Map(), grants: new Map(), decisions: [], offsetMs: 0, seq: 0,
+                touched: { approvals: new Map(), grants: new Map() } };
 let stream = null;
 
 function $(id) { return document.getElementById(id); }
+
+// A list is loaded while the feed goes on: an event that arrives during the load is newer
+// than, or as new as, the list for its key, so the list is taken for every key but those.
+function touch(kind, key) {
+  state.seq += 1;
+  state.touched[kind].set(key, state.seq);
+  if (state.touched[kind].size > 5000) state.touched[kind].clear();
+}
+
+async function loadList(kind, path, itemsOf, keyFn) {
+  const start = state.seq;
+  const doc = await api(path);
+  const fresh = new Map(itemsOf(doc).map((item) => [keyFn(item), item]));
+  for (const [key, seq] of state.touched[kind]) {
+    if (seq <= start) continue;
+    if (state[kind].has(key)) fresh.set(key, state[kind].get(key)); else fresh.delete(key);
+  }
+  state[kind] = fresh;
+  return doc;
+}
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -106,21 +127,25 @@ function openStream() {
   stream.addEventListener("approval", (ev) => onApproval(JSON.parse(ev.data)));
   stream.addEventListener("approval_removed", (ev) => {
     const d = JSON.parse(ev.data);
-    for (const [k, a] of state.approvals) if (a.label === d.label) state.approvals.delete(k);
+    for (const [k, a] of state.approvals) {
+      if (a.label === d.label) { touch("approvals", k); state.approvals.delete(k); }
+    }
     renderApprovals();
   });
   stream.addEventListener("grant", (ev) => {
     const g = JSON.parse(ev.data);
+    touch("grants", g.key);
     state.grants.set(g.key, g);
     renderGrants();
   });
   stream.addEventListener("grant_removed", (ev) => {
-    state.grants.delete(JSON.parse(ev.data).key);
+    const key = JSON.parse(ev.data).key;
+    touch("grants", key);
+    state.grants.delete(key);
     renderGrants();
   });
   stream.addEventListener("decision", (ev) => {
-    state.decisions.push(JSON.parse(ev.data));
-    state.decisions = state.decisions.slice(-100);
+    addDecisions([JSON.parse(ev.data)]);
     renderDecisions();
   });
   stream.addEventListener("resync", () => loadAll());
@@ -146,9 +171,8 @@ const keyOf = (a) => `${a.agent_id === null ? "" : a.agent_id}\u0000${a.label}`;
 
 async function loadApprovals() {
   try {
-    const doc = await api("/api/approvals");
+    const doc = await loadList("approvals", "/api/approvals", (d) => d.approvals, keyOf);
     state.offsetMs = doc.now * 1000 - Date.now();
-    state.approvals = new Map(doc.approvals.map((a) => [keyOf(a), a]));
     $("approvals-note").textContent =
       doc.skipped ? `${doc.skipped} unreadable record(s) skipped` : "";
   } catch (e) {
@@ -159,6 +183,7 @@ async function loadApprovals() {
 
 function onApproval(a) {
   const key = keyOf(a);
+  touch("approvals", key);
   if (a.status === "pending") state.approvals.set(key, a);
   else state.approvals.delete(key);
   renderApprovals();
@@ -251,8 +276,7 @@ function when(seconds) {
 
 async function loadGrants() {
   try {
-    const doc = await api("/api/grants");
-    state.grants = new Map(doc.grants.map((g) => [g.key, g]));
+    await loadList("grants", "/api/grants", (d) => d.grants, (g) => g.key);
   } catch (e) { /* shown as empty; the feed reloads on resync */ }
   renderGrants();
 }
@@ -281,12 +305,18 @@ function renderGrants() {
 async function loadDecisions() {
   try {
     const doc = await api("/api/decisions?limit=50");
-    state.decisions = doc.records;
+    addDecisions(doc.records);
     $("decisions-note").textContent = doc.available ? "" : doc.reason;
   } catch (e) {
     $("decisions-note").textContent = `cannot read the audit trail: ${e.message}`;
   }
   renderDecisions();
+}
+
+function addDecisions(records) {
+  const byId = new Map(state.decisions.map((d) => [d.id, d]));
+  for (const d of records) byId.set(d.id, d);
+  state.decisions = [...byId.values()].sort((x, y) => x.time - y.time).slice(-100);
 }
 
 function renderDecisions() {

@@ -1,0 +1,549 @@
+"""The approvals console (`hookbus console`, `hookbus.integrations.console`), in a real browser.
+
+Everything is real: the session's nats-server, a `HookWorker` whose handler asks the user,
+an agent's `HookDispatcher` whose emit waits on the approval, the console served by uvicorn
+(as the ``hookbus console`` subprocess, or in this process), and Debian's headless
+Chromium driven by Playwright (``executable_path``: Playwright's own browsers are never
+downloaded). Chromium is installed with apt-get when it is missing (CI runs as root).
+
+Each test has its own event, session and prompt, so it finds its own approvals among
+whatever else the shared server holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import uvicorn
+from click.testing import CliRunner
+from nats.aio.client import Client as NATS
+from playwright.async_api import Browser, Page, async_playwright, expect
+
+from hookbus.cli._main import cli
+from hookbus.dispatcher import HookDispatcher
+from hookbus.integrations.console import COOKIE, CSRF_HEADER, console_app
+from hookbus.schemas import HookResult
+from hookbus.workers import HookWorker
+
+# a first run on a clean machine installs Chromium (about 30 s) inside the first test
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(240)]
+
+Connect = Callable[..., Awaitable[NATS]]
+HOOKBUS = [str(Path(sys.executable).with_name("hookbus"))]
+TOKEN = "console-test-token-5c2e"
+OPTIONS = ["Allow once", "Allow always", "Deny"]
+POST = {"Content-Type": "application/json", CSRF_HEADER: "1"}
+
+
+# -- the browser ----------------------------------------------------------------------------
+def _install_chromium() -> str:
+    """Debian's chromium, installed with apt-get if missing; its path."""
+    found = shutil.which("chromium")
+    if found:
+        return found
+    if not shutil.which("apt-get") or os.geteuid() != 0:
+        pytest.fail("chromium is missing and cannot be installed here: apt-get install chromium")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium"]
+    done = subprocess.run(install, env=env, capture_output=True, text=True)
+    if done.returncode != 0:  # a clean machine has no package lists yet
+        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=False)
+        done = subprocess.run(install, env=env, capture_output=True, text=True)
+    found = shutil.which("chromium")
+    if done.returncode != 0 or not found:
+        pytest.fail(f"apt-get install chromium failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return found
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    return _install_chromium()
+
+
+@pytest.fixture
+async def browser(chromium: str) -> AsyncIterator[Browser]:
+    async with async_playwright() as p:
+        b = await p.chromium.launch(executable_path=chromium, headless=True)
+        try:
+            yield b
+        finally:
+            await b.close()
+
+
+@pytest.fixture
+async def page(browser: Browser) -> AsyncIterator[Page]:
+    context = await browser.new_context(viewport={"width": 1280, "height": 1000})
+    p = await context.new_page()
+    p.set_default_timeout(10_000)
+    errors: list[str] = []
+    p.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        yield p
+    finally:
+        await context.close()
+    assert errors == [], f"JavaScript errors on the page: {errors}"
+
+
+async def sign_in(page: Page, url: str, token: str = TOKEN, approver: str | None = "alice") -> None:
+    await page.goto(url)
+    await expect(page.locator("#login")).to_be_visible()
+    await page.fill("#token", token)
+    if approver is not None:
+        await page.fill("#approver", approver)
+    await page.click("#login button[type=submit]")
+
+
+# -- the bus --------------------------------------------------------------------------------
+def asking_worker(conn: NATS, event: str, prompt: str) -> HookWorker:
+    """A worker whose handler asks the user `prompt` for every call of `event`."""
+    w = HookWorker(conn)
+
+    @w.handler(event, name="console_gate", failure_policy="deny", timeout_s=5.0)
+    async def console_gate(ev: str, data: dict[str, Any]) -> HookResult:
+        return HookResult(
+            action="ask_user",
+            approval_prompt=prompt,
+            approval_options=OPTIONS,
+            approval_timeout=30.0,
+            approval_default="deny",
+        )
+
+    return w
+
+
+class Scene:
+    """A worker that asks, an agent (its dispatcher, with the audit trail on) in its own
+    session, and the prompt its approvals show."""
+
+    def __init__(self, agent: HookDispatcher, event: str, session: str, prompt: str) -> None:
+        self.agent, self.event, self.session, self.prompt = agent, event, session, prompt
+
+    def data(self, command: str) -> dict[str, Any]:
+        return {"tool_name": "bash", "tool_input": {"command": command}, "agent_id": "agent-7"}
+
+
+@pytest.fixture
+async def scene(connect: Connect, event: str) -> AsyncIterator[Scene]:
+    tag = uuid.uuid4().hex[:8]
+    prompt = f"Run a shell command ({tag})?"
+    async with asking_worker(await connect(), event, prompt):
+        agent = HookDispatcher(await connect(), audit=True)
+        session = f"session-{tag}"
+        agent.set_default_fields(session_id=session)
+        async with agent:
+            yield Scene(agent, event, session, prompt)
+
+
+class Emitted:
+    """An emit running in the background."""
+
+    def __init__(self) -> None:
+        self.result: HookResult | None = None
+        self.started = 0.0
+        self.done = anyio.Event()
+
+    async def wait(self, timeout_s: float = 15) -> HookResult:
+        with anyio.fail_after(timeout_s):
+            await self.done.wait()
+        assert self.result is not None
+        return self.result
+
+
+def spawn_emit(tg: Any, scene: Scene, command: str) -> Emitted:
+    out = Emitted()
+
+    async def run() -> None:
+        try:
+            out.started = time.monotonic()
+            out.result = await scene.agent.emit(scene.event, scene.data(command))
+        finally:
+            out.done.set()
+
+    tg.start_soon(run)
+    return out
+
+
+async def shown(page: Page, card: Any, out: Emitted, timeout_s: float = 5.0) -> None:
+    """Wait for the approval `card` of the emit `out`; on failure say what the emit did and
+    what the console lists."""
+    try:
+        await card.wait_for(state="visible", timeout=timeout_s * 1000)
+    except Exception as exc:
+        listed = await page.evaluate("fetch('/api/approvals').then((r) => r.text())")
+        raise AssertionError(
+            f"no approval card after {timeout_s} s; the emit: "
+            f"{out.result if out.done.is_set() else 'still waiting'}; listed: {listed}"
+        ) from exc
+
+
+# -- the console ----------------------------------------------------------------------------
+class ConsoleProcess:
+    """``hookbus console --port 0 --url URL ...`` as a subprocess (token from the
+    environment); `url` once it serves."""
+
+    def __init__(self, nats_url: str, *args: str) -> None:
+        self.argv = [*HOOKBUS, "console", "--port", "0", "--url", nats_url, *args]
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("NATS_", "HOOKBUS_"))}
+        self.env["HOOKBUS_CONSOLE_TOKEN"] = TOKEN
+        self.proc: asyncio.subprocess.Process | None = None
+        self.lines: list[str] = []
+        self.url = ""
+        self._pump: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> ConsoleProcess:
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE, env=self.env,
+        )  # fmt: skip
+        assert self.proc.stderr is not None
+        with anyio.fail_after(30):
+            while not self.url:
+                line = (await self.proc.stderr.readline()).decode()
+                if not line:
+                    raise AssertionError("the console exited:\n" + "".join(self.lines))
+                self.lines.append(line)
+                if line.startswith("hookbus console serving "):
+                    self.url = line.split()[3]
+        self._pump = asyncio.create_task(self._drain(self.proc.stderr))
+        return self
+
+    async def _drain(self, stream: asyncio.StreamReader) -> None:
+        async for line in stream:
+            self.lines.append(line.decode())
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.proc is not None
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                with anyio.fail_after(20):
+                    await self.proc.wait()
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        if self._pump is not None:
+            with anyio.fail_after(5):
+                await self._pump
+
+
+@contextlib.asynccontextmanager
+async def served_console(connect: Connect, **options: Any) -> AsyncIterator[str]:
+    """`console_app` on its own connection, served by uvicorn in this process; its URL."""
+    nc = await connect()
+    dispatcher = HookDispatcher(nc)
+    await dispatcher.start()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    servers: list[uvicorn.Server] = []
+    app = console_app(
+        dispatcher, nc, token=TOKEN, stopping=lambda: servers[0].should_exit, **options
+    )
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="on"))
+    servers.append(server)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        with anyio.fail_after(10):
+            while not server.started:
+                if task.done():
+                    task.result()
+                    raise AssertionError("uvicorn stopped before it served")
+                await asyncio.sleep(0.01)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/"
+    finally:
+        server.should_exit = True
+        with anyio.fail_after(10):
+            await task
+        sock.close()
+        await dispatcher.close()
+
+
+@contextlib.asynccontextmanager
+async def signed_in_client(url: str, approver: str = "carol") -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client holding `approver`'s session cookie."""
+    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+        r = await client.post("/api/login", json={"token": TOKEN, "approver": approver},
+                              headers={CSRF_HEADER: "1"})  # fmt: skip
+        assert r.status_code == 200, r.text
+        yield client
+
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "console"
+"""Where the screenshots go (gitignored; kept after the run, one folder per test)."""
+
+
+@pytest.fixture
+def artifacts(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """This test's screenshot folder, emptied first; each screenshot's path is printed."""
+    folder = ARTIFACTS / request.node.name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    yield folder
+    for shot in sorted(folder.iterdir()):
+        print(f"console screenshot: {shot}")
+
+
+# -- the tests ---------------------------------------------------------------------------------
+async def test_sign_in_see_a_pending_approval_live_and_allow_it(
+    nats_url: str, scene: Scene, page: Page, artifacts: Path
+) -> None:
+    """The whole loop in a browser: sign in, an emit asks, the approval appears live with
+    what the handlers saw, Allow once, the waiting emit continues with approved_by = the
+    signed-in approver; the decision and the handler with its live replica are shown."""
+    async with ConsoleProcess(nats_url) as console:
+        await sign_in(page, console.url, approver="alice")
+        await expect(page.locator("#who")).to_have_text("signed in as alice")
+        await expect(page.locator("#live")).to_have_text("live")
+        card = page.locator("article.approval", has_text=scene.prompt)
+        await expect(card).to_have_count(0)
+
+        async with anyio.create_task_group() as tg:
+            out = spawn_emit(tg, scene, "rm -rf /tmp/build")
+            await shown(page, card, out)
+            appeared_s = time.monotonic() - out.started
+            print(f"pending approval on the page {appeared_s * 1000:.0f} ms after the emit")
+            assert appeared_s < 1.0, f"the approval took {appeared_s:.2f} s to appear"
+            assert not out.done.is_set()
+
+            facts = card.locator(".facts")
+            for text in ("agent-7", scene.session, "bash", "console_gate", scene.event):
+                await expect(facts).to_contain_text(text)
+            await expect(card.locator(".left")).to_contain_text("s left")
+            await card.locator("summary").click()
+            await expect(card.locator("pre")).to_contain_text('"command": "rm -rf /tmp/build"')
+            assert await card.locator(".choices button").all_inner_texts() == OPTIONS
+            await page.screenshot(path=str(artifacts / "console-pending.png"), full_page=True)
+
+            await card.locator("button", has_text="Allow once").click()
+            result = await out.wait()
+
+        assert result.action == "continue"
+        assert result.approved_by == "alice"
+        assert result.decided_by == "console_gate"
+        await expect(card).to_have_count(0)  # gone once answered (the feed's resolved)
+
+        row = page.locator("#decisions tbody tr", has_text=scene.session)
+        await expect(row).to_have_count(1)
+        await expect(row.locator("td.approver")).to_have_text("alice")
+        await expect(row).to_contain_text("continue")
+        handler = page.locator("#handlers tbody tr", has_text="console_gate")
+        await page.click("#handlers-refresh")
+        await expect(handler.first.locator("td.replicas")).to_have_text("1")
+        await page.screenshot(path=str(artifacts / "console-answered.png"), full_page=True)
+    assert not [line for line in console.lines if TOKEN in line]  # the token is never logged
+
+
+async def test_a_wrong_token_is_refused(connect: Connect, page: Page, artifacts: Path) -> None:
+    async with served_console(connect) as url:
+        await sign_in(page, url, token="not-the-token", approver="mallory")
+        await expect(page.locator("#login-error")).to_have_text("the token is not accepted")
+        await expect(page.locator("#console")).to_be_hidden()
+        await page.screenshot(path=str(artifacts / "console-wrong-token.png"))
+        assert await page.context.cookies() == []
+
+        async with httpx.AsyncClient(base_url=url, timeout=10) as anonymous:
+            for path in ("/api/approvals", "/api/grants", "/api/decisions", "/api/handlers",
+                         "/events"):  # fmt: skip
+                assert (await anonymous.get(path)).status_code == 401, path
+            forged = "eyJhIjoibWFsbG9yeSIsImV4cCI6OTk5OTk5OTk5OX0.AAAA"  # mallory, unsigned
+            r = await anonymous.get("/api/approvals", headers={"Cookie": f"{COOKIE}={forged}"})
+            assert r.status_code == 401
+            r = await anonymous.post("/api/login", json={"token": "nope", "approver": "m"},
+                                     headers=POST)  # fmt: skip
+            assert r.status_code == 401
+            assert r.json()["error"]["code"] == "unauthorized"
+
+        # then the right token signs in, and the page is the console
+        await sign_in(page, url, approver="alice")
+        await expect(page.locator("#who")).to_have_text("signed in as alice")
+        cookie = next(c for c in await page.context.cookies() if c["name"] == COOKIE)
+        assert cookie["httpOnly"] is True and cookie["sameSite"] == "Strict"
+        assert TOKEN not in cookie["value"]
+
+
+async def test_answers_need_the_same_origin_header_and_json(connect: Connect) -> None:
+    """A signed-in browser tricked by another site: no custom header, a form body, or a
+    foreign Origin / Sec-Fetch-Site is refused before anything is answered or revoked."""
+    async with served_console(connect) as url:
+        async with signed_in_client(url) as client:
+            body = json.dumps({"key": "k"})
+            refused = [
+                {"Content-Type": "application/json"},  # no custom header
+                {CSRF_HEADER: "1", "Content-Type": "application/x-www-form-urlencoded"},
+                {**POST, "Origin": "https://evil.example"},
+                {**POST, "Sec-Fetch-Site": "cross-site"},
+            ]
+            for headers in refused:
+                r = await client.post("/api/grants/revoke", content=body, headers=headers)
+                assert r.status_code == 403, (headers, r.text)
+            r = await client.post(
+                "/api/approvals/answer", headers=POST,
+                json={"label": "approval:nope", "agent_id": None, "choice": "Allow"},
+            )  # fmt: skip
+            assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+            r = await client.post("/api/grants/revoke", headers=POST, json={"key": 7})
+            assert r.status_code == 400
+
+
+async def test_revoke_a_grant_from_the_page(
+    connect: Connect, scene: Scene, page: Page, artifacts: Path
+) -> None:
+    """An "Allow always" answered on the page stores a grant, which appears in the grants
+    table; Revoke removes it from the bucket, and the next call asks again."""
+    async with served_console(connect) as url:
+        await sign_in(page, url, approver="alice")
+        await expect(page.locator("#live")).to_have_text("live")
+        card = page.locator("article.approval", has_text=scene.prompt)
+        async with anyio.create_task_group() as tg:
+            out = spawn_emit(tg, scene, "make deploy")
+            await shown(page, card, out)
+            await card.locator("button", has_text="Allow always").click()
+            result = await out.wait()
+        assert result.action == "continue" and result.approved_by == "alice"
+
+        grants = await scene.agent.approval_grants(session_id=scene.session)
+        assert len(grants) == 1
+        row = page.locator("#grants tbody tr", has_text=scene.session)
+        await expect(row).to_have_count(1)  # live, from the approvals bucket's watch
+        await expect(row).to_contain_text("console_gate")
+        again = await scene.agent.emit(scene.event, scene.data("make test"))
+        assert again.action == "continue" and "always" in (again.reason or "")
+        await page.screenshot(path=str(artifacts / "console-grant.png"), full_page=True)
+
+        await row.locator("button.revoke").click()
+        await expect(row).to_have_count(0)
+        assert await scene.agent.approval_grants(session_id=scene.session) == []
+
+        async with anyio.create_task_group() as tg:  # asked again, now denied on the page
+            out = spawn_emit(tg, scene, "make test")
+            await shown(page, card, out)
+            await card.locator("button", has_text="Deny").click()
+            denied = await out.wait()
+        assert denied.action == "deny" and denied.approved_by == "alice"
+
+
+async def test_the_event_stream_delivers_a_pending_approval_within_a_second(
+    connect: Connect, scene: Scene
+) -> None:
+    """The raw server-sent events: hello first, then the pending approval (from the KV
+    watch) within a second of the emit, then its resolution naming the approver."""
+    async with served_console(connect) as url:
+        async with (
+            signed_in_client(url, approver="carol") as client,
+            client.stream("GET", "/events") as stream,
+        ):
+            assert stream.status_code == 200
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            events = _sse_events(stream.aiter_lines())
+            kind, hello = await anext(events)
+            assert kind == "hello" and hello["approver"] == "carol"
+            async with anyio.create_task_group() as tg:
+                out = spawn_emit(tg, scene, "cat /etc/passwd")
+                with anyio.fail_after(5):
+                    while True:
+                        kind, item = await anext(events)
+                        if kind == "approval" and item["session_id"] == scene.session:
+                            break
+                took = time.monotonic() - out.started
+                print(f"pending approval on the event stream {took * 1000:.0f} ms after the emit")
+                assert took < 1.0
+                assert item["status"] == "pending" and item["prompt"] == scene.prompt
+                assert item["options"] == OPTIONS and item["agent_id"] == "agent-7"
+                assert item["data"]["tool_input"] == {"command": "cat /etc/passwd"}
+                assert 25 < item["expires_at"] - time.time() <= 30
+
+                listed = (await client.get("/api/approvals")).json()["approvals"]
+                assert [a["label"] for a in listed if a["session_id"] == scene.session] == [
+                    item["label"]
+                ]
+                r = await client.post(
+                    "/api/approvals/answer", headers=POST,
+                    json={"label": item["label"], "agent_id": "agent-7", "choice": "Deny"},
+                )  # fmt: skip
+                assert r.status_code == 200 and r.json()["answered_by"] == "carol"
+                with anyio.fail_after(5):
+                    while True:
+                        kind, done = await anext(events)
+                        if kind == "approval" and done["label"] == item["label"]:
+                            break
+                assert done["status"] == "resolved" and done["answered_by"] == "carol"
+                assert (await out.wait()).action == "deny"
+            r = await client.post(
+                "/api/approvals/answer", headers=POST,
+                json={"label": item["label"], "agent_id": "agent-7", "choice": "Allow once"},
+            )  # fmt: skip
+            assert r.status_code == 409  # already answered
+
+
+async def test_an_approver_bound_to_the_token_is_who_answers(
+    connect: Connect, scene: Scene
+) -> None:
+    """With ``approver=`` the name given at sign-in is ignored: answers are the bound one's."""
+    async with served_console(connect, approver="bob") as url:
+        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+            assert (await client.get("/api/session")).json()["approver_bound"] is True
+            r = await client.post("/api/login", headers=POST,
+                                  json={"token": TOKEN, "approver": "mallory"})  # fmt: skip
+            assert r.status_code == 200 and r.json()["approver"] == "bob"
+            async with anyio.create_task_group() as tg:
+                out = spawn_emit(tg, scene, "ls")
+                with anyio.fail_after(5):
+                    while True:
+                        pending = (await client.get("/api/approvals")).json()["approvals"]
+                        mine = [a for a in pending if a["session_id"] == scene.session]
+                        if mine:
+                            break
+                        await anyio.sleep(0.05)
+                r = await client.post(
+                    "/api/approvals/answer", headers=POST,
+                    json={"label": mine[0]["label"], "agent_id": "agent-7", "choice": "Allow once"},
+                )  # fmt: skip
+                assert r.status_code == 200, r.text
+                assert (await out.wait()).approved_by == "bob"
+
+
+def test_the_cli_refuses_bad_options(nats_url: str) -> None:
+    runner = CliRunner()
+    env = {"HOOKBUS_CONSOLE_TOKEN": ""}
+    cases = [
+        (["console", "--url", nats_url], {}, "needs a token"),
+        (["console", "--url", nats_url], env, "is empty"),
+        (["console", "--url", nats_url, "--console-token", "t", "--approver", " a"], {},
+         "surrounding spaces"),
+        (["console", "--url", nats_url, "--console-token", "t", "--console-tls-key", "k"], {},
+         "needs --console-tls-cert"),
+    ]  # fmt: skip
+    for argv, extra, message in cases:
+        result = runner.invoke(cli, argv, env={"HOOKBUS_CONSOLE_TOKEN": None, **extra})
+        assert result.exit_code == 2, (argv, result.output)
+        assert message in result.output, (argv, result.output)
+        assert "Traceback" not in result.output
+
+
+async def _sse_events(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, Any]]:
+    """(kind, data) of each server-sent event (comments and retry lines skipped)."""
+    kind, data = "message", ""
+    async for line in lines:
+        if line.startswith("event: "):
+            kind = line[7:]
+        elif line.startswith("data: "):
+            data += line[6:]
+        elif line == "" and data:
+            yield kind, json.loads(data)
+            kind, data = "message", ""
