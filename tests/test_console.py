@@ -29,16 +29,20 @@ from typing import Any
 
 import anyio
 import httpx
+import nats
 import pytest
 import uvicorn
 from click.testing import CliRunner
 from nats.aio.client import Client as NATS
 from playwright.async_api import Browser, Page, async_playwright, expect
 
+from hookbus.cli import EmbeddedNatsServer
+from hookbus.cli._auth import DEFAULT_TENANT, load_setup
 from hookbus.cli._main import cli
 from hookbus.dispatcher import HookDispatcher
 from hookbus.integrations.console import COOKIE, CSRF_HEADER, console_app
-from hookbus.schemas import HookResult
+from hookbus.schemas import TOOL_PRE, HookResult
+from hookbus.schemas._permissions import inbox_prefix
 from hookbus.workers import HookWorker
 
 # a first run on a clean machine installs Chromium (about 30 s) inside the first test
@@ -110,9 +114,9 @@ async def sign_in(page: Page, url: str, token: str = TOKEN, approver: str | None
 
 
 # -- the bus --------------------------------------------------------------------------------
-def asking_worker(conn: NATS, event: str, prompt: str) -> HookWorker:
+def asking_worker(conn: NATS, event: str, prompt: str, **options: Any) -> HookWorker:
     """A worker whose handler asks the user `prompt` for every call of `event`."""
-    w = HookWorker(conn)
+    w = HookWorker(conn, **options)
 
     @w.handler(event, name="console_gate", failure_policy="deny", timeout_s=5.0)
     async def console_gate(ev: str, data: dict[str, Any]) -> HookResult:
@@ -199,6 +203,7 @@ class ConsoleProcess:
 
     def __init__(self, nats_url: str, *args: str) -> None:
         self.argv = [*HOOKBUS, "console", "--port", "0", "--url", nats_url, *args]
+        self.argv = [a for a in self.argv if a]
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("NATS_", "HOOKBUS_"))}
         self.env["HOOKBUS_CONSOLE_TOKEN"] = TOKEN
         self.proc: asyncio.subprocess.Process | None = None
@@ -516,6 +521,73 @@ async def test_an_approver_bound_to_the_token_is_who_answers(
                 )  # fmt: skip
                 assert r.status_code == 200, r.text
                 assert (await out.wait()).approved_by == "bob"
+
+
+async def test_on_a_secured_server_with_an_approvers_own_credentials(
+    tmp_path: Path, page: Page
+) -> None:
+    """`hookbus auth init` identities: the agent (its own embedded dispatcher), the worker
+    and the console, which connects as approver alice (bound with --approver): an answer
+    from the page decides with approved_by alice; what alice's NATS user may not read (the
+    audit trail) is said on the page, not fatal."""
+    out = tmp_path / "auth"
+    result = CliRunner().invoke(cli, [
+        "auth", "init", "--out", str(out), "--agent", "payments",
+        "--worker", "gate:console_gate", "--approver", "alice",
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    setup = load_setup(out)
+
+    conns: list[NATS] = []
+
+    async def connect_as(role: str, name: str) -> NATS:
+        who = setup.find(DEFAULT_TENANT, role, name)
+        assert who is not None
+        conns.append(await nats.connect(
+            server.url, nkeys_seed=str(who.seed_path(out)), allow_reconnect=False,
+            inbox_prefix=inbox_prefix(who.public_key), connect_timeout=5,
+        ))  # fmt: skip
+        return conns[-1]
+
+    server = EmbeddedNatsServer(out / "run", config=out / "server.conf", port=-1)
+    server.start()
+    try:
+        admin = await connect_as("admin", "admin")
+        await HookDispatcher(admin).start()  # the buckets, as an operator creates them
+        prompt = "Pay 1200.00 EUR to ACME Corp?"
+        async with asking_worker(await connect_as("worker", "gate"), TOOL_PRE, prompt):
+            agent = HookDispatcher(await connect_as("agent", "payments"), agent_id="payments")
+            agent.set_default_fields(session_id="s-secured")
+            alice = setup.find(DEFAULT_TENANT, "approver", "alice")
+            assert alice is not None
+            async with (
+                agent,
+                ConsoleProcess(server.url, "--nkey", str(alice.seed_path(out)),
+                               "--approver", "alice") as console,
+            ):  # fmt: skip
+                await page.goto(console.url)
+                await expect(page.locator("#approver-field")).to_be_hidden()
+                await sign_in(page, console.url, approver=None)
+                await expect(page.locator("#who")).to_have_text("signed in as alice")
+                await expect(page.locator("#live")).to_have_text("live")
+                card = page.locator("article.approval", has_text=prompt)
+                async with anyio.create_task_group() as tg:
+                    done: list[HookResult] = []
+
+                    async def emit() -> None:
+                        data = {"tool_name": "payments:create_transfer",
+                                "tool_input": {"amount": "1200.00"}}  # fmt: skip
+                        done.append(await agent.emit(TOOL_PRE, data))
+
+                    tg.start_soon(emit)
+                    await card.locator("button", has_text="Allow once").click()
+                note = page.locator("#decisions-note")
+                await expect(note).to_contain_text("may not read", timeout=12_000)
+    finally:
+        for conn in conns:
+            await conn.close()
+        server.stop()
+    assert done[0].action == "continue" and done[0].approved_by == "alice"
 
 
 def test_the_cli_refuses_bad_options(nats_url: str) -> None:

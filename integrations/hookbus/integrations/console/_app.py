@@ -59,6 +59,10 @@ SECURITY_HEADERS = {
 """Sent with every answer: no script, style or connection but the console's own, never in
 a frame (an Allow button under someone else's page), no referrer."""
 
+UNREADABLE_RETRY_S = 60.0
+"""Seconds the console answers "not readable" for the audit trail, once it was refused,
+before it asks JetStream again."""
+
 KEEPALIVE_S = 15.0
 """Seconds between keep-alive comments on an idle event stream."""
 
@@ -303,11 +307,19 @@ def console_app(
         log.info("console: %s revoked grant %s", session.approver, key)
         return _json({"revoked": key})
 
+    unreadable: list[tuple[float, dict[str, Any]]] = []  # (until, answer) of the last refusal
+
     async def decisions(request: Request, session: Session) -> Response:
         raw = request.query_params.get("limit", "50")
         if not raw.isdigit() or not 1 <= int(raw) <= 1000:
             return _error(400, "bad_request", "limit must be a whole number from 1 to 1000")
-        return _json(await recent_decisions(nc, limit=int(raw)))
+        if unreadable and unreadable[0][0] > time.monotonic():
+            return _json(unreadable[0][1])  # a user that may not read it waits 5 s to learn
+        got = await recent_decisions(nc, limit=int(raw))
+        unreadable.clear()
+        if got.get("code") == "not_readable":
+            unreadable.append((time.monotonic() + UNREADABLE_RETRY_S, got))
+        return _json(got)
 
     async def handlers(request: Request, session: Session) -> Response:
         view = await describe_handlers(nc, ping_timeout_s=ping_timeout_s)

@@ -111,9 +111,11 @@ async def recent_decisions(nc: NATS, *, limit: int, timeout_s: float = 5.0) -> d
     """The last `limit` records of the decision audit trail, oldest first.
 
     Returns:
-        ``{"available": True, "records": [...]}``, or ``{"available": False, "reason":
-        ...}`` when the ``hookbus_decisions`` stream does not exist (the audit trail is
-        off) or this NATS user may not read it (only admin and auditor users may).
+        ``{"available": True, "records": [...]}``, or ``{"available": False, "code": ...,
+        "reason": ..., "records": []}``: code ``audit_off`` when the ``hookbus_decisions``
+        stream does not exist (the audit trail is off), ``not_readable`` when this NATS
+        user may not read it (only admin and auditor users may; JetStream does not answer
+        it, so this takes `timeout_s` seconds).
     """
     js = nc.jetstream(timeout=timeout_s)
     try:
@@ -122,11 +124,11 @@ async def recent_decisions(nc: NATS, *, limit: int, timeout_s: float = 5.0) -> d
         reason = (
             f"the audit trail is off: no {DECISIONS_STREAM} stream (`hookbus dispatcher --audit`)"
         )
-        return {"available": False, "reason": reason, "records": []}
+        return {"available": False, "code": "audit_off", "reason": reason, "records": []}
     except (TimeoutError, nats.errors.Error) as exc:
         reason = (f"cannot read the {DECISIONS_STREAM} stream ({type(exc).__name__}): this"
                   " NATS user may not read it (admin and auditor users may)")  # fmt: skip
-        return {"available": False, "reason": reason, "records": []}
+        return {"available": False, "code": "not_readable", "reason": reason, "records": []}
     last = info.state.last_seq
     if info.state.messages == 0 or last == 0:
         return {"available": True, "records": []}
