@@ -429,6 +429,8 @@ async def test_revoke_a_grant_from_the_page(
         await expect(row).to_contain_text("console_gate")
         again = await scene.agent.emit(scene.event, scene.data("make test"))
         assert again.action == "continue" and "always" in (again.reason or "")
+        handler = page.locator("#handlers tbody tr", has_text=scene.event)  # the first load
+        await expect(handler.locator("td.replicas")).to_have_text("1")
         await page.screenshot(path=str(artifacts / "console-grant.png"), full_page=True)
 
         await row.locator("button.revoke").click()
