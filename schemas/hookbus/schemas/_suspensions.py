@@ -84,7 +84,7 @@ class SuspensionRecord(_Wire):
     consumed: bool = False
     """True: a waiter took the resolution (exactly once)."""
     created_at: float = 0.0
-    """Seconds since the Unix epoch."""
+    """When the record was created: seconds since the Unix epoch."""
     settled_at: float | None = None
     """When it was resolved or cancelled: seconds since the Unix epoch; None while pending."""
 

@@ -221,7 +221,8 @@ class WireError(_Wire):
     before the work could start), ``internal``."""
 
     code: str
-    """What went wrong (one of `WIRE_ERROR_CODES`; see the type's description)."""
+    """What went wrong: one of the codes listed in the type's description (in Python,
+    `WIRE_ERROR_CODES`)."""
     message: str
     """Human-readable detail (for a bad request: the JSON path of the problem)."""
     retryable: bool = False
