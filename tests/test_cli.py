@@ -226,8 +226,8 @@ def test_unreachable_url():
     assert "Traceback" not in result.output
 
 
-def test_emit_without_url_uses_the_embedded_server():
-    proc = _run("emit", "session:start", '{"a": 1}')
+def test_emit_embedded_uses_a_private_server():
+    proc = _run("emit", "session:start", '{"a": 1}', "--embedded")
     assert proc.returncode == 0, proc.stderr
     assert "embedded nats-server at nats://127.0.0.1:" in proc.stderr
     out = json.loads(proc.stdout)

@@ -201,7 +201,7 @@ def _write(reply: ClaudeCodeAnswer) -> int:
 
 
 @click.group("claude-code", invoke_without_command=True)
-@connection_options
+@connection_options(embedded=False)
 @click.option(
     "--agent",
     "agent_id",

@@ -3,6 +3,7 @@ loading `module:attr`, parsing JSON arguments, logging setup, the bucket and dra
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
 import importlib.util
@@ -10,6 +11,7 @@ import json
 import logging
 import math
 import sys
+import traceback
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,6 +25,7 @@ from nats.aio.client import Client as NATS
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import HookbusError
 
+from ._connect import DEFAULT_MAX_RECONNECTS, RECONNECT_WAIT_S
 from ._connect import ConnectionSettings as ConnectionSettings
 from ._connect import connect as connect
 from ._connect import connection_options as connection_options
@@ -95,37 +98,77 @@ def setup_logging(level: str) -> None:
     )
 
 
+max_reconnects_option = click.option(
+    "--max-reconnects",
+    envvar="HOOKBUS_MAX_RECONNECTS",
+    type=click.IntRange(min=-1),
+    default=DEFAULT_MAX_RECONNECTS,
+    show_default=True,
+    help=f"After losing NATS: reconnect attempts, {RECONNECT_WAIT_S:g} s apart, before giving "
+    "up with exit code 1 (env HOOKBUS_MAX_RECONNECTS; -1: forever).",
+)
+
+
 @contextlib.contextmanager
 def connection_or_embedded(conn: ConnectionSettings) -> Iterator[ConnectionSettings]:
-    """Yield `conn`, or, when it has no URL, `conn` with the embedded nats-server's URL."""
-    if conn.url:
+    """Yield `conn`; with ``--embedded`` (`ConnectionSettings.embedded`), start a private
+    nats-server first (its own process group, temporary data removed on exit) and yield
+    settings for it. Commands without --embedded never start a server."""
+    if not conn.embedded:
         yield conn
         return
     if conn.has_credentials or conn.uses_tls:
         log.warning(
-            "no --url: the embedded nats-server has no auth and no TLS; the credentials"
+            "--embedded: the embedded nats-server has no auth and no TLS; the credentials"
             " and TLS options are not used"
         )
-    with EmbeddedNatsServer() as server:
-        click.echo(f"embedded nats-server at {server.url} (data in {server.data_dir})", err=True)
-        yield conn.with_url(server.url)
-
-
-async def drain_or_close(nc: NATS) -> None:
-    """Drain the connection; if the server is gone (drain cannot run), just close it."""
     try:
-        await nc.drain()
-    except (nats.errors.ConnectionReconnectingError, nats.errors.ConnectionClosedError,
-            nats.errors.TimeoutError):  # fmt: skip
+        server = EmbeddedNatsServer()
+        server.start()
+    except HookbusError as exc:  # no binary, or it would not start
+        raise click.ClickException(f"cannot start the embedded nats-server: {exc}") from exc
+    try:
+        click.echo(
+            f"embedded nats-server at {server.url} (data in {server.data_dir}, removed on exit)",
+            err=True,
+        )
+        yield ConnectionSettings(url=server.url, inbox_prefix=conn.inbox_prefix)
+    finally:
+        server.stop()
+
+
+async def close_quietly(nc: NATS, timeout_s: float = 2.0) -> None:
+    """Close the connection within `timeout_s` seconds; never raises (a server gone
+    mid-close resets the socket: nothing is left to tell it)."""
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(timeout_s):
+            await nc.close()
+
+
+async def drain_or_close(nc: NATS, timeout_s: float = 5.0) -> None:
+    """Drain the connection within `timeout_s` seconds; if the server is gone (reconnecting,
+    drain cannot run) or the drain fails or runs out of time, close it. Never raises."""
+    if nc.is_closed:
+        return
+    if nc.is_connected:
+        try:
+            async with asyncio.timeout(timeout_s):
+                await nc.drain()
+            return
+        except (nats.errors.Error, OSError, TimeoutError) as exc:
+            log.warning("NATS drain at shutdown failed (%r): closing without draining", exc)
+    else:
         log.warning("NATS server unreachable at shutdown: closing without draining")
-        await nc.close()
+    await close_quietly(nc)
 
 
 def load_object(ref: str) -> Any:
     """Load ``module:attr`` or ``path/to/file.py:attr``.
 
     Raises:
-        click.BadParameter: a clear message for a missing module, file or attribute.
+        click.BadParameter: a clear one-line message for a missing module, file or
+            attribute, a syntax error in the module, or an exception its import raised
+            (with the file and line where it was raised).
     """
     module_ref, sep, attr = ref.partition(":")
     if not sep or not module_ref or not attr:
@@ -136,7 +179,8 @@ def load_object(ref: str) -> Any:
             if not path.is_file():
                 raise click.BadParameter(f"no such file: {module_ref}")
             spec = importlib.util.spec_from_file_location(path.stem, path)
-            assert spec is not None and spec.loader is not None
+            if spec is None or spec.loader is None:
+                raise click.BadParameter(f"{module_ref} cannot be loaded as a Python module")
             module = importlib.util.module_from_spec(spec)
             sys.modules[path.stem] = module
             spec.loader.exec_module(module)
@@ -144,8 +188,17 @@ def load_object(ref: str) -> Any:
             if "" not in sys.path:
                 sys.path.insert(0, "")
             module = importlib.import_module(module_ref)
+    except click.BadParameter:
+        raise
+    except SyntaxError as exc:
+        where = f"{exc.filename or module_ref}, line {exc.lineno}" if exc.lineno else module_ref
+        raise click.BadParameter(f"syntax error in {where}: {exc.msg}") from exc
     except ImportError as exc:
         raise click.BadParameter(f"cannot import {module_ref!r}: {exc}") from exc
+    except Exception as exc:  # the module's own code raised while it was imported
+        raise click.BadParameter(
+            f"{module_ref} failed to load: {type(exc).__name__}: {exc}{_raised_at(exc)}"
+        ) from exc
     try:
         obj = module
         for part in attr.split("."):
@@ -153,6 +206,13 @@ def load_object(ref: str) -> Any:
     except AttributeError as exc:
         raise click.BadParameter(f"module {module_ref!r} has no attribute {attr!r}") from exc
     return obj
+
+
+def _raised_at(exc: BaseException) -> str:
+    """`` (at FILE line N)``: the innermost frame of `exc` outside the import machinery."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if "importlib" not in f.filename and f.filename != __file__]  # fmt: skip
+    return f" (at {frames[-1].filename} line {frames[-1].lineno})" if frames else ""
 
 
 def parse_json_object(text: str, *, what: str = "JSON") -> dict[str, Any]:
@@ -178,8 +238,8 @@ def with_dispatcher(
     name: str,
 ) -> T:
     """Run ``fn(dispatcher)`` on a started `HookDispatcher` (approvals off) connected as
-    client `name` with `conn` (settings or a URL; no URL: the embedded server), and return
-    what it returned.
+    client `name` with `conn` (settings or a URL; no URL: `LOCAL_URL` if a server answers
+    there; ``--embedded``: a private server for this call), and return what it returned.
 
     Raises:
         click.ClickException: a hookbus error, as one line.
@@ -193,7 +253,7 @@ def with_dispatcher(
             async with HookDispatcher(nc, approvals=False) as d:
                 return await fn(d)
         finally:
-            await nc.close()
+            await close_quietly(nc)
 
     with connection_or_embedded(conn) as server:
         try:

@@ -2,6 +2,12 @@
 seed, user and password, a token), TLS, the inbox prefix, or a `nats` CLI context holding
 them; and one clear error line when the server refuses the connection.
 
+Where to connect, as the `nats` CLI decides it: ``--url``, else ``NATS_URL``, else the
+NATS context (``--context``, ``NATS_CONTEXT``, else the one `nats context select` chose,
+named in ``$XDG_CONFIG_HOME/nats/context.txt``), else ``nats://127.0.0.1:4222`` if a
+server answers there. ``--embedded`` asks for a private server instead. A URL that did
+not come from ``--url`` is named in one line on stderr once connected.
+
 Authentication is nats-py's own (``user_credentials``, ``nkeys_seed``, ``user``/``password``,
 ``token``, ``tls``); this module only gathers the settings, checks the files can be read,
 derives the inbox prefix of an nkey user, and words the refusals.
@@ -29,12 +35,16 @@ import nats.errors
 from nats.aio.client import Client as NATS
 
 __all__ = [
+    "DEFAULT_MAX_RECONNECTS",
+    "LOCAL_URL",
+    "RECONNECT_WAIT_S",
     "ConnectionSettings",
     "connect",
     "connection_options",
     "load_context",
     "nkey_inbox_prefix",
     "resolve_connection",
+    "selected_context",
 ]
 
 log = logging.getLogger("hookbus.cli")
@@ -43,6 +53,16 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_CONTEXT_URL = "nats://localhost:4222"
 """A context without a URL means the local server, as for the `nats` CLI."""
+
+LOCAL_URL = "nats://127.0.0.1:4222"
+"""Where a command connects when nothing says where (no URL, no context)."""
+
+DEFAULT_MAX_RECONNECTS = 60
+"""Reconnect attempts after a lost connection before a command gives up (about two
+minutes at `RECONNECT_WAIT_S`; nats-py's own default). -1: forever."""
+
+RECONNECT_WAIT_S = 2.0
+"""Seconds between two reconnect attempts to the same server."""
 
 # `nats` CLI context fields hookbus reads, and the settings they fill.
 _CONTEXT_FIELDS = {
@@ -111,7 +131,9 @@ _PERMISSIONS = re.compile(r"permissions violation for (\w+) to \"?([^\"]*)\"?", 
 class ConnectionSettings:
     """Where and how to connect: what the connection options and a context gave.
 
-    `url` None means the embedded server. Secrets are kept out of `repr`.
+    `url` None means nothing said where: `connect` tries `LOCAL_URL`. `embedded` asks for
+    a private embedded server (the caller starts it and sets `url`). Secrets are kept out
+    of `repr`.
     """
 
     url: str | None = None
@@ -127,6 +149,11 @@ class ConnectionSettings:
     inbox_prefix: str | None = None
     context: str | None = None
     """The context the settings were read from (for messages)."""
+    source: str = ""
+    """Where the URL came from, for messages: ``--url``, ``NATS_URL``, ``the NATS context
+    'dev'``, ``the selected NATS context 'dev'``; empty when a program set it."""
+    embedded: bool = False
+    """``--embedded``: a private embedded nats-server instead of any URL."""
 
     def with_url(self, url: str) -> ConnectionSettings:
         return replace(self, url=url)
@@ -362,7 +389,29 @@ def _context_file(path: Path, key: str, value: str) -> str:
     return str(Path(value).expanduser())
 
 
-def resolve_connection(*, context: str | None = None, **given: str | None) -> ConnectionSettings:
+def _config_home() -> Path:
+    return Path(os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config"))
+
+
+def selected_context() -> str | None:
+    """The context `nats context select` chose: the name in
+    ``$XDG_CONFIG_HOME/nats/context.txt`` (default ``~/.config/nats/context.txt``), or
+    None when there is none. Source: NATS ADR-21, configuration contexts."""
+    try:
+        name = (_config_home() / "nats" / "context.txt").read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return name or None
+
+
+def resolve_connection(
+    *,
+    context: str | None = None,
+    url_source: str = "--url",
+    context_source: str = "the NATS context",
+    embedded: bool = False,
+    **given: str | None,
+) -> ConnectionSettings:
     """Merge the options given (flags or their environment variables) over a context's.
 
     A credential given explicitly replaces the context's credentials of another kind (a
@@ -370,11 +419,23 @@ def resolve_connection(*, context: str | None = None, **given: str | None) -> Co
     password) and for the URL, the TLS files and the inbox prefix, each option given
     wins over the context's value.
 
+    Args:
+        context: a context name or .json path (None: none).
+        url_source: how the URL was given (``--url`` or ``NATS_URL``), for messages.
+        context_source: how the context was chosen, for messages.
+        embedded: ``--embedded``: a private server; the URL and context are not used.
+        given: the options, by `ConnectionSettings` field name.
     Raises:
         click.ClickException: a bad context, or an unreadable or invalid file.
         click.UsageError: options that do not go together.
     """
     values: dict[str, Any] = {k: v for k, v in given.items() if v}
+    if embedded:
+        values.pop("url", None)
+        values.update(embedded=True, source="--embedded")
+        context = None
+    elif values.get("url"):
+        values["source"] = url_source
     if context:
         from_context = load_context(context)
         kinds = {_AUTH_KINDS[k] for k in _AUTH_FIELDS if values.get(k)}
@@ -385,7 +446,11 @@ def resolve_connection(*, context: str | None = None, **given: str | None) -> Co
                 if k not in _AUTH_KINDS or _AUTH_KINDS[k] in kinds
             }
         values = {**from_context, **values}
-        values.setdefault("url", DEFAULT_CONTEXT_URL)
+        if "url" not in values:
+            values["url"] = DEFAULT_CONTEXT_URL
+            values["source"] = f"{context_source} {context!r}"
+        elif "source" not in values:
+            values["source"] = f"{context_source} {context!r}"
         values["context"] = context
     settings = ConnectionSettings(**values)
     where = f" (with the NATS context {context!r})" if context else ""
@@ -402,18 +467,49 @@ def resolve_connection(*, context: str | None = None, **given: str | None) -> Co
     return settings
 
 
-def connection_options(f: F) -> F:
+def _from_env(name: str) -> bool:
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return False
+    return ctx.get_parameter_source(name) == click.core.ParameterSource.ENVIRONMENT
+
+
+def connection_options(f: F | None = None, *, embedded: bool = True) -> Any:
     """Add the connection options (``--url``, ``--creds``, ``--nkey``, ``--user``,
     ``--password``, ``--token``, ``--tls-ca``, ``--tls-cert``, ``--tls-key``,
-    ``--inbox-prefix``, ``--context``; each also from its ``NATS_*`` variable) to a
-    command, which gets them as one `ConnectionSettings` argument named ``conn``."""
+    ``--inbox-prefix``, ``--context``; each also from its ``NATS_*`` variable; and
+    ``--embedded`` unless `embedded` is False) to a command, which gets them as one
+    `ConnectionSettings` argument named ``conn``. Use as ``@connection_options`` or
+    ``@connection_options(embedded=False)``.
+
+    Where to connect: ``--url``, else ``NATS_URL``, else the context (``--context``,
+    ``NATS_CONTEXT``, else the selected one: `selected_context`), else nothing (`connect`
+    tries `LOCAL_URL`). ``--embedded`` with ``--url`` is a usage error; it wins over the
+    variables and contexts."""
+    if f is None:
+        return functools.partial(connection_options, embedded=embedded)
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         given = {name: kwargs.pop(name, None) for name in _OPTION_NAMES}
         context = kwargs.pop("context", None)
+        private = bool(kwargs.pop("embedded", False)) if embedded else False
         if "conn" not in kwargs:  # `ctx.invoke(command, conn=...)` hands settings on
-            kwargs["conn"] = resolve_connection(context=context, **given)
+            if private and given["url"] and not _from_env("url"):
+                raise click.UsageError("--embedded and --url do not go together")
+            chosen = "the NATS context"
+            if not context:
+                context = selected_context()
+                chosen = "the selected NATS context"
+            elif _from_env("context"):
+                chosen = "the NATS context (NATS_CONTEXT)"
+            kwargs["conn"] = resolve_connection(
+                context=context,
+                url_source="NATS_URL" if _from_env("url") else "--url",
+                context_source=chosen,
+                embedded=private,
+                **given,
+            )
         return f(*args, **kwargs)
 
     file_type = click.STRING  # read by `ConnectionSettings.check`: one error line
@@ -424,8 +520,8 @@ def connection_options(f: F) -> F:
             default=None,
             metavar="URL[,URL...]",
             help="NATS server URL, or a comma-separated server list (env NATS_URL). Without "
-            "one (nor a context), an embedded nats-server with JetStream is started and "
-            "stopped on exit.",
+            "one: the NATS context (--context, NATS_CONTEXT, else the one `nats context "
+            f"select` chose), else {LOCAL_URL} if a server answers there.",
         ),
         click.option(
             "--creds",
@@ -490,14 +586,23 @@ def connection_options(f: F) -> F:
             default=None,
             metavar="NAME|FILE",
             help="A `nats` CLI context: NAME in $XDG_CONFIG_HOME/nats/context/ (default "
-            "~/.config/nats/context/), or a .json file (env NATS_CONTEXT). Options given "
-            "explicitly win over it.",
+            "~/.config/nats/context/), or a .json file (env NATS_CONTEXT; default: the "
+            "selected one). Options given explicitly win over it.",
         ),
     ]
+    if embedded:
+        options.append(
+            click.option(
+                "--embedded",
+                is_flag=True,
+                help="Start a private nats-server (JetStream, temporary data, loopback) for "
+                "this command and stop it on exit, instead of connecting to one.",
+            )
+        )
     decorated: Any = wrapper
     for option in reversed(options):
         decorated = option(decorated)
-    return decorated  # type: ignore[no-any-return]
+    return decorated
 
 
 # -- connecting ---------------------------------------------------------------------------
@@ -589,18 +694,42 @@ def describe_refusal(url: str, settings: ConnectionSettings, exc: BaseException)
     return f"cannot connect to {where}: {text or type(exc).__name__}"
 
 
-async def connect(settings: str | ConnectionSettings, *, name: str, service: bool = False) -> NATS:
-    """Connect with `settings` (or just a URL), with the settings services need (reconnect
-    forever, 20 s pings). A permissions violation later is logged as one warning line
-    naming the subject.
+_announced: set[str] = set()
+
+
+def _no_server(exc: BaseException) -> bool:
+    """Whether a failed connect means nothing listens (rather than a refusal)."""
+    if isinstance(exc, nats.errors.AuthorizationError | ssl.SSLError):
+        return False
+    if "authorization" in str(exc).lower():
+        return False
+    return isinstance(
+        exc, OSError | TimeoutError | nats.errors.NoServersError | nats.errors.TimeoutError
+    )
+
+
+async def connect(
+    settings: str | ConnectionSettings,
+    *,
+    name: str,
+    service: bool = False,
+    max_reconnects: int = DEFAULT_MAX_RECONNECTS,
+) -> NATS:
+    """Connect with `settings` (or just a URL): fail fast at start (each server tried
+    twice), then, once connected, reconnect up to `max_reconnects` times
+    `RECONNECT_WAIT_S` apart (-1: forever) before nats-py closes the connection for good;
+    20 s pings. A URL that did not come from ``--url`` is named on stderr once. A
+    permissions violation later is logged as one warning line naming the subject; with
+    `service`, so are a lost connection and a reconnection.
 
     Raises:
-        click.ClickException: the URL is malformed, no server answers, or the server
-            refused the connection (credentials, TLS): one line saying so.
+        click.ClickException: the URL is malformed, no server answers (with no URL given:
+            one line saying so and how to give one), or the server refused the connection
+            (credentials, TLS): one line saying so.
     """
     if isinstance(settings, str):
         settings = ConnectionSettings(url=settings)
-    url = settings.url or ""
+    url = settings.url or LOCAL_URL
     servers = [s.strip() for s in url.split(",") if s.strip()]
     if not servers:
         raise click.BadParameter("no NATS URL", param_hint="--url")
@@ -614,6 +743,7 @@ async def connect(settings: str | ConnectionSettings, *, name: str, service: boo
     connecting = True
     seen: list[BaseException] = []
     tls_failed = asyncio.Event()
+    client: list[NATS] = []
 
     async def on_error(exc: Exception) -> None:
         if connecting:
@@ -631,8 +761,24 @@ async def connect(settings: str | ConnectionSettings, *, name: str, service: boo
             )
         elif isinstance(exc, nats.errors.AuthorizationError):
             log.warning("%s", describe_refusal(url, settings, exc))
+        elif isinstance(exc, nats.errors.UnexpectedEOF | nats.errors.StaleConnectionError) or (
+            client and client[0].is_reconnecting and isinstance(exc, OSError | TimeoutError)
+        ):
+            log.debug("NATS: %r", exc)  # a lost connection is said once, on disconnect
         else:
             log.warning("NATS: %s", exc)
+
+    async def on_disconnected() -> None:
+        if service and client and client[0].is_reconnecting:
+            tries = "forever" if max_reconnects < 0 else f"up to {max_reconnects} times"
+            log.warning(
+                "lost the connection to NATS at %s; reconnecting (%s, %gs apart)",
+                _redacted(url), tries, RECONNECT_WAIT_S,
+            )  # fmt: skip
+
+    async def on_reconnected() -> None:
+        if service and client:
+            log.warning("reconnected to NATS at %s", _redacted(url))
 
     connecting_task = asyncio.ensure_future(
         nats.connect(
@@ -643,6 +789,8 @@ async def connect(settings: str | ConnectionSettings, *, name: str, service: boo
             reconnect_time_wait=0.2,
             ping_interval=20,
             error_cb=on_error,
+            disconnected_cb=on_disconnected,
+            reconnected_cb=on_reconnected,
             allow_reconnect=True,
             **options,
         )
@@ -661,14 +809,25 @@ async def connect(settings: str | ConnectionSettings, *, name: str, service: boo
         nc = connecting_task.result()
     except (nats.errors.Error, OSError, TimeoutError) as exc:
         cause = _most_telling([*seen, exc])
+        if settings.url is None and _no_server(cause):
+            raise click.ClickException(
+                f"no NATS server: nothing answers at {LOCAL_URL} and no --url, NATS_URL or"
+                " NATS context says where one is; give --url, start one with `hookbus"
+                " server`, or add --embedded for a private one"
+            ) from exc
         raise click.ClickException(describe_refusal(url, settings, cause)) from exc
     finally:
         connecting = False
         tls_failure.cancel()
         if not connecting_task.done():  # cancelled from outside
             connecting_task.cancel()
-    # ... then, once connected, reconnect like a service: forever (by default nats-py
-    # closes for good after 60 tries), 2 s apart.
-    nc.options["max_reconnect_attempts"] = -1 if service else 60
-    nc.options["reconnect_time_wait"] = 2.0
+    client.append(nc)
+    # ... then, once connected, reconnect a bounded number of times (nats-py's default
+    # 60, 2 s apart), or forever with -1.
+    nc.options["max_reconnect_attempts"] = max_reconnects
+    nc.options["reconnect_time_wait"] = RECONNECT_WAIT_S
+    source = settings.source if settings.url else "nothing else given: the local default"
+    if source and source not in ("--url", "--embedded") and url not in _announced:
+        _announced.add(url)
+        click.echo(f"NATS at {_redacted(url)} (from {source})", err=True)
     return nc

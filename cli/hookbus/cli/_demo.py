@@ -342,8 +342,9 @@ def _expected_declarations(
             raise click.ClickException(f"worker file {path} (in {TRANSCRIPT_FILE}) is missing")
         try:
             obj = load_object(f"{path.resolve()}:{spec.attr}")
-        except click.BadParameter as exc:
-            raise click.ClickException(f"{path}: {exc.message}") from exc
+        except click.BadParameter as exc:  # the message names the file when it failed to load
+            named = str(path.resolve()) in exc.message
+            raise click.ClickException(exc.message if named else f"{path}: {exc.message}") from exc
         except Exception as exc:  # the module itself failed while loading
             raise click.ClickException(
                 f"{path} failed to load: {type(exc).__name__}: {exc}"

@@ -3,11 +3,17 @@ JetStream, on a free loopback port, in a data folder of its own.
 
 Start with ``-p -1`` and read the port from the ports file (no guessing);
 log to a file, since a stderr pipe that nobody reads can block the server.
+
+The child runs in a process group of its own, so a terminal's Ctrl-C (SIGINT to the
+foreground group) reaches only the hookbus process, which drains its clients first and
+then stops the server; on Linux the child also gets SIGTERM if its parent dies
+(``PR_SET_PDEATHSIG``), so even a SIGKILLed parent leaves no server on the port.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -15,9 +21,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from hookbus.schemas import HookbusError
 
@@ -118,39 +127,79 @@ class EmbeddedNatsServer:
                 cmd += ["-p", str(self._port)]
         cmd += ["--ports_file_dir", str(ports_dir), "-l", str(self.log_file)]
         self._proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            **_own_group_tied_to_parent(),
         )
+        try:
+            self.url = self._wait_for_ports(self._proc, ports_dir)
+        except BaseException:  # it exited, timed out, or a signal came: never left behind
+            self.stop()
+            raise
+        return self.url
+
+    def _wait_for_ports(self, proc: subprocess.Popen[bytes], ports_dir: Path) -> str:
         deadline = time.monotonic() + self._timeout
         while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise HookbusError(
-                    f"nats-server exited with {self._proc.returncode}; see {self.log_file}"
-                )
-            ports = list(ports_dir.glob(f"*_{self._proc.pid}.ports"))
+            if proc.poll() is not None:
+                why = self._fatal_line()
+                raise HookbusError(f"nats-server exited with {proc.returncode}: {why}")
+            ports = list(ports_dir.glob(f"*_{proc.pid}.ports"))
             if ports:
                 with contextlib.suppress(json.JSONDecodeError):
                     urls = json.loads(ports[0].read_text()).get("nats") or []
                     if urls:  # a server on every interface lists each: loopback first
                         loopback = [u for u in urls if "://127.0.0.1:" in u]
-                        self.url = (loopback or urls)[0]
-                        return self.url
+                        return str((loopback or urls)[0])
             time.sleep(0.02)
-        self.stop()
         raise HookbusError(f"nats-server did not start within {self._timeout}s")
 
-    def stop(self) -> None:
-        """Stop the server (SIGTERM, then SIGKILL after 5 s) and remove a temporary
-        data folder. Idempotent."""
+    @property
+    def pid(self) -> int | None:
+        """The nats-server process id while it runs (None before `start`, after `stop`)."""
+        return self._proc.pid if self._proc is not None else None
+
+    def poll(self) -> int | None:
+        """The server's exit status if it has exited on its own, else None."""
+        return self._proc.poll() if self._proc is not None else None
+
+    def _fatal_line(self) -> str:
+        """The log's last fatal or error line (what made the server exit), else where the
+        log is."""
+        try:
+            lines = self.log_file.read_text(errors="replace").splitlines()
+        except OSError:
+            lines = []
+        for line in reversed(lines):
+            for tag in ("[FTL] ", "[ERR] "):
+                if tag in line:
+                    return f"{line.split(tag, 1)[1].strip()} (log: {self.log_file})"
+        return f"see {self.log_file}" if not self._own_dir else "no error in its log"
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after `timeout_s` seconds) and remove a
+        temporary data folder. Idempotent; a signal arriving meanwhile (KeyboardInterrupt)
+        kills the server at once and is raised again once it is gone."""
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        try:
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        except BaseException:
+            if proc is not None:
+                with contextlib.suppress(OSError):
+                    proc.kill()
                 proc.wait()
-        if self._own_dir:
-            shutil.rmtree(self._dir, ignore_errors=True)
+            raise
+        finally:
+            if self._own_dir:
+                shutil.rmtree(self._dir, ignore_errors=True)
 
     def kill(self) -> None:
         """Kill the server at once (SIGKILL), keeping its data folder: for failure tests."""
@@ -167,3 +216,31 @@ class EmbeddedNatsServer:
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _own_group_tied_to_parent() -> dict[str, Any]:
+    """`subprocess.Popen` arguments that put the child in a process group of its own and,
+    on Linux from the main thread, have the kernel send it SIGTERM when this process dies
+    (the death signal follows the thread that forked, hence the main thread only)."""
+    if not sys.platform.startswith("linux") or threading.current_thread() is not (
+        threading.main_thread()
+    ):
+        return {"process_group": 0}
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return {"process_group": 0}
+    parent = os.getpid()
+
+    def tie() -> None:  # runs in the child, between fork and exec
+        os.setpgid(0, 0)
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl: nobody will stop us
+            os._exit(1)
+
+    hook: Callable[[], None] = tie
+    return {"preexec_fn": hook}

@@ -1,0 +1,188 @@
+"""How the long-running commands (``worker``, ``dispatcher``, ``emit``) start and stop.
+
+- Before the event loop runs (and after it), SIGINT and SIGTERM raise `Interrupted`, so
+  the ``with`` blocks around it (the embedded nats-server, the OpenTelemetry flush) unwind
+  and clean up; `stop_on_signals` turns it into exit code 128 + the signal's number.
+  SIGINT is handled even when the process was started with it ignored (a non-interactive
+  shell's background job), as nats-server does.
+- While it runs (`Supervisor`): the first SIGINT or SIGTERM starts the command's drain,
+  bounded by its grace period (plus `DRAIN_MARGIN_S`); a second one, or the bound, stops
+  at once (exit 128 + signal). A signal before the command serves stops it at once.
+- A NATS connection that nats-py gave up on (every reconnect attempt failed) ends the
+  command with one error line (exit 1), never a retry loop without end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Awaitable, Callable, Iterator
+from types import FrameType
+from typing import Any
+
+import click
+from nats.aio.client import Client as NATS
+
+from ._common import close_quietly, drain_or_close
+from ._connect import _redacted
+
+__all__ = ["DRAIN_MARGIN_S", "Interrupted", "Supervisor", "stop_on_signals"]
+
+DRAIN_MARGIN_S = 5.0
+"""Seconds past the grace period a drain may take before the command stops at once."""
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM outside the event loop; `signum` says which."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def stop_on_signals(what: str) -> Iterator[None]:
+    """SIGINT and SIGTERM raise `Interrupted` inside the block; leaving the block on one
+    prints one line and exits with 128 + its number (the blocks inside have unwound)."""
+    saved = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+    for sig in _SIGNALS:
+        signal.signal(sig, _raise_interrupted)
+    try:
+        yield
+    except Interrupted as exc:
+        click.echo(f"{what}: {signal.Signals(exc.signum).name}: stopped", err=True)
+        raise click.exceptions.Exit(128 + exc.signum) from None
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+class Supervisor:
+    """Runs one command's coroutine on the event loop and owns SIGINT/SIGTERM meanwhile.
+
+    The coroutine calls `watch` with its connection once connected (the supervisor drains
+    and closes it at the end, within a bound) and `serving` with its drain function once it
+    serves; `run` returns the exit code.
+
+    Args:
+        what: the command's name, for messages.
+        grace_s: the drain's grace period, seconds.
+        max_reconnects: the connection's reconnect attempts (for the message when they ran
+            out; -1: forever).
+    """
+
+    def __init__(self, what: str, *, grace_s: float, max_reconnects: int = -1) -> None:
+        self.what = what
+        self.grace_s = grace_s
+        self.max_reconnects = max_reconnects
+        self.signum = 0
+        self._forced = False
+        self._deadline: float | None = None
+        self._nc: NATS | None = None
+        self._url = ""
+        self._stop: Callable[[], Awaitable[None]] | None = None
+        self._tasks: list[asyncio.Future[Any]] = []
+        self._main: asyncio.Future[Any] | None = None
+
+    def watch(self, nc: NATS, url: str) -> None:
+        """Own `nc`: if nats-py closes it for good while serving, `run` fails; at the end it
+        is drained (closed at once after a forced stop)."""
+        self._nc, self._url = nc, url
+
+    def serving(self, stop: Callable[[], Awaitable[None]]) -> None:
+        """The command serves now; `stop()` drains it (called once, on the first signal)."""
+        self._stop = stop
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        loop = asyncio.get_running_loop()
+        if self.signum:
+            self._forced = True
+            click.echo(f"{self.what}: {sig.name} again: stopping at once", err=True)
+            return
+        self.signum = sig
+        if self._stop is None:  # not serving yet: nothing to drain
+            self._forced = True
+            click.echo(f"{self.what}: {sig.name}: stopping", err=True)
+            return
+        self._deadline = loop.time() + self.grace_s + DRAIN_MARGIN_S
+        click.echo(
+            f"{self.what}: {sig.name}: draining (up to {self.grace_s:g} s; {sig.name} again"
+            " stops at once)",
+            err=True,
+        )
+        if self._nc is not None and not self._nc.is_connected:  # nothing to drain through
+            self._tasks.append(asyncio.ensure_future(close_quietly(self._nc)))
+        self._tasks.append(asyncio.ensure_future(self._stop()))
+
+    async def run(self, body: Callable[[Supervisor], Awaitable[None]]) -> int:
+        """Run ``body(self)`` to its end or until stopped; return the exit code: 0 when it
+        ended by itself or drained after a signal, 128 + the signal when stopped at once.
+
+        Raises:
+            click.ClickException: the connection was given up on (one line).
+            Exception: whatever `body` raised.
+        """
+        loop = asyncio.get_running_loop()
+        saved = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+        for sig in _SIGNALS:
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        main = self._main = asyncio.ensure_future(body(self))
+        try:
+            return await self._supervise(main)
+        finally:
+            try:
+                if self._nc is not None:
+                    if self._forced:
+                        await close_quietly(self._nc)
+                    else:
+                        await drain_or_close(self._nc)
+            finally:
+                for sig in _SIGNALS:
+                    loop.remove_signal_handler(sig)
+                    signal.signal(sig, saved[sig])  # asyncio leaves the default behind
+                for task in self._tasks:
+                    task.cancel()
+
+    async def _supervise(self, main: asyncio.Future[Any]) -> int:
+        loop = asyncio.get_running_loop()
+        lost = False
+        while not main.done():
+            await asyncio.wait({main}, timeout=0.1)
+            if main.done():
+                break
+            late = self._deadline is not None and loop.time() > self._deadline
+            if late:
+                click.echo(f"{self.what}: the drain ran past its bound: stopping", err=True)
+            nc = self._nc
+            lost = not self.signum and nc is not None and nc.is_closed
+            if self._forced or late or lost:
+                main.cancel()
+                await asyncio.wait({main}, timeout=3.0)
+                break
+        if lost:
+            raise click.ClickException(self._lost_message())
+        if main.done() and not main.cancelled():
+            main.result()  # raises what the body raised
+        if self._forced or not main.done() or main.cancelled():
+            return 128 + int(self.signum or signal.SIGTERM)
+        return 0
+
+    def _lost_message(self) -> str:
+        nc = self._nc
+        error = nc.last_error if nc is not None else None
+        reason = f" (last error: {error})" if error else ""
+        url = _redacted(self._url)
+        if self.max_reconnects >= 0:
+            return (
+                f"gave up on NATS at {url}: {self.max_reconnects} reconnect attempts failed"
+                f"{reason}; start this again once the server is back (--max-reconnects -1"
+                " retries forever)"
+            )
+        return f"the connection to NATS at {url} was closed{reason}"

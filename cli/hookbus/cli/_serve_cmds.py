@@ -1,0 +1,344 @@
+"""``hookbus server``, ``hookbus worker`` and ``hookbus dispatcher``: the commands that run
+until stopped.
+
+Each stops cleanly on the first SIGINT (Ctrl-C) or SIGTERM: the worker and the dispatcher
+drain within their grace period (`_lifecycle.Supervisor`), the server stops its
+nats-server child; none leaves a child process, a port or a temporary folder behind. A
+second signal stops at once. Each prints a banner on stderr once it serves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import anyio
+import click
+from nats.aio.client import Client as NATS
+from nats.js.api import KeyValueConfig
+
+from hookbus.dispatcher import DispatcherService, HookDispatcher
+from hookbus.dispatcher._kv import open_bucket
+from hookbus.schemas import (
+    COLLECT_SERVICE_WILDCARD,
+    DISPATCHER_QUEUE_GROUP,
+    EMIT_SERVICE_WILDCARD,
+    HookbusError,
+    handlers_bucket_config,
+)
+from hookbus.workers import HookWorker
+
+from ._common import (
+    DURATION,
+    ConnectionSettings,
+    bucket_replicas_option,
+    connect,
+    connection_options,
+    connection_or_embedded,
+    grace_period_option,
+    load_object,
+    max_reconnects_option,
+    strict_buckets_option,
+)
+from ._connect import LOCAL_URL, _redacted
+from ._decisions_cmd import audit_options
+from ._lifecycle import Supervisor, stop_on_signals
+from ._otel import otel_session, otlp_option
+from ._server import EmbeddedNatsServer
+
+__all__ = ["dispatcher_cmd", "server", "worker"]
+
+log = logging.getLogger("hookbus.cli")
+
+T = TypeVar("T")
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine on asyncio (nats-py's backend) through anyio."""
+
+    async def runner() -> T:
+        return await coro
+
+    return anyio.run(runner, backend="asyncio")
+
+
+# -- server ---------------------------------------------------------------------------------
+@click.command()
+@click.option(
+    "--port",
+    type=int,
+    default=None,
+    help="Client port (default 4222; -1: any free port; with --config: the config's).",
+)
+@click.option(
+    "--data-dir",
+    default=".hookbus/nats",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="JetStream store (kept across runs); with --config: the log and ports file only.",
+)
+@click.option(
+    "--config",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="A nats-server config (e.g. `hookbus auth init`'s server.conf): auth, TLS, listen.",
+)
+def server(port: int | None, data_dir: str, config: str | None) -> None:
+    """Run nats-server (JetStream on) in the foreground: with --config, as configured;
+    without, the development server: open (no auth) and on loopback only. The first
+    SIGINT (Ctrl-C) or SIGTERM stops it (a second kills it at once); exit 1 if nats-server
+    exits by itself."""
+    if config:
+        srv = EmbeddedNatsServer(data_dir, port=port, config=config)
+    else:
+        click.echo(
+            "development server: open (no auth: any local process may connect) and on"
+            " loopback (127.0.0.1) only; for auth: `hookbus auth init`, then"
+            " `hookbus server --config`",
+            err=True,
+        )
+        srv = EmbeddedNatsServer(data_dir, port=4222 if port is None else port)
+    received: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        received.append(signum)
+        pid = srv.pid
+        if len(received) > 1 and pid is not None:  # again: at once
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+    # handled even if inherited as ignored (a background job of a script): the child has
+    # a process group of its own, so only this process hears a terminal's Ctrl-C
+    saved = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        try:
+            url = srv.start()
+        except HookbusError as exc:
+            raise click.ClickException(str(exc)) from exc
+        if not received:
+            where = f"log in {srv.log_file}" if config else f"data in {data_dir}"
+            label = f"with {config}" if config else "with JetStream"
+            click.echo(f"nats-server {label} at {url}; {where}; Ctrl-C stops it")
+        while not received:
+            code = srv.poll()
+            if code is not None:
+                raise click.ClickException(
+                    f"nats-server exited by itself with status {code}; see {srv.log_file}"
+                )
+            time.sleep(0.05)
+        name = signal.Signals(received[0]).name
+        click.echo(f"hookbus server: {name}: stopping nats-server", err=True)
+    finally:
+        srv.stop()
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+# -- worker ---------------------------------------------------------------------------------
+def _worker_banner(obj: HookWorker, url: str, max_concurrency: int, grace_s: float) -> str:
+    specs = obj.handlers
+    lines = [
+        f"hookbus worker: serving {len(specs)} handler(s) at {_redacted(url)} (concurrency"
+        f" {max_concurrency}, grace {grace_s:g} s; Ctrl-C drains and stops)"
+    ]
+    for spec in specs:
+        d = spec.declaration
+        tools = ",".join(d.tool_filter) if d.tool_filter else "*"
+        lines.append(
+            f"  {d.event}  {d.name}  priority {d.priority}  queue group {d.queue_group}"
+            f"  tools {tools}  timeout {d.timeout_s:g} s  failure policy {d.failure_policy}"
+        )
+    return "\n".join(lines)
+
+
+@click.command()
+@click.argument("target", metavar="MODULE:ATTR")
+@connection_options
+@otlp_option
+@click.option(
+    "--max-concurrency",
+    default=256,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Requests handled at once by this process; more are refused 'busy' at once.",
+)
+@grace_period_option
+@bucket_replicas_option
+@strict_buckets_option
+@max_reconnects_option
+@click.option(
+    "--replace",
+    is_flag=True,
+    help="Take over handler names already declared with other settings (else refused).",
+)
+def worker(
+    target: str,
+    conn: ConnectionSettings,
+    otlp_endpoint: str | None,
+    max_concurrency: int,
+    grace_s: float,
+    bucket_replicas: int,
+    strict_buckets: bool,
+    max_reconnects: int,
+    replace: bool,
+) -> None:
+    """Serve the HookWorker at MODULE:ATTR (or path/to/file.py:ATTR) until SIGTERM/SIGINT,
+    then drain within the grace period: every request received is answered (a result, or
+    a retryable 'unavailable' for what could not finish). A second signal stops at once."""
+    obj = load_object(target)
+    if not isinstance(obj, HookWorker):
+        raise click.BadParameter(f"{target} is a {type(obj).__name__}, not a HookWorker")
+    if not obj.handlers:
+        raise click.BadParameter(f"the HookWorker at {target} has no handlers")
+    obj.max_concurrency = max_concurrency
+    obj.replace = obj.replace or replace
+
+    async def body(sup: Supervisor, server: ConnectionSettings) -> None:
+        nc = await connect(
+            server, name=f"hookbus-worker {target}", service=True, max_reconnects=max_reconnects
+        )
+        url = server.url or LOCAL_URL
+        sup.watch(nc, url)
+        await _ensure_bucket(
+            nc, handlers_bucket_config(replicas=bucket_replicas), strict=strict_buckets
+        )
+        try:
+            await obj.start(nc)
+        except (HookbusError, ValueError) as exc:  # a conflicting declaration, no registry
+            raise click.ClickException(str(exc)) from exc
+        sup.serving(lambda: obj.shutdown(grace_s=grace_s))
+        click.echo(_worker_banner(obj, url, max_concurrency, grace_s), err=True)
+        await obj.run(nc)
+
+    what = "hookbus worker"
+    with (
+        stop_on_signals(what),
+        connection_or_embedded(conn) as server,
+        otel_session(
+            "hookbus-worker", otlp_endpoint, resource_attributes={"hookbus.worker.target": target}
+        ),
+    ):
+        sup = Supervisor(what, grace_s=grace_s, max_reconnects=max_reconnects)
+        code = run_async(sup.run(lambda s: body(s, server)))
+    if code:
+        raise click.exceptions.Exit(code)
+
+
+# -- dispatcher -----------------------------------------------------------------------------
+@click.command("dispatcher")
+@connection_options
+@otlp_option
+@click.option(
+    "--max-concurrency",
+    default=512,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Emit requests served at once by this replica; more are refused 'busy' at once.",
+)
+@grace_period_option
+@bucket_replicas_option
+@click.option(
+    "--suspension-ttl",
+    "suspension_ttl_s",
+    envvar="HOOKBUS_SUSPENSION_TTL",
+    type=DURATION,
+    default="7d",
+    show_default=True,
+    help="How long a suspension record lives after its last write (env HOOKBUS_SUSPENSION_TTL).",
+)
+@click.option(
+    "--approval-ttl",
+    "approval_ttl_s",
+    envvar="HOOKBUS_APPROVAL_TTL",
+    type=DURATION,
+    default="24h",
+    show_default=True,
+    help='How long an "Allow always" grant lives (env HOOKBUS_APPROVAL_TTL).',
+)
+@strict_buckets_option
+@max_reconnects_option
+@audit_options
+def dispatcher_cmd(
+    conn: ConnectionSettings,
+    otlp_endpoint: str | None,
+    max_concurrency: int,
+    grace_s: float,
+    bucket_replicas: int,
+    suspension_ttl_s: float,
+    approval_ttl_s: float,
+    strict_buckets: bool,
+    max_reconnects: int,
+    audit: bool,
+    audit_max_age_s: float,
+    audit_max_bytes: int,
+) -> None:
+    """Serve emit / emit_and_collect on hookbus.v1.emit.<event> and
+    hookbus.v1.emit_and_collect.<event> (queue group hookbus-dispatcher). SIGTERM/SIGINT
+    drain within the grace period: intake stops at once, requests in flight finish, then
+    approval waits are aborted (left pending: the agent's retry with the same idempotency
+    key resumes them) and whatever is left is answered with a retryable 'unavailable'.
+    A second signal stops at once."""
+
+    async def body(sup: Supervisor, server: ConnectionSettings) -> None:
+        nc = await connect(
+            server, name="hookbus-dispatcher", service=True, max_reconnects=max_reconnects
+        )
+        url = server.url or LOCAL_URL
+        sup.watch(nc, url)
+        dispatcher = HookDispatcher(
+            nc,
+            strict_events=True,
+            bucket_replicas=bucket_replicas,
+            suspension_ttl_s=suspension_ttl_s,
+            approval_ttl_s=approval_ttl_s,
+            strict_buckets=strict_buckets,
+            audit=audit,
+            audit_max_age_s=audit_max_age_s,
+            audit_max_bytes=audit_max_bytes,
+        )
+        service = DispatcherService(
+            dispatcher, nc, max_concurrency=max_concurrency, grace_s=grace_s
+        )
+        try:
+            await service.start()
+        except HookbusError as exc:  # a bucket that differs (strict), JetStream down
+            raise click.ClickException(str(exc)) from exc
+        sup.serving(service.stop)
+        routes = dispatcher.list_handlers()
+        handlers = sum(len(names) for names in routes.values())
+        click.echo(
+            f"dispatcher serving {EMIT_SERVICE_WILDCARD} and {COLLECT_SERVICE_WILDCARD}"
+            f" at {_redacted(url)} (queue group {DISPATCHER_QUEUE_GROUP}, concurrency"
+            f" {max_concurrency}, {handlers} handler(s) declared for {len(routes)} event(s),"
+            f" audit {'on' if audit else 'off'}, grace {grace_s:g} s; Ctrl-C drains and stops)",
+            err=True,
+        )
+        await service.run()
+
+    what = "hookbus dispatcher"
+    with (
+        stop_on_signals(what),
+        connection_or_embedded(conn) as server,
+        otel_session("hookbus-dispatcher", otlp_endpoint),
+    ):
+        sup = Supervisor(what, grace_s=grace_s, max_reconnects=max_reconnects)
+        code = run_async(sup.run(lambda s: body(s, server)))
+    if code:
+        raise click.exceptions.Exit(code)
+
+
+async def _ensure_bucket(nc: NATS, config: KeyValueConfig, *, strict: bool) -> None:
+    """Create `config`'s bucket as asked, or report it if it exists with another config.
+
+    Raises:
+        click.ClickException: `strict` and the bucket differs, or JetStream is unavailable.
+    """
+    try:
+        await open_bucket(nc, config, strict=strict)
+    except HookbusError as exc:
+        raise click.ClickException(str(exc)) from exc
