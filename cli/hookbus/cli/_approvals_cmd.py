@@ -8,13 +8,13 @@ from datetime import UTC, datetime
 from typing import TypeVar
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher
 from hookbus.schemas import ApprovalGrant, SuspensionRecord, grant_key, to_builtins
 
 from ._common import ConnectionSettings, connection_options, with_dispatcher
+from ._output import id_column, is_short_id, short_id, table_console
 
 T = TypeVar("T")
 
@@ -23,14 +23,20 @@ def _with_dispatcher(conn: ConnectionSettings, fn: Callable[[HookDispatcher], Aw
     return with_dispatcher(conn, fn, name="hookbus-approvals")
 
 
+_json_option = click.option(
+    "--json", "as_json", is_flag=True, help="One JSON array instead of a table."
+)
+
+
 @click.group(invoke_without_command=True)
 @click.pass_context
 @connection_options
-def approvals(ctx: click.Context, conn: ConnectionSettings) -> None:
+@_json_option
+def approvals(ctx: click.Context, conn: ConnectionSettings, as_json: bool) -> None:
     """Pending approvals (ask_user results): list them, `answer LABEL CHOICE`; "Allow
     always" grants: `grants`, `revoke`."""
     if ctx.invoked_subcommand is None:
-        ctx.invoke(approvals_list, conn=conn)
+        ctx.invoke(approvals_list, conn=conn, as_json=as_json)
 
 
 async def _pending_approvals(d: HookDispatcher) -> list[SuspensionRecord]:
@@ -40,16 +46,23 @@ async def _pending_approvals(d: HookDispatcher) -> list[SuspensionRecord]:
 
 @approvals.command("list")
 @connection_options
-def approvals_list(conn: ConnectionSettings) -> None:
-    """Pending approvals with prompt, options, handler and tool."""
+@_json_option
+def approvals_list(conn: ConnectionSettings, as_json: bool) -> None:
+    """Pending approvals with prompt, options, handler and tool. `answer` takes the label
+    or the id beside it (8 characters, the same on every run)."""
     records = _with_dispatcher(conn, _pending_approvals)
-    table = Table(
-        "label", "prompt", "options", "handler", "tool", "agent", "session", "default",
-        title="pending approvals",
-    )  # fmt: skip
+    if as_json:
+        rows = [{"id": short_id(r.label), **to_builtins(r)} for r in records]
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title="pending approvals")
+    table.add_column("id", no_wrap=True)
+    for header in ("label", "prompt", "options", "handler", "tool", "agent", "session", "default"):
+        id_column(table, header)  # what you copy, and what you decide on: never cut
     for r in records:
         m = r.metadata
         table.add_row(
+            short_id(r.label),
             r.label,
             str(m.get("prompt", "")),
             " / ".join(str(o) for o in m.get("options", []) or []),
@@ -59,11 +72,11 @@ def approvals_list(conn: ConnectionSettings) -> None:
             str(m.get("session_id") or ""),
             str(m.get("default", "")),
         )
-    Console().print(table)
+    table_console().print(table)
 
 
 @approvals.command("answer")
-@click.argument("label")
+@click.argument("label", metavar="LABEL|ID")
 @click.argument("choice")
 @click.option(
     "--approver",
@@ -78,23 +91,28 @@ def approvals_list(conn: ConnectionSettings) -> None:
 def approvals_answer(
     label: str, choice: str, approver: str, agent: str | None, conn: ConnectionSettings
 ) -> None:
-    """Answer the approval LABEL with one of its options (e.g. "Allow always": it then
-    allows every input of that tool for that agent and session until revoked)."""
+    """Answer the approval LABEL (or the ID `hookbus approvals` prints beside it) with one
+    of its options (e.g. "Allow always": it then allows every input of that tool for that
+    agent and session until revoked)."""
 
-    async def answer(d: HookDispatcher) -> None:
-        owners = [r.agent_id for r in await _pending_approvals(d) if r.label == label]
+    async def answer(d: HookDispatcher) -> str:
+        by_id = is_short_id(label)
+        found = [r for r in await _pending_approvals(d)
+                 if r.label == label or (by_id and short_id(r.label) == label)]  # fmt: skip
         if agent is not None:
-            owners = [a for a in owners if a == agent]
-        if not owners:
+            found = [r for r in found if r.agent_id == agent]
+        if not found:
             raise click.ClickException(f"no pending approval {label!r} (see `hookbus approvals`)")
-        if len(set(owners)) > 1:
+        if len({(r.label, r.agent_id) for r in found}) > 1:
             raise click.ClickException(
                 f"approval {label!r} is pending for several agents; pick one with --agent"
             )
-        await d.answer_approval(label, choice, approver=approver, agent_id=owners[0])
+        record = found[0]
+        await d.answer_approval(record.label, choice, approver=approver, agent_id=record.agent_id)
+        return record.label
 
-    _with_dispatcher(conn, answer)
-    click.echo(f"answered {label}: {choice} (as {approver})")
+    answered = _with_dispatcher(conn, answer)
+    click.echo(f"answered {answered}: {choice} (as {approver})")
 
 
 def _filters(f: Callable[..., None]) -> Callable[..., None]:
@@ -118,7 +136,9 @@ def _key(g: ApprovalGrant) -> str:
 @approvals.command("grants")
 @connection_options
 @_filters
-@click.option("--json", "as_json", is_flag=True, help="One JSON array, each grant with its key.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="One JSON array, each grant with its key and id."
+)
 def approvals_grants(
     conn: ConnectionSettings,
     agent: str | None,
@@ -138,19 +158,23 @@ def approvals_grants(
 
     found = _with_dispatcher(conn, grants)
     if as_json:
-        click.echo(json.dumps([{"key": _key(g), **to_builtins(g)} for g in found], indent=2))
+        rows = [{"key": _key(g), "id": short_id(_key(g)), **to_builtins(g)} for g in found]
+        click.echo(json.dumps(rows, indent=2))
         return
-    table = Table("key", "agent", "session", "event", "handler", "tool", "granted", "by approval",
-                  title='"Allow always" grants')  # fmt: skip
+    table = Table(title='"Allow always" grants')
+    table.add_column("id", no_wrap=True)
+    for header in ("key", "agent", "session", "event", "handler", "tool", "granted"):
+        id_column(table, header)
+    id_column(table, "by approval")
     for g in found:
         at = datetime.fromtimestamp(g.granted_at, UTC).isoformat(timespec="seconds")
-        table.add_row(_key(g), g.agent_id or "", g.session_id, g.event, g.handler,
-                      g.tool or "", at, g.label)  # fmt: skip
-    Console().print(table)
+        table.add_row(short_id(_key(g)), _key(g), g.agent_id or "", g.session_id, g.event,
+                      g.handler, g.tool or "", at, g.label)  # fmt: skip
+    table_console().print(table)
 
 
 @approvals.command("revoke")
-@click.argument("keys", nargs=-1)
+@click.argument("keys", nargs=-1, metavar="[KEY|ID]...")
 @connection_options
 @_filters
 @click.option("--all", "revoke_all", is_flag=True, help="Every grant the filters match.")
@@ -164,8 +188,8 @@ def approvals_revoke(
     tool: str | None,
     revoke_all: bool,
 ) -> None:
-    """Revoke grants: by KEY (as `grants` prints it), or every grant the filters match
-    (at least one filter, or --all for every grant)."""
+    """Revoke grants: by KEY or ID (as `grants` prints them), or every grant the filters
+    match (at least one filter, or --all for every grant)."""
     filtered = any(v is not None for v in (agent, session, event, handler, tool))
     if not keys and not filtered and not revoke_all:
         raise click.UsageError("name grant KEYs, or filters (--agent, --session, ...), or --all")
@@ -173,15 +197,38 @@ def approvals_revoke(
         raise click.UsageError("give either KEYs or filters, not both")
 
     async def revoke(d: HookDispatcher) -> list[str]:
-        targets = list(keys) or [
-            _key(g)
-            for g in await d.approval_grants(
-                agent_id=agent, session_id=session, event=event, handler=handler, tool=tool
-            )
-        ]
+        if keys:
+            targets = await _keys_of(d, keys)
+        else:
+            targets = [
+                _key(g)
+                for g in await d.approval_grants(
+                    agent_id=agent, session_id=session, event=event, handler=handler, tool=tool
+                )
+            ]
         for key in targets:
             await d.revoke_grant(key)
         return targets
 
     for key in _with_dispatcher(conn, revoke):
         click.echo(f"revoked {key}")
+
+
+async def _keys_of(d: HookDispatcher, given: tuple[str, ...]) -> list[str]:
+    """The grant keys `given` name: a key as is, an id (`short_id`) as the key it stands for.
+
+    Raises:
+        click.ClickException: an id no live grant has.
+    """
+    if not any(is_short_id(k) for k in given):
+        return list(given)
+    by_id = {short_id(_key(g)): _key(g) for g in await d.approval_grants()}
+    keys = []
+    for k in given:
+        if is_short_id(k):
+            if k not in by_id:
+                raise click.ClickException(f"no grant with id {k} (see `hookbus approvals grants`)")
+            keys.append(by_id[k])
+        else:
+            keys.append(k)
+    return keys

@@ -26,7 +26,7 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 from urllib.parse import urlsplit, urlunsplit
 
 import click
@@ -472,6 +472,14 @@ def _from_env(name: str) -> bool:
     if ctx is None:
         return False
     return ctx.get_parameter_source(name) == click.core.ParameterSource.ENVIRONMENT
+
+
+@overload
+def connection_options(f: F) -> F: ...
+
+
+@overload
+def connection_options(f: None = None, *, embedded: bool = True) -> Callable[[F], F]: ...
 
 
 def connection_options(f: F | None = None, *, embedded: bool = True) -> Any:

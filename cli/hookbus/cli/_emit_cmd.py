@@ -4,17 +4,24 @@ result (or, with ``--collect``, every handler's answer).
 The data is a JSON object: inline, ``-`` for stdin, or ``@FILE``. With ``--exit-code`` the
 exit status says the decision (see `EXIT_CODES`), for scripts. The first SIGINT (Ctrl-C)
 or SIGTERM stops it at once, even while it waits for an approval (which stays pending):
-exit 130 or 143, no traceback.
+exit 130 or 143, no traceback. Traced like the other commands (``--otlp-endpoint``, the
+``OTEL_*`` variables); a ``TRACEPARENT`` variable (W3C trace context, as ``otel-cli`` and
+CI systems set it) makes the emit's span a child of the caller's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import click
+from opentelemetry import context as otel_context
+from opentelemetry.propagate import extract
 
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import STANDARD_EVENTS, HookbusError, UnknownEventError, to_builtins
@@ -127,6 +134,10 @@ def emit(
     async def body(sup: Supervisor, server: ConnectionSettings) -> None:
         nc = await connect(server, name="hookbus-emit")
         sup.watch(nc, server.url or LOCAL_URL)
+        with _callers_trace():
+            await emit_once(nc)
+
+    async def emit_once(nc: Any) -> None:
         try:
             async with HookDispatcher(
                 nc, strict_events=not allow_unknown, approvals=not no_wait, agent_id=agent_id
@@ -159,3 +170,18 @@ def emit(
         status = exit_code_of(result)
         if status:
             raise click.exceptions.Exit(status)
+
+
+@contextlib.contextmanager
+def _callers_trace() -> Iterator[None]:
+    """Within: the trace context of ``TRACEPARENT`` (and ``TRACESTATE``), if set."""
+    carrier = {k: v for k, v in (("traceparent", os.environ.get("TRACEPARENT")),
+                                 ("tracestate", os.environ.get("TRACESTATE"))) if v}  # fmt: skip
+    if not carrier:
+        yield
+        return
+    token = otel_context.attach(extract(carrier))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)

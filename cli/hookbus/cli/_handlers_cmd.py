@@ -13,7 +13,6 @@ import nats.errors
 import nats.js.errors
 from msgspec.structs import asdict
 from nats.aio.client import Client as NATS
-from rich.console import Console
 from rich.table import Table
 
 from hookbus.dispatcher import (
@@ -26,6 +25,7 @@ from hookbus.dispatcher import (
 from hookbus.schemas import HookbusError, handler_key, handlers_bucket_config, to_builtins
 
 from ._common import ConnectionSettings, connect, connection_options, connection_or_embedded
+from ._output import id_column, table_console
 
 __all__ = ["handlers"]
 
@@ -115,19 +115,13 @@ def handlers(
     if as_json:
         click.echo(json.dumps([_row_json(h) for h in rows], indent=2))
         return
-    table = Table(
-        "event",
-        "priority",
-        "handler",
-        "tool filter",
-        "timeout s",
-        "policy",
-        "parallel",
-        "required",
-        "replicas",
-        "last seen",
-        title="handlers",
-    )
+    table = Table(title="handlers")
+    id_column(table, "event")
+    table.add_column("priority")
+    id_column(table, "handler")
+    for header in ("tool filter", "timeout s", "policy", "parallel", "required", "replicas"):
+        table.add_column(header)
+    table.add_column("last seen")
     for h in rows:
         d, req = h.declaration, h.required
         src = d or req
@@ -144,10 +138,7 @@ def handlers(
             str(len(h.replicas)),
             _age(h.last_seen),
         )
-    console = Console()
-    if not console.is_terminal:  # piped: never truncate a column
-        console = Console(width=max(console.width, 200))
-    console.print(table)
+    table_console().print(table)
     for ev, name in view.live_only:
         if event in (None, ev):
             click.echo(f"served but not declared: {name} ({ev})", err=True)

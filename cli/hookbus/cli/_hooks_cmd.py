@@ -7,13 +7,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import SuspensionRecord, to_builtins
 
 from ._common import ConnectionSettings, connection_options, with_dispatcher
+from ._output import id_column, table_console
 
 T = TypeVar("T")
 
@@ -97,15 +97,17 @@ def hooks_list(
             click.echo(f"more: --after '{page.next}'", err=True)
         return
     caption = f"more: --after '{page.next}'" if page.next is not None else None
-    table = Table(
-        "agent", "label", "state", "hook id", "run", "metadata", title="hooks", caption=caption
-    )
+    table = Table(title="hooks", caption=caption)
+    id_column(table, "agent")
+    id_column(table, "label")
+    for header in ("state", "hook id", "run", "metadata"):
+        table.add_column(header)
     for r in records:
         table.add_row(
             r.agent_id or "", r.label, _state(r), r.hook_id[:12], r.run_id or "",
             json.dumps(r.metadata)[:80],
         )  # fmt: skip
-    Console().print(table)
+    table_console().print(table)
 
 
 @hooks.command("show")

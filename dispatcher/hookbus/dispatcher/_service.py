@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -329,7 +330,15 @@ class DispatcherService:
             timeout_s = _timeout(req.timeout_s, maximum=self._max_emit_timeout_s, field="timeout_s")
             if timeout_s is not None:
                 options["timeout_s"] = timeout_s
+            started = time.monotonic()
             result = await self._dispatcher.emit(event, {**ids, **req.data}, **options)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "emit %s agent=%s session=%s: %s%s in %.1f ms",
+                    event, agent or "-", req.session_id or "-", result.action,
+                    f" by {result.decided_by}" if result.decided_by else "",
+                    (time.monotonic() - started) * 1000,
+                )  # fmt: skip
             return encode(EmitReply(result=result))
         except Exception as exc:
             return encode(EmitReply(error=self._log_error("emit", msg, exc)))
@@ -344,7 +353,13 @@ class DispatcherService:
                 req.timeout_s, maximum=self._max_collect_timeout_s, field="timeout_s"
             )
             assert timeout_s is not None
+            started = time.monotonic()
             responses = await self._dispatcher.emit_and_collect(event, req.data, timeout_s)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "emit_and_collect %s: %d response(s) in %.1f ms",
+                    event, len(responses), (time.monotonic() - started) * 1000,
+                )  # fmt: skip
             return encode(CollectReply(responses=responses))
         except Exception as exc:
             return encode(CollectReply(error=self._log_error("emit_and_collect", msg, exc)))

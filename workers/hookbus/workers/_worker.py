@@ -414,9 +414,12 @@ class HookWorker:
     async def _serve(self, spec: HandlerSpec, msg: Msg) -> None:
         decl = spec.declaration
         try:
+            started = time.monotonic()
             reply = await self._handle(spec, msg)
             if reply is not None:
                 await self._respond(msg, reply)
+                if log.isEnabledFor(logging.DEBUG):
+                    _log_reply(decl, reply, msg, time.monotonic() - started)
         except asyncio.CancelledError:  # shutdown's grace ran out
             error = WireError(
                 code="unavailable",
@@ -547,3 +550,13 @@ class _RateLimitedWarning:
             self._log.warning(fmt, *args)
         else:
             self._suppressed += 1
+
+
+def _log_reply(decl: HandlerDeclaration, reply: HookReply, msg: Msg, took_s: float) -> None:
+    """One debug line per request answered: handler, outcome, time."""
+    if reply.error is not None:
+        outcome = f"error {reply.error.code}"
+    else:
+        outcome = reply.result.action if reply.result is not None else "no result"
+    kind = "collect" if msg.subject == decl.collect_subject else "call"
+    log.debug("%s %s/%s: %s in %.1f ms", kind, decl.event, decl.name, outcome, took_s * 1000)
