@@ -35,10 +35,10 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 async def hookbus(*args: str, columns: int = 80) -> subprocess.CompletedProcess[bytes]:
+    """Run the CLI as in a terminal `columns` wide (rich's TTY_COMPATIBLE), without colour."""
+    terminal = {"COLUMNS": str(columns), "TTY_COMPATIBLE": "1", "NO_COLOR": "1"}
     with anyio.fail_after(60):
-        return await anyio.run_process(
-            [*HOOKBUS, *args], check=False, env=_env(COLUMNS=str(columns), NO_COLOR="1")
-        )
+        return await anyio.run_process([*HOOKBUS, *args], check=False, env=_env(**terminal))
 
 
 class Serving:

@@ -4,7 +4,8 @@ another command (an approval label, a grant key, a handler name).
 rich shrinks a table that is wider than the terminal by wrapping its cells and, by
 default, cuts a word longer than its column with an ellipsis. Identifier columns here
 fold instead (the rest of the identifier continues on the next line: nothing is lost),
-and piped output (not a terminal, no ``COLUMNS``) is as wide as the table needs. Where
+and piped output (not a terminal) is as wide as the table needs, whatever ``COLUMNS``
+says (rich's ``TTY_COMPATIBLE=1`` makes it a terminal of ``COLUMNS`` width). Where
 identifiers are long (approval labels, grant keys), the table also shows a `short_id`,
 8 characters that always fit, which the commands taking the identifier accept as well.
 """
@@ -12,7 +13,6 @@ identifiers are long (approval labels, grant keys), the table also shows a `shor
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 
 from rich.console import Console
@@ -26,9 +26,7 @@ _SHORT_ID = re.compile(r"[0-9a-f]{8}")
 def table_console() -> Console:
     """A console for tables: the terminal's width, or unbounded when piped."""
     console = Console()
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(width=100_000)
-    return console
+    return console if console.is_terminal else Console(width=100_000)
 
 
 def id_column(table: Table, header: str) -> None:
