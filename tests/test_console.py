@@ -17,10 +17,8 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -32,6 +30,7 @@ import httpx
 import nats
 import pytest
 import uvicorn
+from _served_process import ServedProcess
 from click.testing import CliRunner
 from nats.aio.client import Client as NATS
 from playwright.async_api import Browser, Page, async_playwright, expect
@@ -49,7 +48,6 @@ from hookbus.workers import HookWorker
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(240)]
 
 Connect = Callable[..., Awaitable[NATS]]
-HOOKBUS = [str(Path(sys.executable).with_name("hookbus"))]
 TOKEN = "console-test-token-5c2e"
 OPTIONS = ["Allow once", "Allow always", "Deny"]
 POST = {"Content-Type": "application/json", CSRF_HEADER: "1"}
@@ -197,54 +195,15 @@ async def shown(page: Page, card: Any, out: Emitted, timeout_s: float = 5.0) -> 
 
 
 # -- the console ----------------------------------------------------------------------------
-class ConsoleProcess:
+class ConsoleProcess(ServedProcess):
     """``hookbus console --port 0 --url URL ...`` as a subprocess (token from the
     environment); `url` once it serves."""
 
     def __init__(self, nats_url: str, *args: str) -> None:
-        self.argv = [*HOOKBUS, "console", "--port", "0", "--url", nats_url, *args]
-        self.argv = [a for a in self.argv if a]
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("NATS_", "HOOKBUS_"))}
-        self.env["HOOKBUS_CONSOLE_TOKEN"] = TOKEN
-        self.proc: asyncio.subprocess.Process | None = None
-        self.lines: list[str] = []
-        self.url = ""
-        self._pump: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> ConsoleProcess:
-        self.proc = await asyncio.create_subprocess_exec(
-            *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE, env=self.env,
-        )  # fmt: skip
-        assert self.proc.stderr is not None
-        with anyio.fail_after(30):
-            while not self.url:
-                line = (await self.proc.stderr.readline()).decode()
-                if not line:
-                    raise AssertionError("the console exited:\n" + "".join(self.lines))
-                self.lines.append(line)
-                if line.startswith("hookbus console serving "):
-                    self.url = line.split()[3]
-        self._pump = asyncio.create_task(self._drain(self.proc.stderr))
-        return self
-
-    async def _drain(self, stream: asyncio.StreamReader) -> None:
-        async for line in stream:
-            self.lines.append(line.decode())
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self.proc is not None
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                with anyio.fail_after(20):
-                    await self.proc.wait()
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
-        if self._pump is not None:
-            with anyio.fail_after(5):
-                await self._pump
+        argv = [a for a in ["console", "--port", "0", "--url", nats_url, *args] if a]
+        super().__init__(
+            argv, banner="hookbus console serving ", env={"HOOKBUS_CONSOLE_TOKEN": TOKEN}
+        )
 
 
 @contextlib.asynccontextmanager

@@ -11,11 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import signal
 import socket
 import ssl
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +23,7 @@ import pytest
 import trustme
 import uvicorn
 from _otlp_receiver import OtlpReceiver
+from _served_process import HOOKBUS, ServedProcess
 from click.testing import CliRunner
 from conftest import connections
 from nats.aio.client import Client as NATS
@@ -48,7 +46,6 @@ from hookbus.workers import HookWorker
 pytestmark = pytest.mark.anyio
 
 Connect = Callable[..., Awaitable[NATS]]
-HOOKBUS = [str(Path(sys.executable).with_name("hookbus"))]
 """The installed console script (``.venv/bin/hookbus``), as an operator runs it."""
 TOKEN = "gw-test-token-8d1f"
 
@@ -154,61 +151,13 @@ async def replica(
         yield url, r
 
 
-class GatewayProcess:
+class GatewayProcess(ServedProcess):
     """``hookbus gateway <kind> --port 0 ...`` as a subprocess; `url` once it serves."""
 
     def __init__(self, kind: str, *args: str, env: dict[str, str] | None = None) -> None:
-        self.argv = [*HOOKBUS, "gateway", kind, "--port", "0", *args]
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("NATS_", "HOOKBUS_"))}
-        self.env.update(env or {})
-        self.proc: asyncio.subprocess.Process | None = None
-        self.lines: list[str] = []
-        self.url = ""
-        self._pump: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> GatewayProcess:
-        self.proc = await asyncio.create_subprocess_exec(
-            *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE, env=self.env,
-        )  # fmt: skip
-        assert self.proc.stderr is not None
-        with anyio.fail_after(30):
-            while not self.url:
-                line = (await self.proc.stderr.readline()).decode()
-                if not line:
-                    raise AssertionError("the gateway exited:\n" + "".join(self.lines))
-                self.lines.append(line)
-                if line.startswith("hookbus gateway serving "):
-                    self.url = line.split()[3]
-        self._pump = asyncio.create_task(self._drain(self.proc.stderr))
-        return self
-
-    async def _drain(self, stream: asyncio.StreamReader) -> None:
-        async for line in stream:
-            self.lines.append(line.decode())
-
-    async def stop(self) -> int:
-        """SIGTERM, then the exit code (killed after 20 s)."""
-        assert self.proc is not None
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                with anyio.fail_after(20):
-                    await self.proc.wait()
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
-        if self._pump is not None:
-            await self._pump
-        assert self.proc.returncode is not None
-        return self.proc.returncode
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    @property
-    def stderr(self) -> str:
-        return "".join(self.lines)
+        super().__init__(
+            ["gateway", kind, "--port", "0", *args], banner="hookbus gateway serving ", env=env
+        )
 
 
 def bearer(token: str = TOKEN) -> dict[str, str]:
