@@ -50,7 +50,7 @@ from ._common import (
     connection_or_embedded,
 )
 
-__all__ = ["audit_options", "decisions"]
+__all__ = ["audit_options", "decisions", "filter_options", "read_trail"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -139,16 +139,32 @@ class _Filters:
         )
 
 
+def filter_options(f: F) -> F:
+    """The filters of `hookbus decisions` and `hookbus tail`: ``--agent``, ``--session``,
+    ``--action``, ``--handler`` (keyword arguments of the same names, None when not given)."""
+    options = [
+        click.option(
+            "--agent", default=None, help="Only this agent's decisions (read by subject)."
+        ),
+        click.option("--session", default=None, help="Only this session's decisions."),
+        click.option(
+            "--action",
+            type=click.Choice(get_args(Action)),
+            default=None,
+            help="Only this decision.",
+        ),
+        click.option(
+            "--handler", default=None, help="Only decisions this handler took part in (called it)."
+        ),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
 @click.command("decisions")
 @connection_options
-@click.option("--agent", default=None, help="Only this agent's decisions (read by subject).")
-@click.option("--session", default=None, help="Only this session's decisions.")
-@click.option(
-    "--action", type=click.Choice(get_args(Action)), default=None, help="Only this decision."
-)
-@click.option(
-    "--handler", default=None, help="Only decisions this handler took part in (called it)."
-)
+@filter_options
 @click.option(
     "--limit",
     type=click.IntRange(min=1),
@@ -175,11 +191,35 @@ def decisions(
     """The decision audit trail, oldest first: who decided what, for which agent, session
     and tool, with the handlers called, failures, approver and trace id. Needs a NATS user
     that may read the hookbus_decisions stream (admin, auditor)."""
-    keep = _Filters(session, action, handler)
-    out = _Printer(as_json=as_json, follow=follow)
+    read_trail(
+        conn,
+        name="hookbus-decisions",
+        agent=agent,
+        keep=_Filters(session, action, handler),
+        limit=limit,
+        since=since,
+        follow=follow,
+        out=_Printer(as_json=as_json, follow=follow),
+    )
+
+
+def read_trail(
+    conn: ConnectionSettings,
+    *,
+    name: str,
+    agent: str | None,
+    keep: _Filters,
+    limit: int,
+    since: float | None,
+    follow: bool,
+    out: _Printer,
+) -> None:
+    """Print the trail's matching records with `out` (see `_read`; `limit` 0 with `follow`:
+    new records only) as the NATS client `name`. A missing stream or a hookbus error is a
+    `click.ClickException` (one line, exit 1); Ctrl-C/SIGTERM end it with exit 0."""
 
     async def run(server: ConnectionSettings) -> int:
-        nc = await connect(server, name="hookbus-decisions")
+        nc = await connect(server, name=name)
         try:
             return await _read(
                 nc, agent=agent, keep=keep, limit=limit, since=since, follow=follow, out=out
@@ -209,8 +249,9 @@ async def _read(
     follow: bool,
     out: _Printer,
 ) -> int:
-    """Print the matching records; with `follow`, then every new one until SIGINT/SIGTERM.
-    Returns how many malformed records were skipped."""
+    """Print the last `limit` matching records; with `follow`, then every new one until
+    SIGINT/SIGTERM (`limit` 0 with `follow`: only the new ones). Returns how many malformed
+    records were skipped."""
     js = nc.jetstream(timeout=5.0)
     try:
         info = await js.stream_info(DECISIONS_STREAM)
@@ -233,6 +274,8 @@ async def _read(
     if since is not None:
         config.deliver_policy = DeliverPolicy.BY_START_TIME
         config.opt_start_time = datetime.fromtimestamp(time.time() - since, UTC)
+    elif limit == 0:  # only what is stored from now on
+        config.deliver_policy = DeliverPolicy.NEW
     elif agent is None and not keep.any:  # the last `limit` records are the answer
         config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
         config.opt_start_seq = max(info.state.first_seq, last_seq - limit + 1, 1)
@@ -255,7 +298,7 @@ async def _read(
     try:
         start = await sub.consumer_info()
         delivered = start.delivered.consumer_seq if start.delivered else 0
-        caught_up = not start.num_pending and not delivered
+        caught_up = limit == 0 or (not start.num_pending and not delivered)
         while not caught_up:
             msg = await _next(inbox, stop, timeout_s=None if follow else 10.0)
             if msg is None:
@@ -270,6 +313,8 @@ async def _read(
             meta = msg.metadata
             caught_up = meta.num_pending == 0 or meta.sequence.stream >= last_seq
         out.backlog(list(recent))
+        if follow:
+            out.following()
         while follow:
             msg = await _next(inbox, stop, timeout_s=None)
             if msg is None:
@@ -344,6 +389,9 @@ class _Printer:
                 r.approver or "", r.reason or "", r.emit_id, r.trace_id or "",
             )  # fmt: skip
         self.console.print(table)
+
+    def following(self) -> None:
+        """Called once the backlog is printed and new records are being waited for."""
 
     def one(self, r: DecisionRecord) -> None:
         if self.as_json:

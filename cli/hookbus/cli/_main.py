@@ -26,6 +26,7 @@ from ._handlers_cmd import handlers
 from ._hooks_cmd import hooks
 from ._otel import otel_session, otlp_option, print_denied_trace
 from ._serve_cmds import dispatcher_cmd, run_async, server, worker
+from ._tail_cmd import tail
 from ._toplevel import run_cli
 
 __all__ = ["cli", "main"]
@@ -152,6 +153,7 @@ cli.add_command(handlers)
 cli.add_command(hooks)
 cli.add_command(approvals)
 cli.add_command(decisions)
+cli.add_command(tail)
 cli.add_command(auth)
 cli.add_command(gateway)
 cli.add_command(claude_code)

@@ -1,0 +1,170 @@
+"""`hookbus tail`: the decision audit trail followed live, as a real subprocess.
+
+A real nats-server (the session's), a `HookWorker` policy (`guard` denies ``rm``, lets the
+rest continue) and a `HookDispatcher` with the audit trail on. The stream is shared by the
+tests, so each test uses its own agent id and tails with ``--agent``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+import pytest
+from _serving import serving
+from nats.aio.client import Client as NATS
+
+from hookbus.cli import EmbeddedNatsServer
+from hookbus.dispatcher import HookDispatcher
+from hookbus.dispatcher._audit import ensure_decisions_stream
+from hookbus.schemas import HookResult
+
+pytestmark = pytest.mark.anyio
+
+Connect = Callable[..., Awaitable[NATS]]
+TIMEOUT_S = 20.0
+ENV = {**os.environ, "NO_COLOR": "1"}
+
+
+@pytest.fixture
+def agent() -> str:
+    return f"agent-{uuid.uuid4().hex[:10]}"
+
+
+async def guard(event: str, data: dict[str, Any]) -> HookResult:
+    if data.get("tool_name") == "rm":
+        return HookResult(action="deny", reason="no rm")
+    return HookResult(action="continue")
+
+
+@pytest.fixture
+async def dispatcher(
+    nc: NATS, connect: Connect, event: str, agent: str
+) -> AsyncIterator[HookDispatcher]:
+    """An audited dispatcher for `agent`, `guard` routed on `event`."""
+    await ensure_decisions_stream(nc)
+    async with (
+        serving(nc, (event, guard, {"name": "guard"})),
+        HookDispatcher(await connect(), agent_id=agent, audit=True) as d,
+    ):
+        with anyio.fail_after(10):
+            while d.list_handlers(event)[event] != ["guard"]:  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+        yield d
+
+
+async def written(d: HookDispatcher, n: int) -> None:
+    log = d.decision_log
+    assert log is not None
+    with anyio.fail_after(10):
+        while log.written < n:  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def tail(url: str, *args: str) -> AsyncIterator[asyncio.subprocess.Process]:
+    """`hookbus tail ARGS --url URL`, started and following (its stderr banner read)."""
+    proc = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "hookbus.cli", "tail", *args, "--url", url),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=ENV,
+    )
+    try:
+        assert proc.stderr is not None
+        with anyio.fail_after(TIMEOUT_S):
+            banner = await proc.stderr.readline()
+        assert b"following" in banner, banner
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def line(proc: asyncio.subprocess.Process) -> str:
+    assert proc.stdout is not None
+    with anyio.fail_after(TIMEOUT_S):
+        return (await proc.stdout.readline()).decode()
+
+
+async def ctrl_c(proc: asyncio.subprocess.Process) -> tuple[bytes, str]:
+    """SIGINT; the rest of its stdout and its stderr once it ended (exit 0, no traceback)."""
+    proc.send_signal(signal.SIGINT)
+    with anyio.fail_after(TIMEOUT_S):
+        rest, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert "Traceback" not in err.decode()
+    return rest, err.decode()
+
+
+async def test_new_decisions_only_one_line_each_then_ctrl_c_exits_0(
+    nats_url: str, dispatcher: HookDispatcher, event: str, agent: str
+) -> None:
+    await dispatcher.emit(event, {"tool_name": "rm"}, idempotency_key="before")
+    await written(dispatcher, 1)
+    async with tail(nats_url, "--agent", agent) as proc:
+        await dispatcher.emit(event, {"tool_name": "ls"})
+        first = (await line(proc)).split()
+        await dispatcher.emit(event, {"tool_name": "rm"})
+        second = (await line(proc)).split()
+        rest, _ = await ctrl_c(proc)
+    # time, event, agent, tool, action, decided_by; the earlier deny is not shown
+    assert first[1:5] == [event, agent, "ls", "continue"]
+    assert second[1:] == [event, agent, "rm", "deny", "guard"]
+    assert second[0].endswith("Z") and second[0].count(":") == 2
+    assert rest == b""
+
+
+async def test_action_filter_shows_only_denies(
+    nats_url: str, dispatcher: HookDispatcher, event: str, agent: str
+) -> None:
+    async with tail(nats_url, "--agent", agent, "--action", "deny") as proc:
+        for tool in ("ls", "cat", "rm", "ls"):
+            await dispatcher.emit(event, {"tool_name": tool})
+        await written(dispatcher, 4)
+        only = (await line(proc)).split()
+        await asyncio.sleep(0.5)  # time for a wrongly printed continue to arrive
+        rest, _ = await ctrl_c(proc)
+    assert only[1:] == [event, agent, "rm", "deny", "guard"]
+    assert rest == b""
+
+
+async def test_last_n_then_new_ones_as_json(
+    nats_url: str, dispatcher: HookDispatcher, event: str, agent: str
+) -> None:
+    for key in ("one", "two", "three"):
+        await dispatcher.emit(event, {"tool_name": "rm"}, idempotency_key=key)
+    await written(dispatcher, 3)
+    async with tail(nats_url, "--agent", agent, "--last", "2", "--json") as proc:
+        backlog = [json.loads(await line(proc)) for _ in range(2)]
+        await dispatcher.emit(event, {"tool_name": "ls"}, idempotency_key="four")
+        new = json.loads(await line(proc))
+        await ctrl_c(proc)
+    assert [r["emit_id"] for r in backlog] == ["two", "three"]
+    assert new["emit_id"] == "four" and new["action"] == "continue"
+    assert new["handlers"] == ["guard"] and new["agent_id"] == agent
+
+
+async def test_without_the_stream_one_line_says_to_run_the_dispatcher_with_audit(
+    embedded_server: EmbeddedNatsServer,
+) -> None:
+    with anyio.fail_after(TIMEOUT_S):
+        p = await anyio.run_process(
+            [sys.executable, "-m", "hookbus.cli", "tail", "--url", embedded_server.url],
+            check=False,
+            env=ENV,
+        )
+    err = p.stderr.decode()
+    assert p.returncode == 1
+    assert len(err.strip().splitlines()) == 1, err
+    assert "hookbus_decisions stream does not exist" in err and "--audit" in err
+    assert "Traceback" not in err
