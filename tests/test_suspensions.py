@@ -18,10 +18,13 @@ import msgspec
 import pydantic
 import pytest
 from anyio.abc import TaskGroup
+from conftest import connections
 from nats.aio.client import Client as NATS
 
+from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
+    SUSPENSIONS_BUCKET,
     AlreadySettledError,
     BadRequestError,
     DuplicateHookError,
@@ -746,3 +749,20 @@ async def test_a_listing_reads_every_record_while_others_are_written(world: Worl
             totals.append((await world.b.suspensions.page(prefix=tag)).total)
         tg.cancel_scope.cancel()
     assert totals == [len(labels)] * 60
+
+
+async def test_a_bucket_emptied_by_expiry_or_purge_lists_at_once(
+    embedded_server: EmbeddedNatsServer,
+) -> None:
+    """A bucket whose records are all gone (expired by its TTL, or purged) still has a last
+    stream sequence; the listing must not wait to read a message that no longer exists."""
+    async with connections(embedded_server.url) as make:
+        nc = await make()
+        async with HookDispatcher(nc, approvals=False) as d:
+            for i in range(3):
+                await d.suspensions.resolve_hook(f"gone {i}", Grant(approved=True))
+            assert (await d.suspensions.page()).total == 3
+            await nc.jetstream().purge_stream(f"KV_{SUSPENSIONS_BUCKET}")
+            with anyio.fail_after(5):  # the listing's own deadline is 15 s
+                page = await d.suspensions.page()
+            assert page.total == 0 and page.records == []

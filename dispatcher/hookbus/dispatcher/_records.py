@@ -393,6 +393,7 @@ class RecordStore:
         records: dict[str, SuspensionRecord] = {}
         bad: dict[str, None] = {}
         seen = 0  # the highest stream sequence processed
+        processed: dict[str, int] = {}  # per consumer, the highest consumer sequence processed
         maybe_done = asyncio.Event()
 
         async def on_msg(msg: Any) -> None:
@@ -414,12 +415,18 @@ class RecordStore:
                     records.pop(key, None)
                     bad[key] = None
             seen = max(seen, meta.sequence.stream)
+            processed[meta.consumer] = max(processed.get(meta.consumer, 0), meta.sequence.consumer)
             if meta.num_pending == 0:
                 maybe_done.set()
 
         # Whole bucket: its last message at the start is the last of its key, so the scan
-        # has not ended before it has been read (later writes only come after it).
-        last = (await kv._js.stream_info(kv._stream)).state.last_seq if self.keys == ">" else 0
+        # has not ended before it has been read (later writes only come after it). A bucket
+        # with no message left (all expired, or purged) keeps its last sequence: nothing to
+        # wait for then.
+        last = 0
+        if self.keys == ">":
+            state = (await kv._js.stream_info(kv._stream)).state
+            last = state.last_seq if state.messages else 0
         sub = await subscribe_keys(
             kv,
             self.keys,
@@ -431,13 +438,16 @@ class RecordStore:
             async with asyncio.timeout(self.deadline_s):
                 while True:
                     # The end is when the server has nothing pending for the consumer and
-                    # every message it delivered has been processed here. A message's own
+                    # every message it delivered (its consumer sequence: an ordered consumer
+                    # that was reset is a new consumer) has been processed here. A message's own
                     # "nothing pending" is only a hint: the server may have pushed more
                     # (or answer this info) before this process has read them.
                     maybe_done.clear()
                     info = await sub.consumer_info()
-                    if info.num_pending == 0 and info.delivered.stream_seq <= seen >= last:
-                        break
+                    delivered = info.delivered.consumer_seq
+                    if info.num_pending == 0 and delivered <= processed.get(info.name, 0):
+                        if seen >= last:
+                            break
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(0.25):
                             await maybe_done.wait()
