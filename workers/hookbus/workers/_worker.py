@@ -285,6 +285,9 @@ class HookWorker:
                 decl = spec.declaration
                 subject = handler_instance_subject(decl.event, decl.name, self._liveness.id)
                 self._subs.append(await nc_.subscribe(subject, cb=self._make_callback(spec)))
+            # the services API ($SRV.*) and the instance subjects: reachable from any
+            # connection once start returns
+            await flush_subscriptions(nc_, deadline_s=self.registration_timeout_s)
             self.instance = self._liveness.id
         except BaseException:
             for sub in self._subs:
