@@ -1,21 +1,27 @@
-"""The worker process of the single-handler benchmarks (`gateway_bench.py`,
-`pydantic_ai_bench.py`): one ``tool:pre`` handler that allows every call, and a raw nats-py
-responder with a HookReply-shaped answer for the baseline, served until SIGTERM/SIGINT.
+"""What the single-handler benchmarks (`gateway_bench.py`, `pydantic_ai_bench.py`) share:
+their worker process (one ``tool:pre`` handler that allows every call, and a raw nats-py
+responder with a HookReply-shaped answer for the baseline, served until SIGTERM/SIGINT) and
+their command line (``--url``, ``--quick``, and ``--serve`` for the worker process).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import signal
 import sys
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import nats
 from nats.aio.msg import Msg
 
+from hookbus.cli import EmbeddedNatsServer
 from hookbus.schemas import TOOL_PRE
 from hookbus.workers import HookWorker
+
+S = TypeVar("S")
 
 RAW_REPLY = b'{"handler":"raw","result":{"action":"continue"}}'
 
@@ -48,3 +54,32 @@ async def serve_allow_all(
     with contextlib.suppress(Exception):
         await worker.unregister()
     await nc.drain()
+
+
+def bench_main(
+    doc: str | None,
+    *,
+    serve: Callable[[str], Awaitable[None]],
+    measure: Callable[[str, S], Awaitable[int]],
+    quick: S,
+    default: S,
+) -> int:
+    """A benchmark's ``main``: ``--serve`` runs the worker process; else `measure` against
+    ``--url``, or a nats-server of its own, with the `quick` or `default` settings."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
+    parser.add_argument("--url", help="an existing nats-server with JetStream")
+    parser.add_argument("--quick", action="store_true", help="fewer samples")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        asyncio.run(serve(args.url))
+        return 0
+    settings = quick if args.quick else default
+    try:
+        if args.url:
+            return asyncio.run(measure(args.url, settings))
+        with EmbeddedNatsServer() as server:
+            return asyncio.run(measure(server.url, settings))
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"benchmark failed: {exc}", file=sys.stderr)
+        return 1

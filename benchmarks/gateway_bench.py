@@ -28,7 +28,6 @@ asserts nothing and exits 0 whether the target is met or not (1 only if the run 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -43,9 +42,8 @@ from typing import Any
 
 import httpx
 import nats
-from _allow_worker import serve_allow_all
+from _allow_worker import bench_main, serve_allow_all
 
-from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import TOOL_PRE
 
@@ -320,23 +318,7 @@ def report(samples: dict[str, list[float]], settings: Settings) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--url", help="an existing nats-server with JetStream")
-    parser.add_argument("--quick", action="store_true", help="fewer samples")
-    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.serve:
-        asyncio.run(serve(args.url))
-        return 0
-    settings = QUICK if args.quick else DEFAULT
-    try:
-        if args.url:
-            return asyncio.run(measure(args.url, settings))
-        with EmbeddedNatsServer() as server:
-            return asyncio.run(measure(server.url, settings))
-    except (RuntimeError, TimeoutError) as exc:
-        print(f"benchmark failed: {exc}", file=sys.stderr)
-        return 1
+    return bench_main(__doc__, serve=serve, measure=measure, quick=QUICK, default=DEFAULT)
 
 
 if __name__ == "__main__":

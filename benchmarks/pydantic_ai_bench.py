@@ -28,7 +28,6 @@ is met or not (1 only if the run itself failed: a worker not ready, a failed emi
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import importlib.metadata
@@ -40,13 +39,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nats
-from _allow_worker import serve_allow_all
+from _allow_worker import bench_main, serve_allow_all
 from nats.aio.client import Client as NATS
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import HookDispatcher
 from hookbus.integrations.pydantic_ai import HookbusCapability
 from hookbus.schemas import TOOL_PRE
@@ -222,23 +220,7 @@ def _version() -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--url", help="an existing nats-server with JetStream")
-    parser.add_argument("--quick", action="store_true", help="fewer samples")
-    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.serve:
-        asyncio.run(serve(args.url))
-        return 0
-    settings = QUICK if args.quick else DEFAULT
-    try:
-        if args.url:
-            return asyncio.run(measure(args.url, settings))
-        with EmbeddedNatsServer() as server:
-            return asyncio.run(measure(server.url, settings))
-    except (RuntimeError, TimeoutError) as exc:
-        print(f"benchmark failed: {exc}", file=sys.stderr)
-        return 1
+    return bench_main(__doc__, serve=serve, measure=measure, quick=QUICK, default=DEFAULT)
 
 
 if __name__ == "__main__":
