@@ -57,7 +57,16 @@ class EmitContext:
             same call has the same id, so its approval is found again).
     """
 
-    __slots__ = ("_id", "agent_id", "called", "deadline", "emitted_at", "event", "session_id")
+    __slots__ = (
+        "_id",
+        "agent_id",
+        "called",
+        "deadline",
+        "emitted_at",
+        "event",
+        "session_id",
+        "started",
+    )
 
     def __init__(
         self,
@@ -70,7 +79,9 @@ class EmitContext:
         self.event = event
         self._id = call_id or ""
         self.emitted_at = time.time()
-        self.deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self.started = time.monotonic()
+        """`time.monotonic()` when the emit's chain started (its decision's duration)."""
+        self.deadline = None if timeout_s is None else self.started + timeout_s
         """`time.monotonic()` at which the emit gives up on its handlers; None: never."""
         agent, session = data.get("agent_id"), data.get("session_id")
         self.agent_id = agent if isinstance(agent, str) else None
