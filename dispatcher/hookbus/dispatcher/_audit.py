@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import time
 from collections import Counter
@@ -276,9 +277,14 @@ class DecisionLog:
         tool_name: str | None = None,
         handlers: list[str] | None = None,
         trace_id: str | None = None,
+        duration_ms: float | None = None,
     ) -> None:
         """Queue the record of one decided emit. Never raises, never waits: a record that
-        cannot be queued is dropped, counted and logged with its emit id."""
+        cannot be queued is dropped, counted and logged with its emit id.
+
+        `duration_ms`: milliseconds from the start of the emit's chain to its decision
+        (`DecisionRecord.duration_ms`); None when unknown. A negative or non-finite value
+        is stored as None."""
         try:
             now = time.time()
             record = DecisionRecord(
@@ -298,6 +304,7 @@ class DecisionLog:
                 failures=list(result.failures),
                 approver=result.approved_by,
                 trace_id=trace_id,
+                duration_ms=_duration(duration_ms),
             )
             subject, payload = decisions_subject(agent_id), encode(record)
             pending = _Pending(record, subject, payload, time.monotonic())
@@ -430,6 +437,13 @@ class DecisionLog:
             self._last_error,
             " ".join(ids),
         )
+
+
+def _duration(ms: float | None) -> float | None:
+    """`ms` rounded to the microsecond; None for None, a negative or non-finite value."""
+    if ms is None or not math.isfinite(ms) or ms < 0:
+        return None
+    return round(ms, 3)
 
 
 def _describe(exc: BaseException) -> str:

@@ -686,8 +686,10 @@ class HookDispatcher(StandardEvents):
         ctx: EmitContext,
         idempotency_key: str | None,
     ) -> None:
-        """Append one decided emit to the audit trail; never raises (see `DecisionLog`)."""
+        """Append one decided emit to the audit trail, with its duration (milliseconds
+        since `ctx.started`); never raises (see `DecisionLog`)."""
         assert self._decisions is not None
+        duration_ms = (time.monotonic() - ctx.started) * 1000.0
         tool = (data or {}).get("tool_name", self._defaults.get("tool_name"))
         self._decisions.append(
             event,
@@ -699,6 +701,7 @@ class HookDispatcher(StandardEvents):
             tool_name=tool if isinstance(tool, str) else None,
             handlers=ctx.called,
             trace_id=current_trace_id(),  # the emit span's
+            duration_ms=duration_ms,
         )
 
     @staticmethod

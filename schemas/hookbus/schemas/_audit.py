@@ -76,6 +76,15 @@ class DecisionRecord(_Wire, omit_defaults=False):
     when no human answered."""
     trace_id: str | None = None
     """The OpenTelemetry trace of the emit (32 hex digits); None when tracing is off."""
+    duration_ms: float | None = None
+    """How long the emit took to decide, in milliseconds (a float, >= 0): from the start of
+    the emit's handler chain to its final decision, on the recorder's monotonic clock (so a
+    wall-clock step does not change it). It includes every handler call, retry and hedge,
+    and the wait for a human's answer when an approval decided. None in records written
+    before hookbus recorded it. Named in the spirit of OpenTelemetry's ``*.duration``
+    measurements, in milliseconds for people reading the trail; the
+    ``hookbus.emit.duration`` metric (seconds) times the whole `emit` call, which also
+    counts checking the data before the chain starts."""
 
 
 def decisions_stream_config(
