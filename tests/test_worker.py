@@ -286,6 +286,7 @@ async def test_declaration_in_the_registry_bucket(nc, event):
         subject=handler_subject(event, "sec urity"),
         collect_subject=collect_subject(event),
         queue_group=handler_queue_group("sec urity"),
+        handler_set=["sec urity"],  # every handler this process serves (chains)
     )
     # the declaration outlives the instance: still there after shutdown
     assert (await kv.get(handler_key(event, "sec urity"))).value == entry.value

@@ -39,7 +39,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
 import msgspec
 import nats.errors
 from nats.aio.client import Client as NATS
@@ -48,6 +47,7 @@ from nats.aio.subscription import Subscription
 
 from hookbus.schemas import (
     BadRequestError,
+    ChainStep,
     EventEnvelope,
     FailureKind,
     HookReply,
@@ -55,6 +55,7 @@ from hookbus.schemas import (
     NotConnectedError,
     PayloadTooLargeError,
     WireFormatError,
+    chain_instance_subject,
     collect_reply_subject,
     decode,
     encode,
@@ -71,13 +72,16 @@ __all__ = [
     "HEDGE_MIN_S",
     "RECENT_INSTANCES",
     "RECENT_TTL_S",
+    "ChainAnswer",
     "Failed",
     "Outcome",
     "Requester",
+    "call_chain",
     "call_local",
     "call_remote",
     "coerce_result",
     "nats_failure",
+    "reply_outcome",
 ]
 
 log = logging.getLogger("hookbus.dispatcher")
@@ -115,9 +119,23 @@ class Failed:
 
     kind: FailureKind
     message: str
+    not_run: bool = False
+    """Known not to have run anywhere (no responders, refused, not sent): it may be sent
+    again without running twice."""
 
 
 Outcome = HookResult | Failed
+
+
+@dataclass(frozen=True, slots=True)
+class ChainAnswer:
+    """A worker process's answer to a chain request: one reply per step that ran."""
+
+    replies: list[HookReply]
+
+
+_NOT_RUN_CODES = frozenset({"bad_request", "busy", "unavailable", "deadline_exceeded", "not_ready"})
+"""Worker error codes of a request that ran nothing (sent before any handler started)."""
 
 _ERROR_KINDS: dict[str, FailureKind] = {
     "handler_timeout": "timeout",
@@ -150,7 +168,7 @@ def coerce_result(raw: Any) -> Outcome:
 
 def nats_failure(exc: BaseException) -> Failed:
     """A nats-py error met while sending, as a failure for the policy (never raised)."""
-    return Failed("error", f"NATS: {type(exc).__name__}: {exc}".rstrip(": "))
+    return Failed("error", f"NATS: {type(exc).__name__}: {exc}".rstrip(": "), not_run=True)
 
 
 def _cut(timeout_s: float | None, budget_s: float | None) -> float | None:
@@ -171,11 +189,18 @@ async def call_local(
     if timeout_s is not None and timeout_s <= 0:
         return Failed("timeout", "not called: the emit's deadline had passed")
     try:
-        with anyio.fail_after(timeout_s):
+        if timeout_s is None:  # no cancel scope at all: most of an in-process call's cost
             raw = route.local(event, data)
             if inspect.isawaitable(raw):
                 raw = await raw
-    except TimeoutError:
+        else:
+            async with asyncio.timeout(timeout_s):
+                raw = route.local(event, data)
+                if inspect.isawaitable(raw):
+                    raw = await raw
+    except TimeoutError as exc:
+        if timeout_s is None:  # the handler's own TimeoutError, not ours
+            return Failed("error", f"TimeoutError: {exc}")
         return Failed("timeout", f"no result within {timeout_s:.3g}s")
     except Exception as exc:
         return Failed("error", f"{type(exc).__name__}: {exc}")
@@ -188,12 +213,27 @@ def judge_reply(msg: Msg) -> Outcome | None:
     Every byte string ends as an outcome: status messages with a body, invalid UTF-8,
     nesting too deep, wrong types and empty bodies are all ``bad_reply``.
     """
-    return _read_reply(msg)[0]
+    outcome = _read_reply(msg)[0]
+    assert not isinstance(outcome, ChainAnswer)  # only a chain call reads one
+    return outcome
 
 
-def _read_reply(msg: Msg) -> tuple[Outcome | None, str | None, str]:
+def reply_outcome(reply: HookReply) -> Outcome:
+    """One handler's `HookReply` (alone or within a chain's) as an outcome."""
+    err = reply.error
+    if err is not None:
+        return Failed(_ERROR_KINDS.get(err.code, "error"), f"{err.code}: {err.message}")
+    if reply.result is None:
+        return Failed("bad_reply", "reply carries neither result nor error")
+    return reply.result
+
+
+def _read_reply(
+    msg: Msg, chain: bool = False
+) -> tuple[Outcome | ChainAnswer | None, str | None, str]:
     """`judge_reply`, plus the error code of a reply that says "not run, send it again"
-    (else None) and the id of the worker instance that answered ("" if unknown)."""
+    (else None) and the id of the worker instance that answered ("" if unknown). With
+    `chain`, a reply to a chain request: its replies, or an error (nothing ran)."""
     headers = msg.headers or {}
     status = headers.get(_STATUS)
     if status is not None:
@@ -206,9 +246,17 @@ def _read_reply(msg: Msg) -> tuple[Outcome | None, str | None, str]:
         return Failed("bad_reply", str(exc)), None, ""
     err = reply.error
     if err is not None:
-        failed = Failed(_ERROR_KINDS.get(err.code, "error"), f"{err.code}: {err.message}")
+        failed = Failed(
+            _ERROR_KINDS.get(err.code, "error"),
+            f"{err.code}: {err.message}",
+            not_run=err.code in _NOT_RUN_CODES,
+        )
         again = err.code if err.retryable and err.code in ("busy", "unavailable") else None
         return failed, again, reply.instance
+    if chain:
+        if reply.chain is None:
+            return Failed("bad_reply", "a chain reply without its replies"), None, reply.instance
+        return ChainAnswer(reply.chain), None, reply.instance
     if reply.result is None:
         return Failed("bad_reply", "reply carries neither result nor error"), None, reply.instance
     return reply.result, None, reply.instance
@@ -254,9 +302,13 @@ class Requester:
 
     async def call(
         self, nc: NATS, route: Route, envelope: EventEnvelope, headers: dict[str, str] | None,
-        budget_s: float, *, hedge: bool,
-    ) -> Outcome:  # fmt: skip
+        budget_s: float, *, hedge: bool, chain: bool = False,
+    ) -> Outcome | ChainAnswer:  # fmt: skip
         """Send `envelope` to `route` and wait at most `budget_s` seconds for an answer.
+
+        With `chain`, `route.subject` is a chain subject and `envelope` a chain request:
+        the answer is a `ChainAnswer`, no responders fail at once (the caller falls back
+        to one request per handler) and hedges go to `chain_instance_subject`.
 
         Raises:
             NotConnectedError: the connection is closed.
@@ -282,7 +334,7 @@ class Requester:
                 token = f"{next(self._tokens):x}"
                 subject = route.subject
                 if attempt > 1:
-                    subject = self._target(route, avoid, token, targets, loop.time())
+                    subject = self._target(route, avoid, token, targets, loop.time(), chain)
                 self._waiting[token] = queue
                 failed = await self._send(nc, subject, envelope, headers, token)
                 if failed is not None:
@@ -300,7 +352,7 @@ class Requester:
                         break  # hedge (retry_safe) or the budget is spent
                     live.discard(token)
                     self._waiting.pop(token, None)
-                    outcome, code, instance = _read_reply(msg)
+                    outcome, code, instance = _read_reply(msg, chain)
                     if code is not None:  # not run: send again, to another replica
                         if instance:
                             avoid.add(instance)
@@ -308,7 +360,9 @@ class Requester:
                         if live:
                             continue
                         if refusals >= MAX_REFUSALS:
-                            return Failed("error", f"{code}: refused {refusals} times")
+                            return Failed(
+                                "error", f"{code}: refused {refusals} times", not_run=True
+                            )
                         await asyncio.sleep(min(0.005 * refusals, max(wait, 0)))
                         break
                     if outcome is not None:
@@ -322,6 +376,8 @@ class Requester:
                             continue
                         break  # send the next request at once
                     if not live:  # no replica subscribed: answered at once
+                        if chain:
+                            return Failed("no_responders", "no worker serves the chain", True)
                         if not rechecked and deadline - loop.time() > NO_RESPONDERS_RECHECK_S:
                             # a replica that subscribed a moment ago may not be visible to
                             # this publish yet (seen under load): ask once more, shortly
@@ -329,7 +385,9 @@ class Requester:
                             await asyncio.sleep(NO_RESPONDERS_RECHECK_S)
                             break
                         return Failed(
-                            "no_responders", f"no replica of {route.name!r} is subscribed"
+                            "no_responders",
+                            f"no replica of {route.name!r} is subscribed",
+                            not_run=True,
                         )
                 if loop.time() >= deadline:
                     break
@@ -337,7 +395,9 @@ class Requester:
             for token in [t for t, q in self._waiting.items() if q is queue]:
                 del self._waiting[token]
         if refused is not None and not live:
-            return Failed("error", f"{refused}: every replica refused within {budget_s:.3g}s")
+            return Failed(
+                "error", f"{refused}: every replica refused within {budget_s:.3g}s", not_run=True
+            )
         return Failed("timeout", f"no reply within {budget_s:.3g}s")
 
     def _answered(self, subject: str, instance: str, now: float) -> None:
@@ -355,8 +415,9 @@ class Requester:
             recent.pop(instance, None)
 
     def _target(
-        self, route: Route, avoid: set[str], token: str, targets: dict[str, str], now: float
-    ) -> str:
+        self, route: Route, avoid: set[str], token: str, targets: dict[str, str], now: float,
+        chain: bool = False,
+    ) -> str:  # fmt: skip
         """Subject of a further request: the instance subject of the most recently
         answering instance not in `avoid` (then added to it), else the queue subject."""
         recent = self._recent.get(route.subject)
@@ -367,7 +428,11 @@ class Requester:
                 if instance in avoid:
                     continue
                 try:
-                    subject = handler_instance_subject(route.event, route.name, instance)
+                    subject = (
+                        chain_instance_subject(route.subject, instance)
+                        if chain
+                        else handler_instance_subject(route.event, route.name, instance)
+                    )
                 except BadRequestError:  # not an id we can address: never a target
                     continue
                 avoid.add(instance)
@@ -424,9 +489,66 @@ async def call_remote(
     if nc is None or nc.is_closed or not requester.started:
         raise NotConnectedError(f"remote handler {route.name!r} needs a NATS connection")
     if not nc.is_connected:  # reconnecting: fail now, not after the handler's timeout
-        return Failed("error", "not connected to NATS (reconnecting); the request was not sent")
+        return Failed(
+            "error", "not connected to NATS (reconnecting); the request was not sent", True
+        )
     timeout_s = _cut(route.timeout_s or DEFAULT_TIMEOUT_S, budget_s)
     assert timeout_s is not None
     if timeout_s <= 0:
-        return Failed("timeout", "not called: the emit's deadline had passed")
-    return await requester.call(nc, route, envelope, headers, timeout_s, hedge=route.retry_safe)
+        return Failed("timeout", "not called: the emit's deadline had passed", True)
+    outcome = await requester.call(nc, route, envelope, headers, timeout_s, hedge=route.retry_safe)
+    assert not isinstance(outcome, ChainAnswer)
+    return outcome
+
+
+async def call_chain(
+    nc: NATS | None,
+    requester: Requester,
+    seg: list[Route],
+    envelope: EventEnvelope,
+    headers: dict[str, str] | None,
+    budget_s: float | None = None,
+) -> ChainAnswer | Failed:
+    """Send the handlers `seg` (adjacent, served by one worker process's handler set) as
+    one chain request and return the replies of the steps that ran; a `Failed` with
+    ``not_run`` when nothing ran (no responders, refused, not sent): then call each alone.
+
+    The wait is the sum of the handlers' timeouts cut to `budget_s`; the worker applies
+    each step's own timeout.
+
+    Raises:
+        NotConnectedError: no connection, or it is closed.
+        PayloadTooLargeError: the envelope exceeds the server's max_payload.
+    """
+    if nc is None or nc.is_closed or not requester.started:
+        raise NotConnectedError("remote handlers need a NATS connection")
+    if not nc.is_connected:
+        return Failed("error", "not connected to NATS (reconnecting); not sent", True)
+    envelope.chain = [
+        ChainStep(
+            handler=r.name,
+            failure_policy=r.failure_policy,
+            timeout_s=r.timeout_s or DEFAULT_TIMEOUT_S,
+            parallel=r.parallel,
+        )
+        for r in seg
+    ]
+    total = sum(step.timeout_s for step in envelope.chain)
+    timeout_s = _cut(total, budget_s)
+    assert timeout_s is not None
+    if timeout_s <= 0:
+        return Failed("timeout", "not called: the emit's deadline had passed", True)
+    head = seg[0]
+    target = Route.make(
+        event=head.event,
+        name=f"chain of {len(seg)} handlers ({head.name!r}, ...)",
+        priority=head.priority,
+        timeout_s=timeout_s,
+        failure_policy=head.failure_policy,
+        parallel=False,
+        tool_filter=None,
+        subject=head.chain,
+    )
+    hedge = all(r.retry_safe for r in seg)  # else a step might run twice
+    answer = await requester.call(nc, target, envelope, headers, timeout_s, hedge=hedge, chain=True)
+    return answer  # type: ignore[return-value]  # a chain call answers a ChainAnswer

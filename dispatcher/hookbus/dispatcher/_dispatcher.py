@@ -8,7 +8,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar, overload
 
@@ -37,7 +37,7 @@ from hookbus.schemas import (
 
 from ._approvals import ApprovalGrant, Approvals, Grants
 from ._audit import DecisionLog, current_trace_id
-from ._calls import Failed, Outcome, call_local
+from ._calls import Failed, Outcome, call_local, reply_outcome
 from ._fold import Fold
 from ._kv import ensure_buckets
 from ._router import EmitContext, Router
@@ -48,6 +48,9 @@ from ._telemetry import traced_call, traced_collect, traced_emit
 __all__ = ["HookDispatcher"]
 
 T = TypeVar("T")
+
+_CallGroup = Callable[[list[Route], EmitContext, dict[str, Any]], Awaitable[list[Outcome]]]
+"""How `_fold_each` gets the outcomes of a group of handlers called on the same data."""
 
 log = logging.getLogger("hookbus.dispatcher")
 
@@ -91,6 +94,10 @@ class HookDispatcher(StandardEvents):
         audit_max_age_s: seconds the stream keeps a record, if this dispatcher creates it.
         audit_max_bytes: size past which the stream drops its oldest records, if this
             dispatcher creates it.
+        chains: send a run of adjacent remote handlers served by one worker process (the
+            same declared handler set) as one chain request, run there in order with the
+            same semantics (one round trip instead of one per handler). False: one request
+            per handler. Results and failures are the same either way.
     """
 
     def __init__(
@@ -108,6 +115,7 @@ class HookDispatcher(StandardEvents):
         audit: bool = False,
         audit_max_age_s: float = DECISIONS_DEFAULT_MAX_AGE_S,
         audit_max_bytes: int = DECISIONS_DEFAULT_MAX_BYTES,
+        chains: bool = True,
     ) -> None:
         if agent_id is not None:
             validate_name("agent", agent_id)
@@ -129,6 +137,9 @@ class HookDispatcher(StandardEvents):
         """Whether `start` turns the decision audit trail on (set it before `start`)."""
         self._audit_retention = (audit_max_age_s, audit_max_bytes)
         self._decisions: DecisionLog | None = None
+        self.chains = chains
+        """Whether a run of adjacent remote handlers of one worker process goes as one chain
+        request (one round trip) instead of one request per handler."""
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -415,28 +426,9 @@ class HookDispatcher(StandardEvents):
         ctx = EmitContext(event, current, timeout_s=timeout_s, call_id=idempotency_key)
         if trail is not None:  # the caller records the decision with the emit's id and calls
             trail.append(ctx)
-        i, n = 0, len(routes)
-        while i < n:
-            route = routes[i]
-            if not route.parallel:
-                i += 1
-                if route.matches(fold.data):
-                    outcome = await self._call(route, ctx, fold.data)
-                    denied = self._fold_one(fold, route, outcome)
-                    if denied is not None:
-                        return denied
-                continue
-            group = []
-            while i < n and routes[i].parallel:
-                if routes[i].matches(fold.data):
-                    group.append(routes[i])
-                i += 1
-            for route, outcome in zip(
-                group, await self._call_group(group, ctx, fold.data), strict=True
-            ):
-                denied = self._fold_one(fold, route, outcome)
-                if denied is not None:
-                    return denied
+        denied = await self._fold_routes(routes, ctx, fold)
+        if denied is not None:
+            return denied
         result = fold.result()
         if result.action == "ask_user" and self._approvals is not None:
             return await self._approve(event, result, ctx)
@@ -672,6 +664,138 @@ class HookDispatcher(StandardEvents):
         # asyncio.gather: a third of an anyio task group's cost here; `_call` returns
         # failures as outcomes, so only caller errors (closed connection) propagate.
         return list(await asyncio.gather(*(self._call(r, ctx, data) for r in group)))
+
+    async def _fold_routes(
+        self, routes: Sequence[Route], ctx: EmitContext, fold: Fold
+    ) -> HookResult | None:
+        """Call and fold `routes` in order; the final result if one ended the fold.
+
+        Three ways to call, all folding the same outcomes in the same order:
+        a run of adjacent remote handlers of one worker process's handler set goes as one
+        chain request (`_fold_chain`); a run of adjacent pure handlers is called at once,
+        speculatively (`_fold_speculative`); the rest one by one, an adjacent run of
+        parallel handlers concurrently (`_fold_each`).
+        """
+        i, n = 0, len(routes)
+        while i < n:
+            route = routes[i]
+            j = i + 1
+            if self.chains and route.chain:
+                # one chain: the same process's handlers, all retry_safe or none (a chain
+                # is hedged only when every step may run twice)
+                while (
+                    j < n
+                    and routes[j].chain == route.chain
+                    and routes[j].retry_safe == route.retry_safe
+                ):
+                    j += 1
+                seg = [r for r in routes[i:j] if r.name in route.handler_set]
+                if len(seg) == j - i and len(seg) > 1:
+                    denied = await self._fold_chain(seg, ctx, fold)
+                    if denied is not None:
+                        return denied
+                    i = j
+                    continue
+                j = i + 1
+            if route.pure:
+                while j < n and routes[j].pure:
+                    j += 1
+                if j - i > 1:
+                    denied = await self._fold_speculative(routes[i:j], ctx, fold)
+                else:
+                    denied = await self._fold_each(routes[i:j], ctx, fold, self._call_group)
+            else:
+                while j < n and routes[j - 1].parallel and routes[j].parallel:
+                    j += 1
+                denied = await self._fold_each(routes[i:j], ctx, fold, self._call_group)
+            if denied is not None:
+                return denied
+            i = j
+        return None
+
+    async def _fold_each(
+        self, routes: Sequence[Route], ctx: EmitContext, fold: Fold, call: _CallGroup
+    ) -> HookResult | None:
+        """amplifier-core's order: each handler whose tool filter matches the data it
+        would see is called and folded; an adjacent run of parallel handlers is called
+        together on the same data and folded in order. `call` gives the outcomes."""
+        i, n = 0, len(routes)
+        while i < n:
+            if routes[i].parallel:
+                group = []
+                while i < n and routes[i].parallel:
+                    if routes[i].matches(fold.data):
+                        group.append(routes[i])
+                    i += 1
+            else:
+                group = [routes[i]] if routes[i].matches(fold.data) else []
+                i += 1
+            if not group:
+                continue
+            for route, outcome in zip(group, await call(group, ctx, fold.data), strict=True):
+                denied = self._fold_one(fold, route, outcome)
+                if denied is not None:
+                    return denied
+        return None
+
+    async def _fold_chain(
+        self, seg: list[Route], ctx: EmitContext, fold: Fold
+    ) -> HookResult | None:
+        """Fold `seg` from one chain request to its worker process: the same outcomes,
+        in the same order, as one request per handler would give. If nothing ran (no
+        process of the set is live, every replica refused), each is called alone; if the
+        chain's answer was lost (timeout, unreadable), every handler the fold reaches
+        fails so, under its own policy."""
+        answer = await self._router.call_chain(seg, ctx, fold.data)
+        if isinstance(answer, Failed) and answer.not_run:
+            return await self._fold_each(seg, ctx, fold, self._call_group)
+        replies = {} if isinstance(answer, Failed) else {r.handler: r for r in answer.replies}
+
+        async def from_chain(
+            group: list[Route], ctx: EmitContext, data: dict[str, Any]
+        ) -> list[Outcome]:
+            outcomes: list[Outcome] = []
+            for route in group:
+                ctx.called.append(route.name)
+                if isinstance(answer, Failed):
+                    outcome: Outcome = answer
+                else:
+                    reply = replies.pop(route.name, None)
+                    outcome = (
+                        reply_outcome(reply)
+                        if reply is not None
+                        else Failed("bad_reply", "the chain's reply has no answer from it")
+                    )
+                outcomes.append(outcome)
+            return outcomes
+
+        return await self._fold_each(seg, ctx, fold, from_chain)
+
+    async def _fold_speculative(
+        self, run: Sequence[Route], ctx: EmitContext, fold: Fold
+    ) -> HookResult | None:
+        """Call a run of pure handlers at once on the current data and fold them in
+        order. A result computed on data a modify has since replaced is discarded, and
+        the rest of the run is called again on the new data; a deny still wins in order
+        and the results after it are discarded."""
+        k = 0
+        while k < len(run):
+            data = fold.data
+            calls = [r for r in run[k:] if r.matches(data)]
+            outcomes = dict(zip(calls, await self._call_group(calls, ctx, data), strict=True))
+            for idx in range(k, len(run)):
+                if fold.data is not data:  # modified: the rest saw stale data
+                    k = idx
+                    break
+                route = run[idx]
+                outcome = outcomes.get(route)
+                if outcome is not None:
+                    denied = self._fold_one(fold, route, outcome)
+                    if denied is not None:
+                        return denied
+            else:
+                return None
+        return None
 
     @property
     def decision_log(self) -> DecisionLog | None:

@@ -36,7 +36,15 @@ from hookbus.schemas import (
 )
 from hookbus.schemas._nats_guard import harden_connection
 
-from ._calls import Failed, Outcome, Requester, call_local, call_remote
+from ._calls import (
+    ChainAnswer,
+    Failed,
+    Outcome,
+    Requester,
+    call_chain,
+    call_local,
+    call_remote,
+)
 from ._registry import RegistryWatch, open_handlers_bucket
 from ._routes import Route, RoutingTable
 from ._telemetry import trace_headers
@@ -199,6 +207,23 @@ class Router:
             return await call_local(route, ctx.event, json_copy(data), budget_s)
         return await call_remote(
             self.nc, self._requester, route, ctx.envelope(data), trace_headers(), budget_s
+        )
+
+    async def call_chain(
+        self, seg: list[Route], ctx: EmitContext, data: dict[str, Any]
+    ) -> ChainAnswer | Failed:
+        """Call the adjacent handlers `seg` of one worker process's handler set in one
+        request (see `call_chain`); a `Failed` with ``not_run`` means call each alone.
+
+        Raises:
+            NotConnectedError: no started connection.
+            PayloadTooLargeError: the envelope exceeds the server's max_payload.
+        """
+        budget_s = ctx.remaining()
+        if budget_s is not None and budget_s <= 0:
+            return Failed("timeout", "not called: the emit's deadline had passed", True)
+        return await call_chain(
+            self.nc, self._requester, seg, ctx.envelope(data), trace_headers(), budget_s
         )
 
     # -- emit_and_collect --------------------------------------------------------------------

@@ -16,7 +16,6 @@ decides: a required handler is never silently absent.
 
 from __future__ import annotations
 
-import fnmatch
 import itertools
 import re
 from collections.abc import Awaitable, Callable, Iterable
@@ -28,6 +27,9 @@ from hookbus.schemas import (
     FailurePolicy,
     HandlerDeclaration,
     RequiredHandler,
+    chain_subject,
+    compile_tool_filter,
+    handler_set_id,
     handler_subject,
 )
 
@@ -35,12 +37,6 @@ __all__ = ["LocalHandler", "Route", "RoutingTable"]
 
 LocalHandler = Callable[[str, dict[str, Any]], Awaitable[Any]]
 """amplifier-core's handler signature: ``async def handler(event, data) -> HookResult``."""
-
-
-def _compile_filter(patterns: Iterable[str] | None) -> re.Pattern[str] | None:
-    if patterns is None:
-        return None
-    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns) or "(?!)")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -59,6 +55,14 @@ class Route:
     subject: str = ""
     retry_safe: bool = False
     """Running it twice for one call is harmless: a slow call may be hedged."""
+    pure: bool = False
+    """Free of side effects: may be called speculatively, at once with adjacent pure
+    handlers (see `HandlerDeclaration.pure`)."""
+    chain: str = ""
+    """The chain subject of the worker processes serving it with others (its declared
+    handler set), or "" (in-process, no set, or a set too large)."""
+    handler_set: frozenset[str] = frozenset()
+    """The names its worker process serves (what a chain to `chain` may hold)."""
     order: tuple[int, int, int | str] = (0, 0, 0)
     _filter: re.Pattern[str] | None = field(default=None, repr=False)
 
@@ -91,6 +95,8 @@ class Route:
         subject: str = "",
         seq: int = 0,
         retry_safe: bool = False,
+        pure: bool = False,
+        handler_set: Iterable[str] | None = None,
     ) -> Route:
         patterns = None if tool_filter is None else tuple(tool_filter)
         order: tuple[int, int, int | str] = (priority, 0, seq) if local else (priority, 1, name)
@@ -104,9 +110,12 @@ class Route:
             tool_filter=patterns,
             local=local,
             subject=subject,
-            retry_safe=retry_safe,
+            retry_safe=retry_safe or pure,
+            pure=pure,
+            chain=chain_subject(event, handler_set_id(handler_set)) if handler_set else "",
+            handler_set=frozenset(handler_set or ()),
             order=order,
-            _filter=_compile_filter(patterns),
+            _filter=compile_tool_filter(patterns),
         )
 
     @classmethod
@@ -127,6 +136,8 @@ class Route:
             tool_filter=decl.tool_filter,
             subject=handler_subject(decl.event, decl.name),
             retry_safe=decl.retry_safe,
+            pure=decl.pure,
+            handler_set=decl.handler_set,
         )
 
     @classmethod

@@ -17,6 +17,15 @@ from ._buckets import (
     leases_bucket_config,
     suspensions_bucket_config,
 )
+from ._chains import (
+    CHAIN_WILDCARD,
+    MAX_HANDLER_SET,
+    chain_instance_subject,
+    chain_queue_group,
+    chain_subject,
+    compile_tool_filter,
+    handler_set_id,
+)
 from ._codec import WIRE_TYPES, decode, encode, to_builtins
 from ._declarations import (
     MAX_HANDLER_TIMEOUT_S,
@@ -59,6 +68,7 @@ from ._subjects import (
     DECISIONS_STREAM,
     DECISIONS_WILDCARD,
     DISPATCHER_QUEUE_GROUP,
+    DISPATCHER_SERVICE_NAME,
     EMIT_SERVICE_WILDCARD,
     GRANT_NONE,
     HANDLERS_BUCKET,
@@ -111,6 +121,7 @@ from ._suspensions import (
 from ._types import (
     WIRE_ERROR_CODES,
     Action,
+    ChainStep,
     CollectReply,
     CollectRequest,
     ContextInjection,
@@ -132,6 +143,14 @@ if TYPE_CHECKING:  # loaded on first use: see __getattr__
     from ._contract import json_schemas
 
 __all__ = [
+    "CHAIN_WILDCARD",
+    "MAX_HANDLER_SET",
+    "ChainStep",
+    "chain_instance_subject",
+    "chain_queue_group",
+    "chain_subject",
+    "compile_tool_filter",
+    "handler_set_id",
     "MAX_HANDLER_TIMEOUT_S",
     "MAX_PRIORITY",
     "MAX_RECORD_BYTES",
@@ -151,6 +170,7 @@ __all__ = [
     *_event_names,
     "COLLECT_SERVICE_WILDCARD",
     "DISPATCHER_QUEUE_GROUP",
+    "DISPATCHER_SERVICE_NAME",
     "EMIT_SERVICE_WILDCARD",
     "APPROVALS_BUCKET",
     "APPROVAL_DEFAULT_OPTIONS",

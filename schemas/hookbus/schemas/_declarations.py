@@ -16,6 +16,8 @@ event, handler names           `validate_name`; the encoded key within `MAX_KEY_
 ``priority``                   an int within ±`MAX_PRIORITY`
 ``tool_filter``                at most `MAX_TOOL_PATTERNS` non-empty globs of at most
                                `MAX_NAME_LENGTH` characters
+``handler_set``                at most `MAX_HANDLER_SET` valid handler names, the
+                               declared handler's own among them
 =============================  ================================================
 """
 
@@ -26,6 +28,7 @@ from typing import Final, TypeVar
 
 import msgspec
 
+from ._chains import MAX_HANDLER_SET
 from ._codec import decode
 from ._errors import BadRequestError, HookbusError
 from ._subjects import (
@@ -68,6 +71,7 @@ COMPARED_FIELDS: Final = (
     "timeout_s",
     "parallel",
     "retry_safe",
+    "pure",
 )
 """The declaration settings two workers must agree on to serve the same handler."""
 
@@ -100,6 +104,14 @@ def _check_common(record: R, event: str, name: str) -> R:
                 )
     if timeout > MAX_HANDLER_TIMEOUT_S:
         record = msgspec.structs.replace(record, timeout_s=MAX_HANDLER_TIMEOUT_S)
+    if isinstance(record, HandlerDeclaration) and record.handler_set is not None:
+        names = record.handler_set
+        if len(names) > MAX_HANDLER_SET or record.name not in names:
+            raise BadRequestError(
+                f"handler_set must list the handler itself and at most {MAX_HANDLER_SET} names"
+            )
+        for n in names:
+            validate_name("handler", n)
     return record
 
 

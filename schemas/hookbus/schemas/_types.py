@@ -14,6 +14,7 @@ import msgspec
 __all__ = [
     "WIRE_ERROR_CODES",
     "Action",
+    "ChainStep",
     "CollectReply",
     "CollectRequest",
     "ContextInjection",
@@ -193,6 +194,31 @@ class EventEnvelope(_Wire):
     never runs past it, so a skewed wall clock on either side changes nothing."""
     attempt: int = 1
     """1 for the first request of this handler call, 2+ for a hedged retry."""
+    chain: list[ChainStep] | None = None
+    """Set only on a chain request (``hookbus.v1.chain.<set>``): the handlers of `event`
+    to run, in call order, one after the other with amplifier-core's semantics (see
+    `ChainStep`). None: a request to the one handler its subject names."""
+
+
+class ChainStep(_Wire):
+    """One handler of a chain request, as the dispatcher will fold it.
+
+    The worker runs the steps in order on the chained data: a step whose tool filter does
+    not match the data is skipped (no reply); ``modify`` with data replaces the data for the
+    next step; adjacent ``parallel`` steps run concurrently on the same data. It stops after
+    a step that ends the fold: a ``deny``, a failure under policy ``deny``, a result that
+    cannot be read, or a parallel step that modifies. Source: amplifier-core
+    ``HookRegistry.emit``.
+    """
+
+    handler: str
+    """The handler's name (a handler of the envelope's event served by this process)."""
+    failure_policy: FailurePolicy = "ignore"
+    """The policy the dispatcher applies to this handler's failure (``deny`` stops here)."""
+    timeout_s: float = 5.0
+    """Seconds this step may run (also cut to what is left of the request's ``budget_s``)."""
+    parallel: bool = False
+    """Runs concurrently with the adjacent parallel steps, on the same data."""
 
 
 WIRE_ERROR_CODES: tuple[str, ...] = (
@@ -243,6 +269,11 @@ class HookReply(_Wire):
     """Id of the worker process that answered (its ``nats.micro`` service id): a
     dispatcher may send a hedge to ``handler_instance_subject(event, handler, instance)``.
     Empty from workers that predate it."""
+    chain: list[HookReply] | None = None
+    """The answer to a chain request: one reply per step that ran, in step order (a step
+    skipped by its tool filter, and every step after the one that ended the fold, has
+    none). Then `handler` names the set and `result` and `error` are both None; an
+    `error` instead means no step ran (e.g. ``busy``)."""
 
 
 class HandlerDeclaration(_Wire):
@@ -271,6 +302,16 @@ class HandlerDeclaration(_Wire):
     retry_safe: bool = False
     """Running it twice for one call is harmless (it has no side effects, or they are
     idempotent): the dispatcher may hedge a slow call on another replica. Never assumed."""
+    pure: bool = False
+    """Free of side effects: a dispatcher may call a run of adjacent pure handlers at once,
+    speculatively, and fold their results in priority order (a result computed on data a
+    modify has since replaced is discarded and the handler called again). Implies
+    `retry_safe`. Never assumed."""
+    handler_set: list[str] | None = None
+    """The names of every handler the declaring worker process serves (sorted, unique, at
+    most `MAX_HANDLER_SET`), so that a run of adjacent handlers of one process can be sent
+    as one chain request to ``hookbus.v1.chain.<handler_set_id(handler_set)>``. None: send
+    each of its calls on its own."""
     subject: str = ""
     """The handler's request subject ``hookbus.v1.hook.<event>.<handler>`` (names encoded).
     Writers put the derived value (the wire contract requires it); dispatchers derive the

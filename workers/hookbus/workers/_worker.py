@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import logging
 import math
+import re
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
+import msgspec
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
@@ -22,6 +25,9 @@ from nats.aio.subscription import Subscription
 from nats.micro.service import Service
 
 from hookbus.schemas import (
+    MAX_HANDLER_SET,
+    MAX_RECORD_BYTES,
+    ChainStep,
     EventEnvelope,
     FailurePolicy,
     HandlerDeclaration,
@@ -30,14 +36,20 @@ from hookbus.schemas import (
     NotConnectedError,
     WireError,
     WireFormatError,
+    chain_instance_subject,
+    chain_queue_group,
+    chain_subject,
     collect_subject,
+    compile_tool_filter,
     decode,
     encode,
     handler_instance_subject,
     handler_key,
     handler_queue_group,
+    handler_set_id,
     handler_subject,
     handlers_bucket_config,
+    json_copy,
     to_hook_result,
     validate_name,
 )
@@ -70,6 +82,15 @@ class HandlerSpec:
     declaration: HandlerDeclaration
     is_async: bool = False
     """Whether `fn` is a coroutine function (sync ones run in a worker thread)."""
+    matcher: re.Pattern[str] | None = None
+    """The compiled tool filter (None: every call matches)."""
+
+    def matches(self, data: dict[str, Any]) -> bool:
+        """Whether the tool filter admits ``data["tool_name"]`` (as dispatchers judge it)."""
+        if self.matcher is None:
+            return True
+        tool = data.get("tool_name")
+        return isinstance(tool, str) and self.matcher.fullmatch(tool) is not None
 
 
 class HookWorker:
@@ -127,13 +148,17 @@ class HookWorker:
         self._specs: dict[tuple[str, str], HandlerSpec] = {}
         self._subs: list[Subscription] = []
         self._tasks: set[asyncio.Task[None]] = set()
-        self._limiter: asyncio.Semaphore | None = None
         self._inflight = 0
+        self.handler_set_id = ""
+        """The id of this process's handler set once started ("" if it cannot be chained):
+        chain requests for its handlers of an event come on
+        ``chain_subject(event, handler_set_id)``."""
         self._bad_requests = _RateLimitedWarning(log)
         self._stopped: asyncio.Event | None = None
         self._state = "new"  # new -> serving -> draining -> stopped
         self.handled = 0
-        """Requests answered so far (for tests and stats)."""
+        """Requests answered so far, a chain request counting each handler it ran (for
+        tests and stats)."""
         self.refused = 0
         """Requests refused with ``busy`` or ``unavailable`` without running (stats)."""
 
@@ -149,6 +174,7 @@ class HookWorker:
         failure_policy: FailurePolicy = "ignore",
         parallel: bool = False,
         retry_safe: bool = False,
+        pure: bool = False,
         replace: bool | None = None,
     ) -> Callable[[F], F]:
         """Decorator: serve the function as a handler of `event`; returns it unchanged.
@@ -164,6 +190,9 @@ class HookWorker:
             retry_safe: running it twice for one call is harmless (no side effects, or
                 idempotent ones): a dispatcher may then send a slow call to a second
                 replica (hedging). Never assumed: without it, a call runs at most once.
+            pure: free of side effects (implies `retry_safe`): a dispatcher may call it
+                speculatively, at once with the adjacent pure handlers, and fold the
+                results in priority order. Never assumed.
             replace: take over this name if it is declared with other settings (None:
                 the worker's `replace`).
         Raises:
@@ -183,6 +212,7 @@ class HookWorker:
                 failure_policy=failure_policy,
                 parallel=parallel,
                 retry_safe=retry_safe,
+                pure=pure,
                 replace=replace,
             )
             return fn
@@ -201,6 +231,7 @@ class HookWorker:
         failure_policy: FailurePolicy = "ignore",
         parallel: bool = False,
         retry_safe: bool = False,
+        pure: bool = False,
         replace: bool | None = None,
     ) -> HandlerSpec:
         """Non-decorator form of `handler`; returns the spec."""
@@ -220,7 +251,8 @@ class HookWorker:
             timeout_s=timeout_s,
             failure_policy=failure_policy,
             parallel=parallel,
-            retry_safe=retry_safe,
+            retry_safe=retry_safe or pure,
+            pure=pure,
             subject=handler_subject(event, name),
             collect_subject=collect_subject(event),
             queue_group=handler_queue_group(name),
@@ -228,7 +260,10 @@ class HookWorker:
         if replace is not None:
             self._replace_handlers[(event, name)] = replace
         spec = self._specs[(event, name)] = HandlerSpec(
-            fn=fn, declaration=decl, is_async=inspect.iscoroutinefunction(fn)
+            fn=fn,
+            declaration=decl,
+            is_async=inspect.iscoroutinefunction(fn),
+            matcher=compile_tool_filter(decl.tool_filter),
         )
         return spec
 
@@ -259,8 +294,8 @@ class HookWorker:
         if not self._specs:
             raise ValueError("this worker has no handlers")
         nc_ = self._nc
-        self._limiter = asyncio.Semaphore(self.max_concurrency)
         self._stopped = asyncio.Event()
+        self._set_handler_set()
         for spec in self._specs.values():
             decl = spec.declaration
             cb = self._make_callback(spec)
@@ -268,6 +303,15 @@ class HookWorker:
             self._subs.append(
                 await nc_.subscribe(decl.collect_subject, queue=decl.queue_group, cb=cb)
             )
+        if self.handler_set_id:
+            for event in dict.fromkeys(event for event, _ in self._specs):
+                self._subs.append(
+                    await nc_.subscribe(
+                        chain_subject(event, self.handler_set_id),
+                        queue=chain_queue_group(self.handler_set_id),
+                        cb=self._on_chain,
+                    )
+                )
         try:
             await flush_subscriptions(nc_, deadline_s=self.registration_timeout_s)
             kv = await open_registry(
@@ -285,6 +329,11 @@ class HookWorker:
                 decl = spec.declaration
                 subject = handler_instance_subject(decl.event, decl.name, self._liveness.id)
                 self._subs.append(await nc_.subscribe(subject, cb=self._make_callback(spec)))
+            if self.handler_set_id:
+                for event in dict.fromkeys(event for event, _ in self._specs):
+                    chain = chain_subject(event, self.handler_set_id)
+                    subject = chain_instance_subject(chain, self._liveness.id)
+                    self._subs.append(await nc_.subscribe(subject, cb=self._on_chain))
             # the services API ($SRV.*) and the instance subjects: reachable from any
             # connection once start returns
             await flush_subscriptions(nc_, deadline_s=self.registration_timeout_s)
@@ -406,10 +455,13 @@ class HookWorker:
 
     async def _refuse(self, spec: HandlerSpec, msg: Msg, code: str, message: str) -> None:
         """Answer at once that the request was not run and may be sent again."""
+        await self._refuse_as(spec.declaration.name, msg, code, message)
+
+    async def _refuse_as(self, name: str, msg: Msg, code: str, message: str) -> None:
         self.refused += 1
         if msg.reply and self._nc is not None:
             error = WireError(code=code, message=message, retryable=True)
-            reply = HookReply(handler=spec.declaration.name, error=error, instance=self.instance)
+            reply = HookReply(handler=name, error=error, instance=self.instance)
             payload = encode(reply)
             with contextlib.suppress(nats.errors.Error):
                 await self._nc.publish(msg.reply, payload)
@@ -445,42 +497,58 @@ class HookWorker:
 
     @traced_handling
     async def _handle(self, spec: HandlerSpec, msg: Msg) -> HookReply | None:
-        decl = spec.declaration
         received = time.monotonic()
+        envelope, refusal = self._read_request(spec.declaration.name, msg)
+        if envelope is None:
+            return refusal
+        timeout_s = spec.declaration.timeout_s
+        if envelope.budget_s is not None:
+            timeout_s = min(timeout_s, envelope.budget_s)  # never more than the caller has left
+        timeout_s -= time.monotonic() - received
+        return await self._invoke(spec, envelope.event, envelope.data, timeout_s, envelope.id)
+
+    def _read_request(
+        self, name: str, msg: Msg
+    ) -> tuple[EventEnvelope, None] | tuple[None, HookReply]:
+        """The request's envelope, or the error reply that refuses it (`name` answers)."""
         try:
             envelope = decode(msg.data, EventEnvelope)
         except WireFormatError as exc:
             self._bad_requests.warn("bad request on %s: %.200s", msg.subject, exc)
-            return HookReply(
-                handler=decl.name, error=WireError(code="bad_request", message=str(exc)[:500])
+            return None, HookReply(
+                handler=name, error=WireError(code="bad_request", message=str(exc)[:500])
             )
-        timeout_s = decl.timeout_s
         budget = envelope.budget_s
         if budget is not None:
             if math.isnan(budget):
                 self._bad_requests.warn("bad request on %s: budget_s is NaN", msg.subject)
-                return HookReply(
-                    handler=decl.name,
+                return None, HookReply(
+                    handler=name,
                     error=WireError(code="bad_request", message="budget_s is not a number"),
                 )
             if budget <= 0:  # the caller has given up already: say so, run nothing
-                return HookReply(
-                    handler=decl.name,
+                return None, HookReply(
+                    handler=name,
                     error=WireError(
                         code="deadline_exceeded",
                         message=f"the caller's budget ({budget}s) was spent on arrival",
                         retryable=True,
                     ),
                 )
-            timeout_s = min(timeout_s, budget)  # never more than the caller has left
-        timeout_s -= time.monotonic() - received
+        return envelope, None
+
+    async def _invoke(
+        self, spec: HandlerSpec, event: str, data: dict[str, Any], timeout_s: float, emit_id: str
+    ) -> HookReply:
+        """Run one handler within `timeout_s` seconds; its result or the error, as a reply."""
+        decl = spec.declaration
         try:
             async with asyncio.timeout(timeout_s):  # cheaper than anyio's on this path
                 if spec.is_async:
-                    raw = await spec.fn(envelope.event, envelope.data)
+                    raw = await spec.fn(event, data)
                 else:
                     raw = await anyio.to_thread.run_sync(
-                        spec.fn, envelope.event, envelope.data, abandon_on_cancel=True
+                        spec.fn, event, data, abandon_on_cancel=True
                     )
                     if inspect.isawaitable(raw):
                         raw = await raw
@@ -490,7 +558,7 @@ class HookWorker:
                 error=WireError(code="handler_timeout", message=f"ran past {timeout_s:.3g}s"),
             )
         except Exception as exc:
-            log.warning("handler %s raised on %s: %r", decl.name, envelope.id, exc)
+            log.warning("handler %s raised on %s: %r", decl.name, emit_id, exc)
             return HookReply(
                 handler=decl.name,
                 error=WireError(code="handler_error", message=f"{type(exc).__name__}: {exc}"),
@@ -502,6 +570,127 @@ class HookWorker:
                 handler=decl.name, error=WireError(code="bad_result", message=str(exc))
             )
         return HookReply(handler=decl.name, result=result)
+
+    # -- chain requests: a run of this process's handlers in one request --------------------
+    def _set_handler_set(self) -> None:
+        """Name this process's handler set in every declaration, if it fits the bounds."""
+        names = sorted({name for _, name in self._specs})
+        if len(names) > MAX_HANDLER_SET:
+            log.info("%d handlers: more than %d, not sent as chains", len(names), MAX_HANDLER_SET)
+            return
+        declared = {
+            key: msgspec.structs.replace(spec.declaration, handler_set=names)
+            for key, spec in self._specs.items()
+        }
+        if any(len(encode(d)) > MAX_RECORD_BYTES for d in declared.values()):
+            log.info("handler names too long to declare their set: not sent as chains")
+            return
+        for key, decl in declared.items():
+            self._specs[key] = dataclasses.replace(self._specs[key], declaration=decl)
+        self.handler_set_id = handler_set_id(names)
+
+    async def _on_chain(self, msg: Msg) -> None:
+        # a chain takes one slot of max_concurrency per handler it may run at once (its
+        # widest run of parallel steps), so the bound still counts running handlers
+        name = self.handler_set_id
+        width = _chain_width(msg.data)
+        if self._state in ("draining", "stopped"):
+            await self._refuse_as(name, msg, "unavailable", "the worker is shutting down")
+        elif width > self.max_concurrency:  # never servable here: call them one by one
+            error = WireError(
+                code="bad_request",
+                message=f"{width} parallel steps exceed max_concurrency={self.max_concurrency}",
+            )
+            with contextlib.suppress(Exception):
+                await self._respond(msg, HookReply(handler=name, error=error))
+        elif self._inflight + width > self.max_concurrency:
+            await self._refuse_as(name, msg, "busy", f"over max_concurrency={self.max_concurrency}")
+        else:
+            self._inflight += width
+            task = asyncio.create_task(self._serve_chain(msg, width))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _serve_chain(self, msg: Msg, width: int) -> None:
+        name = self.handler_set_id
+        replies: list[HookReply] = []
+        try:
+            reply = await self._run_chain(msg, replies)
+            await self._respond(msg, reply)
+        except asyncio.CancelledError:  # shutdown's grace ran out: say what ran, and where
+            error = WireError(code="unavailable", message="the worker shut down during the chain")
+            replies.append(HookReply(handler=replies[-1].handler if replies else name, error=error))
+            with contextlib.suppress(Exception):
+                await self._respond(msg, HookReply(handler=name, chain=replies))
+            raise
+        except Exception as exc:  # never let one request take the worker down
+            log.exception("unexpected error serving the chain on %s", msg.subject)
+            with contextlib.suppress(Exception):
+                error = WireError(code="internal", message=repr(exc))
+                await self._respond(msg, HookReply(handler=name, error=error))
+        finally:
+            self.handled += max(1, len(replies))
+            self._inflight -= width
+
+    async def _run_chain(self, msg: Msg, replies: list[HookReply]) -> HookReply:
+        """Run the steps of a chain request in order, appending each step's reply to
+        `replies`; stop after a step that ends the fold (see `ChainStep`)."""
+        received = time.monotonic()
+        name = self.handler_set_id
+        envelope, refusal = self._read_request(name, msg)
+        if envelope is None:
+            return refusal
+        steps = envelope.chain or []
+        specs = [self._specs.get((envelope.event, step.handler)) for step in steps]
+        if not steps or None in specs:
+            missing = [st.handler for st, sp in zip(steps, specs, strict=True) if sp is None]
+            message = f"not served by this process: {missing}" if missing else "no steps"
+            return HookReply(handler=name, error=WireError(code="bad_request", message=message))
+        budget = envelope.budget_s
+        deadline = None if budget is None else received + budget
+        data = envelope.data
+        i = 0
+        while i < len(steps):
+            j = i + 1
+            if steps[i].parallel:
+                while j < len(steps) and steps[j].parallel:
+                    j += 1
+            run = [
+                (step, spec)
+                for step, spec in zip(steps[i:j], specs[i:j], strict=True)
+                if spec is not None and spec.matches(data)
+            ]
+            i = j
+            if not run:
+                continue
+            outs = await asyncio.gather(
+                *(self._step(spec, step, envelope, data, deadline) for step, spec in run)
+            )
+            for (step, _), out in zip(run, outs, strict=True):
+                replies.append(out)
+                if _ends_fold(step, out):
+                    return HookReply(handler=name, chain=replies)
+                result = out.result
+                if result is not None and result.action == "modify" and result.data is not None:
+                    data = result.data
+        return HookReply(handler=name, chain=replies)
+
+    async def _step(
+        self,
+        spec: HandlerSpec,
+        step: ChainStep,
+        envelope: EventEnvelope,
+        data: dict[str, Any],
+        deadline: float | None,
+    ) -> HookReply:
+        timeout_s = min(step.timeout_s, spec.declaration.timeout_s)
+        if deadline is not None:
+            timeout_s = min(timeout_s, deadline - time.monotonic())
+        if timeout_s <= 0:
+            error = WireError(code="handler_timeout", message="not run: the chain's budget ran out")
+            return HookReply(handler=step.handler, error=error)
+        # its own copy, as a request of its own would get: in-place edits stay its own
+        return await self._invoke(spec, envelope.event, json_copy(data), timeout_s, envelope.id)
 
     async def _respond(self, msg: Msg, reply: HookReply) -> None:
         if not msg.reply:
@@ -524,6 +713,39 @@ class HookWorker:
                 )
             )
         await self._nc.publish(msg.reply, payload)
+
+
+class _ChainShape(msgspec.Struct):
+    """The steps of a chain request, read before it is admitted (the rest skipped)."""
+
+    chain: list[ChainStep] | None = None
+
+
+_chain_shape = msgspec.json.Decoder(_ChainShape)
+
+
+def _chain_width(payload: bytes) -> int:
+    """The most handlers a chain request may run at once: its widest run of adjacent
+    parallel steps (1 for a sequential chain, or a request that cannot be read)."""
+    try:
+        steps = _chain_shape.decode(payload).chain or []
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return 1
+    widest = run = 0
+    for step in steps:
+        run = run + 1 if step.parallel else 0
+        widest = max(widest, run)
+    return max(1, widest)
+
+
+def _ends_fold(step: ChainStep, reply: HookReply) -> bool:
+    """Whether the dispatcher's fold stops at this step (so later steps must not run): a
+    deny, a parallel step's modify, an unreadable result, a failure under policy deny."""
+    if reply.result is not None:
+        action = reply.result.action
+        return action == "deny" or (step.parallel and action == "modify")
+    code = reply.error.code if reply.error is not None else "bad_result"
+    return code == "bad_result" or step.failure_policy == "deny"
 
 
 class _RateLimitedWarning:
