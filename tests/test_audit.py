@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -37,6 +38,7 @@ from opentelemetry.util._once import Once
 
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.cli._auth import DEFAULT_TENANT, load_setup
+from hookbus.cli._decisions_cmd import latency
 from hookbus.cli._main import cli
 from hookbus.dispatcher import DispatcherService, HookDispatcher
 from hookbus.dispatcher._audit import DecisionLog, ensure_decisions_stream
@@ -317,6 +319,68 @@ async def test_an_event_without_handlers_is_not_recorded(nc: NATS, event: str, a
     assert await records(nc, agent) == []
 
 
+# -- how long each decision took -------------------------------------------------------------
+SLEEP_S = 0.05
+"""The slow handler's sleep: every record of a call through it took at least 50 ms."""
+
+
+async def slow_continue(event: str, data: dict[str, Any]) -> HookResult:
+    await asyncio.sleep(SLEEP_S)
+    return HookResult(action="continue")
+
+
+async def test_a_record_carries_the_emits_duration_at_least_the_handlers_sleep(
+    nc: NATS, connect: Connect, event: str, agent: str
+) -> None:
+    async with (
+        serving(nc, (event, slow_continue, {"name": "slow"})),
+        HookDispatcher(await connect(), agent_id=agent, audit=True) as d,
+    ):
+        await until_routed(d, event, ["slow"])
+        started = time.monotonic()
+        await d.emit(event, {"tool_name": "ls"})
+        took_ms = (time.monotonic() - started) * 1000
+        await written(d, 1)
+    [rec] = await records(nc, agent)
+    assert rec.duration_ms is not None
+    assert SLEEP_S * 1000 <= rec.duration_ms <= took_ms  # within the emit call
+
+
+async def test_the_services_records_carry_the_duration_too(
+    nc: NATS, connect: Connect, event: str, agent: str
+) -> None:
+    service_nc = await connect()
+    d = HookDispatcher(service_nc)
+    service = DispatcherService(d, service_nc, audit=True)
+    async with serving(nc, (event, slow_continue, {"name": "slow"})):
+        await service.start()
+        try:
+            await until_routed(d, event, ["slow"])
+            started = time.monotonic()
+            await nc.request(emit_service_subject(event, agent), b"{}", timeout=5)
+            took_ms = (time.monotonic() - started) * 1000
+            await written(d, 1)
+        finally:
+            await service.stop(grace_s=1)
+    [rec] = await records(nc, agent)
+    assert rec.duration_ms is not None
+    assert SLEEP_S * 1000 <= rec.duration_ms <= took_ms
+
+
+OLD_RECORD = {
+    "id": "0" * 32, "event": "tool:pre", "action": "deny", "time": 1767225600.0,
+    "time_iso": "2026-01-01T00:00:00+00:00", "emit_id": "old-1", "idempotency_key": None,
+    "agent_id": None, "session_id": None, "tool_name": "rm", "handlers": ["guard"],
+    "decided_by": "guard", "reason": "no", "failures": [], "approver": None, "trace_id": None,
+}  # fmt: skip
+"""A record as hookbus wrote it before records carried their duration."""
+
+
+async def test_an_old_record_without_a_duration_still_decodes() -> None:
+    rec = decode(json.dumps(OLD_RECORD).encode(), DecisionRecord)
+    assert rec.duration_ms is None and rec.emit_id == "old-1" and rec.action == "deny"
+
+
 # -- an append that fails never changes the decision ---------------------------------------
 async def test_records_that_do_not_fit_the_queue_are_dropped_and_logged_by_emit_id(
     nc: NATS, caplog: pytest.LogCaptureFixture, agent: str
@@ -486,6 +550,46 @@ async def test_decisions_table_shows_whole_identifiers(
         assert r.emit_id in text
     assert trail[1].emit_id not in text  # the continue is filtered out
     assert agent in text and "guard" in text and "policy:error:deny" in text
+
+
+async def test_decisions_shows_each_decisions_latency_and_a_dash_for_old_records(
+    nc: NATS, connect: Connect, nats_url: str, event: str, agent: str
+) -> None:
+    await nc.jetstream().publish(
+        decisions_subject(agent), json.dumps({**OLD_RECORD, "agent_id": agent}).encode()
+    )
+    async with (
+        serving(nc, (event, slow_continue, {"name": "slow"})),
+        HookDispatcher(await connect(), agent_id=agent, audit=True) as d,
+    ):
+        await until_routed(d, event, ["slow"])
+        await d.emit(event, {"tool_name": "ls"}, idempotency_key="slow-1")
+        await written(d, 1)
+    old, new = json_lines(await hookbus(nats_url, "decisions", "--agent", agent, "--json"))
+    assert old["emit_id"] == "old-1" and old["duration_ms"] is None
+    assert new["emit_id"] == "slow-1" and new["duration_ms"] >= SLEEP_S * 1000
+
+    shown = latency(new["duration_ms"])
+    assert shown.endswith("ms") and float(shown[:-2]) >= SLEEP_S * 1000
+    p = await hookbus(nats_url, "decisions", "--agent", agent)
+    assert p.returncode == 0, p.stderr.decode()
+    header, rows = _table(p.stdout.decode())
+    assert "latency" in header
+    col = header.index("latency")
+    assert {r[header.index("emit id")]: r[col] for r in rows} == {"old-1": "-", "slow-1": shown}
+
+
+def _table(text: str) -> tuple[list[str], list[list[str]]]:
+    """A rich table's header and rows, each as a list of stripped cells."""
+    lines = [ln for ln in text.splitlines() if ln.count("│") > 2 or ln.count("┃") > 2]
+    cells = [[c.strip() for c in re.split("[│┃]", ln)[1:-1]] for ln in lines]
+    return cells[0], cells[1:]
+
+
+async def test_latency_is_written_for_people() -> None:
+    assert [latency(v) for v in (None, 0.0, 12.345, 999.94, 1500.0, 61_000.0, 187_400.0)] == [
+        "-", "0.0ms", "12.3ms", "999.9ms", "1.50s", "1m01s", "3m07s",
+    ]  # fmt: skip
 
 
 async def test_decisions_without_the_stream_is_a_clear_error(

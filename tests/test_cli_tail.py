@@ -25,7 +25,7 @@ from nats.aio.client import Client as NATS
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import HookDispatcher
 from hookbus.dispatcher._audit import ensure_decisions_stream
-from hookbus.schemas import HookResult
+from hookbus.schemas import HookResult, decisions_subject
 
 pytestmark = pytest.mark.anyio
 
@@ -117,10 +117,11 @@ async def test_new_decisions_only_one_line_each_then_ctrl_c_exits_0(
         await dispatcher.emit(event, {"tool_name": "rm"})
         second = (await line(proc)).split()
         rest, _ = await ctrl_c(proc)
-    # time, event, agent, tool, action, decided_by; the earlier deny is not shown
+    # time, event, agent, tool, action, latency, decided_by; the earlier deny is not shown
     assert first[1:5] == [event, agent, "ls", "continue"]
-    assert second[1:] == [event, agent, "rm", "deny", "guard"]
+    assert [*second[1:5], second[6]] == [event, agent, "rm", "deny", "guard"]
     assert second[0].endswith("Z") and second[0].count(":") == 2
+    assert second[5].endswith("ms") and float(second[5][:-2]) >= 0
     assert rest == b""
 
 
@@ -134,7 +135,7 @@ async def test_action_filter_shows_only_denies(
         only = (await line(proc)).split()
         await asyncio.sleep(0.5)  # time for a wrongly printed continue to arrive
         rest, _ = await ctrl_c(proc)
-    assert only[1:] == [event, agent, "rm", "deny", "guard"]
+    assert [*only[1:5], only[6]] == [event, agent, "rm", "deny", "guard"]
     assert rest == b""
 
 
@@ -152,6 +153,55 @@ async def test_last_n_then_new_ones_as_json(
     assert [r["emit_id"] for r in backlog] == ["two", "three"]
     assert new["emit_id"] == "four" and new["action"] == "continue"
     assert new["handlers"] == ["guard"] and new["agent_id"] == agent
+
+
+SLEEP_S = 0.05
+
+
+async def test_the_latency_column_is_at_least_the_handlers_sleep_and_json_has_it(
+    nats_url: str, nc: NATS, connect: Connect, event: str, agent: str
+) -> None:
+    async def slow(event: str, data: dict[str, Any]) -> HookResult:
+        await asyncio.sleep(SLEEP_S)
+        return HookResult(action="continue")
+
+    await ensure_decisions_stream(nc)
+    async with (
+        serving(nc, (event, slow, {"name": "slow"})),
+        HookDispatcher(await connect(), agent_id=agent, audit=True) as d,
+    ):
+        with anyio.fail_after(10):
+            while d.list_handlers(event)[event] != ["slow"]:  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+        async with tail(nats_url, "--agent", agent) as proc:
+            await d.emit(event, {"tool_name": "ls"})
+            cells = (await line(proc)).split()
+            await ctrl_c(proc)
+        async with tail(nats_url, "--agent", agent, "--last", "1", "--json") as proc:
+            record = json.loads(await line(proc))
+            await ctrl_c(proc)
+    assert cells[1:5] == [event, agent, "ls", "continue"] and cells[6] == "-"  # no decider
+    assert cells[5].endswith("ms") and float(cells[5][:-2]) >= SLEEP_S * 1000
+    assert record["duration_ms"] >= SLEEP_S * 1000
+
+
+async def test_a_record_without_a_duration_shows_a_dash(
+    nats_url: str, nc: NATS, agent: str
+) -> None:
+    """Records written before the duration was recorded have none: ``-`` in its column."""
+    await ensure_decisions_stream(nc)
+    old = {
+        "id": uuid.uuid4().hex, "event": "tool:pre", "action": "deny", "time": 1767225600.0,
+        "time_iso": "2026-01-01T00:00:00+00:00", "emit_id": "old-1", "idempotency_key": None,
+        "agent_id": agent, "session_id": None, "tool_name": "rm", "handlers": ["guard"],
+        "decided_by": "guard", "reason": "no", "failures": [], "approver": None,
+        "trace_id": None,
+    }  # fmt: skip
+    await nc.jetstream().publish(decisions_subject(agent), json.dumps(old).encode())
+    async with tail(nats_url, "--agent", agent, "--last", "1") as proc:
+        cells = (await line(proc)).split()
+        await ctrl_c(proc)
+    assert cells == ["00:00:00.000Z", "tool:pre", agent, "rm", "deny", "-", "guard"]
 
 
 async def test_without_the_stream_one_line_says_to_run_the_dispatcher_with_audit(

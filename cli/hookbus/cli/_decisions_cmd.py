@@ -50,7 +50,7 @@ from ._common import (
     connection_or_embedded,
 )
 
-__all__ = ["audit_options", "decisions", "filter_options", "read_trail"]
+__all__ = ["audit_options", "decisions", "filter_options", "latency", "read_trail"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -358,9 +358,22 @@ def _decode(msg: Msg) -> DecisionRecord | None:
 
 
 _COLUMNS = (
-    "time", "agent", "session", "event", "tool", "action", "decided by", "handlers",
-    "failures", "approver", "reason", "emit id", "trace id",
+    "time", "agent", "session", "event", "tool", "action", "latency", "decided by",
+    "handlers", "failures", "approver", "reason", "emit id", "trace id",
 )  # fmt: skip
+
+
+def latency(ms: float | None) -> str:
+    """A decision's duration (`DecisionRecord.duration_ms`) for people: ``12.3ms`` under a
+    second, ``4.56s`` under a minute, ``3m07s`` above; ``-`` when the record has none."""
+    if ms is None:
+        return "-"
+    if ms < 1000:
+        return f"{ms:.1f}ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.2f}s"
+    minutes, seconds = divmod(round(ms / 1000), 60)
+    return f"{minutes}m{seconds:02d}s"
 
 
 class _Printer:
@@ -385,8 +398,8 @@ class _Printer:
         for r in records:
             table.add_row(
                 _time(r), r.agent_id or "", r.session_id or "", r.event, r.tool_name or "",
-                r.action, r.decided_by or "", " ".join(r.handlers), _failures(r),
-                r.approver or "", r.reason or "", r.emit_id, r.trace_id or "",
+                r.action, latency(r.duration_ms), r.decided_by or "", " ".join(r.handlers),
+                _failures(r), r.approver or "", r.reason or "", r.emit_id, r.trace_id or "",
             )  # fmt: skip
         self.console.print(table)
 
@@ -399,7 +412,8 @@ class _Printer:
             return
         parts = [
             _time(r), r.action, f"agent={r.agent_id or '-'}", f"session={r.session_id or '-'}",
-            f"event={r.event}", f"tool={r.tool_name or '-'}", f"by={r.decided_by or '-'}",
+            f"event={r.event}", f"tool={r.tool_name or '-'}",
+            f"latency={latency(r.duration_ms)}", f"by={r.decided_by or '-'}",
             f"handlers={','.join(r.handlers) or '-'}",
         ]  # fmt: skip
         if r.failures:

@@ -13,20 +13,24 @@ import click
 from hookbus.schemas import DecisionRecord
 
 from ._common import ConnectionSettings, connection_options
-from ._decisions_cmd import _Filters, _Printer, filter_options, read_trail
+from ._decisions_cmd import _Filters, _Printer, filter_options, latency, read_trail
 
 __all__ = ["tail"]
 
-_HEADER = ("time", "event", "agent", "tool", "action", "decided_by")
-_WIDTHS = (13, 18, 18, 12, 14, 0)
+_HEADER = ("time", "event", "agent", "tool", "action", "latency", "decided_by")
+_WIDTHS = (13, 18, 18, 12, 14, 9, 0)
 
 
 def tail_line(r: DecisionRecord) -> str:
-    """One decision as ``TIME EVENT AGENT TOOL ACTION DECIDED_BY``: TIME is the UTC time of
-    day the decision was taken (``HH:MM:SS.mmmZ``), absent values are ``-``, columns are
-    padded to a fixed width (a longer value is kept whole and pushes the rest right)."""
+    """One decision as ``TIME EVENT AGENT TOOL ACTION LATENCY DECIDED_BY``: TIME is the UTC
+    time of day the decision was taken (``HH:MM:SS.mmmZ``), LATENCY how long the emit took
+    to decide (`latency`: ``12.3ms``, ``4.56s``), absent values are ``-``; columns are padded
+    to a fixed width (a longer value is kept whole and pushes the rest right)."""
     when = datetime.fromtimestamp(r.time, UTC).strftime("%H:%M:%S.%f")[:-3] + "Z"
-    cells = (when, r.event, r.agent_id or "-", r.tool_name or "-", r.action, r.decided_by or "-")
+    cells = (
+        when, r.event, r.agent_id or "-", r.tool_name or "-", r.action,
+        latency(r.duration_ms), r.decided_by or "-",
+    )  # fmt: skip
     return _row(cells)
 
 
@@ -70,9 +74,8 @@ def tail(
     as_json: bool,
 ) -> None:
     """Follow decisions live until Ctrl-C (exit 0): one line per decision, with the columns
-    time (UTC), event, agent, tool, action, decided_by. The audit record holds when a
-    decision was taken, not how long it took, so there is no latency column (the
-    dispatcher's OpenTelemetry spans have the durations). Reads the hookbus_decisions stream,
+    time (UTC), event, agent, tool, action, latency (how long the emit took to decide:
+    12.3ms, 4.56s; - for records without it), decided_by. Reads the hookbus_decisions stream,
     written by `hookbus dispatcher --audit` (env HOOKBUS_AUDIT=1); needs a NATS user that may
     read it (admin, auditor). `hookbus decisions --follow` prints the long form."""
     read_trail(
