@@ -284,6 +284,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "MAX_TOOL_PATTERNS",
         "REQUIRED_KEY_PREFIX",
         "WORKER_SERVICE_NAME",
+        "DISPATCHER_SERVICE_NAME",
         "HandlerConflictError",
         "RequiredHandler",
         "check_declaration",
@@ -328,6 +329,10 @@ PUBLIC_API: dict[str, set[str]] = {
         "RegistryView",
         "describe_handlers",
         "live_handlers",
+        # the dispatcher services, as the NATS services API reports them
+        "DispatcherEndpoint",
+        "DispatcherReplica",
+        "live_dispatchers",
         "require_handler",
         "unrequire_handler",
     },

@@ -33,6 +33,7 @@ from nats.aio.client import Client as NATS
 from hookbus.cli._server import find_nats_server
 from hookbus.dispatcher import DispatcherService, HookDispatcher
 from hookbus.schemas import (
+    DISPATCHER_SERVICE_NAME,
     TOOL_PRE,
     ApprovalAnswer,
     HookResult,
@@ -429,12 +430,18 @@ async def test_legitimate_flows_pass(secure: Secure, as_: Connect, event: str) -
             reply = json.loads(msg.data)
             assert reply["result"]["action"] == "deny", reply
             assert reply["result"]["chained_data"]["agent_id"] == "a1"
+            # the service answers the services API with its endpoints and counts
+            srv = f"$SRV.STATS.{DISPATCHER_SERVICE_NAME}.{service.service_id}"
+            stats = json.loads((await agent.nc.request(srv, b"", timeout=5)).data)
+            emit = next(e for e in stats["endpoints"] if e["name"] == "emit")
+            assert emit["num_requests"] >= 2 and emit["num_errors"] == 0, stats
+            assert not [e for e in service_client.errors if VIOLATION in e.lower()]
         finally:
             await service.stop()
     secure.table.append(
         (
             "legitimate flows (emit, reply, declaration, approval by an "
-            "approver, own suspension, service emit)",
+            "approver, own suspension, service emit, service stats)",
             "pass",
             "pass",
         )

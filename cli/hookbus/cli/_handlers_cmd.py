@@ -1,10 +1,15 @@
-"""`hookbus handlers ...`: the handler registry, live replicas and required handlers."""
+"""`hookbus handlers ...`: the handler registry, live replicas and required handlers;
+`hookbus services`: every live hookbus service on the NATS services API (workers and
+dispatcher services), as ``nats micro ls`` would list them, with the dispatchers' request
+counts."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict as data_asdict
 from typing import Any, TypeVar
 
 import anyio
@@ -16,18 +21,29 @@ from nats.aio.client import Client as NATS
 from rich.table import Table
 
 from hookbus.dispatcher import (
+    DispatcherReplica,
     HandlerStatus,
+    LiveReplica,
     RegistryView,
     describe_handlers,
+    live_dispatchers,
+    live_handlers,
     require_handler,
     unrequire_handler,
 )
-from hookbus.schemas import HookbusError, handler_key, handlers_bucket_config, to_builtins
+from hookbus.schemas import (
+    DISPATCHER_SERVICE_NAME,
+    WORKER_SERVICE_NAME,
+    HookbusError,
+    handler_key,
+    handlers_bucket_config,
+    to_builtins,
+)
 
 from ._common import ConnectionSettings, connect, connection_options, connection_or_embedded
 from ._output import id_column, table_console
 
-__all__ = ["handlers"]
+__all__ = ["handlers", "services"]
 
 T = TypeVar("T")
 
@@ -97,7 +113,7 @@ def handlers(
     if ctx.invoked_subcommand is not None:
         return
 
-    async def run(nc: NATS) -> RegistryView:
+    async def run(nc: NATS) -> tuple[RegistryView, list[DispatcherReplica]]:
         if remove:
             kv = await nc.jetstream().key_value(handlers_bucket_config().bucket)
             try:
@@ -106,9 +122,12 @@ def handlers(
                 raise click.ClickException(f"no handler {remove[1]!r} for {remove[0]!r}") from None
             await kv.delete(handler_key(*remove))
             click.echo(f"removed {remove[1]} from {remove[0]}")
-        return await describe_handlers(nc, ping_timeout_s=ping_timeout)
+        return await asyncio.gather(
+            describe_handlers(nc, ping_timeout_s=ping_timeout),
+            live_dispatchers(nc, timeout_s=ping_timeout),
+        )
 
-    view = _with_connection(conn, "read the handler registry", run)
+    view, dispatchers = _with_connection(conn, "read the handler registry", run)
     for key, reason in view.rejected.items():
         click.echo(f"skipped bad record at {key!r}: {reason}", err=True)
     rows = [h for h in view.handlers if event in (None, h.event)]
@@ -142,6 +161,87 @@ def handlers(
     for ev, name in view.live_only:
         if event in (None, ev):
             click.echo(f"served but not declared: {name} ({ev})", err=True)
+    ids = " ".join(d.service_id for d in dispatchers)
+    click.echo(
+        f"dispatcher services: {len(dispatchers)} live{f' ({ids})' if ids else ''};"
+        " `hookbus services` shows their endpoints and requests",
+        err=True,
+    )
+
+
+def _workers_by_instance(
+    live: dict[tuple[str, str], list[LiveReplica]],
+) -> list[dict[str, Any]]:
+    """The live workers, one per instance, with the handlers each serves."""
+    out: dict[str, dict[str, Any]] = {}
+    for (ev, name), replicas in sorted(live.items()):
+        for r in replicas:
+            entry = out.setdefault(
+                r.service_id,
+                {"service_id": r.service_id, "handlers": [], "metadata": r.metadata},
+            )
+            entry["handlers"].append({"event": ev, "name": name})
+    return [out[k] for k in sorted(out)]
+
+
+def _dispatcher_json(d: DispatcherReplica) -> dict[str, Any]:
+    out = data_asdict(d)
+    out["name"] = DISPATCHER_SERVICE_NAME
+    return out
+
+
+@click.command("services")
+@connection_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option(
+    "--ping-timeout",
+    default=0.5,
+    show_default=True,
+    type=click.FloatRange(min=0.05, max=10),
+    help="Seconds to gather the services' answers ($SRV.PING / $SRV.STATS).",
+)
+def services(conn: ConnectionSettings, as_json: bool, ping_timeout: float) -> None:
+    """List the live hookbus services of the NATS services API, as `nats micro ls` does:
+    each dispatcher service replica (hookbus-dispatcher) with its endpoints (emit,
+    emit_and_collect) and, per endpoint, the requests received, the error replies, the
+    mean processing time in ms and the requests in flight; each worker process
+    (hookbus-worker) with the handlers it serves."""
+
+    async def run(nc: NATS) -> tuple[list[DispatcherReplica], list[dict[str, Any]]]:
+        dispatchers, live = await asyncio.gather(
+            live_dispatchers(nc, timeout_s=ping_timeout),
+            live_handlers(nc, timeout_s=ping_timeout),
+        )
+        return dispatchers, _workers_by_instance(live)
+
+    dispatchers, workers = _with_connection(conn, "ask the services API", run)
+    if as_json:
+        body = {
+            "dispatchers": [_dispatcher_json(d) for d in dispatchers],
+            "workers": [{"name": WORKER_SERVICE_NAME, **w} for w in workers],
+        }
+        click.echo(json.dumps(body, indent=2))
+        return
+    table = Table(title="hookbus services")
+    table.add_column("service")
+    id_column(table, "id")
+    table.add_column("version")
+    id_column(table, "endpoint / handlers")
+    for header in ("requests", "errors", "avg ms", "in flight"):
+        table.add_column(header, justify="right")
+    for d in dispatchers:
+        for e in d.endpoints:
+            in_flight = e.data.get("in_flight")
+            table.add_row(
+                DISPATCHER_SERVICE_NAME, d.service_id, d.version, f"{e.name} {e.subject}",
+                str(e.requests), str(e.errors), f"{e.average_ms:.1f}",
+                "-" if in_flight is None else str(in_flight),
+            )  # fmt: skip
+    for w in workers:
+        served = " ".join(f"{h['name']} ({h['event']})" for h in w["handlers"])
+        table.add_row(WORKER_SERVICE_NAME, w["service_id"], "", served, "", "", "", "")
+    table_console().print(table)
+    click.echo(f"{len(dispatchers)} dispatcher service(s), {len(workers)} worker(s)", err=True)
 
 
 @handlers.command("require")

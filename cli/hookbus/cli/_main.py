@@ -22,7 +22,7 @@ from ._contract_cmd import asyncapi, schema
 from ._decisions_cmd import decisions
 from ._emit_cmd import emit
 from ._gateway_cmd import gateway
-from ._handlers_cmd import handlers
+from ._handlers_cmd import handlers, services
 from ._hooks_cmd import hooks
 from ._otel import otel_session, otlp_option, print_denied_trace
 from ._serve_cmds import dispatcher_cmd, run_async, server, worker
@@ -162,6 +162,7 @@ cli.add_command(schema)
 cli.add_command(asyncapi)
 
 
+cli.add_command(services)
 def main() -> None:
     run_cli(cli, prog_name="hookbus")
 

@@ -10,10 +10,13 @@ from ._liveness import HandlerStatus, LiveReplica, RegistryView, describe_handle
 from ._registry import require_handler, unrequire_handler
 from ._routes import Route
 from ._service import DispatcherService
+from ._services_api import DispatcherEndpoint, DispatcherReplica, live_dispatchers
 from ._suspensions import HookEventStream, PendingHook, RunScope, SuspensionPage, Suspensions
 
 __all__ = [
     "APPROVAL_LABEL_PREFIX",
+    "DispatcherEndpoint",
+    "DispatcherReplica",
     "DispatcherService",
     "Fold",
     "HandlerStatus",
@@ -30,6 +33,7 @@ __all__ = [
     "approval_label",
     "describe_handlers",
     "is_allow",
+    "live_dispatchers",
     "live_handlers",
     "require_handler",
     "unrequire_handler",

@@ -9,6 +9,11 @@ retryable ones (``busy``: over the concurrency bound, refused at once; ``unavail
 shutting down, or the bus is unreachable) mean the agent may send the same request again,
 to this or another replica; with the same ``idempotency_key`` a retried emit finds its
 approval instead of asking twice.
+
+Each replica is a service of the NATS services API (``nats.micro``) named
+``hookbus-dispatcher`` with two endpoints, ``emit`` and ``emit_and_collect``: ``$SRV.INFO``
+names them, ``$SRV.STATS`` counts their requests, errors and processing time (see
+`_services_api`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from hookbus.schemas import (
     COLLECT_SERVICE_WILDCARD,
     DISPATCHER_QUEUE_GROUP,
     EMIT_SERVICE_WILDCARD,
+    SUBJECT_PREFIX,
     BadRequestError,
     CollectReply,
     CollectRequest,
@@ -51,6 +57,7 @@ from hookbus.schemas import (
 )
 
 from ._dispatcher import HookDispatcher
+from ._services_api import EndpointCounters, ServicesAPI
 from ._telemetry import traced_dispatch
 
 __all__ = ["DispatcherService"]
@@ -58,6 +65,31 @@ __all__ = ["DispatcherService"]
 log = logging.getLogger("hookbus.dispatcher")
 
 Reply = type[EmitReply] | type[CollectReply]
+Handle = Callable[[Msg], Awaitable[bytes]]
+
+
+def _endpoints() -> dict[Reply, EndpointCounters]:
+    """The service's two endpoints, by the reply type they answer with."""
+    q = DISPATCHER_QUEUE_GROUP
+
+    def meta(verb: str, request: str, reply: str) -> dict[str, str]:
+        return {
+            "subject_pattern": f"{SUBJECT_PREFIX}.{verb}.<agent>.<event>",
+            "request": request,
+            "reply": reply,
+        }
+
+    return {
+        EmitReply: EndpointCounters(
+            "emit", EMIT_SERVICE_WILDCARD, q, meta("emit", "EmitRequest", "EmitReply")
+        ),
+        CollectReply: EndpointCounters(
+            "emit_and_collect",
+            COLLECT_SERVICE_WILDCARD,
+            q,
+            meta("emit_and_collect", "CollectRequest", "CollectReply"),
+        ),
+    }
 
 
 def _wire_error(exc: BaseException) -> WireError:
@@ -115,6 +147,9 @@ class DispatcherService:
         max_collect_timeout_s: upper bound of ``CollectRequest.timeout_s``, seconds.
         audit: turn the dispatcher's decision audit trail on (``HookDispatcher(audit=True)``):
             one record per decided emit in the ``hookbus_decisions`` stream.
+
+    While it serves, it answers the NATS services API as ``hookbus-dispatcher``
+    (`service_id`); `stop` withdraws it first, so a draining replica is no longer listed.
     """
 
     DEFAULT_GRACE_S = 20.0
@@ -146,15 +181,25 @@ class DispatcherService:
         self._active = 0
         self._active_collect = 0
         self._subs: list[Subscription] = []
-        self._inflight: dict[asyncio.Task[None], tuple[Msg, Reply]] = {}
+        self._inflight: dict[asyncio.Task[None], tuple[Msg, Reply, int]] = {}
+        """Requests being served: the message, its reply type, when it was received
+        (``time.perf_counter_ns()``)."""
         self._stopped = asyncio.Event()
         self._running = False
         self._draining = False
+        self._counters = _endpoints()
+        self._api: ServicesAPI | None = None
 
     @property
     def in_flight(self) -> int:
         """Requests being served now."""
         return self._active
+
+    @property
+    def service_id(self) -> str | None:
+        """This replica's NATS services API instance id while it serves
+        (``$SRV.INFO.hookbus-dispatcher.<id>`` reaches it alone); None otherwise."""
+        return self._api.id if self._api is not None else None
 
     async def start(self) -> None:
         """Start the dispatcher, subscribe, flush; returns when requests can be served."""
@@ -169,8 +214,27 @@ class DispatcherService:
                 subject, queue=DISPATCHER_QUEUE_GROUP, cb=self._spawner(handle, reply_type)
             )
             self._subs.append(sub)
-        await self._nc.flush()
+        api = ServicesAPI(
+            self._nc,
+            list(self._counters.values()),
+            metadata={
+                "max_concurrency": str(self._max),
+                "audit": "on" if self._dispatcher.audit else "off",
+            },
+            endpoint_data=self._endpoint_data,
+        )
+        await api.start()  # subscribes to the $SRV verbs, then flushes
+        self._api = api
         self._running = True
+
+    def _endpoint_data(self, endpoint: EndpointCounters) -> dict[str, Any]:
+        """The extra ``$SRV.STATS`` figures of an endpoint."""
+        collect = endpoint is self._counters[CollectReply]
+        return {
+            "in_flight": self._active_collect if collect else self._active - self._active_collect,
+            "answered": endpoint.answered,
+            "draining": self._draining,
+        }
 
     async def run(self) -> None:
         """`start`, then serve until `stop` is called."""
@@ -202,6 +266,9 @@ class DispatcherService:
         self._draining = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
+        if self._api is not None:  # no longer listed as live while it drains
+            await self._api.close()
+            self._api = None
         await asyncio.gather(*(self._stop_intake(sub, grace) for sub in self._subs))
         self._subs.clear()
         if self._inflight:
@@ -221,8 +288,9 @@ class DispatcherService:
             task.cancel()
         if self._inflight:
             await asyncio.wait(list(self._inflight), timeout=1.0)
-        for msg, reply_type in list(self._inflight.values()):  # tasks that would not end
-            await self._answer(msg, encode(reply_type(error=_wire_error(asyncio.CancelledError()))))
+        for msg, reply_type, received in list(self._inflight.values()):  # would not end
+            error = _wire_error(asyncio.CancelledError())
+            await self._answer(msg, encode(reply_type(error=error)), reply_type, received)
         self._inflight.clear()
         with contextlib.suppress(nats.errors.Error, TimeoutError):
             await self._nc.flush(timeout=2)
@@ -244,31 +312,30 @@ class DispatcherService:
             return 0
         return store.abort_all()
 
-    def _spawner(
-        self, handle: Callable[[Msg], Awaitable[bytes]], reply_type: Reply
-    ) -> Callable[[Msg], Awaitable[None]]:
+    def _spawner(self, handle: Handle, reply_type: Reply) -> Callable[[Msg], Awaitable[None]]:
         collect = reply_type is CollectReply
+        counters = self._counters[reply_type]
 
         async def on_message(msg: Msg) -> None:
+            received = time.perf_counter_ns()
+            counters.received += 1
             if self._draining:
-                await self._refuse(msg, reply_type, _unavailable("the dispatcher is draining"))
+                error = _unavailable("the dispatcher is draining")
+                await self._refuse(msg, reply_type, error, received)
                 return
             if self._active >= self._max or (collect and self._active_collect >= self._max_collect):
-                await self._refuse(
-                    msg,
-                    reply_type,
-                    WireError(
-                        code="busy",
-                        message=f"over this replica's concurrency bound ({self._max})",
-                        retryable=True,
-                    ),
+                busy = WireError(
+                    code="busy",
+                    message=f"over this replica's concurrency bound ({self._max})",
+                    retryable=True,
                 )
+                await self._refuse(msg, reply_type, busy, received)
                 return
             self._active += 1
             if collect:
                 self._active_collect += 1
-            task = asyncio.create_task(self._serve(handle, msg, reply_type))
-            self._inflight[task] = (msg, reply_type)
+            task = asyncio.create_task(self._serve(handle, msg, reply_type, received))
+            self._inflight[task] = (msg, reply_type, received)
             task.add_done_callback(self._done(collect))
 
         return on_message
@@ -281,14 +348,13 @@ class DispatcherService:
 
         return done
 
-    async def _refuse(self, msg: Msg, reply_type: Reply, error: WireError) -> None:
+    async def _refuse(self, msg: Msg, reply_type: Reply, error: WireError, received: int) -> None:
         with contextlib.suppress(nats.errors.Error):
-            await self._answer(msg, encode(reply_type(error=error)))
+            await self._answer(msg, encode(reply_type(error=error)), reply_type, received)
 
-    async def _answer(self, msg: Msg, payload: bytes) -> None:
-        if not msg.reply:
-            log.warning("request on %s has no reply subject; answer dropped", msg.subject)
-            return
+    async def _answer(self, msg: Msg, payload: bytes, reply_type: Reply, received: int) -> None:
+        """Send the reply and count it on its endpoint (`received`: when the request came,
+        ``time.perf_counter_ns()``)."""
         if len(payload) > self._nc.max_payload:
             payload = encode(
                 EmitReply(
@@ -299,18 +365,21 @@ class DispatcherService:
                     )
                 )
             )
-        await self._nc.publish(msg.reply, payload)
+        error = _reply_error(payload, reply_type)
+        if not msg.reply:
+            log.warning("request on %s has no reply subject; answer dropped", msg.subject)
+        else:
+            await self._nc.publish(msg.reply, payload)
+        self._counters[reply_type].answer(received, error)
 
-    async def _serve(
-        self, handle: Callable[[Msg], Awaitable[bytes]], msg: Msg, reply_type: Reply
-    ) -> None:
+    async def _serve(self, handle: Handle, msg: Msg, reply_type: Reply, received: int) -> None:
         task = asyncio.current_task()
         try:
             try:
                 payload = await handle(msg)
             except asyncio.CancelledError:  # the drain ran out of grace
                 payload = encode(reply_type(error=_wire_error(asyncio.CancelledError())))
-            await self._answer(msg, payload)
+            await self._answer(msg, payload, reply_type, received)
         except Exception:
             log.exception("unexpected error answering %s", msg.subject)
         finally:
@@ -372,6 +441,17 @@ class DispatcherService:
         else:
             log.warning("%s on %s refused (%s): %s", what, msg.subject, error.code, exc)
         return error
+
+
+def _reply_error(payload: bytes, reply_type: Reply) -> WireError | None:
+    """The error an encoded reply carries, None for a result. Replies are encoded without
+    their defaults, so an error reply (and only one) starts with its ``error`` field."""
+    if not payload.startswith(b'{"error":'):
+        return None
+    try:
+        return decode(payload, reply_type).error
+    except HookbusError:
+        return WireError(code="internal", message="an error reply that does not decode")
 
 
 def _agent_of(subject: str, *claimed: object) -> str | None:

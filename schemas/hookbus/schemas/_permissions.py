@@ -22,7 +22,8 @@ Roles (one user per identity):
 ``worker``      serves its handlers (queue groups restricted to them) and declares
                 only them in the registry
 ``dispatcher``  the service: answers every agent's emits, calls every handler,
-                writes suspension records, creates the buckets and the audit stream
+                writes suspension records, creates the buckets and the audit stream;
+                answers the services API as ``hookbus-dispatcher``
 ``approver``    answers approvals: resolves suspensions, writes its own answer
                 proofs and "Allow always" grants
 ``auditor``     reads the decision audit stream, nothing else
@@ -47,6 +48,7 @@ from ._subjects import (
     DECISIONS_STREAM,
     DECISIONS_WILDCARD,
     DISPATCHER_QUEUE_GROUP,
+    DISPATCHER_SERVICE_NAME,
     EMIT_SERVICE_WILDCARD,
     HANDLERS_BUCKET,
     HOOK_EVENTS_WILDCARD,
@@ -214,10 +216,23 @@ def _consumer_upkeep(stream: str) -> list[Grant]:
 
 def _srv_requests() -> list[Grant]:
     why = "liveness pings of the workers (nats.micro)"
+    services = "the dispatcher services' endpoints and request counts (nats.micro)"
     return [
         *(Grant(f"$SRV.{verb}", why) for verb in _SRV_VERBS),
         Grant(f"$SRV.*.{WORKER_SERVICE_NAME}", why),
         Grant(f"$SRV.*.{WORKER_SERVICE_NAME}.*", why),
+        Grant(f"$SRV.*.{DISPATCHER_SERVICE_NAME}", services),
+        Grant(f"$SRV.*.{DISPATCHER_SERVICE_NAME}.*", services),
+    ]
+
+
+def _srv_answers(name: str, why: str) -> list[Grant]:
+    """Answer the services API's verbs as service `name`: every service, every `name`
+    service, this instance (the replies go out through ``allow_responses``)."""
+    return [
+        *(Grant(f"$SRV.{verb}", why) for verb in _SRV_VERBS),
+        Grant(f"$SRV.*.{name}", why),
+        Grant(f"$SRV.*.{name}.*", why),
     ]
 
 
@@ -308,11 +323,7 @@ def _worker(name: str, handler_tokens: Sequence[str], public_key: str | None) ->
         declare.append(
             _kv_put(HANDLERS_BUCKET, f"*.{h}", "declare its own handler (`<event>.<h>`)")
         )
-    srv = [
-        *(Grant(f"$SRV.{verb}", "answer liveness pings (nats.micro)") for verb in _SRV_VERBS),
-        Grant(f"$SRV.*.{WORKER_SERVICE_NAME}", "answer liveness pings (nats.micro)"),
-        Grant(f"$SRV.*.{WORKER_SERVICE_NAME}.*", "answer liveness pings (nats.micro)"),
-    ]
+    srv = _srv_answers(WORKER_SERVICE_NAME, "answer liveness pings (nats.micro)")
     return RolePermissions(
         role="worker",
         name=name,
@@ -351,7 +362,9 @@ def worker(
 def dispatcher(name: str = "dispatcher", *, public_key: str | None = None) -> RolePermissions:
     """The dispatcher service: answers every agent's emits (queue group
     `DISPATCHER_QUEUE_GROUP`), calls every handler, writes suspension records and hook
-    events for any agent, records decisions, creates the buckets and the audit stream."""
+    events for any agent, records decisions, creates the buckets and the audit stream, and
+    answers the services API (``$SRV.PING`` / ``INFO`` / ``STATS``) as
+    `DISPATCHER_SERVICE_NAME`."""
     q = DISPATCHER_QUEUE_GROUP
     return RolePermissions(
         role="dispatcher",
@@ -376,6 +389,9 @@ def dispatcher(name: str = "dispatcher", *, public_key: str | None = None) -> Ro
             Grant(f"{EMIT_SERVICE_WILDCARD} {q}", "every agent's emits, in the dispatcher group"),
             Grant(f"{COLLECT_SERVICE_WILDCARD} {q}", "every agent's emit_and_collect, same group"),
             Grant(HOOK_EVENTS_WILDCARD, "hook events (approval waits)"),
+            *_srv_answers(
+                DISPATCHER_SERVICE_NAME, "answer the services API: endpoints, stats (nats.micro)"
+            ),
         ),
         allow_responses=ResponsePermission(max_msgs=1, expires_s=DISPATCHER_RESPONSE_EXPIRES_S),
     )

@@ -37,6 +37,7 @@ __all__ = [
     "DECISIONS_STREAM",
     "DECISIONS_WILDCARD",
     "DISPATCHER_QUEUE_GROUP",
+    "DISPATCHER_SERVICE_NAME",
     "EMIT_SERVICE_WILDCARD",
     "GRANT_NONE",
     "HANDLERS_BUCKET",
@@ -101,6 +102,10 @@ MAX_NAME_LENGTH: Final = 200
 WORKER_SERVICE_NAME: Final = "hookbus-worker"
 """Name of the NATS services API (``nats.micro``) service every worker process runs:
 ``$SRV.PING.hookbus-worker`` / ``$SRV.INFO.hookbus-worker`` reach every live worker."""
+DISPATCHER_SERVICE_NAME: Final = "hookbus-dispatcher"
+"""Name of the NATS services API (``nats.micro``) service every dispatcher service process
+runs: ``$SRV.INFO.hookbus-dispatcher`` lists its endpoints, ``$SRV.STATS.hookbus-dispatcher``
+their request counts."""
 REQUIRED_KEY_PREFIX: Final = "_required"
 """First segment of a required-handler key in `HANDLERS_BUCKET` (see `required_key`)."""
 
