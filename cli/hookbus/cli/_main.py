@@ -150,6 +150,7 @@ cli.add_command(worker)
 cli.add_command(dispatcher_cmd)
 cli.add_command(emit)
 cli.add_command(handlers)
+cli.add_command(services)
 cli.add_command(hooks)
 cli.add_command(approvals)
 cli.add_command(decisions)
@@ -162,7 +163,6 @@ cli.add_command(schema)
 cli.add_command(asyncapi)
 
 
-cli.add_command(services)
 def main() -> None:
     run_cli(cli, prog_name="hookbus")
 
