@@ -1,6 +1,7 @@
 """`emit` across processes: remote handlers served by `HookWorker`s on a real nats-server.
 
-Every worker and every dispatcher has its own connection (one per simulated process).
+Every worker and every dispatcher has its own connection (one per simulated process), and
+every test runs twice: with chain requests and with one request per handler.
 Positive call counts are taken from the handlers' own records (a handler records before
 it replies); a worker's `handled` count is only used to show that no request ever came.
 """
@@ -11,6 +12,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import decimal
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -42,6 +44,16 @@ from hookbus.workers import HookWorker
 pytestmark = pytest.mark.anyio
 
 Connect = Callable[..., Awaitable[NATS]]
+
+
+@pytest.fixture(autouse=True, params=["chains", "one-request-per-handler"])
+def request_shape(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs both ways: handlers of one worker sent as one chain request
+    (the default), and one request per handler. The semantics must not differ."""
+    init = HookDispatcher.__init__
+    chains = request.param == "chains"
+    monkeypatch.setattr(HookDispatcher, "__init__", functools.partialmethod(init, chains=chains))
+    return str(request.param)
 
 
 # -- helpers ---------------------------------------------------------------------------

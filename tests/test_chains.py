@@ -1,0 +1,342 @@
+"""Chain requests and speculative pure handlers, against a real nats-server.
+
+A run of adjacent remote handlers served by one worker process goes as one chain request;
+the outcomes, their order, ``result.failures`` and who ran must be those of one request per
+handler. Handlers here record their calls before they answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from _serving import serving
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from hookbus.dispatcher import HookDispatcher
+from hookbus.schemas import (
+    SUBJECT_PREFIX,
+    EventEnvelope,
+    HandlerDeclaration,
+    HookResult,
+    decode,
+    derive_declaration,
+    encode,
+    handler_key,
+    handlers_bucket_config,
+)
+
+pytestmark = pytest.mark.anyio
+
+Connect = Callable[..., Awaitable[NATS]]
+
+
+@contextlib.asynccontextmanager
+async def requests_seen(nc: NATS) -> AsyncIterator[list[str]]:
+    """The subjects of every request sent on hookbus's subjects while inside."""
+    seen: list[str] = []
+
+    async def note(msg: Msg) -> None:
+        if msg.reply:
+            seen.append(msg.subject)
+
+    sub = await nc.subscribe(f"{SUBJECT_PREFIX}.>", cb=note)
+    await nc.flush()
+    try:
+        yield seen
+    finally:
+        await sub.unsubscribe()
+
+
+async def kinds(seen: list[str], n: int) -> list[str]:
+    """The kind (``chain``, ``hook``) of each request seen, once `n` have arrived (the spy's
+    copies come on a connection of their own: bounded wait) and a moment for any more."""
+    await _until(lambda: len(seen) >= n)
+    await asyncio.sleep(0.05)
+    return [s.split(".")[2] for s in seen]
+
+
+def recorder(calls: list[str], name: str, result: Any = None) -> Callable[..., Awaitable[Any]]:
+    async def handler(event: str, data: dict[str, Any]) -> Any:
+        calls.append(name)
+        return result(data) if callable(result) else result
+
+    handler.__name__ = name
+    return handler
+
+
+def modify(key: str, value: Any) -> Callable[[dict[str, Any]], HookResult]:
+    return lambda data: HookResult(action="modify", data={**data, key: value})
+
+
+async def emit_both_ways(
+    connect: Connect,
+    event: str,
+    data: dict[str, Any],
+    handlers: list[tuple[Any, ...]],
+    calls: list[str],
+) -> tuple[list[HookResult], list[list[str]], list[list[str]]]:
+    """Emit once with chains and once without, to one worker serving `handlers` (which
+    record into `calls`); returns the results, the subjects requested and the calls made,
+    per way."""
+    results, requested, made = [], [], []
+    spy = await connect()
+    async with serving(await connect(), *handlers):
+        for chains in (True, False):
+            calls.clear()
+            async with (
+                HookDispatcher(await connect(), chains=chains) as d,
+                requests_seen(spy) as seen,
+            ):
+                results.append(await d.emit(event, data))
+                requested.append(list(seen))
+            made.append(list(calls))
+    return results, requested, made
+
+
+def same(a: HookResult, b: HookResult) -> None:
+    """Two results equal but for the timestamp each emit stamped."""
+    for r in (a, b):
+        for d in (r.data, r.chained_data):
+            if d is not None:
+                d.pop("timestamp", None)
+    assert a == b
+
+
+async def test_three_handlers_of_one_process_cost_one_request(connect: Connect, event: str) -> None:
+    calls: list[str] = []
+    handlers = [
+        (event, recorder(calls, "a", modify("a", 1)), {"priority": 1}),
+        (event, recorder(calls, "b", modify("b", 2)), {"priority": 2}),
+        (event, recorder(calls, "c", None), {"priority": 3}),
+    ]
+    spy = await connect()
+    async with serving(await connect(), *handlers):
+        async with HookDispatcher(await connect()) as d, requests_seen(spy) as seen:
+            r = await d.emit(event, {"tool_name": "bash"})
+            assert await kinds(seen, 1) == ["chain"]
+        async with HookDispatcher(await connect(), chains=False) as d, requests_seen(spy) as seen:
+            r2 = await d.emit(event, {"tool_name": "bash"})
+            assert await kinds(seen, 3) == ["hook", "hook", "hook"]
+    assert calls == ["a", "b", "c", "a", "b", "c"]
+    assert r.data is not None and (r.data["a"], r.data["b"]) == (1, 2)
+    assert r.modified_by == ["a", "b"] and r.decided_by == "b"
+    same(r, r2)
+
+
+async def test_deny_in_the_middle_stops_the_chain_in_the_worker(
+    connect: Connect, event: str
+) -> None:
+    calls: list[str] = []
+    deny = HookResult(action="deny", reason="no")
+    results, _, made = await emit_both_ways(
+        connect,
+        event,
+        {},
+        [
+            (event, recorder(calls, "a", modify("x", 1)), {"priority": 1}),
+            (event, recorder(calls, "b", deny), {"priority": 2}),
+            (event, recorder(calls, "c"), {"priority": 3}),
+        ],
+        calls,
+    )
+    assert made == [["a", "b"], ["a", "b"]]  # c never ran, either way
+    assert results[0].action == "deny" and results[0].decided_by == "b"
+    assert results[0].chained_data is not None and results[0].chained_data["x"] == 1
+    same(*results)
+
+
+@pytest.mark.parametrize("policy", ["ignore", "deny"])
+async def test_failures_in_a_chain_are_judged_by_each_policy(
+    connect: Connect, event: str, policy: str
+) -> None:
+    calls: list[str] = []
+    never = asyncio.Event()
+
+    async def stuck(ev: str, data: dict[str, Any]) -> None:
+        calls.append("stuck")
+        await never.wait()
+
+    async def raises(ev: str, data: dict[str, Any]) -> None:
+        calls.append("raises")
+        raise RuntimeError("boom")
+
+    results, _, made = await emit_both_ways(
+        connect,
+        event,
+        {},
+        [
+            (event, stuck, {"priority": 1, "timeout_s": 0.3}),
+            (event, raises, {"priority": 2, "failure_policy": policy}),
+            (event, recorder(calls, "last"), {"priority": 3}),
+        ],
+        calls,
+    )
+    expected = ["stuck", "raises"] + (["last"] if policy == "ignore" else [])
+    assert made == [expected, expected]
+    r = results[0]
+    assert [(f.handler, f.kind, f.policy) for f in r.failures] == [
+        ("stuck", "timeout", "ignore"),
+        ("raises", "error", policy),
+    ]
+    assert r.action == ("continue" if policy == "ignore" else "deny")
+    for a, b in zip(results[0].failures, results[1].failures, strict=True):
+        assert (a.handler, a.kind, a.policy) == (b.handler, b.kind, b.policy)
+
+
+async def test_tool_filters_in_a_chain_see_the_chained_data(connect: Connect, event: str) -> None:
+    calls: list[str] = []
+    results, _, made = await emit_both_ways(
+        connect,
+        event,
+        {"tool_name": "bash"},
+        [
+            (event, recorder(calls, "rename", modify("tool_name", "write")), {"priority": 1}),
+            (event, recorder(calls, "on_bash"), {"priority": 2, "tool_filter": ["bash"]}),
+            (event, recorder(calls, "on_write"), {"priority": 3, "tool_filter": ["wr*"]}),
+        ],
+        calls,
+    )
+    assert made == [["rename", "on_write"], ["rename", "on_write"]]
+    same(*results)
+
+
+async def test_parallel_steps_run_together_and_a_parallel_modify_is_denied(
+    connect: Connect, event: str
+) -> None:
+    both = asyncio.Barrier(2)  # each waits for the other: they must run at once
+
+    async def p1(ev: str, data: dict[str, Any]) -> None:
+        async with asyncio.timeout(5):
+            await both.wait()
+
+    async def p2(ev: str, data: dict[str, Any]) -> HookResult:
+        async with asyncio.timeout(5):
+            await both.wait()
+        return HookResult(action="modify", data={"sneaky": True})
+
+    calls: list[str] = []
+    spy = await connect()
+    async with serving(
+        await connect(),
+        (event, p1, {"priority": 1, "parallel": True}),
+        (event, p2, {"priority": 2, "parallel": True}),
+        (event, recorder(calls, "after"), {"priority": 3}),
+    ):
+        async with HookDispatcher(await connect()) as d, requests_seen(spy) as seen:
+            r = await d.emit(event, {})
+            assert await kinds(seen, 1) == ["chain"]
+    assert r.action == "deny" and r.decided_by == "p2" and calls == []
+    assert [(f.handler, f.kind) for f in r.failures] == [("p2", "bad_reply")]
+
+
+async def test_a_set_with_no_live_process_falls_back_to_one_request_per_handler(
+    nc: NATS, connect: Connect, event: str
+) -> None:
+    """Declarations naming a handler set nobody serves as a chain (an older worker, say):
+    the chain finds no responders, nothing ran, each handler is called alone."""
+    calls: list[str] = []
+    async with serving(
+        await connect(),
+        (event, recorder(calls, "a", modify("a", 1)), {"priority": 1}),
+        (event, recorder(calls, "b"), {"priority": 2}),
+    ):
+        kv = await nc.jetstream().key_value(handlers_bucket_config().bucket)
+        for name in ("a", "b"):
+            decl = decode((await kv.get(handler_key(event, name))).value, HandlerDeclaration)
+            decl = derive_declaration(decl)
+            await kv.put(
+                handler_key(event, name),
+                encode(decl.__class__(**{**_fields(decl), "handler_set": ["a", "b", "gone"]})),
+            )
+        async with HookDispatcher(await connect()) as d:
+            await _until(lambda: all(r.handler_set == {"a", "b", "gone"} for r in d.routes(event)))
+            r = await d.emit(event, {})
+    assert calls == ["a", "b"]
+    assert r.failures == [] and r.data is not None and r.data["a"] == 1
+
+
+async def test_a_chain_naming_a_handler_the_process_does_not_serve_runs_nothing(
+    nc: NATS, connect: Connect, event: str
+) -> None:
+    calls: list[str] = []
+    async with serving(await connect(), (event, recorder(calls, "a"), {})) as w:
+        envelope = EventEnvelope(id="0" * 32, event=event, data={}, chain=[])
+        subject = f"{SUBJECT_PREFIX}.chain.{event.replace(':', '=3A')}.{w.handler_set_id}"
+        envelope.chain = [  # "a" is served; "x" is not
+            *(decode(encode({"handler": n}), _Step) for n in ("a", "x"))
+        ]
+        reply = await nc.request(subject, encode(envelope), timeout=5)
+    assert b'"bad_request"' in reply.data and b"not served" in reply.data
+    assert calls == []
+
+
+async def test_pure_handlers_are_called_at_once_and_folded_in_order(
+    connect: Connect, event: str
+) -> None:
+    """Three pure handlers in three processes: the first waits until the last has been
+    called (impossible one by one); a modify by the first makes the later ones run again
+    on the new data; the fold is in priority order."""
+    last_called = asyncio.Event()
+    seen: list[tuple[str, Any]] = []
+
+    async def first(ev: str, data: dict[str, Any]) -> HookResult:
+        seen.append(("first", data.get("v")))
+        async with asyncio.timeout(5):
+            await last_called.wait()
+        return HookResult(action="modify", data={**data, "v": "new"})
+
+    async def second(ev: str, data: dict[str, Any]) -> HookResult:
+        seen.append(("second", data.get("v")))
+        return HookResult(action="inject_context", context_injection=f"saw {data.get('v')}")
+
+    async def third(ev: str, data: dict[str, Any]) -> None:
+        seen.append(("third", data.get("v")))
+        last_called.set()
+
+    async with (
+        serving(await connect(), (event, first, {"priority": 1, "pure": True})),
+        serving(await connect(), (event, second, {"priority": 2, "pure": True})),
+        serving(await connect(), (event, third, {"priority": 3, "pure": True})),
+        HookDispatcher(await connect()) as d,
+    ):
+        r = await d.emit(event, {"v": "old"})
+    assert sorted(seen[:3]) == [("first", "old"), ("second", "old"), ("third", "old")]
+    assert sorted(seen[3:]) == [("second", "new"), ("third", "new")]  # called again
+    assert r.action == "inject_context" and r.context_injection == "saw new"
+    assert r.chained_data is not None and r.chained_data["v"] == "new"
+
+
+async def test_a_deny_among_pure_handlers_wins_in_order(connect: Connect, event: str) -> None:
+    async def allow(ev: str, data: dict[str, Any]) -> HookResult:
+        await asyncio.sleep(0.05)  # answers after the deny below
+        return HookResult(action="ask_user", approval_prompt="?")
+
+    async def deny(ev: str, data: dict[str, Any]) -> HookResult:
+        return HookResult(action="deny", reason="pure no")
+
+    async with (
+        serving(await connect(), (event, allow, {"priority": 1, "pure": True})),
+        serving(await connect(), (event, deny, {"priority": 2, "pure": True})),
+        HookDispatcher(await connect(), approvals=False) as d,
+    ):
+        r = await d.emit(event, {})
+    assert r.action == "deny" and r.decided_by == "deny"
+
+
+# -- helpers -----------------------------------------------------------------------------
+from hookbus.schemas import ChainStep as _Step  # noqa: E402
+
+
+def _fields(decl: HandlerDeclaration) -> dict[str, Any]:
+    return {f: getattr(decl, f) for f in decl.__struct_fields__}
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    async with asyncio.timeout(10):
+        while not check():  # noqa: ASYNC110  (the routing table has no change event)
+            await asyncio.sleep(0.01)
