@@ -2,7 +2,9 @@
 
 The process connects to NATS as one client (on a secured server: an approver's
 credentials), starts a `HookDispatcher` that lists and answers approvals and grants, and
-serves `hookbus.integrations.console.console_app` until SIGTERM / SIGINT.
+serves `hookbus.integrations.console.console_app` until SIGTERM / SIGINT. A lost NATS
+server is retried ``--max-reconnects`` times; then the console stops serving and exits 1
+with one error line (`_nats_lost`).
 """
 
 from __future__ import annotations
@@ -29,8 +31,11 @@ from ._common import (
     connection_options,
     connection_or_embedded,
     drain_or_close,
+    max_reconnects_option,
 )
+from ._connect import LOCAL_URL
 from ._gateway_cmd import _listen
+from ._nats_lost import nats_lost
 
 __all__ = ["console"]
 
@@ -105,6 +110,7 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
     help="Seconds the handlers view gathers the live workers' answers.",
 )
 @connection_options
+@max_reconnects_option
 def console(
     host: str,
     port: int,
@@ -115,10 +121,12 @@ def console(
     https_key: str | None,
     ping_timeout: float,
     conn: ConnectionSettings,
+    max_reconnects: int,
 ) -> None:
     """Serve the approvals console: pending approvals (answered as the signed-in
     approver), "Allow always" grants (revoke), recent decisions and live handlers, updated
-    live. Sign in with the console token. SIGTERM / SIGINT stop it."""
+    live. Sign in with the console token. SIGTERM / SIGINT stop it; once NATS is lost for
+    good (--max-reconnects attempts failed), it stops and exits 1."""
     try:
         import uvicorn
 
@@ -149,7 +157,9 @@ def console(
     who = f"approver {approver}" if approver else "approver named at sign-in"
 
     async def run(server: ConnectionSettings) -> None:
-        nc = await connect(server, name="hookbus-console")
+        nc = await connect(
+            server, name="hookbus-console", service=True, max_reconnects=max_reconnects
+        )
         dispatcher = HookDispatcher(nc, approvals=True)
         feed = Feed(nc)
         try:
@@ -181,7 +191,10 @@ def console(
             except (OSError, ssl.SSLError) as exc:
                 raise click.ClickException(f"cannot load the TLS files: {exc}") from exc
             sock = _listen(host, port)
-            await _serve(servers[0], sock, scheme, f"({who}); Ctrl-C stops it")
+            http = servers[0]
+            async with nats_lost(nc, server.url or LOCAL_URL, max_reconnects, http) as lost:
+                await _serve(servers[0], sock, scheme, f"({who}); Ctrl-C stops it")
+            lost.check()  # NATS given up on: one line, exit 1
         finally:
             await feed.close()
             await dispatcher.close()

@@ -4,6 +4,10 @@ The process is a dispatcher replica: one `HookDispatcher` (strict events) on its
 connection calls the remote hook workers, and `hookbus.integrations.gateway.gateway_app`
 answers HTTP with it. It keeps no state of its own (suspensions and grants live in
 JetStream KV), so N replicas behind a load balancer share the work.
+
+A lost NATS server is retried ``--max-reconnects`` times (meanwhile every door answers
+its fail-closed fallback and ``/readyz`` says not ready); then the gateway stops serving
+and exits 1 with one error line (`_nats_lost`), for its supervisor to restart it.
 """
 
 from __future__ import annotations
@@ -34,9 +38,12 @@ from ._common import (
     connection_or_embedded,
     drain_or_close,
     grace_period_option,
+    max_reconnects_option,
     strict_buckets_option,
 )
+from ._connect import LOCAL_URL
 from ._decisions_cmd import ByteSize, audit_options
+from ._nats_lost import nats_lost
 from ._otel import otel_session, otlp_option
 
 __all__ = ["gateway"]
@@ -160,6 +167,7 @@ def _serve(
     grace_s: float,
     bucket_replicas: int,
     strict_buckets: bool,
+    max_reconnects: int,
     audit: bool,
     audit_max_age_s: float,
     audit_max_bytes: int,
@@ -198,7 +206,12 @@ def _serve(
         raise click.UsageError(str(exc)) from exc
 
     async def run(server: ConnectionSettings) -> None:
-        nc = await connect(server, name=f"hookbus-gateway {','.join(doors)}", service=True)
+        nc = await connect(
+            server,
+            name=f"hookbus-gateway {','.join(doors)}",
+            service=True,
+            max_reconnects=max_reconnects,
+        )
         dispatcher = HookDispatcher(
             nc,
             strict_events=True,
@@ -244,7 +257,10 @@ def _serve(
             methods = [("bearer token", token), ("client certificates", client_ca)]
             auth = ", ".join(name for name, on in methods if on) or "none"
             banner = f"(doors: {', '.join(doors)}; auth: {auth}); Ctrl-C stops it"
-            await _serve_app(uvicorn.Server(config), sock, scheme, banner)
+            http = uvicorn.Server(config)
+            async with nats_lost(nc, server.url or LOCAL_URL, max_reconnects, http) as lost:
+                await _serve_app(http, sock, scheme, banner)
+            lost.check()  # NATS given up on: one line, exit 1
         finally:
             await replica.close()
 
@@ -383,6 +399,7 @@ def _gateway_options(default_port: int, default_doors: str, default_ask: str) ->
         grace_period_option,
         bucket_replicas_option,
         strict_buckets_option,
+        max_reconnects_option,
         audit_options,
     ]
 
@@ -398,7 +415,8 @@ def _gateway_options(default_port: int, default_doors: str, default_ask: str) ->
 def gateway() -> None:
     """Serve hookbus's doors over HTTP: each process is a stateless dispatcher replica
     (N replicas behind a load balancer share the work). GET /healthz and /readyz are
-    always served."""
+    always served. Once NATS is lost for good (--max-reconnects attempts failed), it
+    stops and exits 1."""
 
 
 @gateway.command("http")
