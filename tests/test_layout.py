@@ -187,6 +187,14 @@ EVENT_CONSTANTS = [
 PUBLIC_API: dict[str, set[str]] = {
     "hookbus.schemas": {
         *EVENT_CONSTANTS,
+        "CHAIN_WILDCARD",
+        "MAX_HANDLER_SET",
+        "ChainStep",
+        "chain_instance_subject",
+        "chain_queue_group",
+        "chain_subject",
+        "compile_tool_filter",
+        "handler_set_id",
         "APPROVALS_BUCKET",
         "APPROVAL_DEFAULT_OPTIONS",
         "COLLECT_SERVICE_WILDCARD",

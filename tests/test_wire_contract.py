@@ -162,14 +162,16 @@ def test_schema_required_enums_and_one_of(schema_doc):
         defs["HandlerDeclaration"]["required"]
     )
     assert "action" in defs["HookResult"]["required"]
-    for reply in ("HookReply", "EmitReply"):
-        assert [b["required"] for b in defs[reply]["oneOf"]] == [["result"], ["error"]]
+    assert [b["required"] for b in defs["EmitReply"]["oneOf"]] == [["result"], ["error"]]
+    assert [b["required"] for b in defs["HookReply"]["oneOf"]] == [["result"], ["error"], ["chain"]]
 
 
 VALID = [
     ("HookReply", {"handler": "h", "result": {"action": "deny", "reason": "no"}}),
     ("HookReply", {"handler": "h", "error": {"code": "busy", "message": "m", "retryable": True}}),
     ("HookReply", {"handler": "h", "result": {"action": "continue"}, "error": None}),
+    ("HookReply", {"handler": "set", "chain": [{"handler": "h", "result": {"action": "deny"}}]}),
+    ("EventEnvelope", {"id": "e", "event": "tool:pre", "data": {}, "chain": [{"handler": "h"}]}),
     ("EmitReply", {"result": {"action": "continue", "data": {"a": 1}}}),
     ("EmitReply", {"error": {"code": "bad_request", "message": "$.data"}}),
     ("CollectReply", {"responses": [{"a": 1}]}),
@@ -192,6 +194,8 @@ INVALID = [
     ("both result and error", "HookReply",
      {"handler": "h", "result": {"action": "continue"}, "error": {"code": "busy", "message": ""}}),
     ("neither result nor error", "HookReply", {"handler": "h"}),
+    ("a chain and a result", "HookReply",
+     {"handler": "h", "result": {"action": "continue"}, "chain": []}),
     ("EmitReply with neither", "EmitReply", {}),
     ("EmitReply with both", "EmitReply",
      {"result": {"action": "deny"}, "error": {"code": "internal", "message": ""}}),

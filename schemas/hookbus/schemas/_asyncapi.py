@@ -31,6 +31,7 @@ from ._buckets import (
     leases_bucket_config,
     suspensions_bucket_config,
 )
+from ._chains import chain_instance_subject, chain_subject
 from ._contract import schema_definitions
 from ._subjects import (
     DISPATCHER_QUEUE_GROUP,
@@ -96,6 +97,11 @@ PARAMETERS: Final[dict[str, dict[str, Any]]] = {
         "description": f"The agent id, {_ENCODED}; `{GRANT_NONE}` for calls without an agent id.",
     },
     "waiter": {"description": "A process's waiter id: 1 to 64 lower-case hex digits."},
+    "set": {
+        "description": "A handler set's id: 32 lower-case hex digits of SHA-256 over the "
+        "sorted, unique, encoded names of every handler one worker process serves, one per "
+        "line (`HandlerDeclaration.handler_set`). It is also the set's queue group.",
+    },
 }
 
 
@@ -311,6 +317,29 @@ def _channels() -> dict[str, Any]:
             ["EventEnvelope"],
             _params("event", "handler", "instance"),
         ),
+        "chain": _channel(
+            _address(chain_subject, "event", "set"),
+            "Chain requests: a run of adjacent handlers of one worker process (its handler "
+            "set) in one request, `EventEnvelope.chain` naming the steps. Every replica of "
+            "the set subscribes in the queue group named by the set's id; the reply is one "
+            "HookReply whose `chain` holds each step's reply (see docs/wire.md).",
+            ["EventEnvelope"],
+            _params("event", "set"),
+        ),
+        "chainInstance": _channel(
+            _address(
+                lambda event, set_, instance: chain_instance_subject(
+                    chain_subject(event, set_), instance
+                ),
+                "event",
+                "set",
+                "instance",
+            ),
+            "The same chain subject on one worker process only (no queue group): hedges of "
+            "a chain whose every step is retry_safe.",
+            ["EventEnvelope"],
+            _params("event", "set", "instance"),
+        ),
         "collect": _channel(
             _address(collect_subject, "event"),
             "emit_and_collect's scatter: one publish that every handler of the event hears "
@@ -491,6 +520,28 @@ def _operations() -> dict[str, Any]:
             "A worker serves one handler on its own instance subject.",
             "Plain subscription (no queue group) on the instance subject: hedges and retries "
             "addressed to this process.",
+            reply=("handlerReply", "HookReply"),
+            role="worker",
+        ),
+        "serveChain": _op(
+            "receive",
+            "chain",
+            ["EventEnvelope"],
+            "A worker process runs a chain of its handlers.",
+            "Subscribe in the set's queue group (its id); run the steps in order with the "
+            "folding rules (a deny, a failure under policy deny, an unreadable result or a "
+            "parallel step's modify ends the chain; modify with data chains), each within its "
+            "`timeout_s` and the envelope's `budget_s`; answer one HookReply with `chain`.",
+            reply=("handlerReply", "HookReply"),
+            queue_group="{set}",
+            role="worker",
+        ),
+        "serveChainInstance": _op(
+            "receive",
+            "chainInstance",
+            ["EventEnvelope"],
+            "A worker process runs a chain sent to it alone.",
+            "Plain subscription (no queue group) on the chain's instance subject: hedges.",
             reply=("handlerReply", "HookReply"),
             role="worker",
         ),

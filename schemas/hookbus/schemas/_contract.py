@@ -36,6 +36,7 @@ from ._subjects import MAX_NAME_LENGTH
 from ._suspensions import HookEvent, HookPart, SuspensionRecord
 from ._types import (
     WIRE_ERROR_CODES,
+    ChainStep,
     ContextInjection,
     HandlerDeclaration,
     HandlerFailure,
@@ -66,7 +67,7 @@ EXTRA_REQUIRED: Final[dict[str, tuple[str, ...]]] = {
 """Per type, the fields a conforming writer always puts in the message although hookbus's
 decoders accept it without them (they have a default)."""
 
-_NESTED: tuple[type[Any], ...] = (ContextInjection, HandlerFailure, HookPart)
+_NESTED: tuple[type[Any], ...] = (ChainStep, ContextInjection, HandlerFailure, HookPart)
 """Struct types that only travel inside the wire types."""
 
 _EXCLUSIVE: Final[dict[str, tuple[str, str, str]]] = {
@@ -175,6 +176,20 @@ def _exclusive(defs: dict[str, Any], ref: str) -> None:
                 },
             },
         ]
+    # a chain request's reply: its steps' replies instead of one result or error
+    for alternative in defs["HookReply"]["oneOf"]:
+        alternative["properties"]["chain"] = {"type": "null"}
+    defs["HookReply"]["oneOf"].append(
+        {
+            "type": "object",
+            "required": ["chain"],
+            "properties": {
+                "chain": {"type": "array"},
+                "result": {"type": "null"},
+                "error": {"type": "null"},
+            },
+        }
+    )
     # a failed collect has no responses; a successful one has no error
     defs["CollectReply"]["oneOf"] = [
         {

@@ -19,8 +19,9 @@ Roles (one user per identity):
 ``admin``       everything hookbus (all subjects, buckets, streams; delete/purge)
 ``agent``       its own emits, hook events, suspensions and decisions; reads the
                 handler registry; calls handlers directly (embedded dispatcher)
-``worker``      serves its handlers (queue groups restricted to them) and declares
-                only them in the registry
+``worker``      serves its handlers (queue groups restricted to them; chain
+                requests of exactly its handler set ``<set>``, `handler_set_id`
+                of its names) and declares only them in the registry
 ``dispatcher``  the service: answers every agent's emits, calls every handler,
                 writes suspension records, creates the buckets and the audit stream;
                 answers the services API as ``hookbus-dispatcher``
@@ -42,6 +43,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Final, Literal
 
+from ._chains import CHAIN_WILDCARD, handler_set_id
 from ._subjects import (
     APPROVALS_BUCKET,
     COLLECT_SERVICE_WILDCARD,
@@ -240,6 +242,8 @@ def _call_handlers() -> list[Grant]:
     hook = f"{SUBJECT_PREFIX}.hook"
     return [
         Grant(f"{hook}.*.*", "call a handler (queue group of its replicas)"),
+        Grant(CHAIN_WILDCARD, "call a run of one worker process's handlers (chain request)"),
+        Grant(f"{CHAIN_WILDCARD}.*", "a chain request to one worker instance (hedges)"),
         Grant(f"{hook}.*.*.*", "call a handler on one worker instance (hedges)"),
         Grant(f"{SUBJECT_PREFIX}.collect.*", "emit_and_collect: one request every handler hears"),
     ]
@@ -310,9 +314,15 @@ def agent(name: str, *, public_key: str | None = None) -> RolePermissions:
     return _renamed(perms, name)
 
 
-def _worker(name: str, handler_tokens: Sequence[str], public_key: str | None) -> RolePermissions:
+def _worker(
+    name: str, handler_tokens: Sequence[str], set_id: str, public_key: str | None
+) -> RolePermissions:
     hook = f"{SUBJECT_PREFIX}.hook"
-    serve: list[Grant] = []
+    chain = f"{SUBJECT_PREFIX}.chain.*.{set_id}"
+    serve: list[Grant] = [
+        Grant(f"{chain} {set_id}", "chain requests for exactly its handler set"),
+        Grant(f"{chain}.*", "chain requests for its handler set to this instance (hedges)"),
+    ]
     declare: list[Grant] = []
     for h in handler_tokens:
         serve += [
@@ -355,7 +365,9 @@ def worker(
     """
     encode_token(name)
     names = list(handlers) if handlers else [name]
-    perms = _worker(name, _unique(encode_token(h) for h in names), public_key)
+    perms = _worker(
+        name, _unique(encode_token(h) for h in names), handler_set_id(names), public_key
+    )
     return perms
 
 
@@ -485,7 +497,7 @@ def permission_table() -> list[PermissionRow]:
     roles = [
         admin(),
         _agent("<a>", None),
-        _worker("<name>", ["<h>"], None),
+        _worker("<name>", ["<h>"], "<set>", None),
         dispatcher(),
         _approver("<p>", None),
         auditor(),
