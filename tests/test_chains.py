@@ -52,12 +52,16 @@ async def requests_seen(nc: NATS) -> AsyncIterator[list[str]]:
         await sub.unsubscribe()
 
 
-async def kinds(seen: list[str], n: int) -> list[str]:
-    """The kind (``chain``, ``hook``) of each request seen, once `n` have arrived (the spy's
-    copies come on a connection of their own: bounded wait) and a moment for any more."""
-    await _until(lambda: len(seen) >= n)
+async def kinds(seen: list[str], n: int, since: int = 0) -> list[str]:
+    """The kind (``chain``, ``handler``, ``collect``) of each request seen from index
+    `since` on, once `n` have arrived (the spy's copies come on a connection of their own:
+    bounded wait) and a moment for any more.
+
+    The spy subscribes before any dispatcher connects: a subscription made while another
+    connection already publishes on the subject was seen to miss its next publishes."""
+    await _until(lambda: len(seen) - since >= n)
     await asyncio.sleep(0.05)
-    return [s.split(".")[2] for s in seen]
+    return [s.split(".")[2] for s in seen[since:]]
 
 
 def recorder(calls: list[str], name: str, result: Any = None) -> Callable[..., Awaitable[Any]]:
@@ -79,23 +83,17 @@ async def emit_both_ways(
     data: dict[str, Any],
     handlers: list[tuple[Any, ...]],
     calls: list[str],
-) -> tuple[list[HookResult], list[list[str]], list[list[str]]]:
+) -> tuple[list[HookResult], list[list[str]]]:
     """Emit once with chains and once without, to one worker serving `handlers` (which
-    record into `calls`); returns the results, the subjects requested and the calls made,
-    per way."""
-    results, requested, made = [], [], []
-    spy = await connect()
+    record into `calls`); returns the results and the calls made, per way."""
+    results, made = [], []
     async with serving(await connect(), *handlers):
         for chains in (True, False):
             calls.clear()
-            async with (
-                HookDispatcher(await connect(), chains=chains) as d,
-                requests_seen(spy) as seen,
-            ):
+            async with HookDispatcher(await connect(), chains=chains) as d:
                 results.append(await d.emit(event, data))
-                requested.append(list(seen))
             made.append(list(calls))
-    return results, requested, made
+    return results, made
 
 
 def same(a: HookResult, b: HookResult) -> None:
@@ -114,14 +112,14 @@ async def test_three_handlers_of_one_process_cost_one_request(connect: Connect, 
         (event, recorder(calls, "b", modify("b", 2)), {"priority": 2}),
         (event, recorder(calls, "c", None), {"priority": 3}),
     ]
-    spy = await connect()
-    async with serving(await connect(), *handlers):
-        async with HookDispatcher(await connect()) as d, requests_seen(spy) as seen:
+    async with requests_seen(await connect()) as seen, serving(await connect(), *handlers):
+        async with HookDispatcher(await connect()) as d:
             r = await d.emit(event, {"tool_name": "bash"})
             assert await kinds(seen, 1) == ["chain"]
-        async with HookDispatcher(await connect(), chains=False) as d, requests_seen(spy) as seen:
+        mark = len(seen)
+        async with HookDispatcher(await connect(), chains=False) as d:
             r2 = await d.emit(event, {"tool_name": "bash"})
-            assert await kinds(seen, 3) == ["hook", "hook", "hook"]
+            assert await kinds(seen, 3, mark) == ["handler", "handler", "handler"]
     assert calls == ["a", "b", "c", "a", "b", "c"]
     assert r.data is not None and (r.data["a"], r.data["b"]) == (1, 2)
     assert r.modified_by == ["a", "b"] and r.decided_by == "b"
@@ -133,7 +131,7 @@ async def test_deny_in_the_middle_stops_the_chain_in_the_worker(
 ) -> None:
     calls: list[str] = []
     deny = HookResult(action="deny", reason="no")
-    results, _, made = await emit_both_ways(
+    results, made = await emit_both_ways(
         connect,
         event,
         {},
@@ -165,7 +163,7 @@ async def test_failures_in_a_chain_are_judged_by_each_policy(
         calls.append("raises")
         raise RuntimeError("boom")
 
-    results, _, made = await emit_both_ways(
+    results, made = await emit_both_ways(
         connect,
         event,
         {},
@@ -190,7 +188,7 @@ async def test_failures_in_a_chain_are_judged_by_each_policy(
 
 async def test_tool_filters_in_a_chain_see_the_chained_data(connect: Connect, event: str) -> None:
     calls: list[str] = []
-    results, _, made = await emit_both_ways(
+    results, made = await emit_both_ways(
         connect,
         event,
         {"tool_name": "bash"},
@@ -220,16 +218,18 @@ async def test_parallel_steps_run_together_and_a_parallel_modify_is_denied(
         return HookResult(action="modify", data={"sneaky": True})
 
     calls: list[str] = []
-    spy = await connect()
-    async with serving(
-        await connect(),
-        (event, p1, {"priority": 1, "parallel": True}),
-        (event, p2, {"priority": 2, "parallel": True}),
-        (event, recorder(calls, "after"), {"priority": 3}),
+    async with (
+        requests_seen(await connect()) as seen,
+        serving(
+            await connect(),
+            (event, p1, {"priority": 1, "parallel": True}),
+            (event, p2, {"priority": 2, "parallel": True}),
+            (event, recorder(calls, "after"), {"priority": 3}),
+        ),
+        HookDispatcher(await connect()) as d,
     ):
-        async with HookDispatcher(await connect()) as d, requests_seen(spy) as seen:
-            r = await d.emit(event, {})
-            assert await kinds(seen, 1) == ["chain"]
+        r = await d.emit(event, {})
+        assert await kinds(seen, 1) == ["chain"]
     assert r.action == "deny" and r.decided_by == "p2" and calls == []
     assert [(f.handler, f.kind) for f in r.failures] == [("p2", "bad_reply")]
 
@@ -340,3 +340,31 @@ async def _until(check: Callable[[], bool]) -> None:
     async with asyncio.timeout(10):
         while not check():  # noqa: ASYNC110  (the routing table has no change event)
             await asyncio.sleep(0.01)
+
+
+async def test_a_parallel_group_across_processes_is_one_publish(
+    connect: Connect, event: str
+) -> None:
+    """Once each replica has answered (the dispatcher's liveness), a parallel group of three
+    handlers in three processes costs one publish on the event's collect subject; a handler
+    of the event outside the group hears it and ignores it."""
+    calls: list[str] = []
+    async with (
+        requests_seen(await connect()) as seen,
+        serving(await connect(), (event, recorder(calls, "p1"), {"priority": 1, "parallel": True})),
+        serving(await connect(), (event, recorder(calls, "p2"), {"priority": 2, "parallel": True})),
+        serving(
+            await connect(),
+            (event, recorder(calls, "p3", HookResult(action="deny", reason="p3")),
+             {"priority": 3, "parallel": True}),
+        ),
+        serving(await connect(), (event, recorder(calls, "after"), {"priority": 4})),
+        HookDispatcher(await connect()) as d,
+    ):  # fmt: skip
+        first = await d.emit(event, {})
+        assert await kinds(seen, 3) == ["handler"] * 3  # each alone: none answered yet
+        calls.clear()
+        r = await d.emit(event, {})
+        assert await kinds(seen, 1, 3) == ["collect"]
+    assert sorted(calls) == ["p1", "p2", "p3"]  # "after" heard it and did not run
+    assert r.action == first.action == "deny" and r.decided_by == first.decided_by == "p3"

@@ -31,6 +31,7 @@ instance is gone) is forgotten and the next request is sent at once.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import inspect
 import itertools
@@ -57,6 +58,7 @@ from hookbus.schemas import (
     WireFormatError,
     chain_instance_subject,
     collect_reply_subject,
+    collect_subject,
     decode,
     encode,
     handler_instance_subject,
@@ -262,6 +264,57 @@ def _read_reply(
     return reply.result, None, reply.instance
 
 
+class _HandlerName(msgspec.Struct):
+    handler: str
+
+
+_handler_name = msgspec.json.Decoder(_HandlerName)
+
+
+def _reply_handler(msg: Msg) -> str | None:
+    """The handler a reply names, or None if it cannot be read."""
+    try:
+        return _handler_name.decode(msg.data).handler
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+class _Inbox:
+    """The replies of one call, in arrival order: a deque and at most one waiter (cheaper
+    than an `asyncio.Queue` under `asyncio.timeout` on this path)."""
+
+    __slots__ = ("items", "waiter")
+
+    def __init__(self) -> None:
+        self.items: collections.deque[tuple[str, Msg]] = collections.deque()
+        self.waiter: asyncio.Future[None] | None = None
+
+    def put(self, token: str, msg: Msg) -> None:
+        self.items.append((token, msg))
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self, loop: asyncio.AbstractEventLoop, until: float) -> tuple[str, Msg]:
+        """The next reply; `TimeoutError` if none came by `until` (loop time)."""
+        if not self.items:
+            if until <= loop.time():
+                raise TimeoutError
+            waiter = self.waiter = loop.create_future()
+            timer = loop.call_at(until, _expire, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self.waiter = None
+        return self.items.popleft()
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
 class Requester:
     """Requests with a reply inbox of our own (one subscription per connection).
 
@@ -273,7 +326,7 @@ class Requester:
         self._prefix = ""
         self._sub: Subscription | None = None
         self._tokens = itertools.count()
-        self._waiting: dict[str, asyncio.Queue[tuple[str, Msg]]] = {}
+        self._waiting: dict[str, _Inbox] = {}
         self._recent: dict[str, dict[str, float]] = {}
         """Per handler subject: instance id -> loop time of its last answer, oldest first."""
 
@@ -296,9 +349,9 @@ class Requester:
 
     async def _on_reply(self, msg: Msg) -> None:
         token = msg.subject.rpartition(".")[2]
-        queue = self._waiting.get(token)
-        if queue is not None:
-            queue.put_nowait((token, msg))
+        inbox = self._waiting.get(token)
+        if inbox is not None:
+            inbox.put(token, msg)
 
     async def call(
         self, nc: NATS, route: Route, envelope: EventEnvelope, headers: dict[str, str] | None,
@@ -317,7 +370,8 @@ class Requester:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget_s
         window = max(HEDGE_MIN_S, budget_s * HEDGE_FRACTION) if hedge else math.inf
-        queue: asyncio.Queue[tuple[str, Msg]] = asyncio.Queue()
+        queue = _Inbox()
+        sent: list[str] = []  # every token of this call, for the cleanup
         live: set[str] = set()
         targets: dict[str, str] = {}  # token -> instance of a request sent to one instance
         avoid: set[str] = set()  # instances this call was sent to or refused by
@@ -336,6 +390,7 @@ class Requester:
                 if attempt > 1:
                     subject = self._target(route, avoid, token, targets, loop.time(), chain)
                 self._waiting[token] = queue
+                sent.append(token)
                 failed = await self._send(nc, subject, envelope, headers, token)
                 if failed is not None:
                     if not live:
@@ -344,10 +399,10 @@ class Requester:
                     live.add(token)
                 next_send = loop.time() + (window if attempt == 1 else max(HEDGE_MIN_S, window / 2))
                 while True:
-                    wait = min(next_send, deadline) - loop.time()
+                    until = min(next_send, deadline)
+                    wait = until - loop.time()
                     try:
-                        async with asyncio.timeout(max(wait, 0)):
-                            token, msg = await queue.get()
+                        token, msg = await queue.get(loop, until)
                     except TimeoutError:
                         break  # hedge (retry_safe) or the budget is spent
                     live.discard(token)
@@ -392,13 +447,78 @@ class Requester:
                 if loop.time() >= deadline:
                     break
         finally:
-            for token in [t for t, q in self._waiting.items() if q is queue]:
-                del self._waiting[token]
+            for token in sent:
+                self._waiting.pop(token, None)
         if refused is not None and not live:
             return Failed(
                 "error", f"{refused}: every replica refused within {budget_s:.3g}s", not_run=True
             )
         return Failed("timeout", f"no reply within {budget_s:.3g}s")
+
+    def answered_recently(self, route: Route, now: float) -> bool:
+        """Whether an instance of `route` answered within `RECENT_TTL_S` seconds (the
+        liveness a scatter relies on: a handler with no live replica gets a request of its
+        own, which the server answers "no responders" at once)."""
+        recent = self._recent.get(route.subject)
+        return bool(recent) and now - next(reversed(recent.values())) <= RECENT_TTL_S
+
+    async def scatter(
+        self, nc: NATS, group: list[Route], envelope: EventEnvelope,
+        headers: dict[str, str] | None, budget_s: float | None,
+    ) -> dict[Route, Outcome]:  # fmt: skip
+        """Publish `envelope` once on its event's collect subject for the handlers `group`
+        (`EventEnvelope.handlers`) and gather one answer per handler, each within its own
+        timeout (`DEFAULT_TIMEOUT_S` if none) cut to `budget_s`. A handler whose replica
+        refused the call (``busy``, ``unavailable``) gets a `Failed` with ``not_run``: the
+        caller sends it a request of its own.
+
+        Raises:
+            NotConnectedError: the connection is closed.
+            PayloadTooLargeError: the envelope exceeds the server's max_payload.
+        """
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        ends = {
+            r.name: start + (_cut(r.timeout_s or DEFAULT_TIMEOUT_S, budget_s) or 0.0) for r in group
+        }
+        pending = {r.name: r for r in group}
+        out: dict[Route, Outcome] = {}
+        envelope.handlers = list(pending)
+        envelope.budget_s = max(ends.values()) - start
+        token = f"{next(self._tokens):x}"
+        inbox = self._waiting[token] = _Inbox()
+        try:
+            failed = await self._send(nc, collect_subject(envelope.event), envelope, headers, token)
+            if failed is not None:
+                return dict.fromkeys(group, failed)
+            while pending:
+                try:
+                    _, msg = await inbox.get(loop, min(ends[n] for n in pending))
+                except TimeoutError:
+                    now = loop.time()
+                    for name in [n for n in pending if ends[n] <= now]:
+                        route = pending.pop(name)
+                        out[route] = Failed("timeout", f"no reply within {ends[name] - start:.3g}s")
+                        self._recent.pop(route.subject, None)  # not live: asked alone next
+                    continue
+                outcome, code, instance = _read_reply(msg)
+                if outcome is None:  # no responders: nobody serves the event at all
+                    gone = Failed("no_responders", "no handler of the event is subscribed", True)
+                    out.update(dict.fromkeys(pending.values(), gone))
+                    break
+                name = _reply_handler(msg)
+                route = pending.pop(name, None) if name is not None else None
+                if route is None:
+                    continue  # not one of ours (or unreadable): the others still answer
+                assert not isinstance(outcome, ChainAnswer)
+                if code is not None:
+                    outcome = Failed(outcome.kind, outcome.message, not_run=True)  # type: ignore[union-attr]
+                elif instance:
+                    self._answered(route.subject, instance, loop.time())
+                out[route] = outcome
+        finally:
+            self._waiting.pop(token, None)
+        return out
 
     def _answered(self, subject: str, instance: str, now: float) -> None:
         """Note that `instance` answered a request on handler `subject` at `now`."""

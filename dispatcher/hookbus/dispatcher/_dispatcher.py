@@ -96,8 +96,11 @@ class HookDispatcher(StandardEvents):
             dispatcher creates it.
         chains: send a run of adjacent remote handlers served by one worker process (the
             same declared handler set) as one chain request, run there in order with the
-            same semantics (one round trip instead of one per handler). False: one request
-            per handler. Results and failures are the same either way.
+            same semantics (one round trip instead of one per handler), and a parallel
+            group of handlers in several processes as one publish on the event's collect
+            subject (those that answered within the last minute; the others, and any that
+            refuses, get a request of their own). False: one request per handler. Results
+            and failures are the same either way.
     """
 
     def __init__(
@@ -661,6 +664,18 @@ class HookDispatcher(StandardEvents):
     ) -> list[Outcome]:
         if len(group) == 1:
             return [await self._call(group[0], ctx, data)]
+        scattered = await self._router.call_group(group, ctx, data) if self.chains else None
+        if scattered:
+            ctx.called.extend(r.name for r in group if r in scattered)
+            rest = [r for r in group if r not in scattered]
+            if rest:
+                scattered.update(zip(rest, await self._call_each(rest, ctx, data), strict=True))
+            return [scattered[r] for r in group]
+        return await self._call_each(group, ctx, data)
+
+    async def _call_each(
+        self, group: list[Route], ctx: EmitContext, data: dict[str, Any]
+    ) -> list[Outcome]:
         # asyncio.gather: a third of an anyio task group's cost here; `_call` returns
         # failures as outcomes, so only caller errors (closed connection) propagate.
         return list(await asyncio.gather(*(self._call(r, ctx, data) for r in group)))
@@ -865,12 +880,21 @@ def _check_priority(priority: object) -> None:
         raise OverflowError(f"priority {priority} does not fit in a 32-bit int")
 
 
+_stamp_cache: tuple[int, str] = (-1, "")
+
+
 def _rfc3339_ns() -> str:
     """Now in UTC as RFC 3339 with nanoseconds, as amplifier-core stamps ``timestamp``
-    (e.g. ``2026-01-02T03:04:05.123456789+00:00``; `datetime.fromisoformat` reads it)."""
+    (e.g. ``2026-01-02T03:04:05.123456789+00:00``; `datetime.fromisoformat` reads it).
+    The formatted whole second is kept: formatting it is most of the cost."""
+    global _stamp_cache
     ns = time.time_ns()
-    whole = datetime.fromtimestamp(ns // 1_000_000_000, UTC).strftime("%Y-%m-%dT%H:%M:%S")
-    return f"{whole}.{ns % 1_000_000_000:09d}+00:00"
+    second, fraction = divmod(ns, 1_000_000_000)
+    cached, whole = _stamp_cache
+    if cached != second:
+        whole = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        _stamp_cache = (second, whole)
+    return f"{whole}.{fraction:09d}+00:00"
 
 
 def _with_timeout(route: Route, timeout_s: float) -> Route:

@@ -226,6 +226,29 @@ class Router:
             self.nc, self._requester, seg, ctx.envelope(data), trace_headers(), budget_s
         )
 
+    async def call_group(
+        self, group: list[Route], ctx: EmitContext, data: dict[str, Any]
+    ) -> dict[Route, Outcome] | None:
+        """Call a parallel group of remote handlers with one publish (`Requester.scatter`)
+        where at least two of them answered recently; None: nothing sent, call each.
+        Handlers left out (no recent answer) or refused are missing from the result: the
+        caller calls them one by one.
+
+        Raises:
+            NotConnectedError: no started connection.
+            PayloadTooLargeError: the envelope exceeds the server's max_payload.
+        """
+        nc = self.nc
+        if nc is None or nc.is_closed or not self._requester.started or not nc.is_connected:
+            return None
+        now = asyncio.get_running_loop().time()
+        live = [r for r in group if r.remote and self._requester.answered_recently(r, now)]
+        budget_s = ctx.remaining()
+        if len(live) < 2 or (budget_s is not None and budget_s <= 0):
+            return None
+        out = await self._requester.scatter(nc, live, ctx.envelope(data), trace_headers(), budget_s)
+        return {r: o for r, o in out.items() if not (isinstance(o, Failed) and o.not_run)}
+
     # -- emit_and_collect --------------------------------------------------------------------
     async def publish_collect(
         self, remote: list[Route], event: str, data: dict[str, Any]

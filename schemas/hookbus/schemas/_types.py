@@ -173,7 +173,7 @@ class HookResult(_Wire, omit_defaults=False, metaclass=_IgnoreUnknownFields):
 
 
 class EventEnvelope(_Wire):
-    """One event as a handler receives it on ``hookbus.v1.hook.<event>.<handler>``."""
+    """One event as a handler receives it on ``hookbus.v1.handler.<event>.<handler>``."""
 
     id: str
     """Unique id of this emit (hex), shared by every handler call of the emit."""
@@ -198,6 +198,11 @@ class EventEnvelope(_Wire):
     """Set only on a chain request (``hookbus.v1.chain.<set>``): the handlers of `event`
     to run, in call order, one after the other with amplifier-core's semantics (see
     `ChainStep`). None: a request to the one handler its subject names."""
+    handlers: list[str] | None = None
+    """Set only on a parallel group's scatter, published once on the event's collect
+    subject: the names of the handlers that answer it (each as to a request of its own,
+    within its timeout and `budget_s`); every other handler of the event ignores it. None:
+    every handler that hears it answers (emit_and_collect)."""
 
 
 class ChainStep(_Wire):
@@ -313,7 +318,7 @@ class HandlerDeclaration(_Wire):
     as one chain request to ``hookbus.v1.chain.<handler_set_id(handler_set)>``. None: send
     each of its calls on its own."""
     subject: str = ""
-    """The handler's request subject ``hookbus.v1.hook.<event>.<handler>`` (names encoded).
+    """The handler's request subject ``hookbus.v1.handler.<event>.<handler>`` (names encoded).
     Writers put the derived value (the wire contract requires it); dispatchers derive the
     subject, collect subject and queue group from (`event`, `name`) themselves, refuse a
     declaration whose values differ, and accept one without them."""

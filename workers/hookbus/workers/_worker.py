@@ -96,7 +96,7 @@ class HandlerSpec:
 class HookWorker:
     """A worker process's hook handlers, served on NATS.
 
-    Each handler gets its own subject and queue group (``hookbus.v1.hook.<event>.<name>``),
+    Each handler gets its own subject and queue group (``hookbus.v1.handler.<event>.<name>``),
     so replicas of the same worker share its load, and its declaration is written to the
     handler registry bucket, where dispatchers pick it up. Each request runs in a task of
     its own, at most `max_concurrency` at a time: a request over that bound is refused at
@@ -474,7 +474,8 @@ class HookWorker:
             if reply is not None:
                 await self._respond(msg, reply)
                 if log.isEnabledFor(logging.DEBUG):
-                    _log_reply(decl, reply, msg, time.monotonic() - started)
+                    kind = "collect" if msg.subject == decl.collect_subject else "call"
+                    _log_reply(decl, reply, kind, time.monotonic() - started)
         except asyncio.CancelledError:  # shutdown's grace ran out
             error = WireError(
                 code="unavailable",
@@ -501,6 +502,8 @@ class HookWorker:
         envelope, refusal = self._read_request(spec.declaration.name, msg)
         if envelope is None:
             return refusal
+        if envelope.handlers is not None and spec.declaration.name not in envelope.handlers:
+            return None  # a parallel group's scatter for other handlers of the event
         timeout_s = spec.declaration.timeout_s
         if envelope.budget_s is not None:
             timeout_s = min(timeout_s, envelope.budget_s)  # never more than the caller has left
@@ -690,7 +693,11 @@ class HookWorker:
             error = WireError(code="handler_timeout", message="not run: the chain's budget ran out")
             return HookReply(handler=step.handler, error=error)
         # its own copy, as a request of its own would get: in-place edits stay its own
-        return await self._invoke(spec, envelope.event, json_copy(data), timeout_s, envelope.id)
+        started = time.monotonic()
+        reply = await self._invoke(spec, envelope.event, json_copy(data), timeout_s, envelope.id)
+        if log.isEnabledFor(logging.DEBUG):
+            _log_reply(spec.declaration, reply, "call", time.monotonic() - started)
+        return reply
 
     async def _respond(self, msg: Msg, reply: HookReply) -> None:
         if not msg.reply:
@@ -777,11 +784,11 @@ class _RateLimitedWarning:
             self._suppressed += 1
 
 
-def _log_reply(decl: HandlerDeclaration, reply: HookReply, msg: Msg, took_s: float) -> None:
-    """One debug line per request answered: handler, outcome, time."""
+def _log_reply(decl: HandlerDeclaration, reply: HookReply, kind: str, took_s: float) -> None:
+    """One debug line per handler call answered (a chain's steps included): kind
+    (``call`` or ``collect``), handler, outcome, time."""
     if reply.error is not None:
         outcome = f"error {reply.error.code}"
     else:
         outcome = reply.result.action if reply.result is not None else "no result"
-    kind = "collect" if msg.subject == decl.collect_subject else "call"
     log.debug("%s %s/%s: %s in %.1f ms", kind, decl.event, decl.name, outcome, took_s * 1000)
