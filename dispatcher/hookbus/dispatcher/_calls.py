@@ -37,6 +37,7 @@ import inspect
 import itertools
 import logging
 import math
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +112,8 @@ NO_RESPONDERS_RECHECK_S = 0.02
 fails as ``no_responders``: a subscription made and flushed on another connection a moment
 earlier was seen to miss a publish under load."""
 
+_COROUTINE = types.CoroutineType
+"""An async handler's result: awaited without the general `inspect.isawaitable` check."""
 _STATUS = "Status"
 _NO_RESPONDERS = "503"
 
@@ -193,7 +196,7 @@ async def call_local(
     try:
         if timeout_s is None:  # no cancel scope at all: most of an in-process call's cost
             raw = route.local(event, data)
-            if inspect.isawaitable(raw):
+            if type(raw) is _COROUTINE or inspect.isawaitable(raw):
                 raw = await raw
         else:
             async with asyncio.timeout(timeout_s):

@@ -691,6 +691,14 @@ class HookDispatcher(StandardEvents):
         speculatively (`_fold_speculative`); the rest one by one, an adjacent run of
         parallel handlers concurrently (`_fold_each`).
         """
+        if not any(r.parallel or r.pure or (self.chains and r.chain) for r in routes):
+            for route in routes:  # the common shape: one by one, in order
+                if route.matches(fold.data):
+                    outcome = await self._call(route, ctx, fold.data)
+                    denied = self._fold_one(fold, route, outcome)
+                    if denied is not None:
+                        return denied
+            return None
         i, n = 0, len(routes)
         while i < n:
             route = routes[i]

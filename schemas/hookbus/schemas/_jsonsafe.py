@@ -10,7 +10,6 @@ other handler nor by the caller. hookbus does the same, locally and over NATS al
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 import msgspec
@@ -35,12 +34,12 @@ def json_safe(data: Any) -> dict[str, Any]:
     """
     if not isinstance(data, dict):
         raise BadRequestError(f"event data must be a dict, not {type(data).__name__}")
-    if _plain(data, _FAST_DEPTH):  # JSON-native already: the same copy, faster
-        try:
-            fast: dict[str, Any] = _decode(_encode(data))
+    try:  # JSON-native already (the copy equals the original): the same copy, faster
+        fast: dict[str, Any] = _decode(_encode(data))
+        if fast == data:
             return fast
-        except (OverflowError, msgspec.EncodeError, msgspec.DecodeError):
-            pass  # an int beyond 64 bits: the general path below
+    except (TypeError, ValueError, RecursionError, msgspec.EncodeError, msgspec.DecodeError):
+        pass  # the general path below says what is wrong, or converts as amplifier-core does
     try:
         text = json.dumps(data, default=str, allow_nan=False)
     except ValueError as exc:  # NaN / inf, or a circular reference
@@ -51,29 +50,6 @@ def json_safe(data: Any) -> dict[str, Any]:
         raise BadRequestError("event data is nested too deeply") from exc
     copy: dict[str, Any] = json.loads(text)
     return copy
-
-
-_FAST_DEPTH = 32
-"""Nesting the fast path of `json_safe` walks; deeper data takes the general path."""
-_SCALARS = frozenset({str, int, bool, type(None)})
-
-
-def _plain(value: Any, depth: int) -> bool:
-    """Whether `value` holds only JSON-native values (str keys; str, int, bool, None,
-    finite floats, lists and dicts), nested at most `depth` deep: then a msgspec round
-    trip copies it exactly as `json.dumps` / `json.loads` would."""
-    kind = type(value)
-    if kind in _SCALARS:
-        return True
-    if kind is float:
-        return math.isfinite(value)
-    if depth <= 0:
-        return False
-    if kind is dict:
-        return all(type(k) is str and _plain(v, depth - 1) for k, v in value.items())
-    if kind is list:
-        return all(_plain(v, depth - 1) for v in value)
-    return False
 
 
 def json_copy(data: dict[str, Any]) -> dict[str, Any]:

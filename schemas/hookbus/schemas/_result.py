@@ -12,6 +12,8 @@ from ._types import Action, ContextInjection, HookResult
 __all__ = ["to_hook_result"]
 
 _ACTIONS = frozenset(get_args(Action))
+_CONTINUE = HookResult()
+"""What a handler returning None means (shared: results are never changed in place)."""
 
 
 def to_hook_result(raw: Any) -> HookResult:
@@ -33,7 +35,7 @@ def to_hook_result(raw: Any) -> HookResult:
             return raw
         raw = msgspec.to_builtins(raw)
     elif raw is None:
-        return HookResult()
+        return _CONTINUE
     elif hasattr(raw, "model_dump"):
         raw = raw.model_dump(exclude_none=True)
     if isinstance(raw, dict):
