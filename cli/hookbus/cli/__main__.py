@@ -1,3 +1,3 @@
-from ._main import main
+from ._entry import full_cli
 
-main()
+full_cli()

@@ -29,7 +29,8 @@ from ._connect import DEFAULT_MAX_RECONNECTS, RECONNECT_WAIT_S
 from ._connect import ConnectionSettings as ConnectionSettings
 from ._connect import connect as connect
 from ._connect import connection_options as connection_options
-from ._server import EmbeddedNatsServer
+from ._extras import MissingExtraError
+from ._server import EmbeddedNatsServer, NatsServerNotFoundError
 
 log = logging.getLogger("hookbus.cli")
 
@@ -122,10 +123,18 @@ def connection_or_embedded(conn: ConnectionSettings) -> Iterator[ConnectionSetti
             "--embedded: the embedded nats-server has no auth and no TLS; the credentials"
             " and TLS options are not used"
         )
+    server = EmbeddedNatsServer()
     try:
-        server = EmbeddedNatsServer()
-        server.start()
-    except HookbusError as exc:  # no binary, or it would not start
+        try:
+            server.start()
+        except BaseException:
+            server.stop()  # its temporary folder too
+            raise
+    except NatsServerNotFoundError as exc:
+        raise MissingExtraError(
+            "the embedded nats-server", "server", " (or nats-server on PATH, or --url)"
+        ) from exc
+    except HookbusError as exc:  # it would not start
         raise click.ClickException(f"cannot start the embedded nats-server: {exc}") from exc
     try:
         click.echo(

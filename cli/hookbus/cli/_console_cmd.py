@@ -16,7 +16,6 @@ import socket
 import ssl
 from typing import Any
 
-import anyio
 import click
 import nats.errors
 import nats.js.errors
@@ -34,7 +33,9 @@ from ._common import (
     max_reconnects_option,
 )
 from ._connect import LOCAL_URL
+from ._extras import MissingExtraError
 from ._gateway_cmd import _listen
+from ._lifecycle import run_loop, running_loop
 from ._nats_lost import nats_lost
 
 __all__ = ["console"]
@@ -132,11 +133,8 @@ def console(
 
         from hookbus.integrations.console import Feed, console_app
         from hookbus.integrations.console._auth import valid_approver
-    except ImportError as exc:
-        raise click.ClickException(
-            f"the console needs starlette and uvicorn ({exc.name} is missing): "
-            "pip install 'hookbus[gateway]'"
-        ) from exc
+    except ImportError as exc:  # starlette, uvicorn
+        raise MissingExtraError("hookbus console", "console") from exc
     if console_token is None and os.environ.get(TOKEN_ENV) == "":
         console_token = ""  # click ignores an empty variable
     if console_token is None:
@@ -191,9 +189,10 @@ def console(
             except (OSError, ssl.SSLError) as exc:
                 raise click.ClickException(f"cannot load the TLS files: {exc}") from exc
             sock = _listen(host, port)
+            banner = f"({who}; loop {running_loop()}); Ctrl-C stops it"
             http = servers[0]
             async with nats_lost(nc, server.url or LOCAL_URL, max_reconnects, http) as lost:
-                await _serve(servers[0], sock, scheme, f"({who}); Ctrl-C stops it")
+                await _serve(servers[0], sock, scheme, banner)
             lost.check()  # NATS given up on: one line, exit 1
         finally:
             await feed.close()
@@ -202,7 +201,7 @@ def console(
                 await drain_or_close(nc)
 
     with connection_or_embedded(conn) as server:
-        anyio.run(run, server, backend="asyncio")
+        run_loop(run, server)
 
 
 async def _serve(server: Any, sock: socket.socket, scheme: str, banner: str) -> None:

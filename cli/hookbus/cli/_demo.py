@@ -155,14 +155,16 @@ def load_transcript(path: Path) -> Transcript:
 
 
 def find_examples_dir() -> Path:
-    """``./examples`` if it holds a transcript, else the ``examples/`` folder of the source
-    checkout this module belongs to (``cli/hookbus/cli/_demo.py`` -> ``examples/``).
+    """The first folder holding a transcript of: ``./examples``; ``hookbus/cli/examples``
+    beside this module (the copy an installed wheel carries); the ``examples/`` folder of
+    the source checkout this module belongs to (``cli/hookbus/cli/_demo.py`` ->
+    ``examples/``, an editable install).
 
     Raises:
-        click.ClickException: neither exists.
+        click.ClickException: none exists.
     """
     here = Path(__file__).resolve()
-    candidates = [Path.cwd() / "examples", here.parents[3] / "examples"]
+    candidates = [Path.cwd() / "examples", here.parent / "examples", here.parents[3] / "examples"]
     for folder in candidates:
         if (folder / TRANSCRIPT_FILE).is_file():
             return folder

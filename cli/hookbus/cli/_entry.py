@@ -4,27 +4,62 @@ Claude Code spawns ``hookbus claude-code`` for every hook event, so its start-up
 path of every tool call: that path imports the hook command alone (click, nats-py, the wire
 types and the Claude Code door), not the whole CLI (the dispatcher, workers, OpenTelemetry
 SDK, rich ...). Every other command goes to `hookbus.cli._main`.
+
+Without the ``cli`` extra (``pip install hookbus`` is the library alone) the command prints
+one line naming the extra and exits 2, instead of an import traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 
-__all__ = ["main"]
+from ._extras import extra_of, install_hint
+
+__all__ = ["full_cli", "main"]
 
 _FULL_CLI = frozenset({"settings", "--help", "-h"})
 """``hookbus claude-code`` arguments served by the full CLI (help lists every command)."""
 
+EXIT_MISSING = 2
+"""Exit status when the command cannot start for want of an extra (or of a package)."""
+
+
+@contextlib.contextmanager
+def _importing_the_command() -> Iterator[None]:
+    """Turn a missing package while importing the command into one line and exit 2."""
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        extra = extra_of(exc.name)
+        if extra is not None:  # the cli extra's packages (click, rich, ...)
+            line = install_hint("the hookbus command", extra)
+        else:  # a core package is gone: the installation is broken
+            line = (
+                f"the hookbus command cannot start: {exc} (a broken installation?"
+                " pip install --force-reinstall 'hookbus[cli]')"
+            )
+        sys.stderr.write(line + "\n")
+        sys.exit(EXIT_MISSING)
+
 
 def main() -> None:
+    """The ``hookbus`` console script: ``hookbus claude-code`` (the hook) goes straight to
+    its command, everything else to the whole CLI (`full_cli`)."""
     args = sys.argv[1:]
     if args[:1] == ["claude-code"] and not _FULL_CLI.intersection(args[1:2]):
-        from ._claude_code_cmd import run_hook
-
+        with _importing_the_command():
+            from ._claude_code_cmd import run_hook
         sys.exit(run_hook(args[1:]))
-    from ._main import main as full_cli
-
     full_cli()
+
+
+def full_cli() -> None:
+    """The whole ``hookbus`` CLI (``python -m hookbus.cli``)."""
+    with _importing_the_command():
+        from ._main import main as run
+    run()
 
 
 if __name__ == "__main__":

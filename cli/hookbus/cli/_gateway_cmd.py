@@ -21,7 +21,6 @@ import ssl
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
-import anyio
 import click
 import nats.errors
 from nats.aio.client import Client as NATS
@@ -43,6 +42,8 @@ from ._common import (
 )
 from ._connect import LOCAL_URL
 from ._decisions_cmd import ByteSize, audit_options
+from ._extras import MissingExtraError
+from ._lifecycle import run_loop, running_loop
 from ._nats_lost import nats_lost
 from ._otel import otel_session, otlp_option
 
@@ -177,11 +178,8 @@ def _serve(
 
         from hookbus.integrations.claude_code import ClaudeCodeOptions
         from hookbus.integrations.gateway import gateway_app
-    except ImportError as exc:
-        raise click.ClickException(
-            f"the gateway needs starlette and uvicorn ({exc.name} is missing): "
-            "pip install 'hookbus[gateway]'"
-        ) from exc
+    except ImportError as exc:  # starlette, uvicorn
+        raise MissingExtraError("hookbus gateway", "gateway") from exc
     if https_key and not https_cert:
         raise click.UsageError("--gateway-tls-key needs --gateway-tls-cert")
     if client_ca and not https_cert:
@@ -256,7 +254,9 @@ def _serve(
             sock = _listen(host, port)
             methods = [("bearer token", token), ("client certificates", client_ca)]
             auth = ", ".join(name for name, on in methods if on) or "none"
-            banner = f"(doors: {', '.join(doors)}; auth: {auth}); Ctrl-C stops it"
+            banner = (
+                f"(doors: {', '.join(doors)}; auth: {auth}; loop {running_loop()}); Ctrl-C stops it"
+            )
             http = uvicorn.Server(config)
             async with nats_lost(nc, server.url or LOCAL_URL, max_reconnects, http) as lost:
                 await _serve_app(http, sock, scheme, banner)
@@ -265,7 +265,7 @@ def _serve(
             await replica.close()
 
     with connection_or_embedded(conn) as server, otel_session("hookbus-gateway", otlp_endpoint):
-        anyio.run(run, server, backend="asyncio")
+        run_loop(run, server)
 
 
 async def _serve_app(server: Any, sock: socket.socket, scheme: str, banner: str) -> None:

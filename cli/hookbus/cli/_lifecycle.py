@@ -1,4 +1,10 @@
-"""How the long-running commands (``worker``, ``dispatcher``, ``emit``) start and stop.
+"""How the long-running commands (``worker``, ``dispatcher``, ``emit``) start and stop,
+and which event loop they run on.
+
+- `run_loop` runs a command's coroutine on uvloop when it is installed (the ``uvloop``
+  extra), else on asyncio's own loop; ``HOOKBUS_LOOP=asyncio`` (or ``hookbus --loop
+  asyncio``) opts out, ``HOOKBUS_LOOP=uvloop`` insists (`MissingExtraError` without it).
+  `running_loop` names the loop that runs, for the banners.
 
 - Before the event loop runs (and after it), SIGINT and SIGTERM raise `Interrupted`, so
   the ``with`` blocks around it (the embedded nats-server, the OpenTelemetry flush) unwind
@@ -16,23 +22,94 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
+import logging
+import os
 import signal
 from collections.abc import Awaitable, Callable, Iterator
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
+import anyio
 import click
 from nats.aio.client import Client as NATS
 
 from ._common import close_quietly, drain_or_close
 from ._connect import _redacted
+from ._extras import MissingExtraError
 
-__all__ = ["DRAIN_MARGIN_S", "Interrupted", "Supervisor", "stop_on_signals"]
+__all__ = [
+    "DRAIN_MARGIN_S",
+    "LOOP_CHOICES",
+    "LOOP_ENV",
+    "Interrupted",
+    "Supervisor",
+    "loop_choice",
+    "run_loop",
+    "running_loop",
+    "stop_on_signals",
+]
+
+log = logging.getLogger("hookbus.cli")
+
+T = TypeVar("T")
+
+LOOP_ENV = "HOOKBUS_LOOP"
+"""The environment variable that picks the event loop: ``auto``, ``uvloop`` or ``asyncio``."""
+LOOP_CHOICES = ("auto", "uvloop", "asyncio")
 
 DRAIN_MARGIN_S = 5.0
 """Seconds past the grace period a drain may take before the command stops at once."""
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def loop_choice(preference: str | None = None) -> str:
+    """The event loop a command runs on: ``"uvloop"`` or ``"asyncio"``.
+
+    Args:
+        preference: ``auto`` (uvloop if installed, else asyncio), ``uvloop`` or ``asyncio``
+            (any case); None reads ``HOOKBUS_LOOP`` (unset or empty: ``auto``).
+    Raises:
+        click.BadParameter: `preference` (or ``HOOKBUS_LOOP``) is none of those.
+        MissingExtraError: ``uvloop`` asked for and not installed.
+    """
+    raw = os.environ.get(LOOP_ENV, "") if preference is None else preference
+    wanted = raw.strip().lower() or "auto"
+    if wanted not in LOOP_CHOICES:
+        raise click.BadParameter(
+            f"{raw!r} is not one of {', '.join(LOOP_CHOICES)}", param_hint=f"{LOOP_ENV} / --loop"
+        )
+    if wanted == "asyncio":
+        return "asyncio"
+    installed = importlib.util.find_spec("uvloop") is not None
+    if wanted == "uvloop" and not installed:
+        raise MissingExtraError(f"{LOOP_ENV}=uvloop (--loop uvloop)", "uvloop")
+    return "uvloop" if installed else "asyncio"
+
+
+def run_loop(func: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """Run ``func(*args)`` to its end on a new event loop, through anyio's asyncio backend
+    (nats-py runs on asyncio only): uvloop's loop or asyncio's, as `loop_choice` says.
+
+    Raises:
+        click.BadParameter, MissingExtraError: see `loop_choice` (before any loop runs).
+        Exception: whatever `func` raised.
+    """
+    name = loop_choice()
+    options: dict[str, Any] = {}
+    if name == "uvloop":
+        import uvloop
+
+        options["loop_factory"] = uvloop.new_event_loop
+    log.debug("event loop: %s", name)
+    return anyio.run(func, *args, backend="asyncio", backend_options=options)
+
+
+def running_loop() -> str:
+    """``"uvloop"`` or ``"asyncio"``: the event loop running this coroutine."""
+    module = type(asyncio.get_running_loop()).__module__
+    return "uvloop" if module.split(".")[0] == "uvloop" else "asyncio"
 
 
 class Interrupted(KeyboardInterrupt):

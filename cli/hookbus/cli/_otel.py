@@ -40,6 +40,8 @@ from rich.tree import Tree
 
 from hookbus.schemas import _telemetry_names as tn
 
+from ._extras import MissingExtraError
+
 __all__ = [
     "OtelSetup",
     "configure_otel",
@@ -173,6 +175,9 @@ def configure_otel(
         resource_attributes: extra resource attributes (over ``OTEL_RESOURCE_ATTRIBUTES``).
     Returns:
         The `OtelSetup` to `shutdown` at exit (a do-nothing one when OTel is off).
+    Raises:
+        MissingExtraError: export asked for and the OTLP exporter (the ``otel`` extra) is
+            not installed.
     """
     global _switch
     setup = OtelSetup()
@@ -196,7 +201,10 @@ def configure_otel(
     resource = Resource.create(attrs)
 
     if export_traces:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        except ImportError as exc:
+            raise _needs_otel_extra(otlp_endpoint) from exc
 
         span_exporter = OTLPSpanExporter(
             endpoint=f"{base}/v1/traces" if base else None, meter_provider=_NO_SELF_METRICS
@@ -222,7 +230,12 @@ def configure_otel(
         if isinstance(metrics.get_meter_provider(), MeterProvider):
             log.info("a meter provider is already set in this process; metrics go there")
         else:
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+            try:
+                from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+                    OTLPMetricExporter,
+                )
+            except ImportError as exc:
+                raise _needs_otel_extra(otlp_endpoint) from exc
 
             metric_exporter = OTLPMetricExporter(
                 endpoint=f"{base}/v1/metrics" if base else None, meter_provider=_NO_SELF_METRICS
@@ -240,6 +253,11 @@ def configure_otel(
             setup.metrics_endpoint or "-",
         )
     return setup
+
+
+def _needs_otel_extra(otlp_endpoint: str | None) -> MissingExtraError:
+    what = "--otlp-endpoint" if otlp_endpoint else "OTLP export (OTEL_EXPORTER_OTLP_*)"
+    return MissingExtraError(what, "otel", " (or OTEL_SDK_DISABLED=true)")
 
 
 @contextlib.contextmanager

