@@ -5,8 +5,12 @@
   (its ``serving N handler(s)`` log line, written once the subscriptions are flushed and the
   declarations are in the registry bucket, is the ready signal).
 - The raw baseline is this file run as a script, ``python benchmarks/_workers.py --url URL``:
-  plain nats-py, one subscription on `RAW_SUBJECT`, one task per message, each replying with
-  the fixed, HookReply-shaped `RAW_REPLY`. It writes `RAW_READY` to stderr once subscribed.
+  plain nats-py, one subscription on `RAW_SUBJECT` (queue group) and three on
+  `RAW_SCATTER_SUBJECT`, one task per message, each replying with the fixed, HookReply-shaped
+  `RAW_REPLY`. It writes `RAW_READY` to stderr once subscribed. With ``--fleet`` it serves
+  `RAW_FLEET_SUBJECT` (queue group) alone: two such processes are the raw shape of a
+  2-replica worker. It runs on the event loop ``hookbus worker`` picks (`event_loop`): uvloop
+  when installed, unless ``HOOKBUS_LOOP=asyncio``.
 
 Every handler does no work (or awaits 5 ms of simulated I/O), so the figures measure the bus.
 """
@@ -15,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import signal
 import sys
 from typing import Any
@@ -26,7 +32,9 @@ from hookbus.workers import HookWorker
 EVENT_ONE = "bench:one"
 """One handler, answers continue."""
 EVENT_CHAIN = "bench:chain"
-"""Three sequential handlers (priorities 1, 2, 3), each answers continue."""
+"""Three sequential handlers (priorities 1, 2, 3), each answers continue; one process."""
+EVENT_CHAIN_SPREAD = "bench:chain-spread"
+"""The same chain of 3, each handler served by a process of its own."""
 EVENT_PARALLEL = "bench:parallel"
 """Three adjacent ``parallel=True`` handlers: one concurrent group."""
 EVENT_COLLECT = "bench:collect"
@@ -35,14 +43,30 @@ EVENT_IO = "bench:io"
 """One handler that awaits 5 ms (simulated I/O)."""
 EVENT_REPLICAS = "bench:replicas"
 """Same 5 ms handler, served by 1, 2 or 4 replicas with a small concurrency bound."""
+EVENT_FLEET = "bench:fleet"
+"""One handler, answers continue, served by 2 replicas for the fleet rows."""
 
 IO_SECONDS = 0.005
 """Simulated I/O per call of the io handlers, seconds."""
+
+DATA: dict[str, Any] = {
+    "tool_name": "bash",
+    "tool_input": {"command": "ls -la /tmp"},
+    "agent_id": "agent-1",
+    "session_id": "session-1",
+}
+"""The event data of every emit (a typical small tool:pre payload)."""
+RAW_PAYLOAD = json.dumps(
+    {"id": "0" * 32, "event": EVENT_ONE, "data": DATA, "emitted_at": 0.0}
+).encode()
+"""The raw baseline sends bytes of an envelope's size, encoded once (no per-call work)."""
 
 RAW_SUBJECT = "bench.raw"
 RAW_SCATTER_SUBJECT = "bench.raw.scatter"
 """Heard by 3 plain subscriptions (no queue group): one publish gets 3 replies, the raw
 shape of emit_and_collect of 3."""
+RAW_FLEET_SUBJECT = "bench.raw.fleet"
+"""Served by 2 raw responder processes (``--fleet``) in one queue group."""
 RAW_REPLY = b'{"handler":"raw","result":{"action":"continue"}}'
 """What a hookbus worker answers for a handler that returns None, give or take the name."""
 RAW_READY = "raw responder ready"
@@ -88,11 +112,28 @@ def _group_worker(*indexes: int) -> HookWorker:
 
 
 groups_worker = _group_worker(1, 2, 3)
-"""All three handlers of each group in one process (the default layout)."""
-group_worker_1 = _group_worker(1)
-"""With ``--spread``: one process per handler index (think security, audit, context)."""
-group_worker_2 = _group_worker(2)
-group_worker_3 = _group_worker(3)
+"""All three handlers of each group in one process (one worker serving several hooks)."""
+
+
+def _chain_worker(i: int) -> HookWorker:
+    w = HookWorker()
+    w.add_handler(EVENT_CHAIN_SPREAD, _passthrough(f"spread_{i}"), priority=i)
+    return w
+
+
+chain_worker_1 = _chain_worker(1)
+"""Handler 1 of the spread chain: one process per handler (think security, audit, context)."""
+chain_worker_2 = _chain_worker(2)
+chain_worker_3 = _chain_worker(3)
+
+fleet_worker = HookWorker()
+"""The fleet rows' handler (run as 2 replicas)."""
+
+
+@fleet_worker.handler(EVENT_FLEET)
+async def fleet_one(event: str, data: dict[str, Any]) -> None:
+    return None
+
 
 io_worker = HookWorker()
 """One 5 ms I/O handler, default concurrency bound (256)."""
@@ -113,8 +154,9 @@ async def io_5ms_replica(event: str, data: dict[str, Any]) -> None:
 
 
 # -- the raw responder (this file as a script) -------------------------------------------
-async def serve_raw(url: str) -> None:
-    """Reply `RAW_REPLY` to every request on `RAW_SUBJECT` until SIGTERM / SIGINT."""
+async def serve_raw(url: str, fleet: bool = False) -> None:
+    """Reply `RAW_REPLY` to every request on `RAW_SUBJECT` and `RAW_SCATTER_SUBJECT` (or,
+    with `fleet`, on `RAW_FLEET_SUBJECT` alone) until SIGTERM / SIGINT."""
     import nats
 
     nc = await nats.connect(url, name="bench-raw-responder")
@@ -128,15 +170,19 @@ async def serve_raw(url: str) -> None:
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    subs = [await nc.subscribe(RAW_SUBJECT, queue="bench-raw", cb=on_message)]
-    for _ in range(3):
-        subs.append(await nc.subscribe(RAW_SCATTER_SUBJECT, cb=on_message))
+    if fleet:
+        subs = [await nc.subscribe(RAW_FLEET_SUBJECT, queue="bench-raw", cb=on_message)]
+    else:
+        subs = [await nc.subscribe(RAW_SUBJECT, queue="bench-raw", cb=on_message)]
+        for _ in range(3):
+            subs.append(await nc.subscribe(RAW_SCATTER_SUBJECT, cb=on_message))
     await nc.flush()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    print(RAW_READY, file=sys.stderr, flush=True)
+    loop_name = type(loop).__module__.split(".")[0]  # "uvloop" or "asyncio"
+    print(f"{RAW_READY} ({loop_name} event loop)", file=sys.stderr, flush=True)
     await stop.wait()
     for sub in subs:
         await sub.drain()
@@ -145,7 +191,22 @@ async def serve_raw(url: str) -> None:
     await nc.drain()
 
 
+def event_loop() -> Any:
+    """The loop factory ``hookbus worker`` would use: uvloop's when installed and
+    ``HOOKBUS_LOOP`` is not ``asyncio``, else asyncio's (None)."""
+    if os.environ.get("HOOKBUS_LOOP", "").strip().lower() == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="raw nats-py responder for the benchmark")
     parser.add_argument("--url", required=True)
-    asyncio.run(serve_raw(parser.parse_args().url))
+    parser.add_argument("--fleet", action="store_true", help=f"serve {RAW_FLEET_SUBJECT} only")
+    args = parser.parse_args()
+    with asyncio.Runner(loop_factory=event_loop()) as runner:
+        runner.run(serve_raw(args.url, args.fleet))

@@ -1,14 +1,18 @@
-"""hookbus benchmark: the bus's cost measured against raw ``nc.request`` in the same run.
+"""hookbus benchmark: every row of the performance table in one run, each figure against a
+baseline measured in the same run.
 
-    .venv/bin/python benchmarks/run.py            # ~1-2 minutes
-    .venv/bin/python benchmarks/run.py --quick    # ~30 s, fewer samples
+    .venv/bin/python benchmarks/run.py            # about 2.5 minutes
+    .venv/bin/python benchmarks/run.py --quick    # under a minute, fewer samples
     .venv/bin/python benchmarks/run.py --url nats://127.0.0.1:4222   # an existing server
+    .venv/bin/python benchmarks/run.py --json out.json               # also every figure
 
 Starts its own nats-server (`hookbus.cli.EmbeddedNatsServer`) unless ``--url`` is given,
-runs every handler and the raw responder in processes of their own, and prints one table:
-each figure as a ratio against the raw baseline measured in the same run, next to the
-absolute figure, the target and MET / MISSED. See benchmarks/README.md for the method.
-Not a test: nothing here asserts; the exit status is 0 unless the run itself failed.
+runs every handler, the raw responders and the fleet's agents in processes of their own,
+and amplifier-core 2.0.2's in-process emit in a process of its own venv (made once under
+``~/.cache/hookbus/bench-amplifier``). Prints one table: each figure, its baseline (raw
+``nc.request``, amplifier-core, a KV put, tracing off), the ratio, the target and MET /
+MISSED. See benchmarks/README.md for the method. Not a test: nothing here asserts; the
+exit status is 0 unless the run itself failed.
 """
 
 from __future__ import annotations
@@ -17,51 +21,66 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import platform
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import nats
 from nats.aio.client import Client as NATS
 from rich.console import Console
-from rich.table import Table
-
-from hookbus.cli import EmbeddedNatsServer
-from hookbus.dispatcher import HookDispatcher
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import _workers as W  # noqa: E402  (the constants shared with the worker processes)
 
-WORKERS_FILE = str(HERE / "_workers.py")
+import _workers as W  # noqa: E402  (siblings: the constants shared with the processes)
+from _amplifier import (  # noqa: E402
+    AMPLIFIER_VERSION,
+    DEFAULT_VENV,
+    Unavailable,
+    amplifier_child,
+    amplifier_python,
+    amplifier_sampler,
+)
+from _fleet import FLEET_SIZES, bench_fleet  # noqa: E402
+from _inprocess import register_three, sample_emits  # noqa: E402
+from _measure import (  # noqa: E402
+    BenchAborted,
+    Call,
+    Failures,
+    Rate,
+    Side,
+    cpu_note,
+    emit_outcome,
+    latency_rounds,
+    median,
+    throughput,
+    timed,
+)
+from _procs import JsonChild, Proc, raw_proc, running, worker_proc  # noqa: E402
+from _rows import Row, as_json, ms, render, rps, us  # noqa: E402
 
-DATA: dict[str, Any] = {
-    "tool_name": "bash",
-    "tool_input": {"command": "ls -la /tmp"},
-    "agent_id": "agent-1",
-    "session_id": "session-1",
-}
-"""The event data of every emit (a typical small tool:pre payload)."""
-RAW_PAYLOAD = json.dumps(
-    {"id": "0" * 32, "event": "bench:one", "data": DATA, "emitted_at": 0.0}
-).encode()
-"""The raw baseline sends bytes of an envelope's size, encoded once (no per-call work)."""
+from hookbus.cli import EmbeddedNatsServer  # noqa: E402
+from hookbus.dispatcher import HookDispatcher  # noqa: E402
+from hookbus.schemas import HookResult  # noqa: E402
 
 
 @dataclass(frozen=True)
 class Settings:
     latency_n: int
-    """Measured sequential calls per side (baseline, subject, raw shape) per latency row."""
+    """Measured sequential calls per side per latency row."""
     rounds: int
     """Rounds the latency calls are split into (the order of the sides rotates each round)."""
     warmup: int
     """Unmeasured calls per side before each latency row."""
+    inproc_per_round: int
+    """hookbus in-process emits per round of the chain row (microseconds each)."""
     in_flight: int
     """Requests kept in flight by the throughput rows."""
     tput_s: float
@@ -72,254 +91,94 @@ class Settings:
     """Seconds of the 5 ms I/O row and of each replica row."""
     replica_bound: int
     """``--max-concurrency`` of each replica in the replica rows."""
+    fleet_s: float
+    """Seconds per fleet window."""
+    fleet_rounds: int
+    """Fleet windows per side and size (raw / emit alternating); the median is reported."""
+    fleet_in_flight: int
+    """Calls each fleet agent keeps in flight."""
+    suspension_n: int
+    """Measured resolve -> wake rounds."""
+    tracing_n: int
+    """Measured emits per tracing variant."""
+    noop_n: int
+    """In-process emits per side of the instrumentation note."""
 
 
 DEFAULT = Settings(
-    latency_n=6000,
-    rounds=12,
-    warmup=300,
-    in_flight=256,
-    tput_s=2.5,
-    tput_rounds=3,
-    io_s=4.0,
-    replica_bound=8,
-)
+    latency_n=4000, rounds=10, warmup=300, inproc_per_round=2000, in_flight=256, tput_s=2.5,
+    tput_rounds=3, io_s=3.0, replica_bound=8, fleet_s=1.5, fleet_rounds=2, fleet_in_flight=4,
+    suspension_n=300, tracing_n=2000, noop_n=10000,
+)  # fmt: skip
 QUICK = Settings(
-    latency_n=1000,
-    rounds=4,
-    warmup=100,
-    in_flight=256,
-    tput_s=1.0,
-    tput_rounds=2,
-    io_s=1.5,
-    replica_bound=8,
-)
-WARMUP_S = 0.3
-"""Unmeasured seconds before each throughput measurement."""
-MAX_FAILURES = 5
-"""Failed calls (handler timeout, no responders, ...) after which the run stops: each one
-may cost a 5 s timeout, and a row with failures measures something else."""
+    latency_n=1000, rounds=4, warmup=100, inproc_per_round=1000, in_flight=256, tput_s=0.8,
+    tput_rounds=2, io_s=1.0, replica_bound=8, fleet_s=0.6, fleet_rounds=1, fleet_in_flight=4,
+    suspension_n=100, tracing_n=500, noop_n=4000,
+)  # fmt: skip
 
-
-class BenchAborted(RuntimeError):
-    """Too many failed calls: the run is stopped with the workers' last log lines."""
-
-
-class Failures:
-    """Counts failed calls of one row; raises `BenchAborted` past `MAX_FAILURES`."""
-
-    def __init__(self, row: str) -> None:
-        self.row = row
-        self.count = 0
-
-    def record(self, ok: object) -> None:
-        if ok is False:
-            self.count += 1
-            if self.count > MAX_FAILURES:
-                raise BenchAborted(f"{self.row}: more than {MAX_FAILURES} failed calls")
-
-
-# -- results ---------------------------------------------------------------------------------
-@dataclass
-class Row:
-    measure: str
-    hookbus: str
-    baseline: str
-    ratio: str
-    target: str
-    met: bool | None  # None: a reference row, nothing to meet
-    figures: dict[str, float] = field(default_factory=dict)
-    errors: int = 0
-    floor: str = ""
-    """The same message pattern with raw nc.request (what no bus can beat), if any."""
-
-    @property
-    def status(self) -> str:
-        if self.errors:
-            return f"INVALID ({self.errors} failed calls)"
-        if self.met is None:
-            return "-"
-        return "MET" if self.met else "MISSED"
-
-
-# -- processes -------------------------------------------------------------------------------
-class Proc:
-    """A child process that writes `ready` to stderr once it serves; stderr is kept drained."""
-
-    def __init__(self, label: str, argv: list[str], ready: str) -> None:
-        self.label = label
-        self.argv = argv
-        self.ready = ready
-        self.proc: asyncio.subprocess.Process | None = None
-        self.lines: list[str] = []
-        self._drain: asyncio.Task[None] | None = None
-
-    async def start(self, timeout_s: float = 30.0) -> None:
-        self.proc = await asyncio.create_subprocess_exec(
-            *self.argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-            preexec_fn=_die_with_parent,
-        )
-        assert self.proc.stderr is not None
-        try:
-            async with asyncio.timeout(timeout_s):
-                while True:
-                    line = await self.proc.stderr.readline()
-                    if not line:
-                        raise RuntimeError(
-                            f"{self.label} exited before it was ready:\n"
-                            + "".join(self.lines[-20:])
-                        )
-                    text = line.decode(errors="replace")
-                    self.lines.append(text)
-                    if self.ready in text:
-                        break
-        except TimeoutError:
-            await self.stop()
-            raise RuntimeError(
-                f"{self.label} not ready within {timeout_s}s:\n" + "".join(self.lines[-20:])
-            ) from None
-        self._drain = asyncio.create_task(self._drain_stderr())
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None, "not started"
-        return self.proc.pid
-
-    async def _drain_stderr(self) -> None:
-        assert self.proc is not None and self.proc.stderr is not None
-        while line := await self.proc.stderr.readline():
-            self.lines.append(line.decode(errors="replace"))
-            del self.lines[:-50]
-
-    async def stop(self) -> None:
-        if self.proc is None or self.proc.returncode is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(self.proc.wait(), 15)
-        except TimeoutError:
-            self.proc.kill()
-            await self.proc.wait()
-        if self._drain is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._drain, 2)
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: get SIGTERM when the benchmark dies (Linux), so no worker
-    is left reconnecting forever to a server that is gone."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            import ctypes
-
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def worker_proc(
-    attr: str, url: str, *, max_concurrency: int | None = None, label: str = ""
-) -> Proc:
-    argv = [
-        sys.executable,
-        "-m",
-        "hookbus.cli",
-        "--log-level",
-        "info",
-        "worker",
-        f"{WORKERS_FILE}:{attr}",
-        "--url",
-        url,
-    ]
-    if max_concurrency is not None:
-        argv += ["--max-concurrency", str(max_concurrency)]
-    return Proc(label or attr, argv, W.WORKER_READY)
-
-
-def raw_proc(url: str) -> Proc:
-    return Proc("raw responder", [sys.executable, WORKERS_FILE, "--url", url], W.RAW_READY)
-
-
-# -- CPU accounting (Linux /proc/stat; absent elsewhere) ---------------------------------------
-def _cpu_jiffies() -> tuple[int, int] | None:
-    try:
-        with open("/proc/stat") as f:
-            parts = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = parts[3] + (parts[4] if len(parts) > 4 else 0)
-    return sum(parts) - idle, sum(parts)
-
-
-def _proc_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) a process has used so far; 0.0 if unreadable."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return 0.0
+ORDER = [
+    "chain_vs_amplifier", "chain_one", "chain_three", "one", "parallel", "collect",
+    "throughput", "fleet_8", "inprocess", "suspension", "tracing",
+    "fleet_1", "fleet_2", "fleet_4", "io", "replicas_1", "replicas_2", "replicas_4",
+]  # fmt: skip
+"""The table's rows: the targets first, then the fleet series and the replica rows."""
 
 
 @dataclass
-class CpuWindow:
-    machine_busy: float | None = None
-    """Fraction of all cores busy (0..1) during the window, every process on the machine."""
-    ours_busy: float | None = None
-    """Fraction of all cores used by this process and the watched children (0..1)."""
-    client_cpu_s: float = 0.0
-    """CPU seconds used by this (client) process during the window."""
-    elapsed_s: float = 0.0
-    """Wall-clock seconds of the window."""
+class Run:
+    """What the phases share: the client connection, the settings, the rows so far."""
+
+    url: str
+    nc: NATS
+    s: Settings
+    say: Callable[[str], None]
+    amplifier: Path | Unavailable
+    rows: dict[str, Row]
+    notes: list[str]
+    procs: list[Proc]
+    raw_tput: float = 0.0
+    """Raw nc.request req/s at `in_flight` (the 5 ms row's reference)."""
 
 
-@contextlib.contextmanager
-def cpu_window(pids: list[int] | None = None):  # type: ignore[no-untyped-def]
-    """Measure CPU use over the ``with`` body: the machine's, ours (this process and
-    `pids`), and this process's alone."""
-    pids = pids or []
-    out = CpuWindow()
-    j0, p0, t0 = _cpu_jiffies(), time.process_time(), time.perf_counter()
-    c0 = sum(_proc_cpu_s(pid) for pid in pids)
-    yield out
-    j1, p1, t1 = _cpu_jiffies(), time.process_time(), time.perf_counter()
-    c1 = sum(_proc_cpu_s(pid) for pid in pids)
-    out.client_cpu_s = p1 - p0
-    out.elapsed_s = t1 - t0
-    if j0 and j1 and j1[1] > j0[1]:
-        out.machine_busy = (j1[0] - j0[0]) / (j1[1] - j0[1])
-        out.ours_busy = (out.client_cpu_s + c1 - c0) / ((t1 - t0) * (os.cpu_count() or 1))
+# -- the calls -------------------------------------------------------------------------------
+def raw_call(nc: NATS) -> Call:
+    async def call() -> bool:
+        await nc.request(W.RAW_SUBJECT, W.RAW_PAYLOAD, timeout=5)
+        return True
+
+    return call
 
 
-# -- measurements ----------------------------------------------------------------------------
-Call = Callable[[], Awaitable[Any]]
+def emit_call(d: HookDispatcher, event: str) -> Call:
+    async def call() -> bool | str:
+        return emit_outcome(await d.emit(event, W.DATA))
+
+    return call
 
 
-def pct(samples: list[float], q: float) -> float:
-    s = sorted(samples)
-    return s[min(len(s) - 1, int(q * len(s)))]
+def collect_call(d: HookDispatcher) -> Call:
+    async def call() -> bool | str:
+        got = len(await d.emit_and_collect(W.EVENT_COLLECT, W.DATA, timeout=2.0))
+        return got == 3 or f"emit_and_collect: {got} answers, expected 3"
+
+    return call
 
 
-async def latency_rounds(calls: list[Call], s: Settings) -> list[list[float]]:
-    """Sequential latency samples (seconds) of each call, interleaved in rounds; the order
-    rotates each round (A/B/C, B/C/A, ...) so drift and noise hit every side alike."""
-    for _ in range(s.warmup):
-        for call in calls:
+def sequential(call: Call, k: int) -> Call:
+    async def calls() -> bool:
+        for _ in range(k):
             await call()
-    out: list[list[float]] = [[] for _ in calls]
-    per = max(1, s.latency_n // s.rounds)
-    clock = time.perf_counter
-    k = len(calls)
-    for r in range(s.rounds):
-        for j in range(k):
-            i = (j + r) % k
-            call, samples = calls[i], out[i]
-            for _ in range(per):
-                t0 = clock()
-                await call()
-                samples.append(clock() - t0)
-    return out
+        return True
+
+    return calls
+
+
+def concurrent(call: Call, k: int) -> Call:
+    async def calls() -> bool:
+        await asyncio.gather(*(call() for _ in range(k)))
+        return True
+
+    return calls
 
 
 class RawScatter:
@@ -333,8 +192,8 @@ class RawScatter:
         self.n = 0
 
     async def start(self) -> None:
-        async def on_reply(msg: Any) -> None:
-            entry = self.waiting.get(msg.subject.rpartition(".")[2])
+        async def on_reply(msg: object) -> None:
+            entry = self.waiting.get(msg.subject.rpartition(".")[2])  # type: ignore[attr-defined]
             if entry is not None:
                 entry[1][0] += 1
                 if entry[1][0] == self.expected and not entry[0].done():
@@ -349,483 +208,507 @@ class RawScatter:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.waiting[token] = (fut, [0])
         try:
-            await self.nc.publish(self.subject, RAW_PAYLOAD, reply=f"{self.prefix}.{token}")
+            await self.nc.publish(self.subject, W.RAW_PAYLOAD, reply=f"{self.prefix}.{token}")
             await asyncio.wait_for(fut, 5)
         finally:
             del self.waiting[token]
         return True
 
 
-@dataclass
-class Rate:
-    per_s: float
-    calls: int
-    errors: int
-    cpu: CpuWindow
-
-
-async def throughput(
-    call: Call, in_flight: int, seconds: float, failures: Failures, pids: list[int] | None = None
-) -> Rate:
-    """Calls per second with `in_flight` calls outstanding for `seconds` (after a warm-up).
-
-    `call` returns False (or raises) for a failed call; failures are counted, not retried.
-    """
-    calls = 0
-    before = failures.count
-
-    async def drive(until: float, count: bool) -> None:
-        nonlocal calls
-        clock = time.perf_counter
-        while clock() < until:
-            try:
-                ok = await call()
-            except BenchAborted:
-                raise
-            except Exception:
-                ok = False
-            failures.record(ok)
-            calls += count
-
-    async def run(duration: float, count: bool) -> float:
-        t0 = time.perf_counter()
-        try:
-            async with asyncio.TaskGroup() as tg:
-                for _ in range(in_flight):
-                    tg.create_task(drive(t0 + duration, count))
-        except* BenchAborted as group:
-            raise group.exceptions[0] from None
-        return time.perf_counter() - t0
-
-    await run(WARMUP_S, False)
-    with cpu_window(pids) as cpu:
-        elapsed = await run(seconds, True)
-    return Rate(calls / elapsed, calls, failures.count - before, cpu)
-
-
-def median(xs: list[float]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
-
-
-# -- the run ---------------------------------------------------------------------------------
-def cpu_note(label: str, cpu: CpuWindow) -> str | None:
-    """One line on CPU use during a throughput window; flags a CPU-bound figure."""
-    if cpu.machine_busy is None or cpu.ours_busy is None:
-        return None
-    cores = os.cpu_count() or 1
-    client = cpu.client_cpu_s / cpu.elapsed_s if cpu.elapsed_s else 0.0
-    text = (
-        f"{label}: our processes used {cpu.ours_busy:.0%} of {cores} cores"
-        f" (the client {client:.0%} of one), the machine was {cpu.machine_busy:.0%} busy"
+# -- rows ------------------------------------------------------------------------------------
+def ratio_row(
+    measure: str, subject: Side, base: Side, target: float, failures: Failures,
+    floor: Side | None = None,
+) -> Row:  # fmt: skip
+    """A latency row: `subject` p50 / `base` p50 (raw nc.request), with p99s and the raw
+    same-shape floor."""
+    b50, b99, a50, a99 = subject.p(0.5), subject.p(0.99), base.p(0.5), base.p(0.99)
+    figures = {"p50_s": b50, "p99_s": b99, "raw_p50_s": a50, "raw_p99_s": a99,
+               "ratio_p50": b50 / a50}  # fmt: skip
+    text = ""
+    if floor is not None:
+        c50 = floor.p(0.5)
+        figures |= {"raw_shape_p50_s": c50, "raw_shape_ratio_p50": c50 / a50}
+        text = f"{floor.name}: {ms(c50)} = {c50 / a50:.2f}x"
+    return Row(
+        measure=f"{measure}, p50",
+        hookbus=f"{ms(b50)} (p99 {b99 * 1000:.2f})",
+        baseline=f"raw nc.request {ms(a50)} (p99 {a99 * 1000:.2f})",
+        ratio=f"{b50 / a50:.2f}x (p99 {b99 / a99:.2f}x)",
+        target=f"<= {target:.2f}x",
+        met=b50 / a50 <= target,
+        figures=figures,
+        errors=failures.count,
+        floor=text,
     )
-    if client >= 0.9:
-        text += " -> the client's one event loop is CPU-bound"
-    elif cpu.ours_busy >= 0.85:
-        text += f" -> CPU-bound: the {cores} cores, not the bus, set this figure"
-    elif cpu.machine_busy >= 0.85:
-        text += " -> the machine was saturated by other work too: a noisy figure"
-    return text
 
 
-def ms(x: float) -> str:
-    return f"{x * 1000:.3f} ms"
+def amplifier_rows(run: Run, chain: Side, inproc: Side, amp: Side | None) -> None:
+    """The two rows against amplifier-core's in-process emit of 3 async handlers."""
+    c50, h50 = chain.p(0.5), inproc.p(0.5)
+    chain_measure = (
+        f"chain of 3 remote handlers, one worker process, vs amplifier-core {AMPLIFIER_VERSION}"
+        " in-process HookRegistry.emit of 3 async handlers, p50"
+    )
+    inproc_measure = "in-process emit of 3 local handlers (HookDispatcher(), no connection), p50"
+    if amp is None:
+        reason = str(run.amplifier)
+        run.rows["chain_vs_amplifier"] = Row(
+            chain_measure, ms(c50), "-", "-", "<= 0.80x", None, {"p50_s": c50}, unavailable=reason
+        )
+        run.rows["inprocess"] = Row(
+            inproc_measure, us(h50), "amplifier-core: unavailable", "-", "<= 5 us",
+            h50 <= 5e-6, {"p50_s": h50, "amplifier_unavailable": reason},
+        )  # fmt: skip
+        return
+    a50 = amp.p(0.5)
+    run.rows["chain_vs_amplifier"] = Row(
+        measure=chain_measure,
+        hookbus=ms(c50),
+        baseline=f"amplifier-core {ms(a50)}",
+        ratio=f"{c50 / a50:.2f}x",
+        target="<= 0.80x",
+        met=c50 / a50 <= 0.8,
+        figures={
+            "p50_s": c50,
+            "amplifier_p50_s": a50,
+            "amplifier_p99_s": amp.p(0.99),
+            "ratio_p50": c50 / a50,
+        },
+    )
+    run.rows["inprocess"] = Row(
+        measure=inproc_measure,
+        hookbus=f"{us(h50)} (p99 {inproc.p(0.99) * 1e6:.1f})",
+        baseline=f"amplifier-core {us(a50)} (p99 {amp.p(0.99) * 1e6:.1f})",
+        ratio=f"{h50 / a50:.2f}x of amplifier-core",
+        target="<= 5 us",
+        met=h50 <= 5e-6,
+        figures={
+            "p50_s": h50,
+            "p99_s": inproc.p(0.99),
+            "amplifier_p50_s": a50,
+            "ratio_to_amplifier_p50": h50 / a50,
+        },
+    )
 
 
-def rps(x: float) -> str:
-    return f"{x:,.0f} req/s"
+# -- phase 1: latency and throughput (raw responder, 5 worker processes, amplifier-core) ---
+async def start_amplifier(run: Run) -> JsonChild | None:
+    """The amplifier-core process, started; None (the reason kept in ``run.amplifier``)
+    if it cannot be had."""
+    if isinstance(run.amplifier, Unavailable):
+        return None
+    child = amplifier_child(run.amplifier, W.DATA)
+    run.procs.append(child)
+    try:
+        await child.start()
+    except RuntimeError as exc:
+        await child.stop()
+        lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+        run.amplifier = Unavailable(lines[-1] if lines else "its process did not start")
+        return None
+    return child
 
 
-async def bench(
-    url: str, s: Settings, console: Console, *, spread: bool = False
-) -> tuple[list[Row], list[str]]:
-    rows: list[Row] = []
-    notes: list[str] = []
+async def check_routes(d: HookDispatcher) -> None:
+    """Every event routes to its remote handlers and answers with no failure: a handler that
+    fails quickly would otherwise make the figures look good."""
+    expected = {W.EVENT_ONE: 1, W.EVENT_CHAIN: 3, W.EVENT_CHAIN_SPREAD: 3, W.EVENT_PARALLEL: 3}
+    for event, n in expected.items():
+        if (got := len(d.routes(event))) != n:
+            raise RuntimeError(f"{event}: {got} handler(s) in the registry, expected {n}")
+        if (outcome := await emit_call(d, event)()) is not True:
+            raise RuntimeError(f"{event}: emit failed: {outcome}")
+    if (outcome := await collect_call(d)()) is not True:
+        raise RuntimeError(str(outcome))
 
+
+def _side(run: Run, name: str, call: Call, failures: Failures | None = None) -> Side:
+    """A side of sequential calls, each timed alone, `latency_n / rounds` per round."""
+    return Side(name, timed(call, failures), max(1, run.s.latency_n // run.s.rounds), run.s.warmup)
+
+
+async def one_handler_row(run: Run, d: HookDispatcher) -> None:
+    s, raw = run.s, raw_call(run.nc)
+    failures = Failures("one-handler emit")
+    sides = [_side(run, "raw", raw), _side(run, "emit", emit_call(d, W.EVENT_ONE), failures)]
+    run.say(f"latency: one-handler emit ({s.latency_n} calls per side, {s.rounds} rounds) ...")
+    await latency_rounds(sides, s.rounds)
+    run.rows["one"] = ratio_row("one-handler emit", sides[1], sides[0], 1.10, failures)
+
+
+async def chain_rows(run: Run, d: HookDispatcher) -> None:
+    """One set of rotating rounds for the chain of 3 in one and in three worker processes,
+    its raw floor, hookbus in-process and amplifier-core in-process (in its own process)."""
+    s, raw = run.s, raw_call(run.nc)
+    f1, f3 = Failures("chain of 3, one process"), Failures("chain of 3, three processes")
+    local = register_three(HookDispatcher(), lambda: HookResult(action="continue"))
+
+    async def inproc_sample(n: int) -> list[float]:
+        return await sample_emits(local, W.DATA, n)
+
+    base, chain1, chain3, floor = (
+        _side(run, "raw", raw), _side(run, "chain", emit_call(d, W.EVENT_CHAIN), f1),
+        _side(run, "spread", emit_call(d, W.EVENT_CHAIN_SPREAD), f3),
+        _side(run, "3 sequential requests", sequential(raw, 3)),
+    )  # fmt: skip
+    inproc = Side("hookbus in-process", inproc_sample, s.inproc_per_round, s.warmup)
+    sides = [base, chain1, chain3, floor, inproc]
+    amp_child = await start_amplifier(run)
+    amp = None
+    if amp_child is not None:
+        amp = Side("amplifier-core", amplifier_sampler(amp_child), base.per_round, s.warmup)
+        sides.append(amp)
+    run.say(f"latency: chain of 3, one and three worker processes, in-process"
+            f"{', amplifier-core' if amp else ''} ({s.rounds} rounds) ...")  # fmt: skip
+    await latency_rounds(sides, s.rounds)
+    if amp_child is not None:
+        await amp_child.stop()
+    run.rows["chain_one"] = ratio_row(
+        "chain of 3 sequential handlers, one worker process", chain1, base, 1.3, f1, floor
+    )
+    run.rows["chain_three"] = ratio_row(
+        "chain of 3 sequential handlers, three worker processes", chain3, base, 3.2, f3, floor
+    )
+    amplifier_rows(run, chain1, inproc, amp)
+
+
+async def group_rows(run: Run, d: HookDispatcher) -> None:
+    """The parallel group and emit_and_collect, each with its raw same-shape floor."""
+    s, raw = run.s, raw_call(run.nc)
+    scatter = RawScatter(run.nc, W.RAW_SCATTER_SUBJECT, 3)
+    await scatter.start()
+    for key, name, call, shape, shape_name, target in (
+        ("parallel", "parallel group of 3", emit_call(d, W.EVENT_PARALLEL),
+         concurrent(raw, 3), "3 concurrent requests", 1.3),
+        ("collect", "emit_and_collect of 3", collect_call(d), scatter,
+         "1 publish, 3 replies", 1.2),
+    ):  # fmt: skip
+        failures = Failures(name)
+        sides = [
+            _side(run, "raw", raw), _side(run, name, call, failures), _side(run, shape_name, shape)
+        ]  # fmt: skip
+        run.say(f"latency: {name} ({s.latency_n} calls per side, {s.rounds} rounds) ...")
+        await latency_rounds(sides, s.rounds)
+        run.rows[key] = ratio_row(name, sides[1], sides[0], target, failures, sides[2])
+
+
+async def throughput_phase(run: Run, d: HookDispatcher, pids: list[int]) -> None:
+    """Raw vs one-handler emit at `in_flight`, A/B interleaved, the median of each."""
+    s = run.s
+    run.say(
+        f"throughput: {s.in_flight} in flight, {s.tput_rounds} rounds x {s.tput_s}s per side ..."
+    )
+    raw_rates: list[Rate] = []
+    hb_rates: list[Rate] = []
+    failures = Failures("throughput")
+    order = ((raw_call(run.nc), raw_rates), (emit_call(d, W.EVENT_ONE), hb_rates))
+    for r in range(s.tput_rounds):
+        for call, out in order if r % 2 == 0 else order[::-1]:
+            out.append(await throughput(call, s.in_flight, s.tput_s, failures, pids))
+    raw_tput = median([x.per_s for x in raw_rates])
+    hb_tput = median([x.per_s for x in hb_rates])
+    ratio = hb_tput / raw_tput
+    run.rows["throughput"] = Row(
+        measure=f"throughput at {s.in_flight} in flight (one-handler emit)",
+        hookbus=rps(hb_tput),
+        baseline=f"raw nc.request {rps(raw_tput)}",
+        ratio=f"{ratio:.0%}",
+        target=">= 85%",
+        met=ratio >= 0.85,
+        figures={"req_per_s": hb_tput, "raw_req_per_s": raw_tput, "ratio": ratio},
+        errors=failures.count,
+    )
+    run.raw_tput = raw_tput
+    for label, rates in (("raw throughput", raw_rates), ("emit throughput", hb_rates)):
+        if note := cpu_note(label, rates[-1].cpu):
+            run.notes.append(note)
+    raw_cpu = sum(x.cpu.client_cpu_s for x in raw_rates) / sum(x.calls for x in raw_rates)
+    hb_cpu = sum(x.cpu.client_cpu_s for x in hb_rates) / sum(x.calls for x in hb_rates)
+    run.notes.append(
+        f"client-process CPU per call at {s.in_flight} in flight: raw nc.request"
+        f" {raw_cpu * 1e6:.0f} us, hookbus emit {hb_cpu * 1e6:.0f} us"
+        f" (+{(hb_cpu - raw_cpu) * 1e6:.0f} us in the dispatcher)"
+    )
+
+
+async def phase_one(run: Run) -> None:
+    url = run.url
+    servers = [raw_proc(url), worker_proc("latency_worker", url), worker_proc("groups_worker", url)]
+    servers += [worker_proc(f"chain_worker_{i}", url) for i in (1, 2, 3)]
+    run.procs += servers
+    run.say(f"starting the raw responder and {len(servers) - 1} worker processes ...")
+    async with running(servers):
+        d = HookDispatcher(run.nc)
+        await d.start()
+        await d.refresh()
+        await check_routes(d)
+        ready = next((ln for ln in servers[0].lines if W.RAW_READY in ln), "")
+        loop = ready.partition("(")[2].partition(" event loop")[0] or "?"
+        run.notes.append(
+            f"raw responders: plain nats-py, one task per message, on {loop}"
+            " (the event loop `hookbus worker` picks)"
+        )
+        await one_handler_row(run, d)
+        await chain_rows(run, d)
+        await group_rows(run, d)
+        await throughput_phase(run, d, [p.pid for p in servers[:2]])
+        await d.close()
+
+
+# -- phase 2: a 5 ms handler, then 1 / 2 / 4 bounded replicas ---------------------------------
+async def io_phase(run: Run, d: HookDispatcher) -> None:
+    s = run.s
+    run.say("5 ms I/O handler, one worker process ...")
+    io = worker_proc("io_worker", run.url)
+    run.procs.append(io)
+    async with running([io]):
+        await d.refresh()
+        failures = Failures("5 ms I/O")
+        rate = await throughput(emit_call(d, W.EVENT_IO), s.in_flight, s.io_s, failures, [io.pid])
+    raw_tput = run.raw_tput
+    run.rows["io"] = Row(
+        measure=f"one worker with a 5 ms I/O handler ({s.in_flight} in flight)",
+        hookbus=rps(rate.per_s),
+        baseline=f"{rps(raw_tput)} (raw, no I/O)",
+        ratio=f"{rate.per_s / raw_tput:.0%}" if raw_tput else "-",
+        target=">= 5,000 req/s",
+        met=rate.per_s >= 5000,
+        figures={"req_per_s": rate.per_s, "handler_bound_req_per_s": s.in_flight / W.IO_SECONDS},
+        errors=rate.errors,
+    )
+    if note := cpu_note("5 ms I/O row", rate.cpu):
+        run.notes.append(note)
+
+
+async def replica_phase(run: Run, d: HookDispatcher) -> None:
+    """N replicas bound to `replica_bound` each, offered N x bound calls in flight (the load
+    they can take: more would only be refused); refusals are counted apart."""
+    s, bound = run.s, run.s.replica_bound
+    ceiling = bound / W.IO_SECONDS
+    replicas: list[Proc] = []
+    one = 0.0
+    try:
+        for n in (1, 2, 4):
+            run.say(f"replicas: {n} x --max-concurrency {bound}, {n * bound} in flight ...")
+            new = [
+                worker_proc("replica_worker", run.url, max_concurrency=bound, label=f"replica {i}")
+                for i in range(len(replicas) + 1, n + 1)
+            ]
+            run.procs += new
+            replicas += new
+            await asyncio.gather(*(p.start() for p in new))
+            await d.refresh()
+            failures = Failures(f"{n} replicas")
+            rate = await throughput(emit_call(d, W.EVENT_REPLICAS), n * bound, s.io_s, failures,
+                                    [p.pid for p in replicas])  # fmt: skip
+            one = one or rate.per_s
+            ratio = rate.per_s / (n * one)
+            run.rows[f"replicas_{n}"] = Row(
+                measure=f"{n} replica(s) bounded to {bound} each (5 ms handler), {n * bound}"
+                " in flight",
+                hookbus=rps(rate.per_s),
+                baseline=f"bound {rps(n * ceiling)}" if n == 1 else f"{n} x 1 replica",
+                ratio=f"{rate.per_s / ceiling:.2f}x of {bound}/5ms" if n == 1 else f"{ratio:.2f}x",
+                target="reference" if n == 1 else ">= 0.90x",
+                met=None if n == 1 else ratio >= 0.9,
+                figures={
+                    "req_per_s": rate.per_s,
+                    "in_flight": n * bound,
+                    "bound_req_per_s": n * ceiling,
+                    "ratio_to_n_x_one": ratio,
+                },
+                errors=rate.errors,
+                refused=rate.refused,
+            )
+    finally:
+        await asyncio.gather(*(p.stop() for p in replicas), return_exceptions=True)
+
+
+async def phase_two(run: Run) -> None:
+    d = HookDispatcher(run.nc)
+    await d.start()
+    await io_phase(run, d)
+    await replica_phase(run, d)
+    await d.close()
+
+
+# -- phase 3: the fleet; phase 4: suspensions and tracing --------------------------------------
+async def phase_fleet(run: Run) -> None:
+    s = run.s
+    rows, notes = await bench_fleet(
+        run.url, seconds=s.fleet_s, rounds=s.fleet_rounds, in_flight=s.fleet_in_flight,
+        say=run.say, procs=run.procs,
+    )  # fmt: skip
+    for size, row in zip(FLEET_SIZES, rows, strict=True):
+        run.rows[f"fleet_{size}"] = row
+    run.notes += notes
+
+
+MORE_TIMEOUT_S = 120.0
+"""Seconds the suspension and the tracing measurement may take each before its row is
+given up (a hung wait must not hang the whole run)."""
+
+
+async def _bounded(what: str, coro: Any) -> dict[str, Any] | str:
+    """`coro`'s figures, or why there are none (it raised, or did not finish in time)."""
+    try:
+        return dict(await asyncio.wait_for(coro, MORE_TIMEOUT_S))
+    except TimeoutError:
+        return f"{what} did not finish within {MORE_TIMEOUT_S:.0f} s"
+    except Exception as exc:
+        return f"{what} failed: {type(exc).__name__}: {exc}"
+
+
+def _unmeasured(measure: str, target: str, reason: str) -> Row:
+    return Row(measure, "-", "-", "-", target, None, unavailable=reason)
+
+
+def _built(measure: str, target: str, got: dict[str, Any] | str, build: Any) -> Row:
+    """``build(measure, target, figures)``, or an unmeasured row saying why (no figures, or
+    a figure missing from what the measurement returned)."""
+    if isinstance(got, str):
+        return _unmeasured(measure, target, got)
+    try:
+        row: Row = build(measure, target, got)
+    except KeyError as exc:
+        return _unmeasured(measure, target, f"the measurement returned no {exc}")
+    return row
+
+
+def _suspension_row(measure: str, target: str, sus: dict[str, Any]) -> Row:
+    return Row(
+        measure=measure,
+        hookbus=f"{sus['wake_p50_ms']:.3f} ms",
+        baseline=f"KV put {sus['put_p50_ms']:.3f} ms",
+        ratio=f"{sus['ratio']:.2f}x",
+        target=target,
+        met=sus["ratio"] <= 1.5,
+        figures=sus,
+        floor=f"raw put -> raw watch: {sus['floor_ratio']:.2f}x",
+    )
+
+
+def _tracing_row(measure: str, target: str, tr: dict[str, Any]) -> Row:
+    return Row(
+        measure=measure,
+        hookbus=f"{tr['on_p50_ms']:.3f} ms",
+        baseline=f"tracing off {tr['off_p50_ms']:.3f} ms",
+        ratio=f"{tr['ratio']:.2f}x",
+        target=target,
+        met=tr["ratio"] <= 1.2,
+        figures=tr,
+    )
+
+
+async def phase_more(run: Run) -> None:
+    """The suspension and tracing rows, each with its own baseline from the same run: a KV
+    put, and emit with tracing off (`suspensions.py`, `tracing.py`)."""
+    from suspensions import bench_suspensions
+    from tracing import bench_noop_overhead, bench_tracing
+
+    s = run.s
+    run.say(f"suspensions: resolve -> wake vs a KV put, {s.suspension_n} rounds ...")
+    sus = await _bounded("the suspension benchmark", bench_suspensions(run.url, s.suspension_n))
+    run.say(f"tracing: chain of 3, on vs off, {s.tracing_n} emits per variant ...")
+    tr = await _bounded("the tracing benchmark", bench_tracing(run.url, s.tracing_n))
+    noop = await _bounded("the no-provider benchmark", bench_noop_overhead(s.noop_n))
+    run.rows["suspension"] = _built(
+        "suspension: resolve -> waiter wakes, p50", "<= 1.50x", sus, _suspension_row
+    )
+    run.rows["tracing"] = _built(
+        "chain of 3 remote, tracing on (OTel SDK, BatchSpanProcessor, dropping exporter), p50",
+        "<= 1.20x", tr, _tracing_row,
+    )  # fmt: skip
+    if isinstance(tr, dict) and "ratio_with_metrics" in tr:
+        run.notes.append(f"tracing on with metrics too: {tr['ratio_with_metrics']:.2f}x of off")
+    if isinstance(noop, dict) and {"bare_us", "instrumented_us"} <= noop.keys():
+        run.notes.append(
+            "instrumentation with no OTel provider set (in-process emit, 3 handlers): "
+            f"unwrapped {noop['bare_us']:.1f} us, as shipped {noop['instrumented_us']:.1f} us"
+        )
+
+
+async def bench(url: str, s: Settings, amplifier: Path | Unavailable) -> Run:
     progress = Console(stderr=True)
 
     def say(text: str) -> None:
         progress.print(f"[dim]{time.strftime('%H:%M:%S')} {text}[/dim]", highlight=False)
 
-    nc: NATS = await nats.connect(url, name="hookbus-bench-client")
-    procs: list[Proc] = []
+    nc = await nats.connect(url, name="hookbus-bench-client")
+    run = Run(url, nc, s, say, amplifier, {}, [], [])
     try:
-        attrs = [f"group_worker_{i}" for i in (1, 2, 3)] if spread else ["groups_worker"]
-        say(f"starting the raw responder and {1 + len(attrs)} worker processes ...")
-        raw, lat = raw_proc(url), worker_proc("latency_worker", url)
-        groups = [worker_proc(attr, url) for attr in attrs]
-        procs += [raw, lat, *groups]
-        await asyncio.gather(*(p.start() for p in (raw, lat, *groups)))
-        d = HookDispatcher(nc)
-        await d.start()
-        await d.refresh()
-
-        async def raw_call() -> bool:
-            await nc.request(W.RAW_SUBJECT, RAW_PAYLOAD, timeout=5)
-            return True
-
-        def emit_call(event: str) -> Call:
-            async def call() -> bool:
-                r = await d.emit(event, DATA)
-                return not r.failures
-
-            return call
-
-        async def collect_call() -> bool:
-            return len(await d.emit_and_collect(W.EVENT_COLLECT, DATA, timeout=2.0)) == 3
-
-        # sanity: every subject answers, from the remote workers, with no failure
-        for event, n in ((W.EVENT_ONE, 1), (W.EVENT_CHAIN, 3), (W.EVENT_PARALLEL, 3)):
-            got = len(d.routes(event))
-            if got != n:
-                raise RuntimeError(f"{event}: {got} handler(s) in the registry, expected {n}")
-            if not await emit_call(event)():
-                raise RuntimeError(f"{event}: emit reported failures")
-        if not await collect_call():
-            raise RuntimeError("emit_and_collect did not get 3 answers")
-
-        # -- latency rows (sequential, interleaved rounds, each with its own baseline) -------
-        async def raw_chain() -> bool:
-            for _ in range(3):
-                await raw_call()
-            return True
-
-        async def raw_parallel() -> bool:
-            await asyncio.gather(raw_call(), raw_call(), raw_call())
-            return True
-
-        raw_scatter = RawScatter(nc, W.RAW_SCATTER_SUBJECT, 3)
-        await raw_scatter.start()
-        latency_rows: list[tuple[str, Call, Call | None, str, float]] = [
-            ("one-handler emit", emit_call(W.EVENT_ONE), None, "", 1.10),
-            (
-                "chain of 3 sequential handlers",
-                emit_call(W.EVENT_CHAIN),
-                raw_chain,
-                "3 sequential requests",
-                3.3,
-            ),
-            (
-                "parallel group of 3",
-                emit_call(W.EVENT_PARALLEL),
-                raw_parallel,
-                "3 concurrent requests",
-                1.3,
-            ),
-            ("emit_and_collect of 3", collect_call, raw_scatter, "1 publish, 3 replies", 1.3),
-        ]
-        for name, call, shape, shape_name, target in latency_rows:
-            say(f"latency: {name} ({s.latency_n} calls per side, {s.rounds} rounds) ...")
-            failures = Failures(name)
-
-            async def checked(call: Call = call, failures: Failures = failures) -> None:
-                failures.record(await call())
-
-            samples = await latency_rounds([raw_call, checked] + ([shape] if shape else []), s)
-            a, b = samples[0], samples[1]
-            a50, b50, a99, b99 = pct(a, 0.5), pct(b, 0.5), pct(a, 0.99), pct(b, 0.99)
-            ratio = b50 / a50
-            figures = {
-                "p50_s": b50,
-                "p99_s": b99,
-                "raw_p50_s": a50,
-                "raw_p99_s": a99,
-                "ratio_p50": ratio,
-            }
-            floor = ""
-            if shape:
-                c50 = pct(samples[2], 0.5)
-                figures |= {"raw_shape_p50_s": c50, "raw_shape_ratio_p50": c50 / a50}
-                floor = f"{shape_name}: {ms(c50)} = {c50 / a50:.2f}x"
-            rows.append(
-                Row(
-                    measure=f"{name}, p50",
-                    hookbus=f"{ms(b50)} (p99 {b99 * 1000:.2f})",
-                    baseline=f"{ms(a50)} (p99 {a99 * 1000:.2f})",
-                    ratio=f"{ratio:.2f}x (p99 {b99 / a99:.2f}x)",
-                    target=f"<= {target:.2f}x",
-                    met=ratio <= target,
-                    figures=figures,
-                    errors=failures.count,
-                    floor=floor,
-                )
-            )
-
-        # -- throughput at 256 in flight, raw vs one-handler emit, A/B interleaved -----------
-        say(
-            f"throughput: {s.in_flight} in flight,"
-            f" {s.tput_rounds} rounds x {s.tput_s}s per side ..."
-        )
-        raw_rates: list[Rate] = []
-        hb_rates: list[Rate] = []
-        failures = Failures("throughput")
-        for r in range(s.tput_rounds):
-            order = ((raw_call, raw_rates), (emit_call(W.EVENT_ONE), hb_rates))
-            for call, out in order if r % 2 == 0 else order[::-1]:
-                out.append(
-                    await throughput(call, s.in_flight, s.tput_s, failures, [raw.pid, lat.pid])
-                )
-        raw_tput = median([x.per_s for x in raw_rates])
-        hb_tput = median([x.per_s for x in hb_rates])
-        ratio = hb_tput / raw_tput
-        rows.append(
-            Row(
-                measure=f"throughput at {s.in_flight} in flight (one-handler emit)",
-                hookbus=rps(hb_tput),
-                baseline=rps(raw_tput),
-                ratio=f"{ratio:.0%}",
-                target=">= 85%",
-                met=ratio >= 0.85,
-                figures={"req_per_s": hb_tput, "raw_req_per_s": raw_tput, "ratio": ratio},
-                errors=sum(x.errors for x in hb_rates) + sum(x.errors for x in raw_rates),
-            )
-        )
-        raw_cpu = sum(x.cpu.client_cpu_s for x in raw_rates) / sum(x.calls for x in raw_rates)
-        hb_cpu = sum(x.cpu.client_cpu_s for x in hb_rates) / sum(x.calls for x in hb_rates)
-        for label, rates in (("raw throughput", raw_rates), ("emit throughput", hb_rates)):
-            if note := cpu_note(label, rates[-1].cpu):
-                notes.append(note)
-        notes.append(
-            f"client-process CPU per call at {s.in_flight} in flight: raw nc.request"
-            f" {raw_cpu * 1e6:.0f} us, hookbus emit {hb_cpu * 1e6:.0f} us"
-            f" (+{(hb_cpu - raw_cpu) * 1e6:.0f} us in the dispatcher)"
-        )
-        await asyncio.gather(*(p.stop() for p in (raw, lat, *groups)))
-
-        # -- one worker, 5 ms I/O handler ----------------------------------------------------
-        say("5 ms I/O handler, one worker process ...")
-        io = worker_proc("io_worker", url)
-        procs.append(io)
-        await io.start()
-        await d.refresh()
-        rate = await throughput(
-            emit_call(W.EVENT_IO), s.in_flight, s.io_s, Failures("5 ms I/O"), [io.pid]
-        )
-        await io.stop()
-        rows.append(
-            Row(
-                measure=f"one worker with a 5 ms I/O handler ({s.in_flight} in flight)",
-                hookbus=rps(rate.per_s),
-                baseline=f"{rps(raw_tput)} (no I/O)",
-                ratio=f"{rate.per_s / raw_tput:.0%}",
-                target=">= 5,000 req/s",
-                met=rate.per_s >= 5000,
-                figures={"req_per_s": rate.per_s, "ratio_to_raw": rate.per_s / raw_tput},
-                errors=rate.errors,
-            )
-        )
-        notes.append(
-            f"5 ms I/O row: the handler alone would allow {s.in_flight}/5 ms ="
-            f" {s.in_flight / W.IO_SECONDS:,.0f} req/s"
-        )
-        if note := cpu_note("5 ms I/O row", rate.cpu):
-            notes.append(note)
-
-        # -- 1 / 2 / 4 replicas with a per-replica concurrency bound -------------------------
-        bound = s.replica_bound
-        ceiling = bound / W.IO_SECONDS
-        replicas: list[Proc] = []
-        one_replica = 0.0
-        for n in (1, 2, 4):
-            say(f"replicas: {n} x --max-concurrency {bound} ...")
-            new = [
-                worker_proc("replica_worker", url, max_concurrency=bound, label=f"replica {i + 1}")
-                for i in range(len(replicas), n)
-            ]
-            procs += new
-            replicas += new
-            await asyncio.gather(*(p.start() for p in new))
-            await d.refresh()
-            rate = await throughput(
-                emit_call(W.EVENT_REPLICAS),
-                s.in_flight,
-                s.io_s,
-                Failures(f"{n} replicas"),
-                [p.pid for p in replicas],
-            )
-            if n == 1:
-                one_replica = rate.per_s
-                rows.append(
-                    Row(
-                        measure=f"1 replica, per-replica concurrency bound {bound}, 5 ms handler",
-                        hookbus=rps(rate.per_s),
-                        baseline="-",
-                        ratio=f"{rate.per_s / ceiling:.2f}x of {bound}/5ms",
-                        target="reference",
-                        met=None,
-                        figures={"req_per_s": rate.per_s, "bound_req_per_s": ceiling},
-                        errors=rate.errors,
-                    )
-                )
-            else:
-                ratio = rate.per_s / (n * one_replica)
-                rows.append(
-                    Row(
-                        measure=f"{n} replicas, per-replica concurrency bound {bound} each",
-                        hookbus=rps(rate.per_s),
-                        baseline="-",
-                        ratio=f"{ratio:.2f}x of {n} x 1 replica",
-                        target=">= 0.90x",
-                        met=ratio >= 0.9,
-                        figures={"req_per_s": rate.per_s, "ratio_to_n_x_one": ratio},
-                        errors=rate.errors,
-                    )
-                )
-            if note := cpu_note(f"{n} replica(s)", rate.cpu):
-                notes.append(note)
-        await asyncio.gather(*(p.stop() for p in replicas))
-        await d.close()
+        await phase_one(run)
+        await phase_two(run)
+        await phase_fleet(run)
+        await phase_more(run)
     except BenchAborted as exc:
-        tails = "".join(f"--- {p.label} (last lines) ---\n" + "".join(p.lines[-10:]) for p in procs)
+        tails = "".join(f"--- {p.label} (last lines) ---\n{p.tail(10)}" for p in run.procs)
         raise BenchAborted(f"{exc}\n{tails}") from None
     finally:
-        await asyncio.gather(*(p.stop() for p in procs), return_exceptions=True)
+        await asyncio.gather(*(p.stop() for p in run.procs), return_exceptions=True)
         await nc.close()
-    return rows, notes
-
-
-async def bench_more(url: str, quick: bool) -> tuple[list[Row], list[str]]:
-    """The suspension and tracing rows, each with its own baseline
-    taken in the same run: a KV put, and emit with tracing off."""
-    from suspensions import bench_suspensions  # siblings: benchmarks/ is on sys.path
-    from tracing import bench_noop_overhead, bench_tracing
-
-    sus = await bench_suspensions(url, 100 if quick else 300)
-    tr = await bench_tracing(url, 500 if quick else 2000)
-    noop = await bench_noop_overhead(5000 if quick else 20000)
-    rows = [
-        Row(
-            measure="suspension: resolve -> waiter wakes, p50",
-            hookbus=f"{sus['wake_p50_ms']:.3f} ms",
-            baseline=f"KV put {sus['put_p50_ms']:.3f} ms",
-            ratio=f"{sus['ratio']:.2f}x",
-            target="<= 1.50x",
-            met=bool(sus["met"]),
-            figures=sus,
-            floor=f"raw put -> raw watch: {sus['floor_ratio']:.2f}x",
-        ),
-        Row(
-            measure="chain of 3, tracing on (SDK, batch processor), p50",
-            hookbus=f"{tr['on_p50_ms']:.3f} ms",
-            baseline=f"tracing off {tr['off_p50_ms']:.3f} ms",
-            ratio=f"{tr['ratio']:.2f}x",
-            target="<= 1.20x",
-            met=bool(tr["met"]),
-            figures=tr,
-        ),
-    ]
-    notes = [
-        f"tracing on with metrics too: {tr['ratio_with_metrics']:.2f}x of off",
-        "instrumentation with no OTel provider set (in-process emit, 3 handlers): "
-        + ", ".join(
-            f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in noop.items()
-        ),
-    ]
-    return rows, notes
-
-
-def render(rows: list[Row], notes: list[str], header: str, console: Console) -> None:
-    table = Table(title="hookbus vs raw nc.request (same run)", caption=header, show_lines=False)
-    table.add_column("measure", max_width=44)
-    table.add_column("hookbus", justify="right", no_wrap=True)
-    table.add_column("raw nc.request", justify="right", no_wrap=True)
-    table.add_column("ratio to raw", justify="right", no_wrap=True)
-    table.add_column("target", justify="right", no_wrap=True)
-    table.add_column("result")
-    table.add_column("raw, same shape (floor)", justify="right", no_wrap=True)
-    style = {"MET": "green", "MISSED": "red", "-": "dim"}
-    for row in rows:
-        st = row.status
-        table.add_row(
-            row.measure,
-            row.hookbus,
-            row.baseline,
-            row.ratio,
-            row.target,
-            f"[{style.get(st, 'yellow')}]{st}[/]",
-            row.floor,
-        )
-    console.print(table)
-    judged = [r for r in rows if r.met is not None]
-    met = sum(1 for r in judged if r.met and not r.errors)
-    console.print(f"{met} of {len(judged)} targets met.")
-    for note in notes:
-        console.print(f"  - {note}", highlight=False, soft_wrap=True)
+    return run
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="short run (~30 s), fewer samples")
+    parser.add_argument("--quick", action="store_true", help="short run (< 1 min), fewer samples")
     parser.add_argument(
         "--url",
         default=None,
         help="NATS URL of an existing server (JetStream on); default: embedded",
     )
     parser.add_argument(
-        "--in-flight",
-        type=int,
-        default=None,
+        "--in-flight", type=int, default=None,
         help="requests in flight in the throughput rows (default 256)",
-    )
+    )  # fmt: skip
     parser.add_argument(
-        "--spread",
-        action="store_true",
-        help="serve the 3 handlers of the chain / parallel / collect rows from"
-        " 3 worker processes instead of one",
-    )
+        "--amplifier-venv", type=Path, default=DEFAULT_VENV, metavar="DIR",
+        help=f"the venv holding amplifier-core {AMPLIFIER_VERSION}, made if missing"
+        f" (default {DEFAULT_VENV})",
+    )  # fmt: skip
     parser.add_argument(
-        "--json",
-        dest="json_out",
-        default=None,
-        metavar="PATH",
-        help="also write the rows and notes as JSON to PATH",
-    )
+        "--json", dest="json_out", default=None, metavar="PATH",
+        help="also write the rows, every figure and the notes as JSON to PATH",
+    )  # fmt: skip
     args = parser.parse_args()
-    # SIGTERM behaves like Ctrl-C: stop the worker processes and the embedded server.
+    # SIGTERM behaves like Ctrl-C: stop the processes and the embedded server.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # failed calls are counted and shown in the table; one log line each would flood it
+    logging.getLogger("hookbus").setLevel(logging.ERROR)
     s = QUICK if args.quick else DEFAULT
     if args.in_flight:
         s = Settings(**{**asdict(s), "in_flight": args.in_flight})
-    console = Console(width=max(Console().width, 180))
+    console = Console(width=max(Console().width, 200))
     t0 = time.perf_counter()
+    amplifier: Path | Unavailable
+    try:
+        amplifier = amplifier_python(args.amplifier_venv, say=lambda t: print(t, file=sys.stderr))
+    except Unavailable as exc:
+        amplifier = exc
     with contextlib.ExitStack() as stack:
-        url = args.url
-        if url is None:
-            url = stack.enter_context(EmbeddedNatsServer()).url
+        url = args.url or stack.enter_context(EmbeddedNatsServer()).url
         try:
-            rows, notes = asyncio.run(bench(url, s, console, spread=args.spread))
-            more_rows, more_notes = asyncio.run(bench_more(url, args.quick))
-            rows += more_rows
-            notes += more_notes
+            run = asyncio.run(bench(url, s, amplifier))
         except (BenchAborted, RuntimeError) as exc:
             console.print(f"[red]benchmark aborted:[/red] {exc}", highlight=False)
             sys.exit(1)
         except KeyboardInterrupt:
-            console.print("[red]interrupted[/red]: worker processes and server stopped")
+            console.print("[red]interrupted[/red]: processes and server stopped")
             sys.exit(130)
     elapsed = time.perf_counter() - t0
     header = (
-        f"{'quick' if args.quick else 'default'} run, {elapsed:.0f} s; "
-        f"{os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"{'embedded nats-server' if args.url is None else args.url}; "
-        f"handlers and raw responder in separate processes"
-        f"{' (groups spread over 3)' if args.spread else ''}"
+        f"{'quick' if args.quick else 'default'} run, {elapsed:.0f} s; {os.cpu_count()} cores,"
+        f" Python {platform.python_version()}, {args.url or 'embedded nats-server'}; handlers,"
+        " raw responders, agents and amplifier-core each in processes of their own"
     )
-    render(rows, notes, header, console)
+    rows = [run.rows[k] for k in ORDER if k in run.rows]
+    render(rows, run.notes, header, console)
     if args.json_out:
-        Path(args.json_out).write_text(
-            json.dumps(
-                {
-                    "header": header,
-                    "settings": asdict(s),
-                    "rows": [{**asdict(r), "status": r.status} for r in rows],
-                    "notes": notes,
-                },
-                indent=2,
-            )
-            + "\n"
-        )
+        keyed = {k: run.rows[k] for k in ORDER if k in run.rows}
+        out = as_json(keyed, run.notes, header, asdict(s))
+        Path(args.json_out).write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":
