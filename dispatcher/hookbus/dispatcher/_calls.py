@@ -76,6 +76,7 @@ __all__ = [
     "RECENT_INSTANCES",
     "RECENT_TTL_S",
     "ChainAnswer",
+    "ChainPlan",
     "Failed",
     "Outcome",
     "Requester",
@@ -624,16 +625,54 @@ async def call_remote(
     return outcome
 
 
+@dataclass(frozen=True, slots=True)
+class ChainPlan:
+    """What every chain request for one run of handlers shares (made once per run)."""
+
+    target: Route
+    """The chain subject as a route (its name, for messages)."""
+    steps: list[ChainStep]
+    total_s: float
+    """The sum of the steps' timeouts, seconds."""
+    hedge: bool
+    """Every step is retry_safe: the chain may be sent again."""
+
+    @classmethod
+    def of(cls, seg: tuple[Route, ...]) -> ChainPlan:
+        steps = [
+            ChainStep(
+                handler=r.name,
+                failure_policy=r.failure_policy,
+                timeout_s=r.timeout_s or DEFAULT_TIMEOUT_S,
+                parallel=r.parallel,
+            )
+            for r in seg
+        ]
+        head = seg[0]
+        target = Route.make(
+            event=head.event,
+            name=f"chain of {len(seg)} handlers ({head.name!r}, ...)",
+            priority=head.priority,
+            timeout_s=None,
+            failure_policy=head.failure_policy,
+            parallel=False,
+            tool_filter=None,
+            subject=head.chain,
+        )
+        total = sum(step.timeout_s for step in steps)
+        return cls(target, steps, total, all(r.retry_safe for r in seg))
+
+
 async def call_chain(
     nc: NATS | None,
     requester: Requester,
-    seg: list[Route],
+    plan: ChainPlan,
     envelope: EventEnvelope,
     headers: dict[str, str] | None,
     budget_s: float | None = None,
 ) -> ChainAnswer | Failed:
-    """Send the handlers `seg` (adjacent, served by one worker process's handler set) as
-    one chain request and return the replies of the steps that ran; a `Failed` with
+    """Send a run of handlers served by one worker process's handler set (`plan`) as one
+    chain request and return the replies of the steps that ran; a `Failed` with
     ``not_run`` when nothing ran (no responders, refused, not sent): then call each alone.
 
     The wait is the sum of the handlers' timeouts cut to `budget_s`; the worker applies
@@ -647,31 +686,12 @@ async def call_chain(
         raise NotConnectedError("remote handlers need a NATS connection")
     if not nc.is_connected:
         return Failed("error", "not connected to NATS (reconnecting); not sent", True)
-    envelope.chain = [
-        ChainStep(
-            handler=r.name,
-            failure_policy=r.failure_policy,
-            timeout_s=r.timeout_s or DEFAULT_TIMEOUT_S,
-            parallel=r.parallel,
-        )
-        for r in seg
-    ]
-    total = sum(step.timeout_s for step in envelope.chain)
-    timeout_s = _cut(total, budget_s)
+    envelope.chain = plan.steps
+    timeout_s = _cut(plan.total_s, budget_s)
     assert timeout_s is not None
     if timeout_s <= 0:
         return Failed("timeout", "not called: the emit's deadline had passed", True)
-    head = seg[0]
-    target = Route.make(
-        event=head.event,
-        name=f"chain of {len(seg)} handlers ({head.name!r}, ...)",
-        priority=head.priority,
-        timeout_s=timeout_s,
-        failure_policy=head.failure_policy,
-        parallel=False,
-        tool_filter=None,
-        subject=head.chain,
+    answer = await requester.call(
+        nc, plan.target, envelope, headers, timeout_s, hedge=plan.hedge, chain=True
     )
-    hedge = all(r.retry_safe for r in seg)  # else a step might run twice
-    answer = await requester.call(nc, target, envelope, headers, timeout_s, hedge=hedge, chain=True)
     return answer  # type: ignore[return-value]  # a chain call answers a ChainAnswer

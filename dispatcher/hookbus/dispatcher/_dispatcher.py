@@ -8,7 +8,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar, overload
 
@@ -141,6 +141,9 @@ class HookDispatcher(StandardEvents):
         self._audit_retention = (audit_max_age_s, audit_max_bytes)
         self._decisions: DecisionLog | None = None
         self.chains = chains
+        self._plans: dict[
+            tuple[tuple[Route, ...], bool], tuple[tuple[str, tuple[Route, ...]], ...]
+        ] = {}
         """Whether a run of adjacent remote handlers of one worker process goes as one chain
         request (one round trip) instead of one request per handler."""
 
@@ -681,7 +684,7 @@ class HookDispatcher(StandardEvents):
         return list(await asyncio.gather(*(self._call(r, ctx, data) for r in group)))
 
     async def _fold_routes(
-        self, routes: Sequence[Route], ctx: EmitContext, fold: Fold
+        self, routes: tuple[Route, ...], ctx: EmitContext, fold: Fold
     ) -> HookResult | None:
         """Call and fold `routes` in order; the final result if one ended the fold.
 
@@ -691,14 +694,31 @@ class HookDispatcher(StandardEvents):
         speculatively (`_fold_speculative`); the rest one by one, an adjacent run of
         parallel handlers concurrently (`_fold_each`).
         """
-        if not any(r.parallel or r.pure or (self.chains and r.chain) for r in routes):
-            for route in routes:  # the common shape: one by one, in order
-                if route.matches(fold.data):
-                    outcome = await self._call(route, ctx, fold.data)
-                    denied = self._fold_one(fold, route, outcome)
-                    if denied is not None:
-                        return denied
-            return None
+        for kind, seg in self._plan(routes):
+            if kind == "one":
+                route = seg[0]
+                if not route.matches(fold.data):
+                    continue
+                denied = self._fold_one(fold, route, await self._call(route, ctx, fold.data))
+            elif kind == "chain":
+                denied = await self._fold_chain(seg, ctx, fold)
+            elif kind == "pure":
+                denied = await self._fold_speculative(seg, ctx, fold)
+            else:  # a run of parallel handlers
+                denied = await self._fold_each(seg, ctx, fold, self._call_group)
+            if denied is not None:
+                return denied
+        return None
+
+    def _plan(self, routes: tuple[Route, ...]) -> tuple[tuple[str, tuple[Route, ...]], ...]:
+        """How `_fold_routes` calls `routes`: segments ``("one" | "chain" | "pure" |
+        "parallel", routes)`` in call order. Made once per routing snapshot (the table
+        hands out the same tuple until the routes change)."""
+        key = (routes, self.chains)
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        segments: list[tuple[str, tuple[Route, ...]]] = []
         i, n = 0, len(routes)
         while i < n:
             route = routes[i]
@@ -710,51 +730,35 @@ class HookDispatcher(StandardEvents):
                     j < n
                     and routes[j].chain == route.chain
                     and routes[j].retry_safe == route.retry_safe
+                    and routes[j].name in route.handler_set
                 ):
                     j += 1
-                seg = [r for r in routes[i:j] if r.name in route.handler_set]
-                if len(seg) == j - i and len(seg) > 1:
-                    denied = await self._fold_chain(seg, ctx, fold)
-                    if denied is not None:
-                        return denied
+                if j - i > 1:
+                    segments.append(("chain", routes[i:j]))
                     i = j
                     continue
-                j = i + 1
-            if route.pure:
-                while j < n and routes[j].pure:
+            if route.parallel:  # called together anyway: no speculation needed
+                while j < n and routes[j].parallel:
                     j += 1
-                if j - i > 1:
-                    denied = await self._fold_speculative(routes[i:j], ctx, fold)
-                else:
-                    denied = await self._fold_each(routes[i:j], ctx, fold, self._call_group)
+                segments.append(("parallel", routes[i:j]))
+            elif route.pure:
+                while j < n and routes[j].pure and not routes[j].parallel:
+                    j += 1
+                segments.append(("pure" if j - i > 1 else "one", routes[i:j]))
             else:
-                while j < n and routes[j - 1].parallel and routes[j].parallel:
-                    j += 1
-                denied = await self._fold_each(routes[i:j], ctx, fold, self._call_group)
-            if denied is not None:
-                return denied
+                segments.append(("one", routes[i:j]))
             i = j
-        return None
+        if len(self._plans) >= 1024:  # stale snapshots: start over
+            self._plans.clear()
+        plan = self._plans[key] = tuple(segments)
+        return plan
 
     async def _fold_each(
         self, routes: Sequence[Route], ctx: EmitContext, fold: Fold, call: _CallGroup
     ) -> HookResult | None:
-        """amplifier-core's order: each handler whose tool filter matches the data it
-        would see is called and folded; an adjacent run of parallel handlers is called
-        together on the same data and folded in order. `call` gives the outcomes."""
-        i, n = 0, len(routes)
-        while i < n:
-            if routes[i].parallel:
-                group = []
-                while i < n and routes[i].parallel:
-                    if routes[i].matches(fold.data):
-                        group.append(routes[i])
-                    i += 1
-            else:
-                group = [routes[i]] if routes[i].matches(fold.data) else []
-                i += 1
-            if not group:
-                continue
+        """Call and fold `routes` in amplifier-core's order (see `_groups`); `call` gives
+        the outcomes of a group called on the same data."""
+        for group in _groups(routes, fold):
             for route, outcome in zip(group, await call(group, ctx, fold.data), strict=True):
                 denied = self._fold_one(fold, route, outcome)
                 if denied is not None:
@@ -762,7 +766,7 @@ class HookDispatcher(StandardEvents):
         return None
 
     async def _fold_chain(
-        self, seg: list[Route], ctx: EmitContext, fold: Fold
+        self, seg: tuple[Route, ...], ctx: EmitContext, fold: Fold
     ) -> HookResult | None:
         """Fold `seg` from one chain request to its worker process: the same outcomes,
         in the same order, as one request per handler would give. If nothing ran (no
@@ -773,26 +777,24 @@ class HookDispatcher(StandardEvents):
         if isinstance(answer, Failed) and answer.not_run:
             return await self._fold_each(seg, ctx, fold, self._call_group)
         replies = {} if isinstance(answer, Failed) else {r.handler: r for r in answer.replies}
-
-        async def from_chain(
-            group: list[Route], ctx: EmitContext, data: dict[str, Any]
-        ) -> list[Outcome]:
-            outcomes: list[Outcome] = []
+        for group in _groups(seg, fold):
+            outcomes: list[Outcome] = []  # the whole group first, as if called together
             for route in group:
                 ctx.called.append(route.name)
                 if isinstance(answer, Failed):
-                    outcome: Outcome = answer
-                else:
-                    reply = replies.pop(route.name, None)
-                    outcome = (
-                        reply_outcome(reply)
-                        if reply is not None
-                        else Failed("bad_reply", "the chain's reply has no answer from it")
-                    )
-                outcomes.append(outcome)
-            return outcomes
-
-        return await self._fold_each(seg, ctx, fold, from_chain)
+                    outcomes.append(answer)
+                    continue
+                reply = replies.pop(route.name, None)
+                outcomes.append(
+                    reply_outcome(reply)
+                    if reply is not None
+                    else Failed("bad_reply", "the chain's reply has no answer from it")
+                )
+            for route, outcome in zip(group, outcomes, strict=True):
+                denied = self._fold_one(fold, route, outcome)
+                if denied is not None:
+                    return denied
+        return None
 
     async def _fold_speculative(
         self, run: Sequence[Route], ctx: EmitContext, fold: Fold
@@ -878,6 +880,26 @@ class HookDispatcher(StandardEvents):
     ) -> None:
         limited = route if route.timeout_s is not None else _with_timeout(route, timeout)
         outcomes[route] = await call_local(limited, event, json_copy(data))
+
+
+def _groups(routes: Sequence[Route], fold: Fold) -> Iterator[list[Route]]:
+    """amplifier-core's order, as groups to call on the same data: each handler whose
+    tool filter matches the data it would see, alone; an adjacent run of parallel handlers
+    together (those matching the data at the run's start). Lazy: each group is formed
+    after the previous one was folded, on the data it left."""
+    i, n = 0, len(routes)
+    while i < n:
+        if routes[i].parallel:
+            group = []
+            while i < n and routes[i].parallel:
+                if routes[i].matches(fold.data):
+                    group.append(routes[i])
+                i += 1
+        else:
+            group = [routes[i]] if routes[i].matches(fold.data) else []
+            i += 1
+        if group:
+            yield group
 
 
 def _check_priority(priority: object) -> None:

@@ -38,6 +38,7 @@ from hookbus.schemas._nats_guard import harden_connection
 
 from ._calls import (
     ChainAnswer,
+    ChainPlan,
     Failed,
     Outcome,
     Requester,
@@ -153,6 +154,7 @@ class Router:
         self._collects: dict[str, Collect] = {}
         self._tokens = itertools.count()
         self._requester = Requester()
+        self._chains: dict[tuple[Route, ...], ChainPlan] = {}
         self.started = False
 
     async def start(self) -> None:
@@ -210,7 +212,7 @@ class Router:
         )
 
     async def call_chain(
-        self, seg: list[Route], ctx: EmitContext, data: dict[str, Any]
+        self, seg: tuple[Route, ...], ctx: EmitContext, data: dict[str, Any]
     ) -> ChainAnswer | Failed:
         """Call the adjacent handlers `seg` of one worker process's handler set in one
         request (see `call_chain`); a `Failed` with ``not_run`` means call each alone.
@@ -222,8 +224,13 @@ class Router:
         budget_s = ctx.remaining()
         if budget_s is not None and budget_s <= 0:
             return Failed("timeout", "not called: the emit's deadline had passed", True)
+        plan = self._chains.get(seg)
+        if plan is None:
+            if len(self._chains) >= 1024:  # stale snapshots: start over
+                self._chains.clear()
+            plan = self._chains[seg] = ChainPlan.of(seg)
         return await call_chain(
-            self.nc, self._requester, seg, ctx.envelope(data), trace_headers(), budget_s
+            self.nc, self._requester, plan, ctx.envelope(data), trace_headers(), budget_s
         )
 
     async def call_group(
