@@ -16,7 +16,7 @@ Needs Python >= 3.12 (``ai``). From the repository::
     .venv/bin/hookbus server &                                   # NATS on 127.0.0.1:4222
     .venv312/bin/python examples/ai_agent.py                     # waits for the approval
     # in another terminal (the label is printed by the agent):
-    .venv/bin/hookbus hooks resolve --agent ai-example approve_call_... '{"granted": true}'
+    .venv/bin/hookbus suspensions resolve --agent ai-example approve_call_... '{"granted": true}'
     # or let the example answer it as another process:
     .venv312/bin/python examples/ai_agent.py --approve           # --deny to refuse
 
@@ -86,7 +86,7 @@ async def run_agent(hooks: HookbusHooks, state: Path, resume: bool) -> int:
                 part = event.hook
                 print(f"hook {part.hook_id}: {part.status}", part.metadata or "", flush=True)
                 if part.status == "pending":
-                    print(f"  answer it: hookbus hooks resolve --agent {hooks.suspensions.agent_id}"
+                    print(f"  answer it: hookbus suspensions resolve --agent {hooks.suspensions.agent_id}"
                           f" {part.hook_id} '{{\"granted\": true}}'  (Ctrl-C to suspend)",
                           flush=True)  # fmt: skip
             elif isinstance(event, ai.events.RunBlocked):

@@ -1,6 +1,6 @@
 """The demo's approver: a separate process that answers pending approvals through NATS.
 
-Run as ``python approver.py NATS_URL``. It watches hook events and answers every pending
+Run as ``python approver.py NATS_URL``. It watches suspension events and answers every pending
 approval with "Allow once" (a real one would show the prompt to a person: see
 ``hookbus approvals`` and ``hookbus demo --interactive``). It prints one line per answer.
 """

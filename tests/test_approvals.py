@@ -34,7 +34,7 @@ from hookbus.schemas import (
     approval_answer_key,
     encode,
     grant_key,
-    hook_event_subject,
+    suspension_event_subject,
 )
 from hookbus.workers import HookWorker
 
@@ -82,7 +82,7 @@ class Approver:
             await conn.flush()
         sentinel = f"sentinel {uuid.uuid4().hex}"
         await self.nc.publish(
-            hook_event_subject(sentinel, "pending"),
+            suspension_event_subject(sentinel, "pending"),
             encode(HookEvent(hook=HookPart(hook_id="-", label=sentinel, status="pending"))),
         )
         await self.next(lambda h: h.label == sentinel)

@@ -66,7 +66,7 @@ def test_a_worker_serves_its_name_by_default_and_only_its_handlers() -> None:
     assert worker("security").subscribe == worker("security", ["security"]).subscribe
     perms = worker("sec", ["security_policy", "a:b"])
     assert "hookbus.v1.collect.* security_policy" in perms.subscribe
-    assert "hookbus.v1.hook.*.a=3Ab a=3Ab" in perms.subscribe  # queue group = handler token
+    assert "hookbus.v1.handler.*.a=3Ab a=3Ab" in perms.subscribe  # queue group = handler token
     assert "$KV.hookbus_handlers.*.a=3Ab" in perms.publish
     assert not any("sec " in s or s.endswith(".sec") for s in perms.subscribe)
     assert perms.allow_responses is not None and perms.allow_responses.max_msgs == 4
@@ -76,7 +76,7 @@ def test_an_agent_is_scoped_to_its_token() -> None:
     perms = agent("pay.ments", public_key="UXYZ")
     assert "hookbus.v1.emit.pay=2Ements.*" in perms.publish
     assert "$KV.hookbus_suspensions.pay=2Ements.*" in perms.publish
-    assert perms.subscribe == ["_INBOX_UXYZ.>", "hookbus.v1.hooks.pay=2Ements.>"]
+    assert perms.subscribe == ["_INBOX_UXYZ.>", "hookbus.v1.suspension.pay=2Ements.>"]
     assert perms.allow_responses is None
     # reads of suspensions and grants only through subjects that carry its prefix
     scoped = [s for s in perms.publish if "hookbus_suspensions" in s or "hookbus_approvals" in s]
@@ -273,9 +273,9 @@ async def test_tenants_do_not_see_each_other(secured: tuple[str, Path]) -> None:
     acme_listener, _ = await connect_as(url, out, ident(out, "ACME", "admin", "admin"))
     globex, _ = await connect_as(url, out, ident(out, "GLOBEX", "admin", "admin"))
     try:
-        subject = "hookbus.v1.hooks.payments.label.pending"
-        seen_acme = await acme_listener.subscribe("hookbus.v1.hooks.>", max_msgs=1)
-        seen_globex = await globex.subscribe("hookbus.v1.hooks.>")
+        subject = "hookbus.v1.suspension.payments.label.pending"
+        seen_acme = await acme_listener.subscribe("hookbus.v1.suspension.>", max_msgs=1)
+        seen_globex = await globex.subscribe("hookbus.v1.suspension.>")
         await acme_listener.flush()
         await globex.flush()
         await acme.publish(subject, b"from acme")
@@ -327,9 +327,9 @@ async def test_an_agent_cannot_listen_to_handler_requests(secured: tuple[str, Pa
     spy, spy_errors = await connect_as(url, out, ident(out, "ACME", "agent", "payments"))
     dispatcher, _ = await connect_as(url, out, ident(out, "ACME", "dispatcher", "dispatcher"))
     try:
-        sub = await spy.subscribe("hookbus.v1.hook.>")
-        await _violation(spy_errors, "hookbus.v1.hook.>")
-        await dispatcher.publish("hookbus.v1.hook.tool=3Apre.sec", b"secret")
+        sub = await spy.subscribe("hookbus.v1.handler.>")
+        await _violation(spy_errors, "hookbus.v1.handler.>")
+        await dispatcher.publish("hookbus.v1.handler.tool=3Apre.sec", b"secret")
         await dispatcher.flush()
         with pytest.raises(nats.errors.TimeoutError):
             await sub.next_msg(timeout=0.5)
@@ -354,10 +354,10 @@ async def test_a_worker_declares_only_its_own_handlers(secured: tuple[str, Path]
             await wrk.jetstream().publish("$KV.hookbus_handlers.tool=3Apre.other", b"{}", timeout=1)
         await _violation(wrk_errors, "$KV.hookbus_handlers.tool=3Apre.other")
         # nor may it serve another handler's requests, or its own outside its queue group
-        await wrk.subscribe("hookbus.v1.hook.*.other", queue="other")
-        await _violation(wrk_errors, "hookbus.v1.hook.*.other")
-        await wrk.subscribe("hookbus.v1.hook.*.audit")
-        await _violation(wrk_errors, "hookbus.v1.hook.*.audit")
+        await wrk.subscribe("hookbus.v1.handler.*.other", queue="other")
+        await _violation(wrk_errors, "hookbus.v1.handler.*.other")
+        await wrk.subscribe("hookbus.v1.handler.*.audit")
+        await _violation(wrk_errors, "hookbus.v1.handler.*.audit")
     finally:
         await wrk.close()
         await admin.close()

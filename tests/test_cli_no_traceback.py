@@ -141,7 +141,10 @@ def cases(tmp: Path) -> list[Case]:
             "emit @missing", ("emit", "tool:pre", f"@{tmp / 'no.json'}", *dead), (2,), "cannot read"
         ),
         Case(
-            "hooks resolve bad JSON", ("hooks", "resolve", "x", "{bad", *dead), (2,), "valid JSON"
+            "suspensions resolve bad JSON",
+            ("suspensions", "resolve", "x", "{bad", *dead),
+            (2,),
+            "valid JSON",
         ),
         Case("worker syntax error", ("worker", f"{bad_py}:worker", *dead), (2,), "syntax error in"),
         Case(

@@ -124,7 +124,13 @@ def nothing_on_4222() -> None:
 
 @pytest.mark.parametrize(
     "command",
-    [["handlers"], ["hooks", "list"], ["approvals"], ["emit", "tool:pre", "{}"], ["decisions"]],
+    [
+        ["handlers"],
+        ["suspensions", "list"],
+        ["approvals"],
+        ["emit", "tool:pre", "{}"],
+        ["decisions"],
+    ],
     ids=" ".join,
 )
 def test_no_server_anywhere_is_one_line_not_a_private_empty_server(

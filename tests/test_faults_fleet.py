@@ -280,7 +280,7 @@ async def test_lost_ack_of_hook_creation(proxy: NatsProxy, connect: Connect) -> 
                             break
                         await anyio.sleep(0.05)
                     await r.resolve_hook(label, Choice("ok"))
-            assert got == [Choice("ok")]  # no DuplicateHookError against itself
+            assert got == [Choice("ok")]  # no DuplicateSuspensionError against itself
     finally:
         await agent.close()
 

@@ -6,7 +6,7 @@ The decision is asserted: a worker answers ``bad_request`` (never silence, never
 ``internal``, no ERROR log); the service answers a structured error; after the KV garbage
 a real emit through the dispatchers that were running, a new dispatcher and the service
 process still gets the right decision (the fail-closed handler still denies), a handler
-declared afterwards is still routed, and ``hookbus handlers``, ``hookbus hooks list`` and
+declared afterwards is still routed, and ``hookbus handlers``, ``hookbus suspensions list`` and
 ``hookbus approvals`` exit 0 with no traceback.
 
 Examples are generated first (hypothesis ``given`` collecting them, generation phase only)
@@ -462,7 +462,7 @@ async def test_kv_garbage_in_every_bucket(system: System, connect_private: Any) 
             assert (result.action, result.decided_by) == ("deny", later)
 
         # the CLI lists what is there, skipping what is not valid
-        for args in (("handlers",), ("hooks", "list"), ("approvals",)):
+        for args in (("handlers",), ("suspensions", "list"), ("approvals",)):
             status, _out, err = await run_cli(system.fleet.url, *args)
             assert status == 0, (args, err[-2000:])
             assert "Traceback" not in err, (args, err[-2000:])

@@ -44,9 +44,9 @@ from hookbus.integrations import ai as hb_ai  # noqa: E402
 from hookbus.integrations.ai import HookbusHooks  # noqa: E402
 from hookbus.schemas import (  # noqa: E402
     AlreadySettledError,
-    HookNotFoundError,
-    HookTimeoutError,
     ResolutionRejectedError,
+    SuspensionNotFoundError,
+    SuspensionTimeoutError,
 )
 
 pytestmark = pytest.mark.anyio
@@ -330,7 +330,7 @@ async def test_cancel_from_another_process(
     assert got[0].hook.hook_id == label
     assert got[0].hook.tool_call_id == call.tool_call_id
     assert hb_ai.AI_METADATA_KEY not in got[0].hook.metadata
-    with pytest.raises(HookNotFoundError):  # the run's exit removed the cancelled record
+    with pytest.raises(SuspensionNotFoundError):  # the run's exit removed the cancelled record
         await observer.cancel_hook(label)
 
 
@@ -351,7 +351,7 @@ async def test_preregistered_resolution_is_consumed_once(
     assert model.unused == []
     assert await hooks.suspensions.get(label) is None  # consumed, removed by the run's exit
     # consumed once: the next hook of that label waits instead of getting it again
-    with pytest.raises(HookTimeoutError):
+    with pytest.raises(SuspensionTimeoutError):
         await hooks.hook(label, payload=ai.tools.ToolApproval, timeout_s=0.5)
 
 

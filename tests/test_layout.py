@@ -202,6 +202,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "EMIT_SERVICE_WILDCARD",
         "HANDLERS_BUCKET",
         "HOOK_EVENTS_WILDCARD",
+        "SUSPENSION_EVENTS_WILDCARD",
         "LEASES_BUCKET",
         "SUSPENSION_MAX_BYTES",
         "STANDARD_EVENTS",
@@ -218,6 +219,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "CollectRequest",
         "ContextInjection",
         "DuplicateHookError",
+        "DuplicateSuspensionError",
         "EmitReply",
         "EmitRequest",
         "EventEnvelope",
@@ -241,7 +243,11 @@ PUBLIC_API: dict[str, set[str]] = {
         "PayloadTooLargeError",
         "ResolutionRejectedError",
         "StandardEvents",
+        "SuspensionAbortedError",
+        "SuspensionCancelledError",
         "SuspensionError",
+        "SuspensionNotFoundError",
+        "SuspensionTimeoutError",
         "SuspensionRecord",
         "UnknownEventError",
         "WireError",
@@ -266,6 +272,8 @@ PUBLIC_API: dict[str, set[str]] = {
         "handlers_bucket_config",
         "hook_event_subject",
         "hook_events_subject",
+        "suspension_event_subject",
+        "suspension_events_subject",
         "is_answer_key",
         "json_copy",
         "json_safe",
@@ -447,6 +455,11 @@ def test_errors_share_one_root() -> None:
         "HookCancelledError",
         "HookNotFoundError",
         "HookTimeoutError",
+        "DuplicateSuspensionError",
+        "SuspensionAbortedError",
+        "SuspensionCancelledError",
+        "SuspensionNotFoundError",
+        "SuspensionTimeoutError",
         "ResolutionRejectedError",
         "SuspensionError",
         "BadRequestError",
@@ -459,6 +472,13 @@ def test_errors_share_one_root() -> None:
         assert issubclass(getattr(s, name), s.HookbusError), name
     assert issubclass(hookbus.cli.NatsServerNotFoundError, s.HookbusError)
     assert issubclass(s.HookbusTimeoutError, TimeoutError)
-    assert issubclass(s.HookTimeoutError, TimeoutError)
+    assert issubclass(s.SuspensionTimeoutError, TimeoutError)
+    assert issubclass(s.SuspensionTimeoutError, s.HookbusTimeoutError)
+    # the former names of the suspension errors are the same classes (kept: they were public)
+    assert s.HookTimeoutError is s.SuspensionTimeoutError
+    assert s.HookCancelledError is s.SuspensionCancelledError
+    assert s.HookAbortedError is s.SuspensionAbortedError
+    assert s.HookNotFoundError is s.SuspensionNotFoundError
+    assert s.DuplicateHookError is s.DuplicateSuspensionError
     assert issubclass(s.UnknownEventError, s.BadRequestError)
     assert issubclass(s.PayloadTooLargeError, s.BadRequestError)

@@ -42,7 +42,7 @@ from hookbus.schemas import (
     encode,
     handler_key,
     handler_subject,
-    hook_event_subject,
+    suspension_event_subject,
     suspension_key,
 )
 from hookbus.workers import HookWorker
@@ -223,8 +223,8 @@ async def test_agent_probes_are_refused(secure: Secure, as_: Connect, event: str
         agent = await as_("agent-a1")
         nc = agent.nc
         js = nc.jetstream(timeout=2)
-        await refused(secure, agent, "agent subscribes to hookbus.v1.hook.>",
-                      lambda: nc.subscribe("hookbus.v1.hook.>"))  # fmt: skip
+        await refused(secure, agent, "agent subscribes to hookbus.v1.handler.>",
+                      lambda: nc.subscribe("hookbus.v1.handler.>"))  # fmt: skip
         await refused(
             secure, agent, "agent joins the security handler's queue group",
             lambda: nc.subscribe(handler_subject(event, "security"), queue="security"),
@@ -266,12 +266,12 @@ async def test_agent_probes_are_refused(secure: Secure, as_: Connect, event: str
             lambda: js.publish("$KV.hookbus_approvals.a1.s.tool=3Apre.security.bash", b"{}"),
         )  # fmt: skip
         await refused(secure, agent, "agent listens to another agent's hook events",
-                      lambda: nc.subscribe("hookbus.v1.hooks.a2.>"))  # fmt: skip
+                      lambda: nc.subscribe("hookbus.v1.suspension.a2.>"))  # fmt: skip
         await refused(
             secure,
             agent,
             "agent publishes a fake hook event of another agent",
-            lambda: nc.publish(hook_event_subject("l", "resolved", "a2"), b"{}"),
+            lambda: nc.publish(suspension_event_subject("l", "resolved", "a2"), b"{}"),
         )
         await refused(secure, agent, "agent reads the audit stream",
                       lambda: js.stream_info("hookbus_decisions"))  # fmt: skip
@@ -300,7 +300,7 @@ async def test_worker_probes_are_refused(secure: Secure, as_: Connect, event: st
             secure,
             client,
             "worker publishes a fake 'resolved' hook event",
-            lambda: nc.publish(hook_event_subject("l", "resolved", "a1"), b"{}"),
+            lambda: nc.publish(suspension_event_subject("l", "resolved", "a1"), b"{}"),
         )
         await refused(
             secure,
@@ -334,11 +334,11 @@ async def test_tenants_do_not_see_each_other(secure: Secure, as_: Connect) -> No
         got.append(msg.data)
         arrived.set()
 
-    await t2.nc.subscribe("hookbus.v1.hooks.a1.>", cb=on)
+    await t2.nc.subscribe("hookbus.v1.suspension.a1.>", cb=on)
     await t2.nc.flush()
-    await t1.nc.publish(hook_event_subject("secret", "pending", "a1"), b"tenant one")
+    await t1.nc.publish(suspension_event_subject("secret", "pending", "a1"), b"tenant one")
     await t1.nc.flush()
-    await t2.nc.publish(hook_event_subject("mine", "pending", "a1"), b"tenant two")
+    await t2.nc.publish(suspension_event_subject("mine", "pending", "a1"), b"tenant two")
     with anyio.fail_after(5):
         await arrived.wait()
     await t1.nc.flush()

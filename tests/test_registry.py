@@ -211,7 +211,7 @@ async def test_oversized_record_does_not_close_the_dispatchers_connection(
     await deny_responder(await connect(), event, "guard")
     kv = await bucket(nc)
     value: dict[str, Any] = {"event": event, "name": "huge", "timeout_s": 0.3}
-    value[field] = "hookbus.v1.hook." + "a" * 5000 if field == "subject" else "n" * 5000
+    value[field] = "hookbus.v1.handler." + "a" * 5000 if field == "subject" else "n" * 5000
     dnc = await connect(max_reconnect_attempts=1)
     async with HookDispatcher(dnc) as d:
         await kv.put(handler_key(event, "huge"), json.dumps(value).encode())

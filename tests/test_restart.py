@@ -42,7 +42,7 @@ from hookbus.schemas import (
     decode,
     emit_service_subject,
     encode,
-    hook_event_subject,
+    suspension_event_subject,
     suspension_key,
 )
 from hookbus.workers import HookWorker
@@ -174,7 +174,7 @@ class Events:
         await self._nc.flush()
         sentinel = f"sentinel {uuid.uuid4().hex}"
         await self._nc.publish(
-            hook_event_subject(sentinel, "pending"),
+            suspension_event_subject(sentinel, "pending"),
             encode(HookEvent(hook=HookPart(hook_id="-", label=sentinel, status="pending"))),
         )
         await self.next(lambda h: h.label == sentinel)
@@ -468,5 +468,5 @@ async def test_a_waiter_survives_an_outage_longer_than_a_jetstream_request_timeo
 ) -> None:
     """The server is down for longer than nats-py's JetStream request timeout (5 s): the
     waiter's periodic reads fail meanwhile, and the wait must go on (a hook with no
-    `timeout_s` is not a `HookTimeoutError`)."""
+    `timeout_s` is not a `SuspensionTimeoutError`)."""
     await restart_while_waiting(embedded_server, steady=True, outage_s=6.5)

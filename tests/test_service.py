@@ -21,9 +21,9 @@ from hookbus.schemas import (
     BadRequestError,
     CollectReply,
     EmitReply,
-    HookAbortedError,
     HookResult,
     NotConnectedError,
+    SuspensionAbortedError,
     decode,
     emit_service_subject,
     encode_token,
@@ -487,7 +487,7 @@ async def test_drain_stops_intake_on_every_subscription_at_once(connect, event):
 @pytest.mark.parametrize(
     ("exc", "code", "retryable"),
     [
-        (HookAbortedError("aborted by the drain"), "unavailable", True),
+        (SuspensionAbortedError("aborted by the drain"), "unavailable", True),
         (NotConnectedError("connection closed"), "unavailable", True),
         (nats.errors.ConnectionClosedError(), "unavailable", True),
         (BadRequestError("$.data: expected object"), "bad_request", False),

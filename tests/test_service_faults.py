@@ -21,7 +21,7 @@ import pytest
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import DispatcherService, HookDispatcher
 from hookbus.schemas import (
-    HOOK_EVENTS_WILDCARD,
+    SUSPENSION_EVENTS_WILDCARD,
     EmitReply,
     HookbusTimeoutError,
     HookEvent,
@@ -55,7 +55,7 @@ async def _pending_approvals(nc: Any) -> asyncio.Queue[str]:
         if part.status == "pending" and part.label.startswith("approval:"):
             queue.put_nowait(part.label)
 
-    await nc.subscribe(HOOK_EVENTS_WILDCARD, cb=on_event)
+    await nc.subscribe(SUSPENSION_EVENTS_WILDCARD, cb=on_event)
     await nc.flush()
     return queue
 

@@ -19,6 +19,7 @@ from hookbus.schemas import (
     HANDLERS_BUCKET,
     HOOK_EVENTS_WILDCARD,
     SUBJECT_PREFIX,
+    SUSPENSION_EVENTS_WILDCARD,
     SUSPENSIONS_BUCKET,
     BadRequestError,
     agent_from_service_subject,
@@ -32,6 +33,7 @@ from hookbus.schemas import (
     encode_token,
     event_from_service_subject,
     grant_key,
+    handler_instance_subject,
     handler_key,
     handler_queue_group,
     handler_subject,
@@ -42,6 +44,8 @@ from hookbus.schemas import (
     parse_grant_key,
     parse_handler_key,
     parse_suspension_key,
+    suspension_event_subject,
+    suspension_events_subject,
     suspension_key,
     validate_name,
 )
@@ -150,19 +154,19 @@ def test_constants() -> None:
     for bucket in (HANDLERS_BUCKET, SUSPENSIONS_BUCKET, APPROVALS_BUCKET):
         assert re.fullmatch(r"[a-zA-Z0-9_-]+", bucket)  # bucket charset (no '.')
     assert len({HANDLERS_BUCKET, SUSPENSIONS_BUCKET, APPROVALS_BUCKET}) == 3
-    assert HOOK_EVENTS_WILDCARD == "hookbus.v1.hooks.>"
+    assert SUSPENSION_EVENTS_WILDCARD == "hookbus.v1.suspension.>"
     assert DISPATCHER_QUEUE_GROUP == "hookbus-dispatcher"
     assert EMIT_SERVICE_WILDCARD == "hookbus.v1.emit.*.*"
     assert COLLECT_SERVICE_WILDCARD == "hookbus.v1.emit_and_collect.*.*"
 
 
 def test_handler_subject_shape() -> None:
-    assert handler_subject("tool:pre", "security") == "hookbus.v1.hook.tool=3Apre.security"
+    assert handler_subject("tool:pre", "security") == "hookbus.v1.handler.tool=3Apre.security"
     for event in TRICKY_NAMES:
         for handler in ("h", "a.b", "> *"):
             subject = handler_subject(event, handler)
             tokens = subject.split(".")
-            assert tokens[:3] == ["hookbus", "v1", "hook"]
+            assert tokens[:3] == ["hookbus", "v1", "handler"]
             assert len(tokens) == 5, subject  # a '.' in a name never adds a token
             assert decode_token(tokens[3]) == event
             assert decode_token(tokens[4]) == handler
@@ -255,20 +259,59 @@ def test_suspension_key_shape() -> None:
 
 
 @pytest.mark.parametrize("status", ["pending", "resolved", "cancelled"])
-def test_hook_event_subject_shape(status: str) -> None:
+def test_suspension_event_subject_shape(status: str) -> None:
     assert (
-        hook_event_subject("approve:42", status, "a1")
-        == f"hookbus.v1.hooks.a1.approve=3A42.{status}"
+        suspension_event_subject("approve:42", status, "a1")
+        == f"hookbus.v1.suspension.a1.approve=3A42.{status}"
     )
-    prefix = HOOK_EVENTS_WILDCARD.removesuffix(">")
+    prefix = SUSPENSION_EVENTS_WILDCARD.removesuffix(">")
     for label in TRICKY_NAMES:
         for agent in (None, "a1", "a.b"):
-            subject = hook_event_subject(label, status, agent)
+            subject = suspension_event_subject(label, status, agent)
             assert subject.startswith(prefix)  # the wildcard hears it
-            assert subject.startswith(hook_events_subject(agent).removesuffix(">"))
+            assert subject.startswith(suspension_events_subject(agent).removesuffix(">"))
             tokens = subject.split(".")
             assert len(tokens) == 6 and tokens[-1] == status
             assert decode_token(tokens[4]) == label
+
+
+def _matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: ``*`` one token, ``>`` one or more trailing tokens."""
+    p, s = pattern.split("."), subject.split(".")
+    if p[-1] == ">":
+        return len(s) >= len(p) and all(a in ("*", b) for a, b in zip(p[:-1], s, strict=False))
+    return len(p) == len(s) and all(a in ("*", b) for a, b in zip(p, s, strict=True))
+
+
+def test_handler_and_suspension_subjects_never_meet() -> None:
+    """A handler request and a suspension event differ in their third token (``handler``,
+    ``suspension``), not by one letter: no wildcard of one family hears the other."""
+    handler_wildcards = (
+        "hookbus.v1.handler.*.*",
+        "hookbus.v1.handler.*.*.*",
+        "hookbus.v1.handler.>",
+    )
+    for name in TRICKY_NAMES:
+        for agent in (None, "a1", name):
+            for status in ("pending", "resolved", "cancelled"):
+                event = suspension_event_subject(name, status, agent)
+                assert event.split(".")[2] == "suspension"
+                assert _matches(SUSPENSION_EVENTS_WILDCARD, event)
+                assert not any(_matches(w, event) for w in handler_wildcards), event
+        for subject in (handler_subject(name, "h"), handler_instance_subject(name, "h", "i1")):
+            assert subject.split(".")[2] == "handler"
+            assert any(_matches(w, subject) for w in handler_wildcards)
+            assert not _matches(SUSPENSION_EVENTS_WILDCARD, subject), subject
+            assert not _matches(suspension_events_subject(name), subject), subject
+
+
+def test_former_names_are_aliases() -> None:
+    """The names of the suspension-event subjects before they said *suspension* still work
+    and build the same subjects."""
+    assert HOOK_EVENTS_WILDCARD == SUSPENSION_EVENTS_WILDCARD
+    assert hook_event_subject is suspension_event_subject
+    assert hook_events_subject is suspension_events_subject
+    assert hook_event_subject("l", "pending", "a") == "hookbus.v1.suspension.a.l.pending"
 
 
 def test_grant_key_shape() -> None:

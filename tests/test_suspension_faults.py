@@ -5,7 +5,7 @@
   client). Each of create, update and delete must still end in the right outcome.
 - A waiter process SIGKILLed while it holds a label blocks it for about one lease (a short
   lease bucket on a private server), not for the record's whole TTL; a live waiter still
-  gives `DuplicateHookError`.
+  gives `DuplicateSuspensionError`.
 - Malformed records (bad JSON, invalid UTF-8, wrong types, oversize, a label that is not
   its key) are skipped by listings, the CLI and waiters, and can be replaced or cleared.
 - 1,100 concurrent waiters in one process all return after their resolution, through one
@@ -32,16 +32,16 @@ from nats.aio.client import Client as NATS
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
-    HOOK_EVENTS_WILDCARD,
+    SUSPENSION_EVENTS_WILDCARD,
     SUSPENSIONS_BUCKET,
     AlreadySettledError,
-    DuplicateHookError,
+    DuplicateSuspensionError,
     HookbusError,
     HookEvent,
     SuspensionRecord,
     decode,
     encode,
-    hook_event_subject,
+    suspension_event_subject,
     suspension_key,
 )
 
@@ -111,7 +111,7 @@ async def pair(connect: Connect) -> AsyncIterator[tuple[HookDispatcher, HookDisp
 
 
 async def events_of(nc: NATS, label: str) -> Any:
-    sub = await nc.subscribe(hook_event_subject(label, "*"))
+    sub = await nc.subscribe(suspension_event_subject(label, "*"))
     await nc.flush()
     return sub
 
@@ -227,7 +227,7 @@ async def test_a_sigkilled_waiter_blocks_its_label_for_about_one_lease(
             try:
                 pending = decode((await events.next_msg(timeout=30)).data, HookEvent)
                 assert pending.hook.status == "pending"
-                with pytest.raises(DuplicateHookError):  # its owner is alive
+                with pytest.raises(DuplicateSuspensionError):  # its owner is alive
                     await d.hook(label, Grant, timeout_s=1)
                 proc.kill()  # SIGKILL: no cleanup runs, the record still names it
                 await proc.wait()
@@ -250,7 +250,7 @@ async def test_a_sigkilled_waiter_blocks_its_label_for_about_one_lease(
                             tg.start_soon(take)
                             await _until_owned_by(d, label)
                             await d.resolve_hook(label, Grant(approved=True, by="taken over"))
-                    except* DuplicateHookError:
+                    except* DuplicateSuspensionError:
                         await anyio.sleep(0.5)
             assert taken == [Grant(approved=True, by="taken over")]
     finally:
@@ -295,7 +295,7 @@ async def test_a_live_waiter_keeps_its_label_past_its_lease(
             tg.start_soon(wait)
             await events.next_msg(timeout=10)
             for _ in range(4):  # four leases long: the heartbeat keeps it
-                with pytest.raises(DuplicateHookError):
+                with pytest.raises(DuplicateSuspensionError):
                     await b.hook(label, Grant, timeout_s=1)
                 await anyio.sleep(1.0)
             await b.resolve_hook(label, Grant(approved=True, by="owner alive"))
@@ -408,25 +408,25 @@ async def test_the_cli_skips_and_reports_malformed_records(
     tag = f"bad-{uuid.uuid4().hex[:8]}"
     bad = _bad_values(tag)
     await _plant(ncb, bad)
-    listed = await _cli(nats_url, "hooks", "list", "--json")
+    listed = await _cli(nats_url, "suspensions", "list", "--json")
     assert listed.returncode == 0, listed.stderr.decode()
     assert "Traceback" not in listed.stderr.decode()
     assert "malformed" in listed.stderr.decode()
     assert not any(r["label"].startswith(tag) for r in msgspec.json.decode(listed.stdout))
-    shown = await _cli(nats_url, "hooks", "show", f"{tag} bad utf8")
+    shown = await _cli(nats_url, "suspensions", "show", f"{tag} bad utf8")
     assert shown.returncode == 1 and "malformed" in shown.stderr.decode()
     assert "Traceback" not in shown.stderr.decode()
     approvals = await _cli(nats_url, "approvals")
     assert approvals.returncode == 0, approvals.stderr.decode()
-    resolved = await _cli(nats_url, "hooks", "resolve", f"{tag} not json", "{}")
+    resolved = await _cli(nats_url, "suspensions", "resolve", f"{tag} not json", "{}")
     assert resolved.returncode == 1 and "Traceback" not in resolved.stderr.decode()
     prereg = await _cli(
-        nats_url, "hooks", "resolve", "--preregister", f"{tag} not json", '{"approved": true}'
+        nats_url, "suspensions", "resolve", "--preregister", f"{tag} not json", '{"approved": true}'
     )
     assert prereg.returncode == 0, prereg.stderr.decode()
     got = await b.suspensions.get(f"{tag} not json")
     assert got is not None and got[0].preregistered
-    cleared = await _cli(nats_url, "hooks", "clear", f"{tag} oversize")
+    cleared = await _cli(nats_url, "suspensions", "clear", f"{tag} oversize")
     assert cleared.returncode == 0, cleared.stderr.decode()
     assert await b.suspensions.records.read(f"{tag} oversize") is None
 
@@ -441,7 +441,7 @@ async def test_1100_concurrent_waiters_in_one_process_all_return(
     try:
         a, b = HookDispatcher(nca, approvals=False), HookDispatcher(ncb, approvals=False)
         async with a, b:
-            pending = await ncb.subscribe(HOOK_EVENTS_WILDCARD)
+            pending = await ncb.subscribe(SUSPENSION_EVENTS_WILDCARD)
             await ncb.flush()
             results: dict[str, Any] = {}
             labels = [f"{tag} {i}" for i in range(n)]

@@ -27,19 +27,19 @@ from hookbus.schemas import (
     SUSPENSIONS_BUCKET,
     AlreadySettledError,
     BadRequestError,
-    DuplicateHookError,
-    HookAbortedError,
+    DuplicateSuspensionError,
     HookbusError,
-    HookCancelledError,
     HookEvent,
-    HookNotFoundError,
     HookPart,
-    HookTimeoutError,
     ResolutionRejectedError,
+    SuspensionAbortedError,
+    SuspensionCancelledError,
+    SuspensionNotFoundError,
     SuspensionRecord,
+    SuspensionTimeoutError,
     encode,
-    hook_event_subject,
     label_from_key,
+    suspension_event_subject,
     suspension_key,
 )
 
@@ -132,7 +132,7 @@ class Events:
             await conn.flush()
         sentinel = f"sentinel {uuid.uuid4().hex}"
         await self._nc.publish(
-            hook_event_subject(sentinel, "pending"),
+            suspension_event_subject(sentinel, "pending"),
             encode(HookEvent(hook=HookPart(hook_id="-", label=sentinel, status="pending"))),
         )
         await self.next(sentinel, "pending")
@@ -189,7 +189,7 @@ async def test_preregistered_resolution_is_consumed_by_the_next_hook_exactly_onc
     )
 
     # exactly once: the next hook on the label is a new suspension, not the old value again
-    with pytest.raises(HookTimeoutError):
+    with pytest.raises(SuspensionTimeoutError):
         await world.a.hook(label, Grant, timeout_s=0.5)
     await world.events.next(label, "pending")
 
@@ -205,7 +205,7 @@ async def test_two_hooks_racing_for_one_preregistered_resolution_get_it_once(
     winners = [o for o in outs if o.error is None]
     assert [o.value for o in winners] == [Grant(approved=True)]
     (loser,) = [o for o in outs if o.error is not None]
-    assert isinstance(loser.error, HookTimeoutError | DuplicateHookError), loser.error
+    assert isinstance(loser.error, SuspensionTimeoutError | DuplicateSuspensionError), loser.error
 
 
 async def test_payload_none_takes_any_json(world: World, label: str) -> None:
@@ -244,7 +244,7 @@ async def test_a_refused_preregistered_value_can_be_replaced_or_cleared(
     assert await world.b.suspensions.clear_hook(cleared) is True
     assert await world.record(cleared) is None
     assert await world.b.suspensions.clear_hook(cleared) is False  # nothing left to clear
-    with pytest.raises(HookTimeoutError):  # a fresh hook waits instead of being refused
+    with pytest.raises(SuspensionTimeoutError):  # a fresh hook waits instead of being refused
         await world.a.hook(cleared, Grant, timeout_s=0.3)
 
 
@@ -335,7 +335,7 @@ async def test_a_second_live_hook_with_the_same_label_is_a_clear_error(
         first = spawn_hook(tg, world.a, label, Grant)
         await world.events.next(label, "pending")
         with anyio.fail_after(10):  # an error, not a hang
-            with pytest.raises(DuplicateHookError, match="live hook"):
+            with pytest.raises(DuplicateSuspensionError, match="live hook"):
                 await world.b.hook(label, Grant)
         assert world.events.count(label, "pending") == 1
         await world.b.resolve_hook(label, Grant(approved=False))  # the first is undisturbed
@@ -350,7 +350,7 @@ async def test_a_second_live_hook_in_the_same_run_and_process_is_a_clear_error(
     async with world.a.run(f"run-{uuid.uuid4().hex}"), anyio.create_task_group() as tg:
         first = spawn_hook(tg, world.a, label, Grant)
         await world.events.next(label, "pending")
-        with pytest.raises(DuplicateHookError):
+        with pytest.raises(DuplicateSuspensionError):
             await world.a.hook(label, Grant, timeout_s=2)
         await world.b.resolve_hook(label, Grant(approved=True))
         await first.wait()
@@ -458,7 +458,7 @@ async def test_cancel_makes_the_waiter_raise_and_emits_cancelled(world: World, l
         pending = await world.events.next(label, "pending")
         await world.b.cancel_hook(label, reason="no longer needed")
         await out.wait()
-    assert isinstance(out.error, HookCancelledError)
+    assert isinstance(out.error, SuspensionCancelledError)
     assert out.error.reason == "no longer needed"
     cancelled = await world.events.next(label, "cancelled")
     assert cancelled.hook_id == pending.hook_id and cancelled.reason == "no longer needed"
@@ -467,12 +467,12 @@ async def test_cancel_makes_the_waiter_raise_and_emits_cancelled(world: World, l
         await world.b.resolve_hook(label, Grant(approved=True))
     with pytest.raises(AlreadySettledError, match="cancelled"):
         await world.b.cancel_hook(label)
-    with pytest.raises(HookCancelledError):  # a later hook on it learns it was cancelled
+    with pytest.raises(SuspensionCancelledError):  # a later hook on it learns it was cancelled
         await world.a.hook(label, Grant, timeout_s=2)
 
 
 async def test_cancel_of_an_unknown_label_and_of_a_resolved_hook(world: World, label: str) -> None:
-    with pytest.raises(HookNotFoundError, match="no hook"):
+    with pytest.raises(SuspensionNotFoundError, match="no suspension"):
         await world.b.cancel_hook(label)
     await world.b.resolve_hook(label, Grant(approved=True))
     with pytest.raises(AlreadySettledError, match="resolved"):
@@ -521,7 +521,7 @@ async def test_resolve_racing_cancel_ends_in_exactly_one_outcome(
         if settled[lab] == ["resolved"]:
             assert out.error is None and out.value == Grant(approved=True)
         else:
-            assert isinstance(out.error, HookCancelledError) and out.error.reason == "race"
+            assert isinstance(out.error, SuspensionCancelledError) and out.error.reason == "race"
 
 
 # -- abort and serverless resume --------------------------------------------------------------
@@ -533,7 +533,7 @@ async def test_abort_pending_hook_stops_waiting_and_leaves_the_record_pending(
         part = await world.events.next(label, "pending")
         assert world.a.abort_pending_hook(part) is True
         await out.wait()
-    assert isinstance(out.error, HookAbortedError)
+    assert isinstance(out.error, SuspensionAbortedError)
     assert world.a.abort_pending_hook(part) is False  # nothing waits on it here any more
     assert world.b.abort_pending_hook(part.hook_id) is False  # nor in another process
     record = await world.record(label)
@@ -557,10 +557,10 @@ async def test_a_detached_hook_is_reattached_by_a_later_hook_and_resolved(
         part = await world.events.next(label, "pending")
         assert world.a.abort_pending_hook(part.hook_id)  # by hook id
         await out.wait()
-        assert isinstance(out.error, HookAbortedError)
+        assert isinstance(out.error, SuspensionAbortedError)
 
-    # nobody waits on it now: a later hook re-attaches and waits (no DuplicateHookError)
-    with pytest.raises(HookTimeoutError):
+    # nobody waits on it now: a later hook re-attaches and waits (no DuplicateSuspensionError)
+    with pytest.raises(SuspensionTimeoutError):
         await world.b.hook(label, Grant, timeout_s=0.5)
     async with anyio.create_task_group() as tg:
         again = spawn_hook(tg, world.b, label, Grant)
@@ -579,7 +579,7 @@ async def test_a_later_run_with_the_same_id_resumes_an_aborted_hook(
         part = await world.events.next(label, "pending")
         world.a.abort_pending_hook(part)
         await out.wait()
-    assert isinstance(out.error, HookAbortedError)
+    assert isinstance(out.error, SuspensionAbortedError)
     record = await world.record(label)
     assert record is not None and record.status == "pending", "run exit keeps aborted hooks"
 
@@ -623,7 +623,7 @@ async def test_run_exit_removes_a_hook_cancelled_in_it(world: World, label: str)
         await world.events.next(label, "pending")
         await world.b.cancel_hook(label, reason="stop")
         await out.wait()
-    assert isinstance(out.error, HookCancelledError)
+    assert isinstance(out.error, SuspensionCancelledError)
     assert await world.record(label) is None
 
 
@@ -631,7 +631,7 @@ async def test_run_exit_removes_a_hook_cancelled_in_it(world: World, label: str)
 async def test_a_timeout_gives_a_clear_error_and_leaves_the_hook_resumable(
     world: World, label: str
 ) -> None:
-    with pytest.raises(HookTimeoutError, match=r"no resolution within 0\.3s") as info:
+    with pytest.raises(SuspensionTimeoutError, match=r"no resolution within 0\.3s") as info:
         await world.a.hook(label, Grant, timeout_s=0.3)
     assert isinstance(info.value, TimeoutError)
     assert repr(label) in str(info.value)
@@ -717,7 +717,7 @@ async def test_records_expire_by_the_bucket_ttl(embedded_server: Any) -> None:
             with anyio.fail_after(25):
                 assert await d.suspensions.get("expires") is not None
                 # a waiter on a record that expires is told, instead of waiting forever
-                with pytest.raises(HookCancelledError):
+                with pytest.raises(SuspensionCancelledError):
                     await d.hook(waiter_label, Grant)
                 # max-age removal sends watchers nothing: poll (bounded by the fail_after)
                 while await d.suspensions.get("expires") is not None:  # noqa: ASYNC110

@@ -39,7 +39,7 @@ from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
     WIRE_ERROR_CODES,
     WIRE_TYPES,
-    HookCancelledError,
+    SuspensionCancelledError,
     asyncapi_document,
     emit_service_subject,
     encode_token,
@@ -182,7 +182,7 @@ VALID = [
         {
             "event": "tool:pre",
             "name": "h",
-            "subject": "hookbus.v1.hook.tool=3Apre.h",
+            "subject": "hookbus.v1.handler.tool=3Apre.h",
             "collect_subject": "hookbus.v1.collect.tool=3Apre",
             "queue_group": "h",
         },
@@ -304,12 +304,12 @@ def test_asyncapi_covers_every_subject_family_and_bucket():
     doc = asyncapi_document()
     addresses = {c["address"] for c in doc["channels"].values() if c["address"]}
     assert addresses >= {
-        "hookbus.v1.hook.{event}.{handler}",
-        "hookbus.v1.hook.{event}.{handler}.{instance}",
+        "hookbus.v1.handler.{event}.{handler}",
+        "hookbus.v1.handler.{event}.{handler}.{instance}",
         "hookbus.v1.collect.{event}",
         "hookbus.v1.emit.{agent}.{event}",
         "hookbus.v1.emit_and_collect.{agent}.{event}",
-        "hookbus.v1.hooks.{agent}.{label}.{status}",
+        "hookbus.v1.suspension.{agent}.{label}.{status}",
         "hookbus.v1.decisions.{agent}",
         "$KV.hookbus_handlers.{event}.{handler}",
         "$KV.hookbus_handlers._required.{event}.{handler}",
@@ -425,7 +425,7 @@ async def _suspensions(url: str, pending: asyncio.Queue[dict[str, Any]]) -> list
             event = await asyncio.wait_for(pending.get(), 20)
             assert event["hook"]["label"] == "deploy-8"
             await other.cancel_hook("deploy-8", reason="not today", agent_id="payments")
-            with pytest.raises(HookCancelledError):
+            with pytest.raises(SuspensionCancelledError):
                 await asyncio.wait_for(second, 20)
         return [first]
     finally:
@@ -477,7 +477,7 @@ async def _run_fleet(url: str, workdir: Path, recording: Recording) -> dict[str,
             if event["hook"]["status"] == "pending":
                 pending.put_nowait(event)
 
-        await agent.subscribe("hookbus.v1.hooks.>", cb=on_event)
+        await agent.subscribe("hookbus.v1.suspension.>", cb=on_event)
         transfer = asyncio.ensure_future(
             _request(agent, emit, {**base, "timeout_s": 60,
                                    "data": {"tool_name": "transfer", "amount": "1200.00"}})

@@ -21,7 +21,7 @@ function encodeToken(name) {
 const agentToken = (agentId) => (agentId ? encodeToken(agentId) : "=");
 
 const handlerKey = (event, handler) => `${encodeToken(event)}.${encodeToken(handler)}`;
-const handlerSubject = (event, handler) => `${PREFIX}.hook.${handlerKey(event, handler)}`;
+const handlerSubject = (event, handler) => `${PREFIX}.handler.${handlerKey(event, handler)}`;
 const collectSubject = (event) => `${PREFIX}.collect.${encodeToken(event)}`;
 const queueGroup = (handler) => encodeToken(handler);
 const emitSubject = (event, agentId) => `${PREFIX}.emit.${agentToken(agentId)}.${encodeToken(event)}`;

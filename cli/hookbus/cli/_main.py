@@ -23,9 +23,9 @@ from ._decisions_cmd import decisions
 from ._emit_cmd import emit
 from ._gateway_cmd import gateway
 from ._handlers_cmd import handlers, services
-from ._hooks_cmd import hooks
 from ._otel import otel_session, otlp_option, print_denied_trace
 from ._serve_cmds import dispatcher_cmd, run_async, server, worker
+from ._suspensions_cmd import hooks, suspensions
 from ._tail_cmd import tail
 from ._toplevel import run_cli
 
@@ -151,7 +151,8 @@ cli.add_command(dispatcher_cmd)
 cli.add_command(emit)
 cli.add_command(handlers)
 cli.add_command(services)
-cli.add_command(hooks)
+cli.add_command(suspensions)
+cli.add_command(hooks)  # the former name of suspensions, hidden
 cli.add_command(approvals)
 cli.add_command(decisions)
 cli.add_command(tail)

@@ -44,12 +44,12 @@ from hookbus.schemas import (
     ApprovalGrant,
     BadRequestError,
     HookbusError,
-    HookCancelledError,
-    HookNotFoundError,
     HookResult,
-    HookTimeoutError,
     ResolutionRejectedError,
+    SuspensionCancelledError,
+    SuspensionNotFoundError,
     SuspensionRecord,
+    SuspensionTimeoutError,
     approval_answer_key,
     approvals_bucket_config,
     decode,
@@ -267,7 +267,7 @@ class Approvals:
             `result` with ``action`` continue or deny and the ``reason``: a grant, the
             human's choice, the timeout's `approval_default`, or a cancel (deny).
         Raises:
-            HookAbortedError: the wait was aborted (a draining dispatcher); the approval
+            SuspensionAbortedError: the wait was aborted (a draining dispatcher); the approval
                 stays pending and a retry with the same call id resumes it.
             HookbusError: the suspension store failed (e.g. `HookbusTimeoutError`: JetStream
                 stayed unavailable); a grant store failure only means the human is asked.
@@ -341,9 +341,9 @@ class Approvals:
                     tn.GEN_AI_CONVERSATION_ID: session or "",
                 },
             )
-        except HookTimeoutError:
+        except SuspensionTimeoutError:
             return await self._timed_out(result, label, options, store)
-        except HookCancelledError as exc:
+        except SuspensionCancelledError as exc:
             return self._cancelled(result, exc.reason)
         return await self._answered(result, answer, options, store, label)
 
@@ -362,7 +362,7 @@ class Approvals:
             if decided is not None:
                 return decided
             log.warning("approval %r settled but unreadable after its timeout", label)
-        except HookNotFoundError:
+        except SuspensionNotFoundError:
             log.warning("approval %r vanished at its timeout; default applied", label)
         except (HookbusError, nats.errors.Error, nats.js.errors.Error) as exc:
             log.warning(
@@ -463,7 +463,7 @@ class Approvals:
         Returns:
             The answer that decided the approval.
         Raises:
-            HookNotFoundError: no approval with this label for this agent.
+            SuspensionNotFoundError: no approval with this label for this agent.
             AlreadySettledError: it was answered, cancelled or timed out first, or this
                 approver already answered it otherwise.
             ResolutionRejectedError: `choice` is not one of its options.
@@ -474,7 +474,7 @@ class Approvals:
         store = self._suspensions.for_agent(agent_id)
         got = await store.get(label)
         if got is None or got[0].metadata.get("kind") != "approval":
-            raise HookNotFoundError(f"no approval {label!r} for agent {agent_id!r}")
+            raise SuspensionNotFoundError(f"no approval {label!r} for agent {agent_id!r}")
         record = got[0]
         if record.status != "pending":
             raise AlreadySettledError(f"approval {label!r} is already {record.status}")

@@ -42,11 +42,11 @@ from hookbus.schemas import (
     CollectRequest,
     EmitReply,
     EmitRequest,
-    HookAbortedError,
     HookbusError,
     HookbusTimeoutError,
     NotConnectedError,
     PayloadTooLargeError,
+    SuspensionAbortedError,
     UnknownEventError,
     WireError,
     WireFormatError,
@@ -100,7 +100,7 @@ def _wire_error(exc: BaseException) -> WireError:
         return WireError(code="payload_too_large", message=str(exc))
     if isinstance(exc, BadRequestError | WireFormatError):
         return WireError(code="bad_request", message=str(exc))
-    if isinstance(exc, HookAbortedError | asyncio.CancelledError):
+    if isinstance(exc, SuspensionAbortedError | asyncio.CancelledError):
         return _unavailable("the dispatcher is shutting down; send the request again")
     if isinstance(exc, NotConnectedError | HookbusTimeoutError | nats.errors.Error):
         return _unavailable(f"NATS or JetStream is unreachable: {exc}")

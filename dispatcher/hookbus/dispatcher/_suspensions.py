@@ -12,11 +12,11 @@ resolvers, cancellers and waiters in any process end in exactly one outcome.
 - Otherwise ``hook`` creates a pending record owned by this process (its waiter id, kept
   alive by one lease per process, see `Leases`), publishes a ``pending`` `HookEvent`, and
   waits on the process's one shared watch (`SharedWatch`). A second ``hook`` on a label
-  whose owner is alive is `DuplicateHookError`; an owner whose lease expired (a crashed
+  whose owner is alive is `DuplicateSuspensionError`; an owner whose lease expired (a crashed
   process) is taken over.
 - ``resolve_hook`` checks the value against the payload's JSON Schema kept in the record
   (`ResolutionRejectedError`, record unchanged), then compare-and-sets it to resolved.
-- ``cancel_hook`` compare-and-sets it to cancelled; the waiter raises `HookCancelledError`.
+- ``cancel_hook`` compare-and-sets it to cancelled; the waiter raises `SuspensionCancelledError`.
 - ``abort_pending_hook`` (or ``abort_all``) stops local waits and leaves the record pending,
   detached: a later ``hook(label)`` gets the stored resolution (serverless resume), or
   re-attaches and waits if there is none yet.
@@ -44,19 +44,22 @@ from nats.js.kv import KeyValue
 
 from hookbus.schemas import (
     AlreadySettledError,
-    DuplicateHookError,
-    HookAbortedError,
-    HookCancelledError,
-    HookNotFoundError,
+    DuplicateSuspensionError,
     HookPart,
     HookStatus,
-    HookTimeoutError,
+    SuspensionAbortedError,
+    SuspensionCancelledError,
+    SuspensionNotFoundError,
     SuspensionRecord,
-    hook_events_subject,
+    SuspensionTimeoutError,
+    suspension_events_subject,
     suspensions_bucket_config,
 )
 
-from ._hookparts import (
+from ._kv import kv_retry, open_bucket
+from ._records import Entry, RecordStore, SuspensionPage
+from ._run_scopes import RunScope, cleanup, current_run_scope, note_label
+from ._suspension_events import (
     HookEventStream,
     Validators,
     check,
@@ -66,9 +69,6 @@ from ._hookparts import (
     settled,
     to_json_value,
 )
-from ._kv import kv_retry, open_bucket
-from ._records import Entry, RecordStore, SuspensionPage
-from ._runs import RunScope, cleanup, current_run, note
 from ._telemetry import SuspensionSpan, suspension_span
 from ._waiter import Leases, SharedWatch, Slot
 
@@ -242,13 +242,13 @@ class Suspensions:
                 ``await <kind>``, with events pending / resolved / cancelled / timed_out /
                 aborted; `span_attributes` are added to it.
         Raises:
-            DuplicateHookError: a live waiter (its process's lease alive) holds a pending
+            DuplicateSuspensionError: a live waiter (its process's lease alive) holds a pending
                 hook of this label.
             ResolutionRejectedError: the stored resolution does not fit `payload`; it is
                 not consumed (replace or clear it).
-            HookCancelledError: it was cancelled (now or before), or its record removed.
-            HookAbortedError: `abort_pending_hook` / `abort_all` stopped the wait.
-            HookTimeoutError: no resolution within `timeout_s`.
+            SuspensionCancelledError: it was cancelled (now or before), or its record removed.
+            SuspensionAbortedError: `abort_pending_hook` / `abort_all` stopped the wait.
+            SuspensionTimeoutError: no resolution within `timeout_s`.
             HookbusTimeoutError: JetStream stayed unavailable while writing the record.
         """
         with suspension_span(label, kind=kind, attributes=span_attributes) as span:
@@ -257,13 +257,13 @@ class Suspensions:
                     span, label, payload=payload, metadata=metadata, timeout_s=timeout_s,
                     schema=schema, shared=shared,
                 )  # fmt: skip
-            except HookCancelledError as exc:
+            except SuspensionCancelledError as exc:
                 span.event("cancelled", reason=exc.reason or "")
                 raise
-            except HookTimeoutError:
+            except SuspensionTimeoutError:
                 span.event("timed_out")
                 raise
-            except HookAbortedError:
+            except SuspensionAbortedError:
                 span.event("aborted")
                 raise
             span.event("resolved")
@@ -282,8 +282,10 @@ class Suspensions:
     ) -> T:
         key = self.records.key(label)  # BadRequestError for a label too long to be a key
         if self._live.get(key) and not shared:
-            raise DuplicateHookError(f"this process already waits on a hook labelled {label!r}")
-        run = note(label)
+            raise DuplicateSuspensionError(
+                f"this process already waits on a hook labelled {label!r}"
+            )
+        run = note_label(label)
         leases = await self._lease()
         slot = self.watch.register(key)
         try:
@@ -315,7 +317,7 @@ class Suspensions:
                         return result
                     continue
                 if record.status == "cancelled":
-                    raise HookCancelledError(label, record.reason)
+                    raise SuspensionCancelledError(label, record.reason)
                 if record.status == "resolved" and shared:  # one call, retried: its answer
                     return convert(label, record.resolution, payload)
                 if record.status == "resolved":  # consumed earlier: this is a new hook
@@ -331,7 +333,7 @@ class Suspensions:
                 same_run = run is not None and record.run_id == run.run_id
                 if record.attached and not same_run and not shared:
                     if not record.owner or await leases.alive(record.owner):
-                        raise DuplicateHookError(
+                        raise DuplicateSuspensionError(
                             f"a live hook with label {label!r} exists (hook {record.hook_id})"
                         )
                     log.info("taking over hook %r from %s (its lease expired)",
@@ -374,7 +376,9 @@ class Suspensions:
             with scope, anyio.move_on_after(timeout_s) as deadline:
                 return await self._untilsettled(slot, label, payload, shared=shared)
             if deadline.cancelled_caught:
-                raise HookTimeoutError(f"hook {label!r} got no resolution within {timeout_s}s")
+                raise SuspensionTimeoutError(
+                    f"hook {label!r} got no resolution within {timeout_s}s"
+                )
             raise AssertionError("unreachable")  # pragma: no cover
         except BaseException as exc:
             keep = run is not None and isinstance(exc, anyio.get_cancelled_exc_class())
@@ -393,7 +397,9 @@ class Suspensions:
             if scope.cancelled_caught:
                 if run is not None:
                     run.aborted.add(label)
-                raise HookAbortedError(f"waiting on hook {label!r} was aborted; it stays pending")
+                raise SuspensionAbortedError(
+                    f"waiting on hook {label!r} was aborted; it stays pending"
+                )
 
     async def _untilsettled(
         self, slot: Slot, label: str, payload: type[T] | None, *, shared: bool
@@ -402,13 +408,13 @@ class Suspensions:
         while True:
             await slot.changed(None)
             if slot.removed:
-                raise HookCancelledError(label, "the record was removed")
+                raise SuspensionCancelledError(label, "the record was removed")
             entry = slot.latest
             if entry is None or entry.record is None:
                 continue  # malformed (logged): wait for a good version
             record = entry.record
             if record.status == "cancelled":
-                raise HookCancelledError(label, record.reason)
+                raise SuspensionCancelledError(label, record.reason)
             if record.status != "resolved":
                 continue
             if record.consumed:
@@ -460,7 +466,7 @@ class Suspensions:
                 cancelled.
             HookbusTimeoutError: JetStream stayed unavailable.
         """
-        note(label)
+        note_label(label)
         data = to_json_value(value)
         while True:
             entry = await self.records.read(label)
@@ -519,17 +525,17 @@ class Suspensions:
                 return True
 
     async def cancel_hook(self, label: str, *, reason: str | None = None) -> SuspensionRecord:
-        """Cancel the pending hook `label`; its waiter raises `HookCancelledError`.
+        """Cancel the pending hook `label`; its waiter raises `SuspensionCancelledError`.
 
         Raises:
-            HookNotFoundError: no (valid) record for the label.
+            SuspensionNotFoundError: no (valid) record for the label.
             AlreadySettledError: it is already resolved or cancelled.
             HookbusTimeoutError: JetStream stayed unavailable.
         """
         while True:
             entry = await self.records.read(label)
             if entry is None or entry.record is None:
-                raise HookNotFoundError(f"no hook with label {label!r}")
+                raise SuspensionNotFoundError(f"no suspension with label {label!r}")
             record = entry.record
             if record.status != "pending":
                 raise AlreadySettledError(f"hook {label!r} is already {settled(record)}")
@@ -553,7 +559,7 @@ class Suspensions:
         return True
 
     def abort_all(self) -> int:
-        """Stop every wait of this process (each raises `HookAbortedError`); the records
+        """Stop every wait of this process (each raises `SuspensionAbortedError`); the records
         stay pending, detached, for a later ``hook(label)`` to resume. Returns how many
         waits were stopped."""
         scopes = [scope for group in self._waiters.values() for scope in group]
@@ -564,23 +570,24 @@ class Suspensions:
     # -- runs and events -------------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def run(self, run_id: str | None = None) -> AsyncIterator[RunScope]:
-        """Scope a run: labels used inside are cleaned up on exit (see `_runs`).
+        """Scope a run: labels used inside are cleaned up on exit (see `_run_scopes`).
 
         Re-entering with the same `run_id` (in any process) resumes that run's hooks.
         """
         scope = RunScope(run_id or uuid.uuid4().hex)
-        token = current_run.set(scope)
+        token = current_run_scope.set(scope)
         try:
             yield scope
         finally:
-            current_run.reset(token)
+            current_run_scope.reset(token)
             with anyio.CancelScope(shield=True):
                 await cleanup(self.records, scope)
 
     async def events(self) -> HookEventStream:
-        """Subscribe to the hook events (pending / resolved / cancelled): this agent's
-        (``hookbus.v1.hooks.<agent>.>``) for a scoped store, every agent's otherwise."""
-        subject = hook_events_subject(self.agent_id, every_agent=not self.records.scoped)
+        """Subscribe to the suspension events (`HookEvent`: pending / resolved / cancelled):
+        this agent's (``hookbus.v1.suspension.<agent>.>``) for a scoped store, every agent's
+        otherwise."""
+        subject = suspension_events_subject(self.agent_id, every_agent=not self.records.scoped)
         sub = await self._nc.subscribe(subject)
         await self._nc.flush()
         return HookEventStream(sub)

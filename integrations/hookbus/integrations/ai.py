@@ -58,9 +58,9 @@ How each ``ai`` behaviour maps onto hookbus:
 
 The record's metadata is ``ai``'s ``metadata`` plus one key, ``"_ai"``: ``{"hook_type":
 payload class name, "tool_call_id": ...}`` (removed again in the events given here).
-Differences from ``ai``: a second live hook on one label raises `DuplicateHookError`
+Differences from ``ai``: a second live hook on one label raises `DuplicateSuspensionError`
 (``ai`` would replace it silently); ``cancel_hook`` of an unknown label raises
-`HookNotFoundError` (``ai``: ``ValueError``); an exception passed to ``resolve_hook``
+`SuspensionNotFoundError` (``ai``: ``ValueError``); an exception passed to ``resolve_hook``
 (``defer_hook``) reaches only a hook waiting, or next waiting, in this process; ``ai``'s
 hook telemetry span is replaced by hookbus's ``await suspension`` span.
 """
@@ -86,12 +86,12 @@ from nats.aio.client import Client as NATS
 from hookbus.dispatcher import Suspensions
 from hookbus.schemas import (
     AlreadySettledError,
-    HookAbortedError,
-    HookCancelledError,
     HookEvent,
-    HookNotFoundError,
     HookPart,
     ResolutionRejectedError,
+    SuspensionAbortedError,
+    SuspensionCancelledError,
+    SuspensionNotFoundError,
 )
 
 __all__ = [
@@ -166,7 +166,7 @@ class HookbusHooks(ai_middleware._Middleware):
         suspensions: the store (``await Suspensions.open(nc, agent_id=...)``, or
             ``dispatcher.suspensions`` of a started `HookDispatcher`). Its ``agent_id``
             names whose hooks these are (records ``<agent>.<label>``).
-        timeout_s: seconds a hook waits before `HookTimeoutError`; None (``ai``'s
+        timeout_s: seconds a hook waits before `SuspensionTimeoutError`; None (``ai``'s
             behaviour) waits until resolved, cancelled or aborted.
     """
 
@@ -275,9 +275,9 @@ class HookbusHooks(ai_middleware._Middleware):
             asyncio.CancelledError: the hook was cancelled (args: the reason), as ``ai``.
             ai.HookDeferredException: the wait was aborted (`abort_pending_hook`,
                 `abort_all`, ``defer_hook``); the record stays pending for a later run.
-            DuplicateHookError: a live hook of this label waits elsewhere.
+            DuplicateSuspensionError: a live hook of this label waits elsewhere.
             ResolutionRejectedError: the stored resolution does not fit `payload`.
-            HookTimeoutError: no resolution within `timeout_s`.
+            SuspensionTimeoutError: no resolution within `timeout_s`.
             HookbusTimeoutError: JetStream stayed unavailable.
         """
         return await self._hook(
@@ -345,7 +345,7 @@ class HookbusHooks(ai_middleware._Middleware):
         waiter raises ``asyncio.CancelledError(reason)``.
 
         Raises:
-            HookNotFoundError: no hook of that label (``ai`` raises ``ValueError``).
+            SuspensionNotFoundError: no hook of that label (``ai`` raises ``ValueError``).
             AlreadySettledError: it is already resolved or cancelled.
             HookbusTimeoutError: JetStream stayed unavailable.
         """
@@ -465,7 +465,7 @@ class HookbusHooks(ai_middleware._Middleware):
         ``ai.cancel_hook`` did it: it published its own ``cancelled`` event)."""
         if local.cancelled():
             reason = _cancel_reason(local)
-            with contextlib.suppress(HookNotFoundError, AlreadySettledError):
+            with contextlib.suppress(SuspensionNotFoundError, AlreadySettledError):
                 await self.suspensions.cancel_hook(label, reason=reason)
             return None, True
         exc = local.exception()
@@ -521,9 +521,9 @@ class HookbusHooks(ai_middleware._Middleware):
         if kv.cancelled():  # an abort that could not reach the store's wait
             raise instead or ai.HookDeferredException(part)
         exc = kv.exception()
-        if isinstance(exc, HookAbortedError):
+        if isinstance(exc, SuspensionAbortedError):
             raise (instead or ai.HookDeferredException(part)) from None
-        if isinstance(exc, HookCancelledError):
+        if isinstance(exc, SuspensionCancelledError):
             if rt is not None and not cancelled_locally:
                 await rt.put_hook(part.model_copy(update={"status": "cancelled"}))
             raise asyncio.CancelledError(exc.reason)

@@ -62,12 +62,12 @@ import msgspec
 
 from hookbus.schemas import (
     BadRequestError,
-    HookAbortedError,
     HookbusError,
     HookbusTimeoutError,
     HookResult,
     NotConnectedError,
     PayloadTooLargeError,
+    SuspensionAbortedError,
     UnknownEventError,
 )
 
@@ -305,7 +305,7 @@ def _failed(step: Step, exc: Exception) -> AOSSuccessResult:
     kind = (
         "not_connected" if isinstance(exc, NotConnectedError)
         else "timeout" if isinstance(exc, HookbusTimeoutError | TimeoutError)
-        else "aborted" if isinstance(exc, HookAbortedError)
+        else "aborted" if isinstance(exc, SuspensionAbortedError)
         else "payload_too_large" if isinstance(exc, PayloadTooLargeError)
         else "bad_request" if isinstance(exc, BadRequestError)
         else "invalid_modification" if isinstance(exc, ParamsError)

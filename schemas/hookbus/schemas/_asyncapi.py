@@ -38,6 +38,8 @@ from ._subjects import (
     GRANT_NONE,
     NO_AGENT,
     SUBJECT_PREFIX,
+    SUSPENSION_EVENTS_WILDCARD,
+    SUSPENSION_SUBJECT_PREFIX,
     WORKER_SERVICE_NAME,
     approval_answer_key,
     collect_service_subject,
@@ -48,9 +50,9 @@ from ._subjects import (
     handler_instance_subject,
     handler_key,
     handler_subject,
-    hook_event_subject,
     lease_key,
     required_key,
+    suspension_event_subject,
     suspension_key,
 )
 
@@ -85,7 +87,7 @@ PARAMETERS: Final[dict[str, dict[str, Any]]] = {
         "`approval:` and 32 hex digits (encoded `approval=3A...`).",
     },
     "status": {
-        "description": "The transition the hook event reports.",
+        "description": "The transition the suspension event reports.",
         "enum": ["pending", "resolved", "cancelled"],
     },
     "approver": {"description": f"The approver's name, {_ENCODED}."},
@@ -377,16 +379,17 @@ def _channels() -> dict[str, Any]:
             "The reply subject of an emit_and_collect request (the NATS reply-to).",
             ["CollectReply"],
         ),
-        "hookEvents": _channel(
+        "suspensionEvents": _channel(
             _address(
-                lambda label, status, agent: hook_event_subject(label, status, agent),
+                lambda label, status, agent: suspension_event_subject(label, status, agent),
                 "label",
                 "status",
                 "agent",
             ),
             "A suspension's transitions, published by whoever made them (core NATS, not "
-            f"stored). `{SUBJECT_PREFIX}.hooks.<agent>.>` hears one agent's, "
-            f"`{SUBJECT_PREFIX}.hooks.>` every agent's.",
+            f"stored). `{SUSPENSION_SUBJECT_PREFIX}.<agent>.>` hears one agent's, "
+            f"`{SUSPENSION_EVENTS_WILDCARD}` every agent's. The payload keeps the Vercel AI "
+            "SDK's name, HookEvent.",
             ["HookEvent"],
             _params("agent", "label", "status"),
         ),
@@ -577,9 +580,9 @@ def _operations() -> dict[str, Any]:
             queue=DISPATCHER_QUEUE_GROUP,
             role="dispatcher",
         ),
-        "publishHookEvent": _op(
+        "publishSuspensionEvent": _op(
             "send",
-            "hookEvents",
+            "suspensionEvents",
             ["HookEvent"],
             "A suspension changed state.",
             "Published after each successful write of a record (pending, resolved, cancelled).",

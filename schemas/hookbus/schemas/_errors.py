@@ -2,6 +2,10 @@
 
 Errors that cross the wire travel as data (`hookbus.schemas.WireError`), never as pickles
 or tracebacks; these classes are what the Python API raises.
+
+The suspension errors say *suspension* (a run paused on a label, the Vercel AI SDK's
+``hook``); their former ``Hook...`` names stay as aliases of the same classes, so code
+catching `HookTimeoutError` still catches `SuspensionTimeoutError` (see docs/names.md).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ __all__ = [
     "BadRequestError",
     "BucketConfigError",
     "DuplicateHookError",
+    "DuplicateSuspensionError",
     "HandlerConflictError",
     "HookAbortedError",
     "HookCancelledError",
@@ -21,7 +26,11 @@ __all__ = [
     "NotConnectedError",
     "PayloadTooLargeError",
     "ResolutionRejectedError",
+    "SuspensionAbortedError",
+    "SuspensionCancelledError",
     "SuspensionError",
+    "SuspensionNotFoundError",
+    "SuspensionTimeoutError",
     "UnknownEventError",
     "WireFormatError",
 ]
@@ -67,27 +76,29 @@ class PayloadTooLargeError(BadRequestError):
 
 
 class SuspensionError(HookbusError):
-    """Root of the suspension (hook) errors."""
+    """Root of the suspension errors (``hook`` / ``resolve_hook`` / ``cancel_hook``)."""
 
 
-class DuplicateHookError(SuspensionError):
-    """A live hook with this label already exists (another waiter is attached)."""
+class DuplicateSuspensionError(SuspensionError):
+    """A live suspension with this label already exists (another waiter is attached, its
+    process's lease alive)."""
 
 
-class HookNotFoundError(SuspensionError):
+class SuspensionNotFoundError(SuspensionError):
     """No suspension record exists for the label."""
 
 
 class AlreadySettledError(SuspensionError):
-    """The hook is already resolved or cancelled; exactly one outcome wins."""
+    """The suspension is already resolved or cancelled; exactly one outcome wins."""
 
 
 class ResolutionRejectedError(SuspensionError, BadRequestError):
-    """The value does not fit the hook's payload schema; the record is unchanged."""
+    """The value does not fit the suspension's payload schema; the record is unchanged."""
 
 
-class HookCancelledError(SuspensionError):
-    """The awaited hook was cancelled (`cancel_hook`); `reason` says why."""
+class SuspensionCancelledError(SuspensionError):
+    """The awaited suspension was cancelled (`cancel_hook`); `reason` says why, `label`
+    names it."""
 
     def __init__(self, label: str, reason: str | None) -> None:
         super().__init__(f"hook {label!r} was cancelled" + (f": {reason}" if reason else ""))
@@ -95,9 +106,22 @@ class HookCancelledError(SuspensionError):
         self.reason = reason
 
 
-class HookAbortedError(SuspensionError):
+class SuspensionAbortedError(SuspensionError):
     """`abort_pending_hook` stopped this wait; the record stays pending for a later run."""
 
 
-class HookTimeoutError(SuspensionError, HookbusTimeoutError):
-    """No resolution arrived within the hook's timeout (also a stdlib `TimeoutError`)."""
+class SuspensionTimeoutError(SuspensionError, HookbusTimeoutError):
+    """No resolution arrived within the suspension's timeout (seconds, ``timeout_s``); also
+    a `HookbusTimeoutError` and a stdlib `TimeoutError`."""
+
+
+DuplicateHookError = DuplicateSuspensionError
+"""The former name of `DuplicateSuspensionError` (kept: it was public)."""
+HookNotFoundError = SuspensionNotFoundError
+"""The former name of `SuspensionNotFoundError` (kept: it was public)."""
+HookCancelledError = SuspensionCancelledError
+"""The former name of `SuspensionCancelledError` (kept: it was public)."""
+HookAbortedError = SuspensionAbortedError
+"""The former name of `SuspensionAbortedError` (kept: it was public)."""
+HookTimeoutError = SuspensionTimeoutError
+"""The former name of `SuspensionTimeoutError` (kept: it was public)."""

@@ -17,7 +17,7 @@ Roles (one user per identity):
 
 ==============  ================================================================
 ``admin``       everything hookbus (all subjects, buckets, streams; delete/purge)
-``agent``       its own emits, hook events, suspensions and decisions; reads the
+``agent``       its own emits, suspension events, suspensions and decisions; reads the
                 handler registry; calls handlers directly (embedded dispatcher)
 ``worker``      serves its handlers (queue groups restricted to them; chain
                 requests of exactly its handler set ``<set>``, `handler_set_id`
@@ -52,10 +52,11 @@ from ._subjects import (
     DISPATCHER_QUEUE_GROUP,
     DISPATCHER_SERVICE_NAME,
     EMIT_SERVICE_WILDCARD,
+    HANDLER_SUBJECT_PREFIX,
     HANDLERS_BUCKET,
-    HOOK_EVENTS_WILDCARD,
     LEASES_BUCKET,
     SUBJECT_PREFIX,
+    SUSPENSION_EVENTS_WILDCARD,
     SUSPENSIONS_BUCKET,
     WORKER_SERVICE_NAME,
     encode_token,
@@ -239,12 +240,12 @@ def _srv_answers(name: str, why: str) -> list[Grant]:
 
 
 def _call_handlers() -> list[Grant]:
-    hook = f"{SUBJECT_PREFIX}.hook"
+    handler = HANDLER_SUBJECT_PREFIX
     return [
-        Grant(f"{hook}.*.*", "call a handler (queue group of its replicas)"),
+        Grant(f"{handler}.*.*", "call a handler (queue group of its replicas)"),
         Grant(CHAIN_WILDCARD, "call a run of one worker process's handlers (chain request)"),
         Grant(f"{CHAIN_WILDCARD}.*", "a chain request to one worker instance (hedges)"),
-        Grant(f"{hook}.*.*.*", "call a handler on one worker instance (hedges)"),
+        Grant(f"{handler}.*.*.*", "call a handler on one worker instance (hedges)"),
         Grant(f"{SUBJECT_PREFIX}.collect.*", "emit_and_collect: one request every handler hears"),
     ]
 
@@ -268,7 +269,7 @@ def admin(name: str = "admin", *, public_key: str | None = None) -> RolePermissi
         ),
         subscribe_grants=(
             _inbox(public_key),
-            Grant(HOOK_EVENTS_WILDCARD, "every agent's hook events"),
+            Grant(SUSPENSION_EVENTS_WILDCARD, "every agent's suspension events"),
         ),
     )
 
@@ -283,7 +284,9 @@ def _agent(a: str, public_key: str | None) -> RolePermissions:
             Grant(f"{p}.emit.{a}.*", "emit through the dispatcher service, as itself only"),
             Grant(f"{p}.emit_and_collect.{a}.*", "emit_and_collect through the service"),
             *_call_handlers(),
-            Grant(f"{p}.hooks.{a}.>", f"{own} hook events (pending / resolved / cancelled)"),
+            Grant(
+                f"{p}.suspension.{a}.>", f"{own} suspension events (pending / resolved / cancelled)"
+            ),
             Grant(f"{p}.decisions.{a}", f"{own} decisions to the audit stream"),
             *_srv_requests(),
             _kv_put(SUSPENSIONS_BUCKET, f"{a}.*", f"{own} suspension records (`<a>.<label>`)"),
@@ -298,13 +301,13 @@ def _agent(a: str, public_key: str | None) -> RolePermissions:
         ),
         subscribe_grants=(
             _inbox(public_key),
-            Grant(f"{p}.hooks.{a}.>", f"{own} hook events"),
+            Grant(f"{p}.suspension.{a}.>", f"{own} suspension events"),
         ),
     )
 
 
 def agent(name: str, *, public_key: str | None = None) -> RolePermissions:
-    """An agent (one per agent id): its own emits, hook events, suspensions, grants (read)
+    """An agent (one per agent id): its own emits, suspension events, suspensions, grants (read)
     and decisions; reads the registry and calls handlers directly (embedded dispatcher).
 
     Raises:
@@ -317,7 +320,7 @@ def agent(name: str, *, public_key: str | None = None) -> RolePermissions:
 def _worker(
     name: str, handler_tokens: Sequence[str], set_id: str, public_key: str | None
 ) -> RolePermissions:
-    hook = f"{SUBJECT_PREFIX}.hook"
+    handler = HANDLER_SUBJECT_PREFIX
     chain = f"{SUBJECT_PREFIX}.chain.*.{set_id}"
     serve: list[Grant] = [
         Grant(f"{chain} {set_id}", "chain requests for exactly its handler set"),
@@ -326,8 +329,8 @@ def _worker(
     declare: list[Grant] = []
     for h in handler_tokens:
         serve += [
-            Grant(f"{hook}.*.{h} {h}", "its handler's requests, in the handler's queue group"),
-            Grant(f"{hook}.*.{h}.*", "its handler's requests to this instance (hedges)"),
+            Grant(f"{handler}.*.{h} {h}", "its handler's requests, in the handler's queue group"),
+            Grant(f"{handler}.*.{h}.*", "its handler's requests to this instance (hedges)"),
             Grant(f"{SUBJECT_PREFIX}.collect.* {h}", "emit_and_collect, handler's queue group"),
         ]
         declare.append(
@@ -373,7 +376,7 @@ def worker(
 
 def dispatcher(name: str = "dispatcher", *, public_key: str | None = None) -> RolePermissions:
     """The dispatcher service: answers every agent's emits (queue group
-    `DISPATCHER_QUEUE_GROUP`), calls every handler, writes suspension records and hook
+    `DISPATCHER_QUEUE_GROUP`), calls every handler, writes suspension records and
     events for any agent, records decisions, creates the buckets and the audit stream, and
     answers the services API (``$SRV.PING`` / ``INFO`` / ``STATS``) as
     `DISPATCHER_SERVICE_NAME`."""
@@ -383,7 +386,7 @@ def dispatcher(name: str = "dispatcher", *, public_key: str | None = None) -> Ro
         name=name,
         publish_grants=(
             *_call_handlers(),
-            Grant(HOOK_EVENTS_WILDCARD, "hook events of any agent"),
+            Grant(SUSPENSION_EVENTS_WILDCARD, "suspension events of any agent"),
             Grant(DECISIONS_WILDCARD, "decisions of any agent to the audit stream"),
             *_srv_requests(),
             _kv_put(SUSPENSIONS_BUCKET, "*.*", "suspension records of any agent (not proofs)"),
@@ -400,7 +403,7 @@ def dispatcher(name: str = "dispatcher", *, public_key: str | None = None) -> Ro
             _inbox(public_key),
             Grant(f"{EMIT_SERVICE_WILDCARD} {q}", "every agent's emits, in the dispatcher group"),
             Grant(f"{COLLECT_SERVICE_WILDCARD} {q}", "every agent's emit_and_collect, same group"),
-            Grant(HOOK_EVENTS_WILDCARD, "hook events (approval waits)"),
+            Grant(SUSPENSION_EVENTS_WILDCARD, "suspension events (approval waits)"),
             *_srv_answers(
                 DISPATCHER_SERVICE_NAME, "answer the services API: endpoints, stats (nats.micro)"
             ),
@@ -414,7 +417,7 @@ def _approver(pt: str, public_key: str | None) -> RolePermissions:
         role="approver",
         name=pt,
         publish_grants=(
-            Grant(HOOK_EVENTS_WILDCARD, "hook events of the suspensions it resolves"),
+            Grant(SUSPENSION_EVENTS_WILDCARD, "events of the suspensions it resolves"),
             _kv_put(SUSPENSIONS_BUCKET, "*.*", "resolve or cancel a suspension"),
             _kv_put(SUSPENSIONS_BUCKET, f"*.*.{pt}", "its own answer proofs (`<a>.<label>.<p>`)"),
             _kv_put(APPROVALS_BUCKET, ">", '"Allow always" grants and their revocation'),
@@ -426,7 +429,9 @@ def _approver(pt: str, public_key: str | None) -> RolePermissions:
         ),
         subscribe_grants=(
             _inbox(public_key),
-            Grant(HOOK_EVENTS_WILDCARD, "every agent's hook events (pending approvals)"),
+            Grant(
+                SUSPENSION_EVENTS_WILDCARD, "every agent's suspension events (pending approvals)"
+            ),
         ),
     )
 

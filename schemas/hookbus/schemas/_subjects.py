@@ -7,15 +7,23 @@ byte of the UTF-8 text becomes ``=XX`` (upper-case hex), so ``tool:pre`` is ``to
 
 Subjects (version in the subject, ``v1``):
 
-========================================  =============================================
-``hookbus.v1.hook.<event>.<handler>``     one handler's requests (queue group per handler)
-``hookbus.v1.hook.<event>.<handler>.<i>`` the same handler on one worker instance only
-``hookbus.v1.collect.<event>``            emit_and_collect scatter (every handler hears it)
-``hookbus.v1.emit.<agent>.<event>``       dispatcher service: emit, as agent ``<agent>``
+===============================================  ======================================
+``hookbus.v1.handler.<event>.<handler>``         one handler's requests (queue group per
+                                                 handler)
+``hookbus.v1.handler.<event>.<handler>.<i>``     the same handler on one worker instance
+``hookbus.v1.collect.<event>``                   emit_and_collect scatter (every handler
+                                                 hears it)
+``hookbus.v1.emit.<agent>.<event>``              dispatcher service: emit, as ``<agent>``
 ``hookbus.v1.emit_and_collect.<agent>.<event>``  dispatcher service: emit_and_collect
-``hookbus.v1.hooks.<agent>.<label>.<status>``    hook (suspension) events of one agent
-``hookbus.v1.decisions.<agent>``          decision audit records (stream `DECISIONS_STREAM`)
-========================================  =============================================
+``hookbus.v1.suspension.<agent>.<label>.<st>``   suspension events of one agent (status
+                                                 pending / resolved / cancelled)
+``hookbus.v1.decisions.<agent>``                 decision audit records (`DECISIONS_STREAM`)
+===============================================  ======================================
+
+A *handler* answers a lifecycle event (amplifier-core's hook handlers); a *suspension* is a
+run paused on a label until resolved (the Vercel AI SDK's ``hook`` / ``resolve_hook``). The
+subjects say which: ``handler`` for the first, ``suspension`` for the second (see
+docs/names.md).
 
 ``<agent>`` is the agent's identity (`agent_token`: its encoded agent id, or `NO_AGENT`).
 It sits in every subject and key that belongs to one agent so that a NATS permission can
@@ -48,6 +56,7 @@ __all__ = [
     "REQUIRED_KEY_PREFIX",
     "SUBJECT_PREFIX",
     "SUSPENSIONS_BUCKET",
+    "SUSPENSION_EVENTS_WILDCARD",
     "WORKER_SERVICE_NAME",
     "agent_from_service_subject",
     "agent_from_token",
@@ -77,6 +86,8 @@ __all__ = [
     "parse_registry_key",
     "parse_suspension_key",
     "required_key",
+    "suspension_event_subject",
+    "suspension_events_subject",
     "suspension_key",
     "validate_name",
 ]
@@ -95,8 +106,13 @@ APPROVALS_BUCKET: Final = "hookbus_approvals"
 LEASES_BUCKET: Final = "hookbus_leases"
 """KV bucket of waiter leases: one key per process with waiters, kept alive by a heartbeat
 and expired by the bucket's max age (the lease)."""
-HOOK_EVENTS_WILDCARD: Final = f"{SUBJECT_PREFIX}.hooks.>"
-"""Every hook event (pending / resolved / cancelled of every label)."""
+HANDLER_SUBJECT_PREFIX: Final = f"{SUBJECT_PREFIX}.handler"
+"""First tokens of every handler request subject (`handler_subject`)."""
+SUSPENSION_SUBJECT_PREFIX: Final = f"{SUBJECT_PREFIX}.suspension"
+SUSPENSION_EVENTS_WILDCARD: Final = f"{SUSPENSION_SUBJECT_PREFIX}.>"
+"""Every suspension event (pending / resolved / cancelled of every agent's labels)."""
+HOOK_EVENTS_WILDCARD: Final = SUSPENSION_EVENTS_WILDCARD
+"""The former name of `SUSPENSION_EVENTS_WILDCARD` (kept: it was public)."""
 MAX_NAME_LENGTH: Final = 200
 """Longest event or handler name accepted, in characters."""
 WORKER_SERVICE_NAME: Final = "hookbus-worker"
@@ -173,12 +189,12 @@ def validate_name(kind: str, name: object) -> str:
 
 
 def handler_subject(event: str, handler: str) -> str:
-    """Request subject of one handler: ``hookbus.v1.hook.<event>.<handler>``.
+    """Request subject of one handler: ``hookbus.v1.handler.<event>.<handler>``.
 
     Raises:
         BadRequestError: as `handler_key` (names too long for a subject).
     """
-    return f"{SUBJECT_PREFIX}.hook.{handler_key(event, handler)}"
+    return f"{HANDLER_SUBJECT_PREFIX}.{handler_key(event, handler)}"
 
 
 MAX_INSTANCE_LENGTH: Final = 64
@@ -187,7 +203,7 @@ MAX_INSTANCE_LENGTH: Final = 64
 
 def handler_instance_subject(event: str, handler: str, instance: str) -> str:
     """Subject of one handler on one worker instance (no queue group):
-    ``hookbus.v1.hook.<event>.<handler>.<instance>``. Dispatchers send hedges there, to a
+    ``hookbus.v1.handler.<event>.<handler>.<instance>``. Dispatchers send hedges there, to a
     replica that answered recently, instead of letting the queue group pick one.
 
     Raises:
@@ -335,17 +351,34 @@ def lease_key(waiter_id: str) -> str:
     return f"w.{waiter_id}"
 
 
-def hook_event_subject(label: str, status: str, agent_id: str | None = None) -> str:
-    """Subject of a hook event: ``hookbus.v1.hooks.<agent>.<label>.<status>``."""
-    return f"{SUBJECT_PREFIX}.hooks.{agent_token(agent_id)}.{encode_token(label)}.{status}"
+def suspension_event_subject(label: str, status: str, agent_id: str | None = None) -> str:
+    """Subject of a suspension event (a `HookEvent`, the Vercel AI SDK's name):
+    ``hookbus.v1.suspension.<agent>.<label>.<status>``, `status` one of pending / resolved /
+    cancelled (``*`` gives a wildcard over them).
+
+    Raises:
+        BadRequestError: the label is empty, or the agent id is not a string or too long.
+    """
+    return f"{SUSPENSION_SUBJECT_PREFIX}.{agent_token(agent_id)}.{encode_token(label)}.{status}"
 
 
-def hook_events_subject(agent_id: str | None = None, *, every_agent: bool = False) -> str:
-    """Wildcard of the hook events of one agent (``hookbus.v1.hooks.<agent>.>``), or of
-    every agent (`HOOK_EVENTS_WILDCARD`) with `every_agent`."""
+def suspension_events_subject(agent_id: str | None = None, *, every_agent: bool = False) -> str:
+    """Wildcard of the suspension events of one agent
+    (``hookbus.v1.suspension.<agent>.>``), or of every agent
+    (`SUSPENSION_EVENTS_WILDCARD`) with `every_agent`.
+
+    Raises:
+        BadRequestError: the agent id is not a string or too long.
+    """
     if every_agent:
-        return HOOK_EVENTS_WILDCARD
-    return f"{SUBJECT_PREFIX}.hooks.{agent_token(agent_id)}.>"
+        return SUSPENSION_EVENTS_WILDCARD
+    return f"{SUSPENSION_SUBJECT_PREFIX}.{agent_token(agent_id)}.>"
+
+
+hook_event_subject = suspension_event_subject
+"""The former name of `suspension_event_subject` (kept: it was public)."""
+hook_events_subject = suspension_events_subject
+"""The former name of `suspension_events_subject` (kept: it was public)."""
 
 
 GRANT_NONE: Final = "="

@@ -90,7 +90,7 @@ class SuspensionRecord(_Wire):
 
 
 class HookPart(_Wire):
-    """What a hook event tells about one hook (the Vercel AI SDK's ``HookPart``)."""
+    """What a suspension event tells about one suspension (the Vercel AI SDK's ``HookPart``)."""
 
     hook_id: str
     """Id of the waiting hook (empty for a pre-registered resolution)."""
@@ -109,7 +109,8 @@ class HookPart(_Wire):
 
 
 class HookEvent(_Wire):
-    """Published on ``hookbus.v1.hooks.<agent>.<label>.<status>`` at each transition."""
+    """A suspension event (the Vercel AI SDK's name): published on
+    ``hookbus.v1.suspension.<agent>.<label>.<status>`` at each transition."""
 
     hook: HookPart
     """The hook and its new state."""

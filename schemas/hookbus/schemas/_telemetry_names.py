@@ -13,8 +13,8 @@ The span tree of one tool call (service mode; an embedded `HookDispatcher` start
     send hookbus.v1.emit.<event>              PRODUCER  agent
       process hookbus.v1.emit.<event>         CONSUMER  dispatcher service (queue group)
         emit <event>                          INTERNAL  HookDispatcher.emit: the decision
-          send hookbus.v1.hook.<event>.<h>    PRODUCER  one per remote handler call
-            process hookbus.v1.hook.<e>.<h>   CONSUMER  the worker replica that handled it
+          send hookbus.v1.handler.<e>.<h>     PRODUCER  one per remote handler call
+            process hookbus.v1.handler.<e>.<h>  CONSUMER  the worker replica that handled it
           handler <h>                         INTERNAL  one per in-process handler call
           await approval                      INTERNAL  an ask_user suspension wait
 

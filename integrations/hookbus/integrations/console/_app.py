@@ -26,9 +26,9 @@ from hookbus.schemas import (
     BadRequestError,
     HookbusError,
     HookbusTimeoutError,
-    HookNotFoundError,
     NotConnectedError,
     ResolutionRejectedError,
+    SuspensionNotFoundError,
 )
 
 from ._auth import COOKIE, DEFAULT_SESSION_TTL_S, Session, Signer, cross_origin_problem
@@ -151,7 +151,7 @@ def _client(request: Request) -> str:
 
 
 _ERRORS: tuple[tuple[type[HookbusError], int, str], ...] = (
-    (HookNotFoundError, 404, "not_found"),
+    (SuspensionNotFoundError, 404, "not_found"),
     (AlreadySettledError, 409, "already_settled"),
     (ResolutionRejectedError, 422, "rejected"),
     (BadRequestError, 400, "bad_request"),

@@ -1,4 +1,5 @@
-"""`hookbus hooks list|show|resolve|cancel` and `hookbus approvals [list] | answer`,
+"""`hookbus suspensions list|show|resolve|cancel` (and its former name, the hidden alias
+`hookbus hooks`) and `hookbus approvals [list] | answer`,
 run as a user would: ``python -m hookbus.cli ... --url NATS_URL`` in a subprocess,
 while a hook waits in this process."""
 
@@ -19,7 +20,7 @@ from anyio.abc import TaskGroup
 from nats.aio.client import Client as NATS
 
 from hookbus.dispatcher import HookDispatcher
-from hookbus.schemas import HookbusError, HookCancelledError, HookPart, HookResult
+from hookbus.schemas import HookbusError, HookPart, HookResult, SuspensionCancelledError
 
 pytestmark = pytest.mark.anyio
 
@@ -111,24 +112,24 @@ def label() -> str:
     return f"cli test {uuid.uuid4().hex[:10]}: déploy"
 
 
-# -- hooks ----------------------------------------------------------------------------------
-async def test_hooks_list_and_show(agent: Agent, nats_url: str, label: str) -> None:
+# -- suspensions -------------------------------------------------------------------------------
+async def test_suspensions_list_and_show(agent: Agent, nats_url: str, label: str) -> None:
     async with anyio.create_task_group() as tg:
         w = agent.spawn(tg, label, metadata={"tool_name": "deploy"})
         part = await agent.pending(label)
 
-        p = await hookbus(nats_url, "hooks", "list", "--json")
+        p = await hookbus(nats_url, "suspensions", "list", "--json")
         assert p.returncode == 0, err(p)
         (row,) = [r for r in json.loads(out(p)) if r["label"] == label]
         assert row["status"] == "pending" and row["hook_id"] == part.hook_id
         assert row["metadata"] == {"tool_name": "deploy"}
 
-        p = await hookbus(nats_url, "hooks", "list")
+        p = await hookbus(nats_url, "suspensions", "list")
         assert p.returncode == 0, err(p)
         (line,) = [ln for ln in out(p).splitlines() if label in ln]
         assert "pending" in line and "deploy" in line
 
-        p = await hookbus(nats_url, "hooks", "show", label)
+        p = await hookbus(nats_url, "suspensions", "show", label)
         assert p.returncode == 0, err(p)
         shown = json.loads(out(p))
         assert shown["label"] == label and shown["status"] == "pending"
@@ -139,28 +140,34 @@ async def test_hooks_list_and_show(agent: Agent, nats_url: str, label: str) -> N
         await w.wait()
 
 
-async def test_hooks_show_an_unknown_label_is_a_clear_error(nats_url: str, label: str) -> None:
-    p = await hookbus(nats_url, "hooks", "show", label)
+async def test_suspensions_show_an_unknown_label_is_a_clear_error(
+    nats_url: str, label: str
+) -> None:
+    p = await hookbus(nats_url, "suspensions", "show", label)
     assert p.returncode == 1
-    assert f"no hook with label {label!r}" in err(p)
+    assert f"no suspension with label {label!r}" in err(p)
     assert "Traceback" not in err(p)
 
 
-async def test_hooks_resolve_wakes_the_waiter(agent: Agent, nats_url: str, label: str) -> None:
+async def test_suspensions_resolve_wakes_the_waiter(
+    agent: Agent, nats_url: str, label: str
+) -> None:
     async with anyio.create_task_group() as tg:
         w = agent.spawn(tg, label)
         await agent.pending(label)
-        p = await hookbus(nats_url, "hooks", "resolve", label, '{"approved": true, "by": "cli"}')
+        p = await hookbus(
+            nats_url, "suspensions", "resolve", label, '{"approved": true, "by": "cli"}'
+        )
         assert p.returncode == 0, err(p)
         assert f"resolved {label}" in out(p)
         await w.wait()
     assert w.value == Grant(approved=True, by="cli")
 
-    p = await hookbus(nats_url, "hooks", "resolve", label, '{"approved": false}')
+    p = await hookbus(nats_url, "suspensions", "resolve", label, '{"approved": false}')
     assert p.returncode == 1 and "already resolved" in err(p)
 
 
-async def test_hooks_resolve_refuses_a_value_that_does_not_fit(
+async def test_suspensions_resolve_refuses_a_value_that_does_not_fit(
     agent: Agent, nats_url: str, label: str
 ) -> None:
     async with anyio.create_task_group() as tg:
@@ -168,12 +175,12 @@ async def test_hooks_resolve_refuses_a_value_that_does_not_fit(
         await agent.pending(label)
         before = await agent.d.suspensions.get(label)
 
-        p = await hookbus(nats_url, "hooks", "resolve", label, '{"approved": "yes"}')
+        p = await hookbus(nats_url, "suspensions", "resolve", label, '{"approved": "yes"}')
         assert p.returncode == 1
         assert "does not fit Grant" in err(p) and "$.approved" in err(p), err(p)
         assert "Traceback" not in err(p)
 
-        p = await hookbus(nats_url, "hooks", "resolve", label, "{not json")
+        p = await hookbus(nats_url, "suspensions", "resolve", label, "{not json")
         assert p.returncode == 2 and "not valid JSON" in err(p), err(p)
 
         assert await agent.d.suspensions.get(label) == before
@@ -182,32 +189,55 @@ async def test_hooks_resolve_refuses_a_value_that_does_not_fit(
         await w.wait()
 
 
-async def test_hooks_resolve_an_unknown_label_is_an_error_unless_preregistered(
+async def test_suspensions_resolve_an_unknown_label_is_an_error_unless_preregistered(
     agent: Agent, nats_url: str, label: str
 ) -> None:
-    p = await hookbus(nats_url, "hooks", "resolve", label, '{"approved": true}')
-    assert p.returncode == 1 and f"no hook with label {label!r}" in err(p)
+    p = await hookbus(nats_url, "suspensions", "resolve", label, '{"approved": true}')
+    assert p.returncode == 1 and f"no suspension with label {label!r}" in err(p)
     assert await agent.d.suspensions.get(label) is None
 
-    p = await hookbus(nats_url, "hooks", "resolve", label, '{"approved": true}', "--preregister")
+    p = await hookbus(
+        nats_url, "suspensions", "resolve", label, '{"approved": true}', "--preregister"
+    )
     assert p.returncode == 0, err(p)
     assert await agent.d.hook(label, Grant, timeout_s=5) == Grant(approved=True)
 
 
-async def test_hooks_cancel(agent: Agent, nats_url: str, label: str) -> None:
+async def test_suspensions_cancel(agent: Agent, nats_url: str, label: str) -> None:
     async with anyio.create_task_group() as tg:
         w = agent.spawn(tg, label)
         await agent.pending(label)
-        p = await hookbus(nats_url, "hooks", "cancel", label, "--reason", "changed my mind")
+        p = await hookbus(nats_url, "suspensions", "cancel", label, "--reason", "changed my mind")
         assert p.returncode == 0, err(p)
         assert f"cancelled {label}" in out(p)
         await w.wait()
-    assert isinstance(w.error, HookCancelledError) and w.error.reason == "changed my mind"
+    assert isinstance(w.error, SuspensionCancelledError) and w.error.reason == "changed my mind"
 
-    p = await hookbus(nats_url, "hooks", "cancel", label)
+    p = await hookbus(nats_url, "suspensions", "cancel", label)
     assert p.returncode == 1 and "already cancelled" in err(p)
-    p = await hookbus(nats_url, "hooks", "cancel", f"{label} unknown")
-    assert p.returncode == 1 and "no hook with label" in err(p)
+    p = await hookbus(nats_url, "suspensions", "cancel", f"{label} unknown")
+    assert p.returncode == 1 and "no suspension with label" in err(p)
+
+
+async def test_hooks_is_a_hidden_alias_of_suspensions(
+    agent: Agent, nats_url: str, label: str
+) -> None:
+    """The group's former name still works, with the same subcommands, and is not listed."""
+    async with anyio.create_task_group() as tg:
+        w = agent.spawn(tg, label)
+        await agent.pending(label)
+        p = await hookbus(nats_url, "hooks", "list", "--json")
+        assert p.returncode == 0, err(p)
+        assert [r["status"] for r in json.loads(out(p)) if r["label"] == label] == ["pending"]
+        p = await hookbus(nats_url, "hooks", "resolve", label, '{"approved": true, "by": "old"}')
+        assert p.returncode == 0, err(p)
+        await w.wait()
+    assert w.value == Grant(approved=True, by="old")
+    with anyio.fail_after(CLI_TIMEOUT_S):
+        listed = await anyio.run_process([sys.executable, "-m", "hookbus.cli", "--help"])
+    commands = out(listed)
+    assert "suspensions" in commands
+    assert not [ln for ln in commands.splitlines() if ln.strip().startswith("hooks ")]
 
 
 # -- approvals -----------------------------------------------------------------------------

@@ -1,4 +1,7 @@
-"""`hookbus hooks ...`: suspensions from the terminal (approvals: `_approvals_cmd`)."""
+"""`hookbus suspensions ...`: suspensions from the terminal (approvals: `_approvals_cmd`).
+
+`hookbus hooks` is the former name of the group, kept as a hidden alias (same subcommands).
+"""
 
 from __future__ import annotations
 
@@ -19,26 +22,29 @@ T = TypeVar("T")
 
 
 def _with_dispatcher(conn: ConnectionSettings, fn: Callable[[HookDispatcher], Awaitable[T]]) -> T:
-    return with_dispatcher(conn, fn, name="hookbus-hooks")
+    return with_dispatcher(conn, fn, name="hookbus-suspensions")
 
 
 agent_option = click.option(
     "--agent",
     envvar="HOOKBUS_AGENT_ID",
     default=None,
-    help="The agent whose hook it is (records are per agent; env HOOKBUS_AGENT_ID; "
-    "default: the hooks of calls without an agent id).",
+    help="The agent whose suspension it is (records are per agent; env HOOKBUS_AGENT_ID; "
+    "default: the suspensions of calls without an agent id).",
 )
 
 
 async def _require(d: HookDispatcher, label: str, agent: str | None) -> SuspensionRecord:
     entry = await d.suspensions.for_agent(agent).records.read(label)
     if entry is None:
-        raise click.ClickException(f"no hook with label {label!r} (see `hookbus hooks list`)")
+        raise click.ClickException(
+            f"no suspension with label {label!r} (see `hookbus suspensions list`)"
+        )
     if entry.record is None:
         raise click.ClickException(
             f"the record of {label!r} is malformed ({entry.problem}); replace it with"
-            f" `hookbus hooks resolve --preregister` or remove it with `hookbus hooks clear`"
+            f" `hookbus suspensions resolve --preregister` or remove it with"
+            f" `hookbus suspensions clear`"
         )
     return entry.record
 
@@ -56,11 +62,21 @@ def _state(r: SuspensionRecord) -> str:
 
 
 @click.group()
-def hooks() -> None:
-    """Durable suspensions: list, show, resolve and cancel hooks by label."""
+def suspensions() -> None:
+    """Durable suspensions (runs paused on a label): list, show, resolve, cancel and clear
+    them by label."""
 
 
-@hooks.command("list")
+hooks = click.Group(
+    "hooks",
+    commands=suspensions.commands,
+    hidden=True,
+    help="The former name of `hookbus suspensions` (same subcommands).",
+)
+"""`hookbus hooks`: the former name of `suspensions`, hidden from the help."""
+
+
+@suspensions.command("list")
 @connection_options
 @click.option("--json", "as_json", is_flag=True)
 @click.option(
@@ -71,15 +87,15 @@ def hooks() -> None:
 )
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many.")
 @click.option("--after", default=None, help="The cursor a previous page printed.")
-def hooks_list(
+def suspensions_list(
     conn: ConnectionSettings,
     as_json: bool,
     status: str | None,
     limit: int | None,
     after: str | None,
 ) -> None:
-    """Hook records, oldest first: label, state, run, metadata. Malformed records are
-    skipped and counted."""
+    """Suspension records, oldest first: agent, label, state, hook id, run, metadata.
+    Malformed records are skipped and counted."""
     page = _with_dispatcher(
         conn,
         lambda d: d.suspensions.page(status=status, limit=limit, after=after),  # type: ignore[arg-type]
@@ -97,7 +113,7 @@ def hooks_list(
             click.echo(f"more: --after '{page.next}'", err=True)
         return
     caption = f"more: --after '{page.next}'" if page.next is not None else None
-    table = Table(title="hooks", caption=caption)
+    table = Table(title="suspensions", caption=caption)
     id_column(table, "agent")
     id_column(table, "label")
     for header in ("state", "hook id", "run", "metadata"):
@@ -110,24 +126,24 @@ def hooks_list(
     table_console().print(table)
 
 
-@hooks.command("show")
+@suspensions.command("show")
 @click.argument("label")
 @connection_options
 @agent_option
-def hooks_show(label: str, conn: ConnectionSettings, agent: str | None) -> None:
-    """One hook record, whole, as JSON."""
+def suspensions_show(label: str, conn: ConnectionSettings, agent: str | None) -> None:
+    """One suspension record, whole, as JSON."""
     record = _with_dispatcher(conn, lambda d: _require(d, label, agent))
     click.echo(json.dumps(to_builtins(record), indent=2))
 
 
-@hooks.command("resolve")
+@suspensions.command("resolve")
 @click.argument("label")
 @click.argument("value", metavar="JSON")
 @connection_options
 @click.option(
     "--preregister",
     is_flag=True,
-    help="Store the resolution even if no hook with this label exists yet.",
+    help="Store the resolution even if no suspension with this label exists yet.",
 )
 @click.option(
     "--replace",
@@ -135,7 +151,7 @@ def hooks_show(label: str, conn: ConnectionSettings, agent: str | None) -> None:
     help="Replace a resolution no waiter consumed yet (e.g. one its waiter refused).",
 )
 @agent_option
-def hooks_resolve(
+def suspensions_resolve(
     label: str,
     value: str,
     conn: ConnectionSettings,
@@ -143,7 +159,7 @@ def hooks_resolve(
     replace: bool,
     agent: str | None,
 ) -> None:
-    """Resolve LABEL with a JSON value (checked against the hook's payload schema)."""
+    """Resolve LABEL with a JSON value (checked against the suspension's payload schema)."""
     try:
         data: Any = json.loads(value)
     except json.JSONDecodeError as exc:
@@ -160,28 +176,28 @@ def hooks_resolve(
     click.echo(f"resolved {label}")
 
 
-@hooks.command("cancel")
+@suspensions.command("cancel")
 @click.argument("label")
 @connection_options
 @click.option("--reason", default=None, help="Why (the waiter's error says it).")
 @agent_option
-def hooks_cancel(
+def suspensions_cancel(
     label: str, conn: ConnectionSettings, reason: str | None, agent: str | None
 ) -> None:
-    """Cancel the pending hook LABEL: its waiter raises HookCancelledError."""
+    """Cancel the pending suspension LABEL: its waiter raises SuspensionCancelledError."""
     _with_dispatcher(
         conn, lambda d: d.suspensions.for_agent(agent).cancel_hook(label, reason=reason)
     )
     click.echo(f"cancelled {label}")
 
 
-@hooks.command("clear")
+@suspensions.command("clear")
 @click.argument("label")
 @connection_options
 @agent_option
-def hooks_clear(label: str, conn: ConnectionSettings, agent: str | None) -> None:
+def suspensions_clear(label: str, conn: ConnectionSettings, agent: str | None) -> None:
     """Remove a resolution of LABEL that no waiter consumed (a pre-registered value is
-    deleted; a resolved pending hook waits again) or a malformed record."""
+    deleted; a resolved pending suspension waits again) or a malformed record."""
     cleared = _with_dispatcher(conn, lambda d: d.suspensions.for_agent(agent).clear_hook(label))
     if not cleared:
         raise click.ClickException(f"{label!r} holds no unconsumed resolution to clear")

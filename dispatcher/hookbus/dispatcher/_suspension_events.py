@@ -1,5 +1,6 @@
-"""Hook payloads and hook events: converting resolutions to and from a payload type,
-checking them against a JSON Schema (validators cached), and the hook event stream.
+"""Suspension payloads and suspension events: converting resolutions to and from a payload
+type, checking them against a JSON Schema (validators cached), publishing a record's event
+(`HookEvent`, the Vercel AI SDK's name) and the event stream.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from hookbus.schemas import (
     SuspensionRecord,
     decode,
     encode,
-    hook_event_subject,
+    suspension_event_subject,
 )
 
 __all__ = [
@@ -69,9 +70,9 @@ def from_json_value(value: Any, payload: type[T] | None) -> T:
 
 
 class HookEventStream:
-    """Hook events as an async iterator (`async for event in stream`); close with
-    `aclose` or use ``async with``. Subscribed before it is returned: nothing after the
-    call is missed."""
+    """Suspension events (`HookEvent`) as an async iterator (`async for event in stream`);
+    close with `aclose` or use ``async with``. Subscribed before it is returned: nothing
+    after the call is missed."""
 
     def __init__(self, sub: Any) -> None:
         self._sub = sub
@@ -88,7 +89,7 @@ class HookEventStream:
             try:
                 return decode(msg.data, HookEvent)
             except HookbusError as exc:
-                log.warning("ignoring bad hook event on %s: %s", msg.subject, exc)
+                log.warning("ignoring bad suspension event on %s: %s", msg.subject, exc)
 
     async def aclose(self) -> None:
         with contextlib.suppress(Exception):
@@ -118,7 +119,7 @@ class Validators:
 
 
 async def publish(nc: NATS, record: SuspensionRecord) -> None:
-    """Publish the hook event of `record`'s current state (a closed connection is ignored)."""
+    """Publish the suspension event of `record`'s current state (a closed connection is ignored)."""
     event = HookEvent(
         hook=HookPart(
             hook_id=record.hook_id,
@@ -133,7 +134,7 @@ async def publish(nc: NATS, record: SuspensionRecord) -> None:
     )
     with contextlib.suppress(nats.errors.ConnectionClosedError):
         await nc.publish(
-            hook_event_subject(record.label, record.status, record.agent_id), encode(event)
+            suspension_event_subject(record.label, record.status, record.agent_id), encode(event)
         )
 
 

@@ -1,7 +1,8 @@
-"""Run scopes: ``async with suspensions.run(run_id)`` records the labels a run uses; on
-exit its live hooks, unused pre-registered resolutions and finished (consumed or
-cancelled) records are removed. Hooks it aborted stay, so a later run with the same id
-(in any process) resumes them.
+"""Run scopes: the suspensions of one agent run. ``async with suspensions.run(run_id)``
+records the labels the run uses; on exit its live suspensions, unused pre-registered
+resolutions and finished (consumed or cancelled) records are removed. Suspensions it
+aborted stay, so a later run with the same id (in any process) resumes them. (A *run* is
+one agent run, as in the Vercel AI SDK's cleanup of a run's hook labels; see docs/names.md.)
 """
 
 from __future__ import annotations
@@ -15,29 +16,30 @@ from hookbus.schemas import HookbusError
 
 from ._records import RecordStore
 
-__all__ = ["RunScope", "cleanup", "current_run"]
+__all__ = ["RunScope", "cleanup", "current_run_scope", "note_label"]
 
 log = logging.getLogger("hookbus.dispatcher")
 
 
 @dataclass
 class RunScope:
-    """The labels one run used; see `Suspensions.run`."""
+    """The labels one agent run used (`run_id` names the run in every process; `aborted`:
+    labels left pending for a resume); see `Suspensions.run`."""
 
     run_id: str
     labels: set[str] = field(default_factory=set)
     aborted: set[str] = field(default_factory=set)
 
 
-current_run: contextvars.ContextVar[RunScope | None] = contextvars.ContextVar(
-    "hookbus_run", default=None
+current_run_scope: contextvars.ContextVar[RunScope | None] = contextvars.ContextVar(
+    "hookbus_run_scope", default=None
 )
 """The run scope of the current task (None outside ``run``)."""
 
 
-def note(label: str) -> RunScope | None:
-    """Record that the current run (if any) used `label`; return that run."""
-    run = current_run.get()
+def note_label(label: str) -> RunScope | None:
+    """Record that the current run (if any) used `label`; return that run's scope."""
+    run = current_run_scope.get()
     if run is not None:
         run.labels.add(label)
     return run
