@@ -24,11 +24,11 @@ from hookbus.schemas import (
     BadRequestError,
     FailurePolicy,
     HandlerFailure,
-    HookAbortedError,
     HookbusError,
     HookResult,
     NotConnectedError,
     StandardEvents,
+    SuspensionAbortedError,
     UnknownEventError,
     json_copy,
     json_safe,
@@ -384,7 +384,7 @@ class HookDispatcher(StandardEvents):
             PayloadTooLargeError: the event does not fit the server's max_payload.
             NotConnectedError: a remote handler is routed but the connection is closed,
                 or NATS failed under an approval (every nats-py error ends as this).
-            HookAbortedError: the approval wait was aborted (`Suspensions.abort_all` in a
+            SuspensionAbortedError: the approval wait was aborted (`Suspensions.abort_all` in a
                 draining service); the approval stays pending and a retry with the same
                 `idempotency_key` resumes it.
         An approval whose store cannot be reached within the deadline is not an error: the
@@ -460,7 +460,7 @@ class HookDispatcher(StandardEvents):
         try:
             async with asyncio.timeout(None if left is None else left + _SETTLE_S):
                 return await self._approvals.decide(event, result, call_id=ctx.id)
-        except (HookAbortedError, NotConnectedError):
+        except (SuspensionAbortedError, NotConnectedError):
             raise  # a draining dispatcher (resumable) or a closed connection: the caller's
         except (HookbusError, TimeoutError) as exc:
             log.warning("approval for %r could not be settled (%r); denied", event, exc)

@@ -524,7 +524,7 @@ def suspension_span(
 
     An exception leaving the block ends the pending count; it is recorded on the span as an
     error unless an outcome (``timed_out``, ``cancelled``, ...) was recorded first, so
-    ``s.event("timed_out"); raise HookTimeoutError(...)`` is an outcome, not a failure.
+    ``s.event("timed_out"); raise SuspensionTimeoutError(...)`` is an outcome, not a failure.
     `attributes` may use any names (GenAI ids, ``hookbus.handler``, ...); None values are
     dropped. With tracing and metrics off, the object does nothing.
     """
