@@ -23,6 +23,7 @@ from ._decisions_cmd import decisions
 from ._emit_cmd import emit
 from ._gateway_cmd import gateway
 from ._handlers_cmd import handlers, services
+from ._lifecycle import LOOP_CHOICES, LOOP_ENV, loop_choice
 from ._otel import otel_session, otlp_option, print_denied_trace
 from ._serve_cmds import dispatcher_cmd, run_async, server, worker
 from ._suspensions_cmd import hooks, suspensions
@@ -40,10 +41,21 @@ __all__ = ["cli", "main"]
     type=click.Choice(["debug", "info", "warning", "error"]),
     help="Logging level.",
 )
+@click.option(
+    "--loop",
+    envvar=LOOP_ENV,
+    default="auto",
+    show_default=True,
+    type=click.Choice(LOOP_CHOICES, case_sensitive=False),
+    help="Event loop of the long-running commands (env HOOKBUS_LOOP): auto = uvloop when "
+    "installed (hookbus[uvloop]), else asyncio's; asyncio opts out; uvloop insists.",
+)
 @click.version_option(package_name="hookbus")
-def cli(log_level: str) -> None:
+def cli(log_level: str, loop: str) -> None:
     """hookbus: a distributed hook dispatcher for AI agent fleets, on NATS."""
     setup_logging(log_level)
+    loop_choice(loop)  # --loop uvloop without uvloop: one line, now
+    os.environ[LOOP_ENV] = loop.lower()  # read by `run_loop`, here and in child processes
 
 
 def _demo_agents_option(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, ...]:
@@ -59,8 +71,8 @@ def _demo_agents_option(ctx: click.Context, param: click.Parameter, value: str) 
     "--examples-dir",
     type=click.Path(file_okay=False, exists=True),
     default=None,
-    help="Folder with the example workers and transcript (default: ./examples, "
-    "else the one beside this installation's sources).",
+    help="Folder with the example workers and transcript (default: ./examples, else the "
+    "copy installed with hookbus, else the source checkout's).",
 )
 @click.option("--interactive", is_flag=True, help="Answer approvals in the terminal.")
 @click.option(
