@@ -176,7 +176,8 @@ def test_options_that_do_not_go_together_are_a_usage_error(users: Server) -> Non
 
 
 def test_a_permissions_violation_is_one_warning_naming_the_subject(users: Server) -> None:
-    """bob may not publish to $SRV.PING: the liveness ping is refused, the listing goes on."""
+    """bob may not publish to $SRV.*: the liveness pings are refused (one warning each), the
+    listing goes on."""
     proc = hookbus(
         "handlers", "--json", "--url", users.url, "--user", "bob", "--password", PASSWORD
     )
@@ -184,7 +185,10 @@ def test_a_permissions_violation_is_one_warning_naming_the_subject(users: Server
     warnings = [line for line in proc.stderr.splitlines() if "permissions violation" in line]
     assert warnings, proc.stderr
     # nats-py hands the server's error text over lowercased, subject included
-    assert all("WARNING" in w and "'$srv.ping" in w and "user 'bob'" in w for w in warnings)
+    # one warning per refused subject: the workers' ping and the dispatcher services' stats
+    assert all("WARNING" in w and "'$srv." in w and "user 'bob'" in w for w in warnings)
+    assert any("'$srv.ping.hookbus-worker'" in w for w in warnings), warnings
+    assert len(warnings) == len(set(warnings)), warnings
 
 
 @pytest.mark.parametrize(
