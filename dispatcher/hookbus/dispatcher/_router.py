@@ -237,7 +237,9 @@ class Router:
         self, group: list[Route], ctx: EmitContext, data: dict[str, Any]
     ) -> dict[Route, Outcome] | None:
         """Call a parallel group of remote handlers with one publish (`Requester.scatter`)
-        where at least two of them answered recently; None: nothing sent, call each.
+        where at least two of them answered recently and every remote handler of the event
+        declares a handler set (so it ignores a scatter naming others: a worker that
+        predates scatters would run its handler); None: nothing sent, call each.
         Handlers left out (no recent answer) or refused are missing from the result: the
         caller calls them one by one.
 
@@ -247,6 +249,10 @@ class Router:
         """
         nc = self.nc
         if nc is None or nc.is_closed or not self._requester.started or not nc.is_connected:
+            return None
+        # every handler of the event hears a scatter: only when all of them declare a
+        # handler set (workers that know to ignore a scatter naming other handlers)
+        if not all(r.handler_set for r in self.table.routes(ctx.event) if r.remote):
             return None
         now = asyncio.get_running_loop().time()
         live = [r for r in group if r.remote and self._requester.answered_recently(r, now)]
