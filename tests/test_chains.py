@@ -368,3 +368,22 @@ async def test_a_parallel_group_across_processes_is_one_publish(
         assert await kinds(seen, 1, 3) == ["collect"]
     assert sorted(calls) == ["p1", "p2", "p3"]  # "after" heard it and did not run
     assert r.action == first.action == "deny" and r.decided_by == first.decided_by == "p3"
+
+
+async def test_in_process_pure_handlers_are_called_at_once(event: str) -> None:
+    """Pure in-process handlers too: the first waits until the second has started."""
+    second_started = asyncio.Event()
+    d = HookDispatcher()
+
+    @d.register(event, priority=1, pure=True)
+    async def first(ev: str, data: dict[str, Any]) -> None:
+        async with asyncio.timeout(5):
+            await second_started.wait()
+
+    @d.register(event, priority=2, pure=True)
+    async def second(ev: str, data: dict[str, Any]) -> HookResult:
+        second_started.set()
+        return HookResult(action="deny", reason="second")
+
+    r = await d.emit(event, {})
+    assert r.action == "deny" and r.decided_by == "second"

@@ -231,6 +231,7 @@ class HookDispatcher(StandardEvents):
         failure_policy: FailurePolicy = "ignore",
         tool_filter: list[str] | None = None,
         parallel: bool = False,
+        pure: bool = False,
     ) -> Callable[[], None]: ...
     @overload
     def register(
@@ -244,6 +245,7 @@ class HookDispatcher(StandardEvents):
         failure_policy: FailurePolicy = "ignore",
         tool_filter: list[str] | None = None,
         parallel: bool = False,
+        pure: bool = False,
     ) -> Callable[[LocalHandler], LocalHandler]: ...
     def register(
         self,
@@ -256,6 +258,7 @@ class HookDispatcher(StandardEvents):
         failure_policy: FailurePolicy = "ignore",
         tool_filter: list[str] | None = None,
         parallel: bool = False,
+        pure: bool = False,
     ) -> Callable[[], None] | Callable[[LocalHandler], LocalHandler]:
         """Register an in-process handler (amplifier-core `HookRegistry.register`).
 
@@ -266,7 +269,8 @@ class HookDispatcher(StandardEvents):
 
         hookbus keyword-only extras, as for remote handlers: `timeout_s` (seconds, None
         for no limit), `failure_policy` (``ignore`` | ``deny``), `tool_filter` (globs over
-        ``data["tool_name"]``), `parallel`.
+        ``data["tool_name"]``), `parallel`, `pure` (free of side effects: an adjacent run
+        of pure handlers is called at once and folded in order; see docs/performance.md).
 
         Raises:
             TypeError: `priority` is not an int (amplifier-core takes a 32-bit int; a bool
@@ -291,6 +295,7 @@ class HookDispatcher(StandardEvents):
                     failure_policy=failure_policy,
                     tool_filter=tool_filter,
                     parallel=parallel,
+                    pure=pure,
                 )
                 return fn
 
@@ -305,6 +310,7 @@ class HookDispatcher(StandardEvents):
             tool_filter=tool_filter,
             local=handler,
             seq=self._table.next_seq(),
+            pure=pure,
         )
         return self._table.add_local(route)
 
