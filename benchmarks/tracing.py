@@ -9,11 +9,14 @@ Two figures, each a ratio or a difference measured in one run:
   (sequential, each answers continue). "off": no provider set anywhere (the API's defaults).
   "on": what ``--otlp-endpoint`` installs, with an exporter that drops everything instead
   of sending: an SDK `TracerProvider` with a `BatchSpanProcessor` and an SDK `MeterProvider`,
-  in the agent and in the worker process. Each side has worker processes of its own (this
-  file served by ``hookbus worker``; the "on" ones configure the SDK at import), so the
-  handler spans are paid for too. Rounds alternate off/on (the order flips each round) so
-  machine noise hits both alike; the agent's providers are swapped between rounds the way
-  opentelemetry-test-utils resets them. Target: ``on_p50 / off_p50 <= 1.2``.
+  in the agent and in the worker process. "unsampled": the same SDK whose sampler drops
+  every root (``parentbased_always_off``): what tracing costs when the sampler says no.
+  Each variant has worker processes of its own (this file served by ``hookbus worker``;
+  the SDK ones configure it at import), so the handler spans are paid for too. Rounds
+  rotate the variants' order so machine noise hits all alike; the agent's providers are
+  swapped between rounds the way opentelemetry-test-utils resets them. Besides latency,
+  the CPU time per emit of the agent and of the worker process (Linux: ``/proc``), which
+  neighbours on a shared machine disturb less. Target: ``on_p50 / off_p50 <= 1.2``.
 - ``bench_noop_overhead``: with no provider set, an in-process emit to 3 local handlers,
   instrumented (the library as shipped) vs the same methods unwrapped (``__wrapped__``):
   the cost of the instrumentation when tracing is off. Target: < 5 us per emit.
@@ -42,6 +45,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, Sampler
 from opentelemetry.util._once import Once
 
 from hookbus.dispatcher import HookDispatcher
@@ -58,10 +62,17 @@ DATA: dict[str, Any] = {
     "session_id": "session-1",
 }
 ENV_TRACING = "HOOKBUS_BENCH_TRACING"
-"""In a worker process: ``traces`` or ``all`` (traces and metrics) makes this module install
-the SDK at import; anything else leaves the API's defaults."""
-EVENTS = {"off": "bench:tracing-off", "traces": "bench:tracing-on", "all": "bench:tracing-all"}
+"""In a worker process: ``traces``, ``all`` (traces and metrics) or ``unsampled`` (traces
+whose sampler drops every root) makes this module install the SDK at import; anything else
+leaves the API's defaults."""
+EVENTS = {
+    "off": "bench:tracing-off",
+    "traces": "bench:tracing-on",
+    "all": "bench:tracing-all",
+    "unsampled": "bench:tracing-unsampled",
+}
 """Per variant, the event of its chain of 3 (each served by worker processes of its own)."""
+VARIANTS = tuple(EVENTS)
 
 
 class DropExporter(SpanExporter):
@@ -75,10 +86,13 @@ class DropExporter(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
-def sdk_providers() -> tuple[TracerProvider, MeterProvider, DropExporter]:
-    """What `hookbus.cli.configure_otel` installs, with a dropping exporter."""
+def sdk_providers(
+    sampler: Sampler | None = None,
+) -> tuple[TracerProvider, MeterProvider, DropExporter]:
+    """What `hookbus.cli.configure_otel` installs, with a dropping exporter (and `sampler`,
+    None: the SDK's default, parent-based always-on)."""
     exporter = DropExporter()
-    tracer_provider = TracerProvider(meter_provider=NoOpMeterProvider())
+    tracer_provider = TracerProvider(sampler=sampler, meter_provider=NoOpMeterProvider())
     tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
     meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
     return tracer_provider, meter_provider, exporter
@@ -93,8 +107,9 @@ def _reset_globals() -> None:
 
 
 # -- the worker processes (``hookbus worker benchmarks/tracing.py:worker_on``) ----------------
-if os.environ.get(ENV_TRACING) in ("traces", "all"):
-    _tp, _mp, _ = sdk_providers()
+if os.environ.get(ENV_TRACING) in ("traces", "all", "unsampled"):
+    _unsampled = os.environ[ENV_TRACING] == "unsampled"
+    _tp, _mp, _ = sdk_providers(ParentBased(ALWAYS_OFF) if _unsampled else None)
     trace.set_tracer_provider(_tp)
     if os.environ[ENV_TRACING] == "all":
         metrics.set_meter_provider(_mp)
@@ -113,6 +128,7 @@ def _chain(worker: HookWorker, event: str) -> HookWorker:
 worker_off = _chain(HookWorker(), EVENTS["off"])
 worker_traces = _chain(HookWorker(), EVENTS["traces"])
 worker_all = _chain(HookWorker(), EVENTS["all"])
+worker_unsampled = _chain(HookWorker(), EVENTS["unsampled"])
 
 
 class _Proc:
@@ -134,6 +150,10 @@ class _Proc:
                 return
         raise RuntimeError(f"worker exited with {self.popen.wait()}")
 
+    def cpu_s(self) -> float | None:
+        """CPU seconds (user + system) the worker process used so far; None off Linux."""
+        return _proc_cpu_s(self.popen.pid)
+
     def stop(self) -> None:
         self.popen.terminate()
         try:
@@ -143,6 +163,15 @@ class _Proc:
             self.popen.wait()
         if self.popen.stderr is not None:
             self.popen.stderr.close()
+
+
+def _proc_cpu_s(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _p(samples: list[float], q: float) -> float:
@@ -161,7 +190,8 @@ async def _timed(d: HookDispatcher, event: str, n: int, out: list[float] | None)
 async def bench_tracing(
     url: str, n: int = 2000, *, rounds: int = 10, warmup: int = 200
 ) -> dict[str, Any]:
-    """Emit p50 of a chain of 3 remote handlers: tracing off, on, and on with metrics.
+    """Emit p50 of a chain of 3 remote handlers: tracing off, on, on with metrics, and on
+    with a sampler that drops everything.
 
     Args:
         url: NATS server URL (JetStream on).
@@ -169,22 +199,26 @@ async def bench_tracing(
         rounds: rounds the emits are split into; the variants' order rotates each round.
         warmup: unmeasured emits per variant first.
     Returns:
-        ``{"n", "off_p50_ms", "on_p50_ms", "all_p50_ms", "off_p95_ms", "on_p95_ms",
-        "all_p95_ms", "ratio", "ratio_with_metrics", "target", "met", "spans_per_emit_agent"}``
-        where ``ratio`` is tracing on / off (the issue's figure) and ``ratio_with_metrics``
-        is tracing and metrics on / off.
+        ``{"n", "off_p50_ms", "on_p50_ms", "all_p50_ms", "unsampled_p50_ms", "off_p95_ms",
+        "on_p95_ms", "all_p95_ms", "unsampled_p95_ms", "ratio", "ratio_with_metrics",
+        "ratio_unsampled", "target", "met", "spans_per_emit_agent", "cpu_us"}`` where
+        ``ratio`` is tracing on / off (the target's figure), ``ratio_with_metrics`` tracing
+        and metrics on / off, ``ratio_unsampled`` sampled-out / off, and ``cpu_us`` per
+        variant the CPU microseconds per emit of the agent and of the worker process
+        (``{"off": {"agent": .., "worker": ..}, ...}``; worker None off Linux).
     """
     import nats
 
-    variants = ("off", "traces", "all")
-    procs = [_Proc(v, url) for v in variants]
+    procs = {v: _Proc(v, url) for v in VARIANTS}
     _reset_globals()
     tracer_provider, meter_provider, exporter = sdk_providers()
+    unsampled_provider, _, _ = sdk_providers(ParentBased(ALWAYS_OFF))
     nc = await nats.connect(url)
-    samples: dict[str, list[float]] = {v: [] for v in variants}
+    samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    cpu = {v: {"agent": 0.0, "worker": 0.0} for v in VARIANTS}
     spans_per_emit = 0.0
     try:
-        for proc in procs:
+        for proc in procs.values():
             await asyncio.to_thread(proc.wait_ready)  # subscribed and declared
         d = HookDispatcher(nc, approvals=False)
         await d.start()  # loads the declarations written before this point
@@ -193,49 +227,64 @@ async def bench_tracing(
 
         def install(variant: str) -> None:
             _reset_globals()
-            if variant != "off":
+            if variant in ("traces", "all"):
                 trace.set_tracer_provider(tracer_provider)
+            elif variant == "unsampled":
+                trace.set_tracer_provider(unsampled_provider)
             if variant == "all":
                 metrics.set_meter_provider(meter_provider)
 
-        for variant in variants:
+        for variant in VARIANTS:
             install(variant)
             await _timed(d, EVENTS[variant], warmup, None)
         per_round = max(1, n // rounds)
         for r in range(rounds):
-            order = variants[r % 3 :] + variants[: r % 3]
+            order = VARIANTS[r % len(VARIANTS) :] + VARIANTS[: r % len(VARIANTS)]
             for variant in order if r % 2 == 0 else reversed(order):
                 install(variant)
                 tracer_provider.force_flush()
                 before = exporter.spans
+                agent0, worker0 = time.process_time(), procs[variant].cpu_s()
                 await _timed(d, EVENTS[variant], per_round, samples[variant])
+                cpu[variant]["agent"] += time.process_time() - agent0
+                worker1 = procs[variant].cpu_s()
+                if worker0 is not None and worker1 is not None:
+                    cpu[variant]["worker"] += worker1 - worker0
                 if variant == "traces":
                     tracer_provider.force_flush()
                     spans_per_emit = (exporter.spans - before) / per_round
         await d.close()
     finally:
         _reset_globals()
-        tracer_provider.shutdown()
-        meter_provider.shutdown()
+        for provider in (tracer_provider, unsampled_provider, meter_provider):
+            provider.shutdown()
         await nc.close()
-        for proc in procs:
+        for proc in procs.values():
             proc.stop()
-    p50 = {v: statistics.median(samples[v]) for v in variants}
+    p50 = {v: statistics.median(samples[v]) for v in VARIANTS}
     ratio = p50["traces"] / p50["off"]
-    return {
-        "n": len(samples["off"]),
-        "off_p50_ms": p50["off"] * 1e3,
-        "on_p50_ms": p50["traces"] * 1e3,
-        "all_p50_ms": p50["all"] * 1e3,
-        "off_p95_ms": _p(samples["off"], 0.95) * 1e3,
-        "on_p95_ms": _p(samples["traces"], 0.95) * 1e3,
-        "all_p95_ms": _p(samples["all"], 0.95) * 1e3,
-        "ratio": ratio,
-        "ratio_with_metrics": p50["all"] / p50["off"],
-        "target": TARGET_RATIO,
-        "met": ratio <= TARGET_RATIO,
-        "spans_per_emit_agent": spans_per_emit,
-    }
+    measured = per_round * rounds
+    linux = sys.platform.startswith("linux")
+    out: dict[str, Any] = {"n": len(samples["off"])}
+    for v, key in (("off", "off"), ("traces", "on"), ("all", "all"), ("unsampled", "unsampled")):
+        out[f"{key}_p50_ms"] = p50[v] * 1e3
+        out[f"{key}_p95_ms"] = _p(samples[v], 0.95) * 1e3
+    out.update(
+        ratio=ratio,
+        ratio_with_metrics=p50["all"] / p50["off"],
+        ratio_unsampled=p50["unsampled"] / p50["off"],
+        target=TARGET_RATIO,
+        met=ratio <= TARGET_RATIO,
+        spans_per_emit_agent=spans_per_emit,
+        cpu_us={
+            ("on" if v == "traces" else v): {
+                "agent": cpu[v]["agent"] / measured * 1e6,
+                "worker": cpu[v]["worker"] / measured * 1e6 if linux else None,
+            }
+            for v in VARIANTS
+        },
+    )
+    return out
 
 
 async def bench_noop_overhead(n: int = 20000, *, rounds: int = 10) -> dict[str, Any]:
@@ -283,7 +332,7 @@ async def bench_noop_overhead(n: int = 20000, *, rounds: int = 10) -> dict[str, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default=None, help="NATS URL (default: embedded nats-server)")
-    parser.add_argument("--n", type=int, default=2000, help="measured emits per side")
+    parser.add_argument("--n", type=int, default=2000, help="measured emits per variant")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     args = parser.parse_args()
 
@@ -304,16 +353,26 @@ def main() -> None:
         print(json.dumps(out, indent=2))
         return
     t, o = out["tracing"], out["noop_overhead"]
-    print(f"emit, chain of 3 remote handlers, n={t['n']} per side")
-    print(f"  tracing off  p50 {t['off_p50_ms']:.3f} ms   p95 {t['off_p95_ms']:.3f} ms")
-    print(
-        f"  tracing on   p50 {t['on_p50_ms']:.3f} ms   p95 {t['on_p95_ms']:.3f} ms"
-        f"   ({t['spans_per_emit_agent']:.1f} agent-side spans per emit)"
-    )
-    print(f"  + metrics    p50 {t['all_p50_ms']:.3f} ms   p95 {t['all_p95_ms']:.3f} ms")
+    print(f"emit, chain of 3 remote handlers, n={t['n']} per variant")
+    cpu = t["cpu_us"]
+
+    def line(label: str, key: str, extra: str = "") -> None:
+        worker = cpu[key]["worker"]
+        print(
+            f"  {label:<12} p50 {t[f'{key}_p50_ms']:.3f} ms   p95 {t[f'{key}_p95_ms']:.3f} ms"
+            f"   cpu/emit agent {cpu[key]['agent']:.0f} us"
+            + (f", worker {worker:.0f} us" if worker is not None else "")
+            + extra
+        )
+
+    line("tracing off", "off")
+    line("tracing on", "on", f"   ({t['spans_per_emit_agent']:.1f} agent-side spans per emit)")
+    line("+ metrics", "all")
+    line("sampled out", "unsampled")
     print(
         f"  ratio on/off {t['ratio']:.3f}  (target <= {t['target']})  "
-        f"{'MET' if t['met'] else 'MISSED'};  with metrics {t['ratio_with_metrics']:.3f}"
+        f"{'MET' if t['met'] else 'MISSED'};  with metrics {t['ratio_with_metrics']:.3f};"
+        f"  sampled out {t['ratio_unsampled']:.3f}"
     )
     print(f"no-op overhead, in-process emit to 3 handlers, no provider, n={o['n']}")
     print(

@@ -2,8 +2,8 @@
 
 A real nats-server; the worker and the dispatcher each have their own connection, so every
 handler call crosses NATS with its ``traceparent`` header. Each test installs fresh global
-providers (as an application would) and removes them afterwards, so other tests run with
-the API's defaults (tracing off).
+providers (as an application would) and removes them afterwards (`_otel_harness`), so
+other tests run with the API's defaults (tracing off).
 """
 
 from __future__ import annotations
@@ -13,16 +13,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from nats.aio.msg import Msg
-from opentelemetry import metrics, propagate, trace
-from opentelemetry.metrics import _internal as metrics_internal
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from _otel_harness import Otel, children, only, reset_globals, wire_headers
+from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, StatusCode
-from opentelemetry.util._once import Once
 
 from hookbus.dispatcher import DispatcherService, HookDispatcher
 from hookbus.dispatcher._telemetry import suspension_span, trace_headers
@@ -41,92 +34,21 @@ from hookbus.workers import HookWorker
 pytestmark = pytest.mark.anyio
 
 
-def _reset_globals() -> None:
-    """Forget the global providers (what opentelemetry-test-utils' reset_*_globals do)."""
-    trace._TRACER_PROVIDER_SET_ONCE = Once()
-    trace._TRACER_PROVIDER = None
-    metrics_internal._METER_PROVIDER_SET_ONCE = Once()
-    metrics_internal._METER_PROVIDER = None
-
-
-class Otel:
-    """The providers a test installed, and what they recorded."""
-
-    def __init__(self) -> None:
-        self.exporter = InMemorySpanExporter()
-        self.tracer_provider = TracerProvider()
-        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.exporter))
-        self.reader = InMemoryMetricReader()
-        self.meter_provider = MeterProvider(metric_readers=[self.reader])
-
-    def install(self) -> None:
-        trace.set_tracer_provider(self.tracer_provider)
-        metrics.set_meter_provider(self.meter_provider)
-
-    def spans(self, trace_id: int | None = None) -> list[ReadableSpan]:
-        spans = list(self.exporter.get_finished_spans())
-        if trace_id is not None:
-            spans = [s for s in spans if s.context.trace_id == trace_id]
-        return sorted(spans, key=lambda s: s.start_time or 0)
-
-    def emit_span(self, event: str) -> ReadableSpan:
-        found = [s for s in self.spans() if s.name == f"emit {event}"]
-        assert len(found) == 1, [s.name for s in self.spans()]
-        return found[0]
-
-    def points(self, name: str) -> list[tuple[dict[str, Any], float]]:
-        """(attributes, value) of each data point of instrument `name` (histogram: count)."""
-        data = self.reader.get_metrics_data()
-        out = []
-        for rm in data.resource_metrics if data else []:
-            for sm in rm.scope_metrics:
-                for m in sm.metrics:
-                    if m.name == name:
-                        for p in m.data.data_points:
-                            value = p.value if hasattr(p, "value") else p.count
-                            out.append((dict(p.attributes), value))
-        return out
-
-
 @pytest.fixture
 def no_otel() -> Iterator[None]:
-    _reset_globals()
+    reset_globals()
     yield
-    _reset_globals()
+    reset_globals()
 
 
 @pytest.fixture
 def otel() -> Iterator[Otel]:
-    _reset_globals()
+    reset_globals()
     o = Otel()
     o.install()
     yield o
-    o.tracer_provider.shutdown()
-    o.meter_provider.shutdown()
-    _reset_globals()
-
-
-def children(spans: list[ReadableSpan], parent: ReadableSpan) -> list[ReadableSpan]:
-    return [s for s in spans if s.parent is not None and s.parent.span_id == parent.context.span_id]
-
-
-def only(spans: list[ReadableSpan], name: str) -> ReadableSpan:
-    found = [s for s in spans if s.name == name]
-    assert len(found) == 1, (name, [s.name for s in spans])
-    return found[0]
-
-
-async def wire_headers(nc: Any, subject: str) -> list[dict[str, str] | None]:
-    """Record the headers of every message on `subject` as NATS delivers them (a plain
-    subscriber beside the worker's queue group: it sees each request and never answers)."""
-    seen: list[dict[str, str] | None] = []
-
-    async def cb(msg: Msg) -> None:
-        seen.append(msg.headers)
-
-    await nc.subscribe(subject, cb=cb)
-    await nc.flush()
-    return seen
+    o.shutdown()
+    reset_globals()
 
 
 async def test_deny_is_one_trace_emit_calls_and_handlings(otel: Otel, nc, connect, event) -> None:

@@ -4,7 +4,8 @@
 with ``--otlp-endpoint`` pointing at an OTLP/HTTP receiver this test runs (`OtlpReceiver`).
 The test is the agent: it sends the emit request with its own ``traceparent`` and checks
 that every process's spans land in that one trace, with the right parent/child tree, kinds,
-links and attributes: a deny, a modify chain, a failure under each policy, an approval.
+links and attributes: a deny, a modify chain, a failure under each policy, an approval;
+and that an agent whose context is not sampled leaves no span in any process.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import pytest
 from _otlp_receiver import OtlpReceiver, ReceivedSpan
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import SpanContext, SpanKind
 
 from hookbus.dispatcher import HookDispatcher
@@ -67,6 +69,10 @@ async def flaky(event, data):
 @worker.handler(f"{P}:approval", priority=1)
 async def ask(event, data):
     return HookResult(action="ask_user", approval_prompt="Run rm?", approval_timeout=30)
+
+@worker.handler(f"{P}:quiet", priority=1)
+async def hush(event, data):
+    return None
 """
 )
 
@@ -90,6 +96,10 @@ async def fine(event, data):
 @worker.handler(f"{P}:closed", priority=1, failure_policy="deny")
 async def broken(event, data):
     raise RuntimeError("policy engine crashed")
+
+@worker.handler(f"{P}:quiet", priority=2)
+async def hush_more(event, data):
+    return HookResult(action="deny", reason="quiet")
 """
 )
 
@@ -405,3 +415,28 @@ async def test_metrics_are_exported_by_every_process(fleet, nc, agent_tracer) ->
     denies = [p for p in points if p.name == tn.METRIC_DECISIONS
               and p.attributes == {tn.EVENT: event, tn.ACTION: "deny"}]  # fmt: skip
     assert denies and denies[-1].value >= 1  # cumulative
+
+
+async def test_an_unsampled_agent_leaves_no_span_in_any_process(fleet, nc, agent_tracer) -> None:
+    """The agent's ``traceparent`` says "not sampled": the dispatcher service and both
+    workers (the SDK's default parent-based sampler) record nothing for that emit, and it
+    is decided all the same."""
+    quiet = f"{fleet.prefix}:quiet"
+    unsampled = TracerProvider(sampler=ALWAYS_OFF).get_tracer("unsampled-agent")
+    reply, agent = await agent_emit(nc, unsampled, quiet, {"tool_name": "bash"})
+    assert reply.result is not None and reply.result.action == "deny"
+    assert reply.result.decided_by == "hush_more"
+    assert not agent.trace_flags.sampled and agent.is_valid
+
+    # a sampled emit afterwards, through the same processes: once its spans are in, any
+    # span of the unsampled one would be too (each process exports its spans in order)
+    event = f"{fleet.prefix}:chain"
+    _, sampled = await agent_emit(nc, agent_tracer, event, {"tool_name": "edit"})
+    await trace_of(fleet, sampled, 6)
+    quiet_trace = f"{agent.trace_id:032x}"
+    leaked = [
+        s for s in fleet.receiver.spans
+        if s.trace_id == quiet_trace or s.attributes.get(tn.EVENT) == quiet
+        or s.attributes.get(tn.HANDLER) in ("hush", "hush_more")
+    ]  # fmt: skip
+    assert leaked == []

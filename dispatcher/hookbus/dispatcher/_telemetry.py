@@ -1,11 +1,23 @@
 """OpenTelemetry for the dispatcher: a span and metrics for every decision.
 
 The library only uses the OpenTelemetry API and whatever tracer and meter providers the
-application set globally (``trace.set_tracer_provider`` / ``metrics.set_meter_provider``),
-looked up on every emit, so a provider set after import is used from the next emit on.
-With none set (the API's proxy or no-op providers) nothing is created: an emit costs one
-provider look-up per signal and one flag test per handler call, no span objects, no
-``traceparent`` headers.
+application set globally (``trace.set_tracer_provider`` / ``metrics.set_meter_provider``).
+Which providers are set is decided once, at first use, and looked at again only when the
+API's global provider slot changes: a provider set after import is used from the next
+emit on, and no emit reads the environment (see `_telemetry_core`).
+
+Costs:
+
+- off (no provider set, or the API's no-op ones): an emit costs two identity tests, a
+  handler call one flag test: no span objects, no ``traceparent`` headers, no attributes;
+- a sampler that drops the emit: the SDK's non-recording span for the emit and no
+  attributes; its handler calls make no spans at all, and every request of the emit
+  carries the same W3C ``traceparent`` (the emit's context, flags ``00``, made once), so
+  parent-based samplers downstream drop it too (W3C Trace Context: the sampled flag
+  travels with the context);
+- recorded: each span is started without attributes (the sampler decides first: it sees
+  the name, kind, parent and links) and gets them in one call when it ends; a call's
+  attributes that never change are built once per route.
 
 Spans (names and attributes in `hookbus.schemas._telemetry_names`):
 
@@ -13,6 +25,8 @@ Spans (names and attributes in `hookbus.schemas._telemetry_names`):
   handler, and one ``hookbus.handler.failure`` event per failed handler.
 - ``send <subject>`` (PRODUCER): one remote handler call; its context goes to the worker
   in the W3C ``traceparent`` NATS header. ``handler <name>`` (INTERNAL) for an in-process one.
+  `start_call_span` / `record_call_span` make the same span for a call whose request is
+  made elsewhere (several handlers run by one request).
 - ``process hookbus.v1.emit.<event>`` (CONSUMER): the dispatcher service serving one
   request, parented to and linked with the agent's ``traceparent``.
 - ``await <kind>`` (INTERNAL): a suspension wait (`suspension_span`).
@@ -26,14 +40,12 @@ import contextlib
 import functools
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from importlib import metadata as _metadata
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nats.aio.msg import Msg
 from opentelemetry import context as otel_context
-from opentelemetry import metrics, propagate, trace
-from opentelemetry.metrics import NoOpMeterProvider
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry import propagate, trace
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 
 from hookbus.schemas import (
     DISPATCHER_QUEUE_GROUP,
@@ -42,23 +54,18 @@ from hookbus.schemas import (
     HookResult,
     decode,
     event_from_service_subject,
-    handler_queue_group,
 )
 from hookbus.schemas import _telemetry_names as tn
 
 from ._calls import Failed, Outcome
 from ._routes import Route
-
-try:  # the API's "no provider set yet" meter provider (private name, stable since 1.12)
-    from opentelemetry.metrics._internal import _ProxyMeterProvider as _ProxyMP
-except ImportError:  # pragma: no cover - a future API without it
-    _ProxyMP = NoOpMeterProvider  # type: ignore[assignment,misc]
-
-if TYPE_CHECKING:
-    from opentelemetry.metrics import Counter, Histogram, UpDownCounter
+from ._telemetry_core import error, make, otel, reserve
 
 __all__ = [
+    "CallSpan",
     "SuspensionSpan",
+    "record_call_span",
+    "start_call_span",
     "suspension_span",
     "trace_headers",
     "traced_call",
@@ -67,95 +74,11 @@ __all__ = [
     "traced_emit",
 ]
 
-try:
-    _VERSION = _metadata.version("hookbus")
-except _metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
-    _VERSION = "0"
 
-
-class _Otel:
-    """The tracer, meter and instruments, bound to the current global providers.
-
-    `refresh` is called once per emit: it compares the global providers with the ones
-    bound (identity, ~0.1 us each) and rebinds when the application set new ones.
-    """
-
-    __slots__ = (
-        "decisions",
-        "emit_duration",
-        "fail_opens",
-        "failures",
-        "handler_duration",
-        "meter_provider",
-        "metrics",
-        "pending",
-        "tracer",
-        "tracer_provider",
-        "tracing",
-    )
-
-    def __init__(self) -> None:
-        self.tracing = False
-        self.metrics = False
-        self.tracer_provider: object = None
-        self.meter_provider: object = None
-        self.tracer: trace.Tracer = trace.NoOpTracer()
-        self.emit_duration: Histogram
-        self.handler_duration: Histogram
-        self.decisions: Counter
-        self.failures: Counter
-        self.fail_opens: Counter
-        self.pending: UpDownCounter
-
-    def refresh(self) -> bool:
-        """Rebind to the global providers if they changed; whether any signal is on."""
-        tp = trace.get_tracer_provider()
-        if tp is not self.tracer_provider:
-            self.tracer_provider = tp
-            self.tracing = not isinstance(tp, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
-            self.tracer = tp.get_tracer(tn.SCOPE_DISPATCHER, _VERSION)
-        mp = metrics.get_meter_provider()
-        if mp is not self.meter_provider:
-            self.meter_provider = mp
-            self.metrics = not isinstance(mp, _ProxyMP | NoOpMeterProvider)
-            self._instruments(mp.get_meter(tn.SCOPE_DISPATCHER, _VERSION))
-        return self.tracing or self.metrics
-
-    def _instruments(self, meter: metrics.Meter) -> None:
-        buckets = tn.DURATION_BUCKETS_S
-        self.emit_duration = meter.create_histogram(
-            tn.METRIC_EMIT_DURATION, unit="s", description="Duration of one emit.",
-            explicit_bucket_boundaries_advisory=buckets,
-        )  # fmt: skip
-        self.handler_duration = meter.create_histogram(
-            tn.METRIC_HANDLER_DURATION, unit="s",
-            description="Duration of one handler call as the dispatcher saw it.",
-            explicit_bucket_boundaries_advisory=buckets,
-        )  # fmt: skip
-        self.decisions = meter.create_counter(
-            tn.METRIC_DECISIONS, unit="{emit}", description="Emits by folded action."
-        )
-        self.failures = meter.create_counter(
-            tn.METRIC_FAILURES, unit="{failure}",
-            description="Handler failures by kind and failure policy.",
-        )  # fmt: skip
-        self.fail_opens = meter.create_counter(
-            tn.METRIC_FAIL_OPENS, unit="{failure}",
-            description="Handler failures ignored by policy (the call went on).",
-        )  # fmt: skip
-        self.pending = meter.create_up_down_counter(
-            tn.METRIC_SUSPENSIONS_PENDING, unit="{suspension}",
-            description="Suspension waits in progress.",
-        )  # fmt: skip
-
-
-_otel = _Otel()
-
-
-def _ids(data: dict[str, Any] | None, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The GenAI attributes of an event's data: agent, session (conversation), tool."""
-    attrs: dict[str, Any] = {}
-    for source in (defaults, data):
+def _ids(attrs: dict[str, Any], *sources: dict[str, Any] | None) -> dict[str, Any]:
+    """Add the GenAI attributes of an event's data (agent, session, tool) to `attrs`; a
+    later source wins."""
+    for source in sources:
         if not source:
             continue
         for key, name in (
@@ -169,8 +92,8 @@ def _ids(data: dict[str, Any] | None, defaults: dict[str, Any] | None = None) ->
     return attrs
 
 
-def _result_attrs(result: HookResult) -> dict[str, Any]:
-    attrs: dict[str, Any] = {tn.ACTION: result.action}
+def _result_attrs(attrs: dict[str, Any], result: HookResult) -> dict[str, Any]:
+    attrs[tn.ACTION] = result.action
     if result.reason:
         attrs[tn.REASON] = result.reason
     if result.decided_by:
@@ -188,7 +111,7 @@ def traced_emit(
 
     @functools.wraps(fn)
     async def emit(self: Any, event: str, data: dict[str, Any], **kwargs: Any) -> HookResult:
-        if not _otel.refresh():
+        if not otel.sync():
             return await fn(self, event, data, **kwargs)
         return await _observed_emit(fn, self, event, data, kwargs)
 
@@ -202,13 +125,14 @@ async def _observed_emit(
     data: dict[str, Any],
     kwargs: dict[str, Any],
 ) -> HookResult:
-    tracing = _otel.tracing
+    o = otel
     span: trace.Span | None = None
     token = None
-    if tracing:
-        attrs = {tn.EVENT: event, **_ids(data, getattr(dispatcher, "_defaults", None))}
-        span = _otel.tracer.start_span(f"{tn.SPAN_EMIT} {event}", attributes=attrs)
+    if o.tracing:  # the sampler decides first; attributes only for a recorded span
+        span = o.tracer.start_span(f"{tn.SPAN_EMIT} {event}")
         token = otel_context.attach(trace.set_span_in_context(span))
+        if not span.is_recording():
+            span = None
     start = time.perf_counter()
     metric_attrs: dict[str, Any] = {tn.EVENT: event}
     try:
@@ -216,61 +140,77 @@ async def _observed_emit(
     except BaseException as exc:
         metric_attrs[tn.ERROR_TYPE] = type(exc).__qualname__
         if span is not None:
-            span.record_exception(exc)
-            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-            span.set_attribute(tn.ERROR_TYPE, type(exc).__qualname__)
+            span.set_attributes(_emit_attrs(dispatcher, event, data))
+            error(span, exc)
         raise
     else:
         metric_attrs[tn.ACTION] = result.action
-        failed_open = [f.handler for f in result.failures if f.policy == "ignore"]
         if span is not None:
-            end = _result_attrs(result)
-            end[tn.FAILED_OPEN] = bool(failed_open)
-            if result.failures:
-                end[tn.FAILURE_COUNT] = len(result.failures)
-            if failed_open:
-                end[tn.FAILED_OPEN_HANDLERS] = failed_open
-            span.set_attributes(end)
-            for f in result.failures:
-                span.add_event(
-                    tn.EVENT_HANDLER_FAILURE,
-                    {
-                        tn.HANDLER: f.handler,
-                        tn.FAILURE_KIND: f.kind,
-                        tn.FAILURE_POLICY: f.policy,
-                        tn.FAILED_OPEN: f.policy == "ignore",
-                        "exception.message": f.message,
-                    },
-                )
-        if _otel.metrics:
-            _otel.decisions.add(1, {tn.EVENT: event, tn.ACTION: result.action})
-            for f in result.failures:
-                attrs = {tn.EVENT: event, tn.HANDLER: f.handler, tn.FAILURE_KIND: f.kind}
-                _otel.failures.add(1, {**attrs, tn.FAILURE_POLICY: f.policy})
-                if f.policy == "ignore":
-                    _otel.fail_opens.add(1, attrs)
+            _end_emit_span(span, _emit_attrs(dispatcher, event, data), result)
+        if o.metrics:
+            _count_emit(event, result)
         return result
     finally:
-        if _otel.metrics:
-            _otel.emit_duration.record(time.perf_counter() - start, metric_attrs)
+        if o.metrics:
+            o.emit_duration.record(time.perf_counter() - start, metric_attrs)
+        if token is not None:
+            otel_context.detach(token)
         if span is not None:
-            otel_context.detach(token)  # type: ignore[arg-type]
             span.end()
+
+
+def _emit_attrs(dispatcher: Any, event: str, data: dict[str, Any]) -> dict[str, Any]:
+    return _ids({tn.EVENT: event}, getattr(dispatcher, "_defaults", None), data)
+
+
+def _end_emit_span(span: trace.Span, attrs: dict[str, Any], result: HookResult) -> None:
+    _result_attrs(attrs, result)
+    failed_open = [f.handler for f in result.failures if f.policy == "ignore"]
+    attrs[tn.FAILED_OPEN] = bool(failed_open)
+    if result.failures:
+        attrs[tn.FAILURE_COUNT] = len(result.failures)
+    if failed_open:
+        attrs[tn.FAILED_OPEN_HANDLERS] = failed_open
+    span.set_attributes(attrs)
+    for f in result.failures:
+        span.add_event(
+            tn.EVENT_HANDLER_FAILURE,
+            {
+                tn.HANDLER: f.handler,
+                tn.FAILURE_KIND: f.kind,
+                tn.FAILURE_POLICY: f.policy,
+                tn.FAILED_OPEN: f.policy == "ignore",
+                "exception.message": f.message,
+            },
+        )
+
+
+def _count_emit(event: str, result: HookResult) -> None:
+    o = otel
+    o.decisions.add(1, {tn.EVENT: event, tn.ACTION: result.action})
+    for f in result.failures:
+        attrs = {tn.EVENT: event, tn.HANDLER: f.handler, tn.FAILURE_KIND: f.kind}
+        o.failures.add(1, {**attrs, tn.FAILURE_POLICY: f.policy})
+        if f.policy == "ignore":
+            o.fail_opens.add(1, attrs)
 
 
 # -- one handler call --------------------------------------------------------------------------
 def traced_call(
     fn: Callable[[Any, Route, Any, dict[str, Any]], Awaitable[Outcome]],
 ) -> Callable[[Any, Route, Any, dict[str, Any]], Awaitable[Outcome]]:
-    """Decorate `HookDispatcher._call(route, ctx, data)`: one span per handler call.
+    """Decorate `HookDispatcher._call(route, ctx, data)`: one span per handler call, a
+    child of the emit span (none when the emit span is not recorded), and the
+    ``hookbus.handler.duration`` histogram.
 
-    `ctx` is the emit's context (``event``, ``id``). Inside, `trace_headers` gives the
-    ``traceparent`` of this call's span for the NATS request.
+    `ctx` is the emit's context (``event``). Inside, `trace_headers` gives the
+    ``traceparent`` of this call's span for the NATS request; an in-process handler runs
+    inside its ``handler <name>`` span.
     """
 
     @functools.wraps(fn)
     async def call(self: Any, route: Route, ctx: Any, data: dict[str, Any]) -> Outcome:
-        if not (_otel.tracing or _otel.metrics):  # as of this emit's refresh
+        if not otel.on:  # as of this emit's sync
             return await fn(self, route, ctx, data)
         return await _observed_call(fn, self, route, ctx, data)
 
@@ -284,12 +224,12 @@ async def _observed_call(
     ctx: Any,
     data: dict[str, Any],
 ) -> Outcome:
-    event: str = ctx.event
+    o = otel
     span: trace.Span | None = None
     token = None
-    if _otel.tracing:
-        name, kind, static = _route_span(route)
-        span = _otel.tracer.start_span(name, kind=kind, attributes=static)
+    if o.tracing and trace.get_current_span().is_recording():
+        name, kind, _ = _route_span(route)
+        span = o.tracer.start_span(name, kind=kind)
         token = otel_context.attach(trace.set_span_in_context(span))
     start = time.perf_counter()
     outcome: Outcome | None = None
@@ -297,27 +237,28 @@ async def _observed_call(
         outcome = await fn(dispatcher, route, ctx, data)
         return outcome
     except BaseException as exc:
-        if span is not None:
-            span.record_exception(exc)
-            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-            span.set_attribute(tn.ERROR_TYPE, type(exc).__qualname__)
+        if span is not None and span.is_recording():
+            span.set_attributes(_route_span(route)[2])
+            error(span, exc)
         raise
     finally:
-        elapsed = time.perf_counter() - start
+        if token is not None:
+            otel_context.detach(token)
         if span is not None:
-            otel_context.detach(token)  # type: ignore[arg-type]
-            if outcome is not None:
-                span.set_attributes(_outcome_attrs(route, outcome))
-                if isinstance(outcome, Failed):
-                    span.set_status(Status(StatusCode.ERROR, outcome.message))
+            if outcome is not None and span.is_recording():
+                _set_outcome(span, route, outcome)
             span.end()
-        if _otel.metrics:
-            m: dict[str, Any] = {tn.EVENT: event, tn.HANDLER: route.name}
-            if isinstance(outcome, HookResult):
-                m[tn.ACTION] = outcome.action
-            elif isinstance(outcome, Failed):
-                m[tn.ERROR_TYPE] = outcome.kind
-            _otel.handler_duration.record(elapsed, m)
+        if o.metrics:
+            _record_duration(route, outcome, time.perf_counter() - start)
+
+
+def _record_duration(route: Route, outcome: Outcome | None, seconds: float) -> None:
+    m: dict[str, Any] = {tn.EVENT: route.event, tn.HANDLER: route.name}
+    if isinstance(outcome, HookResult):
+        m[tn.ACTION] = outcome.action
+    elif isinstance(outcome, Failed):
+        m[tn.ERROR_TYPE] = outcome.kind
+    otel.handler_duration.record(seconds, m)
 
 
 _route_spans: dict[Route, tuple[str, SpanKind, dict[str, Any]]] = {}
@@ -331,8 +272,10 @@ def _route_span(route: Route) -> tuple[str, SpanKind, dict[str, Any]]:
         return got
     if len(_route_spans) >= 4096:
         _route_spans.clear()
-    # few attributes: each costs the SDK about a microsecond per span; the event is in the
-    # subject and on the parent emit span, the policy is set when a failure applies it
+    # few attributes: each costs the SDK one to two microseconds per span; the event is in
+    # the subject and on the parent emit span, the policy is set when a failure applies it,
+    # the queue group is on the worker's CONSUMER span (a consumer attribute in the
+    # messaging semantic conventions)
     attrs: dict[str, Any] = {tn.HANDLER: route.name, tn.PRIORITY: route.priority}
     if route.parallel:
         attrs[tn.PARALLEL] = True
@@ -341,7 +284,6 @@ def _route_span(route: Route) -> tuple[str, SpanKind, dict[str, Any]]:
             tn.MESSAGING_SYSTEM: tn.MESSAGING_SYSTEM_NATS,
             tn.MESSAGING_DESTINATION_NAME: route.subject,
             tn.MESSAGING_OPERATION_TYPE: tn.OPERATION_SEND,
-            tn.MESSAGING_CONSUMER_GROUP_NAME: handler_queue_group(route.name),
         })  # fmt: skip
         got = (f"{tn.SPAN_SEND} {route.subject}", SpanKind.PRODUCER, attrs)
     else:
@@ -351,37 +293,181 @@ def _route_span(route: Route) -> tuple[str, SpanKind, dict[str, Any]]:
     return got
 
 
-def _outcome_attrs(route: Route, outcome: Outcome) -> dict[str, Any]:
+def _set_outcome(span: trace.Span, route: Route, outcome: Outcome) -> None:
+    """Set the route's attributes and the outcome's on a recording call span, at once."""
+    attrs = dict(_route_span(route)[2])
     if isinstance(outcome, Failed):
-        return {
-            tn.FAILURE_KIND: outcome.kind,
-            tn.FAILURE_POLICY: route.failure_policy,
-            tn.ERROR_TYPE: outcome.kind,
-            tn.FAILED_OPEN: route.failure_policy == "ignore",
-        }
-    attrs: dict[str, Any] = {tn.ACTION: outcome.action}
+        attrs[tn.FAILURE_KIND] = outcome.kind
+        attrs[tn.FAILURE_POLICY] = route.failure_policy
+        attrs[tn.ERROR_TYPE] = outcome.kind
+        attrs[tn.FAILED_OPEN] = route.failure_policy == "ignore"
+        span.set_attributes(attrs)
+        span.set_status(Status(StatusCode.ERROR, outcome.message))
+        return
+    attrs[tn.ACTION] = outcome.action
     if outcome.reason:
         attrs[tn.REASON] = outcome.reason
     if route.parallel and outcome.action == "modify":  # the fold refuses it: a bad reply
-        attrs.update({
-            tn.FAILURE_KIND: "bad_reply",
-            tn.FAILURE_POLICY: route.failure_policy,
-            tn.ERROR_TYPE: "bad_reply",
-            tn.FAILED_OPEN: route.failure_policy == "ignore",
-        })  # fmt: skip
+        attrs[tn.FAILURE_KIND] = "bad_reply"
+        attrs[tn.FAILURE_POLICY] = route.failure_policy
+        attrs[tn.ERROR_TYPE] = "bad_reply"
+        attrs[tn.FAILED_OPEN] = route.failure_policy == "ignore"
     else:
         attrs[tn.FAILED_OPEN] = False
-    return attrs
+    span.set_attributes(attrs)
+
+
+_headers_cache: tuple[object, dict[str, str] | None] = (None, None)
 
 
 def trace_headers() -> dict[str, str] | None:
-    """NATS headers carrying the current trace context (W3C ``traceparent``), or None when
-    tracing is off (so no header bytes are sent)."""
-    if not _otel.tracing:
+    """NATS headers carrying the current trace context (W3C ``traceparent``, through the
+    application's global propagator), or None when tracing is off (no header bytes sent).
+
+    The dict may be shared by the requests made in one context (the calls of an emit whose
+    span is not recorded all carry its context): do not modify it.
+    """
+    global _headers_cache
+    if not otel.tracing:
         return None
-    headers: dict[str, str] = {}
-    propagate.inject(headers)
-    return headers or None
+    current = otel_context.get_current()
+    cached_for, headers = _headers_cache
+    if cached_for is current:
+        return headers
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=current)
+    headers = carrier or None
+    _headers_cache = (current, headers)
+    return headers
+
+
+# -- a handler call whose request is made elsewhere ------------------------------------------------
+class CallSpan:
+    """The span of one handler call, from `start_call_span`; `end` finishes it.
+
+    `headers` are the NATS headers carrying this call's context (W3C ``traceparent``), for
+    the request that runs the handler, so the worker's handling span is its child; None
+    with tracing off. With the SDK's tracer the span is made when the call ends, with that
+    context: a call that is never ended leaves no span (a handler of a several-handler
+    request that did not run). With tracing and metrics off, `start_call_span` returns one
+    shared instance whose `end` does nothing.
+    """
+
+    __slots__ = ("_context", "_parent", "_route", "_span", "_start_ns", "headers")
+
+    def __init__(self, route: Route | None, start_ns: int) -> None:
+        self._route = route
+        self._start_ns = start_ns
+        self._span: trace.Span | None = None
+        self._parent: otel_context.Context | None = None
+        self._context: SpanContext | None = None
+        self.headers: dict[str, str] | None = None
+
+    def end(
+        self,
+        outcome: Outcome | None,
+        end_ns: int | None = None,
+        *,
+        error: BaseException | None = None,
+    ) -> None:
+        """End the call with its outcome (the handler's `HookResult` or a `Failed`), or
+        with the exception that ended it (`error`, outcome None): the span `traced_call`
+        makes (same name, kind, attributes, status) and one ``hookbus.handler.duration``
+        point. Ends once; later calls do nothing.
+
+        Args:
+            end_ns: when the call ended, nanoseconds since the Unix epoch
+                (`time.time_ns`, the clock of OpenTelemetry span times); None: now.
+        """
+        route = self._route
+        if route is None:
+            return
+        self._route = None
+        end = time.time_ns() if end_ns is None else end_ns
+        span = self._span
+        if span is None and self._context is not None and self._parent is not None:
+            name, kind, _ = _route_span(route)
+            span = make(name, self._parent, kind, self._start_ns, self._context)
+        if span is not None:
+            if span.is_recording():
+                if outcome is not None:
+                    _set_outcome(span, route, outcome)
+                elif error is not None:
+                    span.set_attributes(_route_span(route)[2])
+                    _error_on(span, error)
+            span.end(end_time=end)
+        if otel.metrics:
+            _record_duration(route, outcome, max(0, end - self._start_ns) / 1e9)
+
+
+_error_on = error  # `CallSpan.end` has an argument named `error`
+_NO_CALL = CallSpan(None, 0)
+
+
+def start_call_span(route: Route, start_ns: int | None = None) -> CallSpan:
+    """Start the span of one call of `route` whose request is made outside `traced_call`
+    (e.g. each handler of a request that runs several), as `traced_call` would: ``send
+    <subject>`` (PRODUCER) or ``handler <name>`` (INTERNAL), a child of the current span
+    (the emit's). Send each call's `CallSpan.headers` with its handler's part of the
+    request, and `CallSpan.end` the calls that ran: with the SDK's tracer those that did
+    not leave no span, and the trace is the one per-handler requests make.
+
+    No span when tracing is off or the current span is not recorded (the `headers` then
+    carry the current context, as `trace_headers` does).
+
+    Args:
+        route: the handler's route.
+        start_ns: when the call started, nanoseconds since the Unix epoch (`time.time_ns`);
+            None: now.
+    """
+    o = otel
+    if not o.sync():
+        return _NO_CALL
+    call = CallSpan(route, time.time_ns() if start_ns is None else start_ns)
+    if not o.tracing:
+        return call
+    parent = otel_context.get_current()
+    if not trace.get_current_span(parent).is_recording():
+        call.headers = trace_headers()
+        return call
+    name, kind, _ = _route_span(route)
+    reserved = reserve(name, parent, kind)
+    if reserved is None:  # not the SDK's tracer: a span now
+        span = o.tracer.start_span(name, parent, kind=kind, start_time=call._start_ns)
+        call._span = span
+    else:
+        context, recording = reserved
+        span = trace.NonRecordingSpan(context)
+        if recording:
+            call._parent, call._context = parent, context
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=trace.set_span_in_context(span, parent))
+    call.headers = carrier or None
+    return call
+
+
+def record_call_span(route: Route, outcome: Outcome, start_ns: int, end_ns: int) -> None:
+    """Record one finished call of `route` whose request was made elsewhere: the span
+    `traced_call` would have made, a child of the current span (the emit's), same name,
+    kind, attributes and status, at these times, and the same ``hookbus.handler.duration``
+    point. The worker's handling is then not this span's child (its request carried
+    another context): `start_call_span` keeps that too. Nothing when tracing and metrics
+    are off; no span when the current span is not recorded.
+
+    Args:
+        route: the handler's route.
+        outcome: its `HookResult`, or the `Failed` its failure policy judges.
+        start_ns: when the call started, nanoseconds since the Unix epoch (`time.time_ns`).
+        end_ns: when it ended, same clock.
+    """
+    o = otel
+    if not o.sync():
+        return
+    call = CallSpan(route, start_ns)
+    if o.tracing and trace.get_current_span().is_recording():
+        name, kind, _ = _route_span(route)
+        call._span = o.tracer.start_span(name, kind=kind, start_time=start_ns)
+    call.end(outcome, end_ns)
 
 
 # -- emit_and_collect -----------------------------------------------------------------------------
@@ -394,15 +480,27 @@ def traced_collect(
     async def emit_and_collect(
         self: Any, event: str, data: dict[str, Any], *args: Any, **kwargs: Any
     ) -> list[Any]:
-        if not _otel.refresh() or not _otel.tracing:
+        if not otel.sync() or not otel.tracing:
             return await fn(self, event, data, *args, **kwargs)
-        attrs = {tn.EVENT: event, **_ids(data)}
-        with _otel.tracer.start_as_current_span(
-            f"{tn.SPAN_EMIT_AND_COLLECT} {event}", attributes=attrs
-        ) as span:
+        span = otel.tracer.start_span(f"{tn.SPAN_EMIT_AND_COLLECT} {event}")
+        token = otel_context.attach(trace.set_span_in_context(span))
+        recording = span.is_recording()
+        try:
             responses = await fn(self, event, data, *args, **kwargs)
-            span.set_attribute(tn.RESPONSE_COUNT, len(responses))
+        except BaseException as exc:
+            if recording:
+                span.set_attributes(_ids({tn.EVENT: event}, data))
+                error(span, exc)
+            raise
+        else:
+            if recording:
+                span.set_attributes(
+                    _ids({tn.EVENT: event, tn.RESPONSE_COUNT: len(responses)}, data)
+                )
             return responses
+        finally:
+            otel_context.detach(token)
+            span.end()
 
     return emit_and_collect
 
@@ -417,44 +515,58 @@ def traced_dispatch(
 
     @functools.wraps(fn)
     async def serve(self: Any, msg: Msg) -> bytes:
-        if not _otel.refresh() or not _otel.tracing:
+        if not otel.sync() or not otel.tracing:
             return await fn(self, msg)
         parent = propagate.extract(msg.headers) if msg.headers else None
         remote = trace.get_current_span(parent).get_span_context()
-        attrs: dict[str, Any] = {
-            tn.MESSAGING_SYSTEM: tn.MESSAGING_SYSTEM_NATS,
-            tn.MESSAGING_DESTINATION_NAME: msg.subject,
-            tn.MESSAGING_OPERATION_TYPE: tn.OPERATION_PROCESS,
-            tn.MESSAGING_CONSUMER_GROUP_NAME: DISPATCHER_QUEUE_GROUP,
-        }
-        with contextlib.suppress(HookbusError):
-            attrs[tn.EVENT] = event_from_service_subject(msg.subject)
-        span = _otel.tracer.start_span(
+        span = otel.tracer.start_span(
             f"{tn.SPAN_PROCESS} {msg.subject}",
             context=parent,
             kind=SpanKind.CONSUMER,
-            attributes=attrs,
             links=[Link(remote)] if remote.is_valid else None,
         )
-        with trace.use_span(span, end_on_exit=True):
+        token = otel_context.attach(trace.set_span_in_context(span, parent))
+        recording = span.is_recording()
+        try:
             payload = await fn(self, msg)
-            _reply_attrs(span, payload)
+        except BaseException as exc:
+            if recording:
+                span.set_attributes(_service_attrs(msg.subject))
+                error(span, exc)
+            raise
+        else:
+            if recording:
+                _end_service_span(span, _service_attrs(msg.subject), payload)
             return payload
+        finally:
+            otel_context.detach(token)
+            span.end()
 
     return serve
 
 
-def _reply_attrs(span: trace.Span, payload: bytes) -> None:
+def _service_attrs(subject: str) -> dict[str, Any]:
+    attrs: dict[str, Any] = {
+        tn.MESSAGING_SYSTEM: tn.MESSAGING_SYSTEM_NATS,
+        tn.MESSAGING_DESTINATION_NAME: subject,
+        tn.MESSAGING_OPERATION_TYPE: tn.OPERATION_PROCESS,
+        tn.MESSAGING_CONSUMER_GROUP_NAME: DISPATCHER_QUEUE_GROUP,
+    }
+    with contextlib.suppress(HookbusError):
+        attrs[tn.EVENT] = event_from_service_subject(subject)
+    return attrs
+
+
+def _end_service_span(span: trace.Span, attrs: dict[str, Any], payload: bytes) -> None:
     """Set the outcome of a service reply on its span (an EmitReply or a CollectReply)."""
-    try:
+    with contextlib.suppress(HookbusError):
         reply = decode(payload, EmitReply)
-    except HookbusError:
-        return
-    if reply.error is not None:
-        span.set_attribute(tn.ERROR_TYPE, reply.error.code)
-        span.set_status(Status(StatusCode.ERROR, reply.error.message))
-    elif reply.result is not None:
-        span.set_attributes(_result_attrs(reply.result))
+        if reply.error is not None:
+            attrs[tn.ERROR_TYPE] = reply.error.code
+            span.set_status(Status(StatusCode.ERROR, reply.error.message))
+        elif reply.result is not None:
+            _result_attrs(attrs, reply.result)
+    span.set_attributes(attrs)
 
 
 # -- suspensions ---------------------------------------------------------------------------------
@@ -493,8 +605,8 @@ class SuspensionSpan:
             }
             self._span.add_event(name, attrs)
         if name == tn.SUSPENSION_PENDING:
-            if not self._counted and _otel.metrics:
-                _otel.pending.add(1, self._attrs)
+            if not self._counted and otel.metrics:
+                otel.pending.add(1, self._attrs)
                 self._counted = True
             return
         self.outcome = name
@@ -504,7 +616,7 @@ class SuspensionSpan:
 
     def _uncount(self) -> None:
         if self._counted:
-            _otel.pending.add(-1, self._attrs)
+            otel.pending.add(-1, self._attrs)
             self._counted = False
 
 
@@ -526,30 +638,32 @@ def suspension_span(
     error unless an outcome (``timed_out``, ``cancelled``, ...) was recorded first, so
     ``s.event("timed_out"); raise SuspensionTimeoutError(...)`` is an outcome, not a failure.
     `attributes` may use any names (GenAI ids, ``hookbus.handler``, ...); None values are
-    dropped. With tracing and metrics off, the object does nothing.
+    dropped. With tracing and metrics off, the object does nothing; a span the sampler
+    drops gets no attributes or events.
     """
-    _otel.refresh()
+    otel.sync()
     base = {tn.SUSPENSION_KIND: kind}
-    if not _otel.tracing:
+    if not otel.tracing:
         holder = SuspensionSpan(None, base)
         try:
             yield holder
         finally:
             holder._uncount()
         return
-    extra = {k: v for k, v in (attributes or {}).items() if v is not None}
-    attrs = {tn.SUSPENSION_LABEL: label, **base, **extra}
-    span = _otel.tracer.start_span(f"{tn.SPAN_AWAIT} {kind}", attributes=attrs)
-    holder = SuspensionSpan(span, base)
+    span = otel.tracer.start_span(f"{tn.SPAN_AWAIT} {kind}")
+    recording = span.is_recording()
+    if recording:
+        extra = {k: v for k, v in (attributes or {}).items() if v is not None}
+        span.set_attributes({tn.SUSPENSION_LABEL: label, **base, **extra})
+    holder = SuspensionSpan(span if recording else None, base)
+    token = otel_context.attach(trace.set_span_in_context(span))
     try:
-        with trace.use_span(span, record_exception=False, set_status_on_exception=False):
-            yield holder
+        yield holder
     except BaseException as exc:
-        if holder.outcome is None:
-            span.record_exception(exc)
-            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-            span.set_attribute(tn.ERROR_TYPE, type(exc).__qualname__)
+        if holder.outcome is None and recording:
+            error(span, exc)
         raise
     finally:
+        otel_context.detach(token)
         holder._uncount()
         span.end()

@@ -1,46 +1,51 @@
 """OpenTelemetry for workers: one CONSUMER span per handling, linked to the dispatcher's call.
 
-The library only uses the OpenTelemetry API and the global providers the application set
-(looked up per request, so providers set after import are used from then on); with none
-set, a request costs two provider look-ups and no span. The span (``process <subject>``)
-is parented to, and linked with, the context in the request's W3C ``traceparent`` NATS
-header, so the dispatcher's ``send`` span and this one share a trace; a request without
-headers starts a new trace. Names in `hookbus.schemas._telemetry_names`.
+The library only uses the OpenTelemetry API and the global providers the application set,
+decided at first use and looked at again only when the API's global provider slot changes
+(see `_telemetry_core`): a provider set after import is used from the next request on, and
+no request reads the environment. With none set, a request costs two identity tests: no
+span, no attributes, no header parsing.
+
+The span (``process <subject>``) is parented to, and linked with, the context in the
+request's W3C ``traceparent`` NATS header, so the dispatcher's ``send`` span and this one
+share a trace; a request without headers starts a new trace. The span is started without
+attributes, so the sampler decides before any is built: a handling it drops (e.g. a
+parent sent with flags ``00``) gets none and the request's envelope is not read for them;
+its context is still current while the handler runs, so the handler's own spans and
+requests carry the same decision. A recorded span gets its attributes in one call when
+it ends. With the API's default propagator (W3C trace context and baggage), a
+``traceparent`` without baggage is read here directly, and the handlers of one request
+share one reading. Names in `hookbus.schemas._telemetry_names`.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 import time
-from collections.abc import Awaitable, Callable
-from importlib import metadata as _metadata
+from collections.abc import Awaitable, Callable, Mapping
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 from nats.aio.msg import Msg
-from opentelemetry import metrics, propagate, trace
-from opentelemetry.metrics import NoOpMeterProvider
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace.span import TraceState
 
-from hookbus.schemas import HookReply
+from hookbus.schemas import EventEnvelope, HandlerDeclaration, HookReply, handler_subject
 from hookbus.schemas import _telemetry_names as tn
 
-try:  # the API's "no provider set yet" meter provider (private name, stable since 1.12)
-    from opentelemetry.metrics._internal import _ProxyMeterProvider as _ProxyMP
-except ImportError:  # pragma: no cover - a future API without it
-    _ProxyMP = NoOpMeterProvider  # type: ignore[assignment,misc]
+from ._telemetry_core import otel
 
 if TYPE_CHECKING:
-    from opentelemetry.metrics import Histogram
-
     from ._worker import HandlerSpec
 
-__all__ = ["traced_handling"]
-
-try:
-    _VERSION = _metadata.version("hookbus")
-except _metadata.PackageNotFoundError:  # pragma: no cover
-    _VERSION = "0"
+__all__ = ["HandlingSpan", "handling_span", "traced_handling"]
 
 
 class _Ids(msgspec.Struct):
@@ -58,147 +63,289 @@ class _Envelope(msgspec.Struct):
 
 _envelope_decoder = msgspec.json.Decoder(_Envelope)
 
-
-class _Otel:
-    __slots__ = (
-        "meter_provider",
-        "metrics",
-        "process_duration",
-        "tracer",
-        "tracer_provider",
-        "tracing",
-    )
-
-    def __init__(self) -> None:
-        self.tracing = False
-        self.metrics = False
-        self.tracer_provider: object = None
-        self.meter_provider: object = None
-        self.tracer: trace.Tracer = trace.NoOpTracer()
-        self.process_duration: Histogram
-
-    def refresh(self) -> bool:
-        tp = trace.get_tracer_provider()
-        if tp is not self.tracer_provider:
-            self.tracer_provider = tp
-            self.tracing = not isinstance(tp, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
-            self.tracer = tp.get_tracer(tn.SCOPE_WORKERS, _VERSION)
-        mp = metrics.get_meter_provider()
-        if mp is not self.meter_provider:
-            self.meter_provider = mp
-            self.metrics = not isinstance(mp, _ProxyMP | NoOpMeterProvider)
-            self.process_duration = mp.get_meter(tn.SCOPE_WORKERS, _VERSION).create_histogram(
-                tn.METRIC_PROCESS_DURATION,
-                unit="s",
-                description="Duration of one handling in a worker.",
-                explicit_bucket_boundaries_advisory=tn.DURATION_BUCKETS_S,
-            )
-        return self.tracing or self.metrics
-
-
-_otel = _Otel()
-
 Handle = Callable[[Any, "HandlerSpec", Msg], Awaitable["HookReply | None"]]
 
 
 def traced_handling(fn: Handle) -> Handle:
     """Decorate `HookWorker._handle(spec, msg) -> HookReply | None`: the CONSUMER span and
-    the ``messaging.process.duration`` histogram (seconds)."""
+    the ``messaging.process.duration`` histogram (seconds), see `handling_span`."""
 
     @functools.wraps(fn)
     async def handle(self: Any, spec: HandlerSpec, msg: Msg) -> HookReply | None:
-        if not _otel.refresh():
+        if not otel.sync():
             return await fn(self, spec, msg)
-        return await _observed(fn, self, spec, msg)
+        with HandlingSpan(spec.declaration, msg.data, msg.headers, msg.subject) as handling:
+            reply = await fn(self, spec, msg)
+            handling.reply(reply)
+            return reply
 
     return handle
 
 
-async def _observed(fn: Handle, worker: Any, spec: HandlerSpec, msg: Msg) -> HookReply | None:
-    decl = spec.declaration
-    span: trace.Span | None = None
-    if _otel.tracing:
-        parent = propagate.extract(msg.headers) if msg.headers else None
-        remote = trace.get_current_span(parent).get_span_context()
-        # few attributes (each costs the SDK about a microsecond): the event is in the
+_last_extract: tuple[dict[str, str], otel_context.Context] | None = None
+
+
+def _extract(headers: Mapping[str, str]) -> otel_context.Context:
+    """The context in `headers`, as the application's global propagator reads it; the same
+    headers twice in a row (the handlers of one request) are read once."""
+    global _last_extract
+    last = _last_extract
+    if last is not None and last[0] == headers:
+        return last[1]
+    context = _w3c(headers) if _default_textmap() else None
+    if context is None:
+        context = propagate.extract(headers)
+    _last_extract = (dict(headers), context)
+    return context
+
+
+_textmap: tuple[object, bool] = (None, False)
+
+
+def _default_textmap() -> bool:
+    """Whether the global propagator is the API's default, W3C trace context then W3C
+    baggage (``OTEL_PROPAGATORS`` unset or ``tracecontext,baggage``)."""
+    global _textmap
+    textmap = propagate.get_global_textmap()
+    seen, default = _textmap
+    if seen is not textmap:
+        parts = getattr(textmap, "_propagators", None)
+        default = isinstance(textmap, CompositePropagator) and [type(p) for p in parts or ()] == [
+            TraceContextTextMapPropagator,
+            W3CBaggagePropagator,
+        ]
+        _textmap = (textmap, default)
+    return default
+
+
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
+"""W3C Trace Context, ``traceparent``: version, trace-id, parent-id, trace-flags (lower-case
+hex); a later version may append fields after a ``-``."""
+
+
+def _w3c(headers: Mapping[str, str]) -> otel_context.Context | None:
+    """What the default propagator reads from `headers` (W3C Trace Context: a valid
+    ``traceparent`` and its ``tracestate``), read here at a fraction of its cost; None:
+    leave it to the propagator (baggage, or a header it judges itself)."""
+    value = headers.get("traceparent")
+    if value is None or "baggage" in headers:
+        return None
+    match = _TRACEPARENT.fullmatch(value.strip())
+    if match is None:
+        return None
+    version, trace_id, span_id, flags, rest = match.groups()
+    if version == "ff" or (version == "00" and rest) or not int(trace_id, 16):
+        return None
+    if not int(span_id, 16):
+        return None
+    tracestate = headers.get("tracestate")
+    state = TraceState.from_header([tracestate]) if tracestate else None
+    context = SpanContext(
+        int(trace_id, 16), int(span_id, 16), True, TraceFlags(int(flags, 16)), state
+    )
+    return trace.set_span_in_context(trace.NonRecordingSpan(context), otel_context.Context())
+
+
+class HandlingSpan:
+    """One handling's ``process <subject>`` span (CONSUMER) and its
+    ``messaging.process.duration`` point (seconds), as a context manager: the span's
+    context is current inside (the handler's own spans and requests are its children),
+    and it ends on exit. Record the answer with `reply`; an exception leaving the block is
+    recorded as the error instead. Made by `handling_span`.
+    """
+
+    __slots__ = (
+        "_decl",
+        "_envelope",
+        "_headers",
+        "_replied",
+        "_reply",
+        "_span",
+        "_start",
+        "_subject",
+        "_token",
+    )
+
+    def __init__(
+        self,
+        decl: HandlerDeclaration | None,
+        envelope: EventEnvelope | bytes | None,
+        headers: Mapping[str, str] | None,
+        subject: str,
+    ) -> None:
+        self._decl = decl
+        self._envelope: EventEnvelope | tuple[Any, ...] | bytes | None = envelope
+        self._headers = headers
+        self._subject = subject
+        self._span: trace.Span | None = None
+        self._token: object = None
+        self._start = 0.0
+        self._reply: HookReply | None = None
+        self._replied = False
+
+    def __enter__(self) -> HandlingSpan:
+        if self._decl is None:
+            return self
+        if otel.tracing:  # the sampler decides first; attributes only for a recorded span
+            headers = self._headers
+            parent = _extract(headers) if headers else None
+            remote = trace.get_current_span(parent).get_span_context()
+            span = otel.tracer.start_span(
+                f"{tn.SPAN_PROCESS} {self._subject}",
+                parent,
+                kind=SpanKind.CONSUMER,
+                links=[Link(remote)] if remote.is_valid else None,
+            )
+            self._token = otel_context.attach(trace.set_span_in_context(span, parent))
+            if span.is_recording():
+                self._span = span
+                envelope = self._envelope
+                if isinstance(envelope, EventEnvelope):  # as it came: the handler may edit it
+                    self._envelope = _envelope_fields(envelope)
+        self._start = time.perf_counter()
+        return self
+
+    def reply(self, reply: HookReply | None) -> None:
+        """Record the handling's answer: its action (and reason), or its error code (span
+        status ERROR); None: the request was dropped unanswered (``hookbus.dropped``)."""
+        if self._decl is not None:
+            self._reply = reply
+            self._replied = True
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        decl = self._decl
+        if decl is None:
+            return
+        elapsed = time.perf_counter() - self._start
+        if self._token is not None:
+            otel_context.detach(self._token)  # type: ignore[arg-type]
+        span = self._span
+        if span is not None:
+            attrs, status = self._attributes(decl)
+            span.set_attributes(attrs)
+            if status is not None:
+                span.set_status(status)
+            if exc is not None:
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+                span.set_attribute(tn.ERROR_TYPE, type(exc).__qualname__)
+            span.end()
+        if otel.metrics:
+            self._record(decl, exc, elapsed)
+
+    def _attributes(self, decl: HandlerDeclaration) -> tuple[dict[str, Any], Status | None]:
+        # few attributes (each costs the SDK one to two microseconds): the event is in the
         # subject, priority and policy on the dispatcher's span of the same call
         attrs: dict[str, Any] = {
             tn.MESSAGING_SYSTEM: tn.MESSAGING_SYSTEM_NATS,
-            tn.MESSAGING_DESTINATION_NAME: msg.subject,
+            tn.MESSAGING_DESTINATION_NAME: self._subject,
             tn.MESSAGING_OPERATION_TYPE: tn.OPERATION_PROCESS,
             tn.MESSAGING_CONSUMER_GROUP_NAME: decl.queue_group,
             tn.HANDLER: decl.name,
-            **_envelope_attrs(msg.data),
         }
-        span = _otel.tracer.start_span(
-            f"{tn.SPAN_PROCESS} {msg.subject}",
-            context=parent,
-            kind=SpanKind.CONSUMER,
-            attributes=attrs,
-            links=[Link(remote)] if remote.is_valid else None,
-        )
-    start = time.perf_counter()
-    reply: HookReply | None = None
-    error_type: str | None = None
-    try:
-        if span is None:
-            reply = await fn(worker, spec, msg)
-        else:
-            with trace.use_span(span, end_on_exit=False):
-                reply = await fn(worker, spec, msg)
-        error_type = _reply_attrs(span, reply)
-        return reply
-    except BaseException as exc:
-        error_type = type(exc).__qualname__
-        raise
-    finally:
-        if span is not None:
-            span.end()
-        if _otel.metrics:
-            m: dict[str, Any] = {
-                tn.MESSAGING_SYSTEM: tn.MESSAGING_SYSTEM_NATS,
-                tn.MESSAGING_DESTINATION_NAME: msg.subject,
-                tn.MESSAGING_CONSUMER_GROUP_NAME: decl.queue_group,
-                tn.HANDLER: decl.name,
-            }
-            if error_type is not None:
-                m[tn.ERROR_TYPE] = error_type
-            elif reply is not None and reply.result is not None:
-                m[tn.ACTION] = reply.result.action
-            _otel.process_duration.record(time.perf_counter() - start, m)
+        envelope = self._envelope
+        _envelope_attrs(attrs, None if isinstance(envelope, EventEnvelope) else envelope)
+        reply = self._reply
+        if not self._replied:
+            return attrs, None
+        if reply is None:
+            attrs[tn.DROPPED] = True
+        elif reply.error is not None:
+            attrs[tn.ERROR_TYPE] = reply.error.code
+            return attrs, Status(StatusCode.ERROR, reply.error.message)
+        elif reply.result is not None:
+            attrs[tn.ACTION] = reply.result.action
+            if reply.result.reason:
+                attrs[tn.REASON] = reply.result.reason
+        return attrs, None
+
+    def _record(self, decl: HandlerDeclaration, exc: BaseException | None, elapsed: float) -> None:
+        reply = self._reply
+        m: dict[str, Any] = {
+            tn.MESSAGING_SYSTEM: tn.MESSAGING_SYSTEM_NATS,
+            tn.MESSAGING_DESTINATION_NAME: self._subject,
+            tn.MESSAGING_CONSUMER_GROUP_NAME: decl.queue_group,
+            tn.HANDLER: decl.name,
+        }
+        if exc is not None:
+            m[tn.ERROR_TYPE] = type(exc).__qualname__
+        elif reply is not None and reply.error is not None:
+            m[tn.ERROR_TYPE] = str(reply.error.code)
+        elif reply is not None and reply.result is not None:
+            m[tn.ACTION] = reply.result.action
+        otel.process_duration.record(elapsed, m)
 
 
-def _envelope_attrs(payload: bytes) -> dict[str, Any]:
-    try:
-        env = _envelope_decoder.decode(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return {}
-    attrs: dict[str, Any] = {}
-    tool = env.data.tool_name if env.data is not None else None
-    for value, name in (
-        (env.id, tn.MESSAGING_MESSAGE_ID),
-        (env.agent_id, tn.GEN_AI_AGENT_ID),
-        (env.session_id, tn.GEN_AI_CONVERSATION_ID),
-        (tool, tn.GEN_AI_TOOL_NAME),
-    ):
+_NO_HANDLING = HandlingSpan(None, None, None, "")
+
+
+def handling_span(
+    decl: HandlerDeclaration,
+    envelope: EventEnvelope | bytes | None,
+    headers: Mapping[str, str] | None,
+    *,
+    subject: str | None = None,
+) -> HandlingSpan:
+    """The span and duration point of one handling, as `traced_handling` makes them, for
+    a handler run outside it (e.g. each handler of a request that runs several)::
+
+        with handling_span(decl, envelope, headers) as handling:
+            reply = ...                 # run the handler
+            handling.reply(reply)
+
+    Args:
+        decl: the handler's declaration (name, queue group, subject).
+        envelope: the request's `EventEnvelope`, or its JSON bytes (read only if the span
+            is recorded): the emit id, agent, session and tool attributes.
+        headers: NATS headers carrying the caller's W3C ``traceparent``: this handler's
+            own call context when the caller sent one per handler (then the handling is
+            that call span's child, as with a request of its own), else the request's;
+            None starts a new trace.
+        subject: the span's destination (``process <subject>``); None: the handler's own
+            subject, as a request of its own would have.
+    Returns:
+        A `HandlingSpan`; with tracing and metrics off, one shared instance that does
+        nothing.
+    """
+    if not otel.sync():
+        return _NO_HANDLING
+    if subject is None:
+        subject = decl.subject or handler_subject(decl.event, decl.name)
+    return HandlingSpan(decl, envelope, headers, subject)
+
+
+def _envelope_fields(envelope: EventEnvelope) -> tuple[Any, ...]:
+    data = envelope.data
+    tool = data.get("tool_name") if isinstance(data, dict) else None
+    return (envelope.id, envelope.agent_id, envelope.session_id, tool)
+
+
+def _envelope_attrs(attrs: dict[str, Any], envelope: tuple[Any, ...] | bytes | None) -> None:
+    """The emit id, agent, session and tool of the envelope (its JSON, or its fields)."""
+    if envelope is None:
+        return
+    if isinstance(envelope, tuple):
+        fields = envelope
+    else:
+        try:
+            env = _envelope_decoder.decode(envelope)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return
+        tool = env.data.tool_name if env.data is not None else None
+        fields = (env.id, env.agent_id, env.session_id, tool)
+    for value, name in zip(fields, _ENVELOPE_NAMES, strict=True):
         if isinstance(value, str) and value:
             attrs[name] = value
-    return attrs
 
 
-def _reply_attrs(span: trace.Span | None, reply: HookReply | None) -> str | None:
-    """Put the reply's outcome on the span; return its error code, if any."""
-    if reply is None:
-        if span is not None:
-            span.set_attribute(tn.DROPPED, True)
-        return None
-    if reply.error is not None:
-        if span is not None:
-            span.set_attribute(tn.ERROR_TYPE, reply.error.code)
-            span.set_status(Status(StatusCode.ERROR, reply.error.message))
-        return str(reply.error.code)
-    if reply.result is not None and span is not None:
-        span.set_attribute(tn.ACTION, reply.result.action)
-        if reply.result.reason:
-            span.set_attribute(tn.REASON, reply.result.reason)
-    return None
+_ENVELOPE_NAMES = (
+    tn.MESSAGING_MESSAGE_ID,
+    tn.GEN_AI_AGENT_ID,
+    tn.GEN_AI_CONVERSATION_ID,
+    tn.GEN_AI_TOOL_NAME,
+)
