@@ -68,7 +68,9 @@ async def test_deny_is_one_trace_emit_calls_and_handlings(otel: Otel, nc, connec
 
     spy = await connect()
     headers = await wire_headers(spy, handler_subject(event, "security"))
-    async with w, HookDispatcher(await connect()) as d:
+    # one request per handler here (the wire check below reads the handler's own request);
+    # the same handlers as one chain request: tests/test_chains.py
+    async with w, HookDispatcher(await connect(), chains=False) as d:
         d.set_default_fields(agent_id="agent-7")
         result = await d.emit(event, {"tool_name": "bash", "session_id": "sess-1"})
         await spy.flush()

@@ -662,6 +662,14 @@ class ChainPlan:
         total = sum(step.timeout_s for step in steps)
         return cls(target, steps, total, all(r.retry_safe for r in seg))
 
+    def traced(self, headers: list[dict[str, str] | None]) -> ChainPlan:
+        """This plan with each step's call context (its ``traceparent``) from `headers`."""
+        steps = [
+            msgspec.structs.replace(step, traceparent=h.get("traceparent")) if h else step
+            for step, h in zip(self.steps, headers, strict=True)
+        ]
+        return ChainPlan(self.target, steps, self.total_s, self.hedge)
+
 
 async def call_chain(
     nc: NATS | None,

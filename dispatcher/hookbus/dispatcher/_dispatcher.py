@@ -43,7 +43,13 @@ from ._kv import ensure_buckets
 from ._router import EmitContext, Router
 from ._routes import LocalHandler, Route
 from ._suspensions import HookEventStream, PendingHook, RunScope, Suspensions
-from ._telemetry import traced_call, traced_collect, traced_emit
+from ._telemetry import (
+    record_call_span,
+    start_call_span,
+    traced_call,
+    traced_collect,
+    traced_emit,
+)
 
 __all__ = ["HookDispatcher"]
 
@@ -673,9 +679,14 @@ class HookDispatcher(StandardEvents):
     ) -> list[Outcome]:
         if len(group) == 1:
             return [await self._call(group[0], ctx, data)]
+        start_ns = time.time_ns()
         scattered = await self._router.call_group(group, ctx, data) if self.chains else None
         if scattered:
-            ctx.called.extend(r.name for r in group if r in scattered)
+            end_ns = time.time_ns()
+            for route in group:
+                if route in scattered:
+                    ctx.called.append(route.name)
+                    record_call_span(route, scattered[route], start_ns, end_ns)
             rest = [r for r in group if r not in scattered]
             if rest:
                 scattered.update(zip(rest, await self._call_each(rest, ctx, data), strict=True))
@@ -779,23 +790,28 @@ class HookDispatcher(StandardEvents):
         process of the set is live, every replica refused), each is called alone; if the
         chain's answer was lost (timeout, unreadable), every handler the fold reaches
         fails so, under its own policy."""
-        answer = await self._router.call_chain(seg, ctx, fold.data)
-        if isinstance(answer, Failed) and answer.not_run:
+        calls = {r: start_call_span(r) for r in seg}  # each handler's span, as if called alone
+        headers = [c.headers for c in calls.values()]
+        answer = await self._router.call_chain(seg, ctx, fold.data, headers)
+        if isinstance(answer, Failed) and answer.not_run:  # no span: each call makes its own
             return await self._fold_each(seg, ctx, fold, self._call_group)
         replies = {} if isinstance(answer, Failed) else {r.handler: r for r in answer.replies}
         for group in _groups(seg, fold):
             outcomes: list[Outcome] = []  # the whole group first, as if called together
             for route in group:
                 ctx.called.append(route.name)
+                outcome: Outcome
                 if isinstance(answer, Failed):
-                    outcomes.append(answer)
-                    continue
-                reply = replies.pop(route.name, None)
-                outcomes.append(
-                    reply_outcome(reply)
-                    if reply is not None
-                    else Failed("bad_reply", "the chain's reply has no answer from it")
-                )
+                    outcome = answer
+                else:
+                    reply = replies.pop(route.name, None)
+                    outcome = (
+                        reply_outcome(reply)
+                        if reply is not None
+                        else Failed("bad_reply", "the chain's reply has no answer from it")
+                    )
+                calls[route].end(outcome)
+                outcomes.append(outcome)
             for route, outcome in zip(group, outcomes, strict=True):
                 denied = self._fold_one(fold, route, outcome)
                 if denied is not None:

@@ -212,10 +212,15 @@ class Router:
         )
 
     async def call_chain(
-        self, seg: tuple[Route, ...], ctx: EmitContext, data: dict[str, Any]
+        self,
+        seg: tuple[Route, ...],
+        ctx: EmitContext,
+        data: dict[str, Any],
+        step_headers: list[dict[str, str] | None] | None = None,
     ) -> ChainAnswer | Failed:
         """Call the adjacent handlers `seg` of one worker process's handler set in one
         request (see `call_chain`); a `Failed` with ``not_run`` means call each alone.
+        `step_headers`: each handler's call context (`CallSpan.headers`), sent in its step.
 
         Raises:
             NotConnectedError: no started connection.
@@ -229,6 +234,8 @@ class Router:
             if len(self._chains) >= 1024:  # stale snapshots: start over
                 self._chains.clear()
             plan = self._chains[seg] = ChainPlan.of(seg)
+        if step_headers and any(step_headers):
+            plan = plan.traced(step_headers)
         return await call_chain(
             self.nc, self._requester, plan, ctx.envelope(data), trace_headers(), budget_s
         )

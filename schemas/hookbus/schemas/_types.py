@@ -224,6 +224,10 @@ class ChainStep(_Wire):
     """Seconds this step may run (also cut to what is left of the request's ``budget_s``)."""
     parallel: bool = False
     """Runs concurrently with the adjacent parallel steps, on the same data."""
+    traceparent: str | None = None
+    """The W3C ``traceparent`` of the dispatcher's span for this handler's call: the
+    step's handling span is its child, as with a request of its own. None: the request's
+    own ``traceparent`` header, if any."""
 
 
 WIRE_ERROR_CODES: tuple[str, ...] = (

@@ -62,7 +62,7 @@ from ._registration import (
     start_liveness,
     stop_liveness,
 )
-from ._telemetry import traced_handling
+from ._telemetry import handling_span, traced_handling
 
 __all__ = ["HandlerSpec", "HookWorker"]
 
@@ -667,7 +667,7 @@ class HookWorker:
             if not run:
                 continue
             outs = await asyncio.gather(
-                *(self._step(spec, step, envelope, data, deadline) for step, spec in run)
+                *(self._step(spec, step, envelope, data, deadline, msg) for step, spec in run)
             )
             for (step, _), out in zip(run, outs, strict=True):
                 replies.append(out)
@@ -685,6 +685,7 @@ class HookWorker:
         envelope: EventEnvelope,
         data: dict[str, Any],
         deadline: float | None,
+        msg: Msg,
     ) -> HookReply:
         timeout_s = min(step.timeout_s, spec.declaration.timeout_s)
         if deadline is not None:
@@ -694,7 +695,12 @@ class HookWorker:
             return HookReply(handler=step.handler, error=error)
         # its own copy, as a request of its own would get: in-place edits stay its own
         started = time.monotonic()
-        reply = await self._invoke(spec, envelope.event, json_copy(data), timeout_s, envelope.id)
+        headers = {"traceparent": step.traceparent} if step.traceparent else msg.headers
+        with handling_span(spec.declaration, envelope, headers) as handling:
+            reply = await self._invoke(
+                spec, envelope.event, json_copy(data), timeout_s, envelope.id
+            )
+            handling.reply(reply)
         if log.isEnabledFor(logging.DEBUG):
             _log_reply(spec.declaration, reply, "call", time.monotonic() - started)
         return reply
