@@ -15,10 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import shutil
 import socket
-import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -30,10 +27,17 @@ import httpx
 import nats
 import pytest
 import uvicorn
+from _browser import (  # noqa: F401 (the fixtures browser, chromium, page)
+    browser_fixture,
+    chromium_fixture,
+    page_fixture,
+    screenshot_folder,
+)
+from _browser import sign_in as browser_sign_in
 from _served_process import ServedProcess
 from click.testing import CliRunner
 from nats.aio.client import Client as NATS
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Page, expect
 
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.cli._auth import DEFAULT_TENANT, load_setup
@@ -54,61 +58,8 @@ POST = {"Content-Type": "application/json", CSRF_HEADER: "1"}
 
 
 # -- the browser ----------------------------------------------------------------------------
-def _install_chromium() -> str:
-    """Debian's chromium, installed with apt-get if missing; its path."""
-    found = shutil.which("chromium")
-    if found:
-        return found
-    if not shutil.which("apt-get") or os.geteuid() != 0:
-        pytest.fail("chromium is missing and cannot be installed here: apt-get install chromium")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium"]
-    done = subprocess.run(install, env=env, capture_output=True, text=True)
-    if done.returncode != 0:  # a clean machine has no package lists yet
-        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=False)
-        done = subprocess.run(install, env=env, capture_output=True, text=True)
-    found = shutil.which("chromium")
-    if done.returncode != 0 or not found:
-        pytest.fail(f"apt-get install chromium failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    return found
-
-
-@pytest.fixture(scope="session")
-def chromium() -> str:
-    return _install_chromium()
-
-
-@pytest.fixture
-async def browser(chromium: str) -> AsyncIterator[Browser]:
-    async with async_playwright() as p:
-        b = await p.chromium.launch(executable_path=chromium, headless=True)
-        try:
-            yield b
-        finally:
-            await b.close()
-
-
-@pytest.fixture
-async def page(browser: Browser) -> AsyncIterator[Page]:
-    context = await browser.new_context(viewport={"width": 1280, "height": 1000})
-    p = await context.new_page()
-    p.set_default_timeout(10_000)
-    errors: list[str] = []
-    p.on("pageerror", lambda exc: errors.append(str(exc)))
-    try:
-        yield p
-    finally:
-        await context.close()
-    assert errors == [], f"JavaScript errors on the page: {errors}"
-
-
 async def sign_in(page: Page, url: str, token: str = TOKEN, approver: str | None = "alice") -> None:
-    await page.goto(url)
-    await expect(page.locator("#login")).to_be_visible()
-    await page.fill("#token", token)
-    if approver is not None:
-        await page.fill("#approver", approver)
-    await page.click("#login button[type=submit]")
+    await browser_sign_in(page, url, token, approver)
 
 
 # -- the bus --------------------------------------------------------------------------------
@@ -248,19 +199,11 @@ async def signed_in_client(url: str, approver: str = "carol") -> AsyncIterator[h
         yield client
 
 
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "console"
-"""Where the screenshots go (gitignored; kept after the run, one folder per test)."""
-
-
 @pytest.fixture
 def artifacts(request: pytest.FixtureRequest) -> Iterator[Path]:
-    """This test's screenshot folder, emptied first; each screenshot's path is printed."""
-    folder = ARTIFACTS / request.node.name
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    yield folder
-    for shot in sorted(folder.iterdir()):
-        print(f"console screenshot: {shot}")
+    """This test's screenshot folder (test-artifacts/console/<test>), emptied first."""
+    with screenshot_folder("console", request.node.name) as folder:
+        yield folder
 
 
 # -- the tests ---------------------------------------------------------------------------------
