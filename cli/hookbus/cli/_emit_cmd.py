@@ -109,6 +109,12 @@ def read_json_argument(value: str, *, what: str = "JSON data") -> dict[str, Any]
     "were recorded; 0 otherwise.",
 )
 @click.option("--compact", is_flag=True, help="Print the JSON on one line.")
+@click.option(
+    "--audit",
+    is_flag=True,
+    help="Record the decision in the hookbus_decisions stream (created if absent), as "
+    "`hookbus dispatcher --audit` does; `hookbus tail` and `hookbus decisions` show it.",
+)
 def emit(
     event: str,
     data: str,
@@ -122,6 +128,7 @@ def emit(
     allow_unknown: bool,
     use_exit_code: bool,
     compact: bool,
+    audit: bool,
 ) -> None:
     """Emit EVENT with a JSON object (inline, - for stdin, @FILE) through a dispatcher in
     this process, waiting for an approval if a handler asks for one; print the result as
@@ -140,7 +147,11 @@ def emit(
     async def emit_once(nc: Any) -> None:
         try:
             async with HookDispatcher(
-                nc, strict_events=not allow_unknown, approvals=not no_wait, agent_id=agent_id
+                nc,
+                strict_events=not allow_unknown,
+                approvals=not no_wait,
+                agent_id=agent_id,
+                audit=audit,
             ) as d:
                 if collect:
                     out.append(await d.emit_and_collect(event, payload, timeout))
