@@ -437,8 +437,13 @@ class HookWorker:
     def _make_callback(self, spec: HandlerSpec) -> Callable[[Msg], Awaitable[None]]:
         harden_connection(self._nc)  # requests come from anyone: none may silence us
 
+        collect = spec.declaration.collect_subject
+        name = spec.declaration.name
+
         async def on_message(msg: Msg) -> None:
             # never await the work here: the subscription would stall behind it
+            if msg.subject == collect and not _addressed_to(name, msg.data):
+                return  # a parallel group's scatter for other handlers: not ours at all
             if self._state in ("draining", "stopped"):
                 await self._refuse(spec, msg, "unavailable", "the worker is shutting down")
             elif self._inflight >= self.max_concurrency:
@@ -502,8 +507,6 @@ class HookWorker:
         envelope, refusal = self._read_request(spec.declaration.name, msg)
         if envelope is None:
             return refusal
-        if envelope.handlers is not None and spec.declaration.name not in envelope.handlers:
-            return None  # a parallel group's scatter for other handlers of the event
         timeout_s = spec.declaration.timeout_s
         if envelope.budget_s is not None:
             timeout_s = min(timeout_s, envelope.budget_s)  # never more than the caller has left
@@ -726,6 +729,26 @@ class HookWorker:
                 )
             )
         await self._nc.publish(msg.reply, payload)
+
+
+class _Addressees(msgspec.Struct):
+    """The handlers a collect-subject request names (the rest of it skipped)."""
+
+    handlers: list[str] | None = None
+
+
+_addressees = msgspec.json.Decoder(_Addressees)
+
+
+def _addressed_to(name: str, payload: bytes) -> bool:
+    """Whether a request on the collect subject is for handler `name`: an emit_and_collect
+    (no ``handlers``) is for every handler, a scatter only for those it names. A request
+    that cannot be read is taken (the handling answers ``bad_request``)."""
+    try:
+        handlers = _addressees.decode(payload).handlers
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return True
+    return handlers is None or name in handlers
 
 
 class _ChainShape(msgspec.Struct):
