@@ -669,9 +669,13 @@ class HookWorker:
             i = j
             if not run:
                 continue
-            outs = await asyncio.gather(
-                *(self._step(spec, step, envelope, data, deadline, msg) for step, spec in run)
-            )
+            if len(run) == 1:  # no task per step: the common, sequential case
+                step, spec = run[0]
+                outs = [await self._step(spec, step, envelope, data, deadline, msg)]
+            else:
+                outs = await asyncio.gather(
+                    *(self._step(sp, st, envelope, data, deadline, msg) for st, sp in run)
+                )
             for (step, _), out in zip(run, outs, strict=True):
                 replies.append(out)
                 if _ends_fold(step, out):
