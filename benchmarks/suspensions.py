@@ -8,8 +8,9 @@ in one process, so one clock times both ends:
 
 - ``put``: one JetStream KV ``put`` of a record-sized value (the baseline);
 - ``wake``: from just before ``resolve_hook`` is called on the resolver's connection to the
-  waiter's ``hook()`` returning on its own connection (resolve's read + compare-and-set,
-  the KV watch delivery, the waiter's consume compare-and-set).
+  waiter's ``hook()`` returning on its own connection: the resolver's compare-and-set on
+  the revision its own watch saw (it listens to the events, so it keeps one), the KV watch
+  delivery to the waiter; the waiter's "consumed" mark is written after it returned.
 
 For reading the figure, a third sample per round, ``floor``: the least a KV-watch wake can
 cost, a raw ``put`` on the resolver's connection -> a raw watcher on the waiter's
@@ -17,9 +18,9 @@ connection returns it (one write, one push, no hookbus code).
 
 Samples are interleaved (one of each per round, alternating which goes first) so
 machine noise hits both alike; the ratio ``wake_p50 / put_p50`` is the figure (target
-<= 1.5). Each wake sample starts once the waiter is in its wait loop: its pending event has
-arrived and its KV watch consumer has been looked up (the last step of setting up the
-watch), plus a 2 ms settle outside the measured window. Not a test: nothing asserts.
+<= 1.5). Each wake sample starts once the waiter is in its wait loop (its pending event,
+published after the record is written and the shared watch is set up, has arrived), plus
+a 2 ms settle outside the measured window. Not a test: nothing asserts.
 
 ``--scale N`` (e.g. 100000) measures suspensions at fleet scale instead, on one server:
 N hooks waiting at once in one process (started in waves of 1,000, each wave until its

@@ -324,7 +324,10 @@ async def test_hook_creates_a_pending_record_emits_pending_and_wakes_on_resolve(
     resolved = await world.events.next(label, "resolved")
     assert resolved.hook_id == part.hook_id
     assert resolved.resolution == {"approved": True, "by": "alice"}
-    record = await world.record(label)
+    # the waiter returned on the resolver's write; its "consumed" mark follows at once
+    with anyio.fail_after(5):
+        while (record := await world.record(label)) is not None and not record.consumed:  # noqa: ASYNC110
+            await anyio.sleep(0.01)
     assert record is not None and record.status == "resolved" and record.consumed
 
 

@@ -46,6 +46,7 @@ __all__ = [
     "kv_retry",
     "open_bucket",
     "release_consumer",
+    "stream_sequence",
     "subscribe_keys",
 ]
 
@@ -151,6 +152,21 @@ async def release_consumer(sub: Any, *, timeout_s: float = 2.0) -> None:
     with contextlib.suppress(Exception):
         async with asyncio.timeout(timeout_s):
             await sub._js._jsm.delete_consumer(stream, name)
+
+
+def stream_sequence(msg: Any) -> int:
+    """The stream sequence (a KV entry's revision) of a message a JetStream consumer pushed,
+    read from its ``$JS.ACK`` reply subject (v1: 9 tokens, sequence 6th; v2 with domain and
+    account: 12 and more, sequence 8th). ``msg.metadata`` gives the same after building a
+    datetime and three dataclasses (about 15 us a message, on every delivery of a watch).
+
+    Raises:
+        nats.errors.NotJSMessageError: not a JetStream message.
+    """
+    tokens = (msg.reply or "").split(".")
+    if len(tokens) >= 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
+        return int(tokens[5] if len(tokens) == 9 else tokens[7])
+    raise nats.errors.NotJSMessageError
 
 
 async def subscribe_keys(

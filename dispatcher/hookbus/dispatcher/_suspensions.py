@@ -15,7 +15,11 @@ resolvers, cancellers and waiters in any process end in exactly one outcome.
   whose owner is alive is `DuplicateSuspensionError`; an owner whose lease expired (a crashed
   process) is taken over.
 - ``resolve_hook`` checks the value against the payload's JSON Schema kept in the record
-  (`ResolutionRejectedError`, record unchanged), then compare-and-sets it to resolved.
+  (`ResolutionRejectedError`, record unchanged), then compare-and-sets it to resolved, on
+  the revision the process's watch last delivered when it has one (no read first; a stale
+  one loses the compare-and-set and the key is read). That write is the whole wake path:
+  the waiter returns on the watch's delivery and marks the record consumed afterwards
+  (`_deliveries` says why a resolution is still consumed exactly once).
 - ``cancel_hook`` compare-and-sets it to cancelled; the waiter raises `SuspensionCancelledError`.
 - ``abort_pending_hook`` (or ``abort_all``) stops local waits and leaves the record pending,
   detached: a later ``hook(label)`` gets the stored resolution (serverless resume), or
@@ -28,6 +32,7 @@ resolvers, cancellers and waiters in any process end in exactly one outcome.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import logging
@@ -47,6 +52,7 @@ from hookbus.schemas import (
     DuplicateSuspensionError,
     HookPart,
     HookStatus,
+    ResolutionRejectedError,
     SuspensionAbortedError,
     SuspensionCancelledError,
     SuspensionNotFoundError,
@@ -56,6 +62,7 @@ from hookbus.schemas import (
     suspensions_bucket_config,
 )
 
+from ._deliveries import Deliveries
 from ._kv import kv_retry, open_bucket
 from ._records import Entry, RecordStore, SuspensionPage
 from ._run_scopes import RunScope, cleanup, current_run_scope, note_label
@@ -123,6 +130,9 @@ class Suspensions:
         self._waiters: dict[str, set[anyio.CancelScope]] = {}
         self._live: dict[str, int] = {}
         self._validators = Validators()
+        self._deliveries = Deliveries()
+        self._settles = 0
+        self._watching: asyncio.Task[None] | None = None
 
     def for_agent(self, agent_id: str | None) -> Suspensions:
         """This store addressing `agent_id`'s records (``<agent>.<label>`` keys): the same
@@ -173,8 +183,10 @@ class Suspensions:
         return None if self._leases is None else self._leases.waiter_id
 
     async def close(self) -> None:
-        """Stop the shared watch and the lease heartbeat (waits in progress keep their
-        records; their lease expires). Idempotent."""
+        """Store the "consumed" marks still in flight (at most 5 s), stop the shared watch
+        and the lease heartbeat (waits in progress keep their records; their lease
+        expires). Idempotent."""
+        await self._deliveries.flush(timeout_s=5.0)
         await self.watch.close()
         if self._leases is not None:
             await self._leases.close()
@@ -286,6 +298,7 @@ class Suspensions:
                 f"this process already waits on a hook labelled {label!r}"
             )
         run = note_label(label)
+        await self._deliveries.settle(key)  # a resolution handed out here is marked first
         leases = await self._lease()
         slot = self.watch.register(key)
         try:
@@ -311,7 +324,16 @@ class Suspensions:
                     await publish(self._nc, record)
                     break
                 record, revision = entry.record, entry.revision
-                if record.status == "resolved" and not record.consumed:
+                consumed = record.consumed or self._deliveries.delivered(key, revision)
+                if record.status == "resolved" and not consumed:
+                    mine = record.owner == leases.waiter_id
+                    resume = run is not None and record.run_id == run.run_id
+                    if record.attached and record.owner and not (mine or shared or resume):
+                        if await leases.alive(record.owner):  # being handed to its waiter
+                            raise DuplicateSuspensionError(
+                                f"a live hook with label {label!r} exists (hook"
+                                f" {record.hook_id}); its resolution is being handed to it"
+                            )
                     result = convert(label, record.resolution, payload)  # refuse, unconsumed
                     if await self._consume(record, revision):
                         return result
@@ -372,9 +394,12 @@ class Suspensions:
         key = self.records.key(label)
         self._live[key] = self._live.get(key, 0) + 1
         keep = False  # a run cancelled from outside: its exit removes the record
+        took = False  # the resolution was handed to this wait: nothing to detach
         try:
             with scope, anyio.move_on_after(timeout_s) as deadline:
-                return await self._untilsettled(slot, label, payload, shared=shared)
+                value = await self._untilsettled(slot, label, hook_id, payload, shared=shared)
+                took = True
+                return value
             if deadline.cancelled_caught:
                 raise SuspensionTimeoutError(
                     f"hook {label!r} got no resolution within {timeout_s}s"
@@ -391,7 +416,7 @@ class Suspensions:
             self._live[key] -= 1
             if not self._live[key]:
                 del self._live[key]
-            if key not in self._live and not keep:
+            if key not in self._live and not keep and not took:
                 with anyio.CancelScope(shield=True):
                     await self._detach(label)
             if scope.cancelled_caught:
@@ -402,9 +427,11 @@ class Suspensions:
                 )
 
     async def _untilsettled(
-        self, slot: Slot, label: str, payload: type[T] | None, *, shared: bool
+        self, slot: Slot, label: str, hook_id: str, payload: type[T] | None, *, shared: bool
     ) -> T:
-        """Act on each state the shared watch (or its backing read) delivers."""
+        """Act on each state the shared watch (or its backing read) delivers. A resolution
+        of the record this process holds is returned at once, with no read or write; its
+        "consumed" mark follows in the background (see `_deliveries`)."""
         while True:
             await slot.changed(None)
             if slot.removed:
@@ -424,25 +451,52 @@ class Suspensions:
                     f"hook {label!r} was resolved and consumed by another waiter"
                 )
             result = convert(label, record.resolution, payload)  # refused: not consumed
-            if await self._consume(record, entry.revision):
+            if record.owner == self.waiter_id and record.hook_id == hook_id:
+                self._hand_out(slot.key, record, entry.revision)
                 return result
+            if record.owner and not shared:  # taken over (this process's lease lapsed)
+                raise AlreadySettledError(
+                    f"hook {label!r} was taken over by another waiter, which gets its resolution"
+                )
+            if await self._consume(record, entry.revision):  # no owner: whoever sets it first
+                return result
+
+    def _hand_out(self, key: str, record: SuspensionRecord, revision: int) -> None:
+        """`record`'s resolution at `revision` (key `key`) goes to a waiter of this process:
+        mark it consumed in the background; a record changed first is left detached."""
+
+        async def mark() -> bool:
+            if await self._consume(record, revision):
+                return True
+            await self._detach(record.label, hook_id=record.hook_id)
+            return False
+
+        self._deliveries.hand_out(key, revision, mark)
 
     async def _consume(self, record: SuspensionRecord, revision: int) -> bool:
         """Mark a resolution consumed (compare-and-set): exactly one consumer wins."""
         done = msgspec.structs.replace(record, consumed=True, attached=False, owner="")
         return await self.records.swap(done, last=revision) is not None
 
-    async def _detach(self, label: str) -> None:
-        """Leave a pending record this process holds pending with no waiter (abort,
-        timeout, error). Best effort: a lease that lapses detaches it anyway."""
+    async def _detach(self, label: str, *, hook_id: str | None = None) -> None:
+        """Leave a record this process holds (pending, or resolved and not consumed) with
+        no waiter (abort, timeout, a refused resolution, an error), so that a later
+        ``hook(label)`` anywhere may take it. Best effort: a lease that lapses detaches it
+        anyway. `hook_id`: only that hook's record."""
         me = self.waiter_id
         with contextlib.suppress(Exception):
             for _ in range(5):
                 entry = await self.records.read(label)
                 record = None if entry is None else entry.record
-                if entry is None or record is None or record.status != "pending":
+                if entry is None or record is None or record.consumed:
+                    return
+                if self._deliveries.delivered(self.records.key(label), entry.revision):
+                    return  # handed out here, its mark not stored: consumed, not free
+                if record.status not in ("pending", "resolved"):
                     return
                 if not record.attached or (record.owner and record.owner != me):
+                    return
+                if hook_id is not None and record.hook_id != hook_id:
                     return
                 detached = msgspec.structs.replace(record, attached=False, owner="")
                 if await self.records.swap(detached, last=entry.revision) is not None:
@@ -468,8 +522,11 @@ class Suspensions:
         """
         note_label(label)
         data = to_json_value(value)
+        hint = self._hint(label)
         while True:
-            entry = await self.records.read(label)
+            hinted = hint is not None
+            entry = hint if hint is not None else await self.records.read(label)
+            hint = None
             now = time.time()
             if entry is None or entry.record is None:
                 record = SuspensionRecord(
@@ -483,9 +540,16 @@ class Suspensions:
             record = entry.record
             settled_unconsumed = record.status == "resolved" and not record.consumed
             if record.status != "pending" and not (replace and settled_unconsumed):
+                if hinted:
+                    continue  # the watch's value may be stale: refuse on a read only
                 raise AlreadySettledError(f"hook {label!r} is already {settled(record)}")
             if record.payload_schema is not None:
-                check(record, data, self._validators.get(record.payload_schema))
+                try:
+                    check(record, data, self._validators.get(record.payload_schema))
+                except ResolutionRejectedError:
+                    if hinted:
+                        continue
+                    raise
             resolved = msgspec.structs.replace(
                 record, status="resolved", resolution=data, settled_at=now
             )
@@ -532,12 +596,17 @@ class Suspensions:
             AlreadySettledError: it is already resolved or cancelled.
             HookbusTimeoutError: JetStream stayed unavailable.
         """
+        hint = self._hint(label)
         while True:
-            entry = await self.records.read(label)
+            hinted = hint is not None
+            entry = hint if hint is not None else await self.records.read(label)
+            hint = None
             if entry is None or entry.record is None:
                 raise SuspensionNotFoundError(f"no suspension with label {label!r}")
             record = entry.record
             if record.status != "pending":
+                if hinted:
+                    continue  # the watch's value may be stale: refuse on a read only
                 raise AlreadySettledError(f"hook {label!r} is already {settled(record)}")
             cancelled = msgspec.structs.replace(
                 record, status="cancelled", reason=reason, settled_at=time.time()
@@ -546,6 +615,32 @@ class Suspensions:
                 continue
             await publish(self._nc, cancelled)
             return cancelled
+
+    def _hint(self, label: str) -> Entry | None:
+        """The shared watch's last value of `label` (a valid record), to compare-and-set on
+        without reading first; None when it has none. A process that settles more than
+        once, or listens to the events, keeps the watch running for that (started in the
+        background: this call never waits for it)."""
+        key = self.records.key(label)  # BadRequestError for a label that cannot be a key
+        self._settles += 1
+        if self._settles > 1:
+            self._watch_soon()
+        entry = self.watch.recent(key)
+        return entry if entry is not None and entry.record is not None else None
+
+    def _watch_soon(self) -> None:
+        if self.watch.started or self._watching is not None:
+            return
+
+        async def start() -> None:
+            try:
+                await self.watch.start()
+            except Exception as exc:  # reads still work; the next settle may try again
+                log.info("suspension watch not started for settling (%r)", exc)
+            finally:
+                self._watching = None
+
+        self._watching = asyncio.get_running_loop().create_task(start())
 
     def abort_pending_hook(self, hook: PendingHook | HookPart | str) -> bool:
         """Stop this process's wait on a hook (by `PendingHook`, `HookPart` or hook id);
@@ -581,6 +676,7 @@ class Suspensions:
         finally:
             current_run_scope.reset(token)
             with anyio.CancelScope(shield=True):
+                await self._deliveries.flush(timeout_s=self.records.deadline_s)
                 await cleanup(self.records, scope)
 
     async def events(self) -> HookEventStream:
@@ -588,6 +684,7 @@ class Suspensions:
         this agent's (``hookbus.v1.suspension.<agent>.>``) for a scoped store, every agent's
         otherwise."""
         subject = suspension_events_subject(self.agent_id, every_agent=not self.records.scoped)
+        self._watch_soon()  # a listener settles what it hears: see `_hint`
         sub = await self._nc.subscribe(subject)
         await self._nc.flush()
         return HookEventStream(sub)

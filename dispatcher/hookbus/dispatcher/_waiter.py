@@ -5,7 +5,10 @@
   consumers per process stays constant however many hooks wait. It starts with the first
   waiter, is checked every few seconds and re-created after a lost server, and is backed by
   a periodic read of the waited-on keys, a bounded batch per period (round robin), plus a
-  read of every one of them after the watch was re-created.
+  read of every one of them after the watch was re-created. It also remembers the last
+  value it saw of the most recent keys (`recent`, at most `RECENT_KEYS`), waited on or not:
+  a resolver in the process compare-and-sets on that revision instead of reading the key
+  first (a stale one only fails the compare-and-set, and the resolver reads then).
 - `Leases`: a waiter's record names its process's waiter id (``owner``); the process keeps
   ONE lease key alive in `LEASES_BUCKET` (put every lease/3 seconds) whose max age is the
   lease. Once the key is gone (expired by the server's clock; no host clock is compared) the
@@ -28,16 +31,19 @@ from nats.aio.client import Client as NATS
 from nats.js.api import DeliverPolicy
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
-from hookbus.schemas import lease_key, leases_bucket_config
+from hookbus.schemas import SuspensionRecord, lease_key, leases_bucket_config
 
-from ._kv import kv_retry, open_bucket, release_consumer, subscribe_keys
-from ._records import Entry, RecordStore
+from ._kv import kv_retry, open_bucket, release_consumer, stream_sequence, subscribe_keys
+from ._records import Entry, RecordStore, parse_record
 
-__all__ = ["Leases", "SharedWatch", "Slot"]
+__all__ = ["RECENT_KEYS", "Leases", "SharedWatch", "Slot"]
 
 log = logging.getLogger("hookbus.dispatcher")
 
 _MARKER_REASON = "Nats-Marker-Reason"
+
+RECENT_KEYS = 4096
+"""Keys whose last delivered value a `SharedWatch` keeps (least recently written dropped)."""
 
 
 class Slot:
@@ -113,11 +119,23 @@ class SharedWatch:
         self._lock = asyncio.Lock()
         self._sweep = False
         self._cursor = 0
+        self._recent: dict[str, Entry | None] = {}
 
     @property
     def consumers(self) -> int:
         """JetStream consumers this watch holds (0 or 1)."""
         return 0 if self._sub is None else 1
+
+    @property
+    def started(self) -> bool:
+        """Whether the watch is subscribed (its deliveries feed `recent`)."""
+        return self._sub is not None
+
+    def recent(self, key: str) -> Entry | None:
+        """The last value the watch delivered for `key` (parsed when delivered: a resolver
+        finds it ready), or None when it saw none, or a delete: a hint for a
+        compare-and-set, never an authoritative read."""
+        return self._recent.get(key) if self._sub is not None else None
 
     def register(self, key: str) -> Slot:
         slot = Slot(key)
@@ -164,20 +182,32 @@ class SharedWatch:
 
     async def _unsubscribe(self) -> None:
         sub, self._sub = self._sub, None
+        self._recent.clear()  # what it missed while down is unknown
         if sub is not None:
             await release_consumer(sub)
 
     async def _on_msg(self, msg: Any) -> None:
         key = msg.subject[len(self._prefix) :]
+        headers = msg.headers
+        deleted = headers is not None and (
+            headers.get(KV_OP) in (KV_DEL, KV_PURGE) or _MARKER_REASON in headers
+        )
+        revision = stream_sequence(msg)
         slots = self._slots.get(key)
+        entry = None
+        if not deleted:  # a waiter's record is validated and reported; others only parsed
+            entry = self._records.entry(key, msg.data, revision) if slots else None
+            if entry is None:
+                parsed = parse_record(key, msg.data)
+                if isinstance(parsed, SuspensionRecord):
+                    entry = Entry(revision, parsed)
+        recent = self._recent
+        recent.pop(key, None)  # insertion order is write order: the oldest goes first
+        recent[key] = entry if entry is not None and entry.record is not None else None
+        if len(recent) > RECENT_KEYS:
+            del recent[next(iter(recent))]
         if not slots:
             return
-        headers = msg.headers or {}
-        if headers.get(KV_OP) in (KV_DEL, KV_PURGE) or _MARKER_REASON in headers:
-            for slot in list(slots):
-                slot.push(None)
-            return
-        entry = self._records.entry(key, msg.data, msg.metadata.sequence.stream)
         for slot in list(slots):
             slot.push(entry)
 
