@@ -82,7 +82,10 @@ class SuspensionRecord(_Wire):
     preregistered: bool = False
     """True: the resolution came before any waiter (a later ``hook(label)`` consumes it)."""
     consumed: bool = False
-    """True: a waiter took the resolution (exactly once)."""
+    """True: a waiter took the resolution (exactly once). The waiter that held the record
+    (`owner`, `attached`) when it was resolved returns at once and writes this just after;
+    until then the resolution is its owner's, refused to other processes while the owner's
+    lease lives."""
     created_at: float = 0.0
     """When the record was created: seconds since the Unix epoch."""
     settled_at: float | None = None
