@@ -381,6 +381,8 @@ async def test_a_newcomer_from_the_readme(folder: Path, page: Page, artifacts: P
         await expect(card).to_have_count(0)
         row = page.locator("#decisions tbody tr", has_text="payments:create_transfer")
         await expect(row.locator("td.approver")).to_have_text("newcomer")  # the console's too
+        # the console opened before the first decision made the stream: no stale "off" note
+        await expect(page.locator("#decisions-note")).to_have_text("")
 
         tail = await sh.run(tail_cmd)
         assert isinstance(tail, Job)

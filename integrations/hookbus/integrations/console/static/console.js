@@ -146,6 +146,10 @@ function openStream() {
   });
   stream.addEventListener("decision", (ev) => {
     addDecisions([JSON.parse(ev.data)]);
+    if (state.decisionsOff) {  // a decision came: the trail is on now (its stream was made)
+      state.decisionsOff = false;
+      $("decisions-note").textContent = "";
+    }
     renderDecisions();
   });
   stream.addEventListener("resync", () => loadAll());
@@ -306,6 +310,7 @@ async function loadDecisions() {
   try {
     const doc = await api("/api/decisions?limit=50");
     addDecisions(doc.records);
+    state.decisionsOff = !doc.available && doc.code === "audit_off";
     $("decisions-note").textContent = doc.available ? "" : doc.reason;
   } catch (e) {
     $("decisions-note").textContent = `cannot read the audit trail: ${e.message}`;
