@@ -321,7 +321,7 @@ def _channels() -> dict[str, Any]:
         ),
         "chain": _channel(
             _address(chain_subject, "event", "set"),
-            "Chain requests: a run of adjacent handlers of one worker process (its handler "
+            "Chain requests: a sequence of adjacent handlers of one worker process (its handler "
             "set) in one request, `EventEnvelope.chain` naming the steps. Every replica of "
             "the set subscribes in the queue group named by the set's id; the reply is one "
             "HookReply whose `chain` holds each step's reply (see docs/wire.md).",

@@ -243,7 +243,7 @@ def _call_handlers() -> list[Grant]:
     handler = HANDLER_SUBJECT_PREFIX
     return [
         Grant(f"{handler}.*.*", "call a handler (queue group of its replicas)"),
-        Grant(CHAIN_WILDCARD, "call a run of one worker process's handlers (chain request)"),
+        Grant(CHAIN_WILDCARD, "call a chain of one worker process's handlers (chain request)"),
         Grant(f"{CHAIN_WILDCARD}.*", "a chain request to one worker instance (hedges)"),
         Grant(f"{handler}.*.*.*", "call a handler on one worker instance (hedges)"),
         Grant(f"{SUBJECT_PREFIX}.collect.*", "emit_and_collect: one request every handler hears"),
