@@ -29,6 +29,7 @@ from hookbus.schemas import (
     handler_key,
     handlers_bucket_config,
 )
+from hookbus.workers import HookWorker
 
 pytestmark = pytest.mark.anyio
 
@@ -440,3 +441,36 @@ async def test_a_chain_is_traced_as_requests_of_their_own(
     finally:
         otel.shutdown()
         reset_globals()
+
+
+async def test_a_chain_cut_by_shutdown_answers_what_ran_and_what_was_cut(
+    connect: Connect, event: str
+) -> None:
+    """The grace period ends while a chain's second step runs: the first step's result
+    stands, the second fails as ``unavailable`` under its own policy, the third never ran."""
+    running = asyncio.Event()
+    calls: list[str] = []
+
+    async def stuck(ev: str, data: dict[str, Any]) -> None:
+        running.set()
+        await asyncio.Event().wait()  # never returns
+
+    w = HookWorker(await connect())
+    w.add_handler(event, recorder(calls, "first", modify("x", 1)), priority=1)
+    w.add_handler(event, stuck, priority=2, timeout_s=30, failure_policy="deny")
+    w.add_handler(event, recorder(calls, "third"), priority=3)
+    await w.start()
+    async with HookDispatcher(await connect()) as d:
+        emit = asyncio.create_task(d.emit(event, {}))
+        await running.wait()
+        await w.shutdown(grace_s=0.2)
+        r = await asyncio.wait_for(emit, 10)
+    assert calls == ["first"]
+    assert r.action == "deny" and r.decided_by == "stuck"
+    assert r.modified_by == ["first"] and r.chained_data is not None and r.chained_data["x"] == 1
+    [failure] = r.failures
+    assert (failure.handler, failure.kind, failure.message.split(":")[0]) == (
+        "stuck",
+        "error",
+        "unavailable",
+    )

@@ -620,12 +620,13 @@ class HookWorker:
     async def _serve_chain(self, msg: Msg, width: int) -> None:
         name = self.handler_set_id
         replies: list[HookReply] = []
+        running: list[str] = []
         try:
-            reply = await self._run_chain(msg, replies)
+            reply = await self._run_chain(msg, replies, running)
             await self._respond(msg, reply)
-        except asyncio.CancelledError:  # shutdown's grace ran out: say what ran, and where
-            error = WireError(code="unavailable", message="the worker shut down during the chain")
-            replies.append(HookReply(handler=replies[-1].handler if replies else name, error=error))
+        except asyncio.CancelledError:  # shutdown's grace ran out: what ran, and what was cut
+            error = WireError(code="unavailable", message="the worker shut down while it ran")
+            replies.extend(HookReply(handler=h, error=error) for h in running)
             with contextlib.suppress(Exception):
                 await self._respond(msg, HookReply(handler=name, chain=replies))
             raise
@@ -638,9 +639,12 @@ class HookWorker:
             self.handled += max(1, len(replies))
             self._inflight -= width
 
-    async def _run_chain(self, msg: Msg, replies: list[HookReply]) -> HookReply:
+    async def _run_chain(
+        self, msg: Msg, replies: list[HookReply], running: list[str]
+    ) -> HookReply:
         """Run the steps of a chain request in order, appending each step's reply to
-        `replies`; stop after a step that ends the fold (see `ChainStep`)."""
+        `replies` (and naming the steps running now in `running`); stop after a step that
+        ends the fold (see `ChainStep`)."""
         received = time.monotonic()
         name = self.handler_set_id
         envelope, refusal = self._read_request(name, msg)
@@ -669,6 +673,7 @@ class HookWorker:
             i = j
             if not run:
                 continue
+            running[:] = [step.handler for step, _ in run]
             if len(run) == 1:  # no task per step: the common, sequential case
                 step, spec = run[0]
                 outs = [await self._step(spec, step, envelope, data, deadline, msg)]
@@ -676,6 +681,7 @@ class HookWorker:
                 outs = await asyncio.gather(
                     *(self._step(sp, st, envelope, data, deadline, msg) for st, sp in run)
                 )
+            running.clear()
             for (step, _), out in zip(run, outs, strict=True):
                 replies.append(out)
                 if _ends_fold(step, out):
