@@ -4,7 +4,7 @@ is made before the span.
 - `otel.sync()`: which global providers the application set is decided at first use (a
   provider named by ``OTEL_PYTHON_TRACER_PROVIDER`` / ``OTEL_PYTHON_METER_PROVIDER`` is
   loaded then) and looked at again only when the API's global provider slot changes: two
-  identity tests per emit, no environment read.
+  identity tests per emit, no environment read (`ProviderSlots`, shared with the workers).
 - `reserve(...)` / `make(...)`: for a handler call whose request carries its context
   before anyone knows whether it will run (one request that runs several handlers),
   `reserve` asks the tracer's sampler at once and makes the span's context (the parent's
@@ -20,16 +20,14 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from importlib import metadata as _metadata
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
-from opentelemetry.metrics import NoOpMeterProvider
-from opentelemetry.metrics import _internal as _metrics_api
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from hookbus.schemas import _telemetry_names as tn
+from hookbus.schemas._otel_providers import ProviderSlots
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Counter, Histogram, UpDownCounter
@@ -38,49 +36,25 @@ __all__ = ["error", "make", "otel", "reserve"]
 
 log = logging.getLogger("hookbus.dispatcher.telemetry")
 
-try:
-    _VERSION = _metadata.version("hookbus")
-except _metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
-    _VERSION = "0"
 
-_SLOTS = hasattr(trace, "_TRACER_PROVIDER") and hasattr(_metrics_api, "_METER_PROVIDER")
-"""Whether the API keeps its global providers in the module slots read below (every
-release since 1.12); without them each emit asks ``get_*_provider()``."""
-_UNSET = object()
-_PROXY_MP: type = getattr(_metrics_api, "_ProxyMeterProvider", NoOpMeterProvider)
-"""The API's "no provider set yet" meter provider (private name, stable since 1.12)."""
-
-
-class _Otel:
-    """The tracer, meter and instruments, bound to the current global providers."""
+class _Otel(ProviderSlots):
+    """The tracer, meter and instruments of the dispatcher's scope, bound to the current
+    global providers."""
 
     __slots__ = (
         "decisions",
         "emit_duration",
-        "env_loaded",
         "exact_ids",
         "fail_opens",
         "failures",
         "handler_duration",
-        "meter_slot",
-        "metrics",
-        "on",
         "pending",
-        "tracer",
-        "tracer_slot",
-        "tracing",
     )
 
     def __init__(self) -> None:
-        self.tracing = False
-        self.metrics = False
-        self.on = False
         self.exact_ids = False
-        """Whether `materialize` can give a span the context `reserve` made."""
-        self.env_loaded = False
-        self.tracer_slot: object = _UNSET
-        self.meter_slot: object = _UNSET
-        self.tracer: trace.Tracer = trace.NoOpTracer()
+        """Whether `make` can give a span the context `reserve` made."""
+        super().__init__(tn.SCOPE_DISPATCHER, log)
         self.emit_duration: Histogram
         self.handler_duration: Histogram
         self.decisions: Counter
@@ -88,44 +62,10 @@ class _Otel:
         self.fail_opens: Counter
         self.pending: UpDownCounter
 
-    def sync(self) -> bool:
-        """Rebind if the application set other providers; whether any signal is on."""
-        if (
-            not _SLOTS
-            or trace._TRACER_PROVIDER is not self.tracer_slot
-            or _metrics_api._METER_PROVIDER is not self.meter_slot
-        ):
-            self._rebind()
-        return self.on
+    def _bind_tracer(self, tracer: trace.Tracer) -> None:
+        self.exact_ids = _take_over_ids(tracer)
 
-    def _rebind(self) -> None:
-        if not self.env_loaded:  # once: a provider named in the environment loads now
-            self.env_loaded = True
-            try:
-                trace.get_tracer_provider()
-                metrics.get_meter_provider()
-            except Exception as exc:  # a bad OTEL_PYTHON_*_PROVIDER: say so, stay off
-                log.warning("OpenTelemetry provider from the environment not loaded: %r", exc)
-        tracer_slot = trace._TRACER_PROVIDER if _SLOTS else trace.get_tracer_provider()
-        meter_slot = _metrics_api._METER_PROVIDER if _SLOTS else metrics.get_meter_provider()
-        if tracer_slot is not self.tracer_slot:
-            tp = cast(trace.TracerProvider, tracer_slot)
-            if tracer_slot is None:
-                tp = trace.NoOpTracerProvider()
-            self.tracer = tp.get_tracer(tn.SCOPE_DISPATCHER, _VERSION)
-            self.exact_ids = _take_over_ids(self.tracer)
-            self.tracing = not isinstance(tp, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
-            self.tracer_slot = tracer_slot  # last: a reader that sees it sees the tracer
-        if meter_slot is not self.meter_slot:
-            mp = cast(metrics.MeterProvider, meter_slot)
-            if meter_slot is None:
-                mp = NoOpMeterProvider()
-            self._instruments(mp.get_meter(tn.SCOPE_DISPATCHER, _VERSION))
-            self.metrics = not isinstance(mp, _PROXY_MP | NoOpMeterProvider)
-            self.meter_slot = meter_slot
-        self.on = self.tracing or self.metrics
-
-    def _instruments(self, meter: metrics.Meter) -> None:
+    def _bind_meter(self, meter: metrics.Meter) -> None:
         buckets = tn.DURATION_BUCKETS_S
         self.emit_duration = meter.create_histogram(
             tn.METRIC_EMIT_DURATION, unit="s", description="Duration of one emit.",
