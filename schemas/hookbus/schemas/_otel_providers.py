@@ -11,6 +11,7 @@ environment read. Private module: not exported from `hookbus.schemas`.
 
 from __future__ import annotations
 
+import functools
 import logging
 from importlib import metadata as _metadata
 from typing import cast
@@ -19,13 +20,17 @@ from opentelemetry import metrics, trace
 from opentelemetry.metrics import NoOpMeterProvider
 from opentelemetry.metrics import _internal as _metrics_api
 
-__all__ = ["VERSION", "ProviderSlots"]
+__all__ = ["ProviderSlots", "version"]
 
-try:
-    VERSION = _metadata.version("hookbus")
-    """The instrumentation scope's version: the installed hookbus distribution's."""
-except _metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
-    VERSION = "0"
+@functools.cache
+def version() -> str:
+    """hookbus's version for the instrumentation scope, read from the installed package's
+    metadata at first use (not at import: schemas does no I/O when imported); "0" when
+    running from a bare checkout."""
+    try:
+        return _metadata.version("hookbus")
+    except _metadata.PackageNotFoundError:  # pragma: no cover
+        return "0"
 
 _SLOTS = hasattr(trace, "_TRACER_PROVIDER") and hasattr(_metrics_api, "_METER_PROVIDER")
 """Whether the API keeps its global providers in the module slots read below (every
@@ -99,7 +104,7 @@ class ProviderSlots:
             tp = cast(trace.TracerProvider, tracer_slot)
             if tracer_slot is None:
                 tp = trace.NoOpTracerProvider()
-            self.tracer = tp.get_tracer(self.scope, VERSION)
+            self.tracer = tp.get_tracer(self.scope, version())
             self._bind_tracer(self.tracer)
             self.tracing = not isinstance(tp, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
             self.tracer_slot = tracer_slot  # last: a reader that sees it sees the tracer
@@ -107,7 +112,7 @@ class ProviderSlots:
             mp = cast(metrics.MeterProvider, meter_slot)
             if meter_slot is None:
                 mp = NoOpMeterProvider()
-            self._bind_meter(mp.get_meter(self.scope, VERSION))
+            self._bind_meter(mp.get_meter(self.scope, version()))
             self.metrics = not isinstance(mp, _PROXY_MP | NoOpMeterProvider)
             self.meter_slot = meter_slot
         self.on = self.tracing or self.metrics
