@@ -627,7 +627,7 @@ async def call_remote(
 
 @dataclass(frozen=True, slots=True)
 class ChainPlan:
-    """What every chain request for one run of handlers shares (made once per run)."""
+    """What every chain request for one sequence of handlers shares (made once per sequence)."""
 
     target: Route
     """The chain subject as a route (its name, for messages)."""
@@ -679,7 +679,7 @@ async def call_chain(
     headers: dict[str, str] | None,
     budget_s: float | None = None,
 ) -> ChainAnswer | Failed:
-    """Send a run of handlers served by one worker process's handler set (`plan`) as one
+    """Send a sequence of handlers served by one worker process's handler set (`plan`) as one
     chain request and return the replies of the steps that ran; a `Failed` with
     ``not_run`` when nothing ran (no responders, refused, not sent): then call each alone.
 

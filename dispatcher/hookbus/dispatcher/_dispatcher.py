@@ -100,7 +100,7 @@ class HookDispatcher(StandardEvents):
         audit_max_age_s: seconds the stream keeps a record, if this dispatcher creates it.
         audit_max_bytes: size past which the stream drops its oldest records, if this
             dispatcher creates it.
-        chains: send a run of adjacent remote handlers served by one worker process (the
+        chains: send a sequence of adjacent remote handlers served by one worker process (the
             same declared handler set) as one chain request, run there in order with the
             same semantics (one round trip instead of one per handler), and a parallel
             group of handlers in several processes as one publish on the event's collect
@@ -150,7 +150,7 @@ class HookDispatcher(StandardEvents):
         self._plans: dict[
             tuple[tuple[Route, ...], bool], tuple[tuple[str, tuple[Route, ...]], ...]
         ] = {}
-        """Whether a run of adjacent remote handlers of one worker process goes as one chain
+        """Whether a sequence of adjacent remote handlers of one worker process goes as one chain
         request (one round trip) instead of one request per handler."""
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -371,7 +371,7 @@ class HookDispatcher(StandardEvents):
         ask_user kept; precedence deny > ask_user > inject_context > continue (a modify
         chain ends as ``continue`` with its data). See `Fold` for every rule.
         Handlers whose tool filter does not match are skipped with no round trip; an
-        adjacent run of ``parallel`` handlers is called concurrently and folded in order.
+        adjacent sequence of ``parallel`` handlers is called concurrently and folded in order.
         A handler failure (timeout, no responders, error) is judged by its failure policy,
         a result that cannot be read is denied, and both are recorded in
         ``result.failures`` (hookbus's own fields: `HookResult.chained_data`,
@@ -706,9 +706,9 @@ class HookDispatcher(StandardEvents):
         """Call and fold `routes` in order; the final result if one ended the fold.
 
         Three ways to call, all folding the same outcomes in the same order:
-        a run of adjacent remote handlers of one worker process's handler set goes as one
-        chain request (`_fold_chain`); a run of adjacent pure handlers is called at once,
-        speculatively (`_fold_speculative`); the rest one by one, an adjacent run of
+        a sequence of adjacent remote handlers of one worker process's handler set goes as one
+        chain request (`_fold_chain`); a sequence of adjacent pure handlers is called at once,
+        speculatively (`_fold_speculative`); the rest one by one, an adjacent sequence of
         parallel handlers concurrently (`_fold_each`).
         """
         for kind, seg in self._plan(routes):
@@ -721,7 +721,7 @@ class HookDispatcher(StandardEvents):
                 denied = await self._fold_chain(seg, ctx, fold)
             elif kind == "pure":
                 denied = await self._fold_speculative(seg, ctx, fold)
-            else:  # a run of parallel handlers
+            else:  # a sequence of parallel handlers
                 denied = await self._fold_each(seg, ctx, fold, self._call_group)
             if denied is not None:
                 return denied
@@ -821,7 +821,7 @@ class HookDispatcher(StandardEvents):
     async def _fold_speculative(
         self, run: Sequence[Route], ctx: EmitContext, fold: Fold
     ) -> HookResult | None:
-        """Call a run of pure handlers at once on the current data and fold them in
+        """Call a sequence of pure handlers at once on the current data and fold them in
         order. A result computed on data a modify has since replaced is discarded, and
         the rest of the run is called again on the new data; a deny still wins in order
         and the results after it are discarded."""
@@ -906,7 +906,7 @@ class HookDispatcher(StandardEvents):
 
 def _groups(routes: Sequence[Route], fold: Fold) -> Iterator[list[Route]]:
     """amplifier-core's order, as groups to call on the same data: each handler whose
-    tool filter matches the data it would see, alone; an adjacent run of parallel handlers
+    tool filter matches the data it would see, alone; an adjacent sequence of parallel handlers
     together (those matching the data at the run's start). Lazy: each group is formed
     after the previous one was folded, on the data it left."""
     i, n = 0, len(routes)

@@ -1,8 +1,8 @@
-"""Chain requests: a run of adjacent handlers served by one worker process, in one request.
+"""Chain requests: a sequence of adjacent handlers served by one worker process, in one request.
 
 A worker process declares, with each of its handlers, the set of handler names it serves
 (`HandlerDeclaration.handler_set`). Handlers whose declarations name the same set are served
-by replicas of the same worker, so a dispatcher may send a run of them (adjacent in call
+by replicas of the same worker, so a dispatcher may send a sequence of them (adjacent in call
 order) as one request to that set's chain subject; the worker runs them in order with
 amplifier-core's semantics and answers every handler's reply at once (`HookReply.chain`).
 

@@ -22,6 +22,7 @@ from opentelemetry.metrics import _internal as _metrics_api
 
 __all__ = ["ProviderSlots", "version"]
 
+
 @functools.cache
 def version() -> str:
     """hookbus's version for the instrumentation scope, read from the installed package's
@@ -31,6 +32,7 @@ def version() -> str:
         return _metadata.version("hookbus")
     except _metadata.PackageNotFoundError:  # pragma: no cover
         return "0"
+
 
 _SLOTS = hasattr(trace, "_TRACER_PROVIDER") and hasattr(_metrics_api, "_METER_PROVIDER")
 """Whether the API keeps its global providers in the module slots read below (every

@@ -312,13 +312,13 @@ class HandlerDeclaration(_Wire):
     """Running it twice for one call is harmless (it has no side effects, or they are
     idempotent): the dispatcher may hedge a slow call on another replica. Never assumed."""
     pure: bool = False
-    """Free of side effects: a dispatcher may call a run of adjacent pure handlers at once,
+    """Free of side effects: a dispatcher may call a sequence of adjacent pure handlers at once,
     speculatively, and fold their results in priority order (a result computed on data a
     modify has since replaced is discarded and the handler called again). Implies
     `retry_safe`. Never assumed."""
     handler_set: list[str] | None = None
     """The names of every handler the declaring worker process serves (sorted, unique, at
-    most `MAX_HANDLER_SET`), so that a run of adjacent handlers of one process can be sent
+    most `MAX_HANDLER_SET`), so that a sequence of adjacent handlers of one process can be sent
     as one chain request to ``hookbus.v1.chain.<handler_set_id(handler_set)>``. None: send
     each of its calls on its own."""
     subject: str = ""

@@ -577,7 +577,7 @@ class HookWorker:
             )
         return HookReply(handler=decl.name, result=result)
 
-    # -- chain requests: a run of this process's handlers in one request --------------------
+    # -- chain requests: a sequence of this process's handlers in one request --------------------
     def _set_handler_set(self) -> None:
         """Name this process's handler set in every declaration, if it fits the bounds."""
         names = sorted({name for _, name in self._specs})
@@ -597,7 +597,7 @@ class HookWorker:
 
     async def _on_chain(self, msg: Msg) -> None:
         # a chain takes one slot of max_concurrency per handler it may run at once (its
-        # widest run of parallel steps), so the bound still counts running handlers
+        # widest sequence of parallel steps), so the bound still counts running handlers
         name = self.handler_set_id
         width = _chain_width(msg.data)
         if self._state in ("draining", "stopped"):
@@ -639,9 +639,7 @@ class HookWorker:
             self.handled += max(1, len(replies))
             self._inflight -= width
 
-    async def _run_chain(
-        self, msg: Msg, replies: list[HookReply], running: list[str]
-    ) -> HookReply:
+    async def _run_chain(self, msg: Msg, replies: list[HookReply], running: list[str]) -> HookReply:
         """Run the steps of a chain request in order, appending each step's reply to
         `replies` (and naming the steps running now in `running`); stop after a step that
         ends the fold (see `ChainStep`)."""
@@ -771,7 +769,7 @@ _chain_shape = msgspec.json.Decoder(_ChainShape)
 
 
 def _chain_width(payload: bytes) -> int:
-    """The most handlers a chain request may run at once: its widest run of adjacent
+    """The most handlers a chain request may run at once: its widest sequence of adjacent
     parallel steps (1 for a sequential chain, or a request that cannot be read)."""
     try:
         steps = _chain_shape.decode(payload).chain or []
