@@ -44,12 +44,14 @@ from hookbus.schemas import (
     HookReply,
     HookResult,
     WireFormatError,
+    chain_subject,
     collect_service_subject,
     collect_subject,
     decode,
     emit_service_subject,
     encode,
     handler_key,
+    handler_set_id,
     handler_subject,
     suspension_key,
 )
@@ -60,7 +62,14 @@ pytestmark = [pytest.mark.anyio, pytest.mark.faults]
 T = TypeVar("T")
 
 TOTAL = 10_000
-SHARES = {"handler": 2500, "collect": 1500, "emit": 2500, "emit_and_collect": 1500, "kv": 2000}
+SHARES = {
+    "handler": 1500,
+    "chain": 1000,
+    "collect": 1500,
+    "emit": 2500,
+    "emit_and_collect": 1500,
+    "kv": 2000,
+}
 assert sum(SHARES.values()) == TOTAL
 
 STRUCTURED_SERVICE_ERRORS = {"bad_request", "unknown_event", "payload_too_large"}
@@ -272,16 +281,16 @@ def _no_error_logs(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 # -- worker subjects ------------------------------------------------------------------------
-@pytest.mark.parametrize("target", ["handler", "collect"])
+@pytest.mark.parametrize("target", ["handler", "chain", "collect"])
 async def test_worker_answers_bad_request(
     system: System, target: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING)
-    subject = (
-        handler_subject(system.event, system.guard)
-        if target == "handler"
-        else collect_subject(system.event)
-    )
+    subject = {
+        "handler": handler_subject(system.event, system.guard),
+        "chain": chain_subject(system.event, handler_set_id([system.guard])),
+        "collect": collect_subject(system.event),
+    }[target]
     examples = generate(messages, SHARES[target])
     items = [
         (subject, body, _clean_headers(h))

@@ -279,7 +279,7 @@ def _reply_handler(msg: Msg) -> str | None:
     """The handler a reply names, or None if it cannot be read."""
     try:
         return _handler_name.decode(msg.data).handler
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None
 
 

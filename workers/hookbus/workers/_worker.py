@@ -754,7 +754,7 @@ def _addressed_to(name: str, payload: bytes) -> bool:
     that cannot be read is taken (the handling answers ``bad_request``)."""
     try:
         handlers = _addressees.decode(payload).handlers
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return True
     return handlers is None or name in handlers
 
@@ -773,7 +773,7 @@ def _chain_width(payload: bytes) -> int:
     parallel steps (1 for a sequential chain, or a request that cannot be read)."""
     try:
         steps = _chain_shape.decode(payload).chain or []
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return 1
     widest = run = 0
     for step in steps:
