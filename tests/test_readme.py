@@ -36,6 +36,7 @@ from _readme_blocks import Block, Command, blocks, commands, free_names, inline_
 from _readme_run import HOOKBUS, NOT_RUN, Job, Result, Shell, Snippet, alive, run_python
 from playwright.async_api import Page, expect
 
+from hookbus.cli import EmbeddedNatsServer
 from hookbus.integrations.console import CSRF_HEADER
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
@@ -86,6 +87,15 @@ def port_is_free(port: int) -> bool:
         except OSError:
             return False
         return True
+
+
+@pytest.fixture(scope="module")
+def nats_url() -> Iterator[str]:
+    """A server of this module's own: the README emits standard events (``tool:pre``,
+    ``prompt:complete``), and declarations other test modules leave on the suite's server
+    (handlers whose workers are gone, some with policy deny) would decide them."""
+    with EmbeddedNatsServer() as server:
+        yield server.url
 
 
 @pytest.fixture
