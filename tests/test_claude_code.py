@@ -733,6 +733,7 @@ def test_settings_http_door() -> None:
     result = settings("--door", "http", "--url", url, "--token-env", "HOOKBUS_TOKEN",
                       "--events", "PreToolUse,Stop", "--matcher", "Bash|Write")  # fmt: skip
     assert result.exit_code == 0, result.output
+
     def handler(event: str) -> dict[str, Any]:
         return {
             "type": "http",

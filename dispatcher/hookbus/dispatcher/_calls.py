@@ -464,7 +464,9 @@ class Requester:
         liveness a scatter relies on: a handler with no live replica gets a request of its
         own, which the server answers "no responders" at once)."""
         recent = self._recent.get(route.subject)
-        return bool(recent) and now - next(reversed(recent.values())) <= RECENT_TTL_S
+        if not recent:
+            return False
+        return now - next(reversed(recent.values())) <= RECENT_TTL_S
 
     async def scatter(
         self, nc: NATS, group: list[Route], envelope: EventEnvelope,
@@ -510,16 +512,17 @@ class Requester:
                     gone = Failed("no_responders", "no handler of the event is subscribed", True)
                     out.update(dict.fromkeys(pending.values(), gone))
                     break
-                name = _reply_handler(msg)
-                route = pending.pop(name, None) if name is not None else None
-                if route is None:
+                handler = _reply_handler(msg)
+                answered = pending.pop(handler, None) if handler is not None else None
+                if answered is None:
                     continue  # not one of ours (or unreadable): the others still answer
                 assert not isinstance(outcome, ChainAnswer)
-                if code is not None:
-                    outcome = Failed(outcome.kind, outcome.message, not_run=True)  # type: ignore[union-attr]
+                if code is not None:  # refused, not run: the caller asks it alone
+                    assert isinstance(outcome, Failed)
+                    outcome = Failed(outcome.kind, outcome.message, not_run=True)
                 elif instance:
-                    self._answered(route.subject, instance, loop.time())
-                out[route] = outcome
+                    self._answered(answered.subject, instance, loop.time())
+                out[answered] = outcome
         finally:
             self._waiting.pop(token, None)
         return out

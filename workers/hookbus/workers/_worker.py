@@ -647,6 +647,7 @@ class HookWorker:
         name = self.handler_set_id
         envelope, refusal = self._read_request(name, msg)
         if envelope is None:
+            assert refusal is not None
             return refusal
         steps = envelope.chain or []
         specs = [self._specs.get((envelope.event, step.handler)) for step in steps]
