@@ -45,6 +45,30 @@ class LiveReplica:
     metadata: dict[str, str] = field(default_factory=dict)
 
 
+async def srv_scatter(nc: NATS, subject: str, timeout_s: float) -> list[bytes]:
+    """The bodies of every answer to one NATS services API request on `subject` (e.g.
+    ``$SRV.PING.<name>``), gathered for `timeout_s` seconds: a scatter has no last answer,
+    so the wait is the whole of it."""
+    answers: list[bytes] = []
+    inbox = nc.new_inbox()
+    done = asyncio.Event()
+
+    async def on_reply(msg: Msg) -> None:
+        if not done.is_set():
+            answers.append(msg.data)
+
+    sub = await nc.subscribe(inbox, cb=on_reply)
+    try:
+        await nc.publish(subject, b"", reply=inbox)
+        await nc.flush()
+        await asyncio.sleep(timeout_s)
+    finally:
+        done.set()
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+    return answers
+
+
 async def live_handlers(
     nc: NATS, *, timeout_s: float = 0.5
 ) -> dict[tuple[str, str], list[LiveReplica]]:
@@ -62,35 +86,20 @@ async def live_handlers(
 
     found: dict[tuple[str, str], list[LiveReplica]] = {}
     seen: set[str] = set()
-    inbox = nc.new_inbox()
-    done = asyncio.Event()
-
-    async def on_reply(msg: Msg) -> None:
-        if done.is_set():
-            return
+    for data in await srv_scatter(nc, f"$SRV.PING.{WORKER_SERVICE_NAME}", timeout_s):
         try:
-            body = json.loads(msg.data)
+            body = json.loads(data)
             service_id = str(body["id"])
             metadata = body.get("metadata") or {}
         except (ValueError, KeyError, TypeError, RecursionError):
-            return
+            continue
         if service_id in seen or not isinstance(metadata, dict):
-            return
+            continue
         seen.add(service_id)
         meta = {str(k): str(v)[:200] for k, v in metadata.items() if k != "handlers"}
         replica = LiveReplica(service_id=service_id, seen_at=time.time(), metadata=meta)
         for pair in parse_served_handlers(metadata.get("handlers")):
             found.setdefault(pair, []).append(replica)
-
-    sub = await nc.subscribe(inbox, cb=on_reply)
-    try:
-        await nc.publish(f"$SRV.PING.{WORKER_SERVICE_NAME}", b"", reply=inbox)
-        await nc.flush()
-        await asyncio.sleep(timeout_s)  # a scatter has no "last answer": wait it out
-    finally:
-        done.set()
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
     return found
 
 

@@ -22,7 +22,6 @@ them (its `info` and `stats` list them as endpoints).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import importlib.metadata
 import json
@@ -33,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 from nats.micro.service import (
     EndpointInfo,
     EndpointStats,
@@ -44,6 +42,8 @@ from nats.micro.service import (
 )
 
 from hookbus.schemas import DISPATCHER_SERVICE_NAME, NotConnectedError, WireError
+
+from ._liveness import srv_scatter
 
 __all__ = [
     "DispatcherEndpoint",
@@ -229,25 +229,10 @@ async def live_dispatchers(nc: NATS, *, timeout_s: float = 0.5) -> list[Dispatch
     if nc.is_closed:
         raise NotConnectedError("live_dispatchers needs an open NATS connection")
     found: dict[str, DispatcherReplica] = {}
-    inbox = nc.new_inbox()
-    done = asyncio.Event()
-
-    async def on_reply(msg: Msg) -> None:
-        if done.is_set():
-            return
-        replica = _parse_stats(msg.data)
+    for data in await srv_scatter(nc, f"$SRV.STATS.{DISPATCHER_SERVICE_NAME}", timeout_s):
+        replica = _parse_stats(data)
         if replica is not None:
             found.setdefault(replica.service_id, replica)
-
-    sub = await nc.subscribe(inbox, cb=on_reply)
-    try:
-        await nc.publish(f"$SRV.STATS.{DISPATCHER_SERVICE_NAME}", b"", reply=inbox)
-        await nc.flush()
-        await asyncio.sleep(timeout_s)  # a scatter has no "last answer": wait it out
-    finally:
-        done.set()
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
     return [found[k] for k in sorted(found)]
 
 
