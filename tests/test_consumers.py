@@ -3,6 +3,8 @@ and then every KV watch fails): reading a bucket must not leave one behind."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from hookbus.dispatcher import HookDispatcher
@@ -29,3 +31,24 @@ async def test_repeated_bucket_reads_leave_no_consumer_behind(nc, connect):
         after = await _consumers(nc)
     assert after <= before, (before, after)
     assert await _consumers(nc) <= before - 1  # closing deleted the registry watch's consumer
+
+
+async def test_stop_task_ends_a_task_that_swallows_a_cancel() -> None:
+    """A task that swallows one cancel (as nats-py's `wait_for` can on Python 3.11) and goes
+    on: cancelling it once and awaiting it would never return; `stop_task` ends it."""
+    from hookbus.dispatcher._tasks import stop_task
+
+    swallowed = asyncio.Event()
+
+    async def stubborn() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            swallowed.set()  # swallowed: it goes on waiting
+        await asyncio.Event().wait()
+
+    task = asyncio.create_task(stubborn())
+    await asyncio.sleep(0)
+    async with asyncio.timeout(5):
+        await stop_task(task, "a stubborn task")
+    assert swallowed.is_set() and task.cancelled()

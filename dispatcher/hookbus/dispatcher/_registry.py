@@ -43,6 +43,7 @@ from hookbus.schemas import (
 
 from ._kv import kv_retry, open_bucket, release_consumer
 from ._routes import RoutingTable
+from ._tasks import stop_task
 
 __all__ = [
     "RegistryRead",
@@ -250,11 +251,7 @@ class RegistryWatch:
         if task is None:
             return
         self._stopping = True
-        while not task.done():
-            task.cancel()
-            await asyncio.wait({task}, timeout=0.1)
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("registry watch ended with %r", task.exception())
+        await stop_task(task, "registry watch")
 
     async def resync(self) -> bool:
         """Re-read the whole registry. A complete read replaces every remote route and

@@ -76,6 +76,7 @@ from ._suspension_events import (
     settled,
     to_json_value,
 )
+from ._tasks import stop_task
 from ._telemetry import SuspensionSpan, suspension_span
 from ._waiter import Leases, SharedWatch, Slot
 
@@ -187,6 +188,8 @@ class Suspensions:
         and the lease heartbeat (waits in progress keep their records; their lease
         expires). Idempotent."""
         await self._deliveries.flush(timeout_s=5.0)
+        watching, self._watching = self._watching, None
+        await stop_task(watching, "the suspension watch's start")  # else it starts after
         await self.watch.close()
         if self._leases is not None:
             await self._leases.close()

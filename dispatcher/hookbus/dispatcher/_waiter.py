@@ -35,6 +35,7 @@ from hookbus.schemas import SuspensionRecord, lease_key, leases_bucket_config
 
 from ._kv import kv_retry, open_bucket, release_consumer, stream_sequence, subscribe_keys
 from ._records import Entry, RecordStore, parse_record
+from ._tasks import stop_task
 
 __all__ = ["RECENT_KEYS", "Leases", "SharedWatch", "Slot"]
 
@@ -162,10 +163,7 @@ class SharedWatch:
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await stop_task(task, "the suspension watch's reads")
         await self._unsubscribe()
 
     # -- the watch -------------------------------------------------------------------------
@@ -328,9 +326,7 @@ class Leases:
     async def close(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await stop_task(task, "the lease heartbeat")
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2.0):
                     await self.kv.delete(self._key)
