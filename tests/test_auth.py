@@ -383,13 +383,26 @@ async def test_one_worker_connection_answers_a_collect_once_per_handler(
         await wrk.flush()
         inbox = disp.new_inbox()
         replies = await disp.subscribe(inbox)
-        await disp.publish("hookbus.v1.collect.tool=3Apre", b"{}", reply=inbox)
         got: set[bytes] = set()
-        try:
-            for _ in range(2):
-                got.add((await replies.next_msg(timeout=10)).data)
-        except nats.errors.TimeoutError:
-            pytest.fail(f"answers {got}; the worker's async errors: {wrk_errors}")
+        statuses: list[str] = []
+        # a subscription flushed on another connection a moment ago was seen (under load)
+        # to miss a publish: the server answers "no responders"; publish again, a bounded
+        # number of times (what this test is about is the second answer)
+        for _ in range(5):
+            await disp.publish("hookbus.v1.collect.tool=3Apre", b"{}", reply=inbox)
+            try:
+                while len(got) < 2:
+                    msg = await replies.next_msg(timeout=10)
+                    if msg.headers and "Status" in msg.headers:
+                        statuses.append(msg.headers["Status"])
+                        break
+                    got.add(msg.data)
+            except nats.errors.TimeoutError:
+                pytest.fail(f"answers {got}; the worker's async errors: {wrk_errors}")
+            if len(got) == 2:
+                break
+            await asyncio.sleep(0.1)
+        assert statuses.count("503") < 5, statuses
         assert got == {b"security_policy", b"audit"}
         assert wrk_errors == []
     finally:
