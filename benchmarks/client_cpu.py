@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import json
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -64,12 +63,12 @@ async def serve(url: str) -> None:
 
 async def measure(n: int, rounds: int) -> dict[str, float]:
     with EmbeddedNatsServer() as server:
-        child = subprocess.Popen(
-            [sys.executable, __file__, "--serve", server.url], stdout=subprocess.PIPE
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--serve", server.url, stdout=asyncio.subprocess.PIPE
         )
         try:
             assert child.stdout is not None
-            child.stdout.readline()
+            await child.stdout.readline()  # "ready"
             nc = await nats.connect(server.url)
             remote = HookDispatcher(nc)
             await remote.start()
@@ -107,7 +106,7 @@ async def measure(n: int, rounds: int) -> dict[str, float]:
             return {name: statistics.median(v) for name, v in per_round.items()}
         finally:
             child.kill()
-            child.wait()
+            await child.wait()
 
 
 def main() -> None:
@@ -127,7 +126,10 @@ def main() -> None:
         print(f"  {name:34} {us:7.1f} us{extra}")
     added = cpu["emit, one remote handler"] - base
     status = "MET" if added <= 10 else "MISSED"
-    print(f"one-handler emit adds {added:.1f} us of client CPU to a raw request (<= 10 us): {status}")
+    print(
+        f"one-handler emit adds {added:.1f} us of client CPU to a raw request"
+        f" (<= 10 us): {status}"
+    )
 
 
 if __name__ == "__main__":

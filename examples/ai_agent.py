@@ -86,7 +86,8 @@ async def run_agent(hooks: HookbusHooks, state: Path, resume: bool) -> int:
                 part = event.hook
                 print(f"hook {part.hook_id}: {part.status}", part.metadata or "", flush=True)
                 if part.status == "pending":
-                    print(f"  answer it: hookbus suspensions resolve --agent {hooks.suspensions.agent_id}"
+                    agent = hooks.suspensions.agent_id
+                    print(f"  answer it: hookbus suspensions resolve --agent {agent}"
                           f" {part.hook_id} '{{\"granted\": true}}'  (Ctrl-C to suspend)",
                           flush=True)  # fmt: skip
             elif isinstance(event, ai.events.RunBlocked):

@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import msgspec
 import pytest
 from _serving import serving
 from nats.aio.client import Client as NATS
@@ -20,6 +21,7 @@ from nats.aio.msg import Msg
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
     SUBJECT_PREFIX,
+    ChainStep,
     EventEnvelope,
     HandlerDeclaration,
     HookResult,
@@ -252,7 +254,7 @@ async def test_a_set_with_no_live_process_falls_back_to_one_request_per_handler(
             decl = derive_declaration(decl)
             await kv.put(
                 handler_key(event, name),
-                encode(decl.__class__(**{**_fields(decl), "handler_set": ["a", "b", "gone"]})),
+                encode(msgspec.structs.replace(decl, handler_set=["a", "b", "gone"])),
             )
         async with HookDispatcher(await connect()) as d:
             await _until(lambda: all(r.handler_set == {"a", "b", "gone"} for r in d.routes(event)))
@@ -269,7 +271,7 @@ async def test_a_chain_naming_a_handler_the_process_does_not_serve_runs_nothing(
         envelope = EventEnvelope(id="0" * 32, event=event, data={}, chain=[])
         subject = f"{SUBJECT_PREFIX}.chain.{event.replace(':', '=3A')}.{w.handler_set_id}"
         envelope.chain = [  # "a" is served; "x" is not
-            *(decode(encode({"handler": n}), _Step) for n in ("a", "x"))
+            *(ChainStep(handler=n) for n in ("a", "x"))
         ]
         reply = await nc.request(subject, encode(envelope), timeout=5)
     assert b'"bad_request"' in reply.data and b"not served" in reply.data
@@ -313,28 +315,29 @@ async def test_pure_handlers_are_called_at_once_and_folded_in_order(
 
 
 async def test_a_deny_among_pure_handlers_wins_in_order(connect: Connect, event: str) -> None:
-    async def allow(ev: str, data: dict[str, Any]) -> HookResult:
-        await asyncio.sleep(0.05)  # answers after the deny below
-        return HookResult(action="ask_user", approval_prompt="?")
+    """The first pure handler denies only once the second has denied too (they run at
+    once): the fold is in priority order, not in the order the answers came."""
+    second_denied = asyncio.Event()
 
-    async def deny(ev: str, data: dict[str, Any]) -> HookResult:
-        return HookResult(action="deny", reason="pure no")
+    async def first(ev: str, data: dict[str, Any]) -> HookResult:
+        async with asyncio.timeout(5):
+            await second_denied.wait()
+        return HookResult(action="deny", reason="first no")
+
+    async def second(ev: str, data: dict[str, Any]) -> HookResult:
+        second_denied.set()
+        return HookResult(action="deny", reason="second no")
 
     async with (
-        serving(await connect(), (event, allow, {"priority": 1, "pure": True})),
-        serving(await connect(), (event, deny, {"priority": 2, "pure": True})),
+        serving(await connect(), (event, first, {"priority": 1, "pure": True})),
+        serving(await connect(), (event, second, {"priority": 2, "pure": True})),
         HookDispatcher(await connect(), approvals=False) as d,
     ):
         r = await d.emit(event, {})
-    assert r.action == "deny" and r.decided_by == "deny"
+    assert (r.action, r.decided_by, r.reason) == ("deny", "first", "first no")
 
 
 # -- helpers -----------------------------------------------------------------------------
-from hookbus.schemas import ChainStep as _Step  # noqa: E402
-
-
-def _fields(decl: HandlerDeclaration) -> dict[str, Any]:
-    return {f: getattr(decl, f) for f in decl.__struct_fields__}
 
 
 async def _until(check: Callable[[], bool]) -> None:

@@ -19,13 +19,13 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import SimpleNamespace
-from typing import Annotated, Any
+from typing import Any
 
 import anyio
-import msgspec
 import nats.errors
 import nats.js.errors
 import pytest
+from _payloads import Budget, Grant
 from nats.aio.client import Client as NATS
 
 from hookbus.dispatcher import Suspensions
@@ -42,15 +42,6 @@ from hookbus.schemas import (
 pytestmark = pytest.mark.anyio
 
 Connect = Callable[..., Awaitable[NATS]]
-
-
-class Grant(msgspec.Struct):
-    approved: bool
-    by: str = ""
-
-
-class Budget(msgspec.Struct):
-    amount: Annotated[int, msgspec.Meta(ge=0)]
 
 
 class HeldMarks:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Annotated, Any
+from typing import Any
 
 import anyio
 import msgspec
 import pydantic
 import pytest
+from _payloads import Budget, Grant
 from anyio.abc import TaskGroup
 from conftest import connections
 from nats.aio.client import Client as NATS
@@ -49,15 +50,6 @@ Connect = Callable[..., Awaitable[NATS]]
 
 
 # -- payload types -------------------------------------------------------------------------
-class Grant(msgspec.Struct):
-    approved: bool
-    by: str = ""
-
-
-class Budget(msgspec.Struct):
-    amount: Annotated[int, msgspec.Meta(ge=0)]
-
-
 class GrantModel(pydantic.BaseModel):
     approved: bool
     limit: int = pydantic.Field(default=0, ge=0)
