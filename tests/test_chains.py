@@ -25,6 +25,7 @@ from hookbus.schemas import (
     EventEnvelope,
     HandlerDeclaration,
     HookResult,
+    chain_subject,
     decode,
     derive_declaration,
     encode,
@@ -269,7 +270,7 @@ async def test_a_chain_naming_a_handler_the_process_does_not_serve_runs_nothing(
     calls: list[str] = []
     async with serving(await connect(), (event, recorder(calls, "a"), {})) as w:
         envelope = EventEnvelope(id="0" * 32, event=event, data={}, chain=[])
-        subject = f"{SUBJECT_PREFIX}.chain.{event.replace(':', '=3A')}.{w.handler_set_id}"
+        subject = chain_subject(event, w.handler_set_id)
         envelope.chain = [  # "a" is served; "x" is not
             *(ChainStep(handler=n) for n in ("a", "x"))
         ]

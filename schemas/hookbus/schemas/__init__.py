@@ -17,15 +17,7 @@ from ._buckets import (
     leases_bucket_config,
     suspensions_bucket_config,
 )
-from ._chains import (
-    CHAIN_WILDCARD,
-    MAX_HANDLER_SET,
-    chain_instance_subject,
-    chain_queue_group,
-    chain_subject,
-    compile_tool_filter,
-    handler_set_id,
-)
+from ._chains import MAX_HANDLER_SET, compile_tool_filter, handler_set_id
 from ._codec import WIRE_TYPES, decode, encode, to_builtins
 from ._declarations import (
     MAX_HANDLER_TIMEOUT_S,
@@ -69,6 +61,7 @@ from ._jsonsafe import json_copy, json_safe
 from ._result import to_hook_result
 from ._subjects import (
     APPROVALS_BUCKET,
+    CHAIN_WILDCARD,
     COLLECT_SERVICE_WILDCARD,
     DECISIONS_STREAM,
     DECISIONS_WILDCARD,
@@ -89,6 +82,9 @@ from ._subjects import (
     agent_token,
     always_allow_key,
     approval_answer_key,
+    chain_instance_subject,
+    chain_queue_group,
+    chain_subject,
     collect_reply_subject,
     collect_service_subject,
     collect_subject,

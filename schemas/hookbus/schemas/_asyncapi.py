@@ -31,7 +31,6 @@ from ._buckets import (
     leases_bucket_config,
     suspensions_bucket_config,
 )
-from ._chains import chain_instance_subject, chain_subject
 from ._contract import schema_definitions
 from ._subjects import (
     DISPATCHER_QUEUE_GROUP,
@@ -42,6 +41,8 @@ from ._subjects import (
     SUSPENSION_SUBJECT_PREFIX,
     WORKER_SERVICE_NAME,
     approval_answer_key,
+    chain_instance_subject,
+    chain_subject,
     collect_service_subject,
     collect_subject,
     decisions_subject,

@@ -12,7 +12,8 @@ of exactly ``{a, b}`` (see `hookbus.schemas.worker`), and a dispatcher only send
 the subject of a set that names every handler in it. The subject also names the event, so
 processes serving the same names for different events never share a queue group.
 
-Tool filters are matched here (`compile_tool_filter`) by dispatchers and workers alike.
+The chain subjects are built with the others in `_subjects` (`chain_subject`). Tool
+filters are matched here (`compile_tool_filter`) by dispatchers and workers alike.
 """
 
 from __future__ import annotations
@@ -23,21 +24,10 @@ import re
 from collections.abc import Iterable
 from typing import Final
 
-from ._errors import BadRequestError
-from ._subjects import MAX_INSTANCE_LENGTH, SUBJECT_PREFIX, encode_token
+from ._subjects import encode_token
 
-__all__ = [
-    "CHAIN_WILDCARD",
-    "MAX_HANDLER_SET",
-    "chain_instance_subject",
-    "chain_queue_group",
-    "chain_subject",
-    "compile_tool_filter",
-    "handler_set_id",
-]
+__all__ = ["MAX_HANDLER_SET", "compile_tool_filter", "handler_set_id"]
 
-CHAIN_WILDCARD: Final = f"{SUBJECT_PREFIX}.chain.*.*"
-"""Every chain subject (what a dispatcher may publish to)."""
 MAX_HANDLER_SET: Final = 64
 """Most handler names a declaration's ``handler_set`` may list (a larger set is not sent)."""
 
@@ -51,33 +41,6 @@ def handler_set_id(names: Iterable[str]) -> str:
     """
     tokens = sorted({encode_token(n) for n in names})
     return hashlib.sha256("\n".join(tokens).encode()).hexdigest()[:32]
-
-
-def chain_subject(event: str, set_id: str) -> str:
-    """Chain requests for `event` to the worker processes serving handler set `set_id`:
-    ``hookbus.v1.chain.<event>.<set_id>`` (the event encoded by `encode_token`).
-
-    Raises:
-        BadRequestError: `event` is empty.
-    """
-    return f"{SUBJECT_PREFIX}.chain.{encode_token(event)}.{set_id}"
-
-
-def chain_instance_subject(chain: str, instance: str) -> str:
-    """The chain subject `chain` on one worker instance only (no queue group):
-    ``<chain>.<instance>``, where a dispatcher sends a hedge of an all-``retry_safe`` chain.
-
-    Raises:
-        BadRequestError: `instance` is empty or longer than `MAX_INSTANCE_LENGTH`.
-    """
-    if not instance or len(instance) > MAX_INSTANCE_LENGTH:
-        raise BadRequestError(f"not a worker instance id: {instance!r:.80}")
-    return f"{chain}.{encode_token(instance)}"
-
-
-def chain_queue_group(set_id: str) -> str:
-    """Queue group of the replicas serving handler set `set_id` (the id itself)."""
-    return set_id
 
 
 def compile_tool_filter(patterns: Iterable[str] | None) -> re.Pattern[str] | None:

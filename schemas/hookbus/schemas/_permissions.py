@@ -43,9 +43,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Final, Literal
 
-from ._chains import CHAIN_WILDCARD, handler_set_id
+from ._chains import handler_set_id
 from ._subjects import (
     APPROVALS_BUCKET,
+    CHAIN_WILDCARD,
     COLLECT_SERVICE_WILDCARD,
     DECISIONS_STREAM,
     DECISIONS_WILDCARD,

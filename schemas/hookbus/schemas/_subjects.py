@@ -11,6 +11,9 @@ Subjects (version in the subject, ``v1``):
 ``hookbus.v1.handler.<event>.<handler>``         one handler's requests (queue group per
                                                  handler)
 ``hookbus.v1.handler.<event>.<handler>.<i>``     the same handler on one worker instance
+``hookbus.v1.chain.<event>.<set>``               chain requests: a sequence of one worker
+                                                 process's handlers (queue group ``<set>``)
+``hookbus.v1.chain.<event>.<set>.<i>``           the same on one worker instance
 ``hookbus.v1.collect.<event>``                   emit_and_collect scatter (every handler
                                                  hears it)
 ``hookbus.v1.emit.<agent>.<event>``              dispatcher service: emit, as ``<agent>``
@@ -41,6 +44,7 @@ from ._errors import BadRequestError
 
 __all__ = [
     "APPROVALS_BUCKET",
+    "CHAIN_WILDCARD",
     "COLLECT_SERVICE_WILDCARD",
     "DECISIONS_STREAM",
     "DECISIONS_WILDCARD",
@@ -63,6 +67,9 @@ __all__ = [
     "agent_token",
     "always_allow_key",
     "approval_answer_key",
+    "chain_instance_subject",
+    "chain_queue_group",
+    "chain_subject",
     "collect_reply_subject",
     "collect_service_subject",
     "collect_subject",
@@ -217,6 +224,37 @@ def handler_instance_subject(event: str, handler: str, instance: str) -> str:
 def handler_queue_group(handler: str) -> str:
     """Queue group shared by the replicas of one handler (one group per handler)."""
     return encode_token(handler)
+
+
+CHAIN_WILDCARD: Final = f"{SUBJECT_PREFIX}.chain.*.*"
+"""Every chain subject (what a dispatcher may publish to)."""
+
+
+def chain_subject(event: str, set_id: str) -> str:
+    """Chain requests for `event` to the worker processes serving handler set `set_id`
+    (`handler_set_id`): ``hookbus.v1.chain.<event>.<set_id>``.
+
+    Raises:
+        BadRequestError: `event` is empty.
+    """
+    return f"{SUBJECT_PREFIX}.chain.{encode_token(event)}.{set_id}"
+
+
+def chain_instance_subject(chain: str, instance: str) -> str:
+    """The chain subject `chain` on one worker instance only (no queue group):
+    ``<chain>.<instance>``, where a dispatcher sends a hedge of an all-``retry_safe`` chain.
+
+    Raises:
+        BadRequestError: `instance` is empty or longer than `MAX_INSTANCE_LENGTH`.
+    """
+    if not instance or len(instance) > MAX_INSTANCE_LENGTH:
+        raise BadRequestError(f"not a worker instance id: {instance!r:.80}")
+    return f"{chain}.{encode_token(instance)}"
+
+
+def chain_queue_group(set_id: str) -> str:
+    """Queue group of the replicas serving handler set `set_id` (the id itself)."""
+    return set_id
 
 
 def collect_subject(event: str) -> str:
