@@ -2,9 +2,9 @@
 server-to-client messages: the fault a JetStream publish ack lost in flight (a stream
 leader moving, a connection cut after the write) looks like to the client.
 
-The client-to-server direction is passed through unchanged. The server-to-client direction
-is parsed as the NATS protocol (``MSG`` / ``HMSG`` frames with their payloads, every other
-op a line), so one delivered message can be dropped whole without breaking the stream:
+Both directions are parsed as the NATS protocol (``MSG`` / ``HMSG`` / ``PUB`` / ``HPUB``
+frames with their payloads, every other op a line). Server-to-client, one delivered message
+can be dropped whole without breaking the stream:
 
     proxy = NatsProxy(server_url)
     await proxy.start()
@@ -14,6 +14,10 @@ op a line), so one delivered message can be dropped whole without breaking the s
 
 A dropped ack means the server stored the write and the client does not know: its
 publish times out.
+
+Client-to-server, every op line is recorded in order (`client_ops`), and an op can be held
+back (`hold_next_client_op`): it and everything the client sends after it reach the server
+late, in order, as when the server is slow to read one connection.
 """
 
 from __future__ import annotations
@@ -66,7 +70,10 @@ class NatsProxy:
     port: int = 0
     dropped: list[Delivered] = field(default_factory=list)
     delayed: list[Delivered] = field(default_factory=list)
+    client_ops: list[bytes] = field(default_factory=list)
+    """Every op line clients sent through the proxy, in order (without payloads)."""
     _rules: list[_Rule] = field(default_factory=list)
+    _holds: list[tuple[bytes, float]] = field(default_factory=list)
     _server: asyncio.base_events.Server | None = None
     _conns: set[asyncio.Task[None]] = field(default_factory=set)
     _writers: set[asyncio.StreamWriter] = field(default_factory=set)
@@ -108,8 +115,14 @@ class NatsProxy:
         """Deliver the next `count` matching messages `delay_s` seconds late."""
         self._rules.append(_Rule(count, match, delay_s))
 
+    def hold_next_client_op(self, prefix: bytes, delay_s: float) -> None:
+        """Forward the next client op starting with `prefix` (e.g. ``b"SUB "``), and all that
+        follows it on that connection, `delay_s` seconds late."""
+        self._holds.append((prefix, delay_s))
+
     def clear(self) -> None:
         self._rules.clear()
+        self._holds.clear()
 
     # -- plumbing ----------------------------------------------------------------------
     async def _accept(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
@@ -126,7 +139,7 @@ class NatsProxy:
         self._writers.update((cwriter, swriter))
         try:
             async with asyncio.TaskGroup() as tg:
-                tg.create_task(self._pipe(creader, swriter))
+                tg.create_task(self._client_to_server(creader, swriter))
                 tg.create_task(self._server_to_client(sreader, cwriter))
         except BaseException:
             pass
@@ -136,12 +149,23 @@ class NatsProxy:
                 self._writers.discard(w)
             self._conns.discard(task)
 
-    @staticmethod
-    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while data := await reader.read(65536):
-            writer.write(data)
+    async def _client_to_server(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        while True:
+            line = await reader.readuntil(b"\r\n")
+            self.client_ops.append(line)
+            op = line[:5].upper()
+            frame = line
+            if op.startswith(b"PUB ") or op.startswith(b"HPUB "):
+                frame += await reader.readexactly(int(line.split()[-1]) + 2)
+            for hold in self._holds:
+                if line.startswith(hold[0]):
+                    self._holds.remove(hold)
+                    await asyncio.sleep(hold[1])  # the fault itself: a late read
+                    break
+            writer.write(frame)
             await writer.drain()
-        raise ConnectionResetError("closed")
 
     def _verdict(self, msg: Delivered) -> _Rule | None:
         for rule in self._rules:

@@ -110,8 +110,9 @@ RECENT_TTL_S = 60.0
 
 NO_RESPONDERS_RECHECK_S = 0.02
 """Seconds before a call answered "no responders" is sent once more (only once) before it
-fails as ``no_responders``: a subscription made and flushed on another connection a moment
-earlier was seen to miss a publish under load."""
+fails as ``no_responders``: a worker's interest reaches the other servers of a cluster a
+moment after its declaration can, and a client other than hookbus's may flush before its
+subscriptions reach the server."""
 
 _COROUTINE = types.CoroutineType
 """An async handler's result: awaited without the general `inspect.isawaitable` check."""

@@ -61,6 +61,7 @@ from hookbus.schemas import (
     suspension_events_subject,
     suspensions_bucket_config,
 )
+from hookbus.schemas._nats_guard import harden_connection
 
 from ._deliveries import Deliveries
 from ._kv import kv_retry, open_bucket
@@ -121,6 +122,7 @@ class Suspensions:
         scoped: bool = False,
     ) -> None:
         self._nc = nc
+        harden_connection(nc)  # `events` subscribes, flushes and must then hear every event
         self.records = RecordStore(
             kv, deadline_s=write_deadline_s, agent_id=agent_id, scoped=scoped
         )

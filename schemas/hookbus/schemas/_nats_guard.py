@@ -1,14 +1,23 @@
-"""Keep one hostile message from silencing a nats-py connection for good.
+"""Two nats-py (2.16) client defects, repaired on each connection hookbus is given.
 
-nats-py (2.16) decodes a message's subject, reply subject and status-line description with
-strict UTF-8 inside its read loop; a `UnicodeDecodeError` there ends the loop, logged once,
-and the connection stays "connected" while reading nothing more: every later request of
-that process times out (a fail-closed handler then denies everything). Any client can send
-such bytes, as a reply to a dispatcher's request or as a request to a worker.
+**A hostile message must not silence a connection for good.** nats-py decodes a message's
+subject, reply subject and status-line description with strict UTF-8 inside its read loop;
+a `UnicodeDecodeError` there ends the loop, logged once, and the connection stays
+"connected" while reading nothing more: every later request of that process times out (a
+fail-closed handler then denies everything). Any client can send such bytes, as a reply to
+a dispatcher's request or as a request to a worker.
 
-`harden_connection` wraps the message entry point of one client so such bytes are replaced
-(by "?"; nats-py already replaces bad bytes in header values) instead. No I/O here: it only wraps a
-method of the object it is given.
+**A flush must follow what was sent before it.** nats-py queues ``SUB``/``PUB`` for its
+flusher task but writes a flush's ``PING`` straight to the socket, so the ``PING`` can
+reach the server first, and the ``PONG`` that ends `flush()` then says nothing about the
+subscriptions made just before: a request from another connection in that moment is
+answered "no responders", and a message published to the new subscription is lost
+(``docs/decisions-under-faults.md``).
+
+`harden_connection` repairs both on one client: it wraps the message entry point so such
+bytes are replaced (by "?"; nats-py already replaces bad bytes in header values) instead,
+and makes a ``PING`` (of `flush`, `rtt` and the keep-alive) write the queued commands out
+before itself. No I/O here: it only wraps methods of the object it is given.
 """
 
 from __future__ import annotations
@@ -30,8 +39,38 @@ def _safe(raw: Any) -> Any:
 
 
 def harden_connection(nc: Any) -> None:
-    """Make `nc` (a nats-py client) survive invalid UTF-8 in subjects and status lines
-    (idempotent; a client without the expected entry point is left as it is)."""
+    """Make `nc` (a nats-py client) survive invalid UTF-8 in subjects and status lines, and
+    make its flushes ordered after the commands sent before them (idempotent; a client
+    without the expected private entry points is left as it is)."""
+    _order_pings(nc)
+    _safe_decoding(nc)
+
+
+def _order_pings(nc: Any) -> None:
+    """Write the commands queued for the flusher task before each ``PING``.
+
+    The flusher takes and clears the whole queue in one step, so writing the rest here keeps
+    the byte order the commands were queued in; nats-py does the same when its flusher is
+    gone. Not connected (reconnecting): left to nats-py, which writes the queue out once
+    reconnected.
+    """
+    original = getattr(nc, "_send_ping", None)
+    if original is None or getattr(original, _MARK, False) or not hasattr(nc, "_pending"):
+        return
+
+    async def send_ping(future: Any = None) -> None:
+        transport = nc._transport
+        if nc._pending and transport is not None and nc.is_connected:
+            transport.writelines(nc._pending[:])
+            nc._pending = []
+            nc._pending_data_size = 0
+        await original(future)
+
+    setattr(send_ping, _MARK, True)
+    nc._send_ping = send_ping
+
+
+def _safe_decoding(nc: Any) -> None:
     original = getattr(nc, "_process_msg", None)
     if original is None or getattr(original, _MARK, False):
         return

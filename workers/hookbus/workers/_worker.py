@@ -294,6 +294,7 @@ class HookWorker:
         if not self._specs:
             raise ValueError("this worker has no handlers")
         nc_ = self._nc
+        harden_connection(nc_)  # before subscribing: the flushes below must follow the SUBs
         self._stopped = asyncio.Event()
         self._set_handler_set()
         for spec in self._specs.values():

@@ -1,0 +1,109 @@
+"""A flush means "the server has everything sent before it", on every connection hookbus uses.
+
+nats-py (2.16) writes a flush's PING straight to the socket while the commands queued
+before it (``SUB``, ``PUB``) wait for its flusher task, so the PING can reach the server
+first: the flush returns before the server has the subscription, and a request from another
+connection in that moment is answered "no responders" (or a published event is lost). A
+proxy holds the ``SUB`` back, as a server slow to read one connection does, to show it
+every time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import nats
+import pytest
+from _proxy import NatsProxy
+from conftest import connections
+from nats.aio.client import Client as NATS
+
+from hookbus.dispatcher import DispatcherService, HookDispatcher
+from hookbus.schemas import (
+    EmitReply,
+    HookEvent,
+    HookPart,
+    decode,
+    emit_service_subject,
+    encode,
+    suspension_event_subject,
+)
+from hookbus.schemas._nats_guard import harden_connection
+
+pytestmark = pytest.mark.anyio
+
+Connect = Callable[..., Awaitable[NATS]]
+
+LATE_S = 0.5
+"""Seconds the proxy holds a subscription back."""
+
+
+@pytest.fixture
+async def proxy(nats_url: str) -> AsyncIterator[NatsProxy]:
+    async with NatsProxy(nats_url.split(",")[0]) as p:
+        yield p
+
+
+@pytest.fixture
+async def proxied(proxy: NatsProxy) -> AsyncIterator[Connect]:
+    """Connections through the proxy, closed at the end."""
+    async with connections(proxy.url) as make:
+        yield make
+
+
+async def test_a_hardened_connections_flush_follows_its_subscriptions_on_the_wire(
+    proxy: NatsProxy, proxied: Connect
+) -> None:
+    nc = await proxied()
+    harden_connection(nc)
+    subject = f"order.{uuid.uuid4().hex}"
+    await nc.subscribe(subject)
+    await nc.flush()
+    ops = [op.split()[0] + b" " + op.split()[1] if op.startswith(b"SUB") else op.strip()
+           for op in proxy.client_ops]  # fmt: skip
+    sub_at = ops.index(b"SUB " + subject.encode())
+    assert b"PING" in ops[sub_at:], f"the flush's PING went before the SUB: {ops}"
+
+
+async def test_a_dispatcher_service_serves_the_first_request_after_start(
+    proxy: NatsProxy, proxied: Connect, nc: NATS, event: str
+) -> None:
+    service_nc = await proxied()
+    d = HookDispatcher(service_nc)
+    service = DispatcherService(d, service_nc)
+    proxy.hold_next_client_op(b"SUB hookbus.v1.emit.", LATE_S)
+    await service.start()
+    try:
+        msg = await nc.request(emit_service_subject(event, "agent-1"), b"{}", timeout=5)
+        reply = decode(msg.data, EmitReply)
+        assert reply.error is None and reply.result is not None
+        assert reply.result.action == "continue"
+    except nats.errors.NoRespondersError:
+        pytest.fail("start returned before the server had the service's subscriptions")
+    finally:
+        await service.stop(grace_s=1)
+
+
+async def test_a_suspension_event_stream_hears_an_event_sent_right_after_it_opens(
+    proxy: NatsProxy, proxied: Connect, nc: NATS
+) -> None:
+    approver = HookDispatcher(await proxied(), approvals=False)
+    await approver.start()
+    try:
+        proxy.hold_next_client_op(b"SUB hookbus.v1.suspension.", LATE_S)
+        stream = await approver.hook_events()
+        label = f"first {uuid.uuid4().hex}"
+        await nc.publish(
+            suspension_event_subject(label, "pending"),
+            encode(HookEvent(hook=HookPart(hook_id="-", label=label, status="pending"))),
+        )
+        try:
+            got = await asyncio.wait_for(stream.__anext__(), LATE_S * 6)
+        except TimeoutError:
+            pytest.fail("the event sent right after hook_events() returned was lost")
+        assert got.hook.label == label
+        await stream.aclose()
+    finally:
+        await approver.close()
