@@ -36,6 +36,7 @@ import nats
 from nats.aio.client import Client as NATS
 
 from hookbus.cli import find_nats_server
+from hookbus.schemas._nats_guard import order_flushes
 
 __all__ = ["Cluster", "Node", "free_ports"]
 
@@ -281,7 +282,9 @@ class Cluster:
             "connect_timeout": 2,
         }
         options.update(kwargs)
-        return await nats.connect(**options)
+        conn = await nats.connect(**options)
+        order_flushes(conn)  # a test's own "flush, then it is on the server" holds
+        return conn
 
     def __enter__(self) -> Cluster:
         return self.start()

@@ -21,6 +21,7 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from hookbus.cli import EmbeddedNatsServer
+from hookbus.schemas._nats_guard import order_flushes
 
 
 def _docker_answers() -> bool:
@@ -64,21 +65,25 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 async def nc(nats_url: str) -> AsyncIterator[NATS]:
-    """A connection for the test; closed (not drained) at the end."""
+    """A connection for the test (its flushes ordered); closed (not drained) at the end."""
     conn = await nats.connect(nats_url, max_reconnect_attempts=2, connect_timeout=5)
+    order_flushes(conn)
     yield conn
     with contextlib.suppress(Exception):
         await conn.close()
 
 
 @contextlib.asynccontextmanager
-async def connections(url: str, **defaults: Any) -> AsyncIterator[Any]:
+async def connections(url: str, *, ordered: bool = True, **defaults: Any) -> AsyncIterator[Any]:
     """A factory of connections to `url` (``await make(**options)``; `defaults` first),
-    every one closed on exit."""
+    every one closed on exit. `ordered`: their flushes follow what was sent before them
+    (`order_flushes`), so a test's own "flush, then it is on the server" holds."""
     conns: list[NATS] = []
 
     async def make(**kwargs: Any) -> NATS:
         conn = await nats.connect(url, **{**defaults, **kwargs})
+        if ordered:
+            order_flushes(conn)
         conns.append(conn)
         return conn
 

@@ -43,6 +43,7 @@ from hookbus.integrations.claude_code import (
     http_reply,
 )
 from hookbus.schemas import DISPATCHER_QUEUE_GROUP, EMIT_SERVICE_WILDCARD, HookResult
+from hookbus.schemas._nats_guard import order_flushes
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "claude_code"
 HOOKBUS = str(Path(sys.executable).with_name("hookbus"))
@@ -479,6 +480,7 @@ async def test_a_dispatcher_that_never_replies_is_cut_by_the_hook_timeout() -> N
     times out after --timeout + 1.5 s and the fallback answers."""
     with EmbeddedNatsServer() as server:
         nc = await nats.connect(server.url)
+        order_flushes(nc)  # the flush below means "subscribed on the server"
         try:
             await nc.subscribe(EMIT_SERVICE_WILDCARD, queue=DISPATCHER_QUEUE_GROUP)
             await nc.flush()

@@ -30,6 +30,7 @@ from hookbus.schemas import (
     encode_token,
     suspensions_bucket_config,
 )
+from hookbus.schemas._nats_guard import order_flushes
 from hookbus.workers import HookWorker
 
 pytestmark = [pytest.mark.anyio, pytest.mark.faults]
@@ -67,6 +68,8 @@ async def test_drain_aborts_an_approval_wait_and_a_retry_resumes_it(embedded_ser
     prompt) and gets the human's answer."""
     url = embedded_server.url
     conns = [await nats.connect(url) for _ in range(4)]
+    for conn in conns:
+        order_flushes(conn)  # a flush below means "it is on the server"
     wnc, snc, agent, approver = conns
     try:
         w = HookWorker(wnc)
@@ -101,6 +104,7 @@ async def test_drain_aborts_an_approval_wait_and_a_retry_resumes_it(embedded_ser
             assert (reply.error.code, reply.error.retryable) == ("unavailable", True)
 
             other = await nats.connect(url)
+            order_flushes(other)
             conns.append(other)
             d2 = HookDispatcher(other, strict_events=True)
             service2 = DispatcherService(d2, other)

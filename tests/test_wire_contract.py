@@ -45,6 +45,7 @@ from hookbus.schemas import (
     encode_token,
 )
 from hookbus.schemas._contract import attribute_docs
+from hookbus.schemas._nats_guard import order_flushes
 
 NODE_DIR = Path(__file__).resolve().parent / "node"
 SCRIPT = NODE_DIR / "contract.cjs"
@@ -437,6 +438,7 @@ async def _run_fleet(url: str, workdir: Path, recording: Recording) -> dict[str,
     """A worker, a dispatcher service with the audit trail, an agent in plain NATS requests,
     an approver and the CLI, on a fresh server; returns what the agent got."""
     spy = await nats.connect(url)
+    order_flushes(spy)  # its flushes below mean "subscribed" and "all heard"
     await spy.subscribe(">", cb=recording.on_msg)
     await spy.flush()
     agent = await nats.connect(url)

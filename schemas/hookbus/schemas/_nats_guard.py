@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-__all__ = ["harden_connection"]
+__all__ = ["harden_connection", "order_flushes"]
 
 log = logging.getLogger("hookbus")
 
@@ -42,12 +42,14 @@ def harden_connection(nc: Any) -> None:
     """Make `nc` (a nats-py client) survive invalid UTF-8 in subjects and status lines, and
     make its flushes ordered after the commands sent before them (idempotent; a client
     without the expected private entry points is left as it is)."""
-    _order_pings(nc)
+    order_flushes(nc)
     _safe_decoding(nc)
 
 
-def _order_pings(nc: Any) -> None:
-    """Write the commands queued for the flusher task before each ``PING``.
+def order_flushes(nc: Any) -> None:
+    """Make `nc` (a nats-py client) write the commands queued for its flusher task before
+    each ``PING``, so a flush returns only once the server has everything sent before it
+    (idempotent; a client without the expected private entry points is left as it is).
 
     The flusher takes and clears the whole queue in one step, so writing the rest here keeps
     the byte order the commands were queued in; nats-py does the same when its flusher is
