@@ -208,11 +208,14 @@ def traced_call(
     inside its ``handler <name>`` span.
     """
 
+    # A plain function handing back the call's awaitable, not a coroutine awaiting it:
+    # with telemetry off this wrapper then costs no coroutine frame of its own (a few
+    # tenths of a microsecond per in-process handler). Callers await the result at once.
     @functools.wraps(fn)
-    async def call(self: Any, route: Route, ctx: Any, data: dict[str, Any]) -> Outcome:
+    def call(self: Any, route: Route, ctx: Any, data: dict[str, Any]) -> Awaitable[Outcome]:
         if not otel.on:  # as of this emit's sync
-            return await fn(self, route, ctx, data)
-        return await _observed_call(fn, self, route, ctx, data)
+            return fn(self, route, ctx, data)
+        return _observed_call(fn, self, route, ctx, data)
 
     return call
 
