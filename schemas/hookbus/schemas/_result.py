@@ -53,6 +53,10 @@ def _plainly_valid(r: HookResult) -> bool:
         r.action in _ACTIONS
         and (r.data is None or type(r.data) is dict)
         and (r.reason is None or type(r.reason) is str)
-        and all(type(i) is ContextInjection for i in r.context_injections)
+        # most results inject nothing: no generator for an empty list
+        and (
+            not r.context_injections
+            or all(type(i) is ContextInjection for i in r.context_injections)
+        )
         and (r.context_injection is None or type(r.context_injection) is str)
     )
