@@ -46,6 +46,7 @@ from hookbus.schemas import (
     is_answer_key,
     label_from_key,
 )
+from hookbus.schemas._nats_guard import harden_connection
 
 from ._views import approval_item, decision_item, grant_item
 
@@ -153,6 +154,7 @@ class Feed:
             nats.js.errors.Error: a bucket is missing or may not be read (start the
                 dispatcher, which creates them, first).
         """
+        harden_connection(self._nc)  # the flush below must follow the subscription
         await self._suspensions.open()
         await self._grants.open()
         self._decisions = await self._nc.subscribe(DECISIONS_WILDCARD, cb=self._on_decision)
