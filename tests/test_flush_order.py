@@ -21,10 +21,13 @@ from conftest import connections
 from nats.aio.client import Client as NATS
 
 from hookbus.dispatcher import DispatcherService, HookDispatcher
+from hookbus.integrations.console import Feed
 from hookbus.schemas import (
+    DecisionRecord,
     EmitReply,
     HookEvent,
     HookPart,
+    decisions_subject,
     decode,
     emit_service_subject,
     encode,
@@ -107,3 +110,27 @@ async def test_a_suspension_event_stream_hears_an_event_sent_right_after_it_open
         await stream.aclose()
     finally:
         await approver.close()
+
+
+async def test_the_consoles_feed_hears_a_decision_recorded_right_after_it_starts(
+    proxy: NatsProxy, proxied: Connect, nc: NATS
+) -> None:
+    async with HookDispatcher(nc, audit=True):  # creates the buckets the feed watches
+        feed = Feed(await proxied())
+        listener = feed.listen()
+        proxy.hold_next_client_op(b"SUB hookbus.v1.decisions.", LATE_S)
+        await feed.start()
+        try:
+            emit_id = uuid.uuid4().hex
+            record = DecisionRecord(
+                id=uuid.uuid4().hex, event="tool:pre", action="deny", time=0.0,
+                time_iso="1970-01-01T00:00:00+00:00", emit_id=emit_id, handlers=["guard"],
+            )  # fmt: skip
+            await nc.publish(decisions_subject("agent-1"), encode(record))
+            while (got := await listener.get(LATE_S * 6)) is not None:
+                if got[0] == "decision" and emit_id in str(got[1]):
+                    break
+            else:
+                pytest.fail("the decision recorded right after the feed started was lost")
+        finally:
+            await feed.close()
