@@ -9,6 +9,7 @@ itself.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -58,6 +59,26 @@ log = logging.getLogger("hookbus.dispatcher")
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
+
+_ID_BATCH = 64
+_ids: collections.deque[str] = collections.deque()
+"""Emit ids drawn from one `os.urandom` read per `_ID_BATCH` (the read is a system call: a
+few microseconds of an emit under load, against a deque pop)."""
+os.register_at_fork(after_in_child=_ids.clear)  # a child never reuses its parent's ids
+
+
+def _new_id() -> str:
+    """32 random hex digits (128 bits from `os.urandom`, like ``uuid4().hex``), unique.
+
+    Safe across threads (a deque's popleft is atomic; refills add fresh ids only) and
+    across a fork (the child's pool starts empty).
+    """
+    try:
+        return _ids.popleft()
+    except IndexError:
+        digits = os.urandom(16 * _ID_BATCH).hex()
+        _ids.extend(digits[i : i + 32] for i in range(32, len(digits), 32))
+        return digits[:32]
 
 
 class EmitContext:
@@ -111,7 +132,7 @@ class EmitContext:
     def id(self) -> str:
         """The emit's id, made on first use: an in-process-only emit never needs one."""
         if not self._id:
-            self._id = os.urandom(16).hex()  # 32 hex digits, like uuid4().hex, cheaper
+            self._id = _new_id()
         return self._id
 
     def handler_copy(self, data: dict[str, Any]) -> dict[str, Any]:
