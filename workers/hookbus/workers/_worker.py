@@ -550,10 +550,10 @@ class HookWorker:
         """Run one handler within `timeout_s` seconds; its result or the error, as a reply."""
         decl = spec.declaration
         try:
-            async with asyncio.timeout(timeout_s):  # cheaper than anyio's on this path
-                if spec.is_async:
-                    raw = await spec.fn(event, data)
-                else:
+            if spec.is_async:
+                raw = await _run_async(spec.fn(event, data), timeout_s)
+            else:
+                async with asyncio.timeout(timeout_s):  # cheaper than anyio's on this path
                     raw = await anyio.to_thread.run_sync(
                         spec.fn, event, data, abandon_on_cancel=True
                     )
@@ -739,6 +739,61 @@ class HookWorker:
                 )
             )
         await self._nc.publish(msg.reply, payload)
+
+
+async def _run_async(coro: Any, timeout_s: float) -> Any:
+    """Await an async handler's coroutine within `timeout_s` seconds, as
+    ``async with asyncio.timeout(timeout_s): return await coro`` does, without a timer for
+    a handler that returns before its first suspension.
+
+    Why that is safe: asyncio's timeout acts only through its timer's callback, which the
+    event loop runs only once the task suspends; a coroutine that returns (or raises)
+    without suspending is never cut by it, so running its first step before any timer
+    is armed changes nothing. A coroutine that does suspend gets its timer at the
+    deadline counted from before that first step, and the rest of it is awaited under it.
+    Raises what the handler raises; `TimeoutError` past the deadline.
+    """
+    if not inspect.iscoroutine(coro):  # another awaitable: no first step to take here
+        async with asyncio.timeout(timeout_s):
+            return await coro
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    try:
+        suspended_on = coro.send(None)
+    except StopIteration as done:
+        return done.value
+    async with asyncio.timeout_at(deadline):
+        return await _Resumed(coro, suspended_on)
+
+
+class _Resumed:
+    """Awaitable: the rest of a coroutine whose first step was taken with ``send(None)``
+    and suspended on `first`; awaiting it continues the coroutine as ``await coro`` would
+    have (values, exceptions, cancellation and close passed through)."""
+
+    __slots__ = ("_coro", "_first")
+
+    def __init__(self, coro: Any, first: Any) -> None:
+        self._coro = coro
+        self._first = first
+
+    def __await__(self) -> Any:
+        coro, value = self._coro, self._first
+        while True:
+            try:
+                sent = yield value
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:
+                try:
+                    value = coro.throw(exc)
+                except StopIteration as done:
+                    return done.value
+            else:
+                try:
+                    value = coro.send(sent)
+                except StopIteration as done:
+                    return done.value
 
 
 class _Addressees(msgspec.Struct):
