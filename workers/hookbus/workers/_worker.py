@@ -515,11 +515,12 @@ class HookWorker:
         return await self._invoke(spec, envelope.event, envelope.data, timeout_s, envelope.id)
 
     def _read_request(
-        self, name: str, msg: Msg
+        self, name: str, msg: Msg, decoded: EventEnvelope | None = None
     ) -> tuple[EventEnvelope, None] | tuple[None, HookReply]:
-        """The request's envelope, or the error reply that refuses it (`name` answers)."""
+        """The request's envelope, or the error reply that refuses it (`name` answers).
+        `decoded`: its envelope if already decoded from ``msg.data`` (None: decode it)."""
         try:
-            envelope = decode(msg.data, EventEnvelope)
+            envelope = decoded if decoded is not None else decode(msg.data, EventEnvelope)
         except WireFormatError as exc:
             self._bad_requests.warn("bad request on %s: %.200s", msg.subject, exc)
             return None, HookReply(
@@ -600,7 +601,11 @@ class HookWorker:
         # a chain takes one slot of max_concurrency per handler it may run at once (its
         # widest sequence of parallel steps), so the bound still counts running handlers
         name = self.handler_set_id
-        width = _chain_width(msg.data)
+        try:  # decoded once, here: its steps give its width, and the chain runs on it
+            envelope: EventEnvelope | None = decode(msg.data, EventEnvelope)
+        except WireFormatError:
+            envelope = None  # admitted as one step, then answered bad_request by _run_chain
+        width = _chain_width(envelope)
         if self._state in ("draining", "stopped"):
             await self._refuse_as(name, msg, "unavailable", "the worker is shutting down")
         elif width > self.max_concurrency:  # never servable here: call them one by one
@@ -614,16 +619,16 @@ class HookWorker:
             await self._refuse_as(name, msg, "busy", f"over max_concurrency={self.max_concurrency}")
         else:
             self._inflight += width
-            task = asyncio.create_task(self._serve_chain(msg, width))
+            task = asyncio.create_task(self._serve_chain(msg, envelope, width))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _serve_chain(self, msg: Msg, width: int) -> None:
+    async def _serve_chain(self, msg: Msg, envelope: EventEnvelope | None, width: int) -> None:
         name = self.handler_set_id
         replies: list[HookReply] = []
         running: list[str] = []
         try:
-            reply = await self._run_chain(msg, replies, running)
+            reply = await self._run_chain(msg, envelope, replies, running)
             await self._respond(msg, reply)
         except asyncio.CancelledError:  # shutdown's grace ran out: what ran, and what was cut
             error = WireError(code="unavailable", message="the worker shut down while it ran")
@@ -640,13 +645,20 @@ class HookWorker:
             self.handled += max(1, len(replies))
             self._inflight -= width
 
-    async def _run_chain(self, msg: Msg, replies: list[HookReply], running: list[str]) -> HookReply:
+    async def _run_chain(
+        self,
+        msg: Msg,
+        decoded: EventEnvelope | None,
+        replies: list[HookReply],
+        running: list[str],
+    ) -> HookReply:
         """Run the steps of a chain request in order, appending each step's reply to
         `replies` (and naming the steps running now in `running`); stop after a step that
-        ends the fold (see `ChainStep`)."""
+        ends the fold (see `ChainStep`). `decoded`: the request's envelope (None: it could
+        not be decoded)."""
         received = time.monotonic()
         name = self.handler_set_id
-        envelope, refusal = self._read_request(name, msg)
+        envelope, refusal = self._read_request(name, msg, decoded)
         if envelope is None:
             assert refusal is not None
             return refusal
@@ -816,22 +828,10 @@ def _addressed_to(name: str, payload: bytes) -> bool:
     return handlers is None or name in handlers
 
 
-class _ChainShape(msgspec.Struct):
-    """The steps of a chain request, read before it is admitted (the rest skipped)."""
-
-    chain: list[ChainStep] | None = None
-
-
-_chain_shape = msgspec.json.Decoder(_ChainShape)
-
-
-def _chain_width(payload: bytes) -> int:
+def _chain_width(envelope: EventEnvelope | None) -> int:
     """The most handlers a chain request may run at once: its widest sequence of adjacent
     parallel steps (1 for a sequential chain, or a request that cannot be read)."""
-    try:
-        steps = _chain_shape.decode(payload).chain or []
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-        return 1
+    steps = (envelope.chain if envelope is not None else None) or []
     widest = run = 0
     for step in steps:
         run = run + 1 if step.parallel else 0
