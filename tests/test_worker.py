@@ -408,3 +408,41 @@ async def test_overload_is_refused_quickly_and_capacity_still_served(connect, ev
         f" (capacity {capacity / work_s:.0f}/s, goodput {len(served) / elapsed:.0f}/s),"
         f" {len(refused)} refused, slowest refusal {max((t for _, t in refused), default=0):.3f}s"
     )
+
+
+async def test_handlers_that_suspend_many_times_run_to_their_result_or_their_timeout(
+    connect, event
+):
+    """An async handler is awaited as written: one that suspends again and again returns
+    its result (in a chain of this worker's handlers too), and one that never finishes is
+    cut at its own timeout by the worker (its reply says so), with its cleanup run."""
+    w = HookWorker(await connect())
+    cleaned: list[str] = []
+
+    @w.handler(event, priority=1)
+    async def stepper(ev: str, data: dict[str, Any]) -> HookResult:
+        for i in range(5):
+            await asyncio.sleep(0.001)
+            await asyncio.sleep(0)
+            data = {**data, "steps": i + 1}
+        return HookResult(action="modify", data=data)
+
+    @w.handler(event, priority=2, timeout_s=0.3)
+    async def looper(ev: str, data: dict[str, Any]) -> HookResult:
+        try:
+            while True:  # noqa: ASYNC110 - suspends on nothing to cancel: the cut is thrown in
+                await asyncio.sleep(0)
+        finally:
+            cleaned.append(ev)
+
+    await w.start()
+    try:
+        async with HookDispatcher(await connect()) as d:
+            r = await d.emit(event, {"n": 1})
+    finally:
+        await w.shutdown()
+    assert r.data is not None and (r.data["n"], r.data["steps"]) == (1, 5)
+    [failure] = r.failures
+    assert (failure.handler, failure.kind) == ("looper", "timeout")
+    assert "ran past" in failure.message  # the worker's own cut, not the dispatcher's wait
+    assert cleaned == [event]
