@@ -239,6 +239,24 @@ async def test_bucket_replicas_reach_jetstream(embedded_server):
     assert "Traceback" not in text
 
 
+def _thread_states(pid: int) -> list[str]:
+    """The kernel's state letter of every thread of process `pid` (``T``: stopped)."""
+    task_dir = f"/proc/{pid}/task"
+    states = []
+    for tid in os.listdir(task_dir):
+        with open(f"{task_dir}/{tid}/stat") as f:
+            states.append(f.read().rsplit(")", 1)[1].split()[0])
+    return states
+
+
+async def _until_stopped(pid: int, timeout_s: float = 10.0) -> None:
+    """Wait until every thread of `pid` is stopped (a SIGSTOP takes effect per thread, as
+    each one next leaves the kernel)."""
+    with anyio.fail_after(timeout_s):
+        while set(_thread_states(pid)) != {"T"}:  # noqa: ASYNC110 - polls /proc: no event
+            await asyncio.sleep(0.01)
+
+
 async def test_kv_retry_rides_out_a_paused_server():
     """A KV read while the server is paused (SIGSTOP, as during a leader election or a
     long GC) succeeds once it is back, within the deadline; past the deadline it fails
@@ -254,6 +272,7 @@ async def test_kv_retry_rides_out_a_paused_server():
             pid = server._proc.pid  # type: ignore[union-attr]  # the test pauses the process
             os.kill(pid, signal.SIGSTOP)
             try:
+                await _until_stopped(pid)
                 with pytest.raises(HookbusTimeoutError) as info:
                     await kv_retry(lambda: kv.get(key), deadline_s=1.0, what="read")
                 assert isinstance(info.value, TimeoutError)
