@@ -29,6 +29,7 @@ from pathlib import Path
 
 import anyio
 import nats
+from _procs import children_of
 from _readme_blocks import Block, Command
 
 HOOKBUS = str(Path(sys.executable).with_name("hookbus"))
@@ -129,26 +130,6 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NATS_", "HOOKBUS_"))}
     env.update(extra)
     return env
-
-
-def children_of(pid: int) -> list[int]:
-    """The pids of the processes `pid` started (Linux /proc)."""
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            found += [int(p) for p in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return found
-
-
-def alive(pid: int) -> bool:
-    """Whether `pid` is a process that has not exited (zombies count as gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 class Shell:

@@ -25,6 +25,7 @@ from typing import Any
 
 import anyio
 import pytest
+from _procs import alive, descendants
 
 from hookbus.schemas import HookResult
 from hookbus.workers import HookWorker
@@ -143,29 +144,6 @@ def running(tmp_path: Path) -> Iterator[Any]:
     yield start
     for r in started:
         r.kill()
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid`, from /proc/<pid>/task/*/children."""
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        current = todo.pop()
-        for task in Path(f"/proc/{current}/task").glob("*"):
-            with contextlib.suppress(OSError):
-                kids = [int(k) for k in (task / "children").read_text().split()]
-                found += kids
-                todo += kids
-    return found
-
-
-def alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie waiting to be reaped has ended)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def port_free(port: int) -> bool:

@@ -32,8 +32,9 @@ from _browser import (  # noqa: F401 (the fixtures browser, chromium, page)
     screenshot_folder,
     sign_in,
 )
+from _procs import alive
 from _readme_blocks import Block, Command, blocks, commands, free_names, inline_code
-from _readme_run import HOOKBUS, NOT_RUN, Job, Result, Shell, Snippet, alive, run_python
+from _readme_run import HOOKBUS, NOT_RUN, Job, Result, Shell, Snippet, run_python
 from playwright.async_api import Page, expect
 
 from hookbus.cli import EmbeddedNatsServer

@@ -17,6 +17,7 @@ import anyio
 import nats
 import nats.js.errors
 import pytest
+from _procs import thread_states
 
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import DispatcherService, HookDispatcher
@@ -239,21 +240,11 @@ async def test_bucket_replicas_reach_jetstream(embedded_server):
     assert "Traceback" not in text
 
 
-def _thread_states(pid: int) -> list[str]:
-    """The kernel's state letter of every thread of process `pid` (``T``: stopped)."""
-    task_dir = f"/proc/{pid}/task"
-    states = []
-    for tid in os.listdir(task_dir):
-        with open(f"{task_dir}/{tid}/stat") as f:
-            states.append(f.read().rsplit(")", 1)[1].split()[0])
-    return states
-
-
 async def _until_stopped(pid: int, timeout_s: float = 10.0) -> None:
     """Wait until every thread of `pid` is stopped (a SIGSTOP takes effect per thread, as
     each one next leaves the kernel)."""
     with anyio.fail_after(timeout_s):
-        while set(_thread_states(pid)) != {"T"}:  # noqa: ASYNC110 - polls /proc: no event
+        while set(thread_states(pid)) != {"T"}:  # noqa: ASYNC110 - polls /proc: no event
             await asyncio.sleep(0.01)
 
 
