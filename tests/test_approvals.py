@@ -214,7 +214,7 @@ async def test_ask_user_from_a_remote_handler_waits_for_the_answer_and_allows(
 async def test_a_local_handler_deny_choice_denies(
     agent: Agent, approver: Approver, event: str
 ) -> None:
-    agent.d.register(event, asker(approval_options=["Yes", "No"]))
+    agent.d.register(event, asker(approval_options=["Yes", "No"], approval_allow_options=["Yes"]))
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "write_file"})
         part = await approver.pending(agent.session)

@@ -343,7 +343,7 @@ async def asking_worker(nc: Any) -> Any:
         called.set()
         return HookResult(
             action="ask_user", approval_prompt="Go?", approval_options=["Yes", "No"],
-            approval_timeout=120,
+            approval_allow_options=["Yes"], approval_timeout=120,
         )  # fmt: skip
 
     async with w:

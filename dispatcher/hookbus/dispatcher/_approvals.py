@@ -67,8 +67,11 @@ __all__ = [
     "ApprovalGrant",
     "Approvals",
     "Grants",
+    "allowing_options",
+    "allows",
     "approval_label",
     "is_allow",
+    "joined_decision",
 ]
 
 log = logging.getLogger("hookbus.dispatcher")
@@ -84,10 +87,31 @@ _MIN_READ_S = 0.5
 _TIMED_OUT = "timed out after "
 """How the cancel reason of an approval closed by its timeout starts."""
 
+NO_ALLOWING_OPTION = "offer no allowing answer"
+"""Words of the reason of a deny decided because none of a question's options allows."""
+
+CALLERS_DEADLINE = "the caller's deadline ended the wait before an answer"
+"""How the reason of a deny decided by the caller's deadline (not the approval's own
+timeout) starts; the approval stays pending."""
+
 
 def is_allow(choice: str) -> bool:
-    """Whether an approval choice allows the call ("Allow", "Allow once", "Allow always")."""
+    """Whether an approval choice allows the call by the default rule: it starts with
+    "allow", any case ("Allow", "Allow once", "Allow always"). A handler's
+    `HookResult.approval_allow_options` replaces this rule for its question."""
     return choice.strip().lower().startswith("allow")
+
+
+def allows(choice: str, allow_options: list[str] | None) -> bool:
+    """Whether `choice` allows the call: it is one of `allow_options` (exact text), or,
+    when those are None, it passes `is_allow`."""
+    return is_allow(choice) if allow_options is None else choice in allow_options
+
+
+def allowing_options(options: list[str], allow_options: list[str] | None) -> list[str]:
+    """The offered `options` that allow (see `allows`), in their order; empty when no
+    answer could allow."""
+    return [o for o in options if allows(o, allow_options)]
 
 
 def _is_always(choice: str) -> bool:
@@ -256,96 +280,153 @@ class Approvals:
         kv = await open_bucket(nc, approvals_bucket_config(replicas=replicas))
         return cls(suspensions, kv)
 
-    async def decide(self, event: str, result: HookResult, *, call_id: str) -> HookResult:
+    async def decide(
+        self, event: str, result: HookResult, *, call_id: str, wait_s: float | None = None
+    ) -> HookResult:
         """Ask, wait, and fold the answer into `result`: continue or deny.
 
         Args:
             event: the emitted event.
-            result: the folded ``ask_user`` result (``decided_by`` is the asking handler).
+            result: one folded ``ask_user`` result (``decided_by`` is the asking handler).
             call_id: the call's id: the caller's idempotency key, else the emit's own id.
+            wait_s: seconds the caller still waits (its deadline), None: no deadline. When it
+                ends the wait before the approval's own timeout, the call is denied and the
+                approval stays pending; it never applies `approval_default`.
         Returns:
             `result` with ``action`` continue or deny and the ``reason``: a grant, the
-            human's choice, the timeout's `approval_default`, or a cancel (deny).
+            human's choice, the timeout's `approval_default`, a cancel (deny), options that
+            offer no allowing answer (deny, nobody asked) or the caller's deadline (deny).
         Raises:
             SuspensionAbortedError: the wait was aborted (a draining dispatcher); the approval
                 stays pending and a retry with the same call id resumes it.
             HookbusError: the suspension store failed (e.g. `HookbusTimeoutError`: JetStream
                 stayed unavailable); a grant store failure only means the human is asked.
         """
-        data = _call_data(result)
-        handler = result.decided_by or "?"
-        tool = _text(data.get("tool_name"))
-        session, agent = _text(data.get("session_id")), _text(data.get("agent_id"))
-        store = self._suspensions.for_agent(agent)
-        timeout = _clamp(result.approval_timeout)
-        result = msgspec.structs.replace(result, approval_timeout=timeout)
         started = time.monotonic()
-        if session is not None:
-            budget = self._grant_read_s if timeout is None else min(self._grant_read_s, timeout)
-            try:
-                grant = await self.grants.find(
-                    agent, session, event, handler, tool, budget_s=max(budget, _MIN_READ_S)
-                )
-            except (HookbusError, nats.errors.Error, nats.js.errors.Error) as exc:
-                # unavailable or refused: ask the human, never allow by accident
-                log.warning("grant read failed (%s); asking instead", exc)
-                grant = None
-            if grant is not None:
-                return self._answer(
-                    result, allow=True,
-                    reason=f"allowed always for {tool or 'this call'} in session {session}"
-                    f" (granted by {grant.label or 'an earlier approval'})",
-                )  # fmt: skip
+        handler = result.decided_by or "?"
+        result = msgspec.structs.replace(result, approval_timeout=_clamp(result.approval_timeout))
         options = list(result.approval_options or APPROVAL_DEFAULT_OPTIONS)
+        allowing = allowing_options(options, result.approval_allow_options)
+        if not allowing:
+            return self._no_allowing_option(event, result, handler, options)
+        budget = min(
+            x for x in (self._grant_read_s, result.approval_timeout, wait_s) if x is not None
+        )
+        granted = await self._granted(event, result, handler, budget_s=max(budget, _MIN_READ_S))
+        if granted is not None:
+            return granted
+        data = _call_data(result)
+        store = self._suspensions.for_agent(_text(data.get("agent_id")))
         label = approval_label(event, data, handler, call_id=call_id)
         got = await store.get(label)  # a retry of this call finds its approval
         if got is not None:
             decided = await self._from_record(result, got[0], options, store)
             if decided is not None:
                 return decided
-        remaining = None
-        if timeout is not None:
-            remaining = max(0.0, timeout - (time.monotonic() - started))
-            if got is not None:  # a retry does not extend the approval it resumes
-                remaining = min(remaining, max(0.0, got[0].created_at + timeout - time.time()))
-        metadata = {
-            "kind": "approval",
-            "prompt": result.approval_prompt or f"Allow {tool or 'this call'} ({event})?",
-            "options": options,
-            "timeout_s": timeout,
-            "default": result.approval_default,
-            "handler": handler,
-            "event": event,
-            "tool_name": tool,
-            "session_id": session,
-            "agent_id": agent,
-            **_shown_data(data),
-        }
-        schema = {
-            "type": "object",
-            "properties": {"choice": {"enum": options}},
-            "required": ["choice"],
-        }
+        remaining = _approval_left(result.approval_timeout, started, got[0] if got else None)
+        caller_left = None if wait_s is None else max(0.0, wait_s - (time.monotonic() - started))
+        cut = caller_left is not None and (remaining is None or caller_left < remaining)
+        metadata = _metadata(event, result, handler, options, allowing)
         try:
-            answer = await store.hook(
-                label,
-                payload=ApprovalAnswer,
-                metadata=metadata,
-                timeout_s=remaining,
-                schema=schema,
-                shared=True,  # a retried call (same call id) takes over the same approval
-                kind="approval",
-                span_attributes={
-                    tn.HANDLER: handler,
-                    tn.GEN_AI_TOOL_NAME: tool or "",
-                    tn.GEN_AI_CONVERSATION_ID: session or "",
-                },
-            )
+            answer = await self._wait(store, label, metadata, caller_left if cut else remaining)
         except SuspensionTimeoutError:
+            if cut:
+                return await self._callers_deadline(result, label, options, store)
             return await self._timed_out(result, label, options, store)
         except SuspensionCancelledError as exc:
             return self._cancelled(result, exc.reason)
         return await self._answered(result, answer, options, store, label)
+
+    def _no_allowing_option(
+        self, event: str, result: HookResult, handler: str, options: list[str]
+    ) -> HookResult:
+        """The deny of a question none of whose `options` allows (nobody is asked: every
+        answer would deny, and a human's refusal must not be made up); logged as a warning."""
+        allow_options = result.approval_allow_options
+        rule = (
+            "none starts with 'allow' and no approval_allow_options were given"
+            if allow_options is None
+            else f"none is in approval_allow_options {allow_options}"
+        )
+        log.warning(
+            "handler %r asked about %r with options %s, which %s (%s): denied without asking",
+            handler, event, options, NO_ALLOWING_OPTION, rule,
+        )  # fmt: skip
+        return self._answer(
+            result, allow=False,
+            reason=f"handler {handler!r} asked with options {options}, which"
+            f" {NO_ALLOWING_OPTION} ({rule}): denied without asking anyone",
+        )  # fmt: skip
+
+    async def _granted(
+        self, event: str, result: HookResult, handler: str, *, budget_s: float
+    ) -> HookResult | None:
+        """The allow of an "Allow always" grant for this handler's question, or None (no
+        session, no grant, or the grants bucket failed: then the human is asked)."""
+        data = _call_data(result)
+        tool = _text(data.get("tool_name"))
+        session, agent = _text(data.get("session_id")), _text(data.get("agent_id"))
+        if session is None:
+            return None
+        try:
+            grant = await self.grants.find(agent, session, event, handler, tool, budget_s=budget_s)
+        except (HookbusError, nats.errors.Error, nats.js.errors.Error) as exc:
+            # unavailable or refused: ask the human, never allow by accident
+            log.warning("grant read failed (%s); asking instead", exc)
+            return None
+        if grant is None:
+            return None
+        return self._answer(
+            result, allow=True,
+            reason=f"allowed always for {tool or 'this call'} in session {session}"
+            f" (granted by {grant.label or 'an earlier approval'})",
+        )  # fmt: skip
+
+    @staticmethod
+    async def _wait(
+        store: Suspensions, label: str, metadata: dict[str, Any], timeout_s: float | None
+    ) -> ApprovalAnswer:
+        """Create (or take over) the approval `label` and wait `timeout_s` seconds (None:
+        no limit) for its answer. Raises as `Suspensions.hook`."""
+        options = metadata["options"]
+        return await store.hook(
+            label,
+            payload=ApprovalAnswer,
+            metadata=metadata,
+            timeout_s=timeout_s,
+            schema={
+                "type": "object",
+                "properties": {"choice": {"enum": options}},
+                "required": ["choice"],
+            },
+            shared=True,  # a retried call (same call id) takes over the same approval
+            kind="approval",
+            span_attributes={
+                tn.HANDLER: metadata["handler"],
+                tn.GEN_AI_TOOL_NAME: metadata["tool_name"] or "",
+                tn.GEN_AI_CONVERSATION_ID: metadata["session_id"] or "",
+            },
+        )
+
+    async def _callers_deadline(
+        self, result: HookResult, label: str, options: list[str], store: Suspensions
+    ) -> HookResult:
+        """The caller's deadline ended the wait: an answer that landed meanwhile decides;
+        otherwise deny and leave the approval pending (never its default: the human was not
+        silent for the approval's time), so a retry of the call gets the answer."""
+        try:
+            got = await store.get(label)
+        except (HookbusError, nats.errors.Error, nats.js.errors.Error) as exc:
+            log.warning("approval %r could not be read at the caller's deadline (%s)", label, exc)
+            got = None
+        decided = None if got is None else await self._from_record(result, got[0], options, store)
+        if decided is not None:
+            return decided
+        return self._answer(
+            result, allow=False,
+            reason=f"{CALLERS_DEADLINE}; the approval stays pending: the same call retried"
+            " (same idempotency key) gets its answer",
+        )  # fmt: skip
 
     async def _timed_out(
         self, result: HookResult, label: str, options: list[str], store: Suspensions
@@ -411,7 +492,7 @@ class Approvals:
         if problem is not None:
             log.warning("approval %r: answer refused: %s", label, problem)
             return self._answer(result, allow=False, reason=f"answer refused: {problem}")
-        allow = is_allow(choice)
+        allow = allows(choice, result.approval_allow_options)
         reason = f"{answer.answered_by} chose {choice!r}"
         if allow and _is_always(choice) and _text(_call_data(result).get("session_id")) is None:
             reason += "; allowed this call only: the call has no session id to remember it for"
@@ -497,7 +578,7 @@ class Approvals:
 
         await kv_retry(prove, deadline_s=self._grant_read_s, what=f"writing {key[:80]}")
         await store.resolve_hook(label, msgspec.to_builtins(answer))
-        if is_allow(choice) and _is_always(choice):
+        if _record_allows(record, choice) and _is_always(choice):
             await self._grant(record, answer, agent_id, label)
         return answer
 
@@ -527,9 +608,88 @@ class Approvals:
         )
 
 
+def joined_decision(asks: list[HookResult], decisions: list[HookResult]) -> HookResult:
+    """One emit's decision from the decisions of its askers' questions.
+
+    Args:
+        asks: every ``ask_user`` of the emit, in priority order (`Fold.asks`).
+        decisions: the decisions of the first ``len(decisions)`` of them, asked one after
+            the other; the last is a deny or every ask was allowed.
+    Returns:
+        One asker: its decision. Several: amplifier-core's shape, the first ask's fields
+        (as amplifier-core returns the first ``ask_user``). A deny: ``decided_by`` the
+        handler whose question was refused, `reason` and ``approved_by`` of that refusal,
+        the first ask's own data (a deny keeps it). Every question allowed: continue with
+        the chained data, ``decided_by`` the first asker, the reasons as ``"<handler>:
+        <reason>"`` joined by ``"; "``, ``approved_by`` every approver who allowed one (in
+        order, once each, joined by ``", "``; None when grants allowed them all).
+    """
+    first, last = decisions[0], decisions[-1]
+    if len(asks) == 1 or (len(decisions) == 1 and last.action != "continue"):
+        return last
+    if last.action != "continue":
+        return msgspec.structs.replace(
+            first, action="deny", data=asks[0].data, reason=last.reason,
+            decided_by=last.decided_by, approved_by=last.approved_by, failures=last.failures,
+        )  # fmt: skip
+    approvers = list(dict.fromkeys(d.approved_by for d in decisions if d.approved_by))
+    return msgspec.structs.replace(
+        first,
+        reason="; ".join(f"{d.decided_by}: {d.reason}" for d in decisions),
+        approved_by=", ".join(approvers) or None,
+        failures=last.failures,
+    )
+
+
+def _approval_left(
+    timeout_s: float | None, started: float, record: SuspensionRecord | None
+) -> float | None:
+    """Seconds the approval still waits (None: no limit): `timeout_s` from `started` (a
+    `time.monotonic` reading), and no longer than a resumed `record`'s own timeout from its
+    creation (a retry does not extend the approval it resumes)."""
+    if timeout_s is None:
+        return None
+    left = max(0.0, timeout_s - (time.monotonic() - started))
+    if record is not None:
+        left = min(left, max(0.0, record.created_at + timeout_s - time.time()))
+    return left
+
+
+def _metadata(
+    event: str, result: HookResult, handler: str, options: list[str], allowing: list[str]
+) -> dict[str, Any]:
+    """The approval record's metadata (an `ApprovalMetadata`, every key written) for the
+    question `result` of `handler` (its ``approval_timeout`` already clamped)."""
+    data = _call_data(result)
+    tool = _text(data.get("tool_name"))
+    return {
+        "kind": "approval",
+        "prompt": result.approval_prompt or f"Allow {tool or 'this call'} ({event})?",
+        "options": options,
+        "allow_options": allowing,
+        "timeout_s": result.approval_timeout,
+        "default": result.approval_default,
+        "handler": handler,
+        "event": event,
+        "tool_name": tool,
+        "session_id": _text(data.get("session_id")),
+        "agent_id": _text(data.get("agent_id")),
+        **_shown_data(data),
+    }
+
+
 APPROVAL_DATA_MAX_BYTES = 16 * 1024
 """Largest call data an approval record carries whole (its JSON, bytes); larger data is
 shown as the start of its JSON text."""
+
+
+def _record_allows(record: SuspensionRecord, choice: str) -> bool:
+    """Whether `choice` allows by the approval record's ``allow_options`` (a record
+    written without them: the default rule, `is_allow`)."""
+    allowing = record.metadata.get("allow_options")
+    if isinstance(allowing, list):
+        return choice in allowing
+    return is_allow(choice)
 
 
 def _shown_data(data: dict[str, Any]) -> dict[str, Any]:

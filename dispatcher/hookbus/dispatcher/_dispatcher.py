@@ -35,7 +35,7 @@ from hookbus.schemas import (
     validate_name,
 )
 
-from ._approvals import ApprovalGrant, Approvals, Grants
+from ._approvals import ApprovalGrant, Approvals, Grants, joined_decision
 from ._audit import DecisionLog, current_trace_id
 from ._calls import Failed, Outcome, call_local, reply_outcome
 from ._fold import Fold
@@ -449,29 +449,44 @@ class HookDispatcher(StandardEvents):
             return denied
         result = fold.result()
         if result.action == "ask_user" and self._approvals is not None:
-            return await self._approve(event, result, ctx)
+            return await self._approve(event, fold.asks(), ctx)
         return result
 
-    async def _approve(self, event: str, result: HookResult, ctx: EmitContext) -> HookResult:
-        """Turn an ``ask_user`` result into the human's answer, within the emit's deadline.
+    async def _approve(self, event: str, asks: list[HookResult], ctx: EmitContext) -> HookResult:
+        """Turn the emit's ``ask_user`` results (`Fold.asks`, priority order) into the
+        humans' answers, one question after the other within the emit's deadline.
 
-        The wait is cut to what the emit has left (the approval's default applies when it
-        runs out, as for its own timeout), and the store's reads and writes get at most
-        `_SETTLE_S` seconds more. If the suspension store cannot be reached in that time
-        (JetStream lost, a leader election longer than the deadline), whether a human
-        answered is unknown: the call is denied (fail closed, whatever the default) and the
-        failure is recorded on the result.
+        Every asking handler's question is asked (or allowed by its own "Allow always"
+        grant); the first refusal denies and later questions are not asked; the call goes
+        on only when every question was allowed. The result is amplifier-core-shaped (the
+        first ask's fields; see `joined_decision`).
+        """
+        decisions: list[HookResult] = []
+        for ask in asks:
+            decided = await self._approve_one(event, ask, ctx)
+            decisions.append(decided)
+            if decided.action != "continue":
+                break
+        return joined_decision(asks, decisions)
+
+    async def _approve_one(self, event: str, result: HookResult, ctx: EmitContext) -> HookResult:
+        """Turn one ``ask_user`` result into the human's answer, within the emit's deadline.
+
+        The wait is cut to what the emit has left: when that ends it before the approval's
+        own timeout, the call is denied and the approval stays pending for a retry with the
+        same idempotency key (the approval's default applies only at its own timeout). The
+        store's reads and writes get at most `_SETTLE_S` seconds more. If the suspension
+        store cannot be reached in that time (JetStream lost, a leader election longer than
+        the deadline), whether a human answered is unknown: the call is denied (fail closed,
+        whatever the default) and the failure is recorded on the result.
         """
         assert self._approvals is not None
         left = ctx.remaining()
         if left is not None:
             left = max(0.0, left)
-            result = msgspec.structs.replace(
-                result, approval_timeout=min(result.approval_timeout, left)
-            )
         try:
             async with asyncio.timeout(None if left is None else left + _SETTLE_S):
-                return await self._approvals.decide(event, result, call_id=ctx.id)
+                return await self._approvals.decide(event, result, call_id=ctx.id, wait_s=left)
         except (SuspensionAbortedError, NotConnectedError):
             raise  # a draining dispatcher (resumable) or a closed connection: the caller's
         except (HookbusError, TimeoutError) as exc:

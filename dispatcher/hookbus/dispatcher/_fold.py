@@ -58,6 +58,7 @@ class Fold:
     __slots__ = (
         "_ask_user",
         "_ask_user_by",
+        "_asks",
         "_event",
         "_failures",
         "_injectors",
@@ -73,6 +74,7 @@ class Fold:
         self._modified_by: list[str] = []
         self._ask_user: HookResult | None = None
         self._ask_user_by: str | None = None
+        self._asks: list[tuple[str, HookResult]] = []
         self._injectors: list[tuple[str, HookResult]] = []
         self._items: list[ContextInjection] = []
         self._failures: list[HandlerFailure] = []
@@ -92,6 +94,7 @@ class Fold:
                 self._injectors.append((handler, result))
                 self._items.extend(items)
         elif action == "ask_user":
+            self._asks.append((handler, result))
             if self._ask_user is None:
                 self._ask_user, self._ask_user_by = result, handler
         return None
@@ -119,6 +122,13 @@ class Fold:
     def failures(self) -> list[HandlerFailure]:
         """Failures recorded so far, in the order they were folded."""
         return self._failures
+
+    def asks(self) -> list[HookResult]:
+        """Every ``ask_user`` result folded so far, in fold (priority) order, each as its
+        handler made it with hookbus's fields of this fold set (``decided_by``: that
+        handler). `result` keeps the first only (amplifier-core's rule for its result); an
+        approval asks every one of these."""
+        return [self._final(r, decided_by=handler) for handler, r in self._asks]
 
     def result(self) -> HookResult:
         """The final result after every handler was folded (no deny happened)."""

@@ -56,6 +56,10 @@ class ApprovalMetadata(_Wire, omit_defaults=False):
     options: list[str]
     """The choices offered (`HookResult.approval_options`, default ``["Allow", "Deny"]``):
     the answer's `ApprovalAnswer.choice` must be one of them."""
+    allow_options: list[str]
+    """The options that allow the call (`HookResult.approval_allow_options` among
+    `options`, else the options starting with "allow", any case); every other option
+    denies. Never empty: options of which none allows are denied without asking."""
     timeout_s: float | None
     """Seconds the approval waits from its creation before `default` applies (clamped to
     7 days); None: no limit."""

@@ -116,8 +116,8 @@ class HookResult(_Wire, omit_defaults=False, metaclass=_IgnoreUnknownFields):
     same name, type and default, so handlers written for amplifier-core construct it
     unchanged and code reading an emit's result reads what amplifier-core returns. hookbus's
     own fields follow (`chained_data`, `failures`, `decided_by`, `modified_by`,
-    `approved_by`); amplifier-core code never reads them. Fields a newer sender adds are
-    ignored, on decode and as keyword arguments alike, never an error.
+    `approved_by`, `approval_allow_options`); amplifier-core code never reads them. Fields a
+    newer sender adds are ignored, on decode and as keyword arguments alike, never an error.
     """
 
     action: Action = "continue"
@@ -141,8 +141,9 @@ class HookResult(_Wire, omit_defaults=False, metaclass=_IgnoreUnknownFields):
     approval_prompt: str | None = None
     """With ``ask_user``: the question shown to the approver."""
     approval_options: list[str] | None = None
-    """With ``ask_user``: the choices offered; None means ``["Allow", "Deny"]``. A choice
-    starting with "allow" (any case) allows; ``"Allow always"`` also stores a grant."""
+    """With ``ask_user``: the choices offered; None means ``["Allow", "Deny"]``. Which of
+    them allow: `approval_allow_options`. An allowing ``"Allow always"`` also stores a
+    grant."""
     approval_timeout: float = 300.0
     """Seconds to wait for the user's answer before `approval_default` applies."""
     approval_default: Literal["allow", "deny"] = "deny"
@@ -174,7 +175,14 @@ class HookResult(_Wire, omit_defaults=False, metaclass=_IgnoreUnknownFields):
     """Handlers whose ``modify`` replaced the data, in the order they ran."""
     approved_by: str | None = None
     """The approver whose answer decided an ``ask_user`` (its name as its NATS
-    permissions prove it; see `ApprovalAnswer`); None when no human answered."""
+    permissions prove it; see `ApprovalAnswer`); None when no human answered. When several
+    handlers asked and every question was allowed: each approver that allowed one, in
+    priority order, once each, joined by ``", "``; a deny names the approver who refused."""
+    approval_allow_options: list[str] | None = None
+    """With ``ask_user``: which of `approval_options` allow the call (exact text); the others
+    deny. None: the options starting with "allow" (any case), as amplifier-core's callers
+    read them. When no offered option allows, the dispatcher denies without asking anyone
+    (the reason says the options offer no allowing answer) and logs a warning."""
 
 
 class EventEnvelope(_Wire):
