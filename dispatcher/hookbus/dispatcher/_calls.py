@@ -59,7 +59,6 @@ from hookbus.schemas import (
     WireFormatError,
     chain_instance_subject,
     collect_reply_subject,
-    collect_subject,
     decode,
     encode,
     handler_instance_subject,
@@ -73,14 +72,14 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "HEDGE_FRACTION",
     "HEDGE_MIN_S",
+    "MAX_REFUSALS",
+    "NOT_RUN_CODES",
     "RECENT_INSTANCES",
     "RECENT_TTL_S",
-    "ChainAnswer",
     "ChainPlan",
     "Failed",
     "Outcome",
     "Requester",
-    "call_chain",
     "call_local",
     "call_remote",
     "coerce_result",
@@ -134,14 +133,9 @@ class Failed:
 Outcome = HookResult | Failed
 
 
-@dataclass(frozen=True, slots=True)
-class ChainAnswer:
-    """A worker process's answer to a chain request: one reply per step that ran."""
-
-    replies: list[HookReply]
-
-
-_NOT_RUN_CODES = frozenset({"bad_request", "busy", "unavailable", "deadline_exceeded", "not_ready"})
+NOT_RUN_CODES = frozenset(
+    {"bad_request", "busy", "unavailable", "deadline_exceeded", "not_ready", "stale_declaration"}
+)
 """Worker error codes of a request that ran nothing (sent before any handler started)."""
 
 _ERROR_KINDS: dict[str, FailureKind] = {
@@ -220,9 +214,7 @@ def judge_reply(msg: Msg) -> Outcome | None:
     Every byte string ends as an outcome: status messages with a body, invalid UTF-8,
     nesting too deep, wrong types and empty bodies are all ``bad_reply``.
     """
-    outcome = _read_reply(msg)[0]
-    assert not isinstance(outcome, ChainAnswer)  # only a chain call reads one
-    return outcome
+    return _read_reply(msg)[0]
 
 
 def reply_outcome(reply: HookReply) -> Outcome:
@@ -235,12 +227,10 @@ def reply_outcome(reply: HookReply) -> Outcome:
     return reply.result
 
 
-def _read_reply(
-    msg: Msg, chain: bool = False
-) -> tuple[Outcome | ChainAnswer | None, str | None, str]:
+def _read_reply(msg: Msg) -> tuple[Outcome | None, str | None, str]:
     """`judge_reply`, plus the error code of a reply that says "not run, send it again"
     (else None) and the id of the worker instance that answered ("" if unknown). With
-    `chain`, a reply to a chain request: its replies, or an error (nothing ran)."""
+    """
     headers = msg.headers or {}
     status = headers.get(_STATUS)
     if status is not None:
@@ -256,14 +246,10 @@ def _read_reply(
         failed = Failed(
             _ERROR_KINDS.get(err.code, "error"),
             f"{err.code}: {err.message}",
-            not_run=err.code in _NOT_RUN_CODES,
+            not_run=err.code in NOT_RUN_CODES,
         )
         again = err.code if err.retryable and err.code in ("busy", "unavailable") else None
         return failed, again, reply.instance
-    if chain:
-        if reply.chain is None:
-            return Failed("bad_reply", "a chain reply without its replies"), None, reply.instance
-        return ChainAnswer(reply.chain), None, reply.instance
     if reply.result is None:
         return Failed("bad_reply", "reply carries neither result nor error"), None, reply.instance
     return reply.result, None, reply.instance
@@ -360,13 +346,10 @@ class Requester:
 
     async def call(
         self, nc: NATS, route: Route, envelope: EventEnvelope, headers: dict[str, str] | None,
-        budget_s: float, *, hedge: bool, chain: bool = False,
-    ) -> Outcome | ChainAnswer:  # fmt: skip
+        budget_s: float, *, hedge: bool,
+    ) -> Outcome:  # fmt: skip
         """Send `envelope` to `route` and wait at most `budget_s` seconds for an answer.
 
-        With `chain`, `route.subject` is a chain subject and `envelope` a chain request:
-        the answer is a `ChainAnswer`, no responders fail at once (the caller falls back
-        to one request per handler) and hedges go to `chain_instance_subject`.
 
         Raises:
             NotConnectedError: the connection is closed.
@@ -393,7 +376,7 @@ class Requester:
                 token = f"{next(self._tokens):x}"
                 subject = route.subject
                 if attempt > 1:
-                    subject = self._target(route, avoid, token, targets, loop.time(), chain)
+                    subject = self._target(route, avoid, token, targets, loop.time())
                 self._waiting[token] = queue
                 sent.append(token)
                 failed = await self._send(nc, subject, envelope, headers, token)
@@ -412,7 +395,7 @@ class Requester:
                         break  # hedge (retry_safe) or the budget is spent
                     live.discard(token)
                     self._waiting.pop(token, None)
-                    outcome, code, instance = _read_reply(msg, chain)
+                    outcome, code, instance = _read_reply(msg)
                     if code is not None:  # not run: send again, to another replica
                         if instance:
                             avoid.add(instance)
@@ -436,8 +419,6 @@ class Requester:
                             continue
                         break  # send the next request at once
                     if not live:  # no replica subscribed: answered at once
-                        if chain:
-                            return Failed("no_responders", "no worker serves the chain", True)
                         if not rechecked and deadline - loop.time() > NO_RESPONDERS_RECHECK_S:
                             # a replica that subscribed a moment ago may not be visible to
                             # this publish yet (seen under load): ask once more, shortly
@@ -460,73 +441,41 @@ class Requester:
             )
         return Failed("timeout", f"no reply within {budget_s:.3g}s")
 
-    def answered_recently(self, route: Route, now: float) -> bool:
-        """Whether an instance of `route` answered within `RECENT_TTL_S` seconds (the
-        liveness a scatter relies on: a handler with no live replica gets a request of its
-        own, which the server answers "no responders" at once)."""
-        recent = self._recent.get(route.subject)
-        if not recent:
-            return False
-        return now - next(reversed(recent.values())) <= RECENT_TTL_S
+    # -- what a chain call (`_chain_calls.ChainCall`) uses of the requester ----------------
+    def open_inbox(self) -> _Inbox:
+        """A new inbox for one call's replies (register each request with `add_token`)."""
+        return _Inbox()
 
-    async def scatter(
-        self, nc: NATS, group: list[Route], envelope: EventEnvelope,
-        headers: dict[str, str] | None, budget_s: float | None,
-    ) -> dict[Route, Outcome]:  # fmt: skip
-        """Publish `envelope` once on its event's collect subject for the handlers `group`
-        (`EventEnvelope.handlers`) and gather one answer per handler, each within its own
-        timeout (`DEFAULT_TIMEOUT_S` if none) cut to `budget_s`. A handler whose replica
-        refused the call (``busy``, ``unavailable``) gets a `Failed` with ``not_run``: the
-        caller sends it a request of its own.
+    def add_token(self, inbox: _Inbox) -> str:
+        """A new reply token whose replies go to `inbox` (until `close_inbox`)."""
+        token = f"{next(self._tokens):x}"
+        self._waiting[token] = inbox
+        return token
+
+    def close_inbox(self, token: str) -> None:
+        self._waiting.pop(token, None)
+
+    async def send(
+        self, nc: NATS, subject: str, envelope: EventEnvelope, headers: dict[str, str] | None,
+        token: str,
+    ) -> Failed | None:  # fmt: skip
+        """Publish `envelope` on `subject`, its replies to `token`; a `Failed` (not run)
+        if NATS refused it.
 
         Raises:
             NotConnectedError: the connection is closed.
             PayloadTooLargeError: the envelope exceeds the server's max_payload.
         """
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        ends = {
-            r.name: start + (_cut(r.timeout_s or DEFAULT_TIMEOUT_S, budget_s) or 0.0) for r in group
-        }
-        pending = {r.name: r for r in group}
-        out: dict[Route, Outcome] = {}
-        envelope.handlers = list(pending)
-        envelope.budget_s = max(ends.values()) - start
-        token = f"{next(self._tokens):x}"
-        inbox = self._waiting[token] = _Inbox()
-        try:
-            failed = await self._send(nc, collect_subject(envelope.event), envelope, headers, token)
-            if failed is not None:
-                return dict.fromkeys(group, failed)
-            while pending:
-                try:
-                    _, msg = await inbox.get(loop, min(ends[n] for n in pending))
-                except TimeoutError:
-                    now = loop.time()
-                    for name in [n for n in pending if ends[n] <= now]:
-                        route = pending.pop(name)
-                        out[route] = Failed("timeout", f"no reply within {ends[name] - start:.3g}s")
-                        self._recent.pop(route.subject, None)  # not live: asked alone next
-                    continue
-                outcome, code, instance = _read_reply(msg)
-                if outcome is None:  # no responders: nobody serves the event at all
-                    gone = Failed("no_responders", "no handler of the event is subscribed", True)
-                    out.update(dict.fromkeys(pending.values(), gone))
-                    break
-                handler = _reply_handler(msg)
-                answered = pending.pop(handler, None) if handler is not None else None
-                if answered is None:
-                    continue  # not one of ours (or unreadable): the others still answer
-                assert not isinstance(outcome, ChainAnswer)
-                if code is not None:  # refused, not run: the caller asks it alone
-                    assert isinstance(outcome, Failed)
-                    outcome = Failed(outcome.kind, outcome.message, not_run=True)
-                elif instance:
-                    self._answered(answered.subject, instance, loop.time())
-                out[answered] = outcome
-        finally:
-            self._waiting.pop(token, None)
-        return out
+        return await self._send(nc, subject, envelope, headers, token)
+
+    def target(self, route: Route, avoid: set[str], now: float, *, chain: bool = False) -> str:
+        """Subject of a further request: the most recently answering instance of `route`
+        not in `avoid` (then added to it), else the queue subject."""
+        return self._target(route, avoid, "", {}, now, chain)
+
+    def answered(self, subject: str, instance: str, now: float) -> None:
+        """Note that `instance` answered a request on `subject` at `now`."""
+        self._answered(subject, instance, now)
 
     def _answered(self, subject: str, instance: str, now: float) -> None:
         """Note that `instance` answered a request on handler `subject` at `now`."""
@@ -624,9 +573,7 @@ async def call_remote(
     assert timeout_s is not None
     if timeout_s <= 0:
         return Failed("timeout", "not called: the emit's deadline had passed", True)
-    outcome = await requester.call(nc, route, envelope, headers, timeout_s, hedge=route.retry_safe)
-    assert not isinstance(outcome, ChainAnswer)
-    return outcome
+    return await requester.call(nc, route, envelope, headers, timeout_s, hedge=route.retry_safe)
 
 
 @dataclass(frozen=True, slots=True)
@@ -639,7 +586,7 @@ class ChainPlan:
     total_s: float
     """The sum of the steps' timeouts, seconds."""
     hedge: bool
-    """Every step is retry_safe: the chain may be sent again."""
+    """Every step is retry_safe: a step may be asked again on its own (hedged)."""
 
     @classmethod
     def of(cls, seg: tuple[Route, ...]) -> ChainPlan:
@@ -649,6 +596,7 @@ class ChainPlan:
                 failure_policy=r.failure_policy,
                 timeout_s=r.timeout_s or DEFAULT_TIMEOUT_S,
                 parallel=r.parallel,
+                tool_filter=None if r.tool_filter is None else list(r.tool_filter),
             )
             for r in seg
         ]
@@ -673,37 +621,3 @@ class ChainPlan:
             for step, h in zip(self.steps, headers, strict=True)
         ]
         return ChainPlan(self.target, steps, self.total_s, self.hedge)
-
-
-async def call_chain(
-    nc: NATS | None,
-    requester: Requester,
-    plan: ChainPlan,
-    envelope: EventEnvelope,
-    headers: dict[str, str] | None,
-    budget_s: float | None = None,
-) -> ChainAnswer | Failed:
-    """Send a sequence of handlers served by one worker process's handler set (`plan`) as one
-    chain request and return the replies of the steps that ran; a `Failed` with
-    ``not_run`` when nothing ran (no responders, refused, not sent): then call each alone.
-
-    The wait is the sum of the handlers' timeouts cut to `budget_s`; the worker applies
-    each step's own timeout.
-
-    Raises:
-        NotConnectedError: no connection, or it is closed.
-        PayloadTooLargeError: the envelope exceeds the server's max_payload.
-    """
-    if nc is None or nc.is_closed or not requester.started:
-        raise NotConnectedError("remote handlers need a NATS connection")
-    if not nc.is_connected:
-        return Failed("error", "not connected to NATS (reconnecting); not sent", True)
-    envelope.chain = plan.steps
-    timeout_s = _cut(plan.total_s, budget_s)
-    assert timeout_s is not None
-    if timeout_s <= 0:
-        return Failed("timeout", "not called: the emit's deadline had passed", True)
-    answer = await requester.call(
-        nc, plan.target, envelope, headers, timeout_s, hedge=plan.hedge, chain=True
-    )
-    return answer  # type: ignore[return-value]  # a chain call answers a ChainAnswer

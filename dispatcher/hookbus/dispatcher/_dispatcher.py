@@ -8,7 +8,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar, overload
 
@@ -34,17 +34,17 @@ from hookbus.schemas import (
     json_safe,
     validate_name,
 )
+from hookbus.schemas._handler_options import HandlerOptions
 
 from ._approvals import ApprovalGrant, Approvals, Grants, joined_decision
 from ._audit import DecisionLog, current_trace_id
-from ._calls import Failed, Outcome, call_local, reply_outcome
+from ._calls import Failed, Outcome, call_local
 from ._fold import Fold
 from ._kv import ensure_buckets
 from ._router import EmitContext, Router
 from ._routes import LocalHandler, Route
 from ._suspensions import HookEventStream, PendingHook, RunScope, Suspensions
 from ._telemetry import (
-    record_call_span,
     start_call_span,
     traced_call,
     traced_collect,
@@ -273,20 +273,30 @@ class HookDispatcher(StandardEvents):
         the function's name. Returns the unregister function; called without `handler`
         it is a decorator that registers and returns the function unchanged.
 
-        hookbus keyword-only extras, as for remote handlers: `timeout_s` (seconds, None
-        for no limit), `failure_policy` (``ignore`` | ``deny``), `tool_filter` (globs over
-        ``data["tool_name"]``), `parallel`, `pure` (free of side effects: an adjacent run
-        of pure handlers is called at once and folded in order; see docs/performance.md).
+        hookbus keyword-only extras, as for remote handlers: `timeout_s` (seconds, finite
+        and > 0, clamped to `MAX_HANDLER_TIMEOUT_S`; None for no limit), `failure_policy`
+        (``ignore`` | ``deny``), `tool_filter` (globs over ``data["tool_name"]``), `parallel`,
+        `pure` (free of side effects: an adjacent run of pure handlers is called at once
+        and folded in order; see docs/performance.md). The options are checked as a
+        worker's are (`HandlerOptions.local`), when called, also in decorator form.
 
         Raises:
             TypeError: `priority` is not an int (amplifier-core takes a 32-bit int; a bool
                 counts as one), or `name` is not a str.
             OverflowError: `priority` does not fit in 32 bits.
             BadRequestError: `event` or `name` is not a valid hookbus name (empty, too
-                long, or with characters NATS subjects cannot carry).
+                long, or with characters NATS subjects cannot carry), or `timeout_s`,
+                `failure_policy` or `tool_filter` is out of its bounds (also a `ValueError`).
         """
         validate_name("event", event)
-        _check_priority(priority)
+        options = HandlerOptions.local(
+            priority=priority,
+            timeout_s=timeout_s,
+            failure_policy=failure_policy,
+            tool_filter=tool_filter,
+            parallel=parallel,
+            pure=pure,
+        )
         if name is not None and not isinstance(name, str):
             raise TypeError(f"handler name must be a str, not {type(name).__name__}")
         if handler is None:
@@ -309,14 +319,14 @@ class HookDispatcher(StandardEvents):
         route = Route.make(
             event=event,
             name=name or str(getattr(handler, "__name__", "handler")),
-            priority=priority,
-            timeout_s=timeout_s,
-            failure_policy=failure_policy,
-            parallel=parallel,
-            tool_filter=tool_filter,
+            priority=options.priority,
+            timeout_s=options.timeout_s,
+            failure_policy=options.failure_policy,
+            parallel=options.parallel,
+            tool_filter=options.tool_filter,
             local=handler,
             seq=self._table.next_seq(),
-            pure=pure,
+            pure=options.pure,
         )
         return self._table.add_local(route)
 
@@ -526,13 +536,12 @@ class HookDispatcher(StandardEvents):
             NotConnectedError: a remote handler is routed but the connection is closed or
                 NATS failed (never a raw nats-py error).
         """
+        _check_collect_timeout(timeout)  # before the routes: bad input fails either way
         routes = self._table.routes(event)
         if not routes:
             if self._strict and event not in STANDARD_EVENTS:
                 raise UnknownEventError(f"unknown event {event!r}: no handler is declared")
             return []
-        if not (isinstance(timeout, int | float) and timeout >= 0):  # NaN fails too
-            raise BadRequestError(f"timeout must be a number of seconds >= 0: {timeout!r}")
         data = json_safe(data or {})
         outcomes: dict[Route, Outcome] = {}  # by route: in-process names need not be unique
         remote = [r for r in routes if r.remote]
@@ -694,20 +703,11 @@ class HookDispatcher(StandardEvents):
     async def _call_group(
         self, group: list[Route], ctx: EmitContext, data: dict[str, Any]
     ) -> list[Outcome]:
+        """Call a group of handlers on the same data: one handler, or a parallel group,
+        each on its own subject (a reply is bound to the handler whose subject it
+        answers)."""
         if len(group) == 1:
             return [await self._call(group[0], ctx, data)]
-        start_ns = time.time_ns()
-        scattered = await self._router.call_group(group, ctx, data) if self.chains else None
-        if scattered:
-            end_ns = time.time_ns()
-            for route in group:
-                if route in scattered:
-                    ctx.called.append(route.name)
-                    record_call_span(route, scattered[route], start_ns, end_ns)
-            rest = [r for r in group if r not in scattered]
-            if rest:
-                scattered.update(zip(rest, await self._call_each(rest, ctx, data), strict=True))
-            return [scattered[r] for r in group]
         return await self._call_each(group, ctx, data)
 
     async def _call_each(
@@ -802,64 +802,92 @@ class HookDispatcher(StandardEvents):
     async def _fold_chain(
         self, seg: tuple[Route, ...], ctx: EmitContext, fold: Fold
     ) -> HookResult | None:
-        """Fold `seg` from one chain request to its worker process: the same outcomes,
-        in the same order, as one request per handler would give. If nothing ran (no
-        process of the set is live, every replica refused), each is called alone; if the
-        chain's answer was lost (timeout, unreadable), every handler the fold reaches
-        fails so, under its own policy."""
+        """Fold `seg` from one chain request to its worker process: the same outcomes, in
+        the same order, as one request per handler would give, whatever happens to the
+        process (see `_chain_calls`). Steps the chain did not run are called alone within
+        what is left of the emit's deadline; if nothing matches the data, nothing is sent.
+        """
+        seg = _from_first_match(seg, fold.data)
+        if len(seg) < 2:
+            return await self._fold_each(seg, ctx, fold, self._call_group)
         calls = {r: start_call_span(r) for r in seg}  # each handler's span, as if called alone
         headers = [c.headers for c in calls.values()]
-        answer = await self._router.call_chain(seg, ctx, fold.data, headers)
-        if isinstance(answer, Failed) and answer.not_run:  # no span: each call makes its own
+        chain = await self._router.call_chain(seg, ctx, fold.data, headers)
+        if isinstance(chain, Failed):  # nothing ran: no span, each call makes its own
             return await self._fold_each(seg, ctx, fold, self._call_group)
-        replies = {} if isinstance(answer, Failed) else {r.handler: r for r in answer.replies}
-        for group in _groups(seg, fold):
-            outcomes: list[Outcome] = []  # the whole group first, as if called together
-            for route in group:
-                ctx.called.append(route.name)
-                outcome: Outcome
-                if isinstance(answer, Failed):
-                    outcome = answer
-                else:
-                    reply = replies.pop(route.name, None)
-                    outcome = (
-                        reply_outcome(reply)
-                        if reply is not None
-                        else Failed("bad_reply", "the chain's reply has no answer from it")
-                    )
-                calls[route].end(outcome)
-                outcomes.append(outcome)
-            for route, outcome in zip(group, outcomes, strict=True):
-                denied = self._fold_one(fold, route, outcome)
-                if denied is not None:
-                    return denied
+        try:
+            for group in _groups(seg, fold):
+                outcomes = await chain.outcomes(group)
+                alone = [r for r, o in zip(group, outcomes, strict=True) if o is None]
+                called: dict[Route, Outcome] = {}
+                if alone:  # not run by the chain: called on its own
+                    outs = await self._call_group(alone, ctx, fold.data)
+                    called = dict(zip(alone, outs, strict=True))
+                for route, outcome in zip(group, outcomes, strict=True):
+                    if outcome is None:
+                        outcome = called[route]
+                    else:
+                        ctx.called.append(route.name)
+                        calls[route].end(outcome)
+                    denied = self._fold_one(fold, route, outcome)
+                    if denied is not None:
+                        return denied
+        finally:
+            chain.close()
         return None
 
     async def _fold_speculative(
         self, run: Sequence[Route], ctx: EmitContext, fold: Fold
     ) -> HookResult | None:
-        """Call a sequence of pure handlers at once on the current data and fold them in
-        order. A result computed on data a modify has since replaced is discarded, and
-        the rest of the run is called again on the new data; a deny still wins in order
-        and the results after it are discarded."""
+        """Call a sequence of pure handlers at once on the current data and fold their
+        results in priority order as each arrives; the decision is the one calling them
+        one by one gives (the reference).
+
+        A deny (or a failure that ends the fold) returns at once. A modify replaces the
+        data: every later handler's call, made on the stale data, is dropped (cancelled;
+        an in-process handler gets the cancellation) and the rest of the run is called
+        again at once on the new data. Each result is judged as if its call had started
+        when the one before it ended (`_as_if_sequential`): a call the emit's deadline
+        would have cut, called one by one, is a ``timeout`` here too.
+        """
+        clock = time.monotonic()  # when the next handler would start, called one by one
         k = 0
         while k < len(run):
             data = fold.data
-            calls = [r for r in run[k:] if r.matches(data)]
-            outcomes = dict(zip(calls, await self._call_group(calls, ctx, data), strict=True))
-            for idx in range(k, len(run)):
-                if fold.data is not data:  # modified: the rest saw stale data
-                    k = idx
-                    break
-                route = run[idx]
-                outcome = outcomes.get(route)
-                if outcome is not None:
+            launched = time.monotonic()
+            calls = {
+                r: asyncio.ensure_future(self._timed_call(r, ctx, data))
+                for r in run[k:]
+                if r.matches(data)
+            }
+            try:
+                for idx in range(k, len(run)):
+                    route = run[idx]
+                    call = calls.get(route)
+                    if call is None:  # its tool filter does not admit this data
+                        continue
+                    outcome, ended = await call
+                    outcome, clock = _as_if_sequential(
+                        outcome, clock, ended - launched, ctx.deadline
+                    )
                     denied = self._fold_one(fold, route, outcome)
                     if denied is not None:
                         return denied
-            else:
-                return None
+                    if fold.data is not data:  # modified: the later calls saw stale data
+                        k = idx + 1
+                        break
+                else:
+                    return None
+            finally:
+                _drop(calls.values())
         return None
+
+    async def _timed_call(
+        self, route: Route, ctx: EmitContext, data: dict[str, Any]
+    ) -> tuple[Outcome, float]:
+        """`_call`'s outcome and when it came (`time.monotonic()` seconds)."""
+        outcome = await self._call(route, ctx, data)
+        return outcome, time.monotonic()
 
     @property
     def decision_log(self) -> DecisionLog | None:
@@ -941,12 +969,51 @@ def _groups(routes: Sequence[Route], fold: Fold) -> Iterator[list[Route]]:
             yield group
 
 
-def _check_priority(priority: object) -> None:
-    """amplifier-core's rule: a priority is an int that fits in 32 bits (bools are ints)."""
-    if not isinstance(priority, int):
-        raise TypeError(f"priority must be an int, not {type(priority).__name__}")
-    if not -(2**31) <= priority < 2**31:
-        raise OverflowError(f"priority {priority} does not fit in a 32-bit int")
+def _from_first_match(seg: tuple[Route, ...], data: dict[str, Any]) -> tuple[Route, ...]:
+    """`seg` from its first handler whose tool filter admits `data` on: the handlers
+    before it never run (only a handler that runs can change the data), and with none
+    left, nothing is sent at all."""
+    for i, route in enumerate(seg):
+        if route.matches(data):
+            return seg[i:]
+    return ()
+
+
+def _as_if_sequential(
+    outcome: Outcome, start: float, took: float, deadline: float | None
+) -> tuple[Outcome, float]:
+    """A speculative call's `outcome` as the same call, started at `start` (monotonic
+    seconds: when the handler before it would have ended, called one by one) and taking
+    `took` seconds, gives it: a ``timeout`` if it would have ended past the emit's
+    `deadline` (None: no deadline), since called one by one it would have been cut (or not
+    called at all). Also returns when the next handler would start. A speculative call
+    starts no later, so its own cut is never earlier than that one."""
+    end = start + took
+    if deadline is None or end <= deadline:
+        return outcome, end
+    if not (isinstance(outcome, Failed) and outcome.kind == "timeout"):
+        outcome = Failed("timeout", "called one by one, it would have run past the deadline")
+    return outcome, deadline
+
+
+def _drop(calls: Iterable[asyncio.Future[tuple[Outcome, float]]]) -> None:
+    """Cancel the speculative calls still running (their results are stale or not needed)
+    and retrieve the errors of those that ended, so none is logged as never retrieved."""
+    for call in calls:
+        if not call.done():
+            call.cancel()
+        elif not call.cancelled():
+            call.exception()
+
+
+def _check_collect_timeout(timeout: object) -> None:
+    """`emit_and_collect`'s `timeout`: a number of seconds >= 0 (NaN and bools refused).
+
+    Raises:
+        BadRequestError: anything else.
+    """
+    if isinstance(timeout, bool) or not (isinstance(timeout, int | float) and timeout >= 0):
+        raise BadRequestError(f"timeout must be a number of seconds >= 0: {timeout!r}")
 
 
 _stamp_cache: tuple[int, str] = (-1, "")

@@ -40,15 +40,14 @@ from hookbus.schemas import (
 from hookbus.schemas._nats_guard import harden_connection
 
 from ._calls import (
-    ChainAnswer,
     ChainPlan,
     Failed,
     Outcome,
     Requester,
-    call_chain,
     call_local,
     call_remote,
 )
+from ._chain_calls import ChainCall
 from ._registry import RegistryWatch, open_handlers_bucket
 from ._routes import Route, RoutingTable
 from ._telemetry import trace_headers
@@ -273,18 +272,21 @@ class Router:
         ctx: EmitContext,
         data: dict[str, Any],
         step_headers: list[dict[str, str] | None] | None = None,
-    ) -> ChainAnswer | Failed:
-        """Call the adjacent handlers `seg` of one worker process's handler set in one
-        request (see `call_chain`); a `Failed` with ``not_run`` means call each alone.
+    ) -> ChainCall | Failed:
+        """Send the adjacent handlers `seg` of one worker process's handler set as one chain
+        request; the `ChainCall` gives each step's outcome as the fold reaches it (see
+        `_chain_calls`). A `Failed` (``not_run``): nothing was sent, call each alone.
         `step_headers`: each handler's call context (`CallSpan.headers`), sent in its step.
 
         Raises:
             NotConnectedError: no started connection.
             PayloadTooLargeError: the envelope exceeds the server's max_payload.
         """
-        budget_s = ctx.remaining()
-        if budget_s is not None and budget_s <= 0:
-            return Failed("timeout", "not called: the emit's deadline had passed", True)
+        nc = self.nc
+        if nc is None or nc.is_closed or not self._requester.started:
+            raise NotConnectedError("remote handlers need a NATS connection")
+        if not nc.is_connected:
+            return Failed("error", "not connected to NATS (reconnecting); not sent", True)
         plan = self._chains.get(seg)
         if plan is None:
             if len(self._chains) >= 1024:  # stale snapshots: start over
@@ -292,38 +294,18 @@ class Router:
             plan = self._chains[seg] = ChainPlan.of(seg)
         if step_headers and any(step_headers):
             plan = plan.traced(step_headers)
-        return await call_chain(
-            self.nc, self._requester, plan, ctx.envelope(data), trace_headers(), budget_s
-        )
-
-    async def call_group(
-        self, group: list[Route], ctx: EmitContext, data: dict[str, Any]
-    ) -> dict[Route, Outcome] | None:
-        """Call a parallel group of remote handlers with one publish (`Requester.scatter`)
-        where at least two of them answered recently and every remote handler of the event
-        declares a handler set (so it ignores a scatter naming others: a worker that
-        predates scatters would run its handler); None: nothing sent, call each.
-        Handlers left out (no recent answer) or refused are missing from the result: the
-        caller calls them one by one.
-
-        Raises:
-            NotConnectedError: no started connection.
-            PayloadTooLargeError: the envelope exceeds the server's max_payload.
-        """
-        nc = self.nc
-        if nc is None or nc.is_closed or not self._requester.started or not nc.is_connected:
-            return None
-        # every handler of the event hears a scatter: only when all of them declare a
-        # handler set (workers that know to ignore a scatter naming other handlers)
-        if not all(r.handler_set for r in self.table.routes(ctx.event) if r.remote):
-            return None
-        now = asyncio.get_running_loop().time()
-        live = [r for r in group if r.remote and self._requester.answered_recently(r, now)]
+        loop_deadline = None
         budget_s = ctx.remaining()
-        if len(live) < 2 or (budget_s is not None and budget_s <= 0):
-            return None
-        out = await self._requester.scatter(nc, live, ctx.envelope(data), trace_headers(), budget_s)
-        return {r: o for r, o in out.items() if not (isinstance(o, Failed) and o.not_run)}
+        if budget_s is not None:
+            loop_deadline = asyncio.get_running_loop().time() + budget_s
+        chain = ChainCall(
+            self._requester, nc, plan, ctx.envelope(data), trace_headers(), loop_deadline
+        )
+        failed = await chain.start()
+        if failed is not None:
+            chain.close()
+            return failed
+        return chain
 
     # -- emit_and_collect --------------------------------------------------------------------
     async def publish_collect(

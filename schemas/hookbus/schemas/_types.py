@@ -237,6 +237,11 @@ class ChainStep(_Wire):
     """Seconds this step may run (also cut to what is left of the request's ``budget_s``)."""
     parallel: bool = False
     """Runs concurrently with the adjacent parallel steps, on the same data."""
+    tool_filter: list[str] | None = None
+    """The tool filter the dispatcher judged this step by (its handler's declaration as the
+    dispatcher read it; None: no filter). A worker whose own declaration of the handler
+    has another filter refuses the whole chain (``stale_declaration``, nothing run): it
+    would skip or run other steps than the dispatcher folds, e.g. during a rolling update."""
     traceparent: str | None = None
     """The W3C ``traceparent`` of the dispatcher's span for this handler's call: the
     step's handling span is its child, as with a request of its own. None: the request's
@@ -254,6 +259,7 @@ WIRE_ERROR_CODES: tuple[str, ...] = (
     "busy",
     "unavailable",
     "deadline_exceeded",
+    "stale_declaration",
     "internal",
 )
 """Every `WireError.code` a hookbus process sends (the wire contract's enum). A reader
@@ -266,7 +272,8 @@ class WireError(_Wire):
     ``payload_too_large``, ``handler_error``, ``handler_timeout``, ``bad_result``,
     ``not_ready``, ``busy`` (over the concurrency bound: refused at once),
     ``unavailable`` (shutting down), ``deadline_exceeded`` (the caller's budget ran out
-    before the work could start), ``internal``."""
+    before the work could start), ``stale_declaration`` (a chain step expects another
+    declaration of its handler than this worker serves: nothing was run), ``internal``."""
 
     code: str
     """What went wrong: one of the codes listed in the type's description (in Python,
@@ -295,7 +302,17 @@ class HookReply(_Wire):
     """The answer to a chain request: one reply per step that ran, in step order (a step
     skipped by its tool filter, and every step after the one that ended the fold, has
     none). Then `handler` names the set and `result` and `error` are both None; an
-    `error` instead means no step ran (e.g. ``busy``)."""
+    `error` instead means no step ran (e.g. ``busy``).
+
+    While a chain runs, the worker also sends progress replies (`running` set): each lists
+    the replies of the steps finished since its last report and names the steps running
+    now. The final reply (`running` None) lists every step's reply."""
+    running: list[str] | None = None
+    """Set only on a chain's progress reply: the handlers of the steps running now (empty
+    when between steps). None: the final reply."""
+    running_for_s: float = 0.0
+    """On a progress reply: seconds the running steps had run when it was sent (the
+    dispatcher dates their start from it on its own clock)."""
 
 
 class HandlerDeclaration(_Wire):

@@ -8,7 +8,6 @@ import dataclasses
 import inspect
 import logging
 import math
-import re
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -40,7 +39,6 @@ from hookbus.schemas import (
     chain_queue_group,
     chain_subject,
     collect_subject,
-    compile_tool_filter,
     decode,
     encode,
     handler_instance_subject,
@@ -53,8 +51,10 @@ from hookbus.schemas import (
     to_hook_result,
     validate_name,
 )
+from hookbus.schemas._handler_options import HandlerOptions, StepOutcome, ToolFilter, ends_fold
 from hookbus.schemas._nats_guard import harden_connection
 
+from ._chain_progress import ChainProgress
 from ._registration import (
     declare_handlers,
     flush_subscriptions,
@@ -82,15 +82,13 @@ class HandlerSpec:
     declaration: HandlerDeclaration
     is_async: bool = False
     """Whether `fn` is a coroutine function (sync ones run in a worker thread)."""
-    matcher: re.Pattern[str] | None = None
-    """The compiled tool filter (None: every call matches)."""
+    tool_filter: ToolFilter = ToolFilter.EVERY
+    """The declaration's tool filter, compiled (`ToolFilter.EVERY`: every call matches)."""
 
     def matches(self, data: dict[str, Any]) -> bool:
-        """Whether the tool filter admits ``data["tool_name"]`` (as dispatchers judge it)."""
-        if self.matcher is None:
-            return True
-        tool = data.get("tool_name")
-        return isinstance(tool, str) and self.matcher.fullmatch(tool) is not None
+        """Whether the tool filter admits ``data["tool_name"]``: `ToolFilter.matches`, the
+        same judgement dispatchers make (`Route.matches`)."""
+        return self.tool_filter.matches(data)
 
 
 class HookWorker:
@@ -181,10 +179,14 @@ class HookWorker:
 
         Args:
             event: event name, e.g. ``"tool:pre"``.
-            priority: lower runs first (amplifier-core order); ties break by name.
+            priority: lower runs first (amplifier-core order); ties break by name. An int
+                within ±`MAX_PRIORITY` (the registry refuses others).
             name: unique per event; defaults to the function's name.
-            tool_filter: globs over ``data["tool_name"]``; None matches every call.
-            timeout_s: seconds the dispatcher waits for one call (also enforced here).
+            tool_filter: globs over ``data["tool_name"]``; None matches every call. At
+                most `MAX_TOOL_PATTERNS` globs of 1 to `MAX_NAME_LENGTH` characters.
+            timeout_s: seconds the dispatcher waits for one call (also enforced here):
+                finite and > 0, clamped to `MAX_HANDLER_TIMEOUT_S` (as every dispatcher
+                clamps it).
             failure_policy: ``ignore`` (fail open, recorded) or ``deny`` (fail closed).
             parallel: may run concurrently with adjacent parallel handlers; may not modify.
             retry_safe: running it twice for one call is harmless (no side effects, or
@@ -196,7 +198,9 @@ class HookWorker:
             replace: take over this name if it is declared with other settings (None:
                 the worker's `replace`).
         Raises:
-            BadRequestError: bad event or handler name.
+            BadRequestError: bad event or handler name, or an option out of the bounds
+                every dispatcher applies to the declaration (`HandlerOptions.remote`; then
+                also a `ValueError`).
             ValueError: a handler of that name is already registered for the event, or the
                 worker is already serving.
         """
@@ -234,25 +238,32 @@ class HookWorker:
         pure: bool = False,
         replace: bool | None = None,
     ) -> HandlerSpec:
-        """Non-decorator form of `handler`; returns the spec."""
+        """Non-decorator form of `handler`; returns the spec. Raises as `handler` does."""
         if self._state != "new":
             raise ValueError("handlers must be added before the worker starts")
         validate_name("event", event)
         name = validate_name("handler", name or getattr(fn, "__name__", ""))
         if (event, name) in self._specs:
             raise ValueError(f"handler {name!r} is already registered for {event!r}")
-        if timeout_s <= 0:
-            raise ValueError("timeout_s must be positive (seconds)")
+        options = HandlerOptions.remote(  # the bounds every dispatcher reads it with
+            priority=priority,
+            timeout_s=timeout_s,
+            failure_policy=failure_policy,
+            tool_filter=tool_filter,
+            parallel=parallel,
+            retry_safe=retry_safe,
+            pure=pure,
+        )
         decl = HandlerDeclaration(
             event=event,
             name=name,
-            priority=priority,
-            tool_filter=list(tool_filter) if tool_filter is not None else None,
-            timeout_s=timeout_s,
-            failure_policy=failure_policy,
-            parallel=parallel,
-            retry_safe=retry_safe or pure,
-            pure=pure,
+            priority=options.priority,
+            tool_filter=options.tool_filter.as_list(),
+            timeout_s=options.timeout_s,  # type: ignore[arg-type]  # remote: never None
+            failure_policy=options.failure_policy,
+            parallel=options.parallel,
+            retry_safe=options.retry_safe,
+            pure=options.pure,
             subject=handler_subject(event, name),
             collect_subject=collect_subject(event),
             queue_group=handler_queue_group(name),
@@ -263,7 +274,7 @@ class HookWorker:
             fn=fn,
             declaration=decl,
             is_async=inspect.iscoroutinefunction(fn),
-            matcher=compile_tool_filter(decl.tool_filter),
+            tool_filter=options.tool_filter,
         )
         return spec
 
@@ -626,13 +637,22 @@ class HookWorker:
     async def _serve_chain(self, msg: Msg, envelope: EventEnvelope | None, width: int) -> None:
         name = self.handler_set_id
         replies: list[HookReply] = []
-        running: list[str] = []
+        running: list[tuple[ChainStep, HandlerSpec]] = []
         try:
             reply = await self._run_chain(msg, envelope, replies, running)
             await self._respond(msg, reply)
         except asyncio.CancelledError:  # shutdown's grace ran out: what ran, and what was cut
-            error = WireError(code="unavailable", message="the worker shut down while it ran")
-            replies.extend(HookReply(handler=h, error=error) for h in running)
+            replies.extend(
+                HookReply(
+                    handler=step.handler,
+                    error=WireError(
+                        code="unavailable",
+                        message="the worker shut down while the handler ran",
+                        retryable=spec.declaration.retry_safe,  # as for a request of its own
+                    ),
+                )
+                for step, spec in running
+            )
             with contextlib.suppress(Exception):
                 await self._respond(msg, HookReply(handler=name, chain=replies))
             raise
@@ -645,17 +665,42 @@ class HookWorker:
             self.handled += max(1, len(replies))
             self._inflight -= width
 
+    def _chain_refusal(
+        self, event: str, steps: list[ChainStep], specs: list[HandlerSpec | None]
+    ) -> HookReply | None:
+        """The reply refusing a chain this process must not run (nothing run), else None:
+        no steps, a step it does not serve, or a step the dispatcher judged by another
+        declaration than this process's (its tool filter: the two would skip or run
+        different steps, e.g. during a rolling update)."""
+        name = self.handler_set_id
+        missing = [st.handler for st, sp in zip(steps, specs, strict=True) if sp is None]
+        if not steps or missing:
+            message = f"not served by this process: {missing}" if missing else "no steps"
+            return HookReply(handler=name, error=WireError(code="bad_request", message=message))
+        stale = [
+            st.handler
+            for st, sp in zip(steps, specs, strict=True)
+            if sp is not None and st.tool_filter != sp.declaration.tool_filter
+        ]
+        if stale:
+            message = f"this process serves other declarations of {stale} for {event!r}"
+            return HookReply(
+                handler=name, error=WireError(code="stale_declaration", message=message)
+            )
+        return None
+
     async def _run_chain(
         self,
         msg: Msg,
         decoded: EventEnvelope | None,
         replies: list[HookReply],
-        running: list[str],
+        running: list[tuple[ChainStep, HandlerSpec]],
     ) -> HookReply:
         """Run the steps of a chain request in order, appending each step's reply to
         `replies` (and naming the steps running now in `running`); stop after a step that
-        ends the fold (see `ChainStep`). `decoded`: the request's envelope (None: it could
-        not be decoded)."""
+        ends the fold (see `ChainStep`) or timed out, or before a step the dispatcher may
+        have given up on (see `ChainProgress`). `decoded`: the request's envelope (None: it
+        could not be decoded). Progress replies go out while steps wait."""
         received = time.monotonic()
         name = self.handler_set_id
         envelope, refusal = self._read_request(name, msg, decoded)
@@ -664,44 +709,66 @@ class HookWorker:
             return refusal
         steps = envelope.chain or []
         specs = [self._specs.get((envelope.event, step.handler)) for step in steps]
-        if not steps or None in specs:
-            missing = [st.handler for st, sp in zip(steps, specs, strict=True) if sp is None]
-            message = f"not served by this process: {missing}" if missing else "no steps"
-            return HookReply(handler=name, error=WireError(code="bad_request", message=message))
+        refusal = self._chain_refusal(envelope.event, steps, specs)
+        if refusal is not None:
+            return refusal
         budget = envelope.budget_s
         deadline = None if budget is None else received + budget
+        progress = ChainProgress(name, lambda r: self._respond(msg, r), received)
         data = envelope.data
         i = 0
-        while i < len(steps):
-            j = i + 1
-            if steps[i].parallel:
-                while j < len(steps) and steps[j].parallel:
-                    j += 1
-            run = [
-                (step, spec)
-                for step, spec in zip(steps[i:j], specs[i:j], strict=True)
-                if spec is not None and spec.matches(data)
-            ]
-            i = j
-            if not run:
-                continue
-            running[:] = [step.handler for step, _ in run]
-            if len(run) == 1:  # no task per step: the common, sequential case
-                step, spec = run[0]
-                outs = [await self._step(spec, step, envelope, data, deadline, msg)]
-            else:
-                outs = await asyncio.gather(
-                    *(self._step(sp, st, envelope, data, deadline, msg) for st, sp in run)
-                )
-            running.clear()
-            for (step, _), out in zip(run, outs, strict=True):
-                replies.append(out)
-                if _ends_fold(step, out):
-                    return HookReply(handler=name, chain=replies)
-                result = out.result
-                if result is not None and result.action == "modify" and result.data is not None:
-                    data = result.data
+        try:
+            while i < len(steps):
+                j = i + 1
+                if steps[i].parallel:
+                    while j < len(steps) and steps[j].parallel:
+                        j += 1
+                run = [
+                    (step, spec)
+                    for step, spec in zip(steps[i:j], specs[i:j], strict=True)
+                    if spec is not None and spec.matches(data)
+                ]
+                i = j
+                if not run:
+                    continue
+                now = time.monotonic()
+                if replies and progress.late(now):  # the dispatcher calls the rest itself
+                    break
+                running[:] = run
+                progress.start([step for step, _ in run], now)
+                outs = await self._run_group(run, envelope, data, deadline, msg, progress)
+                running.clear()
+                for (step, _), out in zip(run, outs, strict=True):
+                    replies.append(out)
+                    if _ends_fold(step, out) or _timed_out(out):
+                        return HookReply(handler=name, chain=replies)
+                    result = out.result
+                    if result is not None and result.action == "modify" and result.data is not None:
+                        data = result.data
+        finally:
+            progress.close()
         return HookReply(handler=name, chain=replies)
+
+    async def _run_group(
+        self,
+        run: list[tuple[ChainStep, HandlerSpec]],
+        envelope: EventEnvelope,
+        data: dict[str, Any],
+        deadline: float | None,
+        msg: Msg,
+        progress: ChainProgress,
+    ) -> list[HookReply]:
+        """Run one step, or a parallel group of steps concurrently, on `data`; each reply
+        is handed to `progress` as its step finishes."""
+
+        async def one(step: ChainStep, spec: HandlerSpec) -> HookReply:
+            reply = await self._step(spec, step, envelope, data, deadline, msg)
+            progress.finished(step, reply)
+            return reply
+
+        if len(run) == 1:  # no task per step: the common, sequential case
+            return [await one(*run[0])]
+        return list(await asyncio.gather(*(one(st, sp) for st, sp in run)))
 
     async def _step(
         self,
@@ -839,14 +906,25 @@ def _chain_width(envelope: EventEnvelope | None) -> int:
     return max(1, widest)
 
 
+def _timed_out(reply: HookReply) -> bool:
+    """Whether a step's reply is its timeout: the chain stops there, as the dispatcher
+    calls the steps after a timed-out one itself."""
+    return reply.error is not None and reply.error.code == "handler_timeout"
+
+
 def _ends_fold(step: ChainStep, reply: HookReply) -> bool:
-    """Whether the dispatcher's fold stops at this step (so later steps must not run): a
-    deny, a parallel step's modify, an unreadable result, a failure under policy deny."""
+    """Whether the dispatcher's fold stops at this step (so later steps must not run):
+    `ends_fold`, the one stop rule, on the step's reply (a result's action; an error
+    ``bad_result``, or a reply with neither, is an unreadable result; any other error a
+    failure)."""
+    outcome: StepOutcome
     if reply.result is not None:
-        action = reply.result.action
-        return action == "deny" or (step.parallel and action == "modify")
-    code = reply.error.code if reply.error is not None else "bad_result"
-    return code == "bad_result" or step.failure_policy == "deny"
+        outcome = reply.result.action
+    elif reply.error is None or reply.error.code == "bad_result":
+        outcome = "unreadable"
+    else:
+        outcome = "failed"
+    return ends_fold(outcome, parallel=step.parallel, failure_policy=step.failure_policy)
 
 
 class _RateLimitedWarning:

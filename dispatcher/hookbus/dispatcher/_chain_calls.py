@@ -1,0 +1,268 @@
+"""One chain request in flight, folded step by step as its worker reports.
+
+A chain request sends adjacent handlers of one worker process's handler set in one
+request (see `hookbus.schemas.ChainStep`). It is an optimisation of calling them one by
+one, so it must give the same outcomes under every fault; this is how:
+
+- the worker reports each step's reply as soon as the chain waits on anything, naming the
+  steps running then (`HookReply.running`); the final reply lists them all;
+- each step the fold reaches is given the timeout it would have on a request of its own,
+  dated from when the worker reported it running (else from the last message heard, or
+  the send): past it, the step fails as ``timeout`` under its own policy, as a request
+  of its own would have, and the chain is over;
+- the steps after the one that was running when the chain ended (a timeout, a worker
+  killed or shut down mid-chain, a worker that stopped because it was late) are "not run"
+  (None): the caller calls each on its own within what is left of the emit's deadline. A
+  step cut by a shutdown that may run twice (``retry_safe``) is not run either;
+- a chain whose steps are all ``retry_safe`` is not waited on past a step's hedging
+  window (`HEDGE_FRACTION` of its timeout): that step and the rest are called on their
+  own, where they are hedged like any retry_safe call;
+- nothing run (no responders, every replica refused, a step the worker judges by another
+  declaration: ``stale_declaration``): every step is "not run".
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from hookbus.schemas import EventEnvelope, HookReply, WireFormatError, decode
+
+from ._calls import (
+    DEFAULT_TIMEOUT_S,
+    HEDGE_FRACTION,
+    HEDGE_MIN_S,
+    MAX_REFUSALS,
+    NOT_RUN_CODES,
+    Failed,
+    Outcome,
+    reply_outcome,
+)
+from ._routes import Route
+
+if TYPE_CHECKING:
+    from ._calls import ChainPlan, Requester, _Inbox
+
+__all__ = ["ChainCall"]
+
+_NO_RESPONDERS = "503"
+
+
+class ChainCall:
+    """One chain request: send it with `start`, then ask `outcomes` for each group of
+    steps the fold reaches, in order; `close` when done.
+
+    Args:
+        requester: the connection's requester (its reply inbox).
+        nc: the connection.
+        plan: the steps and the chain subject.
+        envelope: the request (its ``chain`` and ``budget_s`` are set here).
+        headers: the request's headers (trace context).
+        deadline: the emit's deadline on the loop's clock; None for none.
+    """
+
+    def __init__(
+        self,
+        requester: Requester,
+        nc: NATS,
+        plan: ChainPlan,
+        envelope: EventEnvelope,
+        headers: dict[str, str] | None,
+        deadline: float | None,
+    ) -> None:
+        self._requester = requester
+        self._nc = nc
+        self._plan = plan
+        self._envelope = envelope
+        self._headers = headers
+        self._deadline = deadline
+        self._loop = asyncio.get_running_loop()
+        self._inbox: _Inbox | None = None
+        self._tokens: list[str] = []
+        self._avoid: set[str] = set()
+        self._refusals = 0
+        self._instance = ""
+        self._replies: dict[str, HookReply] = {}
+        self._running_since: dict[str, float] = {}
+        self._heard_at = 0.0
+        self._heard = False
+        self.over = False
+        """No further step will run in the chain: those without a reply are not run."""
+        self._lost: Failed | None = None
+
+    async def start(self) -> Failed | None:
+        """Send the request; a `Failed` (``not_run``) if it could not be sent.
+
+        Raises:
+            NotConnectedError: the connection is closed.
+            PayloadTooLargeError: the envelope exceeds the server's max_payload.
+        """
+        self._inbox = self._requester.open_inbox()
+        self._envelope.chain = self._plan.steps
+        return await self._send(self._plan.target.subject)
+
+    def close(self) -> None:
+        """Stop listening for the chain's replies (later ones are dropped)."""
+        for token in self._tokens:
+            self._requester.close_inbox(token)
+        self._tokens.clear()
+        self.over = True
+
+    async def outcomes(self, group: list[Route]) -> list[Outcome | None]:
+        """The outcome of each step of `group` (one step, or a parallel group), waiting
+        for them as the module docstring says; None for a step the chain did not run
+        (call it alone)."""
+        out: dict[Route, Outcome | None] = {}
+        ended = False
+        while True:
+            pending = [r for r in group if r not in out and not self._settle(r, out)]
+            if not pending:
+                break
+            now = self._loop.time()
+            due = min(self._due(r) for r in pending)
+            if self._plan.hedge:
+                window = min(self._hedge_at(r) for r in pending)
+                if now >= window:  # its own requests hedge it: leave the chain
+                    out.update(dict.fromkeys(pending))
+                    ended = True
+                    break
+                due = min(due, window)
+            if now >= due:
+                for r in pending:
+                    if self._due(r) <= now:
+                        out[r] = self._timeout(r)
+                        ended = True
+                continue
+            await self._next(due)
+        if ended:
+            self.over = True
+        return [out[r] for r in group]
+
+    # -- internals ---------------------------------------------------------------------------
+    def _settle(self, route: Route, out: dict[Route, Outcome | None]) -> bool:
+        """Put `route`'s outcome in `out` if known now; whether it was."""
+        reply = self._replies.get(route.name)
+        if reply is not None:
+            err = reply.error
+            # cut by a shutdown and safe to run again: asked on its own, like a refusal
+            out[route] = None if err is not None and err.retryable else reply_outcome(reply)
+        elif self._lost is not None:
+            out[route] = self._lost
+        elif self.over:
+            out[route] = None
+        else:
+            return False
+        return True
+
+    def _timeout_s(self, route: Route) -> float:
+        return route.timeout_s or DEFAULT_TIMEOUT_S
+
+    def _start_of(self, route: Route) -> float:
+        """When `route`'s step started, as far as the dispatcher knows (its clock)."""
+        return self._running_since.get(route.name, self._heard_at)
+
+    def _due(self, route: Route) -> float:
+        due = self._start_of(route) + self._timeout_s(route)
+        return due if self._deadline is None else min(due, self._deadline)
+
+    def _hedge_at(self, route: Route) -> float:
+        return self._start_of(route) + max(HEDGE_MIN_S, self._timeout_s(route) * HEDGE_FRACTION)
+
+    def _timeout(self, route: Route) -> Failed:
+        if self._deadline is not None and self._loop.time() >= self._deadline:
+            return Failed("timeout", "no reply within the emit's deadline")
+        return Failed("timeout", f"no reply within {self._timeout_s(route):.3g}s")
+
+    async def _next(self, until: float) -> None:
+        """Take the next message of the chain, or return at `until` (loop time)."""
+        assert self._inbox is not None
+        try:
+            token, msg = await self._inbox.get(self._loop, until)
+        except TimeoutError:
+            return
+        await self._take(token, msg)
+
+    async def _take(self, token: str, msg: Msg) -> None:
+        headers = msg.headers or {}
+        status = headers.get("Status")
+        if status is not None:
+            if not msg.data and status == _NO_RESPONDERS and not self._heard:
+                self._requester.close_inbox(token)
+                self.over = True  # nobody serves the set: each step on its own
+                return
+            self._lose(f"a status {status!r} message, not a HookReply")
+            return
+        try:
+            reply = decode(msg.data, HookReply)
+        except WireFormatError as exc:
+            self._lose(str(exc))
+            return
+        if reply.error is not None:
+            await self._refused(reply)
+            return
+        if reply.chain is None:
+            self._lose("a chain reply without its replies")
+            return
+        now = self._loop.time()
+        self._heard, self._heard_at = True, now
+        if reply.instance and not self._instance:
+            self._instance = reply.instance
+            self._requester.answered(self._plan.target.subject, reply.instance, now)
+        for r in reply.chain:
+            self._replies[r.handler] = r
+        if reply.running is None:
+            self.over = True
+        else:
+            since = now - max(0.0, reply.running_for_s)
+            for name in reply.running:
+                self._running_since[name] = since
+
+    async def _refused(self, reply: HookReply) -> None:
+        """An error answering the whole request: nothing ran (see the worker's codes)."""
+        err = reply.error
+        assert err is not None
+        if self._heard or err.code not in NOT_RUN_CODES:
+            self._lose(f"{err.code}: {err.message}", kind="error")
+            return
+        if reply.instance:
+            self._avoid.add(reply.instance)
+        self._refusals += 1
+        if err.retryable and err.code in ("busy", "unavailable") and self._refusals < MAX_REFUSALS:
+            subject = self._requester.target(
+                self._plan.target, self._avoid, self._loop.time(), chain=True
+            )
+            if await self._send(subject) is None:
+                return
+        self.over = True  # each step on its own
+
+    def _lose(self, message: str, kind: str = "bad_reply") -> None:
+        """The chain's answer cannot be read: the steps waited for fail so (a
+        ``bad_reply`` always denies), and the chain is over."""
+        self._lost = Failed(kind, message)  # type: ignore[arg-type]
+        self.over = True
+
+    async def _send(self, subject: str) -> Failed | None:
+        assert self._inbox is not None
+        now = self._loop.time()
+        budget = self._plan.total_s
+        if self._deadline is not None:
+            budget = min(budget, self._deadline - now)
+        if budget <= 0:
+            self.over = True
+            return Failed("timeout", "not called: the emit's deadline had passed", True)
+        self._envelope.budget_s = budget
+        self._envelope.attempt = len(self._tokens) + 1
+        token = self._requester.add_token(self._inbox)
+        self._tokens.append(token)
+        failed = await self._requester.send(
+            self._nc, subject, self._envelope, self._headers, token
+        )
+        if failed is not None:
+            self.over = True
+            return failed
+        if not self._heard:
+            self._heard_at = now
+        return None

@@ -1,0 +1,134 @@
+"""What a worker tells the dispatcher while it runs a chain request: its progress replies.
+
+A chain request runs several handlers in one process. Were its answers sent only at the
+end, a process killed or paused mid-chain would take the answers of the steps that had
+already run with it, and the dispatcher could not tell which step was running. So the
+worker reports, on the request's reply subject, each step's reply as soon as the chain
+waits on anything (a step that suspends), and names the steps running then:
+
+- after a step (or a member of a parallel group) finishes while steps remain, a report is
+  scheduled for the event loop's next turn (`loop.call_soon`); if the chain finishes
+  without waiting (handlers that return at once), the report is dropped and the final
+  reply carries everything: a fast chain still costs one message;
+- a report is incremental (the replies finished since the last one); the final reply
+  (`HookReply.running` None) lists every reply.
+
+The dispatcher dates each running step from its report and gives up on it at its own
+timeout, as it would on a request of its own; the steps after it it calls one by one. So a
+worker must never start a step once the dispatcher may have given up on the chain
+(`late`): after a pause (SIGSTOP, a starved event loop) the rest of the chain is left to
+the dispatcher, and no handler runs twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+
+import nats.errors
+
+from hookbus.schemas import ChainStep, HookReply
+
+__all__ = ["LATE_MARGIN_S", "ChainProgress"]
+
+LATE_MARGIN_S = 0.05
+"""Seconds before the dispatcher's earliest give-up at which a worker stops starting steps
+(the dispatcher dates a first step from its send, the worker from its receipt)."""
+
+_sending: set[asyncio.Future[None]] = set()
+
+
+class ChainProgress:
+    """The progress replies of one chain request.
+
+    Args:
+        name: the handler set's id (the `HookReply.handler` of a chain's replies).
+        send: publishes one reply on the request's reply subject.
+        received: `time.monotonic()` when the request arrived.
+    """
+
+    __slots__ = (
+        "_closed",
+        "_heard_at",
+        "_name",
+        "_running",
+        "_scheduled",
+        "_send",
+        "_started",
+        "_unreported",
+        "_watch_deadline",
+    )
+
+    def __init__(
+        self, name: str, send: Callable[[HookReply], Awaitable[None]], received: float
+    ) -> None:
+        self._name = name
+        self._send = send
+        self._unreported: list[HookReply] = []
+        self._running: list[ChainStep] = []
+        self._started = received
+        self._scheduled = False
+        self._closed = False
+        self._heard_at = received
+        """From when the dispatcher dates steps not reported running: the request's
+        receipt, then the last report that named none running."""
+        self._watch_deadline: float | None = None
+        """When the dispatcher may give up on the steps it waits for (None: set by the
+        next `start`)."""
+
+    def start(self, steps: list[ChainStep], now: float) -> None:
+        """Steps `steps` (one, or a parallel group) start running at `now`."""
+        self._running = list(steps)
+        self._started = now
+        if self._watch_deadline is None:  # not reported: dated from what it last heard
+            self._watch_deadline = self._heard_at + _earliest(steps)
+
+    def finished(self, step: ChainStep, reply: HookReply) -> None:
+        """`step` finished with `reply`: reported at the loop's next turn."""
+        self._unreported.append(reply)
+        self._running = [s for s in self._running if s is not step]
+        if not self._scheduled and not self._closed:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def late(self, now: float) -> bool:
+        """Whether starting another step at `now` could race the dispatcher's give-up on
+        the chain: then the worker stops and the dispatcher calls the rest itself."""
+        deadline = self._watch_deadline
+        return deadline is not None and now >= deadline - LATE_MARGIN_S
+
+    def close(self) -> None:
+        """The chain is over (its final reply goes now): no more progress replies."""
+        self._closed = True
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        if self._closed or not self._unreported:
+            return
+        now = time.monotonic()
+        reply = HookReply(
+            handler=self._name,
+            chain=self._unreported,
+            running=[s.handler for s in self._running],
+            running_for_s=max(0.0, now - self._started),
+        )
+        self._unreported = []
+        # the dispatcher now dates the running steps from this report
+        if self._running:
+            self._watch_deadline = self._started + _earliest(self._running)
+        else:
+            self._heard_at, self._watch_deadline = now, None
+        task = asyncio.ensure_future(self._publish(reply))
+        _sending.add(task)  # held until sent (the loop keeps only weak references)
+        task.add_done_callback(_sending.discard)
+
+    async def _publish(self, reply: HookReply) -> None:
+        with contextlib.suppress(nats.errors.Error, OSError):
+            await self._send(reply)
+
+
+def _earliest(steps: list[ChainStep]) -> float:
+    """The shortest timeout among `steps`, seconds (the dispatcher's first give-up)."""
+    return min((s.timeout_s for s in steps), default=0.0)
