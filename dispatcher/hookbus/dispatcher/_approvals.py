@@ -4,9 +4,24 @@ amplifier-core's `HookResult` carries the question (`approval_prompt`), the choi
 (`approval_options`, default ``["Allow", "Deny"]``), how long to wait (`approval_timeout`,
 seconds) and what to do then (`approval_default`). hookbus turns that into a suspension
 whose metadata carries them; the emit waits for an `ApprovalAnswer` and returns continue or
-deny. A choice starting with "allow" (any case) allows; anything else denies.
+deny.
 
-**One approval per call.** The label is derived from the call: event, agent, session,
+**Which answers allow.** The options a handler lists in `approval_allow_options` (hookbus's
+field), else those starting with "allow" (any case); every other option denies. A question
+whose options offer no allowing answer is denied without asking anyone (the reason says so,
+and a warning is logged): a made-up refusal is never reported as a human's.
+
+**Every asker is asked.** When several handlers answer ``ask_user`` for one call, each
+handler's question is asked (or allowed by that handler's own grant), one after the other in
+priority order: the first refusal denies, and the call goes on only when every question was
+allowed (`joined_decision`).
+
+**What ends a wait.** The approval's own `approval_timeout` applies `approval_default` and
+closes the approval. The caller's deadline (``emit(..., timeout_s=...)``) ending the wait
+first is not the human's silence: the call is denied and the approval stays pending, so a
+retry of the call (same idempotency key) gets its answer.
+
+**One approval per call and asker.** The label is derived from the call: event, agent, session,
 handler, the call's id (the caller's idempotency key, else the emit's own random id) and
 its data (without the timestamp). A retry of the same call (same key, e.g. after a lost
 reply or a dispatcher restart) finds its approval and its answer and is never asked twice;
@@ -17,10 +32,11 @@ timeout the approval is cancelled, and if that cancel loses to an answer, the an
 
 **"Allow always"** stores an `ApprovalGrant` in `APPROVALS_BUCKET` under `grant_key`
 (agent, session, event, handler, tool). It allows every later call of that tool **with any
-input** by the same agent in the same session when the same handler asks, until the
-bucket's TTL (24 h by default) or until revoked (`Approvals.revoke_grants`, ``hookbus
-approvals revoke``). A call without a session id is never remembered: "Allow always" then
-allows that call only, and the reason says so.
+input** by the same agent in the same session when the same handler asks (another
+handler's question about the same call is still asked), until the bucket's TTL (24 h by
+default) or until revoked (`Approvals.revoke_grants`, ``hookbus approvals revoke``). Only
+an "Allow always" that allows stores one. A call without a session id is never remembered:
+"Allow always" then allows that call only, and the reason says so.
 """
 
 from __future__ import annotations
