@@ -178,10 +178,10 @@ async def test_a_handler_names_the_options_that_allow(
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "deploy"})
         part = await question(approver, agent.session, "guard")
-        assert part.metadata["allow_options"] == ["Approve"]
         await answer(approver, part, choice)
         r = await out.wait()
     assert (r.action, r.approved_by, r.reason) == (action, "tester", f"tester chose {choice!r}")
+    assert part.metadata["allow_options"] == ["Approve"]  # the approver sees which allow
 
 
 async def test_allow_always_that_the_handler_does_not_list_denies_and_grants_nothing(
