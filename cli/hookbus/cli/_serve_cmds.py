@@ -174,10 +174,10 @@ def _worker_banner(obj: HookWorker, url: str, max_concurrency: int, grace_s: flo
 @otlp_option
 @click.option(
     "--max-concurrency",
-    default=256,
-    show_default=True,
+    default=None,
     type=click.IntRange(min=1),
-    help="Requests handled at once by this process; more are refused 'busy' at once.",
+    help="Requests handled at once by this process; more are refused 'busy' at once."
+    "  [default: the HookWorker's own max_concurrency, 256 unless it sets another]",
 )
 @grace_period_option
 @bucket_replicas_option
@@ -192,7 +192,7 @@ def worker(
     target: str,
     conn: ConnectionSettings,
     otlp_endpoint: str | None,
-    max_concurrency: int,
+    max_concurrency: int | None,
     grace_s: float,
     bucket_replicas: int,
     strict_buckets: bool,
@@ -207,7 +207,8 @@ def worker(
         raise click.BadParameter(f"{target} is a {type(obj).__name__}, not a HookWorker")
     if not obj.handlers:
         raise click.BadParameter(f"the HookWorker at {target} has no handlers")
-    obj.max_concurrency = max_concurrency
+    if max_concurrency is not None:  # given: it overrides the worker's own setting
+        obj.max_concurrency = max_concurrency
     obj.replace = obj.replace or replace
 
     async def body(sup: Supervisor, server: ConnectionSettings) -> None:
@@ -224,7 +225,7 @@ def worker(
         except (HookbusError, ValueError) as exc:  # a conflicting declaration, no registry
             raise click.ClickException(str(exc)) from exc
         sup.serving(lambda: obj.shutdown(grace_s=grace_s))
-        click.echo(_worker_banner(obj, url, max_concurrency, grace_s), err=True)
+        click.echo(_worker_banner(obj, url, obj.max_concurrency, grace_s), err=True)
         await obj.run(nc)
 
     what = "hookbus worker"

@@ -11,27 +11,31 @@ Remote routes come from validated declarations only (`check_declaration`): the s
 always derived from (event, name). A `RequiredHandler` with no declaration (and no
 in-process handler of that name) becomes a route of its own to the handler's derived
 subject, so the call fails with ``no_responders`` and the requirement's failure policy
-decides: a required handler is never silently absent.
+decides: a required handler is never silently absent. A required handler that is declared
+(or registered in-process) keeps the stricter of the two failure policies: a declaration
+cannot loosen the operator's requirement (a ``deny`` requirement stays fail-closed).
+
+Options (priority, timeout, failure policy, tool filter) are bounded and tool filters
+matched by `hookbus.schemas._handler_options`, as workers judge them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-import re
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from hookbus.schemas import (
-    MAX_HANDLER_TIMEOUT_S,
     FailurePolicy,
     HandlerDeclaration,
     RequiredHandler,
     chain_subject,
-    compile_tool_filter,
     handler_set_id,
     handler_subject,
 )
+from hookbus.schemas._handler_options import ToolFilter, check_timeout, stricter_policy
 
 __all__ = ["LocalHandler", "Route", "RoutingTable"]
 
@@ -64,21 +68,17 @@ class Route:
     handler_set: frozenset[str] = frozenset()
     """The names its worker process serves (what a chain to `chain` may hold)."""
     order: tuple[int, int, int | str] = (0, 0, 0)
-    _filter: re.Pattern[str] | None = field(default=None, repr=False)
+    _filter: ToolFilter = field(default=ToolFilter.EVERY, repr=False)
 
     @property
     def remote(self) -> bool:
         return self.local is None
 
     def matches(self, data: dict[str, Any]) -> bool:
-        """Whether the tool filter admits this event's ``data["tool_name"]``.
-
-        No filter admits everything; a filter never admits data without a string tool name.
-        """
-        if self._filter is None:
-            return True
-        tool = data.get("tool_name")
-        return isinstance(tool, str) and self._filter.fullmatch(tool) is not None
+        """Whether the tool filter admits this event's ``data["tool_name"]`` (`ToolFilter`:
+        no filter admits everything; a filter never admits data without a string tool
+        name)."""
+        return self._filter.matches(data)
 
     @classmethod
     def make(
@@ -98,7 +98,13 @@ class Route:
         pure: bool = False,
         handler_set: Iterable[str] | None = None,
     ) -> Route:
-        patterns = None if tool_filter is None else tuple(tool_filter)
+        """A route with its tool filter compiled (`ToolFilter.of`; the other options are
+        the caller's to check: `HandlerOptions`, `check_declaration`).
+
+        Raises:
+            BadRequestError: the tool filter is out of its bounds.
+        """
+        flt = ToolFilter.of(tool_filter)
         order: tuple[int, int, int | str] = (priority, 0, seq) if local else (priority, 1, name)
         return cls(
             event=event,
@@ -107,7 +113,7 @@ class Route:
             timeout_s=timeout_s,
             failure_policy=failure_policy,
             parallel=parallel,
-            tool_filter=patterns,
+            tool_filter=flt.patterns,
             local=local,
             subject=subject,
             retry_safe=retry_safe or pure,
@@ -115,22 +121,24 @@ class Route:
             chain=chain_subject(event, handler_set_id(handler_set)) if handler_set else "",
             handler_set=frozenset(handler_set or ()),
             order=order,
-            _filter=compile_tool_filter(patterns),
+            _filter=flt,
         )
 
     @classmethod
     def from_declaration(cls, decl: HandlerDeclaration) -> Route:
         """The route of a declaration: subject derived from (event, name), whatever the
-        declaration says; timeout clamped to `MAX_HANDLER_TIMEOUT_S` seconds.
+        declaration says; timeout clamped to `MAX_HANDLER_TIMEOUT_S` seconds
+        (`check_timeout`, as on every path).
 
         Raises:
-            BadRequestError: the names are too long for a subject.
+            BadRequestError: the names are too long for a subject, or an option is out of
+                its bounds (never for a declaration `check_declaration` accepted).
         """
         return cls.make(
             event=decl.event,
             name=decl.name,
             priority=decl.priority,
-            timeout_s=min(decl.timeout_s, MAX_HANDLER_TIMEOUT_S),
+            timeout_s=check_timeout(decl.timeout_s),
             failure_policy=decl.failure_policy,
             parallel=decl.parallel,
             tool_filter=decl.tool_filter,
@@ -142,16 +150,18 @@ class Route:
 
     @classmethod
     def from_required(cls, req: RequiredHandler) -> Route:
-        """The stand-in route of a required handler that has no declaration.
+        """The stand-in route of a required handler that has no declaration; timeout
+        clamped as a declaration's (`check_timeout`).
 
         Raises:
-            BadRequestError: the names are too long for a subject.
+            BadRequestError: the names are too long for a subject, or an option is out of
+                its bounds (never for a record `check_required` accepted).
         """
         return cls.make(
             event=req.event,
             name=req.name,
             priority=req.priority,
-            timeout_s=min(req.timeout_s, MAX_HANDLER_TIMEOUT_S),
+            timeout_s=check_timeout(req.timeout_s),
             failure_policy=req.failure_policy,
             parallel=False,
             tool_filter=req.tool_filter,
@@ -247,13 +257,31 @@ class RoutingTable:
         return sorted(self._required.get(event, {}))
 
     def _rebuild(self, event: str) -> None:
+        """The snapshot of `event`: in-process and remote routes, each required one with
+        the stricter failure policy of its requirement and its own (`_as_required`), and
+        a stand-in for each required handler that has neither."""
         local = self._local.get(event, ())
         remote = self._remote.get(event, {})
+        required = self._required.get(event, {})
         present = {r.name for r in local} | set(remote)
-        standins = [r for n, r in self._required.get(event, {}).items() if n not in present]
-        routes = [*local, *remote.values(), *standins]
+        standins = [r for n, r in required.items() if n not in present]
+        routes = [*local, *remote.values()]
+        if required:
+            routes = [_as_required(r, required.get(r.name)) for r in routes]
+        routes += standins
         if routes:
             self._snapshots[event] = tuple(sorted(routes, key=lambda r: r.order))
             self._seen[event] = None
         else:
             self._snapshots.pop(event, None)
+
+
+def _as_required(route: Route, requirement: Route | None) -> Route:
+    """`route` with the stricter failure policy of its own and its requirement's
+    (`stricter_policy`); `route` itself when that changes nothing."""
+    if requirement is None:
+        return route
+    policy = stricter_policy(route.failure_policy, requirement.failure_policy)
+    if policy == route.failure_policy:
+        return route
+    return dataclasses.replace(route, failure_policy=policy)

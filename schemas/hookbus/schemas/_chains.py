@@ -13,17 +13,17 @@ the subject of a set that names every handler in it. The subject also names the 
 processes serving the same names for different events never share a queue group.
 
 The chain subjects are built with the others in `_subjects` (`chain_subject`). Tool
-filters are matched here (`compile_tool_filter`) by dispatchers and workers alike.
+filters are matched by dispatchers and workers alike with `ToolFilter`
+(`_handler_options`, where `compile_tool_filter` lives; re-exported here).
 """
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
-import re
 from collections.abc import Iterable
 from typing import Final
 
+from ._handler_options import compile_tool_filter
 from ._subjects import encode_token
 
 __all__ = ["MAX_HANDLER_SET", "compile_tool_filter", "handler_set_id"]
@@ -41,11 +41,3 @@ def handler_set_id(names: Iterable[str]) -> str:
     """
     tokens = sorted({encode_token(n) for n in names})
     return hashlib.sha256("\n".join(tokens).encode()).hexdigest()[:32]
-
-
-def compile_tool_filter(patterns: Iterable[str] | None) -> re.Pattern[str] | None:
-    """One regular expression for a tool filter's globs (`fnmatch` syntax, whole-name
-    match); None for no filter (everything matches). An empty list matches nothing."""
-    if patterns is None:
-        return None
-    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns) or "(?!)")

@@ -7,7 +7,8 @@ collect subject and queue group are derived from (event, name), never read from 
 (a non-empty value that differs refuses the record). Dispatchers skip and report a record
 that fails; it never takes a dispatcher or a CLI command down.
 
-Bounds (documented, enforced here):
+Bounds (documented, enforced here; a handler's options through `HandlerOptions`, the one
+definition a worker's and an in-process handler's options are checked by too):
 
 =============================  ================================================
 value size                     at most `MAX_RECORD_BYTES` bytes
@@ -23,7 +24,6 @@ event, handler names           `validate_name`; the encoded key within `MAX_KEY_
 
 from __future__ import annotations
 
-import math
 from typing import Final, TypeVar
 
 import msgspec
@@ -31,8 +31,13 @@ import msgspec
 from ._chains import MAX_HANDLER_SET
 from ._codec import decode
 from ._errors import BadRequestError, HookbusError
+from ._handler_options import (
+    MAX_HANDLER_TIMEOUT_S,
+    MAX_PRIORITY,
+    MAX_TOOL_PATTERNS,
+    HandlerOptions,
+)
 from ._subjects import (
-    MAX_NAME_LENGTH,
     collect_subject,
     handler_key,
     handler_queue_group,
@@ -57,12 +62,6 @@ __all__ = [
 
 MAX_RECORD_BYTES: Final = 4096
 """Largest registry value accepted, in bytes."""
-MAX_HANDLER_TIMEOUT_S: Final = 60.0
-"""Longest per-call timeout a record may ask for, in seconds (larger ones are clamped)."""
-MAX_PRIORITY: Final = 1_000_000
-"""Priorities are ints within ``[-MAX_PRIORITY, MAX_PRIORITY]``."""
-MAX_TOOL_PATTERNS: Final = 64
-"""Most globs in one ``tool_filter``."""
 
 COMPARED_FIELDS: Final = (
     "priority",
@@ -86,24 +85,14 @@ def _check_common(record: R, event: str, name: str) -> R:
             f"the value declares ({record.event!r}, {record.name!r}) but its key is for"
             f" ({event!r}, {name!r})"
         )
-    if isinstance(record.priority, bool) or abs(record.priority) > MAX_PRIORITY:
-        raise BadRequestError(f"priority {record.priority!r} outside ±{MAX_PRIORITY}")
-    timeout = record.timeout_s
-    if not math.isfinite(timeout) or timeout <= 0:
-        raise BadRequestError(f"timeout_s must be finite and positive, got {timeout!r}")
-    patterns = record.tool_filter
-    if patterns is not None:
-        if len(patterns) > MAX_TOOL_PATTERNS:
-            raise BadRequestError(
-                f"tool_filter has {len(patterns)} globs, at most {MAX_TOOL_PATTERNS}"
-            )
-        for pattern in patterns:
-            if not pattern or len(pattern) > MAX_NAME_LENGTH:
-                raise BadRequestError(
-                    f"tool_filter globs must have 1 to {MAX_NAME_LENGTH} characters"
-                )
-    if timeout > MAX_HANDLER_TIMEOUT_S:
-        record = msgspec.structs.replace(record, timeout_s=MAX_HANDLER_TIMEOUT_S)
+    options = HandlerOptions.remote(  # the bounds every path applies; raises if out
+        priority=record.priority,
+        timeout_s=record.timeout_s,
+        failure_policy=record.failure_policy,
+        tool_filter=record.tool_filter,
+    )
+    if options.timeout_s != record.timeout_s:
+        record = msgspec.structs.replace(record, timeout_s=options.timeout_s)
     if isinstance(record, HandlerDeclaration) and record.handler_set is not None:
         names = record.handler_set
         if len(names) > MAX_HANDLER_SET or record.name not in names:

@@ -449,13 +449,8 @@ class HookWorker:
     def _make_callback(self, spec: HandlerSpec) -> Callable[[Msg], Awaitable[None]]:
         harden_connection(self._nc)  # requests come from anyone: none may silence us
 
-        collect = spec.declaration.collect_subject
-        name = spec.declaration.name
-
         async def on_message(msg: Msg) -> None:
             # never await the work here: the subscription would stall behind it
-            if msg.subject == collect and not _addressed_to(name, msg.data):
-                return  # a parallel group's scatter for other handlers: not ours at all
             if self._state in ("draining", "stopped"):
                 await self._refuse(spec, msg, "unavailable", "the worker is shutting down")
             elif self._inflight >= self.max_concurrency:
@@ -873,26 +868,6 @@ class _Resumed:
                     value = coro.send(sent)
                 except StopIteration as done:
                     return done.value
-
-
-class _Addressees(msgspec.Struct):
-    """The handlers a collect-subject request names (the rest of it skipped)."""
-
-    handlers: list[str] | None = None
-
-
-_addressees = msgspec.json.Decoder(_Addressees)
-
-
-def _addressed_to(name: str, payload: bytes) -> bool:
-    """Whether a request on the collect subject is for handler `name`: an emit_and_collect
-    (no ``handlers``) is for every handler, a scatter only for those it names. A request
-    that cannot be read is taken (the handling answers ``bad_request``)."""
-    try:
-        handlers = _addressees.decode(payload).handlers
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-        return True
-    return handlers is None or name in handlers
 
 
 def _chain_width(envelope: EventEnvelope | None) -> int:
