@@ -46,9 +46,14 @@ from ._routes import Route
 if TYPE_CHECKING:
     from ._calls import ChainPlan, Requester, _Inbox
 
-__all__ = ["ChainCall"]
+__all__ = ["STEP_GRACE_S", "ChainCall"]
 
 _NO_RESPONDERS = "503"
+
+STEP_GRACE_S = 0.05
+"""Seconds a step reported running is waited for past its timeout, so that a live
+worker's own cut (``handler_timeout``, sent at the timeout) arrives first; the emit's
+deadline is never passed for it."""
 
 
 class ChainCall:
@@ -166,6 +171,8 @@ class ChainCall:
 
     def _due(self, route: Route) -> float:
         due = self._start_of(route) + self._timeout_s(route)
+        if route.name in self._running_since:
+            due += STEP_GRACE_S
         return due if self._deadline is None else min(due, self._deadline)
 
     def _hedge_at(self, route: Route) -> float:

@@ -211,11 +211,6 @@ class EventEnvelope(_Wire):
     """Set only on a chain request (``hookbus.v1.chain.<set>``): the handlers of `event`
     to run, in call order, one after the other with amplifier-core's semantics (see
     `ChainStep`). None: a request to the one handler its subject names."""
-    handlers: list[str] | None = None
-    """Set only on a parallel group's scatter, published once on the event's collect
-    subject: the names of the handlers that answer it (each as to a request of its own,
-    within its timeout and `budget_s`); every other handler of the event ignores it. None:
-    every handler that hears it answers (emit_and_collect)."""
 
 
 class ChainStep(_Wire):
