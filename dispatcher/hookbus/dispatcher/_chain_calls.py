@@ -264,9 +264,7 @@ class ChainCall:
         self._envelope.attempt = len(self._tokens) + 1
         token = self._requester.add_token(self._inbox)
         self._tokens.append(token)
-        failed = await self._requester.send(
-            self._nc, subject, self._envelope, self._headers, token
-        )
+        failed = await self._requester.send(self._nc, subject, self._envelope, self._headers, token)
         if failed is not None:
             self.over = True
             return failed
