@@ -63,6 +63,7 @@ for _h in CONF["handlers"]:
     worker.add_handler(
         CONF["event"], _make(_h), name=_h["name"], priority=_h["priority"],
         timeout_s=_h["timeout_s"], retry_safe=_h["retry_safe"], parallel=_h["parallel"],
+        failure_policy=_h["failure_policy"],
     )
 '''
 
@@ -70,12 +71,12 @@ for _h in CONF["handlers"]:
 def handler(
     name: str, priority: int, action: str = "continue", *, sleep_s: float = 0.0,
     timeout_s: float = 5.0, announce: bool = False, retry_safe: bool = False,
-    parallel: bool = False,
+    parallel: bool = False, failure_policy: str = "ignore",
 ) -> dict[str, Any]:  # fmt: skip
     return {
         "name": name, "priority": priority, "action": action, "sleep_s": sleep_s,
         "timeout_s": timeout_s, "announce": announce, "retry_safe": retry_safe,
-        "parallel": parallel,
+        "parallel": parallel, "failure_policy": failure_policy,
     }  # fmt: skip
 
 
@@ -291,3 +292,25 @@ async def test_no_chain_is_sent_when_no_handler_matches_the_tool(
         await asyncio.sleep(0.1)
     assert [r.action for r in results] == ["continue"] * 10
     assert seen == [] and calls == []
+
+
+async def test_a_retry_safe_chain_on_a_stalled_replica_is_hedged_like_single_calls(
+    connect: Connect, fleet: Fleet, event: str
+) -> None:
+    """Two replicas of a process serving two ``retry_safe`` guards (policy deny), one
+    paused: one by one every call is hedged to the live replica and none fails; a chain
+    that lands on the paused replica must not spend the emit's budget there."""
+    guards = [
+        handler("g1", 1, retry_safe=True, failure_policy="deny", timeout_s=1.0),
+        handler("g2", 2, retry_safe=True, failure_policy="deny", timeout_s=1.0),
+    ]
+    replicas = await start_replicas(fleet, event, guards, 2, "guards")
+    async with HookDispatcher(await connect()) as d:
+        for _ in range(6):  # both replicas have answered: hedges know where to go
+            await d.emit(event, {})
+        replicas[0].pause()
+        try:
+            results = [await d.emit(event, {}, timeout_s=1.5) for _ in range(16)]
+        finally:
+            replicas[0].resume()
+    assert [(r.action, r.failures) for r in results] == [("continue", [])] * 16
