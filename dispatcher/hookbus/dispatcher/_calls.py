@@ -282,6 +282,10 @@ class _Inbox:
 
     def put(self, token: str, msg: Msg) -> None:
         self.items.append((token, msg))
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake the waiter (`get` then raises `TimeoutError` if nothing came)."""
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -298,6 +302,8 @@ class _Inbox:
             finally:
                 timer.cancel()
                 self.waiter = None
+            if not self.items:  # woken for something else
+                raise TimeoutError
         return self.items.popleft()
 
 

@@ -14,9 +14,9 @@ one, so it must give the same outcomes under every fault; this is how:
   killed or shut down mid-chain, a worker that stopped because it was late) are "not run"
   (None): the caller calls each on its own within what is left of the emit's deadline. A
   step cut by a shutdown that may run twice (``retry_safe``) is not run either;
-- a chain whose steps are all ``retry_safe`` is not waited on past a step's hedging
-  window (`HEDGE_FRACTION` of its timeout): that step and the rest are called on their
-  own, where they are hedged like any retry_safe call;
+- in a chain whose steps are all ``retry_safe``, a step unanswered past its hedging
+  window (`HEDGE_FRACTION` of its timeout) is also asked on its own (hedged, as any
+  retry_safe call: `hedge`), and the first answer wins, the chain's or the hedge's;
 - nothing run (no responders, every replica refused, a step the worker judges by another
   declaration: ``stale_declaration``): every step is "not run".
 """
@@ -24,6 +24,7 @@ one, so it must give the same outcomes under every fault; this is how:
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from nats.aio.client import Client as NATS
@@ -116,35 +117,53 @@ class ChainCall:
         self._tokens.clear()
         self.over = True
 
-    async def outcomes(self, group: list[Route]) -> list[Outcome | None]:
+    async def outcomes(
+        self, group: list[Route], hedge: Callable[[Route], Awaitable[Outcome]] | None = None
+    ) -> list[Outcome | None]:
         """The outcome of each step of `group` (one step, or a parallel group), waiting
         for them as the module docstring says; None for a step the chain did not run
-        (call it alone)."""
+        (call it alone). `hedge(route)`: the step asked on its own (a chain of retry_safe
+        steps hedges a slow step with it)."""
         out: dict[Route, Outcome | None] = {}
+        hedges: dict[Route, asyncio.Future[Outcome]] = {}
         ended = False
-        while True:
-            pending = [r for r in group if r not in out and not self._settle(r, out)]
-            if not pending:
-                break
-            now = self._loop.time()
-            due = min(self._due(r) for r in pending)
-            if self._plan.hedge:
-                window = min(self._hedge_at(r) for r in pending)
-                if now >= window:  # its own requests hedge it: leave the chain
-                    out.update(dict.fromkeys(pending))
-                    ended = True
+        try:
+            while True:
+                pending = [r for r in group if r not in out and not self._settle(r, out)]
+                for r in [r for r in pending if r in hedges and hedges[r].done()]:
+                    out[r] = hedges[r].result()  # the hedge answered first
+                    pending.remove(r)
+                if not pending:
                     break
-                due = min(due, window)
-            if now >= due:
-                for r in pending:
-                    if self._due(r) <= now:
-                        out[r] = self._timeout(r)
-                        ended = True
-                continue
-            await self._next(due)
+                now = self._loop.time()
+                waiting = [r for r in pending if r not in hedges]
+                due = min((self._due(r) for r in waiting), default=None)
+                if self._plan.hedge and hedge is not None and waiting:
+                    for r in [r for r in waiting if self._hedge_at(r) <= now]:
+                        hedges[r] = self._start_hedge(hedge, r)
+                    due = min((self._hedge_at(r) for r in waiting if r not in hedges), default=due)
+                if due is not None and now >= due:
+                    for r in waiting:
+                        if r not in hedges and self._due(r) <= now:
+                            out[r] = self._timeout(r)
+                            ended = True
+                    continue
+                await self._next(due)
+        finally:
+            for task in hedges.values():
+                task.cancel()
         if ended:
             self.over = True
         return [out[r] for r in group]
+
+    def _start_hedge(
+        self, hedge: Callable[[Route], Awaitable[Outcome]], route: Route
+    ) -> asyncio.Future[Outcome]:
+        task = asyncio.ensure_future(hedge(route))
+        inbox = self._inbox
+        if inbox is not None:
+            task.add_done_callback(lambda _: inbox.wake())
+        return task
 
     # -- internals ---------------------------------------------------------------------------
     def _settle(self, route: Route, out: dict[Route, Outcome | None]) -> bool:
@@ -183,11 +202,12 @@ class ChainCall:
             return Failed("timeout", "no reply within the emit's deadline")
         return Failed("timeout", f"no reply within {self._timeout_s(route):.3g}s")
 
-    async def _next(self, until: float) -> None:
-        """Take the next message of the chain, or return at `until` (loop time)."""
+    async def _next(self, until: float | None) -> None:
+        """Take the next message of the chain, or return at `until` (loop time; None: when
+        woken)."""
         assert self._inbox is not None
         try:
-            token, msg = await self._inbox.get(self._loop, until)
+            token, msg = await self._inbox.get(self._loop, until or self._loop.time() + 3600)
         except TimeoutError:
             return
         await self._take(token, msg)

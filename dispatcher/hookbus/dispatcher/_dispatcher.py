@@ -817,7 +817,11 @@ class HookDispatcher(StandardEvents):
             return await self._fold_each(seg, ctx, fold, self._call_group)
         try:
             for group in _groups(seg, fold):
-                outcomes = await chain.outcomes(group)
+                data = fold.data
+                outcomes = await chain.outcomes(
+                    group,
+                    lambda r: self._router.call(r, ctx, data),  # noqa: B023 (awaited here)
+                )
                 alone = [r for r, o in zip(group, outcomes, strict=True) if o is None]
                 called: dict[Route, Outcome] = {}
                 if alone:  # not run by the chain: called on its own
