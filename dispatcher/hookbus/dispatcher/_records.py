@@ -9,12 +9,21 @@ is read again and reconciled:
 
 - our ``write_id`` is there, or in the ``lineage`` of a version that replaced it: the
   write succeeded;
-- the key is unchanged (same revision, or still absent for a create): the same write is
-  sent again (same bytes, same ``write_id``);
+- the key is unchanged (still at the revision the write replaces: a record, a delete
+  marker, or absent for a key never written): the same write is sent again (same bytes,
+  same ``write_id``), as a compare-and-set on that revision;
+- the key was deleted after that revision (a delete marker newer than it, or a record
+  created over one): with a history of one the deleted versions are gone, so whether ours
+  landed (and was consumed and removed) is unknown. It is never sent again: the caller
+  says what it counts as (``if_deleted``: landed, or lost);
 - anything else: another writer really won.
 
+A create over a delete marker is a compare-and-set on the marker's revision (`latest`
+reads it), and records that revision in its lineage (``deleted@<revision>``): a writer
+that reads the new record back finds out that its own base was deleted meanwhile.
+
 Retries go through tenacity and stop at a deadline (seconds per write). Deletes carry no
-body, so "the key is gone" counts as done.
+body, so "the key is gone" (absent, or a delete marker) counts as done.
 
 Every value read from the bucket is validated (size, UTF-8, JSON types, the label matching
 its key); a bad one is reported once per revision in the log and skipped, never raised.
@@ -56,7 +65,7 @@ from hookbus.schemas import (
 
 from ._kv import is_transient, kv_retry, release_consumer, subscribe_keys
 
-__all__ = ["Entry", "RecordStore", "SuspensionPage", "parse_record"]
+__all__ = ["Entry", "IfDeleted", "RecordStore", "SuspensionPage", "parse_record"]
 
 log = logging.getLogger("hookbus.dispatcher")
 
@@ -70,15 +79,27 @@ _MARKER_REASON = "Nats-Marker-Reason"
 LINEAGE = 8
 """Write ids of replaced versions a record keeps."""
 
+_DELETED = "deleted@"
+"""Lineage entry of a create over a delete marker: ``deleted@<the marker's revision>``."""
+
+IfDeleted = Literal["landed", "lost"]
+"""What a write whose outcome is unknown counts as when its key was deleted after the
+version it replaces: ``landed`` (success, revision 0) or ``lost`` (None, a lost race)."""
+
+Verdict = Literal["ours", "unchanged", "changed"]
+
 
 @dataclass(frozen=True, slots=True)
 class Entry:
     """One key's latest value: a valid `record`, or None with the `problem` that made it
-    unusable (a malformed value still has a `revision`, so a writer can replace it)."""
+    unusable (a malformed value still has a `revision`, so a writer can replace it), or,
+    from `RecordStore.latest` only, a delete marker (`deleted`, no record): a create
+    compare-and-sets on its revision."""
 
     revision: int
     record: SuspensionRecord | None
     problem: str | None = None
+    deleted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +223,26 @@ class RecordStore:
             return None
         return self.entry(key, got.value, got.revision)
 
+    async def latest(self, label: str) -> Entry | None:
+        """As `read`, except that a delete marker is an `Entry` too (``deleted``, no
+        record, its revision): what a create over it compare-and-sets on. None: the key
+        was never written (or expired).
+
+        Raises:
+            BadRequestError: the label cannot be a key (empty or too long).
+            HookbusTimeoutError: JetStream stayed unavailable for `deadline_s`.
+        """
+        key = self.key(label)
+        got = await kv_retry(
+            lambda: self._raw(key), deadline_s=self.deadline_s, what=f"reading {key[:80]}"
+        )
+        if got is None:
+            return None
+        value, revision, op = got
+        if op is not None:
+            return Entry(revision, None, deleted=True)
+        return self.entry(key, value, revision)
+
     def entry(self, key: str, value: bytes | None, revision: int) -> Entry:
         """Validate `value` stored at `revision` (a malformed one is logged once)."""
         parsed = parse_record(key, value)
@@ -220,20 +261,41 @@ class RecordStore:
                     key[:120], revision, problem)  # fmt: skip
 
     # -- writing ----------------------------------------------------------------------------
-    async def create(self, record: SuspensionRecord, *, over: Entry | None = None) -> int | None:
-        """Create `record` where there is none (or replace the malformed `over`).
+    async def create(
+        self,
+        record: SuspensionRecord,
+        *,
+        over: Entry | None = None,
+        if_deleted: IfDeleted = "landed",
+    ) -> int | None:
+        """Create `record` where there is none: over nothing (`over` None: the key was
+        never written), or over `over`, a delete marker or a malformed value (a
+        compare-and-set on its revision; pass what `latest` returned).
         Returns the new revision (0 when it was stored but already replaced by another
         writer before it could be read back), or None when another writer got there first.
+
+        Args:
+            if_deleted: what an unknown outcome counts as when the key was deleted after
+                `over` (see the module docstring): ``landed`` (0) for a write that must
+                never be stored twice (a resolution), ``lost`` (None) for one whose success
+                must never be counted twice.
 
         Raises:
             PayloadTooLargeError: the record encodes to more than `SUSPENSION_MAX_BYTES`.
             HookbusTimeoutError: the outcome stayed unknown until the deadline.
         """
         last = over.revision if over is not None else 0
-        return await self._write(record, last, record)
+        lineage = [f"{_DELETED}{last}"] if over is not None and over.deleted else []
+        prior = msgspec.structs.replace(record, write_id="", lineage=lineage)
+        return await self._write(record, last, prior, if_deleted)
 
     async def swap(
-        self, record: SuspensionRecord, *, last: int, prior: SuspensionRecord | None = None
+        self,
+        record: SuspensionRecord,
+        *,
+        last: int,
+        prior: SuspensionRecord | None = None,
+        if_deleted: IfDeleted = "landed",
     ) -> int | None:
         """Compare-and-set: write `record` if the key is still at revision `last`.
         Returns the new revision (0 as for `create`), or None when another writer changed
@@ -242,12 +304,13 @@ class RecordStore:
         Args:
             prior: the version `record` replaces, when `record` was not derived from it
                 (its write id goes into `record`'s lineage).
+            if_deleted: as for `create`.
 
         Raises:
             PayloadTooLargeError: the record encodes to more than `SUSPENSION_MAX_BYTES`.
             HookbusTimeoutError: the outcome stayed unknown until the deadline.
         """
-        return await self._write(record, last, record if prior is None else prior)
+        return await self._write(record, last, record if prior is None else prior, if_deleted)
 
     async def delete(self, label: str, *, last: int) -> bool:
         """Delete `label` if it is still at revision `last`; True once it is gone (by this
@@ -267,17 +330,19 @@ class RecordStore:
                 raise
             return True
 
-        async def probe() -> Literal["ours", "unchanged", "changed"]:
+        async def probe() -> Verdict:
             got = await self._raw(key)
-            if got is None:
-                return "ours"  # gone: what the delete was for
+            if got is None or got[2] is not None:
+                return "ours"  # gone (absent, or a delete marker): what the delete was for
             return "unchanged" if got[1] == last else "changed"
 
         return await self._reconciled(key, attempt, probe, lambda: True) is not None
 
     async def _write(
-        self, record: SuspensionRecord, last: int, prior: SuspensionRecord
+        self, record: SuspensionRecord, last: int, prior: SuspensionRecord, if_deleted: IfDeleted
     ) -> int | None:
+        """Store `record` at revision `last` (0: a key never written), reconciled after an
+        unknown outcome; `prior` gives the lineage. The new revision, 0 or None (`create`)."""
         lineage = ([prior.write_id] if prior.write_id else []) + prior.lineage
         record = msgspec.structs.replace(
             record, agent_id=self.agent_id, write_id=uuid.uuid4().hex, lineage=lineage[:LINEAGE]
@@ -290,30 +355,28 @@ class RecordStore:
                 f" more than {SUSPENSION_MAX_BYTES}"
             )
         found: list[int] = []
+        sent = 0
 
         async def attempt() -> int:
+            nonlocal sent
+            sent += 1
             try:
-                if last == 0:
+                if last == 0 and sent == 1:
                     return await self.kv.create(key, data)
+                # a resend is a compare-and-set on exactly the state judged unchanged (never
+                # `create`, which writes over whatever delete marker is there by then)
                 return await self.kv.update(key, data, last=last)
             except nats.js.errors.KeyWrongLastSequenceError as exc:
                 raise _Conflict from exc
 
-        async def probe() -> Literal["ours", "unchanged", "changed"]:
+        async def probe() -> Verdict:
             got = await self._raw(key)
-            if got is None:
-                return "unchanged" if last == 0 else "changed"
-            value, revision, op = got
-            ids = _write_ids(value) if op is None and value else []
-            if ids and ids[0] == record.write_id:
+            verdict, revision = _judge(got, record.write_id, last)
+            if verdict == "deleted":
+                verdict, revision = ("ours", 0) if if_deleted == "landed" else ("changed", 0)
+            if verdict == "ours":
                 found.append(revision)
-                return "ours"
-            if record.write_id in ids:  # stored, then replaced by a writer that read it
-                found.append(0)
-                return "ours"
-            if last == 0:
-                return "unchanged" if op is not None else "changed"  # a delete marker
-            return "unchanged" if revision == last else "changed"
+            return verdict
 
         return await self._reconciled(key, attempt, probe, lambda: found[-1])
 
@@ -321,7 +384,7 @@ class RecordStore:
         self,
         key: str,
         attempt: Callable[[], Awaitable[T]],
-        probe: Callable[[], Awaitable[Literal["ours", "unchanged", "changed"]]],
+        probe: Callable[[], Awaitable[Verdict]],
         ours: Callable[[], T],
     ) -> T | None:
         """Run `attempt`; after an unknown outcome, `probe` decides: ours (return
@@ -537,6 +600,43 @@ class _WriteIds(msgspec.Struct):
 
 
 _write_ids_decoder = msgspec.json.Decoder(_WriteIds)
+
+
+def _judge(
+    got: tuple[bytes, int, str | None] | None, write_id: str, last: int
+) -> tuple[Literal["ours", "unchanged", "changed", "deleted"], int]:
+    """Reconcile a write of `write_id` at revision `last` (0: a key never written) with
+    the key's last message `got` (see `RecordStore._raw`): the verdict, and the revision
+    to report when it is ours (0: ours, already replaced).
+
+    ``deleted``: the key was deleted after `last` (a newer delete marker, or a record
+    created over one): the versions in between are gone, ours maybe among them.
+    """
+    if got is None:  # never written (or expired)
+        return ("unchanged" if last == 0 else "changed"), 0
+    value, revision, op = got
+    ids = _write_ids(value) if op is None and value else []
+    if ids and ids[0] == write_id:
+        return "ours", revision
+    if write_id in ids:  # stored, then replaced by a writer that read it
+        return "ours", 0
+    if revision == last:
+        return "unchanged", 0
+    if op is not None or _deleted_since(ids, last):
+        return "deleted", 0
+    return "changed", 0
+
+
+def _deleted_since(ids: list[str], last: int) -> bool:
+    """Whether a lineage records a create over a delete marker newer than revision `last`."""
+    for entry in ids:
+        if entry.startswith(_DELETED):
+            try:
+                if int(entry[len(_DELETED) :]) > last:
+                    return True
+            except ValueError:
+                continue
+    return False
 
 
 def _write_ids(value: bytes) -> list[str]:

@@ -320,10 +320,10 @@ class Suspensions:
                 )  # fmt: skip
 
             while True:
-                entry = await self.records.read(label)
-                if entry is None or entry.record is None:  # absent, or malformed: replace it
+                entry = await self.records.latest(label)
+                if entry is None or entry.record is None:  # absent, deleted or malformed
                     record = fresh()
-                    revision = await self.records.create(record, over=entry)
+                    revision = await self.records.create(record, over=entry, if_deleted="lost")
                     if revision is None:
                         continue  # someone created it first: look again
                     await publish(self._nc, record)
@@ -350,7 +350,7 @@ class Suspensions:
                 if record.status == "resolved":  # consumed earlier: this is a new hook
                     record = fresh()
                     revision = await self.records.swap(
-                        record, last=entry.revision, prior=entry.record
+                        record, last=entry.revision, prior=entry.record, if_deleted="lost"
                     )
                     if revision is None:
                         continue
@@ -367,7 +367,7 @@ class Suspensions:
                              label, record.owner)  # fmt: skip
                 hook_id = record.hook_id
                 record = msgspec.structs.replace(record, attached=True, owner=leases.waiter_id)
-                revision = await self.records.swap(record, last=entry.revision)
+                revision = await self.records.swap(record, last=entry.revision, if_deleted="lost")
                 if revision is None:
                     continue
                 break
@@ -479,9 +479,11 @@ class Suspensions:
         self._deliveries.hand_out(key, revision, mark)
 
     async def _consume(self, record: SuspensionRecord, revision: int) -> bool:
-        """Mark a resolution consumed (compare-and-set): exactly one consumer wins."""
+        """Mark a resolution consumed (compare-and-set): exactly one consumer wins. A mark
+        whose outcome stayed unknown while the record was removed counts as not stored:
+        another waiter may have consumed it, and a resolution is never handed out twice."""
         done = msgspec.structs.replace(record, consumed=True, attached=False, owner="")
-        return await self.records.swap(done, last=revision) is not None
+        return await self.records.swap(done, last=revision, if_deleted="lost") is not None
 
     async def _detach(self, label: str, *, hook_id: str | None = None) -> None:
         """Leave a record this process holds (pending, or resolved and not consumed) with
@@ -516,7 +518,8 @@ class Suspensions:
         With no record (or a malformed one), stores a pre-registered resolution for the
         next ``hook(label)``. With `replace`, a resolution not consumed yet (e.g. a
         pre-registered value its waiter refused) is replaced by `value`. Returns the record
-        as written.
+        as written. A write whose ack was lost is never stored twice: if the record was
+        removed meanwhile (consumed, then cleaned up), it counts as written.
 
         Raises:
             ResolutionRejectedError: the value does not fit the hook's payload schema
@@ -530,7 +533,7 @@ class Suspensions:
         hint = self._hint(label)
         while True:
             hinted = hint is not None
-            entry = hint if hint is not None else await self.records.read(label)
+            entry = hint if hint is not None else await self.records.latest(label)
             hint = None
             now = time.time()
             if entry is None or entry.record is None:
