@@ -3,12 +3,15 @@
 - `SharedWatch`: one ordered consumer on the suspensions bucket's stream (deliver new,
   filtered in memory by key) feeds every waiter of the process, so the number of JetStream
   consumers per process stays constant however many hooks wait. It starts with the first
-  waiter, is checked every few seconds and re-created after a lost server, and is backed by
-  a periodic read of the waited-on keys, a bounded batch per period (round robin), plus a
-  read of every one of them after the watch was re-created. It also remembers the last
-  value it saw of the most recent keys (`recent`, at most `RECENT_KEYS`), waited on or not:
-  a resolver in the process compare-and-sets on that revision instead of reading the key
-  first (a stale one only fails the compare-and-set, and the resolver reads then).
+  waiter, is checked every few seconds and re-created after a lost server (a lost
+  consumer), and is backed by a periodic read of the waited-on keys, a bounded batch per
+  period (round robin), plus a read of every one of them after the watch was re-created.
+  One supervised task does the checks and reads: an unexpected error in it is logged and
+  it starts again after a backoff (0.1 s doubling to 10 s), so the watch never dies
+  silently. It also remembers the last value it saw of the most recent keys (`recent`,
+  at most `RECENT_KEYS`), waited on or not: a resolver in the process compare-and-sets on
+  that revision instead of reading the key first (a stale one only fails the
+  compare-and-set, and the resolver reads then).
 - `Leases`: a waiter's record names its process's waiter id (``owner``); the process keeps
   ONE lease key alive in `LEASES_BUCKET` (put every lease/3 seconds) whose max age is the
   lease. Once the key is gone (expired by the server's clock; no host clock is compared) the
@@ -45,6 +48,13 @@ _MARKER_REASON = "Nats-Marker-Reason"
 
 RECENT_KEYS = 4096
 """Keys whose last delivered value a `SharedWatch` keeps (least recently written dropped)."""
+
+RESTART_BACKOFF_S = (0.1, 10.0)
+"""Seconds a `SharedWatch` waits before starting again after an unexpected error: the
+first wait, doubled after each error in a row, up to the second."""
+
+_HEALTHY_S = 60.0
+"""Seconds a watch ran without an error after which the backoff starts over."""
 
 
 class Slot:
@@ -99,7 +109,8 @@ class SharedWatch:
         poll_s: seconds between the backing reads.
         poll_batch: keys read per period (each waited-on key is read at least every
             ``ceil(waiters / poll_batch) * poll_s`` seconds).
-        check_s: seconds between checks that the watch's consumer still exists.
+        check_s: seconds between checks that the watch's consumer still exists
+            (independent of `poll_s`).
     """
 
     def __init__(
@@ -119,6 +130,7 @@ class SharedWatch:
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._sweep = False
+        self._recheck = False
         self._cursor = 0
         self._recent: dict[str, Entry | None] = {}
 
@@ -151,15 +163,19 @@ class SharedWatch:
                 del self._slots[slot.key]
 
     async def start(self) -> None:
-        """Subscribe (once) and start the backing reads. Raises what subscribing raises
-        (the caller retries through an outage)."""
-        if self._sub is not None and self._task is not None:
+        """Subscribe (once) and start the supervised checks and backing reads (again, if
+        they ever ended). Raises what subscribing raises (the caller retries through an
+        outage)."""
+        if self._sub is not None and self._running():
             return
         async with self._lock:
             if self._sub is None:
                 await self._subscribe()
-            if self._task is None:
-                self._task = asyncio.get_running_loop().create_task(self._poll_loop())
+            if not self._running():
+                self._task = asyncio.get_running_loop().create_task(self._supervise())
+
+    def _running(self) -> bool:
+        return self._task is not None and not self._task.done()
 
     async def close(self) -> None:
         task, self._task = self._task, None
@@ -210,26 +226,60 @@ class SharedWatch:
             slot.push(entry)
 
     # -- the backing reads -------------------------------------------------------------------
-    async def _poll_loop(self) -> None:
-        checked = time.monotonic()
+    async def _supervise(self) -> None:
+        """Run `_poll_loop` until cancelled: after an unexpected error, log it, wait
+        (`RESTART_BACKOFF_S`), and start again with a check of the consumer at once."""
+        errors = 0
         while True:
-            await asyncio.sleep(self._poll_s)
+            began = time.monotonic()
+            try:
+                await self._poll_loop()
+            except Exception:
+                errors = 1 if time.monotonic() - began > _HEALTHY_S else errors + 1
+                first, most = RESTART_BACKOFF_S
+                delay = min(most, first * 2 ** (errors - 1))
+                log.exception("suspension watch failed; restarting it in %.1f s", delay)
+                await asyncio.sleep(delay)
+                self._recheck = True
+
+    def _tick_s(self) -> float:
+        return max(0.01, min(self._poll_s, self._check_s))
+
+    async def _poll_loop(self) -> None:
+        """While anyone waits: check the consumer every `check_s` seconds (every tick while
+        it is missing), and read a batch of the waited-on keys every `poll_s` seconds
+        (every one of them right after the watch was re-created). Never returns."""
+        now = time.monotonic()
+        next_check, next_read = now + self._check_s, now + self._poll_s
+        while True:
+            await asyncio.sleep(self._tick_s())
             if not self._slots:
                 continue
-            if self._sub is None or time.monotonic() - checked >= self._check_s:
-                checked = time.monotonic()
+            now = time.monotonic()
+            if self._sub is None or self._recheck or now >= next_check:
+                self._recheck = False
+                next_check = now + self._check_s
                 await self._check()
-            keys = list(self._slots)
-            if self._sweep:
-                self._sweep = False
-                batch = keys
-            else:
-                start = self._cursor % len(keys)
-                batch = list(itertools.islice(itertools.cycle(keys), start, start + self._batch))
-                batch = list(dict.fromkeys(batch))
-                self._cursor = start + len(batch)
-            limit = asyncio.Semaphore(64)
-            await asyncio.gather(*(self._read(key, limit) for key in batch))
+            if self._sweep or now >= next_read:
+                next_read = now + self._poll_s
+                await self._read_batch()
+
+    async def _read_batch(self) -> None:
+        """Read the next `poll_batch` waited-on keys (all of them after a re-created watch).
+        The waiters may all have left meanwhile (during the check): nothing to read then."""
+        keys = list(self._slots)
+        if not keys:
+            return
+        if self._sweep:
+            self._sweep = False
+            batch = keys
+        else:
+            start = self._cursor % len(keys)
+            batch = list(itertools.islice(itertools.cycle(keys), start, start + self._batch))
+            batch = list(dict.fromkeys(batch))
+            self._cursor = start + len(batch)
+        limit = asyncio.Semaphore(64)
+        await asyncio.gather(*(self._read(key, limit) for key in batch))
 
     async def _check(self) -> None:
         """Re-create the watch if its consumer is gone (a lost or restarted server)."""
