@@ -444,6 +444,22 @@ def test_hookresult_is_one_type_everywhere() -> None:
     assert hookbus.dispatcher.HookResult is hookbus.schemas.HookResult
 
 
+def test_handler_options_have_one_definition() -> None:
+    """Workers and dispatchers take a handler's options, match its tool filter and stop the
+    fold through the private `hookbus.schemas._handler_options`, never a copy of their own."""
+    users = {
+        "workers": ROOT / "workers/hookbus/workers/_worker.py",
+        "dispatcher": ROOT / "dispatcher/hookbus/dispatcher/_routes.py",
+    }
+    for portion, path in users.items():
+        imported = {target for _, target in _imports(ROOT, portion, path)}
+        assert "hookbus.schemas._handler_options" in imported, path
+    for portion in ("workers", "dispatcher"):
+        for path in _py_files(ROOT, portion):
+            text = path.read_text()
+            assert "fnmatch" not in text and "compile_tool_filter" not in text, path
+
+
 def test_errors_share_one_root() -> None:
     import hookbus.cli
     import hookbus.schemas as s
