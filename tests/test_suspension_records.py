@@ -59,6 +59,19 @@ async def pair(connect: Connect) -> AsyncIterator[tuple[Suspensions, Suspensions
             await store.close()
 
 
+async def until(check: Callable[[], object], timeout_s: float = 10) -> None:
+    with anyio.fail_after(timeout_s):
+        while not check():  # noqa: ASYNC110  (states of other tasks, no event to wait on)
+            await anyio.sleep(0.005)
+
+
+async def pending(store: Suspensions, label: str) -> None:
+    """Wait until `label`'s record is pending."""
+    with anyio.fail_after(10):
+        while (got := await store.get(label)) is None or got[0].status != "pending":  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+
+
 # -- a lost ack, then the record moves on --------------------------------------------------
 class LateAck:
     """The resolver's real KV client, except that its next write (``create`` or
@@ -120,7 +133,7 @@ async def used_before(waiter: Suspensions, resolver: Suspensions, label: str) ->
 
 
 @pytest.mark.parametrize("reused", [False, True], ids=["fresh-label", "reused-label"])
-async def test_a_preregistered_resolution_consumed_and_removed_before_its_lost_ack_is_not_stored_again(
+async def test_a_preregistered_resolution_consumed_and_removed_before_its_ack_is_not_stored_again(
     pair: tuple[Suspensions, Suspensions], label: str, reused: bool
 ) -> None:
     waiter, resolver = pair
@@ -157,9 +170,7 @@ async def test_a_lost_ack_does_not_resolve_the_next_runs_hook_on_the_label(
         async def meanwhile() -> None:
             await consumed_in_a_run(waiter, label)
             tg.start_soon(next_run)
-            with anyio.fail_after(10):
-                while (got := await resolver.get(label)) is None or got[0].status != "pending":
-                    await anyio.sleep(0.01)
+            await pending(resolver, label)
 
         late_ack(resolver, meanwhile)
         await resolver.resolve_hook(label, Grant(approved=True, by="the first run only"))
@@ -185,9 +196,7 @@ async def test_a_lost_ack_on_resolve_then_consumed_and_removed_is_not_preregiste
                     break
 
         async def meanwhile() -> None:
-            with anyio.fail_after(10):
-                while not taken:
-                    await anyio.sleep(0.01)
+            await until(lambda: taken)
 
         late_ack(resolver, meanwhile)
         await resolver.resolve_hook(label, Grant(approved=True, by="the waiting run"))
@@ -219,19 +228,6 @@ async def test_a_lost_request_is_still_sent_again_and_stored_once(
 
 # -- the shared watch ----------------------------------------------------------------------
 CONSUMER_INFO = b"PUB $JS.API.CONSUMER.INFO."
-
-
-async def until(check: Callable[[], object], timeout_s: float = 10) -> None:
-    with anyio.fail_after(timeout_s):
-        while not check():  # noqa: ASYNC110  (states of other tasks, no event to wait on)
-            await anyio.sleep(0.005)
-
-
-async def pending(store: Suspensions, label: str) -> None:
-    """Wait until `label`'s record is pending."""
-    with anyio.fail_after(10):
-        while (got := await store.get(label)) is None or got[0].status != "pending":
-            await anyio.sleep(0.01)
 
 
 def watch_consumer(store: Suspensions) -> str | None:
@@ -345,7 +341,9 @@ async def test_an_unexpected_error_in_the_watch_is_logged_and_the_watch_restarts
                     await failed.wait()
                 await lose_the_watch_consumer(waiter, direct)
 
-            await resolved_and_woken(waiter, resolver, label, within_s=5, meanwhile=broken_then_lost)
+            await resolved_and_woken(
+                waiter, resolver, label, within_s=5, meanwhile=broken_then_lost
+            )
         errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
         assert any("a bug in the watch" in str(r.exc_info and r.exc_info[1]) for r in errors)
         assert any("restart" in r.getMessage() for r in errors)
@@ -408,9 +406,7 @@ async def test_a_waiter_resolved_after_a_nats_server_restart_wakes_promptly(
                 got.append(await waiter.hook(label, payload=Grant, timeout_s=40))
 
             tg.start_soon(wait)
-            with anyio.fail_after(10):
-                while (rec := await waiter.get(label)) is None or rec[0].status != "pending":
-                    await anyio.sleep(0.01)
+            await pending(waiter, label)
             await restart()
             assert restarted is not None
             nc2 = await nats.connect(restarted.url)
