@@ -6,10 +6,11 @@ already run with it, and the dispatcher could not tell which step was running. S
 worker reports, on the request's reply subject, each step's reply as soon as the chain
 waits on anything (a step that suspends), and names the steps running then:
 
-- after a step (or a member of a parallel group) finishes while steps remain, a report is
-  scheduled for the event loop's next turn (`loop.call_soon`); if the chain finishes
-  without waiting (handlers that return at once), the report is dropped and the final
-  reply carries everything: a fast chain still costs one message;
+- after a step (or a member of a parallel group) finishes, and when the next step starts,
+  a report is scheduled for the event loop's next turn (`loop.call_soon`); it goes out
+  only if steps are running then (waiting on something). A chain whose handlers return
+  at once, or a parallel group whose members all finish together, sends none: the final
+  reply carries everything, and a fast chain still costs one message;
 - a report is incremental (the replies finished since the last one); the final reply
   (`HookReply.running` None) lists every reply.
 
@@ -73,7 +74,7 @@ class ChainProgress:
         self._closed = False
         self._heard_at = received
         """From when the dispatcher dates steps not reported running: the request's
-        receipt, then the last report that named none running."""
+        receipt (every report names steps running)."""
         self._watch_deadline: float | None = None
         """When the dispatcher may give up on the steps it waits for (None: set by the
         next `start`)."""
@@ -82,6 +83,8 @@ class ChainProgress:
         """Steps `steps` (one, or a parallel group) start running at `now`."""
         self._running = list(steps)
         self._started = now
+        if self._unreported:  # reported once these steps wait (if they do)
+            self._schedule()
         if self._watch_deadline is None:  # not reported: dated from what it last heard
             self._watch_deadline = self._heard_at + _earliest(steps)
 
@@ -89,6 +92,9 @@ class ChainProgress:
         """`step` finished with `reply`: reported at the loop's next turn."""
         self._unreported.append(reply)
         self._running = [s for s in self._running if s is not step]
+        self._schedule()
+
+    def _schedule(self) -> None:
         if not self._scheduled and not self._closed:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
@@ -105,8 +111,8 @@ class ChainProgress:
 
     def _flush(self) -> None:
         self._scheduled = False
-        if self._closed or not self._unreported:
-            return
+        if self._closed or not self._unreported or not self._running:
+            return  # over, nothing new, or between steps: the next `start` schedules it
         now = time.monotonic()
         reply = HookReply(
             handler=self._name,
@@ -116,10 +122,7 @@ class ChainProgress:
         )
         self._unreported = []
         # the dispatcher now dates the running steps from this report
-        if self._running:
-            self._watch_deadline = self._started + _earliest(self._running)
-        else:
-            self._heard_at, self._watch_deadline = now, None
+        self._watch_deadline = self._started + _earliest(self._running)
         task = asyncio.ensure_future(self._publish(reply))
         _sending.add(task)  # held until sent (the loop keeps only weak references)
         task.add_done_callback(_sending.discard)
