@@ -1,0 +1,888 @@
+"""The differential judge: every fast path of `HookDispatcher` against the one-by-one reference.
+
+A *case* is a handler set (1-8 handlers over 1-3 worker processes, each process run as 1 or 2
+replicas) with priorities, results, tool filters, flags and failure policies, plus at most
+one *fault*. Each case runs through a real nats-server with every fast path on
+(``HookDispatcher(nc)``: chain requests, speculation of pure handlers, hedging, parallel
+scatters) and is compared with the reference: the handlers called one by one in priority
+order, each with its failure policy. The reference is computed twice where it can be:
+
+- the *model*: an in-process ``HookDispatcher()`` whose `register`-ed handlers behave as the
+  remote ones and where the fault's effect is made explicit (the handler a killed replica
+  was running fails under its policy; later handlers of that process fail only when no
+  replica is left; a handler past the caller's deadline fails as ``timeout``);
+- ``HookDispatcher(nc, chains=False)`` over NATS with the same workers (and, to confirm a
+  divergence under a signal, with the same fault applied to the same handler).
+
+Worker replicas live in a pool of long-lived *host* processes (``python _differential.py
+host ...``): each serves one case's handlers on request (a fresh event name per case) and is
+replaced in the background when a fault kills it. A handler at the fault's step announces
+``started`` on a NATS subject before it holds for a moment, so the signal lands while it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from hookbus.dispatcher import HookDispatcher
+from hookbus.schemas import (
+    EventEnvelope,
+    HookReply,
+    HookResult,
+    collect_subject,
+    decode,
+    encode,
+    handler_key,
+    handlers_bucket_config,
+)
+
+__all__ = [
+    "Case",
+    "CaseReport",
+    "Fault",
+    "Harness",
+    "Spec",
+    "cases",
+    "format_report",
+    "record_findings",
+]
+
+KINDS = (
+    "continue", "continue", "deny", "modify", "modify", "retool", "inject", "ask", "none",
+    "raise", "deny_fresh",
+)  # fmt: skip
+"""What a handler does. ``modify`` appends its name to ``data["trail"]``; ``retool`` does
+that and swaps ``tool_name`` (bash <-> write); ``deny``, ``inject`` and ``ask`` quote the trail
+they saw (a result computed on stale data differs); ``deny_fresh`` denies only data no
+handler modified yet; ``none`` returns None; ``raise`` raises."""
+FILTERS: tuple[tuple[str, ...] | None, ...] = (None, None, ("bash",), ("b*",), ("write",), ("zz",))
+FAULTS = (
+    "none", "none", "kill", "kill", "term", "stop", "deadline", "deadline", "redeclare",
+    "rogue",
+)  # fmt: skip
+SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "stop": signal.SIGSTOP}
+
+TIMEOUT_S = 0.5
+"""A handler's timeout."""
+SLOW_TIMEOUT_S, SLOW_SLEEP_S = 0.15, 0.35
+"""A ``slow`` handler sleeps past its timeout (a ``timeout`` failure)."""
+VICTIM_TIMEOUT_S, VICTIM_HOLD_S = 0.8, 0.15
+"""The handler at a signal's step holds this long after it announced itself."""
+DEADLINE_S, DEADLINE_HOLD_S, DEADLINE_TIMEOUT_S = 0.3, 0.8, 1.5
+"""A caller deadline: the emit's ``timeout_s``, and the handler at the step holds past it."""
+TERM_GRACE_S = 5.0
+"""A host's drain grace on SIGTERM: the handler it runs finishes."""
+
+
+# -- the case space ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Spec:
+    """One handler of a case."""
+
+    name: str
+    proc: int
+    priority: int
+    kind: str
+    tool_filter: tuple[str, ...] | None = None
+    pure: bool = False
+    parallel: bool = False
+    retry_safe: bool = False
+    policy: str = "ignore"
+    pace: str = "now"
+    """``now``; ``jitter`` (sleeps a few ms); ``slow`` (sleeps past its timeout)."""
+    timeout_s: float = TIMEOUT_S
+    hold_s: float = 0.0
+    """Seconds it holds after announcing ``started`` (the fault's step only)."""
+
+    @property
+    def order(self) -> tuple[int, str]:
+        return (self.priority, self.name)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """At most one fault per case.
+
+    ``kill`` / ``term`` / ``stop``: SIGKILL, SIGTERM (graceful drain) or SIGSTOP of the replica
+    running the handler at `step` (index in call order) while it runs; ``deadline``: the
+    caller's ``emit(..., timeout_s=DEADLINE_S)`` expires while that handler runs;
+    ``redeclare``: a second version of the step handler's worker process is started with
+    ``replace=True``, changing that handler's tool filter or priority, both versions up;
+    ``rogue``: a peer answers every parallel scatter in the name of a handler it names.
+    """
+
+    kind: str = "none"
+    step: int = 0
+    change: str = ""
+    """``redeclare``: ``filter`` or ``priority``."""
+    new_filter: tuple[str, ...] | None = None
+    new_priority: int = 0
+
+
+@dataclass(frozen=True)
+class Case:
+    handlers: tuple[Spec, ...]
+    replicas: tuple[int, ...]
+    tool: str = "bash"
+    fault: Fault = Fault()
+
+    def ordered(self) -> list[Spec]:
+        """The handlers in call order (priority, then name: remote ties go by name)."""
+        return sorted(self.handlers, key=lambda s: s.order)
+
+    @property
+    def victim(self) -> Spec:
+        return self.ordered()[self.fault.step]
+
+    def declared(self) -> Case:
+        """The case as the registry holds it once a redeclaration is done (the second
+        version's settings)."""
+        if self.fault.kind != "redeclare":
+            return self
+        v, f = self.victim, self.fault
+        new = (
+            dataclasses.replace(v, tool_filter=f.new_filter)
+            if f.change == "filter"
+            else dataclasses.replace(v, priority=f.new_priority)
+        )
+        handlers = tuple(new if s.name == v.name else s for s in self.handlers)
+        return dataclasses.replace(self, handlers=handlers, fault=Fault())
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | dict[str, Any]) -> Case:
+        raw = json.loads(text) if isinstance(text, str) else text
+        specs = tuple(
+            Spec(**{**h, "tool_filter": _tuple(h.get("tool_filter"))}) for h in raw["handlers"]
+        )
+        f = raw.get("fault") or {}
+        fault = Fault(**{**f, "new_filter": _tuple(f.get("new_filter"))})
+        return cls(specs, tuple(raw["replicas"]), raw.get("tool", "bash"), fault)
+
+
+def _tuple(v: Any) -> tuple[str, ...] | None:
+    return None if v is None else tuple(v)
+
+
+def cases() -> Any:
+    """The hypothesis strategy of cases (see `Case`, `Spec`, `Fault`)."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def build(draw: Any) -> Case:
+        n_procs = draw(st.sampled_from((1, 1, 2, 2, 3)))  # few processes: long chains
+        replicas = tuple(draw(st.integers(1, 2)) for _ in range(n_procs))
+        safe = [draw(st.booleans()) for _ in range(n_procs)]  # a chain needs one value
+        n = draw(st.integers(1, 8))
+        names = draw(st.permutations([f"h{c}" for c in "abcdefgh"]))[:n]
+        specs = []
+        for name in names:
+            pure = draw(st.sampled_from((False, False, False, True)))
+            proc = draw(st.integers(0, n_procs - 1))
+            specs.append(
+                Spec(
+                    name=name,
+                    proc=proc,
+                    priority=draw(st.integers(0, 3)),
+                    kind=draw(st.sampled_from(KINDS)),
+                    tool_filter=draw(st.sampled_from(FILTERS)),
+                    pure=pure,
+                    parallel=draw(st.sampled_from((False, False, False, True))),
+                    retry_safe=pure or safe[proc],
+                    policy=draw(st.sampled_from(("ignore", "deny"))),
+                    pace=draw(st.sampled_from(("now",) * 5 + ("jitter", "slow"))),
+                )
+            )
+        fault = Fault(
+            kind=draw(st.sampled_from(FAULTS)),
+            step=draw(st.integers(0, n - 1)),
+            change=draw(st.sampled_from(("filter", "priority"))),
+            new_filter=draw(st.sampled_from(FILTERS)),
+            new_priority=draw(st.integers(0, 3)),
+        )
+        case = Case(tuple(specs), replicas, draw(st.sampled_from(("bash", "write"))), fault)
+        return settle(case)
+
+    return build()
+
+
+def settle(case: Case) -> Case:
+    """The case made deterministic for its fault (a pure function of the drawn case).
+
+    The step's handler gets its hold and timeout. A signalled replica's process must have
+    no other handler in the victim's parallel run or among pure handlers (the queue group
+    would pick a replica at random for them); under SIGSTOP with two replicas, every
+    handler of that process from the step on must be ``retry_safe`` (else: one replica).
+    Under a deadline nothing else sleeps.
+    """
+    f = case.fault
+    if f.kind == "rogue":
+        return _scattered(case)
+    if f.kind in ("none", "redeclare"):
+        return case
+    order = case.ordered()
+    victim = order[f.step]
+    hold = DEADLINE_HOLD_S if f.kind == "deadline" else VICTIM_HOLD_S
+    timeout = DEADLINE_TIMEOUT_S if f.kind == "deadline" else VICTIM_TIMEOUT_S
+    new_victim = dataclasses.replace(
+        victim, pace="now", hold_s=hold, timeout_s=timeout, tool_filter=None
+    )
+    replicas = list(case.replicas)
+    if f.kind in SIGNALS:
+        same = [s for s in order if s.proc == victim.proc and s.name != victim.name]
+        if victim.parallel and any(s.name != victim.name for s in _parallel_run(order, f.step)
+                                   if s.proc == victim.proc):  # fmt: skip
+            new_victim = dataclasses.replace(new_victim, parallel=False)
+        if victim.pure and any(s.pure for s in same):
+            new_victim = dataclasses.replace(new_victim, pure=False, retry_safe=True)
+        later = [s for s in order[f.step :] if s.proc == victim.proc]
+        if f.kind == "stop" and not all(
+            (new_victim if s.name == victim.name else s).retry_safe for s in later
+        ):
+            replicas[victim.proc] = 1
+    handlers = []
+    for s in case.handlers:
+        if s.name == victim.name:
+            s = new_victim
+        elif f.kind == "deadline":
+            s = dataclasses.replace(s, pace="now")
+        handlers.append(s)
+    return dataclasses.replace(case, handlers=tuple(handlers), replicas=tuple(replicas))
+
+
+def _scattered(case: Case) -> Case:
+    """A rogue case: the step's handler and the next one in order made parallel (a group a
+    rogue peer can answer for)."""
+    order = case.ordered()
+    pair = {s.name for s in order[case.fault.step : case.fault.step + 2]}
+    handlers = tuple(
+        dataclasses.replace(s, parallel=True) if s.name in pair else s for s in case.handlers
+    )
+    return dataclasses.replace(case, handlers=handlers)
+
+
+def _parallel_run(order: list[Spec], i: int) -> list[Spec]:
+    """The adjacent sequence of parallel handlers holding `order[i]` (itself if not parallel)."""
+    if not order[i].parallel:
+        return [order[i]]
+    lo = i
+    while lo > 0 and order[lo - 1].parallel:
+        lo -= 1
+    hi = i
+    while hi + 1 < len(order) and order[hi + 1].parallel:
+        hi += 1
+    return order[lo : hi + 1]
+
+
+def initial_data(case: Case) -> dict[str, Any]:
+    return {"tool_name": case.tool, "trail": [], "tool_input": {"command": "ls"}}
+
+
+# -- what a handler does (the same function remote and in the reference) ------------------------
+def behave(spec: Spec, data: dict[str, Any]) -> HookResult | None:
+    """A handler's answer to `data`, a pure function of both (raises for ``raise``)."""
+    trail = list(data.get("trail") or [])
+    kind = spec.kind
+    if kind == "deny":
+        return HookResult(action="deny", reason=f"{spec.name} denies after {trail}")
+    if kind == "deny_fresh":
+        if not trail:
+            return HookResult(action="deny", reason=f"{spec.name}: unmodified data")
+        return HookResult(action="continue")
+    if kind in ("modify", "retool"):
+        new = {**data, "trail": [*trail, spec.name]}
+        if kind == "retool":
+            new["tool_name"] = "write" if data.get("tool_name") == "bash" else "bash"
+        return HookResult(action="modify", data=new)
+    if kind == "inject":
+        return HookResult(action="inject_context", context_injection=f"{spec.name} saw {trail}")
+    if kind == "ask":
+        return HookResult(action="ask_user", approval_prompt=f"{spec.name} asks after {trail}")
+    if kind == "none":
+        return None
+    if kind == "raise":
+        raise RuntimeError(f"{spec.name} raises")
+    return HookResult(action="continue")
+
+
+def remote_handler(
+    spec: Spec, announce: Callable[[str], Awaitable[None]]
+) -> Callable[[str, dict[str, Any]], Awaitable[HookResult | None]]:
+    """The handler a host serves: announce and hold (the fault's step), sleep, behave."""
+
+    async def handle(event: str, data: dict[str, Any]) -> HookResult | None:
+        if spec.hold_s:
+            await announce(spec.name)
+            await asyncio.sleep(spec.hold_s)
+        if spec.pace == "jitter":
+            await asyncio.sleep(0.003 + (hash(spec.name) % 5) / 1000)
+        elif spec.pace == "slow":
+            await asyncio.sleep(SLOW_SLEEP_S)
+        return behave(spec, data)
+
+    handle.__name__ = spec.name
+    return handle
+
+
+def declare_options(spec: Spec) -> dict[str, Any]:
+    """`HookWorker.add_handler` options of `spec`."""
+    return {
+        "name": spec.name,
+        "priority": spec.priority,
+        "tool_filter": None if spec.tool_filter is None else list(spec.tool_filter),
+        "timeout_s": SLOW_TIMEOUT_S if spec.pace == "slow" else spec.timeout_s,
+        "failure_policy": spec.policy,
+        "parallel": spec.parallel,
+        "retry_safe": spec.retry_safe,
+        "pure": spec.pure,
+    }
+
+
+# -- the reference model: one by one, in process, the fault made explicit ----------------------
+class FaultModel:
+    """Which handler calls fail because of the case's fault, decided as the reference runs.
+
+    The step's handler fires the fault when it is called. Then: under a deadline it fails as
+    ``timeout`` and so does every later handler the fold reaches (past its parallel run);
+    under a signal it fails unless it is ``retry_safe`` with a second replica to hedge to
+    (SIGKILL, SIGSTOP) or the drain lets it finish (SIGTERM), and later handlers of its
+    process fail only if it had one replica.
+    """
+
+    def __init__(self, case: Case) -> None:
+        self.case = case
+        self.fired = False
+        self.loose: set[str] = set()
+        """Handlers whose failure kind is not determined (a signal's doing)."""
+        order = case.ordered()
+        self.index = {s.name: i for i, s in enumerate(order)}
+        f = case.fault
+        self.active = f.kind in SIGNALS or f.kind == "deadline"
+        if self.active:
+            self.victim = order[f.step]
+            self.run_end = self.index[_parallel_run(order, f.step)[-1].name]
+
+    def outcome(self, spec: Spec) -> str:
+        """``fail`` (made explicit), ``timeout`` or ``ok`` for a call of `spec` now."""
+        if not self.active:
+            return "ok"
+        f, v = self.case.fault, self.victim
+        two = self.case.replicas[v.proc] == 2
+        if spec.name == v.name:
+            self.fired = True
+            if f.kind == "deadline":
+                return "timeout"
+            if f.kind == "term" or (spec.retry_safe and two):
+                return "ok"
+            self.loose.add(spec.name)
+            return "fail"
+        if not self.fired:
+            return "ok"
+        i = self.index[spec.name]
+        if f.kind == "deadline":
+            return "timeout" if i > self.run_end else "ok"
+        if spec.proc == v.proc and i > self.index[v.name] and not two:
+            self.loose.add(spec.name)
+            return "fail"
+        return "ok"
+
+
+def reference_handler(spec: Spec, model: FaultModel) -> Callable[..., Awaitable[Any]]:
+    async def handle(event: str, data: dict[str, Any]) -> HookResult | None:
+        outcome = model.outcome(spec)
+        if outcome == "fail":
+            raise RuntimeError(f"{spec.name}: lost to the fault")
+        if outcome == "timeout" or spec.pace == "slow":
+            raise TimeoutError  # with a timeout set, call_local reports kind "timeout"
+        return behave(spec, data)
+
+    handle.__name__ = spec.name
+    return handle
+
+
+async def reference(case: Case, event: str, *, faulted: bool) -> tuple[HookResult, set[str]]:
+    """The model's result for `case` (its declared settings), with or without its fault,
+    and the handlers whose failure kind is not determined."""
+    declared = case.declared()
+    if not faulted:
+        declared = dataclasses.replace(declared, fault=Fault())
+    model = FaultModel(declared)
+    d = HookDispatcher()
+    for spec in declared.ordered():
+        d.register(
+            event,
+            reference_handler(spec, model),
+            spec.priority,
+            spec.name,
+            timeout_s=SLOW_TIMEOUT_S if spec.pace == "slow" else spec.timeout_s,
+            failure_policy=spec.policy,  # type: ignore[arg-type]
+            tool_filter=None if spec.tool_filter is None else list(spec.tool_filter),
+            parallel=spec.parallel,
+        )
+    return await d.emit(event, initial_data(case)), model.loose
+
+
+# -- comparing decisions ------------------------------------------------------------------------
+def summary(r: HookResult, loose: set[str]) -> dict[str, Any]:
+    """What must agree: action, decider, reason (unless a failure decided), chained data,
+    injections, modifiers, ask_user prompt, failures (handler, policy, kind where known)."""
+    failed_closed = any(f.handler == r.decided_by and f.policy == "deny" for f in r.failures)
+    data = dict(r.chained_data or {})
+    data.pop("timestamp", None)
+    return {
+        "action": r.action,
+        "decided_by": r.decided_by,
+        "reason": None if failed_closed else r.reason,
+        "data": data,
+        "context": r.context_injection,
+        "injections": [(i.hook_name, i.content) for i in r.context_injections],
+        "modified_by": list(r.modified_by),
+        "prompt": r.approval_prompt,
+        "failures": [
+            (f.handler, f.policy, None if f.handler in loose else f.kind) for f in r.failures
+        ],
+    }
+
+
+def differences(expected: dict[str, Any], got: dict[str, Any]) -> list[str]:
+    return [f"{k}: expected {expected[k]!r}, got {got[k]!r}" for k in expected if expected[k] != got[k]]
+
+
+@dataclass
+class Divergence:
+    path: str
+    """Which run: ``fast`` (fast paths, first emit), ``fast-warm`` (again, replicas known),
+    ``one-by-one`` (chains=False over NATS), ``fast+fault``, ``one-by-one+fault``."""
+    expected: dict[str, Any]
+    got: dict[str, Any]
+    diffs: list[str]
+
+
+@dataclass
+class CaseReport:
+    case: Case
+    index: int = 0
+    divergences: list[Divergence] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    signalled: bool = False
+
+    @property
+    def confirmed(self) -> list[Divergence]:
+        """Divergences of a fast path from the model (under a signal: confirmed by the
+        one-by-one run under the same fault agreeing with the model)."""
+        if not any(d.path == "fast+fault" for d in self.divergences):
+            return self.divergences
+        if any(d.path == "one-by-one+fault" for d in self.divergences):
+            return [d for d in self.divergences if d.path != "fast+fault"]
+        return self.divergences
+
+
+# -- worker hosts -----------------------------------------------------------------------------
+async def host_main(url: str, prefix: str, host_id: str) -> None:
+    """A long-lived worker host: serves one case's handlers at a time on request."""
+    ctl = await nats.connect(url, max_reconnect_attempts=2)
+    current: dict[str, Any] = {}
+
+    async def announce(name: str) -> None:
+        await ctl.publish(f"{prefix}.started", json.dumps([host_id, name]).encode())
+
+    async def stop() -> None:
+        w, conn = current.pop("worker", None), current.pop("nc", None)
+        if w is not None:
+            with contextlib.suppress(Exception):
+                await w.shutdown(grace_s=0)
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    async def serve(cmd: dict[str, Any]) -> dict[str, Any]:
+        from hookbus.workers import HookWorker
+
+        await stop()
+        conn = await nats.connect(url, max_reconnect_attempts=2)
+        w = HookWorker(conn, replace=cmd["replace"])
+        for raw in cmd["handlers"]:
+            spec = Spec(**{**raw, "tool_filter": _tuple(raw["tool_filter"])})
+            w.add_handler(cmd["event"], remote_handler(spec, announce), **declare_options(spec))
+        current.update(worker=w, nc=conn)
+        await w.start()
+        return {"instance": w.instance, "pid": os.getpid()}
+
+    async def on_ctl(msg: Msg) -> None:
+        cmd = json.loads(msg.data)
+        try:
+            out = await serve(cmd) if cmd["op"] == "serve" else (await stop()) or {}
+        except Exception as exc:
+            out = {"error": repr(exc)}
+        await msg.respond(json.dumps(out).encode())
+
+    done = asyncio.Event()
+
+    async def terminate() -> None:
+        w = current.get("worker")
+        if w is not None:
+            await w.shutdown(grace_s=TERM_GRACE_S)
+        done.set()
+
+    asyncio.get_running_loop().add_signal_handler(
+        signal.SIGTERM, lambda: asyncio.ensure_future(terminate())
+    )
+    await ctl.subscribe(f"{prefix}.host.{host_id}", cb=on_ctl)
+    await ctl.flush()
+    print("ready", flush=True)
+    await done.wait()
+    await stop()
+    with contextlib.suppress(Exception):
+        await ctl.close()
+
+
+class Host:
+    """One host process of the pool."""
+
+    def __init__(self, host_id: str, proc: asyncio.subprocess.Process) -> None:
+        self.id = host_id
+        self.proc = proc
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, sig)
+
+    async def retire(self) -> None:
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.proc.wait(), 10)
+
+
+class HostPool:
+    """Long-lived worker hosts; a retired one is replaced in the background."""
+
+    def __init__(self, url: str, prefix: str, size: int) -> None:
+        self.url, self.prefix, self.size = url, prefix, size
+        self.ready: asyncio.Queue[Host] = asyncio.Queue()
+        self._n = 0
+        self._spawning: set[asyncio.Task[None]] = set()
+        self.all: set[Host] = set()
+
+    async def start(self) -> None:
+        await asyncio.gather(*(self._spawn() for _ in range(self.size)))
+
+    async def _spawn(self) -> None:
+        self._n += 1
+        host_id = f"{self._n}"
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(Path(__file__).resolve()), "host", self.url, self.prefix, host_id,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        host = Host(host_id, proc)
+        self.all.add(host)
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)
+        if b"ready" not in line:
+            raise RuntimeError(f"host {host_id} did not start")
+        await self.ready.put(host)
+
+    async def acquire(self, n: int) -> list[Host]:
+        return [await asyncio.wait_for(self.ready.get(), 60) for _ in range(n)]
+
+    def replace(self, host: Host) -> None:
+        """Retire `host` and start another in the background."""
+        self.all.discard(host)
+
+        async def swap() -> None:
+            await host.retire()
+            await self._spawn()
+
+        task = asyncio.create_task(swap())
+        self._spawning.add(task)
+        task.add_done_callback(self._spawning.discard)
+
+    async def close(self) -> None:
+        for task in list(self._spawning):
+            with contextlib.suppress(BaseException):
+                await task
+        await asyncio.gather(*(h.retire() for h in list(self.all)))
+
+
+# -- the harness ------------------------------------------------------------------------------
+class Harness:
+    """Runs cases: a pool of hosts, a fast dispatcher and a one-by-one dispatcher."""
+
+    def __init__(self, url: str, pool_size: int = 8) -> None:
+        self.url = url
+        self.prefix = f"hbdiff.{uuid.uuid4().hex[:8]}"
+        self.pool = HostPool(url, self.prefix, pool_size)
+        self.conns: list[NATS] = []
+        self.armed: tuple[str, str, str] | None = None
+        """(event, victim, fault kind) while a faulted emit runs."""
+        self.hosts: dict[str, Host] = {}
+        self.signalled: Host | None = None
+        self.cases_run = 0
+
+    async def start(self) -> None:
+        nc_ctl, nc_fast, nc_ref = [await self._connect() for _ in range(3)]
+        self.ctl = nc_ctl
+        self.fast = HookDispatcher(nc_fast, approvals=False)
+        self.ref = HookDispatcher(nc_ref, approvals=False, chains=False)
+        await self.fast.start()
+        await self.ref.start()
+        self.kv = await nc_ctl.jetstream().key_value(handlers_bucket_config().bucket)
+        await nc_ctl.subscribe(f"{self.prefix}.started", cb=self._on_started)
+        await self.pool.start()
+
+    async def _connect(self) -> NATS:
+        conn = await nats.connect(self.url, max_reconnect_attempts=2)
+        self.conns.append(conn)
+        return conn
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.fast.close()
+            await self.ref.close()
+        await self.pool.close()
+        for conn in self.conns:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    async def _on_started(self, msg: Msg) -> None:
+        host_id, name = json.loads(msg.data)
+        armed = self.armed
+        if armed is None or name != armed[1] or self.signalled is not None:
+            return
+        host = self.hosts.get(host_id)
+        if host is not None:
+            self.signalled = host
+            host.signal(SIGNALS[armed[2]])
+
+    # -- one case ---------------------------------------------------------------------------
+    async def run_case(self, case: Case, index: int = 0) -> CaseReport:
+        """Run `case` every way and compare; never raises for a divergence."""
+        report = CaseReport(case, index)
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(90):
+                await self._run(case, report)
+        except Exception as exc:
+            report.notes.append(f"harness error: {type(exc).__name__}: {exc}")
+            report.divergences.append(Divergence("harness", {}, {}, [repr(exc)]))
+        report.seconds = time.monotonic() - started
+        self.cases_run += 1
+        return report
+
+    async def _run(self, case: Case, report: CaseReport) -> None:
+        kind = case.fault.kind
+        event = f"diff:{uuid.uuid4().hex[:12]}"
+        data = initial_data(case)
+        deadline = DEADLINE_S if kind == "deadline" else None
+        async with self._serving(case, event) as hosts:
+            clean, loose = await reference(case, event, faulted=kind == "deadline")
+            expected = summary(clean, loose)
+            paths = [("fast", self.fast), ("one-by-one", self.ref), ("fast-warm", self.fast)]
+            if kind in ("redeclare", "rogue"):  # which version or replica answers varies
+                paths += [("fast-warm", self.fast)] * 3
+            for path, d in paths:
+                got = await d.emit(event, dict(data), timeout_s=deadline)
+                self._compare(report, path, expected, got, loose)
+            if kind in SIGNALS:
+                await self._faulted(case, event, self.fast, "fast+fault", report, hosts)
+        if any(d.path == "fast+fault" for d in report.divergences):  # confirm it one by one
+            event = f"diff:{uuid.uuid4().hex[:12]}"
+            async with self._serving(case, event) as hosts:
+                await self.ref.emit(event, dict(data))  # the same warm-up
+                await self._faulted(case, event, self.ref, "one-by-one+fault", report, hosts)
+
+    async def _faulted(
+        self, case: Case, event: str, d: HookDispatcher, path: str, report: CaseReport,
+        hosts: list[Host],
+    ) -> None:  # fmt: skip
+        faulted, loose = await reference(case, event, faulted=True)
+        self.signalled = None
+        self.armed = (event, case.victim.name, case.fault.kind)
+        try:
+            got = await d.emit(event, initial_data(case))
+        finally:
+            self.armed = None
+        if self.signalled is not None:
+            report.signalled = True
+            if self.signalled in hosts:
+                hosts.remove(self.signalled)
+            self.pool.replace(self.signalled)
+        self._compare(report, path, summary(faulted, loose), got, loose)
+
+    def _compare(
+        self, report: CaseReport, path: str, expected: dict[str, Any], got: HookResult,
+        loose: set[str],
+    ) -> None:  # fmt: skip
+        mine = summary(got, loose)
+        diffs = differences(expected, mine)
+        if diffs:
+            report.divergences.append(Divergence(path, expected, mine, diffs))
+
+    @contextlib.asynccontextmanager
+    async def _serving(self, case: Case, event: str) -> Any:
+        """Hosts serving `case`'s processes (and a second version, for a redeclaration)
+        and a rogue peer if asked; both dispatchers route the declared settings."""
+        n = sum(case.replicas) + (1 if case.fault.kind == "redeclare" else 0)
+        hosts = await self.pool.acquire(n)
+        self.hosts.update({h.id: h for h in hosts})
+        rogue = None
+        try:
+            it = iter(hosts)
+            jobs = []
+            for p, count in enumerate(case.replicas):
+                specs = [s for s in case.handlers if s.proc == p]
+                for _ in range(count):
+                    host = next(it)
+                    if specs:
+                        jobs.append(self._serve(host, event, specs, replace=False))
+            await asyncio.gather(*jobs)
+            if case.fault.kind == "redeclare":
+                v2 = case.declared()
+                specs = [s for s in v2.handlers if s.proc == case.victim.proc]
+                await self._serve(next(it), event, specs, replace=True)
+            if case.fault.kind == "rogue":
+                rogue = await self.ctl.subscribe(collect_subject(event), cb=self._rogue_reply)
+                await self.ctl.flush()
+            await self._routed(case.declared(), event)
+            yield hosts
+        finally:
+            if rogue is not None:
+                with contextlib.suppress(Exception):
+                    await rogue.unsubscribe()
+            await asyncio.gather(*(self._release(h) for h in hosts))
+            for spec in case.handlers:
+                with contextlib.suppress(Exception):
+                    await self.kv.purge(handler_key(event, spec.name))
+
+    async def _serve(self, host: Host, event: str, specs: list[Spec], *, replace: bool) -> None:
+        cmd = {
+            "op": "serve",
+            "event": event,
+            "replace": replace,
+            "handlers": [dataclasses.asdict(s) for s in specs],
+        }
+        msg = await self.ctl.request(f"{self.prefix}.host.{host.id}", json.dumps(cmd).encode(), 30)
+        out = json.loads(msg.data)
+        if "error" in out:
+            raise RuntimeError(f"host {host.id} could not serve: {out['error']}")
+
+    async def _release(self, host: Host) -> None:
+        self.hosts.pop(host.id, None)
+        try:
+            await self.ctl.request(f"{self.prefix}.host.{host.id}", b'{"op": "stop"}', 10)
+        except Exception:
+            self.pool.replace(host)
+            return
+        await self.pool.ready.put(host)
+
+    async def _routed(self, case: Case, event: str) -> None:
+        """Wait until both dispatchers route every handler with its declared settings."""
+        want = {
+            s.name: (s.priority, s.tool_filter, s.parallel, s.policy) for s in case.handlers
+        }
+
+        def ok(d: HookDispatcher) -> bool:
+            routes = d.routes(event)
+            have = {
+                r.name: (r.priority, r.tool_filter, r.parallel, r.failure_policy) for r in routes
+            }
+            return have == want and all(r.handler_set for r in routes)
+
+        async with asyncio.timeout(20):
+            while not (ok(self.fast) and ok(self.ref)):
+                await asyncio.sleep(0.003)
+
+    async def _rogue_reply(self, msg: Msg) -> None:
+        """A hostile peer on the collect subject: answers a scatter in the name of the last
+        handler it names, with a deny."""
+        with contextlib.suppress(Exception):
+            envelope = decode(msg.data, EventEnvelope)
+            if envelope.handlers and msg.reply:
+                reply = HookReply(
+                    handler=envelope.handlers[-1],
+                    result=HookResult(action="deny", reason="rogue"),
+                    instance="rogue",
+                )
+                await self.ctl.publish(msg.reply, encode(reply))
+
+
+# -- reporting ------------------------------------------------------------------------------------
+def describe(case: Case) -> str:
+    """The case as a table of its handlers in call order and its fault."""
+    lines = [
+        f"replicas per process {list(case.replicas)}, initial tool_name {case.tool!r},"
+        f" fault {case.fault.kind}"
+        + (f" at step {case.fault.step} ({case.victim.name})" if case.fault.kind != "none" else "")
+        + (
+            f", changing {case.fault.change} to "
+            f"{case.fault.new_filter if case.fault.change == 'filter' else case.fault.new_priority}"
+            if case.fault.kind == "redeclare"
+            else ""
+        ),
+        "| step | name | proc | prio | kind | filter | flags | policy | pace |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for i, s in enumerate(case.ordered()):
+        flags = ",".join(f for f in ("pure", "parallel", "retry_safe") if getattr(s, f)) or "-"
+        filt = "-" if s.tool_filter is None else list(s.tool_filter)
+        lines.append(
+            f"| {i} | {s.name} | {s.proc} | {s.priority} | {s.kind} | {filt} | {flags} |"
+            f" {s.policy} | {s.pace}{f' hold {s.hold_s}' if s.hold_s else ''} |"
+        )
+    return "\n".join(lines)
+
+
+def format_report(report: CaseReport, seed: str = "") -> str:
+    out = [
+        f"### case {report.index}{f' (seed {seed})' if seed else ''}: fault {report.case.fault.kind}",
+        "",
+        describe(report.case),
+        "",
+        f"replay: `HOOKBUS_DIFFERENTIAL_REPLAY='{report.case.to_json()}'`",
+        "",
+    ]
+    for d in report.divergences:
+        out.append(f"- **{d.path}** differs from the reference:")
+        out += [f"  - {line}" for line in d.diffs]
+    out += [f"- note: {n}" for n in report.notes]
+    return "\n".join(out) + "\n"
+
+
+def record_findings(path: str | None, report: CaseReport, seed: str = "") -> None:
+    """Append a divergent case to the findings file `path` (None: nowhere)."""
+    if not path or not report.divergences:
+        return
+    with open(path, "a") as f:
+        f.write("\n" + format_report(report, seed) + "\n")
+
+
+def replay_cases(spec: str) -> list[Case]:
+    """Cases from ``HOOKBUS_DIFFERENTIAL_REPLAY``: a case's JSON, a JSON list, or a file of
+    either."""
+    text = Path(spec).read_text() if not spec.lstrip().startswith(("{", "[")) else spec
+    raw = json.loads(text)
+    return [Case.from_json(r) for r in (raw if isinstance(raw, list) else [raw])]
+
+
+if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "host":
+    asyncio.run(host_main(sys.argv[2], sys.argv[3], sys.argv[4]))
