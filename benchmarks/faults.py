@@ -1,8 +1,9 @@
 """hookbus fault benchmark: decisions, suspensions and registrations through real outages.
 
-    .venv/bin/python benchmarks/faults.py               # every run, about 1 minute
-    .venv/bin/python benchmarks/faults.py --quick       # fewer emits and suspensions, ~1 min
+    .venv/bin/python benchmarks/faults.py               # every run (2,000 differential cases)
+    .venv/bin/python benchmarks/faults.py --quick       # fewer emits, suspensions and cases
     .venv/bin/python benchmarks/faults.py --json out.json
+    .venv/bin/python benchmarks/faults.py --only differential --findings findings.md
 
 Runs (each on servers and processes of its own, as the fault tests do, with the helpers
 in tests/_cluster.py and tests/_fleet.py):
@@ -17,6 +18,12 @@ in tests/_cluster.py and tests/_fleet.py):
 - ``replica-stall``: 2 replicas of a ``retry_safe`` guard, one SIGSTOPped for 5 s under load.
 - ``drain``: ``hookbus dispatcher`` and ``hookbus worker`` SIGTERMed together with requests
   (approval waits included) in flight; every request must be answered.
+- ``differential``: the differential judge of tests/_differential.py (what
+  tests/test_differential.py runs) over 2,000 hypothesis cases (200 with ``--quick``;
+  ``--seed`` for another set): each case's decision with every fast path on, against the
+  one-by-one reference, under kills, drains, pauses, deadlines, redeclarations and a rogue
+  peer. Its figure is the number of divergent cases (target 0); ``--findings FILE`` appends
+  each one, with its replay line.
 
 Figures per run: emits without a decision by their deadline (target 0), decisions that
 contradict the policy (target 0; e.g. a fail-closed guard failing open), suspensions lost
@@ -67,6 +74,7 @@ from hookbus.workers import HookWorker
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 from _cluster import Cluster, wait_for  # noqa: E402  (the fault tests' helpers)
+from _differential import Harness, drawn_cases, format_report, record_findings  # noqa: E402
 from _fleet import Fleet, HandlerConf, Load, check_decision, steady_load  # noqa: E402
 
 
@@ -78,10 +86,12 @@ class Settings:
     """Emits decided after each fault before the next one (the load keeps running)."""
     drain_requests: int
     """Requests in flight when the drain run sends SIGTERM."""
+    differential_cases: int
+    """Cases the differential run judges."""
 
 
-DEFAULT = Settings(suspensions=300, settle_emits=400, drain_requests=120)
-QUICK = Settings(suspensions=100, settle_emits=150, drain_requests=60)
+DEFAULT = Settings(suspensions=300, settle_emits=400, drain_requests=120, differential_cases=2000)
+QUICK = Settings(suspensions=100, settle_emits=150, drain_requests=60, differential_cases=200)
 
 
 @dataclass
@@ -97,6 +107,10 @@ class RunResult:
     p99_ms: float | None = None
     max_ms: float | None = None
     declarations_unwritable_s: float | None = None
+    cases: int = 0
+    """Differential cases judged."""
+    divergences: int = 0
+    """Differential cases whose fast-path decision differs from the one-by-one reference."""
     duration_s: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -434,6 +448,38 @@ async def run_drain(s: Settings) -> RunResult:
     return out
 
 
+async def run_differential(s: Settings, findings: str | None, seed: int | None) -> RunResult:
+    """The differential judge over `s.differential_cases` hypothesis cases."""
+    out = RunResult("differential")
+    started = time.monotonic()
+    todo = drawn_cases(s.differential_cases, seed)
+    by_fault: dict[str, list[int]] = {}
+    with EmbeddedNatsServer() as server:
+        harness = Harness(server.url)
+        await harness.start()
+        try:
+            for i, case in enumerate(todo):
+                report = await harness.run_case(case, i)
+                tally = by_fault.setdefault(case.fault.kind, [0, 0])
+                tally[0] += 1
+                out.cases += 1
+                if report.divergences:
+                    tally[1] += 1
+                    out.divergences += 1
+                    label = f"seed {seed}, case {i}" if seed is not None else f"case {i}"
+                    record_findings(findings, report, seed=label)
+                    if out.divergences <= 3:
+                        out.notes.append(format_report(report, label).splitlines()[0])
+        finally:
+            await harness.close()
+    out.notes.append(
+        "divergent / cases per fault: "
+        + ", ".join(f"{k} {d}/{n}" for k, (n, d) in sorted(by_fault.items()))
+    )
+    out.duration_s = time.monotonic() - started
+    return out
+
+
 # -- report -------------------------------------------------------------------------------
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:,.0f}"
@@ -471,6 +517,12 @@ def print_table(results: list[RunResult], console: Console) -> None:
             for r in results
         ],
     )
+    row("differential cases", [f"{r.cases:,}" if r.cases else "-" for r in results])
+    row(
+        "cases deciding unlike one by one",
+        [str(r.divergences) if r.cases else "-" for r in results],
+        "0",
+    )
     row("run time, s", [f"{r.duration_s:.0f}" for r in results])
     console.print(table)
     for r in results:
@@ -486,6 +538,7 @@ async def main_async(args: argparse.Namespace) -> int:
         "worker-kill": lambda: _fleet_run("worker SIGKILL", s, "kill"),
         "replica-stall": lambda: _fleet_run("replica SIGSTOP 5 s", s, "stall"),
         "drain": lambda: run_drain(s),
+        "differential": lambda: run_differential(s, args.findings, args.seed),
     }
     chosen = args.only or list(runs)
     results: list[RunResult] = []
@@ -504,6 +557,8 @@ async def main_async(args: argparse.Namespace) -> int:
             "undecided_emits": sum(r.undecided_emits for r in results),
             "wrong_decisions": sum(r.wrong_decisions for r in results),
             "suspensions_lost_or_doubled": sum(r.suspensions_lost_or_doubled for r in results),
+            "cases": sum(r.cases for r in results),
+            "divergences": sum(r.divergences for r in results),
             "quick": bool(args.quick),
             "runs": [asdict(r) for r in results],
         }
@@ -519,8 +574,14 @@ def main() -> None:
     parser.add_argument(
         "--only",
         action="append",
-        choices=["cluster", "worker-kill", "replica-stall", "drain"],
+        choices=["cluster", "worker-kill", "replica-stall", "drain", "differential"],
         help="run only this (repeatable)",
+    )
+    parser.add_argument(
+        "--findings", metavar="FILE", help="append each divergent differential case to FILE"
+    )
+    parser.add_argument(
+        "--seed", type=int, help="draw the differential cases from this seed (default: fixed)"
     )
     parser.add_argument("--verbose", action="store_true", help="show the library's warnings")
     args = parser.parse_args()

@@ -59,6 +59,7 @@ __all__ = [
     "Harness",
     "Spec",
     "cases",
+    "drawn_cases",
     "format_report",
     "record_findings",
 ]
@@ -86,6 +87,8 @@ VICTIM_TIMEOUT_S, VICTIM_HOLD_S = 0.8, 0.15
 """The handler at a signal's step holds this long after it announced itself."""
 DEADLINE_S, DEADLINE_HOLD_S, DEADLINE_TIMEOUT_S = 0.3, 0.8, 1.5
 """A caller deadline: the emit's ``timeout_s``, and the handler at the step holds past it."""
+HOST_SCRIPT = str(Path(__file__).resolve())
+"""Run as ``python HOST_SCRIPT host URL PREFIX ID``: a worker host of the pool."""
 TERM_GRACE_S = 5.0
 """A host's drain grace on SIGTERM: the handler it runs finishes."""
 
@@ -222,6 +225,33 @@ def cases() -> Any:
         return settle(case)
 
     return build()
+
+
+def drawn_cases(n: int, seed: int | None = None) -> list[Case]:
+    """The first `n` distinct cases hypothesis draws from `cases` (derandomized: the same
+    list every run; or from `seed`). Repeats are skipped so every case run is new."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as seeded
+
+    found: dict[str, Case] = {}
+
+    @settings(
+        max_examples=max(2 * n, n + 50),
+        derandomize=seed is None,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(case=cases())
+    def draw(case: Case) -> None:
+        if len(found) < n:
+            found.setdefault(case.to_json(), case)
+
+    if seed is not None:
+        draw = seeded(seed)(draw)
+    draw()
+    return list(found.values())
 
 
 def settle(case: Case) -> Case:
@@ -463,7 +493,9 @@ def summary(r: HookResult, loose: set[str]) -> dict[str, Any]:
 
 
 def differences(expected: dict[str, Any], got: dict[str, Any]) -> list[str]:
-    return [f"{k}: expected {expected[k]!r}, got {got[k]!r}" for k in expected if expected[k] != got[k]]
+    return [
+        f"{k}: expected {expected[k]!r}, got {got[k]!r}" for k in expected if expected[k] != got[k]
+    ]
 
 
 @dataclass
@@ -590,7 +622,7 @@ class HostPool:
         self._n += 1
         host_id = f"{self._n}"
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(Path(__file__).resolve()), "host", self.url, self.prefix, host_id,
+            sys.executable, HOST_SCRIPT, "host", self.url, self.prefix, host_id,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
@@ -797,9 +829,7 @@ class Harness:
 
     async def _routed(self, case: Case, event: str) -> None:
         """Wait until both dispatchers route every handler with its declared settings."""
-        want = {
-            s.name: (s.priority, s.tool_filter, s.parallel, s.policy) for s in case.handlers
-        }
+        want = {s.name: (s.priority, s.tool_filter, s.parallel, s.policy) for s in case.handlers}
 
         def ok(d: HookDispatcher) -> bool:
             routes = d.routes(event)
@@ -809,7 +839,7 @@ class Harness:
             return have == want and all(r.handler_set for r in routes)
 
         async with asyncio.timeout(20):
-            while not (ok(self.fast) and ok(self.ref)):
+            while not (ok(self.fast) and ok(self.ref)):  # noqa: ASYNC110  (no change event)
                 await asyncio.sleep(0.003)
 
     async def _rogue_reply(self, msg: Msg) -> None:
@@ -854,7 +884,7 @@ def describe(case: Case) -> str:
 
 def format_report(report: CaseReport, seed: str = "") -> str:
     out = [
-        f"### case {report.index}{f' (seed {seed})' if seed else ''}: fault {report.case.fault.kind}",
+        f"### case {report.index}{f' ({seed})' if seed else ''}: {report.case.fault.kind}",
         "",
         describe(report.case),
         "",
