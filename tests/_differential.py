@@ -517,16 +517,6 @@ class CaseReport:
     seconds: float = 0.0
     signalled: bool = False
 
-    @property
-    def confirmed(self) -> list[Divergence]:
-        """Divergences of a fast path from the model (under a signal: confirmed by the
-        one-by-one run under the same fault agreeing with the model)."""
-        if not any(d.path == "fast+fault" for d in self.divergences):
-            return self.divergences
-        if any(d.path == "one-by-one+fault" for d in self.divergences):
-            return [d for d in self.divergences if d.path != "fast+fault"]
-        return self.divergences
-
 
 # -- worker hosts -----------------------------------------------------------------------------
 async def host_main(url: str, prefix: str, host_id: str) -> None:
@@ -891,9 +881,16 @@ def format_report(report: CaseReport, seed: str = "") -> str:
         f"replay: `HOOKBUS_DIFFERENTIAL_REPLAY='{report.case.to_json()}'`",
         "",
     ]
+    paths = {d.path for d in report.divergences}
     for d in report.divergences:
         out.append(f"- **{d.path}** differs from the reference:")
         out += [f"  - {line}" for line in d.diffs]
+    if "fast+fault" in paths:
+        out.append(
+            "- the one-by-one run under the same fault also differs from the model: unconfirmed"
+            if "one-by-one+fault" in paths
+            else "- confirmed: the one-by-one run under the same fault decides as the model"
+        )
     out += [f"- note: {n}" for n in report.notes]
     return "\n".join(out) + "\n"
 
