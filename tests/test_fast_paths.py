@@ -314,3 +314,24 @@ async def test_a_retry_safe_chain_on_a_stalled_replica_is_hedged_like_single_cal
         finally:
             replicas[0].resume()
     assert [(r.action, r.failures) for r in results] == [("continue", [])] * 16
+
+
+async def test_a_draining_replica_starts_no_further_step_of_a_chain(
+    connect: Connect, fleet: Fleet, event: str
+) -> None:
+    """The only replica gets SIGTERM while h1 runs; h1 finishes within the grace period.
+    One by one, h2 (policy deny) is then refused by the draining worker and fails closed:
+    the chain must not run h2 in the draining worker instead."""
+    handlers = [
+        handler("h1", 1, sleep_s=0.2, announce=True),
+        handler("h2", 2, failure_policy="deny"),
+    ]
+    [replica] = await start_replicas(fleet, event, handlers, 1, "drain")
+    starts = await announced(await connect(), event)
+    async with HookDispatcher(await connect()) as d:
+        emit = asyncio.create_task(d.emit(event, {"tool_name": "bash"}))
+        assert (await asyncio.wait_for(starts.get(), 10))[0] == "h1"
+        replica.terminate()
+        result = await asyncio.wait_for(emit, 30)
+    assert (result.action, result.decided_by) == ("deny", "h2")
+    assert [(f.handler, f.policy) for f in result.failures] == [("h2", "deny")]

@@ -693,9 +693,10 @@ class HookWorker:
     ) -> HookReply:
         """Run the steps of a chain request in order, appending each step's reply to
         `replies` (and naming the steps running now in `running`); stop after a step that
-        ends the fold (see `ChainStep`) or timed out, or before a step the dispatcher may
-        have given up on (see `ChainProgress`). `decoded`: the request's envelope (None: it
-        could not be decoded). Progress replies go out while steps wait."""
+        ends the fold (see `ChainStep`) or timed out, before a step the dispatcher may
+        have given up on (see `ChainProgress`), or once the worker drains. `decoded`: the
+        request's envelope (None: it could not be decoded). Progress replies go out while
+        steps wait."""
         received = time.monotonic()
         name = self.handler_set_id
         envelope, refusal = self._read_request(name, msg, decoded)
@@ -727,7 +728,9 @@ class HookWorker:
                 if not run:
                     continue
                 now = time.monotonic()
-                if replies and progress.late(now):  # the dispatcher calls the rest itself
+                if replies and (progress.late(now) or self._state != "serving"):
+                    # the dispatcher calls the rest itself: late, or draining (a request of
+                    # its own would be refused now too)
                     break
                 running[:] = run
                 progress.start([step for step, _ in run], now)
