@@ -115,3 +115,20 @@ def embedded_server(tmp_path: object) -> Iterator[EmbeddedNatsServer]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+async def approver(connect: Any) -> AsyncIterator[Any]:
+    """An approver (`test_approvals.Approver`) on a connection and dispatcher of its own
+    (approvals off: it answers, it does not ask)."""
+    from test_approvals import Approver
+
+    from hookbus.dispatcher import HookDispatcher
+
+    nc = await connect()
+    async with HookDispatcher(nc, approvals=False) as d:
+        a = await Approver(d, nc).open()
+        try:
+            yield a
+        finally:
+            await a.close()

@@ -36,17 +36,6 @@ ASK_S = 5.0
 
 
 @pytest.fixture
-async def approver(connect: Connect) -> AsyncIterator[Approver]:
-    nc = await connect()
-    async with HookDispatcher(nc, approvals=False) as d:
-        a = await Approver(d, nc).open()
-        try:
-            yield a
-        finally:
-            await a.close()
-
-
-@pytest.fixture
 async def agent(connect: Connect) -> AsyncIterator[Agent]:
     """The agent's dispatcher (approvals on), its connection and a session id of its own."""
     nc = await connect()

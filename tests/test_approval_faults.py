@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -39,17 +39,6 @@ Connect = Callable[..., Awaitable[NATS]]
 
 TIMEOUT_S = 0.4
 """Each racing approval's own timeout."""
-
-
-@pytest.fixture
-async def approver(connect: Connect) -> AsyncIterator[Approver]:
-    nc = await connect()
-    async with HookDispatcher(nc, approvals=False) as d:
-        a = await Approver(d, nc).open()
-        try:
-            yield a
-        finally:
-            await a.close()
 
 
 async def answer_at_the_deadline(

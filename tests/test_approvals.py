@@ -105,18 +105,6 @@ class Agent:
 
 
 @pytest.fixture
-async def approver(connect: Connect) -> AsyncIterator[Approver]:
-    nc = await connect()
-    d = HookDispatcher(nc, approvals=False)
-    async with d:
-        a = await Approver(d, nc).open()
-        try:
-            yield a
-        finally:
-            await a.close()
-
-
-@pytest.fixture
 async def agent(connect: Connect) -> AsyncIterator[Agent]:
     nc = await connect()
     d = HookDispatcher(nc)
