@@ -102,11 +102,10 @@ class HookDispatcher(StandardEvents):
             dispatcher creates it.
         chains: send a sequence of adjacent remote handlers served by one worker process (the
             same declared handler set) as one chain request, run there in order with the
-            same semantics (one round trip instead of one per handler), and a parallel
-            group of handlers in several processes as one publish on the event's collect
-            subject (those that answered within the last minute; the others, and any that
-            refuses, get a request of their own). False: one request per handler. Results
-            and failures are the same either way.
+            same semantics (one round trip instead of one per handler; see `_chain_calls`).
+            False: one request per handler. Results and failures are the same either way,
+            under faults too: a chain loses at most the step that was running when its
+            process died, and the steps it did not run are called on their own.
     """
 
     def __init__(
