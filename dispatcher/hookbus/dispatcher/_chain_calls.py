@@ -130,21 +130,24 @@ class ChainCall:
         try:
             while True:
                 pending = [r for r in group if r not in out and not self._settle(r, out)]
+                now = self._loop.time()
                 for r in [r for r in pending if r in hedges and hedges[r].done()]:
-                    out[r] = hedges[r].result()  # the hedge answered first
-                    pending.remove(r)
+                    answer = hedges[r].result()
+                    # the hedge's answer wins; its failure only once the chain's is due
+                    if not isinstance(answer, Failed) or self._due(r) <= now:
+                        out[r] = answer
+                        pending.remove(r)
                 if not pending:
                     break
-                now = self._loop.time()
-                waiting = [r for r in pending if r not in hedges]
+                waiting = [r for r in pending if r not in hedges or hedges[r].done()]
                 due = min((self._due(r) for r in waiting), default=None)
                 if self._plan.hedge and hedge is not None and waiting:
-                    for r in [r for r in waiting if self._hedge_at(r) <= now]:
+                    for r in [r for r in waiting if r not in hedges and self._hedge_at(r) <= now]:
                         hedges[r] = self._start_hedge(hedge, r)
                     due = min((self._hedge_at(r) for r in waiting if r not in hedges), default=due)
                 if due is not None and now >= due:
                     for r in waiting:
-                        if r not in hedges and self._due(r) <= now:
+                        if self._due(r) <= now and r not in hedges:
                             out[r] = self._timeout(r)
                             ended = True
                     continue

@@ -26,11 +26,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 import nats.errors
 
 from hookbus.schemas import ChainStep, HookReply
+
+from ._coroutines import Resumed
 
 __all__ = ["LATE_MARGIN_S", "ChainProgress"]
 
@@ -99,6 +102,11 @@ class ChainProgress:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
+    def report(self) -> None:
+        """Report the replies not yet reported now (appended to the client's buffer before
+        anything the next step sends), naming the steps just started."""
+        self._flush()
+
     def late(self, now: float) -> bool:
         """Whether starting another step at `now` could race the dispatcher's give-up on
         the chain: then the worker stops and the dispatcher calls the rest itself."""
@@ -123,13 +131,35 @@ class ChainProgress:
         self._unreported = []
         # the dispatcher now dates the running steps from this report
         self._watch_deadline = self._started + _earliest(self._running)
-        task = asyncio.ensure_future(self._publish(reply))
-        _sending.add(task)  # held until sent (the loop keeps only weak references)
-        task.add_done_callback(_sending.discard)
+        _publish_now(self._publish(reply))
 
     async def _publish(self, reply: HookReply) -> None:
         with contextlib.suppress(nats.errors.Error, OSError):
             await self._send(reply)
+
+
+def _publish_now(coro: Coroutine[Any, Any, None]) -> None:
+    """Run a publish's coroutine up to its first suspension now, the rest in a task.
+
+    Why not a task at once: a publish that needs no flush appends the message to the
+    client's buffer without suspending, so it lands there before anything the next step
+    publishes (this callback runs before the client's flusher, scheduled later); a task
+    would run after the flusher, and a process killed in between would lose the report.
+    """
+    try:
+        suspended_on = coro.send(None)
+    except StopIteration:
+        return
+    except Exception:  # a closed connection: the final reply (or its absence) tells
+        return
+    task = asyncio.ensure_future(_finish(Resumed(coro, suspended_on)))
+    _sending.add(task)  # held until sent (the loop keeps only weak references)
+    task.add_done_callback(_sending.discard)
+
+
+async def _finish(rest: Resumed) -> None:
+    with contextlib.suppress(nats.errors.Error, OSError):
+        await rest
 
 
 def _earliest(steps: list[ChainStep]) -> float:

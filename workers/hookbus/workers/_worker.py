@@ -55,6 +55,7 @@ from hookbus.schemas._handler_options import HandlerOptions, StepOutcome, ToolFi
 from hookbus.schemas._nats_guard import harden_connection
 
 from ._chain_progress import ChainProgress
+from ._coroutines import Resumed
 from ._registration import (
     declare_handlers,
     flush_subscriptions,
@@ -147,6 +148,10 @@ class HookWorker:
         self._subs: list[Subscription] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._inflight = 0
+        self._waits: set[str] = set()
+        """Handlers seen to wait on something (suspend) when called: see `_may_wait`."""
+        self._returns_at_once: set[str] = set()
+        """Handlers called in a chain that returned without waiting, never seen to wait."""
         self.handler_set_id = ""
         """The id of this process's handler set once started ("" if it cannot be chained):
         chain requests for its handlers of an event come on
@@ -558,7 +563,7 @@ class HookWorker:
         decl = spec.declaration
         try:
             if spec.is_async:
-                raw = await _run_async(spec.fn(event, data), timeout_s)
+                raw = await _run_async(spec.fn(event, data), timeout_s, self._waits, decl.name)
             else:
                 async with asyncio.timeout(timeout_s):  # cheaper than anyio's on this path
                     raw = await anyio.to_thread.run_sync(
@@ -734,6 +739,8 @@ class HookWorker:
                     break
                 running[:] = run
                 progress.start([step for step, _ in run], now)
+                if replies and self._may_wait(run):
+                    progress.report()  # the replies so far, before this step's own work
                 outs = await self._run_group(run, envelope, data, deadline, msg, progress)
                 running.clear()
                 for (step, _), out in zip(run, outs, strict=True):
@@ -746,6 +753,19 @@ class HookWorker:
         finally:
             progress.close()
         return HookReply(handler=name, chain=replies)
+
+    def _may_wait(self, run: list[tuple[ChainStep, HandlerSpec]]) -> bool:
+        """Whether a step of `run` may wait on something (suspend): then the replies so far
+        are reported before it starts, so that no fault while it runs can lose them. A
+        handler is taken to wait until a call showed it returns at once, and for good once
+        one showed it waits; sync handlers run in a thread: they always wait. Handlers
+        that return at once need no report: nothing can happen between them and the
+        final reply, which goes out in the same turn of the event loop."""
+        for step, spec in run:
+            name = step.handler
+            if not spec.is_async or name in self._waits or name not in self._returns_at_once:
+                return True
+        return False
 
     async def _run_group(
         self,
@@ -762,6 +782,7 @@ class HookWorker:
         async def one(step: ChainStep, spec: HandlerSpec) -> HookReply:
             reply = await self._step(spec, step, envelope, data, deadline, msg)
             progress.finished(step, reply)
+            self._returns_at_once.add(step.handler)  # unless `_waits` says otherwise
             return reply
 
         if len(run) == 1:  # no task per step: the common, sequential case
@@ -818,7 +839,7 @@ class HookWorker:
         await self._nc.publish(msg.reply, payload)
 
 
-async def _run_async(coro: Any, timeout_s: float) -> Any:
+async def _run_async(coro: Any, timeout_s: float, waits: set[str], name: str) -> Any:
     """Await an async handler's coroutine within `timeout_s` seconds, as
     ``async with asyncio.timeout(timeout_s): return await coro`` does, without a timer for
     a handler that returns before its first suspension.
@@ -828,7 +849,8 @@ async def _run_async(coro: Any, timeout_s: float) -> Any:
     without suspending is never cut by it, so running its first step before any timer
     is armed changes nothing. A coroutine that does suspend gets its timer at the
     deadline counted from before that first step, and the rest of it is awaited under it.
-    Raises what the handler raises; `TimeoutError` past the deadline.
+    Raises what the handler raises; `TimeoutError` past the deadline. A handler that
+    suspends has its `name` added to `waits`.
     """
     if not inspect.iscoroutine(coro):  # another awaitable: no first step to take here
         async with asyncio.timeout(timeout_s):
@@ -838,39 +860,9 @@ async def _run_async(coro: Any, timeout_s: float) -> Any:
         suspended_on = coro.send(None)
     except StopIteration as done:
         return done.value
+    waits.add(name)  # it waits on something: see `HookWorker._may_wait`
     async with asyncio.timeout_at(deadline):
-        return await _Resumed(coro, suspended_on)
-
-
-class _Resumed:
-    """Awaitable: the rest of a coroutine whose first step was taken with ``send(None)``
-    and suspended on `first`; awaiting it continues the coroutine as ``await coro`` would
-    have (values, exceptions, cancellation and close passed through)."""
-
-    __slots__ = ("_coro", "_first")
-
-    def __init__(self, coro: Any, first: Any) -> None:
-        self._coro = coro
-        self._first = first
-
-    def __await__(self) -> Any:
-        coro, value = self._coro, self._first
-        while True:
-            try:
-                sent = yield value
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:
-                try:
-                    value = coro.throw(exc)
-                except StopIteration as done:
-                    return done.value
-            else:
-                try:
-                    value = coro.send(sent)
-                except StopIteration as done:
-                    return done.value
+        return await Resumed(coro, suspended_on)
 
 
 def _chain_width(envelope: EventEnvelope | None) -> int:
