@@ -335,3 +335,38 @@ async def test_a_draining_replica_starts_no_further_step_of_a_chain(
         result = await asyncio.wait_for(emit, 30)
     assert (result.action, result.decided_by) == ("deny", "h2")
     assert [(f.handler, f.policy) for f in result.failures] == [("h2", "deny")]
+
+
+async def test_a_chain_never_splits_a_parallel_group(connect: Connect, event: str) -> None:
+    """``a_slow``, ``a_more`` (process A) and ``b_quick`` (process B) are one parallel group
+    (by name at equal priority); ``c_after`` (process A, policy deny) follows. The emit's
+    0.3 s deadline ends inside ``a_slow``. One by one the group is called together:
+    ``b_quick`` answers, ``a_slow`` times out, ``c_after`` is not reached in time and fails
+    closed. A chain of A's part of the group must not make ``b_quick`` wait for it."""
+
+    async def a_slow(ev: str, data: dict[str, Any]) -> None:
+        await asyncio.sleep(0.8)
+
+    async def b_quick(ev: str, data: dict[str, Any]) -> None:
+        return None
+
+    async def c_after(ev: str, data: dict[str, Any]) -> None:
+        return None
+
+    async with (
+        serving(
+            await connect(),
+            (event, a_slow, {"priority": 0, "parallel": True, "timeout_s": 1.5}),
+            (event, b_quick, {"priority": 0, "parallel": True, "name": "a_more"}),
+            (event, c_after, {"priority": 1, "failure_policy": "deny"}),
+        ),
+        serving(
+            await connect(),
+            (event, b_quick, {"priority": 0, "parallel": True, "failure_policy": "deny"}),
+        ),
+        HookDispatcher(await connect()) as d,
+    ):
+        r = await d.emit(event, {}, timeout_s=0.3)
+    assert (r.action, r.decided_by) == ("deny", "c_after")
+    failed = [(f.handler, f.kind) for f in r.failures]
+    assert failed == [("a_slow", "timeout"), ("c_after", "timeout")]

@@ -766,10 +766,12 @@ class HookDispatcher(StandardEvents):
                     and routes[j].name in route.handler_set
                 ):
                     j += 1
+                j = _whole_parallel_runs(routes, i, j)
                 if j - i > 1:
                     segments.append(("chain", routes[i:j]))
                     i = j
                     continue
+                j = i + 1
             if route.parallel:  # called together anyway: no speculation needed
                 while j < n and routes[j].parallel:
                     j += 1
@@ -970,6 +972,19 @@ def _groups(routes: Sequence[Route], fold: Fold) -> Iterator[list[Route]]:
             i += 1
         if group:
             yield group
+
+
+def _whole_parallel_runs(routes: Sequence[Route], i: int, j: int) -> int:
+    """The end of a chain ``routes[i:j]`` cut so that it never ends inside a run of adjacent
+    parallel handlers that goes on past it (the run is called together, on the same data
+    and deadline: a chain holding part of it would be waited for before the rest is
+    called). Returns the new end (``i + 1`` or less: no chain)."""
+    if j >= len(routes) or not (routes[j].parallel and routes[j - 1].parallel):
+        return j
+    k = j - 1
+    while k > i and routes[k - 1].parallel:
+        k -= 1
+    return k
 
 
 def _from_first_match(seg: tuple[Route, ...], data: dict[str, Any]) -> tuple[Route, ...]:
