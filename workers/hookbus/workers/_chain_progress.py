@@ -3,14 +3,18 @@
 A chain request runs several handlers in one process. Were its answers sent only at the
 end, a process killed or paused mid-chain would take the answers of the steps that had
 already run with it, and the dispatcher could not tell which step was running. So the
-worker reports, on the request's reply subject, each step's reply as soon as the chain
-waits on anything (a step that suspends), and names the steps running then:
+worker reports, on the request's reply subject, the replies so far whenever the chain may
+wait on something, and names the steps running then:
 
-- after a step (or a member of a parallel group) finishes, and when the next step starts,
-  a report is scheduled for the event loop's next turn (`loop.call_soon`); it goes out
-  only if steps are running then (waiting on something). A chain whose handlers return
-  at once, or a parallel group whose members all finish together, sends none: the final
-  reply carries everything, and a fast chain still costs one message;
+- before a step that may wait (suspend: see `HookWorker._may_wait`) starts, the replies
+  not yet reported go out (`report`), appended to the client's buffer before anything
+  the step itself sends, so no fault while it runs can lose them (as a request of its
+  own would have had its reply out already);
+- after a member of a parallel group finishes while others run, a report is scheduled
+  for the event loop's next turn (`loop.call_soon`); it goes out only if steps are still
+  running then;
+- a chain of handlers that return at once sends none: nothing can happen between its
+  steps, and the final reply carries everything, so a fast chain still costs one message;
 - a report is incremental (the replies finished since the last one); the final reply
   (`HookReply.running` None) lists every reply.
 
