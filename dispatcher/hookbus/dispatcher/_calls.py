@@ -593,6 +593,9 @@ class ChainPlan:
     """The sum of the steps' timeouts, seconds."""
     hedge: bool
     """Every step is retry_safe: a step may be asked again on its own (hedged)."""
+    subjects: dict[str, str]
+    """Each step's handler subject, by handler name (an instance that answers a step is a
+    hedge target of that handler too: it serves it)."""
 
     @classmethod
     def of(cls, seg: tuple[Route, ...]) -> ChainPlan:
@@ -618,7 +621,8 @@ class ChainPlan:
             subject=head.chain,
         )
         total = sum(step.timeout_s for step in steps)
-        return cls(target, steps, total, all(r.retry_safe for r in seg))
+        subjects = {r.name: r.subject for r in seg}
+        return cls(target, steps, total, all(r.retry_safe for r in seg), subjects)
 
     def traced(self, headers: list[dict[str, str] | None]) -> ChainPlan:
         """This plan with each step's call context (its ``traceparent``) from `headers`."""
@@ -626,4 +630,4 @@ class ChainPlan:
             msgspec.structs.replace(step, traceparent=h.get("traceparent")) if h else step
             for step, h in zip(self.steps, headers, strict=True)
         ]
-        return ChainPlan(self.target, steps, self.total_s, self.hedge)
+        return ChainPlan(self.target, steps, self.total_s, self.hedge, self.subjects)

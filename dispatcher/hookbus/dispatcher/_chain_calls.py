@@ -238,11 +238,15 @@ class ChainCall:
             return
         now = self._loop.time()
         self._heard, self._heard_at = True, now
-        if reply.instance and not self._instance:
-            self._instance = reply.instance
-            self._requester.answered(self._plan.target.subject, reply.instance, now)
+        instance = reply.instance
+        if instance and not self._instance:
+            self._instance = instance
+            self._requester.answered(self._plan.target.subject, instance, now)
         for r in reply.chain:
             self._replies[r.handler] = r
+            subject = self._plan.subjects.get(r.handler)
+            if instance and subject:  # a hedge of this handler alone may go there
+                self._requester.answered(subject, instance, now)
         if reply.running is None:
             self.over = True
         else:
