@@ -124,6 +124,9 @@ class ChainCall:
         for them as the module docstring says; None for a step the chain did not run
         (call it alone). `hedge(route)`: the step asked on its own (a chain of retry_safe
         steps hedges a slow step with it)."""
+        replies = self._replies
+        if all(r.name in replies for r in group):  # answered already: the common case
+            return [self._outcome(replies[r.name]) for r in group]
         out: dict[Route, Outcome | None] = {}
         hedges: dict[Route, asyncio.Future[Outcome]] = {}
         ended = False
@@ -173,9 +176,7 @@ class ChainCall:
         """Put `route`'s outcome in `out` if known now; whether it was."""
         reply = self._replies.get(route.name)
         if reply is not None:
-            err = reply.error
-            # cut by a shutdown and safe to run again: asked on its own, like a refusal
-            out[route] = None if err is not None and err.retryable else reply_outcome(reply)
+            out[route] = self._outcome(reply)
         elif self._lost is not None:
             out[route] = self._lost
         elif self.over:
@@ -183,6 +184,13 @@ class ChainCall:
         else:
             return False
         return True
+
+    @staticmethod
+    def _outcome(reply: HookReply) -> Outcome | None:
+        """A step's reply as an outcome; None for a step cut by a shutdown that is safe to
+        run again (asked on its own, like a refusal)."""
+        err = reply.error
+        return None if err is not None and err.retryable else reply_outcome(reply)
 
     def _timeout_s(self, route: Route) -> float:
         return route.timeout_s or DEFAULT_TIMEOUT_S

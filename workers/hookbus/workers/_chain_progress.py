@@ -90,16 +90,20 @@ class ChainProgress:
         """Steps `steps` (one, or a parallel group) start running at `now`."""
         self._running = list(steps)
         self._started = now
-        if self._unreported:  # reported once these steps wait (if they do)
-            self._schedule()
         if self._watch_deadline is None:  # not reported: dated from what it last heard
             self._watch_deadline = self._heard_at + _earliest(steps)
 
     def finished(self, step: ChainStep, reply: HookReply) -> None:
-        """`step` finished with `reply`: reported at the loop's next turn."""
+        """`step` finished with `reply`: reported before the next step that may wait
+        (`report`), or, while other members of its parallel group run, at the loop's next
+        turn."""
         self._unreported.append(reply)
-        self._running = [s for s in self._running if s is not step]
-        self._schedule()
+        running = self._running
+        if len(running) > 1:
+            self._running = [s for s in running if s is not step]
+            self._schedule()
+        else:
+            self._running = []
 
     def _schedule(self) -> None:
         if not self._scheduled and not self._closed:
