@@ -31,6 +31,8 @@ from hookbus.cli._auth import (
     public_key_of,
 )
 from hookbus.cli._main import cli
+from hookbus.dispatcher import HookDispatcher
+from hookbus.schemas import HookResult
 from hookbus.schemas._nats_guard import harden_connection
 from hookbus.schemas._permissions import (
     agent,
@@ -39,6 +41,7 @@ from hookbus.schemas._permissions import (
     permissions_for,
     worker,
 )
+from hookbus.workers import HookWorker
 
 ROOT = Path(__file__).resolve().parents[1]
 anyio_test = pytest.mark.anyio
@@ -399,6 +402,44 @@ async def test_one_worker_connection_answers_a_collect_once_per_handler(
     finally:
         await wrk.close()
         await disp.close()
+
+
+@anyio_test
+async def test_a_chain_with_progress_replies_is_answered_within_the_workers_grants(
+    secured: tuple[str, Path],
+) -> None:
+    """Worker ``sec`` serves its two handlers as one chain; both wait, so its answer is a
+    progress reply and a final one on the dispatcher's reply subject: its grants must let
+    both through, and the decision is the one-by-one one."""
+    url, out = secured
+    admin, _ = await connect_as(url, out, ident(out, "ACME", "admin", "admin"))
+    wrk, wrk_errors = await connect_as(url, out, ident(out, "ACME", "worker", "sec"))
+    disp, disp_errors = await connect_as(url, out, ident(out, "ACME", "dispatcher", "dispatcher"))
+    event = "chain:secured"
+    try:
+        async with HookDispatcher(admin, approvals=False):
+            pass  # the buckets, created as the admin may
+        worker = HookWorker(wrk)
+
+        @worker.handler(event, priority=1)
+        async def security_policy(ev: str, data: dict[str, object]) -> HookResult:
+            await asyncio.sleep(0.05)
+            return HookResult(action="modify", data={**data, "checked": True})
+
+        @worker.handler(event, priority=2)
+        async def audit(ev: str, data: dict[str, object]) -> HookResult:
+            await asyncio.sleep(0.05)
+            return HookResult(action="deny", reason=f"audited {data.get('checked')}")
+
+        async with worker, HookDispatcher(disp) as d:
+            results = [await d.emit(event, {"tool_name": "bash"}) for _ in range(3)]
+        assert [(r.action, r.decided_by, r.reason, r.failures) for r in results] == [
+            ("deny", "audit", "audited True", [])
+        ] * 3
+        assert wrk_errors == [] and disp_errors == []
+    finally:
+        for nc in (wrk, disp, admin):
+            await nc.close()
 
 
 @anyio_test
