@@ -209,15 +209,26 @@ def test_tenants_get_folders_and_accounts(tmp_path: Path) -> None:
 # -- a real server ----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """A nats-server run from `hookbus auth init` output: two tenants, every role."""
-    out = tmp_path_factory.mktemp("auth")
+def _secured_server(out: Path) -> Iterator[tuple[str, Path]]:
+    """A nats-server run from `hookbus auth init` output in `out`: two tenants, every role."""
     auth_cli("init", "--out", str(out), "--tenant", "ACME", "--tenant", "GLOBEX",
              "--agent", "payments", "--worker", "sec:security_policy,audit",
              "--approver", "alice", "--auditor", "audit")  # fmt: skip
     with EmbeddedNatsServer(out / "run", config=out / "server.conf", port=-1) as server:
         yield server.url, out
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """A secured server shared by the module's probes (they create no bucket as hookbus
+    would: some create them by hand, with other settings)."""
+    yield from _secured_server(tmp_path_factory.mktemp("auth"))
+
+
+@pytest.fixture
+def secured_alone(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A secured server of the test's own, for a test that lets hookbus create its buckets."""
+    yield from _secured_server(tmp_path / "auth")
 
 
 def ident(out: Path, tenant: str, role: str, name: str) -> Identity:
@@ -406,12 +417,12 @@ async def test_one_worker_connection_answers_a_collect_once_per_handler(
 
 @anyio_test
 async def test_a_chain_with_progress_replies_is_answered_within_the_workers_grants(
-    secured: tuple[str, Path],
+    secured_alone: tuple[str, Path],
 ) -> None:
     """Worker ``sec`` serves its two handlers as one chain; both wait, so its answer is a
     progress reply and a final one on the dispatcher's reply subject: its grants must let
     both through, and the decision is the one-by-one one."""
-    url, out = secured
+    url, out = secured_alone
     admin, _ = await connect_as(url, out, ident(out, "ACME", "admin", "admin"))
     wrk, wrk_errors = await connect_as(url, out, ident(out, "ACME", "worker", "sec"))
     disp, disp_errors = await connect_as(url, out, ident(out, "ACME", "dispatcher", "dispatcher"))
