@@ -6,8 +6,10 @@ few permissions hold (the full per-role probe suite lives elsewhere)."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
+import re
 import signal
 import ssl
 import stat
@@ -110,6 +112,24 @@ def test_every_user_subscribes_only_to_its_own_inbox() -> None:
         inboxes = [s for s in perms.subscribe if "INBOX" in s]
         assert inboxes == ["_INBOX_UKEY.>"], role
         assert ">" not in perms.subscribe and "_INBOX.>" not in perms.subscribe
+
+
+def test_the_security_docs_worker_identity_lists_every_handler_of_its_example() -> None:
+    """docs/security.md's "How to run it" makes the identity `hookbus worker
+    examples/security_policy.py:worker` runs as: it must list every handler the example
+    serves (a worker may declare and serve only the handlers its identity names)."""
+    text = (ROOT / "docs" / "security.md").read_text()
+    run_it = text.split("## How to run it", 1)[1]
+    listed = re.search(r"--worker security:(\S+)", run_it)
+    assert listed is not None
+    spec = importlib.util.spec_from_file_location(
+        "security_policy", ROOT / "examples" / "security_policy.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    served = {h.declaration.name for h in module.worker.handlers}
+    assert set(listed.group(1).split(",")) == served
 
 
 def test_the_security_doc_has_every_row_of_the_table() -> None:
