@@ -160,14 +160,9 @@ def _publish_now(coro: Coroutine[Any, Any, None]) -> None:
         return
     except Exception:  # a closed connection: the final reply (or its absence) tells
         return
-    task = asyncio.ensure_future(_finish(Resumed(coro, suspended_on)))
+    task = asyncio.ensure_future(Resumed(coro, suspended_on))  # `_publish` suppresses errors
     _sending.add(task)  # held until sent (the loop keeps only weak references)
     task.add_done_callback(_sending.discard)
-
-
-async def _finish(rest: Resumed) -> None:
-    with contextlib.suppress(nats.errors.Error, OSError):
-        await rest
 
 
 def _earliest(steps: list[ChainStep]) -> float:

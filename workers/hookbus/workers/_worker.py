@@ -86,6 +86,11 @@ class HandlerSpec:
     tool_filter: ToolFilter = ToolFilter.EVERY
     """The declaration's tool filter, compiled (`ToolFilter.EVERY`: every call matches)."""
 
+    @property
+    def key(self) -> tuple[str, str]:
+        """(event, handler name): the handler's identity in this worker."""
+        return self.declaration.event, self.declaration.name
+
     def matches(self, data: dict[str, Any]) -> bool:
         """Whether the tool filter admits ``data["tool_name"]``: `ToolFilter.matches`, the
         same judgement dispatchers make (`Route.matches`)."""
@@ -148,9 +153,9 @@ class HookWorker:
         self._subs: list[Subscription] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._inflight = 0
-        self._waits: set[str] = set()
+        self._waits: set[tuple[str, str]] = set()
         """Handlers seen to wait on something (suspend) when called: see `_may_wait`."""
-        self._returns_at_once: set[str] = set()
+        self._returns_at_once: set[tuple[str, str]] = set()
         """Handlers called in a chain that returned without waiting, never seen to wait."""
         self.handler_set_id = ""
         """The id of this process's handler set once started ("" if it cannot be chained):
@@ -563,7 +568,7 @@ class HookWorker:
         decl = spec.declaration
         try:
             if spec.is_async:
-                raw = await _run_async(spec.fn(event, data), timeout_s, self._waits, decl.name)
+                raw = await _run_async(spec.fn(event, data), timeout_s, self._waits, spec.key)
             else:
                 async with asyncio.timeout(timeout_s):  # cheaper than anyio's on this path
                     raw = await anyio.to_thread.run_sync(
@@ -761,11 +766,10 @@ class HookWorker:
         one showed it waits; sync handlers run in a thread: they always wait. Handlers
         that return at once need no report: nothing can happen between them and the
         final reply, which goes out in the same turn of the event loop."""
-        for step, spec in run:
-            name = step.handler
-            if not spec.is_async or name in self._waits or name not in self._returns_at_once:
-                return True
-        return False
+        return any(
+            not spec.is_async or spec.key in self._waits or spec.key not in self._returns_at_once
+            for _, spec in run
+        )
 
     async def _run_group(
         self,
@@ -782,7 +786,7 @@ class HookWorker:
         async def one(step: ChainStep, spec: HandlerSpec) -> HookReply:
             reply = await self._step(spec, step, envelope, data, deadline, msg)
             progress.finished(step, reply)
-            self._returns_at_once.add(step.handler)  # unless `_waits` says otherwise
+            self._returns_at_once.add(spec.key)  # unless `_waits` says otherwise
             return reply
 
         if len(run) == 1:  # no task per step: the common, sequential case
@@ -839,7 +843,9 @@ class HookWorker:
         await self._nc.publish(msg.reply, payload)
 
 
-async def _run_async(coro: Any, timeout_s: float, waits: set[str], name: str) -> Any:
+async def _run_async(
+    coro: Any, timeout_s: float, waits: set[tuple[str, str]], key: tuple[str, str]
+) -> Any:
     """Await an async handler's coroutine within `timeout_s` seconds, as
     ``async with asyncio.timeout(timeout_s): return await coro`` does, without a timer for
     a handler that returns before its first suspension.
@@ -850,7 +856,7 @@ async def _run_async(coro: Any, timeout_s: float, waits: set[str], name: str) ->
     is armed changes nothing. A coroutine that does suspend gets its timer at the
     deadline counted from before that first step, and the rest of it is awaited under it.
     Raises what the handler raises; `TimeoutError` past the deadline. A handler that
-    suspends has its `name` added to `waits`.
+    suspends has its `key` ((event, name)) added to `waits`.
     """
     if not inspect.iscoroutine(coro):  # another awaitable: no first step to take here
         async with asyncio.timeout(timeout_s):
@@ -860,7 +866,7 @@ async def _run_async(coro: Any, timeout_s: float, waits: set[str], name: str) ->
         suspended_on = coro.send(None)
     except StopIteration as done:
         return done.value
-    waits.add(name)  # it waits on something: see `HookWorker._may_wait`
+    waits.add(key)  # it waits on something: see `HookWorker._may_wait`
     async with asyncio.timeout_at(deadline):
         return await Resumed(coro, suspended_on)
 
