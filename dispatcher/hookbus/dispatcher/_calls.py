@@ -229,8 +229,7 @@ def reply_outcome(reply: HookReply) -> Outcome:
 
 def _read_reply(msg: Msg) -> tuple[Outcome | None, str | None, str]:
     """`judge_reply`, plus the error code of a reply that says "not run, send it again"
-    (else None) and the id of the worker instance that answered ("" if unknown). With
-    """
+    (else None) and the id of the worker instance that answered ("" if unknown)."""
     headers = msg.headers or {}
     status = headers.get(_STATUS)
     if status is not None:
@@ -355,7 +354,6 @@ class Requester:
         budget_s: float, *, hedge: bool,
     ) -> Outcome:  # fmt: skip
         """Send `envelope` to `route` and wait at most `budget_s` seconds for an answer.
-
 
         Raises:
             NotConnectedError: the connection is closed.
