@@ -33,8 +33,10 @@ from hookbus.cli._auth import (
     public_key_of,
 )
 from hookbus.cli._main import cli
+from hookbus.cli._provision import provision
 from hookbus.dispatcher import HookDispatcher
-from hookbus.schemas import HookResult
+from hookbus.schemas import BadRequestError, HookResult
+from hookbus.schemas._consumer_slots import slot_names
 from hookbus.schemas._nats_guard import harden_connection
 from hookbus.schemas._permissions import (
     agent,
@@ -68,38 +70,74 @@ def seeds(out: Path) -> dict[str, bytes]:
 # -- the model (pure) -----------------------------------------------------------------
 
 
-def test_a_worker_serves_its_name_by_default_and_only_its_handlers() -> None:
-    assert worker("security").subscribe == worker("security", ["security"]).subscribe
-    perms = worker("sec", ["security_policy", "a:b"])
-    assert "hookbus.v1.collect.* security_policy" in perms.subscribe
-    assert "hookbus.v1.handler.*.a=3Ab a=3Ab" in perms.subscribe  # queue group = handler token
-    assert "$KV.hookbus_handlers.*.a=3Ab" in perms.publish
-    assert not any("sec " in s or s.endswith(".sec") for s in perms.subscribe)
-    assert perms.allow_responses is not None and perms.allow_responses.max_msgs == 4
+def test_a_worker_serves_only_its_event_handler_pairs() -> None:
+    perms = worker("sec", ["tool:pre/security_policy", "prompt:complete/a:b"])
+    assert "hookbus.v1.collect.tool=3Apre security_policy" in perms.subscribe
+    assert "hookbus.v1.handler.tool=3Apre.security_policy security_policy" in perms.subscribe
+    assert "hookbus.v1.handler.prompt=3Acomplete.a=3Ab a=3Ab" in perms.subscribe
+    assert "$KV.hookbus_handlers.tool=3Apre.security_policy" in perms.publish
+    # bound to its events: no wildcard in an event position
+    assert not any(".handler.*." in s or ".collect.* " in s or ".chain.*." in s
+                   for s in perms.subscribe)  # fmt: skip
+    assert not any("hookbus_handlers.*." in s for s in perms.publish)
+    # and no stream or consumer creation, no registry listing
+    assert not any("STREAM.CREATE" in s or "CONSUMER" in s for s in perms.publish)
+    # one handler per event: one answer per request
+    assert perms.allow_responses is not None and perms.allow_responses.max_msgs == 1
+    two = worker("sec", ["tool:pre/a", "tool:pre/b", "tool:post/a"])
+    assert two.allow_responses is not None and two.allow_responses.max_msgs == 3
+    for bad in ([], ["security"], ["/security"], ["tool:pre/"]):
+        with pytest.raises(BadRequestError):
+            worker("sec", bad)
 
 
 def test_an_agent_is_scoped_to_its_token() -> None:
-    perms = agent("pay.ments", public_key="UXYZ")
-    assert "hookbus.v1.emit.pay=2Ements.*" in perms.publish
-    assert "$KV.hookbus_suspensions.pay=2Ements.*" in perms.publish
-    assert perms.subscribe == ["_INBOX_UXYZ.>", "hookbus.v1.suspension.pay=2Ements.>"]
-    assert perms.allow_responses is None
-    # reads of suspensions and grants only through subjects that carry its prefix
-    scoped = [s for s in perms.publish if "hookbus_suspensions" in s or "hookbus_approvals" in s]
-    assert scoped and all(
-        ".pay=2Ements." in s or s.startswith(("$JS.API.STREAM.INFO", "$JS.API.CONSUMER.INFO",
-                                              "$JS.API.CONSUMER.DELETE"))
-        for s in scoped
-    ), scoped  # fmt: skip
+    for embedded in (False, True):
+        perms = agent("pay.ments", embedded=embedded, public_key="U" + "X" * 55)
+        assert "hookbus.v1.emit.pay=2Ements.*" in perms.publish
+        assert "$KV.hookbus_suspensions.pay=2Ements.*" in perms.publish
+        assert perms.subscribe == [
+            "_INBOX_U" + "X" * 55 + ".>", "hookbus.v1.suspension.pay=2Ements.>"
+        ]  # fmt: skip
+        assert perms.allow_responses is None
+        # reads of suspensions and grants only through subjects that carry its prefix
+        scoped = [s for s in perms.publish if "hookbus_suspensions" in s or "hookbus_approvals" in s]
+        assert scoped and all(
+            ".pay=2Ements." in s or s.startswith(("$JS.API.STREAM.INFO", "$JS.API.CONSUMER.INFO",
+                                                  "$JS.API.CONSUMER.DELETE"))
+            for s in scoped
+        ), scoped  # fmt: skip
+        # writes nothing in the approvals bucket: only the decider creates approvals
+        assert not any(s.startswith("$KV.hookbus_approvals") for s in perms.publish)
+        # consumers only in its own slots
+        consumers = [s for s in perms.publish if ".CONSUMER." in s]
+        assert consumers and all(".U" + "X" * 55 + "_" in s for s in consumers), consumers
+        assert not any(s.startswith("$JS.API.STREAM.CREATE") for s in perms.publish)
+    plain, embedded_perms = agent("a"), agent("a", embedded=True)
+    assert not any(s.startswith("hookbus.v1.handler") for s in plain.publish)
+    assert not any("hookbus_handlers" in s for s in plain.publish)
+    assert "hookbus.v1.handler.*.*" in embedded_perms.publish
 
 
-def test_only_the_admin_may_delete_update_or_purge_streams() -> None:
+def _every_role(public_key: str | None = None) -> list[tuple[str, list[str], list[str]]]:
+    """(role, publish, subscribe) of every non-admin role, the embedded agent included."""
+    out = []
     for role in ("agent", "worker", "dispatcher", "approver", "auditor"):
-        perms = permissions_for(role, "x")  # type: ignore[arg-type]
-        verbs = ("STREAM.DELETE", "STREAM.PURGE", "STREAM.UPDATE", "STREAM.MSG.DELETE")
-        assert not any(v in s for s in perms.publish for v in verbs), role
-        assert not any(s.endswith((".>", "*")) and "STREAM" in s for s in perms.publish), role
-        assert "$JS.API.>" not in perms.publish
+        handlers = ["tool:pre/x"] if role == "worker" else None
+        perms = permissions_for(role, "x", handlers=handlers, public_key=public_key)  # type: ignore[arg-type]
+        out.append((role, perms.publish, perms.subscribe))
+    embedded = agent("x", embedded=True, public_key=public_key)
+    out.append(("agent (embedded)", embedded.publish, embedded.subscribe))
+    return out
+
+
+def test_only_the_admin_may_create_delete_update_or_purge_streams() -> None:
+    for role, publish, _ in _every_role():
+        verbs = ("STREAM.CREATE", "STREAM.DELETE", "STREAM.PURGE", "STREAM.UPDATE",
+                 "STREAM.MSG.DELETE", "CONSUMER.DURABLE")  # fmt: skip
+        assert not any(v in s for s in publish for v in verbs), role
+        assert not any(s.endswith((".>", "*")) and "STREAM" in s for s in publish), role
+        assert "$JS.API.>" not in publish
     assert "$JS.API.>" in permissions_for("admin", "admin").publish
 
 
@@ -107,11 +145,25 @@ def test_every_user_subscribes_only_to_its_own_inbox() -> None:
     for row in permission_table():
         if row.direction == "subscribe" and row.subject.startswith("_INBOX"):
             assert row.subject == "_INBOX_<PUBKEY>.>"
-    for role in ("admin", "agent", "worker", "dispatcher", "approver", "auditor"):
-        perms = permissions_for(role, "x", public_key="UKEY")  # type: ignore[arg-type]
-        inboxes = [s for s in perms.subscribe if "INBOX" in s]
+    admin = permissions_for("admin", "x", public_key="UKEY")
+    for role, _, subscribe in [*_every_role("UKEY"), ("admin", [], admin.subscribe)]:
+        inboxes = [s for s in subscribe if "INBOX" in s]
         assert inboxes == ["_INBOX_UKEY.>"], role
-        assert ">" not in perms.subscribe and "_INBOX.>" not in perms.subscribe
+        assert ">" not in subscribe and "_INBOX.>" not in subscribe
+
+
+def test_only_the_dispatcher_creates_consumers_beyond_its_slots() -> None:
+    """Every other identity may create, inspect and delete consumers named by its own
+    slots only: one identity cannot exhaust a stream's consumers or drop another's."""
+    slots = slot_names("UKEY")
+    for role, publish, _ in _every_role("UKEY"):
+        consumers = [s for s in publish if ".CONSUMER." in s]
+        if role == "dispatcher":
+            assert "$JS.API.CONSUMER.CREATE.KV_hookbus_handlers" in consumers
+            continue
+        for s in consumers:
+            name = s.split(".")[6 if ".MSG.NEXT." in s else 5]
+            assert name in slots, (role, s)
 
 
 def test_the_security_docs_worker_identity_lists_every_handler_of_its_example() -> None:
@@ -128,7 +180,7 @@ def test_the_security_docs_worker_identity_lists_every_handler_of_its_example() 
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    served = {h.declaration.name for h in module.worker.handlers}
+    served = {f"{h.declaration.event}/{h.declaration.name}" for h in module.worker.handlers}
     assert set(listed.group(1).split(",")) == served
 
 
@@ -144,8 +196,8 @@ def test_the_security_doc_has_every_row_of_the_table() -> None:
 def test_init_writes_a_valid_config_seeds_and_contexts(tmp_path: Path) -> None:
     out = tmp_path / "auth"
     auth_cli("init", "--out", str(out), "--agent", "payments",
-             "--worker", "security:security_policy,response_dlp", "--approver", "alice",
-             "--auditor", "audit")  # fmt: skip
+             "--worker", "security:tool:pre/security_policy,prompt:complete/response_dlp",
+             "--approver", "alice", "--auditor", "audit")  # fmt: skip
     check = config_check(out / "server.conf")
     assert check.returncode == 0 and "is valid" in check.stderr, check.stderr
     setup = load_setup(out)
@@ -155,7 +207,8 @@ def test_init_writes_a_valid_config_seeds_and_contexts(tmp_path: Path) -> None:
         ("worker", "security"), ("approver", "alice"), ("auditor", "audit"),
     }  # fmt: skip
     sec = setup.find(DEFAULT_TENANT, "worker", "security")
-    assert sec is not None and sec.handlers == ["security_policy", "response_dlp"]
+    assert sec is not None
+    assert sec.handlers == ["tool:pre/security_policy", "prompt:complete/response_dlp"]
     conf = (out / "auth.conf").read_text()
     for ident in setup.identities:
         seed = ident.seed_path(out)
@@ -179,15 +232,17 @@ def test_add_adds_a_user_and_changes_no_seed(tmp_path: Path) -> None:
     auth_cli("init", "--out", str(out), "--agent", "payments")
     before = seeds(out)
     auth_cli("add", "agent", "billing", "--dir", str(out))
-    auth_cli("add", "worker", "sec", "--handler", "security_policy", "--handler", "dlp",
-             "--dir", str(out))  # fmt: skip
+    auth_cli("add", "worker", "sec", "--handler", "tool:pre/security_policy",
+             "--handler", "tool:post/dlp", "--dir", str(out))  # fmt: skip
     after = seeds(out)
     assert {k: after[k] for k in before} == before
     assert set(after) - set(before) == {"agent-billing.nk", "worker-sec.nk"}
     setup = load_setup(out)
     billing = setup.find(DEFAULT_TENANT, "agent", "billing")
     assert billing is not None and f'"{billing.public_key}"' in (out / "auth.conf").read_text()
-    assert setup.find(DEFAULT_TENANT, "worker", "sec").handlers == ["security_policy", "dlp"]  # type: ignore[union-attr]
+    assert setup.find(DEFAULT_TENANT, "worker", "sec").handlers == [  # type: ignore[union-attr]
+        "tool:pre/security_policy", "tool:post/dlp"
+    ]  # fmt: skip
     assert config_check(out / "server.conf").returncode == 0
     dup = CliRunner().invoke(cli, ["auth", "add", "agent", "billing", "--dir", str(out)])
     assert dup.exit_code != 0 and "already exists" in dup.output
@@ -232,7 +287,9 @@ def test_tenants_get_folders_and_accounts(tmp_path: Path) -> None:
 def _secured_server(out: Path) -> Iterator[tuple[str, Path]]:
     """A nats-server run from `hookbus auth init` output in `out`: two tenants, every role."""
     auth_cli("init", "--out", str(out), "--tenant", "ACME", "--tenant", "GLOBEX",
-             "--agent", "payments", "--worker", "sec:security_policy,audit",
+             "--agent", "payments",
+             "--worker", "sec:tool:pre/security_policy,tool:pre/audit,"
+             "chain:secured/security_policy,chain:secured/audit",
              "--approver", "alice", "--auditor", "audit")  # fmt: skip
     with EmbeddedNatsServer(out / "run", config=out / "server.conf", port=-1) as server:
         yield server.url, out
@@ -415,7 +472,7 @@ async def test_one_worker_connection_answers_a_collect_once_per_handler(
             async def answer(msg: nats.aio.msg.Msg, handler: str = handler) -> None:
                 await msg.respond(handler.encode())
 
-            await wrk.subscribe("hookbus.v1.collect.*", queue=handler, cb=answer)
+            await wrk.subscribe("hookbus.v1.collect.tool=3Apre", queue=handler, cb=answer)
         await wrk.flush()
         inbox = disp.new_inbox()
         replies = await disp.subscribe(inbox)
@@ -448,8 +505,7 @@ async def test_a_chain_with_progress_replies_is_answered_within_the_workers_gran
     disp, disp_errors = await connect_as(url, out, ident(out, "ACME", "dispatcher", "dispatcher"))
     event = "chain:secured"
     try:
-        async with HookDispatcher(admin, approvals=False):
-            pass  # the buckets, created as the admin may
+        await provision(admin)  # the buckets: only the admin may create them
         worker = HookWorker(wrk)
 
         @worker.handler(event, priority=1)
@@ -476,7 +532,7 @@ async def test_a_chain_with_progress_replies_is_answered_within_the_workers_gran
 @anyio_test
 async def test_an_agent_reads_only_its_own_suspensions(secured: tuple[str, Path]) -> None:
     url, out = secured
-    disp, _ = await connect_as(url, out, ident(out, "GLOBEX", "dispatcher", "dispatcher"))
+    disp, _ = await connect_as(url, out, ident(out, "GLOBEX", "admin", "admin"))
     agt, agt_errors = await connect_as(url, out, ident(out, "GLOBEX", "agent", "payments"))
     try:
         kv = await disp.jetstream().create_key_value(
@@ -536,8 +592,10 @@ async def test_the_scoped_jetstream_forms_cannot_be_widened_by_the_request_body(
     another agent's keys by putting another filter in the request body: nats-server
     checks the body against the subject."""
     url, out = secured
-    disp, _ = await connect_as(url, out, ident(out, "ACME", "dispatcher", "dispatcher"))
-    agt, _ = await connect_as(url, out, ident(out, "ACME", "agent", "payments"))
+    disp, _ = await connect_as(url, out, ident(out, "ACME", "admin", "admin"))
+    payments = ident(out, "ACME", "agent", "payments")
+    agt, _ = await connect_as(url, out, payments)
+    slots = slot_names(payments.public_key)
     try:
         kv = await disp.jetstream().create_key_value(
             KeyValueConfig(bucket="hookbus_suspensions", history=1, direct=True)
@@ -549,9 +607,10 @@ async def test_the_scoped_jetstream_forms_cannot_be_widened_by_the_request_body(
         for i, widen in enumerate(
             [{"filter_subject": other}, {"filter_subjects": [own, other]}, {}]
         ):
-            config = {"name": f"w{i}", "deliver_subject": inbox, "ack_policy": "none", **widen}
+            name = slots[i]  # its own slot: the name is allowed, only the body widens
+            config = {"name": name, "deliver_subject": inbox, "ack_policy": "none", **widen}
             reply = await agt.request(
-                f"$JS.API.CONSUMER.CREATE.KV_hookbus_suspensions.w{i}.{own}",
+                f"$JS.API.CONSUMER.CREATE.KV_hookbus_suspensions.{name}.{own}",
                 json.dumps({"stream_name": "KV_hookbus_suspensions", "config": config}).encode(),
                 timeout=3,
             )

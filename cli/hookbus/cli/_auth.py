@@ -39,10 +39,12 @@ import click
 import nkeys  # type: ignore[import-untyped]
 
 from hookbus.schemas import BadRequestError, encode_token
+from hookbus.schemas._consumer_slots import CONSUMER_SLOTS
 from hookbus.schemas._permissions import (
     ROLES,
     RolePermissions,
     inbox_prefix,
+    parse_worker_handler,
     permission_table,
     permissions_for,
 )
@@ -74,13 +76,15 @@ _ADDABLE = ("agent", "worker", "approver", "auditor", "dispatcher", "admin")
 
 @dataclass
 class Identity:
-    """One nkey user: its role, name, tenant, public key and (workers) handlers."""
+    """One nkey user: its role, name, tenant, public key, (workers) the ``EVENT/HANDLER``
+    pairs it serves and (agents) whether it runs an embedded dispatcher."""
 
     role: RoleName
     name: str
     tenant: str
     public_key: str
     handlers: list[str] = field(default_factory=list)
+    embedded: bool = False
 
     @property
     def stem(self) -> str:
@@ -97,12 +101,22 @@ class Identity:
         return self.folder(out) / f"{self.stem}.json"
 
     def permissions(self) -> RolePermissions:
-        return permissions_for(
-            self.role,
-            self.name,
-            handlers=self.handlers if self.role == "worker" else None,
-            public_key=self.public_key,
-        )
+        """Its permissions.
+
+        Raises:
+            click.ClickException: a worker recorded with a handler that is not
+                ``EVENT/HANDLER`` (a manifest from before workers named their events).
+        """
+        try:
+            return permissions_for(
+                self.role,
+                self.name,
+                handlers=self.handlers if self.role == "worker" else None,
+                embedded=self.embedded,
+                public_key=self.public_key,
+            )
+        except BadRequestError as exc:
+            raise click.ClickException(f"{self.role} {self.name!r}: {exc}") from None
 
 
 @dataclass
@@ -118,6 +132,10 @@ class AuthSetup:
     tenants: list[str] = field(default_factory=lambda: [DEFAULT_TENANT])
     routes: list[str] = field(default_factory=list)
     """``host:port`` of every node's cluster port (``cluster-auth.conf``), if a cluster."""
+    js_max_file: str = "8G"
+    """JetStream file storage one tenant (account) may use in all (nats-server size)."""
+    js_max_mem: str = "256M"
+    """JetStream memory storage one tenant may use in all (the leases bucket)."""
     identities: list[Identity] = field(default_factory=list)
 
     def find(self, tenant: str, role: str, name: str) -> Identity | None:
@@ -177,7 +195,7 @@ def _user_block(ident: Identity, indent: str) -> list[str]:
     for subject in [*perms.publish, *perms.subscribe]:
         if "<" in subject or ">" in subject.replace(".>", "") or not subject.strip():
             raise ValueError(f"not a subject for a config: {subject!r}")
-    label = f"{ident.role} {ident.name!r}"
+    label = f"{ident.role} {ident.name!r}" + (" (embedded dispatcher)" if ident.embedded else "")
     if ident.handlers:
         label += f" (handlers: {', '.join(ident.handlers)})"
     inner = indent + "  "
@@ -205,13 +223,35 @@ def render_accounts(setup: AuthSetup) -> str:
         "accounts {",
     ]
     for tenant in setup.tenants:
-        lines += [f"  {tenant} {{", "    jetstream: enabled", "    users: ["]
+        users = sum(1 for i in setup.identities if i.tenant == tenant)
+        lines += [
+            f"  {tenant} {{",
+            f"    # JetStream limits of the tenant: {_JS_LIMITS_WHY}",
+            f"    jetstream: {{ max_file: {setup.js_max_file}, max_mem: {setup.js_max_mem},"
+            f" max_streams: {MAX_STREAMS}, max_consumers: {max_consumers(users)} }}",
+            "    users: [",
+        ]
         for ident in setup.identities:
             if ident.tenant == tenant:
                 lines += _user_block(ident, "      ")
         lines += ["    ]", "  }"]
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+MAX_STREAMS: Final = 8
+"""Streams of a tenant: hookbus's four buckets and its audit stream, with room to spare."""
+
+_JS_LIMITS_WHY: Final = (
+    "storage, streams (only the admin creates any) and consumers (every identity but the"
+    " dispatcher has 8 named slots per stream it reads)"
+)
+
+
+def max_consumers(identities: int) -> int:
+    """A tenant's consumer limit: every identity's slots on the streams it may read (at
+    most 3 each), and 256 for the dispatcher service's own watches and listings."""
+    return 256 + identities * CONSUMER_SLOTS * 3
 
 
 def render_server(setup: AuthSetup, out: Path) -> str:
@@ -326,23 +366,30 @@ def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
 
 
 def _new_identity(
-    setup: AuthSetup, out: Path, role: RoleName, name: str, tenant: str, handlers: Sequence[str]
+    setup: AuthSetup,
+    out: Path,
+    role: RoleName,
+    name: str,
+    tenant: str,
+    handlers: Sequence[str],
+    *,
+    embedded: bool = False,
 ) -> Identity:
     """Make a seed for a new identity, write its seed and context files, record it."""
     if setup.find(tenant, role, name) is not None:
         raise click.ClickException(f"{role} {name!r} already exists in tenant {tenant}")
-    try:
-        encode_token(name)
-        for h in handlers:
-            encode_token(h)
-    except BadRequestError as exc:
-        raise click.BadParameter(str(exc)) from exc
+    if embedded and role != "agent":
+        raise click.BadParameter(f"only an agent runs an embedded dispatcher, not a {role}")
     if role == "worker":
-        handlers = list(dict.fromkeys(handlers or [name]))
+        handlers = list(dict.fromkeys(handlers))
     elif handlers:
         raise click.BadParameter(f"only a worker has handlers, not a {role}")
+    try:
+        permissions_for(role, name, handlers=handlers or None, embedded=embedded)
+    except BadRequestError as exc:
+        raise click.BadParameter(str(exc)) from None
     seed, public = new_user_seed()
-    ident = Identity(role, name, tenant, public, list(handlers))
+    ident = Identity(role, name, tenant, public, list(handlers), embedded=embedded)
     if ident.seed_path(out).exists():
         raise click.ClickException(f"{ident.seed_path(out)} exists: not overwriting a seed")
     _write_new_secret(ident.seed_path(out), seed + "\n")
@@ -362,12 +409,45 @@ def write_setup(setup: AuthSetup, out: Path) -> None:
 
 
 def parse_worker(spec: str) -> tuple[str, list[str]]:
-    """``NAME[:handler,handler]`` -> ``(NAME, handlers)`` (default: ``[NAME]``)."""
+    """``NAME:EVENT/HANDLER,EVENT/HANDLER`` -> ``(NAME, ["EVENT/HANDLER", ...])``.
+
+    Raises:
+        click.BadParameter: no name, no pair, or a pair that is not ``EVENT/HANDLER``.
+    """
     name, sep, rest = spec.partition(":")
     handlers = [h.strip() for h in rest.split(",") if h.strip()] if sep else []
-    if not name:
-        raise click.BadParameter(f"a worker needs a name: {spec!r}")
-    return name, handlers or [name]
+    if not name or not handlers:
+        raise click.BadParameter(
+            f"a worker is NAME:EVENT/HANDLER[,EVENT/HANDLER] (e.g."
+            f" security:tool:pre/security_policy), got {spec!r}",
+            param_hint="--worker",
+        )
+    try:
+        for h in handlers:
+            parse_worker_handler(h)
+    except BadRequestError as exc:
+        raise click.BadParameter(str(exc), param_hint="--worker") from None
+    return name, handlers
+
+
+def worker_pairs(ref: str) -> list[str]:
+    """The ``EVENT/HANDLER`` pairs the `HookWorker` at ``FILE.py:ATTR`` (or
+    ``module:attr``) declares.
+
+    Raises:
+        click.BadParameter: it cannot be loaded, is not a HookWorker, or declares nothing.
+    """
+    from hookbus.workers import HookWorker
+
+    from ._common import load_object
+
+    obj = load_object(ref)
+    if not isinstance(obj, HookWorker):
+        raise click.BadParameter(f"{ref} is a {type(obj).__name__}, not a HookWorker")
+    pairs = [f"{h.declaration.event}/{h.declaration.name}" for h in obj.handlers]
+    if not pairs:
+        raise click.BadParameter(f"{ref} declares no handler")
+    return pairs
 
 
 def _check_tenant(name: str) -> str:
@@ -383,6 +463,7 @@ def init_setup(
     *,
     tenants: Iterable[str] = (),
     agents: Iterable[str] = (),
+    embedded_agents: Iterable[str] = (),
     workers: Iterable[str] = (),
     approvers: Iterable[str] = (),
     auditors: Iterable[str] = (),
@@ -413,31 +494,38 @@ def init_setup(
         tenants=tenant_list,
         routes=[parse_route(r) for r in routes],
     )
-    wanted: list[tuple[RoleName, str, list[str]]] = [
-        ("admin", "admin", []),
-        ("dispatcher", "dispatcher", []),
+    wanted: list[tuple[RoleName, str, list[str], bool]] = [
+        ("admin", "admin", [], False),
+        ("dispatcher", "dispatcher", [], False),
     ]
-    wanted += [("agent", a, []) for a in agents]
+    wanted += [("agent", a, [], False) for a in agents]
+    wanted += [("agent", a, [], True) for a in embedded_agents]
     for spec in workers:
         name, handlers = parse_worker(spec)
-        wanted.append(("worker", name, handlers))
-    wanted += [("approver", a, []) for a in approvers]
-    wanted += [("auditor", a, []) for a in auditors]
+        wanted.append(("worker", name, handlers, False))
+    wanted += [("approver", a, [], False) for a in approvers]
+    wanted += [("auditor", a, [], False) for a in auditors]
     if not out.exists():
         out.mkdir(parents=True)
         (out / ".gitignore").write_text("# seeds: never commit\n*\n")
     if setup.routes:
         _write_new_secret(out / CLUSTER_CONF, render_cluster(setup.routes, secrets.token_hex(24)))
     for tenant in tenant_list:
-        for role, name, handlers in wanted:
+        for role, name, handlers, embedded in wanted:
             if setup.find(tenant, role, name) is None:
-                _new_identity(setup, out, role, name, tenant, handlers)
+                _new_identity(setup, out, role, name, tenant, handlers, embedded=embedded)
     write_setup(setup, out)
     return setup
 
 
 def add_identity(
-    out: Path, role: RoleName, name: str, *, tenant: str | None = None, handlers: Sequence[str] = ()
+    out: Path,
+    role: RoleName,
+    name: str,
+    *,
+    tenant: str | None = None,
+    handlers: Sequence[str] = (),
+    embedded: bool = False,
 ) -> Identity:
     """What ``hookbus auth add`` does: a new identity; other seeds are left as they are."""
     setup = load_setup(out)
@@ -447,7 +535,7 @@ def add_identity(
             raise click.BadParameter(f"several tenants: pick one with --tenant ({setup.tenants})")
     if tenant not in setup.tenants:
         raise click.BadParameter(f"unknown tenant {tenant!r}; known: {', '.join(setup.tenants)}")
-    ident = _new_identity(setup, out, role, name, tenant, list(handlers))
+    ident = _new_identity(setup, out, role, name, tenant, list(handlers), embedded=embedded)
     write_setup(setup, out)
     return ident
 
@@ -477,13 +565,26 @@ def auth() -> None:
     help="Folder to write server.conf, auth.conf, seeds and contexts to.",
 )
 @click.option("--tenant", "tenants", multiple=True, help="A tenant (NATS account); repeat.")
-@click.option("--agent", "agents", multiple=True, help="An agent identity; repeat.")
+@click.option(
+    "--agent",
+    "agents",
+    multiple=True,
+    help="An agent identity, a client of the dispatcher service; repeat.",
+)
+@click.option(
+    "--embedded-agent",
+    "embedded_agents",
+    multiple=True,
+    help="An agent identity that runs its own HookDispatcher (calls handlers itself; "
+    "approvals still go through the dispatcher service); repeat.",
+)
 @click.option(
     "--worker",
     "workers",
     multiple=True,
-    metavar="NAME[:H,H]",
-    help="A worker identity and the handlers it serves (default: one named NAME); repeat.",
+    metavar="NAME:EVENT/HANDLER[,EVENT/HANDLER]",
+    help="A worker identity and the (event, handler) pairs it serves, e.g. "
+    "security:tool:pre/security_policy; repeat.",
 )
 @click.option("--approver", "approvers", multiple=True, help="An approver identity; repeat.")
 @click.option("--auditor", "auditors", multiple=True, help="An auditor identity; repeat.")
@@ -513,6 +614,7 @@ def init_cmd(
     out: Path,
     tenants: tuple[str, ...],
     agents: tuple[str, ...],
+    embedded_agents: tuple[str, ...],
     workers: tuple[str, ...],
     approvers: tuple[str, ...],
     auditors: tuple[str, ...],
@@ -540,6 +642,7 @@ def init_cmd(
         out,
         tenants=tenants,
         agents=agents,
+        embedded_agents=embedded_agents,
         workers=workers,
         approvers=approvers,
         auditors=auditors,
@@ -569,13 +672,36 @@ def init_cmd(
     help="The folder `hookbus auth init` wrote.",
 )
 @click.option("--tenant", default=None, help="Its tenant (default: HOOKBUS, or the only one).")
-@click.option("--handler", "handlers", multiple=True, help="A handler a worker serves; repeat.")
-def add_cmd(role: str, name: str, out: Path, tenant: str | None, handlers: tuple[str, ...]) -> None:
+@click.option(
+    "--handler",
+    "handlers",
+    multiple=True,
+    metavar="EVENT/HANDLER",
+    help="An (event, handler) pair a worker serves, e.g. tool:pre/redact_pii; repeat.",
+)
+@click.option(
+    "--from",
+    "from_worker",
+    metavar="FILE.py:ATTR",
+    help="A worker: serve every (event, handler) the HookWorker FILE.py:ATTR declares.",
+)
+@click.option("--embedded", is_flag=True, help="An agent that runs its own HookDispatcher.")
+def add_cmd(
+    role: str,
+    name: str,
+    out: Path,
+    tenant: str | None,
+    handlers: tuple[str, ...],
+    from_worker: str | None,
+    embedded: bool,
+) -> None:
     """Add one identity and write auth.conf again (existing seeds are never changed).
     Reload the running server afterwards (`nats-server --signal reload` or SIGHUP)."""
     if role not in ROLES:  # narrows the click choice to a role
         raise click.BadParameter(f"unknown role {role!r}")
-    ident = add_identity(out, role, name, tenant=tenant, handlers=handlers)
+    if from_worker:
+        handlers = (*handlers, *worker_pairs(from_worker))
+    ident = add_identity(out, role, name, tenant=tenant, handlers=handlers, embedded=embedded)
     click.echo(f"{ident.tenant} {ident.role} {ident.name}: {ident.seed_path(out)}")
 
 

@@ -25,6 +25,7 @@ from ._gateway_cmd import gateway
 from ._handlers_cmd import handlers, services
 from ._lifecycle import LOOP_CHOICES, LOOP_ENV, loop_choice
 from ._otel import otel_session, otlp_option, print_denied_trace
+from ._provision import provision_cmd
 from ._serve_cmds import dispatcher_cmd, run_async, server, worker
 from ._suspensions_cmd import hooks, suspensions
 from ._tail_cmd import tail
@@ -168,6 +169,7 @@ cli.add_command(hooks)  # the former name of suspensions, hidden
 cli.add_command(approvals)
 cli.add_command(decisions)
 cli.add_command(tail)
+auth.add_command(provision_cmd)
 cli.add_command(auth)
 cli.add_command(gateway)
 cli.add_command(claude_code)

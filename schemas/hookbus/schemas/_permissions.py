@@ -8,33 +8,39 @@ subscription only in that queue group), and whether it may answer requests it re
 not listed is refused by the server. Every entry carries the reason it is there, and
 `permission_table` returns the rows of the table in docs/security.md.
 
-``<a>`` is the agent token (``encode_token(agent name)``), ``<h>`` a handler token,
-``<p>`` the approver token, ``<PUBKEY>`` the user's nkey public key: every user may
-subscribe only to its own inbox prefix ``_INBOX_<PUBKEY>``, so nobody hears another's
-replies (clients connect with ``inbox_prefix=inbox_prefix(public_key)``).
+``<a>`` is the agent token (``encode_token(agent name)``), ``<e>``/``<h>`` a worker's
+event and handler tokens, ``<p>`` the approver token, ``<PUBKEY>`` the user's nkey public
+key, ``<slot>`` one of its consumer names (`slot_names`). Every user may subscribe only to
+its own inbox prefix ``_INBOX_<PUBKEY>``, so nobody hears another's replies (clients
+connect with ``inbox_prefix=inbox_prefix(public_key)``).
 
 Roles (one user per identity):
 
-==============  ================================================================
-``admin``       everything hookbus (all subjects, buckets, streams; delete/purge)
-``agent``       its own emits, suspension events, suspensions and decisions; reads the
-                handler registry; calls handlers directly (embedded dispatcher)
-``worker``      serves its handlers (queue groups restricted to them; chain
-                requests of exactly its handler set ``<set>``, `handler_set_id`
-                of its names) and declares only them in the registry
-``dispatcher``  the service: answers every agent's emits, calls every handler,
-                writes suspension records, creates the buckets and the audit stream;
-                answers the services API as ``hookbus-dispatcher``
-``approver``    answers approvals: resolves suspensions, writes its own answer
-                proofs and "Allow always" grants
-``auditor``     reads the decision audit stream, nothing else
-==============  ================================================================
+==================  ============================================================
+``admin``           everything hookbus; the only role that creates, changes or deletes
+                    streams and buckets (``hookbus auth provision``)
+``agent``           a client of the dispatcher service: its own emits, suspension
+                    events and suspension records
+``agent`` embedded  also decides for itself (an embedded ``HookDispatcher``): reads the
+                    handler registry, calls handlers, records its own decisions, reads
+                    its own grants; it may not ask for approvals
+``worker``          serves exactly its (event, handler) pairs: their queue groups, chain
+                    requests of its handler set on those events, their declarations
+``dispatcher``      the service, the decider: answers every agent's emits, calls every
+                    handler, writes suspension and approval records and grants
+``approver``        reads approvals and suspensions, writes only its own answer proofs
+``auditor``         reads the decision audit stream, nothing else
+==================  ============================================================
 
 JetStream is reached through its API subjects (nats-server 2.11+, nats-py 2.16): a KV put
 of key K in bucket B publishes to ``$KV.B.K``; a get (buckets have ``allow_direct``) is a
 request to ``$JS.API.DIRECT.GET.KV_B.$KV.B.K``, scopable by key prefix; a watch or listing
-creates a consumer, scopable by filter only when named (``$JS.API.CONSUMER.CREATE.KV_B.
-<name>.<filter>``), so roles limited to a key prefix get only that form.
+creates a consumer. NATS cannot count consumers per user, but a named consumer's create
+request carries its name and filter in its subject (``$JS.API.CONSUMER.CREATE.KV_B.<name>.
+<filter>``): every role but the dispatcher may create only consumers named by its own
+slots (``_consumer_slots.CONSUMER_SLOTS`` of them), with a filter within what it may read,
+and inspect or delete only those. No role but the admin may create a stream: a create request's body
+chooses the stream's subjects.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ from dataclasses import dataclass, replace
 from typing import Final, Literal
 
 from ._chains import handler_set_id
+from ._consumer_slots import slot_names
+from ._errors import BadRequestError
 from ._subjects import (
     APPROVALS_BUCKET,
     CHAIN_WILDCARD,
@@ -77,6 +85,7 @@ __all__ = [
     "auditor",
     "dispatcher",
     "inbox_prefix",
+    "parse_worker_handler",
     "permission_table",
     "permissions_for",
     "worker",
@@ -90,7 +99,6 @@ timeout (900 s, an approval wait included) with room for the drain. NATS's defau
 Role = Literal["admin", "agent", "worker", "dispatcher", "approver", "auditor"]
 ROLES: Final[tuple[Role, ...]] = ("admin", "agent", "worker", "dispatcher", "approver", "auditor")
 
-_KV_BUCKETS: Final = (HANDLERS_BUCKET, SUSPENSIONS_BUCKET, APPROVALS_BUCKET, LEASES_BUCKET)
 _JS: Final = "$JS.API"
 _SRV_VERBS: Final = ("PING", "INFO", "STATS")
 
@@ -107,10 +115,12 @@ class Grant:
 @dataclass(frozen=True)
 class ResponsePermission:
     """``allow_responses``: answer at most `max_msgs` messages to each reply subject
-    received, within `expires_s` seconds of receiving it."""
+    received, within `expires_s` seconds of receiving it. `rule` says how `max_msgs` is
+    counted (the table shows it for the roles whose count depends on the identity)."""
 
     max_msgs: int = 1
     expires_s: float = 120.0
+    rule: str = ""
 
 
 @dataclass(frozen=True)
@@ -137,7 +147,8 @@ class RolePermissions:
 @dataclass(frozen=True)
 class PermissionRow:
     """A row of the role table: role, ``publish`` / ``subscribe`` / ``responses``, the
-    subject (with ``<a>``, ``<h>``, ``<p>``, ``<PUBKEY>`` placeholders) and why."""
+    subject (with ``<a>``, ``<e>``, ``<h>``, ``<p>``, ``<PUBKEY>``, ``<slot>`` placeholders)
+    and why."""
 
     role: str
     direction: str
@@ -149,6 +160,21 @@ def inbox_prefix(public_key: str) -> str:
     """The inbox prefix of the user with nkey `public_key` (``_INBOX_<PUBKEY>``): give it
     to ``nats.connect(..., inbox_prefix=...)``; the user may subscribe under it only."""
     return f"_INBOX_{public_key}"
+
+
+def parse_worker_handler(spec: str) -> tuple[str, str]:
+    """``"EVENT/HANDLER"`` (e.g. ``"tool:pre/security_policy"``) as ``(event, handler)``:
+    what a worker identity serves. The event is everything before the first ``/``.
+
+    Raises:
+        BadRequestError: no ``/``, or an empty event or handler.
+    """
+    event, sep, handler = spec.partition("/")
+    if not sep or not event.strip() or not handler.strip():
+        raise BadRequestError(
+            f"a worker serves EVENT/HANDLER pairs (e.g. tool:pre/security_policy), not {spec!r}"
+        )
+    return event, handler
 
 
 # -- building blocks ------------------------------------------------------------------
@@ -167,10 +193,6 @@ def _js_info() -> Grant:
     return Grant(f"{_JS}.INFO", "JetStream account info (clients check JetStream is on)")
 
 
-def _flow_control() -> Grant:
-    return Grant("$JS.FC.>", "flow-control replies of its KV watches")
-
-
 def _kv_stream(bucket: str) -> str:
     return f"KV_{bucket}"
 
@@ -179,42 +201,71 @@ def _kv_open(bucket: str) -> Grant:
     return Grant(f"{_JS}.STREAM.INFO.{_kv_stream(bucket)}", f"open {bucket}")
 
 
-def _kv_create(bucket: str) -> Grant:
-    return Grant(f"{_JS}.STREAM.CREATE.{_kv_stream(bucket)}", f"create {bucket} if missing")
-
-
 def _kv_put(bucket: str, keys: str, why: str) -> Grant:
     return Grant(f"$KV.{bucket}.{keys}", why)
 
 
-def _kv_read_all(bucket: str) -> list[Grant]:
-    """Read every key of `bucket`: gets (both forms) and watches (both consumer forms)."""
+def _slots(public_key: str | None) -> tuple[str, ...]:
+    return slot_names(public_key) if public_key else ("<slot>",)
+
+
+def _get(bucket: str, keys: str, why: str) -> Grant:
+    """Direct gets of keys `keys` (``>``: any key) of `bucket`."""
+    stream = _kv_stream(bucket)
+    return Grant(f"{_JS}.DIRECT.GET.{stream}.$KV.{bucket}.{keys}", f"get {why}")
+
+
+def _slot_consumers(stream: str, filters: str, why: str, public_key: str | None) -> list[Grant]:
+    """Consumers on `stream` named by the user's own slots only, with a filter within
+    `filters` (a subject with wildcards, or ``""``: any filter and the form without one)."""
+    out: list[Grant] = []
+    for slot in _slots(public_key):
+        create = f"{_JS}.CONSUMER.CREATE.{stream}.{slot}"
+        if filters:
+            out.append(Grant(f"{create}.{filters}", f"watch {why} (its own consumer slots)"))
+        else:
+            out += [
+                Grant(create, f"read {why} (its own consumer slots)"),
+                Grant(f"{create}.>", f"read {why} (its own consumer slots, any filter)"),
+            ]
+        out += [
+            Grant(f"{_JS}.CONSUMER.INFO.{stream}.{slot}", "check its own consumers"),
+            Grant(f"{_JS}.CONSUMER.DELETE.{stream}.{slot}", "release its own consumers"),
+        ]
+    return out
+
+
+def _kv_read_own(bucket: str, prefix: str, why: str, public_key: str | None) -> list[Grant]:
+    """Read keys ``<prefix>.>`` of `bucket`: gets, and watches in its own slots."""
+    keys = f"$KV.{bucket}.{prefix}.>"
+    return [
+        _get(bucket, f"{prefix}.>", why),
+        *_slot_consumers(_kv_stream(bucket), keys, why, public_key),
+    ]
+
+
+def _kv_read_all_slots(bucket: str, public_key: str | None) -> list[Grant]:
+    """Read every key of `bucket`: gets, and consumers in its own slots."""
     stream = _kv_stream(bucket)
     return [
         Grant(f"{_JS}.DIRECT.GET.{stream}", f"get by sequence in {bucket}"),
-        Grant(f"{_JS}.DIRECT.GET.{stream}.>", f"get any key of {bucket}"),
+        _get(bucket, ">", f"any key of {bucket}"),
+        *_slot_consumers(stream, "", bucket, public_key),
+    ]
+
+
+def _kv_read_all(bucket: str) -> list[Grant]:
+    """Read every key of `bucket` with any consumer (the dispatcher service only: it is
+    trusted with the shared consumer capacity, and its replicas share one identity)."""
+    stream = _kv_stream(bucket)
+    return [
+        Grant(f"{_JS}.DIRECT.GET.{stream}", f"get by sequence in {bucket}"),
+        _get(bucket, ">", f"any key of {bucket}"),
         Grant(f"{_JS}.CONSUMER.CREATE.{stream}", f"watch / list {bucket} (unnamed consumer)"),
         Grant(f"{_JS}.CONSUMER.CREATE.{stream}.>", f"watch / list {bucket} (named consumer)"),
-        *_consumer_upkeep(stream),
-    ]
-
-
-def _kv_read_prefix(bucket: str, prefix: str, why: str) -> list[Grant]:
-    """Read only keys ``<prefix>.>`` of `bucket`: no unscoped get, only named consumers
-    whose filter is within the prefix."""
-    stream = _kv_stream(bucket)
-    keys = f"$KV.{bucket}.{prefix}.>"
-    return [
-        Grant(f"{_JS}.DIRECT.GET.{stream}.{keys}", f"get {why}"),
-        Grant(f"{_JS}.CONSUMER.CREATE.{stream}.*.{keys}", f"watch {why} (named consumer)"),
-        *_consumer_upkeep(stream),
-    ]
-
-
-def _consumer_upkeep(stream: str) -> list[Grant]:
-    return [
         Grant(f"{_JS}.CONSUMER.INFO.{stream}.*", "check its consumers"),
         Grant(f"{_JS}.CONSUMER.DELETE.{stream}.*", "release its consumers when a watch ends"),
+        Grant("$JS.FC.>", "flow-control replies of its ordered watches"),
     ]
 
 
@@ -255,8 +306,8 @@ def _call_handlers() -> list[Grant]:
 
 
 def admin(name: str = "admin", *, public_key: str | None = None) -> RolePermissions:
-    """Everything hookbus: every subject, bucket and stream, deletes and purges included
-    (the only role that may delete, purge or update streams)."""
+    """Everything hookbus: every subject, bucket and stream; the only role that creates,
+    updates, deletes or purges streams (``hookbus auth provision`` runs as it)."""
     return RolePermissions(
         role="admin",
         name=name,
@@ -266,7 +317,7 @@ def admin(name: str = "admin", *, public_key: str | None = None) -> RolePermissi
             Grant("$KV.>", "write any key of any bucket, required handlers included"),
             Grant(f"{_JS}.>", "the whole JetStream API: create, update, delete, purge"),
             Grant("$JS.ACK.>", "acknowledge messages of its consumers"),
-            _flow_control(),
+            Grant("$JS.FC.>", "flow-control replies of its ordered watches"),
         ),
         subscribe_grants=(
             _inbox(public_key),
@@ -275,31 +326,35 @@ def admin(name: str = "admin", *, public_key: str | None = None) -> RolePermissi
     )
 
 
-def _agent(a: str, public_key: str | None) -> RolePermissions:
+def _agent(a: str, public_key: str | None, *, embedded: bool) -> RolePermissions:
     p = SUBJECT_PREFIX
     own = "its own"
+    grants: list[Grant] = [
+        Grant(f"{p}.emit.{a}.*", "emit through the dispatcher service, as itself only"),
+        Grant(f"{p}.emit_and_collect.{a}.*", "emit_and_collect through the service"),
+        Grant(f"{p}.suspension.{a}.>", f"{own} suspension events (pending / resolved / cancelled)"),
+        _kv_put(SUSPENSIONS_BUCKET, f"{a}.*", f"{own} suspension records (`<a>.<label>`)"),
+        _kv_put(LEASES_BUCKET, "w.*", "its waiter lease (`w.<id>`)"),
+        _js_info(),
+        _kv_open(SUSPENSIONS_BUCKET),
+        _kv_open(LEASES_BUCKET),
+        *_kv_read_own(SUSPENSIONS_BUCKET, a, f"{own} suspensions and their proofs", public_key),
+        _get(LEASES_BUCKET, "w.*", "waiter leases (is a label's waiter alive)"),
+        *_srv_requests(),
+    ]
+    if embedded:
+        grants += [
+            *_call_handlers(),
+            Grant(f"{p}.decisions.{a}", f"{own} decisions to the audit stream (embedded)"),
+            _kv_open(HANDLERS_BUCKET),
+            _kv_open(APPROVALS_BUCKET),
+            *_kv_read_all_slots(HANDLERS_BUCKET, public_key),
+            _get(APPROVALS_BUCKET, f"{a}.>", f'{own} "Allow always" grants and their proofs'),
+        ]
     return RolePermissions(
         role="agent",
         name=a,
-        publish_grants=(
-            Grant(f"{p}.emit.{a}.*", "emit through the dispatcher service, as itself only"),
-            Grant(f"{p}.emit_and_collect.{a}.*", "emit_and_collect through the service"),
-            *_call_handlers(),
-            Grant(
-                f"{p}.suspension.{a}.>", f"{own} suspension events (pending / resolved / cancelled)"
-            ),
-            Grant(f"{p}.decisions.{a}", f"{own} decisions to the audit stream"),
-            *_srv_requests(),
-            _kv_put(SUSPENSIONS_BUCKET, f"{a}.*", f"{own} suspension records (`<a>.<label>`)"),
-            _kv_put(LEASES_BUCKET, ">", "its waiter lease"),
-            _js_info(),
-            *(_kv_open(b) for b in _KV_BUCKETS),
-            *_kv_read_all(HANDLERS_BUCKET),
-            *_kv_read_prefix(SUSPENSIONS_BUCKET, a, f"{own} suspensions and their answers"),
-            *_kv_read_prefix(APPROVALS_BUCKET, a, f'{own} "Allow always" grants'),
-            *_kv_read_all(LEASES_BUCKET),
-            _flow_control(),
-        ),
+        publish_grants=tuple(grants),
         subscribe_grants=(
             _inbox(public_key),
             Grant(f"{p}.suspension.{a}.>", f"{own} suspension events"),
@@ -307,81 +362,86 @@ def _agent(a: str, public_key: str | None) -> RolePermissions:
     )
 
 
-def agent(name: str, *, public_key: str | None = None) -> RolePermissions:
-    """An agent (one per agent id): its own emits, suspension events, suspensions, grants (read)
-    and decisions; reads the registry and calls handlers directly (embedded dispatcher).
+def agent(name: str, *, embedded: bool = False, public_key: str | None = None) -> RolePermissions:
+    """An agent (one per agent id), a client of the dispatcher service: its own emits,
+    suspension events and suspension records. `embedded`: it also runs its own
+    ``HookDispatcher`` (reads the registry, calls handlers, records its own decisions,
+    reads its own grants); it still may not create approvals (only the service does).
 
     Raises:
         BadRequestError: `name` is empty.
     """
-    perms = _agent(encode_token(name), public_key)
+    perms = _agent(encode_token(name), public_key, embedded=embedded)
     return _renamed(perms, name)
 
 
 def _worker(
-    name: str, handler_tokens: Sequence[str], set_id: str, public_key: str | None
+    name: str, pairs: Sequence[tuple[str, str]], set_id: str, public_key: str | None
 ) -> RolePermissions:
     handler = HANDLER_SUBJECT_PREFIX
-    chain = f"{SUBJECT_PREFIX}.chain.*.{set_id}"
-    serve: list[Grant] = [
-        Grant(f"{chain} {set_id}", "chain requests for exactly its handler set"),
-        Grant(f"{chain}.*", "chain requests for its handler set to this instance (hedges)"),
-    ]
+    serve: list[Grant] = []
     declare: list[Grant] = []
-    for h in handler_tokens:
+    for e in _unique(e for e, _ in pairs):
+        chain = f"{SUBJECT_PREFIX}.chain.{e}.{set_id}"
         serve += [
-            Grant(f"{handler}.*.{h} {h}", "its handler's requests, in the handler's queue group"),
-            Grant(f"{handler}.*.{h}.*", "its handler's requests to this instance (hedges)"),
-            Grant(f"{SUBJECT_PREFIX}.collect.* {h}", "emit_and_collect, handler's queue group"),
+            Grant(f"{chain} {set_id}", "chain requests for exactly its handler set, its events"),
+            Grant(f"{chain}.*", "chain requests for its handler set to this instance (hedges)"),
         ]
-        declare.append(
-            _kv_put(HANDLERS_BUCKET, f"*.{h}", "declare its own handler (`<event>.<h>`)")
-        )
+    for e, h in pairs:
+        serve += [
+            Grant(f"{handler}.{e}.{h} {h}", "its handler's requests, in the handler's queue group"),
+            Grant(f"{handler}.{e}.{h}.*", "its handler's requests to this instance (hedges)"),
+            Grant(f"{SUBJECT_PREFIX}.collect.{e} {h}", "emit_and_collect, handler's queue group"),
+        ]
+        declare += [
+            _kv_put(HANDLERS_BUCKET, f"{e}.{h}", "declare its own handler (`<e>.<h>`)"),
+            _get(HANDLERS_BUCKET, f"{e}.{h}", "its own declaration (compare-and-set)"),
+        ]
     srv = _srv_answers(WORKER_SERVICE_NAME, "answer liveness pings (nats.micro)")
+    per_event = max([sum(1 for x, _ in pairs if x == e) for e, _ in pairs] or [1])
     return RolePermissions(
         role="worker",
         name=name,
-        publish_grants=(
-            *declare,
-            _js_info(),
-            _kv_open(HANDLERS_BUCKET),
-            _kv_create(HANDLERS_BUCKET),
-            *_kv_read_all(HANDLERS_BUCKET),
-            _flow_control(),
-        ),
+        publish_grants=(*declare, _js_info(), _kv_open(HANDLERS_BUCKET)),
         subscribe_grants=(_inbox(public_key), *serve, *srv),
-        # one connection serving N handlers of an event hears one emit_and_collect N times
-        # (one per queue group), with one reply subject: N answers to it. nats-server 2.15
-        # lets N answers to one reply subject through only with max >= 2N - 1 (measured by
-        # tests/test_auth.py): 2N.
-        allow_responses=ResponsePermission(max_msgs=2 * max(1, len(handler_tokens))),
+        allow_responses=ResponsePermission(
+            max_msgs=2 * per_event - 1,
+            rule="2 x its most handlers on one event - 1",
+        ),
     )
 
 
-def worker(
-    name: str, handlers: Sequence[str] | None = None, *, public_key: str | None = None
-) -> RolePermissions:
-    """A worker identity serving `handlers` (default: one handler named like the worker):
-    subscribes only to their subjects and queue groups, declares only them.
+def worker(name: str, handlers: Sequence[str], *, public_key: str | None = None) -> RolePermissions:
+    """A worker identity serving `handlers`, each ``"EVENT/HANDLER"``: it subscribes only
+    to those handlers' subjects on those events (in their queue groups), to chain requests
+    of its handler set on those events, and declares only those pairs.
+
+    Replies (``allow_responses``): a single call is answered once; a chain of k steps
+    (k >= 2 handlers of one event in this process) with at most k progress replies and one
+    answer; one ``emit_and_collect`` is heard once per handler of its event (one queue
+    group each) with one reply subject, and nats-server 2.15 lets n answers to one reply
+    subject through only with max >= 2n - 1 (measured by tests/test_auth.py). So max is
+    ``2k - 1`` with k its most handlers on one event (k + 1 <= 2k - 1 for k >= 2).
 
     Raises:
-        BadRequestError: a name is empty.
+        BadRequestError: no handler, a handler not ``EVENT/HANDLER``, or an empty name.
     """
     encode_token(name)
-    names = list(handlers) if handlers else [name]
-    perms = _worker(
-        name, _unique(encode_token(h) for h in names), handler_set_id(names), public_key
-    )
-    return perms
+    if not handlers:
+        raise BadRequestError(f"worker {name!r} serves no handler: give EVENT/HANDLER pairs")
+    pairs = [parse_worker_handler(h) for h in handlers]
+    tokens = list(dict.fromkeys((encode_token(e), encode_token(h)) for e, h in pairs))
+    return _worker(name, tokens, handler_set_id(h for _, h in pairs), public_key)
 
 
 def dispatcher(name: str = "dispatcher", *, public_key: str | None = None) -> RolePermissions:
-    """The dispatcher service: answers every agent's emits (queue group
-    `DISPATCHER_QUEUE_GROUP`), calls every handler, writes suspension records and
-    events for any agent, records decisions, creates the buckets and the audit stream, and
+    """The dispatcher service, the decider: answers every agent's emits (queue group
+    `DISPATCHER_QUEUE_GROUP`), calls every handler, writes suspension records and events
+    for any agent, creates approval records and writes grants, records decisions, and
     answers the services API (``$SRV.PING`` / ``INFO`` / ``STATS``) as
-    `DISPATCHER_SERVICE_NAME`."""
+    `DISPATCHER_SERVICE_NAME`. It creates no stream (the admin provisions them)."""
     q = DISPATCHER_QUEUE_GROUP
+    buckets = (HANDLERS_BUCKET, SUSPENSIONS_BUCKET, APPROVALS_BUCKET, LEASES_BUCKET)
     return RolePermissions(
         role="dispatcher",
         name=name,
@@ -391,14 +451,13 @@ def dispatcher(name: str = "dispatcher", *, public_key: str | None = None) -> Ro
             Grant(DECISIONS_WILDCARD, "decisions of any agent to the audit stream"),
             *_srv_requests(),
             _kv_put(SUSPENSIONS_BUCKET, "*.*", "suspension records of any agent (not proofs)"),
-            _kv_put(LEASES_BUCKET, ">", "its waiter lease"),
+            _kv_put(APPROVALS_BUCKET, "*.*", "approval records of any agent (not proofs)"),
+            _kv_put(APPROVALS_BUCKET, "*.*.*.*.*", '"Allow always" grants, from verified proofs'),
+            _kv_put(LEASES_BUCKET, "w.*", "its waiter lease (`w.<id>`)"),
             _js_info(),
-            *(_kv_open(b) for b in _KV_BUCKETS),
-            *(_kv_create(b) for b in _KV_BUCKETS),
+            *(_kv_open(b) for b in buckets),
             Grant(f"{_JS}.STREAM.INFO.{DECISIONS_STREAM}", "open the audit stream"),
-            Grant(f"{_JS}.STREAM.CREATE.{DECISIONS_STREAM}", "create the audit stream"),
-            *(g for b in _KV_BUCKETS for g in _kv_read_all(b)),
-            _flow_control(),
+            *(g for b in buckets for g in _kv_read_all(b)),
         ),
         subscribe_grants=(
             _inbox(public_key),
@@ -418,15 +477,18 @@ def _approver(pt: str, public_key: str | None) -> RolePermissions:
         role="approver",
         name=pt,
         publish_grants=(
-            Grant(SUSPENSION_EVENTS_WILDCARD, "events of the suspensions it resolves"),
-            _kv_put(SUSPENSIONS_BUCKET, "*.*", "resolve or cancel a suspension"),
-            _kv_put(SUSPENSIONS_BUCKET, f"*.*.{pt}", "its own answer proofs (`<a>.<label>.<p>`)"),
-            _kv_put(APPROVALS_BUCKET, ">", '"Allow always" grants and their revocation'),
-            _kv_put(LEASES_BUCKET, ">", "its waiter lease"),
+            _kv_put(APPROVALS_BUCKET, f"*.*.{pt}", "its own answer proofs (`<a>.<label>.<p>`)"),
+            _kv_put(SUSPENSIONS_BUCKET, f"*.*.{pt}", "its own answer proofs of suspensions"),
             _js_info(),
-            *(_kv_open(b) for b in _KV_BUCKETS),
-            *(g for b in _KV_BUCKETS for g in _kv_read_all(b)),
-            _flow_control(),
+            _kv_open(APPROVALS_BUCKET),
+            _kv_open(SUSPENSIONS_BUCKET),
+            *_kv_read_all_slots(APPROVALS_BUCKET, public_key),
+            *_kv_read_all_slots(SUSPENSIONS_BUCKET, public_key),
+            _kv_open(HANDLERS_BUCKET),
+            *_kv_read_all_slots(HANDLERS_BUCKET, public_key),
+            _kv_put(LEASES_BUCKET, "w.*", "its waiter lease (`w.<id>`)"),
+            _kv_open(LEASES_BUCKET),
+            _get(LEASES_BUCKET, "w.*", "waiter leases"),
         ),
         subscribe_grants=(
             _inbox(public_key),
@@ -438,8 +500,9 @@ def _approver(pt: str, public_key: str | None) -> RolePermissions:
 
 
 def approver(name: str, *, public_key: str | None = None) -> RolePermissions:
-    """A human or approval UI: reads every suspension and grant, resolves suspensions,
-    writes its own answer proofs and "Allow always" grants.
+    """A human or approval UI: reads every approval, suspension and grant, and writes only
+    its own answer proofs (the decider resolves the approval from the first proof and
+    writes any grant).
 
     Raises:
         BadRequestError: `name` is empty.
@@ -456,38 +519,47 @@ def auditor(name: str = "auditor", *, public_key: str | None = None) -> RolePerm
         publish_grants=(
             _js_info(),
             Grant(f"{_JS}.STREAM.INFO.{s}", "open the audit stream"),
-            Grant(f"{_JS}.CONSUMER.CREATE.{s}", "read it (unnamed consumer)"),
-            Grant(f"{_JS}.CONSUMER.CREATE.{s}.>", "read it (named consumer, any filter)"),
-            Grant(f"{_JS}.CONSUMER.DURABLE.CREATE.{s}.*", "read it (durable consumer)"),
-            Grant(f"{_JS}.CONSUMER.MSG.NEXT.{s}.*", "pull from its consumers"),
+            *_slot_consumers(s, "", "the audit stream", public_key),
+            *(
+                Grant(f"{_JS}.CONSUMER.MSG.NEXT.{s}.{slot}", "pull from its own consumers")
+                for slot in _slots(public_key)
+            ),
             Grant(f"{_JS}.STREAM.MSG.GET.{s}", "get one decision"),
             Grant(f"{_JS}.DIRECT.GET.{s}", "get one decision (direct)"),
             Grant(f"{_JS}.DIRECT.GET.{s}.>", "get the last decision of an agent (direct)"),
-            *_consumer_upkeep(s),
             Grant(f"$JS.ACK.{s}.>", "acknowledge what it read"),
-            _flow_control(),
         ),
         subscribe_grants=(_inbox(public_key),),
     )
 
 
 def permissions_for(
-    role: Role, name: str, *, handlers: Sequence[str] | None = None, public_key: str | None = None
+    role: Role,
+    name: str,
+    *,
+    handlers: Sequence[str] | None = None,
+    embedded: bool = False,
+    public_key: str | None = None,
 ) -> RolePermissions:
-    """The permissions of identity `name` of `role` (`handlers`: a worker's).
+    """The permissions of identity `name` of `role` (`handlers`: a worker's
+    ``EVENT/HANDLER`` pairs; `embedded`: an agent running its own dispatcher).
 
     Raises:
-        ValueError: unknown role, or `handlers` given for another role than worker.
-        BadRequestError: a name is empty.
+        ValueError: unknown role, `handlers` given for another role than worker, or
+            `embedded` for another role than agent.
+        BadRequestError: a name is empty, a handler is not ``EVENT/HANDLER``, or a worker
+            has none.
     """
     if handlers and role != "worker":
         raise ValueError(f"only a worker serves handlers, not a {role}")
+    if embedded and role != "agent":
+        raise ValueError(f"only an agent runs an embedded dispatcher, not a {role}")
     if role == "admin":
         return admin(name, public_key=public_key)
     if role == "agent":
-        return agent(name, public_key=public_key)
+        return agent(name, embedded=embedded, public_key=public_key)
     if role == "worker":
-        return worker(name, handlers, public_key=public_key)
+        return worker(name, handlers or (), public_key=public_key)
     if role == "dispatcher":
         return dispatcher(name, public_key=public_key)
     if role == "approver":
@@ -498,18 +570,24 @@ def permissions_for(
 
 
 def permission_table() -> list[PermissionRow]:
-    """Every role's entries with placeholders (``<a>``, ``<h>``, ``<p>``, ``<PUBKEY>``), in
-    role order, publish then subscribe then responses: the rows of docs/security.md."""
-    roles = [
-        admin(),
-        _agent("<a>", None),
-        _worker("<name>", ["<h>"], "<set>", None),
-        dispatcher(),
-        _approver("<p>", None),
-        auditor(),
+    """Every role's entries with placeholders (``<a>``, ``<e>``, ``<h>``, ``<p>``,
+    ``<PUBKEY>``, ``<slot>``), in role order, publish then subscribe then responses: the
+    rows of docs/security.md. The embedded agent's rows are those beyond the agent's, as
+    role ``agent (embedded)``."""
+    plain = _agent("<a>", None, embedded=False)
+    embedded = _agent("<a>", None, embedded=True)
+    extra = tuple(g for g in embedded.publish_grants if g not in plain.publish_grants)
+    roles: list[tuple[str, RolePermissions]] = [
+        ("admin", admin()),
+        ("agent", plain),
+        ("agent (embedded)", replace(embedded, publish_grants=extra, subscribe_grants=())),
+        ("worker", _worker("<name>", [("<e>", "<h>")], "<set>", None)),
+        ("dispatcher", dispatcher()),
+        ("approver", _approver("<p>", None)),
+        ("auditor", auditor()),
     ]
     rows: list[PermissionRow] = []
-    for perms in roles:
+    for label, perms in roles:
         for direction, grants in (
             ("publish", perms.publish_grants),
             ("subscribe", perms.subscribe_grants),
@@ -518,13 +596,13 @@ def permission_table() -> list[PermissionRow]:
             for g in grants:
                 if g.subject not in seen:
                     seen.add(g.subject)
-                    rows.append(PermissionRow(perms.role, direction, g.subject, g.why))
+                    rows.append(PermissionRow(label, direction, g.subject, g.why))
         r = perms.allow_responses
         if r is not None:
-            limit = "2 x its handlers" if perms.role == "worker" else str(r.max_msgs)
+            limit = r.rule or str(r.max_msgs)
             rows.append(
                 PermissionRow(
-                    perms.role,
+                    label,
                     "responses",
                     f"max {limit} per request, within {r.expires_s:g} s",
                     "answer a request on the requester's reply subject",

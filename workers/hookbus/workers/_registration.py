@@ -50,6 +50,7 @@ from hookbus.schemas import (
     HandlerConflictError,
     HandlerDeclaration,
     HookbusTimeoutError,
+    NotPermittedError,
     check_declaration,
     config_differences,
     declaration_differences,
@@ -58,6 +59,7 @@ from hookbus.schemas import (
     handler_key,
     handlers_bucket_config,
 )
+from hookbus.schemas._nats_guard import bucket_refusal
 
 __all__ = [
     "declare_handlers",
@@ -146,27 +148,37 @@ async def open_registry(nc: NATS, *, replicas: int = 1, deadline_s: float = 30.0
 
     Raises:
         HookbusTimeoutError: JetStream stayed unavailable for `deadline_s` seconds.
+        NotPermittedError: the bucket is absent and this identity may not create it, or
+            may not read it (one line, at once).
     """
     config = handlers_bucket_config(replicas=replicas)
     js = nc.jetstream()
 
     async def create() -> KeyValue:
+        # look before creating: a worker identity on a secured server may open the bucket
+        # (stream info) but not create it (only the admin provisions streams)
         try:
-            return await js.create_key_value(config=config)
-        except nats.js.errors.BadRequestError:  # exists (maybe with another config)
             kv = await js.key_value(config.bucket)
-            status = await kv.status()
-            differences = config_differences(config, status.stream_info.config)
-            if differences:
-                log.warning(
-                    "bucket %s exists with another config, used as it is: %s",
-                    config.bucket,
-                    "; ".join(differences),
-                )
-            return kv
+        except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
+            try:
+                return await js.create_key_value(config=config)
+            except nats.js.errors.BadRequestError:  # created meanwhile (maybe otherwise)
+                kv = await js.key_value(config.bucket)
+        status = await kv.status()
+        differences = config_differences(config, status.stream_info.config)
+        if differences:
+            log.warning(
+                "bucket %s exists with another config, used as it is: %s",
+                config.bucket,
+                "; ".join(differences),
+            )
+        return kv
 
     deadline = asyncio.get_running_loop().time() + deadline_s
-    return await _retrying(create, deadline=deadline, what=f"opening bucket {config.bucket}")
+    try:
+        return await _retrying(create, deadline=deadline, what=f"opening bucket {config.bucket}")
+    except NotPermittedError as exc:
+        raise bucket_refusal(config.bucket, exc) from exc
 
 
 async def _declare_one(kv: KeyValue, decl: HandlerDeclaration, replace: bool) -> None:
