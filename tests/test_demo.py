@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import nats
@@ -21,6 +22,9 @@ import nats.js.errors
 import pytest
 from test_integration_ai_runner import INSTALL_TIMEOUT_S, _interpreter, _venv
 
+from hookbus.cli._auth import parse_worker
+from hookbus.cli._common import load_object
+from hookbus.cli._demo import demo_identities
 from hookbus.schemas import handlers_bucket_config
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -216,10 +220,10 @@ def test_a_worker_process_that_exits_is_reported(nats_url: str, tmp_path: Path) 
     assert "cannot open the audit store" in proc.stderr
 
 
-def test_secure_demo_from_auth_init(tmp_path: Path) -> None:
-    """The README's three commands: `hookbus auth init --demo` -> `hookbus server --config`
-    -> `hookbus demo --secure`: every process connects as its own identity (anonymous
-    access refused), every decision matches, and the approval names its approver."""
+@contextlib.contextmanager
+def secured_server(tmp_path: Path) -> Iterator[tuple[Path, str, dict[str, str]]]:
+    """`hookbus auth init --demo` -> `hookbus server --config`: the auth folder, the
+    server's URL and an environment without NATS_* variables."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -242,23 +246,76 @@ def test_secure_demo_from_auth_init(tmp_path: Path) -> None:
             assert server.poll() is None and time.monotonic() < deadline, "server did not start"
             time.sleep(0.05)
         env = {k: v for k, v in os.environ.items() if not k.startswith("NATS_")}
-        proc = run_demo(
-            "--secure", "--auth", str(auth), "--url", f"nats://127.0.0.1:{port}", env=env
-        )
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert "all 26 decisions match the transcript" in proc.stdout
-        assert "demo-approver chose 'Allow once'" in proc.stdout
-        assert "as demo-approver" in proc.stdout
-        transfer = row(table_rows(proc.stdout), "payments-agent", 9)
-        assert transfer["approved"].startswith("demo-appro"), transfer
-        # the same server refuses anyone without credentials
-        anonymous = run_demo("--url", f"nats://127.0.0.1:{port}", env=env)
-        assert anonymous.returncode != 0
-        assert "authorization violation" in anonymous.stderr.lower(), anonymous.stderr
-        assert "Traceback" not in anonymous.stderr
+        yield auth, f"nats://127.0.0.1:{port}", env
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(20)
+
+
+def test_secure_demo_from_auth_init(tmp_path: Path) -> None:
+    """The README's three commands: `hookbus auth init --demo` -> `hookbus server --config`
+    -> `hookbus demo --secure`: every process connects as its own identity (anonymous
+    access refused), every decision matches, and the approval names its approver."""
+    with secured_server(tmp_path) as (auth, url, env):
+        # the demo's agents are plain agents: clients of the dispatcher service only
+        manifest = json.loads((auth / "hookbus-auth.json").read_text())
+        agents = [i for i in manifest["identities"] if i["role"] == "agent"]
+        assert {i["name"] for i in agents} >= {"payments-agent", "email-assistant"}
+        assert not any(i.get("embedded") for i in agents)
+        proc = run_demo("--secure", "--auth", str(auth), "--url", url, env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "all 26 decisions match the transcript" in proc.stdout
+        assert "each with its own connection and the dispatcher service's client" in proc.stdout
+        assert "demo-approver chose 'Allow once'" in proc.stdout
+        assert "as demo-approver" in proc.stdout
+        assert re.search(r"approvals answered by the approver process \(pid \d+\): 1", proc.stdout)
+        transfer = row(table_rows(proc.stdout), "payments-agent", 9)
+        assert transfer["approved"].startswith("demo-appro"), transfer
+        # the same server refuses anyone without credentials
+        anonymous = run_demo("--url", url, env=env)
+        assert anonymous.returncode != 0
+        assert "authorization violation" in anonymous.stderr.lower(), anonymous.stderr
+        assert "Traceback" not in anonymous.stderr
+
+
+def test_secure_demo_aos_door_and_pydantic_ai_through_the_service(tmp_path: Path) -> None:
+    """With --secure, the AOS door's emits and the pydantic-ai agent's go to the demo's
+    dispatcher service too (a plain agent identity may not call handlers): same decisions,
+    and both transfers are approved by the approver identity."""
+    with secured_server(tmp_path) as (auth, url, env):
+        proc = run_demo(
+            "--secure", "--auth", str(auth), "--url", url, "--via", "aos",
+            "--agents", "pydantic-ai", env=env,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        out = proc.stdout
+        assert "all 26 decisions match the transcript" in out
+        assert "sent through the AOS door: 23 steps" in out
+        assert "pydantic-ai agent ok: 4 of 4 tool calls as pydantic_ai_agent.py expects" in out
+        assert (
+            "pydantic-ai: payments:create_transfer: continue by transfer_approval, approved by"
+            " demo-approver -> ran with"
+        ) in out
+        assert re.search(r"approvals answered by the approver process \(pid \d+\): 2", out)
+
+
+def test_demo_identities_serve_what_each_worker_file_declares() -> None:
+    """`hookbus auth init --demo`'s workers: NAME:EVENT/HANDLER,... with every (event,
+    handler) the example file declares, and nothing else."""
+    agents, workers, approvers = demo_identities(EXAMPLES)
+    transcript = json.loads((EXAMPLES / "transcript.json").read_text())
+    assert agents == [a["id"] for a in transcript["agents"]]
+    assert approvers == ["demo-approver"]
+    assert "approval_gate:tool:pre/transfer_approval" in workers
+    served = {}
+    for spec in workers:
+        name, pairs = parse_worker(spec)
+        served[name] = {tuple(pair.split("/", 1)) for pair in pairs}
+    assert set(served) == {Path(w["file"]).stem for w in transcript["workers"]}
+    for w in transcript["workers"]:
+        worker = load_object(f"{EXAMPLES / w['file']}:{w.get('attr', 'worker')}")
+        declared = {(h.declaration.event, h.declaration.name) for h in worker.handlers}
+        assert served[Path(w["file"]).stem] == declared
 
 
 # -- framework agents (hookbus demo --agents) ----------------------------------------------

@@ -11,7 +11,11 @@ What it does, in order:
 3. runs the agents concurrently, each with its own connection and `HookDispatcher`
    (``agent_id`` / ``session_id`` as default fields), emitting its steps in order (with
    ``--via aos``, sending each step as an OWASP AOS request through the AOS guardian door
-   instead, see `hookbus.cli._demo_aos`);
+   instead, see `hookbus.cli._demo_aos`). With ``--secure`` the agents run no dispatcher
+   of their own: the demo starts a `DispatcherService` as the ``dispatcher`` identity and
+   each agent sends its emits to it (``hookbus.v1.emit.<agent>.<event>``), as the
+   least-privilege ``agent`` role allows; the service calls the handlers and asks for
+   the approvals, which the approver answers;
 4. prints the decision table (agent, event, tool, action, deciding handler, latency) and a
    summary, stops the workers (SIGTERM: they drain; SIGKILL after `STOP_TIMEOUT_S`), removes
    the declarations the demo added, and returns 0 if every decision matched, else 1.
@@ -44,7 +48,8 @@ from nats.js.kv import KeyValue
 from rich.console import Console
 from rich.table import Table
 
-from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher
+from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, DispatcherService, HookDispatcher
+from hookbus.integrations._emit import Emit
 from hookbus.schemas import (
     Action,
     HandlerDeclaration,
@@ -56,6 +61,7 @@ from hookbus.schemas import (
 from hookbus.workers import HookWorker
 
 from ._common import ConnectionSettings, connect, load_object
+from ._service_emit import service_emit
 
 if TYPE_CHECKING:
     from ._demo_aos import AosOutcome
@@ -426,6 +432,22 @@ async def _wait_ready(
         )
 
 
+APPROVER_REPORT_S = 5.0
+"""Seconds to wait, after the agents, for the approver to print the answers that decided."""
+
+
+async def _approver_reported(approver: _WorkerProcess, answers: int, timeout_s: float) -> None:
+    """Wait until `approver` has printed `answers` "approver answered" lines (or exited,
+    or `timeout_s` passed). An approver's answer decides as soon as its proof is written
+    (the deciding dispatcher resolves the approval), but the approver learns that it
+    decided, and prints so, only a moment later: stopping it at once would lose the line."""
+    with anyio.move_on_after(timeout_s):
+        while not approver.exited.is_set():
+            if sum(line.startswith("approver answered") for line in approver.lines) >= answers:
+                return
+            await anyio.sleep(0.02)
+
+
 # -- the agents --------------------------------------------------------------------------
 def shown_action(r: HookResult | None) -> str:
     """The decision as the demo shows it: the result's action, ``modify`` for a plain
@@ -507,55 +529,86 @@ class _AgentSetupError(Exception):
     pass
 
 
+def _routing_warnings(
+    list_handlers: Callable[[str], dict[str, list[str]]], expected: dict[str, set[str]], who: str
+) -> list[str]:
+    """Warnings for the handlers routed on the demo's events that the demo did not start.
+
+    Raises:
+        _AgentSetupError: a handler the demo started is not routed (`who` names the router).
+    """
+    warnings: list[str] = []
+    for event, names in expected.items():
+        routed = set(list_handlers(event)[event])
+        if missing := names - routed:
+            raise _AgentSetupError(f"{who}: {event} handlers {sorted(missing)} are not routed")
+        extra = sorted(routed - names)
+        if extra:
+            warnings.append(f"{event} also has handlers the demo did not start: {', '.join(extra)}")
+    return warnings
+
+
 async def _run_agents(
     url: str | ConnectionSettings,
     transcript: Transcript,
     expected: dict[str, set[str]],
     credentials: Credentials | None = None,
     via: str = "direct",
+    service: HookDispatcher | None = None,
 ) -> tuple[list[_Decision], float, list[str]]:
     """Run every agent concurrently; return the decisions in completion order, the wall
     time in seconds, and warnings (handlers on the demo's events that the demo did not start).
-    `via` ``aos``: each step the AOS door can carry goes through it (`answer_step`)."""
+    `via` ``aos``: each step the AOS door can carry goes through it (`answer_step`).
+
+    `service`: the dispatcher of the demo's `DispatcherService` (``--secure``): each agent
+    sends its emits to the service (`service_emit`) instead of running a dispatcher, and
+    the routing is checked once, on the service's dispatcher (an agent may not read the
+    handler registry)."""
     if via == "aos":  # the AOS door is imported only for --via aos
         from ._demo_aos import answer_step
 
     decisions: list[_Decision] = []
     warnings: list[str] = []
     go = anyio.Event()
+    if service is not None:
+        try:
+            warnings += _routing_warnings(service.list_handlers, expected, "dispatcher service")
+        except _AgentSetupError as exc:
+            raise click.ClickException(str(exc)) from None
+
+    async def steps(script: AgentScript, emit: Emit) -> None:
+        for no, step in enumerate(script.steps, 1):
+            sent = {"agent_id": script.id, "session_id": script.session_id, **step.data}
+            t0 = time.perf_counter()
+            aos = await answer_step(emit, script, no, step) if via == "aos" else None
+            if aos is not None:  # the door never raises: a failure is its deny
+                result, error = aos.result, None if aos.result else aos.message
+                sent = {"agent_id": script.id, "session_id": script.session_id, **aos.sent}
+            else:
+                try:
+                    result, error = await emit(step.event, step.data), None
+                except HookbusError as exc:
+                    result, error = None, f"{type(exc).__name__}: {exc}"
+            ms = (time.perf_counter() - t0) * 1000
+            decisions.append(_Decision(script.id, no, step, sent, result, error, ms, aos))
 
     async def agent(script: AgentScript, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         conn = credentials("agent", script.id) if credentials else url
         nc = await connect(conn, name=f"hookbus-demo-agent {script.id}")
         try:  # each agent acts as itself: with --secure, its NATS user allows nothing else
+            if service is not None:  # a client of the dispatcher service only
+                task_status.started()
+                await go.wait()
+                await steps(script, _with_ids(service_emit(nc, agent_id=script.id), script))
+                return
             async with HookDispatcher(nc, strict_events=True, agent_id=script.id) as d:
                 d.set_default_fields(agent_id=script.id, session_id=script.session_id)
-                for event, names in expected.items():
-                    routed = set(d.list_handlers(event)[event])
-                    if missing := names - routed:
-                        raise _AgentSetupError(
-                            f"agent {script.id}: {event} handlers {sorted(missing)} are not routed"
-                        )
-                    extra = sorted(routed - names)
-                    note = f"{event} also has handlers the demo did not start: {', '.join(extra)}"
-                    if extra and note not in warnings:
+                for note in _routing_warnings(d.list_handlers, expected, f"agent {script.id}"):
+                    if note not in warnings:
                         warnings.append(note)
                 task_status.started()
                 await go.wait()
-                for no, step in enumerate(script.steps, 1):
-                    sent = {"agent_id": script.id, "session_id": script.session_id, **step.data}
-                    t0 = time.perf_counter()
-                    aos = await answer_step(d, script, no, step) if via == "aos" else None
-                    if aos is not None:  # the door never raises: a failure is its deny
-                        result, error = aos.result, None if aos.result else aos.message
-                        sent = {"agent_id": script.id, "session_id": script.session_id, **aos.sent}
-                    else:
-                        try:
-                            result, error = await d.emit(step.event, step.data), None
-                        except HookbusError as exc:
-                            result, error = None, f"{type(exc).__name__}: {exc}"
-                    ms = (time.perf_counter() - t0) * 1000
-                    decisions.append(_Decision(script.id, no, step, sent, result, error, ms, aos))
+                await steps(script, d.emit)
         finally:
             await nc.close()
 
@@ -566,6 +619,23 @@ async def _run_agents(
             t0 = time.perf_counter()
             go.set()
     return decisions, time.perf_counter() - t0, warnings
+
+
+def _with_ids(emit: Emit, script: AgentScript) -> Emit:
+    """`emit` with the agent's ``agent_id`` and ``session_id`` as default fields of every
+    event's data (what `HookDispatcher.set_default_fields` does for an embedded one)."""
+
+    async def with_ids(
+        event: str,
+        data: dict[str, Any],
+        *,
+        idempotency_key: str | None = None,
+        timeout_s: float | None = None,
+    ) -> HookResult:
+        data = {"agent_id": script.id, "session_id": script.session_id, **data}
+        return await emit(event, data, idempotency_key=idempotency_key, timeout_s=timeout_s)
+
+    return with_ids
 
 
 @contextlib.contextmanager
@@ -766,6 +836,9 @@ def _report(
         )
         for line in answers:
             console.print(f"    {line}", highlight=False, soft_wrap=True)
+        for line in fleet.approver.lines:  # what it could not answer, and why
+            if line.startswith("approver: "):
+                warnings = [*warnings, f"the approver process: {line.removeprefix('approver: ')}"]
     if via_aos:
         sent = [d.aos for d in decisions if d.aos is not None]
         told = Counter(a.decision for a in sent)
@@ -847,6 +920,63 @@ async def _terminal_approver(
         await nc.close()
 
 
+# -- buckets and the dispatcher service -----------------------------------------------------
+async def _provision(nc: NATS, *, secure: bool) -> None:
+    """Create every bucket hookbus uses (handlers, suspensions, approvals, leases) on `nc`
+    before anyone else opens them.
+
+    With `secure`, `nc` is the admin's, the only role that may create a stream: the
+    buckets and the audit stream are made as ``hookbus auth provision`` makes them, and
+    the workers, the approver, the agents and the dispatcher service only open them.
+    Otherwise as a dispatcher creates them on an open server.
+
+    Raises:
+        click.ClickException: JetStream refused or stayed unavailable.
+    """
+    try:
+        if secure:
+            from ._provision import provision  # the auth commands, only for --secure
+
+            await provision(nc)
+        else:
+            async with HookDispatcher(nc, approvals=True):
+                pass
+    except HookbusError as exc:
+        raise click.ClickException(f"cannot create hookbus's buckets: {exc}") from exc
+
+
+SERVICE_GRACE_S = 5.0
+"""Seconds the demo's dispatcher service gets to drain when the agents are done."""
+
+
+@contextlib.asynccontextmanager
+async def _dispatcher_service(
+    credentials: Credentials | None,
+) -> AsyncIterator[HookDispatcher | None]:
+    """With `credentials` (``--secure``): a `DispatcherService` connected as the
+    ``dispatcher`` identity, serving every agent's emits while the block runs; yields its
+    dispatcher (started: the current declarations are routed). Without: nothing (None)."""
+    if credentials is None:
+        yield None
+        return
+    nc = await connect(credentials("dispatcher", "dispatcher"), name="hookbus-demo-dispatcher")
+    try:
+        dispatcher = HookDispatcher(nc, strict_events=True)
+        service = DispatcherService(dispatcher, nc, grace_s=SERVICE_GRACE_S)
+        try:
+            await service.start()
+        except HookbusError as exc:
+            raise click.ClickException(f"the dispatcher service did not start: {exc}") from exc
+        try:
+            yield dispatcher
+        finally:
+            with anyio.CancelScope(shield=True):
+                await service.stop()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await nc.close()
+
+
 # -- entry point -------------------------------------------------------------------------
 async def demo_main(
     url: str | ConnectionSettings,
@@ -865,7 +995,8 @@ async def demo_main(
     With `credentials` (``hookbus demo --secure``), every process connects as its own
     identity: the demo itself as ``admin`` (it creates the buckets and removes its
     declarations), each worker file as ``worker <file stem>``, the approver as
-    ``approver demo-approver``, each agent as ``agent <id>`` (see `demo_identities`).
+    ``approver demo-approver``, a `DispatcherService` in this process as ``dispatcher``,
+    and each agent as ``agent <id>``, a client of that service (see `demo_identities`).
 
     `agents` (``hookbus demo --agents``): framework agents run after the scripted ones,
     against the same server, workers and approver: ``pydantic-ai`` (in this process) and
@@ -904,8 +1035,7 @@ async def demo_main(
 
     nc = await connect(credentials("admin", "admin") if credentials else url, name="hookbus-demo")
     try:
-        async with HookDispatcher(nc):
-            pass  # every bucket, created as asked before agents (who may not create them) open them
+        await _provision(nc, secure=credentials is not None)
         kv = await _handlers_bucket(nc)
         watcher = await kv.watchall()
         try:
@@ -920,18 +1050,32 @@ async def demo_main(
                 ready_s = time.perf_counter() - t0
                 _say(console, f"all replicas subscribed and declared in {ready_s:.1f} s")
                 _print_handlers(console, declared)
-                _say(
-                    console,
-                    f"{len(transcript.agents)} agents replay {steps} steps of"
-                    f" {TRANSCRIPT_FILE} concurrently, each with its own connection and"
-                    " dispatcher\n",
-                )
                 terminal = credentials("approver", DEMO_APPROVER) if credentials else url
-                async with _terminal_approver(terminal, console, enabled=interactive):
+                async with (
+                    _dispatcher_service(credentials) as service,
+                    _terminal_approver(terminal, console, enabled=interactive),
+                ):
+                    how = (
+                        "dispatcher"
+                        if service is None
+                        else "the dispatcher service's client (the service, as identity"
+                        " dispatcher, calls the handlers and asks for approvals)"
+                    )
+                    _say(
+                        console,
+                        f"{len(transcript.agents)} agents replay {steps} steps of"
+                        f" {TRANSCRIPT_FILE} concurrently, each with its own connection and"
+                        f" {how}\n",
+                    )
                     decisions, elapsed_s, warnings = await _run_agents(
-                        url, transcript, expected, credentials, via
+                        url, transcript, expected, credentials, via, service
                     )
                     outcomes = await framework.run(url, console, credentials)
+                if fleet.approver is not None:  # its answers are reported before it stops
+                    results = [d.result for d in decisions]
+                    results += [e.result for o in outcomes for e in o.emits]
+                    approved = sum(1 for r in results if r is not None and r.approved_by)
+                    await _approver_reported(fleet.approver, approved, APPROVER_REPORT_S)
         finally:
             with contextlib.suppress(Exception):
                 await watcher.stop()
@@ -952,22 +1096,23 @@ def worker_identity(file: str) -> str:
 
 
 def demo_identities(examples_dir: Path) -> tuple[list[str], list[str], list[str]]:
-    """The identities the demo needs besides admin: ``(agents, workers, approvers)``, the
-    workers as ``NAME:handler,handler`` (the handlers its file declares), as
-    ``hookbus auth init --demo`` writes them.
+    """The identities the demo needs besides admin and dispatcher: ``(agents, workers,
+    approvers)``, as ``hookbus auth init --demo`` writes them. The agents are plain
+    ``agent`` identities (clients of the dispatcher service); each worker is
+    ``NAME:EVENT/HANDLER,EVENT/HANDLER``, every (event, handler) its file declares.
 
     Raises:
         click.ClickException: a bad transcript or worker file.
     """
     transcript = load_transcript(examples_dir / TRANSCRIPT_FILE)
     declared = _expected_declarations(examples_dir, transcript)
-    workers = {
-        worker_identity(spec.file): sorted({d.name for d in declared[spec.file]})
-        for spec in transcript.workers
-    }
+    workers: dict[str, list[str]] = {}
+    for spec in transcript.workers:
+        pairs = workers.setdefault(worker_identity(spec.file), [])
+        pairs += [f"{d.event}/{d.name}" for d in declared[spec.file]]
     return (
         [a.id for a in transcript.agents],
-        [f"{name}:{','.join(handlers)}" for name, handlers in workers.items()],
+        [f"{name}:{','.join(sorted(set(pairs)))}" for name, pairs in workers.items()],
         [DEMO_APPROVER],
     )
 

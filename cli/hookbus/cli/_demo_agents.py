@@ -5,9 +5,10 @@ still running, the demo runs the examples' framework agents against the same ser
 
 - ``pydantic-ai``: ``<examples>/pydantic_ai_agent.py``'s ``run_agent``, in this process (a
   pydantic-ai ``Agent`` on a scripted ``FunctionModel`` with `HookbusCapability`), as agent
-  ``payments-agent``. Every emit of its capability is recorded and shown; the example's own
-  expectations (which tool calls run, what the model reads) decide whether it passed.
-  Needs the ``pydantic-ai`` extra.
+  ``payments-agent`` (with ``--secure``, its emits go to the demo's dispatcher service).
+  Every emit of its capability is recorded and shown; the example's own expectations
+  (which tool calls run, what the model reads) decide whether it passed. Needs the
+  ``pydantic-ai`` extra.
 - ``ai``: ``<examples>/ai_agent.py`` (the Vercel AI SDK for Python, ``ai.testing.FakeModel``)
   as a subprocess of a Python >= 3.12 interpreter, as agent ``ai-agent``. Its ``transfer``
   tool waits for the durable hook ``approve_<tool call id>``; the demo hears it pending
@@ -40,6 +41,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hookbus.dispatcher import HookDispatcher
+from hookbus.integrations._emit import Emit
 from hookbus.schemas import TOOL_PRE, HookbusError, HookEvent, HookResult
 
 from ._common import ConnectionSettings, connect, load_object
@@ -51,6 +53,7 @@ from ._demo import (
     deciding_handler,
     shown_action,
 )
+from ._service_emit import service_emit
 
 __all__ = [
     "AI_AGENT_ID",
@@ -130,12 +133,17 @@ class _Outcome:
 
 class _RecordingDispatcher(HookDispatcher):
     """A `HookDispatcher` that keeps every emit's event, tool, result and latency, in the
-    order the emits were made."""
+    order the emits were made.
 
-    def __init__(self, nc: Any, *, agent_id: str, framework: str) -> None:
-        super().__init__(nc, agent_id=agent_id)
+    With `via` (``--secure``: `service_emit` of the agent's connection) it runs nothing
+    itself: it is made without a connection and every emit goes to the dispatcher service
+    (a plain ``agent`` identity may not call handlers nor ask for approvals)."""
+
+    def __init__(self, nc: Any, *, agent_id: str, framework: str, via: Emit | None = None) -> None:
+        super().__init__(None if via is not None else nc, agent_id=agent_id)
         self.framework = framework
         self.emits: list[_Emit] = []
+        self._via = via
 
     async def emit(
         self,
@@ -155,9 +163,8 @@ class _RecordingDispatcher(HookDispatcher):
         # in the order the emits were made: an agent's parallel tool calls end in any order
         self.emits.append(record)
         try:
-            result = await super().emit(
-                event, data, idempotency_key=idempotency_key, timeout_s=timeout_s
-            )
+            emit = super().emit if self._via is None else self._via
+            result = await emit(event, data, idempotency_key=idempotency_key, timeout_s=timeout_s)
         except HookbusError as exc:
             record.error = f"{type(exc).__name__}: {exc}"
             raise
@@ -214,12 +221,17 @@ def _load_pydantic_ai(examples_dir: Path) -> RunAgent:
     return run_agent  # type: ignore[no-any-return]
 
 
-async def _run_pydantic_ai(conn: str | ConnectionSettings, run_agent: RunAgent) -> _Outcome:
+async def _run_pydantic_ai(
+    conn: str | ConnectionSettings, run_agent: RunAgent, *, through_service: bool = False
+) -> _Outcome:
+    """Run the example's agent as `PYDANTIC_AI_AGENT_ID`, its emits recorded; with
+    `through_service` (``--secure``), sent to the dispatcher service."""
     out = _Outcome("pydantic-ai")
     nc = await connect(conn, name="hookbus-demo-agent pydantic-ai")
     try:
+        via = service_emit(nc, agent_id=PYDANTIC_AI_AGENT_ID) if through_service else None
         dispatcher = _RecordingDispatcher(
-            nc, agent_id=PYDANTIC_AI_AGENT_ID, framework="pydantic-ai"
+            nc, agent_id=PYDANTIC_AI_AGENT_ID, framework="pydantic-ai", via=via
         )
         async with dispatcher:
             try:
@@ -443,7 +455,11 @@ class FrameworkAgents:
             console.print(f"running the {name} agent", highlight=False)
             if name == "pydantic-ai" and self.run_pydantic_ai is not None:
                 conn = credentials("agent", PYDANTIC_AI_AGENT_ID) if credentials else url
-                outcomes.append(await _run_pydantic_ai(conn, self.run_pydantic_ai))
+                outcomes.append(
+                    await _run_pydantic_ai(
+                        conn, self.run_pydantic_ai, through_service=credentials is not None
+                    )
+                )
             elif name == "ai" and self.ai_python is not None:
                 outcomes.append(await _run_ai(url, self.examples_dir, self.ai_python))
         return outcomes

@@ -1,9 +1,10 @@
 """`hookbus demo --via aos`: each transcript step sent as an OWASP AOS JSON-RPC request.
 
 The agent answers its steps through the AOS guardian door (`hookbus.integrations.aos.answer`)
-in process, with its own dispatcher's emit, instead of emitting the hookbus event itself. The
-transcript models every step as the hookbus event its handlers govern, so each step is sent as
-the AOS method whose event data carries what those handlers read:
+in process, with its own dispatcher's emit (with ``--secure``: its emit through the
+dispatcher service), instead of emitting the hookbus event itself. The transcript models
+every step as the hookbus event its handlers govern, so each step is sent as the AOS method
+whose event data carries what those handlers read:
 
 ======================  ===================================================================
 transcript event        AOS request
@@ -39,7 +40,7 @@ from hookbus.integrations.aos import MESSAGE_ROLE_EVENTS, METHOD_EVENTS, answer
 from hookbus.schemas import HookResult
 
 if TYPE_CHECKING:
-    from hookbus.dispatcher import HookDispatcher
+    from hookbus.integrations._emit import Emit
 
     from ._demo import AgentScript, Step
 
@@ -166,10 +167,11 @@ def aos_request(
 
 
 async def answer_step(
-    d: HookDispatcher, script: AgentScript, step_no: int, step: Step
+    emit_as_agent: Emit, script: AgentScript, step_no: int, step: Step
 ) -> AosOutcome | None:
-    """Send the step through the AOS door with `d`'s emit; None if AOS has no method for it
-    (the caller emits it directly)."""
+    """Send the step through the AOS door with `emit_as_agent` (the agent's dispatcher's
+    emit, or with ``--secure`` its emit through the dispatcher service); None if AOS has no
+    method for it (the caller emits it directly)."""
     made = aos_request(script, step_no, step)
     if made is None:
         return None
@@ -185,7 +187,7 @@ async def answer_step(
         timeout_s: float | None = None,
     ) -> HookResult:
         outcome.sent = data
-        outcome.result = await d.emit(
+        outcome.result = await emit_as_agent(
             event, data, idempotency_key=idempotency_key, timeout_s=timeout_s
         )
         return outcome.result
