@@ -40,6 +40,8 @@ from hookbus.schemas import (
     approval_answer_key,
     emit_service_subject,
     encode,
+    encode_token,
+    grant_key,
     handler_key,
     handler_subject,
     suspension_event_subject,
@@ -50,6 +52,13 @@ from hookbus.workers import HookWorker
 pytestmark = pytest.mark.anyio
 
 VIOLATION = "permissions violation"
+EVENT = "tool:pre"
+"""The event every worker identity of the module serves (a worker is bound to its events)."""
+
+
+@pytest.fixture
+def event() -> str:
+    return EVENT
 
 
 def _free_port() -> int:
@@ -76,9 +85,10 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure]:
     port = _free_port()
     subprocess.run(
         [sys.executable, "-m", "hookbus.cli", "auth", "init", "--out", str(out),
-         "--tenant", "T1", "--tenant", "T2", "--agent", "a1", "--agent", "a2",
-         "--worker", "sec:security", "--worker", "other:audit", "--approver", "alice",
-         "--approver", "bob", "--auditor", "aud", "--port", str(port)],
+         "--tenant", "T1", "--tenant", "T2", "--embedded-agent", "a1", "--agent", "a2",
+         "--worker", f"sec:{EVENT}/security", "--worker", f"other:{EVENT}/audit",
+         "--approver", "alice", "--approver", "bob", "--auditor", "aud",
+         "--port", str(port)],
         check=True, capture_output=True, text=True,
     )  # fmt: skip
     check = subprocess.run(
@@ -98,6 +108,11 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure]:
             assert proc.poll() is None, log.read_text() if log.exists() else "server exited"
             assert time.monotonic() < deadline, "server did not start"
             time.sleep(0.05)
+        provisioned = subprocess.run(
+            [sys.executable, "-m", "hookbus.cli", "auth", "provision", "--dir", str(out)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert provisioned.returncode == 0, provisioned.stderr
         secure = Secure(out, f"nats://127.0.0.1:{port}")
         yield secure
         if secure.table:
@@ -163,17 +178,15 @@ async def refused(
     with contextlib.suppress(Exception):
         with anyio.fail_after(6):
             await act()
-    await client.nc.flush()
+    with contextlib.suppress(Exception):  # a hardened connection raises the refusal here
+        await client.nc.flush()
     seen = await client.violation(since)
     secure.table.append((probe, "refused", seen or "ALLOWED"))
     assert seen is not None, f"{probe}: no permissions violation"
 
 
 async def _system(as_: Connect, event: str) -> tuple[HookWorker, Client]:
-    """Buckets created by the admin, worker `sec` serving `security` on `event`."""
-    admin = await as_("admin-admin")
-    async with HookDispatcher(admin.nc, approvals=True):
-        pass  # creates the buckets as the admin may
+    """Worker `sec` serving `security` on `event` (the buckets: `hookbus auth provision`)."""
     worker_client = await as_("worker-sec")
     worker = HookWorker(worker_client.nc)
 
@@ -183,7 +196,8 @@ async def _system(as_: Connect, event: str) -> tuple[HookWorker, Client]:
         if "rm -rf" in command:
             return HookResult(action="deny", reason="destructive")
         if "ask" in command:
-            return HookResult(action="ask_user", approval_prompt="run it?", approval_timeout=20)
+            return HookResult(action="ask_user", approval_prompt="run it?", approval_timeout=20,
+                              approval_options=["Allow once", "Allow always", "Deny"])  # fmt: skip
         return HookResult(action="continue")
 
     return worker, worker_client
@@ -349,9 +363,29 @@ async def test_tenants_do_not_see_each_other(secure: Secure, as_: Connect) -> No
 
 
 # -- legitimate flows ---------------------------------------------------------------------------
+async def _until_served(client: Client, subject: str) -> None:
+    """Readiness from the agent's side: under load, a request sent right after the
+    service's subscribe was flushed has once met "no responders"."""
+    with anyio.fail_after(10):
+        while True:
+            try:
+                await client.nc.request(subject, b'{"data": {}}', timeout=5)
+                return
+            except nats.errors.NoRespondersError:
+                await anyio.sleep(0.1)
+
+
+async def _service_emit(client: Client, command: str, **data: Any) -> dict[str, Any]:
+    body = {"data": {"tool_name": "bash", "tool_input": {"command": command}, **data}}
+    msg = await client.nc.request(emit_service_subject(EVENT, "a2"), json.dumps(body).encode(),
+                                  timeout=30)  # fmt: skip
+    return dict(json.loads(msg.data))
+
+
 async def test_legitimate_flows_pass(secure: Secure, as_: Connect, event: str) -> None:
     worker, _ = await _system(as_, event)
     async with worker:  # the worker's declaration and queue subscription were allowed
+        # an embedded agent decides for itself, with the worker's answers
         agent = await as_("agent-a1")
         async with HookDispatcher(agent.nc, agent_id="a1") as d:
             d.set_default_fields(session_id="s1")
@@ -362,29 +396,11 @@ async def test_legitimate_flows_pass(secure: Secure, as_: Connect, event: str) -
             assert (denied.action, denied.decided_by) == ("deny", "security")
             allowed = await d.emit(event, {"tool_name": "bash", "tool_input": {"command": "ls"}})
             assert allowed.action == "continue" and not allowed.failures
-
-            # an approval, answered by approver alice, who is recorded
-            approver = await as_("approver-alice")
-            async with HookDispatcher(approver.nc, approvals=False) as ad:
-                events = await ad.hook_events()
-                async with anyio.create_task_group() as tg:
-                    out: list[HookResult] = []
-
-                    async def emit() -> None:
-                        out.append(
-                            await d.emit(
-                                event, {"tool_name": "bash", "tool_input": {"command": "ask me"}}
-                            )
-                        )
-
-                    tg.start_soon(emit)
-                    async for ev in events:
-                        if ev.hook.status == "pending" and ev.hook.agent_id == "a1":
-                            await ad.answer_approval(ev.hook.label, "Allow", approver="alice",
-                                                     agent_id="a1")  # fmt: skip
-                            break
-                await events.aclose()
-            assert (out[0].action, out[0].approved_by) == ("continue", "alice")
+            # ... but may not ask for an approval: denied at once, saying where to ask
+            with anyio.fail_after(10):
+                asked = await d.emit(event, {"tool_name": "bash",
+                                             "tool_input": {"command": "ask me"}})  # fmt: skip
+            assert asked.action == "deny" and "service" in (asked.reason or ""), asked
 
             # the agent's own suspension, resolved by itself
             async with anyio.create_task_group() as tg:
@@ -403,45 +419,61 @@ async def test_legitimate_flows_pass(secure: Secure, as_: Connect, event: str) -
                         await anyio.sleep(0.05)
                 await d.resolve_hook(label, {"ok": True})
             assert got == [{"ok": True}]
-        assert not [e for e in agent.errors if VIOLATION in e.lower()], agent.errors
+        assert not [e for e in agent.errors if VIOLATION in e.lower()
+                    and "hookbus_approvals" not in e], agent.errors  # fmt: skip
 
-        # an emit through the dispatcher service, as the agent the subject names
+        # the service decides for a client agent: a deny, an approval answered by alice
+        # with "Allow always", then the grant that answer made, and the audit trail
         service_client = await as_("dispatcher-dispatcher")
-        service = DispatcherService(HookDispatcher(service_client.nc), service_client.nc)
+        service = DispatcherService(HookDispatcher(service_client.nc, audit=True),
+                                    service_client.nc)  # fmt: skip
         await service.start()
+        client = await as_("agent-a2")
+        approver = await as_("approver-alice")
         try:
-            # readiness from the agent's side: under load, a request sent right after the
-            # service's subscribe was flushed has once met "no responders"
-            with anyio.fail_after(10):
-                while True:
-                    try:
-                        await agent.nc.request(
-                            emit_service_subject(event, "a1"), b'{"data": {}}', timeout=5
-                        )
-                        break
-                    except nats.errors.NoRespondersError:
-                        await anyio.sleep(0.1)
-            msg = await agent.nc.request(
-                emit_service_subject(event, "a1"),
-                json.dumps({"data": {"tool_name": "bash",
-                                     "tool_input": {"command": "rm -rf /"}}}).encode(),
-                timeout=10,
-            )  # fmt: skip
-            reply = json.loads(msg.data)
+            await _until_served(client, emit_service_subject(event, "a2"))
+            reply = await _service_emit(client, "rm -rf /")
             assert reply["result"]["action"] == "deny", reply
-            assert reply["result"]["chained_data"]["agent_id"] == "a1"
+            assert reply["result"]["chained_data"]["agent_id"] == "a2"
+            async with HookDispatcher(approver.nc, approvals=False) as ad:
+                events = await ad.hook_events()
+                out: list[dict[str, Any]] = []
+                async with anyio.create_task_group() as tg:
+
+                    async def ask() -> None:
+                        out.append(await _service_emit(client, "ask always", session_id="s9"))
+
+                    tg.start_soon(ask)
+                    async for ev in events:
+                        if ev.hook.status == "pending" and ev.hook.agent_id == "a2":
+                            await ad.answer_approval(ev.hook.label, "Allow always",
+                                                     approver="alice", agent_id="a2")  # fmt: skip
+                            break
+                await events.aclose()
+            first = out[0]["result"]
+            assert (first["action"], first["approved_by"]) == ("continue", "alice"), first
+            again = (await _service_emit(client, "ask always", session_id="s9"))["result"]
+            assert (again["action"], again["approved_by"]) == ("continue", "alice"), again
+            assert "allowed always" in again["reason"], again
             # the service answers the services API with its endpoints and counts
             srv = f"$SRV.STATS.{DISPATCHER_SERVICE_NAME}.{service.service_id}"
-            stats = json.loads((await agent.nc.request(srv, b"", timeout=5)).data)
+            stats = json.loads((await client.nc.request(srv, b"", timeout=5)).data)
             emit = next(e for e in stats["endpoints"] if e["name"] == "emit")
-            assert emit["num_requests"] >= 2 and emit["num_errors"] == 0, stats
+            assert emit["num_requests"] >= 3 and emit["num_errors"] == 0, stats
             assert not [e for e in service_client.errors if VIOLATION in e.lower()]
+            assert not [e for e in approver.errors if VIOLATION in e.lower()], approver.errors
         finally:
             await service.stop()
+        # the auditor reads the decision trail
+        auditor = await as_("auditor-aud")
+        last = await auditor.nc.jetstream(timeout=5).get_last_msg(
+            "hookbus_decisions", "hookbus.v1.decisions.a2"
+        )
+        assert b"alice" in last.data, last.data
     secure.table.append(
         (
-            "legitimate flows (emit, reply, declaration, approval by an "
-            "approver, own suspension, service emit, service stats)",
+            "legitimate flows (emit, reply, declaration, own suspension, service emit, approval"
+            " answered by an approver, grant from that answer, audit read, service stats)",
             "pass",
             "pass",
         )
@@ -457,3 +489,182 @@ async def test_the_library_never_leaks_a_raw_error_on_a_refused_write(
         d.register(TOOL_PRE, lambda ev, data: None)
         with pytest.raises(Exception, match="acts as agent 'a1'"):
             await d.emit(TOOL_PRE, {"agent_id": "a2"})
+
+
+# -- least privilege: each probe below was allowed before the roles were narrowed ---------------
+async def test_no_role_but_the_admin_creates_or_changes_a_stream(
+    secure: Secure, as_: Connect
+) -> None:
+    """A create request's body chooses the stream's subjects: a right to create one
+    bucket was a right to create a stream over every agent's approval prompts."""
+    body = json.dumps(
+        {"name": "KV_hookbus_handlers", "subjects": ["hookbus.v1.suspension.>"],
+         "allow_direct": True}
+    ).encode()  # fmt: skip
+    for stem in ("worker-sec", "dispatcher-dispatcher", "agent-a1", "approver-alice"):
+        client = await as_(stem)
+        for verb in ("CREATE", "UPDATE"):
+            await refused(
+                secure, client, f"{stem.split('-')[0]} {verb.lower()}s a stream over"
+                " hookbus.v1.suspension.>",
+                lambda client=client, verb=verb: client.nc.request(
+                    f"$JS.API.STREAM.{verb}.KV_hookbus_handlers", body, timeout=2
+                ),
+            )  # fmt: skip
+
+
+async def test_only_the_decider_creates_approvals_and_grants(secure: Secure, as_: Connect) -> None:
+    """An agent cannot ask in a handler's name, an approver cannot grant what no approval
+    asked for, nor fake a suspension event or resolve a record."""
+    label = encode_token("approval:" + "ab" * 16)
+    for stem, token in (("agent-a1", "a1"), ("agent-a2", "a2")):
+        client = await as_(stem)
+        js = client.nc.jetstream(timeout=2)
+        await refused(
+            secure, client, f"agent {token} creates an approval naming handler security",
+            lambda js=js, token=token: js.publish(f"$KV.hookbus_approvals.{token}.{label}", b"{}"),
+        )  # fmt: skip
+    bob = await as_("approver-bob")
+    js = bob.nc.jetstream(timeout=2)
+    forged = grant_key("payments", "sess-G", EVENT, "security", "transfer")
+    await refused(secure, bob, "approver writes an 'Allow always' grant no approval asked for",
+                  lambda: js.publish(f"$KV.hookbus_approvals.{forged}", b"{}"))  # fmt: skip
+    await refused(
+        secure, bob, "approver publishes a fake 'resolved' suspension event",
+        lambda: bob.nc.publish(suspension_event_subject("l", "resolved", "a1"), b"{}"),
+    )  # fmt: skip
+    await refused(
+        secure, bob, "approver resolves a suspension record itself",
+        lambda: js.publish(f"$KV.hookbus_suspensions.{suspension_key('l', 'a1')}", b"{}"),
+    )  # fmt: skip
+    await refused(
+        secure, bob, "approver resolves an approval record itself",
+        lambda: js.publish(f"$KV.hookbus_approvals.a1.{label}", b"{}"),
+    )  # fmt: skip
+
+
+async def test_a_worker_is_bound_to_its_events(secure: Secure, as_: Connect) -> None:
+    """The tool:pre worker cannot declare or serve its handler name on other events (it
+    would read every prompt and rewrite tool output)."""
+    client = await as_("worker-sec")
+    nc, js = client.nc, client.nc.jetstream(timeout=2)
+    for other in ("prompt:submit", "tool:post"):
+        await refused(
+            secure, client, f"tool:pre worker declares security on {other}",
+            lambda other=other: js.publish(
+                f"$KV.hookbus_handlers.{handler_key(other, 'security')}", b"{}"
+            ),
+        )  # fmt: skip
+        await refused(
+            secure, client, f"tool:pre worker serves security on {other}",
+            lambda other=other: nc.subscribe(handler_subject(other, "security"), queue="security"),
+        )  # fmt: skip
+        await refused(
+            secure, client, f"tool:pre worker hears {other}'s emit_and_collect",
+            lambda other=other: nc.subscribe(
+                f"hookbus.v1.collect.{encode_token(other)}", queue="security"
+            ),
+        )  # fmt: skip
+
+
+async def test_a_worker_answers_one_request_once(secure: Secure, as_: Connect) -> None:
+    """A worker serving one handler per event may answer each request once: a second
+    answer to the same reply subject is refused."""
+    worker_client = await as_("worker-sec")
+    service = await as_("dispatcher-dispatcher")
+
+    async def twice(msg: Any) -> None:
+        await msg.respond(b"first")
+        await msg.respond(b"second")
+
+    await worker_client.nc.subscribe(handler_subject(EVENT, "security"), queue="security",
+                                     cb=twice)  # fmt: skip
+    await worker_client.nc.flush()
+    inbox = service.nc.new_inbox()
+    replies = await service.nc.subscribe(inbox)
+    await service.nc.publish(handler_subject(EVENT, "security"), b"{}", reply=inbox)
+    got = [(await replies.next_msg(timeout=5)).data]
+    with contextlib.suppress(nats.errors.TimeoutError):
+        got.append((await replies.next_msg(timeout=0.5)).data)
+    seen = await worker_client.violation(0)
+    secure.table.append(("worker answers one request twice", "refused", seen or "ALLOWED"))
+    assert got == [b"first"] and seen is not None
+
+
+async def test_no_identity_but_the_service_exhausts_or_drops_consumers(
+    secure: Secure, as_: Connect
+) -> None:
+    """An agent may hold consumers only in its own slots (8 per stream), with filters
+    within its own keys, and delete only those; a dispatcher then still starts."""
+    a1 = await as_("agent-a1")
+    a1_key = secure.context("T1", "agent-a1")["inbox_prefix"].removeprefix("_INBOX_")
+    service_key = secure.context("T1", "dispatcher-dispatcher")["inbox_prefix"][7:]
+    nc = a1.nc
+    inbox = nc.new_inbox()
+    await nc.subscribe(inbox)
+
+    def create(subject: str, name: str | None, filter_subject: str) -> Any:
+        config: dict[str, Any] = {"deliver_subject": inbox, "ack_policy": "none",
+                                  "inactive_threshold": 3600 * 10**9,
+                                  "filter_subject": filter_subject}  # fmt: skip
+        if name:
+            config["name"] = name
+        stream = subject.split(".")[4]
+        body = json.dumps({"stream_name": stream, "config": config}).encode()
+        return nc.request(subject, body, timeout=2)
+
+    own = "$KV.hookbus_suspensions.a1.>"
+    await refused(secure, a1, "agent creates an unnamed consumer",
+                  lambda: create("$JS.API.CONSUMER.CREATE.KV_hookbus_handlers", None,
+                                 "$KV.hookbus_handlers.>"))  # fmt: skip
+    await refused(
+        secure, a1, "agent creates a consumer outside its slots",
+        lambda: create(f"$JS.API.CONSUMER.CREATE.KV_hookbus_suspensions.evil.{own}", "evil", own),
+    )  # fmt: skip
+    other = "$KV.hookbus_suspensions.a2.>"
+    await refused(
+        secure, a1, "agent watches another agent's keys in its own slot",
+        lambda: create(f"$JS.API.CONSUMER.CREATE.KV_hookbus_suspensions.{a1_key}_0.{other}",
+                       f"{a1_key}_0", other),
+    )  # fmt: skip
+    await refused(
+        secure, a1, "agent deletes the service's consumer",
+        lambda: nc.request(
+            f"$JS.API.CONSUMER.DELETE.KV_hookbus_handlers.{service_key}_0", b"", timeout=2
+        ),
+    )  # fmt: skip
+    # it fills all its slots on both streams, each with a 10 h inactive threshold
+    for i in range(8):
+        for stream, filt in (("KV_hookbus_suspensions", own),
+                             ("KV_hookbus_handlers", "$KV.hookbus_handlers.>")):  # fmt: skip
+            reply = await create(f"$JS.API.CONSUMER.CREATE.{stream}.{a1_key}_{i}.{filt}",
+                                 f"{a1_key}_{i}", filt)  # fmt: skip
+            assert "error" not in json.loads(reply.data), reply.data
+    await refused(
+        secure, a1, "agent creates a 9th consumer",
+        lambda: create(f"$JS.API.CONSUMER.CREATE.KV_hookbus_suspensions.{a1_key}_8.{own}",
+                       f"{a1_key}_8", own),
+    )  # fmt: skip
+    service = await as_("dispatcher-dispatcher")
+    with anyio.fail_after(20):
+        async with HookDispatcher(service.nc) as d:  # registry watch, suspensions, approvals
+            await d.refresh()
+    secure.table.append(("a dispatcher starts beside an agent holding all its slots", "pass",
+                         "pass"))  # fmt: skip
+    for i in range(8):
+        for stream in ("KV_hookbus_suspensions", "KV_hookbus_handlers"):
+            await nc.request(f"$JS.API.CONSUMER.DELETE.{stream}.{a1_key}_{i}", b"", timeout=2)
+
+
+async def test_buckets_and_accounts_carry_limits(secure: Secure, as_: Connect) -> None:
+    """Storage is bounded: every bucket (made by `hookbus auth provision`) has a byte
+    limit and a value size limit, and the tenant's account has JetStream limits."""
+    admin = await as_("admin-admin")
+    js = admin.nc.jetstream(timeout=5)
+    for bucket in ("hookbus_handlers", "hookbus_suspensions", "hookbus_approvals",
+                   "hookbus_leases"):  # fmt: skip
+        info = await js.stream_info(f"KV_{bucket}")
+        assert (info.config.max_bytes or -1) > 0 and (info.config.max_msg_size or -1) > 0, bucket
+    limits = (await js.account_info()).limits
+    assert limits.max_consumers > 0 and limits.max_streams > 0 and limits.max_storage > 0
+    secure.table.append(("buckets and account without storage limits", "bounded", "bounded"))
