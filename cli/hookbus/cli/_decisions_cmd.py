@@ -28,6 +28,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from rich.console import Console
 from rich.table import Table
 
+from hookbus.dispatcher._consumers import open_consumer
 from hookbus.dispatcher._kv import release_consumer
 from hookbus.schemas import (
     DECISIONS_DEFAULT_MAX_AGE_S,
@@ -290,9 +291,10 @@ async def _read(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     subject = decisions_subject(agent) if agent is not None else DECISIONS_WILDCARD
-    sub = await js.subscribe(
-        subject, stream=DECISIONS_STREAM, cb=on_msg, ordered_consumer=True, config=config
-    )
+    sub = await open_consumer(
+        js, DECISIONS_STREAM, subject, cb=on_msg, config=config, ordered=True,
+        check_s=10.0 if follow else None,
+    )  # fmt: skip
     skipped = 0
     recent: deque[DecisionRecord] = deque(maxlen=limit)
     try:

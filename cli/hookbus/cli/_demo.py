@@ -49,6 +49,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, DispatcherService, HookDispatcher
+from hookbus.dispatcher._consumers import watch_keys
 from hookbus.integrations._emit import Emit
 from hookbus.schemas import (
     Action,
@@ -373,7 +374,7 @@ async def _handlers_bucket(nc: NATS) -> KeyValue:
         return await js.key_value(handlers_bucket_config().bucket)
 
 
-async def _live_keys(watcher: KeyValue.KeyWatcher) -> set[str]:
+async def _live_keys(watcher: Any) -> set[str]:
     """Consume a fresh watch's initial values (up to its None marker): the live keys."""
     live: set[str] = set()
     while (entry := await watcher.updates(timeout=10.0)) is not None:
@@ -385,7 +386,7 @@ async def _live_keys(watcher: KeyValue.KeyWatcher) -> set[str]:
 
 
 async def _wait_ready(
-    watcher: KeyValue.KeyWatcher, pending: Counter[str], fleet: _Fleet, timeout_s: float
+    watcher: Any, pending: Counter[str], fleet: _Fleet, timeout_s: float
 ) -> None:
     """Wait until every expected declaration put has been seen (each replica puts its
     declarations after its subscriptions are flushed), or fail on the first replica that
@@ -1037,7 +1038,7 @@ async def demo_main(
     try:
         await _provision(nc, secure=credentials is not None)
         kv = await _handlers_bucket(nc)
-        watcher = await kv.watchall()
+        watcher = await watch_keys(kv)
         try:
             live_before = await _live_keys(watcher)
             approver = None if interactive else transcript.approver

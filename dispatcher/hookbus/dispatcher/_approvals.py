@@ -75,6 +75,7 @@ from hookbus.schemas import (
 )
 from hookbus.schemas import _telemetry_names as tn
 
+from ._consumers import watch_keys
 from ._kv import kv_retry, open_bucket, release_consumer
 from ._suspensions import Suspensions
 
@@ -242,7 +243,7 @@ class Grants:
         await kv_retry(lambda: self._kv.delete(key), deadline_s=budget_s, what=f"revoking {key}")
 
     async def _read_all(self) -> builtins.list[ApprovalGrant]:
-        watcher = await self._kv.watch(">", ignore_deletes=True)
+        watcher = await watch_keys(self._kv, ">", ignore_deletes=True)
         out: builtins.list[ApprovalGrant] = []
         try:
             while True:

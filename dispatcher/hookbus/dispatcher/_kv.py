@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig
+from nats.js.api import ConsumerConfig, DeliverPolicy, KeyValueConfig
 from nats.js.kv import KeyValue
 from tenacity import (
     AsyncRetrying,
@@ -39,6 +39,8 @@ from hookbus.schemas import (
     handlers_bucket_config,
     suspensions_bucket_config,
 )
+
+from ._consumers import SlotConsumer, open_consumer
 
 __all__ = [
     "ensure_buckets",
@@ -147,6 +149,8 @@ async def release_consumer(sub: Any, *, timeout_s: float = 2.0) -> None:
     stream, name = getattr(sub, "_stream", None), getattr(sub, "_consumer", None)
     with contextlib.suppress(Exception):
         await sub.unsubscribe()
+    if isinstance(sub, SlotConsumer):
+        return  # its unsubscribe deleted it
     if not stream or not name:
         return
     with contextlib.suppress(Exception):
@@ -176,34 +180,30 @@ async def subscribe_keys(
     cb: Callable[[Any], Awaitable[None]],
     deliver_policy: DeliverPolicy,
     inactive_threshold_s: float,
+    recover: bool = True,
+    check_s: float | None = None,
 ) -> Any:
     """A push subscription on the bucket's keys matching `keys` (``>`` for all of them,
-    or e.g. ``"<agent>.>"``), delivering to `cb`.
+    or e.g. ``"<agent>.>"``), delivering to `cb` (see `open_consumer`).
 
-    The whole bucket is read with nats-py's ordered consumer. A narrower filter gets a
-    *named* consumer (no acks, no flow control), because only then does the consumer's
+    On a connection with an identity it is a slot consumer (named, so that a NATS
+    permission can allow this identity's names and filters only), kept ordered: a message
+    it misses is delivered again (with `recover`; else it is counted in its ``gaps``).
+    Without one, the whole bucket is read with nats-py's ordered consumer, a narrower
+    filter with a *named* consumer (no acks, no flow control), because only then does the
     create request carry the filter in its subject
-    (``$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>``), which is what lets a NATS
-    permission allow an agent to read its own keys and nothing else. It is not ordered: a
-    message it misses is read back by the caller's periodic reads.
+    (``$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>``); it is not ordered: a message
+    it misses is read back by the caller's periodic reads.
+
+    Raises:
+        ConsumerSlotsExhaustedError: every slot of the identity is taken.
     """
     js: Any = kv._js
-    stream, prefix = kv._stream, kv._pre
-    common: dict[str, Any] = {
-        "stream": stream,
-        "cb": cb,
-        "deliver_policy": deliver_policy,
-        "inactive_threshold": inactive_threshold_s,
-        "pending_msgs_limit": -1,
-        "pending_bytes_limit": -1,
-    }
-    if keys == ">":
-        return await js.subscribe(f"{prefix}>", ordered_consumer=True, **common)
-    config = ConsumerConfig(
-        name=js._nc._nuid.next().decode(), ack_policy=AckPolicy.NONE, max_deliver=1,
-        mem_storage=True, num_replicas=1,
+    config = ConsumerConfig(deliver_policy=deliver_policy)
+    return await open_consumer(
+        js, kv._stream, f"{kv._pre}{keys}", cb=cb, config=config, ordered=keys == ">",
+        recover=recover, check_s=check_s, inactive_threshold_s=inactive_threshold_s,
     )  # fmt: skip
-    return await js.subscribe(f"{prefix}{keys}", config=config, manual_ack=True, **common)
 
 
 async def open_bucket(

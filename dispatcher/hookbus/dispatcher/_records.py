@@ -505,10 +505,13 @@ class RecordStore:
             cb=on_msg,
             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
             inactive_threshold_s=60.0,
+            recover=False,  # a slot consumer's gap: the listing is read again
         )
         try:
             async with asyncio.timeout(self.deadline_s):
                 while True:
+                    if getattr(sub, "gaps", 0):  # a message was lost: not a complete list
+                        raise TimeoutError("the listing missed a message; reading it again")
                     # The end is when the server has nothing pending for the consumer and
                     # every message it delivered (its consumer sequence: an ordered consumer
                     # that was reset is a new consumer) has been processed here. A message's own

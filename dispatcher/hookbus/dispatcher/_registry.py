@@ -14,6 +14,12 @@ The resync is a complete read that sees deletes: one watch of the last value per
 (delete markers included), read up to the stream's last sequence as it was when the read
 began. Only a complete read replaces the remote routes, so a declaration deleted while the
 watch missed it is gone after the next resync.
+
+On a connection with an identity the watch is a slot consumer (`watch_keys`): ordered like
+nats-py's ordered consumer (a message it misses is delivered again from where it was), and
+checked every `_CHECK_S` seconds (re-created when its consumer is gone, or when a message
+the server delivered never arrived), so a missed declaration is applied within about
+twice that, and by the next resync at the latest.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import nats.errors
 import nats.js.errors
@@ -41,6 +48,7 @@ from hookbus.schemas import (
     required_key,
 )
 
+from ._consumers import watch_keys
 from ._kv import kv_retry, open_bucket, release_consumer
 from ._routes import RoutingTable
 from ._tasks import stop_task
@@ -57,6 +65,10 @@ __all__ = [
 log = logging.getLogger("hookbus.dispatcher")
 
 DELETE_OPS = ("DEL", "PURGE")
+
+_CHECK_S = 10.0
+"""Seconds between checks of the watch's consumer when it is a slot consumer (re-created
+when gone, or when a message the server delivered never arrived)."""
 
 
 async def open_handlers_bucket(
@@ -174,7 +186,7 @@ async def read_registry(kv: KeyValue, *, timeout_s: float = 5.0) -> RegistryRead
     seen: dict[str, tuple[bytes | None, bool]] = {}
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    watcher = await kv.watchall()
+    watcher = await watch_keys(kv)
     try:
         while (left := deadline - loop.time()) > 0:
             try:
@@ -284,7 +296,7 @@ class RegistryWatch:
     async def _run(self) -> None:
         while not self._stopping:
             try:
-                watcher = await self._kv.watchall()
+                watcher = await watch_keys(self._kv, check_s=_CHECK_S)
                 try:
                     await self._follow(watcher)
                 finally:
@@ -298,7 +310,7 @@ class RegistryWatch:
                 with contextlib.suppress(Exception):
                     await self.resync()
 
-    async def _follow(self, watcher: KeyValue.KeyWatcher) -> None:
+    async def _follow(self, watcher: Any) -> None:
         loop = asyncio.get_running_loop()
         next_resync = loop.time() + self._resync_s
         while not self._stopping:

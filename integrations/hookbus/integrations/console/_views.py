@@ -14,6 +14,7 @@ from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from hookbus.dispatcher import HandlerStatus, RegistryView
+from hookbus.dispatcher._consumers import open_consumer
 from hookbus.dispatcher._kv import release_consumer
 from hookbus.schemas import (
     APPROVAL_DEFAULT_OPTIONS,
@@ -141,10 +142,9 @@ async def recent_decisions(nc: NATS, *, limit: int, timeout_s: float = 5.0) -> d
         deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
         opt_start_seq=max(info.state.first_seq, last - limit + 1, 1),
     )
-    sub = await js.subscribe(
-        DECISIONS_WILDCARD, stream=DECISIONS_STREAM, cb=on_msg, ordered_consumer=True,
-        config=config,
-    )  # fmt: skip
+    sub = await open_consumer(
+        js, DECISIONS_STREAM, DECISIONS_WILDCARD, cb=on_msg, config=config, ordered=True
+    )
     records: list[dict[str, Any]] = []
     try:
         with contextlib.suppress(TimeoutError):
