@@ -35,7 +35,7 @@ def deploy_copy(tmp_path: Path) -> Path:
     for config in CONFIGS:
         shutil.copy(config, folder / config.name)
     args = ["auth", "init", "--out", str(folder / "auth"), "--host", "0.0.0.0",
-            "--agent", "payments", "--worker", "security:security_policy"]  # fmt: skip
+            "--agent", "payments", "--worker", "security:tool:pre/security_policy"]  # fmt: skip
     for route in ROUTES:
         args += ["--route", route]
     result = CliRunner().invoke(cli, args, catch_exceptions=False)
