@@ -24,7 +24,7 @@ import pytest
 from nats.aio.client import Client as NATS
 from test_approvals import Agent, Approver, asker, spawn_emit
 
-from hookbus.dispatcher import HookDispatcher
+from hookbus.dispatcher import AnswerNotAppliedError, HookDispatcher
 from hookbus.schemas import HookPart, HookResult
 
 pytestmark = pytest.mark.anyio
@@ -204,11 +204,14 @@ async def test_the_callers_deadline_denies_and_a_retry_gets_the_answer(
     assert (first.action, first.approved_by) == ("deny", None)
     assert first.reason is not None and "caller's deadline" in first.reason, first.reason
     part = await question(approver, agent.session, "guard")
-    got = await approver.d.suspensions.get(part.label)
+    got = await approver.d.get_approval(part.label)
     assert got is not None and got[0].status == "pending"
     assert part.metadata["timeout_s"] == 300  # the record keeps the approval's own timeout
 
-    await answer(approver, part, "Allow", who="alice")
+    with pytest.raises(AnswerNotAppliedError, match="is recorded"):  # nobody waits on it now
+        await approver.d.answer_approval(
+            part.label, "Allow", approver="alice", agent_id=part.agent_id, wait_s=0.3
+        )
     with anyio.fail_after(10):
         again = await agent.d.emit(event, {"tool_name": "bash"}, idempotency_key=key, timeout_s=5)
     assert (again.action, again.approved_by, again.reason) == (

@@ -27,7 +27,7 @@ from test_approvals import Approver, asker, spawn_emit
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
-    SUSPENSIONS_BUCKET,
+    APPROVALS_BUCKET,
     AlreadySettledError,
     HookResult,
     suspension_key,
@@ -47,11 +47,11 @@ async def answer_at_the_deadline(
     """Answer "Allow" right when the approval's timeout fires: on the first write to its
     record after the pending one (`on_write`: the waiter giving up), else at its deadline
     plus `offset_s` seconds. Losing to the timeout (`AlreadySettledError`) is fine."""
-    got = await approver.d.suspensions.get(label)
+    got = await approver.d.get_approval(label)
     assert got is not None
     record, revision = got
     if on_write:
-        kv = await nc.jetstream().key_value(SUSPENSIONS_BUCKET)
+        kv = await nc.jetstream().key_value(APPROVALS_BUCKET)
         watcher = await kv.watch(suspension_key(label))
         try:
             with anyio.fail_after(TIMEOUT_S + 10):
@@ -89,7 +89,7 @@ async def test_an_answer_at_the_deadline_decides_exactly_as_the_record_says(
                     on_write=i % 2 == 0, offset_s=((i // 2) % 6 - 3) * 0.005,
                 )  # fmt: skip
                 r = await out.wait()
-            got = await approver.d.suspensions.get(part.label)
+            got = await approver.d.get_approval(part.label)
             assert got is not None
             final = got[0]
             assert final.status in ("resolved", "cancelled")

@@ -7,10 +7,12 @@ approval labels and "Allow always" grants are its own.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -20,10 +22,14 @@ import pytest
 from anyio.abc import TaskGroup
 from nats.aio.client import Client as NATS
 
-from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher, approval_label
+from hookbus.dispatcher import (
+    APPROVAL_LABEL_PREFIX,
+    AnswerNotAppliedError,
+    HookDispatcher,
+    approval_label,
+)
 from hookbus.schemas import (
     APPROVALS_BUCKET,
-    SUSPENSIONS_BUCKET,
     AlreadySettledError,
     ApprovalAnswer,
     ApprovalGrant,
@@ -31,6 +37,7 @@ from hookbus.schemas import (
     HookPart,
     HookResult,
     ResolutionRejectedError,
+    SuspensionNotFoundError,
     approval_answer_key,
     encode,
     grant_key,
@@ -223,14 +230,12 @@ async def test_default_options_are_allow_and_deny_and_other_choices_are_refused(
         part = await approver.pending(agent.session)
         assert part.metadata["options"] == ["Allow", "Deny"]
         assert part.metadata["prompt"]  # a prompt is always shown, even when none was given
-        before = await approver.d.suspensions.get(part.label)
+        before = await approver.d.get_approval(part.label)
         with pytest.raises(ResolutionRejectedError, match="choice"):
             await approver.d.answer_approval(
                 part.label, "Maybe", approver="tester", agent_id=part.agent_id
             )
-        with pytest.raises(ResolutionRejectedError):
-            await approver.d.resolve_hook(part.label, {"answer": "Allow"})
-        assert await approver.d.suspensions.get(part.label) == before
+        assert await approver.d.get_approval(part.label) == before
         await approver.d.answer_approval(
             part.label, "Deny", approver="tester", agent_id=part.agent_id
         )
@@ -261,7 +266,7 @@ async def test_a_cancelled_approval_denies(agent: Agent, approver: Approver, eve
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
         part = await approver.pending(agent.session)
-        await approver.d.cancel_hook(part.label, reason="operator left")
+        await approver.d.cancel_approval(part.label, reason="operator left")
         r = await out.wait()
     assert r.action == "deny"
     assert r.reason is not None and "operator left" in r.reason
@@ -510,7 +515,7 @@ async def test_a_cancelled_approval_does_not_decide_the_next_identical_call(
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, dict(call))
         part = await approver.pending(agent.session)
-        await approver.d.cancel_hook(part.label, reason="operator left")
+        await approver.d.cancel_approval(part.label, reason="operator left")
         assert (await out.wait()).action == "deny"
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, dict(call))
@@ -780,6 +785,12 @@ async def test_an_approval_timeout_out_of_range_is_clamped(
 
 
 # -- who answered: only an approver's proof decides ---------------------------------------------
+async def forge(d: HookDispatcher, label: str, value: dict[str, Any], agent_id: str) -> None:
+    """Resolve the approval record itself, as any client may on an open server (on a secured
+    one only the dispatcher service may write it): no approver's proof is written."""
+    await d.approvals.records.for_agent(agent_id).resolve_hook(label, value)
+
+
 @pytest.mark.parametrize(
     "forged",
     [
@@ -790,15 +801,14 @@ async def test_an_approval_timeout_out_of_range_is_clamped(
 async def test_a_record_resolved_without_an_approvers_proof_denies(
     agent: Agent, approver: Approver, event: str, forged: dict[str, Any]
 ) -> None:
-    """Writing "Allow" into the approval record (what the agent's own NATS user may do to
-    its own keys) decides nothing: the dispatcher looks for the proof
-    ``<agent>.<label>.<approver>`` that only that approver's user may write, finds none,
-    and denies."""
+    """Writing "Allow" into the approval record decides nothing: the dispatcher looks for
+    the proof ``<agent>.<label>.<approver>`` that only that approver's user may write, finds
+    none, and denies."""
     agent.d.register(event, asker())
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
         part = await approver.pending(agent.session)
-        await agent.d.resolve_hook(part.label, forged, agent_id="a1")
+        await forge(agent.d, part.label, forged, "a1")
         r = await out.wait()
     assert r.action == "deny" and r.approved_by is None
     assert r.reason is not None and r.reason.startswith("answer refused"), r.reason
@@ -807,20 +817,179 @@ async def test_a_record_resolved_without_an_approvers_proof_denies(
 async def test_a_proof_for_another_choice_does_not_carry_a_forged_one(
     agent: Agent, approver: Approver, event: str
 ) -> None:
-    """alice answered "Deny" (proof and record). A writer that then swaps the record's
-    choice for "Allow" in alice's name is refused: the proof says "Deny"."""
+    """alice's proof says "Deny". A writer that resolves the record with "Allow" in alice's
+    name is refused (the proof disagrees), or loses to alice's own answer: never allowed."""
     agent.d.register(event, asker(approval_timeout=30))
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
         part = await approver.pending(agent.session)
-        kv = await approver.nc.jetstream().key_value(SUSPENSIONS_BUCKET)
+        kv = await approver.nc.jetstream().key_value(APPROVALS_BUCKET)
         proof = ApprovalAnswer(choice="Deny", answered_by="alice", answered_at=1.0)
         await kv.create(approval_answer_key(part.label, "a1", "alice"), encode(proof))
-        await agent.d.resolve_hook(
-            part.label, {"choice": "Allow", "answered_by": "alice"}, agent_id="a1"
-        )
+        with contextlib.suppress(AlreadySettledError):  # alice's answer was applied first
+            await forge(agent.d, part.label, {"choice": "Allow", "answered_by": "alice"}, "a1")
         r = await out.wait()
-    assert r.action == "deny" and r.reason is not None and "'Deny', not 'Allow'" in r.reason
+    assert r.action == "deny" and r.reason is not None
+    assert "'Deny', not 'Allow'" in r.reason or r.reason == "alice chose 'Deny'", r.reason
+
+
+async def test_an_approval_record_written_outside_the_approvals_store_is_not_an_approval(
+    agent: Agent, approver: Approver, event: str
+) -> None:
+    """An agent may write its own suspension records: one made to look like an approval
+    (an ``approval:`` label, metadata naming a handler, tool and session) is neither listed
+    nor answerable, so no "Allow always" can come of it, and the next call is still asked."""
+    agent.d.register(event, asker(approval_options=["Allow always", "Deny"]))
+    label = f"{APPROVAL_LABEL_PREFIX}{uuid.uuid4().hex}"
+    fake = {
+        "kind": "approval", "prompt": "Allow bash?", "options": ["Allow always", "Deny"],
+        "allow_options": ["Allow always"], "timeout_s": None, "default": "deny",
+        "handler": "guard", "event": event, "tool_name": "bash",
+        "session_id": agent.session, "agent_id": "a1",
+    }  # fmt: skip
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(
+            lambda: agent.d.hook(label, metadata=fake, timeout_s=5)  # the agent's own record
+        )
+        await approver.next(lambda h: h.label == label and h.status == "pending")
+        page = await approver.d.approval_page()
+        assert label not in [r.label for r in page.records]
+        with pytest.raises(SuspensionNotFoundError):
+            await approver.d.answer_approval(
+                label, "Allow always", approver="tester", agent_id="a1"
+            )
+        tg.cancel_scope.cancel()
+    assert await approver.d.approval_grants(session_id=agent.session) == []
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
+        part = await approver.pending(agent.session)  # asked: nothing was granted
+        await approver.d.answer_approval(part.label, "Deny", approver="tester", agent_id="a1")
+        assert (await out.wait()).action == "deny"
+
+
+async def allowed_always(agent: Agent, approver: Approver, event: str, choice: str) -> str:
+    """One call of `event` answered `choice` by alice for agent a1; its approval label."""
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
+        part = await approver.pending(agent.session)
+        await approver.d.answer_approval(part.label, choice, approver="alice", agent_id="a1")
+        assert (await out.wait()).action == "continue"
+    return part.label
+
+
+@pytest.mark.parametrize("kind", ["no approval", "proof disagrees", "expired", "no lineage"])
+async def test_a_grant_without_a_matching_proof_allows_nothing(
+    agent: Agent, approver: Approver, event: str, kind: str
+) -> None:
+    """A grant written by anyone but the deciding dispatcher (an approver may write only its
+    proofs) allows nothing unless its lineage holds: the approval it names exists, is about
+    this scope, and the approver's proof there holds an allowing "Allow always". Else it is
+    ignored and the human is asked."""
+    agent.d.register(event, asker(approval_options=["Allow", "Allow always", "Deny"]))
+    label = f"{APPROVAL_LABEL_PREFIX}{uuid.uuid4().hex[:32]}"
+    if kind == "proof disagrees":  # a real approval of this scope, answered "Allow" once
+        label = await allowed_always(agent, approver, event, "Allow")
+    if kind == "expired":  # a real "Allow always", whose grant has expired
+        label = await allowed_always(agent, approver, event, "Allow always")
+    kv = await approver.nc.jetstream().key_value(APPROVALS_BUCKET)
+    key = grant_key("a1", agent.session, event, "guard", "bash")
+    grant = ApprovalGrant(
+        session_id=agent.session, event=event, handler="guard", agent_id="a1", tool="bash",
+        choice="Allow always", label=label, granted_at=time.time(), approved_by="alice",
+        expires_at=time.time() + (-1 if kind == "expired" else 3600),
+    )  # fmt: skip
+    if kind == "no lineage":
+        grant = ApprovalGrant(
+            session_id=agent.session, event=event, handler="guard", agent_id="a1", tool="bash",
+            choice="Allow always", granted_at=time.time(),
+        )  # fmt: skip
+    await kv.put(key, encode(grant))
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
+        part = await approver.pending(agent.session)  # the grant did not allow: asked
+        await approver.d.answer_approval(part.label, "Deny", approver="tester", agent_id="a1")
+        r = await out.wait()
+    assert (r.action, r.approved_by) == ("deny", "tester")
+
+
+async def test_a_grant_names_its_approver_and_allows_while_its_proof_holds(
+    agent: Agent, approver: Approver, event: str
+) -> None:
+    """The deciding dispatcher writes the grant with its lineage; a call it allows names
+    the approver; once the approver's proof is gone, the grant allows nothing."""
+    agent.d.register(event, asker(approval_options=["Allow", "Allow always", "Deny"]))
+    label = await allowed_always(agent, approver, event, "Allow always")
+    (grant,) = await approver.d.approval_grants(session_id=agent.session)
+    assert (grant.label, grant.approved_by) == (label, "alice")
+    assert grant.expires_at is not None and grant.expires_at > time.time() + 3000
+    again = await agent.d.emit(event, {"tool_name": "bash", "agent_id": "a1"})
+    assert (again.action, again.approved_by) == ("continue", "alice")
+    kv = await approver.nc.jetstream().key_value(APPROVALS_BUCKET)
+    await kv.delete(approval_answer_key(label, "a1", "alice"))
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
+        part = await approver.pending(agent.session)
+        await approver.d.answer_approval(part.label, "Deny", approver="tester", agent_id="a1")
+        assert (await out.wait()).action == "deny"
+
+
+async def test_the_first_proof_written_decides_when_nobody_waited(
+    agent: Agent, approver: Approver, event: str
+) -> None:
+    """Two approvers answer while no dispatcher waits (the caller's deadline passed): both
+    answers are recorded; the retried call applies the first one written, whatever the
+    order of the approvers' names."""
+    agent.d.register(event, asker(approval_timeout=300))
+    key = f"call-{uuid.uuid4().hex}"
+    first = await agent.d.emit(
+        event, {"tool_name": "bash", "agent_id": "a1"}, idempotency_key=key, timeout_s=0.5
+    )
+    assert first.action == "deny"
+    part = await approver.pending(agent.session)
+    for who, choice in (("zed", "Deny"), ("alice", "Allow")):
+        with pytest.raises(AnswerNotAppliedError):
+            await approver.d.answer_approval(
+                part.label, choice, approver=who, agent_id="a1", wait_s=0.2
+            )
+    again = await agent.d.emit(
+        event, {"tool_name": "bash", "agent_id": "a1"}, idempotency_key=key, timeout_s=5
+    )
+    assert (again.action, again.approved_by, again.reason) == ("deny", "zed", "zed chose 'Deny'")
+    got = await approver.d.get_approval(part.label, agent_id="a1")
+    assert got is not None and got[0].resolution["answered_by"] == "zed"
+    with pytest.raises(AlreadySettledError, match="zed"):
+        await approver.d.answer_approval(part.label, "Allow", approver="bob", agent_id="a1")
+
+
+async def test_pending_approvals_per_agent_are_limited(
+    connect: Connect, approver: Approver, event: str
+) -> None:
+    """Past `max_pending_approvals` pending approvals of one agent, a question is denied
+    at once with a ``quota:`` reason; another agent is still asked."""
+    d = HookDispatcher(await connect(), max_pending_approvals=2)
+    d.register(event, asker(approval_timeout=30))
+    agent = f"quota-{uuid.uuid4().hex[:8]}"
+    session = f"session-{uuid.uuid4().hex[:8]}"
+    async with d, anyio.create_task_group() as tg:
+        outs = []
+        for i in range(2):
+            outs.append(
+                spawn_emit(tg, d, event, {"agent_id": agent, "session_id": session, "n": i})
+            )
+            await approver.pending(session)
+        with anyio.fail_after(5):
+            r = await d.emit(event, {"agent_id": agent, "session_id": session, "n": 2})
+        assert r.action == "deny" and r.reason is not None and r.reason.startswith("quota:")
+        other = spawn_emit(tg, d, event, {"agent_id": f"{agent}-b", "session_id": session})
+        part = await approver.pending(session)
+        assert part.agent_id == f"{agent}-b"
+        await approver.d.answer_approval(part.label, "Allow", approver="t", agent_id=part.agent_id)
+        assert (await other.wait()).action == "continue"
+        for page_record in (await approver.d.approval_page()).records:
+            if page_record.agent_id == agent:
+                await approver.d.cancel_approval(page_record.label, agent_id=agent)
+        for out in outs:
+            assert (await out.wait()).action == "deny"
 
 
 async def test_the_approver_is_on_the_result_the_record_and_the_hook_event(
@@ -839,7 +1008,7 @@ async def test_the_approver_is_on_the_result_the_record_and_the_hook_event(
     assert (r.action, r.approved_by, r.reason) == ("continue", "alice", "alice chose 'Allow'")
     resolved = await approver.next(lambda h: h.label == part.label and h.status == "resolved")
     assert resolved.resolution["answered_by"] == "alice" and resolved.agent_id == "a1"
-    got = await approver.d.suspensions.for_agent("a1").get(part.label)
+    got = await approver.d.get_approval(part.label, agent_id="a1")
     assert got is not None and got[0].resolution["answered_by"] == "alice"
 
 

@@ -328,6 +328,7 @@ PUBLIC_API: dict[str, set[str]] = {
     "hookbus.workers": {"HandlerSpec", "HookResult", "HookWorker"},
     "hookbus.dispatcher": {
         "APPROVAL_LABEL_PREFIX",
+        "AnswerNotAppliedError",
         "DispatcherService",
         "Fold",
         "HookDispatcher",

@@ -40,8 +40,8 @@ def approvals(ctx: click.Context, conn: ConnectionSettings, as_json: bool) -> No
 
 
 async def _pending_approvals(d: HookDispatcher) -> list[SuspensionRecord]:
-    page = await d.suspensions.page(status="pending", prefix=APPROVAL_LABEL_PREFIX)
-    return page.records
+    page = await d.approval_page(status="pending", prefix=APPROVAL_LABEL_PREFIX)
+    return [r for r in page.records if r.metadata.get("kind") == "approval"]
 
 
 @approvals.command("list")

@@ -30,18 +30,38 @@ timed out) never decides another call, and a key reused for other data does not 
 answer. An answer that won the compare-and-set is applied whatever the clock says: on
 timeout the approval is cancelled, and if that cancel loses to an answer, the answer wins.
 
-**"Allow always"** stores an `ApprovalGrant` in `APPROVALS_BUCKET` under `grant_key`
-(agent, session, event, handler, tool). It allows every later call of that tool **with any
-input** by the same agent in the same session when the same handler asks (another
-handler's question about the same call is still asked), until the bucket's TTL (24 h by
-default) or until revoked (`Approvals.revoke_grants`, ``hookbus approvals revoke``). Only
-an "Allow always" that allows stores one. A call without a session id is never remembered:
-"Allow always" then allows that call only, and the reason says so.
+**Who decides.** Approval records live in `APPROVALS_BUCKET` (``<agent>.<label>``, the
+same keys as suspensions), written only by the dispatcher that asks and waits (the decider:
+an embedded dispatcher on an open server, the dispatcher service on a secured one, where an
+agent's own NATS user may not write there: its question is then denied at once, "approval
+not asked"). An approver writes only its answer proof ``<agent>.<label>.<approver>``
+(`Approvals.answer`); the decider resolves the record from the FIRST proof in stream order
+whose choice is one of the options (two deciders take the same one), also when the proof
+was written while nobody waited (a retry or a restarted dispatcher resumes the approval and
+applies it). A resolution without a matching proof still decides nothing. An agent may have
+at most `Approvals.max_pending` pending approvals; beyond them a question is denied with a
+reason starting ``quota:``. Records live the bucket's TTL (7 days, the longest approval).
+
+**"Allow always"** makes the decider store an `ApprovalGrant` in `APPROVALS_BUCKET` under
+`grant_key` (agent, session, event, handler, tool), with its lineage: the approval's label,
+the approver (``approved_by``) and ``expires_at`` (the answer's time plus the grant
+lifetime, 24 h by default). It allows every later call of that tool **with any input** by
+the same agent in the same session when the same handler asks (another handler's question
+about the same call is still asked), until it expires or is revoked
+(`Approvals.grants.revoke`, ``hookbus approvals revoke``). Each use verifies it again: the
+approver's proof of that approval holds the grant's choice, that choice allows and is an
+"Allow always" by the approval's ``allow_options``, and the approval was about the grant's
+scope; a grant that fails is ignored (logged) and the human is asked. The allowed result
+names the approver (``approved_by``). Only an "Allow always" that allows stores one. A call
+without a session id is never remembered: "Allow always" then allows that call only, and
+the reason says so.
 """
 
 from __future__ import annotations
 
+import asyncio
 import builtins
+import contextlib
 import hashlib
 import logging
 import time
@@ -60,9 +80,11 @@ from hookbus.schemas import (
     ApprovalGrant,
     BadRequestError,
     HookbusError,
+    HookbusTimeoutError,
     HookResult,
     ResolutionRejectedError,
     SuspensionCancelledError,
+    SuspensionError,
     SuspensionNotFoundError,
     SuspensionRecord,
     SuspensionTimeoutError,
@@ -77,10 +99,14 @@ from hookbus.schemas import _telemetry_names as tn
 
 from ._consumers import watch_keys
 from ._kv import kv_retry, open_bucket, release_consumer
+from ._proofs import first_proof
+from ._records import RecordStore
 from ._suspensions import Suspensions
+from ._tasks import stop_task
 
 __all__ = [
     "APPROVAL_LABEL_PREFIX",
+    "AnswerNotAppliedError",
     "ApprovalGrant",
     "Approvals",
     "Grants",
@@ -106,6 +132,11 @@ _TIMED_OUT = "timed out after "
 
 NO_ALLOWING_OPTION = "offer no allowing answer"
 """Words of the reason of a deny decided because none of a question's options allows."""
+
+NOT_ASKED = "approval not asked"
+"""How the reason of a deny starts when the approval record could not be written (e.g. an
+agent's own dispatcher on a secured server, where approvals are asked through the
+dispatcher service)."""
 
 CALLERS_DEADLINE = "the caller's deadline ended the wait before an answer"
 """How the reason of a deny decided by the caller's deadline (not the approval's own
@@ -250,7 +281,7 @@ class Grants:
                 entry = await watcher.updates(timeout=5)
                 if entry is None:
                     return out
-                if entry.value:
+                if entry.value and _is_grant_key(entry.key):  # not a record or a proof
                     grant = self._valid(entry.key, entry.value)
                     if grant is not None:
                         out.append(grant)
@@ -270,32 +301,90 @@ class Grants:
         return None
 
 
+class AnswerNotAppliedError(HookbusTimeoutError):
+    """An approver's answer is recorded (its proof exists) but no dispatcher applied it to
+    the approval in time: it decides when the agent's dispatcher (or the dispatcher
+    service) next reads the approval, unless another approver's answer came first."""
+
+
 class Approvals:
-    """Turns ``ask_user`` results into answers, through `Suspensions` (see the module
-    docstring). Made by `HookDispatcher.start`.
+    """Turns ``ask_user`` results into answers (see the module docstring). Made by
+    `HookDispatcher.start`.
 
     Args:
-        suspensions: the suspension store the approvals wait in.
-        grants: the grants bucket.
+        records: the approval records: a `Suspensions` store over `APPROVALS_BUCKET` (the
+            records ``<agent>.<label>``, the approvers' proofs ``<agent>.<label>.<p>`` and
+            the grants share that bucket; the store ignores proofs and grants).
+        grants: the approvals bucket (the grants' key-value view of it).
         grant_read_s: longest time, in seconds, a grant read or write retries through a
             JetStream leader election (a read: never longer than the approval's own
             timeout, but at least 0.5 s); after that the human is asked (a read) or the
             grant is not stored and the reason says so (a write).
+        grant_ttl_s: seconds an "Allow always" grant allows from its answer (its
+            ``expires_at``, checked when it is read).
+        answer_wait_s: seconds `answer` waits for a dispatcher to apply the answer.
+        max_pending: pending approvals one agent may have at once (None: no limit); a
+            question beyond it is denied with a reason starting ``quota:``.
+        proof_poll_s: seconds between reads of a waited-on approval's proofs besides the
+            watch's signals.
     """
 
     def __init__(
-        self, suspensions: Suspensions, grants: KeyValue, *, grant_read_s: float = 15.0
+        self,
+        records: Suspensions,
+        grants: KeyValue,
+        *,
+        grant_read_s: float = 15.0,
+        grant_ttl_s: float = 24 * 3600,
+        answer_wait_s: float = 5.0,
+        max_pending: int | None = 16,
+        proof_poll_s: float = 5.0,
     ) -> None:
-        self._suspensions = suspensions
+        self.records = records
+        """The approval records (list: ``records.page(status="pending")``)."""
         self.grants = Grants(grants)
         """The "Allow always" grants: list, revoke."""
         self._grant_read_s = grant_read_s
+        self.grant_ttl_s = grant_ttl_s
+        self.answer_wait_s = answer_wait_s
+        self.max_pending = max_pending
+        self._proof_poll_s = proof_poll_s
 
     @classmethod
-    async def open(cls, nc: NATS, suspensions: Suspensions, *, replicas: int = 1) -> Approvals:
-        """Open (create if absent) the grants bucket."""
+    async def open(
+        cls,
+        nc: NATS,
+        suspensions: Suspensions,
+        *,
+        replicas: int = 1,
+        grant_ttl_s: float = 24 * 3600,
+        answer_wait_s: float = 5.0,
+        max_pending: int | None = 16,
+    ) -> Approvals:
+        """Open (create if absent) the approvals bucket, and a record store over it for
+        `suspensions`' agent (same scope, same waiter lease).
+
+        An agent's own dispatcher (a scoped store) on a server that requires
+        authentication gets 3 s, not 15, per approval write: there its NATS user may not
+        write approval records (they are asked through the dispatcher service), and a
+        refused write must deny promptly.
+        """
         kv = await open_bucket(nc, approvals_bucket_config(replicas=replicas))
-        return cls(suspensions, kv)
+        info = getattr(nc, "_server_info", None) or {}
+        secured = bool(info.get("auth_required"))
+        deadline = 3.0 if suspensions.records.scoped and secured else 15.0
+        store = Suspensions(
+            nc, kv, leases=suspensions.leases, agent_id=suspensions.agent_id,
+            scoped=suspensions.records.scoped, write_deadline_s=deadline,
+        )  # fmt: skip
+        return cls(
+            store, kv, grant_ttl_s=grant_ttl_s, answer_wait_s=answer_wait_s,
+            max_pending=max_pending,
+        )  # fmt: skip
+
+    async def close(self) -> None:
+        """Stop the approval store's watch (the lease is the suspension store's)."""
+        await self.records.close(leases=False)
 
     async def decide(
         self, event: str, result: HookResult, *, call_id: str, wait_s: float | None = None
@@ -312,12 +401,15 @@ class Approvals:
         Returns:
             `result` with ``action`` continue or deny and the ``reason``: a grant, the
             human's choice, the timeout's `approval_default`, a cancel (deny), options that
-            offer no allowing answer (deny, nobody asked) or the caller's deadline (deny).
+            offer no allowing answer (deny, nobody asked), the agent's pending approvals
+            over `max_pending` (deny, ``quota: ...``), an approval record this dispatcher
+            may not write (deny) or the caller's deadline (deny).
         Raises:
             SuspensionAbortedError: the wait was aborted (a draining dispatcher); the approval
                 stays pending and a retry with the same call id resumes it.
-            HookbusError: the suspension store failed (e.g. `HookbusTimeoutError`: JetStream
-                stayed unavailable); a grant store failure only means the human is asked.
+            HookbusError: the approval store failed while waiting (e.g.
+                `HookbusTimeoutError`: JetStream stayed unavailable); a grant store failure
+                only means the human is asked.
         """
         started = time.monotonic()
         handler = result.decided_by or "?"
@@ -333,13 +425,20 @@ class Approvals:
         if granted is not None:
             return granted
         data = _call_data(result)
-        store = self._suspensions.for_agent(_text(data.get("agent_id")))
+        store = self.records.for_agent(_text(data.get("agent_id")))
         label = approval_label(event, data, handler, call_id=call_id)
-        got = await store.get(label)  # a retry of this call finds its approval
+        try:
+            got = await store.get(label)  # a retry of this call finds its approval
+        except HookbusError as exc:
+            return self._not_asked(result, exc)
         if got is not None:
             decided = await self._from_record(result, got[0], options, store)
             if decided is not None:
                 return decided
+        else:
+            over = await self._over_quota(store)
+            if over is not None:
+                return self._answer(result, allow=False, reason=over)
         remaining = _approval_left(result.approval_timeout, started, got[0] if got else None)
         caller_left = None if wait_s is None else max(0.0, wait_s - (time.monotonic() - started))
         cut = caller_left is not None and (remaining is None or caller_left < remaining)
@@ -352,7 +451,51 @@ class Approvals:
             return await self._timed_out(result, label, options, store)
         except SuspensionCancelledError as exc:
             return self._cancelled(result, exc.reason)
+        except SuspensionError:
+            raise
+        except HookbusError as exc:
+            if got is None:  # the approval could not be asked at all
+                return self._not_asked(result, exc)
+            raise
         return await self._answered(result, answer, options, store, label)
+
+    def _not_asked(self, result: HookResult, exc: BaseException) -> HookResult:
+        """The deny of a question whose approval record could not be written or read."""
+        log.warning("approval not asked: the approval record could not be written (%s)", exc)
+        return self._answer(
+            result, allow=False,
+            reason=f"{NOT_ASKED}: this dispatcher could not write the approval record"
+            f" ({type(exc).__name__}); on a secured server an agent's approvals are asked"
+            " through the dispatcher service",
+        )  # fmt: skip
+
+    async def _over_quota(self, store: Suspensions) -> str | None:
+        """The deny reason when `store`'s agent already has `max_pending` live pending
+        approvals (one pass over that agent's keys of the approvals bucket), else None."""
+        if self.max_pending is None:
+            return None
+        scoped = RecordStore(
+            store.records.kv, deadline_s=self._grant_read_s, agent_id=store.agent_id, scoped=True
+        )
+        try:
+            records, _ = await scoped.scan()
+        except (HookbusError, nats.errors.Error, nats.js.errors.Error) as exc:
+            log.warning("pending approvals of %r not counted (%s)", store.agent_id, exc)
+            return None
+        now = time.time()
+        pending = sum(
+            1 for r in records
+            if r.status == "pending" and r.metadata.get("kind") == "approval"
+            and (not isinstance(t := r.metadata.get("timeout_s"), int | float)
+                 or r.created_at + t > now)
+        )  # fmt: skip
+        if pending < self.max_pending:
+            return None
+        log.warning("agent %r has %d pending approvals: not asking more", store.agent_id, pending)
+        return (
+            f"quota: agent {store.agent_id!r} already has {pending} pending approvals (at most"
+            f" {self.max_pending}); answer or cancel them first"
+        )
 
     def _no_allowing_option(
         self, event: str, result: HookResult, handler: str, options: list[str]
@@ -378,8 +521,9 @@ class Approvals:
     async def _granted(
         self, event: str, result: HookResult, handler: str, *, budget_s: float
     ) -> HookResult | None:
-        """The allow of an "Allow always" grant for this handler's question, or None (no
-        session, no grant, or the grants bucket failed: then the human is asked)."""
+        """The allow of a verified "Allow always" grant for this handler's question, or None
+        (no session, no grant, a grant that fails `_grant_problem`, or the approvals bucket
+        failed: then the human is asked)."""
         data = _call_data(result)
         tool = _text(data.get("tool_name"))
         session, agent = _text(data.get("session_id")), _text(data.get("agent_id"))
@@ -387,43 +531,136 @@ class Approvals:
             return None
         try:
             grant = await self.grants.find(agent, session, event, handler, tool, budget_s=budget_s)
+            problem = None if grant is None else await self._grant_problem(grant, budget_s)
         except (HookbusError, nats.errors.Error, nats.js.errors.Error) as exc:
             # unavailable or refused: ask the human, never allow by accident
             log.warning("grant read failed (%s); asking instead", exc)
             return None
         if grant is None:
             return None
-        return self._answer(
+        if problem is not None:
+            log.warning(
+                "ignoring the grant %s: %s; asking instead", Grants.key(grant)[:200], problem
+            )
+            return None
+        decided = self._answer(
             result, allow=True,
             reason=f"allowed always for {tool or 'this call'} in session {session}"
-            f" (granted by {grant.label or 'an earlier approval'})",
+            f" (granted by {grant.approved_by} in {grant.label})",
         )  # fmt: skip
+        return msgspec.structs.replace(decided, approved_by=grant.approved_by)
 
-    @staticmethod
+    async def _grant_problem(self, grant: ApprovalGrant, budget_s: float) -> str | None:
+        """Why `grant` allows nothing (None: it holds). It must be live (``expires_at``),
+        name the approval it came from and its approver, that approver's proof must hold
+        its choice, the choice must allow and be an "always" one by the approval record's
+        ``allow_options``, and the record must be about the grant's scope."""
+        if grant.expires_at is None or grant.expires_at <= time.time():
+            return "it has expired" if grant.expires_at else "it carries no expiry"
+        if not grant.label or not grant.approved_by:
+            return "it names no approval or no approver"
+        store = self.records.for_agent(grant.agent_id)
+        got = await store.get(grant.label)
+        if got is None or got[0].metadata.get("kind") != "approval":
+            return f"no approval {grant.label!r} is on record"
+        meta = got[0].metadata
+        scope = {"event": grant.event, "handler": grant.handler, "tool_name": grant.tool,
+                 "session_id": grant.session_id, "agent_id": grant.agent_id}  # fmt: skip
+        differs = [k for k, v in scope.items() if meta.get(k) != v]
+        if differs:
+            return f"approval {grant.label!r} was about another {', '.join(differs)}"
+        proof = await self._proof(store, grant.label, grant.approved_by, budget_s)
+        if isinstance(proof, str):
+            return proof
+        if proof.choice != grant.choice:
+            return f"{grant.approved_by!r} answered {proof.choice!r}, not {grant.choice!r}"
+        if not (_record_allows(got[0], proof.choice) and _is_always(proof.choice)):
+            return f"{proof.choice!r} is not an allowing 'Allow always' answer"
+        return None
+
     async def _wait(
-        store: Suspensions, label: str, metadata: dict[str, Any], timeout_s: float | None
+        self, store: Suspensions, label: str, metadata: dict[str, Any], timeout_s: float | None
     ) -> ApprovalAnswer:
         """Create (or take over) the approval `label` and wait `timeout_s` seconds (None:
-        no limit) for its answer. Raises as `Suspensions.hook`."""
+        no limit) for its answer, resolving it from the first approver's proof meanwhile
+        (`_apply_proofs`). Raises as `Suspensions.hook`."""
         options = metadata["options"]
-        return await store.hook(
-            label,
-            payload=ApprovalAnswer,
-            metadata=metadata,
-            timeout_s=timeout_s,
-            schema={
-                "type": "object",
-                "properties": {"choice": {"enum": options}},
-                "required": ["choice"],
-            },
-            shared=True,  # a retried call (same call id) takes over the same approval
-            kind="approval",
-            span_attributes={
-                tn.HANDLER: metadata["handler"],
-                tn.GEN_AI_TOOL_NAME: metadata["tool_name"] or "",
-                tn.GEN_AI_CONVERSATION_ID: metadata["session_id"] or "",
-            },
+        key = store.records.key(label)
+        signal = store.watch.listen_proofs(key)
+        pump = asyncio.get_running_loop().create_task(
+            self._pump(store, label, options, signal), name=f"proofs of {label}"
         )
+        try:
+            return await store.hook(
+                label,
+                payload=ApprovalAnswer,
+                metadata=metadata,
+                timeout_s=timeout_s,
+                schema={
+                    "type": "object",
+                    "properties": {"choice": {"enum": options}},
+                    "required": ["choice"],
+                },
+                shared=True,  # a retried call (same call id) takes over the same approval
+                kind="approval",
+                span_attributes={
+                    tn.HANDLER: metadata["handler"],
+                    tn.GEN_AI_TOOL_NAME: metadata["tool_name"] or "",
+                    tn.GEN_AI_CONVERSATION_ID: metadata["session_id"] or "",
+                },
+            )
+        finally:
+            await stop_task(pump, "an approval's proof reads")
+            store.watch.unlisten_proofs(key, signal)
+
+    async def _pump(
+        self, store: Suspensions, label: str, options: list[str], signal: asyncio.Event
+    ) -> None:
+        """While the approval is waited on: at once, at each proof the watch delivers, and
+        every `proof_poll_s` seconds, resolve it from its first valid proof."""
+        while True:
+            signal.clear()
+            try:
+                if await self._apply_proofs(store, label, options):
+                    return
+            except (HookbusError, nats.errors.Error, nats.js.errors.Error) as exc:
+                log.info("approval %r: proofs not read (%r); trying again", label, exc)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._proof_poll_s):
+                    await signal.wait()
+
+    async def _apply_proofs(self, store: Suspensions, label: str, options: list[str]) -> bool:
+        """Resolve the pending approval `label` with its first proof in stream order whose
+        choice is one of `options` (compare-and-set: another decider applying the same
+        proofs writes the same answer). True once it is settled (by this or anyone)."""
+        got = await store.get(label)
+        if got is None:
+            return False
+        if got[0].status != "pending":
+            return True
+        answer = await first_proof(
+            store.records.kv, store.records.key(label),
+            lambda key, value: _valid_answer(key, value, label, store.agent_id, options),
+            deadline_s=self._grant_read_s,
+        )  # fmt: skip
+        if answer is None:
+            return False
+        with contextlib.suppress(AlreadySettledError):  # answered or closed meanwhile
+            await store.resolve_hook(label, msgspec.to_builtins(answer))
+        return True
+
+    async def _settled_by_proof(
+        self, result: HookResult, label: str, options: list[str], store: Suspensions
+    ) -> HookResult | None:
+        """The decision of an answer proven but not applied yet (applied now), or None."""
+        try:
+            if await self._apply_proofs(store, label, options):
+                got = await store.get(label)
+                if got is not None:
+                    return await self._from_record(result, got[0], options, store)
+        except (HookbusError, nats.errors.Error, nats.js.errors.Error) as exc:
+            log.warning("approval %r: proofs unreadable at the end of the wait (%s)", label, exc)
+        return None
 
     async def _callers_deadline(
         self, result: HookResult, label: str, options: list[str], store: Suspensions
@@ -431,6 +668,9 @@ class Approvals:
         """The caller's deadline ended the wait: an answer that landed meanwhile decides;
         otherwise deny and leave the approval pending (never its default: the human was not
         silent for the approval's time), so a retry of the call gets the answer."""
+        decided = await self._settled_by_proof(result, label, options, store)
+        if decided is not None:
+            return decided
         try:
             got = await store.get(label)
         except (HookbusError, nats.errors.Error, nats.js.errors.Error) as exc:
@@ -448,7 +688,11 @@ class Approvals:
     async def _timed_out(
         self, result: HookResult, label: str, options: list[str], store: Suspensions
     ) -> HookResult:
-        """Close the approval; if an answer won the race, it decides, not the clock."""
+        """Close the approval; if an answer won the race (or is proven), it decides, not
+        the clock."""
+        decided = await self._settled_by_proof(result, label, options, store)
+        if decided is not None:
+            return decided
         reason = f"{_TIMED_OUT}{result.approval_timeout}s; default {result.approval_default}"
         try:
             await store.cancel_hook(label, reason=f"{reason} applied")
@@ -511,8 +755,13 @@ class Approvals:
             return self._answer(result, allow=False, reason=f"answer refused: {problem}")
         allow = allows(choice, result.approval_allow_options)
         reason = f"{answer.answered_by} chose {choice!r}"
-        if allow and _is_always(choice) and _text(_call_data(result).get("session_id")) is None:
+        session = _text(_call_data(result).get("session_id"))
+        if allow and _is_always(choice) and session is None:
             reason += "; allowed this call only: the call has no session id to remember it for"
+        elif allow and _is_always(choice):
+            stored = await self._grant(result, answer, store, label)
+            if stored is not None:
+                reason += f"; {stored}"
         decided = self._answer(result, allow=allow, reason=reason)
         return msgspec.structs.replace(decided, approved_by=answer.answered_by)
 
@@ -525,8 +774,20 @@ class Approvals:
         """
         if not answer.answered_by:
             return "it names no approver"
+        proof = await self._proof(store, label, answer.answered_by, self._grant_read_s)
+        if isinstance(proof, str):
+            return proof
+        if proof.choice != answer.choice or proof.answered_by != answer.answered_by:
+            return f"{answer.answered_by!r} answered {proof.choice!r}, not {answer.choice!r}"
+        return None
+
+    @staticmethod
+    async def _proof(
+        store: Suspensions, label: str, approver: str, budget_s: float
+    ) -> ApprovalAnswer | str:
+        """The proof of `approver` for `label` in `store`'s bucket, or why there is none."""
         try:
-            key = approval_answer_key(label, store.agent_id, answer.answered_by)
+            key = approval_answer_key(label, store.agent_id, approver)
         except BadRequestError as exc:
             return str(exc)
         kv = store.records.kv
@@ -537,45 +798,56 @@ class Approvals:
             except nats.js.errors.KeyNotFoundError:
                 return None
 
-        value = await kv_retry(get, deadline_s=self._grant_read_s, what=f"reading {key[:80]}")
+        value = await kv_retry(get, deadline_s=budget_s, what=f"reading {key[:80]}")
         if value is None:
-            return f"no answer of approver {answer.answered_by!r} is on record"
+            return f"no answer of approver {approver!r} is on record"
         try:
             proof = decode(value, ApprovalAnswer)
         except HookbusError as exc:
-            return f"the answer of approver {answer.answered_by!r} is unreadable: {exc}"
-        if proof.choice != answer.choice or proof.answered_by != answer.answered_by:
-            return f"{answer.answered_by!r} answered {proof.choice!r}, not {answer.choice!r}"
-        return None
+            return f"the answer of approver {approver!r} is unreadable: {exc}"
+        if proof.answered_by != approver:
+            return f"the answer under approver {approver!r} names {proof.answered_by!r}"
+        return proof
 
     async def answer(
-        self, label: str, choice: str, *, agent_id: str | None, approver: str
+        self,
+        label: str,
+        choice: str,
+        *,
+        agent_id: str | None,
+        approver: str,
+        wait_s: float | None = None,
     ) -> ApprovalAnswer:
         """Answer the pending approval `label` of agent `agent_id` as `approver`.
 
-        First the answer proof is created under ``<agent>.<label>.<approver>`` (the key
-        only this approver's NATS user may write), then the approval record is resolved
-        with it (compare-and-set: one answer wins). An "Allow always" that won stores the
-        grant (agent from the record's key; session, event, handler, tool from the record).
+        The approver writes only its answer proof ``<agent>.<label>.<approver>`` (a key
+        only this approver's NATS user may write); the dispatcher waiting on the approval
+        (the decider) resolves the record from the first proof written, and stores the
+        grant of an allowing "Allow always". This waits up to `wait_s` seconds (default
+        `answer_wait_s`) for that.
 
         Returns:
-            The answer that decided the approval.
+            The answer that decided the approval (this one).
         Raises:
             SuspensionNotFoundError: no approval with this label for this agent.
-            AlreadySettledError: it was answered, cancelled or timed out first, or this
-                approver already answered it otherwise.
+            AlreadySettledError: it was answered (another approver's answer decided: the
+                message names it), cancelled or timed out first, or this approver already
+                answered it otherwise.
             ResolutionRejectedError: `choice` is not one of its options.
             BadRequestError: `approver` is empty or too long.
+            AnswerNotAppliedError: the answer is recorded but no dispatcher applied it
+                within the wait: it decides when the agent's dispatcher (or the
+                dispatcher service) reads the approval.
             HookbusTimeoutError: JetStream stayed unavailable (or this client's NATS user
                 may not write the proof: a refused publish is never acknowledged).
         """
-        store = self._suspensions.for_agent(agent_id)
+        store = self.records.for_agent(agent_id)
         got = await store.get(label)
         if got is None or got[0].metadata.get("kind") != "approval":
             raise SuspensionNotFoundError(f"no approval {label!r} for agent {agent_id!r}")
         record = got[0]
         if record.status != "pending":
-            raise AlreadySettledError(f"approval {label!r} is already {record.status}")
+            raise AlreadySettledError(f"approval {label!r} is already {_settled(record)}")
         options = list(record.metadata.get("options") or APPROVAL_DEFAULT_OPTIONS)
         if choice not in options:
             raise ResolutionRejectedError(f"choice {choice!r} is not one of the options {options}")
@@ -584,6 +856,7 @@ class Approvals:
         kv = store.records.kv
 
         async def prove() -> None:
+            nonlocal answer
             try:
                 await kv.create(key, encode(answer))
             except nats.js.errors.KeyWrongLastSequenceError:  # answered before (or a retry)
@@ -592,26 +865,80 @@ class Approvals:
                     raise AlreadySettledError(
                         f"{approver} already answered {label!r} with {earlier.choice!r}"
                     ) from None
+                answer = earlier
 
         await kv_retry(prove, deadline_s=self._grant_read_s, what=f"writing {key[:80]}")
-        await store.resolve_hook(label, msgspec.to_builtins(answer))
-        if _record_allows(record, choice) and _is_always(choice):
-            await self._grant(record, answer, agent_id, label)
-        return answer
+        return await self._applied(
+            store, label, answer, self.answer_wait_s if wait_s is None else wait_s
+        )
+
+    async def _applied(
+        self, store: Suspensions, label: str, answer: ApprovalAnswer, wait_s: float
+    ) -> ApprovalAnswer:
+        """Wait (at most `wait_s` seconds) until a decider settled `label`; see `answer`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        pause = 0.05
+        while True:
+            got = await store.get(label)
+            record = None if got is None else got[0]
+            if record is None:
+                raise SuspensionNotFoundError(f"approval {label!r} vanished")
+            if record.status == "cancelled":
+                raise AlreadySettledError(f"approval {label!r} was {_settled(record)} first")
+            if record.status == "resolved":
+                try:
+                    won = msgspec.convert(record.resolution, ApprovalAnswer)
+                except msgspec.ValidationError:
+                    won = None
+                if won is not None and (won.answered_by, won.choice) == (
+                    answer.answered_by, answer.choice,
+                ):  # fmt: skip
+                    return won
+                who = (
+                    "an unproven answer"
+                    if won is None
+                    else (f"{won.answered_by}'s answer {won.choice!r}")
+                )
+                raise AlreadySettledError(f"approval {label!r} was decided first by {who}")
+            if loop.time() >= deadline:
+                raise AnswerNotAppliedError(
+                    f"the answer {answer.choice!r} of {answer.answered_by} to approval {label!r}"
+                    f" is recorded, but no dispatcher applied it within {wait_s:g} s:"
+                    " it decides when the agent's dispatcher (or the dispatcher service) reads"
+                    " the approval, unless another approver answered first"
+                )
+            await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
+            pause = min(pause * 2, 0.5)
 
     async def _grant(
-        self, record: SuspensionRecord, answer: ApprovalAnswer, agent_id: str | None, label: str
-    ) -> None:
-        meta = record.metadata
+        self, result: HookResult, answer: ApprovalAnswer, store: Suspensions, label: str
+    ) -> str | None:
+        """Store the grant of an allowing "Allow always" `answer` to approval `label` (the
+        decider's write, with its lineage); None when stored, else why not (for the
+        reason)."""
+        got = await store.get(label)
+        if got is None:
+            return "not remembered: the approval record is gone"
+        meta = got[0].metadata
         session = _text(meta.get("session_id"))
         if session is None:
-            return  # nothing to remember it for; the dispatcher's reason says so
+            return None  # nothing to remember it for; the reason says so
+        answered = answer.answered_at or time.time()
         grant = ApprovalGrant(
-            agent_id=agent_id, session_id=session, event=str(meta.get("event") or "?"),
+            agent_id=store.agent_id, session_id=session, event=str(meta.get("event") or "?"),
             handler=str(meta.get("handler") or "?"), tool=_text(meta.get("tool_name")),
-            choice=answer.choice, label=label, granted_at=time.time(),
+            choice=answer.choice, label=label, granted_at=answered,
+            approved_by=answer.answered_by or "", expires_at=answered + self.grant_ttl_s,
         )  # fmt: skip
-        await self.grants.put(grant, budget_s=self._grant_read_s)
+        if grant.expires_at is not None and grant.expires_at <= time.time():
+            return None  # answered longer ago than a grant lives
+        try:
+            await self.grants.put(grant, budget_s=self._grant_read_s)
+        except (HookbusError, nats.errors.Error, nats.js.errors.Error) as exc:
+            log.warning("grant of approval %r not stored (%s)", label, exc)
+            return f"not remembered: the grant could not be stored ({type(exc).__name__})"
+        return None
 
     @staticmethod
     def _answer(result: HookResult, *, allow: bool, reason: str) -> HookResult:
@@ -623,6 +950,38 @@ class Approvals:
         return msgspec.structs.replace(
             result, action="continue", reason=reason, data=result.chained_data
         )
+
+
+def _is_grant_key(key: str) -> bool:
+    """Whether a key of the approvals bucket is a grant's (five tokens), not an approval
+    record's (two) or an answer proof's (three)."""
+    return key.count(".") == 4
+
+
+def _valid_answer(
+    key: str, value: bytes, label: str, agent_id: str | None, options: list[str]
+) -> ApprovalAnswer | None:
+    """The proof stored under `key` if it is a valid answer to approval `label`: it decodes,
+    its approver is the one its key names, and its choice is one of `options`."""
+    try:
+        answer = decode(value, ApprovalAnswer)
+        if not answer.answered_by:
+            return None
+        if approval_answer_key(label, agent_id, answer.answered_by) != key:
+            return None
+    except HookbusError:
+        return None
+    return answer if answer.choice in options else None
+
+
+def _settled(record: SuspensionRecord) -> str:
+    """How a settled approval record was settled, for an error message."""
+    if record.status == "cancelled" and record.reason:
+        return f"cancelled ({record.reason})"
+    if record.status == "resolved" and isinstance(record.resolution, dict):
+        who, choice = record.resolution.get("answered_by"), record.resolution.get("choice")
+        return f"resolved by {who or 'nobody named'}'s answer {choice!r}"
+    return record.status
 
 
 def joined_decision(asks: list[HookResult], decisions: list[HookResult]) -> HookResult:

@@ -26,9 +26,11 @@ from hookbus.schemas import (
     HandlerFailure,
     HookbusError,
     HookResult,
+    HookStatus,
     NotConnectedError,
     StandardEvents,
     SuspensionAbortedError,
+    SuspensionRecord,
     UnknownEventError,
     json_copy,
     json_safe,
@@ -36,11 +38,19 @@ from hookbus.schemas import (
 )
 from hookbus.schemas._handler_options import HandlerOptions
 
-from ._approvals import ApprovalGrant, Approvals, Grants, joined_decision
+from ._approvals import (
+    APPROVAL_LABEL_PREFIX,
+    MAX_APPROVAL_TIMEOUT_S,
+    ApprovalGrant,
+    Approvals,
+    Grants,
+    joined_decision,
+)
 from ._audit import DecisionLog, current_trace_id
 from ._calls import Failed, Outcome, call_local
 from ._fold import Fold
 from ._kv import ensure_buckets
+from ._records import SuspensionPage
 from ._router import EmitContext, Router
 from ._routes import LocalHandler, Route
 from ._suspensions import HookEventStream, PendingHook, RunScope, Suspensions
@@ -83,7 +93,13 @@ class HookDispatcher(StandardEvents):
         approvals: turn ``ask_user`` results into durable approvals and wait for the answer
             (needs a connection; without one, ask_user passes through as amplifier-core does).
         suspension_ttl_s: seconds a suspension record lives after its last write.
-        approval_ttl_s: seconds an "Allow always" grant lives.
+        approval_ttl_s: seconds an "Allow always" grant allows after its answer (written
+            into the grant as ``expires_at`` and checked when it is read; the approvals
+            bucket itself keeps records 7 days, the longest approval).
+        max_pending_approvals: pending approvals one agent may have at once (None: no
+            limit); a question beyond them is denied with a reason starting ``quota:``.
+        answer_wait_s: seconds `answer_approval` waits for the deciding dispatcher to apply
+            the answer (see `Approvals.answer`).
         strict_buckets: raise `BucketConfigError` at `start` when a bucket exists with
             another config (replicas, TTL, history) than asked; else a warning names it.
         agent_id: the agent this dispatcher acts as (its NATS user's identity, see
@@ -118,6 +134,8 @@ class HookDispatcher(StandardEvents):
         approvals: bool = True,
         suspension_ttl_s: float = 7 * 24 * 3600,
         approval_ttl_s: float = 24 * 3600,
+        max_pending_approvals: int | None = 16,
+        answer_wait_s: float = 5.0,
         strict_buckets: bool = False,
         agent_id: str | None = None,
         audit: bool = False,
@@ -138,9 +156,12 @@ class HookDispatcher(StandardEvents):
         self._approvals_on = approvals
         self._suspension_ttl_s = suspension_ttl_s
         self._approval_ttl_s = approval_ttl_s
+        self._max_pending_approvals = max_pending_approvals
+        self._answer_wait_s = answer_wait_s
         self._strict_buckets = strict_buckets
         self._suspensions: Suspensions | None = None
         self._approvals: Approvals | None = None
+        self._approvals_view: Approvals | None = None  # answering / listing, approvals off
         self.audit = audit
         """Whether `start` turns the decision audit trail on (set it before `start`)."""
         self._audit_retention = (audit_max_age_s, audit_max_bytes)
@@ -165,7 +186,7 @@ class HookDispatcher(StandardEvents):
             self._nc,
             replicas=self._bucket_replicas,
             suspension_ttl_s=self._suspension_ttl_s,
-            approval_ttl_s=self._approval_ttl_s if self._approvals_on else None,
+            approval_ttl_s=MAX_APPROVAL_TIMEOUT_S if self._approvals_on else None,
             strict=self._strict_buckets,
         )
         await self._router.start()
@@ -177,9 +198,7 @@ class HookDispatcher(StandardEvents):
             scoped=self._agent_id is not None,
         )
         if self._approvals_on:
-            self._approvals = await Approvals.open(
-                self._nc, self._suspensions, replicas=self._bucket_replicas
-            )
+            self._approvals = await self._open_approvals()
         if self.audit and self._decisions is None:
             max_age_s, max_bytes = self._audit_retention
             decisions = DecisionLog(
@@ -205,6 +224,10 @@ class HookDispatcher(StandardEvents):
     async def close(self) -> None:
         """Stop watching and unsubscribe (idempotent). The connection stays the caller's."""
         await self._router.close()
+        for approvals in (self._approvals, self._approvals_view):
+            if approvals is not None:
+                await approvals.close()
+        self._approvals = self._approvals_view = None
         if self._suspensions is not None:
             await self._suspensions.close()
         if self._decisions is not None:
@@ -601,7 +624,7 @@ class HookDispatcher(StandardEvents):
         """Resolve `label` of agent `agent_id` (default: this dispatcher's agent) from any
         process, or pre-register the resolution; see `Suspensions.resolve_hook`
         (`ResolutionRejectedError`, `AlreadySettledError`). An approval is answered with
-        `answer_approval` instead: a resolution without an approver's proof denies."""
+        `answer_approval` instead (approval records are not in this store)."""
         await self._store(agent_id).resolve_hook(label, value)
 
     async def cancel_hook(
@@ -612,14 +635,22 @@ class HookDispatcher(StandardEvents):
         await self._store(agent_id).cancel_hook(label, reason=reason)
 
     async def answer_approval(
-        self, label: str, choice: str, *, approver: str, agent_id: str | None = None
+        self,
+        label: str,
+        choice: str,
+        *,
+        approver: str,
+        agent_id: str | None = None,
+        wait_s: float | None = None,
     ) -> ApprovalAnswer:
         """Answer the pending approval `label` of agent `agent_id` (default: this
-        dispatcher's agent) as `approver`; see `Approvals.answer` for the proof it writes
-        and the errors raised. Needs an approver's NATS permissions on a secured server."""
-        approvals = self._approvals or await self._open_approvals()
+        dispatcher's agent) as `approver`: write the answer proof and wait up to `wait_s`
+        seconds (default: the dispatcher's `answer_wait_s`) for the deciding dispatcher to
+        apply it; see `Approvals.answer` for the errors raised. Needs an approver's NATS
+        permissions on a secured server."""
+        approvals = await self._approvals_store()
         return await approvals.answer(
-            label, choice, agent_id=self._agent(agent_id), approver=approver
+            label, choice, agent_id=self._agent(agent_id), approver=approver, wait_s=wait_s
         )
 
     def _agent(self, agent_id: str | None = None) -> str | None:
@@ -680,16 +711,58 @@ class HookDispatcher(StandardEvents):
         """Revoke one grant (an `ApprovalGrant` or its key); see `Grants.revoke`."""
         await (await self._grants()).revoke(grant)
 
+    async def approval_page(
+        self, *, status: HookStatus | None = "pending", prefix: str | None = APPROVAL_LABEL_PREFIX
+    ) -> SuspensionPage:
+        """Approval records in the approvals bucket (pending ones by default), oldest
+        first; also with approvals off (an approver's or operator's dispatcher). A record
+        written elsewhere (e.g. an ``approval:`` label in the suspensions bucket) is not an
+        approval and is not listed.
+
+        Raises:
+            HookbusTimeoutError: JetStream stayed unavailable.
+        """
+        approvals = await self._approvals_store()
+        return await approvals.records.page(status=status, prefix=prefix)
+
+    async def cancel_approval(
+        self, label: str, *, reason: str | None = None, agent_id: str | None = None
+    ) -> None:
+        """Cancel the pending approval `label` of agent `agent_id` (default: this
+        dispatcher's agent): its waiter denies with the reason. Writes the approval record:
+        on a secured server, a dispatcher's or admin's NATS user only (an approver answers
+        instead). Raises as `Suspensions.cancel_hook`."""
+        approvals = await self._approvals_store()
+        await approvals.records.for_agent(self._agent(agent_id)).cancel_hook(label, reason=reason)
+
+    async def get_approval(
+        self, label: str, *, agent_id: str | None = None
+    ) -> tuple[SuspensionRecord, int] | None:
+        """The approval record `label` of agent `agent_id` (default: this dispatcher's
+        agent) in the approvals bucket and its revision, or None; see `Suspensions.get`."""
+        approvals = await self._approvals_store()
+        return await approvals.records.for_agent(self._agent(agent_id)).get(label)
+
     async def _grants(self) -> Grants:
         """The grants store, also with approvals off (an operator's dispatcher)."""
+        return (await self._approvals_store()).grants
+
+    async def _approvals_store(self) -> Approvals:
+        """The approvals (records, proofs, grants), also with approvals off."""
         if self._approvals is not None:
-            return self._approvals.grants
-        return (await self._open_approvals()).grants
+            return self._approvals
+        if self._approvals_view is None:
+            self._approvals_view = await self._open_approvals()
+        return self._approvals_view
 
     async def _open_approvals(self) -> Approvals:
         if self._nc is None:
             raise NotConnectedError("approvals need a started dispatcher with a connection")
-        return await Approvals.open(self._nc, self.suspensions, replicas=self._bucket_replicas)
+        return await Approvals.open(
+            self._nc, self.suspensions, replicas=self._bucket_replicas,
+            grant_ttl_s=self._approval_ttl_s, answer_wait_s=self._answer_wait_s,
+            max_pending=self._max_pending_approvals,
+        )  # fmt: skip
 
     # -- internals -----------------------------------------------------------------------
     @traced_call

@@ -263,7 +263,7 @@ async def ensure_buckets(
     *,
     replicas: int = 1,
     suspension_ttl_s: float = 7 * 24 * 3600,
-    approval_ttl_s: float | None = 24 * 3600,
+    approval_ttl_s: float | None = 7 * 24 * 3600,
     strict: bool = False,
     deadline_s: float = 30.0,
 ) -> None:
@@ -273,8 +273,10 @@ async def ensure_buckets(
     Args:
         replicas: JetStream replicas of each bucket (1 on a single server, 3 on a cluster).
         suspension_ttl_s: max age of a suspension record after its last write, seconds.
-        approval_ttl_s: max age of an "Allow always" grant, seconds; None: no approvals
-            bucket (approvals off).
+        approval_ttl_s: max age of an approval record, answer proof or grant in the
+            approvals bucket after its last write, seconds (7 days: the longest approval; a
+            grant's own lifetime is its ``expires_at``); None: no approvals bucket
+            (approvals off).
         strict: raise instead of warning when a bucket differs.
     Raises:
         BucketConfigError: `strict` and a bucket differs from what was asked, or

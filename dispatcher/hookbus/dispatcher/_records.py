@@ -58,14 +58,15 @@ from hookbus.schemas import (
     agent_token,
     decode,
     encode,
-    is_answer_key,
     label_from_key,
     suspension_key,
 )
 
 from ._kv import is_transient, kv_retry, release_consumer, subscribe_keys
 
-__all__ = ["Entry", "IfDeleted", "RecordStore", "SuspensionPage", "parse_record"]
+__all__ = [
+    "Entry", "IfDeleted", "RecordStore", "SuspensionPage", "is_record_key", "parse_record",
+]  # fmt: skip
 
 log = logging.getLogger("hookbus.dispatcher")
 
@@ -118,6 +119,13 @@ class SuspensionPage:
     skipped: int = 0
     total: int = 0
     skipped_keys: list[str] = field(default_factory=list)
+
+
+def is_record_key(key: str) -> bool:
+    """Whether a bucket key is a record's (``<agent>.<label>``, two tokens), not an
+    approver's answer proof (``<agent>.<label>.<approver>``) or an "Allow always" grant
+    (five tokens, in the approvals bucket), which the record store ignores."""
+    return key.count(".") == 1
 
 
 def parse_record(key: str, value: bytes | None) -> SuspensionRecord | str:
@@ -473,8 +481,8 @@ class RecordStore:
             key = msg.subject[len(prefix) :]
             meta = msg.metadata
             headers = msg.headers or {}
-            if is_answer_key(key):
-                pass  # an approver's answer proof, not a record
+            if not is_record_key(key):
+                pass  # an approver's answer proof, or a grant (approvals bucket): not a record
             elif headers.get(KV_OP) in (KV_DEL, KV_PURGE) or _MARKER_REASON in headers:
                 records.pop(key, None)
                 bad.pop(key, None)

@@ -185,15 +185,20 @@ class Suspensions:
         """This process's waiter id (the ``owner`` of the records it waits on)."""
         return None if self._leases is None else self._leases.waiter_id
 
-    async def close(self) -> None:
+    @property
+    def leases(self) -> Leases | None:
+        """This process's waiter lease (another store of the process may share it)."""
+        return self._leases
+
+    async def close(self, *, leases: bool = True) -> None:
         """Store the "consumed" marks still in flight (at most 5 s), stop the shared watch
-        and the lease heartbeat (waits in progress keep their records; their lease
-        expires). Idempotent."""
+        and, with `leases`, the lease heartbeat (waits in progress keep their records; their
+        lease expires). Idempotent."""
         await self._deliveries.flush(timeout_s=5.0)
         watching, self._watching = self._watching, None
         await stop_task(watching, "the suspension watch's start")  # else it starts after
         await self.watch.close()
-        if self._leases is not None:
+        if leases and self._leases is not None:
             await self._leases.close()
 
     # -- reading ---------------------------------------------------------------------------

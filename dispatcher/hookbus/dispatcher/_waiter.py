@@ -37,7 +37,7 @@ from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 from hookbus.schemas import SuspensionRecord, lease_key, leases_bucket_config
 
 from ._kv import kv_retry, open_bucket, release_consumer, stream_sequence, subscribe_keys
-from ._records import Entry, RecordStore, parse_record
+from ._records import Entry, RecordStore, is_record_key, parse_record
 from ._tasks import stop_task
 
 __all__ = ["RECENT_KEYS", "Leases", "SharedWatch", "Slot"]
@@ -133,6 +133,22 @@ class SharedWatch:
         self._recheck = False
         self._cursor = 0
         self._recent: dict[str, Entry | None] = {}
+        self._proofs: dict[str, set[asyncio.Event]] = {}
+
+    def listen_proofs(self, key: str) -> asyncio.Event:
+        """An event set each time the watch delivers an answer proof of the record `key`
+        (``<key>.<approver>``); `unlisten_proofs` when done. A proof written while the
+        watch was down is not signalled: the listener reads the proofs itself too."""
+        event = asyncio.Event()
+        self._proofs.setdefault(key, set()).add(event)
+        return event
+
+    def unlisten_proofs(self, key: str, event: asyncio.Event) -> None:
+        events = self._proofs.get(key)
+        if events is not None:
+            events.discard(event)
+            if not events:
+                del self._proofs[key]
 
     @property
     def consumers(self) -> int:
@@ -202,6 +218,11 @@ class SharedWatch:
 
     async def _on_msg(self, msg: Any) -> None:
         key = msg.subject[len(self._prefix) :]
+        if not is_record_key(key):  # a proof (its record's listeners hear of it) or a grant
+            if key.count(".") == 2:
+                for event in self._proofs.get(key.rpartition(".")[0], ()):
+                    event.set()
+            return
         headers = msg.headers
         deleted = headers is not None and (
             headers.get(KV_OP) in (KV_DEL, KV_PURGE) or _MARKER_REASON in headers

@@ -1,11 +1,13 @@
 """Wire types of approvals: the metadata of an approval suspension, and the grants ("Allow
 always") kept in `APPROVALS_BUCKET`.
 
-A grant is stored under `grant_key` (agent, session, event, handler, tool) when a human
-answers an approval with "Allow always" for a call that carries a session id. It allows
-every later call of that tool, whatever its input, by the same agent in the same session,
-when the same handler of the same event asks again; it lasts the bucket's TTL (24 h by
-default) or until revoked.
+A grant is stored under `grant_key` (agent, session, event, handler, tool) by the
+dispatcher that decided an approval, when an approver answered it with an allowing "Allow
+always" for a call that carries a session id. It allows every later call of that tool,
+whatever its input, by the same agent in the same session, when the same handler of the
+same event asks again, until its `ApprovalGrant.expires_at` (24 h after the answer by
+default) or until revoked; each use checks it against the approval and the approver's
+proof it names.
 """
 
 from __future__ import annotations
@@ -37,6 +39,12 @@ class ApprovalGrant(_Wire):
     """The label of the approval that granted it."""
     granted_at: float = 0.0
     """Seconds since the Unix epoch."""
+    approved_by: str = ""
+    """The approver whose answer proof (``<agent>.<label>.<approved_by>`` in the approvals
+    bucket) granted it."""
+    expires_at: float | None = None
+    """Seconds since the Unix epoch after which it allows nothing (a grant without it
+    allows nothing either)."""
 
 
 class ApprovalMetadata(_Wire, omit_defaults=False):

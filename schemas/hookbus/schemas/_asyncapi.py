@@ -243,13 +243,14 @@ def _messages() -> dict[str, Any]:
         ),
         "ApprovalRecord": _message(
             "ApprovalRecord",
-            "An approval's suspension record (label `approval:...`): its "
+            "An approval record (label `approval:...`, in the approvals bucket): its "
             "metadata is an ApprovalMetadata, its resolution an ApprovalAnswer.",
             headers=_KV_HEADERS,
         ),
         "ApprovalAnswer": _message(
             "ApprovalAnswer",
-            "An approver's answer proof: written once, by that approver only.",
+            "An approver's answer proof: written once, by that approver only (beside an "
+            "approval record, or a tool approval's suspension record).",
             headers=_KV_HEADERS,
         ),
         "ApprovalGrant": _message(
@@ -436,24 +437,48 @@ def _channels() -> dict[str, Any]:
             f"Suspension records in KV bucket `{suspensions.bucket}`, key "
             f"`{suspension_key_pattern}`; each write a compare-and-set on the revision. "
             "Records expire the bucket's TTL after their last write.",
-            ["SuspensionRecord", "ApprovalRecord"],
+            ["SuspensionRecord"],
             _params("agent", "label"),
             kv=_bucket_extension(suspensions, suspension_key_pattern),
         ),
         "answerProofs": _channel(
             _kv(suspensions.bucket, answer_key_pattern),
-            f"Approval answer proofs, in the suspensions bucket under key "
+            f"Tool approval answer proofs, in the suspensions bucket under key "
             f"`{answer_key_pattern}` (three segments; a record has two). Written once "
-            "(create) by the approver, whose NATS user alone may write its key; a resolution "
-            "without a matching proof denies.",
+            "(create) by the approver, whose NATS user alone may write its key; the waiting "
+            "agent resolves the tool approval from the first one, and a resolution without a "
+            "matching proof is refused.",
             ["ApprovalAnswer"],
             _params("agent", "label", "approver"),
             kv=_bucket_extension(suspensions, answer_key_pattern),
         ),
+        "approvalsBucket": _channel(
+            _kv(approvals.bucket, suspension_key_pattern),
+            f"Approval records in KV bucket `{approvals.bucket}`, key "
+            f"`{suspension_key_pattern}`, written only by the dispatcher that asks (each write "
+            "a compare-and-set on the revision); they expire the bucket's TTL (7 days) after "
+            "their last write.",
+            ["ApprovalRecord"],
+            _params("agent", "label"),
+            kv=_bucket_extension(approvals, suspension_key_pattern),
+        ),
+        "approvalAnswerProofs": _channel(
+            _kv(approvals.bucket, answer_key_pattern),
+            f"Approval answer proofs, in the approvals bucket under key "
+            f"`{answer_key_pattern}` (three segments). Written once (create) by the approver, "
+            "whose NATS user alone may write its key; the deciding dispatcher resolves the "
+            "approval from the first proof in stream order, and a resolution without a "
+            "matching proof denies.",
+            ["ApprovalAnswer"],
+            _params("agent", "label", "approver"),
+            kv=_bucket_extension(approvals, answer_key_pattern),
+        ),
         "grantsBucket": _channel(
             _kv(approvals.bucket, grant_key_pattern),
             f'"Allow always" grants in KV bucket `{approvals.bucket}`, key '
-            f"`{grant_key_pattern}`; a value that does not match its key is ignored.",
+            f"`{grant_key_pattern}`, written by the dispatcher that applied the answer, with "
+            "its lineage (approval label, approver, expiry); a value that does not match its "
+            "key, or whose approver's proof does not hold, is ignored.",
             ["ApprovalGrant"],
             _params("grantAgent", "session", "event", "handler", "tool"),
             kv=_bucket_extension(approvals, grant_key_pattern),
@@ -618,19 +643,38 @@ def _operations() -> dict[str, Any]:
         "writeSuspension": _op(
             "send",
             "suspensionsBucket",
-            ["SuspensionRecord", "ApprovalRecord"],
+            ["SuspensionRecord"],
             "A waiter, resolver or canceller writes a suspension record.",
             "KV create (absent -> pending or pre-registered) or update with the last "
             "revision; every write has a fresh `write_id`.",
             role="dispatcher, resolver",
         ),
+        "writeApproval": _op(
+            "send",
+            "approvalsBucket",
+            ["ApprovalRecord"],
+            "The deciding dispatcher asks, resolves (from the first answer proof) or closes "
+            "an approval.",
+            "KV create (absent -> pending) or update with the last revision; every write has "
+            "a fresh `write_id`.",
+            role="dispatcher",
+        ),
+        "proveApprovalAnswer": _op(
+            "send",
+            "approvalAnswerProofs",
+            ["ApprovalAnswer"],
+            "An approver answers an approval.",
+            "KV create of the proof under the approver's own key; the deciding dispatcher "
+            "then resolves the record with it.",
+            role="approver",
+        ),
         "proveAnswer": _op(
             "send",
             "answerProofs",
             ["ApprovalAnswer"],
-            "An approver answers an approval.",
-            "KV create of the proof under the approver's own key, then the record's "
-            "resolution (the same ApprovalAnswer) by compare-and-set.",
+            "An approver answers a tool approval.",
+            "KV create of the proof under the approver's own key; the waiting agent then "
+            "resolves the record with it.",
             role="approver",
         ),
         "storeGrant": _op(

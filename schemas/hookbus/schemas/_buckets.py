@@ -63,11 +63,14 @@ def leases_bucket_config(*, lease_s: float = 15.0, replicas: int = 1) -> KeyValu
     )
 
 
-def approvals_bucket_config(*, ttl_s: float = 24 * 3600, replicas: int = 1) -> KeyValueConfig:
-    """The `APPROVALS_BUCKET` config: "Allow always" grants, kept `ttl_s` seconds."""
+def approvals_bucket_config(*, ttl_s: float = 7 * 24 * 3600, replicas: int = 1) -> KeyValueConfig:
+    """The `APPROVALS_BUCKET` config: approval records (``<agent>.<label>``), the approvers'
+    answer proofs (``<agent>.<label>.<approver>``) and "Allow always" grants (five tokens,
+    see `grant_key`), each kept `ttl_s` seconds after its last write (7 days: the longest
+    approval). A grant's own lifetime is its ``expires_at``, checked when it is read."""
     return KeyValueConfig(
         bucket=APPROVALS_BUCKET,
-        description='hookbus "Allow always" grants per session, handler and tool',
+        description='hookbus approvals, answer proofs and "Allow always" grants',
         history=1,
         ttl=ttl_s,
         replicas=replicas,

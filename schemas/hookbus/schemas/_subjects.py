@@ -362,9 +362,10 @@ def label_from_key(key: str) -> str:
 
 
 def approval_answer_key(label: str, agent_id: str | None, approver: str) -> str:
-    """Key of an approver's answer proof in `SUSPENSIONS_BUCKET`:
-    ``<agent>.<label>.<approver>``. Only that approver's NATS user may write it, so it
-    proves who answered the approval `label` of agent `agent_id`.
+    """Key of an approver's answer proof: ``<agent>.<label>.<approver>``, beside the record
+    it answers (an approval's in `APPROVALS_BUCKET`, a tool approval's in
+    `SUSPENSIONS_BUCKET`). Only that approver's NATS user may write it, so it proves who
+    answered `label` of agent `agent_id`.
 
     Raises:
         BadRequestError: a name is empty or too long.
@@ -373,7 +374,8 @@ def approval_answer_key(label: str, agent_id: str | None, approver: str) -> str:
 
 
 def is_answer_key(key: str) -> bool:
-    """Whether a `SUSPENSIONS_BUCKET` key is an answer proof (three segments), not a record."""
+    """Whether a key of `SUSPENSIONS_BUCKET` or `APPROVALS_BUCKET` is an answer proof (three
+    segments), not a record (two) or a grant (five)."""
     return key.count(".") == 2
 
 

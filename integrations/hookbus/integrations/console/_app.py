@@ -20,7 +20,12 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Lifespan, Message, Receive, Scope, Send
 
-from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher, describe_handlers
+from hookbus.dispatcher import (
+    APPROVAL_LABEL_PREFIX,
+    AnswerNotAppliedError,
+    HookDispatcher,
+    describe_handlers,
+)
 from hookbus.schemas import (
     AlreadySettledError,
     BadRequestError,
@@ -155,6 +160,7 @@ _ERRORS: tuple[tuple[type[HookbusError], int, str], ...] = (
     (AlreadySettledError, 409, "already_settled"),
     (ResolutionRejectedError, 422, "rejected"),
     (BadRequestError, 400, "bad_request"),
+    (AnswerNotAppliedError, 504, "not_applied_yet"),
     (HookbusTimeoutError, 503, "unavailable"),
     (NotConnectedError, 503, "unavailable"),
 )
@@ -278,7 +284,7 @@ def console_app(
         return response
 
     async def approvals(request: Request, session: Session) -> Response:
-        page = await dispatcher.suspensions.page(status="pending", prefix=APPROVAL_LABEL_PREFIX)
+        page = await dispatcher.approval_page(status="pending", prefix=APPROVAL_LABEL_PREFIX)
         items = [approval_item(r) for r in page.records if r.metadata.get("kind") == "approval"]
         return _json({"now": time.time(), "approvals": items, "skipped": page.skipped})
 

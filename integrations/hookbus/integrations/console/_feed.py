@@ -1,14 +1,15 @@
-"""The console's live feed: what changes in the suspensions and approvals buckets, and new
-audit trail records, fanned out to every open page (server-sent events).
+"""The console's live feed: what changes in the approvals bucket, and new audit trail
+records, fanned out to every open page (server-sent events).
 
 One process holds one feed, whatever the number of pages:
 
-- a KV watch of ``hookbus_suspensions`` (an ordered consumer delivering new writes only):
-  every write of an approval record becomes an ``approval`` event with the record as the
-  page shows it (`approval_item`), so a new pending approval reaches the page as soon as
-  JetStream delivers it; a deleted record becomes ``approval_removed``;
-- a KV watch of ``hookbus_approvals``: a stored or revoked grant becomes ``grant`` /
-  ``grant_removed``;
+- a KV watch of ``hookbus_approvals`` (an ordered consumer delivering new writes only):
+  every write of an approval record (``<agent>.<label>``) becomes an ``approval`` event
+  with the record as the page shows it (`approval_item`), so a new pending approval
+  reaches the page as soon as JetStream delivers it; a deleted record becomes
+  ``approval_removed``; a stored or revoked grant (five tokens) becomes ``grant`` /
+  ``grant_removed``; answer proofs (three tokens) are not shown. An ``approval:`` record
+  in the suspensions bucket is not an approval and is never shown;
 - a subscription to ``hookbus.v1.decisions.*``: each new audit record becomes ``decision``
   (only when the audit trail is on, and this NATS user may hear it).
 
@@ -37,7 +38,6 @@ from hookbus.dispatcher._records import parse_record
 from hookbus.schemas import (
     APPROVALS_BUCKET,
     DECISIONS_WILDCARD,
-    SUSPENSIONS_BUCKET,
     ApprovalGrant,
     DecisionRecord,
     HookbusError,
@@ -142,8 +142,7 @@ class Feed:
         self._check_s = check_s
         self._queue_size = queue_size
         self._listeners: set[Listener] = set()
-        self._suspensions = _Watch(nc, SUSPENSIONS_BUCKET, self._on_suspension)
-        self._grants = _Watch(nc, APPROVALS_BUCKET, self._on_grant)
+        self._approvals = _Watch(nc, APPROVALS_BUCKET, self._on_approvals)
         self._decisions: Subscription | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -155,8 +154,7 @@ class Feed:
                 dispatcher, which creates them, first).
         """
         harden_connection(self._nc)  # the flush below must follow the subscription
-        await self._suspensions.open()
-        await self._grants.open()
+        await self._approvals.open()
         self._decisions = await self._nc.subscribe(DECISIONS_WILDCARD, cb=self._on_decision)
         await self._nc.flush()
         self._task = asyncio.get_running_loop().create_task(self._check_loop())
@@ -168,8 +166,7 @@ class Feed:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self._suspensions.close()
-        await self._grants.close()
+        await self._approvals.close()
         sub, self._decisions = self._decisions, None
         if sub is not None:
             with contextlib.suppress(Exception):
@@ -197,12 +194,14 @@ class Feed:
     async def _check_loop(self) -> None:
         while True:
             await asyncio.sleep(self._check_s)
-            healthy = [await w.healthy() for w in (self._suspensions, self._grants)]
-            if not all(healthy):
+            if not await self._approvals.healthy():
                 self.publish(_RESYNC)
 
-    async def _on_suspension(self, msg: Msg) -> None:
-        key = self._suspensions.key(msg)
+    async def _on_approvals(self, msg: Msg) -> None:
+        key = self._approvals.key(msg)
+        if key.count(".") == 4:
+            await self._on_grant(key, msg)
+            return
         if is_answer_key(key):
             return  # an approver's answer proof
         try:
@@ -218,8 +217,7 @@ class Feed:
         if isinstance(record, SuspensionRecord) and record.metadata.get("kind") == "approval":
             self.publish(("approval", approval_item(record)))
 
-    async def _on_grant(self, msg: Msg) -> None:
-        key = self._grants.key(msg)
+    async def _on_grant(self, key: str, msg: Msg) -> None:
         if _deleted(msg):
             self.publish(("grant_removed", {"key": key}))
             return

@@ -1,0 +1,96 @@
+"""Answer proofs: the keys ``<agent>.<label>.<approver>`` beside a record, which only that
+approver's NATS user may write, read back in the order they were written.
+
+Whoever decides from proofs (the dispatcher waiting on an approval, an agent waiting on a
+tool approval) takes the FIRST proof in stream order whose value is acceptable: two
+deciders reading the same proofs take the same one, whichever of them writes the record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from nats.js.api import DeliverPolicy
+from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
+
+from ._kv import kv_retry, release_consumer, subscribe_keys
+
+__all__ = ["first_proof", "read_proofs"]
+
+T = TypeVar("T")
+
+_MARKER_REASON = "Nats-Marker-Reason"
+
+
+async def read_proofs(
+    kv: KeyValue, record_key: str, *, deadline_s: float
+) -> list[tuple[str, bytes]]:
+    """Every live proof of the record `record_key` as ``(key, value)``, in stream order
+    (a deleted proof is left out).
+
+    Raises:
+        HookbusTimeoutError: JetStream stayed unavailable for `deadline_s` seconds.
+    """
+    return await kv_retry(
+        lambda: _read_once(kv, record_key, deadline_s),
+        deadline_s=deadline_s,
+        what=f"reading the answers of {record_key[:80]}",
+    )
+
+
+async def _read_once(kv: KeyValue, record_key: str, deadline_s: float) -> list[tuple[str, bytes]]:
+    prefix = kv._pre  # type: ignore[attr-defined]
+    found: dict[str, tuple[int, bytes]] = {}
+    processed: dict[str, int] = {}
+    maybe_done = asyncio.Event()
+
+    async def on_msg(msg: Any) -> None:
+        key = msg.subject[len(prefix) :]
+        headers = msg.headers or {}
+        meta = msg.metadata
+        if headers.get(KV_OP) in (KV_DEL, KV_PURGE) or _MARKER_REASON in headers:
+            found.pop(key, None)
+        else:
+            found[key] = (meta.sequence.stream, msg.data or b"")
+        processed[meta.consumer] = max(processed.get(meta.consumer, 0), meta.sequence.consumer)
+        if meta.num_pending == 0:
+            maybe_done.set()
+
+    sub = await subscribe_keys(
+        kv, f"{record_key}.*", cb=on_msg, deliver_policy=DeliverPolicy.ALL,
+        inactive_threshold_s=30.0,
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(deadline_s):
+            while True:
+                maybe_done.clear()
+                info = await sub.consumer_info()
+                if info.num_pending == 0 and info.delivered.consumer_seq <= processed.get(
+                    info.name, 0
+                ):
+                    break
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.25):
+                        await maybe_done.wait()
+    finally:
+        await release_consumer(sub)
+    return [(key, value) for key, (_, value) in sorted(found.items(), key=lambda kv_: kv_[1][0])]
+
+
+async def first_proof(
+    kv: KeyValue,
+    record_key: str,
+    accept: Callable[[str, bytes], T | None],
+    *,
+    deadline_s: float,
+) -> T | None:
+    """The first proof of `record_key` in stream order that `accept` turns into a value
+    (`accept(key, value)` returns None for a proof it refuses), or None."""
+    for key, value in await read_proofs(kv, record_key, deadline_s=deadline_s):
+        got = accept(key, value)
+        if got is not None:
+            return got
+    return None
