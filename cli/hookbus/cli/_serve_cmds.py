@@ -253,6 +253,30 @@ def worker(
     type=click.IntRange(min=1),
     help="Emit requests served at once by this replica; more are refused 'busy' at once.",
 )
+@click.option(
+    "--agent-max-in-flight",
+    default=DispatcherService.AGENT_MAX_IN_FLIGHT,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Requests of one agent served at once by this replica; more are refused 'busy' at"
+    " once, so one agent cannot take the whole --max-concurrency (0: no per-agent bound).",
+)
+@click.option(
+    "--agent-rate",
+    "agent_rate_per_s",
+    default=DispatcherService.AGENT_RATE_PER_S,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Requests per second one agent may send to this replica (a token bucket); more"
+    " are refused 'quota' at once (0: no rate limit).",
+)
+@click.option(
+    "--agent-burst",
+    default=DispatcherService.AGENT_BURST,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Requests one agent may send at once after a pause (the token bucket's size).",
+)
 @grace_period_option
 @bucket_replicas_option
 @click.option(
@@ -280,6 +304,9 @@ def dispatcher_cmd(
     conn: ConnectionSettings,
     otlp_endpoint: str | None,
     max_concurrency: int,
+    agent_max_in_flight: int,
+    agent_rate_per_s: float,
+    agent_burst: int,
     grace_s: float,
     bucket_replicas: int,
     suspension_ttl_s: float,
@@ -315,8 +342,10 @@ def dispatcher_cmd(
             audit_max_bytes=audit_max_bytes,
         )
         service = DispatcherService(
-            dispatcher, nc, max_concurrency=max_concurrency, grace_s=grace_s
-        )
+            dispatcher, nc, max_concurrency=max_concurrency, grace_s=grace_s,
+            agent_max_in_flight=agent_max_in_flight or None,
+            agent_rate_per_s=agent_rate_per_s or None, agent_burst=agent_burst,
+        )  # fmt: skip
         try:
             await service.start()
         except HookbusError as exc:  # a bucket that differs (strict), JetStream down
@@ -327,7 +356,9 @@ def dispatcher_cmd(
         click.echo(
             f"dispatcher serving {EMIT_SERVICE_WILDCARD} and {COLLECT_SERVICE_WILDCARD}"
             f" at {_redacted(url)} (queue group {DISPATCHER_QUEUE_GROUP}, concurrency"
-            f" {max_concurrency}, {handlers} handler(s) declared for {len(routes)} event(s),"
+            f" {max_concurrency}, per agent {agent_max_in_flight or 'unbounded'} in flight and"
+            f" {f'{agent_rate_per_s:g}/s burst {agent_burst}' if agent_rate_per_s else 'no rate'},"
+            f" {handlers} handler(s) declared for {len(routes)} event(s),"
             f" audit {'on' if audit else 'off'}, grace {grace_s:g} s, loop {running_loop()};"
             " Ctrl-C drains and stops)",
             err=True,

@@ -5,10 +5,18 @@ An agent in any language emits with one plain NATS request and a JSON body:
 an `EmitReply`. Replicas share the load in the `DISPATCHER_QUEUE_GROUP` queue group.
 
 Every request gets exactly one reply, never silence: the result, or a `WireError`. The
-retryable ones (``busy``: over the concurrency bound, refused at once; ``unavailable``:
-shutting down, or the bus is unreachable) mean the agent may send the same request again,
-to this or another replica; with the same ``idempotency_key`` a retried emit finds its
-approval instead of asking twice.
+retryable ones (``busy``: over the replica's concurrency bound or the agent's in-flight
+limit, refused at once; ``quota``: the agent is over its request rate, refused at once;
+``unavailable``: shutting down, or the bus is unreachable) mean the agent may send the same
+request again, to this or another replica (after a pause, for ``quota``); with the same
+``idempotency_key`` a retried emit finds its approval instead of asking twice.
+
+Each agent (the subject's agent token; every request on the no-agent subject ``=`` counts
+as one agent) has its own bounds on a replica: requests in flight (`agent_max_in_flight`)
+and a token bucket of requests per second (`agent_rate_per_s`, `agent_burst`). A request
+past them is answered at once and never reaches a handler, so one agent flooding a replica
+holds at most its in-flight limit of the replica's `max_concurrency` and no other agent's
+request waits behind it.
 
 Each replica is a service of the NATS services API (``nats.micro``) named
 ``hookbus-dispatcher`` with two endpoints, ``emit`` and ``emit_and_collect``: ``$SRV.INFO``
@@ -52,6 +60,7 @@ from hookbus.schemas import (
     WireFormatError,
     agent_from_service_subject,
     decode,
+    decode_token,
     encode,
     event_from_service_subject,
 )
@@ -109,6 +118,26 @@ def _wire_error(exc: BaseException) -> WireError:
     return WireError(code="internal", message=repr(exc))
 
 
+class _AgentQuota:
+    """One agent's bounds on this replica: requests in flight, and a token bucket."""
+
+    __slots__ = ("in_flight", "stamp", "tokens")
+
+    def __init__(self, tokens: float, now: float) -> None:
+        self.in_flight = 0
+        self.tokens = tokens
+        self.stamp = now
+
+
+def _agent_label(token: str) -> str:
+    """The agent a quota key names, for a refusal's message."""
+    if token == "=":
+        return "(no agent: the '=' subject)"
+    with contextlib.suppress(Exception):
+        return repr(decode_token(token))
+    return repr(token[:80])
+
+
 def _unavailable(message: str) -> WireError:
     return WireError(code="unavailable", message=message, retryable=True)
 
@@ -131,7 +160,11 @@ class DispatcherService:
 
     One task per request. Over `max_concurrency` requests in flight (emit_and_collect may
     hold at most half of them, so decisions always have room), a request is refused at
-    once with a retryable ``busy`` error instead of queueing into timeouts. Bad input
+    once with a retryable ``busy`` error instead of queueing into timeouts. Each agent
+    also has its own bounds (see the module docstring): over `agent_max_in_flight`
+    requests in flight it is answered ``busy``, over `agent_rate_per_s` (with a burst of
+    `agent_burst`) ``quota``; both at once, naming the agent and the limit, before any
+    handler runs. Bad input
     (malformed JSON, wrong types, an unknown event, an oversize result, a timeout that is
     not a finite number above 0) gets a structured `WireError` reply and a log line; the
     service keeps serving. Timeouts in requests are clamped: ``EmitRequest.timeout_s`` to
@@ -145,6 +178,13 @@ class DispatcherService:
             Kubernetes gives between SIGTERM and SIGKILL).
         max_emit_timeout_s: upper bound of ``EmitRequest.timeout_s``, seconds.
         max_collect_timeout_s: upper bound of ``CollectRequest.timeout_s``, seconds.
+        agent_max_in_flight: requests of one agent served at once (emit and
+            emit_and_collect together); more are answered ``busy``. None: no per-agent
+            bound (only `max_concurrency`).
+        agent_rate_per_s: requests per second one agent may send (a token bucket refilled
+            at this rate); past it, and its `agent_burst`, requests are answered ``quota``.
+            None: no rate limit.
+        agent_burst: the bucket's size: requests one agent may send at once after a pause.
         audit: turn the dispatcher's decision audit trail on (``HookDispatcher(audit=True)``):
             one record per decided emit in the ``hookbus_decisions`` stream.
 
@@ -153,6 +193,9 @@ class DispatcherService:
     """
 
     DEFAULT_GRACE_S = 20.0
+    AGENT_MAX_IN_FLIGHT = 64
+    AGENT_RATE_PER_S = 200.0
+    AGENT_BURST = 400
     MAX_EMIT_TIMEOUT_S = 900.0
     MAX_COLLECT_TIMEOUT_S = 60.0
 
@@ -166,9 +209,20 @@ class DispatcherService:
         max_emit_timeout_s: float = MAX_EMIT_TIMEOUT_S,
         max_collect_timeout_s: float = MAX_COLLECT_TIMEOUT_S,
         audit: bool = False,
+        agent_max_in_flight: int | None = AGENT_MAX_IN_FLIGHT,
+        agent_rate_per_s: float | None = AGENT_RATE_PER_S,
+        agent_burst: int | None = AGENT_BURST,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
+        if agent_max_in_flight is not None and agent_max_in_flight < 1:
+            raise ValueError("agent_max_in_flight must be at least 1 (None: no bound)")
+        if agent_rate_per_s is not None and not (
+            math.isfinite(agent_rate_per_s) and agent_rate_per_s > 0
+        ):
+            raise ValueError("agent_rate_per_s must be a finite number above 0 (None: no limit)")
+        if agent_burst is not None and agent_burst < 1:
+            raise ValueError("agent_burst must be at least 1")
         if audit:
             dispatcher.audit = True  # opened by the dispatcher's start
         self._dispatcher = dispatcher
@@ -178,6 +232,14 @@ class DispatcherService:
         self._grace_s = grace_s
         self._max_emit_timeout_s = max_emit_timeout_s
         self._max_collect_timeout_s = max_collect_timeout_s
+        self._agent_max = agent_max_in_flight
+        self._agent_rate = agent_rate_per_s
+        self._agent_burst = float(
+            agent_burst if agent_burst is not None else max(1, math.ceil(agent_rate_per_s or 1))
+        )
+        self._quotas: dict[str, _AgentQuota] = {}
+        """Per agent token: its requests in flight and its token bucket (idle ones pruned)."""
+        self._next_prune = 0.0
         self._active = 0
         self._active_collect = 0
         self._subs: list[Subscription] = []
@@ -219,6 +281,9 @@ class DispatcherService:
             list(self._counters.values()),
             metadata={
                 "max_concurrency": str(self._max),
+                "agent_max_in_flight": str(self._agent_max or "none"),
+                "agent_rate_per_s": f"{self._agent_rate:g}" if self._agent_rate else "none",
+                "agent_burst": f"{self._agent_burst:g}" if self._agent_rate else "none",
                 "audit": "on" if self._dispatcher.audit else "off",
             },
             endpoint_data=self._endpoint_data,
@@ -323,6 +388,10 @@ class DispatcherService:
                 error = _unavailable("the dispatcher is draining")
                 await self._refuse(msg, reply_type, error, received)
                 return
+            quota = self._admit_agent(msg.subject)
+            if isinstance(quota, WireError):
+                await self._refuse(msg, reply_type, quota, received)
+                return
             if self._active >= self._max or (collect and self._active_collect >= self._max_collect):
                 busy = WireError(
                     code="busy",
@@ -334,17 +403,70 @@ class DispatcherService:
             self._active += 1
             if collect:
                 self._active_collect += 1
+            if quota is not None:
+                quota.in_flight += 1
             task = asyncio.create_task(self._serve(handle, msg, reply_type, received))
             self._inflight[task] = (msg, reply_type, received)
-            task.add_done_callback(self._done(collect))
+            task.add_done_callback(self._done(collect, quota))
 
         return on_message
 
-    def _done(self, collect: bool) -> Callable[[asyncio.Task[None]], None]:
+    def _admit_agent(self, subject: str) -> _AgentQuota | WireError | None:
+        """The agent's quota with room for one more request (its token taken), the
+        refusal when it has none, or None when no per-agent bound is set."""
+        if self._agent_max is None and self._agent_rate is None:
+            return None
+        parts = subject.split(".", 4)
+        token = parts[3] if len(parts) == 5 else "="
+        now = time.monotonic()
+        quota = self._quotas.get(token)
+        if quota is None:
+            if now >= self._next_prune and len(self._quotas) >= 1024:
+                self._prune(now)
+            quota = self._quotas[token] = _AgentQuota(self._agent_burst, now)
+        if self._agent_max is not None and quota.in_flight >= self._agent_max:
+            return WireError(
+                code="busy",
+                message=f"agent {_agent_label(token)} has {quota.in_flight} requests in flight"
+                f" on this replica, its limit (agent_max_in_flight={self._agent_max}); send it"
+                " again once one is answered",
+                retryable=True,
+            )
+        rate = self._agent_rate
+        if rate is not None:
+            quota.tokens = min(self._agent_burst, quota.tokens + (now - quota.stamp) * rate)
+            quota.stamp = now
+            if quota.tokens < 1.0:
+                return WireError(
+                    code="quota",
+                    message=f"agent {_agent_label(token)} is over its request rate on this"
+                    f" replica (agent_rate_per_s={rate:g}, agent_burst={self._agent_burst:g});"
+                    f" send it again in {(1.0 - quota.tokens) / rate:.3f} s or later",
+                    retryable=True,
+                )
+            quota.tokens -= 1.0
+        return quota
+
+    def _prune(self, now: float) -> None:
+        """Forget the agents with nothing in flight and a full bucket (they are as new)."""
+        self._next_prune = now + 1.0
+        rate = self._agent_rate or 0.0
+        full = self._agent_burst
+        for token, quota in list(self._quotas.items()):
+            if quota.in_flight == 0 and (
+                not rate or quota.tokens + (now - quota.stamp) * rate >= full
+            ):
+                del self._quotas[token]
+
+    def _done(
+        self, collect: bool, quota: _AgentQuota | None
+    ) -> Callable[[asyncio.Task[None]], None]:
         def done(task: asyncio.Task[None]) -> None:
             self._active -= 1
             if collect:
                 self._active_collect -= 1
+            if quota is not None:
+                quota.in_flight -= 1
 
         return done
 

@@ -252,6 +252,7 @@ WIRE_ERROR_CODES: tuple[str, ...] = (
     "bad_result",
     "not_ready",
     "busy",
+    "quota",
     "unavailable",
     "deadline_exceeded",
     "stale_declaration",
@@ -265,10 +266,12 @@ decode failure."""
 class WireError(_Wire):
     """A structured error reply. `code` is one of ``bad_request``, ``unknown_event``,
     ``payload_too_large``, ``handler_error``, ``handler_timeout``, ``bad_result``,
-    ``not_ready``, ``busy`` (over the concurrency bound: refused at once),
-    ``unavailable`` (shutting down), ``deadline_exceeded`` (the caller's budget ran out
-    before the work could start), ``stale_declaration`` (a chain step expects another
-    declaration of its handler than this worker serves: nothing was run), ``internal``."""
+    ``not_ready``, ``busy`` (over the concurrency bound, the replica's or the agent's:
+    refused at once), ``quota`` (the agent is over its request rate at the dispatcher
+    service: refused at once), ``unavailable`` (shutting down), ``deadline_exceeded``
+    (the caller's budget ran out before the work could start), ``stale_declaration`` (a
+    chain step expects another declaration of its handler than this worker serves: nothing
+    was run), ``internal``."""
 
     code: str
     """What went wrong: one of the codes listed in the type's description (in Python,
@@ -276,8 +279,8 @@ class WireError(_Wire):
     message: str
     """Human-readable detail (for a bad request: the JSON path of the problem)."""
     retryable: bool = False
-    """True when the same request may succeed if sent again (``busy``, ``unavailable``,
-    ``deadline_exceeded``): nothing was run."""
+    """True when the same request may succeed if sent again (``busy``, ``quota``,
+    ``unavailable``, ``deadline_exceeded``): nothing was run."""
 
 
 class HookReply(_Wire):
