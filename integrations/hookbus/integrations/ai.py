@@ -56,6 +56,20 @@ How each ``ai`` behaviour maps onto hookbus:
   the consumer's ``async with`` block still work: a live hook is also listed in the
   ``ai`` registry, and what they do is carried to the record.
 
+**Tool approvals are an approver's.** A hook whose payload is ``ai``'s ``ToolApproval``
+(what ``@ai.tool(require_approval=True)`` asks, on ``approve_<tool call id>``), or whose
+label starts with ``approve_``, is decided only by an approver's answer proof: the key
+``<agent>.<label>.<approver>`` in the suspensions bucket, which only that approver's NATS
+user may write (`HookbusHooks.approve` writes it, as an `ApprovalAnswer` with the choice
+``"Allow"`` or ``"Deny"``). The waiting agent resolves the record from the first valid proof
+in stream order (also one written before the hook, or while nobody waited), as
+``{"granted": ..., "reason": "<approver> chose 'Allow'", "choice", "answered_by",
+"answered_at"}``; the resolution's ``answered_by`` is the approver, shown in the resolved
+``HookEvent``. A resolution without a matching proof (``resolve_hook`` or ``ai.resolve_hook``
+by anyone, the agent itself included) is refused: the hook returns ``ToolApproval(granted=
+False, reason="refused: ...")`` and the tool does not run. Other hooks stay resolvable by
+anyone with write access to the agent's records, as in ``ai``.
+
 The record's metadata is ``ai``'s ``metadata`` plus one key, ``"_ai"``: ``{"hook_type":
 payload class name, "tool_call_id": ...}`` (removed again in the events given here).
 Differences from ``ai``: a second live hook on one label raises `DuplicateSuspensionError`
@@ -71,6 +85,8 @@ import asyncio
 import contextlib
 import contextvars
 import inspect
+import logging
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -81,21 +97,35 @@ from ai.agents import hooks as ai_hooks
 from ai.agents import runtime as ai_runtime
 from ai.types import events as ai_events
 from ai.types import messages as ai_messages
+from ai.types import tools as ai_tools
 from nats.aio.client import Client as NATS
+from nats.errors import Error as NatsError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
-from hookbus.dispatcher import Suspensions
+from hookbus.dispatcher import AnswerNotAppliedError, Suspensions
+from hookbus.dispatcher._kv import kv_retry
+from hookbus.dispatcher._proofs import first_proof
+from hookbus.dispatcher._suspension_events import payload_schema
+from hookbus.dispatcher._tasks import stop_task
 from hookbus.schemas import (
+    APPROVAL_DEFAULT_OPTIONS,
     AlreadySettledError,
+    ApprovalAnswer,
+    HookbusError,
     HookEvent,
     HookPart,
     ResolutionRejectedError,
     SuspensionAbortedError,
     SuspensionCancelledError,
     SuspensionNotFoundError,
+    approval_answer_key,
+    decode,
+    encode,
 )
 
 __all__ = [
     "AI_METADATA_KEY",
+    "APPROVAL_LABEL_PREFIX",
     "HookbusHooks",
     "abort_pending_hook",
     "ai_hook_part",
@@ -103,6 +133,7 @@ __all__ = [
     "current_hooks",
     "defer_hook",
     "hook",
+    "is_tool_approval",
     "resolve_hook",
     "use_hooks",
 ]
@@ -116,6 +147,13 @@ if not hasattr(ai_middleware, "_Middleware") or "_middleware" not in (
     )
 
 M = TypeVar("M", bound=pydantic.BaseModel)
+
+log = logging.getLogger("hookbus.integrations.ai")
+
+APPROVAL_LABEL_PREFIX = "approve_"
+"""``ai``'s tool approval labels start with this (``approve_<tool call id>``)."""
+
+_PROOF_POLL_S = 2.0
 
 AI_METADATA_KEY = "_ai"
 """The key of a record's metadata that holds what ``ai``'s ``HookPart`` needs besides the
@@ -156,6 +194,41 @@ class _Wait:
         self.abort: asyncio.Future[BaseException | None] = (
             asyncio.get_running_loop().create_future()
         )
+
+
+def is_tool_approval(label: str, payload: type[Any] | None) -> bool:
+    """Whether the hook `label` with `payload` is a tool approval, decided only by an
+    approver's proof: its payload is ``ai``'s ``ToolApproval`` (or a subclass), or its label
+    starts with ``approve_``."""
+    if isinstance(payload, type) and issubclass(payload, ai_tools.ToolApproval):
+        return True
+    return label.startswith(APPROVAL_LABEL_PREFIX)
+
+
+def _resolution(answer: ApprovalAnswer) -> dict[str, Any]:
+    """The record's resolution made from an approver's `answer`: a ``ToolApproval``'s
+    fields, plus who answered."""
+    return {
+        "granted": answer.choice == "Allow",
+        "reason": f"{answer.answered_by} chose {answer.choice!r}",
+        "choice": answer.choice,
+        "answered_by": answer.answered_by,
+        "answered_at": answer.answered_at,
+    }
+
+
+def _valid_proof(key: str, value: bytes, label: str, agent_id: str | None) -> ApprovalAnswer | None:
+    """The proof under `key` if it answers `label`: it decodes, names the approver its key
+    names, and chooses "Allow" or "Deny"."""
+    try:
+        answer = decode(value, ApprovalAnswer)
+        if not answer.answered_by or answer.choice not in APPROVAL_DEFAULT_OPTIONS:
+            return None
+        if approval_answer_key(label, agent_id, answer.answered_by) != key:
+            return None
+    except HookbusError:
+        return None
+    return answer
 
 
 class HookbusHooks(ai_middleware._Middleware):
@@ -351,6 +424,151 @@ class HookbusHooks(ai_middleware._Middleware):
         """
         await self.suspensions.cancel_hook(_label(hook), reason=reason)
 
+    async def approve(
+        self, hook: HookTarget, choice: str, *, approver: str, wait_s: float = 5.0
+    ) -> ApprovalAnswer:
+        """Answer the tool approval `hook` with `choice` (``"Allow"`` or ``"Deny"``) as
+        `approver`, from any process: write the answer proof ``<agent>.<label>.<approver>``
+        (the key only this approver's NATS user may write), then wait up to `wait_s`
+        seconds for the waiting agent to resolve the approval with it. A proof written
+        before the hook exists decides it when it starts (returned at once).
+
+        Returns:
+            The answer that decided it (this one).
+        Raises:
+            ResolutionRejectedError: `choice` is neither "Allow" nor "Deny".
+            AlreadySettledError: it was decided first (by another approver's answer: the
+                message names it, or cancelled), or this approver already answered
+                otherwise.
+            AnswerNotAppliedError: recorded, but nobody applied it within `wait_s`: it
+                decides when the agent next waits on the hook.
+            BadRequestError: `approver` is empty or too long.
+            HookbusTimeoutError: JetStream stayed unavailable, or this NATS user may not
+                write the proof.
+        """
+        label = _label(hook)
+        if choice not in APPROVAL_DEFAULT_OPTIONS:
+            raise ResolutionRejectedError(
+                f"choice {choice!r} is not one of the options {list(APPROVAL_DEFAULT_OPTIONS)}"
+            )
+        store = self.suspensions
+        answer = ApprovalAnswer(choice=choice, answered_by=approver, answered_at=time.time())
+        key = approval_answer_key(label, store.agent_id, approver)
+        kv = store.records.kv
+        found = await store.get(label)
+        if found is not None and found[0].status != "pending":
+            raise AlreadySettledError(f"tool approval {label!r} is already {found[0].status}")
+
+        async def prove() -> None:
+            nonlocal answer
+            try:
+                await kv.create(key, encode(answer))
+            except KeyWrongLastSequenceError:  # answered before (or a retry)
+                earlier = decode((await kv.get(key)).value or b"{}", ApprovalAnswer)
+                if earlier.choice != choice:
+                    raise AlreadySettledError(
+                        f"{approver} already answered {label!r} with {earlier.choice!r}"
+                    ) from None
+                answer = earlier
+
+        await kv_retry(prove, deadline_s=store.records.deadline_s, what=f"writing {key[:80]}")
+        if found is None:
+            return answer  # the hook takes it when it starts
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            got = await store.get(label)
+            record = None if got is None else got[0]
+            if record is None:
+                raise SuspensionNotFoundError(f"tool approval {label!r} vanished")
+            if record.status == "cancelled":
+                raise AlreadySettledError(f"tool approval {label!r} was cancelled first")
+            if record.status == "resolved":
+                won = record.resolution if isinstance(record.resolution, dict) else {}
+                if (won.get("answered_by"), won.get("choice")) == (approver, answer.choice):
+                    return answer
+                raise AlreadySettledError(
+                    f"tool approval {label!r} was decided first by"
+                    f" {won.get('answered_by') or 'an unproven resolution'}"
+                    f" ({won.get('choice') or won.get('granted')!r})"
+                )
+            if loop.time() >= deadline:
+                raise AnswerNotAppliedError(
+                    f"the answer {choice!r} of {approver} to tool approval {label!r} is"
+                    f" recorded, but the agent did not apply it within {wait_s:g} s: it decides"
+                    " when the agent next waits on it"
+                )
+            await asyncio.sleep(0.05)
+
+    async def _apply_proof(self, label: str) -> bool:
+        """Resolve the tool approval `label` (pending, or not created yet: pre-registered)
+        from its first valid proof in stream order. True once it is settled."""
+        store = self.suspensions
+        found = await store.get(label)
+        if found is not None and found[0].status != "pending":
+            return True
+        answer = await first_proof(
+            store.records.kv, store.records.key(label),
+            lambda key, value: _valid_proof(key, value, label, store.agent_id),
+            deadline_s=store.records.deadline_s,
+        )  # fmt: skip
+        if answer is None:
+            return False
+        with contextlib.suppress(AlreadySettledError):  # settled meanwhile
+            await store.resolve_hook(label, _resolution(answer))
+        return True
+
+    async def _pump(self, label: str) -> None:
+        """While a tool approval is waited on: at once, at each proof the store's watch
+        delivers, and every few seconds, resolve it from its first valid proof."""
+        store = self.suspensions
+        key = store.records.key(label)
+        signal = store.watch.listen_proofs(key)
+        try:
+            while True:
+                signal.clear()
+                try:
+                    if await self._apply_proof(label):
+                        return
+                except (HookbusError, NatsError) as exc:
+                    log.info("tool approval %r: proofs not read (%r)", label, exc)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(_PROOF_POLL_S):
+                        await signal.wait()
+        finally:
+            store.watch.unlisten_proofs(key, signal)
+
+    async def _proven(self, label: str, value: Any, payload: type[M]) -> M:
+        """The tool approval's resolution `value` as `payload` if an approver's proof holds
+        it; else a refusal (``granted=False``) for a ``ToolApproval``, or
+        `ResolutionRejectedError`."""
+        problem = None
+        who = value.get("answered_by") if isinstance(value, dict) else None
+        if not isinstance(who, str) or not who:
+            problem = "it names no approver"
+        else:
+            store = self.suspensions
+            key = approval_answer_key(label, store.agent_id, who)
+
+            async def get() -> bytes | None:
+                try:
+                    return (await store.records.kv.get(key)).value or None
+                except KeyNotFoundError:
+                    return None
+
+            raw = await kv_retry(get, deadline_s=store.records.deadline_s, what=f"reading {key}")
+            proof = None if raw is None else _valid_proof(key, raw, label, store.agent_id)
+            if proof is None:
+                problem = f"no answer of approver {who!r} is on record"
+            elif _resolution(proof) != value:
+                problem = f"{who!r} answered {proof.choice!r}, which the resolution does not say"
+        if problem is None:
+            return payload.model_validate(value)
+        log.warning("tool approval %r: resolution refused: %s", label, problem)
+        if issubclass(payload, ai_tools.ToolApproval):
+            return payload.model_validate({"granted": False, "reason": f"refused: {problem}"})
+        raise ResolutionRejectedError(f"tool approval {label!r}: resolution refused: {problem}")
+
     def abort_pending_hook(self, hook: HookTarget) -> bool:
         """Stop this process's wait on `hook`: its ``ai.hook`` raises
         ``ai.HookDeferredException`` and the record stays pending, detached, for a later
@@ -409,6 +627,12 @@ class HookbusHooks(ai_middleware._Middleware):
             **metadata,
             AI_METADATA_KEY: {"hook_type": payload.__name__, "tool_call_id": tool_call_id},
         }
+        approval = is_tool_approval(label, payload)
+        if approval:  # a proof written before the hook: pre-registered, taken at once
+            try:
+                await self._apply_proof(label)
+            except (HookbusError, NatsError) as exc:
+                log.info("tool approval %r: proofs not read (%r)", label, exc)
         found = await self.suspensions.get(label)
         waiting_value = (
             found is not None and found[0].status == "resolved" and not found[0].consumed
@@ -421,8 +645,15 @@ class HookbusHooks(ai_middleware._Middleware):
             local_future = asyncio.get_running_loop().create_future()
             registry._live_hooks[label] = (local_future, metadata, rt)
         kv = asyncio.ensure_future(
-            self.suspensions.hook(label, payload=payload, metadata=stored, timeout_s=timeout_s)
+            self.suspensions.hook(
+                label,
+                payload=None if approval else payload,
+                metadata=stored,
+                timeout_s=timeout_s,
+                schema=payload_schema(payload) if approval else None,
+            )
         )
+        pump = asyncio.ensure_future(self._pump(label)) if approval else None
         instead: BaseException | None = None  # what an abort raises
         cancelled_locally = False
         announced = False  # pending was emitted (ai: not for a resolution already there)
@@ -444,8 +675,11 @@ class HookbusHooks(ai_middleware._Middleware):
             return await self._outcome(
                 kv, part, rt if announced else None,
                 instead=instead, cancelled_locally=cancelled_locally,
+                proven=(lambda value: self._proven(label, value, payload)) if approval else None,
             )  # fmt: skip
         finally:
+            if pump is not None:
+                await stop_task(pump, "a tool approval's proof reads")
             if not kv.done():
                 kv.cancel()
                 with contextlib.suppress(BaseException):
@@ -517,6 +751,7 @@ class HookbusHooks(ai_middleware._Middleware):
         *,
         instead: BaseException | None,
         cancelled_locally: bool,
+        proven: Any = None,
     ) -> M:
         if kv.cancelled():  # an abort that could not reach the store's wait
             raise instead or ai.HookDeferredException(part)
@@ -530,8 +765,14 @@ class HookbusHooks(ai_middleware._Middleware):
         if exc is not None:
             raise exc
         value = kv.result()
+        raw = value
+        if proven is not None:  # a tool approval: the approver's proof must hold it
+            value = await proven(raw)
         if rt is not None:
             resolution = value.model_dump() if isinstance(value, pydantic.BaseModel) else value
+            if proven is not None and isinstance(raw, dict) and raw.get("answered_by"):
+                if getattr(value, "granted", None) == raw.get("granted"):  # not refused
+                    resolution = {**resolution, "answered_by": raw["answered_by"]}
             await rt.put_hook(
                 part.model_copy(update={"status": "resolved", "resolution": resolution})
             )
