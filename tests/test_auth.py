@@ -218,7 +218,8 @@ def test_init_writes_a_valid_config_seeds_and_contexts(tmp_path: Path) -> None:
         assert public_key_of(seed) == ident.public_key
         assert f'nkey: "{ident.public_key}"' in conf
         context = json.loads(ident.context_path(out).read_text())
-        assert context["url"] == "nats://127.0.0.1:4222"
+        assert context["url"] == "tls://127.0.0.1:4222"  # TLS on by default ...
+        assert context["ca"] == str(out / "ca.pem")  # ... verified with the folder's CA
         assert Path(context["nkey"]) == seed.resolve()
         assert context["inbox_prefix"] == f"_INBOX_{ident.public_key}"
     assert "no_auth_user" not in conf and "authorization" not in conf
@@ -314,6 +315,12 @@ def ident(out: Path, tenant: str, role: str, name: str) -> Identity:
     return found
 
 
+def _tls(out: Path) -> ssl.SSLContext | None:
+    """A client TLS context trusting the CA `hookbus auth init` made in `out` (None: no TLS)."""
+    ca = load_setup(out).tls_ca
+    return ssl.create_default_context(cafile=ca) if ca else None
+
+
 async def connect_as(url: str, out: Path, who: Identity) -> tuple[NATS, list[str]]:
     """Connect with `who`'s seed and inbox prefix; `errors` collects async errors."""
     errors: list[str] = []
@@ -328,6 +335,7 @@ async def connect_as(url: str, out: Path, who: Identity) -> tuple[NATS, list[str
         error_cb=on_error,
         allow_reconnect=False,
         connect_timeout=3,
+        tls=_tls(out),  # TLS is on by default: the server is verified with its CA
     )
     return nc, errors
 
@@ -337,10 +345,11 @@ async def test_anonymous_and_unknown_keys_are_refused(
     secured: tuple[str, Path], tmp_path: Path
 ) -> None:
     url, _ = secured
-    assert "authorization" in (await refusal(url)).lower()
+    tls = _tls(secured[1])
+    assert "authorization" in (await refusal(url, tls=tls)).lower()
     stranger = tmp_path / "stranger"
     auth_cli("init", "--out", str(stranger))  # a valid seed the server does not know
-    denied = await refusal(url, nkeys_seed=str(stranger / "admin-admin.nk"))
+    denied = await refusal(url, nkeys_seed=str(stranger / "admin-admin.nk"), tls=tls)
     assert "authorization" in denied.lower()
 
 
@@ -657,7 +666,7 @@ async def test_server_command_runs_a_generated_config(tmp_path: Path) -> None:
         assert proc.stdout is not None
         line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 15)
         url = line.split(" at ")[1].split(";")[0]
-        assert "authorization" in (await refusal(url)).lower()
+        assert "authorization" in (await refusal(url, tls=_tls(out))).lower()
         nc, _ = await connect_as(url, out, ident(out, DEFAULT_TENANT, "agent", "payments"))
         await nc.jetstream().account_info()
         await nc.close()

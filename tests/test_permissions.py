@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -159,6 +160,7 @@ async def as_(secure: Secure) -> AsyncIterator[Connect]:
         nc = await nats.connect(
             secure.url, nkeys_seed=ctx["nkey"], inbox_prefix=ctx["inbox_prefix"],
             error_cb=on_error, max_reconnect_attempts=0, connect_timeout=3,
+            tls=ssl.create_default_context(cafile=ctx["ca"]),
         )  # fmt: skip
         clients.append(nc)
         return Client(nc, errors)
@@ -205,14 +207,14 @@ async def _system(as_: Connect, event: str) -> tuple[HookWorker, Client]:
 
 # -- probes: each refused -----------------------------------------------------------------------
 ANONYMOUS = """
-import asyncio, sys, nats
+import asyncio, ssl, sys, nats
 async def main():
     errors = []
     async def on_error(exc):
         errors.append(str(exc))
     try:
         nc = await nats.connect(sys.argv[1], allow_reconnect=False, connect_timeout=3,
-                                error_cb=on_error)
+                                error_cb=on_error, tls=ssl.create_default_context(cafile=sys.argv[2]))
     except Exception as exc:
         print("refused:", type(exc).__name__, *errors)
         return
@@ -225,7 +227,9 @@ asyncio.run(main())
 async def test_anonymous_connect_is_refused(secure: Secure) -> None:
     # in a process of its own: nats-py leaves the refused socket for the GC to close
     with anyio.fail_after(30):
-        run = await anyio.run_process([sys.executable, "-c", ANONYMOUS, secure.url], check=False)
+        ca = secure.context("T1", "admin-admin")["ca"]  # the server's TLS is on: verified
+        run = await anyio.run_process([sys.executable, "-c", ANONYMOUS, secure.url, ca],
+                                      check=False)  # fmt: skip
     observed = run.stdout.decode().strip() or run.stderr.decode().strip()[-200:]
     secure.table.append(("anonymous connect", "refused", observed))
     assert observed.startswith("refused") and "authorization violation" in observed.lower()
