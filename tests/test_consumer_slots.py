@@ -198,9 +198,7 @@ async def _one_message_dropped(consumer: SlotConsumer, which: int) -> list[int]:
     return dropped
 
 
-async def test_a_missed_update_is_delivered_again(
-    nats_url: str, bucket: tuple[str, str]
-) -> None:
+async def test_a_missed_update_is_delivered_again(nats_url: str, bucket: tuple[str, str]) -> None:
     name, key = bucket
     nc = await _as(nats_url, key)
     try:
@@ -311,7 +309,7 @@ def slots_only(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
     (folder / "server.conf").write_text(
         f"""
 listen: "127.0.0.1:-1"
-jetstream {{ store_dir: "{folder / 'js'}" }}
+jetstream {{ store_dir: "{folder / "js"}" }}
 authorization {{
   users = [
     {{ user: admin, password: admin }}

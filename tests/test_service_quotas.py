@@ -16,7 +16,7 @@ from hookbus.schemas import WIRE_ERROR_CODES, EmitReply, HookResult, decode, emi
 pytestmark = pytest.mark.anyio
 
 
-async def _emit(nc: Any, event: str, agent: str, data: dict[str, Any]) -> dict[str, Any]:
+async def _emit(nc: Any, event: str, agent: str | None, data: dict[str, Any]) -> dict[str, Any]:
     msg = await nc.request(
         emit_service_subject(event, agent), json.dumps({"data": data}).encode(), timeout=10
     )
@@ -57,8 +57,7 @@ async def test_an_agent_over_its_in_flight_limit_is_refused_busy_while_another_i
     flooder, other = await connect(), await connect()
     try:
         holding = [
-            asyncio.create_task(_emit(flooder, event, "flooder", {"hold": True}))
-            for _ in range(3)
+            asyncio.create_task(_emit(flooder, event, "flooder", {"hold": True})) for _ in range(3)
         ]
         for _ in range(200):  # the three are being served
             if len(calls) >= 3:
@@ -104,6 +103,9 @@ async def test_an_agent_over_its_rate_is_refused_quota_while_another_is_served(
         assert calls.count("flooder") == codes.count("ok")
         others = [_code(await _emit(other, event, "other", {})) for _ in range(5)]
         assert others == ["ok"] * 5  # its own bucket, untouched by the flooder
+        # the no-agent subject (open servers only) names no one to bound
+        anonymous = [_code(await _emit(other, event, None, {})) for _ in range(8)]
+        assert anonymous == ["ok"] * 8
     finally:
         await service.stop()
 
@@ -113,7 +115,7 @@ async def test_a_flood_does_not_stop_another_agents_emits(
 ) -> None:
     """An agent sending far past both bounds at once: every request of its answered at
     once (served, busy or quota), and another agent's emits meanwhile all answered."""
-    d, snc, gate, calls = held
+    d, snc, gate, _ = held
     service = DispatcherService(
         d, snc, max_concurrency=64, agent_max_in_flight=8, agent_rate_per_s=50, agent_burst=20
     )

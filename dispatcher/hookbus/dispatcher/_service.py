@@ -11,9 +11,12 @@ limit, refused at once; ``quota``: the agent is over its request rate, refused a
 request again, to this or another replica (after a pause, for ``quota``); with the same
 ``idempotency_key`` a retried emit finds its approval instead of asking twice.
 
-Each agent (the subject's agent token; every request on the no-agent subject ``=`` counts
-as one agent) has its own bounds on a replica: requests in flight (`agent_max_in_flight`)
-and a token bucket of requests per second (`agent_rate_per_s`, `agent_burst`). A request
+Each agent (the subject's agent token, which only that agent's NATS user may publish on
+with the generated permissions) has its own bounds on a replica: requests in flight
+(`agent_max_in_flight`) and a token bucket of requests per second (`agent_rate_per_s`,
+`agent_burst`). Requests on the no-agent subject ``=`` (an open development server; no
+generated identity may publish there) name no one to bound: only `max_concurrency`
+applies to them. A request
 past them is answered at once and never reaches a handler, so one agent flooding a replica
 holds at most its in-flight limit of the replica's `max_concurrency` and no other agent's
 request waits behind it.
@@ -131,8 +134,6 @@ class _AgentQuota:
 
 def _agent_label(token: str) -> str:
     """The agent a quota key names, for a refusal's message."""
-    if token == "=":
-        return "(no agent: the '=' subject)"
     with contextlib.suppress(Exception):
         return repr(decode_token(token))
     return repr(token[:80])
@@ -418,6 +419,8 @@ class DispatcherService:
             return None
         parts = subject.split(".", 4)
         token = parts[3] if len(parts) == 5 else "="
+        if token == "=":
+            return None  # the no-agent subject: no identity to bound (see the class doc)
         now = time.monotonic()
         quota = self._quotas.get(token)
         if quota is None:
@@ -471,8 +474,14 @@ class DispatcherService:
         return done
 
     async def _refuse(self, msg: Msg, reply_type: Reply, error: WireError, received: int) -> None:
-        with contextlib.suppress(nats.errors.Error):
-            await self._answer(msg, encode(reply_type(error=error)), reply_type, received)
+        """Answer `error` at once (a refusal: small, its error known, nothing to decode back;
+        the cheap path a flooding agent's requests take)."""
+        if not msg.reply:
+            log.warning("request on %s has no reply subject; answer dropped", msg.subject)
+        else:
+            with contextlib.suppress(nats.errors.Error):
+                await self._nc.publish(msg.reply, encode(reply_type(error=error)))
+        self._counters[reply_type].answer(received, error)
 
     async def _answer(self, msg: Msg, payload: bytes, reply_type: Reply, received: int) -> None:
         """Send the reply and count it on its endpoint (`received`: when the request came,
