@@ -11,16 +11,35 @@ import click
 from rich.table import Table
 
 from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher
-from hookbus.schemas import ApprovalGrant, SuspensionRecord, grant_key, to_builtins
+from hookbus.schemas import (
+    ApprovalGrant,
+    NotPermittedError,
+    SuspensionRecord,
+    grant_key,
+    to_builtins,
+)
 
 from ._common import ConnectionSettings, connection_options, with_dispatcher
+from ._connect import auth_identity
 from ._output import id_column, is_short_id, short_id, table_console
 
 T = TypeVar("T")
 
 
 def _with_dispatcher(conn: ConnectionSettings, fn: Callable[[HookDispatcher], Awaitable[T]]) -> T:
-    return with_dispatcher(conn, fn, name="hookbus-approvals")
+    try:
+        return with_dispatcher(conn, fn, name="hookbus-approvals")
+    except click.ClickException as exc:
+        refusal = exc.__cause__
+        if not isinstance(refusal, NotPermittedError) or ".STREAM.CREATE." in refusal.subject:
+            raise  # not a refusal, or a bucket for the admin to make: said as it is
+        me = auth_identity(conn)
+        if me is not None and me.role in ("approver", "admin"):
+            raise
+        raise click.ClickException(
+            f"{exc.message} (approvals are listed and answered with an approver's NATS"
+            " credentials: `hookbus auth add approver NAME`, then --nkey its seed)"
+        ) from exc.__cause__
 
 
 _json_option = click.option(
@@ -94,6 +113,12 @@ def approvals_answer(
     """Answer the approval LABEL (or the ID `hookbus approvals` prints beside it) with one
     of its options (e.g. "Allow always": it then allows every input of that tool for that
     agent and session until revoked)."""
+    me = auth_identity(conn)
+    if me is not None and me.role == "approver" and me.name != approver:
+        raise click.ClickException(
+            f"these NATS credentials are approver {me.name} ({me.public_key}): they answer"
+            f" as {me.name} only, not as {approver} (give --approver {me.name})"
+        )
 
     async def answer(d: HookDispatcher) -> str:
         by_id = is_short_id(label)

@@ -39,9 +39,16 @@ from hookbus.integrations.claude_code import (
     answer,
     fallback_answer,
 )
-from hookbus.schemas import HookResult, NotConnectedError
+from hookbus.schemas import HookResult, NotConnectedError, NotPermittedError
+from hookbus.schemas._nats_guard import harden_connection
 
-from ._connect import ConnectionSettings, connection_options, describe_refusal
+from ._connect import (
+    ConnectionSettings,
+    _quiet_asyncio_tls_eof,
+    auth_identity,
+    connection_options,
+    describe_refusal,
+)
 from ._service_emit import service_emit
 
 __all__ = ["claude_code", "run_hook"]
@@ -132,7 +139,21 @@ class _LazyEmit:
             emit = self._dispatcher.emit
         else:
             emit = service_emit(nc, agent_id=self._agent_id)
-        return await emit(event, data, idempotency_key=idempotency_key, timeout_s=timeout_s)
+        try:
+            return await emit(event, data, idempotency_key=idempotency_key, timeout_s=timeout_s)
+        except NotPermittedError as exc:
+            if self._agent_id is not None:
+                raise
+            known = auth_identity(self._conn)
+            name = known.name if known is not None and known.role == "agent" else "NAME"
+            raise NotPermittedError(
+                f"{exc}: no --agent given, and the emit subject carries the agent's name"
+                f" (give --agent {name}, or env HOOKBUS_AGENT_ID)",
+                operation=exc.operation,
+                subject=exc.subject,
+                identity=exc.identity,
+                role=exc.role,
+            ) from exc
 
     async def _connect(self) -> NATS:
         import nats
@@ -148,6 +169,7 @@ class _LazyEmit:
         async def on_error(exc: Exception) -> None:
             errors.append(exc)
 
+        _quiet_asyncio_tls_eof()  # a TLS server closing says nothing the answer does not
         # each server at most twice (nats-py reads 0 as "forever"), and a TLS handshake
         # that never ends (nats-py waits on it) is cut by the overall bound
         bound = 2 * self._connect_timeout_s + 0.5
@@ -172,6 +194,8 @@ class _LazyEmit:
 
             cause = _most_telling([*errors, exc])
             raise NotConnectedError(describe_refusal(url, self._conn, cause)) from exc
+        known = auth_identity(self._conn)  # a refused emit fails at once, naming who
+        harden_connection(self._nc, identity=known.label if known is not None else None)
         return self._nc
 
     async def aclose(self) -> None:

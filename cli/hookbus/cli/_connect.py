@@ -10,7 +10,10 @@ not come from ``--url`` is named in one line on stderr once connected.
 
 Authentication is nats-py's own (``user_credentials``, ``nkeys_seed``, ``user``/``password``,
 ``token``, ``tls``); this module only gathers the settings, checks the files can be read,
-derives the inbox prefix of an nkey user, and words the refusals.
+derives the inbox prefix of an nkey user, and words the refusals. A seed of a ``hookbus
+auth init`` folder also gives the CA to verify the server with (the folder's, unless
+``--tls-ca`` or a context's ``ca`` says otherwise) and the identity's role and name, which
+label the connection's refusals (`hookbus.schemas._nats_guard`).
 """
 
 from __future__ import annotations
@@ -34,11 +37,17 @@ import nats
 import nats.errors
 from nats.aio.client import Client as NATS
 
+from hookbus.schemas._nats_guard import harden_connection, refusal_raised
+
 __all__ = [
     "DEFAULT_MAX_RECONNECTS",
     "LOCAL_URL",
     "RECONNECT_WAIT_S",
+    "AuthIdentity",
     "ConnectionSettings",
+    "auth_ca",
+    "auth_identity",
+    "auth_ssl_context",
     "connect",
     "connection_options",
     "load_context",
@@ -267,6 +276,98 @@ class ConnectionSettings:
         return env
 
 
+@dataclass(frozen=True)
+class AuthIdentity:
+    """An identity of a ``hookbus auth init`` folder: its role, name and tenant."""
+
+    role: str
+    name: str
+    tenant: str
+    public_key: str
+
+    @property
+    def label(self) -> str:
+        """``<role> <name>``, e.g. ``worker sec``, for messages."""
+        return f"{self.role} {self.name}"
+
+
+_MANIFEST = "hookbus-auth.json"
+
+
+def _manifest_of_seed(seed_file: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """``(manifest, identity)``: the ``hookbus-auth.json`` beside `seed_file` (or in its
+    parent folder: a tenant's seeds are in DIR/T/) that names the seed's public key."""
+    try:
+        public = _nkey_public_key(seed_file)
+    except click.ClickException:
+        return None
+    folder = Path(seed_file).resolve().parent
+    for where in (folder, folder.parent):
+        try:
+            raw = json.loads((where / _MANIFEST).read_text())
+        except (OSError, ValueError):
+            continue
+        for ident in raw.get("identities", []) if isinstance(raw, dict) else []:
+            if isinstance(ident, dict) and ident.get("public_key") == public:
+                return raw, ident
+    return None
+
+
+def auth_identity(settings: ConnectionSettings) -> AuthIdentity | None:
+    """The ``hookbus auth`` identity `settings` connect as: the nkey seed's public key
+    looked up in the ``hookbus-auth.json`` of the seed's folder (or its parent: a
+    tenant's folder); None when there is no seed or no such manifest names the key."""
+    found = _manifest_of_seed(settings.nkey) if settings.nkey else None
+    if found is None:
+        return None
+    ident = found[1]
+    return AuthIdentity(
+        str(ident.get("role", "")),
+        str(ident.get("name", "")),
+        str(ident.get("tenant", "")),
+        str(ident.get("public_key", "")),
+    )
+
+
+def auth_ca(seed_file: str) -> str | None:
+    """The CA of the ``hookbus auth init`` folder that holds `seed_file` (its manifest's
+    ``tls_ca``, when that file exists); None when the folder has none."""
+    found = _manifest_of_seed(seed_file)
+    ca = found[0].get("tls_ca") if found is not None else None
+    return ca if isinstance(ca, str) and ca and Path(ca).is_file() else None
+
+
+def auth_ssl_context(source: str | os.PathLike[str]) -> ssl.SSLContext | None:
+    """The client TLS context that verifies a server made by ``hookbus auth init``, from
+    `source`: the auth folder (its ``hookbus-auth.json``), one of its contexts (a .json
+    file with ``ca``) or one of its nkey seeds; None when that setup has no TLS.
+
+    Raises:
+        click.ClickException: `source` is none of those, or the CA cannot be read.
+    """
+    path = Path(source)
+    if path.is_dir():
+        path = path / _MANIFEST
+    ca: str | None
+    if path.suffix == ".json":
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise click.ClickException(f"cannot read {path}: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise click.ClickException(f"{path} is not a JSON object")
+        ca = raw.get("tls_ca") if path.name == _MANIFEST else raw.get("ca")
+        if ca and path.name != _MANIFEST:
+            ca = _context_file(path, "ca", ca)
+    else:
+        if _manifest_of_seed(str(path)) is None:
+            raise click.ClickException(f"no {_MANIFEST} beside {path} names its key")
+        ca = auth_ca(str(path))
+    if not ca:
+        return None
+    return ConnectionSettings(tls_ca=str(ca)).ssl_context()
+
+
 def nkey_inbox_prefix(seed_file: str) -> str:
     """``_INBOX_<public key>``: the inbox prefix of the nkey user whose seed is in `seed_file`.
 
@@ -463,6 +564,8 @@ def resolve_connection(
         raise click.UsageError(f"--user needs --password (or NATS_PASSWORD){where}")
     if settings.tls_key and not settings.tls_cert:
         raise click.UsageError(f"--tls-key needs --tls-cert{where}")
+    if settings.nkey and not settings.tls_ca and (ca := auth_ca(settings.nkey)):
+        settings = replace(settings, tls_ca=ca)  # a seed of `hookbus auth init`: its CA
     settings.check()
     return settings
 
@@ -564,7 +667,8 @@ def connection_options(f: F | None = None, *, embedded: bool = True) -> Any:
             type=file_type,
             default=None,
             metavar="FILE",
-            help="CA certificates (PEM) to verify the server with (env NATS_CA).",
+            help="CA certificates (PEM) to verify the server with (env NATS_CA; a context's "
+            "ca). Default with an --nkey seed of a `hookbus auth init` folder: its CA.",
         ),
         click.option(
             "--tls-cert",
@@ -760,7 +864,9 @@ async def connect(
                 tls_failed.set()
             return
         text = str(exc).removeprefix("nats: ")
-        if match := _PERMISSIONS.search(text):  # nats-py lowercases it, subject included
+        if client and refusal_raised(client[0]):  # raised to its caller, which tells it
+            log.debug("NATS: %s (%s)", text, settings.identity)
+        elif match := _PERMISSIONS.search(text):  # nats-py lowercases it, subject included
             log.warning(
                 "NATS refused %s to %r: permissions violation (%s)",
                 match.group(1),
@@ -830,6 +936,9 @@ async def connect(
         if not connecting_task.done():  # cancelled from outside
             connecting_task.cancel()
     client.append(nc)
+    # a refused request or subscription fails at once, naming who was refused
+    known = auth_identity(settings)
+    harden_connection(nc, identity=known.label if known else None)
     # ... then, once connected, reconnect a bounded number of times (nats-py's default
     # 60, 2 s apart), or forever with -1.
     nc.options["max_reconnect_attempts"] = max_reconnects

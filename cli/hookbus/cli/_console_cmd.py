@@ -32,7 +32,7 @@ from ._common import (
     drain_or_close,
     max_reconnects_option,
 )
-from ._connect import LOCAL_URL
+from ._connect import LOCAL_URL, auth_identity
 from ._extras import MissingExtraError
 from ._gateway_cmd import _listen
 from ._lifecycle import run_loop, running_loop
@@ -152,7 +152,23 @@ def console(
             host,
         )
     scheme = "https" if https_cert else "http"
+    me = auth_identity(conn)  # the seed's identity, if a `hookbus auth` folder names it
+    nats_approver = me.name if me is not None and me.role == "approver" else None
+    if me is not None and me.role in ("agent", "worker", "auditor"):
+        raise click.UsageError(
+            f"the console's NATS credentials are {me.label} ({me.public_key}), which may not"
+            " answer approvals: run it with an approver's seed (`hookbus auth add approver"
+            " NAME`)"
+        )
+    if nats_approver is not None and approver is not None and approver != nats_approver:
+        raise click.BadParameter(
+            f"the NATS credentials are approver {nats_approver}: answers can only be"
+            f" recorded as {nats_approver}, not as {approver}",
+            param_hint="--approver",
+        )
     who = f"approver {approver}" if approver else "approver named at sign-in"
+    if nats_approver is not None and approver is None:
+        who = f"approver named at sign-in: {nats_approver}, as its NATS credentials"
 
     async def run(server: ConnectionSettings) -> None:
         nc = await connect(
@@ -173,6 +189,7 @@ def console(
                 dispatcher, nc, token=console_token, approver=approver,
                 session_ttl_s=session_ttl_s, ping_timeout_s=ping_timeout, feed=feed,
                 stopping=lambda: bool(servers) and servers[0].should_exit,
+                nats_approver=nats_approver,
             )  # fmt: skip
             config = uvicorn.Config(
                 app,

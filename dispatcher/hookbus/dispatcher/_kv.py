@@ -34,11 +34,13 @@ from tenacity import (
 from hookbus.schemas import (
     BucketConfigError,
     HookbusTimeoutError,
+    NotPermittedError,
     approvals_bucket_config,
     config_differences,
     handlers_bucket_config,
     suspensions_bucket_config,
 )
+from hookbus.schemas._nats_guard import bucket_refusal, harden_connection
 
 from ._consumers import SlotConsumer, open_consumer
 
@@ -220,7 +222,10 @@ async def open_bucket(
         BucketConfigError: `strict` and the existing bucket differs from `config`, or
             JetStream refused to create it (e.g. 3 replicas on a single server).
         HookbusTimeoutError: JetStream stayed unavailable for `deadline_s` seconds.
+        NotPermittedError: the bucket is absent and this identity may not create it, or
+            may not read it (one line, at once).
     """
+    harden_connection(nc)  # a refusal fails at once (below: one line), not in 30 s
     js = nc.jetstream()
 
     async def create() -> tuple[KeyValue, list[str]]:
@@ -240,6 +245,8 @@ async def open_bucket(
         kv, differences = await kv_retry(
             create, deadline_s=deadline_s, what=f"opening bucket {config.bucket}"
         )
+    except NotPermittedError as exc:
+        raise bucket_refusal(config.bucket, exc) from exc
     except HookbusTimeoutError as exc:
         raise HookbusTimeoutError(
             f"{exc} (if the bucket does not exist yet and this client's NATS user may not"

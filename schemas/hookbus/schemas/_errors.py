@@ -24,6 +24,7 @@ __all__ = [
     "HookbusError",
     "HookbusTimeoutError",
     "NotConnectedError",
+    "NotPermittedError",
     "PayloadTooLargeError",
     "ResolutionRejectedError",
     "SuspensionAbortedError",
@@ -46,6 +47,30 @@ class HookbusTimeoutError(HookbusError, TimeoutError):
 
 class NotConnectedError(HookbusError):
     """The operation needs a NATS connection and none was given or it is closed."""
+
+
+class NotPermittedError(HookbusError):
+    """The NATS server refused an operation to this connection's identity (a permissions
+    violation): a request's or a publish's subject, or a subscription. Raised at once, as
+    the server says it, instead of the timeout a refused request would otherwise end in.
+    The message is one line: ``NATS refused <publish|subscription> to <subject> to
+    <identity> (<role>): <the server's words>``; `operation`, `subject`, `identity` and
+    `role` hold its parts (`role` is ``unknown`` unless the connection was labelled)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        operation: str = "",
+        subject: str = "",
+        identity: str = "",
+        role: str = "unknown",
+    ) -> None:
+        super().__init__(message)
+        self.operation = operation
+        self.subject = subject
+        self.identity = identity
+        self.role = role
 
 
 class BucketConfigError(HookbusError):

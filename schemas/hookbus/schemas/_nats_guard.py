@@ -1,4 +1,4 @@
-"""Two nats-py (2.16) client defects, repaired on each connection hookbus is given.
+"""Three nats-py (2.16) client shortcomings, repaired on each connection hookbus is given.
 
 **A hostile message must not silence a connection for good.** nats-py decodes a message's
 subject, reply subject and status-line description with strict UTF-8 inside its read loop;
@@ -14,18 +14,37 @@ subscriptions made just before: a request from another connection in that moment
 answered "no responders", and a message published to the new subscription is lost
 (``docs/decisions-under-faults.md``).
 
-`harden_connection` repairs both on one client: it wraps the message entry point so such
-bytes are replaced (by "?"; nats-py already replaces bad bytes in header values) instead,
-and makes a ``PING`` (of `flush`, `rtt` and the keep-alive) write the queued commands out
-before itself. No I/O here: it only wraps methods of the object it is given.
+**A refusal must be said at once.** A server securing each identity (``hookbus auth
+init``) answers a publish or a subscription the identity may not make with an
+asynchronous ``-ERR 'Permissions Violation for Publish to "<subject>"'``; nats-py hands it
+to the error callback only, so a refused request (JetStream and KV calls are requests) is
+never answered and ends in a timeout, and a refused subscription just never receives.
+
+`harden_connection` repairs all three on one client: it wraps the message entry point so
+such bytes are replaced (by "?"; nats-py already replaces bad bytes in header values)
+instead, makes a ``PING`` (of `flush`, `rtt` and the keep-alive) write the queued commands
+out before itself, and watches the permission violations: a pending request whose subject
+(or reply subject) was refused raises `NotPermittedError` at once, and so does the next
+`flush` after a refused subscription (subscribe, then flush, learns it); the user's error
+callback is still called. No I/O here: it only wraps methods of the object it is given.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
-__all__ = ["harden_connection", "order_flushes"]
+from ._errors import NotPermittedError
+
+__all__ = [
+    "bucket_refusal",
+    "connection_identity",
+    "harden_connection",
+    "order_flushes",
+    "refusal_raised",
+    "report_refusals",
+]
 
 log = logging.getLogger("hookbus")
 
@@ -38,12 +57,19 @@ def _safe(raw: Any) -> Any:
     return bytes(raw).decode("utf-8", "replace").encode("ascii", "replace")
 
 
-def harden_connection(nc: Any) -> None:
-    """Make `nc` (a nats-py client) survive invalid UTF-8 in subjects and status lines, and
-    make its flushes ordered after the commands sent before them (idempotent; a client
-    without the expected private entry points is left as it is)."""
+def harden_connection(nc: Any, *, identity: str | None = None) -> None:
+    """Make `nc` (a nats-py client) survive invalid UTF-8 in subjects and status lines,
+    make its flushes ordered after the commands sent before them, and make a refused
+    request or subscription raise `NotPermittedError` at once (idempotent; a client without
+    the expected private entry points is left as it is).
+
+    Args:
+        identity: who the connection acts as, for the refusal's message (e.g. ``"worker
+            sec"``); given again, it replaces the one set before (default: ``unknown``).
+    """
     order_flushes(nc)
     _safe_decoding(nc)
+    report_refusals(nc, identity=identity)
 
 
 def order_flushes(nc: Any) -> None:
@@ -95,3 +121,179 @@ def _safe_decoding(nc: Any) -> None:
 
     setattr(process_msg, _MARK, True)
     nc._process_msg = process_msg
+
+
+# -- refusals ---------------------------------------------------------------------------
+# nats-py hands the server's error line lowercased (subject included); the subjects are
+# matched case-insensitively and named as this client wrote them.
+_VIOLATION = re.compile(
+    r"^\s*'?(permissions violation) for (publish to|publish with reply of|subscription to)"
+    r' "?([^"\s]*)"?(?: using queue "?([^"\s]*)"?)?',
+    re.IGNORECASE,
+)
+_LABEL = "_hookbus_role"
+_RAISED = "_hookbus_refusal_raised"
+
+
+def refusal_raised(nc: Any) -> bool:
+    """Whether the permissions violation `nc`'s error callback is being called with was
+    raised as `NotPermittedError` to whoever waited on it (a callback may then say
+    nothing more: the refusal is already told)."""
+    return bool(getattr(nc, _RAISED, False))
+
+
+def connection_identity(nc: Any) -> str:
+    """Who `nc` connects as, for messages: the nkey public key (nats-py's, else the one in
+    an ``_INBOX_<public key>`` inbox prefix), else the user name, else ``this connection``
+    (never a secret)."""
+    public = getattr(nc, "_public_nkey", None)
+    if isinstance(public, str) and public:
+        return public
+    prefix = bytes(getattr(nc, "_inbox_prefix", b"") or b"").decode("ascii", "replace")
+    if prefix.startswith("_INBOX_U") and len(prefix) > len("_INBOX_U"):
+        return prefix[len("_INBOX_") :].split(".", 1)[0]
+    options = getattr(nc, "options", None) or {}
+    user = options.get("user") if isinstance(options, dict) else None
+    if user:
+        return f"user {user}"
+    return "this connection"
+
+
+def _refusal(nc: Any, operation: str, subject: str, why: str) -> NotPermittedError:
+    identity = connection_identity(nc)
+    role = getattr(nc, _LABEL, None) or "unknown"
+    return NotPermittedError(
+        f"NATS refused {operation} to {subject} to {identity} ({role}): {why}",
+        operation=operation,
+        subject=subject,
+        identity=identity,
+        role=role,
+    )
+
+
+def bucket_refusal(bucket: str, refusal: NotPermittedError) -> NotPermittedError:
+    """The one-line error for opening a bucket that `refusal` stopped: absent and not the
+    identity's to create (a refused stream create: the admin provisions it), else
+    `refusal` itself (e.g. the bucket is not the identity's to read)."""
+    who = refusal.identity + (f" ({refusal.role})" if refusal.role != "unknown" else "")
+    if ".STREAM.CREATE." in refusal.subject.upper():
+        text = (
+            f"bucket {bucket} does not exist and {who} may not create it: provision it as"
+            " the admin (`hookbus auth provision`)"
+        )
+    else:
+        return refusal
+    return NotPermittedError(
+        text,
+        operation=refusal.operation,
+        subject=refusal.subject,
+        identity=refusal.identity,
+        role=refusal.role,
+    )
+
+
+def report_refusals(nc: Any, *, identity: str | None = None) -> None:
+    """Make `nc` (a nats-py client) raise `NotPermittedError` at once where the server
+    refused: in a pending `request` whose subject or reply subject the identity may not
+    publish to, in every pending request when the client's reply subscription is refused,
+    and in the first `flush` that ends after a refused subscription (idempotent; `identity`
+    labels the connection for the message, see `harden_connection`)."""
+    if identity:
+        setattr(nc, _LABEL, identity)
+    original_err = getattr(nc, "_process_err", None)
+    original_publish = getattr(nc, "publish", None)
+    original_flush = getattr(nc, "flush", None)
+    if original_err is None or original_publish is None or original_flush is None:
+        return
+    if getattr(original_err, _MARK, False) or not hasattr(nc, "_resp_map"):
+        return
+
+    requests: dict[str, dict[str, str]] = {}  # lowercased subject -> {token: subject}
+    replies: dict[str, str] = {}  # lowercased reply subject -> token
+    refused_subs: list[NotPermittedError] = []
+
+    def forget(subject_key: str, reply_key: str, token: str) -> None:
+        tokens = requests.get(subject_key)
+        if tokens is not None:
+            tokens.pop(token, None)
+            if not tokens:
+                del requests[subject_key]
+        replies.pop(reply_key, None)
+
+    async def publish(
+        subject: str, payload: bytes = b"", reply: str = "", headers: Any = None
+    ) -> None:
+        prefix = nc._resp_sub_prefix
+        if reply and prefix and reply.startswith(prefix.decode()):
+            token = reply[len(prefix) :]
+            future = nc._resp_map.get(token)
+            if future is not None and not future.done():
+                subject_key, reply_key = subject.lower(), reply.lower()
+                requests.setdefault(subject_key, {})[token] = subject
+                replies[reply_key] = token
+                future.add_done_callback(lambda _f: forget(subject_key, reply_key, token))
+        await original_publish(subject, payload, reply=reply, headers=headers)
+
+    def fail(token: str, error: NotPermittedError) -> bool:
+        future = nc._resp_map.get(token)
+        if future is not None and not future.done():
+            future.set_exception(error)
+            return True
+        return False
+
+    def refuse(err_msg: str) -> bool:
+        """Fail what the refusal `err_msg` refused; whether anything waited on it."""
+        match = _VIOLATION.match(err_msg)
+        if match is None:
+            return False
+        why, kind, subject_key = match.group(1), match.group(2).lower(), match.group(3).lower()
+        if kind == "publish to":
+            failed = [
+                fail(token, _refusal(nc, "publish", subject, why))
+                for token, subject in list(requests.get(subject_key, {}).items())
+            ]
+            return any(failed)
+        if kind == "publish with reply of":
+            token = replies.get(subject_key)
+            if token is None:
+                return False
+            subject = next((s for t in requests.values() for k, s in t.items() if k == token), "")
+            return fail(token, _refusal(nc, "publish with reply", subject or subject_key, why))
+        subs = [
+            sub
+            for sub in list(getattr(nc, "_subs", {}).values())
+            if str(getattr(sub, "_subject", "")).lower() == subject_key
+        ]
+        subject = str(subs[0]._subject) if subs else subject_key
+        error = _refusal(nc, "subscription", subject, why)
+        prefix = nc._resp_sub_prefix
+        if prefix and subject_key == (prefix.decode() + "*").lower():
+            for token in list(nc._resp_map):  # no reply can come: every request fails
+                fail(token, error)
+        refused_subs.append(error)
+        return bool(subs)
+
+    async def process_err(err_msg: str) -> Any:
+        try:
+            raised = refuse(err_msg)
+        except Exception:  # pragma: no cover - never keep the error callback from running
+            log.exception("could not match a NATS permissions violation")
+            raised = False
+        setattr(nc, _RAISED, raised)
+        try:
+            return await original_err(err_msg)
+        finally:
+            setattr(nc, _RAISED, False)
+
+    async def flush(*args: Any, **kwargs: Any) -> None:
+        await original_flush(*args, **kwargs)
+        if refused_subs:
+            first = refused_subs[0]
+            refused_subs.clear()
+            raise first
+
+    for wrapper in (process_err, publish, flush):
+        setattr(wrapper, _MARK, True)
+    nc._process_err = process_err
+    nc.publish = publish
+    nc.flush = flush

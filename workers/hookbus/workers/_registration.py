@@ -59,7 +59,7 @@ from hookbus.schemas import (
     handler_key,
     handlers_bucket_config,
 )
-from hookbus.schemas._nats_guard import bucket_refusal
+from hookbus.schemas._nats_guard import bucket_refusal, harden_connection
 
 __all__ = [
     "declare_handlers",
@@ -152,6 +152,7 @@ async def open_registry(nc: NATS, *, replicas: int = 1, deadline_s: float = 30.0
             may not read it (one line, at once).
     """
     config = handlers_bucket_config(replicas=replicas)
+    harden_connection(nc)  # a refusal fails at once (below: one line), not in 30 s
     js = nc.jetstream()
 
     async def create() -> KeyValue:

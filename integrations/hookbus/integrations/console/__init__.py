@@ -14,8 +14,10 @@ route                            what
                                  ``approval_removed``, ``grant``, ``grant_removed``,
                                  ``decision``, ``resync``, ``signed_out`` (see `Feed`)
 ``GET /api/session``             who is signed in (``signed_in``, ``approver``, ``expires_at``,
-                                 ``approver_bound``); open
-``POST /api/login``              ``{"token", "approver"}``: sets the session cookie; open
+                                 ``approver_bound``, ``nats_approver``); open
+``POST /api/login``              ``{"token", "approver"}``: sets the session cookie (403 when
+                                 the name is not the approver the console's NATS
+                                 credentials are); open
 ``POST /api/logout``             clears it
 ``GET /api/approvals``           ``{"now", "approvals": [...], "skipped"}``, oldest first
 ``POST /api/approvals/answer``   ``{"label", "agent_id", "choice"}``: answers as the approver
@@ -31,7 +33,8 @@ needs the header ``X-Hookbus-Console`` and a JSON body, and is refused (403) whe
 browser says it comes from another origin (see `hookbus.integrations.console._auth`).
 Errors have hookbus's shape, ``{"error": {"code": ..., "message": ...}}``: 404 no such
 approval, 409 already answered / cancelled / timed out, 422 a choice that is not an
-option, 400 bad input, 503 JetStream unavailable.
+option, 400 bad input, 403 ``not_permitted`` NATS refused it to the console's
+credentials, 503 JetStream unavailable.
 
 Source: WHATWG HTML Living Standard, "Server-sent events" (the ``text/event-stream``
 format, ``retry``, comments as keep-alives).

@@ -32,6 +32,7 @@ from hookbus.schemas import (
     HookbusError,
     HookbusTimeoutError,
     NotConnectedError,
+    NotPermittedError,
     ResolutionRejectedError,
     SuspensionNotFoundError,
 )
@@ -160,6 +161,7 @@ _ERRORS: tuple[tuple[type[HookbusError], int, str], ...] = (
     (AlreadySettledError, 409, "already_settled"),
     (ResolutionRejectedError, 422, "rejected"),
     (BadRequestError, 400, "bad_request"),
+    (NotPermittedError, 403, "not_permitted"),
     (AnswerNotAppliedError, 504, "not_applied_yet"),
     (HookbusTimeoutError, 503, "unavailable"),
     (NotConnectedError, 503, "unavailable"),
@@ -188,6 +190,7 @@ def console_app(
     ping_timeout_s: float = 0.5,
     feed: Feed | None = None,
     lifespan: Lifespan[Starlette] | None = None,
+    nats_approver: str | None = None,
 ) -> Starlette:
     """The approvals console's ASGI app; see the package docstring for the routes.
 
@@ -206,6 +209,9 @@ def console_app(
             app's lifespan).
         lifespan: an outer lifespan (e.g. closing the dispatcher at shutdown), entered
             after the feed has started.
+        nats_approver: the approver `nc`'s NATS credentials are (a secured server lets
+            them answer as that name only): a sign-in naming anyone else is refused, with
+            a message saying whom to sign in as; None: any name.
     Raises:
         ValueError: an empty token, an invalid approver name, or a lifetime not above 0.
     """
@@ -218,6 +224,8 @@ def console_app(
     ) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             session = signer.verify(request.cookies.get(COOKIE))
+            if session is not None and nats_approver not in (None, session.approver):
+                session = None  # signed in before the console ran with these credentials
             if session is None:
                 return _error(401, "unauthorized", "sign in first")
             if post:
@@ -246,6 +254,7 @@ def console_app(
             "approver": session.approver if session else None,
             "expires_at": session.expires_at if session else None,
             "approver_bound": signer.approver is not None,
+            "nats_approver": nats_approver,
         })  # fmt: skip
 
     async def login(request: Request) -> Response:
@@ -268,6 +277,15 @@ def console_app(
             problem = _valid_approver(name)
             if problem is not None:
                 return _error(400, "bad_request", problem)
+        if nats_approver is not None and name != nats_approver:
+            log.warning("console: sign-in as %r refused from %s: the NATS credentials are"
+                        " approver %r", name, _client(request), nats_approver)  # fmt: skip
+            return _error(
+                403, "wrong_approver",
+                f"this console's NATS credentials are approver {nats_approver}: answers can"
+                f" only be recorded as {nats_approver}, not as {name}; sign in as"
+                f" {nats_approver}",
+            )  # fmt: skip
         value, session = signer.issue(name)
         log.info("console: %s signed in from %s", name, _client(request))
         response = _json({"approver": name, "expires_at": session.expires_at})

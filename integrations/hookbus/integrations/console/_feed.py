@@ -41,6 +41,7 @@ from hookbus.schemas import (
     ApprovalGrant,
     DecisionRecord,
     HookbusError,
+    NotPermittedError,
     SuspensionRecord,
     decode,
     is_answer_key,
@@ -156,7 +157,13 @@ class Feed:
         harden_connection(self._nc)  # the flush below must follow the subscription
         await self._approvals.open()
         self._decisions = await self._nc.subscribe(DECISIONS_WILDCARD, cb=self._on_decision)
-        await self._nc.flush()
+        try:
+            await self._nc.flush()
+        except NotPermittedError as exc:  # this NATS user may not hear the audit trail
+            log.info("the console shows no live decisions: %s", exc)
+            sub, self._decisions = self._decisions, None
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
         self._task = asyncio.get_running_loop().create_task(self._check_loop())
 
     async def close(self) -> None:

@@ -23,6 +23,7 @@ from hookbus.schemas import (
     ApprovalGrant,
     DecisionRecord,
     HookbusError,
+    NotPermittedError,
     SuspensionRecord,
     decode,
     grant_key,
@@ -115,8 +116,7 @@ async def recent_decisions(nc: NATS, *, limit: int, timeout_s: float = 5.0) -> d
         ``{"available": True, "records": [...]}``, or ``{"available": False, "code": ...,
         "reason": ..., "records": []}``: code ``audit_off`` when the ``hookbus_decisions``
         stream does not exist (the audit trail is off), ``not_readable`` when this NATS
-        user may not read it (only admin and auditor users may; JetStream does not answer
-        it, so this takes `timeout_s` seconds).
+        user may not read it (only admin and auditor users may; NATS refuses it at once).
     """
     js = nc.jetstream(timeout=timeout_s)
     try:
@@ -126,6 +126,9 @@ async def recent_decisions(nc: NATS, *, limit: int, timeout_s: float = 5.0) -> d
             f"the audit trail is off: no {DECISIONS_STREAM} stream (`hookbus dispatcher --audit`)"
         )
         return {"available": False, "code": "audit_off", "reason": reason, "records": []}
+    except NotPermittedError as exc:
+        reason = f"{exc} (admin and auditor users may read the audit trail)"
+        return {"available": False, "code": "not_readable", "reason": reason, "records": []}
     except (TimeoutError, nats.errors.Error) as exc:
         reason = (f"cannot read the {DECISIONS_STREAM} stream ({type(exc).__name__}): this"
                   " NATS user may not read it (admin and auditor users may)")  # fmt: skip

@@ -90,6 +90,7 @@ async function start() {
   const session = await api("/api/session");
   $("approver-field").hidden = session.approver_bound;
   $("approver").required = !session.approver_bound;
+  if (session.nats_approver && !$("approver").value) $("approver").value = session.nats_approver;
   if (session.signed_in) showConsole(session.approver); else showLogin();
 }
 
