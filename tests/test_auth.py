@@ -6,15 +6,19 @@ few permissions hold (the full per-role probe suite lives elsewhere)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
 import os
 import re
+import shlex
 import signal
+import socket
 import ssl
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -101,7 +105,8 @@ def test_an_agent_is_scoped_to_its_token() -> None:
         ]  # fmt: skip
         assert perms.allow_responses is None
         # reads of suspensions and grants only through subjects that carry its prefix
-        scoped = [s for s in perms.publish if "hookbus_suspensions" in s or "hookbus_approvals" in s]
+        scoped = [s for s in perms.publish
+                  if "hookbus_suspensions" in s or "hookbus_approvals" in s]  # fmt: skip
         assert scoped and all(
             ".pay=2Ements." in s or s.startswith(("$JS.API.STREAM.INFO", "$JS.API.CONSUMER.INFO",
                                                   "$JS.API.CONSUMER.DELETE"))
@@ -686,3 +691,69 @@ def test_the_development_server_says_it_is_open_and_on_loopback(tmp_path: Path) 
     finally:
         _, err = _stop(proc)
     assert "open (no auth" in err and "loopback" in err
+
+
+def test_the_security_docs_steps_run_as_written(tmp_path: Path) -> None:
+    """docs/security.md's "How to run it" commands, run one by one as written (only the
+    server's port is another, free one): the emit through the service is denied by the
+    worker's security_policy."""
+    text = (ROOT / "docs" / "security.md").read_text()
+    block = text.split("## How to run it", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "examples").symlink_to(ROOT / "examples")  # "from the repository's root"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NATS_")}
+    background: list[subprocess.Popen[str]] = []
+    try:
+        result = None
+        for line in block.strip().splitlines():
+            args = shlex.split(line.removesuffix("&").strip())
+            assert args[0] == "hookbus", line
+            args = [sys.executable, "-m", "hookbus.cli", *args[1:]]
+            if args[3:5] == ["auth", "init"]:
+                args += ["--port", str(port)]
+            if line.rstrip().endswith("&"):
+                proc = subprocess.Popen(
+                    args, cwd=tmp_path, env=env, text=True,
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                )  # fmt: skip
+                background.append(proc)
+                _wait_ready(proc, port if args[3] == "server" else None)
+                continue
+            result = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True,
+                                    timeout=120)  # fmt: skip
+            assert result.returncode == 0, (line, result.stdout, result.stderr)
+        assert result is not None
+        decided = json.loads(result.stdout)
+        assert (decided["action"], decided["decided_by"]) == ("deny", "security_policy"), decided
+    finally:
+        for proc in reversed(background):
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.communicate(timeout=30)  # reads the rest and closes the pipe
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+
+
+def _wait_ready(proc: subprocess.Popen[str], port: int | None) -> None:
+    """Until `proc` listens on `port` (a server), or says it is serving (a dispatcher or
+    worker prints its banner once its subscriptions are in place)."""
+    deadline = time.monotonic() + 60
+    if port is not None:
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                return
+            assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
+            time.sleep(0.05)
+    assert proc.stdout is not None
+    seen = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if "serving" in line:
+            return
+    raise AssertionError(f"not serving: {''.join(seen)[-2000:]}")

@@ -37,6 +37,7 @@ from ._connect import LOCAL_URL
 from ._lifecycle import Supervisor, stop_on_signals
 from ._otel import otel_session, otlp_option
 from ._serve_cmds import run_async
+from ._service_emit import service_emit
 
 __all__ = ["EXIT_CODES", "emit", "exit_code_of", "read_json_argument"]
 
@@ -110,6 +111,14 @@ def read_json_argument(value: str, *, what: str = "JSON data") -> dict[str, Any]
 )
 @click.option("--compact", is_flag=True, help="Print the JSON on one line.")
 @click.option(
+    "--service",
+    "via_service",
+    is_flag=True,
+    help="Ask the dispatcher service (`hookbus dispatcher`) instead of a dispatcher in this "
+    "process: what a plain agent identity of a secured server may do (it asks approvals, "
+    "records the decision and bounds each agent). Needs --agent-id on a secured server.",
+)
+@click.option(
     "--audit",
     is_flag=True,
     help="Record the decision in the hookbus_decisions stream (created if absent), as "
@@ -128,6 +137,7 @@ def emit(
     allow_unknown: bool,
     use_exit_code: bool,
     compact: bool,
+    via_service: bool,
     audit: bool,
 ) -> None:
     """Emit EVENT with a JSON object (inline, - for stdin, @FILE) through a dispatcher in
@@ -145,6 +155,15 @@ def emit(
             await emit_once(nc)
 
     async def emit_once(nc: Any) -> None:
+        if via_service:
+            if collect or no_wait or audit:
+                raise click.UsageError("--service emits only: no --collect, --no-wait or --audit")
+            try:
+                result = await service_emit(nc, agent_id=agent_id)(event, payload)
+            except HookbusError as exc:
+                raise click.ClickException(str(exc)) from exc
+            out.append(to_builtins(result))
+            return
         try:
             async with HookDispatcher(
                 nc,
