@@ -38,6 +38,7 @@ from opentelemetry.util._once import Once
 
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.cli._auth import DEFAULT_TENANT, load_setup
+from hookbus.cli._connect import auth_ssl_context
 from hookbus.cli._decisions_cmd import latency
 from hookbus.cli._main import cli
 from hookbus.dispatcher import DispatcherService, HookDispatcher
@@ -673,6 +674,7 @@ async def test_on_a_secured_server_the_service_and_the_agent_write_and_only_audi
             nkeys_seed=str(who.seed_path(out)),
             inbox_prefix=inbox_prefix(who.public_key),
             allow_reconnect=False,
+            tls=auth_ssl_context(out),  # auth init's CA (TLS by default)
         )
 
     event = f"test:{uuid.uuid4().hex[:8]}"

