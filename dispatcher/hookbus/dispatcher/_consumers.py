@@ -203,7 +203,11 @@ class SlotConsumer:
     async def _create(self, inbox: str, start_seq: int | None) -> dict[str, Any]:
         jsm = self._js._jsm
         timeout = self._js._timeout
-        for name in self._slots:
+        slots = self._slots
+        if self._consumer in slots:  # re-created: another name first, so that a reader
+            i = slots.index(self._consumer)  # counting per consumer name starts over
+            slots = slots[i + 1 :] + slots[: i + 1]
+        for name in slots:
             try:
                 info: dict[str, Any] = await jsm._api_request(
                     self._create_subject(name), self._body(name, inbox, start_seq), timeout=timeout
@@ -253,8 +257,8 @@ class SlotConsumer:
 
     async def _recover(self) -> None:
         """Delete the consumer and create it again from the stream sequence after the last
-        one handed over (in the first free slot: usually the same). Retried with a backoff
-        until it succeeds or the consumer is released."""
+        one handed over, in the next free slot after its own (its name changes when another
+        is free). Retried with a backoff until it succeeds or the consumer is released."""
         delay, most = _RECOVER_BACKOFF_S
         while not self._closed:
             async with self._lock:
