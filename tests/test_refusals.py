@@ -42,6 +42,8 @@ from hookbus.schemas._nats_guard import harden_connection
 
 anyio_test = pytest.mark.anyio
 
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "security_policy.py"
+
 FAST_S = 10.0
 """Upper bound for a refusal to reach the user (the old behaviour took 15 to 31 s)."""
 
@@ -60,7 +62,8 @@ def _free_port() -> int:
 
 @dataclass
 class Secured:
-    """A server from `hookbus auth init` (agent a1, approver alice; admin, dispatcher)."""
+    """A server from `hookbus auth init` (agent a1, approver alice, worker sec serving
+    tool:pre/security_policy only; admin, dispatcher)."""
 
     out: Path
     url: str
@@ -91,7 +94,8 @@ def _server(out: Path) -> Iterator[Secured]:
     port = _free_port()
     subprocess.run(
         [sys.executable, "-m", "hookbus.cli", "auth", "init", "--out", str(out),
-         "--agent", "a1", "--approver", "alice", "--port", str(port)],
+         "--agent", "a1", "--approver", "alice", "--worker", "sec:tool:pre/security_policy",
+         "--port", str(port)],
         check=True, capture_output=True, text=True,
     )  # fmt: skip
     with EmbeddedNatsServer(out / "run", config=out / "server.conf"):
@@ -194,7 +198,7 @@ async def test_without_a_label_the_role_is_unknown(provisioned: Secured) -> None
 
 def test_a_worker_without_the_grants_exits_at_once_with_the_refusal(provisioned: Secured) -> None:
     done, took = hookbus(
-        "worker", "examples/security_policy.py:worker",
+        "worker", f"{EXAMPLE}:worker",
         "--context", str(provisioned.context("agent-a1")),
     )  # fmt: skip
     assert done.returncode != 0
@@ -203,6 +207,26 @@ def test_a_worker_without_the_grants_exits_at_once_with_the_refusal(provisioned:
     assert lines[0].startswith("Error: NATS refused "), lines
     assert REFUSED.search(lines[0]) and "(agent a1)" in lines[0], lines
     assert "JetStream unavailable" not in done.stderr and "within" not in done.stderr
+    assert took < FAST_S, f"{took:.1f}s"
+
+
+def test_a_worker_serving_a_handler_of_another_identity_is_refused_at_once(
+    provisioned: Secured,
+) -> None:
+    """examples/security_policy.py also serves prompt:complete/response_dlp, which worker
+    sec may not: its subscription is refused, and the worker exits with that line."""
+    done, took = hookbus(
+        "worker", f"{EXAMPLE}:worker",
+        "--context", str(provisioned.context("worker-sec")),
+    )  # fmt: skip
+    assert done.returncode != 0
+    lines = error_lines(done.stderr)
+    assert len(lines) == 1, done.stderr
+    assert re.fullmatch(
+        rf"Error: NATS refused subscription to hookbus\.v1\.handler\.prompt=3Acomplete\."
+        rf"response_dlp to {PUBKEY} \(worker sec\): permissions violation",
+        lines[0],
+    ), lines
     assert took < FAST_S, f"{took:.1f}s"
 
 
