@@ -24,13 +24,10 @@ reports a stream that exists with another configuration.
 from __future__ import annotations
 
 import dataclasses
-import json
-import ssl
 from pathlib import Path
 from typing import Any, Final
 
 import click
-import nats
 from nats.js.api import KeyValueConfig
 
 from hookbus.dispatcher._audit import ensure_decisions_stream
@@ -43,8 +40,10 @@ from hookbus.schemas import (
     leases_bucket_config,
     suspensions_bucket_config,
 )
+from hookbus.schemas._permissions import inbox_prefix
 
-from ._auth import DEFAULT_TENANT, load_setup
+from ._auth import load_setup
+from ._connect import ConnectionSettings, connect, connection_options
 
 __all__ = ["BUCKET_MAX_BYTES", "MAX_VALUE_BYTES", "provision", "provision_cmd"]
 
@@ -93,68 +92,66 @@ async def provision(nc: Any, *, replicas: int = 1, audit_max_bytes: int = 1024 *
     return lines
 
 
-def _admin_context(out: Path, tenant: str) -> dict[str, Any]:
-    folder = out if tenant == DEFAULT_TENANT else out / tenant
-    path = folder / "admin-admin.json"
-    try:
-        return dict(json.loads(path.read_text()))
-    except FileNotFoundError:
-        raise click.ClickException(f"{path} not found: the tenant has no admin identity") from None
-
-
-def _tls(ctx: dict[str, Any]) -> ssl.SSLContext | None:
-    ca = ctx.get("ca")
-    if not ca:
-        return None
-    return ssl.create_default_context(cafile=ca)
+def _admin_settings(out: Path, tenant: str, url: str | None) -> ConnectionSettings:
+    """How to connect as `tenant`'s admin of the `hookbus auth init` folder `out` (the seed
+    found in the folder itself, so the folder may have moved, e.g. into a container)."""
+    setup = load_setup(out)
+    admin = setup.find(tenant, "admin", "admin")
+    if admin is None:
+        raise click.ClickException(f"tenant {tenant} of {out} has no admin identity")
+    ca = next(
+        (str(p) for p in (Path(setup.tls_ca or ""), out / "ca.pem") if p.name and p.is_file()),
+        None,
+    )
+    return ConnectionSettings(
+        url=url or setup.url(),
+        nkey=str(admin.seed_path(out)),
+        inbox_prefix=inbox_prefix(admin.public_key),
+        tls_ca=ca,
+    )
 
 
 @click.command("provision")
 @click.option(
     "--dir",
     "out",
-    required=True,
     type=click.Path(file_okay=False, exists=True, path_type=Path),
-    help="The folder `hookbus auth init` wrote (its admin identities are used).",
+    help="A folder `hookbus auth init` wrote: provision every tenant (or --tenant), each as "
+    "its admin. Without it: the one account of the connection options' identity.",
 )
-@click.option("--tenant", "tenants", multiple=True, help="Only this tenant; repeat (default: all).")
-@click.option("--url", default=None, help="Server URL (default: the folder's).")
+@click.option("--tenant", "tenants", multiple=True, help="With --dir: only this tenant; repeat.")
 @click.option("--replicas", default=1, show_default=True, help="JetStream replicas (3: cluster).")
-def provision_cmd(out: Path, tenants: tuple[str, ...], url: str | None, replicas: int) -> None:
-    """Create hookbus's buckets and audit stream, with their limits, in every tenant, as
-    its admin: the only role that may create streams. Run once after starting the server
-    (again: it changes nothing)."""
+@connection_options(embedded=False)
+def provision_cmd(
+    out: Path | None, tenants: tuple[str, ...], replicas: int, conn: ConnectionSettings
+) -> None:
+    """Create hookbus's buckets and audit stream, with their limits, as an admin: the only
+    role that may create streams. Run it once after starting the server (again: it changes
+    nothing). `--dir auth` provisions every tenant of an auth folder; otherwise connect as
+    the admin with the usual options (e.g. NATS_URL and NATS_NKEY)."""
     from ._serve_cmds import run_async
 
-    setup = load_setup(out)
-    chosen = list(tenants) or setup.tenants
-    unknown = [t for t in chosen if t not in setup.tenants]
-    if unknown:
-        raise click.BadParameter(f"unknown tenant(s) {unknown}; known: {setup.tenants}")
+    targets: list[tuple[str, ConnectionSettings]]
+    if out is None:
+        if tenants:
+            raise click.UsageError("--tenant needs --dir")
+        targets = [("", conn)]
+    else:
+        known = load_setup(out).tenants
+        unknown = [t for t in tenants if t not in known]
+        if unknown:
+            raise click.BadParameter(f"unknown tenant(s) {unknown}; known: {known}")
+        targets = [(t, _admin_settings(out, t, conn.url)) for t in (tenants or known)]
 
-    async def one(tenant: str) -> list[str]:
-        ctx = _admin_context(out, tenant)
-        try:
-            nc = await nats.connect(
-                url or ctx["url"],
-                nkeys_seed=ctx["nkey"],
-                inbox_prefix=ctx["inbox_prefix"],
-                tls=_tls(ctx),
-                allow_reconnect=False,
-                connect_timeout=5,
-            )
-        except Exception as exc:  # unreachable, refused, TLS: one line, no traceback
-            why = str(exc) or type(exc).__name__
-            raise click.ClickException(
-                f"cannot connect as {tenant}'s admin to {url or ctx['url']}: {why}"
-            ) from None
+    async def one(settings: ConnectionSettings) -> list[str]:
+        nc = await connect(settings, name="hookbus-provision", max_reconnects=0)
         try:
             return await provision(nc, replicas=replicas)
         except HookbusError as exc:
-            raise click.ClickException(f"tenant {tenant}: {exc}") from None
+            raise click.ClickException(str(exc)) from None
         finally:
             await nc.close()
 
-    for tenant in chosen:
-        for line in run_async(one(tenant)):
-            click.echo(f"{tenant:<10} {line}")
+    for tenant, settings in targets:
+        for line in run_async(one(settings)):
+            click.echo(f"{tenant:<10} {line}" if tenant else line)
