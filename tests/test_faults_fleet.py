@@ -395,7 +395,7 @@ async def test_cancelled_approval_denies_that_call_only(asking: Any) -> None:
 
             tg.start_soon(emit)
             pending = await a.next_pending()
-            await approver.cancel_hook(
+            await approver.cancel_approval(
                 pending.label, reason="client went away", agent_id=pending.agent_id
             )
         assert results[0].action == "deny"

@@ -31,8 +31,9 @@ from anyio.streams.text import TextReceiveStream
 from nats.aio.client import Client as NATS
 
 from hookbus.cli import EmbeddedNatsServer
-from hookbus.dispatcher import HookDispatcher
+from hookbus.dispatcher import AnswerNotAppliedError, HookDispatcher
 from hookbus.schemas import (
+    APPROVALS_BUCKET,
     SUSPENSIONS_BUCKET,
     EmitReply,
     EmitRequest,
@@ -316,15 +317,17 @@ async def test_dispatcher_service_killed_mid_approval_loses_nothing(
                 await service.kill()
                 tg.cancel_scope.cancel()  # the agent gives up on that request
 
-            if answer_first:  # answered while no dispatcher service runs
-                await observer.d.answer_approval(
-                    part.label, "Allow", approver="tester", agent_id=part.agent_id
-                )
+            if answer_first:  # answered while no dispatcher service runs: recorded only
+                with pytest.raises(AnswerNotAppliedError):
+                    await observer.d.answer_approval(
+                        part.label, "Allow", approver="tester", agent_id=part.agent_id,
+                        wait_s=0.5,
+                    )  # fmt: skip
                 await children.service(url)
                 reply = await emit_request(agent_nc, event, session)  # the retry
             else:  # the retry reaches a new service first, then the answer comes
                 await children.service(url)
-                kv = await observer.nc.jetstream().key_value(SUSPENSIONS_BUCKET)
+                kv = await observer.nc.jetstream().key_value(APPROVALS_BUCKET)
                 watcher = await kv.watch(suspension_key(part.label))
                 replies: list[EmitReply] = []
                 replied, taken_up = anyio.Event(), anyio.Event()

@@ -110,14 +110,14 @@ async def test_drain_aborts_an_approval_wait_and_a_retry_resumes_it(embedded_ser
             d2 = HookDispatcher(other, strict_events=True)
             service2 = DispatcherService(d2, other)
             await service2.start()
-            got = await d2.suspensions.get(label)
+            got = await d2.get_approval(label)
             assert got is not None and got[0].status == "pending"  # left pending by the abort
             retry = asyncio.create_task(agent.request(_emit_subject(event), body, timeout=30))
             await agent.flush()
             # the retry attaches to the same approval: answer it and the retry returns
             with anyio.fail_after(20):
                 while True:
-                    got = await d2.suspensions.get(label)
+                    got = await d2.get_approval(label)
                     if got is not None and got[0].attached:
                         break
                     await asyncio.sleep(0.05)  # no event marks "re-attached"

@@ -295,7 +295,17 @@ def worker(
     type=DURATION,
     default="24h",
     show_default=True,
-    help='How long an "Allow always" grant lives (env HOOKBUS_APPROVAL_TTL).',
+    help='How long an "Allow always" grant allows after its answer (env HOOKBUS_APPROVAL_TTL).',
+)
+@click.option(
+    "--max-pending-approvals",
+    "max_pending_approvals",
+    envvar="HOOKBUS_MAX_PENDING_APPROVALS",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Pending approvals one agent may have at once; a question beyond them is denied "
+    "with a reason starting 'quota:' (env HOOKBUS_MAX_PENDING_APPROVALS).",
 )
 @strict_buckets_option
 @max_reconnects_option
@@ -311,6 +321,7 @@ def dispatcher_cmd(
     bucket_replicas: int,
     suspension_ttl_s: float,
     approval_ttl_s: float,
+    max_pending_approvals: int,
     strict_buckets: bool,
     max_reconnects: int,
     audit: bool,
@@ -336,6 +347,7 @@ def dispatcher_cmd(
             bucket_replicas=bucket_replicas,
             suspension_ttl_s=suspension_ttl_s,
             approval_ttl_s=approval_ttl_s,
+            max_pending_approvals=max_pending_approvals,
             strict_buckets=strict_buckets,
             audit=audit,
             audit_max_age_s=audit_max_age_s,

@@ -75,6 +75,7 @@ from nats.js.kv import KeyValue
 
 from hookbus.schemas import (
     APPROVAL_DEFAULT_OPTIONS,
+    APPROVALS_BUCKET,
     AlreadySettledError,
     ApprovalAnswer,
     ApprovalGrant,
@@ -349,6 +350,7 @@ class Approvals:
         self.answer_wait_s = answer_wait_s
         self.max_pending = max_pending
         self._proof_poll_s = proof_poll_s
+        self._own_agent_secured = False  # an agent's own store on a secured server
 
     @classmethod
     async def open(
@@ -365,22 +367,32 @@ class Approvals:
         `suspensions`' agent (same scope, same waiter lease).
 
         An agent's own dispatcher (a scoped store) on a server that requires
-        authentication gets 3 s, not 15, per approval write: there its NATS user may not
-        write approval records (they are asked through the dispatcher service), and a
-        refused write must deny promptly.
+        authentication binds the bucket without reading its configuration (its NATS user
+        may only get its own keys there) and gets 3 s, not 15, per approval write: there
+        it may not write approval records (they are asked through the dispatcher service),
+        and a refused write must deny promptly.
         """
-        kv = await open_bucket(nc, approvals_bucket_config(replicas=replicas))
         info = getattr(nc, "_server_info", None) or {}
         secured = bool(info.get("auth_required"))
+        if suspensions.records.scoped and secured:  # an agent: it may only get its own keys
+            bucket = APPROVALS_BUCKET
+            kv = KeyValue(
+                name=bucket, stream=f"KV_{bucket}", pre=f"$KV.{bucket}.", js=nc.jetstream(),
+                direct=True,
+            )  # fmt: skip
+        else:
+            kv = await open_bucket(nc, approvals_bucket_config(replicas=replicas))
         deadline = 3.0 if suspensions.records.scoped and secured else 15.0
         store = Suspensions(
             nc, kv, leases=suspensions.leases, agent_id=suspensions.agent_id,
             scoped=suspensions.records.scoped, write_deadline_s=deadline,
         )  # fmt: skip
-        return cls(
+        approvals = cls(
             store, kv, grant_ttl_s=grant_ttl_s, answer_wait_s=answer_wait_s,
             max_pending=max_pending,
         )  # fmt: skip
+        approvals._own_agent_secured = deadline < 15.0
+        return approvals
 
     async def close(self) -> None:
         """Stop the approval store's watch (the lease is the suspension store's)."""
@@ -472,8 +484,8 @@ class Approvals:
     async def _over_quota(self, store: Suspensions) -> str | None:
         """The deny reason when `store`'s agent already has `max_pending` live pending
         approvals (one pass over that agent's keys of the approvals bucket), else None."""
-        if self.max_pending is None:
-            return None
+        if self.max_pending is None or self._own_agent_secured:
+            return None  # none, or the agent may not create approvals at all: no count
         scoped = RecordStore(
             store.records.kv, deadline_s=self._grant_read_s, agent_id=store.agent_id, scoped=True
         )

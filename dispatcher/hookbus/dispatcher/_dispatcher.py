@@ -428,7 +428,7 @@ class HookDispatcher(StandardEvents):
             PayloadTooLargeError: the event does not fit the server's max_payload.
             NotConnectedError: a remote handler is routed but the connection is closed,
                 or NATS failed under an approval (every nats-py error ends as this).
-            SuspensionAbortedError: the approval wait was aborted (`Suspensions.abort_all` in a
+            SuspensionAbortedError: the approval wait was aborted (`abort_all` in a
                 draining service); the approval stays pending and a retry with the same
                 `idempotency_key` resumes it.
         An approval whose store cannot be reached within the deadline is not an error: the
@@ -666,9 +666,23 @@ class HookDispatcher(StandardEvents):
         return self.suspensions.for_agent(self._agent(agent_id))
 
     def abort_pending_hook(self, hook: PendingHook | Any) -> bool:
-        """Stop waiting on a hook here (by `HookPart`, `PendingHook` or hook id); the record
-        stays pending for a later run. Returns False if nothing here waits on it."""
-        return self.suspensions.abort_pending_hook(hook)
+        """Stop waiting on a hook (or an approval) here (by `HookPart`, `PendingHook` or hook
+        id); the record stays pending for a later run. Returns False if nothing here waits
+        on it."""
+        if self.suspensions.abort_pending_hook(hook):
+            return True
+        return self._approvals is not None and self._approvals.records.abort_pending_hook(hook)
+
+    def abort_all(self) -> int:
+        """Stop every durable wait of this process, hooks and approvals (each raises
+        `SuspensionAbortedError`); the records stay pending for a retry to resume. Returns
+        how many waits were stopped (0 without a started connection)."""
+        if self._suspensions is None:
+            return 0
+        aborted = self._suspensions.abort_all()
+        if self._approvals is not None:
+            aborted += self._approvals.records.abort_all()
+        return aborted
 
     def run(self, run_id: str | None = None) -> contextlib.AbstractAsyncContextManager[RunScope]:
         """``async with dispatcher.run(run_id):`` scopes the labels a run uses; exit removes

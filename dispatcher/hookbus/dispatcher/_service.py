@@ -371,12 +371,9 @@ class DispatcherService:
                 await sub.drain()
 
     def _abort_waits(self) -> int:
-        """Abort this process's durable waits (`Suspensions.abort_all`); records stay pending."""
-        try:
-            store = self._dispatcher.suspensions
-        except HookbusError:  # no connection: no durable waits
-            return 0
-        return store.abort_all()
+        """Abort this process's durable waits, hooks and approvals
+        (`HookDispatcher.abort_all`); records stay pending."""
+        return self._dispatcher.abort_all()
 
     def _spawner(self, handle: Handle, reply_type: Reply) -> Callable[[Msg], Awaitable[None]]:
         collect = reply_type is CollectReply
