@@ -20,10 +20,12 @@ Needs Python >= 3.12 (``ai``). From the repository::
     # or let the example answer it as another process:
     .venv312/bin/python examples/ai_agent.py --approve           # --deny to refuse
 
-``--url`` (default ``$NATS_URL`` or ``nats://127.0.0.1:4222``), ``--agent`` (default
-``ai-example``: the records' agent), ``--state FILE`` (default ``.hookbus/ai_agent.json``:
-the run id and the saved conversation for ``--resume``). Exit status 0 when the run ended
-(transferred or refused), 3 when it was aborted and saved, 2 on a connection error.
+``--url`` (default ``$NATS_URL`` or ``nats://127.0.0.1:4222``; on a secured server the
+agent's nkey seed file in ``$NATS_NKEY`` and its inbox prefix in ``$NATS_INBOX_PREFIX``),
+``--agent`` (default ``ai-example``: the records' agent), ``--state FILE`` (default
+``.hookbus/ai_agent.json``: the run id and the saved conversation for ``--resume``). Exit
+status 0 when the run ended (transferred or refused), 3 when it was aborted and saved, 2 on
+a connection error.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import contextlib
 import json
 import os
 import signal
+import ssl
 import sys
 import uuid
 from pathlib import Path
@@ -47,6 +50,20 @@ from ai import testing
 from hookbus.integrations.ai import HookbusHooks
 
 MESSAGES = pydantic.TypeAdapter(list[ai.messages.Message])
+
+
+def credentials_from_env() -> dict[str, Any]:
+    """nats-py options from the variables `hookbus demo` sets for its processes: an nkey
+    seed (NATS_NKEY), the inbox prefix the server lets this user listen on
+    (NATS_INBOX_PREFIX) and a CA to verify the server with (NATS_CA). None set: none."""
+    options: dict[str, Any] = {}
+    if os.environ.get("NATS_NKEY"):
+        options["nkeys_seed"] = os.environ["NATS_NKEY"]
+    if os.environ.get("NATS_INBOX_PREFIX"):
+        options["inbox_prefix"] = os.environ["NATS_INBOX_PREFIX"]
+    if os.environ.get("NATS_CA"):
+        options["tls"] = ssl.create_default_context(cafile=os.environ["NATS_CA"])
+    return options
 
 
 @ai.tool(require_approval=True)
@@ -127,7 +144,9 @@ async def main() -> int:
     mode.add_argument("--deny", action="store_true")
     args = parser.parse_args()
     try:
-        nc = await nats.connect(args.url, max_reconnect_attempts=2, connect_timeout=5)
+        nc = await nats.connect(
+            args.url, max_reconnect_attempts=2, connect_timeout=5, **credentials_from_env()
+        )
     except Exception as exc:
         print(f"cannot connect to {args.url}: {exc!r} (is `hookbus server` running?)")
         return 2

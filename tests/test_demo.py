@@ -271,8 +271,9 @@ def test_secure_demo_from_auth_init(tmp_path: Path) -> None:
         assert re.search(r"approvals answered by the approver process \(pid \d+\): 1", proc.stdout)
         transfer = row(table_rows(proc.stdout), "payments-agent", 9)
         assert transfer["approved"].startswith("demo-appro"), transfer
-        # the same server refuses anyone without credentials
-        anonymous = run_demo("--url", url, env=env)
+        # the same server refuses anyone without credentials (who trusts its CA, if TLS)
+        ca = manifest.get("tls_ca")
+        anonymous = run_demo("--url", url, *(["--tls-ca", ca] if ca else []), env=env)
         assert anonymous.returncode != 0
         assert "authorization violation" in anonymous.stderr.lower(), anonymous.stderr
         assert "Traceback" not in anonymous.stderr
@@ -304,7 +305,7 @@ def test_demo_identities_serve_what_each_worker_file_declares() -> None:
     handler) the example file declares, and nothing else."""
     agents, workers, approvers = demo_identities(EXAMPLES)
     transcript = json.loads((EXAMPLES / "transcript.json").read_text())
-    assert agents == [a["id"] for a in transcript["agents"]]
+    assert agents == [*(a["id"] for a in transcript["agents"]), "ai-agent"]  # + --agents ai's
     assert approvers == ["demo-approver"]
     assert "approval_gate:tool:pre/transfer_approval" in workers
     served = {}
@@ -426,3 +427,43 @@ def test_demo_with_the_ai_agent(nats_url: str) -> None:
     assert ai_rows == [("ai-agent", "tool:pre", *transfer)]
     # the transcript's transfer, the pydantic-ai agent's and the ai agent's
     assert re.search(r"approvals answered by the approver process \(pid \d+\): 3", out)
+
+
+@pytest.mark.timeout(INSTALL_TIMEOUT_S + DEMO_TIMEOUT_S + 60)  # the venv, once: then ~10 s
+def test_secure_demo_with_the_ai_agent(tmp_path: Path) -> None:
+    """With --secure the ai agent's process connects as agent ai-agent (an identity of
+    `auth init --demo`); the demo's bridge, a plain agent too, sends the approval's
+    tool:pre to the dispatcher service and answers the tool approval with a proof written
+    as the approver identity, from which the agent resolves its hook."""
+    venv_python = _venv(_interpreter())
+    with secured_server(tmp_path) as (auth, url, env):
+        proc = run_demo(
+            "--secure", "--auth", str(auth), "--url", url, "--agents", "ai",
+            "--ai-python", str(venv_python), env=env,
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert re.search(
+        r"ai: transfer \(asked as payments:create_transfer\): continue by transfer_approval,"
+        r" approved by demo-approver -> hook approve_\S+ resolved granted=True"
+        r" \(answered Allow as demo-approver\)",
+        out,
+    ), out
+    assert "ai: tool result: transferred 1200.00 to Acme Corp" in out
+    assert re.search(r"approvals answered by the approver process \(pid \d+\): 2", out)
+
+
+def test_secure_demo_names_a_missing_agent_identity(tmp_path: Path) -> None:
+    """An auth folder without a framework agent's identity: a clear error before anything
+    starts, saying how to add it."""
+    auth = tmp_path / "auth"
+    subprocess.run(
+        [sys.executable, "-m", "hookbus.cli", "auth", "init", "--out", str(auth)],
+        check=True, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    proc = run_demo("--secure", "--auth", str(auth), "--agents", "pydantic-ai")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "has no agent 'payments-agent'" in proc.stderr
+    assert f"hookbus auth add agent payments-agent --dir {auth}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "starting" not in proc.stdout

@@ -600,7 +600,8 @@ async def _run_agents(
             if service is not None:  # a client of the dispatcher service only
                 task_status.started()
                 await go.wait()
-                await steps(script, _with_ids(service_emit(nc, agent_id=script.id), script))
+                emit = service_emit(nc, agent_id=script.id)
+                await steps(script, with_ids(emit, script.id, script.session_id))
                 return
             async with HookDispatcher(nc, strict_events=True, agent_id=script.id) as d:
                 d.set_default_fields(agent_id=script.id, session_id=script.session_id)
@@ -622,9 +623,9 @@ async def _run_agents(
     return decisions, time.perf_counter() - t0, warnings
 
 
-def _with_ids(emit: Emit, script: AgentScript) -> Emit:
-    """`emit` with the agent's ``agent_id`` and ``session_id`` as default fields of every
-    event's data (what `HookDispatcher.set_default_fields` does for an embedded one)."""
+def with_ids(emit: Emit, agent_id: str, session_id: str) -> Emit:
+    """`emit` with `agent_id` and `session_id` as default fields of every event's data
+    (what `HookDispatcher.set_default_fields` does for an embedded one)."""
 
     async def with_ids(
         event: str,
@@ -633,7 +634,7 @@ def _with_ids(emit: Emit, script: AgentScript) -> Emit:
         idempotency_key: str | None = None,
         timeout_s: float | None = None,
     ) -> HookResult:
-        data = {"agent_id": script.id, "session_id": script.session_id, **data}
+        data = {"agent_id": agent_id, "session_id": session_id, **data}
         return await emit(event, data, idempotency_key=idempotency_key, timeout_s=timeout_s)
 
     return with_ids
@@ -1023,7 +1024,7 @@ async def demo_main(
     console = _console()
     transcript = load_transcript(examples_dir / TRANSCRIPT_FILE)
     framework = await prepare_agents(
-        agents, examples_dir, ai_python=ai_python, secure=credentials is not None
+        agents, examples_dir, ai_python=ai_python, credentials=credentials
     )
     declared = _expected_declarations(examples_dir, transcript)
     pending: Counter[str] = Counter()
@@ -1098,21 +1099,25 @@ def worker_identity(file: str) -> str:
 
 def demo_identities(examples_dir: Path) -> tuple[list[str], list[str], list[str]]:
     """The identities the demo needs besides admin and dispatcher: ``(agents, workers,
-    approvers)``, as ``hookbus auth init --demo`` writes them. The agents are plain
-    ``agent`` identities (clients of the dispatcher service); each worker is
-    ``NAME:EVENT/HANDLER,EVENT/HANDLER``, every (event, handler) its file declares.
+    approvers)``, as ``hookbus auth init --demo`` writes them. The agents (the
+    transcript's, then those of ``--agents``) are plain ``agent`` identities, clients of
+    the dispatcher service; each worker is ``NAME:EVENT/HANDLER,EVENT/HANDLER``, every
+    (event, handler) its file declares.
 
     Raises:
         click.ClickException: a bad transcript or worker file.
     """
+    from ._demo_agents import FRAMEWORK_AGENT_IDS  # the --agents ones act as agents too
+
     transcript = load_transcript(examples_dir / TRANSCRIPT_FILE)
     declared = _expected_declarations(examples_dir, transcript)
     workers: dict[str, list[str]] = {}
     for spec in transcript.workers:
         pairs = workers.setdefault(worker_identity(spec.file), [])
         pairs += [f"{d.event}/{d.name}" for d in declared[spec.file]]
+    agents = [a.id for a in transcript.agents]
     return (
-        [a.id for a in transcript.agents],
+        list(dict.fromkeys([*agents, *FRAMEWORK_AGENT_IDS.values()])),
         [f"{name}:{','.join(sorted(set(pairs)))}" for name, pairs in workers.items()],
         [DEMO_APPROVER],
     )

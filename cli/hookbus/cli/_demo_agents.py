@@ -14,13 +14,20 @@ still running, the demo runs the examples' framework agents against the same ser
   tool waits for the durable hook ``approve_<tool call id>``; the demo hears it pending
   (hook events of ``ai-agent``), emits it as ``tool:pre`` of ``payments:create_transfer``
   through the demo's workers (``transfer_approval`` asks, the demo's approver answers) and
-  resolves the hook with ``{"granted": <not denied>, "reason": ...}``.
+  answers the tool approval as the demo's approver: an answer proof ``Allow`` (not
+  denied) or ``Deny``, from which the agent resolves the hook (the ``ai`` integration
+  takes a tool approval from an approver's proof only). With ``--secure`` the process
+  connects as the agent identity ``ai-agent`` (its seed in ``NATS_NKEY``); the demo's
+  side is a plain agent too (the emit goes to the dispatcher service, the hook events are
+  the agent's own) and writes the proof as the approver identity ``demo-approver``.
 
+Both act as agent identities of ``hookbus auth init --demo`` (`FRAMEWORK_AGENT_IDS`).
 Neither needs a network or an API key: both models are scripted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import json
@@ -29,7 +36,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,27 +44,43 @@ from typing import Any
 import anyio
 import anyio.abc
 import click
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.js.kv import KeyValue
 from rich.console import Console
 from rich.table import Table
 
-from hookbus.dispatcher import HookDispatcher
+from hookbus.dispatcher import HookDispatcher, Suspensions
 from hookbus.integrations._emit import Emit
-from hookbus.schemas import TOOL_PRE, HookbusError, HookEvent, HookResult
+from hookbus.schemas import (
+    SUSPENSIONS_BUCKET,
+    TOOL_PRE,
+    ApprovalAnswer,
+    HookbusError,
+    HookEvent,
+    HookResult,
+    approval_answer_key,
+    encode,
+)
 
 from ._common import ConnectionSettings, connect, load_object
 from ._demo import (
     _STYLE,
+    DEMO_APPROVER,
     Credentials,
     _single_errors,
     _WorkerProcess,
     deciding_handler,
     shown_action,
+    with_ids,
 )
 from ._service_emit import service_emit
 
 __all__ = [
     "AI_AGENT_ID",
     "FRAMEWORK_AGENTS",
+    "FRAMEWORK_AGENT_IDS",
     "PYDANTIC_AI_AGENT_ID",
     "FrameworkAgents",
     "parse_agents",
@@ -73,6 +96,10 @@ AI_AGENT_ID = "ai-agent"
 AI_SESSION_ID = "ai-session-1"
 AI_TIMEOUT_S = 60.0
 """Seconds the ``ai`` agent's process gets to finish (then it is killed: a failure)."""
+RESOLVED_WAIT_S = 5.0
+"""Seconds the bridge waits to hear the agent resolve a tool approval from its proof."""
+DECIDE_GRACE_S = 10.0
+"""Seconds the bridge's decisions in flight get to end once the ``ai`` agent's process did."""
 PROBE_TIMEOUT_S = 60.0
 """Seconds to check that an interpreter is a Python >= 3.12 with hookbus and ``ai``."""
 AI_TOOLS = {"transfer": "payments:create_transfer"}
@@ -347,19 +374,93 @@ def _as_demo_tool(tool: str, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any
     return name, tool_input
 
 
-async def _run_ai(conn: str | ConnectionSettings, examples_dir: Path, python: str) -> _Outcome:
+@dataclass
+class _AiBridge:
+    """What the demo's side of the ``ai`` agent uses."""
+
+    emit: Emit
+    """Emits as agent `AI_AGENT_ID` (with its ``agent_id`` and ``session_id``)."""
+    store: Suspensions
+    """The agent's suspensions: its hook events, its records."""
+    proofs: KeyValue
+    """The suspensions bucket, as the approver that answers the agent's tool approvals."""
+
+
+@contextlib.asynccontextmanager
+async def _ai_bridge(nc: NATS, approver_nc: NATS | None) -> AsyncIterator[_AiBridge]:
+    """The bridge on `nc`: an embedded `HookDispatcher` of agent `AI_AGENT_ID`, whose
+    connection writes the answer proofs too. With `approver_nc` (``--secure``: `nc` is
+    the agent identity's, `approver_nc` the demo approver's), what a plain ``agent`` may
+    use: the dispatcher service's client and the agent's own suspensions; the proofs are
+    written on `approver_nc`, as only that approver's NATS user may write them."""
+    if approver_nc is None:
+        async with HookDispatcher(nc, agent_id=AI_AGENT_ID) as hooks:
+            hooks.set_default_fields(agent_id=AI_AGENT_ID, session_id=AI_SESSION_ID)
+            yield _AiBridge(hooks.emit, hooks.suspensions, hooks.suspensions.records.kv)
+        return
+    store = await Suspensions.open(nc, agent_id=AI_AGENT_ID, scoped=True)
+    try:
+        emit = with_ids(service_emit(nc, agent_id=AI_AGENT_ID), AI_AGENT_ID, AI_SESSION_ID)
+        proofs = await approver_nc.jetstream().key_value(SUSPENSIONS_BUCKET)
+        yield _AiBridge(emit, store, proofs)
+    finally:
+        await store.close()
+
+
+async def _prove_tool_approval(ours: _AiBridge, label: str, *, granted: bool) -> None:
+    """Answer the ``ai`` agent's tool approval `label` as `DEMO_APPROVER`: its answer proof
+    ``<agent>.<label>.<approver>``, ``Allow`` or ``Deny`` (the ``ai`` integration resolves
+    a tool approval only from such a proof; the waiting agent does it).
+
+    Raises:
+        HookbusError: the proof could not be written.
+    """
+    choice = "Allow" if granted else "Deny"
+    answer = ApprovalAnswer(choice=choice, answered_by=DEMO_APPROVER, answered_at=time.time())
+    key = approval_answer_key(label, AI_AGENT_ID, DEMO_APPROVER)
+    try:
+        await ours.proofs.create(key, encode(answer))
+    except nats.js.errors.KeyWrongLastSequenceError:
+        pass  # answered before, by this bridge
+    except (nats.errors.Error, nats.js.errors.Error) as exc:
+        raise HookbusError(f"the answer proof {key} was not written: {exc!r}") from exc
+
+
+@dataclass
+class _Resolution:
+    """A tool approval's resolution as its ``resolved`` hook event tells it."""
+
+    heard: anyio.Event = field(default_factory=anyio.Event)
+    granted: bool | None = None
+
+
+async def _run_ai(
+    conn: str | ConnectionSettings,
+    examples_dir: Path,
+    python: str,
+    *,
+    approver: ConnectionSettings | None = None,
+) -> _Outcome:
+    """Run the ``ai`` example as agent `AI_AGENT_ID` (its process connects with `conn`'s
+    settings too), decide its tool approvals through the demo's workers and answer them
+    as `DEMO_APPROVER`. With `approver` (``--secure``: the demo approver's settings; `conn`
+    the agent identity's), the decisions are asked of the dispatcher service."""
     out = _Outcome("ai")
     script = examples_dir / AI_EXAMPLE
     if not script.is_file():
         out.summary = f"{script} is missing"
         return out
     url = conn.url if isinstance(conn, ConnectionSettings) else conn
+    env = conn.child_env() if isinstance(conn, ConnectionSettings) else {}
     nc = await connect(conn, name="hookbus-demo ai bridge")
+    approver_nc = None
     try:
-        async with HookDispatcher(nc, agent_id=AI_AGENT_ID) as hooks:
-            hooks.set_default_fields(agent_id=AI_AGENT_ID, session_id=AI_SESSION_ID)
-            events = await hooks.hook_events()  # before the agent starts: no event missed
+        if approver is not None:
+            approver_nc = await connect(approver, name="hookbus-demo ai bridge (approver)")
+        async with _ai_bridge(nc, approver_nc) as ours:
+            events = await ours.store.events()  # before the agent starts: no event missed
             answered: list[str] = []
+            resolutions: dict[str, _Resolution] = {}
 
             async def decide(event: HookEvent) -> None:
                 hook = event.hook
@@ -370,22 +471,29 @@ async def _run_ai(conn: str | ConnectionSettings, examples_dir: Path, python: st
                 record = _Emit(AI_AGENT_ID, "ai", TOOL_PRE, name, None, 0.0, hook.label)
                 t0 = time.perf_counter()
                 try:
-                    record.result = await hooks.emit(TOOL_PRE, data, idempotency_key=hook.label)
+                    record.result = await ours.emit(TOOL_PRE, data, idempotency_key=hook.label)
                 except HookbusError as exc:
                     record.error = f"{type(exc).__name__}: {exc}"
                 record.latency_ms = (time.perf_counter() - t0) * 1000
                 out.emits.append(record)
                 granted = record.result is not None and record.result.action != "deny"
-                reason = (record.result.reason if record.result else record.error) or ""
+                resolution = resolutions.setdefault(hook.label, _Resolution())  # before the proof
                 try:
-                    await hooks.resolve_hook(hook.label, {"granted": granted, "reason": reason})
+                    await _prove_tool_approval(ours, hook.label, granted=granted)
                 except HookbusError as exc:
-                    out.lines.append(f"resolving {hook.label} failed: {exc}")
+                    out.lines.append(f"answering {hook.label} failed: {exc}")
                     return
+                with anyio.move_on_after(RESOLVED_WAIT_S):
+                    await resolution.heard.wait()
                 shown = tool if name == tool else f"{tool} (asked as {name})"
+                outcome = (
+                    f"resolved granted={resolution.granted}"
+                    if resolution.heard.is_set()
+                    else f"not resolved within {RESOLVED_WAIT_S:g} s"
+                )
                 answered.append(
-                    f"{shown}: {_decision(record.result)} -> hook {hook.label}"
-                    f" resolved granted={granted}"
+                    f"{shown}: {_decision(record.result)} -> hook {hook.label} {outcome}"
+                    f" (answered {'Allow' if granted else 'Deny'} as {DEMO_APPROVER})"
                 )
 
             async def bridge(tg: anyio.abc.TaskGroup) -> None:
@@ -393,26 +501,38 @@ async def _run_ai(conn: str | ConnectionSettings, examples_dir: Path, python: st
                     hook = event.hook
                     if hook.status == "pending" and hook.label.startswith("approve_"):
                         tg.start_soon(decide, event)
+                    elif hook.status == "resolved" and hook.label in resolutions:
+                        value = hook.resolution
+                        heard = resolutions[hook.label]
+                        heard.granted = value.get("granted") if isinstance(value, dict) else None
+                        heard.heard.set()
 
             with tempfile.TemporaryDirectory(prefix="hookbus-demo-ai-") as tmp:
                 state = str(Path(tmp) / "state.json")
                 command = [python, str(script.resolve()), "--url", url or "",
                            "--agent", AI_AGENT_ID, "--state", state]  # fmt: skip
-                proc = _WorkerProcess(AI_EXAMPLE, command)
+                proc = _WorkerProcess(AI_EXAMPLE, command, env)
                 with _single_errors():
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(bridge, tg)
-                        await proc.start(tg)
-                        with anyio.move_on_after(AI_TIMEOUT_S):
-                            await proc.exited.wait()
-                        if not proc.exited.is_set():
-                            proc.lines.append(f"(killed: still running after {AI_TIMEOUT_S:g} s)")
-                            proc.send_signal(signal.SIGKILL)
-                            await proc.exited.wait()
-                        await proc.eof.wait()
-                        tg.cancel_scope.cancel()
+                    async with anyio.create_task_group() as deciding:
+                        async with anyio.create_task_group() as tg:
+                            tg.start_soon(bridge, deciding)
+                            await proc.start(tg)
+                            with anyio.move_on_after(AI_TIMEOUT_S):
+                                await proc.exited.wait()
+                            if not proc.exited.is_set():
+                                proc.lines.append(
+                                    f"(killed: still running after {AI_TIMEOUT_S:g} s)"
+                                )
+                                proc.send_signal(signal.SIGKILL)
+                                await proc.exited.wait()
+                            await proc.eof.wait()
+                            tg.cancel_scope.cancel()
+                        # the agent may end before the bridge saw its hook resolved
+                        deciding.cancel_scope.deadline = anyio.current_time() + DECIDE_GRACE_S
             await events.aclose()
     finally:
+        if approver_nc is not None:
+            await approver_nc.close()
         await nc.close()
     results = [line.removeprefix("tool result: ") for line in proc.lines
                if line.startswith("tool result: ")]  # fmt: skip
@@ -461,30 +581,41 @@ class FrameworkAgents:
                     )
                 )
             elif name == "ai" and self.ai_python is not None:
-                outcomes.append(await _run_ai(url, self.examples_dir, self.ai_python))
+                conn = credentials("agent", AI_AGENT_ID) if credentials else url
+                approver = credentials("approver", DEMO_APPROVER) if credentials else None
+                outcomes.append(
+                    await _run_ai(conn, self.examples_dir, self.ai_python, approver=approver)
+                )
         return outcomes
 
 
+FRAMEWORK_AGENT_IDS = {"pydantic-ai": PYDANTIC_AI_AGENT_ID, "ai": AI_AGENT_ID}
+"""The agent identity each framework agent acts as (``hookbus auth init --demo`` makes them)."""
+
+
 async def prepare_agents(
-    names: Sequence[str], examples_dir: Path, *, ai_python: str | None, secure: bool
+    names: Sequence[str],
+    examples_dir: Path,
+    *,
+    ai_python: str | None,
+    credentials: Credentials | None = None,
 ) -> FrameworkAgents:
-    """Check that every agent of `names` can run, before the demo starts anything.
+    """Check that every agent of `names` can run, before the demo starts anything (with
+    `credentials`, ``--secure``: that the auth folder has its agent identity).
 
     Raises:
         click.ClickException: ``pydantic-ai`` without its extra (the message names
             ``pip install 'hookbus[pydantic-ai]'``) or without its example file; ``ai``
-            with no usable Python >= 3.12 (the message says what is needed), or with
-            `secure` (its example connects without credentials).
+            with no usable Python >= 3.12 (the message says what is needed); an agent
+            identity missing from the auth folder (the message says how to add it).
     """
+    for name in names:
+        if credentials is not None:
+            credentials("agent", FRAMEWORK_AGENT_IDS[name])
     agents = FrameworkAgents(tuple(names), examples_dir)
     if "pydantic-ai" in names:
         agents.run_pydantic_ai = _load_pydantic_ai(examples_dir)
     if "ai" in names:
-        if secure:
-            raise click.ClickException(
-                "--agents ai does not run with --secure: examples/ai_agent.py connects"
-                " without credentials (run it without --secure, or --agents pydantic-ai)"
-            )
         if not (examples_dir / AI_EXAMPLE).is_file():
             missing = examples_dir / AI_EXAMPLE
             raise click.ClickException(f"--agents ai runs {missing}, which is missing")
