@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -959,6 +960,71 @@ async def test_the_first_proof_written_decides_when_nobody_waited(
     assert got is not None and got[0].resolution["answered_by"] == "zed"
     with pytest.raises(AlreadySettledError, match="zed"):
         await approver.d.answer_approval(part.label, "Allow", approver="bob", agent_id="a1")
+
+
+async def test_two_deciders_of_one_approval_apply_the_same_first_answer(
+    connect: Connect, approver: Approver, event: str
+) -> None:
+    """Two dispatchers wait on the same approval (the same call, retried on another while
+    the first still waits); two approvers answer at once. Both dispatchers decide by the
+    answer written first, and the approver whose answer lost is told."""
+    session = f"session-{uuid.uuid4().hex[:8]}"
+    call = {"tool_name": "bash", "agent_id": "a1", "session_id": session}
+    key = f"call-{uuid.uuid4().hex}"
+    d1, d2 = HookDispatcher(await connect()), HookDispatcher(await connect())
+    for d in (d1, d2):
+        d.register(event, asker(approval_timeout=30))
+    results: list[HookResult] = []
+    async with d1, d2, anyio.create_task_group() as tg:
+
+        async def emit(d: HookDispatcher) -> None:
+            results.append(await d.emit(event, dict(call), idempotency_key=key, timeout_s=20))
+
+        tg.start_soon(emit, d1)
+        part = await approver.pending(session)
+        first = await approver.d.get_approval(part.label, agent_id="a1")
+        assert first is not None
+        tg.start_soon(emit, d2)
+        with anyio.fail_after(10):  # the second decider attached to the same approval
+            while True:
+                got = await approver.d.get_approval(part.label, agent_id="a1")
+                if got is not None and got[1] != first[1]:
+                    break
+                await anyio.sleep(0.05)
+        assert got[0].owner == d2.suspensions.waiter_id
+        outcomes: dict[str, Any] = {}
+
+        async def answer(who: str, choice: str) -> None:
+            try:
+                outcomes[who] = await approver.d.answer_approval(
+                    part.label, choice, approver=who, agent_id="a1"
+                )
+            except AlreadySettledError as exc:
+                outcomes[who] = exc
+
+        async with anyio.create_task_group() as answering:
+            answering.start_soon(answer, "alice", "Allow")
+            answering.start_soon(answer, "bob", "Deny")
+    won = [w for w, o in outcomes.items() if isinstance(o, ApprovalAnswer)]
+    assert len(won) == 1, outcomes
+    (lost,) = set(outcomes) - set(won)
+    assert won[0] in str(outcomes[lost])  # told who decided
+    assert [r.approved_by for r in results] == won * 2
+    assert len({(r.action, r.reason) for r in results}) == 1, results
+
+
+async def test_grants_and_proofs_are_not_records(
+    agent: Agent, approver: Approver, event: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The approvals bucket also holds proofs and grants: listings and watches skip them
+    without a warning."""
+    agent.d.register(event, asker(approval_options=["Allow always", "Deny"]))
+    with caplog.at_level(logging.WARNING, logger="hookbus.dispatcher"):
+        await allowed_always(agent, approver, event, "Allow always")
+        page = await approver.d.approval_page(status=None, prefix=None)
+        assert page.skipped == 0
+        assert await agent.d.emit(event, {"tool_name": "bash", "agent_id": "a1"})
+    assert [r.getMessage() for r in caplog.records] == []
 
 
 async def test_pending_approvals_per_agent_are_limited(

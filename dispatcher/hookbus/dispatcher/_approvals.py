@@ -339,7 +339,7 @@ class Approvals:
         grant_ttl_s: float = 24 * 3600,
         answer_wait_s: float = 5.0,
         max_pending: int | None = 16,
-        proof_poll_s: float = 5.0,
+        proof_poll_s: float = 2.0,
     ) -> None:
         self.records = records
         """The approval records (list: ``records.page(status="pending")``)."""
