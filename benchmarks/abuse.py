@@ -147,6 +147,10 @@ class Child:
             del self.lines[:-50]
 
     @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.returncode is None
 
@@ -176,6 +180,23 @@ def _worker(url: str, folder: Path) -> Child:
     nkey = str(folder / "worker-sec.nk")
     argv = [PY, "-m", "hookbus.cli", "worker", f"{HERE}:worker", "--url", url, "--nkey", nkey]
     return Child("worker", argv, "hookbus worker: serving")
+
+
+def _cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system) process `pid` has used so far; 0.0 if unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, TypeError):
+        return 0.0
+
+
+def _cpu_shares(
+    pids: dict[str, int | None], before: dict[str, float], seconds: float
+) -> dict[str, float]:
+    """Each process's share of one core since `before` (its CPU seconds then)."""
+    return {k: round((_cpu_s(pid) - before[k]) / seconds, 2) for k, pid in pids.items()}
 
 
 def _body(data: dict[str, Any], **extra: Any) -> bytes:
@@ -343,6 +364,8 @@ async def _records(nc: NATS, stop: asyncio.Event, out: dict[str, Any]) -> None:
             try:
                 await js.publish(f"$KV.hookbus_suspensions.{me}.flood{i}", value)
                 written += 1
+            except (TimeoutError, nats.errors.TimeoutError):
+                out["ack_timeouts"] = out.get("ack_timeouts", 0) + 1  # busy, not refused
             except Exception as exc:
                 out.setdefault("refused_with", f"{type(exc).__name__}: {exc}"[:200])
                 refused.set()
@@ -474,7 +497,12 @@ async def run(seconds: float, quick: bool) -> dict[str, Any]:
         if b"attack started" not in line:
             raise RuntimeError(f"the attacker did not start: {line!r}")
         await asyncio.sleep(min(2.0, seconds / 4))  # let the flood and the consumers begin
+        pids = {"nats-server": server.pid, "dispatcher": service.pid, "worker": serving.pid,
+                "attacker": attacker.pid, "victim (this process)": os.getpid()}  # fmt: skip
+        before = {k: _cpu_s(pid) for k, pid in pids.items()}
+        t0 = time.perf_counter()
         under = await _victim(victim, seconds)
+        cpu = _cpu_shares(pids, before, time.perf_counter() - t0)
         print(f"under attack: {under}", file=sys.stderr, flush=True)
         fresh_service, fresh_worker = _dispatcher(url, folder), _worker(url, folder)
         children += [fresh_service, fresh_worker]
@@ -513,6 +541,7 @@ async def run(seconds: float, quick: bool) -> dict[str, Any]:
         "p99_ratio": ratio(under["p99_ms"], baseline["p99_ms"]),
         "victim_errors_under_attack": {k: v for k, v in under["codes"].items() if k != "ok"},
         "first_service_and_worker_alive": first_alive,
+        "cpu_cores_under_attack": cpu,
         "fresh_start": fresh,
         "attacker": attack_report,
     }
@@ -535,6 +564,8 @@ def _print(r: dict[str, Any]) -> None:
           f" service consumers deleted: {c.get('deleted_service_consumers')}")  # fmt: skip
     print(f"attacker suspension records: {a.get('records')}")
     print(f"attacker approvals asked: {a.get('approvals')}")
+    print(f"cores used while the victim was measured under attack ({os.cpu_count()} on this"
+          f" machine): {r['cpu_cores_under_attack']}")  # fmt: skip
     print(f"first dispatcher and worker still running: {r['first_service_and_worker_alive']}")
     for label, f in r["fresh_start"].items():
         state = (f"started in {f['ready_s']:.2f} s" if f["started"]
