@@ -934,6 +934,34 @@ async def test_a_grant_names_its_approver_and_allows_while_its_proof_holds(
         assert (await out.wait()).action == "deny"
 
 
+async def test_a_retry_does_not_bring_back_a_revoked_grant(
+    agent: Agent, approver: Approver, event: str
+) -> None:
+    """The retry of an answered call gets its answer again, but the grant revoked since is
+    not stored again: only the dispatcher that applied the answer stores it."""
+    agent.d.register(event, asker(approval_options=["Allow always", "Deny"]))
+    key = f"call-{uuid.uuid4().hex}"
+    data = {"tool_name": "bash", "agent_id": "a1"}
+    async with anyio.create_task_group() as tg:
+        out = Emitted()
+
+        async def run() -> None:
+            out.result = await agent.d.emit(event, dict(data), idempotency_key=key)
+            out.done.set()
+
+        tg.start_soon(run)
+        part = await approver.pending(agent.session)
+        await approver.d.answer_approval(
+            part.label, "Allow always", approver="alice", agent_id="a1"
+        )
+        assert (await out.wait()).action == "continue"
+    (grant,) = await approver.d.approval_grants(session_id=agent.session)
+    await approver.d.revoke_grant(grant)
+    again = await agent.d.emit(event, dict(data), idempotency_key=key)
+    assert (again.action, again.approved_by) == ("continue", "alice")
+    assert await approver.d.approval_grants(session_id=agent.session) == []
+
+
 async def test_the_first_proof_written_decides_when_nobody_waited(
     agent: Agent, approver: Approver, event: str
 ) -> None:

@@ -669,7 +669,7 @@ class Approvals:
             if await self._apply_proofs(store, label, options):
                 got = await store.get(label)
                 if got is not None:
-                    return await self._from_record(result, got[0], options, store)
+                    return await self._from_record(result, got[0], options, store, remember=True)
         except (HookbusError, nats.errors.Error, nats.js.errors.Error) as exc:
             log.warning("approval %r: proofs unreadable at the end of the wait (%s)", label, exc)
         return None
@@ -735,9 +735,17 @@ class Approvals:
         return self._answer(result, allow=False, reason=f"approval cancelled: {reason}")
 
     async def _from_record(
-        self, result: HookResult, record: SuspensionRecord, options: list[str], store: Suspensions
+        self,
+        result: HookResult,
+        record: SuspensionRecord,
+        options: list[str],
+        store: Suspensions,
+        *,
+        remember: bool = False,
     ) -> HookResult | None:
-        """The decision a settled approval record holds (None while it is pending)."""
+        """The decision a settled approval record holds (None while it is pending).
+        `remember`: the answer was just applied, store its grant (a record read again,
+        e.g. by a retry, never re-creates a grant that was revoked since)."""
         if record.status == "cancelled":
             return self._cancelled(result, record.reason)
         if record.status != "resolved":
@@ -746,7 +754,7 @@ class Approvals:
             answer = msgspec.convert(record.resolution, ApprovalAnswer)
         except msgspec.ValidationError as exc:
             return self._answer(result, allow=False, reason=f"the stored answer is invalid: {exc}")
-        return await self._answered(result, answer, options, store, record.label)
+        return await self._answered(result, answer, options, store, record.label, remember=remember)
 
     async def _answered(
         self,
@@ -755,6 +763,8 @@ class Approvals:
         options: list[str],
         store: Suspensions,
         label: str,
+        *,
+        remember: bool = True,
     ) -> HookResult:
         choice = answer.choice
         if choice not in options:
@@ -770,7 +780,7 @@ class Approvals:
         session = _text(_call_data(result).get("session_id"))
         if allow and _is_always(choice) and session is None:
             reason += "; allowed this call only: the call has no session id to remember it for"
-        elif allow and _is_always(choice):
+        elif allow and _is_always(choice) and remember:
             stored = await self._grant(result, answer, store, label)
             if stored is not None:
                 reason += f"; {stored}"
@@ -936,15 +946,13 @@ class Approvals:
         session = _text(meta.get("session_id"))
         if session is None:
             return None  # nothing to remember it for; the reason says so
-        answered = answer.answered_at or time.time()
+        now = time.time()  # the decider's clock, not the approver's answered_at
         grant = ApprovalGrant(
             agent_id=store.agent_id, session_id=session, event=str(meta.get("event") or "?"),
             handler=str(meta.get("handler") or "?"), tool=_text(meta.get("tool_name")),
-            choice=answer.choice, label=label, granted_at=answered,
-            approved_by=answer.answered_by or "", expires_at=answered + self.grant_ttl_s,
+            choice=answer.choice, label=label, granted_at=now,
+            approved_by=answer.answered_by or "", expires_at=now + self.grant_ttl_s,
         )  # fmt: skip
-        if grant.expires_at is not None and grant.expires_at <= time.time():
-            return None  # answered longer ago than a grant lives
         try:
             await self.grants.put(grant, budget_s=self._grant_read_s)
         except (HookbusError, nats.errors.Error, nats.js.errors.Error) as exc:
