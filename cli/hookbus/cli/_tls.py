@@ -27,6 +27,10 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cryptography import x509
 
 __all__ = ["CA_FILE", "CERT_FILE", "KEY_FILE", "LocalTls", "make_local_tls", "server_names"]
 
@@ -57,10 +61,10 @@ def server_names(host: str) -> list[str]:
     return list(dict.fromkeys([*names, "127.0.0.1", "::1", "localhost"]))
 
 
-def _san(names: Iterable[str]) -> list[object]:
+def _san(names: Iterable[str]) -> list[x509.GeneralName]:
     from cryptography import x509
 
-    out: list[object] = []
+    out: list[x509.GeneralName] = []
     for name in names:
         try:
             out.append(x509.IPAddress(ipaddress.ip_address(name)))
@@ -153,7 +157,7 @@ def make_local_tls(out: Path, host: str, *, now: datetime.datetime | None = None
             critical=True,
         )
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.SubjectAlternativeName(_san(names)), critical=False)  # type: ignore[arg-type]
+        .add_extension(x509.SubjectAlternativeName(_san(names)), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
         )

@@ -133,6 +133,8 @@ _VIOLATION = re.compile(
 )
 _LABEL = "_hookbus_role"
 _RAISED = "_hookbus_refusal_raised"
+_KEPT = 16
+"""Refused subscriptions kept for the next flush to raise (the first one is raised)."""
 
 
 def refusal_raised(nc: Any) -> bool:
@@ -270,7 +272,8 @@ def report_refusals(nc: Any, *, identity: str | None = None) -> None:
         if prefix and subject_key == (prefix.decode() + "*").lower():
             for token in list(nc._resp_map):  # no reply can come: every request fails
                 fail(token, error)
-        refused_subs.append(error)
+        if len(refused_subs) < _KEPT:  # told by the next flush; a flood is not kept
+            refused_subs.append(error)
         return bool(subs)
 
     async def process_err(err_msg: str) -> Any:
