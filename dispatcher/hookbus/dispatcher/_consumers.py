@@ -168,6 +168,7 @@ class SlotConsumer:
         try:
             info = await self._create(inbox, start_seq)
         except BaseException:
+            self._consumer = ""  # not known to be ours: never deleted on this account
             self._deliver = ""
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -208,6 +209,8 @@ class SlotConsumer:
             i = slots.index(self._consumer)  # counting per consumer name starts over
             slots = slots[i + 1 :] + slots[: i + 1]
         for name in slots:
+            # named before the answer: its first deliveries may come before the answer does
+            self._consumer, self.in_slot = name, True
             try:
                 info: dict[str, Any] = await jsm._api_request(
                     self._create_subject(name), self._body(name, inbox, start_seq), timeout=timeout
@@ -216,9 +219,9 @@ class SlotConsumer:
                 if exc.err_code in (_EXISTS, _NAME_IN_USE):
                     continue  # another watch holds this slot
                 raise
-            self._consumer, self.in_slot = name, True
             return info
         name = self._nc._nuid.next().decode()
+        self._consumer, self.in_slot = name, False
         try:
             info = await jsm._api_request(
                 self._create_subject(name), self._body(name, inbox, start_seq), timeout=timeout
@@ -226,7 +229,6 @@ class SlotConsumer:
         except Exception as exc:
             raise _exhausted(self._stream, f"{type(exc).__name__}: {exc}") from exc
         log.info("all consumer slots on %s are in use; using consumer %s", self._stream, name)
-        self._consumer, self.in_slot = name, False
         return info
 
     # -- delivery ----------------------------------------------------------------------
@@ -260,7 +262,7 @@ class SlotConsumer:
         one handed over, in the next free slot after its own (its name changes when another
         is free). Retried with a backoff until it succeeds or the consumer is released."""
         delay, most = _RECOVER_BACKOFF_S
-        while not self._closed:
+        while not self._closed and not self._nc.is_closed:
             async with self._lock:
                 if self._closed:
                     return
@@ -290,7 +292,7 @@ class SlotConsumer:
         """Re-create the consumer when it is gone, or when the server delivered messages
         that did not arrive here and nothing came since (a loss at the tail)."""
         behind_at: int | None = None
-        while not self._closed:
+        while not self._closed and not self._nc.is_closed:
             await asyncio.sleep(every_s)
             if self._recovering is not None and not self._recovering.done():
                 continue
