@@ -36,7 +36,7 @@ HOOKBUS = str(Path(sys.executable).with_name("hookbus"))
 """This venv's console script."""
 
 BANNERS = {
-    "server": r"^nats-server .* at nats://",
+    "server": r"^nats-server .* at (nats|tls)://",
     "worker": r"^hookbus worker: serving",
     "dispatcher": r"^dispatcher serving",
     "console": r"^hookbus console serving (?P<url>\S+)",
