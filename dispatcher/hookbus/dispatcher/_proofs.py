@@ -61,11 +61,13 @@ async def _read_once(kv: KeyValue, record_key: str, deadline_s: float) -> list[t
 
     sub = await subscribe_keys(
         kv, f"{record_key}.*", cb=on_msg, deliver_policy=DeliverPolicy.ALL,
-        inactive_threshold_s=30.0,
+        inactive_threshold_s=30.0, recover=False,  # a gap: the proofs are read again
     )  # fmt: skip
     try:
         async with asyncio.timeout(deadline_s):
             while True:
+                if getattr(sub, "gaps", 0):  # a message was lost: not a complete list
+                    raise TimeoutError("reading the answers missed a message; reading again")
                 maybe_done.clear()
                 info = await sub.consumer_info()
                 if info.num_pending == 0 and info.delivered.consumer_seq <= processed.get(
