@@ -43,9 +43,18 @@ from hookbus.cli import EmbeddedNatsServer
 from hookbus.cli._auth import DEFAULT_TENANT, load_setup
 from hookbus.cli._connect import auth_ssl_context
 from hookbus.cli._main import cli
-from hookbus.dispatcher import HookDispatcher
+from hookbus.cli._provision import provision
+from hookbus.dispatcher import DispatcherService, HookDispatcher
 from hookbus.integrations.console import COOKIE, CSRF_HEADER, console_app
-from hookbus.schemas import TOOL_PRE, HookResult
+from hookbus.schemas import (
+    TOOL_PRE,
+    EmitReply,
+    EmitRequest,
+    HookResult,
+    decode,
+    emit_service_subject,
+    encode,
+)
 from hookbus.schemas._permissions import inbox_prefix
 from hookbus.workers import HookWorker
 
@@ -431,14 +440,15 @@ async def test_an_approver_bound_to_the_token_is_who_answers(
 async def test_on_a_secured_server_with_an_approvers_own_credentials(
     tmp_path: Path, page: Page
 ) -> None:
-    """`hookbus auth init` identities: the agent (its own embedded dispatcher), the worker
-    and the console, which connects as approver alice (bound with --approver): an answer
-    from the page decides with approved_by alice; what alice's NATS user may not read (the
-    audit trail) is said on the page, not fatal."""
+    """`hookbus auth init` identities: the agent (emitting through the dispatcher service,
+    which asks the approvals: an agent may not create them), the worker and the console,
+    which connects as approver alice (bound with --approver): an answer from the page (its
+    proof) decides with approved_by alice; what alice's NATS user may not read (the audit
+    trail) is said on the page, not fatal."""
     out = tmp_path / "auth"
     result = CliRunner().invoke(cli, [
         "auth", "init", "--out", str(out), "--agent", "payments",
-        "--worker", "gate:console_gate", "--approver", "alice",
+        "--worker", f"gate:{TOOL_PRE}/console_gate", "--approver", "alice",
     ])  # fmt: skip
     assert result.exit_code == 0, result.output
     setup = load_setup(out)
@@ -458,16 +468,16 @@ async def test_on_a_secured_server_with_an_approvers_own_credentials(
     server = EmbeddedNatsServer(out / "run", config=out / "server.conf", port=-1)
     server.start()
     try:
-        admin = await connect_as("admin", "admin")
-        await HookDispatcher(admin).start()  # the buckets, as an operator creates them
+        await provision(await connect_as("admin", "admin"))  # the buckets, as the admin does
         prompt = "Pay 1200.00 EUR to ACME Corp?"
         async with asking_worker(await connect_as("worker", "gate"), TOOL_PRE, prompt):
-            agent = HookDispatcher(await connect_as("agent", "payments"), agent_id="payments")
-            agent.set_default_fields(session_id="s-secured")
+            service_nc = await connect_as("dispatcher", "dispatcher")
+            service = DispatcherService(HookDispatcher(service_nc, strict_events=True), service_nc)
+            agent_nc = await connect_as("agent", "payments")
             alice = setup.find(DEFAULT_TENANT, "approver", "alice")
             assert alice is not None
+            await service.start()
             async with (
-                agent,
                 ConsoleProcess(server.url, "--nkey", str(alice.seed_path(out)),
                                "--approver", "alice") as console,
             ):  # fmt: skip
@@ -481,14 +491,23 @@ async def test_on_a_secured_server_with_an_approvers_own_credentials(
                     done: list[HookResult] = []
 
                     async def emit() -> None:
-                        data = {"tool_name": "payments:create_transfer",
-                                "tool_input": {"amount": "1200.00"}}  # fmt: skip
-                        done.append(await agent.emit(TOOL_PRE, data))
+                        body = EmitRequest(
+                            data={"tool_name": "payments:create_transfer",
+                                  "tool_input": {"amount": "1200.00"}},
+                            session_id="s-secured",
+                        )  # fmt: skip
+                        msg = await agent_nc.request(
+                            emit_service_subject(TOOL_PRE, "payments"), encode(body), timeout=30
+                        )
+                        reply = decode(msg.data, EmitReply)
+                        assert reply.result is not None, reply.error
+                        done.append(reply.result)
 
                     tg.start_soon(emit)
                     await card.locator("button", has_text="Allow once").click()
                 note = page.locator("#decisions-note")
-                await expect(note).to_contain_text("may not read", timeout=12_000)
+                await expect(note).to_contain_text("audit trail", timeout=12_000)
+            await service.stop()
     finally:
         for conn in conns:
             await conn.close()
