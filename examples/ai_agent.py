@@ -15,9 +15,9 @@ Needs Python >= 3.12 (``ai``). From the repository::
     python3.12 -m venv .venv312 && .venv312/bin/pip install -q -e '.[ai]'
     .venv/bin/hookbus server &                                   # NATS on 127.0.0.1:4222
     .venv312/bin/python examples/ai_agent.py                     # waits for the approval
-    # in another terminal (the label is printed by the agent):
-    .venv/bin/hookbus suspensions resolve --agent ai-example approve_call_... '{"granted": true}'
-    # or let the example answer it as another process:
+    # in another terminal, answer it as an approver (its answer proof; the agent applies it;
+    # on a secured server with an approver's seed in $NATS_NKEY, its name in
+    # $HOOKBUS_APPROVER):
     .venv312/bin/python examples/ai_agent.py --approve           # --deny to refuse
 
 ``--url`` (default ``$NATS_URL`` or ``nats://127.0.0.1:4222``; on a secured server the
@@ -47,6 +47,7 @@ import nats
 import pydantic
 from ai import testing
 
+from hookbus.dispatcher import AnswerNotAppliedError
 from hookbus.integrations.ai import HookbusHooks
 
 MESSAGES = pydantic.TypeAdapter(list[ai.messages.Message])
@@ -104,9 +105,8 @@ async def run_agent(hooks: HookbusHooks, state: Path, resume: bool) -> int:
                 print(f"hook {part.hook_id}: {part.status}", part.metadata or "", flush=True)
                 if part.status == "pending":
                     agent = hooks.suspensions.agent_id
-                    print(f"  answer it: hookbus suspensions resolve --agent {agent}"
-                          f" {part.hook_id} '{{\"granted\": true}}'  (Ctrl-C to suspend)",
-                          flush=True)  # fmt: skip
+                    print(f"  answer it as an approver: {sys.argv[0]} --agent {agent} --approve"
+                          "  (or --deny; Ctrl-C to suspend)", flush=True)  # fmt: skip
             elif isinstance(event, ai.events.RunBlocked):
                 print("run blocked on", [h.hook_id for h in event.hooks])
     loop.remove_signal_handler(signal.SIGINT)
@@ -127,9 +127,15 @@ async def answer(hooks: HookbusHooks, granted: bool) -> int:
     if not pending.records:
         print("no pending approval")
         return 1
+    approver = os.environ.get("HOOKBUS_APPROVER", "example-approver")
     for record in pending.records:
-        await hooks.resolve_hook(record.label, {"granted": granted, "reason": "example"})
-        print(f"{'approved' if granted else 'refused'} {record.label}")
+        # a tool approval is decided only by an approver's answer proof: the agent applies it
+        try:
+            await hooks.approve(record.label, "Allow" if granted else "Deny", approver=approver)
+        except AnswerNotAppliedError as exc:  # the agent is not waiting now: recorded
+            print(exc)
+            continue
+        print(f"{'approved' if granted else 'refused'} {record.label} as {approver}")
     return 0
 
 

@@ -479,8 +479,18 @@ class HookbusHooks(ai_middleware._Middleware):
         while True:
             got = await store.get(label)
             record = None if got is None else got[0]
-            if record is None:
-                raise SuspensionNotFoundError(f"tool approval {label!r} vanished")
+            if record is None:  # consumed and removed by the run's end: who decided it?
+                first = await first_proof(
+                    kv, store.records.key(label),
+                    lambda k, v: _valid_proof(k, v, label, store.agent_id),
+                    deadline_s=store.records.deadline_s,
+                )  # fmt: skip
+                if first is not None and first.answered_by == approver:
+                    return answer
+                raise AlreadySettledError(
+                    f"tool approval {label!r} was decided first by"
+                    f" {first.answered_by if first is not None else 'another resolution'}"
+                )
             if record.status == "cancelled":
                 raise AlreadySettledError(f"tool approval {label!r} was cancelled first")
             if record.status == "resolved":
