@@ -980,6 +980,8 @@ async def test_the_first_proof_written_decides_when_nobody_waited(
             await approver.d.answer_approval(
                 part.label, choice, approver=who, agent_id="a1", wait_s=0.2
             )
+    with pytest.raises(AlreadySettledError, match="already answered"):  # its own, otherwise
+        await approver.d.answer_approval(part.label, "Allow", approver="zed", agent_id="a1")
     again = await agent.d.emit(
         event, {"tool_name": "bash", "agent_id": "a1"}, idempotency_key=key, timeout_s=5
     )

@@ -186,7 +186,11 @@ class HookDispatcher(StandardEvents):
             self._nc,
             replicas=self._bucket_replicas,
             suspension_ttl_s=self._suspension_ttl_s,
-            approval_ttl_s=MAX_APPROVAL_TIMEOUT_S if self._approvals_on else None,
+            # an agent's own dispatcher may only get its own keys of the approvals bucket:
+            # `Approvals.open` binds it (on an open server, opens or creates it)
+            approval_ttl_s=(
+                MAX_APPROVAL_TIMEOUT_S if self._approvals_on and self._agent_id is None else None
+            ),
             strict=self._strict_buckets,
         )
         await self._router.start()
