@@ -41,6 +41,7 @@ from hookbus.cli._auth import DEFAULT_TENANT, load_setup
 from hookbus.cli._connect import auth_ssl_context
 from hookbus.cli._decisions_cmd import latency
 from hookbus.cli._main import cli
+from hookbus.cli._provision import provision
 from hookbus.dispatcher import DispatcherService, HookDispatcher
 from hookbus.dispatcher._audit import DecisionLog, ensure_decisions_stream
 from hookbus.dispatcher._kv import release_consumer
@@ -651,13 +652,15 @@ async def test_decisions_follow_prints_new_records_and_stops_cleanly_on_ctrl_c(
 async def test_on_a_secured_server_the_service_and_the_agent_write_and_only_auditors_read(
     tmp_path: Path,
 ) -> None:
-    """`hookbus auth init` users: the dispatcher service creates the stream and records the
-    agent's service emits; the agent's own pinned dispatcher appends its embedded emits;
+    """`hookbus auth init` users: the admin provisions the stream, the dispatcher service
+    records the agent's service emits; the agent's own pinned dispatcher (an embedded
+    agent) appends its embedded emits;
     the auditor reads both with `hookbus decisions --nkey`; the agent may not read them."""
     out = tmp_path / "auth"
     init = CliRunner().invoke(
-        cli, ["auth", "init", "--out", str(out), "--agent", "payments", "--auditor", "audit"]
-    )
+        cli, ["auth", "init", "--out", str(out), "--embedded-agent", "payments",
+              "--auditor", "audit"],
+    )  # fmt: skip
     assert init.exit_code == 0, init.output
     setup = load_setup(out)
 
@@ -680,6 +683,9 @@ async def test_on_a_secured_server_the_service_and_the_agent_write_and_only_audi
     event = f"test:{uuid.uuid4().hex[:8]}"
     with EmbeddedNatsServer(out / "run", config=out / "server.conf", port=-1) as server:
         url = server.url
+        admin_nc = await connect_as("admin", "admin")
+        await provision(admin_nc)  # only the admin may create the stream and the buckets
+        await admin_nc.close()
         service_nc, agent_nc = await connect_as("dispatcher", "dispatcher"), None
         try:
             d = HookDispatcher(service_nc)
@@ -726,5 +732,7 @@ async def test_on_a_secured_server_the_service_and_the_agent_write_and_only_audi
             check=False, env=CLI_ENV,
         )  # fmt: skip
         assert refused.returncode == 1 and refused.stdout == b""
-        assert "cannot read the hookbus_decisions stream" in refused.stderr.decode()
+        text = refused.stderr.decode()  # the refusal, in one line, naming the identity
+        assert "NATS refused publish to $JS.API.STREAM.INFO.hookbus_decisions" in text, text
+        assert "(agent payments)" in text and len(text.strip().splitlines()) == 1, text
         assert "Traceback" not in refused.stderr.decode()

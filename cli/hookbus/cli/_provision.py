@@ -43,6 +43,7 @@ from hookbus.schemas import (
 from hookbus.schemas._permissions import inbox_prefix
 
 from ._auth import load_setup
+from ._common import connection_or_embedded
 from ._connect import ConnectionSettings, connect, connection_options
 
 __all__ = ["BUCKET_MAX_BYTES", "MAX_VALUE_BYTES", "provision", "provision_cmd"]
@@ -121,7 +122,7 @@ def _admin_settings(out: Path, tenant: str, url: str | None) -> ConnectionSettin
 )
 @click.option("--tenant", "tenants", multiple=True, help="With --dir: only this tenant; repeat.")
 @click.option("--replicas", default=1, show_default=True, help="JetStream replicas (3: cluster).")
-@connection_options(embedded=False)
+@connection_options
 def provision_cmd(
     out: Path | None, tenants: tuple[str, ...], replicas: int, conn: ConnectionSettings
 ) -> None:
@@ -130,18 +131,6 @@ def provision_cmd(
     nothing). `--dir auth` provisions every tenant of an auth folder; otherwise connect as
     the admin with the usual options (e.g. NATS_URL and NATS_NKEY)."""
     from ._serve_cmds import run_async
-
-    targets: list[tuple[str, ConnectionSettings]]
-    if out is None:
-        if tenants:
-            raise click.UsageError("--tenant needs --dir")
-        targets = [("", conn)]
-    else:
-        known = load_setup(out).tenants
-        unknown = [t for t in tenants if t not in known]
-        if unknown:
-            raise click.BadParameter(f"unknown tenant(s) {unknown}; known: {known}")
-        targets = [(t, _admin_settings(out, t, conn.url)) for t in (tenants or known)]
 
     async def one(settings: ConnectionSettings) -> list[str]:
         nc = await connect(settings, name="hookbus-provision", max_reconnects=0)
@@ -152,6 +141,17 @@ def provision_cmd(
         finally:
             await nc.close()
 
-    for tenant, settings in targets:
-        for line in run_async(one(settings)):
-            click.echo(f"{tenant:<10} {line}" if tenant else line)
+    if out is None:
+        if tenants:
+            raise click.UsageError("--tenant needs --dir")
+        with connection_or_embedded(conn) as server:  # --embedded: a private server (a try)
+            for line in run_async(one(server)):
+                click.echo(line)
+        return
+    known = load_setup(out).tenants
+    unknown = [t for t in tenants if t not in known]
+    if unknown:
+        raise click.BadParameter(f"unknown tenant(s) {unknown}; known: {known}")
+    for tenant in tenants or known:
+        for line in run_async(one(_admin_settings(out, tenant, conn.url))):
+            click.echo(f"{tenant:<10} {line}")
