@@ -174,7 +174,8 @@ def approvals_grants(
     as_json: bool,
 ) -> None:
     """Live "Allow always" grants. Each allows every input of its tool, for its agent and
-    session, when its handler asks on its event, until revoked or expired."""
+    session, when its handler asks on its event, until revoked or expired, while the answer
+    of its approver ("approved by") to its approval still holds."""
 
     async def grants(d: HookDispatcher) -> list[ApprovalGrant]:
         return await d.approval_grants(
@@ -190,11 +191,17 @@ def approvals_grants(
     table.add_column("id", no_wrap=True)
     for header in ("key", "agent", "session", "event", "handler", "tool", "granted"):
         id_column(table, header)
-    id_column(table, "by approval")
+    for header in ("expires", "by approval", "approved by"):
+        id_column(table, header)
     for g in found:
         at = datetime.fromtimestamp(g.granted_at, UTC).isoformat(timespec="seconds")
+        ends = (
+            datetime.fromtimestamp(g.expires_at, UTC).isoformat(timespec="seconds")
+            if g.expires_at is not None
+            else "never: allows nothing"
+        )
         table.add_row(short_id(_key(g)), _key(g), g.agent_id or "", g.session_id, g.event,
-                      g.handler, g.tool or "", at, g.label)  # fmt: skip
+                      g.handler, g.tool or "", at, ends, g.label, g.approved_by)  # fmt: skip
     table_console().print(table)
 
 
