@@ -257,11 +257,12 @@ def test_secure_demo_from_auth_init(tmp_path: Path) -> None:
     -> `hookbus demo --secure`: every process connects as its own identity (anonymous
     access refused), every decision matches, and the approval names its approver."""
     with secured_server(tmp_path) as (auth, url, env):
-        # the demo's agents are plain agents: clients of the dispatcher service only
+        # the demo's agents are plain agents: clients of the dispatcher service only ...
         manifest = json.loads((auth / "hookbus-auth.json").read_text())
         agents = [i for i in manifest["identities"] if i["role"] == "agent"]
         assert {i["name"] for i in agents} >= {"payments-agent", "email-assistant"}
-        assert not any(i.get("embedded") for i in agents)
+        # ... but the ai agent, whose runs keep durable suspensions in hookbus
+        assert {i["name"] for i in agents if i.get("embedded")} == {"ai-agent"}
         proc = run_demo("--secure", "--auth", str(auth), "--url", url, env=env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "all 26 decisions match the transcript" in proc.stdout
@@ -303,9 +304,10 @@ def test_secure_demo_aos_door_and_pydantic_ai_through_the_service(tmp_path: Path
 def test_demo_identities_serve_what_each_worker_file_declares() -> None:
     """`hookbus auth init --demo`'s workers: NAME:EVENT/HANDLER,... with every (event,
     handler) the example file declares, and nothing else."""
-    agents, workers, approvers = demo_identities(EXAMPLES)
+    agents, embedded, workers, approvers = demo_identities(EXAMPLES)
     transcript = json.loads((EXAMPLES / "transcript.json").read_text())
-    assert agents == [*(a["id"] for a in transcript["agents"]), "ai-agent"]  # + --agents ai's
+    # + --agents pydantic-ai's (the transcript's payments-agent) and ai's (embedded)
+    assert agents == [a["id"] for a in transcript["agents"]] and embedded == ["ai-agent"]
     assert approvers == ["demo-approver"]
     assert "approval_gate:tool:pre/transfer_approval" in workers
     served = {}

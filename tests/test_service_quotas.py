@@ -16,9 +16,14 @@ from hookbus.schemas import WIRE_ERROR_CODES, EmitReply, HookResult, decode, emi
 pytestmark = pytest.mark.anyio
 
 
-async def _emit(nc: Any, event: str, agent: str | None, data: dict[str, Any]) -> dict[str, Any]:
+async def _emit(
+    nc: Any, event: str, agent: str | None, data: dict[str, Any], timeout_s: float | None = None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"data": data}
+    if timeout_s is not None:
+        body["timeout_s"] = timeout_s
     msg = await nc.request(
-        emit_service_subject(event, agent), json.dumps({"data": data}).encode(), timeout=10
+        emit_service_subject(event, agent), json.dumps(body).encode(), timeout=10
     )
     decode(msg.data, EmitReply)  # the documented wire type
     reply: dict[str, Any] = json.loads(msg.data)
@@ -88,18 +93,19 @@ async def test_an_agent_over_its_rate_is_refused_quota_while_another_is_served(
     d, snc, gate, calls = held
     gate.set()
     service = DispatcherService(
-        d, snc, agent_max_in_flight=None, agent_rate_per_s=0.5, agent_burst=5
+        d, snc, agent_max_in_flight=None, agent_rate_per_s=0.1, agent_burst=5
     )
     await service.start()
     flooder, other = await connect(), await connect()
     try:
-        replies = [await _emit(flooder, event, "flooder", {}) for _ in range(12)]
+        # the refusals come after their hold: 0.1 s each here (half the asked timeout_s)
+        replies = [await _emit(flooder, event, "flooder", {}, timeout_s=0.2) for _ in range(12)]
         codes = [_code(r) for r in replies]
-        # the burst passes; past it, at 0.5/s, at most one more token comes meanwhile
+        # the burst passes; past it, at 0.1/s, at most one more token comes meanwhile
         assert codes[:5] == ["ok"] * 5 and codes.count("quota") >= 6, codes
         quota = next(r["error"] for r in replies if _code(r) == "quota")
         assert quota["retryable"] is True
-        assert "'flooder'" in quota["message"] and "agent_rate_per_s=0.5" in quota["message"]
+        assert "'flooder'" in quota["message"] and "agent_rate_per_s=0.1" in quota["message"]
         assert calls.count("flooder") == codes.count("ok")
         others = [_code(await _emit(other, event, "other", {})) for _ in range(5)]
         assert others == ["ok"] * 5  # its own bucket, untouched by the flooder
@@ -146,3 +152,33 @@ async def test_the_bounds_are_validated_and_advertised(connect: Any, event: str)
     assert "quota" in WIRE_ERROR_CODES and "busy" in WIRE_ERROR_CODES
     service = DispatcherService(d, snc)
     assert (service._agent_max, service._agent_rate, service._agent_burst) == (64, 200.0, 400)
+
+
+async def test_a_refusal_over_the_agents_bounds_is_held_within_the_requests_time(
+    connect: Any, event: str, held: Any
+) -> None:
+    """A client that sends again as soon as it is refused slows to its bounds: its
+    ``quota`` comes after a pause (1 s; half its timeout_s when that is shorter), never
+    after the caller gave up; a stopping replica sends the held ones at once."""
+    d, snc, gate, _ = held
+    gate.set()
+    service = DispatcherService(d, snc, agent_max_in_flight=None, agent_rate_per_s=0.1,
+                                agent_burst=1)  # fmt: skip
+    await service.start()
+    nc = await connect()
+    try:
+        assert _code(await _emit(nc, event, "a", {})) == "ok"
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert _code(await _emit(nc, event, "a", {})) == "quota"
+        assert loop.time() - started >= 0.9  # held for AGENT_REFUSAL_HOLD_S["quota"]
+        started = loop.time()
+        assert _code(await _emit(nc, event, "a", {}, timeout_s=0.4)) == "quota"
+        assert 0.15 <= loop.time() - started < 0.9  # half its own timeout
+        pending = asyncio.ensure_future(_emit(nc, event, "a", {}))
+        await asyncio.sleep(0.2)
+        started = loop.time()
+        await service.stop()
+        assert _code(await pending) == "quota" and loop.time() - started < 0.8
+    finally:
+        await service.stop()

@@ -658,8 +658,11 @@ def init_cmd(
     if demo:
         from ._demo import demo_identities, find_examples_dir  # only for --demo
 
-        demo_agents, demo_workers, demo_approvers = demo_identities(find_examples_dir())
+        demo_agents, demo_embedded, demo_workers, demo_approvers = demo_identities(
+            find_examples_dir()
+        )
         agents, workers = (*agents, *demo_agents), (*workers, *demo_workers)
+        embedded_agents = (*embedded_agents, *demo_embedded)
         approvers = (*approvers, *demo_approvers)
     setup = init_setup(
         out,

@@ -385,9 +385,7 @@ async def _live_keys(watcher: Any) -> set[str]:
     return live
 
 
-async def _wait_ready(
-    watcher: Any, pending: Counter[str], fleet: _Fleet, timeout_s: float
-) -> None:
+async def _wait_ready(watcher: Any, pending: Counter[str], fleet: _Fleet, timeout_s: float) -> None:
     """Wait until every expected declaration put has been seen (each replica puts its
     declarations after its subscriptions are flushed), or fail on the first replica that
     exits, or after `timeout_s` seconds.
@@ -1097,12 +1095,16 @@ def worker_identity(file: str) -> str:
     return Path(file).stem
 
 
-def demo_identities(examples_dir: Path) -> tuple[list[str], list[str], list[str]]:
-    """The identities the demo needs besides admin and dispatcher: ``(agents, workers,
-    approvers)``, as ``hookbus auth init --demo`` writes them. The agents (the
-    transcript's, then those of ``--agents``) are plain ``agent`` identities, clients of
-    the dispatcher service; each worker is ``NAME:EVENT/HANDLER,EVENT/HANDLER``, every
-    (event, handler) its file declares.
+def demo_identities(
+    examples_dir: Path,
+) -> tuple[list[str], list[str], list[str], list[str]]:
+    """The identities the demo needs besides admin and dispatcher: ``(agents,
+    embedded_agents, workers, approvers)``, as ``hookbus auth init --demo`` writes them.
+    The agents (the transcript's, then the pydantic-ai one of ``--agents``) are plain
+    ``agent`` identities, clients of the dispatcher service; the ``ai`` agent keeps its
+    runs' suspensions in hookbus itself (durable hooks), which takes an embedded agent
+    identity; each worker is ``NAME:EVENT/HANDLER,EVENT/HANDLER``, every (event, handler)
+    its file declares.
 
     Raises:
         click.ClickException: a bad transcript or worker file.
@@ -1116,8 +1118,11 @@ def demo_identities(examples_dir: Path) -> tuple[list[str], list[str], list[str]
         pairs = workers.setdefault(worker_identity(spec.file), [])
         pairs += [f"{d.event}/{d.name}" for d in declared[spec.file]]
     agents = [a.id for a in transcript.agents]
+    embedded = [FRAMEWORK_AGENT_IDS["ai"]]
+    framework = [a for a in FRAMEWORK_AGENT_IDS.values() if a not in embedded]
     return (
-        list(dict.fromkeys([*agents, *FRAMEWORK_AGENT_IDS.values()])),
+        list(dict.fromkeys([*agents, *framework])),
+        embedded,
         [f"{name}:{','.join(sorted(set(pairs)))}" for name, pairs in workers.items()],
         [DEMO_APPROVER],
     )

@@ -5,11 +5,11 @@ An agent in any language emits with one plain NATS request and a JSON body:
 an `EmitReply`. Replicas share the load in the `DISPATCHER_QUEUE_GROUP` queue group.
 
 Every request gets exactly one reply, never silence: the result, or a `WireError`. The
-retryable ones (``busy``: over the replica's concurrency bound or the agent's in-flight
-limit, refused at once; ``quota``: the agent is over its request rate, refused at once;
+retryable ones (``busy``: over the replica's concurrency bound, answered at once, or over
+the agent's in-flight limit; ``quota``: the agent is over its request rate;
 ``unavailable``: shutting down, or the bus is unreachable) mean the agent may send the same
-request again, to this or another replica (after a pause, for ``quota``); with the same
-``idempotency_key`` a retried emit finds its approval instead of asking twice.
+request again, to this or another replica; with the same ``idempotency_key`` a retried emit
+finds its approval instead of asking twice.
 
 Each agent (the subject's agent token, which only that agent's NATS user may publish on
 with the generated permissions) has its own bounds on a replica: requests in flight
@@ -17,9 +17,14 @@ with the generated permissions) has its own bounds on a replica: requests in fli
 `agent_burst`). Requests on the no-agent subject ``=`` (an open development server; no
 generated identity may publish there) name no one to bound: only `max_concurrency`
 applies to them. A request
-past them is answered at once and never reaches a handler, so one agent flooding a replica
-holds at most its in-flight limit of the replica's `max_concurrency` and no other agent's
-request waits behind it.
+past them never reaches a handler, so one agent flooding a replica holds at most its
+in-flight limit of the replica's `max_concurrency` and no other agent's request waits
+behind it. Its refusal is answered after a pause (`AGENT_REFUSAL_HOLD_S`: 1 s for
+``quota``, 0.25 s for the agent's ``busy``; at most half the request's own ``timeout_s``,
+so the caller still hears it): a client that sends again as soon as it is refused, with
+many requests in flight, then slows to its bounds instead of keeping the replica, the
+server and the machine busy with refusals (measured by ``benchmarks/abuse.py``). At most
+`MAX_HELD_REFUSALS` refusals wait at once; past them, refusals are answered at once.
 
 Each replica is a service of the NATS services API (``nats.micro``) named
 ``hookbus-dispatcher`` with two endpoints, ``emit`` and ``emit_and_collect``: ``$SRV.INFO``
@@ -35,7 +40,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import nats.errors
@@ -119,6 +124,19 @@ def _wire_error(exc: BaseException) -> WireError:
     if isinstance(exc, HookbusError):
         return WireError(code="internal", message=str(exc))
     return WireError(code="internal", message=repr(exc))
+
+
+AGENT_REFUSAL_HOLD_S: Final = {"quota": 1.0, "busy": 0.25}
+"""Seconds an agent's refusal waits before it is sent (see the module docstring)."""
+
+MAX_HELD_REFUSALS: Final = 10_000
+"""Refusals of a replica waiting to be sent at most; past it they are sent at once."""
+
+
+class _Timeout(msgspec.Struct):
+    """The one field of a request a held refusal reads (the rest is never decoded)."""
+
+    timeout_s: float | None = None
 
 
 class _AgentQuota:
@@ -239,6 +257,10 @@ class DispatcherService:
             agent_burst if agent_burst is not None else max(1, math.ceil(agent_rate_per_s or 1))
         )
         self._quotas: dict[str, _AgentQuota] = {}
+        self._held: dict[int, tuple[asyncio.TimerHandle, tuple[Msg, Reply, WireError, int]]] = {}
+        """Refusals waiting for their hold, by number (see `_refuse_later`)."""
+        self._held_seq = 0
+        self._tasks: set[asyncio.Future[None]] = set()
         """Per agent token: its requests in flight and its token bucket (idle ones pruned)."""
         self._next_prune = 0.0
         self._active = 0
@@ -337,6 +359,7 @@ class DispatcherService:
             self._api = None
         await asyncio.gather(*(self._stop_intake(sub, grace) for sub in self._subs))
         self._subs.clear()
+        await self._release_all()
         if self._inflight:
             await asyncio.wait(list(self._inflight), timeout=max(0.0, deadline - loop.time()))
         if self._inflight:
@@ -388,7 +411,7 @@ class DispatcherService:
                 return
             quota = self._admit_agent(msg.subject)
             if isinstance(quota, WireError):
-                await self._refuse(msg, reply_type, quota, received)
+                await self._refuse_later(msg, reply_type, quota, received)
                 return
             if self._active >= self._max or (collect and self._active_collect >= self._max_collect):
                 busy = WireError(
@@ -469,6 +492,42 @@ class DispatcherService:
                 quota.in_flight -= 1
 
         return done
+
+    async def _refuse_later(
+        self, msg: Msg, reply_type: Reply, error: WireError, received: int
+    ) -> None:
+        """Answer an agent's refusal `error` after its hold (`AGENT_REFUSAL_HOLD_S`, at
+        most half the request's ``timeout_s``), or at once when too many wait already."""
+        hold = AGENT_REFUSAL_HOLD_S.get(error.code, 0.0)
+        if hold and len(self._held) < MAX_HELD_REFUSALS:
+            with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+                asked = msgspec.json.decode(msg.data, type=_Timeout).timeout_s
+                if asked is not None and asked > 0:
+                    hold = min(hold, asked / 2)
+            if hold > 0.001:
+                self._held_seq += 1
+                key = self._held_seq
+                handle = asyncio.get_running_loop().call_later(hold, self._release, key)
+                self._held[key] = (handle, (msg, reply_type, error, received))
+                return
+        await self._refuse(msg, reply_type, error, received)
+
+    def _release(self, key: int) -> None:
+        """A held refusal's time came: send it."""
+        held = self._held.pop(key, None)
+        if held is not None:
+            task = asyncio.ensure_future(self._refuse(*held[1]))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _release_all(self) -> None:
+        """Send every held refusal now (the replica stops)."""
+        held, self._held = list(self._held.values()), {}
+        for handle, entry in held:
+            handle.cancel()
+            await self._refuse(*entry)
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=2.0)
 
     async def _refuse(self, msg: Msg, reply_type: Reply, error: WireError, received: int) -> None:
         """Answer `error` at once (a refusal: small, its error known, nothing to decode back;

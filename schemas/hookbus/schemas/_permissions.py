@@ -19,11 +19,12 @@ Roles (one user per identity):
 ==================  ============================================================
 ``admin``           everything hookbus; the only role that creates, changes or deletes
                     streams and buckets (``hookbus auth provision``)
-``agent``           a client of the dispatcher service: its own emits, suspension
-                    events and suspension records
+``agent``           a client of the dispatcher service: its own emits; hears and reads
+                    its own suspensions; writes nothing the service does not bound
 ``agent`` embedded  also decides for itself (an embedded ``HookDispatcher``): reads the
-                    handler registry, calls handlers, records its own decisions, reads
-                    its own grants; it may not ask for approvals
+                    handler registry, calls handlers, writes its own suspension records,
+                    records its own decisions, reads its own grants; it may not ask for
+                    approvals
 ``worker``          serves exactly its (event, handler) pairs: their queue groups, chain
                     requests of its handler set on those events, their declarations
 ``dispatcher``      the service, the decider: answers every agent's emits, calls every
@@ -332,18 +333,18 @@ def _agent(a: str, public_key: str | None, *, embedded: bool) -> RolePermissions
     grants: list[Grant] = [
         Grant(f"{p}.emit.{a}.*", "emit through the dispatcher service, as itself only"),
         Grant(f"{p}.emit_and_collect.{a}.*", "emit_and_collect through the service"),
-        Grant(f"{p}.suspension.{a}.>", f"{own} suspension events (pending / resolved / cancelled)"),
-        _kv_put(SUSPENSIONS_BUCKET, f"{a}.*", f"{own} suspension records (`<a>.<label>`)"),
-        _kv_put(LEASES_BUCKET, "w.*", "its waiter lease (`w.<id>`)"),
         _js_info(),
         _kv_open(SUSPENSIONS_BUCKET),
-        _kv_open(LEASES_BUCKET),
         *_kv_read_own(SUSPENSIONS_BUCKET, a, f"{own} suspensions and their proofs", public_key),
-        _get(LEASES_BUCKET, "w.*", "waiter leases (is a label's waiter alive)"),
         *_srv_requests(),
     ]
     if embedded:
         grants += [
+            Grant(f"{p}.suspension.{a}.>", f"{own} suspension events (pending / resolved)"),
+            _kv_put(SUSPENSIONS_BUCKET, f"{a}.*", f"{own} suspension records (`<a>.<label>`)"),
+            _kv_put(LEASES_BUCKET, "w.*", "its waiter lease (`w.<id>`)"),
+            _kv_open(LEASES_BUCKET),
+            _get(LEASES_BUCKET, "w.*", "waiter leases (is a label's waiter alive)"),
             *_call_handlers(),
             Grant(f"{p}.decisions.{a}", f"{own} decisions to the audit stream (embedded)"),
             _kv_open(HANDLERS_BUCKET),
@@ -363,10 +364,12 @@ def _agent(a: str, public_key: str | None, *, embedded: bool) -> RolePermissions
 
 
 def agent(name: str, *, embedded: bool = False, public_key: str | None = None) -> RolePermissions:
-    """An agent (one per agent id), a client of the dispatcher service: its own emits,
-    suspension events and suspension records. `embedded`: it also runs its own
-    ``HookDispatcher`` (reads the registry, calls handlers, records its own decisions,
-    reads its own grants); it still may not create approvals (only the service does).
+    """An agent (one per agent id), a client of the dispatcher service: its own emits, and
+    it hears and reads its own suspensions (the approvals the service asks for it); every
+    write it makes goes through the service, which bounds it. `embedded`: it also runs its
+    own ``HookDispatcher`` (reads the registry, calls handlers, writes its own suspension
+    records, events and leases, records its own decisions, reads its own grants); it still
+    may not create approvals (only the service does).
 
     Raises:
         BadRequestError: `name` is empty.
