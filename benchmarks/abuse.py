@@ -237,9 +237,11 @@ async def _victim(nc: NATS, seconds: float) -> dict[str, Any]:
     every outcome."""
     body = _body({"tool_name": "read_file", "tool_input": {"path": "notes.txt"}})
     lat: list[float] = []
+    when: list[float] = []
     codes: dict[str, int] = {}
-    deadline = time.perf_counter() + seconds
-    next_at = time.perf_counter()
+    start = time.perf_counter()
+    deadline = start + seconds
+    next_at = start
     while time.perf_counter() < deadline:
         await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
         t0 = time.perf_counter()
@@ -247,11 +249,14 @@ async def _victim(nc: NATS, seconds: float) -> dict[str, Any]:
         code = await _emit(nc, "victim", body)
         if code == "ok":
             lat.append((time.perf_counter() - t0) * 1000)
+            when.append(t0 - start)
         codes[code] = codes.get(code, 0) + 1
+    slowest = sorted(zip(lat, when, strict=True), reverse=True)[:5]
     return {
         "emits": sum(codes.values()), "codes": codes,
         "p50_ms": _pct(lat, 0.5), "p99_ms": _pct(lat, 0.99),
         "mean_ms": statistics.fmean(lat) if lat else float("nan"),
+        "slowest": [f"{ms:.1f} ms at {at:.1f} s" for ms, at in slowest],
     }  # fmt: skip
 
 

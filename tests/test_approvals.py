@@ -1088,6 +1088,34 @@ async def test_pending_approvals_per_agent_are_limited(
             assert (await out.wait()).action == "deny"
 
 
+async def test_questions_asked_at_once_cannot_race_past_the_pending_quota(
+    connect: Connect, approver: Approver, event: str
+) -> None:
+    """Ten questions of one agent at once, at most 3 pending: 3 are asked, 7 denied
+    ``quota:`` at once (each question sees the others before any record is written, and
+    the agent's keys are counted once for all of them)."""
+    d = HookDispatcher(await connect(), max_pending_approvals=3)
+    d.register(event, asker(approval_timeout=30))
+    agent = f"race-{uuid.uuid4().hex[:8]}"
+    session = f"session-{uuid.uuid4().hex[:8]}"
+    async with d, anyio.create_task_group() as tg:
+        outs = [
+            spawn_emit(tg, d, event, {"agent_id": agent, "session_id": session, "n": i})
+            for i in range(10)
+        ]
+        with anyio.fail_after(10):
+            while sum(1 for o in outs if o.done.is_set()) < 7:
+                await anyio.sleep(0.02)
+        denied = [await o.wait() for o in outs if o.done.is_set()]
+        assert len(denied) == 7 and all((r.reason or "").startswith("quota:") for r in denied)
+        pending = [r for r in (await approver.d.approval_page()).records if r.agent_id == agent]
+        assert len(pending) == 3
+        for record in pending:
+            await approver.d.cancel_approval(record.label, agent_id=agent)
+        for out in outs:
+            assert (await out.wait()).action == "deny"
+
+
 async def test_the_approver_is_on_the_result_the_record_and_the_hook_event(
     agent: Agent, approver: Approver, event: str
 ) -> None:

@@ -100,6 +100,7 @@ from hookbus.schemas import _telemetry_names as tn
 
 from ._consumers import watch_keys
 from ._kv import kv_retry, open_bucket, release_consumer
+from ._pending_quota import PendingQuota
 from ._proofs import first_proof
 from ._records import RecordStore
 from ._suspensions import Suspensions
@@ -349,6 +350,9 @@ class Approvals:
         self.grant_ttl_s = grant_ttl_s
         self.answer_wait_s = answer_wait_s
         self.max_pending = max_pending
+        self._quota = (
+            None if max_pending is None else PendingQuota(max_pending, self._count_pending)
+        )
         self._proof_poll_s = proof_poll_s
         self._own_agent_secured = False  # an agent's own store on a secured server
 
@@ -443,6 +447,7 @@ class Approvals:
             got = await store.get(label)  # a retry of this call finds its approval
         except HookbusError as exc:
             return self._not_asked(result, exc)
+        reserved = False
         if got is not None:
             decided = await self._from_record(result, got[0], options, store)
             if decided is not None:
@@ -451,6 +456,28 @@ class Approvals:
             over = await self._over_quota(store)
             if over is not None:
                 return self._answer(result, allow=False, reason=over)
+            reserved = self._quota is not None and not self._own_agent_secured
+        try:
+            return await self._asked(event, result, handler, options, allowing, store,
+                                     label, started, wait_s, got)  # fmt: skip
+        finally:
+            if reserved and self._quota is not None:
+                self._quota.release(store.agent_id)
+
+    async def _asked(
+        self,
+        event: str,
+        result: HookResult,
+        handler: str,
+        options: list[str],
+        allowing: list[str],
+        store: Suspensions,
+        label: str,
+        started: float,
+        wait_s: float | None,
+        got: tuple[SuspensionRecord, int] | None,
+    ) -> HookResult:
+        """Ask (or take over, `got`) the approval `label` and decide from its answer."""
         remaining = _approval_left(result.approval_timeout, started, got[0] if got else None)
         caller_left = None if wait_s is None else max(0.0, wait_s - (time.monotonic() - started))
         cut = caller_left is not None and (remaining is None or caller_left < remaining)
@@ -483,31 +510,38 @@ class Approvals:
 
     async def _over_quota(self, store: Suspensions) -> str | None:
         """The deny reason when `store`'s agent already has `max_pending` live pending
-        approvals (one pass over that agent's keys of the approvals bucket), else None."""
-        if self.max_pending is None or self._own_agent_secured:
+        approvals (`PendingQuota`: those this process asks, and one shared count of the
+        agent's keys of the approvals bucket), else None: then room is reserved."""
+        if self._quota is None or self._own_agent_secured:
             return None  # none, or the agent may not create approvals at all: no count
-        scoped = RecordStore(
-            store.records.kv, deadline_s=self._grant_read_s, agent_id=store.agent_id, scoped=True
-        )
-        try:
-            records, _ = await scoped.scan()
-        except (HookbusError, nats.errors.Error, nats.js.errors.Error) as exc:
-            log.warning("pending approvals of %r not counted (%s)", store.agent_id, exc)
-            return None
-        now = time.time()
-        pending = sum(
-            1 for r in records
-            if r.status == "pending" and r.metadata.get("kind") == "approval"
-            and (not isinstance(t := r.metadata.get("timeout_s"), int | float)
-                 or r.created_at + t > now)
-        )  # fmt: skip
-        if pending < self.max_pending:
+        pending = await self._quota.admit(store.agent_id)
+        if pending is None:
             return None
         log.warning("agent %r has %d pending approvals: not asking more", store.agent_id, pending)
         return (
             f"quota: agent {store.agent_id!r} already has {pending} pending approvals (at most"
             f" {self.max_pending}); answer or cancel them first"
         )
+
+    async def _count_pending(self, agent_id: str | None) -> int:
+        """The live pending approval records of `agent_id` in the bucket (one pass over its
+        keys). Raises what the scan raises (then it is not counted)."""
+        scoped = RecordStore(
+            self.records.records.kv, deadline_s=self._grant_read_s, agent_id=agent_id,
+            scoped=True,
+        )  # fmt: skip
+        try:
+            records, _ = await scoped.scan()
+        except (HookbusError, nats.errors.Error, nats.js.errors.Error) as exc:
+            log.warning("pending approvals of %r not counted (%s)", agent_id, exc)
+            raise
+        now = time.time()
+        return sum(
+            1 for r in records
+            if r.status == "pending" and r.metadata.get("kind") == "approval"
+            and (not isinstance(t := r.metadata.get("timeout_s"), int | float)
+                 or r.created_at + t > now)
+        )  # fmt: skip
 
     def _no_allowing_option(
         self, event: str, result: HookResult, handler: str, options: list[str]
