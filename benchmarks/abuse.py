@@ -370,6 +370,14 @@ async def _records(nc: NATS, stop: asyncio.Event, out: dict[str, Any]) -> None:
                 await js.publish(f"$KV.hookbus_suspensions.{me}.flood{i}", value)
                 written += 1
             except (TimeoutError, nats.errors.TimeoutError):
+                # a refused publish is never acknowledged: its refusal is an async error
+                errors = getattr(nc, "_abuse_errors", [])
+                violation = next((e for e in errors if "permissions violation for publish to"
+                                  ' "$kv.hookbus_suspensions' in e.lower()), None)  # fmt: skip
+                if violation is not None:
+                    out.setdefault("refused_with", violation[:200])
+                    refused.set()
+                    return
                 out["ack_timeouts"] = out.get("ack_timeouts", 0) + 1  # busy, not refused
             except Exception as exc:
                 out.setdefault("refused_with", f"{type(exc).__name__}: {exc}"[:200])

@@ -171,10 +171,10 @@ async def test_a_refusal_over_the_agents_bounds_is_held_within_the_requests_time
         loop = asyncio.get_running_loop()
         started = loop.time()
         assert _code(await _emit(nc, event, "a", {})) == "quota"
-        assert loop.time() - started >= 0.9  # held for AGENT_REFUSAL_HOLD_S["quota"]
+        assert loop.time() - started >= 0.45  # held: AGENT_REFUSAL_HOLD_S["quota"], spread
         started = loop.time()
         assert _code(await _emit(nc, event, "a", {}, timeout_s=0.4)) == "quota"
-        assert 0.15 <= loop.time() - started < 0.9  # half its own timeout
+        assert 0.05 <= loop.time() - started < 0.9  # at most half its own timeout
         pending = asyncio.ensure_future(_emit(nc, event, "a", {}))
         await asyncio.sleep(0.2)
         started = loop.time()

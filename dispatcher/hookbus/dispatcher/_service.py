@@ -16,15 +16,16 @@ with the generated permissions) has its own bounds on a replica: requests in fli
 (`agent_max_in_flight`) and a token bucket of requests per second (`agent_rate_per_s`,
 `agent_burst`). Requests on the no-agent subject ``=`` (an open development server; no
 generated identity may publish there) name no one to bound: only `max_concurrency`
-applies to them. A request
-past them never reaches a handler, so one agent flooding a replica holds at most its
-in-flight limit of the replica's `max_concurrency` and no other agent's request waits
-behind it. Its refusal is answered after a pause (`AGENT_REFUSAL_HOLD_S`: 1 s for
-``quota``, 0.25 s for the agent's ``busy``; at most half the request's own ``timeout_s``,
-so the caller still hears it): a client that sends again as soon as it is refused, with
-many requests in flight, then slows to its bounds instead of keeping the replica, the
-server and the machine busy with refusals (measured by ``benchmarks/abuse.py``). At most
-`MAX_HELD_REFUSALS` refusals wait at once; past them, refusals are answered at once.
+applies to them. A request past them never reaches a handler, so one agent flooding a
+replica holds at most its in-flight limit of the replica's `max_concurrency` and no other
+agent's request waits behind it. Its refusal is answered after a pause
+(`AGENT_REFUSAL_HOLD_S`: about 1 s for ``quota``, 0.25 s for the agent's ``busy``, each
+spread over half to one and a half times that, so refusals do not come back as one burst;
+at most half the request's own ``timeout_s``, so the caller still hears it): a client that
+sends again as soon as it is refused, with many requests in flight, then slows to its
+bounds instead of keeping the replica, the server and the machine busy with refusals
+(measured by ``benchmarks/abuse.py``). At most `MAX_HELD_REFUSALS` refusals wait at once;
+past them, refusals are answered at once.
 
 Each replica is a service of the NATS services API (``nats.micro``) named
 ``hookbus-dispatcher`` with two endpoints, ``emit`` and ``emit_and_collect``: ``$SRV.INFO``
@@ -38,6 +39,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import random
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
@@ -498,7 +500,9 @@ class DispatcherService:
     ) -> None:
         """Answer an agent's refusal `error` after its hold (`AGENT_REFUSAL_HOLD_S`, at
         most half the request's ``timeout_s``), or at once when too many wait already."""
-        hold = AGENT_REFUSAL_HOLD_S.get(error.code, 0.0)
+        # spread over half to one and a half times the hold: refusals released together
+        # would come back together, a burst every other agent's requests queue behind
+        hold = AGENT_REFUSAL_HOLD_S.get(error.code, 0.0) * (0.5 + random.random())
         if hold and len(self._held) < MAX_HELD_REFUSALS:
             with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
                 asked = msgspec.json.decode(msg.data, type=_Timeout).timeout_s
