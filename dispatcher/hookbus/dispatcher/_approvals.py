@@ -101,7 +101,7 @@ from hookbus.schemas import _telemetry_names as tn
 from ._consumers import watch_keys
 from ._kv import kv_retry, open_bucket, release_consumer
 from ._pending_quota import PendingQuota
-from ._proofs import first_proof
+from ._proofs import first_proof, write_proof
 from ._records import RecordStore
 from ._suspensions import Suspensions
 from ._tasks import stop_task
@@ -909,21 +909,7 @@ class Approvals:
             raise ResolutionRejectedError(f"choice {choice!r} is not one of the options {options}")
         answer = ApprovalAnswer(choice=choice, answered_by=approver, answered_at=time.time())
         key = approval_answer_key(label, agent_id, approver)
-        kv = store.records.kv
-
-        async def prove() -> None:
-            nonlocal answer
-            try:
-                await kv.create(key, encode(answer))
-            except nats.js.errors.KeyWrongLastSequenceError:  # answered before (or a retry)
-                earlier = decode((await kv.get(key)).value or b"{}", ApprovalAnswer)
-                if earlier.choice != choice:
-                    raise AlreadySettledError(
-                        f"{approver} already answered {label!r} with {earlier.choice!r}"
-                    ) from None
-                answer = earlier
-
-        await kv_retry(prove, deadline_s=self._grant_read_s, what=f"writing {key[:80]}")
+        answer = await write_proof(store.records.kv, key, answer, deadline_s=self._grant_read_s)
         return await self._applied(
             store, label, answer, self.answer_wait_s if wait_s is None else wait_s
         )

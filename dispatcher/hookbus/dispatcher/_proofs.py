@@ -13,16 +13,51 @@ import contextlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import nats.js.errors
 from nats.js.api import DeliverPolicy
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
+from hookbus.schemas import AlreadySettledError, ApprovalAnswer, decode, encode
+
 from ._kv import kv_retry, release_consumer, subscribe_keys
 
-__all__ = ["first_proof", "read_proofs"]
+__all__ = ["first_proof", "read_proofs", "write_proof"]
 
 T = TypeVar("T")
 
 _MARKER_REASON = "Nats-Marker-Reason"
+
+
+async def write_proof(
+    kv: KeyValue, key: str, answer: ApprovalAnswer, *, deadline_s: float
+) -> ApprovalAnswer:
+    """Create the proof `key` (``approval_answer_key``) holding `answer`, retried through
+    a leader election for up to `deadline_s` seconds. A proof of the same approver already
+    there with the same choice (a retry) is that answer; with another choice, refused.
+
+    Returns:
+        The answer on record.
+    Raises:
+        AlreadySettledError: this approver already answered otherwise.
+        HookbusTimeoutError: JetStream stayed unavailable.
+        NotPermittedError: this client's NATS user may not write `key` (another approver's).
+    """
+    on_record = answer
+
+    async def create() -> None:
+        nonlocal on_record
+        try:
+            await kv.create(key, encode(answer))
+        except nats.js.errors.KeyWrongLastSequenceError:  # answered before (or a retry)
+            earlier = decode((await kv.get(key)).value or b"{}", ApprovalAnswer)
+            if earlier.choice != answer.choice:
+                raise AlreadySettledError(
+                    f"{answer.answered_by} already answered with {earlier.choice!r}"
+                ) from None
+            on_record = earlier
+
+    await kv_retry(create, deadline_s=deadline_s, what=f"writing {key[:80]}")
+    return on_record
 
 
 async def read_proofs(

@@ -100,11 +100,11 @@ from ai.types import messages as ai_messages
 from ai.types import tools as ai_tools
 from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import KeyNotFoundError
 
 from hookbus.dispatcher import AnswerNotAppliedError, Suspensions
 from hookbus.dispatcher._kv import kv_retry
-from hookbus.dispatcher._proofs import first_proof
+from hookbus.dispatcher._proofs import first_proof, write_proof
 from hookbus.dispatcher._suspension_events import payload_schema
 from hookbus.dispatcher._tasks import stop_task
 from hookbus.schemas import (
@@ -120,7 +120,6 @@ from hookbus.schemas import (
     SuspensionNotFoundError,
     approval_answer_key,
     decode,
-    encode,
 )
 
 __all__ = [
@@ -454,24 +453,12 @@ class HookbusHooks(ai_middleware._Middleware):
         store = self.suspensions
         answer = ApprovalAnswer(choice=choice, answered_by=approver, answered_at=time.time())
         key = approval_answer_key(label, store.agent_id, approver)
-        kv = store.records.kv
         found = await store.get(label)
         if found is not None and found[0].status != "pending":
             raise AlreadySettledError(f"tool approval {label!r} is already {found[0].status}")
-
-        async def prove() -> None:
-            nonlocal answer
-            try:
-                await kv.create(key, encode(answer))
-            except KeyWrongLastSequenceError:  # answered before (or a retry)
-                earlier = decode((await kv.get(key)).value or b"{}", ApprovalAnswer)
-                if earlier.choice != choice:
-                    raise AlreadySettledError(
-                        f"{approver} already answered {label!r} with {earlier.choice!r}"
-                    ) from None
-                answer = earlier
-
-        await kv_retry(prove, deadline_s=store.records.deadline_s, what=f"writing {key[:80]}")
+        answer = await write_proof(
+            store.records.kv, key, answer, deadline_s=store.records.deadline_s
+        )
         if found is None:
             return answer  # the hook takes it when it starts
         loop = asyncio.get_running_loop()
@@ -481,7 +468,7 @@ class HookbusHooks(ai_middleware._Middleware):
             record = None if got is None else got[0]
             if record is None:  # consumed and removed by the run's end: who decided it?
                 first = await first_proof(
-                    kv, store.records.key(label),
+                    store.records.kv, store.records.key(label),
                     lambda k, v: _valid_proof(k, v, label, store.agent_id),
                     deadline_s=store.records.deadline_s,
                 )  # fmt: skip
