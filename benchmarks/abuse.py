@@ -51,6 +51,9 @@ import nats
 import nats.errors
 from nats.aio.client import Client as NATS
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _procs import Proc
+
 from hookbus.schemas import TOOL_PRE, HookResult, emit_service_subject, encode_token
 from hookbus.workers import HookWorker
 
@@ -106,68 +109,32 @@ async def _connect(url: str, folder: Path, stem: str, **options: Any) -> NATS:
     return nc
 
 
-class Child:
-    """A ``hookbus`` process that prints `ready` on stderr once it serves."""
+class Child(Proc):
+    """A ``hookbus`` process that prints `ready` on stderr once it serves, timed."""
 
     def __init__(self, label: str, argv: list[str], ready: str) -> None:
-        self.label, self.argv, self.ready = label, argv, ready
-        self.proc: asyncio.subprocess.Process | None = None
-        self.lines: list[str] = []
+        super().__init__(label, argv, ready)
         self.ready_s: float | None = None
-        self._drain: asyncio.Task[None] | None = None
+        self.failure = ""
 
-    async def start(self, timeout_s: float = 60.0) -> bool:
+    async def start(self, timeout_s: float = 60.0) -> bool:  # type: ignore[override]
         """Spawn it and wait for its ready line; False (and `error`) if it exited or
         was not ready in time."""
         t0 = time.perf_counter()
-        self.proc = await asyncio.create_subprocess_exec(
-            *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        assert self.proc.stderr is not None
         try:
-            async with asyncio.timeout(timeout_s):
-                while True:
-                    line = await self.proc.stderr.readline()
-                    if not line:
-                        return False
-                    self.lines.append(line.decode(errors="replace"))
-                    if self.ready in self.lines[-1]:
-                        self.ready_s = time.perf_counter() - t0
-                        break
-        except TimeoutError:
+            await super().start(timeout_s)
+        except RuntimeError as exc:
+            self.failure = str(exc)
             return False
-        self._drain = asyncio.create_task(self._read_rest())
+        self.ready_s = time.perf_counter() - t0
         return True
-
-    async def _read_rest(self) -> None:
-        assert self.proc is not None and self.proc.stderr is not None
-        while line := await self.proc.stderr.readline():
-            self.lines.append(line.decode(errors="replace"))
-            del self.lines[:-50]
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
 
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.returncode is None
 
     def error(self) -> str:
-        return "".join(self.lines[-5:]).strip()[-500:]
-
-    async def stop(self) -> None:
-        if self.proc is None or self.proc.returncode is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(self.proc.wait(), 15)
-        except TimeoutError:
-            self.proc.kill()
-            await self.proc.wait()
-        if self._drain is not None:
-            self._drain.cancel()
+        return (self.failure or "".join(self.lines[-5:])).strip()[-500:]
 
 
 def _dispatcher(url: str, folder: Path) -> Child:
