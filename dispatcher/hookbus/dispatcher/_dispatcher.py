@@ -43,12 +43,12 @@ from ._approvals import (
     MAX_APPROVAL_TIMEOUT_S,
     ApprovalGrant,
     Approvals,
-    Grants,
     joined_decision,
 )
 from ._audit import DecisionLog, current_trace_id
 from ._calls import Failed, Outcome, call_local
 from ._fold import Fold
+from ._grants import Grants
 from ._kv import ensure_buckets
 from ._records import SuspensionPage
 from ._router import EmitContext, Router
