@@ -727,9 +727,27 @@ def test_settings_command_door() -> None:
     assert list(hooks) == list(EVENTS)
     command = f"{HOOKBUS} claude-code --url nats://10.0.0.5:4222 --timeout 50"
     handler = {"type": "command", "command": command, "timeout": 55}
-    assert hooks["PreToolUse"] == [{"matcher": "*", "hooks": [handler]}]
-    assert hooks["Stop"] == [{"hooks": [handler]}]
+    # the events the hook denies when hookbus cannot answer are blocked by Claude Code
+    # too when the hook itself cannot run (executable missing, a timeout): onFailure
+    closed = {**handler, "onFailure": "block"}
+    assert hooks["PreToolUse"] == [{"matcher": "*", "hooks": [closed]}]
+    assert hooks["PermissionRequest"] == [{"matcher": "*", "hooks": [closed]}]
+    assert hooks["Stop"] == [{"hooks": [handler]}]  # a broken install never blocks a Stop
     assert hooks["SessionStart"] == [{"hooks": [handler]}]
+    assert [e for e, g in hooks.items() if "onFailure" in g[0]["hooks"][0]] == [
+        "PreToolUse", "PermissionRequest"
+    ]  # fmt: skip
+
+
+def test_settings_fail_closed_follows_the_hooks_fallback() -> None:
+    """An event the hook's own --fallback denies is blocked on a hook failure too; one it
+    lets through is not."""
+    result = settings("--", "--fallback", "UserPromptSubmit=deny", "--fallback",
+                      "PermissionRequest=none")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    hooks = json.loads(result.stdout)["hooks"]
+    blocked = {e for e, g in hooks.items() if g[0]["hooks"][0].get("onFailure") == "block"}
+    assert blocked == {"PreToolUse", "UserPromptSubmit"}
 
 
 def test_settings_http_door() -> None:
@@ -739,13 +757,16 @@ def test_settings_http_door() -> None:
     assert result.exit_code == 0, result.output
 
     def handler(event: str) -> dict[str, Any]:
-        return {
+        out = {
             "type": "http",
             "url": f"{url}/{event}",  # one URL per event: refusals know the event
             "timeout": 30,
             "headers": {"Authorization": "Bearer $HOOKBUS_TOKEN"},
             "allowedEnvVars": ["HOOKBUS_TOKEN"],
         }
+        if event == "PreToolUse":  # the gateway down blocks the tool call
+            out["onFailure"] = "block"
+        return out
 
     assert json.loads(result.stdout) == {
         "hooks": {
@@ -813,7 +834,7 @@ def test_settings_merge_keeps_everything_else(tmp_path: Path) -> None:
         "hooks": {
             "PreToolUse": [
                 {"matcher": "Bash", "hooks": [own]},
-                {"matcher": "*", "hooks": [ours]},
+                {"matcher": "*", "hooks": [{**ours, "onFailure": "block"}]},
             ],
             "PostToolUse": [{"matcher": "Write", "hooks": [own]}],
             "Stop": [{"hooks": [ours]}],

@@ -363,9 +363,8 @@ def _hookbus_command() -> str:
     return shlex.join([sys.executable, "-m", "hookbus.cli"])
 
 
-def _hook_timeout(hook_args: Sequence[str]) -> int:
-    """Claude Code's ``timeout`` for the hook: the hook's ``--timeout`` plus 5 s (its
-    connect and fallback), in whole seconds.
+def _hook_params(hook_args: Sequence[str]) -> dict[str, Any]:
+    """The ``hookbus claude-code`` options `hook_args` give, parsed as the hook will.
 
     Raises:
         click.BadParameter: `hook_args` are not valid ``hookbus claude-code`` options.
@@ -377,7 +376,32 @@ def _hook_timeout(hook_args: Sequence[str]) -> int:
     extra = " ".join([*getattr(ctx, "_protected_args", []), *ctx.args])  # a subcommand, extras
     if extra:
         raise click.BadParameter(f"unexpected {extra!r}", param_hint="HOOK_ARGS")
-    return math.ceil(float(ctx.params["timeout_s"])) + 5
+    return dict(ctx.params)
+
+
+def _hook_timeout(hook_args: Sequence[str]) -> int:
+    """Claude Code's ``timeout`` for the hook: the hook's ``--timeout`` plus 5 s (its
+    connect and fallback), in whole seconds.
+
+    Raises:
+        click.BadParameter: `hook_args` are not valid ``hookbus claude-code`` options.
+    """
+    return math.ceil(float(_hook_params(hook_args)["timeout_s"])) + 5
+
+
+def fail_closed_events(hook_args: Sequence[str] = ()) -> frozenset[str]:
+    """The events whose hook denies when hookbus cannot answer (`DEFAULT_FALLBACK` and the
+    hook's own ``--fallback``): Claude Code must block them too when the hook itself cannot
+    run (the executable missing or broken, the gateway down, a timeout), which it does for
+    a hook with ``"onFailure": "block"`` (Claude Code 2.1.295 and later). Every other event
+    keeps Claude Code's default: a failed hook lets it go on, so a broken install never
+    blocks a session's Stop or prompts.
+
+    Raises:
+        click.BadParameter: `hook_args` are not valid ``hookbus claude-code`` options.
+    """
+    options = ClaudeCodeOptions(fallback=_parse_fallbacks(_hook_params(hook_args)["fallbacks"]))
+    return frozenset(e for e in EVENTS if options.fallback_for(e) == "deny")
 
 
 def settings_hooks(
@@ -385,13 +409,18 @@ def settings_hooks(
     events: Sequence[str],
     handler: Mapping[str, Any],
     matcher: str = "*",
+    fail_closed: frozenset[str] = frozenset(),
 ) -> dict[str, list[dict[str, Any]]]:
     """The settings.json ``hooks`` block: one matcher group per event running `handler`
-    (tool events with `matcher`, the others without: they match every occurrence)."""
+    (tool events with `matcher`, the others without: they match every occurrence); the
+    events of `fail_closed` get ``"onFailure": "block"`` (see `fail_closed_events`)."""
     hooks: dict[str, list[dict[str, Any]]] = {}
     for name in events:
         group: dict[str, Any] = {"matcher": matcher} if name in _TOOL_EVENTS else {}
-        group["hooks"] = [_for_event(handler, name)]
+        hook = _for_event(handler, name)
+        if name in fail_closed:
+            hook["onFailure"] = "block"
+        group["hooks"] = [hook]
         hooks[name] = [group]
     return hooks
 
@@ -570,7 +599,9 @@ def settings_cmd(
             "command": " ".join([base, "claude-code", *map(shlex.quote, hook_args)]),
             "timeout": timeout,
         }
-    hooks = settings_hooks(events=names, handler=handler, matcher=matcher)
+    hooks = settings_hooks(
+        events=names, handler=handler, matcher=matcher, fail_closed=fail_closed_events(hook_args)
+    )
     result: dict[str, Any] = {"hooks": hooks}
     if merge_file:
         result = merge_settings(_load_settings(Path(merge_file)), hooks)
