@@ -25,7 +25,7 @@ from nats.aio.client import Client as NATS
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import HookbusError
 
-from ._connect import DEFAULT_MAX_RECONNECTS, RECONNECT_WAIT_S
+from ._connect import DEFAULT_MAX_RECONNECTS, FIRST_CONNECT_WAIT_S, RECONNECT_WAIT_S
 from ._connect import ConnectionSettings as ConnectionSettings
 from ._connect import connect as connect
 from ._connect import connection_options as connection_options
@@ -42,6 +42,9 @@ class Duration(click.ParamType):  # type: ignore[type-arg]
 
     name = "duration"
 
+    def __init__(self, *, allow_zero: bool = False) -> None:
+        self.allow_zero = allow_zero
+
     def convert(
         self, value: Any, param: click.Parameter | None, ctx: click.Context | None
     ) -> float:
@@ -54,7 +57,10 @@ class Duration(click.ParamType):  # type: ignore[type-arg]
                 seconds = float(text[:-1] if scale else text) * (scale or 1.0)
             except ValueError:
                 self.fail(f"{value!r} is not a duration (e.g. 90, 90s, 15m, 24h, 7d)", param, ctx)
-        if not math.isfinite(seconds) or seconds <= 0:
+        if self.allow_zero:
+            if not math.isfinite(seconds) or seconds < 0:
+                self.fail(f"{value!r} must be a finite duration, 0 or above", param, ctx)
+        elif not math.isfinite(seconds) or seconds <= 0:
             self.fail(f"{value!r} must be a finite duration above 0", param, ctx)
         return seconds
 
@@ -107,6 +113,18 @@ max_reconnects_option = click.option(
     show_default=True,
     help=f"After losing NATS: reconnect attempts, {RECONNECT_WAIT_S:g} s apart, before giving "
     "up with exit code 1 (env HOOKBUS_MAX_RECONNECTS; -1: forever).",
+)
+
+wait_for_server_option = click.option(
+    "--wait-for-server",
+    "wait_for_server_s",
+    envvar="HOOKBUS_WAIT_FOR_SERVER",
+    type=Duration(allow_zero=True),
+    default=FIRST_CONNECT_WAIT_S,
+    show_default=True,
+    help="At start: seconds (or 30s, 1m) to keep trying a NATS server that does not answer"
+    " yet (one just started), saying so in one line, before failing (env"
+    " HOOKBUS_WAIT_FOR_SERVER; 0: fail at once). A refusal (credentials, TLS) fails at once.",
 )
 
 

@@ -36,11 +36,19 @@ import click
 import nats
 import nats.errors
 from nats.aio.client import Client as NATS
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_fixed,
+)
 
 from hookbus.schemas._nats_guard import harden_connection, refusal_raised
 
 __all__ = [
     "DEFAULT_MAX_RECONNECTS",
+    "FIRST_CONNECT_WAIT_S",
     "LOCAL_URL",
     "RECONNECT_WAIT_S",
     "AuthIdentity",
@@ -820,12 +828,25 @@ def _no_server(exc: BaseException) -> bool:
     )
 
 
+FIRST_CONNECT_WAIT_S = 10.0
+"""How long a long-running command (worker, dispatcher, console, gateway) waits for a
+server that does not answer yet (one started just before it) before failing."""
+
+_FIRST_CONNECT_RETRY_S = 0.25
+"""Seconds between two first-connect attempts while waiting for a server."""
+
+
+class _NothingListens(click.ClickException):
+    """A first connect failed because nothing answered (rather than a refusal)."""
+
+
 async def connect(
     settings: str | ConnectionSettings,
     *,
     name: str,
     service: bool = False,
     max_reconnects: int = DEFAULT_MAX_RECONNECTS,
+    wait_for_server_s: float = 0.0,
 ) -> NATS:
     """Connect with `settings` (or just a URL): fail fast at start (each server tried
     twice), then, once connected, reconnect up to `max_reconnects` times
@@ -833,6 +854,11 @@ async def connect(
     20 s pings. A URL that did not come from ``--url`` is named on stderr once. A
     permissions violation later is logged as one warning line naming the subject; with
     `service`, so are a lost connection and a reconnection.
+
+    With `wait_for_server_s` above 0 (long-running commands: `FIRST_CONNECT_WAIT_S`), a
+    first connect that nothing answers (connection refused, no answer) is retried for up
+    to that many seconds, after one line on stderr saying it waits; a refusal
+    (credentials, TLS) still fails at once.
 
     Raises:
         click.ClickException: the URL is malformed, no server answers (with no URL given:
@@ -852,6 +878,58 @@ async def connect(
             )
     options = settings.nats_options()
     _quiet_asyncio_tls_eof()
+    if wait_for_server_s <= 0:
+        nc = await _connect_once(
+            settings, url, servers, options, name=name, service=service,
+            max_reconnects=max_reconnects,
+        )  # fmt: skip
+    else:
+
+        def waiting(state: RetryCallState) -> None:
+            if state.attempt_number == 1:
+                exc = state.outcome.exception() if state.outcome else None
+                click.echo(
+                    f"waiting up to {wait_for_server_s:g} s for NATS at {_redacted(url)}"
+                    f" ({exc.format_message() if isinstance(exc, click.ClickException) else exc})",
+                    err=True,
+                )
+
+        retrying = AsyncRetrying(
+            stop=stop_after_delay(wait_for_server_s),
+            wait=wait_fixed(_FIRST_CONNECT_RETRY_S),
+            retry=retry_if_exception_type(_NothingListens),
+            before_sleep=waiting,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    nc = await _connect_once(
+                        settings, url, servers, options, name=name, service=service,
+                        max_reconnects=max_reconnects,
+                    )  # fmt: skip
+        except _NothingListens as exc:
+            raise click.ClickException(
+                f"{exc.format_message()} (waited {wait_for_server_s:g} s)"
+            ) from exc
+    source = settings.source if settings.url else "nothing else given: the local default"
+    if source and source not in ("--url", "--embedded") and url not in _announced:
+        _announced.add(url)
+        click.echo(f"NATS at {_redacted(url)} (from {source})", err=True)
+    return nc
+
+
+async def _connect_once(
+    settings: ConnectionSettings,
+    url: str,
+    servers: list[str],
+    options: dict[str, Any],
+    *,
+    name: str,
+    service: bool,
+    max_reconnects: int,
+) -> NATS:
+    """One first connect (`connect`'s). Raises `_NothingListens` when nothing answered."""
     connecting = True
     seen: list[BaseException] = []
     tls_failed = asyncio.Event()
@@ -924,11 +1002,13 @@ async def connect(
     except (nats.errors.Error, OSError, TimeoutError) as exc:
         cause = _most_telling([*seen, exc])
         if settings.url is None and _no_server(cause):
-            raise click.ClickException(
+            raise _NothingListens(
                 f"no NATS server: nothing answers at {LOCAL_URL} and no --url, NATS_URL or"
                 " NATS context says where one is; give --url, start one with `hookbus"
                 " server`, or add --embedded for a private one"
             ) from exc
+        if _no_server(cause):
+            raise _NothingListens(describe_refusal(url, settings, cause)) from exc
         raise click.ClickException(describe_refusal(url, settings, cause)) from exc
     finally:
         connecting = False
@@ -943,8 +1023,4 @@ async def connect(
     # 60, 2 s apart), or forever with -1.
     nc.options["max_reconnect_attempts"] = max_reconnects
     nc.options["reconnect_time_wait"] = RECONNECT_WAIT_S
-    source = settings.source if settings.url else "nothing else given: the local default"
-    if source and source not in ("--url", "--embedded") and url not in _announced:
-        _announced.add(url)
-        click.echo(f"NATS at {_redacted(url)} (from {source})", err=True)
     return nc

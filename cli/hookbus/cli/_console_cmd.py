@@ -31,6 +31,7 @@ from ._common import (
     connection_or_embedded,
     drain_or_close,
     max_reconnects_option,
+    wait_for_server_option,
 )
 from ._connect import LOCAL_URL, auth_identity
 from ._extras import MissingExtraError
@@ -112,6 +113,7 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
 )
 @connection_options
 @max_reconnects_option
+@wait_for_server_option
 def console(
     host: str,
     port: int,
@@ -123,6 +125,7 @@ def console(
     ping_timeout: float,
     conn: ConnectionSettings,
     max_reconnects: int,
+    wait_for_server_s: float,
 ) -> None:
     """Serve the approvals console: pending approvals (answered as the signed-in
     approver), "Allow always" grants (revoke), recent decisions and live handlers, updated
@@ -172,7 +175,11 @@ def console(
 
     async def run(server: ConnectionSettings) -> None:
         nc = await connect(
-            server, name="hookbus-console", service=True, max_reconnects=max_reconnects
+            server,
+            name="hookbus-console",
+            service=True,
+            max_reconnects=max_reconnects,
+            wait_for_server_s=wait_for_server_s,
         )
         dispatcher = HookDispatcher(nc, approvals=True)
         feed = Feed(nc)

@@ -39,6 +39,7 @@ from ._common import (
     grace_period_option,
     max_reconnects_option,
     strict_buckets_option,
+    wait_for_server_option,
 )
 from ._connect import LOCAL_URL
 from ._decisions_cmd import ByteSize, audit_options
@@ -169,6 +170,7 @@ def _serve(
     bucket_replicas: int,
     strict_buckets: bool,
     max_reconnects: int,
+    wait_for_server_s: float,
     audit: bool,
     audit_max_age_s: float,
     audit_max_bytes: int,
@@ -209,6 +211,7 @@ def _serve(
             name=f"hookbus-gateway {','.join(doors)}",
             service=True,
             max_reconnects=max_reconnects,
+            wait_for_server_s=wait_for_server_s,
         )
         dispatcher = HookDispatcher(
             nc,
@@ -400,6 +403,7 @@ def _gateway_options(default_port: int, default_doors: str, default_ask: str) ->
         bucket_replicas_option,
         strict_buckets_option,
         max_reconnects_option,
+        wait_for_server_option,
         audit_options,
     ]
 

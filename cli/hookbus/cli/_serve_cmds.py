@@ -43,6 +43,7 @@ from ._common import (
     load_object,
     max_reconnects_option,
     strict_buckets_option,
+    wait_for_server_option,
 )
 from ._connect import LOCAL_URL, _redacted
 from ._decisions_cmd import audit_options
@@ -183,6 +184,7 @@ def _worker_banner(obj: HookWorker, url: str, max_concurrency: int, grace_s: flo
 @bucket_replicas_option
 @strict_buckets_option
 @max_reconnects_option
+@wait_for_server_option
 @click.option(
     "--replace",
     is_flag=True,
@@ -197,6 +199,7 @@ def worker(
     bucket_replicas: int,
     strict_buckets: bool,
     max_reconnects: int,
+    wait_for_server_s: float,
     replace: bool,
 ) -> None:
     """Serve the HookWorker at MODULE:ATTR (or path/to/file.py:ATTR) until SIGTERM/SIGINT,
@@ -213,7 +216,11 @@ def worker(
 
     async def body(sup: Supervisor, server: ConnectionSettings) -> None:
         nc = await connect(
-            server, name=f"hookbus-worker {target}", service=True, max_reconnects=max_reconnects
+            server,
+            name=f"hookbus-worker {target}",
+            service=True,
+            max_reconnects=max_reconnects,
+            wait_for_server_s=wait_for_server_s,
         )
         url = server.url or LOCAL_URL
         sup.watch(nc, url)
@@ -309,6 +316,7 @@ def worker(
 )
 @strict_buckets_option
 @max_reconnects_option
+@wait_for_server_option
 @audit_options
 def dispatcher_cmd(
     conn: ConnectionSettings,
@@ -324,6 +332,7 @@ def dispatcher_cmd(
     max_pending_approvals: int,
     strict_buckets: bool,
     max_reconnects: int,
+    wait_for_server_s: float,
     audit: bool,
     audit_max_age_s: float,
     audit_max_bytes: int,
@@ -337,7 +346,11 @@ def dispatcher_cmd(
 
     async def body(sup: Supervisor, server: ConnectionSettings) -> None:
         nc = await connect(
-            server, name="hookbus-dispatcher", service=True, max_reconnects=max_reconnects
+            server,
+            name="hookbus-dispatcher",
+            service=True,
+            max_reconnects=max_reconnects,
+            wait_for_server_s=wait_for_server_s,
         )
         url = server.url or LOCAL_URL
         sup.watch(nc, url)

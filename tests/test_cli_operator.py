@@ -1,0 +1,110 @@
+"""Rough edges an operator hits running the CLI: a worker started right after its server,
+arguments that are easy to get wrong (no JSON, nan, an http:// URL, connection options on
+a group), each answered with one clear line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hookbus.cli._server import EmbeddedNatsServer
+
+HOOKBUS = [sys.executable, "-m", "hookbus.cli"]
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+WORKER = f"{EXAMPLES / 'security_policy.py'}:worker"
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NATS_", "HOOKBUS_"))}
+    env["NATS_CONTEXT"] = ""
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*HOOKBUS, *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_env(),
+    )
+
+
+# -- the first connect of a long-running command waits for a server starting ---------------
+def test_worker_started_before_its_server_waits_for_it(tmp_path: Path) -> None:
+    port = _free_port()
+    url = f"nats://127.0.0.1:{port}"
+    err = tmp_path / "worker.err"
+    with err.open("w") as err_file:
+        proc = subprocess.Popen(
+            [*HOOKBUS, "worker", WORKER, "--url", url, "--grace-period", "1"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err_file,
+            env=_env(),
+            start_new_session=True,
+        )
+        try:
+            deadline = time.monotonic() + 20
+            while "waiting up to 10 s for NATS" not in err.read_text():
+                assert proc.poll() is None, err.read_text()
+                assert time.monotonic() < deadline, err.read_text()
+                time.sleep(0.05)
+            with EmbeddedNatsServer(port=port):
+                while "hookbus worker: serving" not in err.read_text():
+                    assert proc.poll() is None, err.read_text()
+                    assert time.monotonic() < deadline + 10, err.read_text()
+                    time.sleep(0.05)
+                proc.send_signal(signal.SIGTERM)
+                assert proc.wait(timeout=15) == 0, err.read_text()
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    text = err.read_text()
+    assert text.count("waiting up to") == 1
+    assert "Traceback" not in text and "Error" not in text
+
+
+@pytest.mark.parametrize("command", [["worker", WORKER], ["dispatcher"]], ids=lambda c: c[0])
+def test_no_server_within_the_wait_fails_in_one_line(command: list[str]) -> None:
+    url = f"nats://127.0.0.1:{_free_port()}"
+    proc = _run(*command, "--url", url, "--wait-for-server", "1")
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    waiting, error = proc.stderr.strip().splitlines()[-2:]
+    assert (
+        waiting == f"waiting up to 1 s for NATS at {url} (cannot connect to NATS at {url}:"
+        " connection refused)"
+    )
+    assert error == f"Error: cannot connect to NATS at {url}: connection refused (waited 1 s)"
+
+
+def test_one_shot_commands_still_fail_fast() -> None:
+    url = f"nats://127.0.0.1:{_free_port()}"
+    proc = _run("handlers", "--url", url)
+    assert proc.returncode == 1
+    assert "waiting" not in proc.stderr
+    assert proc.stderr.strip() == f"Error: cannot connect to NATS at {url}: connection refused"
+
+
+def test_wait_for_server_zero_fails_at_once() -> None:
+    url = f"nats://127.0.0.1:{_free_port()}"
+    proc = _run("dispatcher", "--url", url, "--wait-for-server", "0")
+    assert proc.returncode == 1
+    assert "waiting" not in proc.stderr
+    assert proc.stderr.strip().endswith(f"cannot connect to NATS at {url}: connection refused")
