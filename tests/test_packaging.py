@@ -61,10 +61,11 @@ def _run(
     timeout: float = RUN_TIMEOUT_S,
     cwd: Path | None = None,
     env: dict[str, str] | None = None,
+    stdin: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-        cwd=cwd, env=env,
+        cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env,
+        **({"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}),
     )  # fmt: skip
 
 
@@ -258,10 +259,10 @@ def test_a_worker_and_a_dispatcher_round_trip_from_the_core_install(
     [
         ["hookbus", "--help"],
         ["hookbus", "demo"],
-        ["hookbus", "claude-code"],
+        ["hookbus", "claude-code", "settings"],
         ["python", "-m", "hookbus.cli", "worker", "x:worker"],
     ],
-    ids=["help", "demo", "claude-code hook", "python -m"],
+    ids=["help", "demo", "claude-code settings", "python -m"],
 )
 def test_the_command_without_the_cli_extra_says_so(
     core_venv: Path, elsewhere: Path, argv: list[str]
@@ -271,6 +272,31 @@ def test_the_command_without_the_cli_extra_says_so(
     assert done.returncode == 2, done
     assert done.stderr == CLI_LINE + "\n"
     assert done.stdout == ""
+
+
+@pytest.mark.timeout(INSTALL_TIMEOUT_S)
+def test_the_claude_code_hook_without_the_cli_extra_answers_its_fallback(
+    core_venv: Path, elsewhere: Path
+) -> None:
+    """The hook path of a lean install still answers Claude Code: a tool call is denied
+    (the reason names the missing extra), a Stop goes on; never exit 2, which Claude Code
+    reads as "block" on every event, a session's Stop and prompts included."""
+    hook = [str(core_venv / "bin" / "hookbus"), "claude-code"]
+    env = _clean_env(core_venv)
+    pre = {"hook_event_name": "PreToolUse", "session_id": "s", "tool_name": "Bash",
+           "tool_input": {"command": "rm -rf /"}}  # fmt: skip
+    denied = _run(hook, cwd=elsewhere, env=env, stdin=json.dumps(pre))
+    assert denied.returncode == 0, denied
+    decision = json.loads(denied.stdout)["hookSpecificOutput"]
+    assert decision["permissionDecision"] == "deny"
+    assert "hookbus[cli]" in decision["permissionDecisionReason"]
+    stop = _run(hook, cwd=elsewhere, env=env,
+                stdin=json.dumps({"hook_event_name": "Stop", "session_id": "s"}))  # fmt: skip
+    assert stop.returncode == 0, stop
+    said = json.loads(stop.stdout)  # a notice to the user, no decision: the session goes on
+    assert "decision" not in said and "hookbus[cli]" in said["systemMessage"], said
+    garbage = _run(hook, cwd=elsewhere, env=env, stdin="not json")
+    assert garbage.returncode == 1 and "Traceback" not in garbage.stderr  # non-blocking
 
 
 # -- hookbus[cli]: what needs another extra -----------------------------------------------

@@ -6,7 +6,12 @@ types and the Claude Code door), not the whole CLI (the dispatcher, workers, Ope
 SDK, rich ...). Every other command goes to `hookbus.cli._main`.
 
 Without the ``cli`` extra (``pip install hookbus`` is the library alone) the command prints
-one line naming the extra and exits 2, instead of an import traceback.
+one line naming the extra and exits 2, instead of an import traceback. The hook path
+answers instead, as the Claude Code door does when hookbus cannot decide: the event's
+fallback (`hookbus.integrations.claude_code.fallback_answer`: ``PreToolUse`` and
+``PermissionRequest`` denied, every other event let through, the reason naming the missing
+extra). Exit status 2 would be Claude Code's "block" on every event, a session's ``Stop``
+and prompts included.
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ EXIT_MISSING = 2
 
 
 @contextlib.contextmanager
-def _importing_the_command() -> Iterator[None]:
-    """Turn a missing package while importing the command into one line and exit 2."""
+def _importing_the_command(hook: bool = False) -> Iterator[None]:
+    """Turn a missing package while importing the command into one line and exit 2 (with
+    `hook`: the Claude Code hook's fallback answer instead, see the module docstring)."""
     try:
         yield
     except ModuleNotFoundError as exc:
@@ -40,8 +46,26 @@ def _importing_the_command() -> Iterator[None]:
                 f"the hookbus command cannot start: {exc} (a broken installation?"
                 " pip install --force-reinstall 'hookbus[cli]')"
             )
+        if hook:
+            sys.exit(_hook_fallback(line))
         sys.stderr.write(line + "\n")
         sys.exit(EXIT_MISSING)
+
+
+def _hook_fallback(why: str) -> int:
+    """Answer the Claude Code hook on stdin with its event's fallback (`why`: the reason);
+    the exit status. Exit 1 (a non-blocking error: Claude Code goes on, or blocks where the
+    settings say ``"onFailure": "block"``) when even that cannot be done."""
+    try:
+        from hookbus.integrations.claude_code import fallback_answer  # stdlib + schemas
+    except ImportError as exc:
+        sys.stderr.write(f"{why}; and the Claude Code door cannot load: {exc}\n")
+        return 1
+    answer = fallback_answer(sys.stdin.buffer.read(), f"hookbus cannot run the hook: {why}")
+    sys.stdout.write(answer.stdout)
+    sys.stderr.write(answer.stderr + ("\n" if answer.stderr else ""))
+    sys.stdout.flush()
+    return answer.exit_code
 
 
 def main() -> None:
@@ -49,7 +73,7 @@ def main() -> None:
     its command, everything else to the whole CLI (`full_cli`)."""
     args = sys.argv[1:]
     if args[:1] == ["claude-code"] and not _FULL_CLI.intersection(args[1:2]):
-        with _importing_the_command():
+        with _importing_the_command(hook=True):
             from ._claude_code_cmd import run_hook
         sys.exit(run_hook(args[1:]))
     full_cli()
