@@ -170,7 +170,12 @@ def cases(tmp: Path) -> list[Case]:
         ),
         Case("--log-level bogus", ("--log-level", "loud", "schema"), (2,)),
         Case("dispatcher --url malformed", ("dispatcher", "--url", "not a url"), (2,), "--url"),
-        Case("emit --url malformed", ("emit", "tool:pre", "--url", "localhost:4222"), (2,), "URL"),
+        Case(
+            "emit --url malformed",
+            ("emit", "tool:pre", "{}", "--url", "localhost:4222"),
+            (2,),
+            "URL",
+        ),
         Case("handlers --url malformed", ("handlers", "--url", "nats://a:1,oops"), (2,), "URL"),
     ]
     return out

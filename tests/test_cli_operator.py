@@ -108,3 +108,70 @@ def test_wait_for_server_zero_fails_at_once() -> None:
     assert proc.returncode == 1
     assert "waiting" not in proc.stderr
     assert proc.stderr.strip().endswith(f"cannot connect to NATS at {url}: connection refused")
+
+
+# -- emit needs its data --------------------------------------------------------------------
+def test_emit_without_data_is_a_usage_error_not_an_empty_call() -> None:
+    from click.testing import CliRunner
+
+    from hookbus.cli._main import cli
+
+    result = CliRunner().invoke(cli, ["emit", "tool:pre", "--url", "nats://127.0.0.1:1"])
+    assert result.exit_code == 2, result.output
+    assert (
+        "Error: Missing argument 'JSON|-|@FILE'. The event's data: a JSON object ('{}' for"
+        " none), - to read it from stdin, or @FILE." in result.output
+    )
+    assert "emit [OPTIONS] EVENT JSON|-|@FILE" in result.output
+
+
+# -- float options refuse nan and inf ---------------------------------------------------------
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["emit", "tool:pre", "{}", "--collect", "--timeout"],
+        ["handlers", "--ping-timeout"],
+        ["services", "--ping-timeout"],
+        ["handlers", "require", "tool:pre", "guard", "--timeout"],
+        ["dispatcher", "--agent-rate"],
+        ["console", "--ping-timeout"],
+        ["gateway", "http", "--timeout"],
+        ["gateway", "aos", "--timeout"],
+        ["worker", WORKER, "--wait-for-server"],
+    ],
+    ids=lambda a: " ".join(x for x in a if x != WORKER),
+)
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN"])
+def test_float_options_refuse_nan_and_inf(args: list[str], value: str) -> None:
+    from click.testing import CliRunner
+
+    from hookbus.cli._main import cli
+
+    result = CliRunner().invoke(cli, [*args, value, "--url", "nats://127.0.0.1:1"])
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{args[-1]}'" in result.output
+    assert "finite" in result.output
+
+
+def test_every_float_option_is_finite() -> None:
+    """Each float option of the click tree refuses nan: a FiniteFloatRange or a duration."""
+    import click
+
+    from hookbus.cli._common import Duration, FiniteFloatRange
+    from hookbus.cli._main import cli
+
+    def walk(cmd: click.Command, path: str) -> list[tuple[str, click.Parameter]]:
+        out = [(path, p) for p in cmd.params]
+        if isinstance(cmd, click.Group):
+            for name, sub in cmd.commands.items():
+                out += walk(sub, f"{path} {name}")
+        return out
+
+    loose = [
+        f"{path} {param.name}"
+        for path, param in walk(cli, "hookbus")
+        if isinstance(param.type, click.types.FloatParamType | click.FloatRange)
+        and not isinstance(param.type, FiniteFloatRange | Duration)
+        and not path.startswith("hookbus claude-code")  # the hook answers its fallback
+    ]
+    assert not loose

@@ -67,6 +67,18 @@ class Duration(click.ParamType):  # type: ignore[type-arg]
 
 DURATION = Duration()
 
+
+class FiniteFloatRange(click.FloatRange):
+    """`click.FloatRange` that refuses ``nan``, ``inf`` and ``-inf`` (which compare
+    false with every bound, so a plain range lets nan through): a usage error, exit 2."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return super().convert(number, param, ctx)
+
+
 bucket_replicas_option = click.option(
     "--bucket-replicas",
     envvar="HOOKBUS_BUCKET_REPLICAS",

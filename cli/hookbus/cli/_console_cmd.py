@@ -26,6 +26,7 @@ from hookbus.schemas import HookbusError
 from ._common import (
     DURATION,
     ConnectionSettings,
+    FiniteFloatRange,
     connect,
     connection_options,
     connection_or_embedded,
@@ -108,7 +109,7 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
     "--ping-timeout",
     default=0.5,
     show_default=True,
-    type=click.FloatRange(min=0.05, max=10),
+    type=FiniteFloatRange(min=0.05, max=10),
     help="Seconds the handlers view gathers the live workers' answers.",
 )
 @connection_options

@@ -28,6 +28,7 @@ from hookbus.schemas import STANDARD_EVENTS, HookbusError, UnknownEventError, to
 
 from ._common import (
     ConnectionSettings,
+    FiniteFloatRange,
     connect,
     connection_options,
     connection_or_embedded,
@@ -77,9 +78,18 @@ def read_json_argument(value: str, *, what: str = "JSON data") -> dict[str, Any]
     return parse_json_object(text, what=source)
 
 
+class _EventData(click.ParamType):  # type: ignore[type-arg]
+    """The data argument, as given: required (a forgotten argument is not an empty call)."""
+
+    name = "text"
+
+    def get_missing_message(self, param: click.Parameter, ctx: click.Context | None) -> str:
+        return "The event's data: a JSON object ('{}' for none), - to read it from stdin, or @FILE."
+
+
 @click.command()
 @click.argument("event")
-@click.argument("data", default="{}", metavar="[JSON|-|@FILE]")
+@click.argument("data", type=_EventData(), metavar="JSON|-|@FILE")
 @connection_options
 @otlp_option
 @click.option("--agent-id", default=None, help="Emit as this agent (the data's agent_id).")
@@ -87,7 +97,7 @@ def read_json_argument(value: str, *, what: str = "JSON data") -> dict[str, Any]
 @click.option("--collect", is_flag=True, help="emit_and_collect instead of emit.")
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, min_open=True),
     default=1.0,
     show_default=True,
     help="emit_and_collect timeout, s.",

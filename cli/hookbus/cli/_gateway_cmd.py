@@ -31,6 +31,7 @@ from hookbus.schemas import HookbusError, HookResult, NotConnectedError
 from ._claude_code_cmd import _parse_fallbacks
 from ._common import (
     ConnectionSettings,
+    FiniteFloatRange,
     bucket_replicas_option,
     connect,
     connection_options,
@@ -391,7 +392,7 @@ def _gateway_options(default_port: int, default_doors: str, default_ask: str) ->
         click.option(
             "--timeout",
             "timeout_s",
-            type=click.FloatRange(min=0, min_open=True, max=3600),
+            type=FiniteFloatRange(min=0, min_open=True, max=3600),
             default=DEFAULT_TIMEOUT_S,
             show_default=True,
             help="Seconds a decision may take (an approval's wait included); then the "

@@ -40,7 +40,13 @@ from hookbus.schemas import (
     to_builtins,
 )
 
-from ._common import ConnectionSettings, connect, connection_options, connection_or_embedded
+from ._common import (
+    ConnectionSettings,
+    FiniteFloatRange,
+    connect,
+    connection_options,
+    connection_or_embedded,
+)
 from ._output import id_column, table_console
 
 __all__ = ["handlers", "services"]
@@ -97,6 +103,7 @@ def _age(at: float | None) -> str:
     "--ping-timeout",
     default=0.5,
     show_default=True,
+    type=FiniteFloatRange(min=0.05, max=10),
     help="Seconds to gather the live workers' answers ($SRV.PING).",
 )
 @click.pass_context
@@ -197,7 +204,7 @@ def _dispatcher_json(d: DispatcherReplica) -> dict[str, Any]:
     "--ping-timeout",
     default=0.5,
     show_default=True,
-    type=click.FloatRange(min=0.05, max=10),
+    type=FiniteFloatRange(min=0.05, max=10),
     help="Seconds to gather the services' answers ($SRV.PING / $SRV.STATS).",
 )
 def services(conn: ConnectionSettings, as_json: bool, ping_timeout: float) -> None:
@@ -256,7 +263,14 @@ def services(conn: ConnectionSettings, as_json: bool, ping_timeout: float) -> No
     help="What an emit does while the handler has no declaration or no live replica.",
 )
 @click.option("--priority", default=0, show_default=True, help="Its place in the call order.")
-@click.option("--timeout", "timeout_s", default=5.0, show_default=True, help="Seconds per call.")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=FiniteFloatRange(min=0, min_open=True),
+    default=5.0,
+    show_default=True,
+    help="Seconds per call.",
+)
 @click.option(
     "--tool-filter", multiple=True, help="Glob over tool_name (repeatable); default: every call."
 )

@@ -35,6 +35,7 @@ from hookbus.workers import HookWorker
 from ._common import (
     DURATION,
     ConnectionSettings,
+    FiniteFloatRange,
     bucket_replicas_option,
     connect,
     connection_options,
@@ -273,7 +274,7 @@ def worker(
     "agent_rate_per_s",
     default=DispatcherService.AGENT_RATE_PER_S,
     show_default=True,
-    type=click.FloatRange(min=0),
+    type=FiniteFloatRange(min=0),
     help="Requests per second one agent may send to this replica (a token bucket); more"
     " are refused 'quota' at once (0: no rate limit).",
 )
