@@ -79,12 +79,16 @@ class Ran:
         return json.loads(self.stdout) if self.stdout.strip() else None
 
 
-def run_hook(body: Any, *args: str, url: str | None = None, timeout: float = 40) -> Ran:
+def run_hook(
+    body: Any, *args: str, url: str | None = None, timeout: float = 40, **env: str
+) -> Ran:
     """``hookbus claude-code [--url URL] ARGS`` with `body` on stdin (a dict as JSON)."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     argv = [HOOKBUS, "claude-code", *(["--url", url] if url else []), *args]
     start = time.monotonic()
-    p = subprocess.run(argv, input=data, capture_output=True, timeout=timeout, env=ENV)
+    p = subprocess.run(
+        argv, input=data, capture_output=True, timeout=timeout, env={**ENV, **env}
+    )
     return Ran(p.returncode, p.stdout.decode(), p.stderr.decode(), time.monotonic() - start)
 
 
@@ -866,13 +870,51 @@ def loaded_after(statement: str) -> set[str]:
 
 
 def test_the_hook_path_imports_only_what_it_needs() -> None:
-    """`hookbus claude-code` (through `hookbus.cli._entry`) loads click, msgspec and nats-py
-    of the third-party packages, and neither the dispatcher, the workers nor the full CLI."""
+    """`hookbus claude-code` (through `hookbus.cli._entry`) loads click, msgspec, nats-py
+    and the OpenTelemetry API (the caller's TRACEPARENT) of the third-party packages, and
+    neither the OpenTelemetry SDK, the dispatcher, the workers nor the full CLI."""
     loaded = loaded_after("import hookbus.cli._claude_code_cmd")
     third_party = {n.split(".")[0] for n in loaded if not n.startswith("_")}
     third_party -= set(sys.stdlib_module_names) | {"hookbus"}
-    assert third_party <= {"click", "msgspec", "nats", "typing_extensions"}
+    assert third_party <= {"click", "msgspec", "nats", "typing_extensions", "opentelemetry"}
+    assert not [n for n in loaded if n.startswith("opentelemetry.sdk")]
     for heavy in ("hookbus.dispatcher", "hookbus.workers", "hookbus.cli._main", "anyio"):
         assert heavy not in loaded
     door = loaded_after("import hookbus.integrations.claude_code")
     assert not {"hookbus.dispatcher", "hookbus.cli", "click"} & door
+
+
+def test_the_hook_keeps_the_callers_trace(bus: Bus) -> None:
+    """A caller's TRACEPARENT goes on with the emit: the request to the dispatcher service
+    carries it, and so does every handler call of an --embedded hook (one trace, not one
+    root per handler)."""
+    import asyncio
+
+    import nats
+
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    caller = f"00-{trace_id}-00f067aa0ba902b7-01"
+
+    async def heard(subject: str, *args: str) -> list[str]:
+        nc = await nats.connect(bus.url)
+        got: list[str] = []
+
+        async def on(msg: Any) -> None:
+            got.append((msg.headers or {}).get("traceparent", ""))
+
+        await nc.subscribe(subject, cb=on)
+        await nc.flush()
+        ran = await asyncio.to_thread(
+            run_hook, with_command("PreToolUse", "rm -rf /"), *args, url=bus.url,
+            TRACEPARENT=caller,
+        )  # fmt: skip
+        assert ran.out == deny_pre("destructive command"), ran
+        await nc.flush()
+        await nc.close()
+        return got
+
+    service = asyncio.run(heard("hookbus.v1.emit.>"))
+    assert service and all(t.startswith(f"00-{trace_id}-") for t in service), service
+    handlers = asyncio.run(heard("hookbus.v1.>", "--embedded"))
+    calls = [t for t in handlers if t]
+    assert calls and all(t.startswith(f"00-{trace_id}-") for t in calls), handlers

@@ -22,12 +22,13 @@ import os
 import shlex
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 from nats.aio.client import Client as NATS
+from opentelemetry import trace
 
 from hookbus.integrations._emit import Emit
 from hookbus.integrations.claude_code import (
@@ -50,8 +51,11 @@ from ._connect import (
     describe_refusal,
 )
 from ._service_emit import service_emit
+from ._trace_context import callers_trace, exports, otlp_option
 
 __all__ = ["claude_code", "run_hook"]
+
+_tracer = trace.get_tracer("hookbus.cli")
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 """Where the hook connects without ``--url``, ``NATS_URL`` or a context (NATS's default)."""
@@ -126,6 +130,21 @@ class _LazyEmit:
         *,
         idempotency_key: str | None = None,
         timeout_s: float | None = None,
+    ) -> HookResult:
+        with _tracer.start_as_current_span(
+            f"claude-code {event}", kind=trace.SpanKind.CLIENT, attributes={"hookbus.event": event}
+        ):
+            return await self._emit(
+                event, data, idempotency_key=idempotency_key, timeout_s=timeout_s
+            )
+
+    async def _emit(
+        self,
+        event: str,
+        data: dict[str, Any],
+        *,
+        idempotency_key: str | None,
+        timeout_s: float | None,
     ) -> HookResult:
         nc = await self._connect()
         emit: Emit
@@ -283,6 +302,7 @@ def _write(reply: ClaudeCodeAnswer) -> int:
     show_default=True,
     help="Seconds to wait for NATS to accept the connection.",
 )
+@otlp_option
 @click.pass_context
 def claude_code(
     ctx: click.Context,
@@ -294,6 +314,7 @@ def claude_code(
     fallbacks: tuple[str, ...],
     timeout_s: float,
     connect_timeout_s: float,
+    otlp_endpoint: str | None,
 ) -> None:
     """Run as a Claude Code command hook: the hook's JSON on stdin, Claude Code's answer on
     stdout (exit 0), or one line on stderr and exit 1 for bad input.
@@ -325,10 +346,24 @@ def claude_code(
         connect_timeout_s=connect_timeout_s,
     )
     try:
-        reply = asyncio.run(_hook(body, emit, options))
+        with callers_trace(), _exporting(otlp_endpoint):
+            reply = asyncio.run(_hook(body, emit, options))
     except Exception as exc:  # a bug of ours: still answer, by the fallback
         reply = fallback_answer(body, f"internal error: {exc!r}", options)
     ctx.exit(_write(reply))
+
+
+@contextlib.contextmanager
+def _exporting(otlp_endpoint: str | None) -> Iterator[None]:
+    """Within: spans exported by OTLP when an endpoint is set (the SDK is loaded only then:
+    the hook's start-up stays lean otherwise)."""
+    if not exports(otlp_endpoint):
+        yield
+        return
+    from ._otel import otel_session
+
+    with otel_session("hookbus-claude-code", otlp_endpoint):
+        yield
 
 
 def _misconfigured(body: bytes, problem: str) -> ClaudeCodeAnswer:

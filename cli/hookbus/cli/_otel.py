@@ -24,7 +24,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import click
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import NoOpMeterProvider
@@ -41,6 +40,7 @@ from rich.tree import Tree
 from hookbus.schemas import _telemetry_names as tn
 
 from ._extras import MissingExtraError
+from ._trace_context import otlp_option
 
 __all__ = [
     "OtelSetup",
@@ -52,15 +52,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("hookbus.cli")
-
-otlp_option = click.option(
-    "--otlp-endpoint",
-    default=None,
-    metavar="URL",
-    help="Export traces and metrics by OTLP/HTTP to this base URL (e.g. http://localhost:4318;"
-    " /v1/traces and /v1/metrics are appended). Default: the OTEL_EXPORTER_OTLP_* variables;"
-    " with neither, nothing is exported. OTEL_SDK_DISABLED=true turns it off.",
-)
 
 
 def _truthy(name: str) -> bool:

@@ -2,7 +2,10 @@
 
 ``hookbus dispatcher`` (`DispatcherService`) answers ``hookbus.v1.emit.<agent>.<event>``
 with an `EmitReply`; this is the client side, for a door that runs no dispatcher of its own
-(the Claude Code command hook). It imports nats-py's errors only when a request fails.
+(the Claude Code command hook). It imports nats-py's errors only when a request fails. Each
+request carries the current trace context (W3C ``traceparent`` header, OpenTelemetry's
+propagator; e.g. the caller's ``TRACEPARENT``, `hookbus.cli._trace_context`), so the
+service's emit span continues the caller's trace.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import asyncio
 from typing import Any
 
 from nats.aio.client import Client as NATS
+from opentelemetry import propagate
 
 from hookbus.integrations._emit import Emit
 from hookbus.schemas import (
@@ -105,8 +109,10 @@ def service_emit(nc: NATS, *, agent_id: str | None = None, retries: int = 2) -> 
 
 
 async def _request(nc: NATS, subject: str, payload: bytes, timeout: float, wait: float) -> bytes:
+    headers: dict[str, str] = {}
+    propagate.inject(headers)  # the caller's trace (nothing when there is none)
     try:
-        msg = await nc.request(subject, payload, timeout=timeout)
+        msg = await nc.request(subject, payload, timeout=timeout, headers=headers or None)
     except Exception as exc:
         import nats.errors
 

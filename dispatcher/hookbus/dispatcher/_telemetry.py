@@ -325,15 +325,20 @@ _headers_cache: tuple[object, dict[str, str] | None] = (None, None)
 
 def trace_headers() -> dict[str, str] | None:
     """NATS headers carrying the current trace context (W3C ``traceparent``, through the
-    application's global propagator), or None when tracing is off (no header bytes sent).
+    application's global propagator), or None when there is none to carry: tracing off and
+    no context attached (no header bytes sent).
+
+    With tracing off, a context the caller attached (a process started inside a trace:
+    ``TRACEPARENT``) is still carried, so the workers' spans join the caller's trace
+    instead of each starting one of its own; without one, this costs an emptiness test.
 
     The dict may be shared by the requests made in one context (the calls of an emit whose
     span is not recorded all carry its context): do not modify it.
     """
     global _headers_cache
-    if not otel.tracing:
-        return None
     current = otel_context.get_current()
+    if not otel.tracing and not current:  # an empty context: nothing attached
+        return None
     cached_for, headers = _headers_cache
     if cached_for is current:
         return headers
