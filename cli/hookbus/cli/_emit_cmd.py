@@ -11,17 +11,12 @@ CI systems set it) makes the emit's span a child of the caller's.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import click
-from opentelemetry import context as otel_context
-from opentelemetry.propagate import extract
 
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import STANDARD_EVENTS, HookbusError, UnknownEventError, to_builtins
@@ -36,9 +31,10 @@ from ._common import (
 )
 from ._connect import LOCAL_URL
 from ._lifecycle import Supervisor, stop_on_signals
-from ._otel import otel_session, otlp_option
+from ._otel import otel_session
 from ._serve_cmds import run_async
 from ._service_emit import service_emit
+from ._trace_context import callers_trace, otlp_option
 
 __all__ = ["EXIT_CODES", "emit", "exit_code_of", "read_json_argument"]
 
@@ -161,7 +157,7 @@ def emit(
     async def body(sup: Supervisor, server: ConnectionSettings) -> None:
         nc = await connect(server, name="hookbus-emit")
         sup.watch(nc, server.url or LOCAL_URL)
-        with _callers_trace():
+        with callers_trace():
             await emit_once(nc)
 
     async def emit_once(nc: Any) -> None:
@@ -210,18 +206,3 @@ def emit(
         status = exit_code_of(result)
         if status:
             raise click.exceptions.Exit(status)
-
-
-@contextlib.contextmanager
-def _callers_trace() -> Iterator[None]:
-    """Within: the trace context of ``TRACEPARENT`` (and ``TRACESTATE``), if set."""
-    carrier = {k: v for k, v in (("traceparent", os.environ.get("TRACEPARENT")),
-                                 ("tracestate", os.environ.get("TRACESTATE"))) if v}  # fmt: skip
-    if not carrier:
-        yield
-        return
-    token = otel_context.attach(extract(carrier))
-    try:
-        yield
-    finally:
-        otel_context.detach(token)
