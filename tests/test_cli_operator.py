@@ -175,3 +175,39 @@ def test_every_float_option_is_finite() -> None:
         and not path.startswith("hookbus claude-code")  # the hook answers its fallback
     ]
     assert not loose
+
+
+# -- a URL of another protocol is refused, naming the schemes accepted -----------------------
+@pytest.mark.parametrize(
+    "command",
+    [["handlers"], ["emit", "tool:pre", "{}"], ["suspensions", "list"], ["worker", WORKER]],
+    ids=lambda c: c[0],
+)
+@pytest.mark.parametrize("url", ["http://localhost:4222", "https://nats.example.com"])
+def test_a_non_nats_url_is_refused_naming_the_schemes(command: list[str], url: str) -> None:
+    proc = _run(*command, "--url", url)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "waiting" not in proc.stderr
+    error = proc.stderr.strip().splitlines()[-1]
+    scheme = url.partition("://")[0]
+    assert error == (
+        f"Error: Invalid value for --url: {url!r} is not a NATS URL: {scheme}:// is not a"
+        " NATS scheme; use nats://, tls://, ws://, wss://"
+    )
+
+
+def test_a_list_with_one_http_url_is_refused() -> None:
+    proc = _run("handlers", "--url", "nats://127.0.0.1:1,http://user:pw@h:80")
+    assert proc.returncode == 2
+    assert "'http://user:***@h:80' is not a NATS URL" in proc.stderr
+    assert "pw" not in proc.stderr
+
+
+def test_a_websocket_url_without_aiohttp_says_what_it_needs() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("aiohttp") is not None:
+        pytest.skip("aiohttp is installed: ws:// connects")
+    proc = _run("handlers", "--url", "ws://127.0.0.1:1")
+    assert proc.returncode == 2
+    assert "NATS over ws:// (websocket) needs the aiohttp package" in proc.stderr

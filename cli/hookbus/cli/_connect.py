@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import importlib.util
 import json
 import logging
 import os
@@ -50,6 +51,7 @@ __all__ = [
     "DEFAULT_MAX_RECONNECTS",
     "FIRST_CONNECT_WAIT_S",
     "LOCAL_URL",
+    "NATS_SCHEMES",
     "RECONNECT_WAIT_S",
     "AuthIdentity",
     "ConnectionSettings",
@@ -828,6 +830,9 @@ def _no_server(exc: BaseException) -> bool:
     )
 
 
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+"""The URL schemes nats-py connects with (ws and wss: NATS over websocket, with aiohttp)."""
+
 FIRST_CONNECT_WAIT_S = 10.0
 """How long a long-running command (worker, dispatcher, console, gateway) waits for a
 server that does not answer yet (one started just before it) before failing."""
@@ -875,6 +880,19 @@ async def connect(
         if "://" not in server:
             raise click.BadParameter(
                 f"{server!r} is not a NATS URL (nats://host:port)", param_hint="--url"
+            )
+        scheme = server.partition("://")[0]
+        if scheme not in NATS_SCHEMES:
+            raise click.BadParameter(
+                f"{_redacted(server)!r} is not a NATS URL: {scheme}:// is not a NATS scheme;"
+                f" use {', '.join(f'{s}://' for s in NATS_SCHEMES)}",
+                param_hint="--url",
+            )
+        if scheme in ("ws", "wss") and importlib.util.find_spec("aiohttp") is None:
+            raise click.BadParameter(
+                f"{_redacted(server)!r}: NATS over {scheme}:// (websocket) needs the aiohttp"
+                " package (pip install aiohttp)",
+                param_hint="--url",
             )
     options = settings.nats_options()
     _quiet_asyncio_tls_eof()
