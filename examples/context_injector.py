@@ -14,16 +14,18 @@ concurrently with the audit observer.
 from __future__ import annotations
 
 import re
-from fnmatch import fnmatchcase
 from typing import Any
 
-from hookbus.schemas import PROMPT_SUBMIT, SESSION_START, TOOL_POST, HookResult
+from hookbus.schemas import PROMPT_SUBMIT, SESSION_START, TOOL_POST, HookResult, ToolFilter
 from hookbus.workers import HookWorker
 
 worker = HookWorker()
 
 UNTRUSTED_TRIGGERS = frozenset({"email", "sms", "webhook"})
-UNTRUSTED_TOOLS = ("mcp:*", "web:*")
+UNTRUSTED_TOOLS = ToolFilter.of(["mcp:*", "web:*", "mcp__*", "webfetch", "websearch"])
+"""Tools whose results come from outside, matched as hookbus matches a ``tool_filter``
+(whole name, ignoring case): hookbus's ``mcp:<tool>`` and ``web:*``, and Claude Code's MCP
+tools (``mcp__<server>__<tool>``), ``WebFetch`` and ``WebSearch``."""
 BANK_DETAILS = re.compile(r"\b(bank account|account number|iban|routing number)\b", re.I)
 
 
@@ -37,7 +39,7 @@ def untrusted_content(event: str, data: dict[str, Any]) -> HookResult | None:
         source = f"the {kind} that triggered this session"
     else:
         tool = data.get("tool_name")
-        if not isinstance(tool, str) or not any(fnmatchcase(tool, p) for p in UNTRUSTED_TOOLS):
+        if not isinstance(tool, str) or not UNTRUSTED_TOOLS.matches_name(tool):
             return None
         source = f"the result of {tool}"
     return HookResult(

@@ -8,7 +8,9 @@ Rules, after the OWASP AOS hook examples (``steps/toolCallRequest``, ``steps/mem
 ``steps/message`` with role agent):
 
 - ``tool:pre``: no shell or OS tools; text messages only to the user's verified numbers;
-  no full bank account numbers written to agent memory.
+  no full bank account numbers written to agent memory. Tool names are matched ignoring
+  case (`ToolFilter`, hookbus's rule for ``tool_filter``), so Claude Code's ``Bash`` is
+  denied like ``bash``.
 - ``prompt:complete``: a response to the user may not reveal a full bank account number.
 
 Run one replica with ``hookbus worker examples/security_policy.py:worker``.
@@ -17,20 +19,21 @@ Run one replica with ``hookbus worker examples/security_policy.py:worker``.
 from __future__ import annotations
 
 import re
-from fnmatch import fnmatchcase
 from typing import Any
 
 import msgspec
 
-from hookbus.schemas import PROMPT_COMPLETE, TOOL_PRE, HookResult
+from hookbus.schemas import PROMPT_COMPLETE, TOOL_PRE, HookResult, ToolFilter
 from hookbus.workers import HookWorker
 
 worker = HookWorker()
 
-SHELL_TOOLS = ("bash", "sh", "shell", "exec", "run_command", "os:*", "terminal:*")
-"""Glob patterns of tool names that run commands on a host."""
+SHELL_TOOLS = ToolFilter.of(["bash", "sh", "shell", "exec", "run_command", "os:*", "terminal:*"])
+"""Tool names that run commands on a host, matched as hookbus matches a ``tool_filter``
+(whole name, ignoring case): Claude Code's ``Bash`` is ``bash`` here."""
 
-MESSAGING_TOOLS = ("send_sms",)
+MESSAGING_TOOLS = ToolFilter.of(["send_sms"])
+MEMORY_STORE = ToolFilter.of(["memory:store"])
 VERIFIED_NUMBERS = frozenset({"+337-665-99-06"})
 """Phone numbers the user has verified (the OWASP e-mail assistant texts this one)."""
 
@@ -57,13 +60,13 @@ def security_policy(event: str, data: dict[str, Any]) -> HookResult | None:
     """
     call = msgspec.convert(data, ToolCall)
     tool = call.tool_name
-    if any(fnmatchcase(tool, pattern) for pattern in SHELL_TOOLS):
+    if SHELL_TOOLS.matches_name(tool):
         return _deny(f"{tool}: shell and OS tools are not allowed for fleet agents")
-    if tool in MESSAGING_TOOLS:
+    if MESSAGING_TOOLS.matches_name(tool):
         number = call.tool_input.get("phone_number")
         if number not in VERIFIED_NUMBERS:
             return _deny(f"{tool}: {number!r} is not one of the user's verified numbers")
-    if tool == "memory:store" and FULL_ACCOUNT_NUMBER.search(str(call.tool_input)):
+    if MEMORY_STORE.matches_name(tool) and FULL_ACCOUNT_NUMBER.search(str(call.tool_input)):
         return _deny(f"{tool}: full bank account numbers may not be written to agent memory")
     return None
 

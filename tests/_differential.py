@@ -69,10 +69,16 @@ KINDS = (
     "raise", "deny_fresh",
 )  # fmt: skip
 """What a handler does. ``modify`` appends its name to ``data["trail"]``; ``retool`` does
-that and swaps ``tool_name`` (bash <-> write); ``deny``, ``inject`` and ``ask`` quote the trail
-they saw (a result computed on stale data differs); ``deny_fresh`` denies only data no
-handler modified yet; ``none`` returns None; ``raise`` raises."""
-FILTERS: tuple[tuple[str, ...] | None, ...] = (None, None, ("bash",), ("b*",), ("write",), ("zz",))
+that and swaps ``tool_name`` (any spelling of bash -> ``Write``, else ``BASH``: the chained
+data changes case, and filters match ignoring case); ``deny``, ``inject`` and ``ask`` quote
+the trail they saw (a result computed on stale data differs); ``deny_fresh`` denies only
+data no handler modified yet; ``none`` returns None; ``raise`` raises."""
+FILTERS: tuple[tuple[str, ...] | None, ...] = (
+    None, None, ("bash",), ("b*",), ("write",), ("zz",), ("BASH",), ("W*",), ("Bash", "zz"),
+)  # fmt: skip
+"""Tool filters; the mixed-case ones match the tool names of `TOOLS` ignoring case."""
+TOOLS = ("bash", "write", "Bash", "WRITE")
+"""Initial tool names: lower case, and as Claude Code and other agents spell them."""
 FAULTS = (
     "none", "none", "kill", "kill", "term", "stop", "deadline", "deadline", "redeclare",
     "rogue",
@@ -221,7 +227,7 @@ def cases() -> Any:
             new_filter=draw(st.sampled_from(FILTERS)),
             new_priority=draw(st.integers(0, 3)),
         )
-        case = Case(tuple(specs), replicas, draw(st.sampled_from(("bash", "write"))), fault)
+        case = Case(tuple(specs), replicas, draw(st.sampled_from(TOOLS)), fault)
         return settle(case)
 
     return build()
@@ -340,7 +346,8 @@ def behave(spec: Spec, data: dict[str, Any]) -> HookResult | None:
     if kind in ("modify", "retool"):
         new = {**data, "trail": [*trail, spec.name]}
         if kind == "retool":
-            new["tool_name"] = "write" if data.get("tool_name") == "bash" else "bash"
+            tool = data.get("tool_name")
+            new["tool_name"] = "Write" if str(tool).casefold() == "bash" else "BASH"
         return HookResult(action="modify", data=new)
     if kind == "inject":
         return HookResult(action="inject_context", context_injection=f"{spec.name} saw {trail}")

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import nats
 import nats.js.errors
@@ -25,9 +26,10 @@ from test_integration_ai_runner import INSTALL_TIMEOUT_S, _interpreter, _venv
 from hookbus.cli._auth import parse_worker
 from hookbus.cli._common import load_object
 from hookbus.cli._demo import demo_identities
-from hookbus.schemas import handlers_bucket_config
+from hookbus.schemas import HookResult, handlers_bucket_config
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 DEMO_TIMEOUT_S = 50
 
 
@@ -205,6 +207,65 @@ def test_redactor_rules() -> None:
         " mail [REDACTED e-mail]"
     )
     assert kinds == ["card_number", "email_address"]
+
+
+def _example(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(f"demo_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # msgspec resolves the module's annotations there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.anyio
+async def test_security_policy_denies_claude_codes_bash() -> None:
+    """examples/security_policy.py stops a shell tool however the agent spells it: Claude
+    Code's ``Bash`` ``rm -rf`` (its PreToolUse input, through the Claude Code door) is
+    denied as ``bash`` is; the other rules ignore case too."""
+    from hookbus.dispatcher import HookDispatcher
+    from hookbus.integrations.claude_code import answer
+    from hookbus.schemas import TOOL_PRE
+
+    policy = _example("security_policy")
+    rule = policy.security_policy
+    for tool in ("bash", "Bash", "BASH", "Shell", "OS:exec", "Terminal:Run"):
+        result = rule(TOOL_PRE, {"tool_name": tool, "tool_input": {"command": "rm -rf /"}})
+        assert result is not None and result.action == "deny", tool
+        assert result.reason == f"{tool}: shell and OS tools are not allowed for fleet agents"
+    for tool in ("Read", "bashful", "Write"):
+        assert rule(TOOL_PRE, {"tool_name": tool, "tool_input": {"file_path": "/x"}}) is None
+    texted = rule(TOOL_PRE, {"tool_name": "Send_SMS", "tool_input": {"phone_number": "+1"}})
+    assert texted is not None and texted.action == "deny"
+    stored = {"tool_name": "Memory:Store", "tool_input": {"text": "000123456789"}}
+    assert (rule(TOOL_PRE, stored) or HookResult()).action == "deny"
+
+    d = HookDispatcher()
+    for spec in policy.worker.handlers:  # the worker's handlers, with their declared options
+        decl = spec.declaration
+        d.register(decl.event, spec.fn, name=decl.name, priority=decl.priority,
+                   failure_policy=decl.failure_policy, tool_filter=decl.tool_filter)  # fmt: skip
+    body = json.loads((FIXTURES / "claude_code" / "PreToolUse.json").read_text())
+    assert body["tool_name"] == "Bash"  # as Claude Code names its shell tool
+    body["tool_input"] = {"command": "rm -rf /home/user/my-project/build"}
+    reply = await answer(json.dumps(body), d.emit)
+    assert reply.exit_code == 0
+    out = json.loads(reply.stdout)["hookSpecificOutput"]
+    assert out["permissionDecision"] == "deny"
+    assert out["permissionDecisionReason"] == (
+        "Bash: shell and OS tools are not allowed for fleet agents"
+    )
+    body["tool_name"], body["tool_input"] = "Read", {"file_path": "/etc/hosts"}
+    assert (await answer(json.dumps(body), d.emit)).stdout == ""  # no opinion
+
+
+def test_context_injector_marks_claude_codes_mcp_and_web_results() -> None:
+    injector = _example("context_injector")
+    for tool in ("mcp:get_slots", "mcp__github__get_issue", "MCP__Jira__search", "WebFetch"):
+        result = injector.untrusted_content("tool:post", {"tool_name": tool})
+        assert result is not None and result.action == "inject_context", tool
+    for tool in ("Read", "Bash", "mcp_x"):
+        assert injector.untrusted_content("tool:post", {"tool_name": tool}) is None, tool
 
 
 def test_a_worker_process_that_exits_is_reported(nats_url: str, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ them, so every other test here runs (and fails for its own reason) on code witho
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import math
 import textwrap
 import time
@@ -160,8 +161,30 @@ async def test_emit_and_collect_checks_its_timeout_with_or_without_handlers(
 
 
 # -- tool filters: one matcher --------------------------------------------------------------
-GLOB = st.text(alphabet="ab*?[]!", min_size=1, max_size=6)
-TOOL = st.one_of(st.text(alphabet="ab[]!", max_size=6), st.none(), st.integers())
+GLOB = st.text(alphabet="abAB\u00df*?[]!", min_size=1, max_size=6)
+TOOL = st.one_of(st.text(alphabet="abAB\u00dfsS[]!", max_size=6), st.none(), st.integers())
+
+
+def test_a_tool_filter_matches_whole_names_ignoring_case() -> None:
+    """The README's filter stops Claude Code's ``Bash`` and any spelling of the shell
+    tools, and still matches whole names only."""
+    from hookbus.schemas import ToolFilter
+
+    flt = ToolFilter.of(["bash", "shell*"])
+    for name in ("bash", "Bash", "BASH", "bAsH", "shell", "SHELL_run", "Shell_exec"):
+        assert flt.matches({"tool_name": name}) and flt.matches_name(name), name
+    for name in ("bashful", "Bashful", "my_bash", "sh", "ashell", "", None, 3):
+        assert not flt.matches({"tool_name": name}) and not flt.matches_name(name), name
+    assert not flt.matches({})
+    assert flt.patterns == ("bash", "shell*")  # kept as written
+    assert flt.as_list() == ["bash", "shell*"]
+    upper = ToolFilter.of(["MCP__github__*", "Web?etch", "[!a-z]*"])
+    assert upper.matches_name("mcp__github__create_issue")
+    assert upper.matches_name("webfetch") and upper.matches_name("WEBFETCH")
+    assert not upper.matches_name("mcp__gitlab__x")
+    assert upper.matches_name("_x") and not upper.matches_name("Xy")  # classes casefold too
+    assert ToolFilter.of(["stra\u00dfe"]).matches_name("STRASSE")  # Unicode casefold
+    assert ToolFilter.EVERY.matches_name(None) and not ToolFilter.of([]).matches_name("a")
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -181,6 +204,61 @@ def test_dispatchers_and_workers_match_a_tool_filter_with_one_matcher(
     data = {} if tool is None else {"tool_name": tool}
     assert route.matches(data) == spec.matches(data) == flt.matches(data)
     assert spec.tool_filter.patterns == route.tool_filter == flt.patterns
+    # the rule: a whole-name fnmatch of the casefolded name by a casefolded glob
+    by_rule = isinstance(tool, str) and any(
+        fnmatch.fnmatchcase(tool.casefold(), g.casefold()) for g in globs or ()
+    )
+    assert flt.matches(data) == (globs is None or by_rule)
+
+
+@pytest.mark.parametrize("chains", [True, False], ids=["chain", "alone"])
+async def test_a_worker_filtered_on_bash_is_called_for_claude_codes_bash_and_denies_it(
+    nc: NATS, connect: Connect, event: str, chains: bool
+) -> None:
+    """The README's worker (``tool_filter=["bash", "shell*"]``) on a real nats-server: a
+    ``Bash`` tool:pre (Claude Code's spelling) reaches it and is denied, whether the
+    dispatcher sends the worker's two handlers as one chain (the worker judges each step's
+    filter) or calls each alone (the dispatcher judges it)."""
+    calls: list[tuple[str, str]] = []
+    w = HookWorker(await connect())
+
+    @w.handler(event, priority=10, tool_filter=["bash", "shell*"], failure_policy="deny")
+    async def security(ev: str, data: dict[str, Any]) -> HookResult:
+        calls.append(("security", data["tool_name"]))
+        if "rm -rf" in data.get("tool_input", {}).get("command", ""):
+            return HookResult(action="deny", reason="destructive command")
+        return HookResult(action="continue")
+
+    @w.handler(event, priority=20, tool_filter=["BASH*"])
+    async def audit(ev: str, data: dict[str, Any]) -> None:
+        calls.append(("audit", data["tool_name"]))
+
+    def call(tool: str, command: str) -> dict[str, Any]:
+        return {"tool_name": tool, "tool_input": {"command": command}}
+
+    async with w, HookDispatcher(nc, chains=chains) as d:
+        assert [(r.name, r.tool_filter, r.chain != "") for r in d.routes(event)] == [
+            ("security", ("bash", "shell*"), True),  # the declaration keeps the globs as written
+            ("audit", ("BASH*",), True),
+        ]
+        denied = await d.emit(event, call("Bash", "rm -rf /tmp/build"))
+        assert (denied.action, denied.decided_by) == ("deny", "security")
+        assert denied.reason == "destructive command"
+        assert calls == [("security", "Bash")]
+
+        calls.clear()
+        shell = await d.emit(event, call("SHELL_run", "rm -rf /"))
+        assert (shell.action, shell.decided_by) == ("deny", "security")
+        fine = await d.emit(event, call("Bash", "ls"))
+        assert fine.action == "continue"
+        other = await d.emit(event, call("bashful", "rm -rf /"))  # not a whole-name match
+        assert other.action == "continue"
+        assert calls == [
+            ("security", "SHELL_run"),
+            ("security", "Bash"),
+            ("audit", "Bash"),
+            ("audit", "bashful"),
+        ]
 
 
 # -- the stop rule: the worker's and the dispatcher's fold ----------------------------------

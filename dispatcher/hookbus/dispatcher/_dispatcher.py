@@ -301,7 +301,8 @@ class HookDispatcher(StandardEvents):
 
         hookbus keyword-only extras, as for remote handlers: `timeout_s` (seconds, finite
         and > 0, clamped to `MAX_HANDLER_TIMEOUT_S`; None for no limit), `failure_policy`
-        (``ignore`` | ``deny``), `tool_filter` (globs over ``data["tool_name"]``), `parallel`,
+        (``ignore`` | ``deny``), `tool_filter` (globs over ``data["tool_name"]``, whole name,
+        ignoring case: `ToolFilter`), `parallel`,
         `pure` (free of side effects: an adjacent run of pure handlers is called at once
         and folded in order; see docs/performance.md). The options are checked as a
         worker's are (`HandlerOptions.local`), when called, also in decorator form.

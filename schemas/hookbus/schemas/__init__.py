@@ -17,7 +17,7 @@ from ._buckets import (
     leases_bucket_config,
     suspensions_bucket_config,
 )
-from ._chains import MAX_HANDLER_SET, compile_tool_filter, handler_set_id
+from ._chains import MAX_HANDLER_SET, ToolFilter, compile_tool_filter, handler_set_id
 from ._codec import WIRE_TYPES, decode, encode, to_builtins
 from ._declarations import (
     MAX_HANDLER_TIMEOUT_S,
@@ -155,6 +155,7 @@ __all__ = [
     "chain_queue_group",
     "chain_subject",
     "compile_tool_filter",
+    "ToolFilter",
     "handler_set_id",
     "MAX_HANDLER_TIMEOUT_S",
     "MAX_PRIORITY",

@@ -16,7 +16,8 @@ event, handler names           `validate_name`; the encoded key within `MAX_KEY_
 ``timeout_s``                  finite and > 0; clamped to `MAX_HANDLER_TIMEOUT_S` seconds
 ``priority``                   an int within ±`MAX_PRIORITY`
 ``tool_filter``                at most `MAX_TOOL_PATTERNS` non-empty globs of at most
-                               `MAX_NAME_LENGTH` characters
+                               `MAX_NAME_LENGTH` characters (kept as written; matched
+                               ignoring case, see `ToolFilter`)
 ``handler_set``                at most `MAX_HANDLER_SET` valid handler names, the
                                declared handler's own among them
 =============================  ================================================

@@ -17,8 +17,9 @@ Bounds:
                     `MAX_HANDLER_TIMEOUT_S`. In-process, None means no limit
 ``failure_policy``  ``"ignore"`` or ``"deny"``
 ``tool_filter``     None (every call), or a list of at most `MAX_TOOL_PATTERNS` globs
-                    (`fnmatch`, whole-name match over ``data["tool_name"]``) of 1 to
-                    `MAX_NAME_LENGTH` characters each; a bare string is refused
+                    (`fnmatch` syntax, whole-name, case-insensitive match over
+                    ``data["tool_name"]``: see `ToolFilter`) of 1 to `MAX_NAME_LENGTH`
+                    characters each; a bare string is refused
 ==================  ==========================================================================
 
 The stop rule (`ends_fold`) is amplifier-core's ``HookRegistry.emit``: the fold stops at a
@@ -133,16 +134,32 @@ def stricter_policy(a: FailurePolicy, b: FailurePolicy) -> FailurePolicy:
 
 
 def compile_tool_filter(patterns: Iterable[str] | None) -> re.Pattern[str] | None:
-    """One regular expression for a tool filter's globs (`fnmatch` syntax, whole-name
-    match); None for no filter (everything matches). An empty list matches nothing."""
+    """One regular expression for a tool filter's globs, over *casefolded* tool names: each
+    glob is casefolded (`str.casefold`) and read with `fnmatch` syntax; the expression's
+    `re.Pattern.fullmatch` of ``name.casefold()`` is the filter's answer (`ToolFilter`
+    is the one place that does that). None for no filter (everything matches); an empty
+    list matches nothing."""
     if patterns is None:
         return None
-    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns) or "(?!)")
+    globs = (fnmatch.translate(p.casefold()) for p in patterns)
+    return re.compile("|".join(f"(?:{g})" for g in globs) or "(?!)")
 
 
 class ToolFilter:
     """A handler's tool filter, bounded and compiled once: `matches` is how dispatchers
-    (`Route.matches`) and workers (`HandlerSpec.matches`) alike judge a call."""
+    (`Route.matches`) and workers (`HandlerSpec.matches`) alike judge a call, and
+    `matches_name` is the same rule for a handler's own comparisons of tool names.
+
+    The rule: a tool name matches when it matches one of the globs as a whole, in `fnmatch`
+    syntax (``*``, ``?``, ``[seq]``, ``[!seq]``; no path separators are special), **ignoring
+    case**: the name and each glob are compared casefolded (Unicode `str.casefold`, so
+    ``bash`` matches ``Bash`` and ``BASH``, ``shell*`` matches ``Shell_exec``, ``straße``
+    matches ``STRASSE``). Case-insensitive is the fail-safe choice: agents spell their
+    tools as they like (Claude Code's ``Bash``, MCP's ``mcp__github__create_issue``), and
+    a policy written for ``bash`` must not let ``Bash`` through. Only a string
+    ``data["tool_name"]`` can match. The globs are kept as written (`patterns`, the
+    declaration on the wire, and the chain steps a worker compares with its declaration).
+    """
 
     __slots__ = ("_regex", "patterns")
 
@@ -188,7 +205,13 @@ class ToolFilter:
         if regex is None:
             return True
         tool = data.get("tool_name")
-        return isinstance(tool, str) and regex.fullmatch(tool) is not None
+        return isinstance(tool, str) and regex.fullmatch(tool.casefold()) is not None
+
+    def matches_name(self, tool: object) -> bool:
+        """Whether the filter admits the tool name `tool` (the rule of `matches`: no filter
+        admits everything; a filter admits only a string that matches a glob, ignoring
+        case)."""
+        return self.matches({"tool_name": tool})
 
     def as_list(self) -> list[str] | None:
         """The globs as a declaration holds them (None: no filter)."""

@@ -328,7 +328,9 @@ class HandlerDeclaration(_Wire):
     priority: int = 0
     """Lower runs first (amplifier-core order); ties break by name."""
     tool_filter: list[str] | None = None
-    """Glob patterns (`fnmatch`) over ``data["tool_name"]``; ``None`` matches every call."""
+    """Glob patterns (`fnmatch` syntax) over ``data["tool_name"]``, each matched against the
+    whole name, ignoring case (both casefolded: ``bash`` matches ``Bash``); ``None`` matches
+    every call. Kept as written."""
     timeout_s: float = 5.0
     """Seconds the dispatcher waits for one call of this handler."""
     failure_policy: FailurePolicy = "ignore"
@@ -381,7 +383,8 @@ class RequiredHandler(_Wire):
     timeout_s: float = 5.0
     """Seconds a call waits while the handler has no declaration."""
     tool_filter: list[str] | None = None
-    """Globs over ``data["tool_name"]`` the requirement applies to; None: every call."""
+    """Globs over ``data["tool_name"]`` the requirement applies to (whole name, ignoring
+    case, as a declaration's ``tool_filter``); None: every call."""
 
 
 class EmitRequest(_Wire):

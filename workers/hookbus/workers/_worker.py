@@ -192,7 +192,8 @@ class HookWorker:
             priority: lower runs first (amplifier-core order); ties break by name. An int
                 within ±`MAX_PRIORITY` (the registry refuses others).
             name: unique per event; defaults to the function's name.
-            tool_filter: globs over ``data["tool_name"]``; None matches every call. At
+            tool_filter: globs over ``data["tool_name"]`` (whole name, ignoring case:
+                ``bash`` matches ``Bash``; see `ToolFilter`); None matches every call. At
                 most `MAX_TOOL_PATTERNS` globs of 1 to `MAX_NAME_LENGTH` characters.
             timeout_s: seconds the dispatcher waits for one call (also enforced here):
                 finite and > 0, clamped to `MAX_HANDLER_TIMEOUT_S` (as every dispatcher
