@@ -211,3 +211,39 @@ def test_a_websocket_url_without_aiohttp_says_what_it_needs() -> None:
     proc = _run("handlers", "--url", "ws://127.0.0.1:1")
     assert proc.returncode == 2
     assert "NATS over ws:// (websocket) needs the aiohttp package" in proc.stderr
+
+
+# -- a group's connection options reach its commands -------------------------------------------
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["suspensions", "{url}", "list", "--json"],
+        ["hooks", "{url}", "list", "--json"],
+        ["suspensions", "{url}"],
+        ["approvals", "{url}", "list", "--json"],
+    ],
+    ids=lambda a: " ".join(x for x in a if x != "{url}"),
+)
+def test_connection_options_given_to_the_group_are_used(nats_url: str, args: list[str]) -> None:
+    proc = _run(*[f"--url={nats_url}" if a == "{url}" else a for a in args])
+    assert proc.returncode == 0, proc.stderr
+    assert "No such option" not in proc.stderr
+
+
+def test_handlers_group_url_reaches_its_commands(nats_url: str) -> None:
+    proc = _run("handlers", "--url", nats_url, "unrequire", "tool:pre", "no-such-handler")
+    assert proc.stderr.strip() == "Error: tool:pre does not require no-such-handler"
+
+
+def test_a_group_url_is_not_silently_replaced_by_the_default() -> None:
+    dead = f"nats://127.0.0.1:{_free_port()}"
+    for args in (["suspensions", "--url", dead, "list"], ["approvals", "--url", dead, "list"]):
+        proc = _run(*args)
+        assert proc.returncode == 1
+        assert proc.stderr.strip() == f"Error: cannot connect to NATS at {dead}: connection refused"
+
+
+def test_the_commands_own_connection_options_win(nats_url: str) -> None:
+    dead = f"nats://127.0.0.1:{_free_port()}"
+    proc = _run("suspensions", "--url", dead, "list", "--json", "--url", nats_url)
+    assert proc.returncode == 0, proc.stderr

@@ -587,6 +587,38 @@ def _from_env(name: str) -> bool:
     return ctx.get_parameter_source(name) == click.core.ParameterSource.ENVIRONMENT
 
 
+_GROUP_CONNECTION = "hookbus.group_connection"
+"""`click.Context.meta` key: the settings given to a group's connection options."""
+
+
+def _given_here(embedded: bool) -> bool:
+    """Whether a connection option was given on the command line to the current command."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return False
+    names = [*_OPTION_NAMES, "context", *(["embedded"] if embedded else [])]
+    return any(
+        ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE for name in names
+    )
+
+
+def _group_connection() -> ConnectionSettings | None:
+    """The settings a group above the current command was given on the command line."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or isinstance(ctx.command, click.Group):
+        return None
+    found = ctx.meta.get(_GROUP_CONNECTION)  # meta is shared by a context and its children
+    return found if isinstance(found, ConnectionSettings) else None
+
+
+def _keep_for_subcommands(settings: ConnectionSettings, embedded: bool) -> None:
+    """In a group given connection options: keep them for its subcommand (which has the
+    same options; given there too, its own win)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and isinstance(ctx.command, click.Group) and _given_here(embedded):
+        ctx.meta[_GROUP_CONNECTION] = settings
+
+
 @overload
 def connection_options(f: F) -> F: ...
 
@@ -615,6 +647,9 @@ def connection_options(f: F | None = None, *, embedded: bool = True) -> Any:
         given = {name: kwargs.pop(name, None) for name in _OPTION_NAMES}
         context = kwargs.pop("context", None)
         private = bool(kwargs.pop("embedded", False)) if embedded else False
+        inherited = _group_connection()
+        if "conn" not in kwargs and inherited is not None and not _given_here(embedded):
+            kwargs["conn"] = inherited  # given to the group: `hookbus suspensions --url U list`
         if "conn" not in kwargs:  # `ctx.invoke(command, conn=...)` hands settings on
             if private and given["url"] and not _from_env("url"):
                 raise click.UsageError("--embedded and --url do not go together")
@@ -631,6 +666,7 @@ def connection_options(f: F | None = None, *, embedded: bool = True) -> Any:
                 embedded=private,
                 **given,
             )
+            _keep_for_subcommands(kwargs["conn"], embedded)
         return f(*args, **kwargs)
 
     file_type = click.STRING  # read by `ConnectionSettings.check`: one error line

@@ -61,15 +61,23 @@ def _state(r: SuspensionRecord) -> str:
     return "cancelled"
 
 
-@click.group()
-def suspensions() -> None:
+@click.group(invoke_without_command=True)
+@click.pass_context
+@connection_options
+def suspensions(ctx: click.Context, conn: ConnectionSettings) -> None:
     """Durable suspensions (runs paused on a label): list, show, resolve, cancel and clear
-    them by label."""
+    them by label. Without a command: list. The connection options go here or after the
+    command."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(suspensions_list, conn=conn)
 
 
 hooks = click.Group(
     "hooks",
     commands=suspensions.commands,
+    params=suspensions.params,
+    callback=suspensions.callback,
+    invoke_without_command=True,
     hidden=True,
     help="The former name of `hookbus suspensions` (same subcommands).",
 )
