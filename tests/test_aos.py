@@ -4,8 +4,8 @@ Every decision test answers AOS JSON-RPC bodies through a real `HookDispatcher` 
 nats-server (``embedded_server``: the door emits standard events such as ``tool:pre``, so
 declarations must not leak between tests) whose handlers are `HookWorker`s on connections of
 their own. Every response is checked twice: it round-trips through the door's msgspec types,
-and it validates against the published ``aos_schema.json`` (tests/fixtures/aos/README.md says
-where it comes from and the two places where it cannot be used as published).
+and it validates against OWASP's current ``aos_schema.json`` (tests/fixtures/aos/README.md says
+where it comes from, and the one place where the door follows JSON-RPC 2.0 over it).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import anyio
 import jsonschema
 import msgspec
 import pytest
-import referencing.exceptions
 from conftest import connections
 from nats.aio.client import Client as NATS
 
@@ -85,12 +84,12 @@ def encode(doc: Any) -> bytes:
 
 # -- the published schema -----------------------------------------------------------------
 SCHEMA = json.loads((FIXTURES / "aos_schema.json").read_text())
-ALIASED = {**SCHEMA, "definitions": SCHEMA["$defs"]}
-"""The published schema with ``definitions`` as an alias of ``$defs``: its
-JSONRPCErrorResponse and FilePart refer to ``#/definitions/...``, which it does not have."""
+ADDED_URL = "url"
+"""The one field the fixtures add to the seed's contexts: ``context.agent.url``, which the
+current schema requires and the seed's examples predate."""
 
 
-def _validator(ref: str, schema: dict[str, Any] = ALIASED) -> jsonschema.Draft7Validator:
+def _validator(ref: str, schema: dict[str, Any] = SCHEMA) -> jsonschema.Draft7Validator:
     return jsonschema.Draft7Validator({**schema, "$ref": f"#/$defs/{ref}"})
 
 
@@ -215,15 +214,24 @@ WORLDS: dict[str, tuple[Handler, dict[str, str]]] = {
 
 
 # -- the seed's examples --------------------------------------------------------------------
+def as_printed(doc: dict[str, Any]) -> dict[str, Any]:
+    """`doc` without the ``context.agent.url`` the fixtures add (as the seed printed it)."""
+    agent = doc.get("params", {}).get("context", {}).get("agent")
+    if isinstance(agent, dict):
+        agent.pop(ADDED_URL)
+    return doc
+
+
 def test_the_fixtures_are_the_seed_examples() -> None:
-    """Ten examples; each normalised one is a valid AOS request per the published schema;
-    the verbatim ones are JSON exactly when the README says so."""
+    """Ten examples; each normalised one is a valid AOS request per the current schema;
+    the verbatim ones are JSON exactly when the README says so, and the same request but
+    for the agent's ``url``."""
     assert EXAMPLES == sorted(EVENT_OF)
     for name in EXAMPLES:
         assert list(AOS_REQUEST.iter_errors(request(name))) == [], name
         verbatim = (FIXTURES / f"{name}.verbatim.txt").read_text()
         try:
-            same = json.loads(verbatim) == request(name)
+            same = json.loads(verbatim) == as_printed(request(name))
         except json.JSONDecodeError:
             same = False
         assert same == (name not in NOT_JSON), name
@@ -403,20 +411,34 @@ async def test_mcp_tool_arguments_edits_and_a2a_messages_map_back(connect: Conne
             return HookResult(action="modify", data={**data, "tool_input": {"City": "Paris"}})
         return HookResult(action="modify", data={**data, "a2a_message": {"redacted": True}})
 
+    context = {"from": {"agent": {"name": "Cooking assistant", "url": "https://a.example"},
+                        "role": "client"}}  # fmt: skip
     a2a = {
         "jsonrpc": "2.0",
         "id": 7,
+        "method": "message/send",
+        "params": {
+            "payload": {"jsonrpc": "2.0", "method": "message/send", "id": 1},
+            "context": context,
+        },
+    }
+    legacy = {  # the schema before July 2025: one method, the A2A message as `message`
+        "jsonrpc": "2.0",
+        "id": 8,
         "method": "protocols/A2A",
-        "params": {"message": {"jsonrpc": "2.0", "method": "message/send", "id": 1}},
+        "params": {"message": {"jsonrpc": "2.0", "method": "tasks/get", "id": 2}},
     }
     async with guardian(connect, (AOS_MCP, city, {}), (AOS_A2A, city, {})) as d:
         mcp = checked(await answer(body("mcp_outbound"), d.emit))["result"]
         back = checked(await answer(encode(a2a), d.emit))["result"]
+        old = json.loads(await answer(encode(legacy), d.emit) or b"null")["result"]
     assert mcp["modifiedRequest"]["params"]["params"] == {
         "arguments": {"City": "Paris"}, "name": "get_appointment_slots",
     }  # fmt: skip
-    assert back["modifiedRequest"]["params"] == {"message": {"redacted": True}}
+    assert back["modifiedRequest"]["params"] == {"payload": {"redacted": True}, "context": context}
     assert seen[1][1]["a2a_method"] == "message/send"
+    assert old["modifiedRequest"]["params"] == {"message": {"redacted": True}}
+    assert seen[2][1]["a2a_method"] == "tasks/get"
 
 
 async def test_a2a_methods_and_system_messages_have_events_of_their_own(
@@ -763,10 +785,30 @@ async def test_ping_is_answered_locally(connect: Connect) -> None:
     assert calls == []
 
 
-def test_the_published_schema_cannot_validate_error_responses_as_published() -> None:
-    """Why the tests alias ``definitions``: the schema's error refs point nowhere."""
+async def test_ping_takes_its_timestamp_where_the_schema_or_the_specification_puts_it() -> None:
+    """The schema's PingRequest: ``timestamp`` at the top level, ``params`` optional; the
+    specification's prose: ``params.timestamp``. Either is answered; neither is -32602."""
+    d, calls = local()
+    top = {"jsonrpc": "2.0", "id": 1, "method": "ping", **PING}
+    assert list(AOS_REQUEST.iter_errors(top)) == []
+    for doc in (top, {**top, "params": {"timeout": 500}}, {**top, "params": PING}):
+        assert checked(await answer(encode(doc), d.emit))["result"]["status"] == "connected"
+    for doc, path in (
+        ({"jsonrpc": "2.0", "id": 2, "method": "ping"}, "timestamp"),
+        ({"jsonrpc": "2.0", "id": 2, "method": "ping", "timestamp": 5}, "timestamp"),
+        ({"jsonrpc": "2.0", "id": 2, "method": "ping", "params": [], **PING}, "params"),
+    ):
+        out = checked(await answer(encode(doc), d.emit))
+        assert (out["error"]["code"], out["error"]["data"]["path"]) == (-32602, path), out
+    assert calls == []
+
+
+def test_the_schema_is_used_as_published() -> None:
+    """OWASP's current schema: every ``$ref`` points into ``$defs`` and resolves (the
+    earlier one had ``#/definitions/...`` refs that pointed nowhere), so error responses
+    validate without any alias."""
+    refs = set(re.findall(r'"\$ref": "([^"]+)"', json.dumps(SCHEMA)))
+    assert refs and all(r.startswith("#/$defs/") and r[8:] in SCHEMA["$defs"] for r in refs)
     error = {"jsonrpc": "2.0", "id": 1, "error": {"code": -32601, "message": "Method not found"}}
-    with pytest.raises(referencing.exceptions.Unresolvable) as info:
-        list(_validator("ASOPResponse", SCHEMA).iter_errors(error))
-    assert "/definitions/JSONRPCError" in str(info.value)
     assert schema_errors(error) == []
+    assert "url" in SCHEMA["$defs"]["Agent"]["required"]

@@ -362,16 +362,28 @@ async def test_the_aos_door_answers_refusals_with_http_statuses(
         missing = await http.post("/aos", json=call)
         wrong = await http.post("/aos", json=call, headers=bearer("not-it"))
         big = await http.post("/aos", json=aos_tool_call("x" * 2000, "req-2"), headers=bearer())
+    # the HTTP statuses, each with a JSON-RPC error response (id null: the body was not read)
     assert missing.status_code == 401
     assert missing.headers["www-authenticate"] == 'Bearer realm="hookbus"'
-    assert missing.json()["error"]["code"] == "unauthorized"
-    assert "Authorization: Bearer" in missing.json()["error"]["message"]
+    assert missing.json()["id"] is None and missing.json()["error"]["code"] == -32600
+    assert missing.json()["error"]["data"]["reason"] == "unauthorized"
+    assert "Authorization: Bearer" in missing.json()["error"]["data"]["detail"]
     assert wrong.status_code == 401
     assert 'error="invalid_token"' in wrong.headers["www-authenticate"]
-    assert wrong.json()["error"]["message"] == "the bearer token is not accepted"
-    assert big.status_code == 413
+    assert wrong.json()["error"]["data"]["detail"] == "the bearer token is not accepted"
+    assert big.status_code == 413 and big.headers["content-type"] == "application/json"
     assert big.json() == {
-        "error": {"code": "payload_too_large", "message": "the body is over 1000 bytes"}
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {
+            "code": -32600,
+            "message": "Request payload validation error",
+            "data": {
+                "detail": "the body is over 1000 bytes",
+                "reason": "payload_too_large",
+                "maxBytes": 1000,
+            },
+        },
     }
 
 

@@ -419,6 +419,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "PingRequestSuccessResponse",
         "StepContext",
         "answer",
+        "refusal",
     },
 }
 

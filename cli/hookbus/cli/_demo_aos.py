@@ -91,6 +91,7 @@ def _context(script: AgentScript, step_no: int, step: Step) -> dict[str, Any]:
             "name": script.name or script.id,
             "instructions": "replays the steps of examples/transcript.json",
             "version": version,
+            "url": f"urn:hookbus:demo:{script.id}",
             "provider": {"name": "hookbus demo", "url": "urn:hookbus:demo"},
         },
         "session": {"id": step.data.get("session_id", script.session_id)},

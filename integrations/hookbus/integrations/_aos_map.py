@@ -49,6 +49,10 @@ A2A_METHODS = (
     "tasks/resubscribe",
     "tasks/cancel",
     "tasks/get",
+    # the schema's spellings of three of them (the specification and A2A say "tasks/")
+    "task/pushNotificationConfig/set",
+    "task/pushNotificationConfig/get",
+    "task/get",
 )
 
 MESSAGE_ROLE_EVENTS: Mapping[str, str] = {

@@ -10,7 +10,13 @@ specification's own examples are followed:
 - ``steps/toolCallResult``: ``params.toolCallResult = {executionId, result}`` (the prose lists
   ``executionId`` and ``result`` directly under ``params``);
 - ``steps/message``: ``citations`` (plural) and optional (the prose: ``citation``, required);
-- `User`: only ``id`` is required (the prose also requires ``organization``).
+- `User`: only ``id`` is required (the prose also requires ``organization``);
+- ``ping``: ``timestamp`` at the top level of the request (the schema) or in ``params``
+  (the prose), either is accepted.
+
+`Agent` reads ``url`` (required by the schema since July 2025) but does not require it, so
+agents written against the earlier schema are still decided; tests/fixtures/aos/README.md
+says which schema the door is checked against.
 
 Source: OWASP AOS specification 0.1.0 (``docs/spec/instrument/specification.md``) and
 ``specification/AOS/aos_schema.json``.
@@ -97,13 +103,16 @@ class Organization(_In):
 
 
 class Agent(_In):
-    """3.1: ``id``, ``name``, ``instructions``, ``version``, ``provider`` are required."""
+    """3.1: ``id``, ``name``, ``instructions``, ``version``, ``provider`` are required;
+    ``url`` is read but not required (the current schema requires it, earlier agents do not
+    send it)."""
 
     id: str
     name: str
     instructions: str
     version: str
     provider: AgentProvider
+    url: str | None = None
     description: str | None = None
     model: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
@@ -286,15 +295,18 @@ class ToolCallResultParams(_In):
 
 
 class PingParams(_In):
-    """4.7 ``ping``: ``timeout`` in milliseconds."""
+    """4.7 ``ping``: ``timeout`` in milliseconds. ``timestamp`` is here per the
+    specification's prose; the schema puts it at the top level of the request (the door
+    requires one of the two)."""
 
-    timestamp: str
+    timestamp: str | None = None
     timeout: int | None = None
     metadata: Metadata = None
 
 
 class A2ARequestParams(_In):
-    """4.8 / 4.9: an A2A method (``message/send``, ...): the raw A2A message as ``payload``."""
+    """4.8 / 4.9: an A2A method (``message/send``, ...): the raw A2A message as ``payload``;
+    ``context`` is the schema's A2AContext (``from`` / ``to`` agents), kept as sent."""
 
     payload: dict[str, Any]
     reasoning: str | None = None
@@ -302,7 +314,8 @@ class A2ARequestParams(_In):
 
 
 class A2AMessageParams(_In):
-    """``protocols/A2A`` (the schema's A2AMessage): the raw A2A message as ``message``."""
+    """``protocols/A2A`` (the A2AMessage of the schema before July 2025, which the current
+    one replaced by the A2A methods): the raw A2A message as ``message``."""
 
     message: dict[str, Any]
     reasoning: str | None = None

@@ -20,7 +20,7 @@ Methods and events (`METHOD_EVENTS`, `MESSAGE_ROLE_EVENTS`):
 ``steps/memoryStore``              ``aos:memory_store``
 ``steps/knowledgeRetrieval``       ``aos:knowledge_retrieval``
 ``protocols/MCP``                  ``aos:mcp``
-``protocols/A2A``, `A2A_METHODS`   ``aos:a2a``
+`A2A_METHODS`, ``protocols/A2A``   ``aos:a2a``
 ``ping``                           answered here, nothing emitted
 =================================  ===========================
 
@@ -46,8 +46,12 @@ to decide (NATS unreachable, a timeout, a draining dispatcher, a bad modificatio
 a ``deny`` with reason code ``hookbus:emit_failed:<kind>``: fail closed, never an error the
 agent could read as "no guardian, go on". Details and the error codes: docs/aos.md.
 
+An HTTP server refusing a request before `answer` reads it (a bad token, an oversize body)
+answers with `refusal`: a JSON-RPC error response too, so every answer is one.
+
 Source: OWASP AOS specification 0.1.0 (sections 4 methods, 5 responses, 6 errors) and its
-``aos_schema.json``; JSON-RPC 2.0 (notifications, error object).
+``aos_schema.json`` (OWASP's, July 2025: tests/fixtures/aos/README.md); JSON-RPC 2.0
+(notifications, error object).
 """
 
 from __future__ import annotations
@@ -133,6 +137,7 @@ __all__ = [
     "PingRequestSuccessResponse",
     "StepContext",
     "answer",
+    "refusal",
 ]
 
 log = logging.getLogger("hookbus.integrations.aos")
@@ -163,6 +168,17 @@ def _error(rid: str | int | None, code: int, detail: str, **data: Any) -> bytes:
     return _encode(JSONRPCErrorResponse(id=rid, error=error))
 
 
+def refusal(reason: str, detail: str, *, code: int = INVALID_REQUEST, **data: Any) -> bytes:
+    """The JSON-RPC error response for a request refused before it was read (its ``id``
+    unknown, so ``null``): ``error.data = {"detail": detail, "reason": reason, **data}``.
+
+    For an HTTP server's refusals (``payload_too_large``, ``unauthorized``, ...): `code` is
+    ``-32600`` (the request as sent is not accepted) unless given, e.g. ``-32603`` for a
+    failure of the server itself.
+    """
+    return _error(None, code, detail, reason=reason, **data)
+
+
 def _success(rid: str | int, result: AOSSuccessResult) -> bytes:
     return _encode(AOSSuccessResponse(id=rid, result=result))
 
@@ -187,7 +203,8 @@ async def answer(
     (``jsonrpc`` not ``"2.0"``, ``id`` not a string or an integer, ``method`` not a string),
     a batch (an array: AOS sends one request object per step; batches are refused), or a body
     over `max_body_bytes` (``data.reason = "payload_too_large"``); ``-32601`` an unknown
-    method; ``-32602`` params missing a required field or of a wrong type; ``-32603`` a
+    method; ``-32602`` params missing a required field or of a wrong type (a ``ping``: no
+    ``timestamp`` at the top level, the schema's place, nor in ``params``); ``-32603`` a
     failure of the door itself before it could decide (logged with its traceback). An ``id``
     that cannot be read is answered with ``"id": null`` (JSON-RPC 2.0).
 
@@ -245,14 +262,14 @@ async def _request(
         if notification:
             return None
         return _error(rid, METHOD_NOT_FOUND, f"unknown AOS method {method!r}", method=method)
+    if method == "ping":
+        return _ping(rid, doc, notification)
     params = doc.get("params")
     if not isinstance(params, dict):
         if notification:
             return None
         what = "missing" if params is None else f"a {type(params).__name__}, not an object"
         return _error(rid, INVALID_PARAMS, f"`params` is {what}", path="params")
-    if method == "ping":
-        return _ping(rid, params, notification)
     try:
         step = build(method, params, rid, events)
     except ParamsError as exc:
@@ -261,15 +278,33 @@ async def _request(
     return None if notification or rid is None else _success(rid, result)
 
 
-def _ping(rid: Any, params: dict[str, Any], notification: bool) -> bytes | None:
+def _ping_problem(doc: dict[str, Any]) -> tuple[str, str | None] | None:
+    """What is wrong with a ``ping`` (detail, path), or None. ``timestamp`` may be at the top
+    level (the schema's PingRequest, where ``params`` is optional) or in ``params`` (the
+    specification's prose)."""
+    params = doc.get("params")
+    if params is not None and not isinstance(params, dict):
+        return f"`params` is a {type(params).__name__}, not an object", "params"
     try:
-        msgspec.convert(params, PingParams)
+        ping = msgspec.convert(params or {}, PingParams)
     except msgspec.ValidationError as exc:
-        if notification:
-            return None
-        return _error(rid, INVALID_PARAMS, str(exc).replace("`$", "`params", 1))
+        return str(exc).replace("`$", "`params", 1), None
+    top = doc.get("timestamp")
+    if "timestamp" in doc and not isinstance(top, str):
+        return "Expected `str` - at `timestamp`", "timestamp"
+    if top is None and ping.timestamp is None:
+        return ("Object missing required field `timestamp`: a ping sends it at the top level"
+                " (the schema) or in `params` (the specification)", "timestamp")  # fmt: skip
+    return None
+
+
+def _ping(rid: Any, doc: dict[str, Any], notification: bool) -> bytes | None:
+    problem = _ping_problem(doc)
     if notification:
         return None
+    if problem is not None:
+        detail, path = problem
+        return _error(rid, INVALID_PARAMS, detail, **({"path": path} if path else {}))
     result = PingRequestResult(status="connected", version=_version(), timestamp=_now())
     return _encode(PingRequestSuccessResponse(id=rid, result=result))
 

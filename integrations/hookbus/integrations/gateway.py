@@ -30,7 +30,11 @@ Each door maps its protocol to a hookbus event, calls `emit` and maps the folded
   installed) and the emit run under that context, so the dispatcher's spans continue the
   caller's trace.
 
-Error bodies have hookbus's error shape, ``{"error": {"code": ..., "message": ...}}``.
+Error bodies have hookbus's error shape, ``{"error": {"code": ..., "message": ...}}``,
+except on ``/aos``: there every answer is a JSON-RPC 2.0 response, the gateway's refusals
+included (same HTTP status; ``{"jsonrpc": "2.0", "id": null, "error": {"code": -32600,
+"data": {"reason": "payload_too_large", ...}}}``, see `aos.refusal`), and another HTTP
+method than POST is answered 405 with such a body too.
 Source: Claude Code hooks reference (HTTP hooks: a non-2xx status or a 2xx body that is not
 JSON is a non-blocking error), RFC 6750 (bearer tokens), W3C Trace Context.
 """
@@ -43,6 +47,7 @@ import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, Collection
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
@@ -71,6 +76,9 @@ SCOPE = "hookbus.integrations.gateway"
 
 JSON = "application/json"
 
+_HTTP_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+"""The methods a door route with ``any_method`` takes (all but POST to refuse them)."""
+
 _PREFIX_BYTES = 64 * 1024
 """How much of an oversize body is kept to find which event it was."""
 
@@ -92,8 +100,13 @@ refused before the door read it (bad token, oversize or unreadable body)."""
 class _Refused:
     """A refusal: the HTTP answer the gateway would give, and what it knows of the body."""
 
-    def __init__(self, response: Response, code: str, message: str, body: bytes = b"") -> None:
+    def __init__(
+        self, response: Response, code: str, message: str, body: bytes = b"",
+        data: dict[str, Any] | None = None,
+    ) -> None:  # fmt: skip
         self.response, self.code, self.message, self.body = response, code, message, body
+        self.data = data or {}
+        """What a door may add to its own error body (e.g. ``maxBytes``)."""
 
 
 async def _http_refusal(request: Request, refused: _Refused) -> Response:
@@ -198,10 +211,20 @@ def _door_route(
     max_body_bytes: int,
     tracer: _Tracer,
     refuse: Refusal = _http_refusal,
+    any_method: bool = False,
 ) -> Route:
+    """`any_method`: the route takes every HTTP method and refuses all but POST through
+    `refuse` (405), instead of Starlette's plain-text 405."""
     span_name = f"POST {path}"
 
     async def endpoint(request: Request) -> Response:
+        if request.method != "POST":
+            message = f"{request.method} is not served here: send the request with POST"
+            response = Response(
+                error_body("method_not_allowed", message), status_code=405, media_type=JSON,
+                headers={"Allow": "POST"},
+            )  # fmt: skip
+            return await refuse(request, _Refused(response, "method_not_allowed", message))
         denied = check(request)
         if denied is not None:
             body = b""
@@ -219,8 +242,9 @@ def _door_route(
                 media_type=JSON,
                 headers={"Connection": "close"},
             )
+            limit = {"maxBytes": max_body_bytes}
             return await refuse(
-                request, _Refused(response, "payload_too_large", message, exc.prefix)
+                request, _Refused(response, "payload_too_large", message, exc.prefix, limit)
             )
         except _BadLength as exc:
             message = f"Content-Length {exc} is not a number of bytes"
@@ -250,7 +274,8 @@ def _door_route(
                     span.set_status(trace.StatusCode.ERROR)
         return Response(payload, status_code=status, media_type=media)
 
-    return Route(path, endpoint, methods=["POST"], name=name)
+    methods = _HTTP_METHODS if any_method else ["POST"]
+    return Route(path, endpoint, methods=methods, name=name)
 
 
 async def _answer(
@@ -302,12 +327,33 @@ def _claude_code_refusal(options: ClaudeCodeOptions | None) -> Refusal:
 
 def _aos_door(emit: Emit, max_body_bytes: int, timeout_s: float | None) -> Door:
     async def door(body: bytes, request: Request) -> tuple[int, bytes, str | None]:
-        reply = await aos.answer(body, emit, max_body_bytes=max_body_bytes, timeout_s=timeout_s)
+        try:
+            reply = await aos.answer(body, emit, max_body_bytes=max_body_bytes, timeout_s=timeout_s)
+        except Exception:  # `answer` never raises; if it did, still a JSON-RPC answer
+            log.exception("the aos door failed on %s", request.url.path)
+            detail = "the aos door failed; see the gateway's log"
+            return 500, aos.refusal("internal", detail, code=aos.INTERNAL_ERROR), JSON
         if reply is None:  # a notification: no response body
             return 204, b"", None
         return 200, bytes(reply), JSON
 
     return door
+
+
+_KEPT_HEADERS = ("www-authenticate", "connection", "allow")
+
+
+async def _aos_refusal(request: Request, refused: _Refused) -> Response:
+    """Refusals on the AOS door keep their HTTP status and headers, with a JSON-RPC error
+    response as the body (``id`` null: the request was not read): an AOS SDK reads every
+    answer as JSON-RPC."""
+    original = refused.response
+    detail = refused.message
+    with contextlib.suppress(ValueError, KeyError, TypeError):  # the HTTP answer's own words
+        detail = json.loads(bytes(original.body))["error"]["message"]
+    body = aos.refusal(refused.code, detail, **refused.data)
+    headers = {k: original.headers[k] for k in _KEPT_HEADERS if k in original.headers}
+    return Response(body, status_code=original.status_code, media_type=JSON, headers=headers)
 
 
 def gateway_app(
@@ -354,10 +400,12 @@ def gateway_app(
     tracer = _Tracer()
     routes: list[BaseRoute] = []
 
-    def mount(path: str, name: str, door: Door, refuse: Refusal = _http_refusal) -> None:
+    def mount(
+        path: str, name: str, door: Door, refuse: Refusal = _http_refusal, any_method: bool = False
+    ) -> None:
         route = _door_route(
             path, name, door, check=check, max_body_bytes=max_body_bytes, tracer=tracer,
-            refuse=refuse,
+            refuse=refuse, any_method=any_method,
         )  # fmt: skip
         routes.append(route)
 
@@ -367,7 +415,8 @@ def gateway_app(
         mount("/claude-code", "claude-code", door, refuse)
         mount("/claude-code/{hook_event_name}", "claude-code", door, refuse)
     if "aos" in doors:
-        mount("/aos", "aos", _aos_door(emit, max_body_bytes, aos_timeout_s))
+        door = _aos_door(emit, max_body_bytes, aos_timeout_s)
+        mount("/aos", "aos", door, _aos_refusal, any_method=True)
 
     async def healthz(request: Request) -> Response:
         return Response(b'{"status":"ok"}', media_type=JSON)
