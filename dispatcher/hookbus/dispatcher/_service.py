@@ -74,6 +74,7 @@ from hookbus.schemas import (
     encode,
     event_from_service_subject,
 )
+from hookbus.schemas._log_limits import RateLimitedWarning, clip
 
 from ._dispatcher import HookDispatcher
 from ._services_api import EndpointCounters, ServicesAPI
@@ -259,6 +260,8 @@ class DispatcherService:
             agent_burst if agent_burst is not None else max(1, math.ceil(agent_rate_per_s or 1))
         )
         self._quotas: dict[str, _AgentQuota] = {}
+        self._refused = RateLimitedWarning(log, what="refused request(s)")
+        """A refused request's WARNING: a few per interval one by one, the rest counted."""
         self._held: dict[int, tuple[asyncio.TimerHandle, tuple[Msg, Reply, WireError, int]]] = {}
         """Refusals waiting for their hold, by number (see `_refuse_later`)."""
         self._held_seq = 0
@@ -624,13 +627,14 @@ class DispatcherService:
         except Exception as exc:
             return encode(CollectReply(error=self._log_error("emit_and_collect", msg, exc)))
 
-    @staticmethod
-    def _log_error(what: str, msg: Msg, exc: Exception) -> WireError:
+    def _log_error(self, what: str, msg: Msg, exc: Exception) -> WireError:
         error = _wire_error(exc)
         if error.code == "internal" and not isinstance(exc, HookbusError | msgspec.MsgspecError):
-            log.exception("%s on %s failed", what, msg.subject)  # a bug of ours: still answer
-        else:
-            log.warning("%s on %s refused (%s): %s", what, msg.subject, error.code, exc)
+            log.exception("%s on %s failed", what, clip(msg.subject))  # a bug of ours: answer
+        else:  # what a client sent: a flood of them is a few lines, each of bounded size
+            self._refused.warn(
+                "%s on %s refused (%s): %s", what, clip(msg.subject), error.code, clip(exc)
+            )
         return error
 
 

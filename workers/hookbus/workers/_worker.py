@@ -52,6 +52,7 @@ from hookbus.schemas import (
     validate_name,
 )
 from hookbus.schemas._handler_options import HandlerOptions, StepOutcome, ToolFilter, ends_fold
+from hookbus.schemas._log_limits import RateLimitedWarning
 from hookbus.schemas._nats_guard import harden_connection
 
 from ._chain_progress import ChainProgress
@@ -161,7 +162,7 @@ class HookWorker:
         """The id of this process's handler set once started ("" if it cannot be chained):
         chain requests for its handlers of an event come on
         ``chain_subject(event, handler_set_id)``."""
-        self._bad_requests = _RateLimitedWarning(log)
+        self._bad_requests = RateLimitedWarning(log)
         self._stopped: asyncio.Event | None = None
         self._state = "new"  # new -> serving -> draining -> stopped
         self.handled = 0
@@ -902,35 +903,6 @@ def _ends_fold(step: ChainStep, reply: HookReply) -> bool:
     else:
         outcome = "failed"
     return ends_fold(outcome, parallel=step.parallel, failure_policy=step.failure_policy)
-
-
-class _RateLimitedWarning:
-    """WARNING lines for repeated bad input: the first `burst` per `interval_s` seconds
-    one by one (one line each, no traceback), the rest as one count per interval."""
-
-    def __init__(self, logger: logging.Logger, *, burst: int = 5, interval_s: float = 10.0):
-        self._log = logger
-        self._burst = burst
-        self._interval_s = interval_s
-        self._since = time.monotonic()
-        self._logged = 0
-        self._suppressed = 0
-
-    def warn(self, fmt: str, *args: object) -> None:
-        now = time.monotonic()
-        if now - self._since >= self._interval_s:
-            if self._suppressed:
-                self._log.warning(
-                    "%d more bad request(s) in the last %.0fs (not logged one by one)",
-                    self._suppressed,
-                    now - self._since,
-                )
-            self._since, self._logged, self._suppressed = now, 0, 0
-        if self._logged < self._burst:
-            self._logged += 1
-            self._log.warning(fmt, *args)
-        else:
-            self._suppressed += 1
 
 
 def _log_reply(decl: HandlerDeclaration, reply: HookReply, kind: str, took_s: float) -> None:
