@@ -247,3 +247,42 @@ def test_the_commands_own_connection_options_win(nats_url: str) -> None:
     dead = f"nats://127.0.0.1:{_free_port()}"
     proc = _run("suspensions", "--url", dead, "list", "--json", "--url", nats_url)
     assert proc.returncode == 0, proc.stderr
+
+
+# -- --version without the cli extra ----------------------------------------------------------
+_LEAN = """
+import sys
+class _NoCliExtra:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("click", "rich"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, _NoCliExtra())
+sys.argv = ["hookbus", *sys.argv[1:]]
+from hookbus.cli._entry import main
+main()
+"""
+
+
+def test_version_answers_without_the_cli_extra() -> None:
+    from importlib.metadata import version
+
+    lean = subprocess.run(
+        [sys.executable, "-c", _LEAN, "--version"], capture_output=True, text=True, timeout=30
+    )
+    assert (lean.returncode, lean.stdout, lean.stderr) == (
+        0,
+        f"hookbus, version {version('hookbus')}\n",
+        "",
+    )
+    from click.testing import CliRunner
+
+    from hookbus.cli._main import cli
+
+    full = CliRunner().invoke(cli, ["--version"], prog_name="hookbus")
+    assert full.output == lean.stdout  # the same line as the full CLI's click option
+    assert _run("--version").stdout == lean.stdout  # python -m hookbus.cli
+    other = subprocess.run(
+        [sys.executable, "-c", _LEAN, "handlers"], capture_output=True, text=True, timeout=30
+    )
+    assert other.returncode == 2
+    assert other.stderr == "the hookbus command needs the cli extra: pip install 'hookbus[cli]'\n"

@@ -6,7 +6,8 @@ types and the Claude Code door), not the whole CLI (the dispatcher, workers, Ope
 SDK, rich ...). Every other command goes to `hookbus.cli._main`.
 
 Without the ``cli`` extra (``pip install hookbus`` is the library alone) the command prints
-one line naming the extra and exits 2, instead of an import traceback. The hook path
+one line naming the extra and exits 2, instead of an import traceback; ``hookbus
+--version`` still says which hookbus is installed. The hook path
 answers instead, as the Claude Code door does when hookbus cannot decide: the event's
 fallback (`hookbus.integrations.claude_code.fallback_answer`: ``PreToolUse`` and
 ``PermissionRequest`` denied, every other event let through, the reason naming the missing
@@ -68,6 +69,16 @@ def _hook_fallback(why: str) -> int:
     return answer.exit_code
 
 
+def _version() -> str:
+    """``hookbus, version X``, as the full CLI's ``--version`` says it (click's format)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"hookbus, version {version('hookbus')}"
+    except PackageNotFoundError:
+        return "hookbus, version unknown (not installed as a distribution)"
+
+
 def main() -> None:
     """The ``hookbus`` console script: ``hookbus claude-code`` (the hook) goes straight to
     its command, everything else to the whole CLI (`full_cli`)."""
@@ -80,7 +91,11 @@ def main() -> None:
 
 
 def full_cli() -> None:
-    """The whole ``hookbus`` CLI (``python -m hookbus.cli``)."""
+    """The whole ``hookbus`` CLI (``python -m hookbus.cli``); ``--version`` alone answers
+    before it is imported (the cli extra or not)."""
+    if sys.argv[1:] == ["--version"]:
+        sys.stdout.write(_version() + "\n")
+        sys.exit(0)
     with _importing_the_command():
         from ._main import main as run
     run()
