@@ -194,7 +194,8 @@ async def test_a_deny_by_a_remote_worker_is_one_record(
     assert rec.action == "deny" and rec.decided_by == "guard"
     assert rec.reason == "destructive command"
     assert rec.failures == [] and rec.approver is None
-    assert rec.emit_id == "call-7" and rec.idempotency_key == "call-7"
+    assert rec.idempotency_key == "call-7"
+    assert len(rec.emit_id) == 32 and rec.emit_id != "call-7"  # the emit's own, fresh id
     assert rec.trace_id == emit_trace_id(spans, event)
     assert before <= rec.time <= time.time()
     assert datetime.fromisoformat(rec.time_iso).timestamp() == pytest.approx(rec.time)
@@ -436,7 +437,8 @@ async def test_a_missing_stream_changes_no_decision(
                 await log.close(timeout_s=0.2)
             assert (log.written, log.dropped) == (0, 3)
         text = "\n".join(r.getMessage() for r in caplog.records)
-        assert "NOT stored" in text and all(f"k{i}" in text for i in range(3))
+        assert "NOT stored" in text
+        assert len(re.findall(r"\b[0-9a-f]{32}\b", text.partition("emit ids:")[2])) == 3
         assert f"no stream stores {decisions_subject(agent)}" in text
     finally:
         await nc.close()
@@ -573,7 +575,7 @@ async def test_decisions_shows_each_decisions_latency_and_a_dash_for_old_records
         await written(d, 1)
     old, new = json_lines(await hookbus(nats_url, "decisions", "--agent", agent, "--json"))
     assert old["emit_id"] == "old-1" and old["duration_ms"] is None
-    assert new["emit_id"] == "slow-1" and new["duration_ms"] >= SLEEP_S * 1000
+    assert new["idempotency_key"] == "slow-1" and new["duration_ms"] >= SLEEP_S * 1000
 
     shown = latency(new["duration_ms"])
     assert shown.endswith("ms") and float(shown[:-2]) >= SLEEP_S * 1000
@@ -582,7 +584,10 @@ async def test_decisions_shows_each_decisions_latency_and_a_dash_for_old_records
     header, rows = _table(p.stdout.decode())
     assert "latency" in header
     col = header.index("latency")
-    assert {r[header.index("emit id")]: r[col] for r in rows} == {"old-1": "-", "slow-1": shown}
+    assert {r[header.index("emit id")]: r[col] for r in rows} == {
+        "old-1": "-",
+        new["emit_id"]: shown,
+    }
 
 
 def _table(text: str) -> tuple[list[str], list[list[str]]]:
@@ -630,11 +635,11 @@ async def test_decisions_follow_prints_new_records_and_stops_cleanly_on_ctrl_c(
             assert proc.stdout is not None and proc.stderr is not None
             with anyio.fail_after(CLI_TIMEOUT_S):
                 first = json.loads(await proc.stdout.readline())
-            assert first["emit_id"] == "before"  # the backlog, then it waits for more
+            assert first["idempotency_key"] == "before"  # the backlog, then it waits for more
             await d.emit(event, {"tool_name": "rm"}, idempotency_key="after")
             with anyio.fail_after(CLI_TIMEOUT_S):
                 second = json.loads(await proc.stdout.readline())
-            assert second["emit_id"] == "after" and second["action"] == "deny"
+            assert second["idempotency_key"] == "after" and second["action"] == "deny"
             proc.send_signal(signal.SIGINT)
             with anyio.fail_after(CLI_TIMEOUT_S):
                 rest, err = await proc.communicate()

@@ -150,8 +150,8 @@ async def test_last_n_then_new_ones_as_json(
         await dispatcher.emit(event, {"tool_name": "ls"}, idempotency_key="four")
         new = json.loads(await line(proc))
         await ctrl_c(proc)
-    assert [r["emit_id"] for r in backlog] == ["two", "three"]
-    assert new["emit_id"] == "four" and new["action"] == "continue"
+    assert [r["idempotency_key"] for r in backlog] == ["two", "three"]
+    assert new["idempotency_key"] == "four" and new["action"] == "continue"
     assert new["handlers"] == ["guard"] and new["agent_id"] == agent
 
 

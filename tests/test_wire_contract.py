@@ -41,8 +41,10 @@ from hookbus.schemas import (
     WIRE_TYPES,
     SuspensionCancelledError,
     asyncapi_document,
+    chain_subject,
     emit_service_subject,
     encode_token,
+    handler_set_id,
 )
 from hookbus.schemas._contract import attribute_docs
 from hookbus.schemas._nats_guard import order_flushes
@@ -178,6 +180,7 @@ VALID = [
     ("CollectReply", {"responses": [{"a": 1}]}),
     ("CollectReply", {"error": {"code": "bad_request", "message": "m"}}),
     ("EventEnvelope", {"id": "e", "event": "tool:pre", "data": {}, "budget_s": 4.5}),
+    ("EventEnvelope", {"id": "e", "event": "tool:pre", "data": {}, "idempotency_key": "k"}),
     (
         "HandlerDeclaration",
         {
@@ -318,11 +321,18 @@ def test_asyncapi_covers_every_subject_family_and_bucket():
         "$KV.hookbus_suspensions.{agent}.{label}.{approver}",
         "$KV.hookbus_approvals.{grantAgent}.{session}.{event}.{handler}.{tool}",
         "$KV.hookbus_leases.w.{waiter}",
+        "$SRV.{verb}.hookbus-worker",
+        "$SRV.{verb}.hookbus-dispatcher",
     }
     ops = doc["operations"]
     assert ops["serveEmit"]["bindings"]["nats"]["queue"] == "hookbus-dispatcher"
     assert ops["serveHandler"]["x-hookbus-queue-group"] == "{handler}"
     assert all("reply" in ops[o] for o in ("serveHandler", "serveCollect", "serveEmit"))
+    assert all("reply" in ops[o] for o in ("announceWorker", "announceDispatcher"))
+    worker_info = doc["components"]["schemas"]["WorkerServiceInfo"]
+    handlers = worker_info["properties"]["metadata"]["properties"]["handlers"]
+    assert re.fullmatch(handlers["pattern"], "tool=3Apre.guard tool=3Apost.a=2Eb")
+    assert not re.fullmatch(handlers["pattern"], "tool:pre.guard")
     kv = doc["channels"]["leasesBucket"]["x-hookbus-kv"]
     assert (kv["bucket"], kv["ttl_s"], kv["storage"]) == ("hookbus_leases", 15.0, "memory")
 
@@ -370,6 +380,12 @@ async def approve(event, data):
     return {"action": "continue"}
 """
 
+
+WORKER_PING = "$SRV.PING.hookbus-worker"
+DISPATCHER_INFO = "$SRV.INFO.hookbus-dispatcher"
+_SERVICE_SUBJECT = re.compile(r"\$SRV\.[A-Z]+\.hookbus-(worker|dispatcher)")
+ASYNCAPI_ONLY = {"Lease", "ServiceRequest", "WorkerServiceInfo", "DispatcherServiceInfo"}
+"""Messages whose payload schema is in the AsyncAPI document only (not hookbus types)."""
 
 BAD_REQUESTS: list[dict[str, Any]] = [{"data": [1, 2]}, {"data": {}, "timeout_s": -1}]
 """Requests the agent sends on purpose that break the contract: the dispatcher answers
@@ -470,6 +486,11 @@ async def _run_fleet(url: str, workdir: Path, recording: Recording) -> dict[str,
             agent, collect, {"data": {"tool_name": "bash", "secret": "x"}, "timeout_s": 5}
         )
         got["collect_bad"] = await _request(agent, collect, BAD_REQUESTS[1])
+        # the NATS services API: the worker's liveness and the dispatcher service
+        got["worker_ping"] = json.loads((await agent.request(WORKER_PING, b"", timeout=10)).data)
+        got["dispatcher_info"] = json.loads(
+            (await agent.request(DISPATCHER_INFO, b"", timeout=10)).data
+        )
 
         # an approval: the agent waits while an approver answers "Allow always"
         pending: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
@@ -520,6 +541,9 @@ async def test_real_messages_on_the_wire_validate(node_modules, tmp_path, schema
     assert got["approved"]["result"]["action"] == "continue"
     assert got["approved"]["result"]["approved_by"] == "alice"
     assert got["suspensions"] == [{"granted": True}]
+    served = got["worker_ping"]["metadata"]["handlers"].split(" ")
+    assert {"tool=3Apre.guard", "tool=3Apre.approve"} <= set(served)  # encoded keys
+    assert got["dispatcher_info"]["name"] == "hookbus-dispatcher"
 
     doc = asyncapi_document()
     patterns = _channel_patterns(doc)
@@ -528,7 +552,11 @@ async def test_real_messages_on_the_wire_validate(node_modules, tmp_path, schema
     matched: list[tuple[str, str, list[str], dict[str, str], bytes]] = []
     unmatched = []
     for subject, reply, headers, body in recording.msgs:
-        if not (subject.startswith("hookbus.") or subject.startswith("$KV.hookbus_")):
+        if not (
+            subject.startswith("hookbus.")
+            or subject.startswith("$KV.hookbus_")
+            or _SERVICE_SUBJECT.fullmatch(subject)
+        ):
             continue
         hits = [(cid, ch) for cid, rx, ch in patterns if rx.match(subject)]
         if len(hits) != 1:
@@ -547,15 +575,19 @@ async def test_real_messages_on_the_wire_validate(node_modules, tmp_path, schema
 
     cases: list[dict[str, Any]] = []
     deletes = 0
-    lease_schema = doc["components"]["schemas"]["Lease"]
+    own_schemas = doc["components"]["schemas"]
     for i, (subject, cid, names, headers, body) in enumerate(matched):
         if not body and cid.endswith(("Bucket", "Proofs")):
             assert headers.get("KV-Operation") in ("DEL", "PURGE"), (subject, headers)
             deletes += 1
             continue
-        if names == ["Lease"]:
-            cases.append({"id": f"{i} Lease {subject}", "schema": lease_schema,
+        if names == ["Lease"] or names == ["ServiceRequest"]:
+            cases.append({"id": f"{i} {names[0]} {subject}", "schema": own_schemas[names[0]],
                           "instance": body.decode()})  # fmt: skip
+            continue
+        if names[0] in ASYNCAPI_ONLY:
+            cases.append({"id": f"{i} {names[0]} {subject}", "schema": own_schemas[names[0]],
+                          "instance": json.loads(body)})  # fmt: skip
             continue
         if cid == "suspensionsBucket":
             label = subject.rpartition(".")[2]
@@ -592,7 +624,22 @@ async def test_real_messages_on_the_wire_validate(node_modules, tmp_path, schema
     assert every_message - set(seen) == set(), seen
     # the variants the run made: error replies, approval events, required-handler rules
     bodies = [json.loads(b) for s, c, n, h, b in matched if b and n != ["Lease"]]
+    envelopes = [b for b in bodies if "event" in b and "budget_s" in b]
+    keyed = [e for e in envelopes if e.get("idempotency_key") == "call-2"]
+    assert keyed and all(len(e["id"]) == 32 and e["id"] != "call-2" for e in keyed)
+    assert len({e["id"] for e in envelopes}) > 1  # one fresh id per emit
     assert any(b.get("error", {}).get("code") == "handler_error" for b in bodies)
     statuses = {b["hook"]["status"] for b in bodies if "hook" in b and "at" in b}
     assert statuses >= {"pending", "resolved"}
     assert sum(seen.values()) >= 40
+
+
+def test_the_docs_worked_chain_example_is_what_the_code_derives():
+    """docs/wire.md's chain example: the set id, chain subject and queue group as written."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "wire.md").read_text()
+    set_id = handler_set_id(["sql_readonly", "sql_guard", "sql_guard"])
+    assert f"set id:           {set_id}" in text
+    assert f"chain subject:    {chain_subject('tool:pre', set_id)}" in text
+    assert f"queue group:      {set_id}" in text
+    assert handler_set_id(["sql_guard", "sql_readonly", "rate:limit"]) in text
+    assert "tool=3Apre.guard tool=3Apre.rate=3Alimit tool=3Apost.audit" in text

@@ -523,7 +523,7 @@ class HookDispatcher(StandardEvents):
             left = max(0.0, left)
         try:
             async with asyncio.timeout(None if left is None else left + _SETTLE_S):
-                return await self._approvals.decide(event, result, call_id=ctx.id, wait_s=left)
+                return await self._approvals.decide(event, result, call_id=ctx.call_id, wait_s=left)
         except (SuspensionAbortedError, NotConnectedError):
             raise  # a draining dispatcher (resumable) or a closed connection: the caller's
         except (HookbusError, TimeoutError) as exc:

@@ -87,8 +87,10 @@ class EmitContext:
         event: the event name.
         data: the event data (agent and session ids are read from it).
         timeout_s: the emit's overall deadline in seconds from now; None for none.
-        call_id: the caller's idempotency key: the emit's id when given (a retry of the
-            same call has the same id, so its approval is found again).
+        call_id: the caller's idempotency key, None for none: sent to the handlers
+            (`EventEnvelope.idempotency_key`) and the approvals' call id (`call_id`: a
+            retry of the same call finds its approval again). The emit's own `id` is
+            always fresh.
     """
 
     __slots__ = (
@@ -100,6 +102,7 @@ class EmitContext:
         "deadline",
         "emitted_at",
         "event",
+        "idempotency_key",
         "session_id",
         "started",
     )
@@ -113,7 +116,9 @@ class EmitContext:
         call_id: str | None = None,
     ) -> None:
         self.event = event
-        self._id = call_id or ""
+        self._id = ""
+        self.idempotency_key = call_id or None
+        """The caller's idempotency key; None: it gave none."""
         self.emitted_at = time.time()
         self.started = time.monotonic()
         """`time.monotonic()` when the emit's chain started (its decision's duration)."""
@@ -133,6 +138,11 @@ class EmitContext:
         if not self._id:
             self._id = _new_id()
         return self._id
+
+    @property
+    def call_id(self) -> str:
+        """The call's id for its approvals: the caller's idempotency key, else `id`."""
+        return self.idempotency_key or self.id
 
     def handler_copy(self, data: dict[str, Any]) -> dict[str, Any]:
         """A fresh copy of `data` for one in-process handler, as `json_copy` makes it.
@@ -162,6 +172,7 @@ class EmitContext:
             data=data,
             agent_id=self.agent_id,
             session_id=self.session_id,
+            idempotency_key=self.idempotency_key,
             emitted_at=self.emitted_at,
         )
 

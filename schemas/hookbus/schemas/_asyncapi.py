@@ -16,7 +16,10 @@ What it holds (AsyncAPI 3.0, NATS):
   reply subject, an inbox: a channel whose address is null);
 - queue groups: the NATS operation binding ``queue`` where the group is one fixed name
   (the dispatcher service), ``x-hookbus-queue-group`` where it is a parameter (a handler's
-  group is its encoded name).
+  group is its encoded name);
+- the two NATS services API (ADR-32) services, ``hookbus-worker`` (every worker process;
+  its ``handlers`` metadata is what liveness reads) and ``hookbus-dispatcher``, as channels
+  of their ``$SRV.<verb>.<name>`` subjects.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from ._buckets import (
 from ._contract import schema_definitions
 from ._subjects import (
     DISPATCHER_QUEUE_GROUP,
+    DISPATCHER_SERVICE_NAME,
     GRANT_NONE,
     NO_AGENT,
     SUBJECT_PREFIX,
@@ -100,6 +104,12 @@ PARAMETERS: Final[dict[str, dict[str, Any]]] = {
         "description": f"The agent id, {_ENCODED}; `{GRANT_NONE}` for calls without an agent id.",
     },
     "waiter": {"description": "A process's waiter id: 1 to 64 lower-case hex digits."},
+    "verb": {
+        "description": "The NATS services API (ADR-32) request: `PING` (who is there), "
+        "`INFO` (endpoints and metadata) or `STATS` (request counts). Each also exists as "
+        "`$SRV.<verb>` (every service) and `$SRV.<verb>.<name>.<id>` (one instance).",
+        "enum": ["PING", "INFO", "STATS"],
+    },
     "set": {
         "description": "A handler set's id: 32 lower-case hex digits of SHA-256 over the "
         "sorted, unique, encoded names of every handler one worker process serves, one per "
@@ -257,6 +267,23 @@ def _messages() -> dict[str, Any]:
             "ApprovalGrant",
             'An "Allow always" grant for one agent, session, event, handler and tool.',
             headers=_KV_HEADERS,
+        ),
+        "ServiceRequest": {
+            "name": "ServiceRequest",
+            "title": "ServiceRequest",
+            "summary": "A NATS services API request: an empty body; every instance answers.",
+            "contentType": "text/plain",
+            "payload": {"$ref": "#/components/schemas/ServiceRequest"},
+        },
+        "WorkerServiceInfo": _message(
+            "WorkerServiceInfo",
+            f"A worker process's answer on `$SRV.<verb>.{WORKER_SERVICE_NAME}`: its instance "
+            "id and, in `metadata.handlers`, the encoded keys of the handlers it serves.",
+        ),
+        "DispatcherServiceInfo": _message(
+            "DispatcherServiceInfo",
+            f"A dispatcher service replica's answer on `$SRV.<verb>.{DISPATCHER_SERVICE_NAME}`:"
+            " its endpoints (`emit`, `emit_and_collect`), bounds and request counts.",
         ),
         "Lease": {
             "name": "Lease",
@@ -483,6 +510,40 @@ def _channels() -> dict[str, Any]:
             _params("grantAgent", "session", "event", "handler", "tool"),
             kv=_bucket_extension(approvals, grant_key_pattern),
         ),
+        "workerService": _channel(
+            f"$SRV.{{verb}}.{WORKER_SERVICE_NAME}",
+            f"Every worker process runs a NATS services API service named "
+            f"`{WORKER_SERVICE_NAME}` whose metadata `handlers` lists the handlers it serves: "
+            "their registry keys `<event>.<handler>`, each name encoded as in subjects, "
+            "separated by one space (`tool=3Apre.guard tool=3Apost.audit`). Only encoded keys "
+            "count: a key that does not parse (`tool:pre.guard`) is ignored, and the handler "
+            "shows no live replica. A scatter on `PING` finds every live worker "
+            "(`hookbus handlers`); emits never wait on it.",
+            ["ServiceRequest"],
+            _params("verb"),
+        ),
+        "workerServiceReply": _channel(
+            None,
+            f"The reply subject of a `{WORKER_SERVICE_NAME}` services API request (an inbox): "
+            "one answer per live worker process.",
+            ["WorkerServiceInfo"],
+        ),
+        "dispatcherService": _channel(
+            f"$SRV.{{verb}}.{DISPATCHER_SERVICE_NAME}",
+            f"Every dispatcher service replica runs a NATS services API service named "
+            f"`{DISPATCHER_SERVICE_NAME}` with two endpoints, `emit` and `emit_and_collect`, "
+            f"in queue group `{DISPATCHER_QUEUE_GROUP}`; its metadata holds its bounds "
+            "(`max_concurrency`, `agent_max_in_flight`, `agent_rate_per_s`, `agent_burst`, "
+            "`audit`).",
+            ["ServiceRequest"],
+            _params("verb"),
+        ),
+        "dispatcherServiceReply": _channel(
+            None,
+            f"The reply subject of a `{DISPATCHER_SERVICE_NAME}` services API request (an "
+            "inbox): one answer per replica.",
+            ["DispatcherServiceInfo"],
+        ),
         "leasesBucket": _channel(
             _kv(leases.bucket, _waiter_address()),
             f"Waiter leases in KV bucket `{leases.bucket}` (memory storage): a process with "
@@ -685,6 +746,27 @@ def _operations() -> dict[str, Any]:
             'KV put by the dispatcher that applied an "Allow always" answer.',
             role="dispatcher",
         ),
+        "announceWorker": _op(
+            "receive",
+            "workerService",
+            ["ServiceRequest"],
+            "A worker process answers the NATS services API (liveness).",
+            f"Run a services API service named `{WORKER_SERVICE_NAME}` (a NATS client's "
+            "services API, or answer the `$SRV` subjects by hand: `PING`, `INFO` and `STATS`, "
+            "bare, with the name, and with the name and instance id), with the served "
+            "handlers' encoded keys, space-separated, in metadata `handlers`.",
+            reply=("workerServiceReply", "WorkerServiceInfo"),
+            role="worker",
+        ),
+        "announceDispatcher": _op(
+            "receive",
+            "dispatcherService",
+            ["ServiceRequest"],
+            "A dispatcher service replica answers the NATS services API.",
+            "Its endpoints, metadata and per-endpoint request counts.",
+            reply=("dispatcherServiceReply", "DispatcherServiceInfo"),
+            role="dispatcher",
+        ),
         "refreshLease": _op(
             "send",
             "leasesBucket",
@@ -708,6 +790,7 @@ def asyncapi_document() -> dict[str, Any]:
         "pattern": "^[0-9a-f]{1,64}$",
         "description": "The waiter id of the process that holds the lease (plain text).",
     }
+    schemas.update(_service_schemas())
     return {
         "asyncapi": ASYNCAPI_VERSION,
         "info": {
@@ -738,4 +821,73 @@ def asyncapi_document() -> dict[str, Any]:
             "messages": _messages(),
             "parameters": PARAMETERS,
         },
+    }
+
+
+def _service_info(name: str, metadata: dict[str, Any], what: str) -> dict[str, Any]:
+    """A NATS services API answer (ADR-32 ``io.nats.micro.v1.*_response``) of service `name`."""
+    text = {"type": "string"}
+    return {
+        "type": "object",
+        "description": f"The answer of one {what} to a `$SRV` request (NATS services API, "
+        "ADR-32): `type` is `io.nats.micro.v1.ping_response`, `info_response` or "
+        "`stats_response`; `INFO` adds `description` and `endpoints`, `STATS` adds "
+        "`started` and per-endpoint counts.",
+        "required": ["type", "name", "id", "version"],
+        "properties": {
+            "type": {**text, "description": "The answer's kind (`io.nats.micro.v1.*`)."},
+            "name": {"type": "string", "enum": [name], "description": "The service's name."},
+            "id": {**text, "description": "This instance's id (one per process)."},
+            "version": {**text, "description": "The service's version (semantic version)."},
+            "metadata": {
+                "type": "object",
+                "description": "Free-form strings.",
+                "properties": metadata,
+                "additionalProperties": {"type": "string"},
+            },
+            "description": {**text, "description": "What the service does (INFO)."},
+            "endpoints": {
+                "type": "array",
+                "description": "Its endpoints (INFO, STATS): name, subject, queue group and "
+                "metadata; STATS adds `num_requests`, `num_errors`, `processing_time` (ns).",
+                "items": {"type": "object"},
+            },
+            "started": {**text, "description": "When it started, RFC 3339 (STATS)."},
+        },
+    }
+
+
+_KEY = r"[A-Za-z0-9_=-]+\.[A-Za-z0-9_=-]+"
+
+
+def _service_schemas() -> dict[str, Any]:
+    """The schemas of the two services' `$SRV` messages (not hookbus types: NATS's own)."""
+    handlers = {
+        "type": "string",
+        "description": "The handlers this worker process serves: their registry keys "
+        "`<event>.<handler>`, both names encoded as in subjects, separated by one space, e.g. "
+        "`tool=3Apre.guard tool=3Apre.sql_guard`. A key that does not parse is ignored.",
+        "pattern": f"^({_KEY}( {_KEY})*)?$",
+    }
+    bound = {"type": "string", "description": "A bound of this replica (`none`: off)."}
+    return {
+        "ServiceRequest": {
+            "type": "string",
+            "maxLength": 0,
+            "description": "A services API request: an empty body.",
+        },
+        "WorkerServiceInfo": _service_info(
+            WORKER_SERVICE_NAME, {"handlers": handlers}, "worker process"
+        ),
+        "DispatcherServiceInfo": _service_info(
+            DISPATCHER_SERVICE_NAME,
+            {
+                "max_concurrency": bound,
+                "agent_max_in_flight": bound,
+                "agent_rate_per_s": bound,
+                "agent_burst": bound,
+                "audit": {"type": "string", "description": "`on` or `off`.", "enum": ["on", "off"]},
+            },
+            "dispatcher service replica",
+        ),
     }

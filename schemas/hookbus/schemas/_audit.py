@@ -36,7 +36,7 @@ class DecisionRecord(_Wire, omit_defaults=False):
 
     Written once per emit that returned a result (an emit that raised decided nothing and
     leaves no record); never updated. A retry of a call (same `idempotency_key`) that is
-    decided again is a second record with the same `emit_id`.
+    decided again is a second record with the same `idempotency_key` and a new `emit_id`.
     """
 
     id: str
@@ -52,8 +52,8 @@ class DecisionRecord(_Wire, omit_defaults=False):
     """`time` as an RFC 3339 (ISO 8601) UTC timestamp, e.g.
     ``2026-01-02T03:04:05.123456+00:00``."""
     emit_id: str
-    """The emit's id, as every handler of the call received it (`EventEnvelope.id`): the
-    caller's idempotency key when it gave one."""
+    """The emit's id, as every handler of the call received it (`EventEnvelope.id`):
+    fresh for every emit (the caller's key is `idempotency_key`)."""
     idempotency_key: str | None = None
     """The key the caller gave, None when it gave none."""
     agent_id: str | None = None

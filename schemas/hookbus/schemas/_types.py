@@ -189,7 +189,9 @@ class EventEnvelope(_Wire):
     """One event as a handler receives it on ``hookbus.v1.handler.<event>.<handler>``."""
 
     id: str
-    """Unique id of this emit (hex), shared by every handler call of the emit."""
+    """Unique id of this emit (32 lower-case hex digits, fresh for every emit, even two
+    emits with the same idempotency key), shared by every handler call of the emit: a
+    worker may de-duplicate hedged or resent requests of one call by it."""
     event: str
     """Event name, e.g. ``"tool:pre"``."""
     data: dict[str, Any]
@@ -198,6 +200,10 @@ class EventEnvelope(_Wire):
     """The agent the emit was made for (also ``data["agent_id"]``); None: no agent."""
     session_id: str | None = None
     """The agent's session (also ``data["session_id"]``); None: no session."""
+    idempotency_key: str | None = None
+    """The idempotency key the agent gave the emit (`EmitRequest.idempotency_key`), the
+    same on every retry of its call; None: it gave none. Not unique across agents or
+    emits: two agents may choose the same key, and a retry is a new emit (a new `id`)."""
     emitted_at: float = 0.0
     """When the emit started: seconds since the Unix epoch (informational only: clocks of
     different hosts disagree, so no decision is taken on it)."""
@@ -287,7 +293,10 @@ class HookReply(_Wire):
     """A worker's answer to one `EventEnvelope`: exactly one of `result` or `error`."""
 
     handler: str
-    """Name of the handler that answers (the one the request subject names)."""
+    """Name of the handler that answers (the one the request subject names), as given,
+    not encoded; on the answer to a chain request, the handler set's id instead (32 hex
+    digits, the last token of the chain subject), and in each of its `chain` replies the
+    step's handler name."""
     result: HookResult | None = None
     """The handler's result (exactly one of `result` and `error`)."""
     error: WireError | None = None
