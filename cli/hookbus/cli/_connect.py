@@ -37,13 +37,6 @@ import click
 import nats
 import nats.errors
 from nats.aio.client import Client as NATS
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception_type,
-    stop_after_delay,
-    wait_fixed,
-)
 
 from hookbus.schemas._nats_guard import harden_connection, refusal_raised
 
@@ -938,6 +931,15 @@ async def connect(
             max_reconnects=max_reconnects,
         )  # fmt: skip
     else:
+        # only the long-running commands wait: the Claude Code hook's start-up (which shares
+        # this module) does not load the retry library
+        from tenacity import (
+            AsyncRetrying,
+            RetryCallState,
+            retry_if_exception_type,
+            stop_after_delay,
+            wait_fixed,
+        )
 
         def waiting(state: RetryCallState) -> None:
             if state.attempt_number == 1:
