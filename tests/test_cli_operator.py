@@ -4,6 +4,7 @@ a group), each answered with one clear line."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -286,3 +287,72 @@ def test_version_answers_without_the_cli_extra() -> None:
     )
     assert other.returncode == 2
     assert other.stderr == "the hookbus command needs the cli extra: pip install 'hookbus[cli]'\n"
+
+
+# -- a long suspension listing is printed in bounded chunks -----------------------------------
+def _preregister(url: str, labels: list[str]) -> None:
+    import asyncio
+
+    import nats
+
+    from hookbus.dispatcher import HookDispatcher
+
+    async def main() -> None:
+        nc = await nats.connect(url)
+        try:
+            d = HookDispatcher(nc)
+            await d.start()
+            limit = asyncio.Semaphore(100)
+
+            async def one(label: str) -> None:
+                async with limit:
+                    await d.suspensions.resolve_hook(label, {"n": label})
+
+            await asyncio.gather(*(one(label) for label in labels))
+        finally:
+            await nc.close()
+
+    asyncio.run(main())
+
+
+def test_a_long_suspension_listing_is_printed_in_chunks(
+    embedded_server: EmbeddedNatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+    from rich.console import Console
+    from rich.table import Table
+
+    from hookbus.cli._main import cli
+    from hookbus.cli._output import TABLE_CHUNK_ROWS
+
+    count = 2 * TABLE_CHUNK_ROWS + 123
+    labels = [f"op-{i:05d}" for i in range(count)]
+    _preregister(embedded_server.url, labels)
+
+    printed: list[int] = []
+    real_print = Console.print
+
+    def spy(self: Console, *objects: object, **kwargs: object) -> None:
+        printed.extend(o.row_count for o in objects if isinstance(o, Table))
+        real_print(self, *objects, **kwargs)
+
+    monkeypatch.setattr(Console, "print", spy)
+    args = ["suspensions", "list", "--url", embedded_server.url]
+    table = CliRunner().invoke(cli, args, env={"COLUMNS": "200"})
+    assert table.exit_code == 0, table.output
+    # rich lays out a whole table before printing it: never more than a chunk at once
+    assert printed == [TABLE_CHUNK_ROWS, TABLE_CHUNK_ROWS, 123]
+    shown = [ln for ln in table.output.splitlines() if "op-" in ln]
+    listed = [next(w for w in ln.split() if w.startswith("op-")) for ln in shown]
+    full = CliRunner().invoke(cli, [*args, "--json"])
+    in_order = [r["label"] for r in json.loads(full.stdout)]
+    assert sorted(in_order) == labels
+    assert listed == in_order  # each once, oldest first, as the JSON listing
+    widths = {len(ln) for ln in shown}
+    assert len(widths) == 1  # the chunks line up: one table to the eye
+    assert table.output.count("suspensions") == 1 and table.output.count(" label ") == 1
+
+    # the same records as the API's listing (its paging: --limit / --after)
+    page = CliRunner().invoke(cli, [*args, "--limit", "700", "--json"])
+    assert [r["label"] for r in json.loads(page.stdout)] == in_order[:700]
+    assert "more: --after" in page.stderr

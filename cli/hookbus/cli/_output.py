@@ -14,11 +14,20 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["id_column", "is_short_id", "short_id", "table_console"]
+__all__ = [
+    "TABLE_CHUNK_ROWS",
+    "id_column",
+    "is_short_id",
+    "print_rows",
+    "short_id",
+    "table_console",
+]
 
 _SHORT_ID = re.compile(r"[0-9a-f]{8}")
 
@@ -33,6 +42,50 @@ def id_column(table: Table, header: str) -> None:
     """Add a column of identifiers (or of text a user decides on): folded onto more lines
     when narrow, never cut."""
     table.add_column(header, overflow="fold")
+
+
+TABLE_CHUNK_ROWS = 500
+"""Rows a listing renders at once: rich lays a table out whole (every cell measured and
+rendered before the first line is printed), so a listing of 100,000 rows is printed as
+tables of this many rows, one after the other, with the same column widths."""
+
+
+def print_rows(
+    title: str,
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    *,
+    ids: int = 0,
+    caption: str | None = None,
+) -> None:
+    """Print `rows` as one table (its first `ids` columns fold as `id_column` does): in chunks of
+    `TABLE_CHUNK_ROWS` rows when longer, so time and memory grow with the rows, not with
+    the whole table laid out at once. The chunks share the columns' widths (the widest
+    cell of each column over all rows); the title and header open the first, the caption
+    closes the last."""
+    console = table_console()
+    widths = [cell_len(h) for h in headers]
+    if len(rows) > TABLE_CHUNK_ROWS:
+        for row in rows:
+            for i, cell in enumerate(row):
+                widths[i] = max(widths[i], cell_len(cell))
+    chunks = [rows[i : i + TABLE_CHUNK_ROWS] for i in range(0, len(rows), TABLE_CHUNK_ROWS)]
+    for n, chunk in enumerate(chunks or [rows]):
+        first, last = n == 0, n == max(len(chunks), 1) - 1
+        table = Table(
+            title=title if first else None,
+            caption=caption if last else None,
+            show_header=first,
+        )
+        for i, header in enumerate(headers):
+            fixed = widths[i] if len(rows) > TABLE_CHUNK_ROWS else None
+            if i < ids:
+                table.add_column(header, overflow="fold", width=fixed)
+            else:
+                table.add_column(header, width=fixed)
+        for row in chunk:
+            table.add_row(*row)
+        console.print(table)
 
 
 def short_id(identifier: str) -> str:

@@ -10,13 +10,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import click
-from rich.table import Table
 
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import SuspensionRecord, to_builtins
 
 from ._common import ConnectionSettings, connection_options, with_dispatcher
-from ._output import id_column, table_console
+from ._output import print_rows
 
 T = TypeVar("T")
 
@@ -84,6 +83,9 @@ hooks = click.Group(
 """`hookbus hooks`: the former name of `suspensions`, hidden from the help."""
 
 
+_HEADERS = ("agent", "label", "state", "hook id", "run", "metadata")
+
+
 @suspensions.command("list")
 @connection_options
 @click.option("--json", "as_json", is_flag=True)
@@ -121,17 +123,12 @@ def suspensions_list(
             click.echo(f"more: --after '{page.next}'", err=True)
         return
     caption = f"more: --after '{page.next}'" if page.next is not None else None
-    table = Table(title="suspensions", caption=caption)
-    id_column(table, "agent")
-    id_column(table, "label")
-    for header in ("state", "hook id", "run", "metadata"):
-        table.add_column(header)
-    for r in records:
-        table.add_row(
-            r.agent_id or "", r.label, _state(r), r.hook_id[:12], r.run_id or "",
-            json.dumps(r.metadata)[:80],
-        )  # fmt: skip
-    table_console().print(table)
+    rows = [
+        (r.agent_id or "", r.label, _state(r), r.hook_id[:12], r.run_id or "",
+         json.dumps(r.metadata)[:80])
+        for r in records
+    ]  # fmt: skip
+    print_rows("suspensions", _HEADERS, rows, ids=2, caption=caption)
 
 
 @suspensions.command("show")
