@@ -483,6 +483,48 @@ async def test_hook_outside_an_agent_run(hooks: HookbusHooks, observer: HookbusH
         hb_ai.current_hooks()
 
 
+@pytest.fixture
+def secured(tmp_path: Path) -> Any:
+    """A secured server (``hookbus auth init`` with the embedded agent ``payments`` and the
+    approver ``alice``), its buckets created by the admin."""
+    from test_auth import _secured_server
+
+    yield from _secured_server(tmp_path / "auth")
+
+
+async def test_an_embedded_agent_on_a_secured_server_opens_with_the_defaults(
+    secured: tuple[str, Path],
+) -> None:
+    """An agent's NATS user may read only its own keys: ``open(nc, agent_id=...)`` scopes the
+    store to the agent by itself, and an approver answers from their own connection."""
+    from test_auth import connect_as, ident
+
+    from hookbus.cli._provision import provision
+
+    url, out = secured
+    admin_nc, _ = await connect_as(url, out, ident(out, "ACME", "admin", "admin"))
+    agent_nc, _ = await connect_as(url, out, ident(out, "ACME", "agent", "payments"))
+    alice_nc, _ = await connect_as(url, out, ident(out, "ACME", "approver", "alice"))
+    try:
+        await provision(admin_nc)
+        hooks = await HookbusHooks.open(agent_nc, agent_id="payments")
+        approver = await HookbusHooks.open(alice_nc, agent_id="payments")
+        call = testing.tool_call(transfer, amount=21)
+        async with asyncio.timeout(10), hooks, approver:  # never "JetStream unavailable" (15 s)
+            async with hooks.run(
+                ai.Agent(tools=[transfer]), testing.FakeModel(script(call)),
+                [ai.user_message("pay 1200")], run_id="run-secured",
+            ) as s:  # fmt: skip
+                async for event in s:
+                    if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
+                        await approver.approve(event.hook, "Allow", approver="alice")
+    finally:
+        for conn in (alice_nc, agent_nc, admin_nc):
+            await conn.close()
+    assert TRANSFERS == [21]
+    assert tool_results(s.messages) == ["sent 21"]
+
+
 async def test_public_api() -> None:
     assert set(hb_ai.__all__) == {
         "AI_METADATA_KEY", "APPROVAL_LABEL_PREFIX", "HookbusHooks", "abort_pending_hook",

@@ -18,6 +18,11 @@ label in the ``hookbus_suspensions`` JetStream KV bucket):
     other = await HookbusHooks.open(nc2, agent_id="payments")
     await other.resolve_hook("approve_call_1", {"granted": True})
 
+With ``agent_id``, `HookbusHooks.open` scopes the store to that agent's records: it reads
+only keys ``<agent>.>``, all an agent's NATS user may read on a secured server (where an
+agent keeping its own hooks needs an *embedded* agent identity, ``hookbus auth init
+--embedded-agent NAME``). ``scoped=False`` follows every agent's events instead.
+
 **The seam.** ``ai.HookRegistry`` is not pluggable (``ai.hook``, ``ai.resolve_hook`` and
 ``ai.cancel_hook`` read its dictionaries directly), but every ``ai.hook(...)`` call goes
 through the run's middleware chain (``ai.agents._middleware``, ``wrap_hook``, activated by
@@ -255,17 +260,26 @@ class HookbusHooks(ai_middleware._Middleware):
         nc: NATS,
         *,
         agent_id: str | None = None,
-        scoped: bool = False,
+        scoped: bool | None = None,
         timeout_s: float | None = None,
         ttl_s: float = 7 * 24 * 3600,
         replicas: int = 1,
     ) -> HookbusHooks:
         """Open (or create) the suspensions bucket on `nc` for `agent_id`'s hooks; `close`
-        releases it. `scoped`, `ttl_s` (seconds) and `replicas`: see `Suspensions.open`.
+        releases it. `ttl_s` (seconds) and `replicas`: see `Suspensions.open`.
+
+        `scoped` (default: True when `agent_id` is given) watches, lists and follows
+        (`events`) `agent_id`'s records only, which is all an agent's NATS user may read
+        on a secured server (``hookbus auth init``); there an agent that keeps its own
+        hooks needs an *embedded* agent identity (``hookbus auth init --embedded-agent
+        NAME``). Pass ``scoped=False`` on a connection that may read every agent's records
+        to follow every agent's events.
 
         Raises:
             HookbusTimeoutError: JetStream stayed unavailable.
         """
+        if scoped is None:
+            scoped = agent_id is not None
         store = await Suspensions.open(
             nc, agent_id=agent_id, scoped=scoped, ttl_s=ttl_s, replicas=replicas
         )
