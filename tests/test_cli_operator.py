@@ -356,3 +356,39 @@ def test_a_long_suspension_listing_is_printed_in_chunks(
     page = CliRunner().invoke(cli, [*args, "--limit", "700", "--json"])
     assert [r["label"] for r in json.loads(page.stdout)] == in_order[:700]
     assert "more: --after" in page.stderr
+
+
+# -- the demo: its table first, and any offered answer is a right one -------------------------
+def _demo(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    env = _env()
+    env.pop("NATS_CONTEXT")
+    return subprocess.run(
+        [*HOOKBUS, "demo", "--embedded", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env={**env, "COLUMNS": "200"},
+    )
+
+
+def test_the_demo_prints_no_bare_warning_before_its_table() -> None:
+    proc = _demo()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "WARNING" not in proc.stderr and "WARNING" not in proc.stdout
+    # the handler that fails on purpose is said in the report, after the table
+    table = proc.stdout.index("decisions (in completion order)")
+    assert proc.stdout.index("failure policy is deny") > table
+
+
+@pytest.mark.parametrize(("answer", "action"), [("Deny", "deny"), ("Allow once", "continue")])
+def test_an_offered_answer_in_the_interactive_demo_is_no_mismatch(answer: str, action: str) -> None:
+    proc = _demo("--interactive", stdin=f"{answer}\n")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "MISMATCH" not in proc.stdout
+    (transfer,) = [ln for ln in proc.stdout.splitlines() if "payments:create_transfer" in ln
+                   and "tool:pre" in ln and ln.startswith("│")]  # fmt: skip
+    cells = [c.strip() for c in transfer.strip("│").split("│")]
+    assert cells[5:8] == [action, "transfer_approval", "demo-approver"]
+    assert cells[-1] == "ok"
+    assert "(1 decided by your answer in the terminal)" in proc.stdout

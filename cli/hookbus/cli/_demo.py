@@ -24,6 +24,7 @@ What it does, in order:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import signal
@@ -505,12 +506,21 @@ class _Decision:
         """Who decided (see `deciding_handler`)."""
         return deciding_handler(self.result)
 
+    answered_in_terminal: bool = False
+    """With --interactive: an approval of this step was answered in the terminal, so any
+    option offered is a right answer (see `ok`)."""
+
     @property
     def ok(self) -> bool:
+        """The decision is the transcript's; with an approval answered in the terminal
+        (--interactive), the decision of any option offered (an allowing one continues as
+        the transcript expects, a denying one denies, by the asking handler)."""
         want = self.step.expect
-        if self.action != want.action:
-            return False
         if self.aos is not None and not self.aos_agrees:
+            return False
+        if self.answered_in_terminal and self.action == "deny":
+            return want.decided_by is None or want.decided_by == self.handler
+        if self.action != want.action:
             return False
         return want.decided_by is None or want.decided_by == self.handler
 
@@ -852,7 +862,11 @@ def _report(
         console.print(f"  [yellow]warning:[/] {warning}", highlight=False)
     mismatches = [d for d in decisions if not d.ok]
     if not mismatches:
-        console.print(f"  [bold green]all {len(decisions)} decisions match the transcript[/]")
+        yours = sum(d.answered_in_terminal for d in decisions)
+        console.print(
+            f"  [bold green]all {len(decisions)} decisions match the transcript[/]"
+            + (f" ({yours} decided by your answer in the terminal)" if yours else "")
+        )
         return 0
     console.print(f"  [bold red]{len(mismatches)} decision(s) differ from the transcript:[/]")
     for d in mismatches:
@@ -977,6 +991,47 @@ async def _dispatcher_service(
             await nc.close()
 
 
+_REPORTED_IN_THE_TABLE = re.compile(r"handler '[^']*' failed \(")
+"""A dispatcher's log line about a handler that failed: each failure is in the decision
+table and in "what the handlers did" (the demo fails one on purpose)."""
+
+
+class _Held(logging.Handler):
+    """Keeps the ``hookbus`` loggers' warnings of the agents' run for the report."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if not _REPORTED_IN_THE_TABLE.match(text):
+            self.lines.append(f"{record.levelname.lower()} from {record.name}: {text}")
+
+
+@contextlib.contextmanager
+def _warnings_after_the_table() -> Iterator[list[str]]:
+    """While the agents run: the ``hookbus`` loggers' warnings are held (yielded as lines
+    for the report's warnings, after the table) instead of printed bare on stderr before
+    it; those about a handler that failed are dropped, the table says each. Nothing is
+    held when logging says more than warnings (``--log-level info`` or ``debug``)."""
+    logger = logging.getLogger("hookbus")
+    lines: list[str] = []
+    if logging.getLogger().getEffectiveLevel() < logging.WARNING:
+        yield lines
+        return
+    held = _Held()
+    propagate = logger.propagate
+    logger.addHandler(held)
+    logger.propagate = False
+    try:
+        yield lines
+    finally:
+        logger.propagate = propagate
+        logger.removeHandler(held)
+        lines += held.lines
+
+
 # -- entry point -------------------------------------------------------------------------
 async def demo_main(
     url: str | ConnectionSettings,
@@ -1067,9 +1122,13 @@ async def demo_main(
                         f" {TRANSCRIPT_FILE} concurrently, each with its own connection and"
                         f" {how}\n",
                     )
-                    decisions, elapsed_s, warnings = await _run_agents(
-                        url, transcript, expected, credentials, via, service
-                    )
+                    with _warnings_after_the_table() as logged:
+                        decisions, elapsed_s, warnings = await _run_agents(
+                            url, transcript, expected, credentials, via, service
+                        )
+                    warnings += logged
+                    for d in decisions if interactive else ():  # no scripted approver then
+                        d.answered_in_terminal = bool(d.result and d.result.approved_by)
                     outcomes = await framework.run(url, console, credentials)
                 if fleet.approver is not None:  # its answers are reported before it stops
                     results = [d.result for d in decisions]
