@@ -145,6 +145,23 @@ async def _main(argv: list[str]) -> int:
                             await hooks.approve(event.hook, answer[0], approver="alice")
             out = {"statuses": statuses, "results": tool_results(s.messages)}
             print(json.dumps({**out, "transfers": TRANSFERS}))
+        elif command == "run":
+            run_id, amount, call_id = rest
+            call = testing.tool_call(transfer, amount=int(amount))
+            call = call.model_copy(update={"tool_call_id": call_id})
+            model = testing.FakeModel(script(call))
+            statuses = []
+            try:
+                async with hooks.run(
+                    ai.Agent(tools=[transfer]), model, [ai.user_message("pay")], run_id=run_id
+                ) as s:
+                    async for event in s:
+                        if isinstance(event, ai.events.HookEvent):
+                            statuses.append(event.hook.status)
+            except Exception as exc:
+                print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
+                return 0
+            print(json.dumps({"statuses": statuses, "transfers": TRANSFERS}))
         else:
             raise SystemExit(f"unknown command {command!r}")
         return 0
@@ -483,6 +500,34 @@ async def test_hook_outside_an_agent_run(hooks: HookbusHooks, observer: HookbusH
         hb_ai.current_hooks()
 
 
+async def test_a_second_process_with_the_same_run_id_is_refused_while_the_owner_lives(
+    hooks: HookbusHooks, observer: HookbusHooks, nats_url: str, agent_id: str
+) -> None:
+    """The run id names one live run: another process starting it meanwhile is refused
+    with an error that says so, and the owner's run goes on unaffected."""
+    call = testing.tool_call(transfer, amount=31)
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    seen = []
+    async with hooks.run(
+        ai.Agent(tools=[transfer]), testing.FakeModel(script(call)),
+        [ai.user_message("pay 1200")], run_id=run_id,
+    ) as s:  # fmt: skip
+        async for event in s:
+            seen.append(event)
+            if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
+                out = json.loads(
+                    await other_process("run", nats_url, agent_id, run_id, "31", call.tool_call_id)
+                )
+                assert out["error"] == "RunInProgressError", out
+                assert run_id in out["message"] and "another process" in out["message"]
+                record, _ = await observer.suspensions.get(event.hook.hook_id)  # type: ignore[misc]
+                assert (record.status, record.owner) == ("pending", hooks.suspensions.waiter_id)
+                await observer.approve(event.hook, "Allow", approver="alice")
+    assert statuses(seen) == ["pending", "resolved"]
+    assert TRANSFERS == [31]
+    assert tool_results(s.messages) == ["sent 31"]
+
+
 @pytest.fixture
 def secured(tmp_path: Path) -> Any:
     """A secured server (``hookbus auth init`` with the embedded agent ``payments`` and the
@@ -527,7 +572,8 @@ async def test_an_embedded_agent_on_a_secured_server_opens_with_the_defaults(
 
 async def test_public_api() -> None:
     assert set(hb_ai.__all__) == {
-        "AI_METADATA_KEY", "APPROVAL_LABEL_PREFIX", "HookbusHooks", "abort_pending_hook",
+        "AI_METADATA_KEY", "APPROVAL_LABEL_PREFIX", "HookbusHooks", "RunInProgressError",
+        "abort_pending_hook",
         "ai_hook_part", "cancel_hook", "current_hooks", "defer_hook", "hook",
         "is_tool_approval", "resolve_hook", "use_hooks",
     }  # fmt: skip

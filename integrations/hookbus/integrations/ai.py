@@ -110,12 +110,14 @@ from nats.js.errors import KeyNotFoundError
 from hookbus.dispatcher import AnswerNotAppliedError, Suspensions
 from hookbus.dispatcher._kv import kv_retry
 from hookbus.dispatcher._proofs import first_proof, write_proof
+from hookbus.dispatcher._run_scopes import current_run_scope
 from hookbus.dispatcher._suspension_events import payload_schema
 from hookbus.dispatcher._tasks import stop_task
 from hookbus.schemas import (
     APPROVAL_DEFAULT_OPTIONS,
     AlreadySettledError,
     ApprovalAnswer,
+    DuplicateSuspensionError,
     HookbusError,
     HookEvent,
     HookPart,
@@ -131,6 +133,7 @@ __all__ = [
     "AI_METADATA_KEY",
     "APPROVAL_LABEL_PREFIX",
     "HookbusHooks",
+    "RunInProgressError",
     "abort_pending_hook",
     "ai_hook_part",
     "cancel_hook",
@@ -169,6 +172,12 @@ _ABORT_DEADLINE_S = 15.0
 HookTarget = str | ai_messages.HookPart[Any] | HookPart
 """A hook as the functions here take it: its label, ``ai``'s ``HookPart`` (whose
 ``hook_id`` is the label) or hookbus's `HookPart` (its ``label``)."""
+
+
+class RunInProgressError(DuplicateSuspensionError):
+    """Another live process runs this run id: it waits on one of the run's hooks and its
+    waiter lease lives. Its run is left alone; a process that died gives the run up when
+    its lease lapses (about 15 s)."""
 
 
 def _label(target: HookTarget) -> str:
@@ -318,14 +327,49 @@ class HookbusHooks(ai_middleware._Middleware):
         later run. Resume with the run's saved messages (``stream.messages``) and the same
         `run_id`, in any process. Within the block, the module functions (`hook`,
         `resolve_hook`, ...) use these hooks.
+
+        A run id is one live run: while another process waits on one of its hooks (its
+        waiter lease alive), starting it here raises `RunInProgressError` (before the agent
+        runs, or at the hook) and that process's run goes on unaffected. A process that
+        was killed holds its hooks until its lease lapses (about 15 s); then resume.
         """
         middleware = [self, *(kwargs.pop("_middleware", None) or [])]
+        if run_id is not None:
+            await self._refuse_a_live_run(run_id)
         async with self.suspensions.run(run_id):
             with use_hooks(self):
-                async with agent.run(
-                    model, list(messages), _middleware=middleware, **kwargs
-                ) as stream:
-                    yield stream
+                try:
+                    async with agent.run(
+                        model, list(messages), _middleware=middleware, **kwargs
+                    ) as stream:
+                        yield stream
+                except BaseExceptionGroup as group:  # ai's task group: say it plainly
+                    refused = group.subgroup(RunInProgressError)
+                    if refused is None:
+                        raise
+                    while isinstance(refused, BaseExceptionGroup):
+                        refused = refused.exceptions[0]
+                    raise refused from None
+
+    async def _live_owner(self, record: Any, run_id: str) -> str | None:
+        """The waiter id of another live process that waits on `record` for the run
+        `run_id`, else None."""
+        store = self.suspensions
+        if record.status != "pending" or not record.attached or record.run_id != run_id:
+            return None
+        if record.agent_id != store.agent_id:
+            return None
+        if not record.owner or record.owner == store.waiter_id:
+            return None
+        leases = await store._lease()
+        return record.owner if await leases.alive(record.owner) else None
+
+    async def _refuse_a_live_run(self, run_id: str) -> None:
+        """Raise `RunInProgressError` if another live process waits on a hook of `run_id`."""
+        for record in await self.suspensions.list(status="pending"):
+            owner = await self._live_owner(record, run_id)
+            if owner is not None:
+                raise _run_in_progress(run_id, record.label, owner)
 
     async def wrap_hook(self, call: Any, next: Any) -> pydantic.BaseModel:
         """``ai``'s middleware entry: every ``ai.hook(...)`` of a run this middleware is
@@ -638,6 +682,12 @@ class HookbusHooks(ai_middleware._Middleware):
             **metadata,
             AI_METADATA_KEY: {"hook_type": payload.__name__, "tool_call_id": tool_call_id},
         }
+        run = current_run_scope.get()
+        if run is not None:  # never take a hook over from a live process running this run
+            found = await self.suspensions.get(label)
+            owner = None if found is None else await self._live_owner(found[0], run.run_id)
+            if owner is not None:
+                raise _run_in_progress(run.run_id, label, owner)
         approval = is_tool_approval(label, payload)
         if approval:  # a proof written before the hook: pre-registered, taken at once
             try:
@@ -788,6 +838,14 @@ class HookbusHooks(ai_middleware._Middleware):
                 part.model_copy(update={"status": "resolved", "resolution": resolution})
             )
         return value
+
+
+def _run_in_progress(run_id: str, label: str, owner: str) -> RunInProgressError:
+    return RunInProgressError(
+        f"run {run_id!r} is live in another process (waiter {owner}, waiting on hook"
+        f" {label!r}): not started here. If that process died, resume once its lease lapses"
+        " (about 15 s)"
+    )
 
 
 def _runtime() -> ai_runtime.Runtime | None:
