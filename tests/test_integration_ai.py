@@ -145,6 +145,19 @@ async def _main(argv: list[str]) -> int:
                             await hooks.approve(event.hook, answer[0], approver="alice")
             out = {"statuses": statuses, "results": tool_results(s.messages)}
             print(json.dumps({**out, "transfers": TRANSFERS}))
+        elif command == "serve":  # run until killed; at pending, save what resumes it
+            run_id, amount, path = rest
+            call = testing.tool_call(transfer, amount=int(amount))
+            async with hooks.run(
+                ai.Agent(tools=[transfer]), testing.FakeModel(script(call)),
+                [ai.user_message("pay 1200")], run_id=run_id,
+            ) as s:  # fmt: skip
+                async for event in s:
+                    if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
+                        saved = MESSAGES.dump_json(hooks.resumable_messages(s))
+                        await asyncio.to_thread(Path(path).write_bytes, saved)
+                        print(json.dumps({"label": event.hook.hook_id}), flush=True)
+                        await asyncio.sleep(3600)
         elif command == "run":
             run_id, amount, call_id = rest
             call = testing.tool_call(transfer, amount=int(amount))
@@ -153,7 +166,7 @@ async def _main(argv: list[str]) -> int:
             statuses = []
             try:
                 async with hooks.run(
-                    ai.Agent(tools=[transfer]), model, [ai.user_message("pay")], run_id=run_id
+                    ai.Agent(tools=[transfer]), model, [ai.user_message("pay 1200")], run_id=run_id
                 ) as s:
                     async for event in s:
                         if isinstance(event, ai.events.HookEvent):
@@ -526,6 +539,45 @@ async def test_a_second_process_with_the_same_run_id_is_refused_while_the_owner_
     assert statuses(seen) == ["pending", "resolved"]
     assert TRANSFERS == [31]
     assert tool_results(s.messages) == ["sent 31"]
+
+
+async def test_a_killed_process_resumes_from_what_it_saved_at_the_pending_event(
+    observer: HookbusHooks, nats_url: str, agent_id: str, tmp_path: Path
+) -> None:
+    """At the pending event the process saves `resumable_messages` (the assistant turn with
+    the tool call it waits on included) and is SIGKILLed; an approver answers meanwhile;
+    a new process resumes from the saved messages and the tool runs once."""
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    saved = tmp_path / "messages.json"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(HERE), "serve", nats_url, agent_id, run_id, "41", str(saved),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), PROCESS_TIMEOUT_S)  # type: ignore[union-attr]
+        assert line, (await proc.stderr.read()).decode()  # type: ignore[union-attr]
+        label = json.loads(line)["label"]
+    finally:
+        proc.kill()
+        await proc.wait()
+    messages = MESSAGES.validate_json(saved.read_bytes())
+    assert [m.role for m in messages] == ["user", "assistant"]
+    assert [c.tool_call_id for c in messages[1].tool_calls] == [label.removeprefix("approve_")]
+    with pytest.raises(AnswerNotAppliedError):  # nobody waits: applied at the resume
+        await observer.approve(label, "Allow", approver="alice", wait_s=0.2)
+    # the killed process's hooks are its own until its lease lapses
+    record, _ = await observer.suspensions.get(label)  # type: ignore[misc]
+    leases = await observer.suspensions._lease()
+    async with asyncio.timeout(40):
+        for _ in range(200):  # the lease's max age is 15 s
+            if not await leases.alive(record.owner):
+                break
+            await asyncio.sleep(0.5)
+    out = json.loads(await other_process("resume", nats_url, agent_id, run_id, str(saved)))
+    assert out["transfers"] == [41]
+    assert out["results"] == ["sent 41"]
+    assert out["statuses"] == []  # the stored answer returned at once
+    assert await observer.suspensions.get(label) is None
 
 
 @pytest.fixture

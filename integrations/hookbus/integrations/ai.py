@@ -57,6 +57,9 @@ How each ``ai`` behaviour maps onto hookbus:
   Resume anywhere later: run the agent again on the saved messages (``stream.messages``)
   with `HookbusHooks.run`; the deferred tool call is replayed and its ``ai.hook`` gets the
   resolution stored meanwhile, or waits again.
+- kill (the process dies while a hook waits): at each ``pending`` event persist
+  `HookbusHooks.resumable_messages` (``stream.messages`` lacks the assistant turn with
+  the tool call until the turn's tools finish); resume from those messages as above.
 - ``ai.resolve_hook`` / ``ai.cancel_hook`` / ``ai.defer_hook`` on the run's registry from
   the consumer's ``async with`` block still work: a live hook is also listed in the
   ``ai`` registry, and what they do is carried to the record.
@@ -262,6 +265,7 @@ class HookbusHooks(ai_middleware._Middleware):
         self._owned = False
         self._waits: dict[str, _Wait] = {}
         self._stashed: dict[str, BaseException] = {}
+        self._turns: dict[int, ai_messages.Message] = {}  # run context id -> model's turn
 
     @classmethod
     async def open(
@@ -370,6 +374,44 @@ class HookbusHooks(ai_middleware._Middleware):
             owner = await self._live_owner(record, run_id)
             if owner is not None:
                 raise _run_in_progress(run_id, record.label, owner)
+
+    async def wrap_agent_run(self, call: Any, next: Any) -> AsyncIterator[Any]:
+        """``ai``'s middleware entry for the run: notes the assistant turn the model is
+        giving (each model event carries it), for `resumable_messages`."""
+        key = id(call)
+        try:
+            async with contextlib.aclosing(next(call)) as events:
+                async for event in events:
+                    message = getattr(event, "message", None)
+                    if isinstance(event, ai_events.ModelEvent) and isinstance(
+                        message, ai_messages.Message
+                    ):
+                        self._turns[key] = message
+                    yield event
+        finally:
+            self._turns.pop(key, None)
+
+    def resumable_messages(self, stream: Any) -> list[ai_messages.Message]:
+        """What to persist so that a killed process's run can resume: ``stream.messages``
+        plus the assistant turn whose tool calls are running (``ai`` adds that turn to
+        ``stream.messages`` only once all its tool calls have finished, so at a ``pending``
+        ``HookEvent`` ``stream.messages`` lacks the tool call being asked about).
+
+        Save it at each ``pending`` ``HookEvent`` of `stream` (a run of `run`), before
+        the process may die; once the run has ended, ``stream.messages`` is complete and
+        this returns it. Resume with `run` on the saved messages and the same run id: the
+        assistant turn is replayed (``ai`` marks it ``replay``), so its tool calls run
+        again, each asking its hook again, which returns the answer stored meanwhile.
+        Results of the turn's other tool calls that finished before the save are not in
+        it: those tools run again on resume.
+        """
+        messages = list(stream.messages)
+        turn = self._turns.get(id(stream.context))
+        if turn is None or not turn.tool_calls:
+            return messages
+        if any(m is turn or m.id == turn.id for m in messages):
+            return messages
+        return [*messages, turn]
 
     async def wrap_hook(self, call: Any, next: Any) -> pydantic.BaseModel:
         """``ai``'s middleware entry: every ``ai.hook(...)`` of a run this middleware is
