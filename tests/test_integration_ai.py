@@ -163,6 +163,7 @@ async def _main(argv: list[str]) -> int:
             call = testing.tool_call(transfer, amount=int(amount))
             call = call.model_copy(update={"tool_call_id": call_id})
             model = testing.FakeModel(script(call))
+            hooks.timeout_s = 10.0
             statuses = []
             try:
                 async with hooks.run(
@@ -174,7 +175,8 @@ async def _main(argv: list[str]) -> int:
             except Exception as exc:
                 print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
                 return 0
-            print(json.dumps({"statuses": statuses, "transfers": TRANSFERS}))
+            out = {"statuses": statuses, "results": tool_results(s.messages)}
+            print(json.dumps({**out, "transfers": TRANSFERS}))
         else:
             raise SystemExit(f"unknown command {command!r}")
         return 0
@@ -578,6 +580,41 @@ async def test_a_killed_process_resumes_from_what_it_saved_at_the_pending_event(
     assert out["results"] == ["sent 41"]
     assert out["statuses"] == []  # the stored answer returned at once
     assert await observer.suspensions.get(label) is None
+
+
+async def test_a_resumed_run_whose_model_re_asks_with_a_new_tool_call_id_keeps_the_answer(
+    hooks: HookbusHooks, observer: HookbusHooks, nats_url: str, agent_id: str
+) -> None:
+    """Real models give a re-asked turn new tool call ids: the approval of the same tool with
+    the same arguments earlier in the run decides it, with the answer given meanwhile."""
+    call = testing.tool_call(transfer, amount=51)
+    label = f"approve_{call.tool_call_id}"
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    async with hooks.run(
+        ai.Agent(tools=[transfer]), testing.FakeModel(script(call)),
+        [ai.user_message("pay 1200")], run_id=run_id,
+    ) as s:  # fmt: skip
+        async for event in s:
+            if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
+                hooks.abort_pending_hook(event.hook)
+    # the rule: same run, same tool, same arguments, another tool call id
+    same = {"tool": "transfer", "kwargs": {"amount": 51}}
+    async with hooks.suspensions.run(run_id):
+        assert await hooks._earlier_approval("approve_b", same, "b") == label
+        assert await hooks._earlier_approval(
+            "approve_b", {"tool": "transfer", "kwargs": {"amount": 52}}, "b"
+        ) == "approve_b"  # fmt: skip
+    async with hooks.suspensions.run("another-run"):
+        assert await hooks._earlier_approval("approve_b", same, "b") == "approve_b"
+    with pytest.raises(AnswerNotAppliedError):
+        await observer.approve(label, "Allow", approver="alice", wait_s=0.2)
+    # the resume starts over from the user's message; the model asks with a new id
+    out = json.loads(await other_process("run", nats_url, agent_id, run_id, "51", "call_new"))
+    assert out.get("error") is None, out
+    assert out["transfers"] == [51]
+    assert out["results"] == ["sent 51"]
+    assert out["statuses"] == []  # the stored answer returned at once
+    assert await observer.suspensions.get(label) is None  # consumed, removed by the run's exit
 
 
 @pytest.fixture

@@ -57,6 +57,14 @@ How each ``ai`` behaviour maps onto hookbus:
   Resume anywhere later: run the agent again on the saved messages (``stream.messages``)
   with `HookbusHooks.run`; the deferred tool call is replayed and its ``ai.hook`` gets the
   resolution stored meanwhile, or waits again.
+- a re-asked turn (a model gives the same tool call a new tool call id, as real models do
+  when a run resumes without its assistant turn): within a run, a tool approval whose
+  label has no record is decided by an earlier approval of the same run for the same tool
+  with the same arguments (the approval's metadata, ``{"tool", "kwargs"}``) under another
+  tool call id, if that one is still undecided or its answer unused and no live process
+  waits on it: the hook waits on that label (the ``HookEvent``'s ``hook_id``), so an
+  answer given to it meanwhile decides. Another run, other arguments, or an approval
+  already used are asked anew.
 - kill (the process dies while a hook waits): at each ``pending`` event persist
   `HookbusHooks.resumable_messages` (``stream.messages`` lacks the assistant turn with
   the tool call until the turn's tools finish); resume from those messages as above.
@@ -391,6 +399,42 @@ class HookbusHooks(ai_middleware._Middleware):
         finally:
             self._turns.pop(key, None)
 
+    async def _earlier_approval(
+        self, label: str, metadata: dict[str, Any], tool_call_id: str
+    ) -> str:
+        """The label that decides the tool approval `label`: its own if it has a record,
+        else that of an earlier approval of this run for the same tool with the same
+        arguments (another tool call id: the model re-asked the turn) that is still
+        undecided or whose answer is still unused and that nobody live waits on."""
+        run = current_run_scope.get()
+        if run is None or not metadata.get("tool"):
+            return label
+        store = self.suspensions
+        if await store.get(label) is not None:
+            return label
+        for record in await store.list():
+            extra = record.metadata.get(AI_METADATA_KEY)
+            if record.label == label or record.label in self._waits:
+                continue
+            if record.run_id != run.run_id or record.agent_id != store.agent_id:
+                continue
+            if not isinstance(extra, dict) or extra.get("tool_call_id") in (None, tool_call_id):
+                continue
+            if {k: v for k, v in record.metadata.items() if k != AI_METADATA_KEY} != metadata:
+                continue
+            if record.consumed or record.status == "cancelled":
+                continue
+            if record.status == "pending" and record.attached and record.owner:
+                if record.owner == store.waiter_id or await self._live_owner(record, run.run_id):
+                    continue
+            log.info(
+                "tool approval %r: the same call as %r earlier in run %s (the model re-asked"
+                " it with a new tool call id): decided by that one", label, record.label,
+                run.run_id,
+            )  # fmt: skip
+            return record.label
+        return label
+
     def resumable_messages(self, stream: Any) -> list[ai_messages.Message]:
         """What to persist so that a killed process's run can resume: ``stream.messages``
         plus the assistant turn whose tool calls are running (``ai`` adds that turn to
@@ -418,8 +462,11 @@ class HookbusHooks(ai_middleware._Middleware):
         part of is answered by `hook` (``next``, ``ai``'s in-memory registry, is not
         called)."""
         registry = call.registry or ai_hooks._hook_registry.get(None)
+        label = call.label
+        if call.tool_call_id and is_tool_approval(label, call.payload):
+            label = await self._earlier_approval(label, call.metadata, call.tool_call_id)
         return await self._hook(
-            call.label,
+            label,
             payload=call.payload,
             metadata=call.metadata,
             tool_call_id=call.tool_call_id,
