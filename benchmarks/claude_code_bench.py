@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/claude_code_bench.py            # about 40 s
     .venv/bin/python benchmarks/claude_code_bench.py --runs 15  # fewer samples
+    .venv/bin/python benchmarks/claude_code_bench.py --real-cli # the real CLI's turn, ~2 min
 
 Claude Code spawns the hook command for every hook event, so a tool call waits for one
 process start, one NATS connection and one emit. This measures, in the same run, the
@@ -26,6 +27,17 @@ with ``PYTHONPYCACHEPREFIX`` set to a temporary folder and ``PYTHONDONTWRITEBYTE
 unset, so they measure that without writing into the source tree; one more row runs the
 hook in the caller's environment as it is (with ``PYTHONDONTWRITEBYTECODE=1``, an editable
 install compiles hookbus's own sources at every start).
+
+``--real-cli``: what a tool call costs in the real Claude Code CLI (npm
+``@anthropic-ai/claude-code``, installed as tests/test_claude_code_real.py installs it). One
+headless turn (``claude -p``) against a local fake Anthropic Messages API
+(tests/_claude_cli.py) that asks for one ``Bash`` call (``touch ran``, checked after every
+turn) and then ends the turn, timed from spawn to exit, rows interleaved: no hooks; the
+command door and the HTTP door (``hookbus gateway http``) with the settings
+``hookbus claude-code settings`` writes (every event: SessionStart, UserPromptSubmit,
+PreToolUse, PostToolUse, Stop, SessionEnd run in such a turn); and each door on
+``PreToolUse`` only (``--events PreToolUse``: the hook on the tool call's own path). Each
+row's p50/p95 and its p50's difference to and ratio over the no-hooks row of the same run.
 """
 
 from __future__ import annotations
@@ -168,10 +180,110 @@ def import_figures() -> tuple[float, float]:
     return cumulative, statistics.median(walls) * 1000
 
 
+@contextlib.contextmanager
+def gateway(url: str, logs: Path) -> Iterator[str]:
+    """``hookbus gateway http`` on a free port: its Claude Code URL."""
+    log_path = logs / "gateway.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen([HOOKBUS, "gateway", "http", "--port", "0", "--url", url],
+                                env=ENV, stdout=log, stderr=log)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 30
+            while not (m := re.search(r"hookbus gateway serving (\S+)", log_path.read_text())):
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise SystemExit(f"the gateway did not start:\n{log_path.read_text()}")
+                time.sleep(0.1)
+            yield m.group(1).rstrip("/") + "/claude-code"
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def real_cli(runs: int) -> int:
+    """The ``--real-cli`` rows (see the module docstring)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from _claude_cli import FakeMessagesApi, claude_binary, claude_env, run_claude, trust
+
+    from hookbus.cli import EmbeddedNatsServer
+
+    exe, why = claude_binary()
+    if exe is None:
+        raise SystemExit(f"the real Claude Code CLI is unavailable: {why}")
+    version = subprocess.run([str(exe), "--version"], capture_output=True, text=True,
+                             env={**ENV, "HOME": tempfile.gettempdir()}).stdout.strip()  # fmt: skip
+    rows: dict[str, list[float]] = {}
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        EmbeddedNatsServer() as server,
+        FakeMessagesApi(command="touch ran").serving() as api,
+    ):
+        ENV["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pycache")
+        root = Path(tmp)
+        with services(server.url, root), gateway(server.url, root) as gw:
+            wait_ready(server.url)
+            hook_args = ["--", "--url", server.url]
+            http_args = ["--door", "http", "--url", gw]
+            setups = {
+                "no hooks": None,
+                "command door, every event": hook_args,
+                "HTTP door, every event": http_args,
+                "command door, PreToolUse only": ["--events", "PreToolUse", *hook_args],
+                "HTTP door, PreToolUse only": ["--events", "PreToolUse", *http_args],
+            }
+            home = root / "home"
+            home.mkdir()
+            projects = {}
+            for i, (label, settings_args) in enumerate(setups.items()):
+                project = root / f"project{i}"
+                settings = project / ".claude" / "settings.json"
+                settings.parent.mkdir(parents=True)
+                settings.write_text(json.dumps({"permissions": {"allow": ["Bash"]}}))
+                if settings_args is not None:
+                    subprocess.run([HOOKBUS, "claude-code", "settings", "--merge",
+                                    str(settings), "--write", *settings_args],
+                                   env=ENV, check=True, capture_output=True)  # fmt: skip
+                trust(home, project)
+                projects[label] = project
+            env = claude_env(home, api.url, PYTHONPYCACHEPREFIX=ENV["PYTHONPYCACHEPREFIX"])
+
+            def one(label: str) -> float:
+                sentinel = projects[label] / "ran"
+                sentinel.unlink(missing_ok=True)
+                turn = run_claude(exe, projects[label], env, timeout=120)
+                if turn.code != 0 or not sentinel.exists():
+                    raise SystemExit(
+                        f"{label}: the turn failed (exit {turn.code}, tool ran:"
+                        f" {sentinel.exists()})\n{turn.stdout}\n{turn.stderr}"
+                    )
+                return turn.seconds
+
+            for label in setups:  # warm-up, not counted
+                one(label)
+            for _ in range(runs):  # interleaved, so drift hits every row alike
+                for label in setups:
+                    rows.setdefault(label, []).append(one(label))
+    base = p(rows["no hooks"], 0.5)
+    print(f"{version}: one headless turn with one Bash call, spawn to exit, {runs} runs each")
+    print(f"  {'(ms)':<32} {'p50':>7} {'p95':>7} {'p50 - no hooks':>15} {'p50 / no hooks':>15}")
+    for label, times in rows.items():
+        p50 = p(times, 0.5)
+        print(f"  {label:<32} {p50:7.1f} {p(times, 0.95):7.1f} {p50 - base:+15.1f}"
+              f" {p50 / base:15.2f}")  # fmt: skip
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=30, help="samples per row (default 30)")
+    parser.add_argument(
+        "--real-cli", action="store_true", help="time the real CLI's one-tool-call turn instead"
+    )
     args = parser.parse_args()
+    if args.real_cli:
+        return real_cli(args.runs)
     from hookbus.cli import EmbeddedNatsServer
 
     rows: dict[str, list[float]] = {}

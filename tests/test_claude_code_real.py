@@ -1,0 +1,218 @@
+"""The real Claude Code CLI (npm ``@anthropic-ai/claude-code``, tests/claude_cli/package.json)
+driven headless (``claude -p``) through hookbus's two doors, against a fake Anthropic
+Messages API (`_claude_cli.FakeMessagesApi`) that asks for one ``Bash`` tool call.
+
+The project's ``.claude/settings.json`` is written by ``hookbus claude-code settings
+--merge ... --write`` (plus ``"permissions": {"allow": ["Bash"]}``, so an allowed call runs
+without a prompt). Whether the tool REALLY ran is read from a sentinel file the Bash command
+creates (``touch ran``), never from what the hook printed. Behind the doors: a private
+nats-server, a ``hookbus dispatcher`` process and a ``hookbus worker`` serving
+tests/fixtures/claude_code/policy.py (``rm -rf`` denied, the rest allowed).
+
+Skipped, with the reason, only when node/npm or the CLI's binary is unavailable here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from _claude_cli import FakeMessagesApi, claude_binary, claude_env, run_claude, trust
+
+from hookbus.cli import EmbeddedNatsServer
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "claude_code"
+HOOKBUS = str(Path(sys.executable).with_name("hookbus"))
+DENIED = "rm -rf ./scratch; touch ran"
+ALLOWED = "touch ran"
+# the first test installs the CLI (about 400 MB, once per machine); then each takes seconds
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def claude() -> Path:
+    exe, why = claude_binary()
+    if exe is None:
+        pytest.skip(f"the real Claude Code CLI is unavailable here: {why}")
+    return exe
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def processes(*argvs: list[str], env: dict[str, str], logs: Path) -> Iterator[list[Path]]:
+    procs: list[subprocess.Popen[bytes]] = []
+    paths = []
+    with contextlib.ExitStack() as files:
+        try:
+            for i, argv in enumerate(argvs):
+                path = logs / f"proc{i}.log"
+                paths.append(path)
+                log = files.enter_context(path.open("wb"))
+                procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=log))
+            yield paths
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(5)
+
+
+def wait_for(probe: object, what: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not probe():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not ready within {timeout_s}s: {what}")
+        time.sleep(0.1)
+
+
+ENV = {
+    **{k: v for k, v in os.environ.items() if not k.startswith(("NATS_", "HOOKBUS_"))},
+    "NATS_CONTEXT": "",
+}
+
+
+def denies(url: str) -> bool:
+    """Whether ``hookbus claude-code`` answers an ``rm -rf`` PreToolUse with the worker's deny."""
+    body = json.loads((FIXTURES / "PreToolUse.json").read_text())
+    body["tool_input"] = {**body["tool_input"], "command": "rm -rf /"}
+    done = subprocess.run([HOOKBUS, "claude-code", "--url", url], input=json.dumps(body),
+                          capture_output=True, text=True, timeout=30, env=ENV)  # fmt: skip
+    return "destructive command" in done.stdout
+
+
+@dataclass
+class Bus:
+    nats_url: str
+    gateway_url: str  # .../claude-code
+    seen: Path
+    env: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bus]:
+    """A private server, a dispatcher service, the policy worker and an HTTP gateway."""
+    logs = tmp_path_factory.mktemp("claude-real")
+    seen = logs / "seen.jsonl"
+    with EmbeddedNatsServer() as server:
+        url = server.url
+        env = {**ENV, "HOOKBUS_TEST_SEEN": str(seen)}
+        with processes(
+            [HOOKBUS, "dispatcher", "--url", url, "--grace-period", "1"],
+            [HOOKBUS, "worker", f"{FIXTURES / 'policy.py'}:worker", "--url", url],
+            [HOOKBUS, "gateway", "http", "--port", "0", "--url", url],
+            env=env,
+            logs=logs,
+        ) as paths:
+            wait_for(lambda: denies(url), "tool:pre routed to the policy worker")
+            banner: list[str] = []
+
+            def served() -> bool:
+                m = re.search(r"hookbus gateway serving (\S+)", paths[2].read_text())
+                banner[:] = [m.group(1)] if m else []
+                return bool(m)
+
+            wait_for(served, "the gateway's banner")
+            yield Bus(url, banner[0].rstrip("/") + "/claude-code", seen, env)
+
+
+@dataclass
+class Outcome:
+    ran: bool
+    tool_results: list[str]
+    stdout: str
+    stderr: str
+
+
+def turn(
+    claude: Path, tmp_path: Path, command: str, settings_args: list[str], env: dict[str, str]
+) -> Outcome:
+    """One headless turn whose one tool call is Bash `command`, in a project whose settings
+    ``hookbus claude-code settings SETTINGS_ARGS --merge ... --write`` wrote."""
+    home, project = tmp_path / "home", tmp_path / "project"
+    (project / ".claude").mkdir(parents=True)
+    home.mkdir()
+    settings = project / ".claude" / "settings.json"
+    settings.write_text(json.dumps({"permissions": {"allow": ["Bash"]}}))
+    done = subprocess.run(
+        [HOOKBUS, "claude-code", "settings", "--merge", str(settings), "--write",
+         *settings_args],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    trust(home, project)
+    with FakeMessagesApi(command=command).serving() as api:
+        t = run_claude(claude, project, claude_env(home, api.url), timeout=45)
+    assert t.code == 0, f"claude exit {t.code}\nstdout: {t.stdout}\nstderr: {t.stderr}"
+    assert len(api.tool_results) == 1, (api.tool_results, t.stdout, t.stderr)
+    return Outcome((project / "ran").exists(), api.tool_results, t.stdout, t.stderr)
+
+
+def command_door(url: str) -> list[str]:
+    return ["--", "--url", url, "--timeout", "10"]
+
+
+def http_door(url: str) -> list[str]:
+    return ["--door", "http", "--url", url]
+
+
+@pytest.mark.parametrize("door", ["command", "http"])
+def test_a_denied_tool_call_does_not_run(claude: Path, bus: Bus, tmp_path: Path, door: str) -> None:
+    args = command_door(bus.nats_url) if door == "command" else http_door(bus.gateway_url)
+    out = turn(claude, tmp_path, DENIED, args, bus.env)
+    assert not out.ran, out
+    assert "destructive command" in out.tool_results[0], out
+
+
+@pytest.mark.parametrize("door", ["command", "http"])
+def test_an_allowed_tool_call_runs(claude: Path, bus: Bus, tmp_path: Path, door: str) -> None:
+    args = command_door(bus.nats_url) if door == "command" else http_door(bus.gateway_url)
+    out = turn(claude, tmp_path, ALLOWED, args, bus.env)
+    assert out.ran, out
+    # the policy worker decided it: the hook really ran, with Claude Code's own input
+    seen = [json.loads(x) for x in bus.seen.read_text().splitlines()]
+    pre = [s for s in seen if s["event"] == "tool:pre" and s["data"].get("cwd") ==
+           str((tmp_path / "project").resolve())]  # fmt: skip
+    assert [s["data"]["tool_input"]["command"] for s in pre] == [ALLOWED], seen
+    # every event of the turn reached the worker (SessionStart hooks are commands only)
+    turn_events = [s["event"] for s in seen if s["data"].get("cwd") == pre[0]["data"]["cwd"]]
+    expected = ["prompt:submit", "tool:pre", "tool:post", "claude_code:stop", "session:end"]
+    if door == "command":
+        expected.append("session:start")
+    assert sorted(turn_events) == sorted(expected), turn_events
+
+
+@pytest.mark.parametrize("failure", ["nats-down", "hookbus-missing", "gateway-down"])
+def test_when_hookbus_cannot_answer_the_tool_call_does_not_run(
+    claude: Path, bus: Bus, tmp_path: Path, failure: str
+) -> None:
+    nowhere = free_port()
+    args = {
+        "nats-down": command_door(f"nats://127.0.0.1:{nowhere}"),
+        "hookbus-missing": ["--command", str(tmp_path / "no-such" / "hookbus"),
+                            *command_door(bus.nats_url)],
+        "gateway-down": http_door(f"http://127.0.0.1:{nowhere}/claude-code"),
+    }[failure]  # fmt: skip
+    out = turn(claude, tmp_path, ALLOWED, args, bus.env)
+    assert not out.ran, out
+    # why, in Claude Code's words: the door's fallback, or Claude Code's onFailure block
+    why = "hookbus unavailable" if failure == "nats-down" else "blocking because onFailure"
+    assert why in out.tool_results[0], out
