@@ -410,6 +410,103 @@ async def test_the_event_stream_delivers_a_pending_approval_within_a_second(
             assert r.status_code == 409  # already answered
 
 
+REASON = (  # 300 characters: words, then one long unbroken token
+    "denied by security_policy: the command writes outside the workspace and pipes a remote"
+    " script into a shell; the policy allows network access only to the package mirror,"
+    " never runs downloaded code without review: ask the admins "
+    "sha256=9f2c4e7a1b3d5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9"
+)
+assert len(REASON) == 300
+
+
+def _tables_fixture(now: float) -> dict[str, Any]:
+    """What the console's list endpoints answer in `test_the_tables_stay_readable_...`."""
+    decision = {
+        "id": "d1", "emit_id": "e1", "time": now - 5, "agent_id": "agent-7",
+        "session_id": "session-9f8e7d6c5b4a", "event": "tool:pre", "tool_name": "bash",
+        "action": "deny", "decided_by": "security_policy", "approver": None, "reason": REASON,
+    }  # fmt: skip
+    grant = {
+        "key": "agent-7.session-9f8e7d6c5b4a.tool=3Apre.gate.bash", "agent_id": "agent-7",
+        "session_id": "session-9f8e7d6c5b4a", "event": "tool:pre", "handler": "console_gate",
+        "tool": "bash", "granted_at": now - 60, "label": "approval:7c1d0e5f",
+    }  # fmt: skip
+    handler = {
+        "event": "tool:pre", "priority": 10, "name": "security_policy",
+        "tool_filter": ["bash", "shell*"], "failure_policy": "deny", "timeout_s": 2.0,
+        "required": True, "declared": True, "replicas": [{"service_id": "x"}], "last_seen": now,
+    }  # fmt: skip
+    return {
+        "/api/decisions": {"records": [decision], "available": True},
+        "/api/grants": {"grants": [grant]},
+        "/api/handlers": {"handlers": [handler], "rejected": {}, "live_only": []},
+        "/api/approvals": {"approvals": [], "now": now, "skipped": 0},
+    }
+
+
+async def test_the_tables_stay_readable_with_a_long_reason_on_a_desktop_and_a_phone(
+    connect: Connect, page: Page, artifacts: Path
+) -> None:
+    """A decision with a 300-character reason: at 1280x800 every header stays on one line
+    (no word broken letter by letter), the reason column keeps room and the page does not
+    scroll sideways; at 390x844 (a phone) the rows are cards within the page, the reason
+    as wide as the card allows. The lists are fixed (routed), so the layout is."""
+    fixed = _tables_fixture(time.time())
+
+    async def answer(route: Any) -> None:
+        path = "/" + route.request.url.split("/", 3)[3].split("?")[0]
+        await route.fulfill(status=200, content_type="application/json", json=fixed[path])
+
+    for path in fixed:
+        await page.route(f"**{path}*", answer)
+    measure = """(table) => {
+      const t = document.getElementById(table);
+      const line = (el) => parseFloat(getComputedStyle(el).lineHeight);
+      const box = (el) => el.getBoundingClientRect();
+      return {
+        headers: [...t.tHead.rows[0].cells].map((th) => [th.textContent,
+          box(th).height - parseFloat(getComputedStyle(th).paddingTop)
+          - parseFloat(getComputedStyle(th).paddingBottom), line(th)]),
+        cells: [...t.tBodies[0].rows[0].cells].map((td) => [td.dataset.label || "",
+          box(td).left, box(td).right, box(td).width]),
+        reason: t.tBodies[0].rows[0].cells[8] && box(t.tBodies[0].rows[0].cells[8]).width,
+        page: [document.documentElement.scrollWidth, document.documentElement.clientWidth],
+      };
+    }"""
+    async with served_console(connect) as url:
+        await page.set_viewport_size({"width": 1280, "height": 800})
+        await sign_in(page, url, approver="alice")
+        await expect(page.locator("#decisions td.reason")).to_have_text(REASON)
+        await expect(page.locator("#grants tbody tr")).to_have_count(1)
+        await expect(page.locator("#handlers td.replicas")).to_have_text("1")
+        for table in ("decisions", "grants", "handlers"):
+            got = await page.evaluate(measure, table)
+            for text, height, line in got["headers"]:
+                assert height <= 1.5 * line, f"{table} header {text!r} wraps: {height} px"
+            scroll, width = got["page"]
+            assert scroll <= width, f"the page scrolls sideways at 1280 px: {scroll} > {width}"
+        got = await page.evaluate(measure, "decisions")
+        assert got["reason"] >= 300, f"the reason column is {got['reason']} px wide"
+        for label, _, _, cell_width in got["cells"][:8]:  # no other column squeezed to letters
+            assert cell_width >= 40, (label, cell_width)
+        await page.screenshot(path=str(artifacts / "console-tables-1280.png"), full_page=True)
+
+        await page.set_viewport_size({"width": 390, "height": 844})
+        await expect(page.locator("#decisions thead")).to_be_hidden()  # rows as cards
+        for table in ("decisions", "grants", "handlers"):
+            got = await page.evaluate(measure, table)
+            scroll, width = got["page"]
+            assert scroll <= width == 390, f"the page scrolls sideways at 390 px ({table})"
+            for label, left, right, _ in got["cells"]:
+                assert 0 <= left and right <= 390, f"{table} cell {label!r}: {left}..{right}"
+        got = await page.evaluate(measure, "decisions")
+        assert got["cells"][8][0] == "reason"  # each card line names its column
+        assert got["reason"] >= 300, f"the reason is {got['reason']} px wide on a phone"
+        reason_box = await page.locator("#decisions td.reason").bounding_box()
+        assert reason_box is not None and reason_box["height"] < 400  # wrapped by words
+        await page.screenshot(path=str(artifacts / "console-tables-390.png"), full_page=True)
+
+
 async def test_an_approver_bound_to_the_token_is_who_answers(
     connect: Connect, scene: Scene
 ) -> None:
@@ -513,6 +610,80 @@ async def test_on_a_secured_server_with_an_approvers_own_credentials(
             await conn.close()
         server.stop()
     assert done[0].action == "continue" and done[0].approved_by == "alice"
+
+
+async def test_on_a_secured_server_the_handlers_view_counts_the_live_workers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`hookbus auth init` identities: the console, connected as approver alice, sees the
+    worker's live replica (its liveness ping is within the approver's grants); the worker
+    identity, restarted with another timeout while a replica is live, is refused (one live)
+    and, once that one stopped, takes its declaration over (its own ping is within the
+    worker's grants: its own service answers it)."""
+    from hookbus.schemas import HandlerConflictError
+
+    out = tmp_path / "auth"
+    result = CliRunner().invoke(cli, [
+        "auth", "init", "--out", str(out), "--worker", f"gate:{TOOL_PRE}/console_gate",
+        "--approver", "alice",
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    setup = load_setup(out)
+    conns: list[NATS] = []
+
+    async def connect_as(role: str, name: str) -> NATS:
+        who = setup.find(DEFAULT_TENANT, role, name)
+        assert who is not None
+        conns.append(await nats.connect(
+            server.url, nkeys_seed=str(who.seed_path(out)), allow_reconnect=False,
+            inbox_prefix=inbox_prefix(who.public_key), connect_timeout=5,
+            tls=auth_ssl_context(out),
+        ))  # fmt: skip
+        return conns[-1]
+
+    def gate(timeout_s: float, conn: NATS) -> HookWorker:
+        w = HookWorker(conn)
+
+        @w.handler(TOOL_PRE, name="console_gate", failure_policy="deny", timeout_s=timeout_s)
+        async def console_gate(ev: str, data: dict[str, Any]) -> HookResult:
+            return HookResult(action="continue")
+
+        return w
+
+    async def replicas(client: httpx.AsyncClient) -> list[int]:
+        r = await client.get("/api/handlers")
+        assert r.status_code == 200, r.text
+        return [len(h["replicas"]) for h in r.json()["handlers"] if h["name"] == "console_gate"]
+
+    server = EmbeddedNatsServer(out / "run", config=out / "server.conf", port=-1)
+    server.start()
+    try:
+        await provision(await connect_as("admin", "admin"))
+        alice = setup.find(DEFAULT_TENANT, "approver", "alice")
+        assert alice is not None
+        async with (
+            ConsoleProcess(server.url, "--nkey", str(alice.seed_path(out)),
+                           "--approver", "alice") as console,
+            signed_in_client(console.url, approver="alice") as client,
+        ):  # fmt: skip
+            async with gate(5.0, await connect_as("worker", "gate")):
+                assert await replicas(client) == [1]
+                restarted = gate(9.0, await connect_as("worker", "gate"))
+                with pytest.raises(HandlerConflictError, match=r"1 replica\(s\) of it live now"):
+                    await restarted.start()
+                await restarted.shutdown()
+            assert await replicas(client) == [0]
+            caplog.set_level("WARNING", logger="hookbus.workers")
+            async with gate(9.0, await connect_as("worker", "gate")):
+                assert "timeout_s: live 5.0, declared 9.0" in caplog.text
+                assert "taking over handler console_gate" in caplog.text
+                listed = (await client.get("/api/handlers")).json()["handlers"]
+                mine = [h for h in listed if h["name"] == "console_gate"]
+                assert [(h["timeout_s"], len(h["replicas"])) for h in mine] == [(9.0, 1)]
+    finally:
+        for conn in conns:
+            await conn.close()
+        server.stop()
 
 
 def test_the_cli_refuses_bad_options(nats_url: str) -> None:

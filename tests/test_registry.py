@@ -343,6 +343,50 @@ async def test_replica_with_identical_settings_and_explicit_replace(
             assert json.loads(entry.value)["failure_policy"] == "deny"
 
 
+async def test_a_stopped_workers_declaration_is_taken_over_but_a_live_ones_is_not(
+    nc: NATS, connect: Connect, event: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker restarted with one setting changed: refused while a replica of the old
+    declaration is live (the message says how many, and what would change), taken over
+    with a WARNING naming each difference once none is."""
+    from hookbus.schemas import HandlerConflictError
+    from hookbus.workers import HookWorker
+
+    old = {"name": "security", **SECURITY, "timeout_s": 2.0}
+    new = {"name": "security", **SECURITY, "timeout_s": 7.5, "failure_policy": "ignore"}
+    async with serving(await connect(), (event, allow, old)):
+        restarted = HookWorker(await connect())
+        restarted.add_handler(event, allow, **new)
+        with pytest.raises(HandlerConflictError) as caught:
+            await restarted.start()
+        message = str(caught.value)
+        assert "1 replica(s) of it live now" in message and "--replace" in message
+        assert "failure_policy: live 'deny', declared 'ignore'" in message
+        assert "timeout_s: live 2.0, declared 7.5" in message
+        await restarted.shutdown()
+    entry = await (await bucket(nc)).get(handler_key(event, "security"))
+    assert (json.loads(entry.value)["timeout_s"], json.loads(entry.value)["failure_policy"]) == (
+        2.0,
+        "deny",
+    )
+
+    caplog.set_level("WARNING", logger="hookbus.workers")
+    restarted = HookWorker(await connect())  # the old worker stopped: none live
+    restarted.add_handler(event, allow, **new)
+    async with restarted:
+        entry = await (await bucket(nc)).get(handler_key(event, "security"))
+        live = json.loads(entry.value)
+        assert (live["timeout_s"], live.get("failure_policy", "ignore")) == (7.5, "ignore")
+        async with HookDispatcher(await connect()) as d:
+            await until(lambda: d._table.routes(event)[0].timeout_s == 7.5, "taken over")
+            assert (await d.emit(event, {})).action == "continue"
+    warned = [r.getMessage() for r in caplog.records if "taking over handler" in r.getMessage()]
+    assert len(warned) == 1, caplog.text
+    assert "no replica of it live" in warned[0]
+    assert "failure_policy: live 'deny', declared 'ignore'" in warned[0]
+    assert "timeout_s: live 2.0, declared 7.5" in warned[0]
+
+
 async def test_two_racing_workers_cannot_both_win(connect: Connect, event: str) -> None:
     from hookbus.schemas import HandlerConflictError
     from hookbus.workers import HookWorker

@@ -26,10 +26,12 @@ Roles (one user per identity):
                     records its own decisions, reads its own grants; it may not ask for
                     approvals
 ``worker``          serves exactly its (event, handler) pairs: their queue groups, chain
-                    requests of its handler set on those events, their declarations
+                    requests of its handler set on those events, their declarations; pings
+                    the workers' liveness (is a differing declaration's handler served)
 ``dispatcher``      the service, the decider: answers every agent's emits, calls every
                     handler, writes suspension and approval records and grants
-``approver``        reads approvals and suspensions, writes only its own answer proofs
+``approver``        reads approvals and suspensions, writes only its own answer proofs;
+                    pings the services' liveness (read-only ``$SRV`` PING / INFO / STATS)
 ``auditor``         reads the decision audit stream, nothing else
 ==================  ============================================================
 
@@ -405,7 +407,16 @@ def _worker(
     return RolePermissions(
         role="worker",
         name=name,
-        publish_grants=(*declare, _js_info(), _kv_open(HANDLERS_BUCKET)),
+        publish_grants=(
+            *declare,
+            _js_info(),
+            _kv_open(HANDLERS_BUCKET),
+            Grant(
+                f"$SRV.PING.{WORKER_SERVICE_NAME}",
+                "liveness ping of the workers: a declaration with other settings is taken"
+                " over only when no replica of its handler is live",
+            ),
+        ),
         subscribe_grants=(_inbox(public_key), *serve, *srv),
         allow_responses=ResponsePermission(
             max_msgs=2 * per_event - 1,
@@ -492,6 +503,7 @@ def _approver(pt: str, public_key: str | None) -> RolePermissions:
             _kv_put(LEASES_BUCKET, "w.*", "its waiter lease (`w.<id>`)"),
             _kv_open(LEASES_BUCKET),
             _get(LEASES_BUCKET, "w.*", "waiter leases"),
+            *_srv_requests(),
         ),
         subscribe_grants=(
             _inbox(public_key),
@@ -505,7 +517,8 @@ def _approver(pt: str, public_key: str | None) -> RolePermissions:
 def approver(name: str, *, public_key: str | None = None) -> RolePermissions:
     """A human or approval UI: reads every approval, suspension and grant, and writes only
     its own answer proofs (the decider resolves the approval from the first proof and
-    writes any grant).
+    writes any grant); it may ping the services API (``$SRV`` PING / INFO / STATS, read
+    only), so that an approval UI shows the handlers' live replicas.
 
     Raises:
         BadRequestError: `name` is empty.

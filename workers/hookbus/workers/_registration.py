@@ -7,8 +7,13 @@ both win:
 - the same declaration (another replica of this handler): written again at the revision
   read (each replica's start shows as a put in a watch; nothing changes);
 - another declaration (priority, filter, policy, timeout, parallel or retry_safe differ):
-  refused with `HandlerConflictError` naming each difference, unless the handler is declared
-  with ``replace=True``; then it is overwritten at the revision read;
+  with ``replace=True`` overwritten at the revision read; else the workers' liveness is
+  pinged (``$SRV.PING.hookbus-worker``): when no other worker process serves that handler
+  now (its workers stopped: a restart with one setting changed), it is taken over with a
+  WARNING naming each difference (the failure policy decides fail-open or fail-closed);
+  when some do, or the ping cannot tell (this process's own service did not answer it, e.g.
+  the identity may not ping), it is refused with `HandlerConflictError` naming each
+  difference and how many replicas are live;
 - a record that does not validate: overwritten at the revision read (logged).
 
 During a JetStream leader election (4-6 s on a cluster) the bucket API answers 503, no
@@ -18,7 +23,9 @@ retried blindly: the loop re-reads the key and finds its own declaration.
 
 Liveness: every worker process runs a service of the NATS services API (``nats.micro``,
 name `WORKER_SERVICE_NAME`) whose ``handlers`` metadata lists the handler keys it serves;
-``$SRV.PING.hookbus-worker`` reaches every live replica (see `hookbus handlers`).
+``$SRV.PING.hookbus-worker`` reaches every live replica (see `hookbus handlers`). A worker
+starts its service before it declares: two workers racing with different settings then see
+each other (the one that lost the compare-and-set finds the winner live and is refused).
 """
 
 from __future__ import annotations
@@ -26,13 +33,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.metadata
+import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import TypeVar
 
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 from nats.micro import add_service
 from nats.micro.service import Service, ServiceConfig
@@ -58,10 +68,12 @@ from hookbus.schemas import (
     format_served_handlers,
     handler_key,
     handlers_bucket_config,
+    parse_served_handlers,
 )
 from hookbus.schemas._nats_guard import bucket_refusal, harden_connection
 
 __all__ = [
+    "LivenessProbe",
     "declare_handlers",
     "flush_subscriptions",
     "is_transient",
@@ -88,7 +100,7 @@ def is_transient(exc: BaseException) -> bool:
     client reconnects): a timeout, no responders, no stream response, a 503 API error."""
     if isinstance(exc, _TRANSIENT):
         return True
-    return isinstance(exc, nats.js.errors.APIError) and exc.code == 503
+    return isinstance(exc, nats.js.errors.APIError) and getattr(exc, "code", None) == 503
 
 
 async def _retrying(op: Callable[[], Awaitable[T]], *, deadline: float, what: str) -> T:
@@ -182,7 +194,58 @@ async def open_registry(nc: NATS, *, replicas: int = 1, deadline_s: float = 30.0
         raise bucket_refusal(config.bucket, exc) from exc
 
 
-async def _declare_one(kv: KeyValue, decl: HandlerDeclaration, replace: bool) -> None:
+LIVENESS_PING_S = 1.0
+"""How long a worker gathers the answers to its liveness ping before taking over a
+declaration with other settings, seconds."""
+
+
+@dataclass
+class LivenessProbe:
+    """Which other worker processes serve a handler now: one ``$SRV.PING.hookbus-worker``
+    scatter on `nc`, answers gathered for `timeout_s` seconds, this process's own service
+    (`own_id`) left out. The answer is trusted only when `own_id` answered too: a refused
+    or lost ping (no answer at all) cannot tell "none live"."""
+
+    nc: NATS
+    own_id: str
+    timeout_s: float = LIVENESS_PING_S
+
+    async def others_serving(self, event: str, name: str) -> int | None:
+        """How many other live worker processes serve ``(event, name)``; None when the
+        ping cannot tell (this process's own service did not answer it)."""
+        answers: list[bytes] = []
+        inbox = self.nc.new_inbox()
+
+        async def on_reply(msg: Msg) -> None:
+            answers.append(msg.data)
+
+        sub = await self.nc.subscribe(inbox, cb=on_reply)
+        try:
+            await self.nc.publish(f"$SRV.PING.{WORKER_SERVICE_NAME}", b"", reply=inbox)
+            await self.nc.flush()
+            await asyncio.sleep(self.timeout_s)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        own, others = False, set()
+        for data in list(answers):
+            try:
+                body = json.loads(data)
+                service_id = str(body["id"])
+                metadata = body.get("metadata") or {}
+                served = parse_served_handlers(metadata.get("handlers"))
+            except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+                continue
+            if service_id == self.own_id:
+                own = True
+            elif (event, name) in served:
+                others.add(service_id)
+        return len(others) if own else None
+
+
+async def _declare_one(
+    kv: KeyValue, decl: HandlerDeclaration, replace: bool, probe: LivenessProbe | None = None
+) -> None:
     key = handler_key(decl.event, decl.name)
     value = encode(decl)
     for _ in range(100):  # each turn lost a race to another writer: bounded
@@ -194,6 +257,10 @@ async def _declare_one(kv: KeyValue, decl: HandlerDeclaration, replace: bool) ->
                 return
             except nats.js.errors.KeyWrongLastSequenceError:
                 continue  # someone else declared it meanwhile: compare with theirs
+            except nats.js.errors.KeyNotFoundError as exc:
+                # the stream refused "absent" yet a read finds nothing: the replica read is
+                # behind its leader (JetStream without quorum); retried with backoff
+                raise TimeoutError(f"the registry's replicas disagree on {key!r}") from exc
         try:
             live: HandlerDeclaration | None = check_declaration(key, entry.value)
         except BadRequestError as exc:
@@ -202,13 +269,29 @@ async def _declare_one(kv: KeyValue, decl: HandlerDeclaration, replace: bool) ->
         if live is not None:
             differences = declaration_differences(live, decl)
             if differences and not replace:
-                raise HandlerConflictError(
-                    f"handler {decl.name!r} of {decl.event!r} is already declared with other"
-                    f" settings ({'; '.join(differences)}); declare it with replace=True"
-                    " (hookbus worker --replace) to take the name over"
+                serving = None
+                if probe is not None:
+                    serving = await probe.others_serving(decl.event, decl.name)
+                if serving != 0:
+                    live_now = f"{serving} replica(s) of it live now"
+                    if serving is None and probe is None:
+                        live_now = "it may have live replicas"
+                    elif serving is None:
+                        live_now = "its live replicas unknown (no liveness ping answered)"
+                    raise HandlerConflictError(
+                        f"handler {decl.name!r} of {decl.event!r} is already declared with"
+                        f" other settings ({'; '.join(differences)}), {live_now}; declare it"
+                        " with replace=True (hookbus worker --replace) to take the name over"
+                    )
+                log.warning(
+                    "taking over handler %s of %s, declared with other settings and no"
+                    " replica of it live: %s",
+                    decl.name, decl.event, "; ".join(differences),
+                )  # fmt: skip
+            elif differences:
+                log.warning(
+                    "replacing handler %s of %s: %s", decl.name, decl.event, "; ".join(differences)
                 )
-            if differences:
-                log.warning("replacing handler %s of %s: %s", decl.name, decl.event, differences)
             # no differences: another replica's declaration (or ours, its ack lost); written
             # again at the revision read, so that every replica's start shows in a watch
         try:
@@ -224,6 +307,7 @@ async def declare_handlers(
     declarations: Iterable[tuple[HandlerDeclaration, bool]],
     *,
     deadline_s: float = 30.0,
+    probe: LivenessProbe | None = None,
 ) -> None:
     """Declare each handler (compare-and-set; see the module docstring), each retried
     through a leader election within one overall `deadline_s` seconds.
@@ -231,15 +315,19 @@ async def declare_handlers(
     Args:
         kv: the handlers bucket (`open_registry`).
         declarations: ``(declaration, replace)`` pairs.
+        probe: this process's liveness (its service started): a declaration with other
+            settings is taken over when no other process serves its handler. None: always
+            refused (unless `replace`).
     Raises:
-        HandlerConflictError: a name is declared with other settings and `replace` is false.
+        HandlerConflictError: a name is declared with other settings, `replace` is false,
+            and a replica of it is live (or no probe, or the probe cannot tell).
         HookbusTimeoutError: JetStream stayed unavailable for `deadline_s` seconds.
     """
     deadline = asyncio.get_running_loop().time() + deadline_s
     for decl, replace in declarations:
 
         async def once(decl: HandlerDeclaration = decl, replace: bool = replace) -> None:
-            await _declare_one(kv, decl, replace)
+            await _declare_one(kv, decl, replace, probe)
 
         await _retrying(once, deadline=deadline, what=f"declaring handler {decl.name}")
 

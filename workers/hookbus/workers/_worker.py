@@ -58,6 +58,7 @@ from hookbus.schemas._nats_guard import harden_connection
 from ._chain_progress import ChainProgress
 from ._coroutines import Resumed
 from ._registration import (
+    LivenessProbe,
     declare_handlers,
     flush_subscriptions,
     open_registry,
@@ -122,7 +123,9 @@ class HookWorker:
         max_concurrency: requests handled at once by this process (all handlers together).
         bucket_replicas: replicas of the registry bucket if this worker creates it.
         replace: take over handler names already declared with other settings (default:
-            `start` raises `HandlerConflictError`); per handler with ``replace=`` too.
+            `start` raises `HandlerConflictError` while a replica of that handler is live,
+            and takes the declaration over with a WARNING when none is); per handler with
+            ``replace=`` too.
         registration_timeout_s: seconds `start` keeps retrying the registry through a
             JetStream leader election before it raises `HookbusTimeoutError`.
     """
@@ -305,8 +308,9 @@ class HookWorker:
 
         Raises:
             NotConnectedError: no connection.
-            HandlerConflictError: a handler name is declared with other settings and
-                `replace` is off.
+            HandlerConflictError: a handler name is declared with other settings,
+                `replace` is off, and a replica of it is live (or the liveness ping
+                cannot tell).
             HookbusTimeoutError: the registry stayed unavailable.
         """
         if self._state != "new":
@@ -345,8 +349,15 @@ class HookWorker:
                 (spec.declaration, self._replace_handlers.get(key, self.replace))
                 for key, spec in self._specs.items()
             ]
-            await declare_handlers(kv, declarations, deadline_s=self.registration_timeout_s)
+            # liveness first: a racing worker with other settings sees this one live (and
+            # this one may take over a declaration whose replicas are all gone)
             self._liveness = await start_liveness(nc_, list(self._specs))
+            await declare_handlers(
+                kv,
+                declarations,
+                deadline_s=self.registration_timeout_s,
+                probe=LivenessProbe(nc_, self._liveness.id),
+            )
             # after the queue subscriptions: a reply names this instance only once its
             # subjects exist (the server handles one connection's SUB before its PUB)
             for spec in self._specs.values():
@@ -363,6 +374,8 @@ class HookWorker:
             await flush_subscriptions(nc_, deadline_s=self.registration_timeout_s)
             self.instance = self._liveness.id
         except BaseException:
+            await stop_liveness(self._liveness)
+            self._liveness = None
             for sub in self._subs:
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()

@@ -274,6 +274,15 @@ setInterval(() => {
   }
 }, 1000);
 
+// Each cell carries its column's name (data-label): under 640 px rows are shown as cards
+// whose lines read "label value".
+function labelCells(table) {
+  const names = [...table.tHead.rows[0].cells].map((th) => th.textContent.trim());
+  for (const tr of table.tBodies[0].rows) {
+    [...tr.cells].forEach((td, i) => { if (names[i]) td.dataset.label = names[i]; });
+  }
+}
+
 // -- grants -------------------------------------------------------------------------------------
 function when(seconds) {
   return seconds ? new Date(seconds * 1000).toISOString().replace("T", " ").slice(0, 19) : "";
@@ -299,10 +308,12 @@ function renderGrants() {
       } }, "Revoke");
     return el("tr", { "data-key": g.key },
       el("td", {}, g.agent_id || ""), el("td", {}, g.session_id), el("td", {}, g.event),
-      el("td", {}, g.handler), el("td", {}, g.tool || ""), el("td", {}, when(g.granted_at)),
+      el("td", {}, g.handler), el("td", {}, g.tool || ""),
+      el("td", { class: "time" }, when(g.granted_at)),
       el("td", {}, g.label), el("td", {}, button));
   });
   $("grants").tBodies[0].replaceChildren(...rows);
+  labelCells($("grants"));
   $("grants-count").textContent = rows.length;
 }
 
@@ -327,11 +338,14 @@ function addDecisions(records) {
 
 function renderDecisions() {
   const rows = state.decisions.slice().reverse().map((d) => el("tr", { "data-emit": d.emit_id },
-    el("td", {}, when(d.time)), el("td", {}, d.agent_id || ""), el("td", {}, d.session_id || ""),
+    el("td", { class: "time" }, when(d.time)), el("td", {}, d.agent_id || ""),
+    el("td", {}, d.session_id || ""),
     el("td", {}, d.event), el("td", {}, d.tool_name || ""),
     el("td", { class: `action-${d.action}` }, d.action), el("td", {}, d.decided_by || ""),
-    el("td", { class: "approver" }, d.approver || ""), el("td", {}, d.reason || "")));
+    el("td", { class: "approver" }, d.approver || ""),
+    el("td", { class: "reason free-text" }, d.reason || "")));
   $("decisions").tBodies[0].replaceChildren(...rows);
+  labelCells($("decisions"));
 }
 
 // -- handlers ---------------------------------------------------------------------------------------
@@ -346,6 +360,7 @@ async function loadHandlers() {
       el("td", { class: "replicas" }, h.replicas.length),
       el("td", {}, h.last_seen ? `${Math.max(0, Math.round(Date.now() / 1000 + state.offsetMs / 1000 - h.last_seen))} s ago` : "-")));
     $("handlers").tBodies[0].replaceChildren(...rows);
+    labelCells($("handlers"));
     const notes = Object.entries(doc.rejected).map(([k, why]) => `skipped ${k}: ${why}`);
     for (const h of doc.live_only) notes.push(`served but not declared: ${h.name} (${h.event})`);
     $("handlers-note").textContent = notes.join("; ");
