@@ -223,6 +223,18 @@ def _clear_transfers() -> None:
     TRANSFERS.clear()
 
 
+async def assert_used(hooks: HookbusHooks, label: str, results: list[Any]) -> None:
+    """The tool approval `label` was used by its run, which kept its consumed record (past
+    the run's end) with the tool's results, for a retried resume of the run."""
+    found = await hooks.suspensions.get(label)
+    assert found is not None
+    record = found[0]
+    assert (record.status, record.consumed) == ("resolved", True)
+    extra = record.metadata[hb_ai.AI_METADATA_KEY]
+    assert extra["used_in"]
+    assert [part["result"] for part in extra["ran"]] == results
+
+
 def statuses(events: list[Any]) -> list[str]:
     return [e.hook.status for e in events if isinstance(e, ai.events.HookEvent)]
 
@@ -265,7 +277,7 @@ async def test_approval_resolved_by_another_process(
     assert tool_results(s.messages) == ["sent 1200"]
     assert model.unused == []
     # the run's exit removed its consumed record
-    assert await hooks.suspensions.get(f"approve_{call.tool_call_id}") is None
+    await assert_used(hooks, f"approve_{call.tool_call_id}", ["sent 1200"])
 
 
 async def test_denied_approval_does_not_run_the_tool(
@@ -321,7 +333,7 @@ async def test_abort_then_resume_in_a_new_process(
     assert out["transfers"] == [1200]
     assert out["results"] == ["sent 1200"]
     assert out["statuses"] == []  # the stored resolution returned at once: no pending event
-    assert await observer.suspensions.get(label) is None  # consumed, removed by the run's exit
+    await assert_used(observer, label, ["sent 1200"])
 
 
 async def test_resume_before_the_answer_waits_again(
@@ -391,7 +403,7 @@ async def test_preregistered_resolution_is_consumed_once(
     assert statuses(seen) == []  # returned at once: ai's pre-registered behaviour
     assert TRANSFERS == [3]
     assert model.unused == []
-    assert await hooks.suspensions.get(label) is None  # consumed, removed by the run's exit
+    await assert_used(hooks, label, ["sent 3"])
     # the proof answers the label (the tool call): the same call replayed gets the same answer
     got = await hooks.hook(label, payload=ai.tools.ToolApproval, timeout_s=5)
     assert got == ai.tools.ToolApproval(granted=True, reason="alice chose 'Allow'")
@@ -579,7 +591,7 @@ async def test_a_killed_process_resumes_from_what_it_saved_at_the_pending_event(
     assert out["transfers"] == [41]
     assert out["results"] == ["sent 41"]
     assert out["statuses"] == []  # the stored answer returned at once
-    assert await observer.suspensions.get(label) is None
+    await assert_used(observer, label, ["sent 41"])
 
 
 async def test_a_resumed_run_whose_model_re_asks_with_a_new_tool_call_id_keeps_the_answer(
@@ -614,7 +626,39 @@ async def test_a_resumed_run_whose_model_re_asks_with_a_new_tool_call_id_keeps_t
     assert out["transfers"] == [51]
     assert out["results"] == ["sent 51"]
     assert out["statuses"] == []  # the stored answer returned at once
-    assert await observer.suspensions.get(label) is None  # consumed, removed by the run's exit
+    await assert_used(observer, label, ["sent 51"])
+
+
+async def test_a_retried_resume_does_not_ask_again_for_a_tool_call_that_ran(
+    hooks: HookbusHooks, observer: HookbusHooks, nats_url: str, agent_id: str, tmp_path: Path
+) -> None:
+    """The resume ran the tool but its outcome was lost (its process died before saving
+    the messages), so it is retried from the same saved messages: the tool call is neither
+    asked again nor run again; it gets the result it had."""
+    call = testing.tool_call(transfer, amount=61)
+    label = f"approve_{call.tool_call_id}"
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    async with hooks.run(
+        ai.Agent(tools=[transfer]), testing.FakeModel(script(call)),
+        [ai.user_message("pay 1200")], run_id=run_id,
+    ) as s:  # fmt: skip
+        async for event in s:
+            if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
+                hooks.abort_pending_hook(event.hook)
+    saved = tmp_path / "messages.json"
+    saved.write_bytes(MESSAGES.dump_json(s.messages))
+    with pytest.raises(AnswerNotAppliedError):
+        await observer.approve(label, "Allow", approver="alice", wait_s=0.2)
+    first = json.loads(await other_process("resume", nats_url, agent_id, run_id, str(saved)))
+    assert (first["transfers"], first["results"], first["statuses"]) == ([61], ["sent 61"], [])
+    events = await observer.events()
+    again = json.loads(await other_process("resume", nats_url, agent_id, run_id, str(saved)))
+    assert again["statuses"] == []  # not asked again
+    assert again["transfers"] == []  # not run again
+    assert again["results"] == ["sent 61"]  # the result it had
+    async with events:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(events.__anext__(), 0.5)
 
 
 @pytest.fixture

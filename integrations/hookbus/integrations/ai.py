@@ -65,6 +65,14 @@ How each ``ai`` behaviour maps onto hookbus:
   waits on it: the hook waits on that label (the ``HookEvent``'s ``hook_id``), so an
   answer given to it meanwhile decides. Another run, other arguments, or an approval
   already used are asked anew.
+- a retried resume (the resume's process died before it saved the messages, so the run is
+  resumed again from the same ones): a tool approval's resolution is used once per tool
+  call and run. When a run (`HookbusHooks.run`) uses one, its consumed record is kept past
+  the run's end (until the bucket's TTL) with ``"used_in": <run id>`` and, once the tool
+  has run, its results (``"ran"``) in the ``"_ai"`` metadata; the same tool call replayed
+  in that run gets the same resolution at once (no ``pending``, no question) and the kept
+  results instead of running the tool again. A granted tool whose results were not
+  recorded (the process died while it ran) runs again.
 - kill (the process dies while a hook waits): at each ``pending`` event persist
   `HookbusHooks.resumable_messages` (``stream.messages`` lacks the assistant turn with
   the tool call until the turn's tools finish); resume from those messages as above.
@@ -87,7 +95,8 @@ False, reason="refused: ...")`` and the tool does not run. Other hooks stay reso
 anyone with write access to the agent's records, as in ``ai``.
 
 The record's metadata is ``ai``'s ``metadata`` plus one key, ``"_ai"``: ``{"hook_type":
-payload class name, "tool_call_id": ...}`` (removed again in the events given here).
+payload class name, "tool_call_id": ...}``, with ``"used_in"`` and ``"ran"`` once a tool
+approval is used (removed again in the events given here).
 Differences from ``ai``: a second live hook on one label raises `DuplicateSuspensionError`
 (``ai`` would replace it silently); ``cancel_hook`` of an unknown label raises
 `SuspensionNotFoundError` (``ai``: ``ValueError``); an exception passed to ``resolve_hook``
@@ -107,8 +116,10 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, TypeVar
 
 import ai
+import msgspec
 import pydantic
 from ai.agents import _middleware as ai_middleware
+from ai.agents import agent as ai_agent
 from ai.agents import hooks as ai_hooks
 from ai.agents import runtime as ai_runtime
 from ai.types import events as ai_events
@@ -175,7 +186,8 @@ _PROOF_POLL_S = 2.0
 
 AI_METADATA_KEY = "_ai"
 """The key of a record's metadata that holds what ``ai``'s ``HookPart`` needs besides the
-caller's metadata: ``{"hook_type": str, "tool_call_id": str | None}``."""
+caller's metadata: ``{"hook_type": str, "tool_call_id": str | None}``; a used tool approval
+adds ``"used_in"`` (the run id) and ``"ran"`` (the tool's results, ``ToolResultPart`` JSON)."""
 
 _ABORT_POLL_S = 0.02
 _ABORT_DEADLINE_S = 15.0
@@ -274,6 +286,7 @@ class HookbusHooks(ai_middleware._Middleware):
         self._waits: dict[str, _Wait] = {}
         self._stashed: dict[str, BaseException] = {}
         self._turns: dict[int, ai_messages.Message] = {}  # run context id -> model's turn
+        self._granted: dict[str, str] = {}  # tool call id -> its approval's label
 
     @classmethod
     async def open(
@@ -335,9 +348,11 @@ class HookbusHooks(ai_middleware._Middleware):
         ``ai``'s ``AgentStream``.
 
         `run_id` scopes the run's labels (`Suspensions.run`): on exit its finished records
-        and unused pre-registered resolutions are removed, and hooks it aborted stay for a
-        later run. Resume with the run's saved messages (``stream.messages``) and the same
-        `run_id`, in any process. Within the block, the module functions (`hook`,
+        and unused pre-registered resolutions are removed, except the tool approvals it
+        used (kept with the tool's results, so a retried resume neither asks nor runs the
+        tool again), and hooks it aborted stay for a later run. Resume with the run's saved
+        messages (`resumable_messages` at a ``pending`` event, else ``stream.messages``)
+        and the same `run_id`, in any process. Within the block, the module functions (`hook`,
         `resolve_hook`, ...) use these hooks.
 
         A run id is one live run: while another process waits on one of its hooks (its
@@ -463,9 +478,15 @@ class HookbusHooks(ai_middleware._Middleware):
         called)."""
         registry = call.registry or ai_hooks._hook_registry.get(None)
         label = call.label
-        if call.tool_call_id and is_tool_approval(label, call.payload):
+        approval = bool(call.tool_call_id) and is_tool_approval(label, call.payload)
+        if approval:
+            used = await self._used_approval(label)
+            if used is not None:  # this tool call was decided (and maybe ran): not asked again
+                value = call.payload.model_validate(used.resolution)
+                self._note_decided(call.tool_call_id, label, value)
+                return value
             label = await self._earlier_approval(label, call.metadata, call.tool_call_id)
-        return await self._hook(
+        value = await self._hook(
             label,
             payload=call.payload,
             metadata=call.metadata,
@@ -473,6 +494,81 @@ class HookbusHooks(ai_middleware._Middleware):
             registry=registry,
             timeout_s=self.timeout_s,
         )
+        if approval:
+            await self._mark_used(label, ran=None)
+            self._note_decided(call.tool_call_id, label, value)
+        return value
+
+    def _note_decided(self, tool_call_id: str, label: str, value: Any) -> None:
+        if getattr(value, "granted", False):
+            self._granted[tool_call_id] = label
+
+    async def _used_approval(self, label: str) -> Any:
+        """The record of the tool approval `label` if this run already used its resolution
+        (kept after the run's end with ``"used_in": <run id>`` in its ``"_ai"`` metadata),
+        else None."""
+        run = current_run_scope.get()
+        if run is None:
+            return None
+        found = await self.suspensions.get(label)
+        if found is None:
+            return None
+        record = found[0]
+        extra = record.metadata.get(AI_METADATA_KEY)
+        if record.status != "resolved" or not record.consumed:
+            return None
+        if not isinstance(extra, dict) or extra.get("used_in") != run.run_id:
+            return None
+        run.labels.discard(label)  # kept by the run's end, for a later retry
+        return record
+
+    async def _mark_used(self, label: str, *, ran: list[Any] | None) -> None:
+        """Keep the consumed record of the tool approval `label` past the run's end, with
+        ``"used_in": <run id>`` (and `ran`, the tool's results) in its ``"_ai"`` metadata: a retried
+        resume of the same run gets that resolution (and result) again, never a new
+        question or a second run of the tool. Best effort (logged)."""
+        store = self.suspensions
+        run = current_run_scope.get()
+        try:
+            await store._deliveries.flush(timeout_s=store.records.deadline_s)
+            for _ in range(5):
+                entry = await store.records.read(label)
+                record = None if entry is None else entry.record
+                if entry is None or record is None or record.status != "resolved":
+                    return
+                extra = record.metadata.get(AI_METADATA_KEY)
+                extra = dict(extra if isinstance(extra, dict) else {})
+                if run is not None:
+                    extra["used_in"] = run.run_id
+                if ran is not None:
+                    extra["ran"] = ran
+                marked = msgspec.structs.replace(
+                    record, metadata={**record.metadata, AI_METADATA_KEY: extra}
+                )
+                if await store.records.swap(marked, last=entry.revision) is not None:
+                    if run is not None:
+                        run.labels.discard(label)
+                    return
+        except (HookbusError, NatsError) as exc:
+            log.warning("tool approval %r: its use not recorded (%r)", label, exc)
+
+    async def wrap_tool(self, call: Any, next: Any) -> Any:
+        """``ai``'s middleware entry for a tool call: a call whose approval was granted
+        runs once per run; its results are kept in the approval's record, and a replay of
+        the same call (a retried resume) gets them instead of running the tool again."""
+        label = self._granted.pop(call.tool_call_id, None)
+        if label is None:
+            return await next(call)
+        found = await self.suspensions.get(label)
+        extra = None if found is None else found[0].metadata.get(AI_METADATA_KEY)
+        ran = extra.get("ran") if isinstance(extra, dict) else None
+        if isinstance(ran, list) and ran:
+            parts = [ai_messages.ToolResultPart.model_validate(part) for part in ran]
+            return ai_agent.tool_result(*parts)
+        result = await next(call)
+        done = [part.model_dump(mode="json") for part in result.results]
+        await self._mark_used(label, ran=done)
+        return result
 
     # -- ai's hook functions ------------------------------------------------------------------
     async def hook(
@@ -649,6 +745,8 @@ class HookbusHooks(ai_middleware._Middleware):
         from its first valid proof in stream order. True once it is settled."""
         store = self.suspensions
         found = await store.get(label)
+        if found is not None and found[0].status == "resolved" and found[0].consumed:
+            return False  # a used one, kept (see `_mark_used`): the next hook makes it anew
         if found is not None and found[0].status != "pending":
             return True
         answer = await first_proof(
