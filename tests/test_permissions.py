@@ -48,6 +48,7 @@ from hookbus.schemas import (
     suspension_event_subject,
     suspension_key,
 )
+from hookbus.schemas._nats_guard import harden_connection
 from hookbus.workers import HookWorker
 
 pytestmark = pytest.mark.anyio
@@ -213,8 +214,9 @@ async def main():
     async def on_error(exc):
         errors.append(str(exc))
     try:
+        tls = ssl.create_default_context(cafile=sys.argv[2])
         nc = await nats.connect(sys.argv[1], allow_reconnect=False, connect_timeout=3,
-                                error_cb=on_error, tls=ssl.create_default_context(cafile=sys.argv[2]))
+                                error_cb=on_error, tls=tls)
     except Exception as exc:
         print("refused:", type(exc).__name__, *errors)
         return
@@ -581,6 +583,9 @@ async def test_a_worker_answers_one_request_once(secure: Secure, as_: Connect) -
         await msg.respond(b"first")
         await msg.respond(b"second")
 
+    # a flush must follow the SUB before it (nats-py writes its PING ahead of the queued
+    # SUB otherwise: the request could meet "no responders"), as a hookbus worker's does
+    harden_connection(worker_client.nc)
     await worker_client.nc.subscribe(handler_subject(EVENT, "security"), queue="security",
                                      cb=twice)  # fmt: skip
     await worker_client.nc.flush()
