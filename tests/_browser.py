@@ -10,13 +10,12 @@ go to ``test-artifacts/<group>/<test name>/`` (gitignored, kept after the run).
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from _debian import apt_install
 from playwright.async_api import Browser, Page, async_playwright, expect
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
@@ -24,21 +23,7 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
 def install_chromium() -> str:
     """Debian's chromium, installed with apt-get if missing; its path."""
-    found = shutil.which("chromium")
-    if found:
-        return found
-    if not shutil.which("apt-get") or os.geteuid() != 0:
-        pytest.fail("chromium is missing and cannot be installed here: apt-get install chromium")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium"]
-    done = subprocess.run(install, env=env, capture_output=True, text=True)
-    if done.returncode != 0:  # a clean machine has no package lists yet
-        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=False)
-        done = subprocess.run(install, env=env, capture_output=True, text=True)
-    found = shutil.which("chromium")
-    if done.returncode != 0 or not found:
-        pytest.fail(f"apt-get install chromium failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    return found
+    return apt_install("chromium", binary="chromium")
 
 
 @pytest.fixture(scope="session", name="chromium")

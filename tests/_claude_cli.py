@@ -36,14 +36,11 @@ MODEL = "claude-sonnet-4-5"
 
 
 def claude_binary() -> tuple[Path | None, str]:
-    """(the ``claude`` executable, "") or (None, why it is unavailable). Installs once."""
-    import pytest
+    """(the ``claude`` executable, "") or (None, why it does not run). Installs once (node
+    and npm too, with apt-get, when missing)."""
     from _node import node_packages
 
-    try:
-        modules = node_packages(MANIFEST, "claude-code-cli")
-    except pytest.skip.Exception as skipped:
-        return None, str(skipped)
+    modules = node_packages(MANIFEST, "claude-code-cli")
     exe = modules / ".bin" / "claude"
     if not exe.exists():
         return None, f"npm installed no 'claude' executable under {modules}"

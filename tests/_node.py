@@ -3,8 +3,8 @@
 `node_packages(manifest, name)` installs the dependencies of a ``package.json`` with
 ``npm install --prefix`` into ``~/.cache/hookbus/<name>-<hash of the manifest>/``
 (``XDG_CACHE_HOME`` respected), once per manifest version; a file lock keeps concurrent
-test sessions apart. Without ``node`` or ``npm`` the calling test is skipped with the
-reason, or failed when ``CI`` is set (CI must run these checks).
+test sessions apart. ``node`` and ``npm`` are Debian's, installed with apt-get when missing
+(`_debian.apt_install`): these checks never skip for want of them.
 """
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
+from _debian import apt_install
 
 __all__ = ["node_packages"]
 
@@ -29,12 +28,8 @@ def _cache_root() -> Path:
 def node_packages(manifest: Path, name: str) -> Path:
     """The ``node_modules`` folder with `manifest`'s dependencies installed (see the module
     docstring). Fails the test if ``npm install`` fails (its output in the message)."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        reason = f"node and npm are needed for these checks ({manifest.parent.name}/package.json)"
-        if os.environ.get("CI"):
-            pytest.fail(f"{reason}, and CI is set")
-        pytest.skip(reason)
+    apt_install("nodejs", binary="node")
+    npm = apt_install("npm", binary="npm")
     content = manifest.read_bytes()
     prefix = _cache_root() / f"{name}-{hashlib.sha256(content).hexdigest()[:12]}"
     prefix.mkdir(parents=True, exist_ok=True)
