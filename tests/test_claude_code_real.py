@@ -9,7 +9,7 @@ creates (``touch ran``), never from what the hook printed. Behind the doors: a p
 nats-server, a ``hookbus dispatcher`` process and a ``hookbus worker`` serving
 tests/fixtures/claude_code/policy.py (``rm -rf`` denied, the rest allowed).
 
-Skipped, with the reason, only when node/npm or the CLI's binary is unavailable here.
+Node.js and npm are installed with apt-get when missing; a CLI that does not run fails the test.
 """
 
 from __future__ import annotations
