@@ -176,7 +176,9 @@ async def test_a_refusal_over_the_agents_bounds_is_held_within_the_requests_time
         assert _code(await _emit(nc, event, "a", {}, timeout_s=0.4)) == "quota"
         assert 0.05 <= loop.time() - started < 0.9  # at most half its own timeout
         pending = asyncio.ensure_future(_emit(nc, event, "a", {}))
-        await asyncio.sleep(0.2)
+        async with asyncio.timeout(5):
+            while not service._held:  # its refusal is held, waiting for its time
+                await asyncio.sleep(0.01)
         started = loop.time()
         await service.stop()
         assert _code(await pending) == "quota" and loop.time() - started < 0.8
