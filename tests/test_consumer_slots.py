@@ -147,7 +147,7 @@ async def test_without_an_identity_consumers_are_made_as_before(
         assert not isinstance(sub, SlotConsumer)
         await release_consumer(sub)
         watcher = await watch_keys(kv)
-        assert not isinstance(watcher, KeyWatch)  # nats-py's own watcher
+        assert not isinstance(watcher._sub, SlotConsumer)  # nats-py's ordered consumer
         await release_consumer(watcher._sub)
     finally:
         await nc.close()
