@@ -118,10 +118,12 @@ def _offers_bash(body: dict[str, Any]) -> bool:
 @dataclass
 class FakeMessagesApi:
     """See the module docstring. `command` is what the tool_use asks Bash to run;
-    `tool_results` collects the text of every tool_result the CLI sent back."""
+    `tool_results` collects the text of every tool_result the CLI sent back, `requests`
+    every ``/v1/messages`` body (what the model was shown: a hook's added context too)."""
 
     command: str = "true"
     tool_results: list[str] = field(default_factory=list)
+    requests: list[dict[str, Any]] = field(default_factory=list)
     url: str = ""
 
     @contextlib.contextmanager
@@ -161,6 +163,7 @@ class FakeMessagesApi:
                 if not path.endswith("/v1/messages"):
                     self._send(200, b"{}", "application/json")
                     return
+                api.requests.append(body)
                 if _has_tool_result(body):
                     for block in body["messages"][-1]["content"]:
                         if isinstance(block, dict) and block.get("type") == "tool_result":

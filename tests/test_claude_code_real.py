@@ -21,6 +21,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -140,6 +141,8 @@ class Outcome:
     tool_results: list[str]
     stdout: str
     stderr: str
+    shown_to_model: str  # every Messages API request body of the turn, as JSON
+    sentinel: Path
 
 
 def turn(
@@ -163,11 +166,13 @@ def turn(
         t = run_claude(claude, project, claude_env(home, api.url), timeout=45)
     assert t.code == 0, f"claude exit {t.code}\nstdout: {t.stdout}\nstderr: {t.stderr}"
     assert len(api.tool_results) == 1, (api.tool_results, t.stdout, t.stderr)
-    return Outcome((project / "ran").exists(), api.tool_results, t.stdout, t.stderr)
+    sentinel = project / "ran"
+    return Outcome(sentinel.exists(), api.tool_results, t.stdout, t.stderr,
+                   json.dumps(api.requests), sentinel)  # fmt: skip
 
 
-def command_door(url: str) -> list[str]:
-    return ["--", "--url", url, "--timeout", "10"]
+def command_door(url: str, *more: str) -> list[str]:
+    return ["--", "--url", url, "--timeout", "10", *more]
 
 
 def http_door(url: str) -> list[str]:
@@ -216,3 +221,82 @@ def test_when_hookbus_cannot_answer_the_tool_call_does_not_run(
     # why, in Claude Code's words: the door's fallback, or Claude Code's onFailure block
     why = "hookbus unavailable" if failure == "nats-down" else "blocking because onFailure"
     assert why in out.tool_results[0], out
+
+
+@pytest.mark.parametrize("door", ["command", "http"])
+def test_a_rewritten_tool_call_is_not_run_unconfirmed_in_a_headless_turn(
+    claude: Path, bus: Bus, tmp_path: Path, door: str
+) -> None:
+    """The policy rewrites the command (modify). By default the door answers the rewrite
+    with "ask" (the user confirms it), and nobody can answer in ``claude -p``: Claude Code
+    refuses the call, so neither the original nor the rewrite runs."""
+    args = command_door(bus.nats_url) if door == "command" else http_door(bus.gateway_url)
+    out = turn(claude, tmp_path, "echo SECRET > ran", args, bus.env)
+    assert not out.ran, out
+
+
+def test_a_rewritten_tool_call_runs_as_rewritten_with_on_continue_allow(
+    claude: Path, bus: Bus, tmp_path: Path
+) -> None:
+    args = command_door(bus.nats_url, "--on-continue", "allow")
+    out = turn(claude, tmp_path, "echo SECRET > ran", args, bus.env)
+    assert out.ran, out
+    assert out.sentinel.read_text() == "[redacted]\n"  # the rewrite ran, not the original
+
+
+@pytest.mark.parametrize("door", ["command", "http"])
+def test_added_context_reaches_the_model_and_the_tool_call_runs(
+    claude: Path, bus: Bus, tmp_path: Path, door: str
+) -> None:
+    args = command_door(bus.nats_url) if door == "command" else http_door(bus.gateway_url)
+    out = turn(claude, tmp_path, "git push origin main 2>/dev/null; touch ran", args, bus.env)
+    assert out.ran, out
+    assert "main is protected" in out.shown_to_model, out.shown_to_model[-2000:]
+
+
+@contextlib.contextmanager
+def approver(url: str, choice: str) -> Iterator[list[dict[str, object]]]:
+    """Answer the first pending approval with `choice`, as a person at ``hookbus approvals``
+    would, while the turn waits; yields the approvals answered."""
+    answered: list[dict[str, object]] = []
+    stop = threading.Event()
+
+    def answer() -> None:
+        while not stop.is_set() and not answered:
+            listed = subprocess.run(
+                [HOOKBUS, "approvals", "list", "--json", "--url", url],
+                capture_output=True, text=True, timeout=30, env=ENV,
+            )  # fmt: skip
+            pending = json.loads(listed.stdout or "[]") if listed.returncode == 0 else []
+            for approval in pending:
+                done = subprocess.run(
+                    [HOOKBUS, "approvals", "answer", approval["label"], choice,
+                     "--approver", "alice", "--url", url],
+                    capture_output=True, text=True, timeout=30, env=ENV,
+                )  # fmt: skip
+                assert done.returncode == 0, done.stderr
+                answered.append(approval)
+                return
+            stop.wait(0.3)
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        yield answered
+    finally:
+        stop.set()
+        thread.join(40)
+
+
+@pytest.mark.parametrize("choice", ["Allow", "Deny"])
+def test_a_tool_call_waits_for_a_human_and_runs_only_when_approved(
+    claude: Path, bus: Bus, tmp_path: Path, choice: str
+) -> None:
+    """The policy asks a human for ``deploy``; the dispatcher service runs the approval and
+    the command door waits for it (its --timeout long enough for the human)."""
+    args = ["--", "--url", bus.nats_url, "--timeout", "30"]
+    with approver(bus.nats_url, choice) as answered:
+        out = turn(claude, tmp_path, "deploy 2>/dev/null; touch ran", args, bus.env)
+    prompts = [a["metadata"]["prompt"] for a in answered]  # type: ignore[index]
+    assert prompts == ["Run 'deploy 2>/dev/null; touch ran' on production?"], out
+    assert out.ran is (choice == "Allow"), out

@@ -177,7 +177,8 @@ async def test_a_refusal_over_the_agents_bounds_is_held_within_the_requests_time
         assert 0.05 <= loop.time() - started < 0.9  # at most half its own timeout
         pending = asyncio.ensure_future(_emit(nc, event, "a", {}))
         async with asyncio.timeout(5):
-            while not service._held:  # its refusal is held, waiting for its time
+            # until its refusal is held, waiting for its time (private state: no event)
+            while not service._held:  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
         started = loop.time()
         await service.stop()
