@@ -36,7 +36,9 @@ turn) and then ends the turn, timed from spawn to exit, rows interleaved: no hoo
 command door and the HTTP door (``hookbus gateway http``) with the settings
 ``hookbus claude-code settings`` writes (every event: SessionStart, UserPromptSubmit,
 PreToolUse, PostToolUse, Stop, SessionEnd run in such a turn); and each door on
-``PreToolUse`` only (``--events PreToolUse``: the hook on the tool call's own path). Each
+``PreToolUse`` only (``--events PreToolUse``: the hook on the tool call's own path); and
+``true`` as the one ``PreToolUse`` command hook, the floor of any command hook (Claude
+Code's own cost of running a command, with a hook that does nothing). Each
 row's p50/p95 and its p50's difference to and ratio over the no-hooks row of the same run.
 """
 
@@ -226,12 +228,15 @@ def real_cli(runs: int) -> int:
             wait_ready(server.url)
             hook_args = ["--", "--url", server.url]
             http_args = ["--door", "http", "--url", gw]
-            setups = {
+            noop = {"type": "command", "command": "true"}
+            noop_hook = {"PreToolUse": [{"matcher": "*", "hooks": [noop]}]}
+            setups: dict[str, list[str] | dict[str, Any] | None] = {
                 "no hooks": None,
                 "command door, every event": hook_args,
                 "HTTP door, every event": http_args,
                 "command door, PreToolUse only": ["--events", "PreToolUse", *hook_args],
                 "HTTP door, PreToolUse only": ["--events", "PreToolUse", *http_args],
+                "`true` as the PreToolUse hook": noop_hook,
             }
             home = root / "home"
             home.mkdir()
@@ -241,7 +246,10 @@ def real_cli(runs: int) -> int:
                 settings = project / ".claude" / "settings.json"
                 settings.parent.mkdir(parents=True)
                 settings.write_text(json.dumps({"permissions": {"allow": ["Bash"]}}))
-                if settings_args is not None:
+                if isinstance(settings_args, dict):  # a hooks block as is
+                    settings.write_text(json.dumps({"permissions": {"allow": ["Bash"]},
+                                                    "hooks": settings_args}))  # fmt: skip
+                elif settings_args is not None:
                     subprocess.run([HOOKBUS, "claude-code", "settings", "--merge",
                                     str(settings), "--write", *settings_args],
                                    env=ENV, check=True, capture_output=True)  # fmt: skip

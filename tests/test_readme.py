@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 WORKER_AGENT_REQUEST = "test_a_worker_an_agent_and_a_plain_nats_request"
 RUNS = {
-    "pip install 'hookbus[cli,server]' && hookbus demo": "test_the_install_lines_and_the_demo",
+    "pip install '.[cli,server]' && hookbus demo": "test_the_install_lines_and_the_demo",
     ".venv/bin/pip install -q -e '.[cli,server]'": "test_the_install_lines_and_the_demo",
     "# policy.py\n": WORKER_AGENT_REQUEST,
     'hooks.set_default_fields(session_id="sess_1")': WORKER_AGENT_REQUEST,
@@ -170,7 +170,7 @@ async def test_the_install_lines_and_the_demo(shell: Shell) -> None:
     """``hookbus demo`` (both blocks name it: run once) passes against the suite's server;
     the install lines are left to tests/test_packaging.py."""
     ran = []
-    for mark in ("pip install 'hookbus[cli,server]' && hookbus demo",
+    for mark in ("pip install '.[cli,server]' && hookbus demo",
                  ".venv/bin/pip install -q -e '.[cli,server]'"):  # fmt: skip
         ran += await shell.run_block(block(mark))
     demos = {id(r): r for r in ran if isinstance(r, Result)}
