@@ -4,7 +4,8 @@
   `hookbus` namespace package: none has a ``hookbus/__init__.py``.
 - Direction: schemas at the bottom (no I/O, imports nothing of ours), workers
   and dispatcher import schemas and never each other; the framework integrations sit on
-  the dispatcher and nothing of ours imports them; the CLI sits on top.
+  the dispatcher and nothing of ours imports them (as does the test kit `hookbus.testing`, in
+  the integrations portion: it imports workers and dispatcher both); the CLI sits on top.
 - The public exports (`__all__`) of each part are pinned, and each name resolves.
 """
 
@@ -356,6 +357,8 @@ PUBLIC_API: dict[str, set[str]] = {
         "unrequire_handler",
     },
     "hookbus.cli": {"EmbeddedNatsServer", "NatsServerNotFoundError", "find_nats_server"},
+    # the test kit (integrations/hookbus/testing.py: it imports workers and dispatcher)
+    "hookbus.testing": {"WorkerTestKit"},
     "hookbus.amplifier": {
         *EVENT_CONSTANTS,
         "ContextInjection",

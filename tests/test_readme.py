@@ -51,6 +51,7 @@ RUNS = {
     "# policy.py\n": WORKER_AGENT_REQUEST,
     'hooks.set_default_fields(session_id="sess_1")': WORKER_AGENT_REQUEST,
     "nats req ": WORKER_AGENT_REQUEST,
+    "from hookbus.testing import WorkerTestKit": "test_the_worker_test_kit",
     "from hookbus.amplifier import": "test_the_amplifier_core_switch",
     "HookbusCapability(hooks)": "test_the_pydantic_ai_capability",
     '{"hooks": {"PreToolUse"': "test_the_claude_code_settings_block",
@@ -210,6 +211,15 @@ async def test_a_worker_an_agent_and_a_plain_nats_request(
     finally:
         await shell.stop()
         await forget_handlers(shell, ("tool:pre", "security"))
+
+
+async def test_the_worker_test_kit(folder: Path) -> None:
+    """The kit block decides the README's policy.py in process: no server, no command."""
+    (folder / "policy.py").write_text(block("# policy.py\n").text)
+    kit = block("from hookbus.testing import WorkerTestKit")
+    assert free_names(kit) == set()
+    said = await run_python(folder, [Snippet.of(kit)])
+    assert said.stdout == "security destructive command\n", str(said)
 
 
 def _one(text: str) -> Command:
