@@ -26,6 +26,8 @@ from test_integration_ai_runner import INSTALL_TIMEOUT_S, _interpreter, _venv
 from hookbus.cli._auth import parse_worker
 from hookbus.cli._common import load_object
 from hookbus.cli._demo import demo_identities
+from hookbus.dispatcher._consumers import watch_keys
+from hookbus.dispatcher._kv import release_consumer
 from hookbus.schemas import HookResult, handlers_bucket_config
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -67,10 +69,15 @@ async def handler_keys(url: str) -> set[str]:
     nc = await nats.connect(url)
     try:
         kv = await nc.jetstream().key_value(handlers_bucket_config().bucket)
+        # not nats-py's kv.keys(): its end-of-keys marker can come before the only key
+        watch = await watch_keys(kv, ignore_deletes=True, meta_only=True)
         try:
-            return set(await kv.keys())
-        except nats.js.errors.NoKeysError:
-            return set()
+            keys = set()
+            while (entry := await watch.updates(timeout=5)) is not None:
+                keys.add(entry.key)
+            return keys
+        finally:
+            await release_consumer(watch._sub)
     except nats.js.errors.BucketNotFoundError:
         return set()
     finally:
