@@ -10,7 +10,9 @@ real subprocess (this file run as a script) where the point is another process:
 - abort, then resume in a new process (new connection, messages restored from JSON);
 - cancel: the run ends with the tool not run;
 - a pre-registered resolution is consumed exactly once, with no pending event;
-- ``ai``'s own functions on the run's registry still work, carried to the record.
+- ``ai``'s own functions on the run's registry still work, carried to the record;
+- a run id is one live run: claimed for the whole run block (between hooks too), released
+  when the block is left, lapsed one lease after its process died.
 
 ``ai`` needs Python >= 3.12: under an older interpreter this file is skipped;
 `tests/test_integration_ai_runner.py` runs it on a >= 3.12 interpreter.
@@ -64,6 +66,27 @@ async def transfer(amount: int) -> str:
     """Transfer `amount` (cents) to the payee."""
     TRANSFERS.append(amount)
     return f"sent {amount}"
+
+
+class Gate:
+    """What `lookup` waits on: ``started`` is set when it runs, it returns once ``opened``."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.opened = asyncio.Event()
+
+
+LOOKUP = Gate()
+LOOKUPS: list[str] = []
+
+
+@ai.tool
+async def lookup(query: str) -> str:
+    """Look `query` up (a tool without approval that runs until the test opens its gate)."""
+    LOOKUPS.append(query)
+    LOOKUP.started.set()
+    await LOOKUP.opened.wait()
+    return f"found {query}"
 
 
 def script(call: Any) -> list[Any]:
@@ -220,7 +243,10 @@ async def observer(connect: Any, agent_id: str) -> AsyncIterator[HookbusHooks]:
 
 @pytest.fixture(autouse=True)
 def _clear_transfers() -> None:
+    global LOOKUP
     TRANSFERS.clear()
+    LOOKUPS.clear()
+    LOOKUP = Gate()
 
 
 async def assert_used(hooks: HookbusHooks, label: str, results: list[Any]) -> None:
@@ -555,6 +581,120 @@ async def test_a_second_process_with_the_same_run_id_is_refused_while_the_owner_
     assert tool_results(s.messages) == ["sent 31"]
 
 
+async def say_hello(hooks: HookbusHooks, run_id: str) -> list[Any]:
+    """Run `run_id` on `hooks` with a model that only answers "hello"; its messages."""
+    model = testing.FakeModel([ai.user_message("hi"), ai.assistant_message("hello")])
+    async with hooks.run(ai.Agent(), model, [ai.user_message("hi")], run_id=run_id) as s:
+        async for _ in s:
+            pass
+    return list(s.messages)
+
+
+async def test_a_second_process_is_refused_while_the_owner_is_between_hooks(
+    hooks: HookbusHooks, observer: HookbusHooks
+) -> None:
+    """The run id is claimed for the whole run block, not only while a hook waits: another
+    process (its own connection and waiter id) is refused before the model's first turn
+    and while a tool runs; the owner's run goes on unaffected; once it has ended the other
+    process may run that run id."""
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    call = testing.tool_call(lookup, query="invoice 7")
+    model = testing.FakeModel(
+        [ai.user_message("find invoice 7"), ai.assistant_message("looking", call),
+         ai.assistant_message("found it")]
+    )  # fmt: skip
+    assert hooks.suspensions.waiter_id != observer.suspensions.waiter_id
+    async with hooks.run(
+        ai.Agent(tools=[lookup]), model, [ai.user_message("find invoice 7")], run_id=run_id
+    ) as s:
+        with pytest.raises(hb_ai.RunInProgressError, match="another process") as refused:
+            await say_hello(observer, run_id)  # before any model turn or hook
+        assert run_id in str(refused.value)
+        consuming = asyncio.ensure_future(_events(s))
+        await asyncio.wait_for(LOOKUP.started.wait(), 10)
+        with pytest.raises(hb_ai.RunInProgressError):
+            await say_hello(observer, run_id)  # while the tool runs
+        LOOKUP.opened.set()
+        seen = await asyncio.wait_for(consuming, 10)
+    assert statuses(seen) == []
+    assert LOOKUPS == ["invoice 7"]
+    assert tool_results(s.messages) == ["found invoice 7"]
+    assert model.unused == []
+    # the owner's run has ended: its claim was released, the other process runs it now
+    messages = await asyncio.wait_for(say_hello(observer, run_id), 10)
+    assert [m.role for m in messages][-1] == "assistant"
+
+
+async def test_the_run_claim_is_released_when_the_run_block_raises_or_is_cancelled(
+    hooks: HookbusHooks, observer: HookbusHooks
+) -> None:
+    """A run block left by an exception, or cancelled, releases the run id at once."""
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    model = testing.FakeModel([ai.user_message("hi"), ai.assistant_message("hello")])
+    with pytest.raises(RuntimeError, match="consumer failed"):
+        async with hooks.run(ai.Agent(), model, [ai.user_message("hi")], run_id=run_id):
+            raise RuntimeError("consumer failed")
+    await asyncio.wait_for(say_hello(observer, run_id), 10)
+
+    entered = asyncio.Event()
+
+    async def run_until_cancelled() -> None:
+        model = testing.FakeModel([ai.user_message("hi"), ai.assistant_message("hello")])
+        async with hooks.run(ai.Agent(), model, [ai.user_message("hi")], run_id=run_id):
+            entered.set()
+            await asyncio.sleep(3600)
+
+    task = asyncio.ensure_future(run_until_cancelled())
+    await asyncio.wait_for(entered.wait(), 10)
+    with pytest.raises(hb_ai.RunInProgressError):
+        await say_hello(observer, run_id)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.wait_for(say_hello(observer, run_id), 10)
+
+
+async def test_a_dead_processs_run_claim_lapses(embedded_server: Any, agent_id: str) -> None:
+    """A claim nobody heartbeats (its process died) refuses the run id until it lapses,
+    one lease later (a private server whose leases bucket has a 2 s max age)."""
+    from hookbus.dispatcher._waiter import Leases
+    from hookbus.schemas._subjects import run_claim_key
+
+    nc = await nats.connect(embedded_server.url)
+    try:
+        dead = await Leases.open(nc, lease_s=2.0)  # creates the bucket: its max age is 2 s
+        hooks = await HookbusHooks.open(nc, agent_id=agent_id)
+        async with hooks:
+            assert hooks.suspensions.leases.lease_s == 2.0  # type: ignore[union-attr]
+            run_id = f"run-{uuid.uuid4().hex[:8]}"
+            await dead.kv.put(run_claim_key(agent_id, run_id), dead.waiter_id.encode())
+            with pytest.raises(hb_ai.RunInProgressError, match=dead.waiter_id):
+                await say_hello(hooks, run_id)
+            async with asyncio.timeout(15):
+                while True:
+                    try:
+                        messages = await say_hello(hooks, run_id)
+                        break
+                    except hb_ai.RunInProgressError:
+                        await asyncio.sleep(0.1)
+            assert [m.role for m in messages][-1] == "assistant"
+            # this process's own claim lives as long as its run, past several leases
+            model = testing.FakeModel([ai.user_message("x"), ai.assistant_message("y")])
+            other = await HookbusHooks.open(nc, agent_id=agent_id)  # a waiter id of its own
+            async with other, hooks.run(ai.Agent(), model, [ai.user_message("x")], run_id=run_id):
+                await asyncio.sleep(5.0)
+                got = await dead.kv.get(run_claim_key(agent_id, run_id))
+                assert got.value == hooks.suspensions.waiter_id.encode()  # type: ignore[union-attr]
+                with pytest.raises(hb_ai.RunInProgressError):
+                    await say_hello(other, run_id)
+    finally:
+        await nc.close()
+
+
+async def _events(stream: Any) -> list[Any]:
+    return [event async for event in stream]
+
+
 async def test_a_killed_process_resumes_from_what_it_saved_at_the_pending_event(
     observer: HookbusHooks, nats_url: str, agent_id: str, tmp_path: Path
 ) -> None:
@@ -674,30 +814,43 @@ async def test_an_embedded_agent_on_a_secured_server_opens_with_the_defaults(
     secured: tuple[str, Path],
 ) -> None:
     """An agent's NATS user may read only its own keys: ``open(nc, agent_id=...)`` scopes the
-    store to the agent by itself, and an approver answers from their own connection."""
+    store to the agent by itself, and an approver answers from their own connection. The
+    agent's user writes and reads its own run claims: another process of the agent is
+    refused the run id while the run is in progress, and may run it once it has ended."""
     from test_auth import connect_as, ident
 
     from hookbus.cli._provision import provision
+    from hookbus.schemas._subjects import run_claim_key
 
     url, out = secured
     admin_nc, _ = await connect_as(url, out, ident(out, "ACME", "admin", "admin"))
     agent_nc, _ = await connect_as(url, out, ident(out, "ACME", "agent", "payments"))
+    again_nc, _ = await connect_as(url, out, ident(out, "ACME", "agent", "payments"))
     alice_nc, _ = await connect_as(url, out, ident(out, "ACME", "approver", "alice"))
     try:
         await provision(admin_nc)
+        leases = await admin_nc.jetstream().key_value("hookbus_leases")
+        claim = run_claim_key("payments", "run-secured")
         hooks = await HookbusHooks.open(agent_nc, agent_id="payments")
+        other = await HookbusHooks.open(again_nc, agent_id="payments")  # another process
         approver = await HookbusHooks.open(alice_nc, agent_id="payments")
         call = testing.tool_call(transfer, amount=21)
-        async with asyncio.timeout(10), hooks, approver:  # never "JetStream unavailable" (15 s)
+        # never "JetStream unavailable" (15 s)
+        async with asyncio.timeout(10), hooks, other, approver:
             async with hooks.run(
                 ai.Agent(tools=[transfer]), testing.FakeModel(script(call)),
                 [ai.user_message("pay 1200")], run_id="run-secured",
             ) as s:  # fmt: skip
+                held = await leases.get(claim)
+                assert held.value == hooks.suspensions.waiter_id.encode()  # type: ignore[union-attr]
+                with pytest.raises(hb_ai.RunInProgressError, match=held.value.decode()):
+                    await say_hello(other, "run-secured")
                 async for event in s:
                     if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
                         await approver.approve(event.hook, "Allow", approver="alice")
+            await say_hello(other, "run-secured")  # released: the other process runs it
     finally:
-        for conn in (alice_nc, agent_nc, admin_nc):
+        for conn in (alice_nc, again_nc, agent_nc, admin_nc):
             await conn.close()
     assert TRANSFERS == [21]
     assert tool_results(s.messages) == ["sent 21"]

@@ -41,6 +41,7 @@ from hookbus.schemas import (
     hook_events_subject,
     is_answer_key,
     label_from_key,
+    lease_key,
     parse_grant_key,
     parse_handler_key,
     parse_suspension_key,
@@ -49,6 +50,7 @@ from hookbus.schemas import (
     suspension_key,
     validate_name,
 )
+from hookbus.schemas._subjects import run_claim_key
 
 TRICKY_NAMES = [
     "tool:pre",
@@ -337,3 +339,23 @@ def test_grant_key_shape() -> None:
             parse_grant_key(bad)
     with pytest.raises(BadRequestError):
         grant_key("a", "", "e", "h", "t")
+
+
+def test_run_claim_key_shape() -> None:
+    """``r.<agent>.<run>`` in the leases bucket, beside the waiter leases ``w.<id>``: the
+    agent a token of its own (a permission on ``r.<agent>.*`` confines an agent to its
+    claims), the run id one encoded token; an unusable id is refused."""
+    assert run_claim_key("payments", "run-42") == "r.payments.run-42"
+    assert run_claim_key(None, "run:1") == "r.=.run=3A1"
+    assert lease_key("0a1b") == "w.0a1b"
+    keys = {run_claim_key(a, r) for a in (None, *TRICKY_NAMES) for r in TRICKY_NAMES}
+    assert len(keys) == (1 + len(TRICKY_NAMES)) * len(TRICKY_NAMES)  # one key per run
+    for key in keys:
+        assert KV_KEY.fullmatch(key) and key.count(".") == 2, key
+    assert run_claim_key("a", "é" * 170).count("=") == 340  # encoded: within the limit
+    for bad in ("", None, 42, "x" * 1025, "é" * 171):
+        with pytest.raises(BadRequestError, match="run id"):
+            run_claim_key("a", bad)  # type: ignore[arg-type]
+    for agent in ("x" * 201, 7):
+        with pytest.raises(BadRequestError, match="agent"):
+            run_claim_key(agent, "r")  # type: ignore[arg-type]

@@ -15,13 +15,17 @@
 - `Leases`: a waiter's record names its process's waiter id (``owner``); the process keeps
   ONE lease key alive in `LEASES_BUCKET` (put every lease/3 seconds) whose max age is the
   lease. Once the key is gone (expired by the server's clock; no host clock is compared) the
-  owner is dead, and a new ``hook(label)`` may take its record over.
+  owner is dead, and a new ``hook(label)`` may take its record over. The same heartbeat
+  keeps the process's run claims alive (`Leases.claim`: one key per run in progress,
+  created atomically, so one process runs a run id at a time); each is rewritten just
+  before the lease, so a dead process's claims lapse no later than its lease.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
@@ -34,7 +38,12 @@ from nats.aio.client import Client as NATS
 from nats.js.api import DeliverPolicy
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
-from hookbus.schemas import SuspensionRecord, lease_key, leases_bucket_config
+from hookbus.schemas import (
+    HookbusTimeoutError,
+    SuspensionRecord,
+    lease_key,
+    leases_bucket_config,
+)
 
 from ._kv import kv_retry, open_bucket, release_consumer, stream_sequence, subscribe_keys
 from ._records import Entry, RecordStore, is_record_key, parse_record
@@ -335,8 +344,23 @@ class SharedWatch:
             slot.push(entry, version=version)
 
 
+_CLAIM_TRIES = 10
+"""Tries of `Leases.claim` when the key keeps changing under it (released, lapsed)."""
+
+
+class _Claim:
+    """A run claim this process holds: the revision of its last write (None once lost to
+    a lapse) and how many run blocks of the process hold it."""
+
+    __slots__ = ("holders", "revision")
+
+    def __init__(self, revision: int) -> None:
+        self.revision: int | None = revision
+        self.holders = 1
+
+
 class Leases:
-    """This process's waiter lease (see the module docstring).
+    """This process's waiter lease and run claims (see the module docstring).
 
     Args:
         kv: the leases bucket (its max age is the lease).
@@ -350,6 +374,9 @@ class Leases:
         self._key = lease_key(self.waiter_id)
         self._last_put = -float("inf")
         self._task: asyncio.Task[None] | None = None
+        self._claims: dict[str, _Claim] = {}
+        self._claims_lock = asyncio.Lock()
+        self._background: set[asyncio.Task[Any]] = set()
 
     @classmethod
     async def open(cls, nc: NATS, *, lease_s: float = 15.0, replicas: int = 1) -> Leases:
@@ -394,12 +421,154 @@ class Leases:
             log.info("lease of %s unreadable (%r); counted alive", owner, exc)
         return True
 
+    # -- run claims -------------------------------------------------------------------------
+    async def claim(self, key: str) -> str | None:
+        """Claim `key` (a `run_claim_key`) for this process: create it with this waiter id
+        (atomically: of two processes one wins) and keep it alive with the lease's
+        heartbeat until `release`. A claim this process already holds is held once more
+        (each hold needs its `release`).
+
+        Returns:
+            None when this process holds the claim now, else the waiter id of the live
+            process that holds it (a claim exists only while its owner's heartbeat
+            rewrites it: a dead owner's lapses one lease after its last write).
+        Raises:
+            HookbusTimeoutError: the bucket stayed unavailable for one lease, or the key
+                kept changing under the claim.
+        """
+        await self.ensure()
+        task = asyncio.ensure_future(self._claim(key))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:  # the claim may still land: give it back then
+            self._in_background(self._undo_claim(key, task))
+            raise
+
+    async def release(self, key: str) -> None:
+        """Hold the claim `key` once less; at the last hold, delete it if it is still this
+        process's (else it is left to lapse). Runs to its end even if the caller is
+        cancelled meanwhile; never raises for a failed delete (the claim then lapses one
+        lease later)."""
+        await asyncio.shield(self._in_background(self._release(key)))
+
+    def _in_background(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def _claim(self, key: str) -> str | None:
+        value = self.waiter_id.encode()
+        lease_s = self.lease_s
+        async with self._claims_lock:
+            held = self._claims.get(key)
+            if held is not None and held.revision is not None:
+                held.holders += 1
+                return None
+            for _ in range(_CLAIM_TRIES):
+                try:
+                    revision = await kv_retry(
+                        lambda: self.kv.create(key, value),
+                        deadline_s=lease_s,
+                        what="claiming a run",
+                    )
+                except nats.js.errors.KeyWrongLastSequenceError:
+                    try:
+                        entry = await kv_retry(
+                            lambda: self.kv.get(key), deadline_s=lease_s, what="reading a run claim"
+                        )
+                    except nats.js.errors.KeyNotFoundError:
+                        continue  # released or lapsed meanwhile: create it again
+                    if entry.value != value:
+                        return (entry.value or b"").decode(errors="replace") or "unknown"
+                    try:  # ours (a create whose ack was lost, or a lost claim): take it
+                        revision = await kv_retry(
+                            functools.partial(self.kv.update, key, value, last=entry.revision),
+                            deadline_s=lease_s,
+                            what="taking a run claim back",
+                        )
+                    except nats.js.errors.KeyWrongLastSequenceError:
+                        continue
+                if held is not None:  # it had been lost to a lapse: held again
+                    held.revision, held.holders = revision, held.holders + 1
+                else:
+                    self._claims[key] = _Claim(revision)
+                # the lease is written after the claim, so the claim lapses no later
+                await kv_retry(self._put, deadline_s=self.lease_s, what="writing the waiter lease")
+                return None
+        raise HookbusTimeoutError(f"claiming {key[:120]}: the key kept changing under it")
+
+    async def _undo_claim(self, key: str, task: asyncio.Task[str | None]) -> None:
+        with contextlib.suppress(BaseException):
+            if await task is None:
+                await self._release(key)
+
+    async def _release(self, key: str) -> None:
+        async with self._claims_lock:
+            held = self._claims.get(key)
+            if held is None:
+                return
+            held.holders -= 1
+            if held.holders > 0:
+                return
+            del self._claims[key]
+            if held.revision is not None:
+                await self._delete_claim(key, held.revision)
+
+    async def _delete_claim(self, key: str, revision: int) -> None:
+        """Delete the claim `key` if its last write is still `revision` (ours)."""
+        try:
+            await kv_retry(
+                lambda: self.kv.delete(key, last=revision),
+                deadline_s=self.lease_s / 3,
+                what="releasing a run claim",
+            )
+        except Exception as exc:  # changed meanwhile (not ours), or unreachable: it lapses
+            log.info("run claim %s not deleted (%r); it lapses in one lease", key[:120], exc)
+
+    async def _renew_claims(self) -> None:
+        """Rewrite every claim this process holds (compare-and-set on its last write)."""
+        if not self._claims:
+            return
+        value = self.waiter_id.encode()
+        async with self._claims_lock:
+            for key, held in list(self._claims.items()):
+                if held.revision is None:
+                    continue
+                try:
+                    held.revision = await self.kv.update(key, value, last=held.revision)
+                    continue
+                except nats.js.errors.KeyWrongLastSequenceError:
+                    pass
+                try:  # an earlier rewrite landed unseen, or the claim lapsed meanwhile
+                    entry = await self.kv.get(key)
+                except nats.js.errors.KeyNotFoundError:
+                    entry = None
+                try:
+                    if entry is None:
+                        held.revision = await self.kv.create(key, value)
+                        continue
+                    if entry.value == value:
+                        held.revision = await self.kv.update(key, value, last=entry.revision)
+                        continue
+                except nats.js.errors.KeyWrongLastSequenceError:
+                    pass
+                held.revision = None
+                log.warning(
+                    "run claim %s lapsed and another process claimed it: that process may"
+                    " run the same run", key[:120],
+                )  # fmt: skip
+
     async def close(self) -> None:
         task, self._task = self._task, None
+        claims, self._claims = self._claims, {}
         if task is not None:
             await stop_task(task, "the lease heartbeat")
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2.0):
+                    for key, held in claims.items():
+                        if held.revision is not None:
+                            await self.kv.delete(key, last=held.revision)
                     await self.kv.delete(self._key)
 
     async def _put(self) -> None:
@@ -409,6 +578,11 @@ class Leases:
     async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(self.lease_s / 3)
+            try:  # the claims first: a claim never outlives the lease
+                async with asyncio.timeout(self.lease_s / 6):
+                    await self._renew_claims()
+            except Exception as exc:  # never let the heartbeat die silently
+                log.warning("run claim heartbeat failed: %r", exc)
             try:
                 async with asyncio.timeout(self.lease_s / 3):
                     await self._put()

@@ -135,6 +135,7 @@ from hookbus.dispatcher._proofs import first_proof, write_proof
 from hookbus.dispatcher._run_scopes import current_run_scope
 from hookbus.dispatcher._suspension_events import payload_schema
 from hookbus.dispatcher._tasks import stop_task
+from hookbus.dispatcher._waiter import Leases
 from hookbus.schemas import (
     APPROVAL_DEFAULT_OPTIONS,
     AlreadySettledError,
@@ -150,6 +151,7 @@ from hookbus.schemas import (
     approval_answer_key,
     decode,
 )
+from hookbus.schemas._subjects import run_claim_key
 
 __all__ = [
     "AI_METADATA_KEY",
@@ -198,9 +200,11 @@ HookTarget = str | ai_messages.HookPart[Any] | HookPart
 
 
 class RunInProgressError(DuplicateSuspensionError):
-    """Another live process runs this run id: it waits on one of the run's hooks and its
-    waiter lease lives. Its run is left alone; a process that died gives the run up when
-    its lease lapses (about 15 s)."""
+    """Another live process runs this run id: it holds the run's claim (from entering
+    `HookbusHooks.run` until leaving it, rewritten by its waiter lease's heartbeat), or
+    waits on one of the run's hooks with its waiter lease alive. Its run is left alone; a
+    process that died gives the run up when its claim and lease lapse (one lease after its
+    last heartbeat, about 15 s)."""
 
 
 def _label(target: HookTarget) -> str:
@@ -355,28 +359,63 @@ class HookbusHooks(ai_middleware._Middleware):
         and the same `run_id`, in any process. Within the block, the module functions (`hook`,
         `resolve_hook`, ...) use these hooks.
 
-        A run id is one live run: while another process waits on one of its hooks (its
-        waiter lease alive), starting it here raises `RunInProgressError` (before the agent
-        runs, or at the hook) and that process's run goes on unaffected. A process that
-        was killed holds its hooks until its lease lapses (about 15 s); then resume.
+        A run id is one live run: entering the block claims it (the key
+        ``r.<agent>.<run>`` in the leases bucket, created atomically and rewritten by this
+        process's lease heartbeat until the block is left, normally, by an exception or by
+        cancellation). While another process holds that claim (anywhere in its block:
+        between two hooks, while its model answers or a tool runs, or waiting on a hook),
+        starting the run here raises `RunInProgressError` before the agent runs, and that
+        process's run goes on unaffected. The same run id entered twice in this process
+        (the same waiter id) is not refused. A process that was killed holds the run until
+        its claim and lease lapse (one lease, about 15 s); then resume. Without `run_id`
+        the run gets a fresh random id, which no other process can know: nothing is claimed.
+
+        Raises:
+            RunInProgressError: another live process runs `run_id`.
+            BadRequestError: `run_id` is empty or too long to be a key.
+            HookbusTimeoutError: the leases bucket stayed unavailable for one lease.
         """
         middleware = [self, *(kwargs.pop("_middleware", None) or [])]
+        claim = None
         if run_id is not None:
-            await self._refuse_a_live_run(run_id)
-        async with self.suspensions.run(run_id):
-            with use_hooks(self):
-                try:
-                    async with agent.run(
-                        model, list(messages), _middleware=middleware, **kwargs
-                    ) as stream:
-                        yield stream
-                except BaseExceptionGroup as group:  # ai's task group: say it plainly
-                    refused = group.subgroup(RunInProgressError)
-                    if refused is None:
-                        raise
-                    while isinstance(refused, BaseExceptionGroup):
-                        refused = refused.exceptions[0]
-                    raise refused from None
+            claim = await self._claim_run(run_id)
+        try:
+            if run_id is not None:  # a hook of the run waited on elsewhere (kept: harmless)
+                await self._refuse_a_live_run(run_id)
+            async with self.suspensions.run(run_id):
+                with use_hooks(self):
+                    try:
+                        async with agent.run(
+                            model, list(messages), _middleware=middleware, **kwargs
+                        ) as stream:
+                            yield stream
+                    except BaseExceptionGroup as group:  # ai's task group: say it plainly
+                        refused = group.subgroup(RunInProgressError)
+                        if refused is None:
+                            raise
+                        while isinstance(refused, BaseExceptionGroup):
+                            refused = refused.exceptions[0]
+                        raise refused from None
+        finally:
+            if claim is not None:
+                await claim[0].release(claim[1])  # runs to its end even when cancelled
+
+    async def _claim_run(self, run_id: str) -> tuple[Leases, str]:
+        """Claim `run_id` for this process (see `run`): its leases and claim key.
+
+        Raises:
+            RunInProgressError: another live process holds the claim.
+        """
+        key = run_claim_key(self.suspensions.agent_id, run_id)
+        leases = await self.suspensions._lease()
+        owner = await leases.claim(key)
+        if owner is not None:
+            raise RunInProgressError(
+                f"run {run_id!r} is live in another process (waiter {owner} holds its claim):"
+                f" not started here. If that process died, start it again once its claim"
+                f" lapses (about {leases.lease_s:g} s)"
+            )
+        return leases, key
 
     async def _live_owner(self, record: Any, run_id: str) -> str | None:
         """The waiter id of another live process that waits on `record` for the run

@@ -93,6 +93,7 @@ __all__ = [
     "parse_registry_key",
     "parse_suspension_key",
     "required_key",
+    "run_claim_key",
     "suspension_event_subject",
     "suspension_events_subject",
     "suspension_key",
@@ -111,7 +112,8 @@ SUSPENSIONS_BUCKET: Final = "hookbus_suspensions"
 APPROVALS_BUCKET: Final = "hookbus_approvals"
 """JetStream KV bucket of "Allow always" grants (per agent, session, event, handler and tool)."""
 LEASES_BUCKET: Final = "hookbus_leases"
-"""KV bucket of waiter leases: one key per process with waiters, kept alive by a heartbeat
+"""KV bucket of waiter leases (`lease_key`: one key per process with waiters) and run claims
+(`run_claim_key`: one key per run in progress), each kept alive by its process's heartbeat
 and expired by the bucket's max age (the lease)."""
 HANDLER_SUBJECT_PREFIX: Final = f"{SUBJECT_PREFIX}.handler"
 """First tokens of every handler request subject (`handler_subject`)."""
@@ -388,6 +390,25 @@ def lease_key(waiter_id: str) -> str:
     if not waiter_id or len(waiter_id) > 64 or any(c not in "0123456789abcdef" for c in waiter_id):
         raise BadRequestError(f"not a waiter id: {waiter_id!r}")
     return f"w.{waiter_id}"
+
+
+def run_claim_key(agent_id: str | None, run_id: str) -> str:
+    """Key of a run claim in `LEASES_BUCKET`: ``r.<agent>.<run>`` (`agent_token` of
+    `agent_id`, `encode_token` of `run_id`). Its value is the waiter id of the process
+    running that run; it lives while that process's heartbeat rewrites it.
+
+    Raises:
+        BadRequestError: `run_id` is not a non-empty string or its encoding exceeds
+            `MAX_KEY_LENGTH` characters; `agent_id` is not a usable agent id.
+    """
+    if not isinstance(run_id, str) or not run_id:
+        raise BadRequestError(f"a run id must be a non-empty string, got {run_id!r}")
+    token = encode_token(run_id)
+    if len(token) > MAX_KEY_LENGTH:
+        raise BadRequestError(
+            f"run id too long: {len(token)} characters encoded, at most {MAX_KEY_LENGTH}"
+        )
+    return f"r.{agent_token(agent_id)}.{token}"
 
 
 def suspension_event_subject(label: str, status: str, agent_id: str | None = None) -> str:
