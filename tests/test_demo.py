@@ -25,7 +25,7 @@ from test_integration_ai_runner import INSTALL_TIMEOUT_S, _interpreter, _venv
 
 from hookbus.cli._auth import parse_worker
 from hookbus.cli._common import load_object
-from hookbus.cli._demo import demo_identities
+from hookbus.demo import demo_identities
 from hookbus.dispatcher._consumers import watch_keys
 from hookbus.dispatcher._kv import release_consumer
 from hookbus.schemas import HookResult, handlers_bucket_config

@@ -12,8 +12,8 @@ from typing import Any
 import jsonschema
 import msgspec
 
-from hookbus.cli._demo import Transcript
-from hookbus.cli._demo_aos import aos_request
+from hookbus.demo._aos import aos_request
+from hookbus.demo._common import Transcript
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from hookbus.cli._demo_agents import ai_venv
+from hookbus.demo._agents import ai_venv
 
 ROOT = Path(__file__).resolve().parent.parent
 AI_TESTS = ROOT / "tests" / "test_integration_ai.py"

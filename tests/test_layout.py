@@ -5,7 +5,10 @@
 - Direction: schemas at the bottom (no I/O, imports nothing of ours), workers
   and dispatcher import schemas and never each other; the framework integrations sit on
   the dispatcher and nothing of ours imports them (as does the test kit `hookbus.testing`, in
-  the integrations portion: it imports workers and dispatcher both); the CLI sits on top.
+  the integrations portion: it imports workers and dispatcher both); the CLI sits on top,
+  and the demo application `hookbus.demo` (in the CLI's portion, outside `hookbus.cli`) on
+  the CLI: the CLI loads it only inside its demo entries, nothing else of ours imports it.
+- No import cycle among hookbus modules, imports inside functions included.
 - The public exports (`__all__`) of each part are pinned, and each name resolves.
 """
 
@@ -22,11 +25,14 @@ ROOT = Path(__file__).resolve().parent.parent
 PORTIONS = ("schemas", "workers", "dispatcher", "cli", "integrations")
 
 FORBIDDEN: dict[str, set[str]] = {
-    "schemas": {"hookbus.workers", "hookbus.dispatcher", "hookbus.cli", "hookbus.integrations"},
-    "workers": {"hookbus.dispatcher", "hookbus.cli", "hookbus.integrations"},
-    "dispatcher": {"hookbus.workers", "hookbus.cli", "hookbus.integrations"},
-    "integrations": {"hookbus.cli"},
-}
+    "schemas": {
+        "hookbus.workers", "hookbus.dispatcher", "hookbus.cli", "hookbus.integrations",
+        "hookbus.demo",
+    },
+    "workers": {"hookbus.dispatcher", "hookbus.cli", "hookbus.integrations", "hookbus.demo"},
+    "dispatcher": {"hookbus.workers", "hookbus.cli", "hookbus.integrations", "hookbus.demo"},
+    "integrations": {"hookbus.cli", "hookbus.demo"},
+}  # fmt: skip
 """Per portion, the hookbus packages its modules may not import."""
 
 SCHEMAS_NO_IO = {
@@ -120,6 +126,130 @@ def test_the_checker_sees_violations(tmp_path: Path) -> None:
         "3 imports hookbus.dispatcher",
         "3 imports hookbus.dispatcher.HookDispatcher",
         "4 imports hookbus.cli",
+    ]
+
+
+DEMO_ENTRIES = {"cli/hookbus/cli/_main.py", "cli/hookbus/cli/_auth_cmd.py"}
+"""The CLI modules that load the demo application: the ``demo`` command (and its
+``--agents`` check) and ``hookbus auth init --demo``."""
+
+
+def _module_level_imports(path: Path) -> set[str]:
+    """The modules `path` names in import statements outside functions (absolute form)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module)
+        stack.extend(c for c in ast.iter_child_nodes(node) if not isinstance(c, functions))
+    return found
+
+
+def test_the_cli_loads_the_demo_only_in_its_demo_entries() -> None:
+    """The demo application sits on the CLI: inside `hookbus.cli`, only the demo entries
+    import it, and only when they run (``hookbus --help`` does not load it)."""
+    users = set()
+    for path in sorted((ROOT / "cli" / "hookbus" / "cli").rglob("*.py")):
+        rel = str(path.relative_to(ROOT))
+        imported = {t for _, t in _imports(ROOT, "cli", path)}
+        if any(t == "hookbus.demo" or t.startswith("hookbus.demo.") for t in imported):
+            users.add(rel)
+            at_import = _module_level_imports(path)
+            assert not any(t == "hookbus.demo" or t.startswith("hookbus.demo.") for t in at_import)
+    assert users == DEMO_ENTRIES
+    for path in sorted((ROOT / "cli" / "hookbus" / "demo").rglob("*.py")):
+        assert not any(t.startswith("hookbus.cli._main") for _, t in _imports(ROOT, "cli", path))
+
+
+def _modules(root: Path = ROOT) -> dict[str, tuple[str, Path]]:
+    """Every hookbus module of every portion: name -> (portion, file)."""
+    found: dict[str, tuple[str, Path]] = {}
+    for portion in PORTIONS:
+        if not (root / portion).is_dir():
+            continue
+        for path in sorted((root / portion).rglob("*.py")):
+            found[_module_name(root, portion, path)] = (portion, path)
+    return found
+
+
+def _import_cycles(root: Path = ROOT) -> list[list[str]]:
+    """The import cycles among hookbus modules (strongly connected components of more than
+    one module, and modules that import themselves), counting every import statement
+    wherever it is (inside functions and ``if TYPE_CHECKING:`` too) and literal
+    ``import_module`` calls; each cycle sorted, the list sorted."""
+    modules = _modules(root)
+    graph = {
+        name: {t for _, t in _imports(root, portion, path) if t in modules and t != name}
+        for name, (portion, path) in modules.items()
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    for start in graph:  # Tarjan's algorithm, iteratively
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, successors = work[-1]
+            for nxt in successors:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        cycles.append(sorted(component))
+    return sorted(cycles)
+
+
+EXPECTED_CYCLES: list[list[str]] = []
+"""Import cycles known and accepted: none."""
+
+
+def test_no_import_cycles() -> None:
+    assert _import_cycles() == EXPECTED_CYCLES
+
+
+def test_the_cycle_check_sees_cycles(tmp_path: Path) -> None:
+    """A cycle through an import inside a function, one through ``if TYPE_CHECKING:`` and
+    a relative import; a one-way chain is none."""
+    package = tmp_path / "cli" / "hookbus" / "cli"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "_a.py").write_text("from ._b import B\n")
+    (package / "_b.py").write_text("B = 1\n\ndef f():\n    from hookbus.cli._c import C\n")
+    (package / "_c.py").write_text("import typing\nif typing.TYPE_CHECKING:\n    from . import _a")
+    (package / "_d.py").write_text("import hookbus.cli._a\n")
+    (package / "_e.py").write_text("import importlib\nimportlib.import_module('hookbus.cli._f')\n")
+    (package / "_f.py").write_text("def g():\n    import hookbus.cli._e\n")
+    assert _import_cycles(tmp_path) == [
+        ["hookbus.cli._a", "hookbus.cli._b", "hookbus.cli._c"],
+        ["hookbus.cli._e", "hookbus.cli._f"],
     ]
 
 
@@ -332,6 +462,8 @@ PUBLIC_API: dict[str, set[str]] = {
     "hookbus.dispatcher": {
         "APPROVAL_LABEL_PREFIX",
         "AnswerNotAppliedError",
+        # an approver's entry point: the approvals bucket only
+        "ApprovalsClient",
         "DispatcherService",
         "Fold",
         "HookDispatcher",
@@ -357,6 +489,15 @@ PUBLIC_API: dict[str, set[str]] = {
         "unrequire_handler",
     },
     "hookbus.cli": {"EmbeddedNatsServer", "NatsServerNotFoundError", "find_nats_server"},
+    # the demo application (cli/hookbus/demo: the CLI's demo entries load it)
+    "hookbus.demo": {
+        "demo_identities",
+        "demo_main",
+        "find_examples_dir",
+        "parse_agents",
+        "run",
+        "secure_credentials",
+    },
     # the test kit (integrations/hookbus/testing.py: it imports workers and dispatcher)
     "hookbus.testing": {"WorkerTestKit"},
     "hookbus.amplifier": {

@@ -357,7 +357,7 @@ def test_a_command_needing_another_extra_names_it(
 def test_the_demo_runs_from_the_installed_wheel(demo_venv: Path, elsewhere: Path) -> None:
     env = _clean_env(demo_venv)
     python = str(demo_venv / "bin" / "python")
-    code = "from hookbus.cli._demo import find_examples_dir; print(find_examples_dir())"
+    code = "from hookbus.demo import find_examples_dir; print(find_examples_dir())"
     where = _run([python, "-c", code], cwd=elsewhere, env=env)
     assert where.returncode == 0, where.stderr
     assert where.stdout.strip().startswith(str(demo_venv)), where.stdout  # the wheel's copy

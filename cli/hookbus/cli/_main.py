@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 import click
 
 from ._approvals_cmd import approvals
-from ._auth import auth
+from ._auth_cmd import auth
 from ._claude_code_cmd import claude_code
 from ._common import (
     ConnectionSettings,
     connection_options,
-    connection_or_embedded,
     setup_logging,
 )
 from ._console_cmd import console
@@ -24,9 +22,9 @@ from ._emit_cmd import emit
 from ._gateway_cmd import gateway
 from ._handlers_cmd import handlers, services
 from ._lifecycle import LOOP_CHOICES, LOOP_ENV, loop_choice
-from ._otel import otel_session, otlp_option, print_denied_trace
+from ._otel import otlp_option
 from ._provision import provision_cmd
-from ._serve_cmds import dispatcher_cmd, run_async, server, worker
+from ._serve_cmds import dispatcher_cmd, server, worker
 from ._suspensions_cmd import hooks, suspensions
 from ._tail_cmd import tail
 from ._toplevel import run_cli
@@ -60,8 +58,8 @@ def cli(log_level: str, loop: str) -> None:
 
 
 def _demo_agents_option(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, ...]:
-    """``hookbus demo --agents``: see `parse_agents` (imported only when used)."""
-    from ._demo_agents import parse_agents
+    """``hookbus demo --agents``: see `hookbus.demo.parse_agents` (imported only when used)."""
+    from hookbus.demo import parse_agents
 
     return parse_agents(ctx, param, value)
 
@@ -133,29 +131,11 @@ def demo(
 ) -> None:
     """Run a fleet of agents whose tool calls are decided by remote hook workers; print the
     decision table; exit 1 if any decision differs from the transcript's expectation."""
-    from ._demo import demo_main, find_examples_dir, secure_credentials
+    from hookbus.demo import run  # the demo application, loaded only to run it
 
-    folder = Path(examples_dir) if examples_dir else find_examples_dir()
-    if otlp_endpoint:  # worker processes the demo starts export there too
-        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp_endpoint
-    with otel_session("hookbus-demo", otlp_endpoint, keep_spans=True) as otel:
-        if secure:
-            credentials = secure_credentials(Path(auth_dir), conn.url)
-            target = credentials("admin", "admin")
-            click.echo(f"secure demo: every process as its own identity from {auth_dir}/"
-                       f" at {target.url}", err=True)  # fmt: skip
-            code = run_async(demo_main(target, folder, interactive=interactive,
-                                       credentials=credentials, agents=agents,
-                                       ai_python=ai_python, via=via))  # fmt: skip
-        else:
-            if conn.url is None:  # nothing said where: the demo's own server
-                conn = ConnectionSettings(embedded=True, inbox_prefix=conn.inbox_prefix)
-            with connection_or_embedded(conn) as server:
-                code = run_async(demo_main(server, folder, interactive=interactive,
-                                           agents=agents, ai_python=ai_python,
-                                           via=via))  # fmt: skip
-        print_denied_trace(otel)
-    sys.exit(code)
+    sys.exit(run(conn, examples_dir, interactive=interactive, secure=secure, auth_dir=auth_dir,
+                 agents=agents, ai_python=ai_python, via=via,
+                 otlp_endpoint=otlp_endpoint))  # fmt: skip
 
 
 cli.add_command(server)

@@ -42,7 +42,7 @@ from hookbus.schemas import HookResult
 if TYPE_CHECKING:
     from hookbus.integrations._emit import Emit
 
-    from ._demo import AgentScript, Step
+    from ._common import AgentScript, Step
 
 __all__ = ["AosOutcome", "answer_step", "aos_request"]
 

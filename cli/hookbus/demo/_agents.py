@@ -51,6 +51,8 @@ from nats.js.kv import KeyValue
 from rich.console import Console
 from rich.table import Table
 
+from hookbus.cli._common import ConnectionSettings, connect, load_object
+from hookbus.cli._service_emit import service_emit
 from hookbus.dispatcher import HookDispatcher, Suspensions
 from hookbus.integrations._emit import Emit
 from hookbus.schemas import (
@@ -64,8 +66,7 @@ from hookbus.schemas import (
     encode,
 )
 
-from ._common import ConnectionSettings, connect, load_object
-from ._demo import (
+from ._common import (
     _STYLE,
     DEMO_APPROVER,
     Credentials,
@@ -75,7 +76,6 @@ from ._demo import (
     shown_action,
     with_ids,
 )
-from ._service_emit import service_emit
 
 __all__ = [
     "AI_AGENT_ID",
@@ -303,7 +303,7 @@ def ai_venv(checkout: Path) -> Path:
 
 
 def _venv_candidates() -> list[Path]:
-    here = Path(__file__).resolve().parents[3]  # cli/hookbus/cli/_demo_agents.py -> root
+    here = Path(__file__).resolve().parents[3]  # cli/hookbus/demo/_agents.py -> root
     venvs = [Path(v) for v in [os.environ.get("HOOKBUS_PY312_VENV")] if v]
     venvs += [ai_venv(Path.cwd()), ai_venv(here)]
     return [v / "bin" / "python" for v in dict.fromkeys(venvs)]

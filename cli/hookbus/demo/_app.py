@@ -11,7 +11,7 @@ What it does, in order:
 3. runs the agents concurrently, each with its own connection and `HookDispatcher`
    (``agent_id`` / ``session_id`` as default fields), emitting its steps in order (with
    ``--via aos``, sending each step as an OWASP AOS request through the AOS guardian door
-   instead, see `hookbus.cli._demo_aos`). With ``--secure`` the agents run no dispatcher
+   instead, see `hookbus.demo._aos`). With ``--secure`` the agents run no dispatcher
    of their own: the demo starts a `DispatcherService` as the ``dispatcher`` identity and
    each agent sends its emits to it (``hookbus.v1.emit.<agent>.<event>``), as the
    least-privilege ``agent`` role allows; the service calls the handlers and asks for
@@ -29,12 +29,11 @@ import os
 import re
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,11 +48,14 @@ from nats.js.kv import KeyValue
 from rich.console import Console
 from rich.table import Table
 
+from hookbus.cli._common import ConnectionSettings, connect, connection_or_embedded, load_object
+from hookbus.cli._otel import otel_session, print_denied_trace
+from hookbus.cli._serve_cmds import run_async
+from hookbus.cli._service_emit import service_emit
 from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, DispatcherService, HookDispatcher
 from hookbus.dispatcher._consumers import watch_keys
 from hookbus.integrations._emit import Emit
 from hookbus.schemas import (
-    Action,
     HandlerDeclaration,
     HookbusError,
     HookResult,
@@ -62,117 +64,56 @@ from hookbus.schemas import (
 )
 from hookbus.workers import HookWorker
 
-from ._common import ConnectionSettings, connect, load_object
-from ._service_emit import service_emit
+from ._common import (
+    _STYLE,
+    DEMO_APPROVER,
+    TRANSCRIPT_FILE,
+    AgentScript,
+    Credentials,
+    Step,
+    Transcript,
+    WorkerFile,
+    _AgentSetupError,
+    _single_errors,
+    _WorkerProcess,
+    deciding_handler,
+    load_transcript,
+    shown_action,
+    with_ids,
+)
 
 if TYPE_CHECKING:
-    from ._demo_aos import AosOutcome
+    from ._aos import AosOutcome
 
-__all__ = ["TRANSCRIPT_FILE", "Transcript", "demo_main", "find_examples_dir", "load_transcript"]
+__all__ = [
+    "demo_identities",
+    "demo_main",
+    "find_examples_dir",
+    "run",
+    "secure_credentials",
+]
 
-TRANSCRIPT_FILE = "transcript.json"
 READY_TIMEOUT_S = 60.0
 """Seconds to wait for every worker replica to subscribe and declare its handlers."""
 STOP_TIMEOUT_S = 10.0
 """Seconds a worker gets to drain after SIGTERM before it is killed."""
-APPROVER_READY = "approver ready"
-DEMO_APPROVER = "demo-approver"
-"""The approver name the demo's approver (the script, or the --interactive terminal)
-answers as; with --secure, the identity ``approver-demo-approver`` of the auth folder."""
-
-Credentials = Callable[[str, str], ConnectionSettings]
-"""(role, name) -> the connection settings of that identity (``hookbus demo --secure``)."""
-_DRAINED = re.compile(r"drained after (\d+) request")
-
-
-# -- the transcript -----------------------------------------------------------------------
-class _Spec(msgspec.Struct, forbid_unknown_fields=True):
-    """Base of the transcript types: a misspelt key is an error, not silently ignored."""
-
-
-class WorkerFile(_Spec):
-    """A worker to run: ``<examples>/<file>:<attr>`` in `replicas` processes."""
-
-    file: str
-    attr: str = "worker"
-    replicas: int = 1
-
-
-class Expect(_Spec):
-    """The decision a step must get."""
-
-    action: Action
-    decided_by: str | None = None
-    """The deciding handler (deny, ask_user), the modifying one (modify), or the injecting
-    ones joined by ``", "`` (inject_context). None: not checked."""
-
-
-class Step(_Spec):
-    """One emit of an agent."""
-
-    event: str
-    expect: Expect
-    data: dict[str, Any] = msgspec.field(default_factory=dict)
-    aos: str = ""
-    """The OWASP AOS hook this step replays (``steps/toolCallRequest``, ...)."""
-    note: str = ""
-
-
-class AgentScript(_Spec):
-    """One agent of the fleet and the steps it replays, in order."""
-
-    id: str
-    session_id: str
-    steps: list[Step]
-    name: str = ""
-
-
-class Transcript(_Spec):
-    """The whole demo: worker files and agents."""
-
-    workers: list[WorkerFile]
-    agents: list[AgentScript]
-    approver: str | None = None
-    """A script (``<examples>/<approver> NATS_URL``) that answers approvals; it prints
-    ``approver ready`` once subscribed. Replaced by a terminal prompt with --interactive."""
-    description: str = ""
-    source: str = ""
-
-
-def load_transcript(path: Path) -> Transcript:
-    """Read and check a transcript file.
-
-    Raises:
-        click.ClickException: unreadable file, invalid JSON, or a field that does not fit
-            (the message has the JSON path, e.g. ``$.agents[0].steps[3].expect.action``).
-    """
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise click.ClickException(f"cannot read the transcript {path}: {exc}") from exc
-    try:
-        transcript = msgspec.json.decode(raw, type=Transcript)
-    except msgspec.DecodeError as exc:
-        raise click.ClickException(f"{path} is not a valid transcript: {exc}") from exc
-    if not transcript.agents or not transcript.workers:
-        raise click.ClickException(f"{path}: a transcript needs at least one agent and one worker")
-    for i, worker in enumerate(transcript.workers):
-        if worker.replicas < 1:
-            raise click.ClickException(f"{path}: $.workers[{i}].replicas must be at least 1")
-    return transcript
 
 
 def find_examples_dir() -> Path:
     """The first folder holding a transcript of: ``./examples``; ``hookbus/cli/examples``
-    beside this module (the copy an installed wheel carries); the ``examples/`` folder of
-    the source checkout this module belongs to (``cli/hookbus/cli/_demo.py`` ->
+    (the copy an installed wheel carries, beside this package); the ``examples/`` folder
+    of the source checkout this module belongs to (``cli/hookbus/demo/_app.py`` ->
     ``examples/``, an editable install).
 
     Raises:
         click.ClickException: none exists.
     """
     here = Path(__file__).resolve()
-    candidates = [Path.cwd() / "examples", here.parent / "examples", here.parents[3] / "examples"]
+    candidates = [
+        Path.cwd() / "examples",
+        here.parents[1] / "cli" / "examples",
+        here.parents[3] / "examples",
+    ]
     for folder in candidates:
         if (folder / TRANSCRIPT_FILE).is_file():
             return folder
@@ -184,78 +125,6 @@ def find_examples_dir() -> Path:
 
 
 # -- worker processes -----------------------------------------------------------------------
-@dataclass(eq=False)
-class _WorkerProcess:
-    """One worker replica: its process, everything it printed, and how it ended."""
-
-    label: str
-    command: list[str]
-    env: dict[str, str] = field(default_factory=dict)
-    """Variables added to this process's environment (the connection settings)."""
-    process: anyio.abc.Process | None = None
-    lines: list[str] = field(default_factory=list)
-    exited: anyio.Event = field(default_factory=anyio.Event)
-    eof: anyio.Event = field(default_factory=anyio.Event)
-    ready: anyio.Event = field(default_factory=anyio.Event)
-    """Set when the process prints `APPROVER_READY` (the approver's ready signal)."""
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process else None
-
-    @property
-    def returncode(self) -> int | None:
-        return self.process.returncode if self.process else None
-
-    @property
-    def handled(self) -> int | None:
-        """Requests the worker answered, from its drain log line (None if it has none)."""
-        for line in reversed(self.lines):
-            if match := _DRAINED.search(line):
-                return int(match.group(1))
-        return None
-
-    def tail(self, n: int = 15) -> str:
-        return "\n".join(f"    {line}" for line in self.lines[-n:]) or "    (no output)"
-
-    async def start(self, tg: anyio.abc.TaskGroup) -> None:
-        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
-        self.process = await anyio.open_process(
-            self.command,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-        tg.start_soon(self._read)
-        tg.start_soon(self._wait)
-
-    async def _read(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
-        buffer = b""
-        try:
-            async for chunk in self.process.stdout:
-                buffer += chunk
-                *complete, buffer = buffer.split(b"\n")
-                self.lines.extend(line.decode(errors="replace") for line in complete)
-                if any(line.strip() == APPROVER_READY.encode() for line in complete):
-                    self.ready.set()
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            pass
-        finally:
-            if buffer:
-                self.lines.append(buffer.decode(errors="replace"))
-            self.eof.set()
-
-    async def _wait(self) -> None:
-        assert self.process is not None
-        await self.process.wait()
-        self.exited.set()
-
-    def send_signal(self, sig: signal.Signals) -> None:
-        if self.process is not None and self.process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.send_signal(sig)
 
 
 class _Fleet:
@@ -449,30 +318,6 @@ async def _approver_reported(approver: _WorkerProcess, answers: int, timeout_s: 
 
 
 # -- the agents --------------------------------------------------------------------------
-def shown_action(r: HookResult | None) -> str:
-    """The decision as the demo shows it: the result's action, ``modify`` for a plain
-    continue whose data a handler replaced (amplifier-core's emit returns it as ``continue``
-    with the data), ``error`` for no result (the emit raised)."""
-    if r is None:
-        return "error"
-    if r.action == "continue" and r.modified_by and not r.approval_prompt:
-        return "modify"
-    return r.action
-
-
-def deciding_handler(r: HookResult | None) -> str:
-    """Who decided: the deny / ask_user handler, the modifying handler(s)
-    (``result.modified_by``), the injecting handler(s), the asking handler of an allowed
-    approval; ``""`` for a plain continue or no result."""
-    if r is None:
-        return ""
-    if r.action in ("deny", "ask_user"):
-        return r.decided_by or "?"
-    if r.action == "inject_context":
-        return ", ".join(dict.fromkeys(i.hook_name for i in r.context_injections))
-    if shown_action(r) == "modify":
-        return ", ".join(dict.fromkeys(r.modified_by)) or "?"
-    return r.decided_by or ""  # continue after an approval names the asking handler
 
 
 @dataclass
@@ -534,10 +379,6 @@ class _Decision:
         return (self.aos.decision == "deny") if denied else self.aos.decision in ("allow", "modify")
 
 
-class _AgentSetupError(Exception):
-    pass
-
-
 def _routing_warnings(
     list_handlers: Callable[[str], dict[str, list[str]]], expected: dict[str, set[str]], who: str
 ) -> list[str]:
@@ -574,7 +415,7 @@ async def _run_agents(
     the routing is checked once, on the service's dispatcher (an agent may not read the
     handler registry)."""
     if via == "aos":  # the AOS door is imported only for --via aos
-        from ._demo_aos import answer_step
+        from ._aos import answer_step
 
     decisions: list[_Decision] = []
     warnings: list[str] = []
@@ -631,46 +472,7 @@ async def _run_agents(
     return decisions, time.perf_counter() - t0, warnings
 
 
-def with_ids(emit: Emit, agent_id: str, session_id: str) -> Emit:
-    """`emit` with `agent_id` and `session_id` as default fields of every event's data
-    (what `HookDispatcher.set_default_fields` does for an embedded one)."""
-
-    async def with_ids(
-        event: str,
-        data: dict[str, Any],
-        *,
-        idempotency_key: str | None = None,
-        timeout_s: float | None = None,
-    ) -> HookResult:
-        data = {"agent_id": agent_id, "session_id": session_id, **data}
-        return await emit(event, data, idempotency_key=idempotency_key, timeout_s=timeout_s)
-
-    return with_ids
-
-
-@contextlib.contextmanager
-def _single_errors() -> Iterator[None]:
-    """Re-raise a task group's lone exception as itself (clear CLI errors, no group)."""
-    try:
-        yield
-    except ExceptionGroup as group:
-        if len(group.exceptions) == 1:
-            exc = group.exceptions[0]
-            if isinstance(exc, _AgentSetupError):
-                raise click.ClickException(str(exc)) from None
-            raise exc from None
-        raise
-
-
 # -- output ------------------------------------------------------------------------------
-_STYLE = {
-    "deny": "bold red",
-    "modify": "yellow",
-    "inject_context": "cyan",
-    "ask_user": "magenta",
-    "continue": "green",
-    "error": "bold red",
-}
 
 
 def _short(value: Any, limit: int = 150) -> str:
@@ -949,7 +751,7 @@ async def _provision(nc: NATS, *, secure: bool) -> None:
     """
     try:
         if secure:
-            from ._provision import provision  # the auth commands, only for --secure
+            from hookbus.cli._provision import provision  # the auth commands, only for --secure
 
             await provision(nc)
         else:
@@ -1062,7 +864,7 @@ async def demo_main(
     step that AOS has a method for is sent as an OWASP AOS JSON-RPC request through the AOS
     guardian door, `hookbus.integrations.aos.answer`, in this process with the agent's
     dispatcher; the table adds the method sent and the AOS decision, which must agree with
-    the hookbus decision: see `hookbus.cli._demo_aos`).
+    the hookbus decision: see `hookbus.demo._aos`).
 
     Returns:
         0 if every decision matched the transcript's expectation and every framework agent
@@ -1072,7 +874,7 @@ async def demo_main(
             not ready within `READY_TIMEOUT_S` seconds, NATS not reachable, or a framework
             agent that cannot run here (see `prepare_agents`).
     """
-    from ._demo_agents import prepare_agents, report_agents  # only for --agents
+    from ._agents import prepare_agents, report_agents  # only for --agents
 
     console = _console()
     transcript = load_transcript(examples_dir / TRANSCRIPT_FILE)
@@ -1147,6 +949,47 @@ async def demo_main(
     return max(code, report_agents(console, outcomes))
 
 
+def run(
+    conn: ConnectionSettings,
+    examples_dir: str | None,
+    *,
+    interactive: bool,
+    secure: bool,
+    auth_dir: str,
+    agents: tuple[str, ...],
+    ai_python: str | None,
+    via: str,
+    otlp_endpoint: str | None,
+) -> int:
+    """``hookbus demo`` with its options (the CLI's command only loads this): the server is
+    `conn`, else the demo's own embedded one; with `secure`, the identities of `auth_dir`.
+
+    Returns:
+        the exit code (`demo_main`'s).
+    """
+    folder = Path(examples_dir) if examples_dir else find_examples_dir()
+    if otlp_endpoint:  # worker processes the demo starts export there too
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp_endpoint
+    with otel_session("hookbus-demo", otlp_endpoint, keep_spans=True) as otel:
+        if secure:
+            credentials = secure_credentials(Path(auth_dir), conn.url)
+            target = credentials("admin", "admin")
+            click.echo(f"secure demo: every process as its own identity from {auth_dir}/"
+                       f" at {target.url}", err=True)  # fmt: skip
+            code = run_async(demo_main(target, folder, interactive=interactive,
+                                       credentials=credentials, agents=agents,
+                                       ai_python=ai_python, via=via))  # fmt: skip
+        else:
+            if conn.url is None:  # nothing said where: the demo's own server
+                conn = ConnectionSettings(embedded=True, inbox_prefix=conn.inbox_prefix)
+            with connection_or_embedded(conn) as server:
+                code = run_async(demo_main(server, folder, interactive=interactive,
+                                           agents=agents, ai_python=ai_python,
+                                           via=via))  # fmt: skip
+        print_denied_trace(otel)
+    return code
+
+
 # -- identities (hookbus demo --secure) ----------------------------------------------------
 def worker_identity(file: str) -> str:
     """The worker identity that serves a worker file: its stem (``security_policy.py`` ->
@@ -1168,7 +1011,7 @@ def demo_identities(
     Raises:
         click.ClickException: a bad transcript or worker file.
     """
-    from ._demo_agents import FRAMEWORK_AGENT_IDS  # the --agents ones act as agents too
+    from ._agents import FRAMEWORK_AGENT_IDS  # the --agents ones act as agents too
 
     transcript = load_transcript(examples_dir / TRANSCRIPT_FILE)
     declared = _expected_declarations(examples_dir, transcript)
@@ -1197,9 +1040,8 @@ def secure_credentials(
         click.ClickException: the folder has no ``hookbus-auth.json``; later, an identity the
             demo needs is missing (add it with ``hookbus auth add``).
     """
+    from hookbus.cli._auth import load_setup  # the auth files, only for --secure
     from hookbus.schemas._permissions import inbox_prefix
-
-    from ._auth import load_setup  # the auth commands, only for --secure
 
     setup = load_setup(auth_dir)
     chosen = tenant or setup.tenants[0]

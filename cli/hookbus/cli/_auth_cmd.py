@@ -1,0 +1,197 @@
+"""The `hookbus auth` commands (`init`, `add`, `table`; `provision` is added from
+`hookbus.cli._provision`): the click face of `hookbus.cli._auth`, which writes and reads
+the files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from hookbus.schemas._permissions import ROLES
+
+from ._auth import (
+    AUTH_CONF,
+    CLUSTER_CONF,
+    SERVER_CONF,
+    add_identity,
+    init_setup,
+    markdown_table,
+    worker_pairs,
+)
+
+__all__ = ["auth"]
+
+_ADDABLE = ("agent", "worker", "approver", "auditor", "dispatcher", "admin")
+
+
+@click.group()
+def auth() -> None:
+    """NATS credentials for hookbus: nkey users with role permissions, one account per tenant."""
+
+
+@auth.command("init")
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder to write server.conf, auth.conf, seeds and contexts to.",
+)
+@click.option("--tenant", "tenants", multiple=True, help="A tenant (NATS account); repeat.")
+@click.option(
+    "--agent",
+    "agents",
+    multiple=True,
+    help="An agent identity, a client of the dispatcher service; repeat.",
+)
+@click.option(
+    "--embedded-agent",
+    "embedded_agents",
+    multiple=True,
+    help="An agent identity that runs its own HookDispatcher (calls handlers itself; "
+    "approvals still go through the dispatcher service); repeat.",
+)
+@click.option(
+    "--worker",
+    "workers",
+    multiple=True,
+    metavar="NAME:EVENT/HANDLER[,EVENT/HANDLER]",
+    help="A worker identity and the (event, handler) pairs it serves, e.g. "
+    "security:tool:pre/security_policy; repeat.",
+)
+@click.option("--approver", "approvers", multiple=True, help="An approver identity; repeat.")
+@click.option("--auditor", "auditors", multiple=True, help="An auditor identity; repeat.")
+@click.option(
+    "--route",
+    "routes",
+    multiple=True,
+    metavar="HOST:PORT",
+    help="A cluster node's route address; repeat. Writes cluster-auth.conf (route password).",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
+@click.option("--port", default=4222, show_default=True, help="Client port.")
+@click.option(
+    "--store-dir", default=None, help="JetStream store (default: OUT/jetstream, absolute)."
+)
+@click.option("--tls-cert", type=click.Path(dir_okay=False), help="Server certificate (PEM).")
+@click.option("--tls-key", type=click.Path(dir_okay=False), help="Server key (PEM).")
+@click.option("--tls-ca", type=click.Path(dir_okay=False), help="CA clients verify it with.")
+@click.option(
+    "--tls/--no-tls",
+    "tls",
+    default=True,
+    show_default=True,
+    help="Make a local CA and a server certificate (for --host, 127.0.0.1, ::1, localhost) "
+    "unless --tls-cert is given; --no-tls: plain TCP (a laptop).",
+)
+@click.option(
+    "--demo",
+    is_flag=True,
+    help="Also the identities `hookbus demo --secure` uses: its agents, one worker per "
+    "example worker file (with the handlers the file declares) and its approver.",
+)
+def init_cmd(
+    demo: bool,
+    out: Path,
+    tenants: tuple[str, ...],
+    agents: tuple[str, ...],
+    embedded_agents: tuple[str, ...],
+    workers: tuple[str, ...],
+    approvers: tuple[str, ...],
+    auditors: tuple[str, ...],
+    routes: tuple[str, ...],
+    host: str,
+    port: int,
+    store_dir: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    tls_ca: str | None,
+    tls: bool,
+) -> None:
+    """Write a nats-server config with one nkey user per identity: an admin and a
+    dispatcher, plus the agents, workers, approvers and auditors asked for, in every
+    tenant (default tenant HOOKBUS; files of another tenant T go to OUT/T/).
+
+    Run it with `hookbus server --config OUT/server.conf`; connect a client with
+    `--nkey OUT/<role>-<name>.nk`."""
+    if demo:
+        from hookbus.demo import demo_identities, find_examples_dir  # only for --demo
+
+        demo_agents, demo_embedded, demo_workers, demo_approvers = demo_identities(
+            find_examples_dir()
+        )
+        agents, workers = (*agents, *demo_agents), (*workers, *demo_workers)
+        embedded_agents = (*embedded_agents, *demo_embedded)
+        approvers = (*approvers, *demo_approvers)
+    setup = init_setup(
+        out,
+        tenants=tenants,
+        agents=agents,
+        embedded_agents=embedded_agents,
+        workers=workers,
+        approvers=approvers,
+        auditors=auditors,
+        routes=routes,
+        host=host,
+        port=port,
+        store_dir=store_dir,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        tls_ca=tls_ca,
+        tls=tls,
+    )
+    for ident in setup.identities:
+        click.echo(f"{ident.tenant:<10} {ident.role:<10} {ident.name:<20} {ident.seed_path(out)}")
+    click.echo(f"server config: {out / SERVER_CONF} (accounts and users: {out / AUTH_CONF})")
+    if setup.routes:
+        click.echo(f"route credentials for every node's cluster block: {out / CLUSTER_CONF}")
+
+
+@auth.command("add")
+@click.argument("role", type=click.Choice(_ADDABLE))
+@click.argument("name")
+@click.option(
+    "--dir",
+    "out",
+    required=True,
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="The folder `hookbus auth init` wrote.",
+)
+@click.option("--tenant", default=None, help="Its tenant (default: HOOKBUS, or the only one).")
+@click.option(
+    "--handler",
+    "handlers",
+    multiple=True,
+    metavar="EVENT/HANDLER",
+    help="An (event, handler) pair a worker serves, e.g. tool:pre/redact_pii; repeat.",
+)
+@click.option(
+    "--from",
+    "from_worker",
+    metavar="FILE.py:ATTR",
+    help="A worker: serve every (event, handler) the HookWorker FILE.py:ATTR declares.",
+)
+@click.option("--embedded", is_flag=True, help="An agent that runs its own HookDispatcher.")
+def add_cmd(
+    role: str,
+    name: str,
+    out: Path,
+    tenant: str | None,
+    handlers: tuple[str, ...],
+    from_worker: str | None,
+    embedded: bool,
+) -> None:
+    """Add one identity and write auth.conf again (existing seeds are never changed).
+    Reload the running server afterwards (`nats-server --signal reload` or SIGHUP)."""
+    if role not in ROLES:  # narrows the click choice to a role
+        raise click.BadParameter(f"unknown role {role!r}")
+    if from_worker:
+        handlers = (*handlers, *worker_pairs(from_worker))
+    ident = add_identity(out, role, name, tenant=tenant, handlers=handlers, embedded=embedded)
+    click.echo(f"{ident.tenant} {ident.role} {ident.name}: {ident.seed_path(out)}")
+
+
+@auth.command("table")
+def table_cmd() -> None:
+    """Print the role -> permissions table (markdown), as in docs/security.md."""
+    click.echo(markdown_table(), nl=False)
