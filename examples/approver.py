@@ -1,6 +1,7 @@
 """The demo's approver: a separate process that answers pending approvals through NATS.
 
-Run as ``python approver.py NATS_URL``. It watches suspension events and answers every pending
+Run as ``python approver.py NATS_URL``. It opens the approvals bucket alone (`ApprovalsClient`:
+no dispatcher, no handler registry), watches suspension events and answers every pending
 approval with "Allow once" (a real one would show the prompt to a person: see
 ``hookbus approvals`` and ``hookbus demo --interactive``). It prints one line per answer.
 """
@@ -16,7 +17,7 @@ from typing import Any
 
 import nats
 
-from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher
+from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, ApprovalsClient
 from hookbus.schemas import HookbusError
 
 CHOICE = "Allow once"
@@ -44,8 +45,8 @@ async def main(url: str) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with HookDispatcher(nc, approvals=False) as hooks:
-        events = await hooks.hook_events()
+    async with ApprovalsClient(nc) as approvals:
+        events = await approvals.events()
         print("approver ready", flush=True)
 
         async def answer() -> None:
@@ -54,7 +55,7 @@ async def main(url: str) -> None:
                 if hook.status != "pending" or not hook.label.startswith(APPROVAL_LABEL_PREFIX):
                     continue
                 try:
-                    await hooks.answer_approval(
+                    await approvals.answer_approval(
                         hook.label, CHOICE, approver=APPROVER, agent_id=hook.agent_id
                     )
                 except HookbusError as exc:

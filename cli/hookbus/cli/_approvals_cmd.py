@@ -7,28 +7,57 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TypeVar
 
+import anyio
 import click
 from rich.table import Table
 
-from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher
+from hookbus.dispatcher import ApprovalsClient
 from hookbus.schemas import (
     ApprovalGrant,
+    HookbusError,
     NotPermittedError,
     SuspensionRecord,
     grant_key,
     to_builtins,
 )
 
-from ._common import ConnectionSettings, connection_options, with_dispatcher
+from ._common import (
+    ConnectionSettings,
+    close_quietly,
+    connect,
+    connection_options,
+    connection_or_embedded,
+)
 from ._connect import auth_identity
 from ._output import id_column, is_short_id, short_id, table_console
 
 T = TypeVar("T")
 
 
-def _with_dispatcher(conn: ConnectionSettings, fn: Callable[[HookDispatcher], Awaitable[T]]) -> T:
+def _with_approvals(conn: ConnectionSettings, fn: Callable[[ApprovalsClient], Awaitable[T]]) -> T:
+    """Run ``fn(approvals)`` on an `ApprovalsClient` (the approvals bucket only: no registry
+    watch, no request inboxes) connected as client ``hookbus-approvals`` with `conn` (no URL:
+    `LOCAL_URL` if a server answers there; ``--embedded``: a private server for this call).
+
+    Raises:
+        click.ClickException: a hookbus error, as one line (a refusal says which
+            credentials answer).
+    """
+
+    async def run(server: ConnectionSettings) -> T:
+        nc = await connect(server, name="hookbus-approvals")
+        try:
+            async with ApprovalsClient(nc) as approvals:
+                return await fn(approvals)
+        finally:
+            await close_quietly(nc)
+
     try:
-        return with_dispatcher(conn, fn, name="hookbus-approvals")
+        with connection_or_embedded(conn) as server:
+            try:
+                return anyio.run(run, server, backend="asyncio")
+            except HookbusError as exc:
+                raise click.ClickException(str(exc)) from exc
     except click.ClickException as exc:
         refusal = exc.__cause__
         if not isinstance(refusal, NotPermittedError) or ".STREAM.CREATE." in refusal.subject:
@@ -58,9 +87,8 @@ def approvals(ctx: click.Context, conn: ConnectionSettings, as_json: bool) -> No
         ctx.invoke(approvals_list, conn=conn, as_json=as_json)
 
 
-async def _pending_approvals(d: HookDispatcher) -> list[SuspensionRecord]:
-    page = await d.approval_page(status="pending", prefix=APPROVAL_LABEL_PREFIX)
-    return [r for r in page.records if r.metadata.get("kind") == "approval"]
+async def _pending_approvals(approvals: ApprovalsClient) -> list[SuspensionRecord]:
+    return await approvals.pending_approvals()
 
 
 @approvals.command("list")
@@ -69,7 +97,7 @@ async def _pending_approvals(d: HookDispatcher) -> list[SuspensionRecord]:
 def approvals_list(conn: ConnectionSettings, as_json: bool) -> None:
     """Pending approvals with prompt, options, handler and tool. `answer` takes the label
     or the id beside it (8 characters, the same on every run)."""
-    records = _with_dispatcher(conn, _pending_approvals)
+    records = _with_approvals(conn, _pending_approvals)
     if as_json:
         rows = [{"id": short_id(r.label), **to_builtins(r)} for r in records]
         click.echo(json.dumps(rows, indent=2))
@@ -120,7 +148,7 @@ def approvals_answer(
             f" as {me.name} only, not as {approver} (give --approver {me.name})"
         )
 
-    async def answer(d: HookDispatcher) -> str:
+    async def answer(d: ApprovalsClient) -> str:
         by_id = is_short_id(label)
         found = [r for r in await _pending_approvals(d)
                  if r.label == label or (by_id and short_id(r.label) == label)]  # fmt: skip
@@ -136,7 +164,7 @@ def approvals_answer(
         await d.answer_approval(record.label, choice, approver=approver, agent_id=record.agent_id)
         return record.label
 
-    answered = _with_dispatcher(conn, answer)
+    answered = _with_approvals(conn, answer)
     click.echo(f"answered {answered}: {choice} (as {approver})")
 
 
@@ -177,12 +205,12 @@ def approvals_grants(
     session, when its handler asks on its event, until revoked or expired, while the answer
     of its approver ("approved by") to its approval still holds."""
 
-    async def grants(d: HookDispatcher) -> list[ApprovalGrant]:
+    async def grants(d: ApprovalsClient) -> list[ApprovalGrant]:
         return await d.approval_grants(
             agent_id=agent, session_id=session, event=event, handler=handler, tool=tool
         )
 
-    found = _with_dispatcher(conn, grants)
+    found = _with_approvals(conn, grants)
     if as_json:
         rows = [{"key": _key(g), "id": short_id(_key(g)), **to_builtins(g)} for g in found]
         click.echo(json.dumps(rows, indent=2))
@@ -228,7 +256,7 @@ def approvals_revoke(
     if keys and (filtered or revoke_all):
         raise click.UsageError("give either KEYs or filters, not both")
 
-    async def revoke(d: HookDispatcher) -> list[str]:
+    async def revoke(d: ApprovalsClient) -> list[str]:
         if keys:
             targets = await _keys_of(d, keys)
         else:
@@ -242,11 +270,11 @@ def approvals_revoke(
             await d.revoke_grant(key)
         return targets
 
-    for key in _with_dispatcher(conn, revoke):
+    for key in _with_approvals(conn, revoke):
         click.echo(f"revoked {key}")
 
 
-async def _keys_of(d: HookDispatcher, given: tuple[str, ...]) -> list[str]:
+async def _keys_of(d: ApprovalsClient, given: tuple[str, ...]) -> list[str]:
     """The grant keys `given` name: a key as is, an id (`short_id`) as the key it stands for.
 
     Raises:

@@ -4,6 +4,7 @@ suspensions and approvals."""
 from hookbus.schemas import HookResult
 
 from ._approvals import APPROVAL_LABEL_PREFIX, AnswerNotAppliedError, approval_label, is_allow
+from ._approvals_client import ApprovalsClient
 from ._dispatcher import HookDispatcher
 from ._fold import Fold
 from ._liveness import HandlerStatus, LiveReplica, RegistryView, describe_handlers, live_handlers
@@ -16,6 +17,7 @@ from ._suspensions import HookEventStream, PendingHook, RunScope, SuspensionPage
 __all__ = [
     "APPROVAL_LABEL_PREFIX",
     "AnswerNotAppliedError",
+    "ApprovalsClient",
     "DispatcherEndpoint",
     "DispatcherReplica",
     "DispatcherService",

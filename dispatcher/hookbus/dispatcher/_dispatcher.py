@@ -2,77 +2,43 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import dataclasses
-import logging
-import math
-import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
-from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, overload
 
-import msgspec
-import nats.errors
 from nats.aio.client import Client as NATS
 
 from hookbus.schemas import (
     DECISIONS_DEFAULT_MAX_AGE_S,
     DECISIONS_DEFAULT_MAX_BYTES,
-    STANDARD_EVENTS,
     ApprovalAnswer,
-    BadRequestError,
     FailurePolicy,
-    HandlerFailure,
     HookbusError,
     HookResult,
     HookStatus,
     NotConnectedError,
     StandardEvents,
-    SuspensionAbortedError,
     SuspensionRecord,
-    UnknownEventError,
-    json_copy,
-    json_safe,
     validate_name,
 )
-from hookbus.schemas._handler_options import HandlerOptions
 
-from ._approvals import (
-    APPROVAL_LABEL_PREFIX,
-    MAX_APPROVAL_TIMEOUT_S,
-    ApprovalGrant,
-    Approvals,
-    joined_decision,
-)
-from ._audit import DecisionLog, current_trace_id
-from ._calls import Failed, Outcome, call_local
-from ._fold import Fold
-from ._grants import Grants
-from ._kv import ensure_buckets
+from ._approvals import APPROVAL_LABEL_PREFIX, ApprovalGrant, Approvals
+from ._approvals_client import ApprovalsClient
+from ._audit import DecisionLog
+from ._calls import Outcome
+from ._emitter import Emitter
+from ._folding import RouteFolder
+from ._local_handlers import LocalHandlers
 from ._records import SuspensionPage
 from ._router import EmitContext, Router
 from ._routes import LocalHandler, Route
+from ._stores import Stores
 from ._suspensions import HookEventStream, PendingHook, RunScope, Suspensions
-from ._telemetry import (
-    start_call_span,
-    traced_call,
-    traced_collect,
-    traced_emit,
-)
+from ._telemetry import traced_call, traced_collect, traced_emit
 
 __all__ = ["HookDispatcher"]
 
 T = TypeVar("T")
-
-_CallGroup = Callable[[list[Route], EmitContext, dict[str, Any]], Awaitable[list[Outcome]]]
-"""How `_fold_each` gets the outcomes of a group of handlers called on the same data."""
-
-log = logging.getLogger("hookbus.dispatcher")
-
-_SETTLE_S = 1.0
-"""Seconds past an emit's deadline that settling its approval (the store's reads and the
-closing write) may take before the call is denied as unknown."""
 
 
 class HookDispatcher(StandardEvents):
@@ -147,31 +113,41 @@ class HookDispatcher(StandardEvents):
             validate_name("agent", agent_id)
         self._agent_id = agent_id
         self._nc = nc
-        self._strict = strict_events
-        self._bucket_replicas = bucket_replicas
         self._router = Router(nc, resync_s=resync_s, bucket_replicas=bucket_replicas)
         self._table = self._router.table
+        self._local = LocalHandlers(self._table)
         self._defaults: dict[str, Any] = {}
         self._started = False
-        self._approvals_on = approvals
-        self._suspension_ttl_s = suspension_ttl_s
-        self._approval_ttl_s = approval_ttl_s
-        self._max_pending_approvals = max_pending_approvals
-        self._answer_wait_s = answer_wait_s
-        self._strict_buckets = strict_buckets
-        self._suspensions: Suspensions | None = None
-        self._approvals: Approvals | None = None
-        self._approvals_view: Approvals | None = None  # answering / listing, approvals off
-        self.audit = audit
+        self._folder = RouteFolder(self._router, self._call, chains=chains)
+        self._emitter = Emitter(
+            self._router, self._folder, strict_events=strict_events, agent_id=agent_id
+        )
+        self._stores = Stores(
+            self._emitter, agent_id=agent_id, bucket_replicas=bucket_replicas,
+            approvals=approvals, suspension_ttl_s=suspension_ttl_s,
+            approval_ttl_s=approval_ttl_s, max_pending_approvals=max_pending_approvals,
+            answer_wait_s=answer_wait_s, strict_buckets=strict_buckets, audit=audit,
+            audit_max_age_s=audit_max_age_s, audit_max_bytes=audit_max_bytes,
+        )  # fmt: skip
+
+    @property
+    def audit(self) -> bool:
         """Whether `start` turns the decision audit trail on (set it before `start`)."""
-        self._audit_retention = (audit_max_age_s, audit_max_bytes)
-        self._decisions: DecisionLog | None = None
-        self.chains = chains
-        self._plans: dict[
-            tuple[tuple[Route, ...], bool], tuple[tuple[str, tuple[Route, ...]], ...]
-        ] = {}
+        return self._stores.audit
+
+    @audit.setter
+    def audit(self, on: bool) -> None:
+        self._stores.audit = on
+
+    @property
+    def chains(self) -> bool:
         """Whether a sequence of adjacent remote handlers of one worker process goes as one chain
         request (one round trip) instead of one request per handler."""
+        return self._folder.chains
+
+    @chains.setter
+    def chains(self, on: bool) -> None:
+        self._folder.chains = on
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -182,39 +158,7 @@ class HookDispatcher(StandardEvents):
         if self._started or self._nc is None:
             return
         self._router.nc = self._nc
-        await ensure_buckets(  # created as asked, or reported if they differ
-            self._nc,
-            replicas=self._bucket_replicas,
-            suspension_ttl_s=self._suspension_ttl_s,
-            # an agent's own dispatcher may only get its own keys of the approvals bucket:
-            # `Approvals.open` binds it (on an open server, opens or creates it)
-            approval_ttl_s=(
-                MAX_APPROVAL_TIMEOUT_S if self._approvals_on and self._agent_id is None else None
-            ),
-            strict=self._strict_buckets,
-        )
-        await self._router.start()
-        self._suspensions = await Suspensions.open(
-            self._nc,
-            ttl_s=self._suspension_ttl_s,
-            replicas=self._bucket_replicas,
-            agent_id=self._agent_id,
-            scoped=self._agent_id is not None,
-        )
-        if self._approvals_on:
-            self._approvals = await self._open_approvals()
-        if self.audit and self._decisions is None:
-            max_age_s, max_bytes = self._audit_retention
-            decisions = DecisionLog(
-                self._nc,
-                max_age_s=max_age_s,
-                max_bytes=max_bytes,
-                replicas=self._bucket_replicas,
-                strict=self._strict_buckets,
-                open_stream=self._agent_id is None,
-            )
-            await decisions.start()
-            self._decisions = decisions
+        await self._stores.open(self._nc, self._router)
         await self._nc.flush()
         self._started = True
 
@@ -228,15 +172,7 @@ class HookDispatcher(StandardEvents):
     async def close(self) -> None:
         """Stop watching and unsubscribe (idempotent). The connection stays the caller's."""
         await self._router.close()
-        for approvals in (self._approvals, self._approvals_view):
-            if approvals is not None:
-                await approvals.close()
-        self._approvals = self._approvals_view = None
-        if self._suspensions is not None:
-            await self._suspensions.close()
-        if self._decisions is not None:
-            await self._decisions.close(timeout_s=2.0)  # queued records get 2 s more
-            self._decisions = None
+        await self._stores.close()
         self._started = False
 
     async def __aenter__(self) -> HookDispatcher:
@@ -253,32 +189,16 @@ class HookDispatcher(StandardEvents):
     # -- amplifier-core HookRegistry API -------------------------------------------------
     @overload
     def register(
-        self,
-        event: str,
-        handler: LocalHandler,
-        priority: int = 0,
-        name: str | None = None,
-        *,
-        timeout_s: float | None = None,
-        failure_policy: FailurePolicy = "ignore",
-        tool_filter: list[str] | None = None,
-        parallel: bool = False,
-        pure: bool = False,
-    ) -> Callable[[], None]: ...
+        self, event: str, handler: LocalHandler, priority: int = 0, name: str | None = None, *,
+        timeout_s: float | None = None, failure_policy: FailurePolicy = "ignore",
+        tool_filter: list[str] | None = None, parallel: bool = False, pure: bool = False,
+    ) -> Callable[[], None]: ...  # fmt: skip
     @overload
     def register(
-        self,
-        event: str,
-        handler: None = None,
-        priority: int = 0,
-        name: str | None = None,
-        *,
-        timeout_s: float | None = None,
-        failure_policy: FailurePolicy = "ignore",
-        tool_filter: list[str] | None = None,
-        parallel: bool = False,
-        pure: bool = False,
-    ) -> Callable[[LocalHandler], LocalHandler]: ...
+        self, event: str, handler: None = None, priority: int = 0, name: str | None = None, *,
+        timeout_s: float | None = None, failure_policy: FailurePolicy = "ignore",
+        tool_filter: list[str] | None = None, parallel: bool = False, pure: bool = False,
+    ) -> Callable[[LocalHandler], LocalHandler]: ...  # fmt: skip
     def register(
         self,
         event: str,
@@ -315,47 +235,10 @@ class HookDispatcher(StandardEvents):
                 long, or with characters NATS subjects cannot carry), or `timeout_s`,
                 `failure_policy` or `tool_filter` is out of its bounds (also a `ValueError`).
         """
-        validate_name("event", event)
-        options = HandlerOptions.local(
-            priority=priority,
-            timeout_s=timeout_s,
-            failure_policy=failure_policy,
-            tool_filter=tool_filter,
-            parallel=parallel,
-            pure=pure,
-        )
-        if name is not None and not isinstance(name, str):
-            raise TypeError(f"handler name must be a str, not {type(name).__name__}")
-        if handler is None:
-
-            def decorator(fn: LocalHandler) -> LocalHandler:
-                self.register(
-                    event,
-                    fn,
-                    priority,
-                    name,
-                    timeout_s=timeout_s,
-                    failure_policy=failure_policy,
-                    tool_filter=tool_filter,
-                    parallel=parallel,
-                    pure=pure,
-                )
-                return fn
-
-            return decorator
-        route = Route.make(
-            event=event,
-            name=name or str(getattr(handler, "__name__", "handler")),
-            priority=options.priority,
-            timeout_s=options.timeout_s,
-            failure_policy=options.failure_policy,
-            parallel=options.parallel,
-            tool_filter=options.tool_filter,
-            local=handler,
-            seq=self._table.next_seq(),
-            pure=options.pure,
-        )
-        return self._table.add_local(route)
+        return self._local.register(
+            event, handler, priority, name, timeout_s=timeout_s, failure_policy=failure_policy,
+            tool_filter=tool_filter, parallel=parallel, pure=pure,
+        )  # fmt: skip
 
     on = register
     """Alias of `register` (amplifier-core keeps it for backwards compatibility)."""
@@ -373,7 +256,7 @@ class HookDispatcher(StandardEvents):
     def set_default_fields(self, **defaults: Any) -> None:
         """Set the fields merged into every emit's data; explicit data wins. Replaces
         earlier defaults (amplifier-core `HookRegistry.set_default_fields`)."""
-        self._defaults = defaults
+        self._defaults = self._emitter.defaults = defaults
 
     def list_handlers(self, event: str | None = None) -> dict[str, list[str]]:
         """Handler names per event in call order, in-process and remote alike.
@@ -439,107 +322,9 @@ class HookDispatcher(StandardEvents):
         An approval whose store cannot be reached within the deadline is not an error: the
         call is denied and the failure recorded. No nats-py error ever propagates.
         """
-        if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s >= 0):
-            raise BadRequestError(f"timeout_s must be a finite number of seconds >= 0: {timeout_s}")
-        routes = self._table.routes(event)
-        if not routes:
-            if self._strict and event not in STANDARD_EVENTS:
-                raise UnknownEventError(f"unknown event {event!r}: no handler is declared")
-            safe = json_safe(data or {})
-            return HookResult(action="continue", data=safe, chained_data=safe)
-        trail: list[EmitContext] | None = [] if self._decisions is not None else None
-        try:
-            result = await self._emit(event, data, routes, idempotency_key, timeout_s, trail)
-        except nats.errors.Error as exc:
-            raise NotConnectedError(f"NATS failed during the emit: {type(exc).__name__}") from exc
-        if self._decisions is not None and trail:  # the decision is final: record it
-            self._record(event, data, result, trail[0], idempotency_key)
-        return result
-
-    async def _emit(
-        self,
-        event: str,
-        data: dict[str, Any],
-        routes: tuple[Route, ...],
-        idempotency_key: str | None,
-        timeout_s: float | None,
-        trail: list[EmitContext] | None = None,
-    ) -> HookResult:
-        if data is not None and not isinstance(data, dict):
-            raise BadRequestError(f"event data must be a dict, not {type(data).__name__}")
-        current = json_safe({**self._defaults, **(data or {})})
-        if self._agent_id is not None:
-            claimed = current.get("agent_id")
-            if claimed not in (None, self._agent_id):
-                raise BadRequestError(
-                    f"this dispatcher acts as agent {self._agent_id!r}; the data names"
-                    f" agent {claimed!r}"
-                )
-            current["agent_id"] = self._agent_id
-        current["timestamp"] = _rfc3339_ns()
-        fold = Fold(current, event)
-        ctx = EmitContext(event, current, timeout_s=timeout_s, call_id=idempotency_key)
-        if trail is not None:  # the caller records the decision with the emit's id and calls
-            trail.append(ctx)
-        denied = await self._fold_routes(routes, ctx, fold)
-        if denied is not None:
-            return denied
-        result = fold.result()
-        if result.action == "ask_user" and self._approvals is not None:
-            return await self._approve(event, fold.asks(), ctx)
-        return result
-
-    async def _approve(self, event: str, asks: list[HookResult], ctx: EmitContext) -> HookResult:
-        """Turn the emit's ``ask_user`` results (`Fold.asks`, priority order) into the
-        humans' answers, one question after the other within the emit's deadline.
-
-        Every asking handler's question is asked (or allowed by its own "Allow always"
-        grant); the first refusal denies and later questions are not asked; the call goes
-        on only when every question was allowed. The result is amplifier-core-shaped (the
-        first ask's fields; see `joined_decision`).
-        """
-        decisions: list[HookResult] = []
-        for ask in asks:
-            decided = await self._approve_one(event, ask, ctx)
-            decisions.append(decided)
-            if decided.action != "continue":
-                break
-        return joined_decision(asks, decisions)
-
-    async def _approve_one(self, event: str, result: HookResult, ctx: EmitContext) -> HookResult:
-        """Turn one ``ask_user`` result into the human's answer, within the emit's deadline.
-
-        The wait is cut to what the emit has left: when that ends it before the approval's
-        own timeout, the call is denied and the approval stays pending for a retry with the
-        same idempotency key (the approval's default applies only at its own timeout). The
-        store's reads and writes get at most `_SETTLE_S` seconds more. If the suspension
-        store cannot be reached in that time (JetStream lost, a leader election longer than
-        the deadline), whether a human answered is unknown: the call is denied (fail closed,
-        whatever the default) and the failure is recorded on the result.
-        """
-        assert self._approvals is not None
-        left = ctx.remaining()
-        if left is not None:
-            left = max(0.0, left)
-        try:
-            async with asyncio.timeout(None if left is None else left + _SETTLE_S):
-                return await self._approvals.decide(event, result, call_id=ctx.call_id, wait_s=left)
-        except (SuspensionAbortedError, NotConnectedError):
-            raise  # a draining dispatcher (resumable) or a closed connection: the caller's
-        except (HookbusError, TimeoutError) as exc:
-            log.warning("approval for %r could not be settled (%r); denied", event, exc)
-            failure = HandlerFailure(
-                handler=result.decided_by or "?",
-                kind="error",
-                policy="deny",
-                message=f"the approval store could not be reached: {exc!r}",
-            )
-            return msgspec.structs.replace(
-                result,
-                action="deny",
-                reason="approval unavailable: the suspension store could not be reached",
-                failures=[*result.failures, failure],
-            )
+        return await self._emitter.emit(
+            event, data, idempotency_key=idempotency_key, timeout_s=timeout_s
+        )
 
     @traced_collect
     async def emit_and_collect(
@@ -563,52 +348,13 @@ class HookDispatcher(StandardEvents):
             NotConnectedError: a remote handler is routed but the connection is closed or
                 NATS failed (never a raw nats-py error).
         """
-        _check_collect_timeout(timeout)  # before the routes: bad input fails either way
-        routes = self._table.routes(event)
-        if not routes:
-            if self._strict and event not in STANDARD_EVENTS:
-                raise UnknownEventError(f"unknown event {event!r}: no handler is declared")
-            return []
-        data = json_safe(data or {})
-        outcomes: dict[Route, Outcome] = {}  # by route: in-process names need not be unique
-        remote = [r for r in routes if r.remote]
-        # caller errors (closed connection, oversize event) raise here, not in a task group
-        collect = await self._router.publish_collect(remote, event, data) if remote else None
-        try:
-            local = [r for r in routes if not r.remote]
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout):
-                    if local:
-                        await asyncio.gather(
-                            *(self._collect_local(r, event, data, timeout, outcomes) for r in local)
-                        )
-                    if collect is not None:
-                        await collect.done.wait()
-        finally:
-            if collect is not None:
-                answers = self._router.finish_collect(collect)
-                outcomes.update((r, answers[r.name]) for r in remote if r.name in answers)
-        responses = []
-        for route in routes:
-            outcome = outcomes.get(route)
-            if isinstance(outcome, HookResult):
-                if outcome.data is not None:
-                    responses.append(outcome.data)
-            elif outcome is None:
-                log.warning(
-                    "handler %r gave no answer to %r within %ss", route.name, event, timeout
-                )
-            else:
-                log.warning("handler %r failed on %r: %s", route.name, event, outcome.message)
-        return responses
+        return await self._emitter.emit_and_collect(event, data, timeout)
 
     # -- suspensions (Vercel AI SDK hooks, durable) -----------------------------------------
     @property
     def suspensions(self) -> Suspensions:
         """The suspension store (raises `NotConnectedError` before `start`)."""
-        if self._suspensions is None:
-            raise NotConnectedError("suspensions need a started dispatcher with a connection")
-        return self._suspensions
+        return self._stores.suspension_store()
 
     async def hook(
         self,
@@ -651,11 +397,12 @@ class HookDispatcher(StandardEvents):
         """Answer the pending approval `label` of agent `agent_id` (default: this
         dispatcher's agent) as `approver`: write the answer proof and wait up to `wait_s`
         seconds (default: the dispatcher's `answer_wait_s`) for the deciding dispatcher to
-        apply it; see `Approvals.answer` for the errors raised. Needs an approver's NATS
-        permissions on a secured server."""
-        approvals = await self._approvals_store()
-        return await approvals.answer(
-            label, choice, agent_id=self._agent(agent_id), approver=approver, wait_s=wait_s
+        apply it; see `ApprovalsClient.answer_approval` for the errors raised. Needs an
+        approver's NATS permissions on a secured server. An approver that only answers
+        needs no dispatcher: `ApprovalsClient` opens the approvals bucket alone."""
+        answers = await self._answers()
+        return await answers.answer_approval(
+            label, choice, approver=approver, agent_id=self._agent(agent_id), wait_s=wait_s
         )
 
     def _agent(self, agent_id: str | None = None) -> str | None:
@@ -674,20 +421,13 @@ class HookDispatcher(StandardEvents):
         """Stop waiting on a hook (or an approval) here (by `HookPart`, `PendingHook` or hook
         id); the record stays pending for a later run. Returns False if nothing here waits
         on it."""
-        if self.suspensions.abort_pending_hook(hook):
-            return True
-        return self._approvals is not None and self._approvals.records.abort_pending_hook(hook)
+        return self._stores.abort_pending_hook(hook)
 
     def abort_all(self) -> int:
         """Stop every durable wait of this process, hooks and approvals (each raises
         `SuspensionAbortedError`); the records stay pending for a retry to resume. Returns
         how many waits were stopped (0 without a started connection)."""
-        if self._suspensions is None:
-            return 0
-        aborted = self._suspensions.abort_all()
-        if self._approvals is not None:
-            aborted += self._approvals.records.abort_all()
-        return aborted
+        return self._stores.abort_all()
 
     def run(self, run_id: str | None = None) -> contextlib.AbstractAsyncContextManager[RunScope]:
         """``async with dispatcher.run(run_id):`` scopes the labels a run uses; exit removes
@@ -703,9 +443,9 @@ class HookDispatcher(StandardEvents):
     def approvals(self) -> Approvals:
         """The approvals policy (grants: ``approvals.grants``). Raises `NotConnectedError`
         before `start` or when made with ``approvals=False``."""
-        if self._approvals is None:
+        if self._stores.approvals is None:
             raise NotConnectedError("approvals need a started dispatcher with approvals on")
-        return self._approvals
+        return self._stores.approvals
 
     async def approval_grants(
         self,
@@ -716,19 +456,15 @@ class HookDispatcher(StandardEvents):
         handler: str | None = None,
         tool: str | None = None,
     ) -> list[ApprovalGrant]:
-        """Live "Allow always" grants, oldest first, matching the filters (None: any).
-
-        Raises:
-            HookbusTimeoutError: JetStream stayed unavailable (see `Grants.list`).
-        """
-        grants = await self._grants()
-        return await grants.list(
+        """Live "Allow always" grants, oldest first, matching the filters (None: any); see
+        `ApprovalsClient.approval_grants`."""
+        return await (await self._answers()).approval_grants(
             agent_id=agent_id, session_id=session_id, event=event, handler=handler, tool=tool
         )
 
     async def revoke_grant(self, grant: ApprovalGrant | str) -> None:
-        """Revoke one grant (an `ApprovalGrant` or its key); see `Grants.revoke`."""
-        await (await self._grants()).revoke(grant)
+        """Revoke one grant (an `ApprovalGrant` or its key); see `ApprovalsClient.revoke_grant`."""
+        await (await self._answers()).revoke_grant(grant)
 
     async def approval_page(
         self, *, status: HookStatus | None = "pending", prefix: str | None = APPROVAL_LABEL_PREFIX
@@ -736,13 +472,8 @@ class HookDispatcher(StandardEvents):
         """Approval records in the approvals bucket (pending ones by default), oldest
         first; also with approvals off (an approver's or operator's dispatcher). A record
         written elsewhere (e.g. an ``approval:`` label in the suspensions bucket) is not an
-        approval and is not listed.
-
-        Raises:
-            HookbusTimeoutError: JetStream stayed unavailable.
-        """
-        approvals = await self._approvals_store()
-        return await approvals.records.page(status=status, prefix=prefix)
+        approval and is not listed. See `ApprovalsClient.approval_page`."""
+        return await (await self._answers()).approval_page(status=status, prefix=prefix)
 
     async def cancel_approval(
         self, label: str, *, reason: str | None = None, agent_id: str | None = None
@@ -751,37 +482,18 @@ class HookDispatcher(StandardEvents):
         dispatcher's agent): its waiter denies with the reason. Writes the approval record:
         on a secured server, a dispatcher's or admin's NATS user only (an approver answers
         instead). Raises as `Suspensions.cancel_hook`."""
-        approvals = await self._approvals_store()
-        await approvals.records.for_agent(self._agent(agent_id)).cancel_hook(label, reason=reason)
+        answers = await self._answers()
+        await answers.cancel_approval(label, reason=reason, agent_id=self._agent(agent_id))
 
     async def get_approval(
         self, label: str, *, agent_id: str | None = None
     ) -> tuple[SuspensionRecord, int] | None:
         """The approval record `label` of agent `agent_id` (default: this dispatcher's
         agent) in the approvals bucket and its revision, or None; see `Suspensions.get`."""
-        approvals = await self._approvals_store()
-        return await approvals.records.for_agent(self._agent(agent_id)).get(label)
+        return await (await self._answers()).get_approval(label, agent_id=self._agent(agent_id))
 
-    async def _grants(self) -> Grants:
-        """The grants store, also with approvals off (an operator's dispatcher)."""
-        return (await self._approvals_store()).grants
-
-    async def _approvals_store(self) -> Approvals:
-        """The approvals (records, proofs, grants), also with approvals off."""
-        if self._approvals is not None:
-            return self._approvals
-        if self._approvals_view is None:
-            self._approvals_view = await self._open_approvals()
-        return self._approvals_view
-
-    async def _open_approvals(self) -> Approvals:
-        if self._nc is None:
-            raise NotConnectedError("approvals need a started dispatcher with a connection")
-        return await Approvals.open(
-            self._nc, self.suspensions, replicas=self._bucket_replicas,
-            grant_ttl_s=self._approval_ttl_s, answer_wait_s=self._answer_wait_s,
-            max_pending=self._max_pending_approvals,
-        )  # fmt: skip
+    async def _answers(self) -> ApprovalsClient:
+        return await self._stores.answers(self._nc)
 
     # -- internals -----------------------------------------------------------------------
     @traced_call
@@ -791,357 +503,7 @@ class HookDispatcher(StandardEvents):
         ctx.called.append(route.name)
         return self._router.call(route, ctx, data)
 
-    async def _call_group(
-        self, group: list[Route], ctx: EmitContext, data: dict[str, Any]
-    ) -> list[Outcome]:
-        """Call a group of handlers on the same data: one handler, or a parallel group,
-        each on its own subject (a reply is bound to the handler whose subject it
-        answers)."""
-        if len(group) == 1:
-            return [await self._call(group[0], ctx, data)]
-        return await self._call_each(group, ctx, data)
-
-    async def _call_each(
-        self, group: list[Route], ctx: EmitContext, data: dict[str, Any]
-    ) -> list[Outcome]:
-        # asyncio.gather: a third of an anyio task group's cost here; `_call` returns
-        # failures as outcomes, so only caller errors (closed connection) propagate.
-        return list(await asyncio.gather(*(self._call(r, ctx, data) for r in group)))
-
-    async def _fold_routes(
-        self, routes: tuple[Route, ...], ctx: EmitContext, fold: Fold
-    ) -> HookResult | None:
-        """Call and fold `routes` in order; the final result if one ended the fold.
-
-        Three ways to call, all folding the same outcomes in the same order:
-        a sequence of adjacent remote handlers of one worker process's handler set goes as one
-        chain request (`_fold_chain`); a sequence of adjacent pure handlers is called at once,
-        speculatively (`_fold_speculative`); the rest one by one, an adjacent sequence of
-        parallel handlers concurrently (`_fold_each`).
-        """
-        for kind, seg in self._plan(routes):
-            if kind == "one":
-                route = seg[0]
-                if not route.matches(fold.data):
-                    continue
-                denied = self._fold_one(fold, route, await self._call(route, ctx, fold.data))
-            elif kind == "chain":
-                denied = await self._fold_chain(seg, ctx, fold)
-            elif kind == "pure":
-                denied = await self._fold_speculative(seg, ctx, fold)
-            else:  # a sequence of parallel handlers
-                denied = await self._fold_each(seg, ctx, fold, self._call_group)
-            if denied is not None:
-                return denied
-        return None
-
-    def _plan(self, routes: tuple[Route, ...]) -> tuple[tuple[str, tuple[Route, ...]], ...]:
-        """How `_fold_routes` calls `routes`: segments ``("one" | "chain" | "pure" |
-        "parallel", routes)`` in call order. Made once per routing snapshot (the table
-        hands out the same tuple until the routes change)."""
-        key = (routes, self.chains)
-        plan = self._plans.get(key)
-        if plan is not None:
-            return plan
-        segments: list[tuple[str, tuple[Route, ...]]] = []
-        i, n = 0, len(routes)
-        while i < n:
-            route = routes[i]
-            j = i + 1
-            if self.chains and route.chain:
-                # one chain: the same process's handlers, all retry_safe or none (a chain
-                # is hedged only when every step may run twice)
-                while (
-                    j < n
-                    and routes[j].chain == route.chain
-                    and routes[j].retry_safe == route.retry_safe
-                    and routes[j].name in route.handler_set
-                ):
-                    j += 1
-                j = _whole_parallel_runs(routes, i, j)
-                if j - i > 1:
-                    segments.append(("chain", routes[i:j]))
-                    i = j
-                    continue
-                j = i + 1
-            if route.parallel:  # called together anyway: no speculation needed
-                while j < n and routes[j].parallel:
-                    j += 1
-                segments.append(("parallel", routes[i:j]))
-            elif route.pure:
-                while j < n and routes[j].pure and not routes[j].parallel:
-                    j += 1
-                segments.append(("pure" if j - i > 1 else "one", routes[i:j]))
-            else:
-                segments.append(("one", routes[i:j]))
-            i = j
-        if len(self._plans) >= 1024:  # stale snapshots: start over
-            self._plans.clear()
-        plan = self._plans[key] = tuple(segments)
-        return plan
-
-    async def _fold_each(
-        self, routes: Sequence[Route], ctx: EmitContext, fold: Fold, call: _CallGroup
-    ) -> HookResult | None:
-        """Call and fold `routes` in amplifier-core's order (see `_groups`); `call` gives
-        the outcomes of a group called on the same data."""
-        for group in _groups(routes, fold):
-            for route, outcome in zip(group, await call(group, ctx, fold.data), strict=True):
-                denied = self._fold_one(fold, route, outcome)
-                if denied is not None:
-                    return denied
-        return None
-
-    async def _fold_chain(
-        self, seg: tuple[Route, ...], ctx: EmitContext, fold: Fold
-    ) -> HookResult | None:
-        """Fold `seg` from one chain request to its worker process: the same outcomes, in
-        the same order, as one request per handler would give, whatever happens to the
-        process (see `_chain_calls`). Steps the chain did not run are called alone within
-        what is left of the emit's deadline; if nothing matches the data, nothing is sent.
-        """
-        seg = _from_first_match(seg, fold.data)
-        if len(seg) < 2:
-            return await self._fold_each(seg, ctx, fold, self._call_group)
-        calls = {r: start_call_span(r) for r in seg}  # each handler's span, as if called alone
-        headers = [c.headers for c in calls.values()]
-        chain = await self._router.call_chain(seg, ctx, fold.data, headers)
-        if isinstance(chain, Failed):  # nothing ran: no span, each call makes its own
-            return await self._fold_each(seg, ctx, fold, self._call_group)
-        try:
-            for group in _groups(seg, fold):
-                data = fold.data
-                outcomes = await chain.outcomes(
-                    group,
-                    lambda r: self._router.call(r, ctx, data),  # noqa: B023 (awaited here)
-                )
-                alone = [r for r, o in zip(group, outcomes, strict=True) if o is None]
-                called: dict[Route, Outcome] = {}
-                if alone:  # not run by the chain: called on its own
-                    outs = await self._call_group(alone, ctx, fold.data)
-                    called = dict(zip(alone, outs, strict=True))
-                for route, outcome in zip(group, outcomes, strict=True):
-                    if outcome is None:
-                        outcome = called[route]
-                    else:
-                        ctx.called.append(route.name)
-                        calls[route].end(outcome)
-                    denied = self._fold_one(fold, route, outcome)
-                    if denied is not None:
-                        return denied
-        finally:
-            chain.close()
-        return None
-
-    async def _fold_speculative(
-        self, run: Sequence[Route], ctx: EmitContext, fold: Fold
-    ) -> HookResult | None:
-        """Call a sequence of pure handlers at once on the current data and fold their
-        results in priority order as each arrives; the decision is the one calling them
-        one by one gives (the reference).
-
-        A deny (or a failure that ends the fold) returns at once. A modify replaces the
-        data: every later handler's call, made on the stale data, is dropped (cancelled;
-        an in-process handler gets the cancellation) and the rest of the run is called
-        again at once on the new data. Each result is judged as if its call had started
-        when the one before it ended (`_as_if_sequential`): a call the emit's deadline
-        would have cut, called one by one, is a ``timeout`` here too.
-        """
-        clock = time.monotonic()  # when the next handler would start, called one by one
-        k = 0
-        while k < len(run):
-            data = fold.data
-            launched = time.monotonic()
-            calls = {
-                r: asyncio.ensure_future(self._timed_call(r, ctx, data))
-                for r in run[k:]
-                if r.matches(data)
-            }
-            try:
-                for idx in range(k, len(run)):
-                    route = run[idx]
-                    call = calls.get(route)
-                    if call is None:  # its tool filter does not admit this data
-                        continue
-                    outcome, ended = await call
-                    outcome, clock = _as_if_sequential(
-                        outcome, clock, ended - launched, ctx.deadline
-                    )
-                    denied = self._fold_one(fold, route, outcome)
-                    if denied is not None:
-                        return denied
-                    if fold.data is not data:  # modified: the later calls saw stale data
-                        k = idx + 1
-                        break
-                else:
-                    return None
-            finally:
-                _drop(calls.values())
-        return None
-
-    async def _timed_call(
-        self, route: Route, ctx: EmitContext, data: dict[str, Any]
-    ) -> tuple[Outcome, float]:
-        """`_call`'s outcome and when it came (`time.monotonic()` seconds)."""
-        outcome = await self._call(route, ctx, data)
-        return outcome, time.monotonic()
-
     @property
     def decision_log(self) -> DecisionLog | None:
         """The decision audit trail's writer while it is on (``audit=True``, started)."""
-        return self._decisions
-
-    def _record(
-        self,
-        event: str,
-        data: dict[str, Any],
-        result: HookResult,
-        ctx: EmitContext,
-        idempotency_key: str | None,
-    ) -> None:
-        """Append one decided emit to the audit trail, with its duration (milliseconds
-        since `ctx.started`); never raises (see `DecisionLog`)."""
-        assert self._decisions is not None
-        duration_ms = (time.monotonic() - ctx.started) * 1000.0
-        tool = (data or {}).get("tool_name", self._defaults.get("tool_name"))
-        self._decisions.append(
-            event,
-            result,
-            emit_id=ctx.id,
-            idempotency_key=idempotency_key,
-            agent_id=ctx.agent_id,
-            session_id=ctx.session_id,
-            tool_name=tool if isinstance(tool, str) else None,
-            handlers=ctx.called,
-            trace_id=current_trace_id(),  # the emit span's
-            duration_ms=duration_ms,
-        )
-
-    @staticmethod
-    def _fold_one(fold: Fold, route: Route, outcome: Outcome) -> HookResult | None:
-        if isinstance(outcome, Failed):
-            log.warning(
-                "handler %r failed (%s, policy %s): %s",
-                route.name,
-                outcome.kind,
-                "deny" if outcome.kind == "bad_reply" else route.failure_policy,
-                outcome.message,
-            )
-            return fold.fail(route.name, outcome.kind, route.failure_policy, outcome.message)
-        if route.parallel and outcome.action == "modify":
-            return fold.fail(
-                route.name, "bad_reply", route.failure_policy, "a parallel handler may not modify"
-            )
-        return fold.apply(route.name, outcome)
-
-    async def _collect_local(
-        self,
-        route: Route,
-        event: str,
-        data: dict[str, Any],
-        timeout: float,
-        outcomes: dict[Route, Outcome],
-    ) -> None:
-        limited = route if route.timeout_s is not None else _with_timeout(route, timeout)
-        outcomes[route] = await call_local(limited, event, json_copy(data))
-
-
-def _groups(routes: Sequence[Route], fold: Fold) -> Iterator[list[Route]]:
-    """amplifier-core's order, as groups to call on the same data: each handler whose
-    tool filter matches the data it would see, alone; an adjacent sequence of parallel handlers
-    together (those matching the data at the run's start). Lazy: each group is formed
-    after the previous one was folded, on the data it left."""
-    i, n = 0, len(routes)
-    while i < n:
-        if routes[i].parallel:
-            group = []
-            while i < n and routes[i].parallel:
-                if routes[i].matches(fold.data):
-                    group.append(routes[i])
-                i += 1
-        else:
-            group = [routes[i]] if routes[i].matches(fold.data) else []
-            i += 1
-        if group:
-            yield group
-
-
-def _whole_parallel_runs(routes: Sequence[Route], i: int, j: int) -> int:
-    """The end of a chain ``routes[i:j]`` cut so that it never ends inside a run of adjacent
-    parallel handlers that goes on past it (the run is called together, on the same data
-    and deadline: a chain holding part of it would be waited for before the rest is
-    called). Returns the new end (``i + 1`` or less: no chain)."""
-    if j >= len(routes) or not (routes[j].parallel and routes[j - 1].parallel):
-        return j
-    k = j - 1
-    while k > i and routes[k - 1].parallel:
-        k -= 1
-    return k
-
-
-def _from_first_match(seg: tuple[Route, ...], data: dict[str, Any]) -> tuple[Route, ...]:
-    """`seg` from its first handler whose tool filter admits `data` on: the handlers
-    before it never run (only a handler that runs can change the data), and with none
-    left, nothing is sent at all."""
-    for i, route in enumerate(seg):
-        if route.matches(data):
-            return seg[i:]
-    return ()
-
-
-def _as_if_sequential(
-    outcome: Outcome, start: float, took: float, deadline: float | None
-) -> tuple[Outcome, float]:
-    """A speculative call's `outcome` as the same call, started at `start` (monotonic
-    seconds: when the handler before it would have ended, called one by one) and taking
-    `took` seconds, gives it: a ``timeout`` if it would have ended past the emit's
-    `deadline` (None: no deadline), since called one by one it would have been cut (or not
-    called at all). Also returns when the next handler would start. A speculative call
-    starts no later, so its own cut is never earlier than that one."""
-    end = start + took
-    if deadline is None or end <= deadline:
-        return outcome, end
-    if not (isinstance(outcome, Failed) and outcome.kind == "timeout"):
-        outcome = Failed("timeout", "called one by one, it would have run past the deadline")
-    return outcome, deadline
-
-
-def _drop(calls: Iterable[asyncio.Future[tuple[Outcome, float]]]) -> None:
-    """Cancel the speculative calls still running (their results are stale or not needed)
-    and retrieve the errors of those that ended, so none is logged as never retrieved."""
-    for call in calls:
-        if not call.done():
-            call.cancel()
-        elif not call.cancelled():
-            call.exception()
-
-
-def _check_collect_timeout(timeout: object) -> None:
-    """`emit_and_collect`'s `timeout`: a number of seconds >= 0 (NaN and bools refused).
-
-    Raises:
-        BadRequestError: anything else.
-    """
-    if isinstance(timeout, bool) or not (isinstance(timeout, int | float) and timeout >= 0):
-        raise BadRequestError(f"timeout must be a number of seconds >= 0: {timeout!r}")
-
-
-_stamp_cache: tuple[int, str] = (-1, "")
-
-
-def _rfc3339_ns() -> str:
-    """Now in UTC as RFC 3339 with nanoseconds, as amplifier-core stamps ``timestamp``
-    (e.g. ``2026-01-02T03:04:05.123456789+00:00``; `datetime.fromisoformat` reads it).
-    The formatted whole second is kept: formatting it is most of the cost."""
-    global _stamp_cache
-    ns = time.time_ns()
-    second, fraction = divmod(ns, 1_000_000_000)
-    cached, whole = _stamp_cache
-    if cached != second:
-        whole = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
-        _stamp_cache = (second, whole)
-    return f"{whole}.{fraction:09d}+00:00"
-
-
-def _with_timeout(route: Route, timeout_s: float) -> Route:
-    return dataclasses.replace(route, timeout_s=timeout_s)
+        return self._stores.decisions

@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Lifespan, Message, Receive, Scope, Send
 from hookbus.dispatcher import (
     APPROVAL_LABEL_PREFIX,
     AnswerNotAppliedError,
+    ApprovalsClient,
     HookDispatcher,
     describe_handlers,
 )
@@ -180,7 +181,7 @@ Handler = Callable[[Request, Session], Awaitable[Response]]
 
 
 def console_app(
-    dispatcher: HookDispatcher,
+    dispatcher: ApprovalsClient | HookDispatcher,
     nc: NATS,
     *,
     token: str,
@@ -195,8 +196,9 @@ def console_app(
     """The approvals console's ASGI app; see the package docstring for the routes.
 
     Args:
-        dispatcher: a started `HookDispatcher` (approvals need not be on) on `nc`: it lists
-            and answers approvals and lists and revokes grants.
+        dispatcher: what lists and answers approvals and lists and revokes grants, on `nc`:
+            a started `ApprovalsClient` (the approvals bucket only), or a started
+            `HookDispatcher` (approvals need not be on).
         nc: its connection (the watches, the audit trail, the handlers' liveness).
         token: what signing in takes (`Signer`); never logged.
         approver: the approver name bound to the token (every answer is recorded as this

@@ -1,0 +1,76 @@
+"""In-process handlers of a routing table: amplifier-core's ``register`` / ``unregister``,
+checked as a worker's options are (`HandlerOptions.local`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hookbus.schemas import FailurePolicy, validate_name
+from hookbus.schemas._handler_options import HandlerOptions
+
+from ._routes import LocalHandler, Route, RoutingTable
+
+__all__ = ["LocalHandlers"]
+
+
+class LocalHandlers:
+    """Registers in-process handlers in `table`; `HookDispatcher.register` says how."""
+
+    def __init__(self, table: RoutingTable) -> None:
+        self._table = table
+
+    def register(
+        self,
+        event: str,
+        handler: LocalHandler | None = None,
+        priority: int = 0,
+        name: str | None = None,
+        *,
+        timeout_s: float | None = None,
+        failure_policy: FailurePolicy = "ignore",
+        tool_filter: list[str] | None = None,
+        parallel: bool = False,
+        pure: bool = False,
+    ) -> Callable[[], None] | Callable[[LocalHandler], LocalHandler]:
+        """`HookDispatcher.register`: see there for the arguments, result and errors."""
+        validate_name("event", event)
+        options = HandlerOptions.local(
+            priority=priority,
+            timeout_s=timeout_s,
+            failure_policy=failure_policy,
+            tool_filter=tool_filter,
+            parallel=parallel,
+            pure=pure,
+        )
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"handler name must be a str, not {type(name).__name__}")
+        if handler is None:
+
+            def decorator(fn: LocalHandler) -> LocalHandler:
+                self.register(
+                    event,
+                    fn,
+                    priority,
+                    name,
+                    timeout_s=timeout_s,
+                    failure_policy=failure_policy,
+                    tool_filter=tool_filter,
+                    parallel=parallel,
+                    pure=pure,
+                )
+                return fn
+
+            return decorator
+        route = Route.make(
+            event=event,
+            name=name or str(getattr(handler, "__name__", "handler")),
+            priority=options.priority,
+            timeout_s=options.timeout_s,
+            failure_policy=options.failure_policy,
+            parallel=options.parallel,
+            tool_filter=options.tool_filter,
+            local=handler,
+            seq=self._table.next_seq(),
+            pure=options.pure,
+        )
+        return self._table.add_local(route)
