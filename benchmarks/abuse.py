@@ -247,8 +247,8 @@ async def _consumers(
 ) -> None:
     """Try `attempts` consumer creations of every kind on both streams, take its own slots,
     and try to delete the dispatcher service's consumers."""
+    from hookbus._core.consumer_slots import identity_key, slot_names
     from hookbus.dispatcher._consumers import open_consumer
-    from hookbus.schemas._consumer_slots import identity_key, slot_names
 
     me = encode_token("attacker")
     filters = {"KV_hookbus_handlers": "$KV.hookbus_handlers.>",

@@ -35,8 +35,8 @@ import anyio
 import nats
 from nats.aio.client import Client as NATS
 
+from hookbus._core.nats_guard import order_flushes
 from hookbus.cli import find_nats_server
-from hookbus.schemas._nats_guard import order_flushes
 
 __all__ = ["Cluster", "Node", "free_ports"]
 

@@ -40,6 +40,7 @@ import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from hookbus._core.buckets import handlers_bucket_config
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
     EventEnvelope,
@@ -49,7 +50,6 @@ from hookbus.schemas import (
     decode,
     encode,
     handler_key,
-    handlers_bucket_config,
 )
 
 __all__ = [

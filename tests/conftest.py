@@ -26,8 +26,8 @@ import nats
 import pytest
 from nats.aio.client import Client as NATS
 
+from hookbus._core.nats_guard import order_flushes
 from hookbus.cli import EmbeddedNatsServer
-from hookbus.schemas._nats_guard import order_flushes
 
 _SERVER_FIXTURES = frozenset({"nats_url", "embedded_server"})
 _SPAWNS = ("subprocess", "Popen", "run_process", "create_subprocess", "EmbeddedNatsServer",

@@ -41,6 +41,7 @@ from hookbus.cli._auth import DEFAULT_TENANT, load_setup
 from hookbus.cli._connect import auth_ssl_context
 from hookbus.cli._decisions_cmd import latency
 from hookbus.cli._main import cli
+from hookbus.cli._permissions import inbox_prefix
 from hookbus.cli._provision import provision
 from hookbus.dispatcher import DispatcherService, HookDispatcher
 from hookbus.dispatcher._audit import DecisionLog, ensure_decisions_stream
@@ -59,7 +60,6 @@ from hookbus.schemas import (
     encode,
     stream_config_differences,
 )
-from hookbus.schemas._permissions import inbox_prefix
 
 pytestmark = pytest.mark.anyio
 

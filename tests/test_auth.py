@@ -28,6 +28,8 @@ from click.testing import CliRunner
 from nats.aio.client import Client as NATS
 from nats.js.api import KeyValueConfig
 
+from hookbus._core.consumer_slots import slot_names
+from hookbus._core.nats_guard import harden_connection
 from hookbus.cli import EmbeddedNatsServer, find_nats_server
 from hookbus.cli._auth import (
     DEFAULT_TENANT,
@@ -37,18 +39,16 @@ from hookbus.cli._auth import (
     public_key_of,
 )
 from hookbus.cli._main import cli
-from hookbus.cli._provision import provision
-from hookbus.dispatcher import HookDispatcher
-from hookbus.schemas import BadRequestError, HookResult
-from hookbus.schemas._consumer_slots import slot_names
-from hookbus.schemas._nats_guard import harden_connection
-from hookbus.schemas._permissions import (
+from hookbus.cli._permissions import (
     agent,
     inbox_prefix,
     permission_table,
     permissions_for,
     worker,
 )
+from hookbus.cli._provision import provision
+from hookbus.dispatcher import HookDispatcher
+from hookbus.schemas import BadRequestError, HookResult
 from hookbus.workers import HookWorker
 
 ROOT = Path(__file__).resolve().parents[1]

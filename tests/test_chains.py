@@ -18,6 +18,8 @@ from _serving import serving
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from hookbus._core.buckets import handlers_bucket_config
+from hookbus._core.declarations import derive_declaration
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
     SUBJECT_PREFIX,
@@ -27,10 +29,8 @@ from hookbus.schemas import (
     HookResult,
     chain_subject,
     decode,
-    derive_declaration,
     encode,
     handler_key,
-    handlers_bucket_config,
 )
 from hookbus.workers import HookWorker
 

@@ -30,6 +30,7 @@ import nats
 import pytest
 from click.testing import CliRunner
 
+from hookbus._core.nats_guard import order_flushes
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.cli._claude_code_cmd import claude_code
 from hookbus.dispatcher import HookDispatcher
@@ -43,7 +44,6 @@ from hookbus.integrations.claude_code import (
     http_reply,
 )
 from hookbus.schemas import DISPATCHER_QUEUE_GROUP, EMIT_SERVICE_WILDCARD, HookResult
-from hookbus.schemas._nats_guard import order_flushes
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "claude_code"
 HOOKBUS = str(Path(sys.executable).with_name("hookbus"))

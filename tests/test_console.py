@@ -43,6 +43,7 @@ from hookbus.cli import EmbeddedNatsServer
 from hookbus.cli._auth import DEFAULT_TENANT, load_setup
 from hookbus.cli._connect import auth_ssl_context
 from hookbus.cli._main import cli
+from hookbus.cli._permissions import inbox_prefix
 from hookbus.cli._provision import provision
 from hookbus.dispatcher import DispatcherService, HookDispatcher
 from hookbus.integrations.console import COOKIE, CSRF_HEADER, console_app
@@ -55,7 +56,6 @@ from hookbus.schemas import (
     emit_service_subject,
     encode,
 )
-from hookbus.schemas._permissions import inbox_prefix
 from hookbus.workers import HookWorker
 
 # a first run on a clean machine installs Chromium (about 30 s) inside the first test

@@ -21,6 +21,7 @@ import nats
 import pytest
 from nats.js.api import DeliverPolicy, KeyValueConfig
 
+from hookbus._core.consumer_slots import CONSUMER_SLOTS, identity_key, slot_names
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import HookDispatcher
 from hookbus.dispatcher._consumers import (
@@ -31,7 +32,6 @@ from hookbus.dispatcher._consumers import (
 )
 from hookbus.dispatcher._kv import release_consumer, subscribe_keys
 from hookbus.schemas import HandlerDeclaration, encode, handler_key
-from hookbus.schemas._consumer_slots import CONSUMER_SLOTS, identity_key, slot_names
 
 pytestmark = pytest.mark.anyio
 

@@ -20,7 +20,7 @@ from nats.aio.client import Client as NATS
 from hookbus.cli import EmbeddedNatsServer, find_nats_server
 from hookbus.cli._auth import public_key_of
 from hookbus.cli._main import cli
-from hookbus.schemas._permissions import inbox_prefix
+from hookbus.cli._permissions import inbox_prefix
 
 DEPLOY_NATS = Path(__file__).parents[1] / "deploy" / "nats"
 CONFIGS = sorted(DEPLOY_NATS.glob("*.conf"))

@@ -24,6 +24,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
+from hookbus._core.buckets import handlers_bucket_config
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
     HANDLERS_BUCKET,
@@ -37,7 +38,6 @@ from hookbus.schemas import (
     handler_key,
     handler_queue_group,
     handler_subject,
-    handlers_bucket_config,
 )
 from hookbus.workers import HookWorker
 

@@ -20,6 +20,7 @@ from _proxy import NatsProxy
 from conftest import connections
 from nats.aio.client import Client as NATS
 
+from hookbus._core.nats_guard import harden_connection
 from hookbus.dispatcher import DispatcherService, HookDispatcher
 from hookbus.integrations.console import Feed
 from hookbus.schemas import (
@@ -33,7 +34,6 @@ from hookbus.schemas import (
     encode,
     suspension_event_subject,
 )
-from hookbus.schemas._nats_guard import harden_connection
 
 pytestmark = pytest.mark.anyio
 

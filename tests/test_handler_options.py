@@ -3,7 +3,7 @@ handler may be registered with, what the registry accepts, how tool filters matc
 where the fold stops. Against a real nats-server, with real workers; nothing of the bus
 is mocked.
 
-The names of `hookbus.schemas._handler_options` are imported inside the tests that use
+The names of `hookbus._core.handler_options` are imported inside the tests that use
 them, so every other test here runs (and fails for its own reason) on code without it.
 """
 
@@ -192,7 +192,7 @@ def test_a_tool_filter_matches_whole_names_ignoring_case() -> None:
 def test_dispatchers_and_workers_match_a_tool_filter_with_one_matcher(
     globs: list[str] | None, tool: Any
 ) -> None:
-    from hookbus.schemas._handler_options import ToolFilter
+    from hookbus._core.handler_options import ToolFilter
 
     flt = ToolFilter.of(globs)
     route = Route.make(
@@ -286,7 +286,7 @@ COMBOS = [(o, p, policy) for o in OUTCOMES for p in (False, True) for policy in 
 async def test_the_in_process_fold_stops_where_the_stop_rule_says(
     event: str, outcome: str, parallel: bool, policy: str
 ) -> None:
-    from hookbus.schemas._handler_options import ends_fold
+    from hookbus._core.handler_options import ends_fold
 
     called: list[str] = []
 
@@ -306,7 +306,7 @@ async def test_a_workers_chain_stops_where_the_stop_rule_says(nc: NATS, connect:
     """Every combination, each on an event of its own, served by one worker process: the
     dispatcher sends each pair as one chain, and the worker runs the second handler
     exactly when the stop rule says the fold goes on."""
-    from hookbus.schemas._handler_options import ends_fold
+    from hookbus._core.handler_options import ends_fold
 
     prefix = f"stop{time.monotonic_ns() % 10**9}"
     called: set[str] = set()

@@ -103,7 +103,10 @@ def test_dependency_direction(portion: str) -> None:
 
 
 def test_schemas_does_no_io() -> None:
-    assert _violations("schemas", SCHEMAS_NO_IO) == []
+    """The wire contract (`hookbus.schemas`) does no I/O and never imports the machinery
+    beside it in its portion (`hookbus._core`, which may)."""
+    found = _violations("schemas", SCHEMAS_NO_IO | {"hookbus._core"})
+    assert [v for v in found if v.startswith("schemas/hookbus/schemas/")] == []
 
 
 def test_the_checker_sees_violations(tmp_path: Path) -> None:
@@ -324,7 +327,6 @@ PUBLIC_API: dict[str, set[str]] = {
         "chain_instance_subject",
         "chain_queue_group",
         "chain_subject",
-        "compile_tool_filter",
         "ToolFilter",
         "handler_set_id",
         "APPROVALS_BUCKET",
@@ -386,9 +388,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "WireError",
         "WireFormatError",
         "always_allow_key",
-        "approvals_bucket_config",
         "collect_reply_subject",
-        "config_differences",
         "collect_service_subject",
         "collect_subject",
         "decode",
@@ -402,7 +402,6 @@ PUBLIC_API: dict[str, set[str]] = {
         "handler_key",
         "handler_queue_group",
         "handler_subject",
-        "handlers_bucket_config",
         "hook_event_subject",
         "hook_events_subject",
         "suspension_event_subject",
@@ -418,13 +417,10 @@ PUBLIC_API: dict[str, set[str]] = {
         "parse_suspension_key",
         "label_from_key",
         "lease_key",
-        "leases_bucket_config",
         "parse_grant_key",
         "parse_handler_key",
         "suspension_key",
-        "suspensions_bucket_config",
         "to_builtins",
-        "to_hook_result",
         "validate_name",
         # the handler registry's records: validation, required handlers, liveness
         "MAX_HANDLER_TIMEOUT_S",
@@ -436,10 +432,6 @@ PUBLIC_API: dict[str, set[str]] = {
         "DISPATCHER_SERVICE_NAME",
         "HandlerConflictError",
         "RequiredHandler",
-        "check_declaration",
-        "check_required",
-        "declaration_differences",
-        "derive_declaration",
         "format_served_handlers",
         "parse_registry_key",
         "parse_served_handlers",
@@ -456,7 +448,6 @@ PUBLIC_API: dict[str, set[str]] = {
         # the written wire contract (hookbus schema, hookbus asyncapi)
         "ApprovalMetadata",
         "WIRE_ERROR_CODES",
-        "asyncapi_document",
     },
     "hookbus.workers": {"HandlerSpec", "HookResult", "HookWorker"},
     "hookbus.dispatcher": {
@@ -594,14 +585,14 @@ def test_hookresult_is_one_type_everywhere() -> None:
 
 def test_handler_options_have_one_definition() -> None:
     """Workers and dispatchers take a handler's options, match its tool filter and stop the
-    fold through the private `hookbus.schemas._handler_options`, never a copy of their own."""
+    fold through the private `hookbus._core.handler_options`, never a copy of their own."""
     users = {
         "workers": ROOT / "workers/hookbus/workers/_worker.py",
         "dispatcher": ROOT / "dispatcher/hookbus/dispatcher/_routes.py",
     }
     for portion, path in users.items():
         imported = {target for _, target in _imports(ROOT, portion, path)}
-        assert "hookbus.schemas._handler_options" in imported, path
+        assert "hookbus._core.handler_options" in imported, path
     for portion in ("workers", "dispatcher"):
         for path in _py_files(ROOT, portion):
             text = path.read_text()

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from hookbus._core.log_limits import LOGGED_TEXT_MAX, RateLimitedWarning, clip
 from hookbus.dispatcher import DispatcherService, HookDispatcher
 from hookbus.schemas import encode_token
-from hookbus.schemas._log_limits import LOGGED_TEXT_MAX, RateLimitedWarning, clip
 
 pytestmark = pytest.mark.anyio
 
@@ -27,7 +27,7 @@ def test_clip_bounds_and_counts() -> None:
 def test_rate_limited_warning_logs_a_burst_then_a_count(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import hookbus.schemas._log_limits as limits
+    import hookbus._core.log_limits as limits
 
     now = [1000.0]
     monkeypatch.setattr(limits.time, "monotonic", lambda: now[0])

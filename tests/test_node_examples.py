@@ -28,13 +28,13 @@ import pytest
 from _fleet import Fleet
 from _node import node_packages
 
+from hookbus._core.declarations import check_declaration
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import HookDispatcher, live_handlers
 from hookbus.schemas import (
     HANDLERS_BUCKET,
     HookResult,
     chain_subject,
-    check_declaration,
     handler_key,
     handler_set_id,
 )

@@ -31,6 +31,7 @@ import nats.errors
 import pytest
 from nats.aio.client import Client as NATS
 
+from hookbus._core.nats_guard import harden_connection
 from hookbus.cli._server import find_nats_server
 from hookbus.dispatcher import DispatcherService, HookDispatcher
 from hookbus.schemas import (
@@ -48,7 +49,6 @@ from hookbus.schemas import (
     suspension_event_subject,
     suspension_key,
 )
-from hookbus.schemas._nats_guard import harden_connection
 from hookbus.workers import HookWorker
 
 pytestmark = pytest.mark.anyio

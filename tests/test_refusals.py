@@ -35,10 +35,10 @@ import nats
 import pytest
 from nats.aio.client import Client as NATS
 
+from hookbus._core.nats_guard import harden_connection
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher._kv import ensure_buckets
 from hookbus.schemas import NotPermittedError
-from hookbus.schemas._nats_guard import harden_connection
 
 anyio_test = pytest.mark.anyio
 

@@ -22,6 +22,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
+from hookbus._core.buckets import handlers_bucket_config
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
     HANDLERS_BUCKET,
@@ -33,7 +34,6 @@ from hookbus.schemas import (
     encode_token,
     handler_key,
     handler_subject,
-    handlers_bucket_config,
 )
 
 pytestmark = pytest.mark.anyio
@@ -598,11 +598,10 @@ def test_any_record_is_accepted_bound_to_its_key_or_refused() -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
+    from hookbus._core.declarations import check_declaration, check_required
     from hookbus.schemas import (
         MAX_HANDLER_TIMEOUT_S,
         BadRequestError,
-        check_declaration,
-        check_required,
     )
 
     keys = st.sampled_from(["tool=3Apre.x", "x.guard", "_required.tool=3Apre.x", "bad key", ""])

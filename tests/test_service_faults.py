@@ -19,6 +19,8 @@ import nats.js.errors
 import pytest
 from _procs import thread_states
 
+from hookbus._core.buckets import suspensions_bucket_config
+from hookbus._core.nats_guard import order_flushes
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import DispatcherService, HookDispatcher
 from hookbus.schemas import (
@@ -29,9 +31,7 @@ from hookbus.schemas import (
     HookResult,
     decode,
     encode_token,
-    suspensions_bucket_config,
 )
-from hookbus.schemas._nats_guard import order_flushes
 from hookbus.workers import HookWorker
 
 pytestmark = [pytest.mark.anyio, pytest.mark.faults]

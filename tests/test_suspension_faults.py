@@ -260,7 +260,7 @@ async def test_a_sigkilled_waiter_blocks_its_label_for_about_one_lease(
 async def short_leases(nc: NATS, lease_s: float) -> None:
     """Create the leases bucket with a short lease (first come: the dispatchers use it)."""
     try:
-        from hookbus.schemas._buckets import leases_bucket_config
+        from hookbus._core.buckets import leases_bucket_config
     except ImportError:  # a tree without leases: nothing to shorten
         return
     await nc.jetstream().create_key_value(config=leases_bucket_config(lease_s=lease_s))

@@ -33,21 +33,21 @@ from _fleet import WORKER_READY, Fleet, run_cli
 from _node import node_packages
 from click.testing import CliRunner
 
+from hookbus._core.nats_guard import order_flushes
 from hookbus.cli import EmbeddedNatsServer
+from hookbus.cli._asyncapi import asyncapi_document
 from hookbus.cli._main import cli
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
     WIRE_ERROR_CODES,
     WIRE_TYPES,
     SuspensionCancelledError,
-    asyncapi_document,
     chain_subject,
     emit_service_subject,
     encode_token,
     handler_set_id,
 )
 from hookbus.schemas._contract import attribute_docs
-from hookbus.schemas._nats_guard import order_flushes
 
 NODE_DIR = Path(__file__).resolve().parent / "node"
 SCRIPT = NODE_DIR / "contract.cjs"

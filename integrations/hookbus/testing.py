@@ -44,13 +44,13 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
+from hookbus._core.declarations import check_declaration
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
     HookReply,
     HookResult,
     UnknownEventError,
     WireError,
-    check_declaration,
     collect_reply_subject,
     encode,
     handler_key,

@@ -42,16 +42,16 @@ from typing import Any, Final
 import click
 import nkeys  # type: ignore[import-untyped]
 
-from hookbus.schemas import BadRequestError, encode_token
-from hookbus.schemas._consumer_slots import CONSUMER_SLOTS
-from hookbus.schemas._permissions import Role as RoleName
-from hookbus.schemas._permissions import (
+from hookbus._core.consumer_slots import CONSUMER_SLOTS
+from hookbus.cli._permissions import Role as RoleName
+from hookbus.cli._permissions import (
     RolePermissions,
     inbox_prefix,
     parse_worker_handler,
     permission_table,
     permissions_for,
 )
+from hookbus.schemas import BadRequestError, encode_token
 
 __all__ = [
     "AUTH_CONF",

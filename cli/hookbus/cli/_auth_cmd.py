@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from hookbus.schemas._permissions import ROLES
+from hookbus.cli._permissions import ROLES
 
 from ._auth import (
     AUTH_CONF,

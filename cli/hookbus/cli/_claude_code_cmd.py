@@ -30,6 +30,7 @@ import click
 from nats.aio.client import Client as NATS
 from opentelemetry import trace
 
+from hookbus._core.nats_guard import harden_connection
 from hookbus.integrations._emit import Emit
 from hookbus.integrations.claude_code import (
     DEFAULT_TIMEOUT_S,
@@ -41,7 +42,6 @@ from hookbus.integrations.claude_code import (
     fallback_answer,
 )
 from hookbus.schemas import HookResult, NotConnectedError, NotPermittedError
-from hookbus.schemas._nats_guard import harden_connection
 
 from ._connect import (
     ConnectionSettings,

@@ -13,7 +13,7 @@ Authentication is nats-py's own (``user_credentials``, ``nkeys_seed``, ``user``/
 derives the inbox prefix of an nkey user, and words the refusals. A seed of a ``hookbus
 auth init`` folder also gives the CA to verify the server with (the folder's, unless
 ``--tls-ca`` or a context's ``ca`` says otherwise) and the identity's role and name, which
-label the connection's refusals (`hookbus.schemas._nats_guard`).
+label the connection's refusals (`hookbus._core.nats_guard`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import nats
 import nats.errors
 from nats.aio.client import Client as NATS
 
-from hookbus.schemas._nats_guard import harden_connection, refusal_raised
+from hookbus._core.nats_guard import harden_connection, refusal_raised
 
 __all__ = [
     "DEFAULT_MAX_RECONNECTS",

@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from hookbus.schemas import asyncapi_document, json_schemas
+from hookbus.cli._asyncapi import asyncapi_document
+from hookbus.schemas import json_schemas
 
 __all__ = ["asyncapi", "schema", "write_output"]
 

@@ -20,6 +20,7 @@ from msgspec.structs import asdict
 from nats.aio.client import Client as NATS
 from rich.table import Table
 
+from hookbus._core.buckets import handlers_bucket_config
 from hookbus.dispatcher import (
     DispatcherReplica,
     HandlerStatus,
@@ -36,7 +37,6 @@ from hookbus.schemas import (
     WORKER_SERVICE_NAME,
     HookbusError,
     handler_key,
-    handlers_bucket_config,
     to_builtins,
 )
 

@@ -30,17 +30,19 @@ from typing import Any, Final
 import click
 from nats.js.api import KeyValueConfig
 
-from hookbus.dispatcher._audit import ensure_decisions_stream
-from hookbus.dispatcher._kv import open_bucket
-from hookbus.schemas import (
-    DECISIONS_STREAM,
-    HookbusError,
+from hookbus._core.buckets import (
     approvals_bucket_config,
     handlers_bucket_config,
     leases_bucket_config,
     suspensions_bucket_config,
 )
-from hookbus.schemas._permissions import inbox_prefix
+from hookbus.cli._permissions import inbox_prefix
+from hookbus.dispatcher._audit import ensure_decisions_stream
+from hookbus.dispatcher._kv import open_bucket
+from hookbus.schemas import (
+    DECISIONS_STREAM,
+    HookbusError,
+)
 
 from ._auth import load_setup
 from ._common import connection_or_embedded

@@ -21,6 +21,7 @@ import click
 from nats.aio.client import Client as NATS
 from nats.js.api import KeyValueConfig
 
+from hookbus._core.buckets import handlers_bucket_config
 from hookbus.dispatcher import DispatcherService, HookDispatcher
 from hookbus.dispatcher._kv import open_bucket
 from hookbus.schemas import (
@@ -28,7 +29,6 @@ from hookbus.schemas import (
     DISPATCHER_QUEUE_GROUP,
     EMIT_SERVICE_WILDCARD,
     HookbusError,
-    handlers_bucket_config,
 )
 from hookbus.workers import HookWorker
 

@@ -48,6 +48,7 @@ from nats.js.kv import KeyValue
 from rich.console import Console
 from rich.table import Table
 
+from hookbus._core.buckets import handlers_bucket_config
 from hookbus.cli._common import ConnectionSettings, connect, connection_or_embedded, load_object
 from hookbus.cli._otel import otel_session, print_denied_trace
 from hookbus.cli._serve_cmds import run_async
@@ -60,7 +61,6 @@ from hookbus.schemas import (
     HookbusError,
     HookResult,
     handler_key,
-    handlers_bucket_config,
 )
 from hookbus.workers import HookWorker
 
@@ -1041,7 +1041,7 @@ def secure_credentials(
             demo needs is missing (add it with ``hookbus auth add``).
     """
     from hookbus.cli._auth import load_setup  # the auth files, only for --secure
-    from hookbus.schemas._permissions import inbox_prefix
+    from hookbus.cli._permissions import inbox_prefix
 
     setup = load_setup(auth_dir)
     chosen = tenant or setup.tenants[0]

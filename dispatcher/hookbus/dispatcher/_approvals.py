@@ -72,6 +72,7 @@ import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
 
+from hookbus._core.buckets import approvals_bucket_config
 from hookbus.schemas import (
     APPROVAL_DEFAULT_OPTIONS,
     APPROVALS_BUCKET,
@@ -89,7 +90,6 @@ from hookbus.schemas import (
     SuspensionRecord,
     SuspensionTimeoutError,
     approval_answer_key,
-    approvals_bucket_config,
     decode,
     encode,
 )

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from nats.aio.client import Client as NATS
 
+from hookbus._core.buckets import approvals_bucket_config
 from hookbus.schemas import (
     ApprovalAnswer,
     ApprovalGrant,
     HookStatus,
     NotConnectedError,
     SuspensionRecord,
-    approvals_bucket_config,
     suspension_events_subject,
     validate_name,
 )

@@ -47,6 +47,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from hookbus._core.results import to_hook_result
 from hookbus.schemas import (
     BadRequestError,
     ChainStep,
@@ -63,7 +64,6 @@ from hookbus.schemas import (
     encode,
     handler_instance_subject,
     json_copy,
-    to_hook_result,
 )
 
 from ._routes import Route

@@ -42,8 +42,8 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
+from hookbus._core.consumer_slots import CONSUMER_SLOTS, identity_key, slot_names
 from hookbus.schemas import HookbusError
-from hookbus.schemas._consumer_slots import CONSUMER_SLOTS, identity_key, slot_names
 
 __all__ = [
     "SLOT_INACTIVE_S",

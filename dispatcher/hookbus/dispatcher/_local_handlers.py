@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from hookbus._core.handler_options import HandlerOptions
 from hookbus.schemas import FailurePolicy, validate_name
-from hookbus.schemas._handler_options import HandlerOptions
 
 from ._routes import LocalHandler, Route, RoutingTable
 

@@ -35,15 +35,14 @@ import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
 
+from hookbus._core.buckets import handlers_bucket_config
+from hookbus._core.declarations import check_declaration, check_required
 from hookbus.schemas import (
     BadRequestError,
     FailurePolicy,
     HandlerDeclaration,
     RequiredHandler,
-    check_declaration,
-    check_required,
     encode,
-    handlers_bucket_config,
     parse_registry_key,
     required_key,
 )

@@ -24,6 +24,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from hookbus._core.nats_guard import harden_connection
 from hookbus.schemas import (
     EventEnvelope,
     HookbusError,
@@ -37,7 +38,6 @@ from hookbus.schemas import (
     encode,
     json_copy,
 )
-from hookbus.schemas._nats_guard import harden_connection
 
 from ._calls import (
     ChainPlan,

@@ -16,7 +16,7 @@ decides: a required handler is never silently absent. A required handler that is
 cannot loosen the operator's requirement (a ``deny`` requirement stays fail-closed).
 
 Options (priority, timeout, failure policy, tool filter) are bounded and tool filters
-matched by `hookbus.schemas._handler_options`, as workers judge them.
+matched by `hookbus._core.handler_options`, as workers judge them.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from hookbus._core.handler_options import ToolFilter, check_timeout, stricter_policy
 from hookbus.schemas import (
     FailurePolicy,
     HandlerDeclaration,
@@ -35,7 +36,6 @@ from hookbus.schemas import (
     handler_set_id,
     handler_subject,
 )
-from hookbus.schemas._handler_options import ToolFilter, check_timeout, stricter_policy
 
 __all__ = ["LocalHandler", "Route", "RoutingTable"]
 

@@ -50,6 +50,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from hookbus._core.log_limits import RateLimitedWarning, clip
 from hookbus.schemas import (
     COLLECT_SERVICE_WILDCARD,
     DISPATCHER_QUEUE_GROUP,
@@ -74,7 +75,6 @@ from hookbus.schemas import (
     encode,
     event_from_service_subject,
 )
-from hookbus.schemas._log_limits import RateLimitedWarning, clip
 
 from ._dispatcher import HookDispatcher
 from ._services_api import EndpointCounters, ServicesAPI

@@ -47,6 +47,8 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
 
+from hookbus._core.buckets import suspensions_bucket_config
+from hookbus._core.nats_guard import harden_connection
 from hookbus.schemas import (
     AlreadySettledError,
     DuplicateSuspensionError,
@@ -59,9 +61,7 @@ from hookbus.schemas import (
     SuspensionRecord,
     SuspensionTimeoutError,
     suspension_events_subject,
-    suspensions_bucket_config,
 )
-from hookbus.schemas._nats_guard import harden_connection
 
 from ._deliveries import Deliveries
 from ._kv import kv_retry, open_bucket

@@ -26,8 +26,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from hookbus._core.otel_providers import ProviderSlots
 from hookbus.schemas import _telemetry_names as tn
-from hookbus.schemas._otel_providers import ProviderSlots
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Counter, Histogram, UpDownCounter

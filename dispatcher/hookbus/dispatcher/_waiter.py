@@ -38,11 +38,11 @@ from nats.aio.client import Client as NATS
 from nats.js.api import DeliverPolicy
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
+from hookbus._core.buckets import leases_bucket_config
 from hookbus.schemas import (
     HookbusTimeoutError,
     SuspensionRecord,
     lease_key,
-    leases_bucket_config,
 )
 
 from ._kv import kv_retry, open_bucket, release_consumer, stream_sequence, subscribe_keys

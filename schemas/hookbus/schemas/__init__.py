@@ -10,27 +10,9 @@ from ._audit import (
     decisions_stream_config,
     stream_config_differences,
 )
-from ._buckets import (
-    approvals_bucket_config,
-    config_differences,
-    handlers_bucket_config,
-    leases_bucket_config,
-    suspensions_bucket_config,
-)
-from ._chains import MAX_HANDLER_SET, ToolFilter, compile_tool_filter, handler_set_id
+from ._bounds import MAX_HANDLER_TIMEOUT_S, MAX_PRIORITY, MAX_RECORD_BYTES, MAX_TOOL_PATTERNS
+from ._chains import MAX_HANDLER_SET, handler_set_id
 from ._codec import WIRE_TYPES, decode, encode, to_builtins
-from ._declarations import (
-    MAX_HANDLER_TIMEOUT_S,
-    MAX_PRIORITY,
-    MAX_RECORD_BYTES,
-    MAX_TOOL_PATTERNS,
-    check_declaration,
-    check_required,
-    declaration_differences,
-    derive_declaration,
-    format_served_handlers,
-    parse_served_handlers,
-)
 from ._errors import (
     AlreadySettledError,
     BadRequestError,
@@ -59,7 +41,6 @@ from ._errors import (
 from ._events import *  # noqa: F403  (the standard event constants)
 from ._events import __all__ as _event_names
 from ._jsonsafe import json_copy, json_safe
-from ._result import to_hook_result
 from ._subjects import (
     APPROVALS_BUCKET,
     CHAIN_WILDCARD,
@@ -94,6 +75,7 @@ from ._subjects import (
     emit_service_subject,
     encode_token,
     event_from_service_subject,
+    format_served_handlers,
     grant_key,
     handler_instance_subject,
     handler_key,
@@ -107,6 +89,7 @@ from ._subjects import (
     parse_grant_key,
     parse_handler_key,
     parse_registry_key,
+    parse_served_handlers,
     parse_suspension_key,
     required_key,
     suspension_event_subject,
@@ -123,6 +106,7 @@ from ._suspensions import (
     HookStatus,
     SuspensionRecord,
 )
+from ._tool_filter import ToolFilter
 from ._types import (
     WIRE_ERROR_CODES,
     Action,
@@ -144,7 +128,6 @@ from ._types import (
 )
 
 if TYPE_CHECKING:  # loaded on first use: see __getattr__
-    from ._asyncapi import asyncapi_document
     from ._contract import json_schemas
 
 __all__ = [
@@ -154,7 +137,6 @@ __all__ = [
     "chain_instance_subject",
     "chain_queue_group",
     "chain_subject",
-    "compile_tool_filter",
     "ToolFilter",
     "handler_set_id",
     "MAX_HANDLER_TIMEOUT_S",
@@ -165,10 +147,6 @@ __all__ = [
     "WORKER_SERVICE_NAME",
     "HandlerConflictError",
     "RequiredHandler",
-    "check_declaration",
-    "check_required",
-    "declaration_differences",
-    "derive_declaration",
     "format_served_handlers",
     "parse_registry_key",
     "parse_served_handlers",
@@ -190,7 +168,6 @@ __all__ = [
     "ApprovalGrant",
     "ApprovalMetadata",
     "WIRE_ERROR_CODES",
-    "asyncapi_document",
     "GRANT_NONE",
     "grant_key",
     "parse_grant_key",
@@ -199,8 +176,6 @@ __all__ = [
     "HookStatus",
     "SuspensionRecord",
     "always_allow_key",
-    "approvals_bucket_config",
-    "config_differences",
     "hook_event_subject",
     "hook_events_subject",
     "suspension_event_subject",
@@ -213,9 +188,7 @@ __all__ = [
     "approval_answer_key",
     "parse_suspension_key",
     "lease_key",
-    "leases_bucket_config",
     "suspension_key",
-    "suspensions_bucket_config",
     "SUBJECT_PREFIX",
     "WIRE_TYPES",
     # the decision audit trail
@@ -273,7 +246,6 @@ __all__ = [
     "encode_token",
     "event_from_service_subject",
     "handler_key",
-    "handlers_bucket_config",
     "handler_instance_subject",
     "handler_queue_group",
     "handler_subject",
@@ -282,20 +254,15 @@ __all__ = [
     "json_schemas",
     "parse_handler_key",
     "to_builtins",
-    "to_hook_result",
     "validate_name",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    """`json_schemas` and `asyncapi_document` load on first use: a process that only sends
-    messages (the Claude Code hook path) never pays for the generators."""
+    """`json_schemas` loads on first use: a process that only sends messages (the Claude
+    Code hook path) never pays for the generator."""
     if name == "json_schemas":
         from ._contract import json_schemas
 
         return json_schemas
-    if name == "asyncapi_document":
-        from ._asyncapi import asyncapi_document
-
-        return asyncapi_document
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,10 +12,7 @@ of exactly ``{a, b}`` (see `hookbus.schemas.worker`), and a dispatcher only send
 the subject of a set that names every handler in it. The subject also names the event, so
 processes serving the same names for different events never share a queue group.
 
-The chain subjects are built with the others in `_subjects` (`chain_subject`). Tool
-filters are matched by dispatchers and workers alike with `ToolFilter` (whole-name
-`fnmatch` globs, ignoring case; `_handler_options`, where `compile_tool_filter` lives; both
-re-exported here).
+The chain subjects are built with the others in `_subjects` (`chain_subject`).
 """
 
 from __future__ import annotations
@@ -24,10 +21,9 @@ import hashlib
 from collections.abc import Iterable
 from typing import Final
 
-from ._handler_options import ToolFilter, compile_tool_filter
 from ._subjects import encode_token
 
-__all__ = ["MAX_HANDLER_SET", "ToolFilter", "compile_tool_filter", "handler_set_id"]
+__all__ = ["MAX_HANDLER_SET", "handler_set_id"]
 
 MAX_HANDLER_SET: Final = 64
 """Most handler names a declaration's ``handler_set`` may list (a larger set is not sent)."""

@@ -30,8 +30,8 @@ import msgspec
 
 from ._approvals import ApprovalMetadata
 from ._audit import DecisionRecord
+from ._bounds import MAX_PRIORITY, MAX_TOOL_PATTERNS
 from ._codec import WIRE_TYPES
-from ._declarations import MAX_PRIORITY, MAX_TOOL_PATTERNS
 from ._subjects import MAX_NAME_LENGTH
 from ._suspensions import HookEvent, HookPart, SuspensionRecord
 from ._types import (

@@ -78,6 +78,7 @@ __all__ = [
     "emit_service_subject",
     "encode_token",
     "event_from_service_subject",
+    "format_served_handlers",
     "grant_key",
     "handler_instance_subject",
     "handler_key",
@@ -91,6 +92,7 @@ __all__ = [
     "parse_grant_key",
     "parse_handler_key",
     "parse_registry_key",
+    "parse_served_handlers",
     "parse_suspension_key",
     "required_key",
     "run_claim_key",
@@ -567,3 +569,24 @@ def decisions_subject(agent_id: str | None) -> str:
         BadRequestError: as `agent_token` (an id that is not a string or is too long).
     """
     return f"{SUBJECT_PREFIX}.decisions.{agent_token(agent_id)}"
+
+
+def format_served_handlers(pairs: list[tuple[str, str]]) -> str:
+    """The worker service's ``handlers`` metadata value: the handler keys it serves,
+    space-separated (keys never hold a space)."""
+    return " ".join(handler_key(event, name) for event, name in pairs)
+
+
+def parse_served_handlers(text: object) -> list[tuple[str, str]]:
+    """Invert `format_served_handlers`; keys that do not parse are skipped."""
+    out: list[tuple[str, str]] = []
+    if not isinstance(text, str):
+        return out
+    for key in text.split()[:10_000]:
+        try:
+            kind, event, name = parse_registry_key(key)
+        except BadRequestError:
+            continue
+        if kind == "handler":
+            out.append((event, name))
+    return out

@@ -2,6 +2,7 @@
 
 from hookbus.schemas import HookResult
 
-from ._worker import HandlerSpec, HookWorker
+from ._spec import HandlerSpec
+from ._worker import HookWorker
 
 __all__ = ["HandlerSpec", "HookResult", "HookWorker"]

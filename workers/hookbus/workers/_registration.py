@@ -46,31 +46,20 @@ from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 from nats.micro import add_service
 from nats.micro.service import Service, ServiceConfig
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception,
-    stop_after_delay,
-    wait_exponential_jitter,
-)
 
+from hookbus._core.buckets import handlers_bucket_config
+from hookbus._core.declarations import check_declaration, declaration_differences
+from hookbus._core.jetstream import is_transient, kv_retry, open_bucket
 from hookbus.schemas import (
     WORKER_SERVICE_NAME,
     BadRequestError,
     HandlerConflictError,
     HandlerDeclaration,
-    HookbusTimeoutError,
-    NotPermittedError,
-    check_declaration,
-    config_differences,
-    declaration_differences,
     encode,
     format_served_handlers,
     handler_key,
-    handlers_bucket_config,
     parse_served_handlers,
 )
-from hookbus.schemas._nats_guard import bucket_refusal, harden_connection
 
 __all__ = [
     "LivenessProbe",
@@ -86,61 +75,16 @@ log = logging.getLogger("hookbus.workers")
 
 T = TypeVar("T")
 
-_TRANSIENT: tuple[type[BaseException], ...] = (
-    TimeoutError,  # nats.errors.TimeoutError subclasses it
-    nats.errors.NoRespondersError,
-    nats.errors.ConnectionReconnectingError,
-    nats.js.errors.NoStreamResponseError,
-    nats.js.errors.ServiceUnavailableError,
-)
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Whether `exc` is what a JetStream call raises while a leader is elected (or the
-    client reconnects): a timeout, no responders, no stream response, a 503 API error."""
-    if isinstance(exc, _TRANSIENT):
-        return True
-    return isinstance(exc, nats.js.errors.APIError) and getattr(exc, "code", None) == 503
-
 
 async def _retrying(op: Callable[[], Awaitable[T]], *, deadline: float, what: str) -> T:
-    """`op()` retried on transient errors until the loop time `deadline`.
+    """`op()` retried on transient errors until the loop time `deadline` (`kv_retry`, with
+    one deadline shared by several calls).
 
     Raises:
         HookbusTimeoutError: still failing transiently at the deadline (cause: last error).
     """
-    loop = asyncio.get_running_loop()
-    backoff = wait_exponential_jitter(multiplier=0.05, max=1.0, jitter=0.05)
-
-    def wait(state: RetryCallState) -> float:
-        return max(0.0, min(backoff(state), deadline - loop.time()))
-
-    def before_sleep(state: RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome else None
-        log.info("%s: try %d failed (%r); retrying", what, state.attempt_number, exc)
-
-    retrying = AsyncRetrying(
-        stop=stop_after_delay(max(0.0, deadline - loop.time())),
-        wait=wait,
-        retry=retry_if_exception(is_transient),
-        before_sleep=before_sleep,
-        reraise=True,
-    )
-    try:
-        async for attempt in retrying:
-            with attempt:
-                left = deadline - loop.time()
-                if left <= 0:
-                    raise TimeoutError(f"{what}: no time left")
-                async with asyncio.timeout(left):
-                    result = await op()
-    except Exception as exc:
-        if not is_transient(exc):
-            raise
-        raise HookbusTimeoutError(
-            f"{what} failed: JetStream unavailable ({type(exc).__name__}: {exc})"
-        ) from exc
-    return result
+    left = max(0.0, deadline - asyncio.get_running_loop().time())
+    return await kv_retry(op, deadline_s=left, what=what, log=log)
 
 
 async def flush_subscriptions(nc: NATS, *, deadline_s: float = 30.0) -> None:
@@ -159,39 +103,14 @@ async def open_registry(nc: NATS, *, replicas: int = 1, deadline_s: float = 30.0
     `deadline_s` seconds. A bucket that exists with another config is used and reported.
 
     Raises:
+        BucketConfigError: JetStream refused to create the bucket as asked (e.g. 3
+            replicas on a single server).
         HookbusTimeoutError: JetStream stayed unavailable for `deadline_s` seconds.
         NotPermittedError: the bucket is absent and this identity may not create it, or
             may not read it (one line, at once).
     """
     config = handlers_bucket_config(replicas=replicas)
-    harden_connection(nc)  # a refusal fails at once (below: one line), not in 30 s
-    js = nc.jetstream()
-
-    async def create() -> KeyValue:
-        # look before creating: a worker identity on a secured server may open the bucket
-        # (stream info) but not create it (only the admin provisions streams)
-        try:
-            kv = await js.key_value(config.bucket)
-        except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
-            try:
-                return await js.create_key_value(config=config)
-            except nats.js.errors.BadRequestError:  # created meanwhile (maybe otherwise)
-                kv = await js.key_value(config.bucket)
-        status = await kv.status()
-        differences = config_differences(config, status.stream_info.config)
-        if differences:
-            log.warning(
-                "bucket %s exists with another config, used as it is: %s",
-                config.bucket,
-                "; ".join(differences),
-            )
-        return kv
-
-    deadline = asyncio.get_running_loop().time() + deadline_s
-    try:
-        return await _retrying(create, deadline=deadline, what=f"opening bucket {config.bucket}")
-    except NotPermittedError as exc:
-        raise bucket_refusal(config.bucket, exc) from exc
+    return await open_bucket(nc, config, log=log, deadline_s=deadline_s)
 
 
 LIVENESS_PING_S = 1.0

@@ -43,7 +43,7 @@ from hookbus.schemas import _telemetry_names as tn
 from ._telemetry_core import otel
 
 if TYPE_CHECKING:
-    from ._worker import HandlerSpec
+    from ._spec import HandlerSpec
 
 __all__ = ["HandlingSpan", "handling_span", "traced_handling"]
 

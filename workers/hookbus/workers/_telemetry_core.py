@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from hookbus._core.otel_providers import ProviderSlots
 from hookbus.schemas import _telemetry_names as tn
-from hookbus.schemas._otel_providers import ProviderSlots
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Histogram, Meter

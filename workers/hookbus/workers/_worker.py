@@ -11,7 +11,6 @@ import math
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
@@ -23,7 +22,12 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.micro.service import Service
 
+from hookbus._core.handler_options import HandlerOptions, StepOutcome, ends_fold
+from hookbus._core.log_limits import RateLimitedWarning
+from hookbus._core.nats_guard import harden_connection
+from hookbus._core.results import to_hook_result
 from hookbus.schemas import (
+    HANDLERS_BUCKET,
     MAX_HANDLER_SET,
     MAX_RECORD_BYTES,
     ChainStep,
@@ -46,14 +50,9 @@ from hookbus.schemas import (
     handler_queue_group,
     handler_set_id,
     handler_subject,
-    handlers_bucket_config,
     json_copy,
-    to_hook_result,
     validate_name,
 )
-from hookbus.schemas._handler_options import HandlerOptions, StepOutcome, ToolFilter, ends_fold
-from hookbus.schemas._log_limits import RateLimitedWarning
-from hookbus.schemas._nats_guard import harden_connection
 
 from ._chain_progress import ChainProgress
 from ._coroutines import Resumed
@@ -65,38 +64,14 @@ from ._registration import (
     start_liveness,
     stop_liveness,
 )
+from ._spec import Handler, HandlerSpec
 from ._telemetry import handling_span, traced_handling
 
-__all__ = ["HandlerSpec", "HookWorker"]
+__all__ = ["HookWorker"]
 
 log = logging.getLogger("hookbus.workers")
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-Handler = Callable[[str, dict[str, Any]], Any]
-"""``(event, data) -> HookResult | dict | None``, sync or async (amplifier-core signature)."""
-
-
-@dataclass(frozen=True, slots=True)
-class HandlerSpec:
-    """One handler of a worker: its function and its declaration."""
-
-    fn: Handler
-    declaration: HandlerDeclaration
-    is_async: bool = False
-    """Whether `fn` is a coroutine function (sync ones run in a worker thread)."""
-    tool_filter: ToolFilter = ToolFilter.EVERY
-    """The declaration's tool filter, compiled (`ToolFilter.EVERY`: every call matches)."""
-
-    @property
-    def key(self) -> tuple[str, str]:
-        """(event, handler name): the handler's identity in this worker."""
-        return self.declaration.event, self.declaration.name
-
-    def matches(self, data: dict[str, Any]) -> bool:
-        """Whether the tool filter admits ``data["tool_name"]``: `ToolFilter.matches`, the
-        same judgement dispatchers make (`Route.matches`)."""
-        return self.tool_filter.matches(data)
 
 
 class HookWorker:
@@ -458,7 +433,7 @@ class HookWorker:
         """Delete this worker's declarations from the registry (an explicit act)."""
         if self._nc is None:
             raise NotConnectedError("unregister needs a NATS connection")
-        kv = await self._nc.jetstream().key_value(handlers_bucket_config().bucket)
+        kv = await self._nc.jetstream().key_value(HANDLERS_BUCKET)
         for event, name in self._specs:
             with contextlib.suppress(nats.js.errors.KeyNotFoundError):
                 await kv.delete(handler_key(event, name))

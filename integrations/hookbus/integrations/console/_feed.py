@@ -32,6 +32,7 @@ from nats.aio.subscription import Subscription
 from nats.js.api import DeliverPolicy
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
+from hookbus._core.nats_guard import harden_connection
 from hookbus.dispatcher import APPROVAL_LABEL_PREFIX
 from hookbus.dispatcher._kv import release_consumer, subscribe_keys
 from hookbus.dispatcher._records import parse_record
@@ -47,7 +48,6 @@ from hookbus.schemas import (
     is_answer_key,
     label_from_key,
 )
-from hookbus.schemas._nats_guard import harden_connection
 
 from ._views import approval_item, decision_item, grant_item
 

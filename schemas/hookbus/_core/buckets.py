@@ -14,7 +14,7 @@ from typing import Any
 
 from nats.js.api import KeyValueConfig, StorageType
 
-from ._subjects import APPROVALS_BUCKET, HANDLERS_BUCKET, LEASES_BUCKET, SUSPENSIONS_BUCKET
+from hookbus.schemas import APPROVALS_BUCKET, HANDLERS_BUCKET, LEASES_BUCKET, SUSPENSIONS_BUCKET
 
 __all__ = [
     "approvals_bucket_config",

@@ -3,8 +3,8 @@
 `asyncapi_document` is what ``hookbus asyncapi`` prints. Every address is built by the
 functions of `_subjects` themselves (called with placeholder names, then the placeholders
 become ``{parameters}``), the payloads are `json_schemas`' definitions, and the bucket and
-stream settings come from `_buckets` and `_audit`: nothing here restates a subject, a key or
-a field, so the document follows the code.
+stream settings come from `hookbus._core.buckets` and `hookbus.schemas`: nothing here
+restates a subject, a key or a field, so the document follows the code.
 
 What it holds (AsyncAPI 3.0, NATS):
 
@@ -27,15 +27,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from ._audit import decisions_stream_config
-from ._buckets import (
+from hookbus._core.buckets import (
     approvals_bucket_config,
     handlers_bucket_config,
     leases_bucket_config,
     suspensions_bucket_config,
 )
-from ._contract import schema_definitions
-from ._subjects import (
+from hookbus.schemas import decisions_stream_config
+from hookbus.schemas._contract import schema_definitions
+from hookbus.schemas._subjects import (
     DISPATCHER_QUEUE_GROUP,
     DISPATCHER_SERVICE_NAME,
     GRANT_NONE,

@@ -6,8 +6,7 @@ from typing import Any, get_args
 
 import msgspec
 
-from ._errors import WireFormatError
-from ._types import Action, ContextInjection, HookResult
+from hookbus.schemas import Action, ContextInjection, HookResult, WireFormatError
 
 __all__ = ["to_hook_result"]
 

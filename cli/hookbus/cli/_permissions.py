@@ -41,8 +41,9 @@ request to ``$JS.API.DIRECT.GET.KV_B.$KV.B.K``, scopable by key prefix; a watch 
 creates a consumer. NATS cannot count consumers per user, but a named consumer's create
 request carries its name and filter in its subject (``$JS.API.CONSUMER.CREATE.KV_B.<name>.
 <filter>``): every role but the dispatcher may create only consumers named by its own
-slots (``_consumer_slots.CONSUMER_SLOTS`` of them), with a filter within what it may read,
-and inspect or delete only those. No role but the admin may create a stream: a create request's body
+slots (``hookbus._core.consumer_slots.CONSUMER_SLOTS`` of them), with a filter within
+what it may read, and inspect or delete only those. No role but the admin may create a
+stream: a create request's body
 chooses the stream's subjects.
 """
 
@@ -52,10 +53,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Final, Literal
 
-from ._chains import handler_set_id
-from ._consumer_slots import slot_names
-from ._errors import BadRequestError
-from ._subjects import (
+from hookbus._core.consumer_slots import slot_names
+from hookbus.schemas import BadRequestError, handler_set_id
+from hookbus.schemas._subjects import (
     APPROVALS_BUCKET,
     CHAIN_WILDCARD,
     COLLECT_SERVICE_WILDCARD,

@@ -7,8 +7,9 @@ collect subject and queue group are derived from (event, name), never read from 
 (a non-empty value that differs refuses the record). Dispatchers skip and report a record
 that fails; it never takes a dispatcher or a CLI command down.
 
-Bounds (documented, enforced here; a handler's options through `HandlerOptions`, the one
-definition a worker's and an in-process handler's options are checked by too):
+Bounds (the numbers are `hookbus.schemas`'s, enforced here; a handler's options through
+`HandlerOptions`, the one definition a worker's and an in-process handler's options are
+checked by too):
 
 =============================  ================================================
 value size                     at most `MAX_RECORD_BYTES` bytes
@@ -29,40 +30,29 @@ from typing import Final, TypeVar
 
 import msgspec
 
-from ._chains import MAX_HANDLER_SET
-from ._codec import decode
-from ._errors import BadRequestError, HookbusError
-from ._handler_options import (
-    MAX_HANDLER_TIMEOUT_S,
-    MAX_PRIORITY,
-    MAX_TOOL_PATTERNS,
-    HandlerOptions,
-)
-from ._subjects import (
+from hookbus.schemas import (
+    MAX_HANDLER_SET,
+    MAX_RECORD_BYTES,
+    BadRequestError,
+    HandlerDeclaration,
+    HookbusError,
+    RequiredHandler,
     collect_subject,
-    handler_key,
+    decode,
     handler_queue_group,
     handler_subject,
     parse_registry_key,
     validate_name,
 )
-from ._types import HandlerDeclaration, RequiredHandler
+
+from .handler_options import HandlerOptions
 
 __all__ = [
-    "MAX_HANDLER_TIMEOUT_S",
-    "MAX_PRIORITY",
-    "MAX_RECORD_BYTES",
-    "MAX_TOOL_PATTERNS",
     "check_declaration",
     "check_required",
     "declaration_differences",
     "derive_declaration",
-    "format_served_handlers",
-    "parse_served_handlers",
 ]
-
-MAX_RECORD_BYTES: Final = 4096
-"""Largest registry value accepted, in bytes."""
 
 COMPARED_FIELDS: Final = (
     "priority",
@@ -176,25 +166,4 @@ def declaration_differences(live: HandlerDeclaration, asked: HandlerDeclaration)
         a, b = getattr(live, field), getattr(asked, field)
         if a != b:
             out.append(f"{field}: live {a!r}, declared {b!r}")
-    return out
-
-
-def format_served_handlers(pairs: list[tuple[str, str]]) -> str:
-    """The worker service's ``handlers`` metadata value: the handler keys it serves,
-    space-separated (keys never hold a space)."""
-    return " ".join(handler_key(event, name) for event, name in pairs)
-
-
-def parse_served_handlers(text: object) -> list[tuple[str, str]]:
-    """Invert `format_served_handlers`; keys that do not parse are skipped."""
-    out: list[tuple[str, str]] = []
-    if not isinstance(text, str):
-        return out
-    for key in text.split()[:10_000]:
-        try:
-            kind, event, name = parse_registry_key(key)
-        except BadRequestError:
-            continue
-        if kind == "handler":
-            out.append((event, name))
     return out

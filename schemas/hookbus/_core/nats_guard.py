@@ -35,7 +35,7 @@ import logging
 import re
 from typing import Any
 
-from ._errors import NotPermittedError
+from hookbus.schemas import NotPermittedError
 
 __all__ = [
     "bucket_refusal",
