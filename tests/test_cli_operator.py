@@ -219,7 +219,6 @@ def test_a_websocket_url_without_aiohttp_says_what_it_needs() -> None:
     "args",
     [
         ["suspensions", "{url}", "list", "--json"],
-        ["hooks", "{url}", "list", "--json"],
         ["suspensions", "{url}"],
         ["approvals", "{url}", "list", "--json"],
     ],

@@ -335,7 +335,6 @@ PUBLIC_API: dict[str, set[str]] = {
         "DISPATCHER_QUEUE_GROUP",
         "EMIT_SERVICE_WILDCARD",
         "HANDLERS_BUCKET",
-        "HOOK_EVENTS_WILDCARD",
         "SUSPENSION_EVENTS_WILDCARD",
         "LEASES_BUCKET",
         "SUSPENSION_MAX_BYTES",
@@ -352,7 +351,6 @@ PUBLIC_API: dict[str, set[str]] = {
         "CollectReply",
         "CollectRequest",
         "ContextInjection",
-        "DuplicateHookError",
         "DuplicateSuspensionError",
         "EmitReply",
         "EmitRequest",
@@ -362,15 +360,11 @@ PUBLIC_API: dict[str, set[str]] = {
         "FailurePolicy",
         "HandlerDeclaration",
         "HandlerFailure",
-        "HookAbortedError",
-        "HookCancelledError",
         "HookEvent",
-        "HookNotFoundError",
         "HookPart",
         "HookReply",
         "HookResult",
         "HookStatus",
-        "HookTimeoutError",
         "HookbusError",
         "HookbusTimeoutError",
         "NotConnectedError",
@@ -387,7 +381,6 @@ PUBLIC_API: dict[str, set[str]] = {
         "UnknownEventError",
         "WireError",
         "WireFormatError",
-        "always_allow_key",
         "collect_reply_subject",
         "collect_service_subject",
         "collect_subject",
@@ -402,8 +395,6 @@ PUBLIC_API: dict[str, set[str]] = {
         "handler_key",
         "handler_queue_group",
         "handler_subject",
-        "hook_event_subject",
-        "hook_events_subject",
         "suspension_event_subject",
         "suspension_events_subject",
         "is_answer_key",
@@ -607,11 +598,6 @@ def test_errors_share_one_root() -> None:
 
     for name in (
         "AlreadySettledError",
-        "DuplicateHookError",
-        "HookAbortedError",
-        "HookCancelledError",
-        "HookNotFoundError",
-        "HookTimeoutError",
         "DuplicateSuspensionError",
         "SuspensionAbortedError",
         "SuspensionCancelledError",
@@ -632,11 +618,9 @@ def test_errors_share_one_root() -> None:
     assert issubclass(s.HookbusTimeoutError, TimeoutError)
     assert issubclass(s.SuspensionTimeoutError, TimeoutError)
     assert issubclass(s.SuspensionTimeoutError, s.HookbusTimeoutError)
-    # the former names of the suspension errors are the same classes (kept: they were public)
-    assert s.HookTimeoutError is s.SuspensionTimeoutError
-    assert s.HookCancelledError is s.SuspensionCancelledError
-    assert s.HookAbortedError is s.SuspensionAbortedError
-    assert s.HookNotFoundError is s.SuspensionNotFoundError
-    assert s.DuplicateHookError is s.DuplicateSuspensionError
+    # one name per error: the suspension errors' former Hook... names are gone
+    for gone in ("HookTimeoutError", "HookCancelledError", "HookAbortedError"):
+        assert not hasattr(s, gone), gone
+    assert not hasattr(s, "HookNotFoundError") and not hasattr(s, "DuplicateHookError")
     assert issubclass(s.UnknownEventError, s.BadRequestError)
     assert issubclass(s.PayloadTooLargeError, s.BadRequestError)

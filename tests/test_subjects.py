@@ -10,6 +10,7 @@ import re
 
 import pytest
 
+import hookbus.schemas
 from hookbus.schemas import (
     APPROVALS_BUCKET,
     COLLECT_SERVICE_WILDCARD,
@@ -17,13 +18,11 @@ from hookbus.schemas import (
     EMIT_SERVICE_WILDCARD,
     GRANT_NONE,
     HANDLERS_BUCKET,
-    HOOK_EVENTS_WILDCARD,
     SUBJECT_PREFIX,
     SUSPENSION_EVENTS_WILDCARD,
     SUSPENSIONS_BUCKET,
     BadRequestError,
     agent_from_service_subject,
-    always_allow_key,
     approval_answer_key,
     collect_reply_subject,
     collect_service_subject,
@@ -37,8 +36,6 @@ from hookbus.schemas import (
     handler_key,
     handler_queue_group,
     handler_subject,
-    hook_event_subject,
-    hook_events_subject,
     is_answer_key,
     label_from_key,
     lease_key,
@@ -307,13 +304,12 @@ def test_handler_and_suspension_subjects_never_meet() -> None:
             assert not _matches(suspension_events_subject(name), subject), subject
 
 
-def test_former_names_are_aliases() -> None:
-    """The names of the suspension-event subjects before they said *suspension* still work
-    and build the same subjects."""
-    assert HOOK_EVENTS_WILDCARD == SUSPENSION_EVENTS_WILDCARD
-    assert hook_event_subject is suspension_event_subject
-    assert hook_events_subject is suspension_events_subject
-    assert hook_event_subject("l", "pending", "a") == "hookbus.v1.suspension.a.l.pending"
+def test_the_former_names_are_gone() -> None:
+    """One name per concept: the suspension-event subjects' names before they said
+    *suspension* are not kept beside the new ones."""
+    for name in ("HOOK_EVENTS_WILDCARD", "hook_event_subject", "hook_events_subject"):
+        assert not hasattr(hookbus.schemas, name), name
+    assert suspension_event_subject("l", "pending", "a") == "hookbus.v1.suspension.a.l.pending"
 
 
 def test_grant_key_shape() -> None:
@@ -321,7 +317,7 @@ def test_grant_key_shape() -> None:
     GRANT_NONE, which no name encodes to; no session, no key."""
     assert grant_key("a1", "s1", "tool:pre", "security", "bash") == "a1.s1.tool=3Apre.security.bash"
     assert grant_key(None, "s1", "e", "h", None) == f"{GRANT_NONE}.s1.e.h.{GRANT_NONE}"
-    assert always_allow_key is grant_key
+    assert not hasattr(hookbus.schemas, "always_allow_key")  # its former name, gone
     scopes = [
         (a, s, "e", h, t)
         for a in (None, "a", "-", "=")

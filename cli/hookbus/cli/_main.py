@@ -25,7 +25,7 @@ from ._lifecycle import LOOP_CHOICES, LOOP_ENV, loop_choice
 from ._otel import otlp_option
 from ._provision import provision_cmd
 from ._serve_cmds import dispatcher_cmd, server, worker
-from ._suspensions_cmd import hooks, suspensions
+from ._suspensions_cmd import suspensions
 from ._tail_cmd import tail
 from ._toplevel import run_cli
 
@@ -145,7 +145,6 @@ cli.add_command(emit)
 cli.add_command(handlers)
 cli.add_command(services)
 cli.add_command(suspensions)
-cli.add_command(hooks)  # the former name of suspensions, hidden
 cli.add_command(approvals)
 cli.add_command(decisions)
 cli.add_command(tail)

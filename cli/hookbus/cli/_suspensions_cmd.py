@@ -1,7 +1,4 @@
-"""`hookbus suspensions ...`: suspensions from the terminal (approvals: `_approvals_cmd`).
-
-`hookbus hooks` is the former name of the group, kept as a hidden alias (same subcommands).
-"""
+"""`hookbus suspensions ...`: suspensions from the terminal (approvals: `_approvals_cmd`)."""
 
 from __future__ import annotations
 
@@ -69,18 +66,6 @@ def suspensions(ctx: click.Context, conn: ConnectionSettings) -> None:
     command."""
     if ctx.invoked_subcommand is None:
         ctx.invoke(suspensions_list, conn=conn)
-
-
-hooks = click.Group(
-    "hooks",
-    commands=suspensions.commands,
-    params=suspensions.params,
-    callback=suspensions.callback,
-    invoke_without_command=True,
-    hidden=True,
-    help="The former name of `hookbus suspensions` (same subcommands).",
-)
-"""`hookbus hooks`: the former name of `suspensions`, hidden from the help."""
 
 
 _HEADERS = ("agent", "label", "state", "hook id", "run", "metadata")

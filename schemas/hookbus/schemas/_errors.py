@@ -4,8 +4,7 @@ Errors that cross the wire travel as data (`hookbus.schemas.WireError`), never a
 or tracebacks; these classes are what the Python API raises.
 
 The suspension errors say *suspension* (a run paused on a label, the Vercel AI SDK's
-``hook``); their former ``Hook...`` names stay as aliases of the same classes, so code
-catching `HookTimeoutError` still catches `SuspensionTimeoutError` (see docs/names.md).
+``hook``; see docs/names.md).
 """
 
 from __future__ import annotations
@@ -14,13 +13,8 @@ __all__ = [
     "AlreadySettledError",
     "BadRequestError",
     "BucketConfigError",
-    "DuplicateHookError",
     "DuplicateSuspensionError",
     "HandlerConflictError",
-    "HookAbortedError",
-    "HookCancelledError",
-    "HookNotFoundError",
-    "HookTimeoutError",
     "HookbusError",
     "HookbusTimeoutError",
     "NotConnectedError",
@@ -138,15 +132,3 @@ class SuspensionAbortedError(SuspensionError):
 class SuspensionTimeoutError(SuspensionError, HookbusTimeoutError):
     """No resolution arrived within the suspension's timeout (seconds, ``timeout_s``); also
     a `HookbusTimeoutError` and a stdlib `TimeoutError`."""
-
-
-DuplicateHookError = DuplicateSuspensionError
-"""The former name of `DuplicateSuspensionError` (kept: it was public)."""
-HookNotFoundError = SuspensionNotFoundError
-"""The former name of `SuspensionNotFoundError` (kept: it was public)."""
-HookCancelledError = SuspensionCancelledError
-"""The former name of `SuspensionCancelledError` (kept: it was public)."""
-HookAbortedError = SuspensionAbortedError
-"""The former name of `SuspensionAbortedError` (kept: it was public)."""
-HookTimeoutError = SuspensionTimeoutError
-"""The former name of `SuspensionTimeoutError` (kept: it was public)."""

@@ -53,7 +53,6 @@ __all__ = [
     "EMIT_SERVICE_WILDCARD",
     "GRANT_NONE",
     "HANDLERS_BUCKET",
-    "HOOK_EVENTS_WILDCARD",
     "LEASES_BUCKET",
     "MAX_NAME_LENGTH",
     "NO_AGENT",
@@ -65,7 +64,6 @@ __all__ = [
     "agent_from_service_subject",
     "agent_from_token",
     "agent_token",
-    "always_allow_key",
     "approval_answer_key",
     "chain_instance_subject",
     "chain_queue_group",
@@ -84,8 +82,6 @@ __all__ = [
     "handler_key",
     "handler_queue_group",
     "handler_subject",
-    "hook_event_subject",
-    "hook_events_subject",
     "is_answer_key",
     "label_from_key",
     "lease_key",
@@ -122,8 +118,6 @@ HANDLER_SUBJECT_PREFIX: Final = f"{SUBJECT_PREFIX}.handler"
 SUSPENSION_SUBJECT_PREFIX: Final = f"{SUBJECT_PREFIX}.suspension"
 SUSPENSION_EVENTS_WILDCARD: Final = f"{SUSPENSION_SUBJECT_PREFIX}.>"
 """Every suspension event (pending / resolved / cancelled of every agent's labels)."""
-HOOK_EVENTS_WILDCARD: Final = SUSPENSION_EVENTS_WILDCARD
-"""The former name of `SUSPENSION_EVENTS_WILDCARD` (kept: it was public)."""
 MAX_NAME_LENGTH: Final = 200
 """Longest event or handler name accepted, in characters."""
 WORKER_SERVICE_NAME: Final = "hookbus-worker"
@@ -437,12 +431,6 @@ def suspension_events_subject(agent_id: str | None = None, *, every_agent: bool 
     return f"{SUSPENSION_SUBJECT_PREFIX}.{agent_token(agent_id)}.>"
 
 
-hook_event_subject = suspension_event_subject
-"""The former name of `suspension_event_subject` (kept: it was public)."""
-hook_events_subject = suspension_events_subject
-"""The former name of `suspension_events_subject` (kept: it was public)."""
-
-
 GRANT_NONE: Final = "="
 """The key segment of an absent agent id or tool name in a grant key (never a token)."""
 
@@ -492,10 +480,6 @@ def parse_grant_key(key: str) -> tuple[str | None, str, str, str, str | None]:
         decode_token(handler),
         None if tool == GRANT_NONE else decode_token(tool),
     )
-
-
-always_allow_key = grant_key
-"""The former name of `grant_key`."""
 
 
 def handler_key(event: str, handler: str) -> str:
