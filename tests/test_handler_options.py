@@ -286,7 +286,7 @@ COMBOS = [(o, p, policy) for o in OUTCOMES for p in (False, True) for policy in 
 async def test_the_in_process_fold_stops_where_the_stop_rule_says(
     event: str, outcome: str, parallel: bool, policy: str
 ) -> None:
-    from hookbus._core.handler_options import ends_fold
+    from hookbus._core.fold_rules import ends_fold
 
     called: list[str] = []
 
@@ -306,7 +306,7 @@ async def test_a_workers_chain_stops_where_the_stop_rule_says(nc: NATS, connect:
     """Every combination, each on an event of its own, served by one worker process: the
     dispatcher sends each pair as one chain, and the worker runs the second handler
     exactly when the stop rule says the fold goes on."""
-    from hookbus._core.handler_options import ends_fold
+    from hookbus._core.fold_rules import ends_fold
 
     prefix = f"stop{time.monotonic_ns() % 10**9}"
     called: set[str] = set()

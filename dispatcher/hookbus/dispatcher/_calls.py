@@ -47,6 +47,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from hookbus._core.handler_options import DEFAULT_TIMEOUT_S
 from hookbus._core.results import to_hook_result
 from hookbus.schemas import (
     BadRequestError,
@@ -69,7 +70,6 @@ from hookbus.schemas import (
 from ._routes import Route
 
 __all__ = [
-    "DEFAULT_TIMEOUT_S",
     "HEDGE_FRACTION",
     "HEDGE_MIN_S",
     "MAX_REFUSALS",
@@ -89,8 +89,6 @@ __all__ = [
 
 log = logging.getLogger("hookbus.dispatcher")
 
-DEFAULT_TIMEOUT_S = 5.0
-"""Seconds a remote call waits when its route gives no timeout."""
 HEDGE_FRACTION = 0.25
 """A retry_safe call unanswered after this fraction of its budget is sent again."""
 HEDGE_MIN_S = 0.05

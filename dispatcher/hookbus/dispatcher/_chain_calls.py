@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from hookbus._core.handler_options import DEFAULT_TIMEOUT_S
 from hookbus.schemas import EventEnvelope, HookReply, WireFormatError, decode
 
 from ._calls import (
-    DEFAULT_TIMEOUT_S,
     HEDGE_FRACTION,
     HEDGE_MIN_S,
     MAX_REFUSALS,

@@ -1,6 +1,7 @@
 """Folding handler results into one `HookResult`: pure, no I/O, tested without a server.
 
-The semantics are amplifier-core 2.0.2's `HookRegistry.emit`, result for result:
+The semantics are amplifier-core 2.0.2's `HookRegistry.emit`, result for result (the
+rules a worker serving a chain shares are `hookbus._core.fold_rules`):
 
 - handlers are folded in (priority, registration) order;
 - ``deny`` returns at once (short-circuit), as its handler made it (``data`` is the
@@ -30,6 +31,7 @@ from typing import Any
 
 import msgspec
 
+from hookbus._core.fold_rules import failure_policy_applied, modifies
 from hookbus.schemas import (
     ContextInjection,
     FailureKind,
@@ -85,8 +87,8 @@ class Fold:
         if action == "deny":
             return self._final(result, decided_by=handler)
         if action == "modify":
-            if result.data is not None:
-                self.data = result.data
+            if modifies(result):
+                self.data = result.data  # type: ignore[assignment]  # modifies: not None
                 self._modified_by.append(handler)
         elif action == "inject_context":
             items = self._injections(handler, result)
@@ -104,8 +106,7 @@ class Fold:
     ) -> HookResult | None:
         """Record a handler failure. With policy ``deny`` — and always for a ``bad_reply``,
         a result that could not be read — returns the final (deny) result."""
-        if kind == "bad_reply":
-            policy = "deny"
+        policy = failure_policy_applied(kind, policy)
         self._failures.append(
             HandlerFailure(handler=handler, kind=kind, policy=policy, message=message)
         )

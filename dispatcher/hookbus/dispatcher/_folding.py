@@ -11,6 +11,13 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+from hookbus._core.fold_rules import (
+    PARALLEL_MODIFY_MESSAGE,
+    failure_policy_applied,
+    group_end,
+    parallel_groups,
+    refused_modify,
+)
 from hookbus.schemas import HookResult
 
 from ._calls import Failed, Outcome
@@ -103,6 +110,7 @@ class RouteFolder:
         if plan is not None:
             return plan
         segments: list[tuple[str, tuple[Route, ...]]] = []
+        parallel = [r.parallel for r in routes]
         i, n = 0, len(routes)
         while i < n:
             route = routes[i]
@@ -124,8 +132,7 @@ class RouteFolder:
                     continue
                 j = i + 1
             if route.parallel:  # called together anyway: no speculation needed
-                while j < n and routes[j].parallel:
-                    j += 1
+                j = group_end(parallel, i)
                 segments.append(("parallel", routes[i:j]))
             elif route.pure:
                 while j < n and routes[j].pure and not routes[j].parallel:
@@ -252,14 +259,12 @@ class RouteFolder:
                 "handler %r failed (%s, policy %s): %s",
                 route.name,
                 outcome.kind,
-                "deny" if outcome.kind == "bad_reply" else route.failure_policy,
+                failure_policy_applied(outcome.kind, route.failure_policy),
                 outcome.message,
             )
             return fold.fail(route.name, outcome.kind, route.failure_policy, outcome.message)
-        if route.parallel and outcome.action == "modify":
-            return fold.fail(
-                route.name, "bad_reply", route.failure_policy, "a parallel handler may not modify"
-            )
+        if refused_modify(outcome.action, parallel=route.parallel):
+            return fold.fail(route.name, "bad_reply", route.failure_policy, PARALLEL_MODIFY_MESSAGE)
         return fold.apply(route.name, outcome)
 
 
@@ -267,18 +272,9 @@ def _groups(routes: Sequence[Route], fold: Fold) -> Iterator[list[Route]]:
     """amplifier-core's order, as groups to call on the same data: each handler whose
     tool filter matches the data it would see, alone; an adjacent sequence of parallel handlers
     together (those matching the data at the run's start). Lazy: each group is formed
-    after the previous one was folded, on the data it left."""
-    i, n = 0, len(routes)
-    while i < n:
-        if routes[i].parallel:
-            group = []
-            while i < n and routes[i].parallel:
-                if routes[i].matches(fold.data):
-                    group.append(routes[i])
-                i += 1
-        else:
-            group = [routes[i]] if routes[i].matches(fold.data) else []
-            i += 1
+    after the previous one was folded, on the data it left (`parallel_groups`)."""
+    for i, j in parallel_groups([r.parallel for r in routes]):
+        group = [r for r in routes[i:j] if r.matches(fold.data)]
         if group:
             yield group
 

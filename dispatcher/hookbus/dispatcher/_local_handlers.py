@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hookbus._core.handler_options import HandlerOptions
+from hookbus._core.handler_options import (
+    DEFAULT_FAILURE_POLICY,
+    DEFAULT_PRIORITY,
+    HandlerOptions,
+)
 from hookbus.schemas import FailurePolicy, validate_name
 
 from ._routes import LocalHandler, Route, RoutingTable
@@ -23,16 +27,17 @@ class LocalHandlers:
         self,
         event: str,
         handler: LocalHandler | None = None,
-        priority: int = 0,
+        priority: int = DEFAULT_PRIORITY,
         name: str | None = None,
         *,
         timeout_s: float | None = None,
-        failure_policy: FailurePolicy = "ignore",
+        failure_policy: FailurePolicy = DEFAULT_FAILURE_POLICY,
         tool_filter: list[str] | None = None,
         parallel: bool = False,
         pure: bool = False,
     ) -> Callable[[], None] | Callable[[LocalHandler], LocalHandler]:
-        """`HookDispatcher.register`: see there for the arguments, result and errors."""
+        """`HookDispatcher.register`: see there for the arguments, result and errors. The
+        options (`LOCAL_OPTIONS`) are checked here, when called, also in decorator form."""
         validate_name("event", event)
         options = HandlerOptions.local(
             priority=priority,
@@ -47,30 +52,15 @@ class LocalHandlers:
         if handler is None:
 
             def decorator(fn: LocalHandler) -> LocalHandler:
-                self.register(
-                    event,
-                    fn,
-                    priority,
-                    name,
-                    timeout_s=timeout_s,
-                    failure_policy=failure_policy,
-                    tool_filter=tool_filter,
-                    parallel=parallel,
-                    pure=pure,
-                )
+                self._add(event, fn, name, options)
                 return fn
 
             return decorator
-        route = Route.make(
-            event=event,
-            name=name or str(getattr(handler, "__name__", "handler")),
-            priority=options.priority,
-            timeout_s=options.timeout_s,
-            failure_policy=options.failure_policy,
-            parallel=options.parallel,
-            tool_filter=options.tool_filter,
-            local=handler,
-            seq=self._table.next_seq(),
-            pure=options.pure,
-        )
+        return self._add(event, handler, name, options)
+
+    def _add(
+        self, event: str, handler: LocalHandler, name: str | None, options: HandlerOptions
+    ) -> Callable[[], None]:
+        name = name or str(getattr(handler, "__name__", "handler"))
+        route = Route.of(event, name, options, local=handler, seq=self._table.next_seq())
         return self._table.add_local(route)

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hookbus._core.handler_options import ToolFilter, check_timeout, stricter_policy
+from hookbus._core.handler_options import OPTIONS, HandlerOptions, ToolFilter, stricter_policy
 from hookbus.schemas import (
     FailurePolicy,
     HandlerDeclaration,
@@ -125,48 +125,58 @@ class Route:
         )
 
     @classmethod
+    def of(
+        cls,
+        event: str,
+        name: str,
+        options: HandlerOptions,
+        *,
+        local: LocalHandler | None = None,
+        subject: str = "",
+        seq: int = 0,
+        handler_set: Iterable[str] | None = None,
+    ) -> Route:
+        """The route of a handler with checked `options` (every option of `OPTIONS`)."""
+        return cls.make(
+            event=event,
+            name=name,
+            **{o: getattr(options, o) for o in OPTIONS},
+            local=local,
+            subject=subject,
+            seq=seq,
+            handler_set=handler_set,
+        )
+
+    @classmethod
     def from_declaration(cls, decl: HandlerDeclaration) -> Route:
         """The route of a declaration: subject derived from (event, name), whatever the
-        declaration says; timeout clamped to `MAX_HANDLER_TIMEOUT_S` seconds
-        (`check_timeout`, as on every path).
+        declaration says; options checked (`HandlerOptions.remote`, as on every path: the
+        timeout clamped to `MAX_HANDLER_TIMEOUT_S` seconds).
 
         Raises:
             BadRequestError: the names are too long for a subject, or an option is out of
                 its bounds (never for a declaration `check_declaration` accepted).
         """
-        return cls.make(
-            event=decl.event,
-            name=decl.name,
-            priority=decl.priority,
-            timeout_s=check_timeout(decl.timeout_s),
-            failure_policy=decl.failure_policy,
-            parallel=decl.parallel,
-            tool_filter=decl.tool_filter,
-            subject=handler_subject(decl.event, decl.name),
-            retry_safe=decl.retry_safe,
-            pure=decl.pure,
-            handler_set=decl.handler_set,
-        )
+        options = HandlerOptions.remote(**{o: getattr(decl, o) for o in OPTIONS})
+        subject = handler_subject(decl.event, decl.name)
+        return cls.of(decl.event, decl.name, options, subject=subject, handler_set=decl.handler_set)
 
     @classmethod
     def from_required(cls, req: RequiredHandler) -> Route:
-        """The stand-in route of a required handler that has no declaration; timeout
-        clamped as a declaration's (`check_timeout`).
+        """The stand-in route of a required handler that has no declaration; its options
+        checked as a declaration's (`HandlerOptions.remote`; the others default).
 
         Raises:
             BadRequestError: the names are too long for a subject, or an option is out of
                 its bounds (never for a record `check_required` accepted).
         """
-        return cls.make(
-            event=req.event,
-            name=req.name,
+        options = HandlerOptions.remote(
             priority=req.priority,
-            timeout_s=check_timeout(req.timeout_s),
+            timeout_s=req.timeout_s,
             failure_policy=req.failure_policy,
-            parallel=False,
             tool_filter=req.tool_filter,
-            subject=handler_subject(req.event, req.name),
         )
+        return cls.of(req.event, req.name, options, subject=handler_subject(req.event, req.name))
 
 
 class RoutingTable:

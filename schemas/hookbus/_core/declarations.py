@@ -45,7 +45,7 @@ from hookbus.schemas import (
     validate_name,
 )
 
-from .handler_options import HandlerOptions
+from .handler_options import OPTIONS, HandlerOptions
 
 __all__ = [
     "check_declaration",
@@ -54,16 +54,9 @@ __all__ = [
     "derive_declaration",
 ]
 
-COMPARED_FIELDS: Final = (
-    "priority",
-    "tool_filter",
-    "failure_policy",
-    "timeout_s",
-    "parallel",
-    "retry_safe",
-    "pure",
-)
-"""The declaration settings two workers must agree on to serve the same handler."""
+COMPARED_FIELDS: Final = OPTIONS
+"""The declaration settings two workers must agree on to serve the same handler: its
+options."""
 
 R = TypeVar("R", HandlerDeclaration, RequiredHandler)
 

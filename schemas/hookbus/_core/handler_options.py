@@ -1,5 +1,5 @@
-"""One definition of a handler's options, their bounds, tool-filter matching and the
-fold's stop rule: what a worker declares, what the registry accepts, what an in-process
+"""One definition of a handler's options (`OPTIONS`), their defaults, their bounds and
+tool-filter matching: what a worker declares, what the registry accepts, what an in-process
 `HookDispatcher.register` takes and what dispatchers and workers judge calls by.
 
 Every path that takes a handler's options validates them here: `HookWorker.add_handler`
@@ -23,47 +23,72 @@ Bounds (the numbers are the wire contract's, `hookbus.schemas`; the tool filter'
                     characters each; a bare string is refused
 ==================  ==========================================================================
 
-The stop rule (`ends_fold`) is amplifier-core's ``HookRegistry.emit``: the fold stops at a
-deny; hookbus adds that it stops at a failure under policy ``deny``, at a result that cannot
-be read (always denied), and at a parallel handler's modify (refused, judged by its policy
-as a ``bad_reply``, so it denies).
+Defaults are the wire contract's: a `HandlerDeclaration`'s field defaults (`DEFAULTS`,
+`DEFAULT_TIMEOUT_S`); an in-process handler's timeout defaults to None (no limit, as in
+amplifier-core). The public signatures that spell the options out for IDEs
+(``HookWorker.handler`` / ``add_handler``, ``HookDispatcher.register``) take their defaults
+from here and are checked against `OPTIONS` / `LOCAL_OPTIONS` by the tests.
+
+The fold's rules (stop rule, chaining, grouping) are in `hookbus._core.fold_rules`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Final, Literal, get_args
+from typing import Any, Final, get_args
+
+import msgspec
 
 from hookbus.schemas import (
     MAX_HANDLER_TIMEOUT_S,
     MAX_PRIORITY,
     MAX_TOOL_PATTERNS,
-    Action,
     FailurePolicy,
+    HandlerDeclaration,
     ToolFilter,
 )
 from hookbus.schemas._tool_filter import HandlerOptionError, compile_tool_filter
 
 __all__ = [
+    "DEFAULTS",
+    "DEFAULT_FAILURE_POLICY",
+    "DEFAULT_PRIORITY",
+    "DEFAULT_TIMEOUT_S",
+    "LOCAL_OPTIONS",
     "MAX_HANDLER_TIMEOUT_S",
     "MAX_PRIORITY",
     "MAX_TOOL_PATTERNS",
+    "OPTIONS",
     "HandlerOptionError",
     "HandlerOptions",
-    "StepOutcome",
     "ToolFilter",
     "check_failure_policy",
     "check_local_priority",
     "check_priority",
     "check_timeout",
     "compile_tool_filter",
-    "ends_fold",
     "stricter_policy",
 ]
 
 _POLICIES: Final = frozenset(get_args(FailurePolicy))
+
+
+def _declared_default(field: str) -> Any:
+    """A `HandlerDeclaration` field's default: the wire contract's default of that option."""
+    for f in msgspec.structs.fields(HandlerDeclaration):
+        if f.name == field:
+            return f.default
+    raise LookupError(field)  # pragma: no cover - the wire contract names every option
+
+
+DEFAULT_PRIORITY: Final[int] = _declared_default("priority")
+DEFAULT_TIMEOUT_S: Final[float] = _declared_default("timeout_s")
+"""Seconds per call of a remote handler that declares none (and of a remote call whose
+route gives none)."""
+DEFAULT_FAILURE_POLICY: Final[FailurePolicy] = _declared_default("failure_policy")
 
 
 def check_priority(priority: object) -> int:
@@ -131,12 +156,12 @@ class HandlerOptions:
     """A handler's options, within their bounds (see the module docstring). Made with
     `remote` (a worker's handler, a registry record) or `local` (an in-process handler)."""
 
-    priority: int
-    timeout_s: float | None
+    priority: int = DEFAULT_PRIORITY
+    tool_filter: ToolFilter = ToolFilter.EVERY
+    failure_policy: FailurePolicy = DEFAULT_FAILURE_POLICY
+    timeout_s: float | None = DEFAULT_TIMEOUT_S
     """Seconds per call, clamped to `MAX_HANDLER_TIMEOUT_S`; None (in-process only): no
     limit."""
-    failure_policy: FailurePolicy
-    tool_filter: ToolFilter
     parallel: bool = False
     retry_safe: bool = False
     """Running it twice for one call is harmless (implied by `pure`)."""
@@ -146,9 +171,9 @@ class HandlerOptions:
     def remote(
         cls,
         *,
-        priority: object = 0,
-        timeout_s: object = 5.0,
-        failure_policy: object = "ignore",
+        priority: object = DEFAULT_PRIORITY,
+        timeout_s: object = DEFAULT_TIMEOUT_S,
+        failure_policy: object = DEFAULT_FAILURE_POLICY,
         tool_filter: ToolFilter | Iterable[str] | None = None,
         parallel: bool = False,
         retry_safe: bool = False,
@@ -173,9 +198,9 @@ class HandlerOptions:
     def local(
         cls,
         *,
-        priority: object = 0,
+        priority: object = DEFAULT_PRIORITY,
         timeout_s: object = None,
-        failure_policy: object = "ignore",
+        failure_policy: object = DEFAULT_FAILURE_POLICY,
         tool_filter: ToolFilter | Iterable[str] | None = None,
         parallel: bool = False,
         pure: bool = False,
@@ -197,20 +222,19 @@ class HandlerOptions:
             pure=bool(pure),
         )
 
+    def declared(self) -> dict[str, Any]:
+        """The options as a `HandlerDeclaration`'s fields (a remote handler's: its timeout
+        is never None)."""
+        fields = {name: getattr(self, name) for name in OPTIONS}
+        fields["tool_filter"] = self.tool_filter.as_list()
+        return fields
 
-StepOutcome = Action | Literal["failed", "unreadable"]
-"""How one handler call ended, as the stop rule sees it: the action of its result,
-``failed`` (timeout, no responders, an error) or ``unreadable`` (a result that cannot be
-read)."""
 
-
-def ends_fold(outcome: StepOutcome, *, parallel: bool, failure_policy: FailurePolicy) -> bool:
-    """Whether the fold stops at a handler call that ended with `outcome` (so no later
-    handler runs): a deny, a parallel handler's modify, an unreadable result, a failure
-    under policy deny. Source: amplifier-core ``HookRegistry.emit`` (deny short-circuit)
-    and hookbus's failure policies (see `Fold.fail`)."""
-    if outcome == "unreadable" or outcome == "deny":
-        return True
-    if outcome == "failed":
-        return failure_policy == "deny"
-    return parallel and outcome == "modify"
+OPTIONS: Final = tuple(f.name for f in dataclasses.fields(HandlerOptions))
+"""The option set of a remote handler, in one place: every signature, declaration and route
+that spells the options out lists exactly these (a test holds them to it)."""
+LOCAL_OPTIONS: Final = tuple(o for o in OPTIONS if o != "retry_safe")
+"""The option set of an in-process handler (`HandlerOptions.local`): `retry_safe` is
+implied by `pure` (an in-process call is never hedged)."""
+DEFAULTS: Final = HandlerOptions()
+"""A remote handler's options when it gives none."""

@@ -6,7 +6,7 @@ both win:
 - no declaration (or only a delete marker): create it;
 - the same declaration (another replica of this handler): written again at the revision
   read (each replica's start shows as a put in a watch; nothing changes);
-- another declaration (priority, filter, policy, timeout, parallel or retry_safe differ):
+- another declaration (an option of `hookbus._core.handler_options.OPTIONS` differs):
   with ``replace=True`` overwritten at the revision read; else the workers' liveness is
   pinged (``$SRV.PING.hookbus-worker``): when no other worker process serves that handler
   now (its workers stopped: a restart with one setting changed), it is taken over with a

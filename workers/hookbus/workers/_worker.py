@@ -22,7 +22,14 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.micro.service import Service
 
-from hookbus._core.handler_options import HandlerOptions, StepOutcome, ends_fold
+from hookbus._core.fold_rules import StepOutcome, ends_fold, group_end, modifies, widest_group
+from hookbus._core.handler_options import (
+    DEFAULT_FAILURE_POLICY,
+    DEFAULT_PRIORITY,
+    DEFAULT_TIMEOUT_S,
+    OPTIONS,
+    HandlerOptions,
+)
 from hookbus._core.log_limits import RateLimitedWarning
 from hookbus._core.nats_guard import harden_connection
 from hookbus._core.results import to_hook_result
@@ -154,11 +161,11 @@ class HookWorker:
         self,
         event: str,
         *,
-        priority: int = 0,
+        priority: int = DEFAULT_PRIORITY,
         name: str | None = None,
         tool_filter: list[str] | None = None,
-        timeout_s: float = 5.0,
-        failure_policy: FailurePolicy = "ignore",
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        failure_policy: FailurePolicy = DEFAULT_FAILURE_POLICY,
         parallel: bool = False,
         retry_safe: bool = False,
         pure: bool = False,
@@ -194,21 +201,10 @@ class HookWorker:
             ValueError: a handler of that name is already registered for the event, or the
                 worker is already serving.
         """
+        options = {o: v for o, v in locals().items() if o in OPTIONS}  # exactly `OPTIONS`
 
         def decorator(fn: F) -> F:
-            self.add_handler(
-                event,
-                fn,
-                priority=priority,
-                name=name,
-                tool_filter=tool_filter,
-                timeout_s=timeout_s,
-                failure_policy=failure_policy,
-                parallel=parallel,
-                retry_safe=retry_safe,
-                pure=pure,
-                replace=replace,
-            )
+            self.add_handler(event, fn, name=name, replace=replace, **options)
             return fn
 
         return decorator
@@ -218,42 +214,29 @@ class HookWorker:
         event: str,
         fn: Handler,
         *,
-        priority: int = 0,
+        priority: int = DEFAULT_PRIORITY,
         name: str | None = None,
         tool_filter: list[str] | None = None,
-        timeout_s: float = 5.0,
-        failure_policy: FailurePolicy = "ignore",
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        failure_policy: FailurePolicy = DEFAULT_FAILURE_POLICY,
         parallel: bool = False,
         retry_safe: bool = False,
         pure: bool = False,
         replace: bool | None = None,
     ) -> HandlerSpec:
         """Non-decorator form of `handler`; returns the spec. Raises as `handler` does."""
+        given = {o: v for o, v in locals().items() if o in OPTIONS}  # exactly `OPTIONS`
         if self._state != "new":
             raise ValueError("handlers must be added before the worker starts")
         validate_name("event", event)
         name = validate_name("handler", name or getattr(fn, "__name__", ""))
         if (event, name) in self._specs:
             raise ValueError(f"handler {name!r} is already registered for {event!r}")
-        options = HandlerOptions.remote(  # the bounds every dispatcher reads it with
-            priority=priority,
-            timeout_s=timeout_s,
-            failure_policy=failure_policy,
-            tool_filter=tool_filter,
-            parallel=parallel,
-            retry_safe=retry_safe,
-            pure=pure,
-        )
+        options = HandlerOptions.remote(**given)  # the bounds every dispatcher reads it with
         decl = HandlerDeclaration(
             event=event,
             name=name,
-            priority=options.priority,
-            tool_filter=options.tool_filter.as_list(),
-            timeout_s=options.timeout_s,  # type: ignore[arg-type]  # remote: never None
-            failure_policy=options.failure_policy,
-            parallel=options.parallel,
-            retry_safe=options.retry_safe,
-            pure=options.pure,
+            **options.declared(),
             subject=handler_subject(event, name),
             collect_subject=collect_subject(event),
             queue_group=handler_queue_group(name),
@@ -712,13 +695,11 @@ class HookWorker:
         deadline = None if budget is None else received + budget
         progress = ChainProgress(name, lambda r: self._respond(msg, r), received)
         data = envelope.data
+        parallel = [step.parallel for step in steps]
         i = 0
         try:
             while i < len(steps):
-                j = i + 1
-                if steps[i].parallel:
-                    while j < len(steps) and steps[j].parallel:
-                        j += 1
+                j = group_end(parallel, i)
                 run = [
                     (step, spec)
                     for step, spec in zip(steps[i:j], specs[i:j], strict=True)
@@ -743,8 +724,8 @@ class HookWorker:
                     if _ends_fold(step, out) or _timed_out(out):
                         return HookReply(handler=name, chain=replies)
                     result = out.result
-                    if result is not None and result.action == "modify" and result.data is not None:
-                        data = result.data
+                    if result is not None and modifies(result):
+                        data = result.data  # type: ignore[assignment]  # modifies: not None
         finally:
             progress.close()
         return HookReply(handler=name, chain=replies)
@@ -865,11 +846,7 @@ def _chain_width(envelope: EventEnvelope | None) -> int:
     """The most handlers a chain request may run at once: its widest sequence of adjacent
     parallel steps (1 for a sequential chain, or a request that cannot be read)."""
     steps = (envelope.chain if envelope is not None else None) or []
-    widest = run = 0
-    for step in steps:
-        run = run + 1 if step.parallel else 0
-        widest = max(widest, run)
-    return max(1, widest)
+    return widest_group([step.parallel for step in steps])
 
 
 def _timed_out(reply: HookReply) -> bool:
