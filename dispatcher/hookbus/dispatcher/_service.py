@@ -48,9 +48,16 @@ import msgspec
 import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 
 from hookbus._core.log_limits import RateLimitedWarning, clip
+from hookbus._core.serving import (
+    Admission,
+    Endpoint,
+    EndpointCounters,
+    Refusal,
+    ServingLoop,
+    Ticket,
+)
 from hookbus.schemas import (
     COLLECT_SERVICE_WILDCARD,
     DISPATCHER_QUEUE_GROUP,
@@ -77,7 +84,7 @@ from hookbus.schemas import (
 )
 
 from ._dispatcher import HookDispatcher
-from ._services_api import EndpointCounters, ServicesAPI
+from ._services_api import ServicesAPI
 from ._telemetry import traced_dispatch
 
 __all__ = ["DispatcherService"]
@@ -132,6 +139,8 @@ def _wire_error(exc: BaseException) -> WireError:
 AGENT_REFUSAL_HOLD_S: Final = {"quota": 1.0, "busy": 0.25}
 """Seconds an agent's refusal waits before it is sent (see the module docstring)."""
 
+_ADMITTED: Final = Admission()
+
 MAX_HELD_REFUSALS: Final = 10_000
 """Refusals of a replica waiting to be sent at most; past it they are sent at once."""
 
@@ -142,8 +151,9 @@ class _Timeout(msgspec.Struct):
     timeout_s: float | None = None
 
 
-class _AgentQuota:
-    """One agent's bounds on this replica: requests in flight, and a token bucket."""
+class _AgentQuota(Ticket):
+    """One agent's bounds on this replica: requests in flight, and a token bucket; an
+    admitted request holds one of its requests in flight while it runs."""
 
     __slots__ = ("in_flight", "stamp", "tokens")
 
@@ -151,6 +161,12 @@ class _AgentQuota:
         self.in_flight = 0
         self.tokens = tokens
         self.stamp = now
+
+    def acquire(self) -> None:
+        self.in_flight += 1
+
+    def release(self) -> None:
+        self.in_flight -= 1
 
 
 def _agent_label(token: str) -> str:
@@ -268,22 +284,22 @@ class DispatcherService:
         self._tasks: set[asyncio.Future[None]] = set()
         """Per agent token: its requests in flight and its token bucket (idle ones pruned)."""
         self._next_prune = 0.0
-        self._active = 0
-        self._active_collect = 0
-        self._subs: list[Subscription] = []
-        self._inflight: dict[asyncio.Task[None], tuple[Msg, Reply, int]] = {}
-        """Requests being served: the message, its reply type, when it was received
-        (``time.perf_counter_ns()``)."""
         self._stopped = asyncio.Event()
         self._running = False
-        self._draining = False
         self._counters = _endpoints()
+        self._serving = ServingLoop(nc, max_concurrency=max_concurrency, log=log)
+        self._endpoints = {
+            EmitReply: self._endpoint(self._emit, EmitReply, EMIT_SERVICE_WILDCARD),
+            CollectReply: self._endpoint(
+                self._collect, CollectReply, COLLECT_SERVICE_WILDCARD, self._max_collect
+            ),
+        }
         self._api: ServicesAPI | None = None
 
     @property
     def in_flight(self) -> int:
         """Requests being served now."""
-        return self._active
+        return self._serving.in_flight
 
     @property
     def service_id(self) -> str | None:
@@ -296,14 +312,8 @@ class DispatcherService:
         if self._running:
             return
         await self._dispatcher.start()
-        for subject, handle, reply_type in (
-            (EMIT_SERVICE_WILDCARD, self._emit, EmitReply),
-            (COLLECT_SERVICE_WILDCARD, self._collect, CollectReply),
-        ):
-            sub = await self._nc.subscribe(
-                subject, queue=DISPATCHER_QUEUE_GROUP, cb=self._spawner(handle, reply_type)
-            )
-            self._subs.append(sub)
+        for endpoint in self._endpoints.values():
+            await self._serving.add(endpoint)
         api = ServicesAPI(
             self._nc,
             list(self._counters.values()),
@@ -323,10 +333,11 @@ class DispatcherService:
     def _endpoint_data(self, endpoint: EndpointCounters) -> dict[str, Any]:
         """The extra ``$SRV.STATS`` figures of an endpoint."""
         collect = endpoint is self._counters[CollectReply]
+        active, active_collect = self._serving.in_flight, self._endpoints[CollectReply].in_flight
         return {
-            "in_flight": self._active_collect if collect else self._active - self._active_collect,
+            "in_flight": active_collect if collect else active - active_collect,
             "answered": endpoint.answered,
-            "draining": self._draining,
+            "draining": self._serving.draining,
         }
 
     async def run(self) -> None:
@@ -349,93 +360,93 @@ class DispatcherService:
             grace_s: seconds for step 2; None: the `grace_s` given at construction.
         """
         grace = self._grace_s if grace_s is None else max(0.0, grace_s)
-        if self._draining:
+        serving = self._serving
+        if serving.draining:
             await self._stopped.wait()
             return
         if not self._running:
             self._stopped.set()
             return
         self._running = False
-        self._draining = True
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace
+        serving.draining = True
+        deadline = asyncio.get_running_loop().time() + grace
         if self._api is not None:  # no longer listed as live while it drains
             await self._api.close()
             self._api = None
-        await asyncio.gather(*(self._stop_intake(sub, grace) for sub in self._subs))
-        self._subs.clear()
+        # unsubscribe, passing the messages already delivered through the callback (which
+        # answers them ``unavailable`` now that the service is draining)
+        await serving.stop_intake(timeout_s=max(grace, 1.0))
         await self._release_all()
-        if self._inflight:
-            await asyncio.wait(list(self._inflight), timeout=max(0.0, deadline - loop.time()))
-        if self._inflight:
+
+        async def late(running: int) -> None:
             aborted = self._abort_waits()
             log.warning(
                 "drain: %d request(s) still running after %ss; %d durable wait(s) aborted "
                 "(left pending), the rest answered unavailable",
-                len(self._inflight),
+                running,
                 grace,
                 aborted,
             )
             if aborted:  # let the aborted emits answer for themselves
-                await asyncio.wait(list(self._inflight), timeout=1.0)
-        for task in list(self._inflight):
-            task.cancel()
-        if self._inflight:
-            await asyncio.wait(list(self._inflight), timeout=1.0)
-        for msg, reply_type, received in list(self._inflight.values()):  # would not end
+                await serving.wait(1.0)
+
+        for request in await serving.finish(deadline, cancel_wait_s=1.0, late=late):
+            # would not end
+            collect = request.endpoint is self._endpoints[CollectReply]
+            reply_type: Reply = CollectReply if collect else EmitReply
             error = _wire_error(asyncio.CancelledError())
-            await self._answer(msg, encode(reply_type(error=error)), reply_type, received)
-        self._inflight.clear()
+            payload = encode(reply_type(error=error))
+            await self._answer(request.msg, payload, reply_type, request.received)
         with contextlib.suppress(nats.errors.Error, TimeoutError):
             await self._nc.flush(timeout=2)
         await self._dispatcher.close()
         self._stopped.set()
-
-    async def _stop_intake(self, sub: Subscription, grace_s: float) -> None:
-        """Unsubscribe and pass the messages already delivered through the callback
-        (which answers them ``unavailable`` now that the service is draining)."""
-        with contextlib.suppress(nats.errors.Error, TimeoutError):
-            async with asyncio.timeout(max(grace_s, 1.0)):
-                await sub.drain()
 
     def _abort_waits(self) -> int:
         """Abort this process's durable waits, hooks and approvals
         (`HookDispatcher.abort_all`); records stay pending."""
         return self._dispatcher.abort_all()
 
-    def _spawner(self, handle: Handle, reply_type: Reply) -> Callable[[Msg], Awaitable[None]]:
-        collect = reply_type is CollectReply
-        counters = self._counters[reply_type]
+    def _endpoint(
+        self, handle: Handle, reply_type: Reply, subject: str, max_in_flight: int | None = None
+    ) -> Endpoint:
+        """The serving loop's endpoint answering `reply_type` on `subject`: draining and
+        over the bound, refused at once; over the agent's bounds, after a hold."""
 
-        async def on_message(msg: Msg) -> None:
-            received = time.perf_counter_ns()
-            counters.received += 1
-            if self._draining:
+        async def refuse(msg: Msg, why: Refusal, received: int) -> None:
+            if why == "draining":
                 error = _unavailable("the dispatcher is draining")
-                await self._refuse(msg, reply_type, error, received)
-                return
-            quota = self._admit_agent(msg.subject)
-            if isinstance(quota, WireError):
-                await self._refuse_later(msg, reply_type, quota, received)
-                return
-            if self._active >= self._max or (collect and self._active_collect >= self._max_collect):
-                busy = WireError(
+            else:
+                error = WireError(
                     code="busy",
                     message=f"over this replica's concurrency bound ({self._max})",
                     retryable=True,
                 )
-                await self._refuse(msg, reply_type, busy, received)
-                return
-            self._active += 1
-            if collect:
-                self._active_collect += 1
-            if quota is not None:
-                quota.in_flight += 1
-            task = asyncio.create_task(self._serve(handle, msg, reply_type, received))
-            self._inflight[task] = (msg, reply_type, received)
-            task.add_done_callback(self._done(collect, quota))
+            await self._refuse(msg, reply_type, error, received)
 
-        return on_message
+        async def admit(msg: Msg, received: int) -> Admission | None:
+            quota = self._admit_agent(msg.subject)
+            if isinstance(quota, WireError):
+                await self._refuse_later(msg, reply_type, quota, received)
+                return None
+            return _ADMITTED if quota is None else Admission(ticket=quota)
+
+        async def serve(msg: Msg, context: object, received: int) -> None:
+            try:
+                payload = await handle(msg)
+            except asyncio.CancelledError:  # the drain ran out of grace
+                payload = encode(reply_type(error=_wire_error(asyncio.CancelledError())))
+            await self._answer(msg, payload, reply_type, received)
+
+        return Endpoint(
+            subject,
+            serve,
+            refuse,
+            queue_group=DISPATCHER_QUEUE_GROUP,
+            admit=admit,
+            max_in_flight=max_in_flight,
+            counters=self._counters[reply_type],
+        )
 
     def _admit_agent(self, subject: str) -> _AgentQuota | WireError | None:
         """The agent's quota with room for one more request (its token taken), the
@@ -485,18 +496,6 @@ class DispatcherService:
                 not rate or quota.tokens + (now - quota.stamp) * rate >= full
             ):
                 del self._quotas[token]
-
-    def _done(
-        self, collect: bool, quota: _AgentQuota | None
-    ) -> Callable[[asyncio.Task[None]], None]:
-        def done(task: asyncio.Task[None]) -> None:
-            self._active -= 1
-            if collect:
-                self._active_collect -= 1
-            if quota is not None:
-                quota.in_flight -= 1
-
-        return done
 
     async def _refuse_later(
         self, msg: Msg, reply_type: Reply, error: WireError, received: int
@@ -565,20 +564,6 @@ class DispatcherService:
         else:
             await self._nc.publish(msg.reply, payload)
         self._counters[reply_type].answer(received, error)
-
-    async def _serve(self, handle: Handle, msg: Msg, reply_type: Reply, received: int) -> None:
-        task = asyncio.current_task()
-        try:
-            try:
-                payload = await handle(msg)
-            except asyncio.CancelledError:  # the drain ran out of grace
-                payload = encode(reply_type(error=_wire_error(asyncio.CancelledError())))
-            await self._answer(msg, payload, reply_type, received)
-        except Exception:
-            log.exception("unexpected error answering %s", msg.subject)
-        finally:
-            if task is not None:
-                self._inflight.pop(task, None)
 
     @traced_dispatch
     async def _emit(self, msg: Msg) -> bytes:

@@ -32,16 +32,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nats.aio.client import Client as NATS
-from nats.micro.service import (
-    EndpointInfo,
-    EndpointStats,
-    Service,
-    ServiceConfig,
-    ServiceInfo,
-    ServiceStats,
-)
+from nats.micro.service import Service, ServiceConfig, ServiceInfo, ServiceStats
 
-from hookbus.schemas import DISPATCHER_SERVICE_NAME, NotConnectedError, WireError
+from hookbus._core.serving import EndpointCounters
+from hookbus.schemas import DISPATCHER_SERVICE_NAME, NotConnectedError
 
 from ._liveness import srv_scatter
 
@@ -54,76 +48,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("hookbus.dispatcher")
-
-
-class EndpointCounters:
-    """What one endpoint of the service did since it started (the ``$SRV.STATS`` figures).
-
-    Args:
-        name: the endpoint's name (``emit``, ``emit_and_collect``).
-        subject: the subject it listens on (a wildcard).
-        queue_group: its queue group.
-        metadata: free-form strings reported by ``$SRV.INFO``.
-    """
-
-    __slots__ = (
-        "answered",
-        "errors",
-        "last_error",
-        "metadata",
-        "name",
-        "processing_ns",
-        "queue_group",
-        "received",
-        "subject",
-    )
-
-    def __init__(
-        self, name: str, subject: str, queue_group: str, metadata: dict[str, str] | None = None
-    ) -> None:
-        self.name, self.subject, self.queue_group = name, subject, queue_group
-        self.metadata = dict(metadata or {})
-        self.received = 0
-        """Requests received, refused ones included."""
-        self.answered = 0
-        """Requests answered (a result or an error)."""
-        self.errors = 0
-        """Requests answered with a `WireError` (``busy`` and ``unavailable`` included)."""
-        self.processing_ns = 0
-        """Total nanoseconds from receipt to reply, over the requests answered."""
-        self.last_error = ""
-        """The last error reply, as ``code: message``."""
-
-    def answer(self, started_ns: int, error: WireError | None) -> None:
-        """Count one reply sent for a request received at ``time.perf_counter_ns()``
-        `started_ns`; `error`: the `WireError` it carried, if any."""
-        self.answered += 1
-        self.processing_ns += max(0, time.perf_counter_ns() - started_ns)
-        if error is not None:
-            self.errors += 1
-            self.last_error = f"{error.code}: {error.message}"[:500]
-
-    def info(self) -> EndpointInfo:
-        return EndpointInfo(
-            name=self.name,
-            subject=self.subject,
-            queue_group=self.queue_group,
-            metadata=dict(self.metadata),
-        )
-
-    def stats(self, data: dict[str, Any] | None = None) -> EndpointStats:
-        """The endpoint's ``$SRV.STATS`` entry; the average is over the requests answered."""
-        return EndpointStats(
-            name=self.name,
-            subject=self.subject,
-            queue_group=self.queue_group,
-            num_requests=self.received,
-            num_errors=self.errors,
-            processing_time=self.processing_ns,
-            average_processing_time=self.processing_ns // self.answered if self.answered else 0,
-            last_error=self.last_error or None,
-            data=data,
-        )
 
 
 class ServicesAPI(Service):

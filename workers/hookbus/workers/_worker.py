@@ -19,7 +19,6 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from nats.micro.service import Service
 
 from hookbus._core.fold_rules import StepOutcome, ends_fold, group_end, modifies, widest_group
@@ -33,6 +32,7 @@ from hookbus._core.handler_options import (
 from hookbus._core.log_limits import RateLimitedWarning
 from hookbus._core.nats_guard import harden_connection
 from hookbus._core.results import to_hook_result
+from hookbus._core.serving import Admission, Endpoint, Refusal, ServingLoop
 from hookbus.schemas import (
     HANDLERS_BUCKET,
     MAX_HANDLER_SET,
@@ -136,9 +136,7 @@ class HookWorker:
         """This process's instance id (its liveness service id) once started: every reply
         carries it, and each handler also listens on its instance subject (hedges)."""
         self._specs: dict[tuple[str, str], HandlerSpec] = {}
-        self._subs: list[Subscription] = []
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._inflight = 0
+        self._serving: ServingLoop | None = None
         self._waits: set[tuple[str, str]] = set()
         """Handlers seen to wait on something (suspend) when called: see `_may_wait`."""
         self._returns_at_once: set[tuple[str, str]] = set()
@@ -282,21 +280,16 @@ class HookWorker:
         harden_connection(nc_)  # before subscribing: the flushes below must follow the SUBs
         self._stopped = asyncio.Event()
         self._set_handler_set()
+        serving = self._serving = ServingLoop(nc_, max_concurrency=self.max_concurrency, log=log)
         for spec in self._specs.values():
             decl = spec.declaration
-            cb = self._make_callback(spec)
-            self._subs.append(await nc_.subscribe(decl.subject, queue=decl.queue_group, cb=cb))
-            self._subs.append(
-                await nc_.subscribe(decl.collect_subject, queue=decl.queue_group, cb=cb)
-            )
+            await serving.add(self._endpoint(spec, decl.subject, decl.queue_group))
+            await serving.add(self._endpoint(spec, decl.collect_subject, decl.queue_group))
         if self.handler_set_id:
             for event in dict.fromkeys(event for event, _ in self._specs):
-                self._subs.append(
-                    await nc_.subscribe(
-                        chain_subject(event, self.handler_set_id),
-                        queue=chain_queue_group(self.handler_set_id),
-                        cb=self._on_chain,
-                    )
+                chain = chain_subject(event, self.handler_set_id)
+                await serving.add(
+                    self._chain_endpoint(chain, chain_queue_group(self.handler_set_id))
                 )
         try:
             await flush_subscriptions(nc_, deadline_s=self.registration_timeout_s)
@@ -321,12 +314,12 @@ class HookWorker:
             for spec in self._specs.values():
                 decl = spec.declaration
                 subject = handler_instance_subject(decl.event, decl.name, self._liveness.id)
-                self._subs.append(await nc_.subscribe(subject, cb=self._make_callback(spec)))
+                await serving.add(self._endpoint(spec, subject))
             if self.handler_set_id:
                 for event in dict.fromkeys(event for event, _ in self._specs):
                     chain = chain_subject(event, self.handler_set_id)
                     subject = chain_instance_subject(chain, self._liveness.id)
-                    self._subs.append(await nc_.subscribe(subject, cb=self._on_chain))
+                    await serving.add(self._chain_endpoint(subject))
             # the services API ($SRV.*) and the instance subjects: reachable from any
             # connection once start returns
             await flush_subscriptions(nc_, deadline_s=self.registration_timeout_s)
@@ -334,10 +327,7 @@ class HookWorker:
         except BaseException:
             await stop_liveness(self._liveness)
             self._liveness = None
-            for sub in self._subs:
-                with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
-            self._subs.clear()
+            await serving.unsubscribe()
             raise
         self._state = "serving"
         log.info(
@@ -386,31 +376,22 @@ class HookWorker:
             await self._stopped.wait()
             return
         self._state = "draining"
+        serving = self._serving
+        assert serving is not None
+        serving.draining = True
         await stop_liveness(self._liveness)
-        deadline = time.monotonic() + max(grace_s, 0.0)
-        await asyncio.gather(*(self._drain(sub) for sub in self._subs))
-        while self._tasks and (left := deadline - time.monotonic()) > 0:
-            await asyncio.wait(list(self._tasks), timeout=left)
-        late = list(self._tasks)
-        for task in late:
-            task.cancel()
-        if late:
-            log.warning("cancelled %d request(s) still running after %ss", len(late), grace_s)
-            await asyncio.wait(late, timeout=5.0)  # each answers `unavailable` as it ends
-        self._subs.clear()
+        deadline = asyncio.get_running_loop().time() + max(grace_s, 0.0)
+        await serving.stop_intake()
+
+        async def late(running: int) -> None:
+            log.warning("cancelled %d request(s) still running after %ss", running, grace_s)
+
+        # each answers `unavailable` as it ends; one cancelled before it started cannot
+        await serving.finish(deadline, cancel_wait_s=5.0, late=late)
         self._state = "stopped"
         assert self._stopped is not None
         self._stopped.set()
         log.info("worker drained after %d request(s)", self.handled)
-
-    @staticmethod
-    async def _drain(sub: Subscription) -> None:
-        with contextlib.suppress(
-            nats.errors.ConnectionClosedError,
-            nats.errors.ConnectionDrainingError,
-            nats.errors.BadSubscriptionError,
-        ):
-            await sub.drain()
 
     async def unregister(self) -> None:
         """Delete this worker's declarations from the registry (an explicit act)."""
@@ -429,30 +410,31 @@ class HookWorker:
         await self.shutdown()
 
     # -- serving -----------------------------------------------------------------------
-    def _make_callback(self, spec: HandlerSpec) -> Callable[[Msg], Awaitable[None]]:
+    def _endpoint(self, spec: HandlerSpec, subject: str, queue_group: str = "") -> Endpoint:
+        """A handler's endpoint on `subject` (its call, collect or instance subject)."""
         harden_connection(self._nc)  # requests come from anyone: none may silence us
 
-        async def on_message(msg: Msg) -> None:
-            # never await the work here: the subscription would stall behind it
-            if self._state in ("draining", "stopped"):
-                await self._refuse(spec, msg, "unavailable", "the worker is shutting down")
-            elif self._inflight >= self.max_concurrency:
-                await self._refuse(
-                    spec, msg, "busy", f"over max_concurrency={self.max_concurrency}"
-                )
+        async def serve(msg: Msg, context: object, received: int) -> None:
+            await self._serve(spec, msg)
+
+        return Endpoint(
+            subject, serve, self._refusal(spec.declaration.name), queue_group=queue_group
+        )
+
+    def _refusal(self, name: str) -> Callable[[Msg, Refusal, int], Awaitable[None]]:
+        """The serving loop's refusals of `name`'s requests, answered as `name`."""
+
+        async def refuse(msg: Msg, why: Refusal, received: int) -> None:
+            if why == "draining":
+                await self._refuse_as(name, msg, "unavailable", "the worker is shutting down")
             else:
-                self._inflight += 1
-                task = asyncio.create_task(self._serve(spec, msg))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                busy = f"over max_concurrency={self.max_concurrency}"
+                await self._refuse_as(name, msg, "busy", busy)
 
-        return on_message
-
-    async def _refuse(self, spec: HandlerSpec, msg: Msg, code: str, message: str) -> None:
-        """Answer at once that the request was not run and may be sent again."""
-        await self._refuse_as(spec.declaration.name, msg, code, message)
+        return refuse
 
     async def _refuse_as(self, name: str, msg: Msg, code: str, message: str) -> None:
+        """Answer at once that the request was not run and may be sent again."""
         self.refused += 1
         if msg.reply and self._nc is not None:
             error = WireError(code=code, message=message, retryable=True)
@@ -489,7 +471,6 @@ class HookWorker:
                     await self._nc.publish(msg.reply, encode(reply))
         finally:
             self.handled += 1
-            self._inflight -= 1
 
     @traced_handling
     async def _handle(self, spec: HandlerSpec, msg: Msg) -> HookReply | None:
@@ -586,33 +567,35 @@ class HookWorker:
             self._specs[key] = dataclasses.replace(self._specs[key], declaration=decl)
         self.handler_set_id = handler_set_id(names)
 
-    async def _on_chain(self, msg: Msg) -> None:
+    def _chain_endpoint(self, subject: str, queue_group: str = "") -> Endpoint:
+        """The endpoint of this process's chain requests on `subject`."""
+        return Endpoint(
+            subject,
+            self._serve_chain,
+            self._refusal(self.handler_set_id),
+            queue_group=queue_group,
+            admit=self._admit_chain,
+        )
+
+    async def _admit_chain(self, msg: Msg, received: int) -> Admission | None:
         # a chain takes one slot of max_concurrency per handler it may run at once (its
         # widest sequence of parallel steps), so the bound still counts running handlers
-        name = self.handler_set_id
         try:  # decoded once, here: its steps give its width, and the chain runs on it
             envelope: EventEnvelope | None = decode(msg.data, EventEnvelope)
         except WireFormatError:
             envelope = None  # admitted as one step, then answered bad_request by _run_chain
         width = _chain_width(envelope)
-        if self._state in ("draining", "stopped"):
-            await self._refuse_as(name, msg, "unavailable", "the worker is shutting down")
-        elif width > self.max_concurrency:  # never servable here: call them one by one
+        if width > self.max_concurrency:  # never servable here: call them one by one
             error = WireError(
                 code="bad_request",
                 message=f"{width} parallel steps exceed max_concurrency={self.max_concurrency}",
             )
             with contextlib.suppress(Exception):
-                await self._respond(msg, HookReply(handler=name, error=error))
-        elif self._inflight + width > self.max_concurrency:
-            await self._refuse_as(name, msg, "busy", f"over max_concurrency={self.max_concurrency}")
-        else:
-            self._inflight += width
-            task = asyncio.create_task(self._serve_chain(msg, envelope, width))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+                await self._respond(msg, HookReply(handler=self.handler_set_id, error=error))
+            return None
+        return Admission(width, envelope)
 
-    async def _serve_chain(self, msg: Msg, envelope: EventEnvelope | None, width: int) -> None:
+    async def _serve_chain(self, msg: Msg, envelope: EventEnvelope | None, received: int) -> None:
         name = self.handler_set_id
         replies: list[HookReply] = []
         running: list[tuple[ChainStep, HandlerSpec]] = []
@@ -641,7 +624,6 @@ class HookWorker:
                 await self._respond(msg, HookReply(handler=name, error=error))
         finally:
             self.handled += max(1, len(replies))
-            self._inflight -= width
 
     def _chain_refusal(
         self, event: str, steps: list[ChainStep], specs: list[HandlerSpec | None]

@@ -1,0 +1,387 @@
+"""One loop serving NATS requests, for the hook worker and the dispatcher service.
+
+An `Endpoint` is a subject (and queue group) with a handler coroutine; a `ServingLoop`
+subscribes its endpoints and serves every request the same way, as a ``nats.micro``
+endpoint would, but with a task per request:
+
+1. the request is counted on its endpoint (`EndpointCounters.received`);
+2. once the loop drains, it is refused at once (``refuse(msg, "draining", received)``);
+3. the endpoint's `admit` hook may answer it itself (a side's own refusals: an agent's
+   quota, a chain too wide) or admit it with a weight (the handlers it may run at once)
+   and a context for the handler;
+4. over the loop's `max_concurrency` (or the endpoint's own `max_in_flight`) it is
+   refused at once (``refuse(msg, "busy", received)``) instead of waiting into the
+   caller's timeout;
+5. else its handler runs in a task of its own; the handler answers the request itself.
+
+`ServingLoop.stop_intake` and `ServingLoop.finish` drain: intake stops on every
+subscription at once (messages already delivered pass through step 2), requests in flight
+get until a deadline, a side's `late` hook may act on the ones still running, then they
+are cancelled; the requests whose handler never returned are handed back to be answered.
+
+What differs between the sides stays theirs, as parameters: the refusals' wording and
+reply shapes, the admission rules, what a late drain does, how long a cancelled request
+may take to answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, Literal
+
+import nats.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.micro.service import EndpointInfo, EndpointStats
+
+from hookbus.schemas import WireError
+
+__all__ = [
+    "Admission",
+    "Endpoint",
+    "EndpointCounters",
+    "Refusal",
+    "Request",
+    "ServingLoop",
+    "Ticket",
+]
+
+Refusal = Literal["draining", "busy"]
+"""Why the loop refuses a request without running it: the loop drains, or it is full."""
+
+
+class EndpointCounters:
+    """What one endpoint did since it started (the ``$SRV.STATS`` figures).
+
+    Args:
+        name: the endpoint's name (e.g. ``emit``).
+        subject: the subject it listens on (may be a wildcard).
+        queue_group: its queue group ("" for none).
+        metadata: free-form strings reported by ``$SRV.INFO``.
+    """
+
+    __slots__ = (
+        "answered",
+        "errors",
+        "last_error",
+        "metadata",
+        "name",
+        "processing_ns",
+        "queue_group",
+        "received",
+        "subject",
+    )
+
+    def __init__(
+        self, name: str, subject: str, queue_group: str, metadata: dict[str, str] | None = None
+    ) -> None:
+        self.name, self.subject, self.queue_group = name, subject, queue_group
+        self.metadata = dict(metadata or {})
+        self.received = 0
+        """Requests received, refused ones included."""
+        self.answered = 0
+        """Requests answered (a result or an error)."""
+        self.errors = 0
+        """Requests answered with a `WireError` (``busy`` and ``unavailable`` included)."""
+        self.processing_ns = 0
+        """Total nanoseconds from receipt to reply, over the requests answered."""
+        self.last_error = ""
+        """The last error reply, as ``code: message``."""
+
+    def answer(self, started_ns: int, error: WireError | None) -> None:
+        """Count one reply sent for a request received at ``time.perf_counter_ns()``
+        `started_ns`; `error`: the `WireError` it carried, if any."""
+        self.answered += 1
+        self.processing_ns += max(0, time.perf_counter_ns() - started_ns)
+        if error is not None:
+            self.errors += 1
+            self.last_error = f"{error.code}: {error.message}"[:500]
+
+    def info(self) -> EndpointInfo:
+        return EndpointInfo(
+            name=self.name,
+            subject=self.subject,
+            queue_group=self.queue_group,
+            metadata=dict(self.metadata),
+        )
+
+    def stats(self, data: dict[str, Any] | None = None) -> EndpointStats:
+        """The endpoint's ``$SRV.STATS`` entry; the average is over the requests answered."""
+        return EndpointStats(
+            name=self.name,
+            subject=self.subject,
+            queue_group=self.queue_group,
+            num_requests=self.received,
+            num_errors=self.errors,
+            processing_time=self.processing_ns,
+            average_processing_time=self.processing_ns // self.answered if self.answered else 0,
+            last_error=self.last_error or None,
+            data=data,
+        )
+
+
+class Ticket:
+    """Something more an admitted request holds while it runs (e.g. an agent's slot):
+    `acquire` once it is admitted, `release` once its task ends."""
+
+    __slots__ = ()
+
+    def acquire(self) -> None:
+        """The request was admitted."""
+
+    def release(self) -> None:
+        """The request's task ended."""
+
+
+class Admission:
+    """An `Endpoint.admit` hook's verdict letting a request in.
+
+    Args:
+        weight: slots of `ServingLoop.max_concurrency` it takes (the handlers it may run at
+            once); at least 1.
+        context: handed to the endpoint's handler as it is.
+        ticket: acquired once admitted, released when its task ends; None for none.
+    """
+
+    __slots__ = ("context", "ticket", "weight")
+
+    def __init__(self, weight: int = 1, context: Any = None, ticket: Ticket | None = None) -> None:
+        self.weight = weight
+        self.context = context
+        self.ticket = ticket
+
+
+_ADMITTED: Final = Admission()
+
+Handler = Callable[[Msg, Any, int], Awaitable[None]]
+"""``handler(msg, context, received_ns)``: serve one request and answer it. `context`:
+the `Admission`'s; `received_ns`: ``time.perf_counter_ns()`` at receipt. Cancelled when a
+drain's grace runs out (it may answer then)."""
+
+Refuse = Callable[[Msg, Refusal, int], Awaitable[None]]
+"""``refuse(msg, why, received_ns)``: answer at once that the request was not run."""
+
+Admit = Callable[[Msg, int], Awaitable[Admission | None]]
+"""``admit(msg, received_ns)``: the request's `Admission`, or None once it answered the
+request itself (a refusal of its own)."""
+
+
+class Endpoint:
+    """One subject served by a `ServingLoop`.
+
+    Args:
+        subject: the subject to subscribe (may be a wildcard).
+        handler: serves one admitted request (see `Handler`).
+        refuse: answers a request refused by the loop (see `Refuse`).
+        queue_group: the queue group ("" for none: every subscriber gets each message).
+        admit: admission rules of its own, run before the concurrency bound (see `Admit`);
+            None admits every request with weight 1.
+        max_in_flight: a bound of its own on the requests it runs at once (within the
+            loop's); None for none.
+        counters: where its requests are counted; None makes its own.
+    """
+
+    __slots__ = (
+        "admit",
+        "counters",
+        "handler",
+        "in_flight",
+        "max_in_flight",
+        "queue_group",
+        "refuse",
+        "subject",
+    )
+
+    def __init__(
+        self,
+        subject: str,
+        handler: Handler,
+        refuse: Refuse,
+        *,
+        queue_group: str = "",
+        admit: Admit | None = None,
+        max_in_flight: int | None = None,
+        counters: EndpointCounters | None = None,
+    ) -> None:
+        self.subject = subject
+        self.handler = handler
+        self.refuse = refuse
+        self.queue_group = queue_group
+        self.admit = admit
+        self.max_in_flight = max_in_flight
+        self.counters = counters or EndpointCounters(subject, subject, queue_group)
+        self.in_flight = 0
+        """The weight of its requests running now."""
+
+
+class Request:
+    """A request admitted and not answered yet: its endpoint, message, and receipt time
+    (``time.perf_counter_ns()``)."""
+
+    __slots__ = ("endpoint", "msg", "received")
+
+    def __init__(self, endpoint: Endpoint, msg: Msg, received: int) -> None:
+        self.endpoint, self.msg, self.received = endpoint, msg, received
+
+
+class ServingLoop:
+    """Serves its endpoints' requests on one connection: one task per request, at most
+    `max_concurrency` (by weight) at once over all endpoints; see the module docstring.
+
+    Args:
+        nc: the connection to subscribe on (it belongs to the caller).
+        max_concurrency: the weight of the requests run at once; at least 1.
+        log: the logger of the side serving (unexpected errors of a handler).
+    """
+
+    def __init__(self, nc: NATS, *, max_concurrency: int, log: logging.Logger) -> None:
+        if max_concurrency < 1:
+            raise ValueError("max_concurrency must be at least 1")
+        self._nc = nc
+        self.max_concurrency = max_concurrency
+        self._log = log
+        self.in_flight = 0
+        """The weight of the requests running now."""
+        self.draining = False
+        """Whether requests are refused now (``refuse(msg, "draining", ...)``)."""
+        self._subs: list[Subscription] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._pending: set[Request] = set()
+        """Requests admitted whose handler has not returned (or raised)."""
+
+    @property
+    def tasks(self) -> int:
+        """Requests' tasks not ended yet."""
+        return len(self._tasks)
+
+    async def add(self, endpoint: Endpoint) -> None:
+        """Subscribe `endpoint` (not flushed: the caller flushes once for all).
+
+        Raises:
+            nats.errors.Error: the subscription failed.
+        """
+        sub = await self._nc.subscribe(
+            endpoint.subject, queue=endpoint.queue_group, cb=self._callback(endpoint)
+        )
+        self._subs.append(sub)
+
+    async def unsubscribe(self) -> None:
+        """Drop every subscription at once, delivered messages with them (a start that
+        failed: nothing was served)."""
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self._subs.clear()
+
+    def _callback(self, endpoint: Endpoint) -> Callable[[Msg], Awaitable[None]]:
+        counters = endpoint.counters
+        admit = endpoint.admit
+        refuse = endpoint.refuse
+
+        async def on_message(msg: Msg) -> None:
+            # never await the work here: the subscription would stall behind it
+            received = time.perf_counter_ns()
+            counters.received += 1
+            if self.draining:
+                await refuse(msg, "draining", received)
+                return
+            if admit is None:
+                admission: Admission | None = _ADMITTED
+            else:
+                admission = await admit(msg, received)
+                if admission is None:  # answered by the hook
+                    return
+            weight = admission.weight
+            bound = endpoint.max_in_flight
+            if self.in_flight + weight > self.max_concurrency or (
+                bound is not None and endpoint.in_flight + weight > bound
+            ):
+                await refuse(msg, "busy", received)
+                return
+            self.in_flight += weight
+            endpoint.in_flight += weight
+            ticket = admission.ticket
+            if ticket is not None:
+                ticket.acquire()
+            request = Request(endpoint, msg, received)
+            self._pending.add(request)
+            task = asyncio.create_task(self._serve(request, admission.context))
+            self._tasks.add(task)
+            task.add_done_callback(self._done(endpoint, weight, ticket))
+
+        return on_message
+
+    def _done(
+        self, endpoint: Endpoint, weight: int, ticket: Ticket | None
+    ) -> Callable[[asyncio.Task[None]], None]:
+        def done(task: asyncio.Task[None]) -> None:
+            self._tasks.discard(task)
+            self.in_flight -= weight
+            endpoint.in_flight -= weight
+            if ticket is not None:
+                ticket.release()
+
+        return done
+
+    async def _serve(self, request: Request, context: Any) -> None:
+        try:
+            await request.endpoint.handler(request.msg, context, request.received)
+        except Exception:  # never let one request take the process down
+            self._log.exception("unexpected error answering %s", request.msg.subject)
+        finally:
+            self._pending.discard(request)
+
+    # -- draining ----------------------------------------------------------------------
+    async def stop_intake(self, timeout_s: float | None = None) -> None:
+        """Refuse new requests, and drain every subscription at once: the server stops
+        sending, and the messages already delivered pass through the callback (which
+        refuses them). `timeout_s`: the most one subscription's drain may take (None:
+        no bound). A lost connection is ignored."""
+        self.draining = True
+        await asyncio.gather(*(self._drain(sub, timeout_s) for sub in self._subs))
+        self._subs.clear()
+
+    @staticmethod
+    async def _drain(sub: Subscription, timeout_s: float | None) -> None:
+        with contextlib.suppress(nats.errors.Error, TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await sub.drain()
+
+    async def wait(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` seconds for the requests running now to end."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=timeout_s)
+
+    async def finish(
+        self,
+        deadline: float,
+        *,
+        cancel_wait_s: float,
+        late: Callable[[int], Awaitable[None]] | None = None,
+    ) -> list[Request]:
+        """Let the requests in flight run until `deadline` (event loop time); then call
+        ``late(n)`` with the number still running (if any), cancel what still runs and
+        wait up to `cancel_wait_s` seconds for it to end.
+
+        Returns:
+            The requests whose handler never returned (e.g. cancelled before it started),
+            for the caller to answer.
+        """
+        loop = asyncio.get_running_loop()
+        while self._tasks and (left := deadline - loop.time()) > 0:
+            await self.wait(left)
+        if self._tasks and late is not None:
+            await late(len(self._tasks))
+        running = list(self._tasks)
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.wait(running, timeout=cancel_wait_s)
+        left_over = list(self._pending)
+        self._pending.clear()
+        return left_over
