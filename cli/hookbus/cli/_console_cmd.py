@@ -1,17 +1,16 @@
 """``hookbus console``: the approvals console in a browser, served by uvicorn.
 
 The process connects to NATS as one client (on a secured server: an approver's
-credentials), starts a `HookDispatcher` that lists and answers approvals and grants, and
-serves `hookbus.integrations.console.console_app` until SIGTERM / SIGINT. A lost NATS
-server is retried ``--max-reconnects`` times; then the console stops serving and exits 1
-with one error line (`_nats_lost`).
+credentials), opens an `ApprovalsClient` (the approvals bucket only) that lists and
+answers approvals and grants, and serves `hookbus.integrations.console.console_app`
+until SIGTERM / SIGINT. A lost NATS server is retried ``--max-reconnects`` times; then
+the console stops serving and exits 1 with one error line (`_nats_lost`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import ssl
 from typing import Any
@@ -20,7 +19,7 @@ import click
 import nats.errors
 import nats.js.errors
 
-from hookbus.dispatcher import HookDispatcher
+from hookbus.dispatcher import ApprovalsClient
 from hookbus.schemas import HookbusError
 
 from ._common import (
@@ -37,7 +36,7 @@ from ._common import (
 from ._connect import LOCAL_URL, auth_identity
 from ._extras import MissingExtraError
 from ._gateway_cmd import _listen
-from ._lifecycle import run_loop, running_loop
+from ._lifecycle import run_loop, running_loop, serve_until_signalled
 from ._nats_lost import nats_lost
 
 __all__ = ["console"]
@@ -182,7 +181,7 @@ def console(
             max_reconnects=max_reconnects,
             wait_for_server_s=wait_for_server_s,
         )
-        dispatcher = HookDispatcher(nc, approvals=True)
+        dispatcher = ApprovalsClient(nc)  # the approvals bucket only
         feed = Feed(nc)
         try:
             try:
@@ -230,7 +229,8 @@ def console(
 
 
 async def _serve(server: Any, sock: socket.socket, scheme: str, banner: str) -> None:
-    """Serve until SIGTERM / SIGINT; print the URL on stderr once serving."""
+    """Serve until SIGTERM / SIGINT (a second one stops at once: `serve_until_signalled`);
+    print the URL on stderr once serving."""
     host, port = sock.getsockname()[:2]
     url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}/"
     startup = server.startup
@@ -241,9 +241,7 @@ async def _serve(server: Any, sock: socket.socket, scheme: str, banner: str) -> 
             click.echo(f"hookbus console serving {url} {banner}", err=True)
 
     server.startup = announce
-    for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn raises them again once stopped
-        signal.signal(sig, lambda signum, frame: None)
     try:
-        await server.serve(sockets=[sock])
+        await serve_until_signalled(server, [sock])
     finally:
         sock.close()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import socket
 import ssl
 from collections.abc import AsyncIterator, Callable
@@ -45,7 +44,7 @@ from ._common import (
 from ._connect import LOCAL_URL
 from ._decisions_cmd import ByteSize, audit_options
 from ._extras import MissingExtraError
-from ._lifecycle import run_loop, running_loop
+from ._lifecycle import run_loop, running_loop, serve_until_signalled
 from ._nats_lost import nats_lost
 from ._otel import otel_session, otlp_option
 
@@ -275,9 +274,8 @@ def _serve(
 async def _serve_app(server: Any, sock: socket.socket, scheme: str, banner: str) -> None:
     """Serve with uvicorn on `sock` until SIGTERM/SIGINT; print the URL once serving.
 
-    uvicorn handles SIGTERM/SIGINT while it serves (graceful stop, then the lifespan drains
-    NATS) and raises the signal again afterwards: a no-op handler lets that one end this
-    function normally.
+    The first SIGTERM/SIGINT stops uvicorn gracefully (then the lifespan drains NATS), a
+    second one at once (`serve_until_signalled`).
     """
     host, port = sock.getsockname()[:2]
     url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
@@ -289,10 +287,8 @@ async def _serve_app(server: Any, sock: socket.socket, scheme: str, banner: str)
             click.echo(f"hookbus gateway serving {url} {banner}", err=True)
 
     server.startup = announce
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: None)
     try:
-        await server.serve(sockets=[sock])
+        await serve_until_signalled(server, [sock])
     finally:
         sock.close()
 

