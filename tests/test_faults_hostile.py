@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from nats.aio.client import Client as NATS
 
-import hookbus.schemas as schemas
+import hookbus._core.buckets as buckets
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
@@ -338,11 +338,11 @@ async def test_service_answers_structured_errors(system: System, target: str) ->
 
 # -- KV values of every bucket --------------------------------------------------------------
 def bucket_configs() -> list[Any]:
-    """Every bucket hookbus declares (``*_bucket_config`` in hookbus.schemas)."""
+    """Every bucket hookbus declares (``*_bucket_config`` in hookbus._core.buckets)."""
     return [
-        getattr(schemas, name)()
-        for name in sorted(dir(schemas))
-        if name.endswith("_bucket_config") and callable(getattr(schemas, name))
+        getattr(buckets, name)()
+        for name in sorted(dir(buckets))
+        if name.endswith("_bucket_config") and callable(getattr(buckets, name))
     ]
 
 
