@@ -37,7 +37,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.util._once import Once
 
 from hookbus.cli import EmbeddedNatsServer
-from hookbus.cli._auth import DEFAULT_TENANT, load_setup
+from hookbus.cli._auth_files import DEFAULT_TENANT, load_setup
 from hookbus.cli._connect import auth_ssl_context
 from hookbus.cli._decisions_cmd import latency
 from hookbus.cli._main import cli

@@ -31,7 +31,7 @@ from nats.js.api import KeyValueConfig
 from hookbus._core.consumer_slots import slot_names
 from hookbus._core.nats_guard import harden_connection
 from hookbus.cli import EmbeddedNatsServer, find_nats_server
-from hookbus.cli._auth import (
+from hookbus.cli._auth_files import (
     DEFAULT_TENANT,
     Identity,
     load_setup,
@@ -511,11 +511,11 @@ async def test_one_worker_connection_answers_a_collect_once_per_handler(
 
 
 @anyio_test
-async def test_a_chain_with_progress_replies_is_answered_within_the_workers_grants(
+async def test_a_chain_with_progress_replies_is_answered_within_the_workers_permissions(
     secured_alone: tuple[str, Path],
 ) -> None:
     """Worker ``sec`` serves its two handlers as one chain; both wait, so its answer is a
-    progress reply and a final one on the dispatcher's reply subject: its grants must let
+    progress reply and a final one on the dispatcher's reply subject: its permissions must let
     both through, and the decision is the one-by-one one."""
     url, out = secured_alone
     admin, _ = await connect_as(url, out, ident(out, "ACME", "admin", "admin"))

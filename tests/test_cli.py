@@ -420,7 +420,7 @@ def test_dispatcher_operations_options_are_checked(args, message):
 
 
 def test_durations_take_units():
-    from hookbus.cli._common import DURATION
+    from hookbus.cli._command_support import DURATION
 
     assert [DURATION.convert(v, None, None) for v in ("90", "90s", "15m", "24h", "7d", 2.5)] == [
         90.0, 90.0, 900.0, 86400.0, 604800.0, 2.5,

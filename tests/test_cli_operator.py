@@ -158,7 +158,7 @@ def test_every_float_option_is_finite() -> None:
     """Each float option of the click tree refuses nan: a FiniteFloatRange or a duration."""
     import click
 
-    from hookbus.cli._common import Duration, FiniteFloatRange
+    from hookbus.cli._command_support import Duration, FiniteFloatRange
     from hookbus.cli._main import cli
 
     def walk(cmd: click.Command, path: str) -> list[tuple[str, click.Parameter]]:

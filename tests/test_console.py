@@ -40,7 +40,7 @@ from nats.aio.client import Client as NATS
 from playwright.async_api import Page, expect
 
 from hookbus.cli import EmbeddedNatsServer
-from hookbus.cli._auth import DEFAULT_TENANT, load_setup
+from hookbus.cli._auth_files import DEFAULT_TENANT, load_setup
 from hookbus.cli._connect import auth_ssl_context
 from hookbus.cli._main import cli
 from hookbus.cli._permissions import inbox_prefix

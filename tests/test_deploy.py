@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from nats.aio.client import Client as NATS
 
 from hookbus.cli import EmbeddedNatsServer, find_nats_server
-from hookbus.cli._auth import public_key_of
+from hookbus.cli._auth_files import public_key_of
 from hookbus.cli._main import cli
 from hookbus.cli._permissions import inbox_prefix
 

@@ -27,8 +27,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from hookbus.cli._auth import DEFAULT_TENANT, load_setup
-from hookbus.cli._common import load_object
+from hookbus.cli._auth_files import DEFAULT_TENANT, load_setup
+from hookbus.cli._command_support import load_object
 from hookbus.cli._main import cli
 from hookbus.workers import HookWorker
 

@@ -1,5 +1,5 @@
 """The `hookbus auth` commands (`init`, `add`, `table`; `provision` is added from
-`hookbus.cli._provision`): the click face of `hookbus.cli._auth`, which writes and reads
+`hookbus.cli._provision`): the click face of `hookbus.cli._auth_files`, which writes and reads
 the files."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import click
 
 from hookbus.cli._permissions import ROLES
 
-from ._auth import (
+from ._auth_files import (
     AUTH_CONF,
     CLUSTER_CONF,
     SERVER_CONF,

@@ -22,7 +22,7 @@ import nats.js.errors
 from hookbus.dispatcher import ApprovalsClient
 from hookbus.schemas import HookbusError
 
-from ._common import (
+from ._command_support import (
     DURATION,
     ConnectionSettings,
     FiniteFloatRange,
@@ -135,7 +135,7 @@ def console(
         import uvicorn
 
         from hookbus.integrations.console import Feed, console_app
-        from hookbus.integrations.console._auth import valid_approver
+        from hookbus.integrations.console._sign_in import valid_approver
     except ImportError as exc:  # starlette, uvicorn
         raise MissingExtraError("hookbus console", "console") from exc
     if console_token is None and os.environ.get(TOKEN_ENV) == "":

@@ -43,7 +43,7 @@ from hookbus.schemas import (
     to_builtins,
 )
 
-from ._common import (
+from ._command_support import (
     DURATION,
     ConnectionSettings,
     connect,

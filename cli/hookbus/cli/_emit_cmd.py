@@ -21,7 +21,7 @@ import click
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import STANDARD_EVENTS, HookbusError, UnknownEventError, to_builtins
 
-from ._common import (
+from ._command_support import (
     ConnectionSettings,
     FiniteFloatRange,
     connect,

@@ -28,7 +28,7 @@ from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import HookbusError, HookResult, NotConnectedError
 
 from ._claude_code_cmd import _parse_fallbacks
-from ._common import (
+from ._command_support import (
     ConnectionSettings,
     FiniteFloatRange,
     bucket_replicas_option,

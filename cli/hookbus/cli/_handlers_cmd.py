@@ -40,7 +40,7 @@ from hookbus.schemas import (
     to_builtins,
 )
 
-from ._common import (
+from ._command_support import (
     ConnectionSettings,
     FiniteFloatRange,
     connect,

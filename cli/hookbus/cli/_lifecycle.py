@@ -38,7 +38,7 @@ import anyio
 import click
 from nats.aio.client import Client as NATS
 
-from ._common import close_quietly, drain_or_close
+from ._command_support import close_quietly, drain_or_close
 from ._connect import _redacted
 from ._extras import MissingExtraError
 

@@ -10,7 +10,7 @@ import click
 from ._approvals_cmd import approvals
 from ._auth_cmd import auth
 from ._claude_code_cmd import claude_code
-from ._common import (
+from ._command_support import (
     ConnectionSettings,
     connection_options,
     setup_logging,

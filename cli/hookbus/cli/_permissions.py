@@ -77,7 +77,7 @@ from hookbus.schemas._subjects import (
 __all__ = [
     "DISPATCHER_RESPONSE_EXPIRES_S",
     "ROLES",
-    "Grant",
+    "Permission",
     "PermissionRow",
     "ResponsePermission",
     "Role",
@@ -107,7 +107,7 @@ _SRV_VERBS: Final = ("PING", "INFO", "STATS")
 
 
 @dataclass(frozen=True)
-class Grant:
+class Permission:
     """One permission entry: a subject (``"subject queue"`` for a queue-only subscription)
     and why the role needs it."""
 
@@ -132,19 +132,19 @@ class RolePermissions:
 
     role: Role
     name: str
-    publish_grants: tuple[Grant, ...]
-    subscribe_grants: tuple[Grant, ...]
+    publish_permissions: tuple[Permission, ...]
+    subscribe_permissions: tuple[Permission, ...]
     allow_responses: ResponsePermission | None = None
 
     @property
     def publish(self) -> list[str]:
         """The publish allow list."""
-        return _unique(g.subject for g in self.publish_grants)
+        return _unique(g.subject for g in self.publish_permissions)
 
     @property
     def subscribe(self) -> list[str]:
         """The subscribe allow list (``"subject queue"`` entries: that queue group only)."""
-        return _unique(g.subject for g in self.subscribe_grants)
+        return _unique(g.subject for g in self.subscribe_permissions)
 
 
 @dataclass(frozen=True)
@@ -187,58 +187,60 @@ def _unique(items: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-def _inbox(public_key: str | None) -> Grant:
+def _inbox(public_key: str | None) -> Permission:
     prefix = inbox_prefix(public_key) if public_key else "_INBOX_<PUBKEY>"
-    return Grant(f"{prefix}.>", "its own inbox: replies, JetStream acks, watch deliveries")
+    return Permission(f"{prefix}.>", "its own inbox: replies, JetStream acks, watch deliveries")
 
 
-def _js_info() -> Grant:
-    return Grant(f"{_JS}.INFO", "JetStream account info (clients check JetStream is on)")
+def _js_info() -> Permission:
+    return Permission(f"{_JS}.INFO", "JetStream account info (clients check JetStream is on)")
 
 
 def _kv_stream(bucket: str) -> str:
     return f"KV_{bucket}"
 
 
-def _kv_open(bucket: str) -> Grant:
-    return Grant(f"{_JS}.STREAM.INFO.{_kv_stream(bucket)}", f"open {bucket}")
+def _kv_open(bucket: str) -> Permission:
+    return Permission(f"{_JS}.STREAM.INFO.{_kv_stream(bucket)}", f"open {bucket}")
 
 
-def _kv_put(bucket: str, keys: str, why: str) -> Grant:
-    return Grant(f"$KV.{bucket}.{keys}", why)
+def _kv_put(bucket: str, keys: str, why: str) -> Permission:
+    return Permission(f"$KV.{bucket}.{keys}", why)
 
 
 def _slots(public_key: str | None) -> tuple[str, ...]:
     return slot_names(public_key) if public_key else ("<slot>",)
 
 
-def _get(bucket: str, keys: str, why: str) -> Grant:
+def _get(bucket: str, keys: str, why: str) -> Permission:
     """Direct gets of keys `keys` (``>``: any key) of `bucket`."""
     stream = _kv_stream(bucket)
-    return Grant(f"{_JS}.DIRECT.GET.{stream}.$KV.{bucket}.{keys}", f"get {why}")
+    return Permission(f"{_JS}.DIRECT.GET.{stream}.$KV.{bucket}.{keys}", f"get {why}")
 
 
-def _slot_consumers(stream: str, filters: str, why: str, public_key: str | None) -> list[Grant]:
+def _slot_consumers(
+    stream: str, filters: str, why: str, public_key: str | None
+) -> list[Permission]:
     """Consumers on `stream` named by the user's own slots only, with a filter within
     `filters` (a subject with wildcards, or ``""``: any filter and the form without one)."""
-    out: list[Grant] = []
+    out: list[Permission] = []
     for slot in _slots(public_key):
         create = f"{_JS}.CONSUMER.CREATE.{stream}.{slot}"
         if filters:
-            out.append(Grant(f"{create}.{filters}", f"watch {why} (its own consumer slots)"))
+            out.append(Permission(f"{create}.{filters}", f"watch {why} (its own consumer slots)"))
         else:
             out += [
-                Grant(create, f"read {why} (its own consumer slots)"),
-                Grant(f"{create}.>", f"read {why} (its own consumer slots, any filter)"),
+                Permission(create, f"read {why} (its own consumer slots)"),
+                Permission(f"{create}.>", f"read {why} (its own consumer slots, any filter)"),
             ]
         out += [
-            Grant(f"{_JS}.CONSUMER.INFO.{stream}.{slot}", "check its own consumers"),
-            Grant(f"{_JS}.CONSUMER.DELETE.{stream}.{slot}", "release its own consumers"),
+            Permission(f"{_JS}.CONSUMER.INFO.{stream}.{slot}", "check its own consumers"),
+            Permission(f"{_JS}.CONSUMER.DELETE.{stream}.{slot}", "release its own consumers"),
         ]
     return out
 
 
-def _kv_read_own(bucket: str, prefix: str, why: str, public_key: str | None) -> list[Grant]:
+def _kv_read_own(bucket: str, prefix: str, why: str, public_key: str | None) -> list[Permission]:
     """Read keys ``<prefix>.>`` of `bucket`: gets, and watches in its own slots."""
     keys = f"$KV.{bucket}.{prefix}.>"
     return [
@@ -247,61 +249,63 @@ def _kv_read_own(bucket: str, prefix: str, why: str, public_key: str | None) -> 
     ]
 
 
-def _kv_read_all_slots(bucket: str, public_key: str | None) -> list[Grant]:
+def _kv_read_all_slots(bucket: str, public_key: str | None) -> list[Permission]:
     """Read every key of `bucket`: gets, and consumers in its own slots."""
     stream = _kv_stream(bucket)
     return [
-        Grant(f"{_JS}.DIRECT.GET.{stream}", f"get by sequence in {bucket}"),
+        Permission(f"{_JS}.DIRECT.GET.{stream}", f"get by sequence in {bucket}"),
         _get(bucket, ">", f"any key of {bucket}"),
         *_slot_consumers(stream, "", bucket, public_key),
     ]
 
 
-def _kv_read_all(bucket: str) -> list[Grant]:
+def _kv_read_all(bucket: str) -> list[Permission]:
     """Read every key of `bucket` with any consumer (the dispatcher service only: it is
     trusted with the shared consumer capacity, and its replicas share one identity)."""
     stream = _kv_stream(bucket)
     return [
-        Grant(f"{_JS}.DIRECT.GET.{stream}", f"get by sequence in {bucket}"),
+        Permission(f"{_JS}.DIRECT.GET.{stream}", f"get by sequence in {bucket}"),
         _get(bucket, ">", f"any key of {bucket}"),
-        Grant(f"{_JS}.CONSUMER.CREATE.{stream}", f"watch / list {bucket} (unnamed consumer)"),
-        Grant(f"{_JS}.CONSUMER.CREATE.{stream}.>", f"watch / list {bucket} (named consumer)"),
-        Grant(f"{_JS}.CONSUMER.INFO.{stream}.*", "check its consumers"),
-        Grant(f"{_JS}.CONSUMER.DELETE.{stream}.*", "release its consumers when a watch ends"),
-        Grant("$JS.FC.>", "flow-control replies of its ordered watches"),
+        Permission(f"{_JS}.CONSUMER.CREATE.{stream}", f"watch / list {bucket} (unnamed consumer)"),
+        Permission(f"{_JS}.CONSUMER.CREATE.{stream}.>", f"watch / list {bucket} (named consumer)"),
+        Permission(f"{_JS}.CONSUMER.INFO.{stream}.*", "check its consumers"),
+        Permission(f"{_JS}.CONSUMER.DELETE.{stream}.*", "release its consumers when a watch ends"),
+        Permission("$JS.FC.>", "flow-control replies of its ordered watches"),
     ]
 
 
-def _srv_requests() -> list[Grant]:
+def _srv_requests() -> list[Permission]:
     why = "liveness pings of the workers (nats.micro)"
     services = "the dispatcher services' endpoints and request counts (nats.micro)"
     return [
-        *(Grant(f"$SRV.{verb}", why) for verb in _SRV_VERBS),
-        Grant(f"$SRV.*.{WORKER_SERVICE_NAME}", why),
-        Grant(f"$SRV.*.{WORKER_SERVICE_NAME}.*", why),
-        Grant(f"$SRV.*.{DISPATCHER_SERVICE_NAME}", services),
-        Grant(f"$SRV.*.{DISPATCHER_SERVICE_NAME}.*", services),
+        *(Permission(f"$SRV.{verb}", why) for verb in _SRV_VERBS),
+        Permission(f"$SRV.*.{WORKER_SERVICE_NAME}", why),
+        Permission(f"$SRV.*.{WORKER_SERVICE_NAME}.*", why),
+        Permission(f"$SRV.*.{DISPATCHER_SERVICE_NAME}", services),
+        Permission(f"$SRV.*.{DISPATCHER_SERVICE_NAME}.*", services),
     ]
 
 
-def _srv_answers(name: str, why: str) -> list[Grant]:
+def _srv_answers(name: str, why: str) -> list[Permission]:
     """Answer the services API's verbs as service `name`: every service, every `name`
     service, this instance (the replies go out through ``allow_responses``)."""
     return [
-        *(Grant(f"$SRV.{verb}", why) for verb in _SRV_VERBS),
-        Grant(f"$SRV.*.{name}", why),
-        Grant(f"$SRV.*.{name}.*", why),
+        *(Permission(f"$SRV.{verb}", why) for verb in _SRV_VERBS),
+        Permission(f"$SRV.*.{name}", why),
+        Permission(f"$SRV.*.{name}.*", why),
     ]
 
 
-def _call_handlers() -> list[Grant]:
+def _call_handlers() -> list[Permission]:
     handler = HANDLER_SUBJECT_PREFIX
     return [
-        Grant(f"{handler}.*.*", "call a handler (queue group of its replicas)"),
-        Grant(CHAIN_WILDCARD, "call a chain of one worker process's handlers (chain request)"),
-        Grant(f"{CHAIN_WILDCARD}.*", "a chain request to one worker instance (hedges)"),
-        Grant(f"{handler}.*.*.*", "call a handler on one worker instance (hedges)"),
-        Grant(f"{SUBJECT_PREFIX}.collect.*", "emit_and_collect: one request every handler hears"),
+        Permission(f"{handler}.*.*", "call a handler (queue group of its replicas)"),
+        Permission(CHAIN_WILDCARD, "call a chain of one worker process's handlers (chain request)"),
+        Permission(f"{CHAIN_WILDCARD}.*", "a chain request to one worker instance (hedges)"),
+        Permission(f"{handler}.*.*.*", "call a handler on one worker instance (hedges)"),
+        Permission(
+            f"{SUBJECT_PREFIX}.collect.*", "emit_and_collect: one request every handler hears"
+        ),
     ]
 
 
@@ -314,17 +318,17 @@ def admin(name: str = "admin", *, public_key: str | None = None) -> RolePermissi
     return RolePermissions(
         role="admin",
         name=name,
-        publish_grants=(
-            Grant(f"{SUBJECT_PREFIX}.>", "every hookbus subject"),
-            Grant("$SRV.>", "the services API (liveness)"),
-            Grant("$KV.>", "write any key of any bucket, required handlers included"),
-            Grant(f"{_JS}.>", "the whole JetStream API: create, update, delete, purge"),
-            Grant("$JS.ACK.>", "acknowledge messages of its consumers"),
-            Grant("$JS.FC.>", "flow-control replies of its ordered watches"),
+        publish_permissions=(
+            Permission(f"{SUBJECT_PREFIX}.>", "every hookbus subject"),
+            Permission("$SRV.>", "the services API (liveness)"),
+            Permission("$KV.>", "write any key of any bucket, required handlers included"),
+            Permission(f"{_JS}.>", "the whole JetStream API: create, update, delete, purge"),
+            Permission("$JS.ACK.>", "acknowledge messages of its consumers"),
+            Permission("$JS.FC.>", "flow-control replies of its ordered watches"),
         ),
-        subscribe_grants=(
+        subscribe_permissions=(
             _inbox(public_key),
-            Grant(SUSPENSION_EVENTS_WILDCARD, "every agent's suspension events"),
+            Permission(SUSPENSION_EVENTS_WILDCARD, "every agent's suspension events"),
         ),
     )
 
@@ -332,17 +336,17 @@ def admin(name: str = "admin", *, public_key: str | None = None) -> RolePermissi
 def _agent(a: str, public_key: str | None, *, embedded: bool) -> RolePermissions:
     p = SUBJECT_PREFIX
     own = "its own"
-    grants: list[Grant] = [
-        Grant(f"{p}.emit.{a}.*", "emit through the dispatcher service, as itself only"),
-        Grant(f"{p}.emit_and_collect.{a}.*", "emit_and_collect through the service"),
+    publish: list[Permission] = [
+        Permission(f"{p}.emit.{a}.*", "emit through the dispatcher service, as itself only"),
+        Permission(f"{p}.emit_and_collect.{a}.*", "emit_and_collect through the service"),
         _js_info(),
         _kv_open(SUSPENSIONS_BUCKET),
         *_kv_read_own(SUSPENSIONS_BUCKET, a, f"{own} suspensions and their proofs", public_key),
         *_srv_requests(),
     ]
     if embedded:
-        grants += [
-            Grant(f"{p}.suspension.{a}.>", f"{own} suspension events (pending / resolved)"),
+        publish += [
+            Permission(f"{p}.suspension.{a}.>", f"{own} suspension events (pending / resolved)"),
             _kv_put(SUSPENSIONS_BUCKET, f"{a}.*", f"{own} suspension records (`<a>.<label>`)"),
             _kv_put(LEASES_BUCKET, "w.*", "its waiter lease (`w.<id>`)"),
             _kv_put(LEASES_BUCKET, f"r.{a}.*", f"{own} run claims (`r.<a>.<run>`)"),
@@ -350,7 +354,7 @@ def _agent(a: str, public_key: str | None, *, embedded: bool) -> RolePermissions
             _get(LEASES_BUCKET, "w.*", "waiter leases (is a label's waiter alive)"),
             _get(LEASES_BUCKET, f"r.{a}.*", f"{own} run claims (who runs a run id)"),
             *_call_handlers(),
-            Grant(f"{p}.decisions.{a}", f"{own} decisions to the audit stream (embedded)"),
+            Permission(f"{p}.decisions.{a}", f"{own} decisions to the audit stream (embedded)"),
             _kv_open(HANDLERS_BUCKET),
             _kv_open(APPROVALS_BUCKET),
             *_kv_read_all_slots(HANDLERS_BUCKET, public_key),
@@ -359,10 +363,10 @@ def _agent(a: str, public_key: str | None, *, embedded: bool) -> RolePermissions
     return RolePermissions(
         role="agent",
         name=a,
-        publish_grants=tuple(grants),
-        subscribe_grants=(
+        publish_permissions=tuple(publish),
+        subscribe_permissions=(
             _inbox(public_key),
-            Grant(f"{p}.suspension.{a}.>", f"{own} suspension events"),
+            Permission(f"{p}.suspension.{a}.>", f"{own} suspension events"),
         ),
     )
 
@@ -386,19 +390,27 @@ def _worker(
     name: str, pairs: Sequence[tuple[str, str]], set_id: str, public_key: str | None
 ) -> RolePermissions:
     handler = HANDLER_SUBJECT_PREFIX
-    serve: list[Grant] = []
-    declare: list[Grant] = []
+    serve: list[Permission] = []
+    declare: list[Permission] = []
     for e in _unique(e for e, _ in pairs):
         chain = f"{SUBJECT_PREFIX}.chain.{e}.{set_id}"
         serve += [
-            Grant(f"{chain} {set_id}", "chain requests for exactly its handler set, its events"),
-            Grant(f"{chain}.*", "chain requests for its handler set to this instance (hedges)"),
+            Permission(
+                f"{chain} {set_id}", "chain requests for exactly its handler set, its events"
+            ),
+            Permission(
+                f"{chain}.*", "chain requests for its handler set to this instance (hedges)"
+            ),
         ]
     for e, h in pairs:
         serve += [
-            Grant(f"{handler}.{e}.{h} {h}", "its handler's requests, in the handler's queue group"),
-            Grant(f"{handler}.{e}.{h}.*", "its handler's requests to this instance (hedges)"),
-            Grant(f"{SUBJECT_PREFIX}.collect.{e} {h}", "emit_and_collect, handler's queue group"),
+            Permission(
+                f"{handler}.{e}.{h} {h}", "its handler's requests, in the handler's queue group"
+            ),
+            Permission(f"{handler}.{e}.{h}.*", "its handler's requests to this instance (hedges)"),
+            Permission(
+                f"{SUBJECT_PREFIX}.collect.{e} {h}", "emit_and_collect, handler's queue group"
+            ),
         ]
         declare += [
             _kv_put(HANDLERS_BUCKET, f"{e}.{h}", "declare its own handler (`<e>.<h>`)"),
@@ -409,17 +421,17 @@ def _worker(
     return RolePermissions(
         role="worker",
         name=name,
-        publish_grants=(
+        publish_permissions=(
             *declare,
             _js_info(),
             _kv_open(HANDLERS_BUCKET),
-            Grant(
+            Permission(
                 f"$SRV.PING.{WORKER_SERVICE_NAME}",
                 "liveness ping of the workers: a declaration with other settings is taken"
                 " over only when no replica of its handler is live",
             ),
         ),
-        subscribe_grants=(_inbox(public_key), *serve, *srv),
+        subscribe_permissions=(_inbox(public_key), *serve, *srv),
         allow_responses=ResponsePermission(
             max_msgs=2 * per_event - 1,
             rule="2 x its most handlers on one event - 1",
@@ -461,10 +473,10 @@ def dispatcher(name: str = "dispatcher", *, public_key: str | None = None) -> Ro
     return RolePermissions(
         role="dispatcher",
         name=name,
-        publish_grants=(
+        publish_permissions=(
             *_call_handlers(),
-            Grant(SUSPENSION_EVENTS_WILDCARD, "suspension events of any agent"),
-            Grant(DECISIONS_WILDCARD, "decisions of any agent to the audit stream"),
+            Permission(SUSPENSION_EVENTS_WILDCARD, "suspension events of any agent"),
+            Permission(DECISIONS_WILDCARD, "decisions of any agent to the audit stream"),
             *_srv_requests(),
             _kv_put(SUSPENSIONS_BUCKET, "*.*", "suspension records of any agent (not proofs)"),
             _kv_put(APPROVALS_BUCKET, "*.*", "approval records of any agent (not proofs)"),
@@ -472,14 +484,18 @@ def dispatcher(name: str = "dispatcher", *, public_key: str | None = None) -> Ro
             _kv_put(LEASES_BUCKET, "w.*", "its waiter lease (`w.<id>`)"),
             _js_info(),
             *(_kv_open(b) for b in buckets),
-            Grant(f"{_JS}.STREAM.INFO.{DECISIONS_STREAM}", "open the audit stream"),
+            Permission(f"{_JS}.STREAM.INFO.{DECISIONS_STREAM}", "open the audit stream"),
             *(g for b in buckets for g in _kv_read_all(b)),
         ),
-        subscribe_grants=(
+        subscribe_permissions=(
             _inbox(public_key),
-            Grant(f"{EMIT_SERVICE_WILDCARD} {q}", "every agent's emits, in the dispatcher group"),
-            Grant(f"{COLLECT_SERVICE_WILDCARD} {q}", "every agent's emit_and_collect, same group"),
-            Grant(SUSPENSION_EVENTS_WILDCARD, "suspension events (approval waits)"),
+            Permission(
+                f"{EMIT_SERVICE_WILDCARD} {q}", "every agent's emits, in the dispatcher group"
+            ),
+            Permission(
+                f"{COLLECT_SERVICE_WILDCARD} {q}", "every agent's emit_and_collect, same group"
+            ),
+            Permission(SUSPENSION_EVENTS_WILDCARD, "suspension events (approval waits)"),
             *_srv_answers(
                 DISPATCHER_SERVICE_NAME, "answer the services API: endpoints, stats (nats.micro)"
             ),
@@ -492,7 +508,7 @@ def _approver(pt: str, public_key: str | None) -> RolePermissions:
     return RolePermissions(
         role="approver",
         name=pt,
-        publish_grants=(
+        publish_permissions=(
             _kv_put(APPROVALS_BUCKET, f"*.*.{pt}", "its own answer proofs (`<a>.<label>.<p>`)"),
             _kv_put(SUSPENSIONS_BUCKET, f"*.*.{pt}", "its own answer proofs of suspensions"),
             _js_info(),
@@ -507,9 +523,9 @@ def _approver(pt: str, public_key: str | None) -> RolePermissions:
             _get(LEASES_BUCKET, "w.*", "waiter leases"),
             *_srv_requests(),
         ),
-        subscribe_grants=(
+        subscribe_permissions=(
             _inbox(public_key),
-            Grant(
+            Permission(
                 SUSPENSION_EVENTS_WILDCARD, "every agent's suspension events (pending approvals)"
             ),
         ),
@@ -534,20 +550,20 @@ def auditor(name: str = "auditor", *, public_key: str | None = None) -> RolePerm
     return RolePermissions(
         role="auditor",
         name=name,
-        publish_grants=(
+        publish_permissions=(
             _js_info(),
-            Grant(f"{_JS}.STREAM.INFO.{s}", "open the audit stream"),
+            Permission(f"{_JS}.STREAM.INFO.{s}", "open the audit stream"),
             *_slot_consumers(s, "", "the audit stream", public_key),
             *(
-                Grant(f"{_JS}.CONSUMER.MSG.NEXT.{s}.{slot}", "pull from its own consumers")
+                Permission(f"{_JS}.CONSUMER.MSG.NEXT.{s}.{slot}", "pull from its own consumers")
                 for slot in _slots(public_key)
             ),
-            Grant(f"{_JS}.STREAM.MSG.GET.{s}", "get one decision"),
-            Grant(f"{_JS}.DIRECT.GET.{s}", "get one decision (direct)"),
-            Grant(f"{_JS}.DIRECT.GET.{s}.>", "get the last decision of an agent (direct)"),
-            Grant(f"$JS.ACK.{s}.>", "acknowledge what it read"),
+            Permission(f"{_JS}.STREAM.MSG.GET.{s}", "get one decision"),
+            Permission(f"{_JS}.DIRECT.GET.{s}", "get one decision (direct)"),
+            Permission(f"{_JS}.DIRECT.GET.{s}.>", "get the last decision of an agent (direct)"),
+            Permission(f"$JS.ACK.{s}.>", "acknowledge what it read"),
         ),
-        subscribe_grants=(_inbox(public_key),),
+        subscribe_permissions=(_inbox(public_key),),
     )
 
 
@@ -594,11 +610,14 @@ def permission_table() -> list[PermissionRow]:
     role ``agent (embedded)``."""
     plain = _agent("<a>", None, embedded=False)
     embedded = _agent("<a>", None, embedded=True)
-    extra = tuple(g for g in embedded.publish_grants if g not in plain.publish_grants)
+    extra = tuple(g for g in embedded.publish_permissions if g not in plain.publish_permissions)
     roles: list[tuple[str, RolePermissions]] = [
         ("admin", admin()),
         ("agent", plain),
-        ("agent (embedded)", replace(embedded, publish_grants=extra, subscribe_grants=())),
+        (
+            "agent (embedded)",
+            replace(embedded, publish_permissions=extra, subscribe_permissions=()),
+        ),
         ("worker", _worker("<name>", [("<e>", "<h>")], "<set>", None)),
         ("dispatcher", dispatcher()),
         ("approver", _approver("<p>", None)),
@@ -606,12 +625,12 @@ def permission_table() -> list[PermissionRow]:
     ]
     rows: list[PermissionRow] = []
     for label, perms in roles:
-        for direction, grants in (
-            ("publish", perms.publish_grants),
-            ("subscribe", perms.subscribe_grants),
+        for direction, entries in (
+            ("publish", perms.publish_permissions),
+            ("subscribe", perms.subscribe_permissions),
         ):
             seen: set[str] = set()
-            for g in grants:
+            for g in entries:
                 if g.subject not in seen:
                     seen.add(g.subject)
                     rows.append(PermissionRow(label, direction, g.subject, g.why))

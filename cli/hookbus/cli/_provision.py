@@ -44,8 +44,8 @@ from hookbus.schemas import (
     HookbusError,
 )
 
-from ._auth import load_setup
-from ._common import connection_or_embedded
+from ._auth_files import load_setup
+from ._command_support import connection_or_embedded
 from ._connect import ConnectionSettings, connect, connection_options
 
 __all__ = ["BUCKET_MAX_BYTES", "MAX_VALUE_BYTES", "provision", "provision_cmd"]

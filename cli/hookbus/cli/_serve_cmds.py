@@ -32,7 +32,7 @@ from hookbus.schemas import (
 )
 from hookbus.workers import HookWorker
 
-from ._common import (
+from ._command_support import (
     DURATION,
     ConnectionSettings,
     FiniteFloatRange,

@@ -11,7 +11,7 @@ import click
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import SuspensionRecord, to_builtins
 
-from ._common import ConnectionSettings, connection_options, with_dispatcher
+from ._command_support import ConnectionSettings, connection_options, with_dispatcher
 from ._output import print_rows
 
 T = TypeVar("T")

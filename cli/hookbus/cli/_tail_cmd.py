@@ -12,7 +12,7 @@ import click
 
 from hookbus.schemas import DecisionRecord
 
-from ._common import ConnectionSettings, connection_options
+from ._command_support import ConnectionSettings, connection_options
 from ._decisions_cmd import _Filters, _Printer, filter_options, latency, read_trail
 
 __all__ = ["tail"]

@@ -51,7 +51,7 @@ from nats.js.kv import KeyValue
 from rich.console import Console
 from rich.table import Table
 
-from hookbus.cli._common import ConnectionSettings, connect, load_object
+from hookbus.cli._command_support import ConnectionSettings, connect, load_object
 from hookbus.cli._service_emit import service_emit
 from hookbus.dispatcher import HookDispatcher, Suspensions
 from hookbus.integrations._emit import Emit

@@ -49,7 +49,12 @@ from rich.console import Console
 from rich.table import Table
 
 from hookbus._core.buckets import handlers_bucket_config
-from hookbus.cli._common import ConnectionSettings, connect, connection_or_embedded, load_object
+from hookbus.cli._command_support import (
+    ConnectionSettings,
+    connect,
+    connection_or_embedded,
+    load_object,
+)
 from hookbus.cli._otel import otel_session, print_denied_trace
 from hookbus.cli._serve_cmds import run_async
 from hookbus.cli._service_emit import service_emit
@@ -1040,7 +1045,7 @@ def secure_credentials(
         click.ClickException: the folder has no ``hookbus-auth.json``; later, an identity the
             demo needs is missing (add it with ``hookbus auth add``).
     """
-    from hookbus.cli._auth import load_setup  # the auth files, only for --secure
+    from hookbus.cli._auth_files import load_setup  # the auth files, only for --secure
     from hookbus.cli._permissions import inbox_prefix
 
     setup = load_setup(auth_dir)

@@ -19,7 +19,7 @@ import anyio.abc
 import click
 import msgspec
 
-from hookbus.cli._common import ConnectionSettings
+from hookbus.cli._command_support import ConnectionSettings
 from hookbus.integrations._emit import Emit
 from hookbus.schemas import Action, HookResult
 

@@ -30,7 +30,7 @@ route                            what
 
 Every route but the open ones needs the session cookie (401 without); every ``POST`` also
 needs the header ``X-Hookbus-Console`` and a JSON body, and is refused (403) when the
-browser says it comes from another origin (see `hookbus.integrations.console._auth`).
+browser says it comes from another origin (see `hookbus.integrations.console._sign_in`).
 Errors have hookbus's shape, ``{"error": {"code": ..., "message": ...}}``: 404 no such
 approval, 409 already answered / cancelled / timed out, 422 a choice that is not an
 option, 400 bad input, 403 ``not_permitted`` NATS refused it to the console's
@@ -41,7 +41,7 @@ format, ``retry``, comments as keep-alives).
 """
 
 from ._app import console_app
-from ._auth import COOKIE, CSRF_HEADER, DEFAULT_SESSION_TTL_S
 from ._feed import Feed
+from ._sign_in import COOKIE, CSRF_HEADER, DEFAULT_SESSION_TTL_S
 
 __all__ = ["COOKIE", "CSRF_HEADER", "DEFAULT_SESSION_TTL_S", "Feed", "console_app"]

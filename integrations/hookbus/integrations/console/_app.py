@@ -38,9 +38,9 @@ from hookbus.schemas import (
     SuspensionNotFoundError,
 )
 
-from ._auth import COOKIE, DEFAULT_SESSION_TTL_S, Session, Signer, cross_origin_problem
-from ._auth import valid_approver as _valid_approver
 from ._feed import Feed
+from ._sign_in import COOKIE, DEFAULT_SESSION_TTL_S, Session, Signer, cross_origin_problem
+from ._sign_in import valid_approver as _valid_approver
 from ._views import approval_item, grant_item, handlers_view, recent_decisions
 
 __all__ = ["console_app"]

@@ -1,4 +1,5 @@
-"""`hookbus auth`: nkey users with hookbus's role permissions, as nats-server config.
+"""The auth folder of `hookbus auth`: nkey users with hookbus's role permissions, as
+nats-server config, written and read back (the click commands are `hookbus.cli._auth_cmd`).
 
 ``hookbus auth init --out DIR`` writes, for every identity (role, name, tenant):
 
@@ -8,7 +9,7 @@
 and for the server:
 
 - ``auth.conf``: one NATS account per tenant, each with its users (public keys) and their
-  permissions (`hookbus.schemas._permissions`); no user without a key, so anonymous
+  permissions (`hookbus.cli._permissions`); no user without a key, so anonymous
   clients are refused;
 - ``server.conf``: listen address, JetStream store, TLS, ``include "auth.conf"``;
 - ``ca.pem``, ``server-cert.pem`` and ``server-key.pem`` (mode 0600): a local CA and the
@@ -441,7 +442,7 @@ def worker_pairs(ref: str) -> list[str]:
     """
     from hookbus.workers import HookWorker
 
-    from ._common import load_object
+    from ._command_support import load_object
 
     obj = load_object(ref)
     if not isinstance(obj, HookWorker):

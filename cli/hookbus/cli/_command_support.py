@@ -1,5 +1,8 @@
-"""What the CLI commands share: the connection options (or the embedded server), connecting,
-loading `module:attr`, parsing JSON arguments, logging setup, the bucket and drain options."""
+"""What the CLI commands share beside connecting (`hookbus.cli._connect`, whose
+`connect`, `connection_options` and `ConnectionSettings` it passes on): the embedded server
+when no URL is given, the duration and bounded-float option types, logging setup, loading
+`module:attr`, parsing JSON arguments, closing or draining a connection, and running a
+command with a `HookDispatcher`."""
 
 from __future__ import annotations
 
