@@ -38,9 +38,9 @@ from opentelemetry.util._once import Once
 
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.cli._auth_files import DEFAULT_TENANT, load_setup
+from hookbus.cli._command_tree import cli
 from hookbus.cli._connect import auth_ssl_context
 from hookbus.cli._decisions_cmd import latency
-from hookbus.cli._main import cli
 from hookbus.cli._permissions import inbox_prefix
 from hookbus.cli._provision import provision
 from hookbus.dispatcher import DispatcherService, HookDispatcher

@@ -38,7 +38,7 @@ from hookbus.cli._auth_files import (
     markdown_table,
     public_key_of,
 )
-from hookbus.cli._main import cli
+from hookbus.cli._command_tree import cli
 from hookbus.cli._permissions import (
     agent,
     inbox_prefix,

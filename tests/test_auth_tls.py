@@ -22,8 +22,8 @@ import pytest
 from click.testing import CliRunner
 
 from hookbus.cli import EmbeddedNatsServer, find_nats_server
+from hookbus.cli._command_tree import cli
 from hookbus.cli._connect import auth_ssl_context
-from hookbus.cli._main import cli
 
 anyio_test = pytest.mark.anyio
 

@@ -870,15 +870,15 @@ def loaded_after(statement: str) -> set[str]:
 
 
 def test_the_hook_path_imports_only_what_it_needs() -> None:
-    """`hookbus claude-code` (through `hookbus.cli._entry`) loads click, msgspec, nats-py
-    and the OpenTelemetry API (the caller's TRACEPARENT) of the third-party packages, and
-    neither the OpenTelemetry SDK, the dispatcher, the workers nor the full CLI."""
+    """`hookbus claude-code` (through `hookbus.cli._console_script`) loads click, msgspec,
+    nats-py and the OpenTelemetry API (the caller's TRACEPARENT) of the third-party packages,
+    and neither the OpenTelemetry SDK, the dispatcher, the workers nor the full CLI."""
     loaded = loaded_after("import hookbus.cli._claude_code_cmd")
     third_party = {n.split(".")[0] for n in loaded if not n.startswith("_")}
     third_party -= set(sys.stdlib_module_names) | {"hookbus"}
     assert third_party <= {"click", "msgspec", "nats", "typing_extensions", "opentelemetry"}
     assert not [n for n in loaded if n.startswith("opentelemetry.sdk")]
-    for heavy in ("hookbus.dispatcher", "hookbus.workers", "hookbus.cli._main", "anyio"):
+    for heavy in ("hookbus.dispatcher", "hookbus.workers", "hookbus.cli._command_tree", "anyio"):
         assert heavy not in loaded
     door = loaded_after("import hookbus.integrations.claude_code")
     assert not {"hookbus.dispatcher", "hookbus.cli", "click"} & door

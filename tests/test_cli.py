@@ -22,7 +22,7 @@ import nats.js.errors
 import pytest
 from click.testing import CliRunner
 
-from hookbus.cli._main import cli
+from hookbus.cli._command_tree import cli
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
     HANDLERS_BUCKET,

@@ -1,5 +1,5 @@
 """No user mistake ends in a traceback: every command and subcommand of the click tree
-(walked from `hookbus.cli._main.cli`, so a new command is covered the day it is added),
+(walked from `hookbus.cli._command_tree.cli`, so a new command is covered the day it is added),
 run as a real subprocess with bad input, exits non-zero with an error line and no
 "Traceback" on stdout or stderr, within a bound.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import click
 import pytest
 
-from hookbus.cli._main import cli
+from hookbus.cli._command_tree import cli
 
 HOOKBUS = [sys.executable, "-m", "hookbus.cli"]
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -115,7 +115,7 @@ def test_wait_for_server_zero_fails_at_once() -> None:
 def test_emit_without_data_is_a_usage_error_not_an_empty_call() -> None:
     from click.testing import CliRunner
 
-    from hookbus.cli._main import cli
+    from hookbus.cli._command_tree import cli
 
     result = CliRunner().invoke(cli, ["emit", "tool:pre", "--url", "nats://127.0.0.1:1"])
     assert result.exit_code == 2, result.output
@@ -146,7 +146,7 @@ def test_emit_without_data_is_a_usage_error_not_an_empty_call() -> None:
 def test_float_options_refuse_nan_and_inf(args: list[str], value: str) -> None:
     from click.testing import CliRunner
 
-    from hookbus.cli._main import cli
+    from hookbus.cli._command_tree import cli
 
     result = CliRunner().invoke(cli, [*args, value, "--url", "nats://127.0.0.1:1"])
     assert result.exit_code == 2, result.output
@@ -159,7 +159,7 @@ def test_every_float_option_is_finite() -> None:
     import click
 
     from hookbus.cli._command_support import Duration, FiniteFloatRange
-    from hookbus.cli._main import cli
+    from hookbus.cli._command_tree import cli
 
     def walk(cmd: click.Command, path: str) -> list[tuple[str, click.Parameter]]:
         out = [(path, p) for p in cmd.params]
@@ -258,7 +258,7 @@ class _NoCliExtra:
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 sys.meta_path.insert(0, _NoCliExtra())
 sys.argv = ["hookbus", *sys.argv[1:]]
-from hookbus.cli._entry import main
+from hookbus.cli._console_script import main
 main()
 """
 
@@ -276,7 +276,7 @@ def test_version_answers_without_the_cli_extra() -> None:
     )
     from click.testing import CliRunner
 
-    from hookbus.cli._main import cli
+    from hookbus.cli._command_tree import cli
 
     full = CliRunner().invoke(cli, ["--version"], prog_name="hookbus")
     assert full.output == lean.stdout  # the same line as the full CLI's click option
@@ -321,7 +321,7 @@ def test_a_long_suspension_listing_is_printed_in_chunks(
     from rich.console import Console
     from rich.table import Table
 
-    from hookbus.cli._main import cli
+    from hookbus.cli._command_tree import cli
     from hookbus.cli._output import TABLE_CHUNK_ROWS
 
     count = 2 * TABLE_CHUNK_ROWS + 123

@@ -173,7 +173,7 @@ def test_every_command_that_connects_takes_embedded() -> None:
     whose --embedded means an in-process dispatcher on the hook's connection)."""
     import click
 
-    from hookbus.cli._main import cli
+    from hookbus.cli._command_tree import cli
 
     def walk(cmd: click.Command, path: str) -> Iterator[tuple[str, click.Command]]:
         yield path, cmd

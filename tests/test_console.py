@@ -41,8 +41,8 @@ from playwright.async_api import Page, expect
 
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.cli._auth_files import DEFAULT_TENANT, load_setup
+from hookbus.cli._command_tree import cli
 from hookbus.cli._connect import auth_ssl_context
-from hookbus.cli._main import cli
 from hookbus.cli._permissions import inbox_prefix
 from hookbus.cli._provision import provision
 from hookbus.dispatcher import DispatcherService, HookDispatcher

@@ -19,7 +19,7 @@ from nats.aio.client import Client as NATS
 
 from hookbus.cli import EmbeddedNatsServer, find_nats_server
 from hookbus.cli._auth_files import public_key_of
-from hookbus.cli._main import cli
+from hookbus.cli._command_tree import cli
 from hookbus.cli._permissions import inbox_prefix
 
 DEPLOY_NATS = Path(__file__).parents[1] / "deploy" / "nats"

@@ -29,7 +29,7 @@ from click.testing import CliRunner
 
 from hookbus.cli._auth_files import DEFAULT_TENANT, load_setup
 from hookbus.cli._command_support import load_object
-from hookbus.cli._main import cli
+from hookbus.cli._command_tree import cli
 from hookbus.workers import HookWorker
 
 ROOT = Path(__file__).resolve().parents[1]

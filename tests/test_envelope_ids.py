@@ -13,7 +13,7 @@ from _serving import serving
 from nats.aio.client import Client as NATS
 
 from hookbus.dispatcher import HookDispatcher
-from hookbus.dispatcher._router import EmitContext
+from hookbus.dispatcher._call_router import EmitContext
 from hookbus.schemas import HookResult, handler_subject
 
 pytestmark = pytest.mark.anyio

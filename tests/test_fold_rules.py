@@ -34,7 +34,7 @@ from hookbus._core.handler_options import (
 )
 from hookbus.dispatcher import HookDispatcher
 from hookbus.dispatcher._local_handlers import LocalHandlers
-from hookbus.dispatcher._routes import Route
+from hookbus.dispatcher._route_table import Route
 from hookbus.schemas import ChainStep, HandlerDeclaration, HookResult, RequiredHandler
 from hookbus.workers import HookWorker
 

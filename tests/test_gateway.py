@@ -36,8 +36,8 @@ from opentelemetry.util._once import Once
 from starlette.applications import Starlette
 
 from hookbus.cli import EmbeddedNatsServer
+from hookbus.cli._command_tree import cli
 from hookbus.cli._gateway_cmd import Replica
-from hookbus.cli._main import cli
 from hookbus.dispatcher import HookDispatcher
 from hookbus.integrations.gateway import gateway_app
 from hookbus.schemas import TOOL_PRE, HookResult

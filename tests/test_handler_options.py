@@ -27,7 +27,7 @@ from test_cli_output import serve, stop
 from test_registry import bucket, sentinel
 
 from hookbus.dispatcher import HookDispatcher, require_handler
-from hookbus.dispatcher._routes import Route
+from hookbus.dispatcher._route_table import Route
 from hookbus.schemas import (
     HANDLERS_BUCKET,
     BadRequestError,

@@ -132,7 +132,7 @@ def test_the_checker_sees_violations(tmp_path: Path) -> None:
     ]
 
 
-DEMO_ENTRIES = {"cli/hookbus/cli/_main.py", "cli/hookbus/cli/_auth_cmd.py"}
+DEMO_ENTRIES = {"cli/hookbus/cli/_command_tree.py", "cli/hookbus/cli/_auth_cmd.py"}
 """The CLI modules that load the demo application: the ``demo`` command (and its
 ``--agents`` check) and ``hookbus auth init --demo``."""
 
@@ -166,7 +166,8 @@ def test_the_cli_loads_the_demo_only_in_its_demo_entries() -> None:
             assert not any(t == "hookbus.demo" or t.startswith("hookbus.demo.") for t in at_import)
     assert users == DEMO_ENTRIES
     for path in sorted((ROOT / "cli" / "hookbus" / "demo").rglob("*.py")):
-        assert not any(t.startswith("hookbus.cli._main") for _, t in _imports(ROOT, "cli", path))
+        imported = {t for _, t in _imports(ROOT, "cli", path)}
+        assert not any(t.startswith("hookbus.cli._command_tree") for t in imported)
 
 
 def _modules(root: Path = ROOT) -> dict[str, tuple[str, Path]]:
@@ -579,7 +580,7 @@ def test_handler_options_have_one_definition() -> None:
     fold through the private `hookbus._core.handler_options`, never a copy of their own."""
     users = {
         "workers": ROOT / "workers/hookbus/workers/_worker.py",
-        "dispatcher": ROOT / "dispatcher/hookbus/dispatcher/_routes.py",
+        "dispatcher": ROOT / "dispatcher/hookbus/dispatcher/_route_table.py",
     }
     for portion, path in users.items():
         imported = {target for _, target in _imports(ROOT, portion, path)}

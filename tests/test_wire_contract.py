@@ -36,7 +36,7 @@ from click.testing import CliRunner
 from hookbus._core.nats_guard import order_flushes
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.cli._asyncapi import asyncapi_document
-from hookbus.cli._main import cli
+from hookbus.cli._command_tree import cli
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
     WIRE_ERROR_CODES,

@@ -1,3 +1,3 @@
-from ._entry import full_cli
+from ._console_script import full_cli
 
 full_cli()

@@ -7,7 +7,7 @@ for bad input. NATS unreachable, no dispatcher service, a timeout, even a miscon
 command: the event's fallback answers (``PreToolUse`` and ``PermissionRequest`` are denied
 by default), within ``--timeout`` plus a few seconds, never a traceback.
 
-This module is imported on its own by `hookbus.cli._entry` for the hook path, so it keeps
+This module is imported on its own by `hookbus.cli._console_script` for the hook path, so it keeps
 its imports to click, the connection options and the Claude Code door; the dispatcher is
 imported only with ``--embedded``.
 """

@@ -8,8 +8,8 @@ from ._approvals_client import ApprovalsClient
 from ._dispatcher import HookDispatcher
 from ._fold import Fold
 from ._liveness import HandlerStatus, LiveReplica, RegistryView, describe_handlers, live_handlers
-from ._registry import require_handler, unrequire_handler
-from ._routes import Route
+from ._registry_watch import require_handler, unrequire_handler
+from ._route_table import Route
 from ._service import DispatcherService
 from ._services_api import DispatcherEndpoint, DispatcherReplica, live_dispatchers
 from ._suspensions import HookEventStream, PendingHook, RunScope, SuspensionPage, Suspensions

@@ -67,7 +67,7 @@ from hookbus.schemas import (
     json_copy,
 )
 
-from ._routes import Route
+from ._route_table import Route
 
 __all__ = [
     "HEDGE_FRACTION",

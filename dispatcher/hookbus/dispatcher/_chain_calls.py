@@ -42,7 +42,7 @@ from ._calls import (
     Outcome,
     reply_outcome,
 )
-from ._routes import Route
+from ._route_table import Route
 
 if TYPE_CHECKING:
     from ._calls import ChainPlan, Requester, _Inbox

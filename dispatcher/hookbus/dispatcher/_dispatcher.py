@@ -25,13 +25,13 @@ from hookbus.schemas import (
 from ._approvals import APPROVAL_LABEL_PREFIX, ApprovalGrant, Approvals
 from ._approvals_client import ApprovalsClient
 from ._audit import DecisionLog
+from ._call_router import EmitContext, Router
 from ._calls import Outcome
 from ._emitter import Emitter
 from ._folding import RouteFolder
 from ._local_handlers import LocalHandlers
 from ._records import SuspensionPage
-from ._router import EmitContext, Router
-from ._routes import LocalHandler, Route
+from ._route_table import LocalHandler, Route
 from ._stores import Stores
 from ._suspensions import HookEventStream, PendingHook, RunScope, Suspensions
 from ._telemetry import traced_call, traced_collect, traced_emit

@@ -31,11 +31,11 @@ from hookbus.schemas import (
 
 from ._approvals import Approvals, joined_decision
 from ._audit import DecisionLog, current_trace_id
+from ._call_router import EmitContext, Router
 from ._calls import Outcome, call_local
 from ._fold import Fold
 from ._folding import RouteFolder
-from ._router import EmitContext, Router
-from ._routes import Route
+from ._route_table import Route
 
 __all__ = ["Emitter"]
 

@@ -20,10 +20,10 @@ from hookbus._core.fold_rules import (
 )
 from hookbus.schemas import HookResult
 
+from ._call_router import EmitContext, Router
 from ._calls import Failed, Outcome
 from ._fold import Fold
-from ._router import EmitContext, Router
-from ._routes import Route
+from ._route_table import Route
 from ._telemetry import start_call_span
 
 __all__ = ["Call", "RouteFolder"]

@@ -29,7 +29,7 @@ from hookbus.schemas import (
 )
 
 from ._kv import kv_retry
-from ._registry import RegistryRead, read_registry
+from ._registry_watch import RegistryRead, read_registry
 
 __all__ = ["HandlerStatus", "LiveReplica", "RegistryView", "describe_handlers", "live_handlers"]
 

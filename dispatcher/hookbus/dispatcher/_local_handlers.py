@@ -12,7 +12,7 @@ from hookbus._core.handler_options import (
 )
 from hookbus.schemas import FailurePolicy, validate_name
 
-from ._routes import LocalHandler, Route, RoutingTable
+from ._route_table import LocalHandler, Route, RoutingTable
 
 __all__ = ["LocalHandlers"]
 

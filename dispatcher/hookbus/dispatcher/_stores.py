@@ -13,9 +13,9 @@ from hookbus.schemas import NotConnectedError
 from ._approvals import MAX_APPROVAL_TIMEOUT_S, Approvals
 from ._approvals_client import ApprovalsClient
 from ._audit import DecisionLog
+from ._call_router import Router
 from ._emitter import Emitter
 from ._kv import ensure_buckets
-from ._router import Router
 from ._suspensions import PendingHook, Suspensions
 
 __all__ = ["Stores"]

@@ -58,7 +58,7 @@ from hookbus.schemas import (
 from hookbus.schemas import _telemetry_names as tn
 
 from ._calls import Failed, Outcome
-from ._routes import Route
+from ._route_table import Route
 from ._telemetry_core import error, make, otel, reserve
 
 __all__ = [

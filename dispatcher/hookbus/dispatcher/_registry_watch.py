@@ -49,7 +49,7 @@ from hookbus.schemas import (
 
 from ._consumers import watch_keys
 from ._kv import kv_retry, open_bucket, release_consumer
-from ._routes import RoutingTable
+from ._route_table import RoutingTable
 from ._tasks import stop_task
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""The `hookbus` command (click)."""
+"""The `hookbus` command tree (click): the group, its options and every command."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from ._console_cmd import console
 from ._contract_cmd import asyncapi, schema
 from ._decisions_cmd import decisions
 from ._emit_cmd import emit
+from ._exit_status import run_cli
 from ._gateway_cmd import gateway
 from ._handlers_cmd import handlers, services
 from ._lifecycle import LOOP_CHOICES, LOOP_ENV, loop_choice
@@ -27,7 +28,6 @@ from ._provision import provision_cmd
 from ._serve_cmds import dispatcher_cmd, server, worker
 from ._suspensions_cmd import suspensions
 from ._tail_cmd import tail
-from ._toplevel import run_cli
 
 __all__ = ["cli", "main"]
 

@@ -3,7 +3,7 @@
 Claude Code spawns ``hookbus claude-code`` for every hook event, so its start-up is on the
 path of every tool call: that path imports the hook command alone (click, nats-py, the wire
 types and the Claude Code door), not the whole CLI (the dispatcher, workers, OpenTelemetry
-SDK, rich ...). Every other command goes to `hookbus.cli._main`.
+SDK, rich ...). Every other command goes to `hookbus.cli._command_tree`.
 
 Without the ``cli`` extra (``pip install hookbus`` is the library alone) the command prints
 one line naming the extra and exits 2, instead of an import traceback; ``hookbus
@@ -97,7 +97,7 @@ def full_cli() -> None:
         sys.stdout.write(_version() + "\n")
         sys.exit(0)
     with _importing_the_command():
-        from ._main import main as run
+        from ._command_tree import main as run
     run()
 
 

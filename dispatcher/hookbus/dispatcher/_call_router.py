@@ -48,8 +48,8 @@ from ._calls import (
     call_remote,
 )
 from ._chain_calls import ChainCall
-from ._registry import RegistryWatch, open_handlers_bucket
-from ._routes import Route, RoutingTable
+from ._registry_watch import RegistryWatch, open_handlers_bucket
+from ._route_table import Route, RoutingTable
 from ._telemetry import trace_headers
 
 __all__ = ["Collect", "EmitContext", "Router"]
