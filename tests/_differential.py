@@ -4,7 +4,7 @@ A *case* is a handler set (1-8 handlers over 1-3 worker processes, each process 
 replicas) with priorities, results, tool filters, flags and failure policies, plus at most
 one *fault*. Each case runs through a real nats-server with every fast path on
 (``HookDispatcher(nc)``: chain requests, speculation of pure handlers, hedging, parallel
-scatters) and is compared with the reference: the handlers called one by one in priority
+groups) and is compared with the reference: the handlers called one by one in priority
 order, each with its failure policy. The reference is computed twice where it can be:
 
 - the *model*: an in-process ``HookDispatcher()`` whose `register`-ed handlers behave as the
@@ -133,7 +133,8 @@ class Fault:
     caller's ``emit(..., timeout_s=DEADLINE_S)`` expires while that handler runs;
     ``redeclare``: a second version of the step handler's worker process is started with
     ``replace=True``, changing that handler's tool filter or priority, both versions up;
-    ``rogue``: a peer answers every parallel scatter in the name of a handler it names.
+    ``rogue``: a peer on the event's collect subject answers, in the name of a handler it names,
+    any envelope there that names handlers (parallel groups are sent one handler per subject).
     """
 
     kind: str = "none"
@@ -840,8 +841,8 @@ class Harness:
                 await asyncio.sleep(0.003)
 
     async def _rogue_reply(self, msg: Msg) -> None:
-        """A hostile peer on the collect subject: answers a scatter in the name of the last
-        handler it names, with a deny."""
+        """A hostile peer on the event's collect subject: answers an envelope that names
+        handlers in the name of the last one, with a deny."""
         with contextlib.suppress(Exception):
             envelope = decode(msg.data, EventEnvelope)
             if envelope.handlers and msg.reply:

@@ -36,6 +36,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util._once import Once
 
+from hookbus._core.buckets import stream_config_differences
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.cli._auth_files import DEFAULT_TENANT, load_setup
 from hookbus.cli._command_tree import cli
@@ -58,7 +59,6 @@ from hookbus.schemas import (
     decode,
     emit_service_subject,
     encode,
-    stream_config_differences,
 )
 
 pytestmark = pytest.mark.anyio

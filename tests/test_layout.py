@@ -382,7 +382,6 @@ PUBLIC_API: dict[str, set[str]] = {
         "UnknownEventError",
         "WireError",
         "WireFormatError",
-        "collect_reply_subject",
         "collect_service_subject",
         "collect_subject",
         "decode",
@@ -399,7 +398,6 @@ PUBLIC_API: dict[str, set[str]] = {
         "suspension_event_subject",
         "suspension_events_subject",
         "is_answer_key",
-        "json_copy",
         "json_safe",
         "json_schemas",
         "NO_AGENT",
@@ -436,7 +434,6 @@ PUBLIC_API: dict[str, set[str]] = {
         "DecisionRecord",
         "decisions_stream_config",
         "decisions_subject",
-        "stream_config_differences",
         # the written wire contract (hookbus schema, hookbus asyncapi)
         "ApprovalMetadata",
         "WIRE_ERROR_CODES",

@@ -11,6 +11,7 @@ import re
 import pytest
 
 import hookbus.schemas
+from hookbus._core.inboxes import inbox_reply_subject
 from hookbus.schemas import (
     APPROVALS_BUCKET,
     COLLECT_SERVICE_WILDCARD,
@@ -24,7 +25,6 @@ from hookbus.schemas import (
     BadRequestError,
     agent_from_service_subject,
     approval_answer_key,
-    collect_reply_subject,
     collect_service_subject,
     collect_subject,
     decode_token,
@@ -187,9 +187,9 @@ def test_collect_subject_shape() -> None:
         assert decode_token(tokens[3]) == event
 
 
-def test_collect_reply_subject_shape() -> None:
-    assert collect_reply_subject("_INBOX.abc", "1f") == "_INBOX.abc.1f"
-    assert collect_reply_subject("_INBOX.abc", "*") == "_INBOX.abc.*"
+def test_inbox_reply_subject_shape() -> None:
+    assert inbox_reply_subject("_INBOX.abc", "1f") == "_INBOX.abc.1f"
+    assert inbox_reply_subject("_INBOX.abc", "*") == "_INBOX.abc.*"
 
 
 def test_service_subject_shapes() -> None:

@@ -45,13 +45,13 @@ from typing import Any
 from nats.aio.msg import Msg
 
 from hookbus._core.declarations import check_declaration
+from hookbus._core.inboxes import inbox_reply_subject
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
     HookReply,
     HookResult,
     UnknownEventError,
     WireError,
-    collect_reply_subject,
     encode,
     handler_key,
 )
@@ -125,7 +125,7 @@ class WorkerTestKit:
         router.nc = loopback  # type: ignore[assignment]
         router._inbox_prefix = loopback.new_inbox()
         await loopback.subscribe(
-            collect_reply_subject(router._inbox_prefix, "*"), cb=router._on_collect_reply
+            inbox_reply_subject(router._inbox_prefix, "*"), cb=router._on_collect_reply
         )
         await router._requester.start(loopback)  # type: ignore[arg-type]
         router.started = True

@@ -42,6 +42,7 @@ import nats.js.errors
 from nats.aio.client import Client as NATS
 from opentelemetry import metrics, trace
 
+from hookbus._core.buckets import stream_config_differences
 from hookbus.schemas import (
     DECISIONS_DEFAULT_MAX_AGE_S,
     DECISIONS_DEFAULT_MAX_BYTES,
@@ -53,7 +54,6 @@ from hookbus.schemas import (
     decisions_stream_config,
     decisions_subject,
     encode,
-    stream_config_differences,
 )
 from hookbus.schemas import _telemetry_names as tn
 

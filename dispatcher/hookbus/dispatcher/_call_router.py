@@ -24,6 +24,8 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from hookbus._core.copies import json_copy
+from hookbus._core.inboxes import inbox_reply_subject
 from hookbus._core.nats_guard import harden_connection
 from hookbus.schemas import (
     EventEnvelope,
@@ -32,11 +34,9 @@ from hookbus.schemas import (
     HookResult,
     NotConnectedError,
     PayloadTooLargeError,
-    collect_reply_subject,
     collect_subject,
     decode,
     encode,
-    json_copy,
 )
 
 from ._calls import (
@@ -228,7 +228,7 @@ class Router:
         await self._watch.start()
         self._inbox_prefix = self.nc.new_inbox()
         self._inbox_sub = await self.nc.subscribe(
-            collect_reply_subject(self._inbox_prefix, "*"), cb=self._on_collect_reply
+            inbox_reply_subject(self._inbox_prefix, "*"), cb=self._on_collect_reply
         )
         await self._requester.start(self.nc)
         self.started = True
@@ -344,7 +344,7 @@ class Router:
             await nc.publish(
                 collect_subject(event),
                 payload,
-                reply=collect_reply_subject(self._inbox_prefix, token),
+                reply=inbox_reply_subject(self._inbox_prefix, token),
                 headers=trace_headers(),
             )
         except BaseException as exc:

@@ -47,7 +47,9 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from hookbus._core.copies import json_copy
 from hookbus._core.handler_options import DEFAULT_TIMEOUT_S
+from hookbus._core.inboxes import inbox_reply_subject
 from hookbus._core.results import to_hook_result
 from hookbus.schemas import (
     BadRequestError,
@@ -60,11 +62,9 @@ from hookbus.schemas import (
     PayloadTooLargeError,
     WireFormatError,
     chain_instance_subject,
-    collect_reply_subject,
     decode,
     encode,
     handler_instance_subject,
-    json_copy,
 )
 
 from ._route_table import Route
@@ -332,7 +332,7 @@ class Requester:
         if self._sub is None:
             self._prefix = nc.new_inbox()
             self._sub = await nc.subscribe(
-                collect_reply_subject(self._prefix, "*"), cb=self._on_reply
+                inbox_reply_subject(self._prefix, "*"), cb=self._on_reply
             )
 
     async def close(self) -> None:
@@ -536,7 +536,7 @@ class Requester:
             await nc.publish(
                 subject,
                 payload,
-                reply=collect_reply_subject(self._prefix, token),
+                reply=inbox_reply_subject(self._prefix, token),
                 headers=headers,
             )
         except nats.errors.MaxPayloadError as exc:

@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 import nats.errors
 
+from hookbus._core.copies import json_copy
 from hookbus.schemas import (
     STANDARD_EVENTS,
     BadRequestError,
@@ -25,7 +26,6 @@ from hookbus.schemas import (
     NotConnectedError,
     SuspensionAbortedError,
     UnknownEventError,
-    json_copy,
     json_safe,
 )
 

@@ -5,14 +5,15 @@ create the bucket if it is absent, with exactly this configuration, so either ma
 first. On a cluster, pass ``replicas=3`` (JetStream R3) to every ``*_bucket_config``.
 A bucket that already exists keeps its configuration (JetStream refuses to create it again
 with another one); `config_differences` names what differs so that it is reported, never
-used silently.
+used silently. `stream_config_differences` does the same for the decision audit trail's
+stream (`hookbus.schemas.decisions_stream_config`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from nats.js.api import KeyValueConfig, StorageType
+from nats.js.api import KeyValueConfig, StorageType, StreamConfig
 
 from hookbus.schemas import APPROVALS_BUCKET, HANDLERS_BUCKET, LEASES_BUCKET, SUSPENSIONS_BUCKET
 
@@ -21,6 +22,7 @@ __all__ = [
     "config_differences",
     "handlers_bucket_config",
     "leases_bucket_config",
+    "stream_config_differences",
     "suspensions_bucket_config",
 ]
 
@@ -114,4 +116,35 @@ def config_differences(asked: KeyValueConfig, actual: Any) -> list[str]:
     if abs(ttl_asked - ttl_actual) > 1e-3:
         shown = [f"{t:g} s" if t else "none" for t in (ttl_asked, ttl_actual)]
         out.append(f"ttl: asked {shown[0]}, bucket has {shown[1]}")
+    return out
+
+
+def _value(v: Any) -> Any:
+    return getattr(v, "value", v)
+
+
+def stream_config_differences(asked: StreamConfig, actual: Any) -> list[str]:
+    """What an existing stream's config does not share with the one asked for: subjects,
+    retention, discard, max age (within 1 ms), max bytes, replicas, storage.
+
+    Args:
+        asked: the config hookbus would create it with
+            (`hookbus.schemas.decisions_stream_config`).
+        actual: the stream's config as the server reports it (``StreamInfo.config``).
+    Returns:
+        One line per difference, e.g. ``"max_bytes: asked 1073741824, stream has -1"``.
+    """
+    pairs: list[tuple[str, Any, Any]] = [
+        ("subjects", sorted(asked.subjects or []), sorted(getattr(actual, "subjects", []) or [])),
+        ("retention", _value(asked.retention), _value(getattr(actual, "retention", None))),
+        ("discard", _value(asked.discard), _value(getattr(actual, "discard", None))),
+        ("max_bytes", asked.max_bytes, getattr(actual, "max_bytes", None)),
+        ("replicas", asked.num_replicas or 1, getattr(actual, "num_replicas", None) or 1),
+        ("storage", _value(asked.storage), _value(getattr(actual, "storage", None))),
+    ]
+    out = [f"{name}: asked {a}, stream has {b}" for name, a, b in pairs if a != b]
+    age_asked = float(asked.max_age or 0)
+    age_actual = float(getattr(actual, "max_age", None) or 0)
+    if abs(age_asked - age_actual) > 1e-3:
+        out.append(f"max_age: asked {age_asked:g} s, stream has {age_actual:g} s")
     return out

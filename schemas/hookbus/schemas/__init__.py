@@ -8,7 +8,6 @@ from ._audit import (
     DECISIONS_DEFAULT_MAX_BYTES,
     DecisionRecord,
     decisions_stream_config,
-    stream_config_differences,
 )
 from ._bounds import MAX_HANDLER_TIMEOUT_S, MAX_PRIORITY, MAX_RECORD_BYTES, MAX_TOOL_PATTERNS
 from ._chains import MAX_HANDLER_SET, handler_set_id
@@ -35,7 +34,7 @@ from ._errors import (
 )
 from ._events import *  # noqa: F403  (the standard event constants)
 from ._events import __all__ as _event_names
-from ._jsonsafe import json_copy, json_safe
+from ._jsonsafe import json_safe
 from ._subjects import (
     APPROVALS_BUCKET,
     CHAIN_WILDCARD,
@@ -60,7 +59,6 @@ from ._subjects import (
     chain_instance_subject,
     chain_queue_group,
     chain_subject,
-    collect_reply_subject,
     collect_service_subject,
     collect_subject,
     decisions_subject,
@@ -186,7 +184,6 @@ __all__ = [
     "DecisionRecord",
     "decisions_stream_config",
     "decisions_subject",
-    "stream_config_differences",
     "Action",
     "AlreadySettledError",
     "BadRequestError",
@@ -218,7 +215,6 @@ __all__ = [
     "UnknownEventError",
     "WireError",
     "WireFormatError",
-    "collect_reply_subject",
     "collect_service_subject",
     "collect_subject",
     "decode",
@@ -231,7 +227,6 @@ __all__ = [
     "handler_instance_subject",
     "handler_queue_group",
     "handler_subject",
-    "json_copy",
     "json_safe",
     "json_schemas",
     "parse_handler_key",

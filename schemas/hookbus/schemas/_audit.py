@@ -8,8 +8,6 @@ oldest discarded first); `decisions_stream_config` is the configuration it is cr
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
@@ -21,7 +19,6 @@ __all__ = [
     "DECISIONS_DEFAULT_MAX_BYTES",
     "DecisionRecord",
     "decisions_stream_config",
-    "stream_config_differences",
 ]
 
 DECISIONS_DEFAULT_MAX_AGE_S = 30 * 24 * 3600.0
@@ -111,33 +108,3 @@ def decisions_stream_config(
         duplicate_window=120.0,
         deny_delete=True,
     )
-
-
-def _value(v: Any) -> Any:
-    return getattr(v, "value", v)
-
-
-def stream_config_differences(asked: StreamConfig, actual: Any) -> list[str]:
-    """What an existing stream's config does not share with the one asked for: subjects,
-    retention, discard, max age (within 1 ms), max bytes, replicas, storage.
-
-    Args:
-        asked: the config hookbus would create it with (`decisions_stream_config`).
-        actual: the stream's config as the server reports it (``StreamInfo.config``).
-    Returns:
-        One line per difference, e.g. ``"max_bytes: asked 1073741824, stream has -1"``.
-    """
-    pairs: list[tuple[str, Any, Any]] = [
-        ("subjects", sorted(asked.subjects or []), sorted(getattr(actual, "subjects", []) or [])),
-        ("retention", _value(asked.retention), _value(getattr(actual, "retention", None))),
-        ("discard", _value(asked.discard), _value(getattr(actual, "discard", None))),
-        ("max_bytes", asked.max_bytes, getattr(actual, "max_bytes", None)),
-        ("replicas", asked.num_replicas or 1, getattr(actual, "num_replicas", None) or 1),
-        ("storage", _value(asked.storage), _value(getattr(actual, "storage", None))),
-    ]
-    out = [f"{name}: asked {a}, stream has {b}" for name, a, b in pairs if a != b]
-    age_asked = float(asked.max_age or 0)
-    age_actual = float(getattr(actual, "max_age", None) or 0)
-    if abs(age_asked - age_actual) > 1e-3:
-        out.append(f"max_age: asked {age_asked:g} s, stream has {age_actual:g} s")
-    return out

@@ -68,7 +68,6 @@ __all__ = [
     "chain_instance_subject",
     "chain_queue_group",
     "chain_subject",
-    "collect_reply_subject",
     "collect_service_subject",
     "collect_subject",
     "decisions_subject",
@@ -258,12 +257,6 @@ def chain_queue_group(set_id: str) -> str:
 def collect_subject(event: str) -> str:
     """Scatter subject of `emit_and_collect`: every handler of `event` subscribes to it."""
     return f"{SUBJECT_PREFIX}.collect.{encode_token(event)}"
-
-
-def collect_reply_subject(inbox_prefix: str, token: str) -> str:
-    """Reply subject of one emit_and_collect on a dispatcher's long-lived wildcard inbox
-    (`token` ``"*"`` gives the inbox's subscription subject)."""
-    return f"{inbox_prefix}.{token}"
 
 
 NO_AGENT: Final = "="

@@ -21,6 +21,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.micro.service import Service
 
+from hookbus._core.copies import json_copy
 from hookbus._core.fold_rules import StepOutcome, ends_fold, group_end, modifies, widest_group
 from hookbus._core.handler_options import (
     DEFAULT_FAILURE_POLICY,
@@ -57,7 +58,6 @@ from hookbus.schemas import (
     handler_queue_group,
     handler_set_id,
     handler_subject,
-    json_copy,
     validate_name,
 )
 

@@ -1,0 +1,48 @@
+"""A fresh JSON copy of event data for each handler (pure, no I/O).
+
+amplifier-core hands every handler its own JSON copy of an emit's data, so in-place edits
+by one handler are seen by no other handler nor by the caller (see
+`hookbus.schemas.json_safe`, which makes the emit's data JSON in the first place). The
+hook worker and the dispatcher copy the data per handler with `json_copy`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+
+from hookbus.schemas import BadRequestError
+
+__all__ = ["json_copy"]
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+
+
+def json_copy(data: dict[str, Any]) -> dict[str, Any]:
+    """A fresh deep copy of JSON data, for one handler (the next handler and the caller
+    never see its in-place edits). Values that are not JSON-native (in data a local
+    handler returned) are converted as amplifier-core converts a handler's result:
+    `Decimal` to a string, `datetime` to ISO 8601, sets and tuples to lists, NaN to
+    None, and anything else to its ``str()``.
+
+    Raises:
+        BadRequestError: the data refers to itself, has a key JSON objects cannot have,
+            or is nested deeper than the interpreter's recursion limit.
+    """
+    try:
+        copy: dict[str, Any] = _decode(_encode(data))
+        return copy
+    except (TypeError, msgspec.EncodeError, msgspec.DecodeError):
+        pass  # a type msgspec does not encode: amplifier-core's str() fallback below
+    except RecursionError as exc:
+        raise BadRequestError("data is nested too deeply") from exc
+    try:
+        copy = _decode(_encode(json.loads(json.dumps(data, default=str))))
+    except (ValueError, TypeError, msgspec.DecodeError) as exc:
+        raise BadRequestError(f"data is not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise BadRequestError("data is nested too deeply") from exc
+    return copy
