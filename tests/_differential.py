@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import signal
@@ -43,11 +44,9 @@ from nats.aio.msg import Msg
 from hookbus._core.buckets import handlers_bucket_config
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
-    EventEnvelope,
     HookReply,
     HookResult,
     collect_subject,
-    decode,
     encode,
     handler_key,
 )
@@ -133,8 +132,9 @@ class Fault:
     caller's ``emit(..., timeout_s=DEADLINE_S)`` expires while that handler runs;
     ``redeclare``: a second version of the step handler's worker process is started with
     ``replace=True``, changing that handler's tool filter or priority, both versions up;
-    ``rogue``: a peer on the event's collect subject answers, in the name of a handler it names,
-    any envelope there that names handlers (parallel groups are sent one handler per subject).
+    ``rogue``: the step's handler and the next made parallel, and a peer on the event's
+    collect subject (``emit_and_collect``'s, which an emit must never use) that answers what
+    it hears with a deny in every handler's name; hearing anything is a divergence.
     """
 
     kind: str = "none"
@@ -668,6 +668,8 @@ class Harness:
         self.hosts: dict[str, Host] = {}
         self.signalled: Host | None = None
         self.cases_run = 0
+        self.rogue_heard: list[str] = []
+        """Subjects of the requests the rogue peer of the running case heard."""
 
     async def start(self) -> None:
         nc_ctl, nc_fast, nc_ref = [await self._connect() for _ in range(3)]
@@ -733,6 +735,9 @@ class Harness:
             for path, d in paths:
                 got = await d.emit(event, dict(data), timeout_s=deadline)
                 self._compare(report, path, expected, got, loose)
+            if kind == "rogue" and self.rogue_heard:  # an emit published on collect
+                heard = list(self.rogue_heard)
+                report.divergences.append(Divergence("rogue", {}, {}, heard[:5]))
             if kind in SIGNALS:
                 await self._faulted(case, event, self.fast, "fast+fault", report, hosts)
         if any(d.path == "fast+fault" for d in report.divergences):  # confirm it one by one
@@ -791,7 +796,10 @@ class Harness:
                 specs = [s for s in v2.handlers if s.proc == case.victim.proc]
                 await self._serve(next(it), event, specs, replace=True)
             if case.fault.kind == "rogue":
-                rogue = await self.ctl.subscribe(collect_subject(event), cb=self._rogue_reply)
+                self.rogue_heard = []
+                rogue = await self.ctl.subscribe(
+                    collect_subject(event), cb=functools.partial(self._rogue_reply, case)
+                )
                 await self.ctl.flush()
             await self._routed(case.declared(), event)
             yield hosts
@@ -840,14 +848,18 @@ class Harness:
             while not (ok(self.fast) and ok(self.ref)):  # noqa: ASYNC110  (no change event)
                 await asyncio.sleep(0.003)
 
-    async def _rogue_reply(self, msg: Msg) -> None:
-        """A hostile peer on the event's collect subject: answers an envelope that names
-        handlers in the name of the last one, with a deny."""
+    async def _rogue_reply(self, case: Case, msg: Msg) -> None:
+        """A hostile peer on the event's collect subject, which only ``emit_and_collect``
+        publishes on: it notes every request it hears (an emit must send none there) and
+        answers each with a deny in the name of every handler of the case, so a path that
+        read replies there would fold the rogue's deny."""
+        self.rogue_heard.append(msg.subject)
+        if not msg.reply:
+            return
         with contextlib.suppress(Exception):
-            envelope = decode(msg.data, EventEnvelope)
-            if envelope.handlers and msg.reply:
+            for spec in case.handlers:
                 reply = HookReply(
-                    handler=envelope.handlers[-1],
+                    handler=spec.name,
                     result=HookResult(action="deny", reason="rogue"),
                     instance="rogue",
                 )

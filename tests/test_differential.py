@@ -17,9 +17,17 @@ with its replay line.
 from __future__ import annotations
 
 import os
+import uuid
 
 import pytest
-from _differential import CaseReport, Harness, drawn_cases, format_report, record_findings
+from _differential import (
+    CaseReport,
+    Harness,
+    drawn_cases,
+    format_report,
+    initial_data,
+    record_findings,
+)
 from _differential import replay_cases as _replay
 
 pytestmark = [pytest.mark.anyio, pytest.mark.faults]
@@ -50,3 +58,24 @@ async def test_fast_paths_decide_as_one_by_one(nats_url: str) -> None:
     assert not divergent, f"{len(divergent)} of {len(reports)} cases diverge:\n\n" + "\n".join(
         format_report(r, f"{label}, case {r.index}") for r in divergent[:10]
     )
+
+
+async def test_the_rogue_peer_hears_what_is_published_on_the_collect_subject(
+    nats_url: str,
+) -> None:
+    """The ``rogue`` fault can fail: a request on the collect subject of a rogue case (as
+    ``emit_and_collect`` makes) is heard, so an emit that published there would be a
+    divergence."""
+    case = next(c for c in drawn_cases(40, 11) if c.fault.kind == "rogue")
+    harness = Harness(nats_url, pool_size=2)
+    await harness.start()
+    try:
+        event = f"diff:{uuid.uuid4().hex[:12]}"
+        async with harness._serving(case, event):  # drawn cases come settled
+            assert harness.rogue_heard == []
+            await harness.fast.emit(event, initial_data(case))
+            assert harness.rogue_heard == []  # an emit sends nothing there
+            await harness.fast.emit_and_collect(event, initial_data(case), timeout=0.5)
+            assert harness.rogue_heard, "the rogue peer heard nothing on the collect subject"
+    finally:
+        await harness.close()
