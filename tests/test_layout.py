@@ -368,6 +368,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "HookStatus",
         "HookbusError",
         "HookbusTimeoutError",
+        "JetStreamDomainError",
         "NotConnectedError",
         "NotPermittedError",
         "PayloadTooLargeError",

@@ -88,12 +88,12 @@ _CONTEXT_FIELDS = {
     "cert": "tls_cert",
     "key": "tls_key",
     "inbox_prefix": "inbox_prefix",
+    "jetstream_domain": "js_domain",
 }
 # Context fields that change where or as whom a client connects: refused rather than ignored.
 _UNSUPPORTED_CONTEXT_FIELDS = (
     "user_jwt",
     "nsc",
-    "jetstream_domain",
     "jetstream_api_prefix",
     "socks_proxy",
     "windows_cert_store",
@@ -121,6 +121,7 @@ _OPTION_NAMES = {
     "tls_cert": "--tls-cert",
     "tls_key": "--tls-key",
     "inbox_prefix": "--inbox-prefix",
+    "js_domain": "--js-domain",
 }
 # The environment variable of each option (the `nats` CLI's names).
 ENV_VARS = {
@@ -134,6 +135,7 @@ ENV_VARS = {
     "tls_cert": "NATS_CERT",
     "tls_key": "NATS_KEY",
     "inbox_prefix": "NATS_INBOX_PREFIX",
+    "js_domain": "NATS_JS_DOMAIN",
     "context": "NATS_CONTEXT",
 }
 _PERMISSIONS = re.compile(r"permissions violation for (\w+) to \"?([^\"]*)\"?", re.IGNORECASE)
@@ -159,6 +161,9 @@ class ConnectionSettings:
     tls_key: str | None = None
     tls_first: bool = False
     inbox_prefix: str | None = None
+    js_domain: str | None = None
+    """The JetStream domain holding hookbus's buckets (a leaf site: the hub's); None: the
+    server's own JetStream."""
     context: str | None = None
     """The context the settings were read from (for messages)."""
     source: str = ""
@@ -443,7 +448,8 @@ def load_context(ref: str) -> dict[str, Any]:
 
     Raises:
         click.ClickException: no such context, unreadable or invalid JSON, a field hookbus
-            does not support (e.g. ``user_jwt``, ``jetstream_domain``).
+            does not support (e.g. ``user_jwt``, ``jetstream_api_prefix``); its
+            ``jetstream_domain`` is read as ``js_domain``.
     """
     path = _context_path(ref)
     try:
@@ -623,7 +629,8 @@ def connection_options(f: None = None, *, embedded: bool = True) -> Callable[[F]
 def connection_options(f: F | None = None, *, embedded: bool = True) -> Any:
     """Add the connection options (``--url``, ``--creds``, ``--nkey``, ``--user``,
     ``--password``, ``--token``, ``--tls-ca``, ``--tls-cert``, ``--tls-key``,
-    ``--inbox-prefix``, ``--context``; each also from its ``NATS_*`` variable; and
+    ``--inbox-prefix``, ``--js-domain``, ``--context``; each also from its ``NATS_*``
+    variable; and
     ``--embedded`` unless `embedded` is False) to a command, which gets them as one
     `ConnectionSettings` argument named ``conn``. Use as ``@connection_options`` or
     ``@connection_options(embedded=False)``.
@@ -730,6 +737,15 @@ def connection_options(f: F | None = None, *, embedded: bool = True) -> Any:
             envvar="NATS_INBOX_PREFIX",
             default=None,
             help="Prefix of the reply subjects (env NATS_INBOX_PREFIX).",
+        ),
+        click.option(
+            "--js-domain",
+            envvar="NATS_JS_DOMAIN",
+            default=None,
+            metavar="DOMAIN",
+            help="JetStream domain holding hookbus's buckets (env NATS_JS_DOMAIN; a context's "
+            "jetstream_domain): at a leaf node, the hub's domain. Default: the server's own "
+            "JetStream; a bucket missing from a JetStream of another domain is never created.",
         ),
         click.option(
             "--context",
@@ -968,6 +984,15 @@ async def connect(
             raise click.ClickException(
                 f"{exc.format_message()} (waited {wait_for_server_s:g} s)"
             ) from exc
+    if settings.js_domain:
+        from hookbus._core.jetstream import bind_js_domain  # loads tenacity: only when asked
+        from hookbus.schemas import HookbusError
+
+        try:
+            bind_js_domain(nc, settings.js_domain)
+        except HookbusError as exc:
+            await nc.close()
+            raise click.BadParameter(str(exc), param_hint="--js-domain") from exc
     source = settings.source if settings.url else "nothing else given: the local default"
     if source and source not in ("--url", "--embedded") and url not in _announced:
         _announced.add(url)

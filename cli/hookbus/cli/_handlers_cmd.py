@@ -21,6 +21,7 @@ from nats.aio.client import Client as NATS
 from rich.table import Table
 
 from hookbus._core.buckets import handlers_bucket_config
+from hookbus._core.jetstream import existing_key_value
 from hookbus.dispatcher import (
     DispatcherReplica,
     HandlerStatus,
@@ -122,7 +123,7 @@ def handlers(
 
     async def run(nc: NATS) -> tuple[RegistryView, list[DispatcherReplica]]:
         if remove:
-            kv = await nc.jetstream().key_value(handlers_bucket_config().bucket)
+            kv = await existing_key_value(nc, handlers_bucket_config().bucket)
             try:
                 await kv.get(handler_key(*remove))
             except nats.js.errors.KeyNotFoundError:

@@ -73,6 +73,7 @@ from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
 
 from hookbus._core.buckets import approvals_bucket_config
+from hookbus._core.jetstream import bind_key_value
 from hookbus.schemas import (
     APPROVAL_DEFAULT_OPTIONS,
     APPROVALS_BUCKET,
@@ -258,9 +259,11 @@ class Approvals:
         grant_ttl_s: float = 24 * 3600,
         answer_wait_s: float = 5.0,
         max_pending: int | None = 16,
+        js_domain: str | None = None,
     ) -> Approvals:
         """Open (create if absent) the approvals bucket, and a record store over it for
-        `suspensions`' agent (same scope, same waiter lease).
+        `suspensions`' agent (same scope, same waiter lease), in the JetStream domain
+        `js_domain` (None: the one bound to `nc`, else the connection's own JetStream).
 
         An agent's own dispatcher (a scoped store) on a server that requires
         authentication binds the bucket without reading its configuration (its NATS user
@@ -271,13 +274,11 @@ class Approvals:
         info = getattr(nc, "_server_info", None) or {}
         secured = bool(info.get("auth_required"))
         if suspensions.records.scoped and secured:  # an agent: it may only get its own keys
-            bucket = APPROVALS_BUCKET
-            kv = KeyValue(
-                name=bucket, stream=f"KV_{bucket}", pre=f"$KV.{bucket}.", js=nc.jetstream(),
-                direct=True,
-            )  # fmt: skip
+            kv = bind_key_value(nc, APPROVALS_BUCKET, js_domain=js_domain, direct=True)
         else:
-            kv = await open_bucket(nc, approvals_bucket_config(replicas=replicas))
+            kv = await open_bucket(
+                nc, approvals_bucket_config(replicas=replicas), js_domain=js_domain
+            )
         deadline = 3.0 if suspensions.records.scoped and secured else 15.0
         store = Suspensions(
             nc, kv, leases=suspensions.leases, agent_id=suspensions.agent_id,

@@ -48,6 +48,8 @@ class ApprovalsClient:
         answer_wait_s: seconds `answer_approval` waits, by default, for the deciding
             dispatcher to apply an answer.
         bucket_replicas: replicas of the approvals bucket if this creates it (3 on a cluster).
+        js_domain: the JetStream domain holding the approvals bucket (a leaf site: the
+            hub's; None: the one bound to `nc`, else the connection's own JetStream).
     Raises:
         BadRequestError: `agent_id` is not a valid hookbus name.
     """
@@ -59,6 +61,7 @@ class ApprovalsClient:
         agent_id: str | None = None,
         answer_wait_s: float = 5.0,
         bucket_replicas: int = 1,
+        js_domain: str | None = None,
     ) -> None:
         if agent_id is not None:
             validate_name("agent", agent_id)
@@ -66,6 +69,7 @@ class ApprovalsClient:
         self._agent_id = agent_id
         self._answer_wait_s = answer_wait_s
         self._replicas = bucket_replicas
+        self._js_domain = js_domain
         self._approvals: Approvals | None = None
         self._owned = True
 
@@ -77,6 +81,7 @@ class ApprovalsClient:
         agent_id: str | None = None,
         answer_wait_s: float = 5.0,
         bucket_replicas: int = 1,
+        js_domain: str | None = None,
     ) -> ApprovalsClient:
         """A started client (see the class for the arguments); `close` it when done.
 
@@ -86,8 +91,9 @@ class ApprovalsClient:
             HookbusTimeoutError: JetStream stayed unavailable.
         """
         client = cls(
-            nc, agent_id=agent_id, answer_wait_s=answer_wait_s, bucket_replicas=bucket_replicas
-        )
+            nc, agent_id=agent_id, answer_wait_s=answer_wait_s,
+            bucket_replicas=bucket_replicas, js_domain=js_domain,
+        )  # fmt: skip
         await client.start()
         return client
 
@@ -100,6 +106,7 @@ class ApprovalsClient:
         client._agent_id = approvals.records.agent_id
         client._answer_wait_s = approvals.answer_wait_s
         client._replicas = 1
+        client._js_domain = None
         client._approvals = approvals
         client._owned = owned
         return client
@@ -111,12 +118,15 @@ class ApprovalsClient:
             NotPermittedError: the approvals bucket is absent and these credentials may
                 not create it, or may not read it.
             HookbusTimeoutError: JetStream stayed unavailable.
+            JetStreamDomainError: the bucket is absent and the answering JetStream is not
+                the domain asked for, or none answers (see `open_bucket`).
         """
         if self._approvals is not None:
             return
         if self._nc is None:
             raise NotConnectedError("this approvals client is closed")
-        kv = await open_bucket(self._nc, approvals_bucket_config(replicas=self._replicas))
+        config = approvals_bucket_config(replicas=self._replicas)
+        kv = await open_bucket(self._nc, config, js_domain=self._js_domain)
         records = Suspensions(self._nc, kv, agent_id=self._agent_id)  # never waits: no lease
         self._approvals = Approvals(
             records, kv, answer_wait_s=self._answer_wait_s, max_pending=None

@@ -43,6 +43,7 @@ from nats.aio.client import Client as NATS
 from opentelemetry import metrics, trace
 
 from hookbus._core.buckets import stream_config_differences
+from hookbus._core.jetstream import jetstream_context
 from hookbus.schemas import (
     DECISIONS_DEFAULT_MAX_AGE_S,
     DECISIONS_DEFAULT_MAX_BYTES,
@@ -97,7 +98,7 @@ async def ensure_decisions_stream(
     """
     config = decisions_stream_config(max_age_s=max_age_s, max_bytes=max_bytes, replicas=replicas)
     name = config.name or ""
-    js = nc.jetstream(timeout=timeout_s)
+    js = jetstream_context(nc, timeout=timeout_s)
     try:
         info = await js.stream_info(name)
     except nats.js.errors.NotFoundError:
@@ -228,7 +229,7 @@ class DecisionLog:
         self._warn_interval_s = warn_interval_s
         self._create_timeout_s = create_timeout_s
         self._open_stream = open_stream
-        self._js = nc.jetstream()
+        self._js = jetstream_context(nc)
         self._runner: asyncio.Task[None] | None = None
         self._inflight: dict[asyncio.Task[None], _Pending] = {}
         self._closed = False

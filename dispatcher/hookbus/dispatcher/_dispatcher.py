@@ -8,6 +8,7 @@ from typing import Any, TypeVar, overload
 
 from nats.aio.client import Client as NATS
 
+from hookbus._core.jetstream import bind_js_domain
 from hookbus.schemas import (
     DECISIONS_DEFAULT_MAX_AGE_S,
     DECISIONS_DEFAULT_MAX_BYTES,
@@ -88,6 +89,11 @@ class HookDispatcher(StandardEvents):
             False: one request per handler. Results and failures are the same either way,
             under faults too: a chain loses at most the step that was running when its
             process died, and the steps it did not run are called on their own.
+        js_domain: the JetStream domain holding the fleet's buckets (an agent at a leaf
+            site: the hub's, e.g. ``"hub"``); every bucket and stream is then read and
+            written there (``$JS.<domain>.API``). None: the connection's own JetStream. A
+            bucket absent from a JetStream of another domain (e.g. a leaf's own) is never
+            created there: `start` raises `JetStreamDomainError` and nothing is emitted.
     """
 
     def __init__(
@@ -108,11 +114,13 @@ class HookDispatcher(StandardEvents):
         audit_max_age_s: float = DECISIONS_DEFAULT_MAX_AGE_S,
         audit_max_bytes: int = DECISIONS_DEFAULT_MAX_BYTES,
         chains: bool = True,
+        js_domain: str | None = None,
     ) -> None:
         if agent_id is not None:
             validate_name("agent", agent_id)
         self._agent_id = agent_id
         self._nc = nc
+        self._js_domain = js_domain
         self._router = Router(nc, resync_s=resync_s, bucket_replicas=bucket_replicas)
         self._table = self._router.table
         self._local = LocalHandlers(self._table)
@@ -128,6 +136,7 @@ class HookDispatcher(StandardEvents):
             approval_ttl_s=approval_ttl_s, max_pending_approvals=max_pending_approvals,
             answer_wait_s=answer_wait_s, strict_buckets=strict_buckets, audit=audit,
             audit_max_age_s=audit_max_age_s, audit_max_bytes=audit_max_bytes,
+            js_domain=js_domain,
         )  # fmt: skip
 
     @property
@@ -154,9 +163,17 @@ class HookDispatcher(StandardEvents):
         """Load the handler registry and start watching it (no-op without a connection).
 
         Returns once the current declarations are in the routing table.
+
+        Raises:
+            JetStreamDomainError: a bucket is absent and the answering JetStream is not
+                the domain `js_domain` (none given: one that reports a domain, e.g. a leaf
+                node's own), or no JetStream answers within 3 s (a leaf node without
+                JetStream and no `js_domain`).
+            HookbusTimeoutError: JetStream stayed unavailable for 30 s.
         """
         if self._started or self._nc is None:
             return
+        bind_js_domain(self._nc, self._js_domain)  # every store and watch on it: that domain
         self._router.nc = self._nc
         await self._stores.open(self._nc, self._router)
         await self._nc.flush()

@@ -125,17 +125,26 @@ async def subscribe_keys(
 
 
 async def open_bucket(
-    nc: NATS, config: KeyValueConfig, *, strict: bool = False, deadline_s: float = 30.0
+    nc: NATS,
+    config: KeyValueConfig,
+    *,
+    strict: bool = False,
+    deadline_s: float = 30.0,
+    js_domain: str | None = None,
 ) -> KeyValue:
     """`hookbus._core.jetstream.open_bucket`, reporting on ``hookbus.dispatcher``.
 
     Raises:
         BucketConfigError: `strict` and the existing bucket differs from `config`, or
             JetStream refused to create it.
+        JetStreamDomainError: the bucket is absent and the answering JetStream is not the
+            domain asked for (`js_domain`, else the one bound to `nc`), or none answers.
         HookbusTimeoutError: JetStream stayed unavailable for `deadline_s` seconds.
         NotPermittedError: this identity may not create or read the bucket.
     """
-    return await jetstream.open_bucket(nc, config, log=log, strict=strict, deadline_s=deadline_s)
+    return await jetstream.open_bucket(
+        nc, config, log=log, strict=strict, deadline_s=deadline_s, js_domain=js_domain
+    )
 
 
 async def ensure_buckets(
@@ -146,6 +155,7 @@ async def ensure_buckets(
     approval_ttl_s: float | None = 7 * 24 * 3600,
     strict: bool = False,
     deadline_s: float = 30.0,
+    js_domain: str | None = None,
 ) -> None:
     """Create the dispatcher's buckets with the configuration asked for, or report those
     that exist with another one (see `open_bucket`), before the stores open them.
@@ -158,10 +168,14 @@ async def ensure_buckets(
             grant's own lifetime is its ``expires_at``); None: no approvals bucket
             (approvals off).
         strict: raise instead of warning when a bucket differs.
+        js_domain: the JetStream domain holding the buckets (None: the one bound to `nc`,
+            else the connection's own JetStream).
     Raises:
         BucketConfigError: `strict` and a bucket differs from what was asked, or
             JetStream refused to create one as asked.
         HookbusTimeoutError: JetStream stayed unavailable for `deadline_s` seconds.
+        JetStreamDomainError: a bucket is absent and the answering JetStream is not the
+            domain asked for, or none answers (see `open_bucket`).
     """
     configs = [
         handlers_bucket_config(replicas=replicas),
@@ -170,4 +184,4 @@ async def ensure_buckets(
     if approval_ttl_s is not None:
         configs.append(approvals_bucket_config(ttl_s=approval_ttl_s, replicas=replicas))
     for config in configs:
-        await open_bucket(nc, config, strict=strict, deadline_s=deadline_s)
+        await open_bucket(nc, config, strict=strict, deadline_s=deadline_s, js_domain=js_domain)

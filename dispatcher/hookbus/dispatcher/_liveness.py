@@ -19,6 +19,7 @@ import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from hookbus._core.jetstream import jetstream_context
 from hookbus.schemas import (
     HANDLERS_BUCKET,
     WORKER_SERVICE_NAME,
@@ -145,7 +146,7 @@ async def describe_handlers(
         HookbusTimeoutError: the registry could not be read within `deadline_s` seconds.
         NotConnectedError: the connection is closed.
     """
-    js = nc.jetstream()
+    js = jetstream_context(nc)
 
     async def read() -> RegistryRead:
         try:

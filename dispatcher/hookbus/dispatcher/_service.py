@@ -49,6 +49,7 @@ import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from hookbus._core.jetstream import bind_js_domain
 from hookbus._core.log_limits import RateLimitedWarning, clip
 from hookbus._core.serving import (
     Admission,
@@ -225,6 +226,9 @@ class DispatcherService:
         agent_burst: the bucket's size: requests one agent may send at once after a pause.
         audit: turn the dispatcher's decision audit trail on (``HookDispatcher(audit=True)``):
             one record per decided emit in the ``hookbus_decisions`` stream.
+        js_domain: the JetStream domain holding the fleet's buckets (a service at a leaf
+            site: the hub's); bound to `nc`, so `dispatcher` reads and writes there too.
+            None: the connection's own JetStream (or the dispatcher's `js_domain`).
 
     While it serves, it answers the NATS services API as ``hookbus-dispatcher``
     (`service_id`); `stop` withdraws it first, so a draining replica is no longer listed.
@@ -250,6 +254,7 @@ class DispatcherService:
         agent_max_in_flight: int | None = AGENT_MAX_IN_FLIGHT,
         agent_rate_per_s: float | None = AGENT_RATE_PER_S,
         agent_burst: int | None = AGENT_BURST,
+        js_domain: str | None = None,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
@@ -265,6 +270,7 @@ class DispatcherService:
             dispatcher.audit = True  # opened by the dispatcher's start
         self._dispatcher = dispatcher
         self._nc = nc
+        self._js_domain = js_domain
         self._max = max_concurrency
         self._max_collect = max(1, max_concurrency // 2)
         self._grace_s = grace_s
@@ -308,9 +314,14 @@ class DispatcherService:
         return self._api.id if self._api is not None else None
 
     async def start(self) -> None:
-        """Start the dispatcher, subscribe, flush; returns when requests can be served."""
+        """Start the dispatcher, subscribe, flush; returns when requests can be served.
+
+        Raises:
+            JetStreamDomainError: see `HookDispatcher.start`.
+        """
         if self._running:
             return
+        bind_js_domain(self._nc, self._js_domain)
         await self._dispatcher.start()
         for endpoint in self._endpoints.values():
             await self._serving.add(endpoint)

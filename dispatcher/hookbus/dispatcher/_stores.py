@@ -41,6 +41,7 @@ class Stores:
         audit: bool,
         audit_max_age_s: float,
         audit_max_bytes: int,
+        js_domain: str | None = None,
     ) -> None:
         self._emitter = emitter
         self._agent_id = agent_id
@@ -51,6 +52,7 @@ class Stores:
         self._max_pending = max_pending_approvals
         self._answer_wait_s = answer_wait_s
         self._strict = strict_buckets
+        self._js_domain = js_domain
         self.audit = audit
         """Whether `open` turns the decision audit trail on."""
         self._audit_retention = (audit_max_age_s, audit_max_bytes)
@@ -73,6 +75,7 @@ class Stores:
                 MAX_APPROVAL_TIMEOUT_S if self._approvals_on and self._agent_id is None else None
             ),
             strict=self._strict,
+            js_domain=self._js_domain,
         )
         await router.start()
         self.suspensions = await Suspensions.open(
@@ -81,6 +84,7 @@ class Stores:
             replicas=self._replicas,
             agent_id=self._agent_id,
             scoped=self._agent_id is not None,
+            js_domain=self._js_domain,
         )
         if self._approvals_on:
             self.approvals = self._emitter.approvals = await self._open_approvals(nc)
@@ -133,7 +137,7 @@ class Stores:
         return await Approvals.open(
             nc, self.suspension_store(), replicas=self._replicas,
             grant_ttl_s=self._approval_ttl_s, answer_wait_s=self._answer_wait_s,
-            max_pending=self._max_pending,
+            max_pending=self._max_pending, js_domain=self._js_domain,
         )  # fmt: skip
 
     def abort_pending_hook(self, hook: PendingHook | Any) -> bool:

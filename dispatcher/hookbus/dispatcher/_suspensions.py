@@ -162,6 +162,7 @@ class Suspensions:
         poll_s: float = 1.0,
         agent_id: str | None = None,
         scoped: bool = False,
+        js_domain: str | None = None,
     ) -> Suspensions:
         """Open (or create) the suspensions and leases buckets.
 
@@ -173,11 +174,15 @@ class Suspensions:
             replicas: JetStream replicas of buckets created here (3 on a cluster).
             lease_s: seconds a crashed waiter keeps its label (a new leases bucket's max
                 age; an existing bucket's own max age wins).
+            js_domain: the JetStream domain holding the buckets (None: the one bound to
+                `nc`, else the connection's own JetStream).
         Raises:
             HookbusTimeoutError: JetStream stayed unavailable.
+            JetStreamDomainError: see `open_bucket`.
         """
-        kv = await open_bucket(nc, suspensions_bucket_config(ttl_s=ttl_s, replicas=replicas))
-        leases = await Leases.open(nc, lease_s=lease_s, replicas=replicas)
+        config = suspensions_bucket_config(ttl_s=ttl_s, replicas=replicas)
+        kv = await open_bucket(nc, config, js_domain=js_domain)
+        leases = await Leases.open(nc, lease_s=lease_s, replicas=replicas, js_domain=js_domain)
         return cls(nc, kv, leases=leases, poll_s=poll_s, agent_id=agent_id, scoped=scoped)
 
     @property

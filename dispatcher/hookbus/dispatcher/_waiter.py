@@ -379,13 +379,19 @@ class Leases:
         self._background: set[asyncio.Task[Any]] = set()
 
     @classmethod
-    async def open(cls, nc: NATS, *, lease_s: float = 15.0, replicas: int = 1) -> Leases:
-        """Open (or create) `LEASES_BUCKET`; an existing bucket's max age is the lease.
+    async def open(
+        cls, nc: NATS, *, lease_s: float = 15.0, replicas: int = 1, js_domain: str | None = None
+    ) -> Leases:
+        """Open (or create) `LEASES_BUCKET` (in the JetStream domain `js_domain`; None: the
+        one bound to `nc`, else the connection's own); an existing bucket's max age is the
+        lease.
 
         Raises:
             HookbusTimeoutError: JetStream stayed unavailable.
+            JetStreamDomainError: see `open_bucket`.
         """
-        kv = await open_bucket(nc, leases_bucket_config(lease_s=lease_s, replicas=replicas))
+        config = leases_bucket_config(lease_s=lease_s, replicas=replicas)
+        kv = await open_bucket(nc, config, js_domain=js_domain)
         with contextlib.suppress(Exception):
             status = await kv.status()
             age = status.stream_info.config.max_age

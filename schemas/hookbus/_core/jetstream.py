@@ -9,6 +9,13 @@ those, with jittered exponential backoff, and never past the caller's deadline. 
 idempotent calls only (reads, bucket creation, unconditional deletes, a flush): a
 compare-and-set write whose outcome is unknown must be re-read and reconciled, not retried
 blindly. Each caller passes its own logger, so the log keeps naming the side that retried.
+
+**JetStream domains** (a hub with leaf sites): `jetstream_context` is the one place a
+JetStream context is made, with the domain given or the one bound to the connection
+(`bind_js_domain`); a bucket opened in a domain is a `DomainKeyValue`, whose writes go to
+``$JS.<domain>.API.$KV.<bucket>.<key>`` (nats-py publishes them on ``$KV.<bucket>.<key>``,
+which a hub does not answer across a leaf link). `open_bucket` refuses to create a bucket in
+a JetStream that is not the one asked for (`JetStreamDomainError`).
 """
 
 from __future__ import annotations
@@ -16,13 +23,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext, api
 from nats.js.api import KeyValueConfig
-from nats.js.kv import KeyValue
+from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, MSG_ROLLUP_SUBJECT, KeyValue, _is_key_valid
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -31,12 +39,29 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from hookbus.schemas import BucketConfigError, HookbusTimeoutError, NotPermittedError
+from hookbus.schemas import (
+    BucketConfigError,
+    HookbusError,
+    HookbusTimeoutError,
+    JetStreamDomainError,
+    NotPermittedError,
+)
 
 from .buckets import config_differences
 from .nats_guard import bucket_refusal, harden_connection
 
-__all__ = ["is_transient", "kv_retry", "open_bucket"]
+__all__ = [
+    "DomainKeyValue",
+    "bind_js_domain",
+    "bind_key_value",
+    "existing_key_value",
+    "is_transient",
+    "jetstream_context",
+    "js_domain_of",
+    "kv_put_prefix",
+    "kv_retry",
+    "open_bucket",
+]
 
 T = TypeVar("T")
 
@@ -47,6 +72,171 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
     nats.js.errors.NoStreamResponseError,
     nats.js.errors.ServiceUnavailableError,
 )
+
+
+NO_JETSTREAM_S = 3.0
+"""How long JetStream may answer "no responders" before `open_bucket` says none answers
+here (a leaf node without JetStream, or a JetStream domain not reachable), seconds."""
+
+_DOMAIN_MARK = "_hookbus_js_domain"
+
+
+def bind_js_domain(nc: Any, js_domain: str | None) -> None:
+    """Record that every hookbus JetStream call on `nc` goes to the JetStream domain
+    `js_domain` (None: nothing recorded; the connection keeps what it had).
+
+    Raises:
+        HookbusError: `nc` is already bound to another domain (one connection reaches one
+            domain's buckets), or `js_domain` is empty or has ``.``, ``*``, ``>`` or a space.
+    """
+    if js_domain is None:
+        return
+    if not js_domain or any(c in js_domain for c in ". *>\t\r\n"):
+        raise HookbusError(f"{js_domain!r} is not a JetStream domain name")
+    bound = getattr(nc, _DOMAIN_MARK, None)
+    if bound is not None and bound != js_domain:
+        raise HookbusError(
+            f"this connection already uses JetStream domain {bound!r}, not {js_domain!r}"
+        )
+    setattr(nc, _DOMAIN_MARK, js_domain)
+
+
+def js_domain_of(nc: Any, js_domain: str | None = None) -> str | None:
+    """The JetStream domain hookbus uses on `nc`: `js_domain` if given (then bound to `nc`,
+    see `bind_js_domain`), else the one bound to `nc`, else None (the connection's own
+    ``$JS.API``).
+
+    Raises:
+        HookbusError: `js_domain` conflicts with the domain bound to `nc`.
+    """
+    bind_js_domain(nc, js_domain)
+    return getattr(nc, _DOMAIN_MARK, None)
+
+
+def jetstream_context(nc: NATS, js_domain: str | None = None, **options: Any) -> JetStreamContext:
+    """``nc.jetstream(domain=...)`` with the domain of `js_domain_of`; `options` are
+    nats-py's (``timeout=`` seconds, ...).
+
+    Raises:
+        HookbusError: `js_domain` conflicts with the domain bound to `nc`.
+    """
+    domain = js_domain_of(nc, js_domain)
+    if domain is None:
+        return nc.jetstream(**options)
+    return nc.jetstream(domain=domain, **options)
+
+
+def kv_put_prefix(bucket: str, js_domain: str | None) -> str:
+    """The subject prefix a write to `bucket`'s keys is published on: ``$KV.<bucket>.``
+    without a domain, ``$JS.<domain>.API.$KV.<bucket>.`` in one (reads and watches keep
+    ``$KV.<bucket>.``: that is the subject the stream stores)."""
+    if js_domain is None:
+        return f"$KV.{bucket}."
+    return f"$JS.{js_domain}.API.$KV.{bucket}."
+
+
+class DomainKeyValue(KeyValue):
+    """nats-py's `KeyValue` for a bucket in another JetStream domain: `put`, `create`,
+    `update`, `delete` and `purge` publish to ``$JS.<domain>.API.$KV.<bucket>.<key>`` (with
+    the headers nats-py's KeyValue sends: ``Nats-Expected-Last-Subject-Sequence`` for
+    create and update, ``KV-Operation`` for delete and purge) and return what it returns
+    (the revision; True); reads and watches are nats-py's, on ``$KV.<bucket>.<key>``.
+
+    Raises (writes): nats-py's, e.g. ``KeyWrongLastSequenceError``,
+    ``NoStreamResponseError`` (nothing answered the domain's API), ``APIError``.
+    """
+
+    def __init__(
+        self, name: str, stream: str, pre: str, js: JetStreamContext, direct: bool, *, domain: str
+    ) -> None:
+        super().__init__(name=name, stream=stream, pre=pre, js=js, direct=direct)
+        self.js_domain = domain
+        self._put_pre = kv_put_prefix(name, domain)
+
+    @classmethod
+    def of(cls, kv: KeyValue, domain: str) -> DomainKeyValue:
+        """`kv` (opened on a context of `domain`) with its writes sent to the domain."""
+        return cls(kv._name, kv._stream, kv._pre, kv._js, kv._direct, domain=domain)
+
+    async def put(self, key: str, value: bytes, validate_keys: bool = True) -> int:
+        if validate_keys and not _is_key_valid(key):
+            raise nats.js.errors.InvalidKeyError(key)
+        pa = await self._js.publish(f"{self._put_pre}{key}", value)
+        return pa.seq
+
+    async def _update(
+        self,
+        key: str,
+        value: bytes,
+        last: int | None = None,
+        validate_keys: bool = True,
+        msg_ttl: float | None = None,
+    ) -> int:
+        if validate_keys and not _is_key_valid(key):
+            raise nats.js.errors.InvalidKeyError(key)
+        hdrs = {api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE: str(last or 0)}
+        try:
+            pa = await self._js.publish(
+                f"{self._put_pre}{key}", value, headers=hdrs, msg_ttl=msg_ttl
+            )
+        except nats.js.errors.APIError as err:
+            if err.err_code in (10071, 10164):  # wrong last sequence
+                raise nats.js.errors.KeyWrongLastSequenceError(description=err.description) from err
+            raise
+        return pa.seq
+
+    async def delete(
+        self,
+        key: str,
+        last: int | None = None,
+        validate_keys: bool = True,
+        msg_ttl: float | None = None,
+    ) -> bool:
+        if validate_keys and not _is_key_valid(key):
+            raise nats.js.errors.InvalidKeyError(key)
+        hdrs = {KV_OP: KV_DEL}
+        if last and last > 0:
+            hdrs[api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE] = str(last)
+        await self._js.publish(f"{self._put_pre}{key}", headers=hdrs)
+        return True
+
+    async def purge(self, key: str, msg_ttl: float | None = None) -> bool:
+        hdrs = {KV_OP: KV_PURGE, api.Header.ROLLUP: MSG_ROLLUP_SUBJECT}
+        await self._js.publish(f"{self._put_pre}{key}", headers=hdrs, msg_ttl=msg_ttl)
+        return True
+
+
+def _in_domain(kv: KeyValue, domain: str | None) -> KeyValue:
+    return kv if domain is None or isinstance(kv, DomainKeyValue) else DomainKeyValue.of(kv, domain)
+
+
+def bind_key_value(
+    nc: NATS, bucket: str, *, js_domain: str | None = None, direct: bool = False
+) -> KeyValue:
+    """A `KeyValue` on `bucket` made without a request (no stream info: for an identity
+    that may only read its own keys), in the domain of `js_domain_of`.
+
+    Raises:
+        HookbusError: `js_domain` conflicts with the domain bound to `nc`.
+    """
+    domain = js_domain_of(nc, js_domain)
+    kv = KeyValue(
+        name=bucket, stream=f"KV_{bucket}", pre=f"$KV.{bucket}.",
+        js=jetstream_context(nc, domain), direct=direct,
+    )  # fmt: skip
+    return _in_domain(kv, domain)
+
+
+async def existing_key_value(nc: NATS, bucket: str, *, js_domain: str | None = None) -> KeyValue:
+    """The existing bucket `bucket` (one stream info request, never a create) in the
+    domain of `js_domain_of`; a `DomainKeyValue` in a domain.
+
+    Raises:
+        nats.js.errors.BucketNotFoundError: no such bucket there.
+        HookbusError: `js_domain` conflicts with the domain bound to `nc`.
+    """
+    domain = js_domain_of(nc, js_domain)
+    return _in_domain(await jetstream_context(nc, domain).key_value(bucket), domain)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -125,6 +315,52 @@ async def kv_retry(
     return result
 
 
+def _no_responders(exc: BaseException) -> bool:
+    """Whether `exc` says nothing subscribes to the JetStream API (nats-py raises a bare
+    503 `ServiceUnavailableError` from a "no responders" status; JetStream's own 503
+    during an election carries an error code)."""
+    if isinstance(exc, nats.errors.NoRespondersError):
+        return True
+    return isinstance(exc, nats.js.errors.ServiceUnavailableError) and isinstance(
+        exc.__context__, nats.errors.NoRespondersError
+    )
+
+
+def _no_jetstream(domain: str | None) -> JetStreamDomainError:
+    if domain is None:
+        return JetStreamDomainError(
+            "no JetStream answers here ($JS.API: no responders): at a leaf node, give "
+            "js_domain (--js-domain) naming the hub's domain; else the server runs without "
+            "JetStream, or this identity may not use it"
+        )
+    return JetStreamDomainError(
+        f"no JetStream answers for domain {domain!r} ($JS.{domain}.API: no responders): the "
+        "link to the site holding it is down, or no server has that domain"
+    )
+
+
+async def _check_domain(js: JetStreamContext, domain: str | None, bucket: str) -> None:
+    """Refuse (`JetStreamDomainError`) to create `bucket` in a JetStream whose domain is not
+    `domain`; an identity that may not read the account info is not checked."""
+    try:
+        info = await js.account_info()
+    except NotPermittedError:
+        return
+    found = info.domain or None
+    if found == domain:
+        return
+    if domain is None:
+        raise JetStreamDomainError(
+            f"this JetStream is domain {found!r} and has no bucket {bucket}: the fleet's "
+            f"buckets are not here; give js_domain (--js-domain) naming the domain that holds "
+            f"the handler registry (not creating {bucket} in {found!r})"
+        )
+    raise JetStreamDomainError(
+        f"js_domain {domain!r} was asked but the JetStream answering is domain "
+        f"{found or '(none)'!r}: the fleet's buckets are not there (not creating {bucket})"
+    )
+
+
 async def open_bucket(
     nc: NATS,
     config: KeyValueConfig,
@@ -132,24 +368,38 @@ async def open_bucket(
     log: logging.Logger,
     strict: bool = False,
     deadline_s: float = 30.0,
+    js_domain: str | None = None,
 ) -> KeyValue:
     """The bucket `config.bucket`, created with `config` if absent (retried through a
-    leader election within `deadline_s` seconds).
+    leader election within `deadline_s` seconds), in the JetStream domain of `js_domain_of`
+    (`js_domain`, else the one bound to `nc`, else the connection's own JetStream); in a
+    domain it is a `DomainKeyValue`.
 
     A bucket that exists with another configuration is used as it is (JetStream keeps a
     stream's config), and reported: a WARNING naming each difference (replicas, TTL,
     history, storage, direct get; see `config_differences`) on `log`, or, with `strict`, an
     error.
 
+    Fails closed on a JetStream that is not the fleet's: a bucket is created only where
+    the answering JetStream's domain (``$JS.API.INFO``) is the one asked for (none asked:
+    it must report none).
+
     Raises:
         BucketConfigError: `strict` and the existing bucket differs from `config`, or
             JetStream refused to create it (e.g. 3 replicas on a single server).
+        JetStreamDomainError: the bucket is absent and the JetStream answering reports
+            another domain than `js_domain` (or one while none was given); or no JetStream
+            answered for `NO_JETSTREAM_S` seconds (a leaf node without JetStream).
         HookbusTimeoutError: JetStream stayed unavailable for `deadline_s` seconds.
         NotPermittedError: the bucket is absent and this identity may not create it, or
             may not read it (one line, at once).
+        HookbusError: `js_domain` conflicts with the domain bound to `nc`.
     """
     harden_connection(nc)  # a refusal fails at once (below: one line), not in 30 s
-    js = nc.jetstream()
+    domain = js_domain_of(nc, js_domain)
+    js = jetstream_context(nc, domain)
+    loop = asyncio.get_running_loop()
+    silent_since: float | None = None
 
     async def create() -> tuple[KeyValue, list[str]]:
         # look before creating: a client that may read a bucket but not create it (an
@@ -157,6 +407,7 @@ async def open_bucket(
         try:
             kv = await js.key_value(config.bucket)
         except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
+            await _check_domain(js, domain, config.bucket)
             try:
                 return await js.create_key_value(config=config), []
             except nats.js.errors.BadRequestError:  # created meanwhile with another config
@@ -164,16 +415,32 @@ async def open_bucket(
         status = await kv.status()
         return kv, config_differences(config, status.stream_info.config)
 
+    async def attempt() -> tuple[KeyValue, list[str]]:
+        nonlocal silent_since
+        try:
+            result = await create()
+        except Exception as exc:
+            if not _no_responders(exc):
+                silent_since = None
+                raise
+            now = loop.time()
+            silent_since = now if silent_since is None else silent_since
+            if now - silent_since >= NO_JETSTREAM_S:
+                raise _no_jetstream(domain) from None
+            raise
+        return result
+
     try:
         kv, differences = await kv_retry(
-            create, deadline_s=deadline_s, what=f"opening bucket {config.bucket}", log=log
+            attempt, deadline_s=deadline_s, what=f"opening bucket {config.bucket}", log=log
         )
     except NotPermittedError as exc:
         raise bucket_refusal(config.bucket, exc) from exc
     except HookbusTimeoutError as exc:
         raise HookbusTimeoutError(
             f"{exc} (if the bucket does not exist yet and this client's NATS user may not"
-            " create it, start the dispatcher service or run an admin command first)"
+            " create it, start the dispatcher service or run an admin command first; at a"
+            " leaf node, give js_domain (--js-domain) naming the hub's JetStream domain)"
         ) from exc.__cause__
     except nats.js.errors.APIError as exc:  # e.g. R3 asked of a server that is not clustered
         raise BucketConfigError(
@@ -185,4 +452,4 @@ async def open_bucket(
         if strict:
             raise BucketConfigError(f"bucket {config.bucket} exists with another config: {text}")
         log.warning("bucket %s exists with another config, used as it is: %s", config.bucket, text)
-    return kv
+    return _in_domain(kv, domain)

@@ -17,6 +17,7 @@ __all__ = [
     "HandlerConflictError",
     "HookbusError",
     "HookbusTimeoutError",
+    "JetStreamDomainError",
     "NotConnectedError",
     "NotPermittedError",
     "PayloadTooLargeError",
@@ -70,6 +71,14 @@ class NotPermittedError(HookbusError):
 class BucketConfigError(HookbusError):
     """A KV bucket exists with another configuration (replicas, TTL, history) than the
     one asked for, and strict bucket checking is on; the message names each difference."""
+
+
+class JetStreamDomainError(BucketConfigError):
+    """The JetStream that answers is not the one holding the fleet's buckets: it reports
+    another JetStream domain than the one given (or one while none was given, e.g. a leaf
+    node's own JetStream), or no JetStream answers at all (a leaf node without one).
+    Raised instead of creating empty buckets there; the message names the domain found and
+    says to give ``js_domain`` (``--js-domain``) naming the domain of the registry."""
 
 
 class HandlerConflictError(HookbusError):

@@ -98,7 +98,9 @@ async def flush_subscriptions(nc: NATS, *, deadline_s: float = 30.0) -> None:
     await _retrying(nc.flush, deadline=deadline, what="flushing the subscriptions")
 
 
-async def open_registry(nc: NATS, *, replicas: int = 1, deadline_s: float = 30.0) -> KeyValue:
+async def open_registry(
+    nc: NATS, *, replicas: int = 1, deadline_s: float = 30.0, js_domain: str | None = None
+) -> KeyValue:
     """The handlers bucket, created if absent, retried through a leader election for up to
     `deadline_s` seconds. A bucket that exists with another config is used and reported.
 
@@ -108,9 +110,11 @@ async def open_registry(nc: NATS, *, replicas: int = 1, deadline_s: float = 30.0
         HookbusTimeoutError: JetStream stayed unavailable for `deadline_s` seconds.
         NotPermittedError: the bucket is absent and this identity may not create it, or
             may not read it (one line, at once).
+        JetStreamDomainError: the bucket is absent and the answering JetStream is not the
+            domain `js_domain` (None: the one bound to `nc`, else none), or none answers.
     """
     config = handlers_bucket_config(replicas=replicas)
-    return await open_bucket(nc, config, log=log, deadline_s=deadline_s)
+    return await open_bucket(nc, config, log=log, deadline_s=deadline_s, js_domain=js_domain)
 
 
 LIVENESS_PING_S = 1.0

@@ -30,6 +30,7 @@ from hookbus._core.handler_options import (
     OPTIONS,
     HandlerOptions,
 )
+from hookbus._core.jetstream import existing_key_value
 from hookbus._core.log_limits import RateLimitedWarning
 from hookbus._core.nats_guard import harden_connection
 from hookbus._core.results import to_hook_result
@@ -110,6 +111,10 @@ class HookWorker:
             ``replace=`` too.
         registration_timeout_s: seconds `start` keeps retrying the registry through a
             JetStream leader election before it raises `HookbusTimeoutError`.
+        js_domain: the JetStream domain holding the handler registry (a worker at a leaf
+            site: the hub's, e.g. ``"hub"``); None: the connection's own JetStream. A
+            registry absent from a JetStream of another domain is not created there:
+            `start` raises `JetStreamDomainError`.
     """
 
     def __init__(
@@ -120,6 +125,7 @@ class HookWorker:
         bucket_replicas: int = 1,
         replace: bool = False,
         registration_timeout_s: float = 30.0,
+        js_domain: str | None = None,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
@@ -127,6 +133,7 @@ class HookWorker:
         self.max_concurrency = max_concurrency
         """Requests handled at once by this process; may be changed before `start`."""
         self._bucket_replicas = bucket_replicas
+        self._js_domain = js_domain
         self.replace = replace
         """Whether `start` takes over names declared with other settings."""
         self.registration_timeout_s = registration_timeout_s
@@ -294,8 +301,9 @@ class HookWorker:
         try:
             await flush_subscriptions(nc_, deadline_s=self.registration_timeout_s)
             kv = await open_registry(
-                nc_, replicas=self._bucket_replicas, deadline_s=self.registration_timeout_s
-            )
+                nc_, replicas=self._bucket_replicas, deadline_s=self.registration_timeout_s,
+                js_domain=self._js_domain,
+            )  # fmt: skip
             declarations = [
                 (spec.declaration, self._replace_handlers.get(key, self.replace))
                 for key, spec in self._specs.items()
@@ -397,7 +405,7 @@ class HookWorker:
         """Delete this worker's declarations from the registry (an explicit act)."""
         if self._nc is None:
             raise NotConnectedError("unregister needs a NATS connection")
-        kv = await self._nc.jetstream().key_value(HANDLERS_BUCKET)
+        kv = await existing_key_value(self._nc, HANDLERS_BUCKET, js_domain=self._js_domain)
         for event, name in self._specs:
             with contextlib.suppress(nats.js.errors.KeyNotFoundError):
                 await kv.delete(handler_key(event, name))
