@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import time
 from collections import deque
 from collections.abc import Callable
@@ -50,6 +49,7 @@ from ._command_support import (
     connection_options,
     connection_or_embedded,
 )
+from ._lifecycle import on_signals
 
 __all__ = ["audit_options", "decisions", "filter_options", "latency", "read_trail"]
 
@@ -287,50 +287,46 @@ async def _read(
         inbox.put_nowait(msg)
 
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    subject = decisions_subject(agent) if agent is not None else DECISIONS_WILDCARD
-    sub = await open_consumer(
-        js, DECISIONS_STREAM, subject, cb=on_msg, config=config, ordered=True,
-        check_s=10.0 if follow else None,
-    )  # fmt: skip
-    skipped = 0
-    recent: deque[DecisionRecord] = deque(maxlen=limit)
-    try:
-        start = await sub.consumer_info()
-        delivered = start.delivered.consumer_seq if start.delivered else 0
-        caught_up = limit == 0 or (not start.num_pending and not delivered)
-        while not caught_up:
-            msg = await _next(inbox, stop, timeout_s=None if follow else 10.0)
-            if msg is None:
-                if stop.is_set():
-                    return skipped
-                break  # nothing for 10 s while records were pending: print what came
-            record = _decode(msg)
-            if record is None:
-                skipped += 1
-            elif keep(record):
-                recent.append(record)
-            meta = msg.metadata
-            caught_up = meta.num_pending == 0 or meta.sequence.stream >= last_seq
-        out.backlog(list(recent))
-        if follow:
-            out.following()
-        while follow:
-            msg = await _next(inbox, stop, timeout_s=None)
-            if msg is None:
-                break
-            record = _decode(msg)
-            if record is None:
-                skipped += 1
-            elif keep(record):
-                out.one(record)
-        return skipped
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-        await release_consumer(sub)
+    with on_signals(lambda _sig: stop.set(), loop=asyncio.get_running_loop()):
+        subject = decisions_subject(agent) if agent is not None else DECISIONS_WILDCARD
+        sub = await open_consumer(
+            js, DECISIONS_STREAM, subject, cb=on_msg, config=config, ordered=True,
+            check_s=10.0 if follow else None,
+        )  # fmt: skip
+        skipped = 0
+        recent: deque[DecisionRecord] = deque(maxlen=limit)
+        try:
+            start = await sub.consumer_info()
+            delivered = start.delivered.consumer_seq if start.delivered else 0
+            caught_up = limit == 0 or (not start.num_pending and not delivered)
+            while not caught_up:
+                msg = await _next(inbox, stop, timeout_s=None if follow else 10.0)
+                if msg is None:
+                    if stop.is_set():
+                        return skipped
+                    break  # nothing for 10 s while records were pending: print what came
+                record = _decode(msg)
+                if record is None:
+                    skipped += 1
+                elif keep(record):
+                    recent.append(record)
+                meta = msg.metadata
+                caught_up = meta.num_pending == 0 or meta.sequence.stream >= last_seq
+            out.backlog(list(recent))
+            if follow:
+                out.following()
+            while follow:
+                msg = await _next(inbox, stop, timeout_s=None)
+                if msg is None:
+                    break
+                record = _decode(msg)
+                if record is None:
+                    skipped += 1
+                elif keep(record):
+                    out.one(record)
+            return skipped
+        finally:
+            await release_consumer(sub)
 
 
 async def _next(
