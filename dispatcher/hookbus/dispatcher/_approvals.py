@@ -63,6 +63,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import math
 import time
 from typing import Any, TypeVar
 
@@ -73,7 +74,7 @@ from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
 
 from hookbus._core.buckets import approvals_bucket_config
-from hookbus._core.jetstream import bind_key_value
+from hookbus._core.jetstream import bind_key_value, caller_deadline, time_left
 from hookbus.schemas import (
     APPROVAL_DEFAULT_OPTIONS,
     APPROVALS_BUCKET,
@@ -136,6 +137,10 @@ NOT_ASKED = "approval not asked"
 """How the reason of a deny starts when the approval record could not be written (e.g. an
 agent's own dispatcher on a secured server, where approvals are asked through the
 dispatcher service)."""
+
+SETTLE_READS_S = 0.5
+"""Seconds the reads at the caller's deadline (an answer that landed meanwhile decides)
+may take past it."""
 
 CALLERS_DEADLINE = "the caller's deadline ended the wait before an answer"
 """How the reason of a deny decided by the caller's deadline (not the approval's own
@@ -306,7 +311,10 @@ class Approvals:
             call_id: the call's id: the caller's idempotency key, else the emit's own id.
             wait_s: seconds the caller still waits (its deadline), None: no deadline. When it
                 ends the wait before the approval's own timeout, the call is denied and the
-                approval stays pending; it never applies `approval_default`.
+                approval stays pending; it never applies `approval_default`. Every store
+                read and write of the question (grants, the record, its creation, the
+                waiter lease) ends by then; the reads that look for an answer landed
+                meanwhile take at most `SETTLE_READS_S` more.
         Returns:
             `result` with ``action`` continue or deny and the ``reason``: a grant, the
             human's choice, the timeout's `approval_default`, a cancel (deny), options that
@@ -320,6 +328,12 @@ class Approvals:
                 `HookbusTimeoutError`: JetStream stayed unavailable); a grant store failure
                 only means the human is asked.
         """
+        with caller_deadline(wait_s):
+            return await self._decide(event, result, call_id=call_id, wait_s=wait_s)
+
+    async def _decide(
+        self, event: str, result: HookResult, *, call_id: str, wait_s: float | None
+    ) -> HookResult:
         started = time.monotonic()
         handler = result.decided_by or "?"
         result = msgspec.structs.replace(result, approval_timeout=_clamp(result.approval_timeout))
@@ -339,6 +353,8 @@ class Approvals:
         try:
             got = await store.get(label)  # a retry of this call finds its approval
         except HookbusError as exc:
+            if _out_of_time(exc):
+                raise
             return self._not_asked(result, exc)
         reserved = False
         if got is not None:
@@ -378,15 +394,16 @@ class Approvals:
         try:
             answer = await self._wait(store, label, metadata, caller_left if cut else remaining)
         except SuspensionTimeoutError:
-            if cut:
-                return await self._callers_deadline(result, label, options, store)
+            if cut:  # past the caller's deadline: a few reads only
+                with caller_deadline(SETTLE_READS_S, extend=True):
+                    return await self._callers_deadline(result, label, options, store)
             return await self._timed_out(result, label, options, store)
         except SuspensionCancelledError as exc:
             return self._cancelled(result, exc.reason)
         except SuspensionError:
             raise
         except HookbusError as exc:
-            if got is None:  # the approval could not be asked at all
+            if got is None and not _out_of_time(exc):  # the approval could not be asked
                 return self._not_asked(result, exc)
             raise
         return await self._answered(result, answer, options, store, label)
@@ -407,7 +424,12 @@ class Approvals:
         agent's keys of the approvals bucket), else None: then room is reserved."""
         if self._quota is None or self._own_agent_secured:
             return None  # none, or the agent may not create approvals at all: no count
-        pending = await self._quota.admit(store.agent_id)
+        left = time_left(math.inf)  # the count is shared: only this wait for it is cut
+        try:
+            async with asyncio.timeout(None if left == math.inf else left):
+                pending = await self._quota.admit(store.agent_id)
+        except TimeoutError:  # the caller's deadline: its room stays reserved, released
+            return None  # as an admitted question's (which then fails for lack of time)
         if pending is None:
             return None
         log.warning("agent %r has %d pending approvals: not asking more", store.agent_id, pending)
@@ -1014,3 +1036,10 @@ def _call_data(result: HookResult) -> dict[str, Any]:
     """The data of the call an ``ask_user`` result is about (the chained data of the emit;
     a result made outside an emit has only its own)."""
     return result.chained_data or result.data or {}
+
+
+def _out_of_time(exc: BaseException) -> bool:
+    """Whether `exc` is the store giving up at the caller's deadline (`caller_deadline`):
+    the store could not be reached in time (the caller records that failure), not a
+    question this dispatcher may not ask."""
+    return isinstance(exc, HookbusTimeoutError) and time_left(math.inf) <= 0

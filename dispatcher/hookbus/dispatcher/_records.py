@@ -22,8 +22,11 @@ A create over a delete marker is a compare-and-set on the marker's revision (`la
 reads it), and records that revision in its lineage (``deleted@<revision>``): a writer
 that reads the new record back finds out that its own base was deleted meanwhile.
 
-Retries go through tenacity and stop at a deadline (seconds per write). Deletes carry no
-body, so "the key is gone" (absent, or a delete marker) counts as done.
+Retries go through tenacity and stop at a deadline (seconds per write), or earlier at the
+caller's own deadline (`hookbus._core.jetstream.caller_deadline`: a ``hook`` with a
+timeout). A write cut by it raises `HookbusTimeoutError` with its outcome unknown: it may
+still land. Deletes carry no body, so "the key is gone" (absent, or a delete marker)
+counts as done.
 
 Every value read from the bucket is validated (size, UTF-8, JSON types, the label matching
 its key); a bad one is reported once per revision in the log and skipped, never raised.
@@ -47,6 +50,7 @@ from nats.js.api import DeliverPolicy
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
+from hookbus._core.jetstream import time_left
 from hookbus.schemas import (
     SUSPENSION_MAX_BYTES,
     BadRequestError,
@@ -396,11 +400,16 @@ class RecordStore:
         ours: Callable[[], T],
     ) -> T | None:
         """Run `attempt`; after an unknown outcome, `probe` decides: ours (return
-        `ours()`), unchanged (send it again) or changed (a lost race: None)."""
+        `ours()`), unchanged (send it again) or changed (a lost race: None). Every try
+        and probe ends by the store's deadline or the caller's (`time_left`), whichever
+        comes first; with no time left at all, nothing is sent."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.deadline_s
+        budget = time_left(self.deadline_s)
+        if budget <= 0:
+            raise HookbusTimeoutError(f"writing suspension {key[:80]}: no time left")
+        deadline = loop.time() + budget
         try:  # the first try goes without the retry machinery (40 us): most need no more
-            async with asyncio.timeout(self.deadline_s):
+            async with asyncio.timeout(budget):
                 return await attempt()
         except _Conflict:
             return None
@@ -419,7 +428,8 @@ class RecordStore:
             async for tried in retrying:
                 with tried:
                     if unknown:
-                        verdict = await probe()
+                        async with asyncio.timeout(max(0.001, deadline - loop.time())):
+                            verdict = await probe()
                         if verdict == "ours":
                             return ours()
                         if verdict == "changed":
@@ -428,8 +438,11 @@ class RecordStore:
                         async with asyncio.timeout(max(0.001, deadline - loop.time())):
                             return await attempt()
                     except _Conflict:
-                        if unknown and await probe() == "ours":
-                            return ours()  # our earlier try landed after all
+                        if unknown:
+                            async with asyncio.timeout(max(0.001, deadline - loop.time())):
+                                verdict = await probe()
+                            if verdict == "ours":
+                                return ours()  # our earlier try landed after all
                         return None
                     except BaseException as exc:
                         if is_transient(exc):
@@ -441,7 +454,7 @@ class RecordStore:
             if not is_transient(exc):
                 raise
             raise HookbusTimeoutError(
-                f"writing suspension {key[:80]} did not complete within {self.deadline_s:g} s"
+                f"writing suspension {key[:80]} did not complete within {budget:g} s"
                 f" ({type(exc).__name__}: {exc})"
             ) from exc
         raise AssertionError("unreachable")  # pragma: no cover

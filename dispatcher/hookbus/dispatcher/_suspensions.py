@@ -48,10 +48,12 @@ from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
 
 from hookbus._core.buckets import suspensions_bucket_config
+from hookbus._core.jetstream import caller_deadline, time_left
 from hookbus._core.nats_guard import harden_connection
 from hookbus.schemas import (
     AlreadySettledError,
     DuplicateSuspensionError,
+    HookbusTimeoutError,
     HookPart,
     HookStatus,
     ResolutionRejectedError,
@@ -86,6 +88,15 @@ __all__ = ["HookEventStream", "PendingHook", "RunScope", "SuspensionPage", "Susp
 log = logging.getLogger("hookbus.dispatcher")
 
 T = TypeVar("T")
+
+MIN_STORE_S = 0.5
+"""Seconds a hook's store reads and writes may take at least, however short its timeout
+(a timeout of 0 still creates its record, or takes a stored resolution)."""
+
+CLOSING_S = 1.0
+"""Seconds past a hook's timeout its closing write (detaching its record, so that a later
+``hook(label)`` may take it) may take; one cut there leaves the record attached until
+this process's lease lapses."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +271,10 @@ class Suspensions:
             label: any text; one live hook per label.
             payload: msgspec Struct or pydantic model type of the resolution (None: any JSON).
             metadata: JSON data shown to whoever resolves it (prompt, tool, ...).
-            timeout_s: seconds to wait; None waits until resolved, cancelled or aborted.
+            timeout_s: seconds the whole call may take: every store read and write it
+                makes (creating the record, the waiter lease, ...) ends by then too (but
+                gets at least `MIN_STORE_S`), and detaching the record at the end takes at
+                most `CLOSING_S` more. None waits until resolved, cancelled or aborted.
             schema: JSON Schema to check resolutions against (default: `payload`'s).
             shared: the label names one call that may be retried from another process (an
                 approval): attach to its pending record even if a waiter is recorded, and
@@ -276,14 +290,19 @@ class Suspensions:
             SuspensionCancelledError: it was cancelled (now or before), or its record removed.
             SuspensionAbortedError: `abort_pending_hook` / `abort_all` stopped the wait.
             SuspensionTimeoutError: no resolution within `timeout_s`.
-            HookbusTimeoutError: JetStream stayed unavailable while writing the record.
+            HookbusTimeoutError: JetStream stayed unavailable while writing the record, for
+                the store's deadline or until `timeout_s`, whichever came first (a write
+                cut there may still be stored: a pending record, which this call never
+                resolves).
         """
         with suspension_span(label, kind=kind, attributes=span_attributes) as span:
             try:
-                value = await self._hook(
-                    span, label, payload=payload, metadata=metadata, timeout_s=timeout_s,
-                    schema=schema, shared=shared,
-                )  # fmt: skip
+                bound = None if timeout_s is None else max(timeout_s, MIN_STORE_S)
+                with caller_deadline(bound):
+                    value = await self._hook(
+                        span, label, payload=payload, metadata=metadata, timeout_s=timeout_s,
+                        schema=schema, shared=shared,
+                    )  # fmt: skip
             except SuspensionCancelledError as exc:
                 span.event("cancelled", reason=exc.reason or "")
                 raise
@@ -308,12 +327,20 @@ class Suspensions:
         shared: bool,
     ) -> T:
         key = self.records.key(label)  # BadRequestError for a label too long to be a key
+        until = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
         if self._live.get(key) and not shared:
             raise DuplicateSuspensionError(
                 f"this process already waits on a hook labelled {label!r}"
             )
         run = note_label(label)
-        await self._deliveries.settle(key)  # a resolution handed out here is marked first
+        try:  # a resolution handed out here is marked first
+            bound = None if timeout_s is None else time_left(max(timeout_s, MIN_STORE_S))
+            async with asyncio.timeout(bound):
+                await self._deliveries.settle(key)
+        except TimeoutError as exc:
+            raise HookbusTimeoutError(
+                f"hook {label!r}: the mark of its last resolution was not stored in {timeout_s}s"
+            ) from exc
         leases = await self._lease()
         slot = self.watch.register(key)
         try:
@@ -383,7 +410,9 @@ class Suspensions:
                 break
             span.event("pending")
             slot.arm(Entry(revision, record))
-            return await self._wait(slot, label, hook_id, payload, timeout_s, run, shared=shared)
+            return await self._wait(
+                slot, label, hook_id, payload, timeout_s, run, shared=shared, until=until
+            )
         finally:
             self.watch.unregister(slot)
 
@@ -403,7 +432,10 @@ class Suspensions:
         run: RunScope | None,
         *,
         shared: bool,
+        until: float | None = None,
     ) -> T:
+        """Wait for the record's resolution until the loop time `until` (None: no end);
+        `timeout_s` (seconds) is what the error names."""
         scope = anyio.CancelScope()
         self._waiters.setdefault(hook_id, set()).add(scope)
         key = self.records.key(label)
@@ -411,7 +443,8 @@ class Suspensions:
         keep = False  # a run cancelled from outside: its exit removes the record
         took = False  # the resolution was handed to this wait: nothing to detach
         try:
-            with scope, anyio.move_on_after(timeout_s) as deadline:
+            left = None if until is None else max(0.0, until - asyncio.get_running_loop().time())
+            with scope, anyio.move_on_after(left) as deadline:
                 value = await self._untilsettled(slot, label, hook_id, payload, shared=shared)
                 took = True
                 return value
@@ -432,7 +465,8 @@ class Suspensions:
             if not self._live[key]:
                 del self._live[key]
             if key not in self._live and not keep and not took:
-                with anyio.CancelScope(shield=True):
+                closing = None if timeout_s is None else CLOSING_S
+                with anyio.CancelScope(shield=True), caller_deadline(closing, extend=True):
                     await self._detach(label)
             if scope.cancelled_caught:
                 if run is not None:

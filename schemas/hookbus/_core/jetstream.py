@@ -21,8 +21,10 @@ a JetStream that is not the one asked for (`JetStreamDomainError`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import nats.errors
@@ -54,6 +56,7 @@ __all__ = [
     "DomainKeyValue",
     "bind_js_domain",
     "bind_key_value",
+    "caller_deadline",
     "existing_key_value",
     "is_transient",
     "jetstream_context",
@@ -61,6 +64,7 @@ __all__ = [
     "kv_put_prefix",
     "kv_retry",
     "open_bucket",
+    "time_left",
 ]
 
 T = TypeVar("T")
@@ -247,6 +251,48 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, nats.js.errors.APIError) and getattr(exc, "code", None) == 503
 
 
+_CALLER_DEADLINE: contextvars.ContextVar[tuple[float, asyncio.Task[Any] | None] | None] = (
+    contextvars.ContextVar("hookbus_caller_deadline", default=None)
+)
+
+
+@contextlib.contextmanager
+def caller_deadline(timeout_s: float | None, *, extend: bool = False) -> Iterator[None]:
+    """Within the block, every `kv_retry` (and every store write that asks `time_left`)
+    of this task ends by `timeout_s` seconds from now: the caller's own timeout bounds
+    each retry loop, instead of the store's deadline. Tasks started in the block are not
+    bound by it (a background watch or lease heartbeat outlives the call).
+
+    Args:
+        timeout_s: seconds from now (None: no bound added).
+        extend: replace an earlier deadline of an enclosing block instead of keeping the
+            earlier of the two (e.g. a few reads allowed once the caller's deadline passed).
+    """
+    if timeout_s is None:
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    until = loop.time() + max(0.0, timeout_s)
+    outer = _CALLER_DEADLINE.get()
+    task = asyncio.current_task()
+    if not extend and outer is not None and outer[1] is task:
+        until = min(until, outer[0])
+    token = _CALLER_DEADLINE.set((until, task))
+    try:
+        yield
+    finally:
+        _CALLER_DEADLINE.reset(token)
+
+
+def time_left(deadline_s: float) -> float:
+    """`deadline_s` (seconds) cut to what the `caller_deadline` of this task leaves
+    (seconds, at least 0); `deadline_s` itself outside such a block."""
+    bound = _CALLER_DEADLINE.get()
+    if bound is None or bound[1] is not asyncio.current_task():
+        return deadline_s
+    return max(0.0, min(deadline_s, bound[0] - asyncio.get_running_loop().time()))
+
+
 async def kv_retry(
     op: Callable[[], Awaitable[T]],
     *,
@@ -257,7 +303,8 @@ async def kv_retry(
     max_wait_s: float = 1.0,
 ) -> T:
     """Run `op()` and retry it on transient JetStream errors until `deadline_s` seconds
-    have passed; each try is also bounded by the time left.
+    have passed, or the caller's deadline (`caller_deadline`) if that comes first; each
+    try is also bounded by the time left.
 
     Only for idempotent operations (see the module docstring). A non-transient error
     (``KeyNotFoundError``, a 400, ...) is raised at once, unchanged.
@@ -265,7 +312,7 @@ async def kv_retry(
     Args:
         op: a fresh awaitable per call, e.g. ``lambda: kv.get(key)``.
         deadline_s: seconds from now after which no try starts and the running one is
-            cancelled.
+            cancelled (cut to the caller's deadline, see `time_left`).
         what: names the operation in the log and in the error.
         log: where each failed try is logged (INFO): the caller's own logger
             (``hookbus.dispatcher``, ``hookbus.workers``).
@@ -278,6 +325,7 @@ async def kv_retry(
             stdlib `TimeoutError`); the last error is its ``__cause__``.
     """
     loop = asyncio.get_running_loop()
+    asked_s, deadline_s = deadline_s, time_left(deadline_s)
     deadline = loop.time() + deadline_s
     backoff = wait_exponential_jitter(
         multiplier=initial_wait_s, max=max_wait_s, jitter=initial_wait_s
@@ -308,8 +356,9 @@ async def kv_retry(
     except Exception as exc:
         if not is_transient(exc):
             raise
+        within = f"{deadline_s:g} s" + (" (the caller's deadline)" if deadline_s < asked_s else "")
         raise HookbusTimeoutError(
-            f"{what} did not succeed within {deadline_s:g} s (JetStream unavailable: "
+            f"{what} did not succeed within {within} (JetStream unavailable: "
             f"{type(exc).__name__}: {exc})"
         ) from exc
     return result

@@ -1,0 +1,132 @@
+"""A caller's timeout bounds every store write its call makes, on a 3-node cluster whose
+R3 suspensions and approvals buckets lost quorum (2 of 3 servers killed).
+
+- ``hook(label, timeout_s=2)`` raises `HookbusTimeoutError` (the store stayed unavailable)
+  by its timeout (plus a margin), not after the store's own retry deadline (15 s);
+- an ``emit(..., timeout_s=2)`` whose handler asks for approval is denied by its deadline,
+  the failure recorded: the approval's store calls gave up by themselves at the deadline;
+- once quorum is back, nothing the abandoned calls may have written decides anything: the
+  abandoned hook's record is at most pending, and the same call emitted again (same
+  idempotency key) is asked again, not allowed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _cluster import Cluster
+
+from hookbus.dispatcher import HookDispatcher
+from hookbus.schemas import HookbusError, HookbusTimeoutError, HookResult, SuspensionTimeoutError
+
+pytestmark = [pytest.mark.anyio, pytest.mark.faults, pytest.mark.timeout(180)]
+
+HANG_S = 4.0
+"""Seconds a call with a 2 s timeout may take here: a bound on a hang, not a speed check."""
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    c = Cluster(tmp_path / "cluster").start()
+    try:
+        await c.wait_ready()
+        yield c
+    finally:
+        c.stop()
+
+
+async def lose_quorum(cluster: Cluster) -> None:
+    for node in cluster.nodes[1:]:
+        node.kill()
+
+
+async def regain_quorum(cluster: Cluster) -> None:
+    for node in cluster.nodes[1:]:
+        node.start()
+    await cluster.wait_ready(60)
+
+
+async def asker(event: str, data: dict[str, Any]) -> HookResult:
+    return HookResult(action="ask_user", approval_prompt="go?", approval_timeout=600.0)
+
+
+async def test_hook_timeout_bounds_its_store_writes_without_quorum(cluster: Cluster) -> None:
+    nc = await cluster.connect(servers=[cluster.nodes[0].url])  # the node that stays up
+    try:
+        async with HookDispatcher(nc, bucket_replicas=3, approvals=False) as d:
+            warm = f"warm:{uuid.uuid4().hex[:8]}"
+            await d.suspensions.resolve_hook(warm, {"ok": True})
+            assert await d.hook(warm, timeout_s=10) == {"ok": True}  # lease, watch: started
+            await lose_quorum(cluster)
+
+            label = f"cut:{uuid.uuid4().hex[:8]}"
+            started = time.monotonic()
+            with pytest.raises(HookbusError) as raised:  # the store's deadline is 15 s
+                await d.hook(label, timeout_s=2)
+            took = time.monotonic() - started
+            print(f"hook(timeout_s=2) raised in {took:.2f} s: {raised.value!r}")
+            assert took < HANG_S, f"hook(timeout_s=2) raised after {took:.1f} s"
+            assert isinstance(raised.value, HookbusTimeoutError), repr(raised.value)
+
+            await regain_quorum(cluster)
+            got = await _read_through_election(d, label)
+            assert got is None or got[0].status == "pending", got
+            with pytest.raises(SuspensionTimeoutError):  # nothing resolved it meanwhile
+                await d.suspensions.for_agent(None).hook(label, timeout_s=0.5, shared=True)
+    finally:
+        await nc.close()
+
+
+async def test_emit_deadline_bounds_its_approval_writes_without_quorum(cluster: Cluster) -> None:
+    nc = await cluster.connect(servers=[cluster.nodes[0].url])
+    try:
+        async with HookDispatcher(nc, bucket_replicas=3) as d:
+            event = f"deadline:{uuid.uuid4().hex[:8]}"
+            d.register(event, asker, name="guard", failure_policy="deny")
+            warm = await d.emit(event, {"n": 0}, timeout_s=0.5)  # buckets open, lease written
+            assert warm.action == "deny", warm
+            await lose_quorum(cluster)
+
+            key = f"call-{uuid.uuid4().hex[:8]}"
+            started = time.monotonic()
+            result = await d.emit(event, {"n": 1}, idempotency_key=key, timeout_s=2)
+            took = time.monotonic() - started
+            print(f"emit(timeout_s=2) decided in {took:.2f} s: {result.reason!r}")
+            assert took < HANG_S, f"emit(timeout_s=2) decided after {took:.1f} s"
+            assert result.action == "deny", result
+            assert result.decided_by == "guard", result
+            assert result.reason.startswith("approval unavailable"), result
+            # the approval's store calls gave up by themselves at the deadline (a
+            # HookbusTimeoutError), not cancelled past it by the emitter's guard
+            [failure] = result.failures
+            assert "HookbusTimeoutError" in failure.message, failure
+
+            await regain_quorum(cluster)
+            again = await _emit_through_election(d, event, key)
+            assert again.action == "deny", again  # asked again (pending), never allowed
+    finally:
+        await nc.close()
+
+
+async def _read_through_election(d: HookDispatcher, label: str) -> Any:
+    for _ in range(30):
+        with contextlib.suppress(HookbusError):
+            return await d.suspensions.get(label)
+    raise AssertionError(f"{label!r} unreadable after quorum came back")
+
+
+async def _emit_through_election(d: HookDispatcher, event: str, key: str) -> HookResult:
+    result = await d.emit(event, {"n": 1}, idempotency_key=key, timeout_s=2)
+    for _ in range(10):  # an election may still deny it as unreachable: ask again
+        if "could not be reached" not in (result.reason or "") and "not asked" not in (
+            result.reason or ""
+        ):
+            return result
+        result = await d.emit(event, {"n": 1}, idempotency_key=key, timeout_s=2)
+    return result
