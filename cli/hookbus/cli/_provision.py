@@ -19,29 +19,42 @@ Every value is at most 1 MiB (the server's ``max_payload``). A full bucket refus
 (JetStream's ``discard: new`` for KV) instead of dropping records; the tenant's account
 limits (``auth.conf``) bound all of them together. Running it again changes nothing and
 reports a stream that exists with another configuration.
+
+``--placement-cluster`` and ``--placement-tag`` choose where JetStream puts every bucket and
+the audit stream (JetStream ``placement``: a supercluster's cluster, server tags); without
+them JetStream puts them in the cluster of the server provisioning connects to. A stream that
+exists placed otherwise is reported, never moved or recreated.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 from typing import Any, Final
 
 import click
-from nats.js.api import KeyValueConfig
+import nats.errors
+import nats.js.errors
+from nats.js.api import KeyValueConfig, Placement
 
 from hookbus._core.buckets import (
     approvals_bucket_config,
+    bucket_placement,
     handlers_bucket_config,
     leases_bucket_config,
+    placement_text,
+    stream_config_differences,
     suspensions_bucket_config,
 )
+from hookbus._core.jetstream import jetstream_context, open_bucket
 from hookbus.cli._permissions import inbox_prefix
 from hookbus.dispatcher._audit import ensure_decisions_stream
-from hookbus.dispatcher._kv import open_bucket
 from hookbus.schemas import (
     DECISIONS_STREAM,
+    BucketConfigError,
     HookbusError,
+    decisions_stream_config,
 )
 
 from ._auth_files import load_setup
@@ -63,14 +76,19 @@ BUCKET_MAX_BYTES: Final = {
 MAX_VALUE_BYTES: Final = MIB
 """The largest value a bucket takes (the server's ``max_payload``)."""
 
+log = logging.getLogger("hookbus.provision")
 
-def bucket_configs(*, replicas: int = 1) -> list[KeyValueConfig]:
-    """hookbus's buckets as provisioned: the library's configs with their limits."""
+
+def bucket_configs(
+    *, replicas: int = 1, placement: Placement | None = None
+) -> list[KeyValueConfig]:
+    """hookbus's buckets as provisioned: the library's configs with their limits, placed
+    by `placement` (None: as `bucket_placement` reads the environment)."""
     configs = [
-        handlers_bucket_config(replicas=replicas),
-        suspensions_bucket_config(replicas=replicas),
-        approvals_bucket_config(replicas=replicas),
-        leases_bucket_config(replicas=replicas),
+        handlers_bucket_config(replicas=replicas, placement=placement),
+        suspensions_bucket_config(replicas=replicas, placement=placement),
+        approvals_bucket_config(replicas=replicas, placement=placement),
+        leases_bucket_config(replicas=replicas, placement=placement),
     ]
     return [
         dataclasses.replace(c, max_bytes=BUCKET_MAX_BYTES[c.bucket], max_value_size=MAX_VALUE_BYTES)
@@ -78,21 +96,75 @@ def bucket_configs(*, replicas: int = 1) -> list[KeyValueConfig]:
     ]
 
 
-async def provision(nc: Any, *, replicas: int = 1, audit_max_bytes: int = 1024 * MIB) -> list[str]:
+async def provision(
+    nc: Any,
+    *,
+    replicas: int = 1,
+    audit_max_bytes: int = 1024 * MIB,
+    placement: Placement | None = None,
+) -> list[str]:
     """Create (or check) every bucket and the audit stream on `nc`'s account.
 
+    An existing one is used as it is; what differs from the config asked (replicas,
+    placement, ...) is a WARNING on ``hookbus.provision``.
+
+    Args:
+        replicas: JetStream replicas of each (3 on a 3-node cluster).
+        audit_max_bytes: the audit stream's storage limit, bytes.
+        placement: where JetStream puts each (cluster, server tags); None: as
+            `bucket_placement` reads the environment (none there: JetStream chooses).
     Returns:
         One line per stream, e.g. ``"KV_hookbus_handlers: ready (64 MiB)"``.
     Raises:
-        HookbusError: JetStream refused or stayed unavailable (its message says which).
+        HookbusError: JetStream refused (e.g. no servers match the placement) or stayed
+            unavailable (its message says which).
     """
+    placement = placement or bucket_placement()
     lines = []
-    for config in bucket_configs(replicas=replicas):
-        await open_bucket(nc, config)
+    for config in bucket_configs(replicas=replicas, placement=placement):
+        await open_bucket(nc, config, log=log, check_replicas=True)
         lines.append(f"KV_{config.bucket}: ready ({(config.max_bytes or 0) // MIB} MiB)")
+    if placement is not None:
+        await _placed_decisions_stream(nc, replicas, audit_max_bytes, placement)
     await ensure_decisions_stream(nc, max_bytes=audit_max_bytes, replicas=replicas)
     lines.append(f"{DECISIONS_STREAM}: ready ({audit_max_bytes // MIB} MiB)")
     return lines
+
+
+async def _placed_decisions_stream(
+    nc: Any, replicas: int, max_bytes: int, placement: Placement
+) -> None:
+    """Create the audit stream placed by `placement` if absent, or warn that it exists
+    placed otherwise (`ensure_decisions_stream` then checks the rest of its config).
+
+    Raises:
+        BucketConfigError: JetStream refused to create it (e.g. no servers match).
+    """
+    config = decisions_stream_config(max_bytes=max_bytes, replicas=replicas, placement=placement)
+    js = jetstream_context(nc, timeout=10.0)
+    try:
+        info = await js.stream_info(DECISIONS_STREAM)
+    except nats.js.errors.NotFoundError:
+        try:
+            await js.add_stream(config)
+        except nats.js.errors.APIError as exc:
+            raise BucketConfigError(
+                f"cannot create the decision audit stream {DECISIONS_STREAM} as asked"
+                f" (replicas {replicas}, placement {placement_text(placement)}):"
+                f" {getattr(exc, 'description', None) or exc}"
+            ) from None
+        return
+    except (TimeoutError, nats.errors.Error):
+        return  # ensure_decisions_stream says what it could not read
+    placed = [
+        d for d in stream_config_differences(config, info.config) if d.startswith("placement")
+    ]
+    if placed:
+        log.warning(
+            "stream %s exists with another config, used as it is: %s",
+            DECISIONS_STREAM,
+            "; ".join(placed),
+        )
 
 
 def _admin_settings(out: Path, tenant: str, url: str | None) -> ConnectionSettings:
@@ -124,9 +196,27 @@ def _admin_settings(out: Path, tenant: str, url: str | None) -> ConnectionSettin
 )
 @click.option("--tenant", "tenants", multiple=True, help="With --dir: only this tenant; repeat.")
 @click.option("--replicas", default=1, show_default=True, help="JetStream replicas (3: cluster).")
+@click.option(
+    "--placement-cluster",
+    help="Put every bucket and the audit stream in this cluster (of a supercluster). "
+    "Default (neither placement option): env HOOKBUS_BUCKET_PLACEMENT_CLUSTER and "
+    "HOOKBUS_BUCKET_PLACEMENT_TAGS, else the cluster of the server connected to.",
+)
+@click.option(
+    "--placement-tag",
+    "placement_tags",
+    multiple=True,
+    help="Put every replica on servers with this server tag (their server_tags); repeat: "
+    "servers with all of them.",
+)
 @connection_options
 def provision_cmd(
-    out: Path | None, tenants: tuple[str, ...], replicas: int, conn: ConnectionSettings
+    out: Path | None,
+    tenants: tuple[str, ...],
+    replicas: int,
+    placement_cluster: str | None,
+    placement_tags: tuple[str, ...],
+    conn: ConnectionSettings,
 ) -> None:
     """Create hookbus's buckets and audit stream, with their limits, as an admin: the only
     role that may create streams. Run it once after starting the server (again: it changes
@@ -134,10 +224,12 @@ def provision_cmd(
     the admin with the usual options (e.g. NATS_URL and NATS_NKEY)."""
     from ._serve_cmds import run_async
 
+    placement = bucket_placement(placement_cluster, placement_tags)
+
     async def one(settings: ConnectionSettings) -> list[str]:
         nc = await connect(settings, name="hookbus-provision", max_reconnects=0)
         try:
-            return await provision(nc, replicas=replicas)
+            return await provision(nc, replicas=replicas, placement=placement)
         except HookbusError as exc:
             raise click.ClickException(str(exc)) from None
         finally:

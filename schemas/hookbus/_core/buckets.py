@@ -7,38 +7,99 @@ A bucket that already exists keeps its configuration (JetStream refuses to creat
 with another one); `config_differences` names what differs so that it is reported, never
 used silently. `stream_config_differences` does the same for the decision audit trail's
 stream (`hookbus.schemas.decisions_stream_config`).
+
+**Placement** (which cluster, or which tagged servers, hold a bucket: JetStream's
+``placement``) is chosen by the operator: `bucket_placement` reads it, once, from
+``HOOKBUS_BUCKET_PLACEMENT_CLUSTER`` and ``HOOKBUS_BUCKET_PLACEMENT_TAGS``, and every
+``*_bucket_config`` uses it unless given one (``decisions_stream_config`` places the audit
+stream only as given). None set: no placement (JetStream puts the stream in the cluster of
+the server that created it).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from nats.js.api import KeyValueConfig, StorageType, StreamConfig
+from nats.js.api import KeyValueConfig, Placement, StorageType, StreamConfig
 
 from hookbus.schemas import APPROVALS_BUCKET, HANDLERS_BUCKET, LEASES_BUCKET, SUSPENSIONS_BUCKET
 
 __all__ = [
+    "PLACEMENT_CLUSTER_ENV",
+    "PLACEMENT_TAGS_ENV",
     "approvals_bucket_config",
+    "bucket_placement",
     "config_differences",
     "handlers_bucket_config",
     "leases_bucket_config",
+    "placement_text",
     "stream_config_differences",
     "suspensions_bucket_config",
 ]
 
 
-def handlers_bucket_config(*, replicas: int = 1) -> KeyValueConfig:
-    """The `HANDLERS_BUCKET` config: one value per key (history 1), file storage, direct get."""
+PLACEMENT_CLUSTER_ENV = "HOOKBUS_BUCKET_PLACEMENT_CLUSTER"
+"""The env var naming the cluster that holds the buckets and audit stream hookbus creates."""
+
+PLACEMENT_TAGS_ENV = "HOOKBUS_BUCKET_PLACEMENT_TAGS"
+"""The env var listing (comma-separated) the server tags every replica's server must have."""
+
+
+def bucket_placement(
+    cluster: str | None = None, tags: list[str] | tuple[str, ...] | None = None
+) -> Placement | None:
+    """JetStream placement of the buckets and stream hookbus creates.
+
+    Args:
+        cluster: the cluster's name (a supercluster's cluster, as in its ``cluster { name }``).
+        tags: server tags (``server_tags``) every server holding a replica must have.
+    Returns:
+        A `Placement` of the arguments if either is given; else one from the environment
+        (`PLACEMENT_CLUSTER_ENV`, `PLACEMENT_TAGS_ENV`: comma-separated, blanks ignored);
+        None when neither gives any (no placement: JetStream chooses).
+    """
+    if cluster is None and not tags:
+        cluster = os.environ.get(PLACEMENT_CLUSTER_ENV, "").strip() or None
+        tags = [t.strip() for t in os.environ.get(PLACEMENT_TAGS_ENV, "").split(",")]
+    tags = [t for t in (tags or []) if t]
+    if not cluster and not tags:
+        return None
+    return Placement(cluster=cluster or None, tags=tags or None)
+
+
+def placement_text(placement: Any) -> str:
+    """`placement` in one phrase, e.g. ``"cluster east, tags [site:a]"``; ``"none"``."""
+    cluster = getattr(placement, "cluster", None)
+    tags = sorted(getattr(placement, "tags", None) or [])
+    parts = ([f"cluster {cluster}"] if cluster else []) + ([f"tags {tags}"] if tags else [])
+    return ", ".join(parts).replace("'", "") or "none"
+
+
+def _placed(placement: Placement | None) -> Placement | None:
+    return placement if placement is not None else bucket_placement()
+
+
+def handlers_bucket_config(
+    *, replicas: int = 1, placement: Placement | None = None
+) -> KeyValueConfig:
+    """The `HANDLERS_BUCKET` config: one value per key (history 1), file storage, direct get.
+
+    Every ``*_bucket_config`` takes `placement`: where JetStream puts the bucket's replicas
+    (None: `bucket_placement`, from the environment; none there: JetStream chooses)."""
     return KeyValueConfig(
         bucket=HANDLERS_BUCKET,
         description="hookbus handler declarations (one per event and handler)",
         history=1,
         replicas=replicas,
         direct=True,
+        placement=_placed(placement),
     )
 
 
-def suspensions_bucket_config(*, ttl_s: float = 7 * 24 * 3600, replicas: int = 1) -> KeyValueConfig:
+def suspensions_bucket_config(
+    *, ttl_s: float = 7 * 24 * 3600, replicas: int = 1, placement: Placement | None = None
+) -> KeyValueConfig:
     """The `SUSPENSIONS_BUCKET` config. Every record expires `ttl_s` seconds after its last
     write (the bucket's max age), so abandoned suspensions do not pile up."""
     return KeyValueConfig(
@@ -48,10 +109,13 @@ def suspensions_bucket_config(*, ttl_s: float = 7 * 24 * 3600, replicas: int = 1
         ttl=ttl_s,
         replicas=replicas,
         direct=True,
+        placement=_placed(placement),
     )
 
 
-def leases_bucket_config(*, lease_s: float = 15.0, replicas: int = 1) -> KeyValueConfig:
+def leases_bucket_config(
+    *, lease_s: float = 15.0, replicas: int = 1, placement: Placement | None = None
+) -> KeyValueConfig:
     """The `LEASES_BUCKET` config: a waiter lease lives `lease_s` seconds after its last
     heartbeat (the bucket's max age, counted by the server's clock), memory storage."""
     return KeyValueConfig(
@@ -61,11 +125,14 @@ def leases_bucket_config(*, lease_s: float = 15.0, replicas: int = 1) -> KeyValu
         ttl=lease_s,
         replicas=replicas,
         direct=True,
+        placement=_placed(placement),
         storage=StorageType.MEMORY,
     )
 
 
-def approvals_bucket_config(*, ttl_s: float = 7 * 24 * 3600, replicas: int = 1) -> KeyValueConfig:
+def approvals_bucket_config(
+    *, ttl_s: float = 7 * 24 * 3600, replicas: int = 1, placement: Placement | None = None
+) -> KeyValueConfig:
     """The `APPROVALS_BUCKET` config: approval records (``<agent>.<label>``), the approvers'
     answer proofs (``<agent>.<label>.<approver>``) and "Allow always" grants (five tokens,
     see `grant_key`), each kept `ttl_s` seconds after its last write (7 days: the longest
@@ -77,6 +144,7 @@ def approvals_bucket_config(*, ttl_s: float = 7 * 24 * 3600, replicas: int = 1) 
         ttl=ttl_s,
         replicas=replicas,
         direct=True,
+        placement=_placed(placement),
     )
 
 
@@ -91,22 +159,39 @@ def _storage(value: Any) -> str:
     return str(getattr(value, "value", value))
 
 
-def config_differences(asked: KeyValueConfig, actual: Any) -> list[str]:
+def _placement_differs(asked: Any, actual: Any) -> bool:
+    """Whether a stream placed `actual` is not placed as `asked` (None asked: never)."""
+    if asked is None:
+        return False
+    return (asked.cluster or None) != (getattr(actual, "cluster", None) or None) or sorted(
+        asked.tags or []
+    ) != sorted(getattr(actual, "tags", None) or [])
+
+
+def config_differences(asked: KeyValueConfig, actual: Any, *, replicas: bool = True) -> list[str]:
     """What an existing bucket's configuration does not share with the one asked for.
 
-    Compares replicas, TTL (max age, seconds, within 1 ms), history, storage and direct
-    get: the settings that decide durability and record lifetime.
+    Compares replicas, TTL (max age, seconds, within 1 ms), history, storage, direct get
+    and, when one is asked, placement: the settings that decide durability, record lifetime
+    and where the bucket lives.
 
     Args:
         asked: the config hookbus would create the bucket with (``*_bucket_config``).
         actual: the bucket stream's config as the server reports it (a nats-py
             ``StreamConfig``, e.g. ``(await kv.status()).stream_info.config``).
+        replicas: compare the replica count (False: a client opening a bucket someone
+            else created, which takes the bucket's replicas as they are).
     Returns:
-        One human-readable line per difference, e.g. ``"replicas: asked 3, bucket has 1"``;
-        empty when the bucket is as asked.
+        One human-readable line per difference, e.g. ``"replicas: asked 3, bucket has 1"``
+        or ``"placement: asked tags [site:a], bucket has none"``; empty when the bucket is
+        as asked.
     """
     pairs: list[tuple[str, Any, Any]] = [
-        ("replicas", asked.replicas or 1, getattr(actual, "num_replicas", None) or 1),
+        *(
+            [("replicas", asked.replicas or 1, getattr(actual, "num_replicas", None) or 1)]
+            if replicas
+            else []
+        ),
         ("history", asked.history or 1, getattr(actual, "max_msgs_per_subject", None) or 1),
         ("storage", _storage(asked.storage), _storage(getattr(actual, "storage", None))),
         ("direct get", bool(asked.direct), bool(getattr(actual, "allow_direct", False))),
@@ -116,6 +201,12 @@ def config_differences(asked: KeyValueConfig, actual: Any) -> list[str]:
     if abs(ttl_asked - ttl_actual) > 1e-3:
         shown = [f"{t:g} s" if t else "none" for t in (ttl_asked, ttl_actual)]
         out.append(f"ttl: asked {shown[0]}, bucket has {shown[1]}")
+    placed = getattr(actual, "placement", None)
+    if _placement_differs(asked.placement, placed):
+        out.append(
+            f"placement: asked {placement_text(asked.placement)}, bucket has"
+            f" {placement_text(placed)}"
+        )
     return out
 
 
@@ -125,7 +216,8 @@ def _value(v: Any) -> Any:
 
 def stream_config_differences(asked: StreamConfig, actual: Any) -> list[str]:
     """What an existing stream's config does not share with the one asked for: subjects,
-    retention, discard, max age (within 1 ms), max bytes, replicas, storage.
+    retention, discard, max age (within 1 ms), max bytes, replicas, storage, and placement
+    when one is asked.
 
     Args:
         asked: the config hookbus would create it with
@@ -147,4 +239,10 @@ def stream_config_differences(asked: StreamConfig, actual: Any) -> list[str]:
     age_actual = float(getattr(actual, "max_age", None) or 0)
     if abs(age_asked - age_actual) > 1e-3:
         out.append(f"max_age: asked {age_asked:g} s, stream has {age_actual:g} s")
+    placed = getattr(actual, "placement", None)
+    if _placement_differs(asked.placement, placed):
+        out.append(
+            f"placement: asked {placement_text(asked.placement)}, stream has"
+            f" {placement_text(placed)}"
+        )
     return out

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
@@ -49,7 +50,7 @@ from hookbus.schemas import (
     NotPermittedError,
 )
 
-from .buckets import config_differences
+from .buckets import config_differences, placement_text
 from .nats_guard import bucket_refusal, harden_connection
 
 __all__ = [
@@ -418,6 +419,8 @@ async def open_bucket(
     strict: bool = False,
     deadline_s: float = 30.0,
     js_domain: str | None = None,
+    check_replicas: bool = False,
+    differences_out: list[str] | None = None,
 ) -> KeyValue:
     """The bucket `config.bucket`, created with `config` if absent (retried through a
     leader election within `deadline_s` seconds), in the JetStream domain of `js_domain_of`
@@ -425,9 +428,16 @@ async def open_bucket(
     domain it is a `DomainKeyValue`.
 
     A bucket that exists with another configuration is used as it is (JetStream keeps a
-    stream's config), and reported: a WARNING naming each difference (replicas, TTL,
-    history, storage, direct get; see `config_differences`) on `log`, or, with `strict`, an
-    error.
+    stream's config), and reported: a WARNING naming each difference (TTL, history,
+    storage, direct get, placement when `config` has one; see `config_differences`) on
+    `log`, or, with `strict`, an error. Its replica count is compared only with
+    `check_replicas` (provisioning, which decides it): any other client takes the
+    bucket's replicas as they are (a DEBUG line, once per bucket and process).
+
+    Args:
+        check_replicas: report a replica count other than ``config.replicas``.
+        differences_out: if given, the differences are appended to it instead of logged
+            (with `strict` they are still raised).
 
     Fails closed on a JetStream that is not the fleet's: a bucket is created only where
     the answering JetStream's domain (``$JS.API.INFO``) is the one asked for (none asked:
@@ -458,11 +468,14 @@ async def open_bucket(
         except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
             await _check_domain(js, domain, config.bucket)
             try:
-                return await js.create_key_value(config=config), []
+                return await _create_key_value(js, config), []
             except nats.js.errors.BadRequestError:  # created meanwhile with another config
                 kv = await js.key_value(config.bucket)
         status = await kv.status()
-        return kv, config_differences(config, status.stream_info.config)
+        actual = status.stream_info.config
+        if not check_replicas and (actual.num_replicas or 1) != (config.replicas or 1):
+            _replicas_taken(log, config.bucket, config.replicas or 1, actual.num_replicas or 1)
+        return kv, config_differences(config, actual, replicas=check_replicas)
 
     async def attempt() -> tuple[KeyValue, list[str]]:
         nonlocal silent_since
@@ -494,11 +507,51 @@ async def open_bucket(
     except nats.js.errors.APIError as exc:  # e.g. R3 asked of a server that is not clustered
         raise BucketConfigError(
             f"cannot create bucket {config.bucket} as asked (replicas {config.replicas}, "
-            f"ttl {config.ttl or 0:g} s): {getattr(exc, 'description', None) or exc}"
+            f"ttl {config.ttl or 0:g} s{_placement_part(config)}): "
+            f"{getattr(exc, 'description', None) or exc}"
         ) from exc
     if differences:
         text = "; ".join(differences)
         if strict:
             raise BucketConfigError(f"bucket {config.bucket} exists with another config: {text}")
+        if differences_out is not None:
+            differences_out.extend(differences)
+            return _in_domain(kv, domain)
         log.warning("bucket %s exists with another config, used as it is: %s", config.bucket, text)
     return _in_domain(kv, domain)
+
+
+def _placement_part(config: KeyValueConfig) -> str:
+    return "" if config.placement is None else f", placement {placement_text(config.placement)}"
+
+
+_REPLICAS_TAKEN: set[str] = set()
+
+
+def _replicas_taken(log: logging.Logger, bucket: str, asked: int, actual: int) -> None:
+    """Log once per bucket and process (DEBUG) that an existing bucket's replicas are used."""
+    if bucket in _REPLICAS_TAKEN:
+        return
+    _REPLICAS_TAKEN.add(bucket)
+    log.debug(
+        "bucket %s has %d replicas (this process would create %d): used", bucket, actual, asked
+    )
+
+
+async def _create_key_value(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
+    """``js.create_key_value(config)``, with `config`'s placement given to the stream (nats-py
+    leaves a KV config's placement out of the stream it creates)."""
+    if config.placement is None:
+        return await js.create_key_value(config=config)
+    add_stream = js.add_stream
+
+    async def add_placed(stream: api.StreamConfig | None = None, **params: Any) -> Any:
+        if stream is not None:
+            stream = dataclasses.replace(stream, placement=config.placement)
+        return await add_stream(stream, **params)
+
+    js.add_stream = add_placed  # type: ignore[method-assign]
+    try:
+        return await js.create_key_value(config=config)
+    finally:
+        del js.add_stream

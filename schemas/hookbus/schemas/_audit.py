@@ -9,7 +9,7 @@ oldest discarded first); `decisions_stream_config` is the configuration it is cr
 from __future__ import annotations
 
 import msgspec
-from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import DiscardPolicy, Placement, RetentionPolicy, StorageType, StreamConfig
 
 from ._subjects import DECISIONS_STREAM, DECISIONS_WILDCARD
 from ._types import Action, HandlerFailure, _Wire
@@ -89,12 +89,14 @@ def decisions_stream_config(
     max_age_s: float = DECISIONS_DEFAULT_MAX_AGE_S,
     max_bytes: int = DECISIONS_DEFAULT_MAX_BYTES,
     replicas: int = 1,
+    placement: Placement | None = None,
 ) -> StreamConfig:
     """The `DECISIONS_STREAM` config: every ``hookbus.v1.decisions.*`` subject, file
     storage, limits retention (records are kept until they are older than `max_age_s`
     seconds or the stream exceeds `max_bytes`; then the oldest go first), no deletion of
     single records (`deny_delete`: an audit record is never removed on its own), a 2-minute
-    duplicate window for retried publishes. `replicas`: 3 on a cluster."""
+    duplicate window for retried publishes. `replicas`: 3 on a cluster. `placement`: where
+    JetStream puts its replicas (cluster, server tags; None: JetStream chooses)."""
     return StreamConfig(
         name=DECISIONS_STREAM,
         description="hookbus decision audit trail: one record per decided emit",
@@ -107,4 +109,5 @@ def decisions_stream_config(
         num_replicas=replicas,
         duplicate_window=120.0,
         deny_delete=True,
+        placement=placement,
     )
