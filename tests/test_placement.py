@@ -117,3 +117,8 @@ async def test_emit_on_r3_buckets_warns_nothing_about_replicas(cluster: Cluster)
         assert emitted.returncode == 0, err
         assert "bucket has" not in err and "another config" not in err, err
         assert '"continue"' in emitted.stdout.decode()
+    audited = await _hookbus(
+        "emit", "tool:pre", '{"tool_name": "bash"}', "--audit", "--url", cluster.url, env=_env()
+    )  # the R3 audit stream too, opened by a client without a replicas option
+    err = audited.stderr.decode()
+    assert audited.returncode == 0 and "stream has" not in err and "another config" not in err, err

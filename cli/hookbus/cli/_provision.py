@@ -126,7 +126,9 @@ async def provision(
         lines.append(f"KV_{config.bucket}: ready ({(config.max_bytes or 0) // MIB} MiB)")
     if placement is not None:
         await _placed_decisions_stream(nc, replicas, audit_max_bytes, placement)
-    await ensure_decisions_stream(nc, max_bytes=audit_max_bytes, replicas=replicas)
+    await ensure_decisions_stream(
+        nc, max_bytes=audit_max_bytes, replicas=replicas, check_replicas=True
+    )
     lines.append(f"{DECISIONS_STREAM}: ready ({audit_max_bytes // MIB} MiB)")
     return lines
 

@@ -42,7 +42,7 @@ import nats.js.errors
 from nats.aio.client import Client as NATS
 from opentelemetry import metrics, trace
 
-from hookbus._core.buckets import stream_config_differences
+from hookbus._core.buckets import bucket_placement, stream_config_differences
 from hookbus._core.jetstream import jetstream_context
 from hookbus.schemas import (
     DECISIONS_DEFAULT_MAX_AGE_S,
@@ -79,11 +79,15 @@ async def ensure_decisions_stream(
     replicas: int = 1,
     strict: bool = False,
     timeout_s: float = 5.0,
+    check_replicas: bool = False,
 ) -> None:
-    """Open the decisions stream with a stream info request; create it only if it is absent.
+    """Open the decisions stream with a stream info request; create it only if it is absent
+    (`replicas` of them, placed as `hookbus._core.buckets.bucket_placement` says).
 
     A stream that exists with another config is used as it is and reported (a WARNING, or
-    `BucketConfigError` with `strict`). If the info request gets no answer within
+    `BucketConfigError` with `strict`); its replica count is compared only with
+    `check_replicas` (provisioning decides replicas: a client opening an R3 stream without
+    a replicas option accepts it, said once at debug). If the info request gets no answer within
     `timeout_s` (this NATS user may publish records but not read the stream's info), a
     WARNING says so and the records are published anyway (a missing stream then shows as
     dropped records).
@@ -96,7 +100,9 @@ async def ensure_decisions_stream(
             single server, or another stream already holds its subjects), or `strict` and it
             exists with another config.
     """
-    config = decisions_stream_config(max_age_s=max_age_s, max_bytes=max_bytes, replicas=replicas)
+    config = decisions_stream_config(
+        max_age_s=max_age_s, max_bytes=max_bytes, replicas=replicas, placement=bucket_placement()
+    )
     name = config.name or ""
     js = jetstream_context(nc, timeout=timeout_s)
     try:
@@ -128,6 +134,11 @@ async def ensure_decisions_stream(
                     f" {replicas}): {getattr(exc, 'description', None) or exc}"
                 ) from exc
     differences = stream_config_differences(config, info.config)
+    if not check_replicas:
+        kept = [d for d in differences if not d.startswith("replicas:")]
+        if len(kept) < len(differences):
+            log.debug("stream %s has another replica count, used as it is", name)
+        differences = kept
     if differences:
         text = "; ".join(differences)
         if strict:
