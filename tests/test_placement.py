@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _cluster import Cluster
@@ -48,9 +49,25 @@ def _tag_first_node(c: Cluster, tag: str) -> None:
     node.write_config = tagged  # type: ignore[method-assign]
 
 
+def _room_for_provisioning(c: Cluster) -> None:
+    """Let each node reserve what provisioning asks (every bucket's and the audit stream's
+    max_bytes: several GiB); the test clusters' 1 GB file store refuses that ("insufficient
+    storage") as soon as the meta leader has the nodes' storage figures. Reserved, not used."""
+    for node in c.nodes:
+        write = node.write_config
+
+        def roomy(write: Any = write, node: Any = node) -> None:
+            write()
+            text = node.config_file.read_text()
+            node.config_file.write_text(text.replace("max_file_store: 1GB", "max_file_store: 64GB"))
+
+        node.write_config = roomy  # type: ignore[method-assign]
+
+
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     c = Cluster(tmp_path / "cluster")
+    _room_for_provisioning(c)
     _tag_first_node(c, "site:a")
     c.start()
     try:

@@ -469,8 +469,11 @@ async def open_bucket(
             await _check_domain(js, domain, config.bucket)
             try:
                 return await _create_key_value(js, config), []
-            except nats.js.errors.BadRequestError:  # created meanwhile with another config
-                kv = await js.key_value(config.bucket)
+            except nats.js.errors.BadRequestError as refused:
+                try:  # created meanwhile with another config?
+                    kv = await js.key_value(config.bucket)
+                except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
+                    raise refused from None  # no: the server's own reason (e.g. storage)
         status = await kv.status()
         actual = status.stream_info.config
         if not check_replicas and (actual.num_replicas or 1) != (config.replicas or 1):
