@@ -1,7 +1,8 @@
 """What the single-handler benchmarks (`gateway_bench.py`, `pydantic_ai_bench.py`) share:
 their worker process (one ``tool:pre`` handler that allows every call, and a raw nats-py
 responder with a HookReply-shaped answer for the baseline, served until SIGTERM/SIGINT) and
-their command line (``--url``, ``--quick``, and ``--serve`` for the worker process).
+their command line (``--url``, ``--quick``, and ``--serve`` for the worker process); `serve_worker`
+also serves `sites_bench.py`'s worker.
 """
 
 from __future__ import annotations
@@ -38,6 +39,14 @@ async def serve_allow_all(
         return None
 
     worker.add_handler(TOOL_PRE, allow, name=handler, timeout_s=5.0)
+
+    await serve_worker(nc, worker, raw_subject=raw_subject, ready=ready)
+
+
+async def serve_worker(nc: Any, worker: HookWorker, *, raw_subject: str, ready: str) -> None:
+    """Serve `worker` (its handlers added) and the raw responder on `raw_subject` until
+    SIGTERM/SIGINT; print `ready` on stderr once both are subscribed and the declaration is
+    in the registry. Unregisters the worker and drains `nc` at the end."""
 
     async def raw(msg: Msg) -> None:
         await msg.respond(RAW_REPLY)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import signal
 import socket
 import subprocess
 import sys
@@ -40,10 +39,10 @@ from pathlib import Path
 from typing import Any
 
 import nats
+from _allow_worker import RAW_REPLY, serve_worker
 from _measure import BenchAborted, Failures, Side, emit_outcome, latency_rounds, timed
 from _procs import Proc
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 
 from hookbus.cli import find_nats_server
 from hookbus.dispatcher import HookDispatcher
@@ -54,7 +53,6 @@ SELF = Path(__file__).resolve()
 DOMAIN = "hub"
 HANDLER = "sites_guard"
 RAW_SUBJECT = "bench.sites.raw"
-RAW_REPLY = b'{"handler":"raw","result":{"action":"continue"}}'
 READY = "sites bench worker ready"
 LS = {"tool_name": "bash", "tool_input": {"command": "ls"}}
 RM = {"tool_name": "bash", "tool_input": {"command": "rm -rf /"}}
@@ -83,21 +81,7 @@ async def serve(url: str) -> None:
             return HookResult(action="deny", reason="rm -rf is not allowed")
         return HookResult(action="continue")
 
-    async def raw(msg: Msg) -> None:
-        await msg.respond(RAW_REPLY)
-
-    await nc.subscribe(RAW_SUBJECT, cb=raw)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    async with worker:
-        await nc.flush()
-        print(READY, file=sys.stderr, flush=True)
-        await stop.wait()
-    with contextlib.suppress(Exception):
-        await worker.unregister()
-    await nc.drain()
+    await serve_worker(nc, worker, raw_subject=RAW_SUBJECT, ready=READY)
 
 
 # -- the servers --------------------------------------------------------------------------------
