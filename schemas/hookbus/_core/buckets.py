@@ -201,13 +201,17 @@ def config_differences(asked: KeyValueConfig, actual: Any, *, replicas: bool = T
     if abs(ttl_asked - ttl_actual) > 1e-3:
         shown = [f"{t:g} s" if t else "none" for t in (ttl_asked, ttl_actual)]
         out.append(f"ttl: asked {shown[0]}, bucket has {shown[1]}")
-    placed = getattr(actual, "placement", None)
-    if _placement_differs(asked.placement, placed):
-        out.append(
-            f"placement: asked {placement_text(asked.placement)}, bucket has"
-            f" {placement_text(placed)}"
-        )
+    out += _placement_difference(asked.placement, actual, "bucket")
     return out
+
+
+def _placement_difference(asked: Placement | None, actual: Any, what: str) -> list[str]:
+    """The placement line of `config_differences` / `stream_config_differences` (`what`:
+    "bucket" or "stream"), or none: compared only when a placement is asked."""
+    placed = getattr(actual, "placement", None)
+    if not _placement_differs(asked, placed):
+        return []
+    return [f"placement: asked {placement_text(asked)}, {what} has {placement_text(placed)}"]
 
 
 def _value(v: Any) -> Any:
@@ -239,10 +243,5 @@ def stream_config_differences(asked: StreamConfig, actual: Any) -> list[str]:
     age_actual = float(getattr(actual, "max_age", None) or 0)
     if abs(age_asked - age_actual) > 1e-3:
         out.append(f"max_age: asked {age_asked:g} s, stream has {age_actual:g} s")
-    placed = getattr(actual, "placement", None)
-    if _placement_differs(asked.placement, placed):
-        out.append(
-            f"placement: asked {placement_text(asked.placement)}, stream has"
-            f" {placement_text(placed)}"
-        )
+    out += _placement_difference(asked.placement, actual, "stream")
     return out
