@@ -113,3 +113,27 @@ def test_a_broken_config_is_refused(tmp_path: Path) -> None:
         [find_nats_server(), "-c", str(bad), "-t"], capture_output=True, text=True, timeout=30
     )
     assert out.returncode != 0
+
+
+DEPLOY_SUPERCLUSTER = Path(__file__).parents[1] / "deploy" / "supercluster"
+SUPERCLUSTER_NODES = sorted(DEPLOY_SUPERCLUSTER.glob("*-n*.conf"))
+
+
+def test_the_supercluster_has_two_clusters_of_three() -> None:
+    assert [p.name for p in SUPERCLUSTER_NODES] == [
+        f"{c}-n{i}.conf" for c in ("east", "west") for i in (1, 2, 3)
+    ]
+    for config in SUPERCLUSTER_NODES:
+        text = config.read_text()
+        assert 'include "common.conf"' in text and 'include "gateways.conf"' in text
+    common = (DEPLOY_SUPERCLUSTER / "common.conf").read_text()
+    assert 'ping_interval: "1s"' in common and "ping_max: 2" in common
+
+
+@pytest.mark.parametrize("config", SUPERCLUSTER_NODES, ids=lambda p: p.name)
+def test_supercluster_config_is_valid(config: Path) -> None:
+    out = subprocess.run(
+        [find_nats_server(), "-c", str(config), "-t"], capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert "is valid" in out.stderr + out.stdout
