@@ -96,13 +96,14 @@ def amplifier_child(python: Path, data: dict[str, Any]) -> JsonChild:
     return JsonChild("amplifier-core", argv)
 
 
-def amplifier_sampler(child: JsonChild) -> Sampler:
-    """``await sample(n)``: n sequential in-process emits timed in the child (seconds)."""
+def amplifier_sampler(child: JsonChild, shape: str = "result") -> Sampler:
+    """``await sample(n)``: n sequential in-process emits timed in the child (seconds), of
+    the registry whose handlers return ``HookResult`` (`shape` "result") or None ("none")."""
 
     async def sample(n: int) -> list[float]:
         if n <= 0:
             return []
-        samples = (await child.ask({"n": n}))["samples"]
+        samples = (await child.ask({"n": n, "shape": shape}))["samples"]
         return [float(x) for x in samples]
 
     return sample

@@ -2,9 +2,12 @@
 
 Run by `_amplifier.py` with the python of a venv holding amplifier-core (never hookbus's
 venv): ``python benchmarks/_amplifier_emit.py --data JSON``. It registers 3 async handlers
-on amplifier-core's `HookRegistry` (`_inprocess.register_three`) and speaks one JSON object
-per line: first ``{"ready": true, "version": ...}`` on stdout, then for each ``{"n": N}``
-read on stdin, ``{"samples": [...]}`` (N emits, seconds each). It ends at end of input.
+on each of two amplifier-core `HookRegistry` objects (`_inprocess.register_three`): one whose
+handlers return ``HookResult(action="continue")``, one whose handlers return None (the
+cheaper shape amplifier-core accepts). It speaks one JSON object per line: first
+``{"ready": true, "version": ...}`` on stdout, then for each ``{"n": N, "shape": "result" |
+"none"}`` read on stdin, ``{"samples": [...]}`` (N emits of that registry, seconds each).
+It ends at end of input.
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ def main() -> None:
     data = json.loads(parser.parse_args().data)
     from amplifier_core.hooks import HookRegistry, HookResult  # type: ignore[import-not-found]
 
-    registry = register_three(HookRegistry(), lambda: HookResult(action="continue"))
+    registries = {
+        "result": register_three(HookRegistry(), lambda: HookResult(action="continue")),
+        "none": register_three(HookRegistry(), lambda: None),
+    }
     loop = asyncio.new_event_loop()
 
     def say(message: dict[str, object]) -> None:
@@ -35,8 +41,9 @@ def main() -> None:
     say({"ready": True, "version": version("amplifier-core")})
     for line in sys.stdin:
         try:
-            n = int(json.loads(line)["n"])
-            say({"samples": loop.run_until_complete(sample_emits(registry, data, n))})
+            ask = json.loads(line)
+            registry = registries[ask.get("shape", "result")]
+            say({"samples": loop.run_until_complete(sample_emits(registry, data, int(ask["n"])))})
         except Exception as exc:  # reported to the parent, which stops the run
             say({"error": f"{type(exc).__name__}: {exc}"})
     # amplifier-core 2.0.2's engine aborts in interpreter finalisation (PyGILState_Release

@@ -1,6 +1,6 @@
 """The in-process shape, shared by hookbus and amplifier-core: 3 async handlers on one
-registry, each answering ``HookResult(action="continue")``, and sequential ``emit`` calls
-timed one by one.
+registry, each answering what `make_result` makes (``HookResult(action="continue")``, or
+None), and sequential ``emit`` calls timed one by one.
 
 Standard library only: the amplifier-core side imports this module from a venv of its own
 (see `_amplifier.py`), where hookbus is not installed.

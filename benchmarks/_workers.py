@@ -6,7 +6,8 @@
   declarations are in the registry bucket, is the ready signal).
 - The raw baseline is this file run as a script, ``python benchmarks/_workers.py --url URL``:
   plain nats-py, one subscription on `RAW_SUBJECT` (queue group) and three on
-  `RAW_SCATTER_SUBJECT`, one task per message, each replying with the fixed, HookReply-shaped
+  `RAW_SCATTER_SUBJECT`, replying inline in the subscription callback (no task, no
+  decode: one publish) with the fixed, HookReply-shaped
   `RAW_REPLY`. It writes `RAW_READY` to stderr once subscribed. With ``--fleet`` it serves
   `RAW_FLEET_SUBJECT` (queue group) alone: two such processes are the raw shape of a
   2-replica worker. It runs on the event loop ``hookbus worker`` picks (`event_loop`): uvloop
@@ -27,12 +28,18 @@ from typing import Any
 
 import anyio
 
+from hookbus.schemas import HookResult
 from hookbus.workers import HookWorker
 
 EVENT_ONE = "bench:one"
 """One handler, answers continue."""
 EVENT_CHAIN = "bench:chain"
 """Three sequential handlers (priorities 1, 2, 3), each answers continue; one process."""
+EVENT_CHAIN_RESULT = "bench:chain-result"
+"""The chain of 3 in one process, each handler returning ``HookResult(action="continue")``
+(the shape of amplifier-core's handlers), not None."""
+EVENT_BIG = "bench:big"
+"""One handler (answers continue) that gets a large event: the 64 KB and 512 KB rows."""
 EVENT_CHAIN_SPREAD = "bench:chain-spread"
 """The same chain of 3, each handler served by a process of its own."""
 EVENT_PARALLEL = "bench:parallel"
@@ -61,6 +68,22 @@ RAW_PAYLOAD = json.dumps(
 ).encode()
 """The raw baseline sends bytes of an envelope's size, encoded once (no per-call work)."""
 
+
+def big_data(nbytes: int) -> dict[str, Any]:
+    """`DATA` with ``tool_input.content`` a text of about `nbytes` bytes (lines of words,
+    newlines escaped in JSON, as a file written by a tool would be)."""
+    line = "the quick brown fox jumps over the lazy dog 0123456789 " * 2 + "\n"
+    text = (line * (nbytes // len(line) + 1))[:nbytes]
+    return {**DATA, "tool_input": {"command": "write", "content": text}}
+
+
+def raw_payload(data: dict[str, Any]) -> bytes:
+    """The raw baseline's bytes for `data`: an envelope-sized JSON document, encoded once."""
+    return json.dumps(
+        {"id": "0" * 32, "event": EVENT_BIG, "data": data, "emitted_at": 0.0}
+    ).encode()
+
+
 RAW_SUBJECT = "bench.raw"
 RAW_SCATTER_SUBJECT = "bench.raw.scatter"
 """Heard by 3 plain subscriptions (no queue group): one publish gets 3 replies, the raw
@@ -84,9 +107,22 @@ async def one(event: str, data: dict[str, Any]) -> None:
     return None
 
 
+@latency_worker.handler(EVENT_BIG)
+async def big(event: str, data: dict[str, Any]) -> None:
+    return None
+
+
 def _passthrough(name: str) -> Any:
     async def handler(event: str, data: dict[str, Any]) -> None:
         return None
+
+    handler.__name__ = name
+    return handler
+
+
+def _continue(name: str) -> Any:
+    async def handler(event: str, data: dict[str, Any]) -> HookResult:
+        return HookResult(action="continue")
 
     handler.__name__ = name
     return handler
@@ -106,6 +142,7 @@ def _group_worker(*indexes: int) -> HookWorker:
     w = HookWorker()
     for i in indexes:
         w.add_handler(EVENT_CHAIN, _passthrough(f"chain_{i}"), priority=i)
+        w.add_handler(EVENT_CHAIN_RESULT, _continue(f"chain_result_{i}"), priority=i)
         w.add_handler(EVENT_PARALLEL, _passthrough(f"parallel_{i}"), priority=i, parallel=True)
         w.add_handler(EVENT_COLLECT, _answer(f"collect_{i}"), priority=i)
     return w
@@ -160,15 +197,11 @@ async def serve_raw(url: str, fleet: bool = False) -> None:
     import nats
 
     nc = await nats.connect(url, name="bench-raw-responder")
-    tasks: set[asyncio.Task[None]] = set()
-
-    async def reply(subject: str) -> None:
-        await nc.publish(subject, RAW_REPLY)
+    publish = nc.publish
 
     async def on_message(msg: Any) -> None:
-        task = asyncio.create_task(reply(msg.reply))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+        # inline, in the subscription's own callback: no task, no decode, one publish
+        await publish(msg.reply, RAW_REPLY)
 
     if fleet:
         subs = [await nc.subscribe(RAW_FLEET_SUBJECT, queue="bench-raw", cb=on_message)]
@@ -186,8 +219,6 @@ async def serve_raw(url: str, fleet: bool = False) -> None:
     await stop.wait()
     for sub in subs:
         await sub.drain()
-    while tasks:
-        await asyncio.gather(*list(tasks), return_exceptions=True)
     await nc.drain()
 
 
