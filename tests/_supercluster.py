@@ -14,7 +14,8 @@ What the tests need from it:
 - `Supercluster.wait_ready`: a readiness poll, not a sleep: every running node healthy
   (``/healthz``: JetStream current), gateways connected both ways (``/gatewayz``: each
   running node has its outbound gateway to every other cluster with a running node: with
-  every node of both sides doing so, each cluster is linked to the other both ways), and a JetStream meta leader (``/jsz``);
+  every node of both sides doing so, each cluster is linked to the other both ways), and
+  a JetStream meta leader (``/jsz``);
 - `Supercluster.servers(cluster)` / `Supercluster.url(cluster)`: a cluster's client URLs;
 - `SuperNode.kill` (SIGKILL), `SuperNode.pause` / `SuperNode.resume` (SIGSTOP / SIGCONT),
   `SuperNode.restart`;
@@ -24,9 +25,12 @@ What the tests need from it:
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 import signal
 import tempfile
+import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -266,3 +270,238 @@ async def stream_cluster(nc: NATS, stream: str) -> str | None:
         info = await nc.jetstream(timeout=5).stream_info(stream)
         return info.cluster.name if info.cluster else None
     return None
+
+
+# -- the fault scenarios (tests/test_supercluster.py asserts on them, benchmarks/faults.py
+# -- reports them) ---------------------------------------------------------------------------
+HANDLER_TIMEOUT_S = 1.0
+"""Every scenario handler's timeout."""
+EMIT_BOUND_S = 4.0
+"""An emit must return (or raise a hookbus error) within this: the handler's timeout, a
+hedge or a second try, and slack."""
+
+
+@dataclass
+class Tally:
+    """Every emit to one handler during a scenario, judged.
+
+    `check_decision` (tests/_fleet.py) judges each decision against the handler's policy
+    (deny ``rm -rf``, continue otherwise; ``failure_policy="deny"``)."""
+
+    handler: str
+    emits: int = 0
+    wrong: list[str] = field(default_factory=list)
+    undecided: list[str] = field(default_factory=list)
+    """Emits that raised or returned nothing within `EMIT_BOUND_S`."""
+    answered: int = 0
+    """Decided by the handler's own answer (no failure of it recorded)."""
+    failed_closed: int = 0
+    """Denied because the handler failed (its failure recorded, policy deny)."""
+    log: list[tuple[float, float, bool]] = field(default_factory=list)
+    """(monotonic start, monotonic end, answered by the handler) of every decided emit."""
+
+    def summary(self) -> str:
+        return (
+            f"{self.handler}: emits {self.emits}, wrong {len(self.wrong)}, undecided"
+            f" {len(self.undecided)}, answered {self.answered}, failed closed {self.failed_closed}"
+        )
+
+
+async def emit_judged(d: Any, event: str, tally: Tally, i: int) -> None:
+    """One emit, alternating ``rm -rf /data`` and ``ls``, judged into `tally`."""
+    from _fleet import check_decision  # the fault tests' judge
+
+    destructive = i % 2 == 0
+    data = {"tool_name": "bash", "tool_input": {"command": "rm -rf /data" if destructive else "ls"}}
+    tally.emits += 1
+    started = time.monotonic()
+    try:
+        with anyio.fail_after(EMIT_BOUND_S):
+            result = await d.emit(event, data)
+    except TimeoutError:
+        tally.undecided.append(f"emit {i}: no decision within {EMIT_BOUND_S}s")
+        return
+    except Exception as exc:
+        tally.undecided.append(f"emit {i}: raised {type(exc).__name__}: {exc}"[:300])
+        return
+    why = check_decision(result, destructive, tally.handler)
+    if why:
+        tally.wrong.append(f"emit {i}: {why}")
+    failed = any(f.handler == tally.handler for f in result.failures)
+    if failed and result.action == "deny":
+        tally.failed_closed += 1
+    elif not failed:
+        tally.answered += 1
+    tally.log.append((started, time.monotonic(), not failed))
+
+
+async def emit_lanes(
+    d: Any, event: str, tally: Tally, stop: anyio.Event, *, lanes: int, rate_per_s: float
+) -> None:
+    """Emit to `event` from `lanes` concurrent lanes at `rate_per_s` in all, until `stop`."""
+
+    async def lane(k: int) -> None:
+        i, next_at = k, time.monotonic()
+        while not stop.is_set():
+            await emit_judged(d, event, tally, i)
+            i += lanes
+            next_at = max(next_at + lanes / rate_per_s, time.monotonic())
+            await anyio.sleep(max(0.0, next_at - time.monotonic()))
+
+    async with anyio.create_task_group() as tg:
+        for k in range(lanes):
+            tg.start_soon(lane, k)
+
+
+@dataclass
+class StallOutcome:
+    hedged: Tally
+    """The ``retry_safe`` handler: every call must get its real answer."""
+    guard: Tally
+    """The non-retry_safe fail-closed guard: a few may fail closed, none fail open."""
+    stall_start: float = 0.0
+    stall_end: float = 0.0
+    stopped: bool = False
+    """Whether every thread of the west worker was seen stopped (SIGSTOP took)."""
+
+    def in_stall(self, tally: Tally) -> list[tuple[float, float, bool]]:
+        return [e for e in tally.log if e[0] < self.stall_end and e[1] > self.stall_start]
+
+
+async def _wait_routes(d: Any, routes: dict[str, str]) -> None:
+    with anyio.fail_after(20):
+        while any(name not in {r.name for r in d.routes(ev)} for ev, name in routes.items()):
+            await d.refresh()
+            await anyio.sleep(0.05)
+
+
+async def stall_run(
+    sc: Supercluster, workdir: Path, *, stall_s: float = 5.0, rate_per_s: float = 40.0
+) -> StallOutcome:
+    """A replica stalled in the agent's cluster: one worker process in `WEST` and one in
+    `EAST`, both serving a ``retry_safe`` handler and a non-retry_safe guard (both
+    ``failure_policy="deny"``, `HANDLER_TIMEOUT_S`); the agent's dispatcher connected to
+    `WEST` emits to both all along; the west worker is SIGSTOPped for `stall_s`."""
+    from _fleet import Fleet, HandlerConf
+    from _procs import thread_states
+
+    from hookbus.dispatcher import HookDispatcher
+
+    tag = uuid.uuid4().hex[:8]
+    hedged_event, guard_event = f"sc-hedged:{tag}", f"sc-guard:{tag}"
+    conf = [
+        HandlerConf(hedged_event, "hedged", failure_policy="deny",
+                    timeout_s=HANDLER_TIMEOUT_S, retry_safe=True),
+        HandlerConf(guard_event, "guard", failure_policy="deny", timeout_s=HANDLER_TIMEOUT_S),
+    ]  # fmt: skip
+    out = StallOutcome(Tally("hedged"), Tally("guard"))
+    (workdir / WEST).mkdir(parents=True, exist_ok=True)
+    (workdir / EAST).mkdir(parents=True, exist_ok=True)
+    async with (
+        Fleet(sc.url(WEST), workdir / WEST) as west,
+        Fleet(sc.url(EAST), workdir / EAST) as east,
+    ):
+        victim = await west.worker(conf)
+        await east.worker(conf)
+        nc = await sc.connect(WEST)
+        try:
+            async with HookDispatcher(nc, agent_id=f"agent-{tag}") as d:
+                await _wait_routes(d, {hedged_event: "hedged", guard_event: "guard"})
+                stop = anyio.Event()
+                async with anyio.create_task_group() as tg:
+                    for event, tally in ((hedged_event, out.hedged), (guard_event, out.guard)):
+                        tg.start_soon(
+                            functools.partial(
+                                emit_lanes, d, event, tally, stop, lanes=2, rate_per_s=rate_per_s
+                            )
+                        )
+                    await anyio.sleep(1.0)  # healthy: both replicas answer
+                    victim.pause()
+                    out.stall_start = time.monotonic()
+                    await anyio.sleep(0.2)
+                    out.stopped = all(s == "T" for s in thread_states(victim.pid))
+                    await anyio.sleep(stall_s - 0.2)
+                    victim.resume()
+                    out.stall_end = time.monotonic()
+                    await anyio.sleep(2.0)  # resumed: decisions as before
+                    stop.set()
+        finally:
+            await nc.close()
+    return out
+
+
+@dataclass
+class OutageOutcome:
+    guard: Tally
+    killed_at: float = 0.0
+    restarted_at: float = 0.0
+    recovered_s: float | None = None
+    """From the restart of the killed cluster to the guard deciding again for good (the end
+    of the last emit it did not answer); None: never."""
+    fail_closed_s: float = 0.0
+    """From the first emit failed closed to the end of the last one."""
+
+    def in_outage(self) -> list[tuple[float, float, bool]]:
+        """Emits started after the kill (+0.5 s) that ended before the restart."""
+        return [
+            e for e in self.guard.log if e[0] > self.killed_at + 0.5 and e[1] < self.restarted_at
+        ]
+
+
+async def outage_run(
+    sc: Supercluster, workdir: Path, *, outage_s: float = 3.0, rate_per_s: float = 40.0,
+    recovery_window_s: float = 12.0,
+) -> OutageOutcome:  # fmt: skip
+    """The other cluster lost: a fail-closed guard (``failure_policy="deny"``) served only by
+    a worker process in `EAST`, the buckets in `WEST` (provisioned there first, R3), the
+    agent's dispatcher connected to `WEST` emitting all along; every `EAST` node is
+    SIGKILLed, and restarted `outage_s` later."""
+    from _fleet import Fleet, HandlerConf, run_cli
+
+    from hookbus.dispatcher import HookDispatcher
+
+    tag = uuid.uuid4().hex[:8]
+    event = f"sc-outage:{tag}"
+    status, _, err = await run_cli(
+        sc.url(WEST), "auth", "provision", "--replicas", "3", "--placement-cluster", WEST
+    )
+    if status != 0:
+        raise RuntimeError(f"provision failed: {err}")
+    out = OutageOutcome(Tally("guard"))
+    (workdir / EAST).mkdir(parents=True, exist_ok=True)
+    async with Fleet(sc.url(EAST), workdir / EAST) as east:
+        await east.worker(
+            [HandlerConf(event, "guard", failure_policy="deny", timeout_s=HANDLER_TIMEOUT_S)]
+        )
+        nc = await sc.connect(WEST)
+        try:
+            async with HookDispatcher(nc, agent_id=f"agent-{tag}") as d:
+                await _wait_routes(d, {event: "guard"})
+                stop = anyio.Event()
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(
+                        functools.partial(
+                            emit_lanes, d, event, out.guard, stop, lanes=2, rate_per_s=rate_per_s
+                        )
+                    )
+                    await anyio.sleep(1.0)
+                    for n in sc.cluster_nodes(EAST):
+                        n.kill()
+                    out.killed_at = time.monotonic()
+                    await anyio.sleep(outage_s)
+                    for n in sc.cluster_nodes(EAST):
+                        n.start()
+                    out.restarted_at = time.monotonic()
+                    await anyio.sleep(recovery_window_s)
+                    stop.set()
+        finally:
+            await nc.close()
+    log = out.guard.log
+    failed = [e for e in log if not e[2]]
+    if failed:
+        out.fail_closed_s = max(e[1] for e in failed) - min(e[1] for e in failed)
+    last_bad = max((e[1] for e in failed if e[1] > out.restarted_at), default=out.restarted_at)
+    tail = [e for e in log if e[1] > last_bad]
+    if len(tail) >= 20 and all(e[2] for e in tail):
+        out.recovered_s = last_bad - out.restarted_at
+    return out
