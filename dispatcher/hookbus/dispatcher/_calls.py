@@ -26,6 +26,24 @@ not sent to and that has not refused it: a stalled replica stops answering, drop
 that order, and the hedge reaches a healthy one instead of a coin toss. With no such
 instance it goes to the queue subject. An instance subject with no responders (the
 instance is gone) is forgotten and the next request is sent at once.
+
+The queue group cannot be steered: NATS gives a request to a replica in the publisher's
+own cluster whenever one is subscribed there, stalled or not, so in a supercluster (or
+with one replica per site) a hedge to the queue subject meets the same stalled process.
+Two things get around it, both learned from the NATS services API (``$SRV.PING`` of the
+worker service, whose metadata lists the handlers each instance serves), never on the
+emit's path:
+
+- **discovery**: a hedge that finds no instance to go to, and every call that times out
+  with no answer at all, asks the workers once (at most every `DISCOVERY_INTERVAL_S`,
+  answers gathered for `DISCOVERY_GATHER_S`); each instance that answers is a hedge target
+  of the handlers it serves, as if it had just answered a call;
+- **suspicion**: a call that times out with no answer at all marks its queue subject
+  suspect for `SUSPECT_S` seconds; while it is, a call's *first* request goes to an
+  instance seen alive since the suspicion began (taken in turn), else to the queue
+  subject. Each request is still sent once: a handler not declared retry_safe fails by its
+  policy on the call that met the stall, and the calls after it reach a live instance.
+  A suspect chain subject is not used: its steps are called one by one.
 """
 
 from __future__ import annotations
@@ -35,6 +53,7 @@ import collections
 import contextlib
 import inspect
 import itertools
+import json
 import logging
 import math
 import types
@@ -52,6 +71,7 @@ from hookbus._core.handler_options import DEFAULT_TIMEOUT_S
 from hookbus._core.inboxes import inbox_reply_subject
 from hookbus._core.results import to_hook_result
 from hookbus.schemas import (
+    WORKER_SERVICE_NAME,
     BadRequestError,
     ChainStep,
     EventEnvelope,
@@ -65,17 +85,22 @@ from hookbus.schemas import (
     decode,
     encode,
     handler_instance_subject,
+    handler_subject,
+    parse_served_handlers,
 )
 
 from ._route_table import Route
 
 __all__ = [
+    "DISCOVERY_GATHER_S",
+    "DISCOVERY_INTERVAL_S",
     "HEDGE_FRACTION",
     "HEDGE_MIN_S",
     "MAX_REFUSALS",
     "NOT_RUN_CODES",
     "RECENT_INSTANCES",
     "RECENT_TTL_S",
+    "SUSPECT_S",
     "ChainPlan",
     "Failed",
     "Outcome",
@@ -104,6 +129,13 @@ RECENT_INSTANCES = 16
 """Worker instances remembered per handler as hedge targets (the most recent answers)."""
 RECENT_TTL_S = 60.0
 """Seconds after its last answer an instance is no longer a hedge target."""
+
+DISCOVERY_INTERVAL_S = 2.0
+"""Seconds: the shortest interval between two discoveries of the live worker instances."""
+DISCOVERY_GATHER_S = 0.5
+"""Seconds a discovery's answers are taken (a scatter has no last answer)."""
+SUSPECT_S = 30.0
+"""Seconds a queue subject stays suspect after a call on it timed out unanswered."""
 
 NO_RESPONDERS_RECHECK_S = 0.02
 """Seconds before a call answered "no responders" is sent once more (only once) before it
@@ -309,6 +341,25 @@ def _expire(waiter: asyncio.Future[None]) -> None:
         waiter.set_exception(TimeoutError())
 
 
+class _Discovery:
+    """The answers to one ``$SRV.PING`` of the worker service: each instance that answers
+    becomes a hedge target of the handlers its metadata lists (those the requester calls)."""
+
+    __slots__ = ("requester",)
+
+    def __init__(self, requester: Requester) -> None:
+        self.requester = requester
+
+    def put(self, token: str, msg: Msg) -> None:
+        try:
+            body = json.loads(msg.data)
+            instance = str(body["id"])
+            served = parse_served_handlers((body.get("metadata") or {}).get("handlers"))
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            return  # not a services API answer: nothing learned
+        self.requester._discovered(instance, served)
+
+
 class Requester:
     """Requests with a reply inbox of our own (one subscription per connection).
 
@@ -319,10 +370,17 @@ class Requester:
     def __init__(self) -> None:
         self._prefix = ""
         self._sub: Subscription | None = None
+        self._nc: NATS | None = None
         self._tokens = itertools.count()
-        self._waiting: dict[str, _Inbox] = {}
+        self._waiting: dict[str, _Inbox | _Discovery] = {}
         self._recent: dict[str, dict[str, float]] = {}
         """Per handler subject: instance id -> loop time of its last answer, oldest first."""
+        self._suspect: dict[str, float] = {}
+        """Per queue subject: loop time a call on it timed out unanswered (module docstring)."""
+        self._wanted: set[str] = set()
+        """Handler subjects a discovery was asked for (recorded even if never answered)."""
+        self._discovery_at = -math.inf
+        self._turn = itertools.count()
 
     @property
     def started(self) -> bool:
@@ -330,6 +388,7 @@ class Requester:
 
     async def start(self, nc: NATS) -> None:
         if self._sub is None:
+            self._nc = nc
             self._prefix = nc.new_inbox()
             self._sub = await nc.subscribe(
                 inbox_reply_subject(self._prefix, "*"), cb=self._on_reply
@@ -376,9 +435,12 @@ class Requester:
                 envelope.attempt = attempt
                 envelope.budget_s = remaining
                 token = f"{next(self._tokens):x}"
-                subject = route.subject
-                if attempt > 1:
+                if attempt == 1:
+                    subject = self._first(route, avoid, token, targets, loop.time())
+                else:
                     subject = self._target(route, avoid, token, targets, loop.time())
+                    if token not in targets:  # no instance known to go to: ask who serves
+                        await self.discover(route.subject)
                 self._waiting[token] = queue
                 sent.append(token)
                 failed = await self._send(nc, subject, envelope, headers, token)
@@ -441,6 +503,9 @@ class Requester:
             return Failed(
                 "error", f"{refused}: every replica refused within {budget_s:.3g}s", not_run=True
             )
+        if live:  # sent, and nothing at all came back: a stalled replica, or a lost one
+            self.suspect(route.subject)
+            await self.discover(route.subject)
         return Failed("timeout", f"no reply within {budget_s:.3g}s")
 
     # -- what a chain call (`_chain_calls.ChainCall`) uses of the requester ----------------
@@ -478,6 +543,84 @@ class Requester:
     def answered(self, subject: str, instance: str, now: float) -> None:
         """Note that `instance` answered a request on `subject` at `now`."""
         self._answered(subject, instance, now)
+
+    def suspect(self, subject: str) -> None:
+        """Note that a call on queue subject `subject` timed out with no answer at all: for
+        `SUSPECT_S` seconds its first requests go to instances seen alive since."""
+        self._suspect[subject] = asyncio.get_running_loop().time()
+        if len(self._suspect) > 4096:  # a suspicion is an optimisation: forget the oldest
+            del self._suspect[next(iter(self._suspect))]
+
+    def suspected(self, subject: str, now: float) -> float | None:
+        """When the suspicion on `subject` began (loop time), or None if it is not suspect."""
+        since = self._suspect.get(subject)
+        if since is not None and now - since > SUSPECT_S:
+            del self._suspect[subject]
+            return None
+        return since
+
+    async def discover(self, subject: str) -> None:
+        """Ask the live workers which handlers they serve (``$SRV.PING`` of the worker
+        service), at most once per `DISCOVERY_INTERVAL_S`; their answers arrive during
+        `DISCOVERY_GATHER_S` and make them hedge targets of handler `subject` (and of every
+        handler this requester has had answers from). Never raises and never waits for
+        the answers."""
+        nc = self._nc
+        if nc is None or self._sub is None or not nc.is_connected:
+            return
+        if len(self._wanted) >= 4096:
+            self._wanted.clear()
+        self._wanted.add(subject)
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._discovery_at < DISCOVERY_INTERVAL_S:
+            return
+        self._discovery_at = loop.time()
+        token = f"{next(self._tokens):x}"
+        self._waiting[token] = _Discovery(self)
+        loop.call_later(DISCOVERY_GATHER_S, self._waiting.pop, token, None)
+        try:
+            await nc.publish(
+                f"$SRV.PING.{WORKER_SERVICE_NAME}",
+                b"",
+                reply=inbox_reply_subject(self._prefix, token),
+            )
+        except nats.errors.Error as exc:  # closed, or not allowed: hedges stay as they were
+            self._waiting.pop(token, None)
+            log.debug("worker discovery not sent: %s", exc)
+
+    def _discovered(self, instance: str, served: list[tuple[str, str]]) -> None:
+        """A discovery's answer: `instance` is alive and serves the handlers `served`."""
+        now = asyncio.get_running_loop().time()
+        for event, name in served:
+            try:
+                subject = handler_subject(event, name)
+            except BadRequestError:
+                continue
+            if subject in self._wanted or subject in self._recent:
+                self._answered(subject, instance, now)
+
+    def _first(
+        self, route: Route, avoid: set[str], token: str, targets: dict[str, str], now: float
+    ) -> str:
+        """Subject of a call's first request: the queue subject, unless it is suspect and
+        an instance was seen alive since (then those instances in turn)."""
+        if not self._suspect:
+            return route.subject
+        since = self.suspected(route.subject, now)
+        recent = self._recent.get(route.subject)
+        if since is None or not recent:
+            return route.subject
+        alive = [instance for instance, seen in recent.items() if seen >= since]
+        if not alive:
+            return route.subject
+        instance = alive[next(self._turn) % len(alive)]
+        try:
+            subject = handler_instance_subject(route.event, route.name, instance)
+        except BadRequestError:
+            return route.subject
+        avoid.add(instance)
+        targets[token] = instance
+        return subject
 
     def _answered(self, subject: str, instance: str, now: float) -> None:
         """Note that `instance` answered a request on handler `subject` at `now`."""

@@ -18,7 +18,10 @@ one, so it must give the same outcomes under every fault; this is how:
   window (`HEDGE_FRACTION` of its timeout) is also asked on its own (hedged, as any
   retry_safe call: `hedge`), and the first answer wins, the chain's or the hedge's;
 - nothing run (no responders, every replica refused, a step the worker judges by another
-  declaration: ``stale_declaration``): every step is "not run".
+  declaration: ``stale_declaration``): every step is "not run";
+- a chain that timed out with nothing heard marks its subject suspect (see `_calls`): for
+  a while its steps are not sent as a chain but each on its own (steered to a live
+  replica), and the live replicas are looked up.
 """
 
 from __future__ import annotations
@@ -106,9 +109,13 @@ class ChainCall:
             NotConnectedError: the connection is closed.
             PayloadTooLargeError: the envelope exceeds the server's max_payload.
         """
+        target = self._plan.target.subject
+        if self._requester.suspected(target, self._loop.time()) is not None:
+            self.over = True  # its last request met a stalled replica: each step alone
+            return Failed("timeout", "not sent: the chain subject is suspect", True)
         self._inbox = self._requester.open_inbox()
         self._envelope.chain = self._plan.steps
-        return await self._send(self._plan.target.subject)
+        return await self._send(target)
 
     def close(self) -> None:
         """Stop listening for the chain's replies (later ones are dropped)."""
@@ -160,6 +167,10 @@ class ChainCall:
                 task.cancel()
         if ended:
             self.over = True
+            if not self._heard:  # nothing came back at all: a stalled replica, or a lost one
+                self._requester.suspect(self._plan.target.subject)
+                for r in group:
+                    await self._requester.discover(r.subject)
         return [out[r] for r in group]
 
     def _start_hedge(
