@@ -376,7 +376,12 @@ async def _wait_routes(d: Any, routes: dict[str, str]) -> None:
 
 
 async def stall_run(
-    sc: Supercluster, workdir: Path, *, stall_s: float = 5.0, rate_per_s: float = 40.0
+    sc: Supercluster,
+    workdir: Path,
+    *,
+    stall_s: float = 5.0,
+    rate_per_s: float = 50.0,
+    lanes: int = 4,
 ) -> StallOutcome:
     """A replica stalled in the agent's cluster: one worker process in `WEST` and one in
     `EAST`, both serving a ``retry_safe`` handler and a non-retry_safe guard (both
@@ -412,7 +417,13 @@ async def stall_run(
                     for event, tally in ((hedged_event, out.hedged), (guard_event, out.guard)):
                         tg.start_soon(
                             functools.partial(
-                                emit_lanes, d, event, tally, stop, lanes=2, rate_per_s=rate_per_s
+                                emit_lanes,
+                                d,
+                                event,
+                                tally,
+                                stop,
+                                lanes=lanes,
+                                rate_per_s=rate_per_s,
                             )
                         )
                     await anyio.sleep(1.0)  # healthy: both replicas answer
@@ -450,7 +461,7 @@ class OutageOutcome:
 
 async def outage_run(
     sc: Supercluster, workdir: Path, *, outage_s: float = 3.0, rate_per_s: float = 40.0,
-    recovery_window_s: float = 12.0,
+    recovery_window_s: float = 12.0, lanes: int = 4,
 ) -> OutageOutcome:  # fmt: skip
     """The other cluster lost: a fail-closed guard (``failure_policy="deny"``) served only by
     a worker process in `EAST`, the buckets in `WEST` (provisioned there first, R3), the
@@ -481,7 +492,13 @@ async def outage_run(
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(
                         functools.partial(
-                            emit_lanes, d, event, out.guard, stop, lanes=2, rate_per_s=rate_per_s
+                            emit_lanes,
+                            d,
+                            event,
+                            out.guard,
+                            stop,
+                            lanes=lanes,
+                            rate_per_s=rate_per_s,
                         )
                     )
                     await anyio.sleep(1.0)

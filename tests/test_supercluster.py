@@ -216,10 +216,11 @@ async def test_the_other_cluster_lost_fails_closed_and_recovers(tmp_path: Path) 
         sc.stop()
     guard = out.guard
     during = out.in_outage()
+    recovered = "never" if out.recovered_s is None else f"{out.recovered_s:.2f}s"
     print(
         f"\n{guard.summary()}; during the outage {len(during)} emits,"
         f" {sum(ok for *_, ok in during)} answered by the guard; failed closed for"
-        f" {out.fail_closed_s:.2f}s; recovered {out.recovered_s}s after the restart"
+        f" {out.fail_closed_s:.2f}s; recovered {recovered} after the restart"
     )
     assert not guard.wrong, guard.wrong[:5]
     assert not guard.undecided, guard.undecided[:5]
