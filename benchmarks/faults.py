@@ -18,6 +18,16 @@ in tests/_cluster.py and tests/_fleet.py):
 - ``replica-stall``: 2 replicas of a ``retry_safe`` guard, one SIGSTOPped for 5 s under load.
 - ``drain``: ``hookbus dispatcher`` and ``hookbus worker`` SIGTERMed together with requests
   (approval waits included) in flight; every request must be answered.
+- ``leaf-link``: a hub (JetStream, domain ``hub``) and a leaf without JetStream; a worker
+  at the hub serves a fail-closed guard, an agent at the leaf (``js_domain="hub"``) emits
+  all along; the leaf link alone is cut for 3 s (the TCP relay of
+  tests/test_sites_faults.py) and restored.
+- ``supercluster-stall``: a supercluster (tests/_supercluster.py: clusters east and west
+  of three nodes, gateways, one JetStream); one worker process per cluster, each serving a
+  ``retry_safe`` handler and a non-retry_safe fail-closed guard; the agent in west; the
+  west worker SIGSTOPped for 5 s.
+- ``supercluster-outage``: the same supercluster; a fail-closed guard served only in east,
+  the agent in west; every east node SIGKILLed for 3 s, then restarted.
 - ``differential``: the differential judge of tests/_differential.py (what
   tests/test_differential.py runs) over 2,000 hypothesis cases (200 with ``--quick``;
   ``--seed`` for another set): each case's decision with every fast path on, against the
@@ -28,8 +38,11 @@ in tests/_cluster.py and tests/_fleet.py):
 Figures per run: emits without a decision by their deadline (target 0), decisions that
 contradict the policy (target 0; e.g. a fail-closed guard failing open), suspensions lost
 or resolved twice (target 0), emit p50 / p99 / max during the outage, seconds during which
-no new declaration could be written. Not a test: nothing asserts, the exit status is 0
-unless a run itself failed.
+no new declaration could be written; for the topology runs (leaf-link, supercluster-*), the
+seconds from the first emit failed closed to the end of the last one, and the seconds from
+the fault's end (link restored, replica resumed, cluster restarted) to the end of the last
+emit the guard did not decide itself (0: none after the fault ended). Not a test: nothing
+asserts, the exit status is 0 unless a run itself failed.
 """
 
 from __future__ import annotations
@@ -73,9 +86,17 @@ from hookbus.workers import HookWorker
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
-from _cluster import Cluster, wait_for  # noqa: E402  (the fault tests' helpers)
+from _cluster import Cluster, free_ports, wait_for  # noqa: E402  (the fault tests' helpers)
 from _differential import Harness, drawn_cases, format_report, record_findings  # noqa: E402
-from _fleet import Fleet, HandlerConf, Load, check_decision, steady_load  # noqa: E402
+from _fleet import Fleet, HandlerConf, Load, check_decision, run_cli, steady_load  # noqa: E402
+from _supercluster import (  # noqa: E402
+    HANDLER_TIMEOUT_S,
+    Supercluster,
+    Tally,
+    emit_lanes,
+    outage_run,
+    stall_run,
+)
 
 
 @dataclass(frozen=True)
@@ -88,10 +109,24 @@ class Settings:
     """Requests in flight when the drain run sends SIGTERM."""
     differential_cases: int
     """Cases the differential run judges."""
+    recovery_window_s: float
+    """Topology runs: seconds the load goes on after the fault ended."""
 
 
-DEFAULT = Settings(suspensions=300, settle_emits=400, drain_requests=120, differential_cases=2000)
-QUICK = Settings(suspensions=100, settle_emits=150, drain_requests=60, differential_cases=200)
+DEFAULT = Settings(
+    suspensions=300,
+    settle_emits=400,
+    drain_requests=120,
+    differential_cases=2000,
+    recovery_window_s=12.0,
+)
+QUICK = Settings(
+    suspensions=100,
+    settle_emits=150,
+    drain_requests=60,
+    differential_cases=200,
+    recovery_window_s=8.0,
+)
 
 
 @dataclass
@@ -111,6 +146,11 @@ class RunResult:
     """Differential cases judged."""
     divergences: int = 0
     """Differential cases whose fast-path decision differs from the one-by-one reference."""
+    fail_closed_s: float | None = None
+    """Topology runs: from the first emit failed closed to the end of the last one."""
+    recovery_s: float | None = None
+    """Topology runs: from the fault's end to the end of the last emit the guard did not
+    decide itself (0: none after the fault ended)."""
     duration_s: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -448,6 +488,144 @@ async def run_drain(s: Settings) -> RunResult:
     return out
 
 
+# -- topology runs (leaf link, supercluster) ----------------------------------------------
+def _tally_result(
+    out: RunResult, tallies: list[Tally], guard: Tally, fault: tuple[float, float]
+) -> None:
+    """`out`'s figures from judged emits: undecided, wrong and harmless calls failed closed
+    over every tally; latency inside `fault` (start, end) over every tally; the fail-closed
+    span and the recovery of `guard`."""
+    start, end = fault
+    for t in tallies:
+        out.emits += t.emits
+        out.undecided_emits += len(t.undecided)
+        out.wrong_decisions += len(t.wrong)
+        out.failed_closed += t.harmless_failed_closed
+        out.notes += sorted(set(t.undecided))[:3] + sorted(set(t.wrong))[:3]
+        out.notes.append(t.summary())
+    inside = sorted(b - a for t in tallies for a, b, _ in t.log if start <= a <= end)
+    if inside:
+        out.p50_ms = 1000 * statistics.median(inside)
+        out.p99_ms = 1000 * inside[min(len(inside) - 1, int(0.99 * len(inside)))]
+        out.max_ms = 1000 * inside[-1]
+    failed = [b for _, b, ok in guard.log if not ok]
+    out.fail_closed_s = (max(failed) - min(failed)) if failed else 0.0
+    out.recovery_s = max(0.0, max(failed, default=end) - end)
+
+
+async def run_leaf_link(s: Settings) -> RunResult:
+    """A hub and a leaf without JetStream; the link cut for 3 s (test_sites_faults' relay)."""
+    from test_sites_faults import Relay, _serve, _wait_linked, _wait_port
+
+    out = RunResult("leaf link cut 3 s")
+    started = time.monotonic()
+    event = f"faults:{uuid.uuid4().hex[:8]}"
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        hub_port, leaf_port, link_port, relay_port = free_ports(4)
+        procs = [
+            _serve(
+                "hub",
+                f"""
+server_name: hub
+listen: 127.0.0.1:{hub_port}
+jetstream {{ store_dir: "{base / "hub"}", domain: hub }}
+leafnodes {{ listen: 127.0.0.1:{link_port}, no_advertise: true }}
+""",
+                base,
+            )
+        ]
+        try:
+            await anyio.to_thread.run_sync(_wait_port, hub_port)
+            procs.append(
+                _serve(
+                    "leaf",
+                    f"""
+server_name: leaf
+listen: 127.0.0.1:{leaf_port}
+ping_interval: "1s"
+ping_max: 2
+leafnodes {{ remotes: [ {{ url: "nats-leaf://127.0.0.1:{relay_port}" }} ] }}
+""",
+                    base,
+                )
+            )
+            relay = Relay(relay_port, link_port)
+            await relay.restore()
+            await anyio.to_thread.run_sync(_wait_linked, base / "leaf.log")
+            hub_nc = await nats.connect(f"nats://127.0.0.1:{hub_port}")
+            leaf_nc = await nats.connect(f"nats://127.0.0.1:{leaf_port}", max_reconnect_attempts=-1)
+            worker = HookWorker(hub_nc, js_domain="hub")
+            worker.add_handler(
+                event, _guard, name="guard", timeout_s=HANDLER_TIMEOUT_S, failure_policy="deny"
+            )
+            guard = Tally("guard")
+            try:
+                async with worker, HookDispatcher(leaf_nc, js_domain="hub") as d:
+                    stop = anyio.Event()
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(_lanes, d, event, guard, stop)
+                        await anyio.sleep(1.0)
+                        await relay.cut()
+                        cut_at = time.monotonic()
+                        await anyio.sleep(3.0)
+                        await relay.restore()
+                        restored_at = time.monotonic()
+                        await anyio.sleep(s.recovery_window_s)
+                        stop.set()
+            finally:
+                await leaf_nc.close()
+                await hub_nc.close()
+                await relay.cut()
+            _tally_result(out, [guard], guard, (cut_at, restored_at))
+        finally:
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                proc.wait(timeout=10)
+    out.duration_s = time.monotonic() - started
+    return out
+
+
+async def _lanes(d: HookDispatcher, event: str, tally: Tally, stop: anyio.Event) -> None:
+    await emit_lanes(d, event, tally, stop, lanes=4, rate_per_s=50.0)
+
+
+async def run_supercluster_stall(s: Settings) -> RunResult:
+    out = RunResult("supercluster: west replica SIGSTOP 5 s")
+    started = time.monotonic()
+    with Supercluster() as sc, tempfile.TemporaryDirectory() as tmp:
+        await sc.wait_ready()
+        status, _, err = await run_cli(
+            sc.url("west"), "auth", "provision", "--replicas", "3", "--placement-cluster", "east"
+        )
+        if status != 0:
+            raise RuntimeError(f"provision failed: {err}")
+        stall = await stall_run(sc, Path(tmp), stall_s=5.0)
+    _tally_result(
+        out, [stall.hedged, stall.guard], stall.guard, (stall.stall_start, stall.stall_end)
+    )
+    out.notes.append(
+        f"retry_safe answered by the handler: {stall.hedged.answered} of {stall.hedged.emits};"
+        f" guard failed closed (rm and ls): {stall.guard.failed_closed}"
+    )
+    out.duration_s = time.monotonic() - started
+    return out
+
+
+async def run_supercluster_outage(s: Settings) -> RunResult:
+    out = RunResult("supercluster: east lost 3 s")
+    started = time.monotonic()
+    with Supercluster() as sc, tempfile.TemporaryDirectory() as tmp:
+        await sc.wait_ready()
+        outage = await outage_run(
+            sc, Path(tmp), outage_s=3.0, recovery_window_s=s.recovery_window_s
+        )
+    _tally_result(out, [outage.guard], outage.guard, (outage.killed_at, outage.restarted_at))
+    out.duration_s = time.monotonic() - started
+    return out
+
+
 async def run_differential(s: Settings, findings: str | None, seed: int | None) -> RunResult:
     """The differential judge over `s.differential_cases` hypothesis cases."""
     out = RunResult("differential")
@@ -517,6 +695,14 @@ def print_table(results: list[RunResult], console: Console) -> None:
             for r in results
         ],
     )
+    row(
+        "topology runs: fail-closed, s",
+        ["-" if r.fail_closed_s is None else f"{r.fail_closed_s:.2f}" for r in results],
+    )
+    row(
+        "topology runs: deciding again after the fault, s",
+        ["-" if r.recovery_s is None else f"{r.recovery_s:.2f}" for r in results],
+    )
     row("differential cases", [f"{r.cases:,}" if r.cases else "-" for r in results])
     row(
         "cases deciding unlike one by one",
@@ -539,6 +725,9 @@ async def main_async(args: argparse.Namespace) -> int:
         "replica-stall": lambda: _fleet_run("replica SIGSTOP 5 s", s, "stall"),
         "drain": lambda: run_drain(s),
         "differential": lambda: run_differential(s, args.findings, args.seed),
+        "leaf-link": lambda: run_leaf_link(s),
+        "supercluster-stall": lambda: run_supercluster_stall(s),
+        "supercluster-outage": lambda: run_supercluster_outage(s),
     }
     chosen = args.only or list(runs)
     results: list[RunResult] = []
@@ -574,7 +763,16 @@ def main() -> None:
     parser.add_argument(
         "--only",
         action="append",
-        choices=["cluster", "worker-kill", "replica-stall", "drain", "differential"],
+        choices=[
+            "cluster",
+            "worker-kill",
+            "replica-stall",
+            "drain",
+            "differential",
+            "leaf-link",
+            "supercluster-stall",
+            "supercluster-outage",
+        ],
         help="run only this (repeatable)",
     )
     parser.add_argument(

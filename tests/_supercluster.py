@@ -297,6 +297,8 @@ class Tally:
     """Decided by the handler's own answer (no failure of it recorded)."""
     failed_closed: int = 0
     """Denied because the handler failed (its failure recorded, policy deny)."""
+    harmless_failed_closed: int = 0
+    """Of those, the harmless ones (``ls``: the handler itself would have let it continue)."""
     log: list[tuple[float, float, bool]] = field(default_factory=list)
     """(monotonic start, monotonic end, answered by the handler) of every decided emit."""
 
@@ -330,6 +332,7 @@ async def emit_judged(d: Any, event: str, tally: Tally, i: int) -> None:
     failed = any(f.handler == tally.handler for f in result.failures)
     if failed and result.action == "deny":
         tally.failed_closed += 1
+        tally.harmless_failed_closed += not destructive
     elif not failed:
         tally.answered += 1
     tally.log.append((started, time.monotonic(), not failed))
