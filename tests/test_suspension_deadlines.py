@@ -2,7 +2,8 @@
 R3 suspensions and approvals buckets lost quorum (2 of 3 servers killed).
 
 - ``hook(label, timeout_s=2)`` raises `HookbusTimeoutError` (the store stayed unavailable)
-  by its timeout (plus a margin), not after the store's own retry deadline (15 s);
+  by its timeout (plus a margin), not after the store's own retry deadline (15 s); so do
+  ``resolve_hook`` and ``cancel_hook`` given ``timeout_s=2``;
 - an ``emit(..., timeout_s=2)`` whose handler asks for approval is denied by its deadline,
   the failure recorded: the approval's store calls gave up by themselves at the deadline;
 - once quorum is back, nothing the abandoned calls may have written decides anything: the
@@ -19,11 +20,18 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
-from _cluster import Cluster
+from _cluster import Cluster, wait_for
 
 from hookbus.dispatcher import HookDispatcher
-from hookbus.schemas import HookbusError, HookbusTimeoutError, HookResult, SuspensionTimeoutError
+from hookbus.schemas import (
+    HookbusError,
+    HookbusTimeoutError,
+    HookResult,
+    SuspensionAbortedError,
+    SuspensionTimeoutError,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.faults, pytest.mark.timeout(180)]
 
@@ -63,6 +71,7 @@ async def test_hook_timeout_bounds_its_store_writes_without_quorum(cluster: Clus
             warm = f"warm:{uuid.uuid4().hex[:8]}"
             await d.suspensions.resolve_hook(warm, {"ok": True})
             assert await d.hook(warm, timeout_s=10) == {"ok": True}  # lease, watch: started
+            pending = await _pending_record(d)
             await lose_quorum(cluster)
 
             label = f"cut:{uuid.uuid4().hex[:8]}"
@@ -73,6 +82,18 @@ async def test_hook_timeout_bounds_its_store_writes_without_quorum(cluster: Clus
             print(f"hook(timeout_s=2) raised in {took:.2f} s: {raised.value!r}")
             assert took < HANG_S, f"hook(timeout_s=2) raised after {took:.1f} s"
             assert isinstance(raised.value, HookbusTimeoutError), repr(raised.value)
+
+            # settling from another process is bounded the same way
+            for settle in (
+                lambda: d.resolve_hook(f"other:{label}", {"ok": True}, timeout_s=2),
+                lambda: d.cancel_hook(pending, timeout_s=2),
+            ):
+                started = time.monotonic()
+                with pytest.raises(HookbusTimeoutError):
+                    await settle()
+                took = time.monotonic() - started
+                print(f"settling with timeout_s=2 raised in {took:.2f} s")
+                assert took < HANG_S, f"settling with timeout_s=2 raised after {took:.1f} s"
 
             await regain_quorum(cluster)
             got = await _read_through_election(d, label)
@@ -111,6 +132,27 @@ async def test_emit_deadline_bounds_its_approval_writes_without_quorum(cluster: 
             assert again.action == "deny", again  # asked again (pending), never allowed
     finally:
         await nc.close()
+
+
+async def _pending_record(d: HookDispatcher) -> str:
+    """The label of a pending suspension nobody waits on any more (a wait started, then
+    aborted: its record stays pending)."""
+    label = f"pending:{uuid.uuid4().hex[:8]}"
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_wait_aborted, d, label)
+        await wait_for(lambda: _is_pending(d, label), timeout_s=10, interval_s=0.02)
+        assert d.suspensions.abort_all() == 1
+    return label
+
+
+async def _is_pending(d: HookDispatcher, label: str) -> bool:
+    got = await d.suspensions.get(label)
+    return got is not None and got[0].status == "pending"
+
+
+async def _wait_aborted(d: HookDispatcher, label: str) -> None:
+    with contextlib.suppress(SuspensionAbortedError):
+        await d.hook(label, timeout_s=60)
 
 
 async def _read_through_election(d: HookDispatcher, label: str) -> Any:

@@ -388,19 +388,33 @@ class HookDispatcher(StandardEvents):
             label, payload=payload, metadata=metadata, timeout_s=timeout_s
         )
 
-    async def resolve_hook(self, label: str, value: Any, *, agent_id: str | None = None) -> None:
+    async def resolve_hook(
+        self,
+        label: str,
+        value: Any,
+        *,
+        agent_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
         """Resolve `label` of agent `agent_id` (default: this dispatcher's agent) from any
-        process, or pre-register the resolution; see `Suspensions.resolve_hook`
-        (`ResolutionRejectedError`, `AlreadySettledError`). An approval is answered with
+        process, or pre-register the resolution, within `timeout_s` seconds (None: the
+        store's deadline); see `Suspensions.resolve_hook` (`ResolutionRejectedError`,
+        `AlreadySettledError`, `HookbusTimeoutError`). An approval is answered with
         `answer_approval` instead (approval records are not in this store)."""
-        await self._store(agent_id).resolve_hook(label, value)
+        await self._store(agent_id).resolve_hook(label, value, timeout_s=timeout_s)
 
     async def cancel_hook(
-        self, label: str, *, reason: str | None = None, agent_id: str | None = None
+        self,
+        label: str,
+        *,
+        reason: str | None = None,
+        agent_id: str | None = None,
+        timeout_s: float | None = None,
     ) -> None:
         """Cancel the pending hook `label` of agent `agent_id` (default: this dispatcher's
-        agent); see `Suspensions.cancel_hook`."""
-        await self._store(agent_id).cancel_hook(label, reason=reason)
+        agent) within `timeout_s` seconds (None: the store's deadline); see
+        `Suspensions.cancel_hook`."""
+        await self._store(agent_id).cancel_hook(label, reason=reason, timeout_s=timeout_s)
 
     async def answer_approval(
         self,

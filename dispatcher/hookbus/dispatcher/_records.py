@@ -48,7 +48,13 @@ import msgspec
 import nats.js.errors
 from nats.js.api import DeliverPolicy
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
 
 from hookbus._core.jetstream import time_left
 from hookbus.schemas import (
@@ -418,9 +424,14 @@ class RecordStore:
                 raise
             log.info("write to %s: outcome unknown (%r); reconciling", key[:80], exc)
         unknown = True
+        backoff = wait_exponential_jitter(multiplier=0.05, max=1.0, jitter=0.05)
+
+        def wait(state: RetryCallState) -> float:  # never sleep past the deadline
+            return max(0.0, min(backoff(state), deadline - loop.time()))
+
         retrying = AsyncRetrying(
             retry=retry_if_exception(is_transient),
-            wait=wait_exponential_jitter(multiplier=0.05, max=1.0, jitter=0.05),
+            wait=wait,
             stop=stop_after_delay(max(0.0, deadline - loop.time())),
             reraise=True,
         )

@@ -555,7 +555,7 @@ class Suspensions:
 
     # -- settling --------------------------------------------------------------------------
     async def resolve_hook(
-        self, label: str, value: Any, *, replace: bool = False
+        self, label: str, value: Any, *, replace: bool = False, timeout_s: float | None = None
     ) -> SuspensionRecord:
         """Resolve `label` with `value` (a Struct, pydantic model or JSON data).
 
@@ -570,8 +570,14 @@ class Suspensions:
                 (the message gives the reason and JSON path; the record is unchanged).
             AlreadySettledError: it is already resolved (without `replace`), consumed or
                 cancelled.
-            HookbusTimeoutError: JetStream stayed unavailable.
+            HookbusTimeoutError: JetStream stayed unavailable, for the store's deadline
+                or `timeout_s` seconds (None: the store's deadline), whichever is first.
+                A write cut there may still be stored: read the record to know.
         """
+        with caller_deadline(timeout_s):
+            return await self._resolve_hook(label, value, replace=replace)
+
+    async def _resolve_hook(self, label: str, value: Any, *, replace: bool) -> SuspensionRecord:
         note_label(label)
         data = to_json_value(value)
         hint = self._hint(label)
@@ -640,14 +646,21 @@ class Suspensions:
                 await publish(self._nc, back)
                 return True
 
-    async def cancel_hook(self, label: str, *, reason: str | None = None) -> SuspensionRecord:
+    async def cancel_hook(
+        self, label: str, *, reason: str | None = None, timeout_s: float | None = None
+    ) -> SuspensionRecord:
         """Cancel the pending hook `label`; its waiter raises `SuspensionCancelledError`.
 
         Raises:
             SuspensionNotFoundError: no (valid) record for the label.
             AlreadySettledError: it is already resolved or cancelled.
-            HookbusTimeoutError: JetStream stayed unavailable.
+            HookbusTimeoutError: JetStream stayed unavailable, for the store's deadline
+                or `timeout_s` seconds (None: the store's deadline), whichever is first.
         """
+        with caller_deadline(timeout_s):
+            return await self._cancel_hook(label, reason)
+
+    async def _cancel_hook(self, label: str, reason: str | None) -> SuspensionRecord:
         hint = self._hint(label)
         while True:
             hinted = hint is not None
