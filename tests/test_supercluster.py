@@ -194,6 +194,8 @@ async def test_a_stalled_replica_in_the_agents_cluster_costs_latency_not_decisio
         f"\n{guard.summary()} ({len(in_stall_guard)} during the stall,"
         f" {sum(not ok for *_, ok in in_stall_guard)} of them failed closed)"
         f"\nwest worker stopped: {out.stopped}; run {time.monotonic() - started:.1f}s"
+        "\nguard failed closed (start+duration, s from the stall's start): "
+        + ", ".join(f"{a - out.stall_start:+.2f}+{b - a:.2f}" for a, b, ok in guard.log if not ok)
     )
     assert out.stopped, "the west worker was not stopped"
     for tally in (hedged, guard):
