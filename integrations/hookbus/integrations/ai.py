@@ -650,9 +650,11 @@ class HookbusHooks(ai_middleware._Middleware):
         *,
         payload: type[pydantic.BaseModel] | None = None,
         replace: bool = False,
+        timeout_s: float | None = None,
     ) -> None:
         """Resolve `hook` with `data` from any process, or pre-register it for the next
-        hook of that label (``ai.resolve_hook``; here a coroutine).
+        hook of that label (``ai.resolve_hook``; here a coroutine), its store calls ended
+        by `timeout_s` seconds (None: the store's deadline).
 
         `data` is a pydantic model or a dict (validated as `payload` first when given), or
         an exception: that one is raised by the hook waiting (or next waiting) on the label
@@ -665,7 +667,7 @@ class HookbusHooks(ai_middleware._Middleware):
             ResolutionRejectedError: it does not fit the waiting hook's payload schema.
             AlreadySettledError: already resolved (without `replace`), consumed or cancelled.
             TypeError: `data` is none of the above.
-            HookbusTimeoutError: JetStream stayed unavailable.
+            HookbusTimeoutError: JetStream stayed unavailable (until `timeout_s`).
         """
         label = _label(hook)
         if isinstance(data, BaseException):
@@ -681,7 +683,7 @@ class HookbusHooks(ai_middleware._Middleware):
             value = payload(**data).model_dump(mode="json") if payload is not None else data
         else:
             raise TypeError(f"expected a dict or a pydantic model, got {type(data).__name__}")
-        await self.suspensions.resolve_hook(label, value, replace=replace)
+        await self.suspensions.resolve_hook(label, value, replace=replace, timeout_s=timeout_s)
 
     def defer_hook(self, hook_part: ai_messages.HookPart[Any]) -> None:
         """Abort this process's wait on `hook_part` with ``ai.HookDeferredException``
@@ -694,16 +696,19 @@ class HookbusHooks(ai_middleware._Middleware):
         else:
             self._stashed[hook_part.hook_id] = exc
 
-    async def cancel_hook(self, hook: HookTarget, *, reason: str | None = None) -> None:
+    async def cancel_hook(
+        self, hook: HookTarget, *, reason: str | None = None, timeout_s: float | None = None
+    ) -> None:
         """Cancel the pending hook `hook` from any process (``ai.cancel_hook``): its
-        waiter raises ``asyncio.CancelledError(reason)``.
+        waiter raises ``asyncio.CancelledError(reason)``. Its store calls end by
+        `timeout_s` seconds (None: the store's deadline).
 
         Raises:
             SuspensionNotFoundError: no hook of that label (``ai`` raises ``ValueError``).
             AlreadySettledError: it is already resolved or cancelled.
-            HookbusTimeoutError: JetStream stayed unavailable.
+            HookbusTimeoutError: JetStream stayed unavailable (until `timeout_s`).
         """
-        await self.suspensions.cancel_hook(_label(hook), reason=reason)
+        await self.suspensions.cancel_hook(_label(hook), reason=reason, timeout_s=timeout_s)
 
     async def approve(
         self, hook: HookTarget, choice: str, *, approver: str, wait_s: float = 5.0
@@ -1186,10 +1191,13 @@ async def resolve_hook(
     payload: type[pydantic.BaseModel] | None = None,
     replace: bool = False,
     hooks: HookbusHooks | None = None,
+    timeout_s: float | None = None,
 ) -> None:
     """``ai.resolve_hook`` on `hooks` (default: `current_hooks`); a coroutine here. See
     `HookbusHooks.resolve_hook`."""
-    await _pick(hooks).resolve_hook(hook, data, payload=payload, replace=replace)
+    await _pick(hooks).resolve_hook(
+        hook, data, payload=payload, replace=replace, timeout_s=timeout_s
+    )
 
 
 def defer_hook(hook_part: ai_messages.HookPart[Any], *, hooks: HookbusHooks | None = None) -> None:
@@ -1198,10 +1206,14 @@ def defer_hook(hook_part: ai_messages.HookPart[Any], *, hooks: HookbusHooks | No
 
 
 async def cancel_hook(
-    hook: HookTarget, *, reason: str | None = None, hooks: HookbusHooks | None = None
+    hook: HookTarget,
+    *,
+    reason: str | None = None,
+    hooks: HookbusHooks | None = None,
+    timeout_s: float | None = None,
 ) -> None:
     """``ai.cancel_hook`` on `hooks` (default: `current_hooks`); see `HookbusHooks.cancel_hook`."""
-    await _pick(hooks).cancel_hook(hook, reason=reason)
+    await _pick(hooks).cancel_hook(hook, reason=reason, timeout_s=timeout_s)
 
 
 def abort_pending_hook(hook: HookTarget, *, hooks: HookbusHooks | None = None) -> bool:
