@@ -20,6 +20,7 @@ share one reading. Names in `hookbus.schemas._telemetry_names`.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import re
 import time
@@ -45,7 +46,7 @@ from ._telemetry_core import otel
 if TYPE_CHECKING:
     from ._spec import HandlerSpec
 
-__all__ = ["HandlingSpan", "handling_span", "traced_handling"]
+__all__ = ["ChainHandling", "HandlingSpan", "chain_handling", "handling_span", "traced_handling"]
 
 
 class _Ids(msgspec.Struct):
@@ -82,20 +83,24 @@ def traced_handling(fn: Handle) -> Handle:
     return handle
 
 
-_last_extract: tuple[dict[str, str], otel_context.Context] | None = None
+_last_extract: tuple[object, otel_context.Context] | None = None
 
 
 def _extract(headers: Mapping[str, str]) -> otel_context.Context:
     """The context in `headers`, as the application's global propagator reads it; the same
     headers twice in a row (the handlers of one request) are read once."""
     global _last_extract
+    # the usual headers are a lone traceparent: keyed by its text (no copy of the dict)
+    key: object = headers.get("traceparent") if len(headers) == 1 else None
+    if key is None:
+        key = tuple(headers.items())
     last = _last_extract
-    if last is not None and last[0] == headers:
+    if last is not None and last[0] == key:
         return last[1]
     context = _w3c(headers) if _default_textmap() else None
     if context is None:
         context = propagate.extract(headers)
-    _last_extract = (dict(headers), context)
+    _last_extract = (key, context)
     return context
 
 
@@ -190,8 +195,9 @@ class HandlingSpan:
             headers = self._headers
             parent = _extract(headers) if headers else None
             remote = trace.get_current_span(parent).get_span_context()
+            decl = self._decl
             span = otel.tracer.start_span(
-                f"{tn.SPAN_PROCESS} {self._subject}",
+                f"{tn.SPAN_PROCESS} {decl.event} {decl.name}",
                 parent,
                 kind=SpanKind.CONSUMER,
                 links=[Link(remote)] if remote.is_valid else None,
@@ -290,7 +296,7 @@ def handling_span(
     headers: Mapping[str, str] | None,
     *,
     subject: str | None = None,
-) -> HandlingSpan:
+) -> HandlingSpan | _ChainStep:
     """The span and duration point of one handling, as `traced_handling` makes them, for
     a handler run outside it (e.g. each handler of a request that runs several)::
 
@@ -310,10 +316,14 @@ def handling_span(
             subject, as a request of its own would have.
     Returns:
         A `HandlingSpan`; with tracing and metrics off, one shared instance that does
-        nothing.
+        nothing. Inside `chain_handling` (a step of a chain message), an object with the
+        same use that records the step as an event of the chain's span.
     """
     if not otel.sync():
         return _NO_HANDLING
+    chain = _chain.get()
+    if chain is not None:  # a step of the chain message being handled: its span's event
+        return _ChainStep(decl, chain)
     if subject is None:
         subject = decl.subject or handler_subject(decl.event, decl.name)
     return HandlingSpan(decl, envelope, headers, subject)
@@ -349,3 +359,192 @@ _ENVELOPE_NAMES = (
     tn.GEN_AI_CONVERSATION_ID,
     tn.GEN_AI_TOOL_NAME,
 )
+
+
+# -- a chain: one message, several handlers --------------------------------------------------
+CHAIN_DESTINATION = "chain"
+CHAIN_HANDLERS = "hookbus.chain.handlers"
+"""On a chain's ``process`` span: the handlers of the steps run, in the order they ended."""
+CHAIN_OUTCOMES = "hookbus.chain.outcomes"
+"""Per step run: its action, its error code, or ``dropped``."""
+CHAIN_DURATIONS = "hookbus.chain.durations_s"
+"""Per step run: the handler's own time, seconds."""
+CHAIN_REASONS = "hookbus.chain.reasons"
+"""Per step run: its reason ("" for none); only when a step gave one."""
+
+_chain: contextvars.ContextVar[ChainHandling | None] = contextvars.ContextVar(
+    "hookbus_chain_handling", default=None
+)
+
+
+class ChainHandling:
+    """The ``process <event> chain`` span (CONSUMER) of one chain message: ONE message ran
+    several handlers, so one span, parented to and linked with the message's
+    ``traceparent`` (the dispatcher's ``send <event> chain`` span), its steps in array
+    attributes, one entry per step run (`CHAIN_HANDLERS`, `CHAIN_OUTCOMES`,
+    `CHAIN_DURATIONS`, `CHAIN_REASONS`: attributes, not span events or spans, as each of
+    those costs the SDK several microseconds more). `handling_span` inside it records a
+    step instead of making a span; each step's ``messaging.process.duration`` point is
+    kept. Made by `chain_handling`; a context manager."""
+
+    __slots__ = (
+        "_durations",
+        "_envelope",
+        "_errors",
+        "_handlers",
+        "_msg",
+        "_outcomes",
+        "_reasons",
+        "_span",
+        "_token",
+        "_var_token",
+    )
+
+    def __init__(self, msg: Msg | None, envelope: EventEnvelope | None) -> None:
+        self._msg = msg
+        self._envelope = envelope
+        self._span: trace.Span | None = None
+        self._token: object = None
+        self._var_token: contextvars.Token[ChainHandling | None] | None = None
+        self._handlers: list[str] = []
+        self._outcomes: list[str] = []
+        self._durations: list[float] = []
+        self._reasons: list[str] | None = None
+        self._errors = 0
+
+    def __enter__(self) -> ChainHandling:
+        msg = self._msg
+        if msg is None:
+            return self
+        if otel.tracing:
+            headers = msg.headers
+            parent = _extract(headers) if headers else None
+            remote = trace.get_current_span(parent).get_span_context()
+            event = self._envelope.event if self._envelope is not None else "?"
+            span = otel.tracer.start_span(
+                f"{tn.SPAN_PROCESS} {event} {CHAIN_DESTINATION}",
+                parent,
+                kind=SpanKind.CONSUMER,
+                links=[Link(remote)] if remote.is_valid else None,
+            )
+            self._token = otel_context.attach(trace.set_span_in_context(span, parent))
+            if span.is_recording():
+                self._span = span
+        self._var_token = _chain.set(self)
+        return self
+
+    def step(self, decl: HandlerDeclaration, reply: HookReply | None, seconds: float) -> None:
+        if self._span is None:
+            return
+        reason = ""
+        if reply is None:
+            outcome = "dropped"
+        elif reply.error is not None:
+            outcome = str(reply.error.code)
+            self._errors += 1
+        elif reply.result is not None:
+            outcome = reply.result.action
+            reason = reply.result.reason or ""
+        else:
+            outcome = ""
+        n = len(self._handlers)
+        self._handlers.append(decl.name)
+        self._outcomes.append(outcome)
+        self._durations.append(seconds)
+        if reason and self._reasons is None:
+            self._reasons = [""] * n
+        if self._reasons is not None:
+            self._reasons.append(reason)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._msg is None:
+            return
+        if self._var_token is not None:
+            _chain.reset(self._var_token)
+        if self._token is not None:
+            otel_context.detach(self._token)  # type: ignore[arg-type]
+        span = self._span
+        if span is None:
+            return
+        envelope = self._envelope
+        attrs: dict[str, Any] = {
+            tn.MESSAGING_SYSTEM: tn.MESSAGING_SYSTEM_NATS,
+            tn.MESSAGING_DESTINATION_NAME: self._msg.subject,
+            tn.MESSAGING_OPERATION_TYPE: tn.OPERATION_PROCESS,
+        }
+        if envelope is not None:
+            _envelope_attrs(attrs, _envelope_fields(envelope))
+        attrs[CHAIN_HANDLERS] = self._handlers
+        attrs[CHAIN_OUTCOMES] = self._outcomes
+        attrs[CHAIN_DURATIONS] = self._durations
+        if self._reasons is not None:
+            attrs[CHAIN_REASONS] = self._reasons
+        span.set_attributes(attrs)
+        if exc is not None:
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            span.set_attribute(tn.ERROR_TYPE, type(exc).__qualname__)
+        elif self._errors:
+            span.set_status(Status(StatusCode.ERROR, f"{self._errors} step(s) answered an error"))
+        span.end()
+
+
+_NO_CHAIN = ChainHandling(None, None)
+
+
+def chain_handling(msg: Msg, envelope: EventEnvelope | None) -> ChainHandling:
+    """The span of one chain message, around running its steps (see `ChainHandling`);
+    with tracing and metrics off, one shared instance that does nothing."""
+    if not otel.sync():
+        return _NO_CHAIN
+    return ChainHandling(msg, envelope)
+
+
+class _ChainStep:
+    """`handling_span` for a step of the chain message being handled: an event on the
+    chain's span (no span of its own) and the handler's ``messaging.process.duration``."""
+
+    __slots__ = ("_chain", "_decl", "_reply", "_start")
+
+    def __init__(self, decl: HandlerDeclaration, chain: ChainHandling) -> None:
+        self._decl = decl
+        self._chain = chain
+        self._reply: HookReply | None = None
+        self._start = 0.0
+
+    def __enter__(self) -> _ChainStep:
+        self._start = time.perf_counter()
+        return self
+
+    def reply(self, reply: HookReply | None) -> None:
+        self._reply = reply
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        elapsed = time.perf_counter() - self._start
+        decl, reply = self._decl, self._reply
+        self._chain.step(decl, reply, elapsed)
+        if otel.metrics:
+            subject = self._chain._msg.subject if self._chain._msg is not None else ""
+            m: dict[str, Any] = {
+                tn.MESSAGING_SYSTEM: tn.MESSAGING_SYSTEM_NATS,
+                tn.MESSAGING_DESTINATION_NAME: subject,
+                tn.MESSAGING_CONSUMER_GROUP_NAME: decl.queue_group,
+                tn.HANDLER: decl.name,
+            }
+            if exc is not None:
+                m[tn.ERROR_TYPE] = type(exc).__qualname__
+            elif reply is not None and reply.error is not None:
+                m[tn.ERROR_TYPE] = str(reply.error.code)
+            elif reply is not None and reply.result is not None:
+                m[tn.ACTION] = reply.result.action
+            otel.process_duration.record(elapsed, m)

@@ -73,7 +73,7 @@ from ._registration import (
     stop_liveness,
 )
 from ._spec import Handler, HandlerSpec
-from ._telemetry import handling_span, traced_handling
+from ._telemetry import chain_handling, handling_span, traced_handling
 
 __all__ = ["HookWorker"]
 
@@ -608,7 +608,8 @@ class HookWorker:
         replies: list[HookReply] = []
         running: list[tuple[ChainStep, HandlerSpec]] = []
         try:
-            reply = await self._run_chain(msg, envelope, replies, running)
+            with chain_handling(msg, envelope):  # one message: one span, its steps attributes
+                reply = await self._run_chain(msg, envelope, replies, running)
             await self._respond(msg, reply)
         except asyncio.CancelledError:  # shutdown's grace ran out: what ran, and what was cut
             replies.extend(
@@ -772,7 +773,7 @@ class HookWorker:
         # its own copy, as a request of its own would get: in-place edits stay its own
         started = time.monotonic()
         headers = {"traceparent": step.traceparent} if step.traceparent else msg.headers
-        with handling_span(spec.declaration, envelope, headers) as handling:
+        with handling_span(spec.declaration, envelope, headers, subject=msg.subject) as handling:
             reply = await self._invoke(
                 spec, envelope.event, json_copy(data), timeout_s, envelope.id
             )
