@@ -50,7 +50,8 @@ from ._calls import (
 from ._chain_calls import ChainCall
 from ._registry_watch import RegistryWatch, open_handlers_bucket
 from ._route_table import Route, RoutingTable
-from ._telemetry import trace_headers
+from ._telemetry import end_collect_span, start_collect_span, trace_headers
+from ._telemetry_core import error
 
 __all__ = ["Collect", "EmitContext", "Router"]
 
@@ -184,13 +185,18 @@ async def _outcome(outcome: Outcome) -> Outcome:
 class Collect:
     """One emit_and_collect in flight: which remote handlers are expected, what came."""
 
-    __slots__ = ("done", "expected", "results", "token")
+    __slots__ = ("asked", "done", "expected", "results", "span", "subject", "token")
 
     def __init__(self, token: str, expected: set[str]) -> None:
         self.token = token
         self.expected = expected
+        self.asked = len(expected)
+        """How many remote handlers the one message asked (requests sent)."""
         self.results: dict[str, HookResult] = {}
         self.done = asyncio.Event()
+        self.span: Any = None
+        """The message's ``send`` span (`start_collect_span`), ended by `finish_collect`."""
+        self.subject = ""
 
 
 class Router:
@@ -282,12 +288,14 @@ class Router:
         seg: tuple[Route, ...],
         ctx: EmitContext,
         data: dict[str, Any],
-        step_headers: list[dict[str, str] | None] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> ChainCall | Failed:
         """Send the adjacent handlers `seg` of one worker process's handler set as one chain
         request; the `ChainCall` gives each step's outcome as the fold reaches it (see
         `_chain_calls`). A `Failed` (``not_run``): nothing was sent, call each alone.
-        `step_headers`: each handler's call context (`CallSpan.headers`), sent in its step.
+        `headers`: the chain message's headers, its ``send`` span's context
+        (`ChainSpan.headers`); None: the current context's (`trace_headers`). Every step's
+        handling in the worker is a child of that one context: one message was sent.
 
         Raises:
             NotConnectedError: no started connection.
@@ -303,15 +311,13 @@ class Router:
             if len(self._chains) >= 1024:  # stale snapshots: start over
                 self._chains.clear()
             plan = self._chains[seg] = ChainPlan.of(seg)
-        if step_headers and any(step_headers):
-            plan = plan.traced(step_headers)
         loop_deadline = None
         budget_s = ctx.remaining()
         if budget_s is not None:
             loop_deadline = asyncio.get_running_loop().time() + budget_s
-        chain = ChainCall(
-            self._requester, nc, plan, ctx.envelope(data), trace_headers(), loop_deadline
-        )
+        if headers is None:
+            headers = trace_headers()
+        chain = ChainCall(self._requester, nc, plan, ctx.envelope(data), headers, loop_deadline)
         failed = await chain.start()
         if failed is not None:
             chain.close()
@@ -340,15 +346,20 @@ class Router:
             )
         token = f"{next(self._tokens):x}"
         collect = self._collects[token] = Collect(token, {r.name for r in remote})
+        collect.subject = subject = collect_subject(event)
+        collect.span, headers = start_collect_span(event)
         try:
             await nc.publish(
-                collect_subject(event),
+                subject,
                 payload,
                 reply=inbox_reply_subject(self._inbox_prefix, token),
-                headers=trace_headers(),
+                headers=headers,
             )
         except BaseException as exc:
             del self._collects[token]
+            if collect.span is not None:
+                error(collect.span, exc)
+                end_collect_span(collect.span, subject, collect.asked, 0)
             if isinstance(exc, nats.errors.ConnectionClosedError):
                 raise NotConnectedError("the NATS connection is closed") from exc
             if isinstance(exc, nats.errors.Error):  # never a raw nats-py error
@@ -359,6 +370,10 @@ class Router:
     def finish_collect(self, collect: Collect) -> dict[str, HookResult]:
         """Stop listening for `collect`; the results that came, by handler name."""
         self._collects.pop(collect.token, None)
+        if collect.span is not None:
+            span, collect.span = collect.span, None
+            answered = collect.asked - len(collect.expected)
+            end_collect_span(span, collect.subject, collect.asked, answered)
         return collect.results
 
     async def _on_collect_reply(self, msg: Msg) -> None:

@@ -24,7 +24,7 @@ from ._call_router import EmitContext, Router
 from ._calls import Failed, Outcome
 from ._fold import Fold
 from ._route_table import Route
-from ._telemetry import start_call_span
+from ._telemetry import start_chain_span
 
 __all__ = ["Call", "RouteFolder"]
 
@@ -169,10 +169,14 @@ class RouteFolder:
         seg = _from_first_match(seg, fold.data)
         if len(seg) < 2:
             return await self._fold_each(seg, ctx, fold, self._call_group)
-        calls = {r: start_call_span(r) for r in seg}  # each handler's span, as if called alone
-        headers = [c.headers for c in calls.values()]
-        chain = await self._router.call_chain(seg, ctx, fold.data, headers)
-        if isinstance(chain, Failed):  # nothing ran: no span, each call makes its own
+        span = start_chain_span(seg)  # one message: one send span, the steps its children
+        try:
+            chain = await self._router.call_chain(seg, ctx, fold.data, span.headers)
+        except BaseException as exc:
+            span.end(exc)
+            raise
+        if isinstance(chain, Failed):  # nothing sent: no span, each call makes its own
+            span.drop()
             return await self._fold_each(seg, ctx, fold, self._call_group)
         try:
             for group in _groups(seg, fold):
@@ -191,12 +195,13 @@ class RouteFolder:
                         outcome = called[route]
                     else:
                         ctx.called.append(route.name)
-                        calls[route].end(outcome)
+                        span.step(route, outcome)
                     denied = self._fold_one(fold, route, outcome)
                     if denied is not None:
                         return denied
         finally:
             chain.close()
+            span.end()
         return None
 
     async def _fold_speculative(

@@ -47,6 +47,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 
+from hookbus._core.otel_providers import w3c_headers
 from hookbus.schemas import (
     DISPATCHER_QUEUE_GROUP,
     EmitReply,
@@ -63,9 +64,14 @@ from ._telemetry_core import error, make, otel, reserve
 
 __all__ = [
     "CallSpan",
+    "ChainSpan",
     "SuspensionSpan",
+    "end_collect_span",
     "record_call_span",
+    "send_name",
     "start_call_span",
+    "start_chain_span",
+    "start_collect_span",
     "suspension_span",
     "trace_headers",
     "traced_call",
@@ -288,7 +294,7 @@ def _route_span(route: Route) -> tuple[str, SpanKind, dict[str, Any]]:
             tn.MESSAGING_DESTINATION_NAME: route.subject,
             tn.MESSAGING_OPERATION_TYPE: tn.OPERATION_SEND,
         })  # fmt: skip
-        got = (f"{tn.SPAN_SEND} {route.subject}", SpanKind.PRODUCER, attrs)
+        got = (send_name(route.event, route.name), SpanKind.PRODUCER, attrs)
     else:
         attrs[tn.EVENT] = route.event
         got = (f"{tn.SPAN_HANDLER} {route.name}", SpanKind.INTERNAL, attrs)
@@ -320,6 +326,147 @@ def _set_outcome(span: trace.Span, route: Route, outcome: Outcome) -> None:
     span.set_attributes(attrs)
 
 
+CHAIN_HANDLERS = "hookbus.chain.handlers"
+"""On a chain's ``send`` span: the handlers its one message asked to run, in order."""
+CHAIN_OUTCOMES = "hookbus.chain.outcomes"
+"""On a chain's ``send`` span: per step the dispatcher folded from the chain's answer, in
+order, its action or (a failure) its failure kind; steps the chain did not run (called
+alone afterwards, each with a ``send`` span of its own) are not listed."""
+COLLECT_ASKED = "hookbus.collect.asked"
+"""On an ``emit_and_collect``'s ``send`` span: the remote handlers its one message asked."""
+COLLECT_ANSWERED = "hookbus.collect.answered"
+"""On an ``emit_and_collect``'s ``send`` span: the answers that came back in time."""
+CHAIN_DESTINATION = "chain"
+COLLECT_DESTINATION = "collect"
+
+
+def send_name(event: str, destination: str) -> str:
+    """The span name of a message sent to handler `destination` of `event` (``chain``: a
+    chain request, ``collect``: an emit_and_collect): OpenTelemetry messaging's
+    ``{operation} {destination}`` with the destination the low-cardinality pair the
+    subject encodes, readable (``send tool:pre guard``); the whole subject is the span's
+    ``messaging.destination.name``."""
+    return f"{tn.SPAN_SEND} {event} {destination}"
+
+
+def _send_attrs(subject: str) -> dict[str, Any]:
+    return {
+        tn.MESSAGING_SYSTEM: tn.MESSAGING_SYSTEM_NATS,
+        tn.MESSAGING_DESTINATION_NAME: subject,
+        tn.MESSAGING_OPERATION_TYPE: tn.OPERATION_SEND,
+    }
+
+
+def _start_send(name: str) -> tuple[trace.Span | None, dict[str, str] | None]:
+    """A PRODUCER span `name`, a child of the current span, and the headers carrying its
+    context; no span (and the current context's headers, see `trace_headers`) when
+    tracing is off or the current span is not recorded."""
+    if otel.tracing:
+        parent = otel_context.get_current()
+        if trace.get_current_span(parent).is_recording():
+            span = otel.tracer.start_span(name, parent, kind=SpanKind.PRODUCER)
+            carrier = w3c_headers(span.get_span_context(), parent)
+            if carrier is None:
+                carrier = {}
+                propagate.inject(carrier, context=trace.set_span_in_context(span, parent))
+            return span, carrier or None
+    return None, trace_headers()
+
+
+# -- a chain: one message, several handlers ------------------------------------------------------
+class ChainSpan:
+    """The ``send <event> chain`` span (PRODUCER) of one chain request: ONE message to the
+    chain subject runs several handlers in one worker process. `headers` carry its context
+    (W3C ``traceparent``) for that message, so the worker's handling of each step is this
+    span's child. `step` records each step's outcome as the fold reads it (and its
+    ``hookbus.handler.duration`` point, from the chain's start), `end` ends the span with
+    the handlers it asked and the outcomes read (`CHAIN_HANDLERS`, `CHAIN_OUTCOMES`; status
+    ERROR naming the failed steps if any failed); `drop` (nothing was sent) leaves no span.
+    Made by `start_chain_span`."""
+
+    __slots__ = ("_failed", "_outcomes", "_seg", "_span", "_start_ns", "headers")
+
+    def __init__(
+        self,
+        seg: tuple[Route, ...],
+        span: trace.Span | None,
+        headers: dict[str, str] | None,
+        start_ns: int,
+    ) -> None:
+        self._seg = seg
+        self._span = span
+        self._start_ns = start_ns
+        self._outcomes: list[str] = []
+        self._failed: list[str] = []
+        self.headers = headers
+
+    def step(self, route: Route, outcome: Outcome) -> None:
+        """Record one step's outcome (the handler's `HookResult` or a `Failed`)."""
+        if self._span is not None:
+            if isinstance(outcome, Failed):
+                self._outcomes.append(outcome.kind)
+                self._failed.append(f"{route.name}: {outcome.message}")
+            else:
+                self._outcomes.append(outcome.action)
+        if otel.metrics:
+            _record_duration(route, outcome, max(0, time.time_ns() - self._start_ns) / 1e9)
+
+    def drop(self) -> None:
+        """Nothing was sent: no span (an SDK span never ended is never exported)."""
+        self._span = None
+
+    def end(self, exc: BaseException | None = None) -> None:
+        span = self._span
+        if span is None:
+            return
+        self._span = None
+        seg = self._seg
+        attrs = _send_attrs(seg[0].chain or "")
+        attrs[CHAIN_HANDLERS] = [r.name for r in seg]
+        attrs[CHAIN_OUTCOMES] = self._outcomes
+        span.set_attributes(attrs)
+        if exc is not None:
+            error(span, exc)
+        elif self._failed:  # the policy applied is on the emit span's failure events
+            span.set_status(Status(StatusCode.ERROR, "; ".join(self._failed)))
+        span.end()
+
+
+_NO_CHAIN = ChainSpan((), None, None, 0)
+
+
+def start_chain_span(seg: tuple[Route, ...]) -> ChainSpan:
+    """Start the span of one chain request for the adjacent remote handlers `seg` (one
+    worker process's): a child of the current span (the emit's). Send `ChainSpan.headers`
+    with the chain's message; with tracing off and no context attached they are None, and
+    with tracing and metrics off the object is one shared instance that does nothing."""
+    if not otel.sync():
+        return _NO_CHAIN
+    span, headers = _start_send(send_name(seg[0].event, CHAIN_DESTINATION))
+    return ChainSpan(seg, span, headers, time.time_ns())
+
+
+# -- emit_and_collect's one message ----------------------------------------------------------------
+def start_collect_span(event: str) -> tuple[trace.Span | None, dict[str, str] | None]:
+    """The ``send <event> collect`` span (PRODUCER) of an emit_and_collect's one message
+    to every handler of `event`, and the headers carrying its context (the workers'
+    handlings are its children); end it with `end_collect_span`. No span when tracing is
+    off or the current span is not recorded."""
+    if not otel.sync():
+        return None, trace_headers()
+    return _start_send(send_name(event, COLLECT_DESTINATION))
+
+
+def end_collect_span(span: trace.Span, subject: str, asked: int, answered: int) -> None:
+    """End a `start_collect_span` span: requests sent (`COLLECT_ASKED`, the handlers its
+    one message asked) and answers received (`COLLECT_ANSWERED`)."""
+    attrs = _send_attrs(subject)
+    attrs[COLLECT_ASKED] = asked
+    attrs[COLLECT_ANSWERED] = answered
+    span.set_attributes(attrs)
+    span.end()
+
+
 _headers_cache: tuple[object, dict[str, str] | None] = (None, None)
 
 
@@ -342,8 +489,10 @@ def trace_headers() -> dict[str, str] | None:
     cached_for, headers = _headers_cache
     if cached_for is current:
         return headers
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier, context=current)
+    carrier = w3c_headers(trace.get_current_span(current).get_span_context(), current)
+    if carrier is None:
+        carrier = {}
+        propagate.inject(carrier, context=current)
     headers = carrier or None
     _headers_cache = (current, headers)
     return headers
