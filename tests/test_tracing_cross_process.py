@@ -264,11 +264,13 @@ def check_call(fleet: Fleet, spans: list[ReceivedSpan], send: ReceivedSpan, even
                handler: str, worker: str) -> ReceivedSpan:  # fmt: skip
     """A handler call (PRODUCER, dispatcher) and its one handling (CONSUMER, `worker`)."""
     subject = handler_subject(event, handler)
-    assert send.name == f"send {subject}" and send.kind == "PRODUCER"
+    assert send.name == f"send {event} {handler}" and send.kind == "PRODUCER"
+    assert send.attributes[tn.MESSAGING_DESTINATION_NAME] == subject
     assert send.service == "hookbus-dispatcher"
     assert send.attributes[tn.HANDLER] == handler
     (process,) = children(spans, send)
-    assert process.name == f"process {subject}" and process.kind == "CONSUMER"
+    assert process.name == f"process {event} {handler}" and process.kind == "CONSUMER"
+    assert process.attributes[tn.MESSAGING_DESTINATION_NAME] == subject
     assert process.links == [(send.trace_id, send.span_id)]
     assert process.service == "hookbus-worker"
     assert process.resource["process.pid"] == fleet.worker_pids[worker]

@@ -76,7 +76,7 @@ async def test_record_call_span_is_the_span_traced_call_makes(otel: Otel, nc, co
     async with w, HookDispatcher(await connect()) as d:
         await d.emit(event, {"tool_name": "bash"})
         (route,) = d.routes(event)
-    traced = only(otel.spans(), f"send {route.subject}")
+    traced = only(otel.spans(), f"send {event} security")
 
     tracer = trace.get_tracer("test")
     t0 = time.time_ns()
@@ -136,9 +136,11 @@ async def test_start_call_span_makes_the_workers_handling_its_child(otel: Otel, 
     emit = only(spans, f"emit {event}")
     (send,) = children(spans, emit)
     (process,) = children(spans, send)
-    assert send.name == f"send {route.subject}" and send.kind is SpanKind.PRODUCER
+    assert send.name == f"send {event} audit" and send.kind is SpanKind.PRODUCER
+    assert send.attributes[tn.MESSAGING_DESTINATION_NAME] == route.subject
     assert send.attributes[tn.ACTION] == "continue" and send.attributes[tn.FAILED_OPEN] is False
-    assert process.name == f"process {route.subject}" and process.kind is SpanKind.CONSUMER
+    assert process.name == f"process {event} audit" and process.kind is SpanKind.CONSUMER
+    assert process.attributes[tn.MESSAGING_DESTINATION_NAME] == route.subject
     assert [link.context.span_id for link in process.links] == [send.context.span_id]
     assert process.attributes[tn.MESSAGING_MESSAGE_ID] == "e" * 32
     assert process.attributes[tn.GEN_AI_AGENT_ID] == "a-1"
