@@ -37,6 +37,7 @@ Metrics: see the ``METRIC_*`` names (durations in seconds).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -66,8 +67,11 @@ __all__ = [
     "CallSpan",
     "ChainSpan",
     "SuspensionSpan",
+    "created_by",
+    "creating_traceparent",
     "end_collect_span",
     "record_call_span",
+    "run_span",
     "send_name",
     "start_call_span",
     "start_chain_span",
@@ -807,7 +811,7 @@ def suspension_span(
         finally:
             holder._uncount()
         return
-    span = otel.tracer.start_span(f"{tn.SPAN_AWAIT} {kind}")
+    span = otel.tracer.start_span(f"{tn.SPAN_AWAIT} {kind}", links=_wait_links.get() or None)
     recording = span.is_recording()
     if recording:
         extra = {k: v for k, v in (attributes or {}).items() if v is not None}
@@ -823,4 +827,98 @@ def suspension_span(
     finally:
         otel_context.detach(token)
         holder._uncount()
+        span.end()
+
+
+# -- who created a suspension: links across runs and processes -------------------------------------
+LINK_CREATED_BY = "hookbus.suspension.created_by"
+"""On the link of an ``await`` span to the context that created its suspension (True)."""
+
+_wait_links: contextvars.ContextVar[tuple[Link, ...]] = contextvars.ContextVar(
+    "hookbus_wait_links", default=()
+)
+
+
+def creating_traceparent() -> str | None:
+    """The W3C ``traceparent`` of the current span (the run or emit creating a
+    suspension now), to keep with the suspension's record so that a later wait on it, in
+    any process, links to its creator (`created_by`); None when tracing is off or no span
+    is current."""
+    if not otel.sync() or not otel.tracing:
+        return None
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return None
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+
+
+@contextlib.contextmanager
+def created_by(traceparent: str | None) -> Iterator[None]:
+    """The ``await`` spans of the suspension waits started inside (tasks created inside
+    included: they copy the context) link to the span of `traceparent` (the run or emit
+    that created the suspension, from `creating_traceparent`; attribute
+    `LINK_CREATED_BY`), unless it is their parent already. None, or tracing off: nothing.
+
+    A wait that was aborted and resumed later (another run, another process) is then
+    tied to the trace that asked the question, not a root of its own.
+    """
+    link = None
+    if traceparent and otel.sync() and otel.tracing:
+        parent = trace.get_current_span().get_span_context()
+        remote = _remote_context(traceparent)
+        if remote is not None and (remote.trace_id, remote.span_id) != (
+            parent.trace_id,
+            parent.span_id,
+        ):
+            link = Link(remote, {LINK_CREATED_BY: True})
+    if link is None:
+        yield
+        return
+    token = _wait_links.set((*_wait_links.get(), link))
+    try:
+        yield
+    finally:
+        _wait_links.reset(token)
+
+
+def _remote_context(traceparent: str) -> SpanContext | None:
+    parts = traceparent.split("-")
+    if len(parts) < 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return None
+    try:
+        trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3][:2], 16)
+    except ValueError:
+        return None
+    context = SpanContext(trace_id, span_id, True, trace.TraceFlags(flags))
+    return context if context.is_valid else None
+
+
+@contextlib.contextmanager
+def run_span(agent_id: str | None, run_id: str | None) -> Iterator[None]:
+    """An ``invoke_agent <agent>`` span (INTERNAL, OpenTelemetry GenAI) around an agent
+    run whose hooks hookbus keeps, when no span is current: the run's waits are its
+    children (not roots each) and the suspensions it creates keep its context
+    (`creating_traceparent`). Inside a current span (the application's, or the agent
+    library's own), nothing: that span is the run's."""
+    if not otel.sync() or not otel.tracing or trace.get_current_span().get_span_context().is_valid:
+        yield
+        return
+    span = otel.tracer.start_span(f"invoke_agent {agent_id}" if agent_id else "invoke_agent")
+    token = otel_context.attach(trace.set_span_in_context(span))
+    try:
+        yield
+    except BaseException as exc:
+        if span.is_recording():
+            error(span, exc)
+        raise
+    finally:
+        if span.is_recording():
+            attrs: dict[str, Any] = {"gen_ai.operation.name": "invoke_agent"}
+            if agent_id:
+                attrs[tn.GEN_AI_AGENT_ID] = agent_id
+            if run_id:
+                attrs["hookbus.run.id"] = run_id
+            span.set_attributes(attrs)
+        with contextlib.suppress(Exception):  # a run block left from another context
+            otel_context.detach(token)
         span.end()

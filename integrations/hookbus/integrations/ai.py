@@ -101,7 +101,10 @@ Differences from ``ai``: a second live hook on one label raises `DuplicateSuspen
 (``ai`` would replace it silently); ``cancel_hook`` of an unknown label raises
 `SuspensionNotFoundError` (``ai``: ``ValueError``); an exception passed to ``resolve_hook``
 (``defer_hook``) reaches only a hook waiting, or next waiting, in this process; ``ai``'s
-hook telemetry span is replaced by hookbus's ``await suspension`` span.
+hook telemetry span is replaced by hookbus's ``await suspension`` span. With tracing on, a
+run with no span current gets an ``invoke_agent <agent>`` span (its waits are its children),
+and a suspension keeps the context of the run that created it (``"_ai"`` metadata,
+``"trace"``): a wait resumed later, in any run or process, links to that run's span.
 """
 
 from __future__ import annotations
@@ -135,6 +138,7 @@ from hookbus.dispatcher._proofs import first_proof, write_proof
 from hookbus.dispatcher._run_scopes import current_run_scope
 from hookbus.dispatcher._suspension_events import payload_schema
 from hookbus.dispatcher._tasks import stop_task
+from hookbus.dispatcher._telemetry import created_by, creating_traceparent, run_span
 from hookbus.dispatcher._waiter import Leases
 from hookbus.schemas import (
     APPROVAL_DEFAULT_OPTIONS,
@@ -187,6 +191,18 @@ APPROVAL_LABEL_PREFIX = "approve_"
 _PROOF_POLL_S = 2.0
 
 AI_METADATA_KEY = "_ai"
+AI_TRACE_KEY = "trace"
+"""In the ``"_ai"`` metadata, with tracing on: the W3C ``traceparent`` of the run (or emit)
+that created the suspension; the ``await suspension`` span of a later wait on it (a resumed
+run, in any process) links to it."""
+
+
+def _creator(found: Any) -> str | None:
+    extra = None if found is None else found[0].metadata.get(AI_METADATA_KEY)
+    value = extra.get(AI_TRACE_KEY) if isinstance(extra, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
 """The key of a record's metadata that holds what ``ai``'s ``HookPart`` needs besides the
 caller's metadata: ``{"hook_type": str, "tool_call_id": str | None}``; a used tool approval
 adds ``"used_in"`` (the run id) and ``"ran"`` (the tool's results, ``ToolResultPart`` JSON)."""
@@ -383,7 +399,7 @@ class HookbusHooks(ai_middleware._Middleware):
             if run_id is not None:  # a hook of the run waited on elsewhere (kept: harmless)
                 await self._refuse_a_live_run(run_id)
             async with self.suspensions.run(run_id):
-                with use_hooks(self):
+                with use_hooks(self), run_span(self.suspensions.agent_id, run_id):
                     try:
                         async with agent.run(
                             model, list(messages), _middleware=middleware, **kwargs
@@ -929,6 +945,11 @@ class HookbusHooks(ai_middleware._Middleware):
         waiting_value = (
             found is not None and found[0].status == "resolved" and not found[0].consumed
         )
+        # the run (or emit) that created the suspension: kept with the record, so a wait
+        # resumed later (another run, another process) links to it
+        creator = _creator(found) or creating_traceparent()
+        if creator is not None:
+            stored[AI_METADATA_KEY][AI_TRACE_KEY] = creator
 
         wait = _Wait()
         self._waits[label] = wait
@@ -936,15 +957,16 @@ class HookbusHooks(ai_middleware._Middleware):
         if registry is not None and rt is not None:  # ai.resolve_hook & co. find it
             local_future = asyncio.get_running_loop().create_future()
             registry._live_hooks[label] = (local_future, metadata, rt)
-        kv = asyncio.ensure_future(
-            self.suspensions.hook(
-                label,
-                payload=None if approval else payload,
-                metadata=stored,
-                timeout_s=timeout_s,
-                schema=payload_schema(payload) if approval else None,
+        with created_by(creator):  # the wait's span links to the creator (the task copies it)
+            kv = asyncio.ensure_future(
+                self.suspensions.hook(
+                    label,
+                    payload=None if approval else payload,
+                    metadata=stored,
+                    timeout_s=timeout_s,
+                    schema=payload_schema(payload) if approval else None,
+                )
             )
-        )
         pump = asyncio.ensure_future(self._pump(label)) if approval else None
         instead: BaseException | None = None  # what an abort raises
         cancelled_locally = False
