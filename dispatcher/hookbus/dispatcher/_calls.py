@@ -39,11 +39,14 @@ emit's path:
   answers gathered for `DISCOVERY_GATHER_S`); each instance that answers is a hedge target
   of the handlers it serves, as if it had just answered a call;
 - **suspicion**: a call that times out with no answer at all marks its queue subject
-  suspect for `SUSPECT_S` seconds; while it is, a call's *first* request goes to an
-  instance seen alive since the suspicion began (taken in turn), else to the queue
-  subject. Each request is still sent once: a handler not declared retry_safe fails by its
-  policy on the call that met the stall, and the calls after it reach a live instance.
-  A suspect chain subject is not used: its steps are called one by one.
+  suspect until `SUSPECT_S` seconds after the last such call; while it is, a call's
+  *first* request goes to an instance seen alive since the first such call was sent (taken
+  in turn), else to the queue subject; one made while a discovery is asking waits for its
+  first answer (at most a quarter of its budget). An instance sent a request that timed
+  out unanswered is no longer a target. Each request is still sent once: a handler not
+  declared retry_safe fails by its policy on the calls that met the stall, and the calls
+  after them reach a live instance. A suspect chain subject is not used: its steps are
+  called one by one.
 """
 
 from __future__ import annotations
@@ -375,8 +378,11 @@ class Requester:
         self._waiting: dict[str, _Inbox | _Discovery] = {}
         self._recent: dict[str, dict[str, float]] = {}
         """Per handler subject: instance id -> loop time of its last answer, oldest first."""
-        self._suspect: dict[str, float] = {}
-        """Per queue subject: loop time a call on it timed out unanswered (module docstring)."""
+        self._suspect: dict[str, tuple[float, float]] = {}
+        """Per queue subject: loop times of the first and the last call on it that timed
+        out unanswered, while it stays suspect (module docstring)."""
+        self._found: asyncio.Future[None] | None = None
+        """Done when the discovery in flight learned an instance (or its answers ended)."""
         self._wanted: set[str] = set()
         """Handler subjects a discovery was asked for (recorded even if never answered)."""
         self._discovery_at = -math.inf
@@ -437,6 +443,16 @@ class Requester:
                 token = f"{next(self._tokens):x}"
                 if attempt == 1:
                     subject = self._first(route, avoid, token, targets, loop.time())
+                    found = self._found
+                    if token not in targets and found is not None and not found.done():
+                        # suspect, and the live replicas are being asked right now: their
+                        # first answer is worth a short wait (a call sent now would meet
+                        # the stalled replica again)
+                        if self.suspected(route.subject, loop.time()) is not None:
+                            with contextlib.suppress(TimeoutError):
+                                async with asyncio.timeout(remaining * HEDGE_FRACTION):
+                                    await asyncio.shield(found)
+                            subject = self._first(route, avoid, token, targets, loop.time())
                 else:
                     subject = self._target(route, avoid, token, targets, loop.time())
                     if token not in targets:  # no instance known to go to: ask who serves
@@ -504,7 +520,11 @@ class Requester:
                 "error", f"{refused}: every replica refused within {budget_s:.3g}s", not_run=True
             )
         if live:  # sent, and nothing at all came back: a stalled replica, or a lost one
-            self.suspect(route.subject)
+            for token in live:
+                stalled = targets.get(token)
+                if stalled is not None:  # no longer an instance to send to
+                    self._forget(route.subject, stalled)
+            self.suspect(route.subject, deadline - budget_s)
             await self.discover(route.subject)
         return Failed("timeout", f"no reply within {budget_s:.3g}s")
 
@@ -544,20 +564,27 @@ class Requester:
         """Note that `instance` answered a request on `subject` at `now`."""
         self._answered(subject, instance, now)
 
-    def suspect(self, subject: str) -> None:
-        """Note that a call on queue subject `subject` timed out with no answer at all: for
-        `SUSPECT_S` seconds its first requests go to instances seen alive since."""
-        self._suspect[subject] = asyncio.get_running_loop().time()
+    def suspect(self, subject: str, sent_at: float) -> None:
+        """Note that a call on queue subject `subject`, sent at `sent_at` (loop time), timed
+        out with no answer at all: until `SUSPECT_S` seconds from now its first requests go
+        to instances seen alive since the first such call was sent (the replica that took
+        it has answered nothing since)."""
+        now = asyncio.get_running_loop().time()
+        was = self._suspect.get(subject)
+        since = was[0] if was is not None and now - was[1] <= SUSPECT_S else sent_at
+        self._suspect[subject] = (since, now)
         if len(self._suspect) > 4096:  # a suspicion is an optimisation: forget the oldest
             del self._suspect[next(iter(self._suspect))]
 
     def suspected(self, subject: str, now: float) -> float | None:
         """When the suspicion on `subject` began (loop time), or None if it is not suspect."""
-        since = self._suspect.get(subject)
-        if since is not None and now - since > SUSPECT_S:
+        was = self._suspect.get(subject)
+        if was is None:
+            return None
+        if now - was[1] > SUSPECT_S:
             del self._suspect[subject]
             return None
-        return since
+        return was[0]
 
     async def discover(self, subject: str) -> None:
         """Ask the live workers which handlers they serve (``$SRV.PING`` of the worker
@@ -577,7 +604,8 @@ class Requester:
         self._discovery_at = loop.time()
         token = f"{next(self._tokens):x}"
         self._waiting[token] = _Discovery(self)
-        loop.call_later(DISCOVERY_GATHER_S, self._waiting.pop, token, None)
+        found = self._found = loop.create_future()
+        loop.call_later(DISCOVERY_GATHER_S, self._discovery_over, token, found)
         try:
             await nc.publish(
                 f"$SRV.PING.{WORKER_SERVICE_NAME}",
@@ -585,8 +613,13 @@ class Requester:
                 reply=inbox_reply_subject(self._prefix, token),
             )
         except nats.errors.Error as exc:  # closed, or not allowed: hedges stay as they were
-            self._waiting.pop(token, None)
+            self._discovery_over(token, found)
             log.debug("worker discovery not sent: %s", exc)
+
+    def _discovery_over(self, token: str, found: asyncio.Future[None]) -> None:
+        self._waiting.pop(token, None)
+        if not found.done():
+            found.set_result(None)
 
     def _discovered(self, instance: str, served: list[tuple[str, str]]) -> None:
         """A discovery's answer: `instance` is alive and serves the handlers `served`."""
@@ -598,6 +631,9 @@ class Requester:
                 continue
             if subject in self._wanted or subject in self._recent:
                 self._answered(subject, instance, now)
+                found = self._found
+                if found is not None and not found.done():
+                    found.set_result(None)
 
     def _first(
         self, route: Route, avoid: set[str], token: str, targets: dict[str, str], now: float

@@ -97,6 +97,7 @@ class ChainCall:
         self._replies: dict[str, HookReply] = {}
         self._running_since: dict[str, float] = {}
         self._heard_at = 0.0
+        self._sent_at = 0.0
         self._heard = False
         self.over = False
         """No further step will run in the chain: those without a reply are not run."""
@@ -115,6 +116,7 @@ class ChainCall:
             return Failed("timeout", "not sent: the chain subject is suspect", True)
         self._inbox = self._requester.open_inbox()
         self._envelope.chain = self._plan.steps
+        self._sent_at = self._loop.time()
         return await self._send(target)
 
     def close(self) -> None:
@@ -168,7 +170,9 @@ class ChainCall:
         if ended:
             self.over = True
             if not self._heard:  # nothing came back at all: a stalled replica, or a lost one
-                self._requester.suspect(self._plan.target.subject)
+                # the process the queue group chose serves every step: all are suspect
+                for subject in (self._plan.target.subject, *self._plan.subjects.values()):
+                    self._requester.suspect(subject, self._sent_at)
                 for r in group:
                     await self._requester.discover(r.subject)
         return [out[r] for r in group]
