@@ -39,7 +39,8 @@ class Row:
     at_least: bool = False
     """The target is ``value >= limit`` (throughput), not ``value <= limit``."""
     unit: str = "x"
-    """How `value` prints: ``x`` (a ratio), ``%`` (a fraction), ``us`` (seconds as us)."""
+    """How `value` prints: ``x`` (a ratio), ``%`` (a fraction), ``us`` (seconds as us),
+    ``rps`` (calls per second)."""
 
     def judge(self, value: float) -> bool | None:
         if self.limit is None:
@@ -73,6 +74,8 @@ def fmt_value(x: float, unit: str) -> str:
         return f"{x:.0%}"
     if unit == "us":
         return f"{x * 1e6:.1f} us"
+    if unit == "rps":
+        return f"{x:,.0f}/s"
     return f"{x:.2f}x"
 
 

@@ -544,6 +544,10 @@ async def io_phase(run: Run, d: HookDispatcher) -> None:
         met=rate.per_s >= 5000,
         figures={"req_per_s": rate.per_s, "handler_bound_req_per_s": s.in_flight / W.IO_SECONDS},
         errors=rate.errors,
+        value=rate.per_s,
+        limit=5000,
+        at_least=True,
+        unit="rps",
     )
     if note := cpu_note("5 ms I/O row", rate.cpu):
         run.notes.append(note)
@@ -588,9 +592,10 @@ async def replica_phase(run: Run, d: HookDispatcher) -> None:
                 },
                 errors=rate.errors,
                 refused=rate.refused,
-                value=None if n == 1 else ratio,
+                value=rate.per_s if n == 1 else ratio,
                 limit=None if n == 1 else 0.9,
                 at_least=True,
+                unit="rps" if n == 1 else "x",
             )
     finally:
         await asyncio.gather(*(p.stop() for p in replicas), return_exceptions=True)
