@@ -20,6 +20,7 @@ share one reading. Names in `hookbus.schemas._telemetry_names`.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
 import re
@@ -232,17 +233,22 @@ class HandlingSpan:
             otel_context.detach(self._token)  # type: ignore[arg-type]
         span = self._span
         if span is not None:
-            attrs, status = self._attributes(decl)
-            span.set_attributes(attrs)
-            if status is not None:
-                span.set_status(status)
-            if exc is not None:
-                span.record_exception(exc)
-                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-                span.set_attribute(tn.ERROR_TYPE, type(exc).__qualname__)
-            span.end()
+            _after_reply(self._end, span, decl, exc, time.time_ns())
         if otel.metrics:
             self._record(decl, exc, elapsed)
+
+    def _end(
+        self, span: trace.Span, decl: HandlerDeclaration, exc: BaseException | None, end_ns: int
+    ) -> None:
+        attrs, status = self._attributes(decl)
+        span.set_attributes(attrs)
+        if status is not None:
+            span.set_status(status)
+        if exc is not None:
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            span.set_attribute(tn.ERROR_TYPE, type(exc).__qualname__)
+        span.end(end_time=end_ns)
 
     def _attributes(self, decl: HandlerDeclaration) -> tuple[dict[str, Any], Status | None]:
         # few attributes (each costs the SDK one to two microseconds): the event is in the
@@ -288,6 +294,21 @@ class HandlingSpan:
 
 
 _NO_HANDLING = HandlingSpan(None, None, None, "")
+
+
+def _after_reply(fn: Callable[..., None], *args: Any) -> None:
+    """Call `fn(*args)` once the reply the caller is about to publish has been written:
+    two event loop turns from now (nats-py writes a publish in its flusher task, woken by
+    the publish: the first turn runs that task's step, the second this). Finishing a span
+    (its attributes, ``end`` with the time taken at the handling's end, the processor's
+    ``on_end``) costs the SDK tens of microseconds that the dispatcher would otherwise wait
+    for. Now, when no loop is running."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        fn(*args)
+        return
+    loop.call_soon(loop.call_soon, fn, *args)
 
 
 def handling_span(
@@ -472,13 +493,23 @@ class ChainHandling:
         if span is None:
             return
         envelope = self._envelope
+        fields = _envelope_fields(envelope) if envelope is not None else None
+        _after_reply(self._end, span, fields, exc, time.time_ns())
+
+    def _end(
+        self,
+        span: trace.Span,
+        fields: tuple[Any, ...] | None,
+        exc: BaseException | None,
+        end_ns: int,
+    ) -> None:
+        assert self._msg is not None
         attrs: dict[str, Any] = {
             tn.MESSAGING_SYSTEM: tn.MESSAGING_SYSTEM_NATS,
             tn.MESSAGING_DESTINATION_NAME: self._msg.subject,
             tn.MESSAGING_OPERATION_TYPE: tn.OPERATION_PROCESS,
         }
-        if envelope is not None:
-            _envelope_attrs(attrs, _envelope_fields(envelope))
+        _envelope_attrs(attrs, fields)
         attrs[CHAIN_HANDLERS] = self._handlers
         attrs[CHAIN_OUTCOMES] = self._outcomes
         attrs[CHAIN_DURATIONS] = self._durations
@@ -491,7 +522,7 @@ class ChainHandling:
             span.set_attribute(tn.ERROR_TYPE, type(exc).__qualname__)
         elif self._errors:
             span.set_status(Status(StatusCode.ERROR, f"{self._errors} step(s) answered an error"))
-        span.end()
+        span.end(end_time=end_ns)
 
 
 _NO_CHAIN = ChainHandling(None, None)
