@@ -235,7 +235,7 @@ class HandlingSpan:
         if span is not None:
             _after_reply(self._end, span, decl, exc, time.time_ns())
         if otel.metrics:
-            self._record(decl, exc, elapsed)
+            _after_reply(self._record, decl, exc, elapsed)
 
     def _end(
         self, span: trace.Span, decl: HandlerDeclaration, exc: BaseException | None, end_ns: int
@@ -564,18 +564,27 @@ class _ChainStep:
         elapsed = time.perf_counter() - self._start
         decl, reply = self._decl, self._reply
         self._chain.step(decl, reply, elapsed)
-        if otel.metrics:
-            subject = self._chain._msg.subject if self._chain._msg is not None else ""
-            m: dict[str, Any] = {
-                tn.MESSAGING_SYSTEM: tn.MESSAGING_SYSTEM_NATS,
-                tn.MESSAGING_DESTINATION_NAME: subject,
-                tn.MESSAGING_CONSUMER_GROUP_NAME: decl.queue_group,
-                tn.HANDLER: decl.name,
-            }
-            if exc is not None:
-                m[tn.ERROR_TYPE] = type(exc).__qualname__
-            elif reply is not None and reply.error is not None:
-                m[tn.ERROR_TYPE] = str(reply.error.code)
-            elif reply is not None and reply.result is not None:
-                m[tn.ACTION] = reply.result.action
-            otel.process_duration.record(elapsed, m)
+        if otel.metrics:  # once the chain's reply is written, as the span
+            _after_reply(self._record, decl, reply, exc, elapsed)
+
+    def _record(
+        self,
+        decl: HandlerDeclaration,
+        reply: HookReply | None,
+        exc: BaseException | None,
+        elapsed: float,
+    ) -> None:
+        subject = self._chain._msg.subject if self._chain._msg is not None else ""
+        m: dict[str, Any] = {
+            tn.MESSAGING_SYSTEM: tn.MESSAGING_SYSTEM_NATS,
+            tn.MESSAGING_DESTINATION_NAME: subject,
+            tn.MESSAGING_CONSUMER_GROUP_NAME: decl.queue_group,
+            tn.HANDLER: decl.name,
+        }
+        if exc is not None:
+            m[tn.ERROR_TYPE] = type(exc).__qualname__
+        elif reply is not None and reply.error is not None:
+            m[tn.ERROR_TYPE] = str(reply.error.code)
+        elif reply is not None and reply.result is not None:
+            m[tn.ACTION] = reply.result.action
+        otel.process_duration.record(elapsed, m)
