@@ -1,7 +1,7 @@
 """hookbus benchmark: every row of the performance table in one run, each figure against a
 baseline measured in the same run.
 
-    .venv/bin/python benchmarks/run.py            # about 2.5 minutes
+    .venv/bin/python benchmarks/run.py            # about 2 minutes
     .venv/bin/python benchmarks/run.py --quick    # under a minute, fewer samples
     .venv/bin/python benchmarks/run.py --url nats://127.0.0.1:4222   # an existing server
     .venv/bin/python benchmarks/run.py --json out.json               # also every figure
