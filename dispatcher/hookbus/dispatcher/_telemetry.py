@@ -17,19 +17,37 @@ Costs:
   travels with the context);
 - recorded: each span is started without attributes (the sampler decides first: it sees
   the name, kind, parent and links) and gets them in one call when it ends; a call's
-  attributes that never change are built once per route.
+  attributes that never change are built once per route. The SDK's own cost per span
+  (start, attributes, end: tens of microseconds in place) is the floor: a traced chain
+  of 3 makes three spans (the emit, its one send, the worker's one handling), see
+  ``benchmarks/tracing.py`` (``bench_span_floor``).
 
-Spans (names and attributes in `hookbus.schemas._telemetry_names`):
+Spans (names and attributes in `hookbus.schemas._telemetry_names`, and here): one
+``send`` span per message that went over the wire, named as OpenTelemetry messaging
+recommends, ``{operation} {destination}``, with a short, low-cardinality destination (the
+event and handler the subject encodes, readable: ``send tool:pre guard``); the whole
+subject is the span's ``messaging.destination.name``.
 
 - ``emit <event>`` (INTERNAL): `HookDispatcher.emit`; the folded action, reason, deciding
   handler, and one ``hookbus.handler.failure`` event per failed handler.
-- ``send <subject>`` (PRODUCER): one remote handler call; its context goes to the worker
-  in the W3C ``traceparent`` NATS header. ``handler <name>`` (INTERNAL) for an in-process one.
-  `start_call_span` / `record_call_span` make the same span for a call whose request is
-  made elsewhere (several handlers run by one request).
+- ``send <event> <handler>`` (PRODUCER): one remote handler call (its own request); its
+  context goes to the worker in the W3C ``traceparent`` NATS header. ``handler <name>``
+  (INTERNAL) for an in-process one. `start_call_span` / `record_call_span` make the same
+  span for a call whose request is made elsewhere.
+- ``send <event> chain`` (PRODUCER): ONE chain request, the adjacent handlers of one
+  worker process in one message to the chain subject (`start_chain_span`): the handlers
+  it asked (`CHAIN_HANDLERS`) and the outcomes read from its answer (`CHAIN_OUTCOMES`);
+  the worker's ``process <event> chain`` span is its child. A step the chain did not run
+  is called alone afterwards, with a ``send`` span of its own.
+- ``send <event> collect`` (PRODUCER): emit_and_collect's one message to every handler
+  (`start_collect_span`): requests sent (`COLLECT_ASKED`) and answers received
+  (`COLLECT_ANSWERED`); the workers' handlings are its children.
 - ``process hookbus.v1.emit.<event>`` (CONSUMER): the dispatcher service serving one
   request, parented to and linked with the agent's ``traceparent``.
-- ``await <kind>`` (INTERNAL): a suspension wait (`suspension_span`).
+- ``await <kind>`` (INTERNAL): a suspension wait (`suspension_span`); linked to the run or
+  emit that created the suspension when that is not its parent (`created_by`).
+- ``invoke_agent <agent>`` (INTERNAL): an agent run of the ``ai`` integration with no span
+  current (`run_span`).
 
 Metrics: see the ``METRIC_*`` names (durations in seconds).
 """

@@ -6,7 +6,10 @@ decided at first use and looked at again only when the API's global provider slo
 no request reads the environment. With none set, a request costs two identity tests: no
 span, no attributes, no header parsing.
 
-The span (``process <subject>``) is parented to, and linked with, the context in the
+The span (``process <event> <handler>``, OpenTelemetry messaging's ``{operation}
+{destination}`` with the destination the event and handler the subject encodes; the subject
+itself is ``messaging.destination.name``; a chain message: one ``process <event> chain``
+span, see `ChainHandling`) is parented to, and linked with, the context in the
 request's W3C ``traceparent`` NATS header, so the dispatcher's ``send`` span and this one
 share a trace; a request without headers starts a new trace. The span is started without
 attributes, so the sampler decides before any is built: a handling it drops (e.g. a
@@ -15,7 +18,9 @@ its context is still current while the handler runs, so the handler's own spans 
 requests carry the same decision. A recorded span gets its attributes in one call when
 it ends. With the API's default propagator (W3C trace context and baggage), a
 ``traceparent`` without baggage is read here directly, and the handlers of one request
-share one reading. Names in `hookbus.schemas._telemetry_names`.
+share one reading. A span is finished (attributes, ``end``) once the reply is written
+(`_after_reply`): the dispatcher does not wait for the SDK's work. Names in
+`hookbus.schemas._telemetry_names`.
 """
 
 from __future__ import annotations
