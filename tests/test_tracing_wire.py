@@ -202,3 +202,28 @@ async def test_emit_and_collect_sends_one_message_and_counts_requests_and_answer
     handlings = children(spans, send)
     assert sorted(s.attributes[tn.HANDLER] for s in handlings) == ["one", "two"]
     assert all(s.kind is SpanKind.CONSUMER for s in handlings)
+
+
+async def test_an_unsampled_chain_records_nothing_and_carries_flags_00(nc, connect, event) -> None:
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
+
+    reset_globals()
+    o = Otel(sampler=ParentBased(ALWAYS_OFF))
+    o.install()
+    try:
+        w = _chain_worker(nc, event)
+        spy = await connect()
+        event_token = collect_subject(event).rsplit(".", 1)[1]
+        on_wire = await wire_headers(spy, f"hookbus.v1.chain.{event_token}.*")
+        async with w, HookDispatcher(await connect()) as d:
+            result = await d.emit(event, {"tool_name": "bash"})
+            await spy.flush()
+        assert result.action == "deny"
+        assert o.spans() == []
+        (headers,) = on_wire
+        assert headers is not None
+        ctx = trace.get_current_span(propagate.extract(headers)).get_span_context()
+        assert ctx.is_valid and not ctx.trace_flags.sampled
+    finally:
+        o.shutdown()
+        reset_globals()
