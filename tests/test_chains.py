@@ -394,28 +394,21 @@ async def test_in_process_pure_handlers_are_called_at_once(event: str) -> None:
     assert r.action == "deny" and r.decided_by == "second"
 
 
-async def test_a_chain_is_traced_as_requests_of_their_own(
+async def test_a_chain_is_traced_as_the_one_message_it_is(
     nc: NATS, connect: Connect, event: str
 ) -> None:
-    """With tracing on, a chain makes the spans one request per handler makes: a send span
-    per handler that ran under the emit, each with the worker's handling span as its child
-    (the step carries its own traceparent), and none for the handler a deny kept from
-    running."""
+    """With tracing on, a chain is one ``send <event> chain`` span under the emit (the
+    handlers it asked, the outcomes the fold read, one request, the worker instance that
+    answered) with the worker's one handling span as its child; no span names a handler
+    subject that carried no message."""
     from _otel_harness import Otel, children, reset_globals
-    from opentelemetry import propagate, trace
 
     from hookbus.schemas import _telemetry_names as tn
 
     reset_globals()
     otel = Otel()
     otel.install()
-    seen: list[EventEnvelope] = []
-
-    async def note(msg: Msg) -> None:
-        seen.append(decode(msg.data, EventEnvelope))
-
     try:
-        await (await connect()).subscribe(f"{SUBJECT_PREFIX}.chain.>", cb=note)
         deny = HookResult(action="deny", reason="no")
         async with (
             serving(
@@ -423,25 +416,22 @@ async def test_a_chain_is_traced_as_requests_of_their_own(
                 (event, recorder([], "first", modify("x", 1)), {"priority": 1}),
                 (event, recorder([], "guard", deny), {"priority": 2}),
                 (event, recorder([], "never"), {"priority": 3}),
-            ),
+            ) as worker,
             HookDispatcher(await connect()) as d,
         ):
             r = await d.emit(event, {})
-            await _until(lambda: len(seen) == 1)
+            instance = worker.instance
         assert r.action == "deny"
         emit = otel.emit_span(event)
         spans = otel.spans(emit.context.trace_id)
-        sends = children(spans, emit)
-        assert [s.attributes[tn.HANDLER] for s in sends] == ["first", "guard"]
-        for send in sends:
-            (process,) = children(spans, send)
-            assert (
-                process.attributes[tn.MESSAGING_CONSUMER_GROUP_NAME] == send.attributes[tn.HANDLER]
-            )
-        steps = {step.handler: step.traceparent for step in seen[0].chain or []}
-        assert set(steps) == {"first", "guard", "never"}
-        sent = trace.get_current_span(propagate.extract({"traceparent": steps["guard"] or ""}))
-        assert sent.get_span_context().span_id == sends[1].context.span_id
+        (send,) = children(spans, emit)
+        assert send.name == f"send {event} chain"
+        assert list(send.attributes[tn.CHAIN_HANDLERS]) == ["first", "guard", "never"]
+        assert list(send.attributes[tn.CHAIN_OUTCOMES]) == ["modify", "deny"]
+        assert send.attributes[tn.REQUESTS] == 1
+        assert send.attributes[tn.WORKER_INSTANCE] == instance
+        (process,) = children(spans, send)
+        assert process.name == f"process {event} chain"
     finally:
         otel.shutdown()
         reset_globals()

@@ -16,6 +16,7 @@ SDK's in-memory exporter (`_otel_harness`). Checks, against the messages a spy s
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -227,3 +228,32 @@ async def test_an_unsampled_chain_records_nothing_and_carries_flags_00(nc, conne
     finally:
         o.shutdown()
         reset_globals()
+
+
+async def test_a_hedged_call_records_its_requests_and_the_instance_that_answered(
+    otel: Otel, connect, event
+) -> None:
+    """Two replicas of a retry_safe handler, one hung: a call the hung one took is hedged
+    to the other; its ``send`` span says 2 requests were sent and names the instance whose
+    reply decided it. A call answered at once says 1 request, and who answered."""
+    hung = asyncio.Event()  # set only at the end
+    workers = {"hung": HookWorker(await connect()), "live": HookWorker(await connect())}
+    for who, w in workers.items():
+
+        async def gate(ev: str, data: dict[str, Any], who: str = who) -> None:
+            if who == "hung":
+                await hung.wait()
+
+        w.add_handler(event, gate, name="gate", timeout_s=0.4, retry_safe=True)
+    try:
+        async with workers["hung"], workers["live"], HookDispatcher(await connect()) as d:
+            for n in range(40):
+                assert (await d.emit(event, {"n": n})).action == "continue"
+            live = workers["live"].instance
+    finally:
+        hung.set()
+    sends = [s for s in otel.spans() if s.name == f"send {event} gate"]
+    assert len(sends) == 40, [s.name for s in otel.spans()]
+    assert {s.attributes[tn.WORKER_INSTANCE] for s in sends} == {live}
+    requests = sorted(s.attributes[tn.REQUESTS] for s in sends)
+    assert requests[0] == 1 and requests[-1] >= 2, requests  # some answered at once, some hedged

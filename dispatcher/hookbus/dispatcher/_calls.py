@@ -93,6 +93,7 @@ from hookbus.schemas import (
 )
 
 from ._route_table import Route
+from ._telemetry_core import note_delivery, otel
 
 __all__ = [
     "DISCOVERY_GATHER_S",
@@ -433,6 +434,7 @@ class Requester:
         refused: str | None = None
         refusals = 0
         rechecked = False
+        answered_by = ""
         try:
             for attempt in itertools.count(1):
                 remaining = deadline - loop.time()
@@ -491,6 +493,7 @@ class Requester:
                     if outcome is not None:
                         if instance:
                             self._answered(route.subject, instance, loop.time())
+                            answered_by = instance
                         return outcome
                     gone = targets.pop(token, None)
                     if gone is not None:  # no responders on an instance subject: it is gone
@@ -515,6 +518,8 @@ class Requester:
         finally:
             for token in sent:
                 self._waiting.pop(token, None)
+            if otel.tracing:
+                note_delivery(len(sent), answered_by)
         if refused is not None and not live:
             return Failed(
                 "error", f"{refused}: every replica refused within {budget_s:.3g}s", not_run=True
@@ -798,11 +803,3 @@ class ChainPlan:
         total = sum(step.timeout_s for step in steps)
         subjects = {r.name: r.subject for r in seg}
         return cls(target, steps, total, all(r.retry_safe for r in seg), subjects)
-
-    def traced(self, headers: list[dict[str, str] | None]) -> ChainPlan:
-        """This plan with each step's call context (its ``traceparent``) from `headers`."""
-        steps = [
-            msgspec.structs.replace(step, traceparent=h.get("traceparent")) if h else step
-            for step, h in zip(self.steps, headers, strict=True)
-        ]
-        return ChainPlan(self.target, steps, self.total_s, self.hedge, self.subjects)

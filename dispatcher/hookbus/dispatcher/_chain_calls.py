@@ -98,6 +98,8 @@ class ChainCall:
         self._running_since: dict[str, float] = {}
         self._heard_at = 0.0
         self._sent_at = 0.0
+        self.requests = 0
+        """Requests sent for the chain (more than 1: refused by a replica, sent again)."""
         self._heard = False
         self.over = False
         """No further step will run in the chain: those without a reply are not run."""
@@ -118,6 +120,11 @@ class ChainCall:
         self._envelope.chain = self._plan.steps
         self._sent_at = self._loop.time()
         return await self._send(target)
+
+    @property
+    def instance(self) -> str:
+        """The worker instance whose replies the chain used ("" before any)."""
+        return self._instance
 
     def close(self) -> None:
         """Stop listening for the chain's replies (later ones are dropped)."""
@@ -314,6 +321,7 @@ class ChainCall:
         self._envelope.attempt = len(self._tokens) + 1
         token = self._requester.add_token(self._inbox)
         self._tokens.append(token)
+        self.requests += 1
         failed = await self._requester.send(self._nc, subject, self._envelope, self._headers, token)
         if failed is not None:
             self.over = True

@@ -24,7 +24,7 @@ from ._call_router import EmitContext, Router
 from ._calls import Failed, Outcome
 from ._fold import Fold
 from ._route_table import Route
-from ._telemetry import start_chain_span
+from ._telemetry import start_chain_span, traced_call
 
 __all__ = ["Call", "RouteFolder"]
 
@@ -183,7 +183,7 @@ class RouteFolder:
                 data = fold.data
                 outcomes = await chain.outcomes(
                     group,
-                    lambda r: self._router.call(r, ctx, data),  # noqa: B023 (awaited here)
+                    lambda r: self._hedge(r, ctx, data),  # noqa: B023 (awaited here)
                 )
                 alone = [r for r, o in zip(group, outcomes, strict=True) if o is None]
                 called: dict[Route, Outcome] = {}
@@ -201,8 +201,16 @@ class RouteFolder:
                         return denied
         finally:
             chain.close()
+            span.delivered(chain.requests, chain.instance)
             span.end()
         return None
+
+    @traced_call
+    def _hedge(self, route: Route, ctx: EmitContext, data: dict[str, Any]) -> Awaitable[Outcome]:
+        """A chain step asked on its own while the chain is slow (hedged): a ``send`` span
+        of its own (the trace shows the second message and who answered it); not added to
+        ``ctx.called``, where the fold records the step once, whichever answer it used."""
+        return self._router.call(route, ctx, data)
 
     async def _fold_speculative(
         self, run: Sequence[Route], ctx: EmitContext, fold: Fold

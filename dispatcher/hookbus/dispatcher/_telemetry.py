@@ -36,12 +36,12 @@ subject is the span's ``messaging.destination.name``.
   span for a call whose request is made elsewhere.
 - ``send <event> chain`` (PRODUCER): ONE chain request, the adjacent handlers of one
   worker process in one message to the chain subject (`start_chain_span`): the handlers
-  it asked (`CHAIN_HANDLERS`) and the outcomes read from its answer (`CHAIN_OUTCOMES`);
+  it asked (`tn.CHAIN_HANDLERS`) and the outcomes read from its answer (`tn.CHAIN_OUTCOMES`);
   the worker's ``process <event> chain`` span is its child. A step the chain did not run
   is called alone afterwards, with a ``send`` span of its own.
 - ``send <event> collect`` (PRODUCER): emit_and_collect's one message to every handler
-  (`start_collect_span`): requests sent (`COLLECT_ASKED`) and answers received
-  (`COLLECT_ANSWERED`); the workers' handlings are its children.
+  (`start_collect_span`): requests sent (`tn.COLLECT_ASKED`) and answers received
+  (`tn.COLLECT_ANSWERED`); the workers' handlings are its children.
 - ``process hookbus.v1.emit.<event>`` (CONSUMER): the dispatcher service serving one
   request, parented to and linked with the agent's ``traceparent``.
 - ``await <kind>`` (INTERNAL): a suspension wait (`suspension_span`); linked to the run or
@@ -348,20 +348,6 @@ def _set_outcome(span: trace.Span, route: Route, outcome: Outcome) -> None:
     span.set_attributes(attrs)
 
 
-CHAIN_HANDLERS = "hookbus.chain.handlers"
-"""On a chain's ``send`` span: the handlers its one message asked to run, in order."""
-CHAIN_OUTCOMES = "hookbus.chain.outcomes"
-"""On a chain's ``send`` span: per step the dispatcher folded from the chain's answer, in
-order, its action or (a failure) its failure kind; steps the chain did not run (called
-alone afterwards, each with a ``send`` span of its own) are not listed."""
-COLLECT_ASKED = "hookbus.collect.asked"
-"""On an ``emit_and_collect``'s ``send`` span: the remote handlers its one message asked."""
-COLLECT_ANSWERED = "hookbus.collect.answered"
-"""On an ``emit_and_collect``'s ``send`` span: the answers that came back in time."""
-CHAIN_DESTINATION = "chain"
-COLLECT_DESTINATION = "collect"
-
-
 def send_name(event: str, destination: str) -> str:
     """The span name of a message sent to handler `destination` of `event` (``chain``: a
     chain request, ``collect``: an emit_and_collect): OpenTelemetry messaging's
@@ -402,11 +388,20 @@ class ChainSpan:
     (W3C ``traceparent``) for that message, so the worker's handling of each step is this
     span's child. `step` records each step's outcome as the fold reads it (and its
     ``hookbus.handler.duration`` point, from the chain's start), `end` ends the span with
-    the handlers it asked and the outcomes read (`CHAIN_HANDLERS`, `CHAIN_OUTCOMES`; status
+    the handlers it asked and the outcomes read (`tn.CHAIN_HANDLERS`, `tn.CHAIN_OUTCOMES`; status
     ERROR naming the failed steps if any failed); `drop` (nothing was sent) leaves no span.
     Made by `start_chain_span`."""
 
-    __slots__ = ("_failed", "_outcomes", "_seg", "_span", "_start_ns", "headers")
+    __slots__ = (
+        "_failed",
+        "_instance",
+        "_outcomes",
+        "_requests",
+        "_seg",
+        "_span",
+        "_start_ns",
+        "headers",
+    )
 
     def __init__(
         self,
@@ -420,6 +415,8 @@ class ChainSpan:
         self._start_ns = start_ns
         self._outcomes: list[str] = []
         self._failed: list[str] = []
+        self._requests = 0
+        self._instance = ""
         self.headers = headers
 
     def step(self, route: Route, outcome: Outcome) -> None:
@@ -437,6 +434,11 @@ class ChainSpan:
         """Nothing was sent: no span (an SDK span never ended is never exported)."""
         self._span = None
 
+    def delivered(self, requests: int, instance: str) -> None:
+        """The requests the chain sent and the worker instance whose replies it used
+        (`tn.REQUESTS`, `tn.WORKER_INSTANCE`), recorded when the span ends."""
+        self._requests, self._instance = requests, instance
+
     def end(self, exc: BaseException | None = None) -> None:
         span = self._span
         if span is None:
@@ -444,8 +446,11 @@ class ChainSpan:
         self._span = None
         seg = self._seg
         attrs = _send_attrs(seg[0].chain or "")
-        attrs[CHAIN_HANDLERS] = [r.name for r in seg]
-        attrs[CHAIN_OUTCOMES] = self._outcomes
+        attrs[tn.CHAIN_HANDLERS] = [r.name for r in seg]
+        attrs[tn.CHAIN_OUTCOMES] = self._outcomes
+        attrs[tn.REQUESTS] = self._requests
+        if self._instance:
+            attrs[tn.WORKER_INSTANCE] = self._instance
         span.set_attributes(attrs)
         if exc is not None:
             error(span, exc)
@@ -464,7 +469,7 @@ def start_chain_span(seg: tuple[Route, ...]) -> ChainSpan:
     with tracing and metrics off the object is one shared instance that does nothing."""
     if not otel.sync():
         return _NO_CHAIN
-    span, headers = _start_send(send_name(seg[0].event, CHAIN_DESTINATION))
+    span, headers = _start_send(send_name(seg[0].event, tn.CHAIN_DESTINATION))
     return ChainSpan(seg, span, headers, time.time_ns())
 
 
@@ -476,15 +481,15 @@ def start_collect_span(event: str) -> tuple[trace.Span | None, dict[str, str] | 
     off or the current span is not recorded."""
     if not otel.sync():
         return None, trace_headers()
-    return _start_send(send_name(event, COLLECT_DESTINATION))
+    return _start_send(send_name(event, tn.COLLECT_DESTINATION))
 
 
 def end_collect_span(span: trace.Span, subject: str, asked: int, answered: int) -> None:
-    """End a `start_collect_span` span: requests sent (`COLLECT_ASKED`, the handlers its
-    one message asked) and answers received (`COLLECT_ANSWERED`)."""
+    """End a `start_collect_span` span: requests sent (`tn.COLLECT_ASKED`, the handlers its
+    one message asked) and answers received (`tn.COLLECT_ANSWERED`)."""
     attrs = _send_attrs(subject)
-    attrs[COLLECT_ASKED] = asked
-    attrs[COLLECT_ANSWERED] = answered
+    attrs[tn.COLLECT_ASKED] = asked
+    attrs[tn.COLLECT_ANSWERED] = answered
     span.set_attributes(attrs)
     span.end()
 

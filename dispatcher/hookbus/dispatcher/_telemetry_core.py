@@ -190,3 +190,14 @@ def error(span: trace.Span, exc: BaseException) -> None:
     span.record_exception(exc)
     span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
     span.set_attribute(tn.ERROR_TYPE, type(exc).__qualname__)
+
+
+def note_delivery(requests: int, instance: str) -> None:
+    """On the current span (a handler call's ``send`` span, when recorded): the requests
+    the call sent (`tn.REQUESTS`; more than 1: hedged, or refused and sent again) and the
+    worker instance whose reply was used (`tn.WORKER_INSTANCE`; "" for none: not set)."""
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.set_attribute(tn.REQUESTS, requests)
+        if instance:
+            span.set_attribute(tn.WORKER_INSTANCE, instance)

@@ -13,13 +13,19 @@ The span tree of one tool call (service mode; an embedded `HookDispatcher` start
     send hookbus.v1.emit.<event>              PRODUCER  agent
       process hookbus.v1.emit.<event>         CONSUMER  dispatcher service (queue group)
         emit <event>                          INTERNAL  HookDispatcher.emit: the decision
-          send hookbus.v1.handler.<e>.<h>     PRODUCER  one per remote handler call
-            process hookbus.v1.handler.<e>.<h>  CONSUMER  the worker replica that handled it
+          send <event> <handler>              PRODUCER  one per remote handler call
+            process <event> <handler>         CONSUMER  the worker replica that handled it
+          send <event> chain                  PRODUCER  one chain request (several handlers)
+            process <event> chain             CONSUMER  the worker process that ran it
           handler <h>                         INTERNAL  one per in-process handler call
           await approval                      INTERNAL  an ask_user suspension wait
+    emit_and_collect <event>                  INTERNAL
+      send <event> collect                    PRODUCER  the one message every handler hears
+        process <event> <handler>             CONSUMER  one per worker handling
 
-Each CONSUMER span is parented to, and linked with, the context in the W3C ``traceparent``
-header of the NATS message it processes.
+One ``send`` span per message that went over the wire; the whole subject is in
+``messaging.destination.name``. Each CONSUMER span is parented to, and linked with, the
+context in the W3C ``traceparent`` header of the NATS message it processes.
 """
 
 from __future__ import annotations
@@ -36,9 +42,11 @@ SPAN_EMIT: Final = "emit"
 SPAN_EMIT_AND_COLLECT: Final = "emit_and_collect"
 """``emit_and_collect <event>`` (INTERNAL)."""
 SPAN_SEND: Final = "send"
-"""``send <subject>``: a remote handler call or an agent's service request (PRODUCER)."""
+"""``send <event> <handler>`` / ``send <event> chain`` / ``send <event> collect``: a message
+to workers; ``send <subject>``: an agent's service request (PRODUCER)."""
 SPAN_PROCESS: Final = "process"
-"""``process <subject>``: a worker handling or the dispatcher service serving (CONSUMER)."""
+"""``process <event> <handler>`` / ``process <event> chain``: a worker handling;
+``process <subject>``: the dispatcher service serving (CONSUMER)."""
 SPAN_HANDLER: Final = "handler"
 """``handler <name>``: an in-process handler call (INTERNAL)."""
 SPAN_AWAIT: Final = "await"
@@ -84,6 +92,35 @@ SUSPENSION_LABEL: Final = "hookbus.suspension.label"
 SUSPENSION_KIND: Final = "hookbus.suspension.kind"
 """``suspension`` | ``approval``."""
 SUSPENSION_OUTCOME: Final = "hookbus.suspension.outcome"
+REQUESTS: Final = "hookbus.requests"
+"""On a handler call's ``send`` span: the requests the call sent (more than 1: it was hedged
+to another replica, or sent again after a replica refused it)."""
+WORKER_INSTANCE: Final = "hookbus.worker.instance"
+"""On a ``send`` span (a handler call or a chain): the worker instance whose reply was used
+(the services API id of that process; absent when no reply came)."""
+
+# -- one message, several handlers: chains and emit_and_collect ----------------------------
+CHAIN_DESTINATION: Final = "chain"
+"""The destination in a chain's span names: ``send <event> chain``, ``process <event> chain``."""
+COLLECT_DESTINATION: Final = "collect"
+"""The destination in an ``emit_and_collect``'s span name: ``send <event> collect``."""
+CHAIN_HANDLERS: Final = "hookbus.chain.handlers"
+"""On a chain's ``send`` span: the handlers its one message asked to run, in order; on its
+``process`` span (worker): the handlers of the steps run, in the order they ended."""
+CHAIN_OUTCOMES: Final = "hookbus.chain.outcomes"
+"""On a chain's ``send`` span: per step the dispatcher folded from the chain's answer, in
+order, its action or (a failure) its failure kind; steps the chain did not run (called
+alone afterwards, each with a ``send`` span of its own) are not listed. On its ``process``
+span: per step run, its action, its error code, or ``dropped``."""
+CHAIN_DURATIONS: Final = "hookbus.chain.durations_s"
+"""On a chain's ``process`` span: per step run, the handler's own time, seconds."""
+CHAIN_REASONS: Final = "hookbus.chain.reasons"
+"""On a chain's ``process`` span: per step run, its reason ("" for none); only when a step
+gave one."""
+COLLECT_ASKED: Final = "hookbus.collect.asked"
+"""On an ``emit_and_collect``'s ``send`` span: the remote handlers its one message asked."""
+COLLECT_ANSWERED: Final = "hookbus.collect.answered"
+"""On an ``emit_and_collect``'s ``send`` span: the answers that came back in time."""
 
 # -- GenAI (plain strings; see the module docstring) ----------------------------------------
 GEN_AI_AGENT_ID: Final = "gen_ai.agent.id"

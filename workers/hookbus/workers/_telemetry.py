@@ -388,15 +388,6 @@ _ENVELOPE_NAMES = (
 
 
 # -- a chain: one message, several handlers --------------------------------------------------
-CHAIN_DESTINATION = "chain"
-CHAIN_HANDLERS = "hookbus.chain.handlers"
-"""On a chain's ``process`` span: the handlers of the steps run, in the order they ended."""
-CHAIN_OUTCOMES = "hookbus.chain.outcomes"
-"""Per step run: its action, its error code, or ``dropped``."""
-CHAIN_DURATIONS = "hookbus.chain.durations_s"
-"""Per step run: the handler's own time, seconds."""
-CHAIN_REASONS = "hookbus.chain.reasons"
-"""Per step run: its reason ("" for none); only when a step gave one."""
 
 _chain: contextvars.ContextVar[ChainHandling | None] = contextvars.ContextVar(
     "hookbus_chain_handling", default=None
@@ -407,8 +398,8 @@ class ChainHandling:
     """The ``process <event> chain`` span (CONSUMER) of one chain message: ONE message ran
     several handlers, so one span, parented to and linked with the message's
     ``traceparent`` (the dispatcher's ``send <event> chain`` span), its steps in array
-    attributes, one entry per step run (`CHAIN_HANDLERS`, `CHAIN_OUTCOMES`,
-    `CHAIN_DURATIONS`, `CHAIN_REASONS`: attributes, not span events or spans, as each of
+    attributes, one entry per step run (`tn.CHAIN_HANDLERS`, `tn.CHAIN_OUTCOMES`,
+    `tn.CHAIN_DURATIONS`, `tn.CHAIN_REASONS`: attributes, not span events or spans, as each of
     those costs the SDK several microseconds more). `handling_span` inside it records a
     step instead of making a span; each step's ``messaging.process.duration`` point is
     kept. Made by `chain_handling`; a context manager."""
@@ -448,7 +439,7 @@ class ChainHandling:
             remote = trace.get_current_span(parent).get_span_context()
             event = self._envelope.event if self._envelope is not None else "?"
             span = otel.tracer.start_span(
-                f"{tn.SPAN_PROCESS} {event} {CHAIN_DESTINATION}",
+                f"{tn.SPAN_PROCESS} {event} {tn.CHAIN_DESTINATION}",
                 parent,
                 kind=SpanKind.CONSUMER,
                 links=[Link(remote)] if remote.is_valid else None,
@@ -515,11 +506,11 @@ class ChainHandling:
             tn.MESSAGING_OPERATION_TYPE: tn.OPERATION_PROCESS,
         }
         _envelope_attrs(attrs, fields)
-        attrs[CHAIN_HANDLERS] = self._handlers
-        attrs[CHAIN_OUTCOMES] = self._outcomes
-        attrs[CHAIN_DURATIONS] = self._durations
+        attrs[tn.CHAIN_HANDLERS] = self._handlers
+        attrs[tn.CHAIN_OUTCOMES] = self._outcomes
+        attrs[tn.CHAIN_DURATIONS] = self._durations
         if self._reasons is not None:
-            attrs[CHAIN_REASONS] = self._reasons
+            attrs[tn.CHAIN_REASONS] = self._reasons
         span.set_attributes(attrs)
         if exc is not None:
             span.record_exception(exc)
