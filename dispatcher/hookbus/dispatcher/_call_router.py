@@ -145,6 +145,22 @@ class EmitContext:
         """The call's id for its approvals: the caller's idempotency key, else `id`."""
         return self.idempotency_key or self.id
 
+    def encoded_as(self, data: dict[str, Any], encoded: bytes) -> None:
+        """Note that `encoded` is the compact JSON of `data` (which is never changed in
+        place): `envelope` and `handler_copy` use these bytes instead of encoding it."""
+        self._copied, self._encoded = data, encoded
+
+    def _encoding(self, data: dict[str, Any]) -> bytes | None:
+        """The compact JSON of `data`, encoded once per version; None if msgspec cannot
+        encode it (`json_copy` converts it, or says why not)."""
+        if data is not self._copied:
+            try:
+                encoded = _encode(data)
+            except (TypeError, msgspec.EncodeError, RecursionError):
+                return None
+            self._copied, self._encoded = data, encoded
+        return self._encoded
+
     def handler_copy(self, data: dict[str, Any]) -> dict[str, Any]:
         """A fresh copy of `data` for one in-process handler, as `json_copy` makes it.
 
@@ -153,13 +169,10 @@ class EmitContext:
         once per version and each handler's copy is only decoded from those bytes (a
         third of a copy's cost). A value msgspec cannot encode goes to `json_copy`.
         """
-        if data is not self._copied:
-            try:
-                encoded = _encode(data)
-            except (TypeError, msgspec.EncodeError, RecursionError):
-                return json_copy(data)  # its conversions, or its error
-            self._copied, self._encoded = data, encoded
-        copy: dict[str, Any] = _decode(self._encoded)
+        encoded = self._encoding(data)
+        if encoded is None:
+            return json_copy(data)  # its conversions, or its error
+        copy: dict[str, Any] = _decode(encoded)
         return copy
 
     def remaining(self) -> float | None:
@@ -167,10 +180,13 @@ class EmitContext:
         return None if self.deadline is None else self.deadline - time.monotonic()
 
     def envelope(self, data: dict[str, Any]) -> EventEnvelope:
+        """The request for the handlers, its data as the bytes `encoded_as` / `handler_copy`
+        made of this version of `data` (encoded once, whatever the requests sent)."""
+        encoded = self._encoding(data)
         return EventEnvelope(
             id=self.id,
             event=self.event,
-            data=data,
+            data=data if encoded is None else msgspec.Raw(encoded),  # type: ignore[arg-type]
             agent_id=self.agent_id,
             session_id=self.session_id,
             idempotency_key=self.idempotency_key,

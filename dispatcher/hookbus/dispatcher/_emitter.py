@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 import nats.errors
 
-from hookbus._core.copies import json_copy
+from hookbus._core.copies import json_copy, json_safe_encoded
 from hookbus.schemas import (
     STANDARD_EVENTS,
     BadRequestError,
@@ -114,18 +114,22 @@ class Emitter:
     ) -> HookResult:
         if data is not None and not isinstance(data, dict):
             raise BadRequestError(f"event data must be a dict, not {type(data).__name__}")
-        current = json_safe({**self.defaults, **(data or {})})
+        merged = {**self.defaults, **(data or {})}
         if self._agent_id is not None:
-            claimed = current.get("agent_id")
-            if claimed not in (None, self._agent_id):
+            claimed = merged.get("agent_id")
+            if claimed is not None and claimed != self._agent_id:
                 raise BadRequestError(
                     f"this dispatcher acts as agent {self._agent_id!r}; the data names"
-                    f" agent {claimed!r}"
+                    f" agent {claimed!r:.200}"
                 )
-            current["agent_id"] = self._agent_id
-        current["timestamp"] = _rfc3339_ns()
+            merged["agent_id"] = self._agent_id
+        merged["timestamp"] = _rfc3339_ns()
+        # the copy the handlers see, and its JSON: sent as it is (encoded once)
+        current, encoded = json_safe_encoded(merged)
         fold = Fold(current, event)
         ctx = EmitContext(event, current, timeout_s=timeout_s, call_id=idempotency_key)
+        if encoded is not None:
+            ctx.encoded_as(current, encoded)
         if trail is not None:  # the caller records the decision with the emit's id and calls
             trail.append(ctx)
         denied = await self._folder.fold_routes(routes, ctx, fold)

@@ -14,8 +14,9 @@ from typing import Any
 import msgspec
 
 from hookbus.schemas import BadRequestError
+from hookbus.schemas._jsonsafe import json_safe_encoded
 
-__all__ = ["json_copy"]
+__all__ = ["json_copy", "json_safe_encoded"]
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode

@@ -16,7 +16,7 @@ import msgspec
 
 from ._errors import BadRequestError
 
-__all__ = ["json_safe"]
+__all__ = ["json_safe", "json_safe_encoded"]
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
@@ -32,12 +32,20 @@ def json_safe(data: Any) -> dict[str, Any]:
             message names it), has a key JSON cannot hold (a tuple, ...), refers to itself,
             or is nested deeper than the interpreter's recursion limit.
     """
+    return json_safe_encoded(data)[0]
+
+
+def json_safe_encoded(data: Any) -> tuple[dict[str, Any], bytes | None]:
+    """`json_safe`'s copy, and its compact JSON encoding when `data` was JSON-native
+    already (the bytes the copy was decoded from; None otherwise): what a dispatcher sends,
+    so an event's data is encoded once. Raises as `json_safe`."""
     if not isinstance(data, dict):
         raise BadRequestError(f"event data must be a dict, not {type(data).__name__}")
     try:  # JSON-native already (the copy equals the original): the same copy, faster
-        fast: dict[str, Any] = _decode(_encode(data))
+        encoded = _encode(data)
+        fast: dict[str, Any] = _decode(encoded)
         if fast == data:
-            return fast
+            return fast, encoded
     except (TypeError, ValueError, RecursionError, msgspec.EncodeError, msgspec.DecodeError):
         pass  # the general path below says what is wrong, or converts as amplifier-core does
     try:
@@ -49,4 +57,4 @@ def json_safe(data: Any) -> dict[str, Any]:
     except RecursionError as exc:
         raise BadRequestError("event data is nested too deeply") from exc
     copy: dict[str, Any] = json.loads(text)
-    return copy
+    return copy, None
