@@ -37,11 +37,12 @@ emit's path:
 - **discovery**: a hedge that finds no instance to go to, and every call that times out
   with no answer at all, asks the workers once (at most every `DISCOVERY_INTERVAL_S`,
   answers gathered for `DISCOVERY_GATHER_S`); each instance that answers is a hedge target
-  of the handlers it serves, as if it had just answered a call;
+  of the handlers it serves, after the instances that answered calls (a process answers
+  the services API even while one of its handlers hangs);
 - **suspicion**: a call that times out with no answer at all marks its queue subject
   suspect until `SUSPECT_S` seconds after the last such call; while it is, a call's
-  *first* request goes to an instance seen alive since the first such call was sent (taken
-  in turn), else to the queue subject; one made while a discovery is asking waits for its
+  *first* request goes to an instance that answered a call since the first such call was
+  sent, else to one a discovery found since (taken in turn), else to the queue subject; one made while a discovery is asking waits for its
   first answer (at most a quarter of its budget). An instance sent a request that timed
   out unanswered is no longer a target. Each request is still sent once: a handler not
   declared retry_safe fails by its policy on the calls that met the stall, and the calls
@@ -345,6 +346,22 @@ def _expire(waiter: asyncio.Future[None]) -> None:
         waiter.set_exception(TimeoutError())
 
 
+def _note(known: dict[str, dict[str, float]], subject: str, instance: str, now: float) -> None:
+    """Record `instance` for handler `subject` at `now` in `known` (most recent last, at
+    most `RECENT_INSTANCES` per handler: the least recent one goes)."""
+    instances = known.get(subject)
+    if instances is None:
+        instances = known[subject] = {}
+    elif instances.pop(instance, None) is None and len(instances) >= RECENT_INSTANCES:
+        del instances[next(iter(instances))]
+    instances[instance] = now
+
+
+def _since(instances: dict[str, float] | None, since: float) -> list[str]:
+    """The instances of `instances` recorded at or after `since` (loop time)."""
+    return [i for i, seen in instances.items() if seen >= since] if instances else []
+
+
 class _Discovery:
     """The answers to one ``$SRV.PING`` of the worker service: each instance that answers
     becomes a hedge target of the handlers its metadata lists (those the requester calls)."""
@@ -379,6 +396,10 @@ class Requester:
         self._waiting: dict[str, _Inbox | _Discovery] = {}
         self._recent: dict[str, dict[str, float]] = {}
         """Per handler subject: instance id -> loop time of its last answer, oldest first."""
+        self._found_live: dict[str, dict[str, float]] = {}
+        """Per handler subject: instance id -> loop time a discovery found it serving the
+        handler, oldest first. Targets after the instances that answered: a process that
+        answers the services API may still have that handler hung."""
         self._suspect: dict[str, tuple[float, float]] = {}
         """Per queue subject: loop times of the first and the last call on it that timed
         out unanswered, while it stays suspect (module docstring)."""
@@ -635,7 +656,7 @@ class Requester:
             except BadRequestError:
                 continue
             if subject in self._wanted or subject in self._recent:
-                self._answered(subject, instance, now)
+                _note(self._found_live, subject, instance, now)
                 found = self._found
                 if found is not None and not found.done():
                     found.set_result(None)
@@ -648,10 +669,11 @@ class Requester:
         if not self._suspect:
             return route.subject
         since = self.suspected(route.subject, now)
-        recent = self._recent.get(route.subject)
-        if since is None or not recent:
+        if since is None:
             return route.subject
-        alive = [instance for instance, seen in recent.items() if seen >= since]
+        alive = _since(self._recent.get(route.subject), since) or _since(
+            self._found_live.get(route.subject), since
+        )
         if not alive:
             return route.subject
         instance = alive[next(self._turn) % len(alive)]
@@ -665,27 +687,26 @@ class Requester:
 
     def _answered(self, subject: str, instance: str, now: float) -> None:
         """Note that `instance` answered a request on handler `subject` at `now`."""
-        recent = self._recent.get(subject)
-        if recent is None:
-            recent = self._recent[subject] = {}
-        elif recent.pop(instance, None) is None and len(recent) >= RECENT_INSTANCES:
-            del recent[next(iter(recent))]  # the one that answered least recently
-        recent[instance] = now
+        _note(self._recent, subject, instance, now)
 
     def _forget(self, subject: str, instance: str) -> None:
-        recent = self._recent.get(subject)
-        if recent is not None:
-            recent.pop(instance, None)
+        for known in (self._recent, self._found_live):
+            instances = known.get(subject)
+            if instances is not None:
+                instances.pop(instance, None)
 
     def _target(
         self, route: Route, avoid: set[str], token: str, targets: dict[str, str], now: float,
         chain: bool = False,
     ) -> str:  # fmt: skip
         """Subject of a further request: the instance subject of the most recently
-        answering instance not in `avoid` (then added to it), else the queue subject."""
-        recent = self._recent.get(route.subject)
-        if recent:
-            for instance, seen in reversed(recent.items()):
+        answering instance not in `avoid` (then added to it), else of the most recently
+        discovered one, else the queue subject."""
+        for known in (self._recent, self._found_live):
+            instances = known.get(route.subject)
+            if not instances:
+                continue
+            for instance, seen in reversed(instances.items()):
                 if now - seen > RECENT_TTL_S:
                     break  # older still from here on
                 if instance in avoid:
