@@ -10,7 +10,8 @@ A call has a budget (seconds: the handler's timeout, cut to what the emit has le
 the envelope as ``budget_s`` so the worker never runs past it. Within it:
 
 - an error reply marked ``retryable`` (``busy``, ``unavailable``: the handler did not run)
-  is sent again at once, to another replica (see below);
+  is sent again at once, to another replica (see below); only when every replica known
+  has refused does it wait a moment first (5 ms per refusal so far, within the budget);
 - a handler declared ``retry_safe`` that is unanswered after a fraction of the budget
   (`HEDGE_FRACTION`, at least `HEDGE_MIN_S`) is sent again (hedged), then once per half
   such window while the budget lasts (at most `MAX_RESENDS` extra requests), and the
@@ -42,9 +43,10 @@ emit's path:
 - **suspicion**: a call that times out with no answer at all marks its queue subject
   suspect until `SUSPECT_S` seconds after the last such call; while it is, a call's
   *first* request goes to an instance that answered a call since the first such call was
-  sent, else to one a discovery found since (taken in turn), else to the queue subject; one made while a discovery is asking waits for its
-  first answer (at most a quarter of its budget). An instance sent a request that timed
-  out unanswered is no longer a target. Each request is still sent once: a handler not
+  sent, else to one a discovery found since (taken in turn), else to the queue subject;
+  one made while a discovery is asking waits for its first answer (at most a quarter of
+  its budget). An instance sent a request that timed out unanswered is no longer a
+  target. Each request is still sent once: a handler not
   declared retry_safe fails by its policy on the calls that met the stall, and the calls
   after them reach a live instance. A suspect chain subject is not used: its steps are
   called one by one.
@@ -509,8 +511,10 @@ class Requester:
                             return Failed(
                                 "error", f"{code}: refused {refusals} times", not_run=True
                             )
-                        await asyncio.sleep(min(0.005 * refusals, max(wait, 0)))
-                        break
+                        if not self._another(route, avoid, loop.time()):
+                            # every replica known refused: give them a moment
+                            await asyncio.sleep(min(0.005 * refusals, max(wait, 0)))
+                        break  # at once to a replica that has not refused
                     if outcome is not None:
                         if instance:
                             self._answered(route.subject, instance, loop.time())
@@ -694,6 +698,17 @@ class Requester:
             instances = known.get(subject)
             if instances is not None:
                 instances.pop(instance, None)
+
+    def _another(self, route: Route, avoid: set[str], now: float) -> bool:
+        """Whether an instance of `route` not in `avoid` is known (`_target` would pick one)."""
+        for known in (self._recent, self._found_live):
+            instances = known.get(route.subject)
+            if instances and any(
+                now - seen <= RECENT_TTL_S and instance not in avoid
+                for instance, seen in instances.items()
+            ):
+                return True
+        return False
 
     def _target(
         self, route: Route, avoid: set[str], token: str, targets: dict[str, str], now: float,
