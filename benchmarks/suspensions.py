@@ -4,7 +4,9 @@
     .venv/bin/python benchmarks/suspensions.py --n 1000 --url nats://127.0.0.1:4222
 
 Two dispatchers on two connections (a waiter and a resolver, as two processes would be)
-in one process, so one clock times both ends:
+in one process, so one clock times both ends; ``--processes`` puts the resolver (and the
+baseline's puts) in a process of its own instead (`_resolver_proc.py`, driven line by
+line; `time.perf_counter` is ``CLOCK_MONOTONIC`` on Linux, one clock for both):
 
 - ``put``: one JetStream KV ``put`` of a record-sized value (the baseline);
 - ``wake``: from just before ``resolve_hook`` is called on the resolver's connection to the
@@ -41,6 +43,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -59,11 +62,12 @@ from hookbus.schemas import (
     encode,
 )
 
-__all__ = ["bench_scale", "bench_suspensions"]
+__all__ = ["bench_one_process", "bench_scale", "bench_suspensions"]
 
 BENCH_BUCKET = "hookbus_bench_kv"
 """The baseline's bucket: same settings as the suspensions bucket (file, history 1, direct)."""
 TARGET_RATIO = 1.8
+RESOLVER = Path(__file__).resolve().parent / "_resolver_proc.py"
 WARMUP = 20
 SETTLE_S = 0.002
 
@@ -91,7 +95,158 @@ def _pct(xs: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def bench_suspensions(url: str, n: int) -> dict[str, Any]:
+class _Resolver:
+    """The resolver process (`_resolver_proc.py`): `ask` sends one command and returns the
+    ``(t0, seconds)`` it answers."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    @classmethod
+    async def start(cls, url: str) -> _Resolver:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(RESOLVER), url, BENCH_BUCKET,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 30)
+        if line.strip() != b"ready":
+            raise RuntimeError(f"the resolver process did not start: {line!r}")
+        return cls(proc)
+
+    async def ask(self, command: str) -> tuple[float, float]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(command.encode() + b"\n")
+        await self.proc.stdin.drain()
+        t0, seconds = (await asyncio.wait_for(self.proc.stdout.readline(), 30)).split()
+        return float(t0), float(seconds)
+
+    async def stop(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            await asyncio.wait_for(self.proc.wait(), 10)
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+
+
+async def _bench_bucket(nc: nats.NATS) -> Any:
+    js = nc.jetstream()
+    config = KeyValueConfig(bucket=BENCH_BUCKET, history=1, direct=True)
+    try:
+        return await js.create_key_value(config=config)
+    except nats.js.errors.BadRequestError:
+        return await js.key_value(BENCH_BUCKET)
+
+
+async def _until_pending(waiter: HookDispatcher, label: str) -> None:
+    """Return once `label`'s record is pending (read every millisecond, for 10 s at most)."""
+    for _ in range(10_000):
+        got = await waiter.suspensions.get(label)
+        if got is not None and got[0].status == "pending":
+            return
+        await asyncio.sleep(0.001)
+    raise TimeoutError(f"{label!r} did not become pending")
+
+
+async def bench_suspensions(url: str, n: int, *, processes: bool = False) -> dict[str, Any]:
+    """`bench_one_process`'s figures; with `processes`, the resolver and the baseline's
+    puts in a process of their own."""
+    if not processes:
+        return await bench_one_process(url, n)
+    nc_wait = await nats.connect(url, name="bench-waiter")
+    resolver: _Resolver | None = None
+    try:
+        waiter = HookDispatcher(nc_wait, approvals=False)
+        await waiter.start()
+        await _bench_bucket(nc_wait)
+        resolver = await _Resolver.start(url)
+        floor_watch = await (await nc_wait.jetstream().key_value(BENCH_BUCKET)).watch("floor")
+        while await floor_watch.updates(timeout=5) is not None:
+            pass  # the initial state, up to the "no more" marker
+        puts: list[float] = []
+        floors: list[float] = []
+        wakes: list[float] = []
+        calls: list[float] = []
+
+        async def wake_once(i: int) -> tuple[float, float]:
+            assert resolver is not None
+            label = f"bench {uuid.uuid4().hex[:8]} {i}"
+            woke: list[float] = []
+
+            async def wait() -> None:
+                await waiter.hook(label, Answer)
+                woke.append(time.perf_counter())
+
+            task = asyncio.create_task(wait())
+            await _until_pending(waiter, label)
+            await asyncio.sleep(SETTLE_S)  # not measured
+            t0, call = await resolver.ask(f"resolve {label}")
+            await asyncio.wait_for(task, 10)
+            return woke[0] - t0, call
+
+        async def floor_once(i: int) -> float:
+            assert resolver is not None
+            asked = asyncio.ensure_future(resolver.ask("floor"))
+            while await floor_watch.updates(timeout=10) is None:
+                pass
+            seen = time.perf_counter()
+            t0, _ = await asked
+            return seen - t0
+
+        async def put_once(i: int) -> float:
+            assert resolver is not None
+            return (await resolver.ask(f"put {i % 64}"))[1]
+
+        async with waiter.run():  # its exit removes the bench records
+            for i in range(WARMUP + n):
+                order = (
+                    (wake_once, floor_once, put_once)
+                    if i % 2
+                    else (put_once, floor_once, wake_once)
+                )
+                got: dict[Any, Any] = {}
+                for step in order:
+                    got[step] = await step(i)
+                if i >= WARMUP:
+                    w, c = got[wake_once]
+                    puts.append(got[put_once])
+                    floors.append(got[floor_once])
+                    wakes.append(w)
+                    calls.append(c)
+        await floor_watch.stop()
+        await waiter.close()
+        return _summary(n, puts, floors, wakes, calls)
+    finally:
+        if resolver is not None:
+            await resolver.stop()
+        await nc_wait.close()
+
+
+def _summary(
+    n: int, puts: list[float], floors: list[float], wakes: list[float], calls: list[float]
+) -> dict[str, Any]:
+    with_ms = {
+        "put_p50_ms": statistics.median(puts) * 1e3,
+        "put_p90_ms": _pct(puts, 0.9) * 1e3,
+        "wake_p50_ms": statistics.median(wakes) * 1e3,
+        "wake_p90_ms": _pct(wakes, 0.9) * 1e3,
+        "resolve_call_p50_ms": statistics.median(calls) * 1e3,
+        "floor_p50_ms": statistics.median(floors) * 1e3,
+    }
+    ratio = with_ms["wake_p50_ms"] / with_ms["put_p50_ms"]
+    return {
+        "n": n,
+        **{k: round(v, 3) for k, v in with_ms.items()},
+        "floor_ratio": round(with_ms["floor_p50_ms"] / with_ms["put_p50_ms"], 2),
+        "ratio": round(ratio, 2),
+        "target": TARGET_RATIO,
+        "met": ratio <= TARGET_RATIO,
+    }
+
+
+async def bench_one_process(url: str, n: int) -> dict[str, Any]:
     """Measure `n` interleaved rounds (after `WARMUP` unmeasured ones) against `url`.
 
     Returns (times in milliseconds): ``{"n", "put_p50_ms", "put_p90_ms", "wake_p50_ms",
@@ -175,23 +330,7 @@ async def bench_suspensions(url: str, n: int) -> dict[str, Any]:
         await events.aclose()
         await waiter.close()
         await resolver.close()
-        with_ms = {
-            "put_p50_ms": statistics.median(puts) * 1e3,
-            "put_p90_ms": _pct(puts, 0.9) * 1e3,
-            "wake_p50_ms": statistics.median(wakes) * 1e3,
-            "wake_p90_ms": _pct(wakes, 0.9) * 1e3,
-            "resolve_call_p50_ms": statistics.median(calls) * 1e3,
-            "floor_p50_ms": statistics.median(floors) * 1e3,
-        }
-        ratio = with_ms["wake_p50_ms"] / with_ms["put_p50_ms"]
-        return {
-            "n": n,
-            **{k: round(v, 3) for k, v in with_ms.items()},
-            "floor_ratio": round(with_ms["floor_p50_ms"] / with_ms["put_p50_ms"], 2),
-            "ratio": round(ratio, 2),
-            "target": TARGET_RATIO,
-            "met": ratio <= TARGET_RATIO,
-        }
+        return _summary(n, puts, floors, wakes, calls)
     finally:
         await nc_wait.close()
         await nc_res.close()
@@ -292,6 +431,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--scale", type=int, default=None, metavar="N", help="fleet-scale run with N hooks"
     )
+    parser.add_argument(
+        "--processes", action="store_true",
+        help="the resolver and the baseline's puts in a process of their own",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.scale:
         if args.url:
@@ -302,10 +445,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(scaled, indent=2))
         return 0
     if args.url:
-        result = asyncio.run(bench_suspensions(args.url, args.n))
+        result = asyncio.run(bench_suspensions(args.url, args.n, processes=args.processes))
     else:
         with EmbeddedNatsServer() as server:
-            result = asyncio.run(bench_suspensions(server.url, args.n))
+            result = asyncio.run(bench_suspensions(server.url, args.n, processes=args.processes))
     print(json.dumps(result, indent=2))
     print(
         f"resolve -> waiter wakes p50 {result['wake_p50_ms']:.3f} ms = {result['ratio']:.2f}x "
