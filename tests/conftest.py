@@ -29,7 +29,7 @@ from nats.aio.client import Client as NATS
 from hookbus._core.nats_guard import order_flushes
 from hookbus.cli import EmbeddedNatsServer
 
-_SERVER_FIXTURES = frozenset({"nats_url", "embedded_server"})
+_SERVER_FIXTURES = frozenset({"nats_url", "embedded_server", "cluster"})
 _SPAWNS = ("subprocess", "Popen", "run_process", "create_subprocess", "EmbeddedNatsServer",
            "_cluster", "_fleet", "_served_process", "_agent_proc", "playwright", "claude_binary",
            "node_packages", "python312")  # fmt: skip
@@ -135,6 +135,33 @@ async def connect(nats_url: str) -> AsyncIterator[object]:
 def event() -> str:
     """A fresh event name per test (keeps subjects and registry keys apart)."""
     return f"test:{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def otel() -> Iterator[Any]:
+    """The OpenTelemetry SDK with in-memory exporters as the global providers for one test
+    (`_otel_harness.Otel`), the globals reset before and after."""
+    from _otel_harness import Otel, reset_globals
+
+    reset_globals()
+    o = Otel()
+    o.install()
+    yield o
+    o.shutdown()
+    reset_globals()
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Any]:
+    """A 3-node JetStream cluster on 127.0.0.1 for one test (`_cluster.Cluster`), ready."""
+    from _cluster import Cluster
+
+    c = Cluster(tmp_path / "cluster").start()
+    try:
+        await c.wait_ready()
+        yield c
+    finally:
+        c.stop()
 
 
 @pytest.fixture

@@ -12,8 +12,6 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -29,16 +27,6 @@ from hookbus.workers import HookWorker
 pytestmark = [pytest.mark.anyio, pytest.mark.faults]
 
 HANDLERS_STREAM = f"KV_{HANDLERS_BUCKET}"
-
-
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    c = Cluster(tmp_path / "cluster").start()
-    try:
-        await c.wait_ready()
-        yield c
-    finally:
-        c.stop()
 
 
 async def guard_handler(event: str, data: dict[str, Any]) -> HookResult:

@@ -12,7 +12,6 @@ tests/test_supercluster.py covers that, and hedging there.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -28,16 +27,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.faults]
 
 STALL_LOAD = 300
 """Emits made while replica A is paused (after a warm-up that A answers alone)."""
-
-
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    c = Cluster(tmp_path / "cluster").start()
-    try:
-        await c.wait_ready()
-        yield c
-    finally:
-        c.stop()
 
 
 async def _load_while_paused(

@@ -16,8 +16,6 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -37,16 +35,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.faults, pytest.mark.timeout(180)]
 
 HANG_S = 4.0
 """Seconds a call with a 2 s timeout may take here: a bound on a hang, not a speed check."""
-
-
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    c = Cluster(tmp_path / "cluster").start()
-    try:
-        await c.wait_ready()
-        yield c
-    finally:
-        c.stop()
 
 
 async def lose_quorum(cluster: Cluster) -> None:

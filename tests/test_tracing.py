@@ -41,16 +41,6 @@ def no_otel() -> Iterator[None]:
     reset_globals()
 
 
-@pytest.fixture
-def otel() -> Iterator[Otel]:
-    reset_globals()
-    o = Otel()
-    o.install()
-    yield o
-    o.shutdown()
-    reset_globals()
-
-
 async def test_deny_is_one_trace_emit_calls_and_handlings(otel: Otel, nc, connect, event) -> None:
     w = HookWorker(nc)
 

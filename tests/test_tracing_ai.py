@@ -18,26 +18,15 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _otel_harness import Otel, children, reset_globals
+from _otel_harness import Otel, children
 
 pytestmark = pytest.mark.anyio
 
 HERE = Path(__file__).resolve()
-
-
-@pytest.fixture
-def otel() -> Iterator[Otel]:
-    reset_globals()
-    o = Otel()
-    o.install()
-    yield o
-    o.shutdown()
-    reset_globals()
 
 
 async def test_an_aborted_then_resumed_wait_links_to_the_run_that_created_it(

@@ -37,16 +37,6 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def otel() -> Iterator[Otel]:
-    reset_globals()
-    o = Otel()
-    o.install()
-    yield o
-    o.shutdown()
-    reset_globals()
-
-
-@pytest.fixture
 def no_otel() -> Iterator[None]:
     reset_globals()
     yield

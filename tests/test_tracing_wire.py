@@ -17,7 +17,6 @@ SDK's in-memory exporter (`_otel_harness`). Checks, against the messages a spy s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -40,16 +39,6 @@ W_REASONS = "hookbus.chain.reasons"
 W_DURATIONS = "hookbus.chain.durations_s"
 COLLECT_ASKED = "hookbus.collect.asked"
 COLLECT_ANSWERED = "hookbus.collect.answered"
-
-
-@pytest.fixture
-def otel() -> Iterator[Otel]:
-    reset_globals()
-    o = Otel()
-    o.install()
-    yield o
-    o.shutdown()
-    reset_globals()
 
 
 def _context_of(headers: dict[str, str] | None) -> tuple[int, int]:

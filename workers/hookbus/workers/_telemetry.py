@@ -38,12 +38,10 @@ import msgspec
 from nats.aio.msg import Msg
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
-from opentelemetry.baggage.propagation import W3CBaggagePropagator
-from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.trace.span import TraceState
 
+from hookbus._core.otel_providers import default_textmap
 from hookbus.schemas import EventEnvelope, HandlerDeclaration, HookReply, handler_subject
 from hookbus.schemas import _telemetry_names as tn
 
@@ -103,30 +101,11 @@ def _extract(headers: Mapping[str, str]) -> otel_context.Context:
     last = _last_extract
     if last is not None and last[0] == key:
         return last[1]
-    context = _w3c(headers) if _default_textmap() else None
+    context = _w3c(headers) if default_textmap() else None
     if context is None:
         context = propagate.extract(headers)
     _last_extract = (key, context)
     return context
-
-
-_textmap: tuple[object, bool] = (None, False)
-
-
-def _default_textmap() -> bool:
-    """Whether the global propagator is the API's default, W3C trace context then W3C
-    baggage (``OTEL_PROPAGATORS`` unset or ``tracecontext,baggage``)."""
-    global _textmap
-    textmap = propagate.get_global_textmap()
-    seen, default = _textmap
-    if seen is not textmap:
-        parts = getattr(textmap, "_propagators", None)
-        default = isinstance(textmap, CompositePropagator) and [type(p) for p in parts or ()] == [
-            TraceContextTextMapPropagator,
-            W3CBaggagePropagator,
-        ]
-        _textmap = (textmap, default)
-    return default
 
 
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
@@ -282,20 +261,30 @@ class HandlingSpan:
         return attrs, None
 
     def _record(self, decl: HandlerDeclaration, exc: BaseException | None, elapsed: float) -> None:
-        reply = self._reply
-        m: dict[str, Any] = {
-            tn.MESSAGING_SYSTEM: tn.MESSAGING_SYSTEM_NATS,
-            tn.MESSAGING_DESTINATION_NAME: self._subject,
-            tn.MESSAGING_CONSUMER_GROUP_NAME: decl.queue_group,
-            tn.HANDLER: decl.name,
-        }
-        if exc is not None:
-            m[tn.ERROR_TYPE] = type(exc).__qualname__
-        elif reply is not None and reply.error is not None:
-            m[tn.ERROR_TYPE] = str(reply.error.code)
-        elif reply is not None and reply.result is not None:
-            m[tn.ACTION] = reply.result.action
-        otel.process_duration.record(elapsed, m)
+        _record_process(self._subject, decl, self._reply, exc, elapsed)
+
+
+def _record_process(
+    subject: str,
+    decl: HandlerDeclaration,
+    reply: HookReply | None,
+    exc: BaseException | None,
+    elapsed: float,
+) -> None:
+    """One ``messaging.process.duration`` point of a handling of `decl` on `subject`."""
+    m: dict[str, Any] = {
+        tn.MESSAGING_SYSTEM: tn.MESSAGING_SYSTEM_NATS,
+        tn.MESSAGING_DESTINATION_NAME: subject,
+        tn.MESSAGING_CONSUMER_GROUP_NAME: decl.queue_group,
+        tn.HANDLER: decl.name,
+    }
+    if exc is not None:
+        m[tn.ERROR_TYPE] = type(exc).__qualname__
+    elif reply is not None and reply.error is not None:
+        m[tn.ERROR_TYPE] = str(reply.error.code)
+    elif reply is not None and reply.result is not None:
+        m[tn.ACTION] = reply.result.action
+    otel.process_duration.record(elapsed, m)
 
 
 _NO_HANDLING = HandlingSpan(None, None, None, "")
@@ -571,16 +560,4 @@ class _ChainStep:
         elapsed: float,
     ) -> None:
         subject = self._chain._msg.subject if self._chain._msg is not None else ""
-        m: dict[str, Any] = {
-            tn.MESSAGING_SYSTEM: tn.MESSAGING_SYSTEM_NATS,
-            tn.MESSAGING_DESTINATION_NAME: subject,
-            tn.MESSAGING_CONSUMER_GROUP_NAME: decl.queue_group,
-            tn.HANDLER: decl.name,
-        }
-        if exc is not None:
-            m[tn.ERROR_TYPE] = type(exc).__qualname__
-        elif reply is not None and reply.error is not None:
-            m[tn.ERROR_TYPE] = str(reply.error.code)
-        elif reply is not None and reply.result is not None:
-            m[tn.ACTION] = reply.result.action
-        otel.process_duration.record(elapsed, m)
+        _record_process(subject, decl, reply, exc, elapsed)
