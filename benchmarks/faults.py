@@ -86,7 +86,7 @@ from hookbus.workers import HookWorker
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
-from _cluster import Cluster, free_ports, wait_for  # noqa: E402  (the fault tests' helpers)
+from _cluster import Cluster, wait_for  # noqa: E402  (the fault tests' helpers)
 from _differential import Harness, drawn_cases, format_report, record_findings  # noqa: E402
 from _fleet import Fleet, HandlerConf, Load, check_decision, run_cli, steady_load  # noqa: E402
 from _supercluster import (  # noqa: E402
@@ -515,74 +515,41 @@ def _tally_result(
 
 async def run_leaf_link(s: Settings) -> RunResult:
     """A hub and a leaf without JetStream; the link cut for 3 s (test_sites_faults' relay)."""
-    from test_sites_faults import Relay, _serve, _wait_linked, _wait_port
+    from _sites import hub_and_leaf, wait_linked
+    from test_sites_faults import Relay
 
     out = RunResult("leaf link cut 3 s")
     started = time.monotonic()
     event = f"faults:{uuid.uuid4().hex[:8]}"
-    with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp)
-        hub_port, leaf_port, link_port, relay_port = free_ports(4)
-        procs = [
-            _serve(
-                "hub",
-                f"""
-server_name: hub
-listen: 127.0.0.1:{hub_port}
-jetstream {{ store_dir: "{base / "hub"}", domain: hub }}
-leafnodes {{ listen: 127.0.0.1:{link_port}, no_advertise: true }}
-""",
-                base,
-            )
-        ]
+    with tempfile.TemporaryDirectory() as tmp, hub_and_leaf(Path(tmp), relay=True) as ports:
+        relay = Relay(ports.remote, ports.link)
+        await relay.restore()
+        await anyio.to_thread.run_sync(wait_linked, ports.leaf_log)
+        hub_nc = await nats.connect(ports.hub_url)
+        leaf_nc = await nats.connect(ports.leaf_url, max_reconnect_attempts=-1)
+        worker = HookWorker(hub_nc, js_domain="hub")
+        worker.add_handler(
+            event, _guard, name="guard", timeout_s=HANDLER_TIMEOUT_S, failure_policy="deny"
+        )
+        guard = Tally("guard")
         try:
-            await anyio.to_thread.run_sync(_wait_port, hub_port)
-            procs.append(
-                _serve(
-                    "leaf",
-                    f"""
-server_name: leaf
-listen: 127.0.0.1:{leaf_port}
-ping_interval: "1s"
-ping_max: 2
-leafnodes {{ remotes: [ {{ url: "nats-leaf://127.0.0.1:{relay_port}" }} ] }}
-""",
-                    base,
-                )
-            )
-            relay = Relay(relay_port, link_port)
-            await relay.restore()
-            await anyio.to_thread.run_sync(_wait_linked, base / "leaf.log")
-            hub_nc = await nats.connect(f"nats://127.0.0.1:{hub_port}")
-            leaf_nc = await nats.connect(f"nats://127.0.0.1:{leaf_port}", max_reconnect_attempts=-1)
-            worker = HookWorker(hub_nc, js_domain="hub")
-            worker.add_handler(
-                event, _guard, name="guard", timeout_s=HANDLER_TIMEOUT_S, failure_policy="deny"
-            )
-            guard = Tally("guard")
-            try:
-                async with worker, HookDispatcher(leaf_nc, js_domain="hub") as d:
-                    stop = anyio.Event()
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(_lanes, d, event, guard, stop)
-                        await anyio.sleep(1.0)
-                        await relay.cut()
-                        cut_at = time.monotonic()
-                        await anyio.sleep(3.0)
-                        await relay.restore()
-                        restored_at = time.monotonic()
-                        await anyio.sleep(s.recovery_window_s)
-                        stop.set()
-            finally:
-                await leaf_nc.close()
-                await hub_nc.close()
-                await relay.cut()
-            _tally_result(out, [guard], guard, (cut_at, restored_at))
+            async with worker, HookDispatcher(leaf_nc, js_domain="hub") as d:
+                stop = anyio.Event()
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_lanes, d, event, guard, stop)
+                    await anyio.sleep(1.0)
+                    await relay.cut()
+                    cut_at = time.monotonic()
+                    await anyio.sleep(3.0)
+                    await relay.restore()
+                    restored_at = time.monotonic()
+                    await anyio.sleep(s.recovery_window_s)
+                    stop.set()
         finally:
-            for proc in procs:
-                proc.terminate()
-            for proc in procs:
-                proc.wait(timeout=10)
+            await leaf_nc.close()
+            await hub_nc.close()
+            await relay.cut()
+        _tally_result(out, [guard], guard, (cut_at, restored_at))
     out.duration_s = time.monotonic() - started
     return out
 

@@ -45,11 +45,8 @@ import argparse
 import asyncio
 import contextlib
 import os
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,17 +59,17 @@ from _procs import Proc
 from nats.aio.client import Client as NATS
 
 from hookbus._core.buckets import PLACEMENT_CLUSTER_ENV
-from hookbus.cli import find_nats_server
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import TOOL_PRE, HookResult
 from hookbus.workers import HookWorker
 
-# the supercluster of the tests (appended: this folder's _procs / _fleet keep their names)
+# the tests' sites and supercluster (appended: this folder's _procs / _fleet keep their names)
 sys.path.append(str(Path(__file__).resolve().parent.parent / "tests"))
+from _sites import HUB_DOMAIN, hub_and_leaf
 from _supercluster import EAST, WEST, Supercluster, stream_cluster
 
 SELF = Path(__file__).resolve()
-DOMAIN = "hub"
+DOMAIN = HUB_DOMAIN
 HANDLER = "sites_guard"
 RAW_SUBJECT = "bench.sites.raw"
 READY = "sites bench worker ready"
@@ -107,82 +104,11 @@ async def serve(url: str, domain: str | None) -> None:
 
 
 # -- the servers --------------------------------------------------------------------------------
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _wait(check: Any, what: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"nats-server exited: {log.read_text()[-2000:]}")
-        if check():
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"{what}: {log.read_text()[-2000:] if log.exists() else ''}")
-
-
-def _listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-        return True
-    except OSError:
-        return False
-
-
 @contextlib.contextmanager
 def sites() -> Iterator[tuple[str, str]]:
     """A hub (JetStream, domain hub) and a leaf without JetStream: (hub url, leaf url)."""
-    base = Path(tempfile.mkdtemp(prefix="hookbus-sites-bench-"))
-    hub_port, leaf_port, link_port = _free_ports(3)
-    configs = {
-        "hub": f"""
-server_name: hub
-listen: 127.0.0.1:{hub_port}
-jetstream {{ store_dir: "{base / "hub"}", domain: {DOMAIN} }}
-leafnodes {{ listen: 127.0.0.1:{link_port} }}
-""",
-        "leaf": f"""
-server_name: leaf
-listen: 127.0.0.1:{leaf_port}
-ping_interval: "1s"
-ping_max: 2
-leafnodes {{ remotes: [ {{ url: "nats-leaf://127.0.0.1:{link_port}" }} ] }}
-""",
-    }
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        for name, port in (("hub", hub_port), ("leaf", leaf_port)):
-            conf, log = base / f"{name}.conf", base / f"{name}.log"
-            conf.write_text(configs[name])
-            proc = subprocess.Popen(
-                [find_nats_server(), "-c", str(conf), "-l", str(log)],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            procs.append(proc)
-            _wait(lambda p=port: _listening(p), f"{name} did not listen", proc, log)
-            if name == "leaf":
-                _wait(
-                    lambda log=log: log.exists() and "JetStream using domains" in log.read_text(),
-                    "no leaf link",
-                    proc,
-                    log,
-                )
-        yield f"nats://127.0.0.1:{hub_port}", f"nats://127.0.0.1:{leaf_port}"
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(timeout=10)
+    with tempfile.TemporaryDirectory() as tmp, hub_and_leaf(Path(tmp)) as ports:
+        yield ports.hub_url, ports.leaf_url
 
 
 # -- the measurement ----------------------------------------------------------------------------

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,9 +26,9 @@ import nats
 import nats.js.errors
 import pytest
 from _cluster import free_ports
+from _sites import hub_conf, leaf_conf, serve, wait_linked, wait_listening
 from nats.aio.client import Client as NATS
 
-from hookbus.cli import find_nats_server
 from hookbus.dispatcher import ApprovalsClient, HookDispatcher
 from hookbus.schemas import HookResult, JetStreamDomainError
 from hookbus.workers import HookWorker
@@ -50,70 +49,24 @@ class Sites:
     base: Path
 
 
-def _wait_port(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"nats-server exited: {log.read_text()[-2000:]}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"nats-server on {port} did not listen")
-
-
-def _wait_linked(log: Path) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if log.exists() and "JetStream using domains" in log.read_text():
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"no leaf link: {log.read_text()[-2000:]}")
-
-
 @pytest.fixture(scope="module")
 def sites() -> Iterator[Sites]:
     base = Path(tempfile.mkdtemp(prefix="hookbus-sites-"))
     hub_port, leaf_port, leaf1_port, link_port = free_ports(4)
-    configs = {
-        "hub": f"""
-server_name: hub
-listen: 127.0.0.1:{hub_port}
-jetstream {{ store_dir: "{base / "hub"}", domain: hub }}
-leafnodes {{ listen: 127.0.0.1:{link_port} }}
-""",
-        "leaf": f"""
-server_name: leaf
-listen: 127.0.0.1:{leaf_port}
-ping_interval: "1s"
-ping_max: 2
-leafnodes {{ remotes: [ {{ url: "nats-leaf://127.0.0.1:{link_port}" }} ] }}
-""",
-        "leaf1": f"""
-server_name: leaf1
-listen: 127.0.0.1:{leaf1_port}
-ping_interval: "1s"
-ping_max: 2
-jetstream {{ store_dir: "{base / "leaf1"}", domain: leaf1 }}
-leafnodes {{ remotes: [ {{ url: "nats-leaf://127.0.0.1:{link_port}" }} ] }}
-""",
-    }
+    servers = (
+        ("hub", hub_port, hub_conf(base, hub_port, link_port)),
+        ("leaf", leaf_port, leaf_conf("leaf", leaf_port, link_port)),
+        ("leaf1", leaf1_port, leaf_conf("leaf1", leaf1_port, link_port, domain="leaf1", base=base)),
+    )
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        for name, port in (("hub", hub_port), ("leaf", leaf_port), ("leaf1", leaf1_port)):
-            conf, log = base / f"{name}.conf", base / f"{name}.log"
-            conf.write_text(configs[name])
-            proc = subprocess.Popen(
-                [find_nats_server(), "-c", str(conf), "-l", str(log)],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+        for name, port, conf in servers:
+            proc = serve(name, conf, base)
             procs.append(proc)
-            _wait_port(port, proc, log)
+            log = base / f"{name}.log"
+            wait_listening(port, proc, log)
             if name != "hub":
-                _wait_linked(log)
+                wait_linked(log, proc)
         yield Sites(
             hub=f"nats://127.0.0.1:{hub_port}",
             leaf=f"nats://127.0.0.1:{leaf_port}",

@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,10 +26,9 @@ from typing import Any
 import anyio
 import nats
 import pytest
-from _cluster import free_ports
 from _fleet import check_decision
+from _sites import SitePorts, hub_and_leaf, wait_linked
 
-from hookbus.cli import find_nats_server
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import HookbusError, HookResult
 from hookbus.workers import HookWorker
@@ -96,89 +92,23 @@ class Relay:
         self._writers.difference_update((writer, up_writer))
 
 
-def _serve(name: str, conf: str, base: Path) -> subprocess.Popen[bytes]:
-    path, log = base / f"{name}.conf", base / f"{name}.log"
-    path.write_text(conf)
-    return subprocess.Popen(
-        [find_nats_server(), "-c", str(path), "-l", str(log)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-
-def _wait_port(port: int) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"nothing listens on {port}")
-
-
 @pytest.fixture
-def servers() -> Iterator[tuple[int, int, int, int, Path]]:
-    """(hub port, leaf port, hub leafnode port, relay port, base dir): the leaf's remote is
-    the relay port; nothing listens there until the test starts its relay."""
-    base = Path(tempfile.mkdtemp(prefix="hookbus-sites-faults-"))
-    hub_port, leaf_port, link_port, relay_port = free_ports(4)
-    procs = [
-        _serve(
-            "hub",
-            f"""
-server_name: hub
-listen: 127.0.0.1:{hub_port}
-jetstream {{ store_dir: "{base / "hub"}", domain: hub }}
-leafnodes {{ listen: 127.0.0.1:{link_port}, no_advertise: true }}
-""",
-            base,
-        )
-    ]
-    try:
-        _wait_port(hub_port)
-        procs.append(
-            _serve(
-                "leaf",
-                f"""
-server_name: leaf
-listen: 127.0.0.1:{leaf_port}
-ping_interval: "1s"
-ping_max: 2
-leafnodes {{ remotes: [ {{ url: "nats-leaf://127.0.0.1:{relay_port}" }} ] }}
-""",
-                base,
-            )
-        )
-        _wait_port(leaf_port)
-        yield hub_port, leaf_port, link_port, relay_port, base
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(timeout=10)
-
-
-def _wait_linked(log: Path) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if log.exists() and "JetStream using domains" in log.read_text():
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"no leaf link: {log.read_text()[-2000:] if log.exists() else ''}")
+def servers(tmp_path: Path) -> Iterator[SitePorts]:
+    """A hub and a leaf whose remote is a relay port: nothing listens there until the test
+    starts its relay."""
+    with hub_and_leaf(tmp_path, relay=True) as ports:
+        yield ports
 
 
 async def test_a_lost_leaf_link_never_gives_a_wrong_decision(
-    servers: tuple[int, int, int, int, Path],
+    servers: SitePorts,
 ) -> None:
-    hub_port, leaf_port, link_port, relay_port, base = servers
-    relay = Relay(relay_port, link_port)
+    relay = Relay(servers.remote, servers.link)
     await relay.restore()
-    leaf_log = base / "leaf.log"
-    await anyio.to_thread.run_sync(_wait_linked, leaf_log)
+    await anyio.to_thread.run_sync(wait_linked, servers.leaf_log)
 
-    hub_nc = await nats.connect(f"nats://127.0.0.1:{hub_port}")
-    leaf_nc = await nats.connect(f"nats://127.0.0.1:{leaf_port}", max_reconnect_attempts=-1)
+    hub_nc = await nats.connect(servers.hub_url)
+    leaf_nc = await nats.connect(servers.leaf_url, max_reconnect_attempts=-1)
     worker = HookWorker(hub_nc, js_domain="hub")
 
     @worker.handler(EVENT, name=GUARD, failure_policy="deny", timeout_s=HANDLER_TIMEOUT_S)
