@@ -5,7 +5,8 @@ config and log file in a base folder. The hub runs JetStream in domain ``hub`` a
 leaf connections; a leaf links to a given port (the hub's leafnode port, or a relay in
 front of it) with a 1 s x 2 ping, so a silent link is noticed in 2 s. Readiness is a poll
 of the client port and of the leaf's log ("JetStream using domains" once linked), never a
-sleep; a server that exits meanwhile fails the wait with its log's tail.
+sleep; a server that exits meanwhile fails the wait with its log's tail. `site_worker` is
+the worker the site tests (and the supercluster's) decide with.
 """
 
 from __future__ import annotations
@@ -17,23 +18,32 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from _cluster import free_ports
+from nats.aio.client import Client as NATS
 
 from hookbus.cli import find_nats_server
+from hookbus.schemas import HookResult
+from hookbus.workers import HookWorker
 
 __all__ = [
+    "ASK_EVENT",
+    "EVENT",
     "HUB_DOMAIN",
     "SitePorts",
     "hub_and_leaf",
     "hub_conf",
     "leaf_conf",
     "serve",
+    "site_worker",
     "wait_linked",
     "wait_listening",
 ]
 
 HUB_DOMAIN = "hub"
+EVENT = "tool:pre"
+ASK_EVENT = "tool:post"
 
 
 def hub_conf(base: Path, port: int, link_port: int) -> str:
@@ -168,3 +178,25 @@ def hub_and_leaf(base: Path, *, relay: bool = False) -> Iterator[SitePorts]:
             proc.terminate()
         for proc in procs:
             proc.wait(timeout=10)
+
+
+def site_worker(nc: NATS, *, js_domain: str | None = None) -> HookWorker:
+    """The worker the site tests decide with (not started): ``security`` on `EVENT`, a
+    deny-policy guard that denies ``rm -rf``, and ``asker`` on `ASK_EVENT`, which asks the
+    user."""
+    worker = HookWorker(nc, js_domain=js_domain)
+
+    @worker.handler(EVENT, name="security", failure_policy="deny")
+    async def security(event: str, data: dict[str, Any]) -> HookResult:
+        if "rm -rf" in str(data.get("tool_input", {}).get("command", "")):
+            return HookResult(action="deny", reason="rm -rf is not allowed")
+        return HookResult(action="continue")
+
+    @worker.handler(ASK_EVENT, name="asker")
+    async def asker(event: str, data: dict[str, Any]) -> HookResult:
+        return HookResult(
+            action="ask_user", approval_prompt="Run it?", approval_options=["Allow", "Deny"],
+            approval_timeout=15,
+        )  # fmt: skip
+
+    return worker

@@ -26,17 +26,23 @@ import nats
 import nats.js.errors
 import pytest
 from _cluster import free_ports
-from _sites import hub_conf, leaf_conf, serve, wait_linked, wait_listening
+from _sites import (
+    ASK_EVENT,
+    EVENT,
+    hub_conf,
+    leaf_conf,
+    serve,
+    site_worker,
+    wait_linked,
+    wait_listening,
+)
 from nats.aio.client import Client as NATS
 
 from hookbus.dispatcher import ApprovalsClient, HookDispatcher
-from hookbus.schemas import HookResult, JetStreamDomainError
+from hookbus.schemas import JetStreamDomainError
 from hookbus.workers import HookWorker
 
 pytestmark = pytest.mark.anyio
-
-EVENT = "tool:pre"
-ASK_EVENT = "tool:post"
 
 
 @dataclass
@@ -98,20 +104,7 @@ async def _connect(conns: list[NATS], url: str) -> NATS:
 async def hub_worker(sites: Sites, conns: list[NATS]) -> AsyncIterator[HookWorker]:
     """A worker at the hub: a deny-policy security handler on `EVENT` that denies
     ``rm -rf``, and one asking the user on `ASK_EVENT`."""
-    worker = HookWorker(await _connect(conns, sites.hub), js_domain="hub")
-
-    @worker.handler(EVENT, name="security", failure_policy="deny")
-    async def security(event: str, data: dict[str, Any]) -> HookResult:
-        if "rm -rf" in str(data.get("tool_input", {}).get("command", "")):
-            return HookResult(action="deny", reason="rm -rf is not allowed")
-        return HookResult(action="continue")
-
-    @worker.handler(ASK_EVENT, name="asker")
-    async def asker(event: str, data: dict[str, Any]) -> HookResult:
-        return HookResult(
-            action="ask_user", approval_prompt="Run it?", approval_options=["Allow", "Deny"],
-            approval_timeout=15,
-        )  # fmt: skip
+    worker = site_worker(await _connect(conns, sites.hub), js_domain="hub")
 
     async with worker:
         yield worker

@@ -26,6 +26,7 @@ from typing import Any
 
 import anyio
 import pytest
+from _sites import ASK_EVENT, EVENT, site_worker
 from _supercluster import EAST, WEST, Supercluster, outage_run, stall_run, stream_cluster
 from nats.aio.client import Client as NATS
 
@@ -35,15 +36,12 @@ from hookbus.schemas import (
     HANDLERS_BUCKET,
     LEASES_BUCKET,
     SUSPENSIONS_BUCKET,
-    HookResult,
 )
 from hookbus.workers import HookWorker
 
 pytestmark = [pytest.mark.anyio, pytest.mark.faults]
 
 BUCKETS = (HANDLERS_BUCKET, SUSPENSIONS_BUCKET, APPROVALS_BUCKET, LEASES_BUCKET)
-EVENT = "tool:pre"
-ASK_EVENT = "tool:post"
 RM = {"tool_name": "bash", "tool_input": {"command": "rm -rf /"}}
 LS = {"tool_name": "bash", "tool_input": {"command": "ls"}}
 
@@ -105,20 +103,7 @@ async def east_worker(supercluster: Supercluster, conns: list[NATS]) -> AsyncIte
     handler asking the user on `ASK_EVENT`."""
     nc = await supercluster.connect(EAST)
     conns.append(nc)
-    worker = HookWorker(nc)
-
-    @worker.handler(EVENT, name="security", failure_policy="deny")
-    async def security(event: str, data: dict[str, Any]) -> HookResult:
-        if "rm -rf" in str(data.get("tool_input", {}).get("command", "")):
-            return HookResult(action="deny", reason="rm -rf is not allowed")
-        return HookResult(action="continue")
-
-    @worker.handler(ASK_EVENT, name="asker")
-    async def asker(event: str, data: dict[str, Any]) -> HookResult:
-        return HookResult(
-            action="ask_user", approval_prompt="Run it?", approval_options=["Allow", "Deny"],
-            approval_timeout=15,
-        )  # fmt: skip
+    worker = site_worker(nc)
 
     async with worker:
         yield worker
