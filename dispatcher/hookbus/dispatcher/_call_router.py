@@ -46,6 +46,7 @@ from ._calls import (
     Requester,
     call_local,
     call_remote,
+    ready_outcome,
 )
 from ._chain_calls import ChainCall
 from ._registry_watch import RegistryWatch, open_handlers_bucket
@@ -194,10 +195,6 @@ class EmitContext:
         )
 
 
-async def _outcome(outcome: Outcome) -> Outcome:
-    return outcome
-
-
 class Collect:
     """One emit_and_collect in flight: which remote handlers are expected, what came."""
 
@@ -293,7 +290,7 @@ class Router:
             return call_local(route, ctx.event, ctx.handler_copy(data), ctx.remaining())
         budget_s = ctx.remaining()
         if budget_s is not None and budget_s <= 0:
-            return _outcome(Failed("timeout", "not called: the emit's deadline had passed"))
+            return ready_outcome(Failed("timeout", "not called: the emit's deadline had passed"))
         # call_remote's own coroutine, as for call_local above: one frame less per call
         return call_remote(
             self.nc, self._requester, route, ctx.envelope(data), trace_headers(), budget_s

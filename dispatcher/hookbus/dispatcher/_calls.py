@@ -63,6 +63,7 @@ import json
 import logging
 import math
 import types
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,6 +117,7 @@ __all__ = [
     "call_remote",
     "coerce_result",
     "nats_failure",
+    "ready_outcome",
     "reply_outcome",
 ]
 
@@ -306,15 +308,53 @@ def _reply_handler(msg: Msg) -> str | None:
         return None
 
 
+class _Deadlines:
+    """When the requester's waits time out, at millisecond granularity: one event-loop
+    timer per millisecond that has waits ending in it, not one per wait. A loop timer per
+    call costs a heap push (of handles compared in Python) and a cancel; here a call costs
+    a set add and a discard. A wait ends at its `until` or at most 1 ms later, never
+    earlier."""
+
+    __slots__ = ("_buckets",)
+
+    def __init__(self) -> None:
+        self._buckets: dict[int, set[asyncio.Future[None]]] = {}
+
+    def add(
+        self, loop: asyncio.AbstractEventLoop, until: float, waiter: asyncio.Future[None]
+    ) -> int:
+        """Fail `waiter` with `TimeoutError` at `until` (loop time) unless it is done by
+        then; returns the key `discard` takes."""
+        key = math.ceil(until * 1000.0)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = set()
+            loop.call_at(key / 1000.0, self._expire, key)
+        bucket.add(waiter)
+        return key
+
+    def discard(self, key: int, waiter: asyncio.Future[None]) -> None:
+        """`waiter` no longer needs its deadline (it is done)."""
+        bucket = self._buckets.get(key)
+        if bucket is not None:
+            bucket.discard(waiter)
+
+    def _expire(self, key: int) -> None:
+        for waiter in self._buckets.pop(key, ()):
+            if not waiter.done():
+                waiter.set_exception(TimeoutError())
+
+
 class _Inbox:
     """The replies of one call, in arrival order: a deque and at most one waiter (cheaper
     than an `asyncio.Queue` under `asyncio.timeout` on this path)."""
 
-    __slots__ = ("items", "waiter")
+    __slots__ = ("deadlines", "items", "waiter")
 
-    def __init__(self) -> None:
+    def __init__(self, deadlines: _Deadlines) -> None:
         self.items: collections.deque[tuple[str, Msg]] = collections.deque()
         self.waiter: asyncio.Future[None] | None = None
+        self.deadlines = deadlines
 
     def put(self, token: str, msg: Msg) -> None:
         self.items.append((token, msg))
@@ -327,25 +367,21 @@ class _Inbox:
             waiter.set_result(None)
 
     async def get(self, loop: asyncio.AbstractEventLoop, until: float) -> tuple[str, Msg]:
-        """The next reply; `TimeoutError` if none came by `until` (loop time)."""
+        """The next reply; `TimeoutError` if none came by `until` (loop time; at most 1 ms
+        later, see `_Deadlines`)."""
         if not self.items:
             if until <= loop.time():
                 raise TimeoutError
             waiter = self.waiter = loop.create_future()
-            timer = loop.call_at(until, _expire, waiter)
+            key = self.deadlines.add(loop, until, waiter)
             try:
                 await waiter
             finally:
-                timer.cancel()
+                self.deadlines.discard(key, waiter)
                 self.waiter = None
             if not self.items:  # woken for something else
                 raise TimeoutError
         return self.items.popleft()
-
-
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError())
 
 
 def _note(known: dict[str, dict[str, float]], subject: str, instance: str, now: float) -> None:
@@ -396,6 +432,7 @@ class Requester:
         self._nc: NATS | None = None
         self._tokens = itertools.count()
         self._waiting: dict[str, _Inbox | _Discovery] = {}
+        self._deadlines = _Deadlines()
         self._recent: dict[str, dict[str, float]] = {}
         """Per handler subject: instance id -> loop time of its last answer, oldest first."""
         self._found_live: dict[str, dict[str, float]] = {}
@@ -449,7 +486,7 @@ class Requester:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget_s
         window = max(HEDGE_MIN_S, budget_s * HEDGE_FRACTION) if hedge else math.inf
-        queue = _Inbox()
+        queue = _Inbox(self._deadlines)
         sent: list[str] = []  # every token of this call, for the cleanup
         live: set[str] = set()
         targets: dict[str, str] = {}  # token -> instance of a request sent to one instance
@@ -561,7 +598,7 @@ class Requester:
     # -- what a chain call (`_chain_calls.ChainCall`) uses of the requester ----------------
     def open_inbox(self) -> _Inbox:
         """A new inbox for one call's replies (register each request with `add_token`)."""
-        return _Inbox()
+        return _Inbox(self._deadlines)
 
     def add_token(self, inbox: _Inbox) -> str:
         """A new reply token whose replies go to `inbox` (until `close_inbox`)."""
@@ -768,34 +805,41 @@ class Requester:
         return None
 
 
-async def call_remote(
+def call_remote(
     nc: NATS | None,
     requester: Requester,
     route: Route,
     envelope: EventEnvelope,
     headers: dict[str, str] | None,
     budget_s: float | None = None,
-) -> Outcome:
-    """Request one remote handler on its subject and judge its `HookReply`.
+) -> Awaitable[Outcome]:
+    """Request one remote handler on its subject and judge its `HookReply`; returns the
+    call's awaitable (await it at once: a plain function, not a coroutine frame around
+    the requester's).
 
     Waits the route's timeout (`DEFAULT_TIMEOUT_S` if it has none) cut to `budget_s`;
     hedges only a ``retry_safe`` route (see the module docstring).
 
     Raises:
         NotConnectedError: no connection, or it is closed.
-        PayloadTooLargeError: the envelope exceeds the server's max_payload.
+        PayloadTooLargeError: the envelope exceeds the server's max_payload (when awaited).
     """
     if nc is None or nc.is_closed or not requester.started:
         raise NotConnectedError(f"remote handler {route.name!r} needs a NATS connection")
     if not nc.is_connected:  # reconnecting: fail now, not after the handler's timeout
-        return Failed(
-            "error", "not connected to NATS (reconnecting); the request was not sent", True
+        return ready_outcome(
+            Failed("error", "not connected to NATS (reconnecting); the request was not sent", True)
         )
     timeout_s = _cut(route.timeout_s or DEFAULT_TIMEOUT_S, budget_s)
     assert timeout_s is not None
     if timeout_s <= 0:
-        return Failed("timeout", "not called: the emit's deadline had passed", True)
-    return await requester.call(nc, route, envelope, headers, timeout_s, hedge=route.retry_safe)
+        return ready_outcome(Failed("timeout", "not called: the emit's deadline had passed", True))
+    return requester.call(nc, route, envelope, headers, timeout_s, hedge=route.retry_safe)
+
+
+async def ready_outcome(outcome: Outcome) -> Outcome:
+    """`outcome` as an awaitable (a call decided before anything was sent)."""
+    return outcome
 
 
 @dataclass(frozen=True, slots=True)

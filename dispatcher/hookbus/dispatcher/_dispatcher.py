@@ -35,7 +35,8 @@ from ._records import SuspensionPage
 from ._route_table import LocalHandler, Route
 from ._stores import Stores
 from ._suspensions import HookEventStream, PendingHook, RunScope, Suspensions
-from ._telemetry import traced_call, traced_collect, traced_emit
+from ._telemetry import observed_emit, traced_call, traced_collect
+from ._telemetry_core import otel
 
 __all__ = ["HookDispatcher"]
 
@@ -288,7 +289,6 @@ class HookDispatcher(StandardEvents):
         """The full routes of `event` in call order (priority, policy, filter, ...)."""
         return self._table.routes(event)
 
-    @traced_emit
     async def emit(
         self,
         event: str,
@@ -339,6 +339,11 @@ class HookDispatcher(StandardEvents):
         An approval whose store cannot be reached within the deadline is not an error: the
         call is denied and the failure recorded. No nats-py error ever propagates.
         """
+        if otel.sync():  # the emit span and metrics (telemetry on)
+            return await observed_emit(
+                self._emitter.emit, self, event, data,
+                {"idempotency_key": idempotency_key, "timeout_s": timeout_s},
+            )  # fmt: skip
         return await self._emitter.emit(
             event, data, idempotency_key=idempotency_key, timeout_s=timeout_s
         )

@@ -94,24 +94,6 @@ class Emitter:
                 raise UnknownEventError(f"unknown event {event!r}: no handler is declared")
             safe = json_safe(data or {})
             return HookResult(action="continue", data=safe, chained_data=safe)
-        trail: list[EmitContext] | None = [] if self.decisions is not None else None
-        try:
-            result = await self._emit(event, data, routes, idempotency_key, timeout_s, trail)
-        except nats.errors.Error as exc:
-            raise NotConnectedError(f"NATS failed during the emit: {type(exc).__name__}") from exc
-        if self.decisions is not None and trail:  # the decision is final: record it
-            self.record(event, data, result, trail[0], idempotency_key)
-        return result
-
-    async def _emit(
-        self,
-        event: str,
-        data: dict[str, Any],
-        routes: tuple[Route, ...],
-        idempotency_key: str | None,
-        timeout_s: float | None,
-        trail: list[EmitContext] | None = None,
-    ) -> HookResult:
         if data is not None and not isinstance(data, dict):
             raise BadRequestError(f"event data must be a dict, not {type(data).__name__}")
         merged = {**self.defaults, **(data or {})}
@@ -130,14 +112,16 @@ class Emitter:
         ctx = EmitContext(event, current, timeout_s=timeout_s, call_id=idempotency_key)
         if encoded is not None:
             ctx.encoded_as(current, encoded)
-        if trail is not None:  # the caller records the decision with the emit's id and calls
-            trail.append(ctx)
-        denied = await self._folder.fold_routes(routes, ctx, fold)
-        if denied is not None:
-            return denied
-        result = fold.result()
-        if result.action == "ask_user" and self.approvals is not None:
-            return await self._approve(event, fold.asks(), ctx)
+        try:
+            result = await self._folder.fold_routes(routes, ctx, fold)
+            if result is None:
+                result = fold.result()
+                if result.action == "ask_user" and self.approvals is not None:
+                    result = await self._approve(event, fold.asks(), ctx)
+        except nats.errors.Error as exc:
+            raise NotConnectedError(f"NATS failed during the emit: {type(exc).__name__}") from exc
+        if self.decisions is not None:  # the decision is final: record it
+            self.record(event, data, result, ctx, idempotency_key)
         return result
 
     async def _approve(self, event: str, asks: list[HookResult], ctx: EmitContext) -> HookResult:
