@@ -554,7 +554,7 @@ class Requester:
                         break  # at once to a replica that has not refused
                     if outcome is not None:
                         if instance:
-                            self._answered(route.subject, instance, loop.time())
+                            self.answered(route.subject, instance, loop.time())
                             answered_by = instance
                         return outcome
                     gone = targets.pop(token, None)
@@ -628,8 +628,8 @@ class Requester:
         return self._target(route, avoid, "", {}, now, chain)
 
     def answered(self, subject: str, instance: str, now: float) -> None:
-        """Note that `instance` answered a request on `subject` at `now`."""
-        self._answered(subject, instance, now)
+        """Note that `instance` answered a request on handler `subject` at `now`."""
+        _note(self._recent, subject, instance, now)
 
     def suspect(self, subject: str, sent_at: float) -> None:
         """Note that a call on queue subject `subject`, sent at `sent_at` (loop time), timed
@@ -725,10 +725,6 @@ class Requester:
         avoid.add(instance)
         targets[token] = instance
         return subject
-
-    def _answered(self, subject: str, instance: str, now: float) -> None:
-        """Note that `instance` answered a request on handler `subject` at `now`."""
-        _note(self._recent, subject, instance, now)
 
     def _forget(self, subject: str, instance: str) -> None:
         for known in (self._recent, self._found_live):

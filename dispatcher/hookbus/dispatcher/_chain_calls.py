@@ -140,9 +140,9 @@ class ChainCall:
         for them as the module docstring says; None for a step the chain did not run
         (call it alone). `hedge(route)`: the step asked on its own (a chain of retry_safe
         steps hedges a slow step with it)."""
-        replies = self._replies
-        if all(r.name in replies for r in group):  # answered already: the common case
-            return [self._outcome(replies[r.name]) for r in group]
+        answered = self.answered(group)
+        if answered is not None:
+            return answered
         out: dict[Route, Outcome | None] = {}
         hedges: dict[Route, asyncio.Future[Outcome]] = {}
         ended = False
@@ -183,6 +183,18 @@ class ChainCall:
                 for r in group:
                     await self._requester.discover(r.subject)
         return [out[r] for r in group]
+
+    def answered(self, group: list[Route]) -> list[Outcome | None] | None:
+        """`outcomes` of `group` if every step's reply is in already (the common case,
+        without a wait), else None."""
+        replies = self._replies
+        out: list[Outcome | None] = []
+        for r in group:
+            reply = replies.get(r.name)
+            if reply is None:
+                return None
+            out.append(self._outcome(reply))
+        return out
 
     def _start_hedge(
         self, hedge: Callable[[Route], Awaitable[Outcome]], route: Route

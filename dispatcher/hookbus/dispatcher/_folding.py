@@ -180,14 +180,16 @@ class RouteFolder:
             return await self._fold_each(seg, ctx, fold, self._call_group)
         try:
             for group in _groups(seg, fold):
-                data = fold.data
-                outcomes = await chain.outcomes(
-                    group,
-                    lambda r: self._hedge(r, ctx, data),  # noqa: B023 (awaited here)
-                )
-                alone = [r for r, o in zip(group, outcomes, strict=True) if o is None]
+                outcomes = chain.answered(group)  # the common case: the replies are in
+                if outcomes is None:
+                    data = fold.data
+                    outcomes = await chain.outcomes(
+                        group,
+                        lambda r: self._hedge(r, ctx, data),  # noqa: B023 (awaited here)
+                    )
                 called: dict[Route, Outcome] = {}
-                if alone:  # not run by the chain: called on its own
+                if any(o is None for o in outcomes):  # not run by the chain: called alone
+                    alone = [r for r, o in zip(group, outcomes, strict=True) if o is None]
                     outs = await self._call_group(alone, ctx, fold.data)
                     called = dict(zip(alone, outs, strict=True))
                 for route, outcome in zip(group, outcomes, strict=True):
@@ -286,6 +288,11 @@ def _groups(routes: Sequence[Route], fold: Fold) -> Iterator[list[Route]]:
     tool filter matches the data it would see, alone; an adjacent sequence of parallel handlers
     together (those matching the data at the run's start). Lazy: each group is formed
     after the previous one was folded, on the data it left (`parallel_groups`)."""
+    if not any(r.parallel for r in routes):  # the common case: each handler alone
+        for route in routes:
+            if route.matches(fold.data):
+                yield [route]
+        return
     for i, j in parallel_groups([r.parallel for r in routes]):
         group = [r for r in routes[i:j] if r.matches(fold.data)]
         if group:
