@@ -504,17 +504,19 @@ class Requester:
                 envelope.budget_s = remaining
                 token = f"{next(self._tokens):x}"
                 if attempt == 1:
-                    subject = self._first(route, avoid, token, targets, loop.time())
-                    found = self._found
-                    if token not in targets and found is not None and not found.done():
-                        # suspect, and the live replicas are being asked right now: their
-                        # first answer is worth a short wait (a call sent now would meet
-                        # the stalled replica again)
-                        if self.suspected(route.subject, loop.time()) is not None:
-                            with contextlib.suppress(TimeoutError):
-                                async with asyncio.timeout(remaining * HEDGE_FRACTION):
-                                    await asyncio.shield(found)
-                            subject = self._first(route, avoid, token, targets, loop.time())
+                    subject = route.subject
+                    if self._suspect:  # some subject is suspect: perhaps steer this call
+                        subject = self._first(route, avoid, token, targets, loop.time())
+                        found = self._found
+                        if token not in targets and found is not None and not found.done():
+                            # suspect, and the live replicas are being asked right now:
+                            # their first answer is worth a short wait (a call sent now
+                            # would meet the stalled replica again)
+                            if self.suspected(route.subject, loop.time()) is not None:
+                                with contextlib.suppress(TimeoutError):
+                                    async with asyncio.timeout(remaining * HEDGE_FRACTION):
+                                        await asyncio.shield(found)
+                                subject = self._first(route, avoid, token, targets, loop.time())
                 else:
                     subject = self._target(route, avoid, token, targets, loop.time())
                     if token not in targets:  # no instance known to go to: ask who serves
@@ -527,10 +529,13 @@ class Requester:
                         return failed
                 else:
                     live.add(token)
-                next_send = loop.time() + (window if attempt == 1 else max(HEDGE_MIN_S, window / 2))
+                next_send = (
+                    loop.time() + (window if attempt == 1 else max(HEDGE_MIN_S, window / 2))
+                    if hedge
+                    else math.inf
+                )
+                until = min(next_send, deadline)
                 while True:
-                    until = min(next_send, deadline)
-                    wait = until - loop.time()
                     try:
                         token, msg = await queue.get(loop, until)
                     except TimeoutError:
@@ -550,7 +555,8 @@ class Requester:
                             )
                         if not self._another(route, avoid, loop.time()):
                             # every replica known refused: give them a moment
-                            await asyncio.sleep(min(0.005 * refusals, max(wait, 0)))
+                            wait = max(until - loop.time(), 0)
+                            await asyncio.sleep(min(0.005 * refusals, wait))
                         break  # at once to a replica that has not refused
                     if outcome is not None:
                         if instance:
