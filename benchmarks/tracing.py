@@ -20,7 +20,7 @@ Two figures, each a ratio or a difference measured in one run:
   the CPU time per emit of the agent and of the worker process (Linux: ``/proc``), which
   neighbours on a shared machine disturb less. Target: ``on_p50 / off_p50 <= 1.3``.
 - ``bench_noop_overhead``: with no provider set, an in-process emit to 3 local handlers,
-  instrumented (the library as shipped) vs the same methods unwrapped (``__wrapped__``):
+  instrumented (the library as shipped) vs the same methods without their telemetry checks:
   the cost of the instrumentation when tracing is off. Target: < 5 us per emit.
 
 Not a test: nothing asserts.
@@ -411,7 +411,9 @@ async def bench_noop_overhead(n: int = 20000, *, rounds: int = 10) -> dict[str, 
     _reset_globals()
 
     class Bare(HookDispatcher):
-        emit = HookDispatcher.emit.__wrapped__  # type: ignore[attr-defined]
+        async def emit(self, event: str, data: dict[str, Any], **kwargs: Any) -> Any:
+            return await self._emitter.emit(event, data, **kwargs)  # no telemetry check
+
         _call = HookDispatcher._call.__wrapped__  # type: ignore[attr-defined]
 
     async def h(event: str, data: dict[str, Any]) -> None:

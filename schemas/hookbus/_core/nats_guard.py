@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Awaitable
 from typing import Any
 
 from hookbus.schemas import NotPermittedError
@@ -105,7 +106,18 @@ def _safe_decoding(nc: Any) -> None:
 
     seen = 0
 
-    async def process_msg(sid: int, subject: Any, reply: Any, data: Any, headers: Any) -> Any:
+    def process_msg(sid: int, subject: Any, reply: Any, data: Any, headers: Any) -> Any:
+        # ASCII lines cannot fail to decode: nats-py's own coroutine, no frame of ours
+        # around it (the common case, every message a client receives goes through here)
+        if (
+            subject.isascii()
+            and (not reply or reply.isascii())
+            and (not headers or headers.isascii())
+        ):
+            return original(sid, subject, reply, data, headers)
+        return guarded(sid, subject, reply, data, headers)
+
+    async def guarded(sid: int, subject: Any, reply: Any, data: Any, headers: Any) -> Any:
         nonlocal seen
         try:
             return await original(sid, subject, reply, data, headers)
@@ -222,9 +234,11 @@ def report_refusals(nc: Any, *, identity: str | None = None) -> None:
                 del requests[subject_key]
         replies.pop(reply_key, None)
 
-    async def publish(
+    def publish(
         subject: str, payload: bytes = b"", reply: str = "", headers: Any = None
-    ) -> None:
+    ) -> Awaitable[None]:
+        # nats-py's own coroutine, no frame of ours around it: the bookkeeping is done
+        # before the publish is awaited either way
         prefix = nc._resp_sub_prefix
         if reply and prefix and reply.startswith(prefix.decode()):
             token = reply[len(prefix) :]
@@ -234,7 +248,7 @@ def report_refusals(nc: Any, *, identity: str | None = None) -> None:
                 requests.setdefault(subject_key, {})[token] = subject
                 replies[reply_key] = token
                 future.add_done_callback(lambda _f: forget(subject_key, reply_key, token))
-        await original_publish(subject, payload, reply=reply, headers=headers)
+        return original_publish(subject, payload, reply=reply, headers=headers)  # type: ignore[no-any-return]
 
     def fail(token: str, error: NotPermittedError) -> bool:
         future = nc._resp_map.get(token)
