@@ -10,6 +10,7 @@ other handler nor by the caller. hookbus does the same, locally and over NATS al
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import msgspec
@@ -20,6 +21,63 @@ __all__ = ["json_safe", "json_safe_encoded"]
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
+
+
+SHARE_FROM_BYTES = 16 * 1024
+"""Encoded size from which `json_safe_encoded` first tries to copy by walking the data
+(`_shared_copy`) instead of decoding the bytes back: a decode costs per byte, a walk per
+value, so a large event made of a few large strings (a file's content, a command's output)
+is copied for a fraction of a decode."""
+
+BYTES_PER_NODE = 1024
+"""The walk gives up (and the bytes are decoded) once it has met more values than one per
+this many encoded bytes: for data made of many small values a decode is the faster copy,
+and the walk's wasted work stays under about a tenth of that decode."""
+
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+"""The ints the walk shares: those of 64 bits (a larger one takes the decode, which says
+whether the interpreter can convert it at all)."""
+
+
+class _NotShared(Exception):
+    """The walk met a value that is not JSON-native as it is, or ran out of budget."""
+
+
+def _shared_copy(data: dict[str, Any], budget: int) -> dict[str, Any] | None:
+    """The copy ``msgspec.json.decode(msgspec.json.encode(data))`` gives, built by walking
+    `data` (new dicts and lists; its strs, ints, floats, bools and None are immutable and
+    shared: equal to the decoded ones and of the same exact types); None if `data` holds
+    anything else (a subclass, a tuple, a non-str key, a NaN, an int over 64 bits) or has
+    more than `budget` values. A caller then decodes instead."""
+    left = [budget]
+
+    def copy(value: Any) -> Any:
+        left[0] -= 1
+        if left[0] < 0:
+            raise _NotShared
+        kind = type(value)
+        if kind is str or kind is bool or value is None:
+            return value
+        if kind is dict:
+            out = {}
+            for key, item in value.items():
+                if type(key) is not str:
+                    raise _NotShared
+                out[key] = copy(item)
+            return out
+        if kind is list:
+            return [copy(item) for item in value]
+        if kind is int and _INT_MIN <= value <= _INT_MAX:
+            return value
+        if kind is float and math.isfinite(value):
+            return value
+        raise _NotShared
+
+    try:
+        shared: dict[str, Any] = copy(data)
+    except (_NotShared, RecursionError):
+        return None
+    return shared
 
 
 def json_safe(data: Any) -> dict[str, Any]:
@@ -43,6 +101,10 @@ def json_safe_encoded(data: Any) -> tuple[dict[str, Any], bytes | None]:
         raise BadRequestError(f"event data must be a dict, not {type(data).__name__}")
     try:  # JSON-native already (the copy equals the original): the same copy, faster
         encoded = _encode(data)
+        if len(encoded) >= SHARE_FROM_BYTES:
+            shared = _shared_copy(data, len(encoded) // BYTES_PER_NODE)
+            if shared is not None:
+                return shared, encoded
         fast: dict[str, Any] = _decode(encoded)
         if fast == data:
             return fast, encoded
