@@ -397,6 +397,7 @@ class ChainHandling:
         "_durations",
         "_envelope",
         "_errors",
+        "_fields",
         "_handlers",
         "_msg",
         "_outcomes",
@@ -417,6 +418,7 @@ class ChainHandling:
         self._durations: list[float] = []
         self._reasons: list[str] | None = None
         self._errors = 0
+        self._fields: tuple[Any, ...] | None = None
 
     def __enter__(self) -> ChainHandling:
         msg = self._msg
@@ -436,6 +438,9 @@ class ChainHandling:
             self._token = otel_context.attach(trace.set_span_in_context(span, parent))
             if span.is_recording():
                 self._span = span
+                envelope = self._envelope
+                if envelope is not None:  # as it came: the chain's last handler may edit it
+                    self._fields = _envelope_fields(envelope)
         self._var_token = _chain.set(self)
         return self
 
@@ -477,9 +482,7 @@ class ChainHandling:
         span = self._span
         if span is None:
             return
-        envelope = self._envelope
-        fields = _envelope_fields(envelope) if envelope is not None else None
-        _after_reply(self._end, span, fields, exc, time.time_ns())
+        _after_reply(self._end, span, self._fields, exc, time.time_ns())
 
     def _end(
         self,

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import inspect
 import logging
 import math
 import signal
 import time
 from collections.abc import Awaitable, Callable
+from types import CoroutineType
 from typing import Any, TypeVar
 
 import anyio
@@ -74,6 +76,7 @@ from ._registration import (
 )
 from ._spec import Handler, HandlerSpec
 from ._telemetry import chain_handling, handling_span, traced_handling
+from ._telemetry_core import otel
 
 __all__ = ["HookWorker"]
 
@@ -421,10 +424,8 @@ class HookWorker:
     def _endpoint(self, spec: HandlerSpec, subject: str, queue_group: str = "") -> Endpoint:
         """A handler's endpoint on `subject` (its call, collect or instance subject)."""
         harden_connection(self._nc)  # requests come from anyone: none may silence us
-
-        async def serve(msg: Msg, context: object, received: int) -> None:
-            await self._serve(spec, msg)
-
+        # a partial, not a closure awaiting `_serve`: one coroutine frame less per request
+        serve = functools.partial(self._serve, spec)
         return Endpoint(
             subject, serve, self._refusal(spec.declaration.name), queue_group=queue_group
         )
@@ -451,11 +452,16 @@ class HookWorker:
             with contextlib.suppress(nats.errors.Error):
                 await self._nc.publish(msg.reply, payload)
 
-    async def _serve(self, spec: HandlerSpec, msg: Msg) -> None:
+    async def _serve(self, spec: HandlerSpec, msg: Msg, context: object, received: int) -> None:
+        """Serve one request to `spec` (the serving loop's handler; `context` and
+        `received` are not used: the budget is counted from here, as `_handle` does)."""
         decl = spec.declaration
         try:
             started = time.monotonic()
-            reply = await self._handle(spec, msg)
+            if otel.sync():
+                reply = await self._handle(spec, msg)
+            else:  # `_handle` without its span's wrapper: one coroutine frame less
+                reply = await self._handle_untraced(spec, msg)
             if reply is not None:
                 await self._respond(msg, reply)
                 if log.isEnabledFor(logging.DEBUG):
@@ -480,8 +486,9 @@ class HookWorker:
         finally:
             self.handled += 1
 
-    @traced_handling
-    async def _handle(self, spec: HandlerSpec, msg: Msg) -> HookReply | None:
+    async def _handle_untraced(self, spec: HandlerSpec, msg: Msg) -> HookReply | None:
+        """Decode the request and run its handler within its timeout and the caller's
+        budget; the reply (None: nothing to send)."""
         received = time.monotonic()
         envelope, refusal = self._read_request(spec.declaration.name, msg)
         if envelope is None:
@@ -491,6 +498,9 @@ class HookWorker:
             timeout_s = min(timeout_s, envelope.budget_s)  # never more than the caller has left
         timeout_s -= time.monotonic() - received
         return await self._invoke(spec, envelope.event, envelope.data, timeout_s, envelope.id)
+
+    _handle = traced_handling(_handle_untraced)
+    """`_handle_untraced` in its span and duration point (telemetry on)."""
 
     def _read_request(
         self, name: str, msg: Msg, decoded: EventEnvelope | None = None
@@ -530,7 +540,28 @@ class HookWorker:
         decl = spec.declaration
         try:
             if spec.is_async:
-                raw = await _run_async(spec.fn(event, data), timeout_s, self._waits, spec.key)
+                coro = spec.fn(event, data)
+                if type(coro) is not CoroutineType:  # another awaitable: no first step here
+                    async with asyncio.timeout(timeout_s):
+                        raw = await coro
+                else:
+                    # The handler's first step runs before any timer is armed: asyncio's
+                    # timeout acts only through its timer's callback, which the loop runs
+                    # only once the task suspends, so a handler that returns (or raises)
+                    # without suspending is never cut by it, and needs no timer at all.
+                    # One that suspends gets its timer at the deadline counted from
+                    # before its first step, and the rest of it is awaited under it.
+                    started = time.monotonic()
+                    try:
+                        suspended_on = coro.send(None)
+                    except StopIteration as done:
+                        raw = done.value
+                    else:
+                        self._waits.add(spec.key)  # it waits: see `_may_wait`
+                        loop = asyncio.get_running_loop()
+                        deadline = loop.time() + timeout_s - (time.monotonic() - started)
+                        async with asyncio.timeout_at(deadline):
+                            raw = await Resumed(coro, suspended_on)
             else:
                 async with asyncio.timeout(timeout_s):  # cheaper than anyio's on this path
                     raw = await anyio.to_thread.run_sync(
@@ -608,7 +639,10 @@ class HookWorker:
         replies: list[HookReply] = []
         running: list[tuple[ChainStep, HandlerSpec]] = []
         try:
-            with chain_handling(msg, envelope):  # one message: one span, its steps attributes
+            if otel.sync():
+                with chain_handling(msg, envelope):  # one message: one span, steps attributes
+                    reply = await self._run_chain(msg, envelope, replies, running)
+            else:  # nothing to record: not even the shared do-nothing span's enter and exit
                 reply = await self._run_chain(msg, envelope, replies, running)
             await self._respond(msg, reply)
         except asyncio.CancelledError:  # shutdown's grace ran out: what ran, and what was cut
@@ -641,6 +675,11 @@ class HookWorker:
         no steps, a step it does not serve, or a step the dispatcher judged by another
         declaration than this process's (its tool filter: the two would skip or run
         different steps, e.g. during a rolling update)."""
+        if steps and all(
+            sp is not None and st.tool_filter == sp.declaration.tool_filter
+            for st, sp in zip(steps, specs, strict=True)
+        ):
+            return None  # the usual chain: judged once, the messages below only for a refusal
         name = self.handler_set_id
         missing = [st.handler for st, sp in zip(steps, specs, strict=True) if sp is None]
         if not steps or missing:
@@ -684,21 +723,31 @@ class HookWorker:
             return refusal
         budget = envelope.budget_s
         deadline = None if budget is None else received + budget
-        progress = ChainProgress(name, lambda r: self._respond(msg, r), received)
+        progress = ChainProgress(name, functools.partial(self._respond, msg), received)
         data = envelope.data
-        parallel = [step.parallel for step in steps]
+        n = len(steps)
+        # a chain without parallel steps (the usual one) is a group per step
+        parallel = [step.parallel for step in steps] if _any_parallel(steps) else None
         i = 0
         try:
-            while i < len(steps):
-                j = group_end(parallel, i)
-                run = [
-                    (step, spec)
-                    for step, spec in zip(steps[i:j], specs[i:j], strict=True)
-                    if spec is not None and spec.matches(data)
-                ]
+            while i < n:
+                j = i + 1 if parallel is None else group_end(parallel, i)
+                if j == i + 1:
+                    spec = specs[i]
+                    if spec is None or not spec.matches(data):
+                        i = j
+                        continue
+                    run = [(steps[i], spec)]
+                else:
+                    run = [
+                        (step, spec)
+                        for step, spec in zip(steps[i:j], specs[i:j], strict=True)
+                        if spec is not None and spec.matches(data)
+                    ]
+                    if not run:
+                        i = j
+                        continue
                 i = j
-                if not run:
-                    continue
                 now = time.monotonic()
                 if replies and (progress.late(now) or self._state != "serving"):
                     # the dispatcher calls the rest itself: late, or draining (a request of
@@ -708,7 +757,18 @@ class HookWorker:
                 progress.start([step for step, _ in run], now)
                 if replies and self._may_wait(run):
                     progress.report()  # the replies so far, before this step's own work
-                outs = await self._run_group(run, envelope, data, deadline, msg, progress)
+                if len(run) == 1:  # no task per step: the common, sequential case
+                    step, spec = run[0]
+                    # the last step may have the request's decoded data itself, as a
+                    # request of its own does: nothing reads it after this step (not so
+                    # once an earlier step's modify replaced it: that data is in its reply)
+                    copy = i < n or data is not envelope.data
+                    out = await self._step(spec, step, envelope, data, deadline, msg, copy)
+                    progress.finished(step, out)
+                    self._returns_at_once.add(spec.key)  # unless `_waits` says otherwise
+                    outs: list[HookReply] = [out]
+                else:
+                    outs = await self._run_group(run, envelope, data, deadline, msg, progress)
                 running.clear()
                 for (step, _), out in zip(run, outs, strict=True):
                     replies.append(out)
@@ -742,8 +802,8 @@ class HookWorker:
         msg: Msg,
         progress: ChainProgress,
     ) -> list[HookReply]:
-        """Run one step, or a parallel group of steps concurrently, on `data`; each reply
-        is handed to `progress` as its step finishes."""
+        """Run a parallel group of steps concurrently, on `data` (each handler its own
+        copy); each reply is handed to `progress` as its step finishes."""
 
         async def one(step: ChainStep, spec: HandlerSpec) -> HookReply:
             reply = await self._step(spec, step, envelope, data, deadline, msg)
@@ -751,11 +811,9 @@ class HookWorker:
             self._returns_at_once.add(spec.key)  # unless `_waits` says otherwise
             return reply
 
-        if len(run) == 1:  # no task per step: the common, sequential case
-            return [await one(*run[0])]
         return list(await asyncio.gather(*(one(st, sp) for st, sp in run)))
 
-    async def _step(
+    def _step(
         self,
         spec: HandlerSpec,
         step: ChainStep,
@@ -763,20 +821,39 @@ class HookWorker:
         data: dict[str, Any],
         deadline: float | None,
         msg: Msg,
-    ) -> HookReply:
+        copy: bool = True,
+    ) -> Awaitable[HookReply]:
+        """Run one step of a chain on `data` (`copy`: on a copy of its own, as a request
+        of its own would get, so in-place edits stay its own). A plain function returning
+        the step's awaitable: without telemetry or debug logging, the handler's `_invoke`
+        itself (one coroutine frame less per step)."""
         timeout_s = min(step.timeout_s, spec.declaration.timeout_s)
         if deadline is not None:
             timeout_s = min(timeout_s, deadline - time.monotonic())
         if timeout_s <= 0:
             error = WireError(code="handler_timeout", message="not run: the chain's budget ran out")
-            return HookReply(handler=step.handler, error=error)
-        # its own copy, as a request of its own would get: in-place edits stay its own
+            return _ready(HookReply(handler=step.handler, error=error))
+        if otel.sync() or log.isEnabledFor(logging.DEBUG):
+            return self._step_observed(spec, step, envelope, data, timeout_s, msg, copy)
+        own = json_copy(data) if copy else data
+        return self._invoke(spec, envelope.event, own, timeout_s, envelope.id)
+
+    async def _step_observed(
+        self,
+        spec: HandlerSpec,
+        step: ChainStep,
+        envelope: EventEnvelope,
+        data: dict[str, Any],
+        timeout_s: float,
+        msg: Msg,
+        copy: bool,
+    ) -> HookReply:
+        """`_step` with its handling recorded (telemetry) and logged (debug)."""
         started = time.monotonic()
         headers = {"traceparent": step.traceparent} if step.traceparent else msg.headers
         with handling_span(spec.declaration, envelope, headers, subject=msg.subject) as handling:
-            reply = await self._invoke(
-                spec, envelope.event, json_copy(data), timeout_s, envelope.id
-            )
+            own = json_copy(data) if copy else data
+            reply = await self._invoke(spec, envelope.event, own, timeout_s, envelope.id)
             handling.reply(reply)
         if log.isEnabledFor(logging.DEBUG):
             _log_reply(spec.declaration, reply, "call", time.monotonic() - started)
@@ -805,38 +882,22 @@ class HookWorker:
         await self._nc.publish(msg.reply, payload)
 
 
-async def _run_async(
-    coro: Any, timeout_s: float, waits: set[tuple[str, str]], key: tuple[str, str]
-) -> Any:
-    """Await an async handler's coroutine within `timeout_s` seconds, as
-    ``async with asyncio.timeout(timeout_s): return await coro`` does, without a timer for
-    a handler that returns before its first suspension.
+async def _ready(reply: HookReply) -> HookReply:
+    """A reply known at once, as an awaitable (a `_step` that runs nothing)."""
+    return reply
 
-    Why that is safe: asyncio's timeout acts only through its timer's callback, which the
-    event loop runs only once the task suspends; a coroutine that returns (or raises)
-    without suspending is never cut by it, so running its first step before any timer
-    is armed changes nothing. A coroutine that does suspend gets its timer at the
-    deadline counted from before that first step, and the rest of it is awaited under it.
-    Raises what the handler raises; `TimeoutError` past the deadline. A handler that
-    suspends has its `key` ((event, name)) added to `waits`.
-    """
-    if not inspect.iscoroutine(coro):  # another awaitable: no first step to take here
-        async with asyncio.timeout(timeout_s):
-            return await coro
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    try:
-        suspended_on = coro.send(None)
-    except StopIteration as done:
-        return done.value
-    waits.add(key)  # it waits on something: see `HookWorker._may_wait`
-    async with asyncio.timeout_at(deadline):
-        return await Resumed(coro, suspended_on)
+
+def _any_parallel(steps: list[ChainStep]) -> bool:
+    """Whether a chain has a parallel step (else each step is a group of its own)."""
+    return any(step.parallel for step in steps)
 
 
 def _chain_width(envelope: EventEnvelope | None) -> int:
     """The most handlers a chain request may run at once: its widest sequence of adjacent
     parallel steps (1 for a sequential chain, or a request that cannot be read)."""
     steps = (envelope.chain if envelope is not None else None) or []
+    if not _any_parallel(steps):  # the usual chain: no list of flags to build and scan
+        return 1
     return widest_group([step.parallel for step in steps])
 
 
