@@ -206,10 +206,29 @@ class Collect:
         self.asked = len(expected)
         """How many remote handlers the one message asked (requests sent)."""
         self.results: dict[str, HookResult] = {}
-        self.done = asyncio.Event()
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        """Done when every expected handler answered, or nobody can (`settle`)."""
         self.span: Any = None
         """The message's ``send`` span (`start_collect_span`), ended by `finish_collect`."""
         self.subject = ""
+
+    def settle(self) -> None:
+        """No more answers are waited for (all came, or none will)."""
+        if not self.done.done():
+            self.done.set_result(None)
+
+    async def wait(self, timeout: float | None) -> None:
+        """Return once `settle` was called, or after `timeout` seconds (None: no limit)."""
+        if self.done.done():
+            return
+        timer = (
+            None if timeout is None else asyncio.get_running_loop().call_later(timeout, self.settle)
+        )
+        try:
+            await self.done
+        finally:
+            if timer is not None:
+                timer.cancel()
 
 
 class Router:
@@ -232,6 +251,7 @@ class Router:
         self._inbox_sub: Subscription | None = None
         self._inbox_prefix = ""
         self._collects: dict[str, Collect] = {}
+        self._collect_subjects: dict[str, str] = {}
         self._tokens = itertools.count()
         self._requester = Requester()
         self._chains: dict[tuple[Route, ...], ChainPlan] = {}
@@ -339,10 +359,11 @@ class Router:
 
     # -- emit_and_collect --------------------------------------------------------------------
     async def publish_collect(
-        self, remote: list[Route], event: str, data: dict[str, Any]
+        self, remote: list[Route], event: str, data: dict[str, Any], encoded: bytes | None = None
     ) -> Collect:
         """Publish `event` once on its collect subject; answers gather on the returned
-        `Collect` until `finish_collect`.
+        `Collect` until `finish_collect`. `encoded`: the compact JSON of `data` if known
+        (sent as it is), else None.
 
         Raises:
             NotConnectedError: no started connection, or it is closed.
@@ -351,7 +372,10 @@ class Router:
         nc = self.nc
         if nc is None or nc.is_closed or not self.started:
             raise NotConnectedError("remote handlers need a started dispatcher with a connection")
-        payload = encode(EmitContext(event, data).envelope(data))
+        ctx = EmitContext(event, data)
+        if encoded is not None:
+            ctx.encoded_as(data, encoded)
+        payload = encode(ctx.envelope(data))
         if len(payload) > nc.max_payload:
             raise PayloadTooLargeError(
                 f"event {event!r} is {len(payload)} bytes encoded; the server's"
@@ -359,7 +383,12 @@ class Router:
             )
         token = f"{next(self._tokens):x}"
         collect = self._collects[token] = Collect(token, {r.name for r in remote})
-        collect.subject = subject = collect_subject(event)
+        subject = self._collect_subjects.get(event)
+        if subject is None:
+            if len(self._collect_subjects) >= 4096:  # events come and go: start over
+                self._collect_subjects.clear()
+            subject = self._collect_subjects[event] = collect_subject(event)
+        collect.subject = subject
         collect.span, headers = start_collect_span(event)
         try:
             await nc.publish(
@@ -395,7 +424,7 @@ class Router:
             return  # late answer to a finished collect
         if msg.headers and "Status" in msg.headers:
             if not msg.data and msg.headers["Status"] == "503":
-                collect.done.set()  # no handler has a live replica: nobody will answer
+                collect.settle()  # no handler has a live replica: nobody will answer
             return
         try:
             reply = decode(msg.data, HookReply)
@@ -408,4 +437,4 @@ class Router:
             collect.results[reply.handler] = reply.result
         collect.expected.discard(reply.handler)
         if not collect.expected:
-            collect.done.set()
+            collect.settle()

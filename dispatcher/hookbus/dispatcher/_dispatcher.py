@@ -35,7 +35,7 @@ from ._records import SuspensionPage
 from ._route_table import LocalHandler, Route
 from ._stores import Stores
 from ._suspensions import HookEventStream, PendingHook, RunScope, Suspensions
-from ._telemetry import observed_emit, traced_call, traced_collect
+from ._telemetry import observed_collect, observed_emit, traced_call
 from ._telemetry_core import otel
 
 __all__ = ["HookDispatcher"]
@@ -348,7 +348,6 @@ class HookDispatcher(StandardEvents):
             event, data, idempotency_key=idempotency_key, timeout_s=timeout_s
         )
 
-    @traced_collect
     async def emit_and_collect(
         self, event: str, data: dict[str, Any], timeout: float = 1.0
     ) -> list[Any]:
@@ -370,6 +369,8 @@ class HookDispatcher(StandardEvents):
             NotConnectedError: a remote handler is routed but the connection is closed or
                 NATS failed (never a raw nats-py error).
         """
+        if otel.sync() and otel.tracing:  # the emit_and_collect span
+            return await observed_collect(self._emitter.emit_and_collect, event, data, timeout)
         return await self._emitter.emit_and_collect(event, data, timeout)
 
     # -- suspensions (Vercel AI SDK hooks, durable) -----------------------------------------

@@ -187,21 +187,26 @@ class Emitter:
             if self._strict and event not in STANDARD_EVENTS:
                 raise UnknownEventError(f"unknown event {event!r}: no handler is declared")
             return []
-        data = json_safe(data or {})
+        data, encoded = json_safe_encoded(data or {})  # sent as it is: encoded once
         outcomes: dict[Route, Outcome] = {}  # by route: in-process names need not be unique
         remote = [r for r in routes if r.remote]
         # caller errors (closed connection, oversize event) raise here, not in a task group
-        collect = await self._router.publish_collect(remote, event, data) if remote else None
+        collect = (
+            await self._router.publish_collect(remote, event, data, encoded) if remote else None
+        )
         try:
             local = [r for r in routes if not r.remote]
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout):
-                    if local:
+            if not local:  # remote handlers only: one wait, no task scope
+                assert collect is not None
+                await collect.wait(timeout)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(timeout):
                         await asyncio.gather(
                             *(self._collect_local(r, event, data, timeout, outcomes) for r in local)
                         )
-                    if collect is not None:
-                        await collect.done.wait()
+                        if collect is not None:
+                            await collect.wait(None)
         finally:
             if collect is not None:
                 answers = self._router.finish_collect(collect)

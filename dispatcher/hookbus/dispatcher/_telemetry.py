@@ -88,6 +88,7 @@ __all__ = [
     "created_by",
     "creating_traceparent",
     "end_collect_span",
+    "observed_collect",
     "observed_emit",
     "record_call_span",
     "run_span",
@@ -98,7 +99,6 @@ __all__ = [
     "suspension_span",
     "trace_headers",
     "traced_call",
-    "traced_collect",
     "traced_dispatch",
 ]
 
@@ -646,38 +646,32 @@ def record_call_span(route: Route, outcome: Outcome, start_ns: int, end_ns: int)
 
 
 # -- emit_and_collect -----------------------------------------------------------------------------
-def traced_collect(
-    fn: Callable[..., Awaitable[list[Any]]],
-) -> Callable[..., Awaitable[list[Any]]]:
-    """Decorate `HookDispatcher.emit_and_collect`: an ``emit_and_collect <event>`` span."""
-
-    @functools.wraps(fn)
-    async def emit_and_collect(
-        self: Any, event: str, data: dict[str, Any], *args: Any, **kwargs: Any
-    ) -> list[Any]:
-        if not otel.sync() or not otel.tracing:
-            return await fn(self, event, data, *args, **kwargs)
-        span = otel.tracer.start_span(f"{tn.SPAN_EMIT_AND_COLLECT} {event}")
-        token = otel_context.attach(trace.set_span_in_context(span))
-        recording = span.is_recording()
-        try:
-            responses = await fn(self, event, data, *args, **kwargs)
-        except BaseException as exc:
-            if recording:
-                span.set_attributes(_ids({tn.EVENT: event}, data))
-                error(span, exc)
-            raise
-        else:
-            if recording:
-                span.set_attributes(
-                    _ids({tn.EVENT: event, tn.RESPONSE_COUNT: len(responses)}, data)
-                )
-            return responses
-        finally:
-            otel_context.detach(token)
-            span.end()
-
-    return emit_and_collect
+async def observed_collect(
+    collect: Callable[..., Awaitable[list[Any]]],
+    event: str,
+    data: dict[str, Any],
+    timeout: float,
+) -> list[Any]:
+    """``await collect(event, data, timeout)`` inside an ``emit_and_collect <event>`` span:
+    what `HookDispatcher.emit_and_collect` does while tracing is on (`otel.sync` and
+    `otel.tracing`); with it off, it awaits the emitter directly."""
+    span = otel.tracer.start_span(f"{tn.SPAN_EMIT_AND_COLLECT} {event}")
+    token = otel_context.attach(trace.set_span_in_context(span))
+    recording = span.is_recording()
+    try:
+        responses = await collect(event, data, timeout)
+    except BaseException as exc:
+        if recording:
+            span.set_attributes(_ids({tn.EVENT: event}, data))
+            error(span, exc)
+        raise
+    else:
+        if recording:
+            span.set_attributes(_ids({tn.EVENT: event, tn.RESPONSE_COUNT: len(responses)}, data))
+        return responses
+    finally:
+        otel_context.detach(token)
+        span.end()
 
 
 # -- service mode ------------------------------------------------------------------------------
