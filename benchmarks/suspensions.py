@@ -51,6 +51,7 @@ import nats
 import nats.js.errors
 from nats.js.api import KeyValueConfig
 
+from hookbus._core.buckets import suspensions_bucket_config
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
@@ -424,6 +425,49 @@ async def bench_scale(url: str, n: int, *, wave: int = 1000) -> dict[str, Any]:
         await nc_res.close()
 
 
+async def bench_writes(url: str, n: int) -> dict[str, float]:
+    """p50 (ms) of each kind of KV write a suspension makes, in a bucket configured as the
+    suspensions bucket (`suspensions_bucket_config`), interleaved, no watcher: a put on an
+    existing key and on a fresh one, a create (what a pending record is), a compare-and-set
+    on the key created just before (what a resolution is) and on an older key."""
+    nc = await nats.connect(url, name="bench-writes")
+    try:
+        js = nc.jetstream()
+        config = suspensions_bucket_config()
+        config.bucket = "hookbus_bench_writes"
+        kv = await js.create_key_value(config=config)
+        value = b"x" * 300
+        await kv.put("existing", value)
+        times: dict[str, list[float]] = {
+            k: [] for k in ("put existing", "put fresh", "create", "cas fresh", "cas existing")
+        }
+        for i in range(WARMUP + n):
+            took: dict[str, float] = {}
+            t = time.perf_counter()
+            await kv.put("existing", value)
+            took["put existing"] = time.perf_counter() - t
+            t = time.perf_counter()
+            await kv.put(f"put.{i}", value)
+            took["put fresh"] = time.perf_counter() - t
+            t = time.perf_counter()
+            revision = await kv.create(f"made.{i}", value)
+            took["create"] = time.perf_counter() - t
+            t = time.perf_counter()
+            await kv.update(f"made.{i}", value, last=revision)
+            took["cas fresh"] = time.perf_counter() - t
+            last = (await kv.get("existing")).revision
+            t = time.perf_counter()
+            await kv.update("existing", value, last=last)
+            took["cas existing"] = time.perf_counter() - t
+            if i >= WARMUP:
+                for k, v in took.items():
+                    times[k].append(v)
+        await js.delete_key_value(config.bucket)
+        return {k: round(statistics.median(v) * 1e3, 3) for k, v in times.items()}
+    finally:
+        await nc.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=300, help="measured rounds (default 300)")
@@ -435,7 +479,19 @@ def main(argv: list[str] | None = None) -> int:
         "--processes", action="store_true",
         help="the resolver and the baseline's puts in a process of their own",
     )  # fmt: skip
+    parser.add_argument(
+        "--writes", action="store_true",
+        help="p50 of each kind of KV write a suspension makes (put, create, compare-and-set)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.writes:
+        if args.url:
+            writes = asyncio.run(bench_writes(args.url, args.n))
+        else:
+            with EmbeddedNatsServer() as server:
+                writes = asyncio.run(bench_writes(server.url, args.n))
+        print(json.dumps(writes, indent=2))
+        return 0
     if args.scale:
         if args.url:
             scaled = asyncio.run(bench_scale(args.url, args.scale))
