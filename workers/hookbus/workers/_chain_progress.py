@@ -87,8 +87,9 @@ class ChainProgress:
         next `start`)."""
 
     def start(self, steps: list[ChainStep], now: float) -> None:
-        """Steps `steps` (one, or a parallel group) start running at `now`."""
-        self._running = list(steps)
+        """Steps `steps` (one, or a parallel group) start running at `now` (the list is
+        kept as it is: give a list of its own)."""
+        self._running = steps
         self._started = now
         if self._watch_deadline is None:  # not reported: dated from what it last heard
             self._watch_deadline = self._heard_at + _earliest(steps)
@@ -167,4 +168,6 @@ def _publish_now(coro: Coroutine[Any, Any, None]) -> None:
 
 def _earliest(steps: list[ChainStep]) -> float:
     """The shortest timeout among `steps`, seconds (the dispatcher's first give-up)."""
+    if len(steps) == 1:  # a sequential step: no generator
+        return steps[0].timeout_s
     return min((s.timeout_s for s in steps), default=0.0)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hookbus.schemas import HandlerDeclaration, ToolFilter
@@ -24,11 +24,12 @@ class HandlerSpec:
     """Whether `fn` is a coroutine function (sync ones run in a worker thread)."""
     tool_filter: ToolFilter = ToolFilter.EVERY
     """The declaration's tool filter, compiled (`ToolFilter.EVERY`: every call matches)."""
+    key: tuple[str, str] = field(init=False, repr=False, compare=False)
+    """(event, handler name): the handler's identity in this worker (made once: a chain
+    reads it at every step)."""
 
-    @property
-    def key(self) -> tuple[str, str]:
-        """(event, handler name): the handler's identity in this worker."""
-        return self.declaration.event, self.declaration.name
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", (self.declaration.event, self.declaration.name))
 
     def matches(self, data: dict[str, Any]) -> bool:
         """Whether the tool filter admits ``data["tool_name"]``: `ToolFilter.matches`, the

@@ -13,7 +13,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 from types import CoroutineType
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import anyio
 import msgspec
@@ -581,7 +581,7 @@ class HookWorker:
                 error=WireError(code="handler_error", message=f"{type(exc).__name__}: {exc}"),
             )
         try:
-            result = to_hook_result(raw)
+            result = _CONTINUE if raw is None else to_hook_result(raw)
         except HookbusError as exc:
             return HookReply(
                 handler=decl.name, error=WireError(code="bad_result", message=str(exc))
@@ -717,8 +717,10 @@ class HookWorker:
             assert refusal is not None
             return refusal
         steps = envelope.chain or []
-        specs = [self._specs.get((envelope.event, step.handler)) for step in steps]
-        refusal = self._chain_refusal(envelope.event, steps, specs)
+        event = envelope.event
+        get = self._specs.get
+        specs = [get((event, step.handler)) for step in steps]
+        refusal = self._chain_refusal(event, steps, specs)
         if refusal is not None:
             return refusal
         budget = envelope.budget_s
@@ -726,6 +728,8 @@ class HookWorker:
         progress = ChainProgress(name, functools.partial(self._respond, msg), received)
         data = envelope.data
         n = len(steps)
+        # judged once per chain, as for a request of its own: from the next request on
+        observed = otel.sync() or log.isEnabledFor(logging.DEBUG)
         # a chain without parallel steps (the usual one) is a group per step
         parallel = [step.parallel for step in steps] if _any_parallel(steps) else None
         i = 0
@@ -737,7 +741,8 @@ class HookWorker:
                     if spec is None or not spec.matches(data):
                         i = j
                         continue
-                    run = [(steps[i], spec)]
+                    step = steps[i]
+                    run = [(step, spec)]
                 else:
                     run = [
                         (step, spec)
@@ -754,25 +759,29 @@ class HookWorker:
                     # its own would be refused now too)
                     break
                 running[:] = run
-                progress.start([step for step, _ in run], now)
-                if replies and self._may_wait(run):
-                    progress.report()  # the replies so far, before this step's own work
                 if len(run) == 1:  # no task per step: the common, sequential case
-                    step, spec = run[0]
+                    progress.start([step], now)
+                    if replies and self._may_wait_one(spec):
+                        progress.report()  # the replies so far, before this step's own work
                     # the last step may have the request's decoded data itself, as a
                     # request of its own does: nothing reads it after this step (not so
                     # once an earlier step's modify replaced it: that data is in its reply)
                     copy = i < n or data is not envelope.data
-                    out = await self._step(spec, step, envelope, data, deadline, msg, copy)
+                    out = await self._step(
+                        spec, step, envelope, data, deadline, msg, copy, observed
+                    )
                     progress.finished(step, out)
                     self._returns_at_once.add(spec.key)  # unless `_waits` says otherwise
                     outs: list[HookReply] = [out]
                 else:
+                    progress.start([step for step, _ in run], now)
+                    if replies and self._may_wait(run):
+                        progress.report()  # the replies so far, before this step's own work
                     outs = await self._run_group(run, envelope, data, deadline, msg, progress)
                 running.clear()
                 for (step, _), out in zip(run, outs, strict=True):
                     replies.append(out)
-                    if _ends_fold(step, out) or _timed_out(out):
+                    if _stops_chain(step, out):
                         return HookReply(handler=name, chain=replies)
                     result = out.result
                     if result is not None and modifies(result):
@@ -788,10 +797,12 @@ class HookWorker:
         one showed it waits; sync handlers run in a thread: they always wait. Handlers
         that return at once need no report: nothing can happen between them and the
         final reply, which goes out in the same turn of the event loop."""
-        return any(
-            not spec.is_async or spec.key in self._waits or spec.key not in self._returns_at_once
-            for _, spec in run
-        )
+        return any(self._may_wait_one(spec) for _, spec in run)
+
+    def _may_wait_one(self, spec: HandlerSpec) -> bool:
+        """`_may_wait` of one step's handler."""
+        key = spec.key
+        return not spec.is_async or key in self._waits or key not in self._returns_at_once
 
     async def _run_group(
         self,
@@ -822,18 +833,19 @@ class HookWorker:
         deadline: float | None,
         msg: Msg,
         copy: bool = True,
+        observed: bool = True,
     ) -> Awaitable[HookReply]:
         """Run one step of a chain on `data` (`copy`: on a copy of its own, as a request
         of its own would get, so in-place edits stay its own). A plain function returning
-        the step's awaitable: without telemetry or debug logging, the handler's `_invoke`
-        itself (one coroutine frame less per step)."""
+        the step's awaitable: unless `observed` (telemetry or debug logging on), the
+        handler's `_invoke` itself (one coroutine frame less per step)."""
         timeout_s = min(step.timeout_s, spec.declaration.timeout_s)
         if deadline is not None:
             timeout_s = min(timeout_s, deadline - time.monotonic())
         if timeout_s <= 0:
             error = WireError(code="handler_timeout", message="not run: the chain's budget ran out")
             return _ready(HookReply(handler=step.handler, error=error))
-        if otel.sync() or log.isEnabledFor(logging.DEBUG):
+        if observed:
             return self._step_observed(spec, step, envelope, data, timeout_s, msg, copy)
         own = json_copy(data) if copy else data
         return self._invoke(spec, envelope.event, own, timeout_s, envelope.id)
@@ -889,7 +901,10 @@ async def _ready(reply: HookReply) -> HookReply:
 
 def _any_parallel(steps: list[ChainStep]) -> bool:
     """Whether a chain has a parallel step (else each step is a group of its own)."""
-    return any(step.parallel for step in steps)
+    for step in steps:  # a loop, not any() over a generator: cheaper for a few steps
+        if step.parallel:
+            return True
+    return False
 
 
 def _chain_width(envelope: EventEnvelope | None) -> int:
@@ -901,22 +916,24 @@ def _chain_width(envelope: EventEnvelope | None) -> int:
     return widest_group([step.parallel for step in steps])
 
 
-def _timed_out(reply: HookReply) -> bool:
-    """Whether a step's reply is its timeout: the chain stops there, as the dispatcher
-    calls the steps after a timed-out one itself."""
-    return reply.error is not None and reply.error.code == "handler_timeout"
+_CONTINUE: Final = to_hook_result(None)
+"""What a handler returning None answers (the one shared result `to_hook_result` gives)."""
 
 
-def _ends_fold(step: ChainStep, reply: HookReply) -> bool:
-    """Whether the dispatcher's fold stops at this step (so later steps must not run):
-    `ends_fold`, the one stop rule, on the step's reply (a result's action; an error
-    ``bad_result``, or a reply with neither, is an unreadable result; any other error a
-    failure)."""
+def _stops_chain(step: ChainStep, reply: HookReply) -> bool:
+    """Whether the chain stops after this step's reply: the dispatcher's fold stops there
+    (so later steps must not run: `ends_fold`, the one stop rule, on the step's reply: a
+    result's action; an error ``bad_result``, or a reply with neither, is an unreadable
+    result; any other error a failure), or the step timed out (the dispatcher calls the
+    steps after a timed-out one itself)."""
     outcome: StepOutcome
-    if reply.result is not None:
-        outcome = reply.result.action
-    elif reply.error is None or reply.error.code == "bad_result":
+    result, error = reply.result, reply.error
+    if result is not None:
+        outcome = result.action
+    elif error is None or error.code == "bad_result":
         outcome = "unreadable"
+    elif error.code == "handler_timeout":
+        return True
     else:
         outcome = "failed"
     return ends_fold(outcome, parallel=step.parallel, failure_policy=step.failure_policy)
