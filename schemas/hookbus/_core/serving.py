@@ -163,8 +163,6 @@ class Admission:
         self.ticket = ticket
 
 
-_ADMITTED: Final = Admission()
-
 Handler = Callable[[Msg, Any, int], Awaitable[None]]
 """``handler(msg, context, received_ns)``: serve one request and answer it. `context`:
 the `Admission`'s; `received_ns`: ``time.perf_counter_ns()`` at receipt. Cancelled when a
@@ -228,12 +226,22 @@ class Endpoint:
 
 class Request:
     """A request admitted and not answered yet: its endpoint, message, and receipt time
-    (``time.perf_counter_ns()``)."""
+    (``time.perf_counter_ns()``); what it holds while it runs (`weight`, `ticket`), and
+    its task (None until its first step is over)."""
 
-    __slots__ = ("endpoint", "msg", "received")
+    __slots__ = ("endpoint", "msg", "received", "task", "ticket", "weight")
 
-    def __init__(self, endpoint: Endpoint, msg: Msg, received: int) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        msg: Msg,
+        received: int,
+        weight: int = 1,
+        ticket: Ticket | None = None,
+    ) -> None:
         self.endpoint, self.msg, self.received = endpoint, msg, received
+        self.weight, self.ticket = weight, ticket
+        self.task: asyncio.Task[None] | None = None
 
 
 class ServingLoop:
@@ -257,14 +265,19 @@ class ServingLoop:
         self.draining = False
         """Whether requests are refused now (``refuse(msg, "draining", ...)``)."""
         self._subs: list[Subscription] = []
-        self._tasks: set[asyncio.Task[None]] = set()
         self._pending: set[Request] = set()
-        """Requests admitted whose handler has not returned (or raised)."""
+        """Requests admitted whose handler has not returned (or raised): each holds its
+        slots and ticket until then (released by `_serve` as it ends, not by a done
+        callback: none to schedule per request)."""
 
     @property
     def tasks(self) -> int:
         """Requests' tasks not ended yet."""
-        return len(self._tasks)
+        return len(self._running())
+
+    def _running(self) -> list[asyncio.Task[None]]:
+        """The tasks of the requests admitted that have not ended."""
+        return [r.task for r in self._pending if r.task is not None and not r.task.done()]
 
     async def add(self, endpoint: Endpoint) -> None:
         """Subscribe `endpoint` (not flushed: the caller flushes once for all).
@@ -298,12 +311,12 @@ class ServingLoop:
                 await refuse(msg, "draining", received)
                 return
             if admit is None:
-                admission: Admission | None = _ADMITTED
+                weight, context, ticket = 1, None, None
             else:
                 admission = await admit(msg, received)
                 if admission is None:  # answered by the hook
                     return
-            weight = admission.weight
+                weight, context, ticket = admission.weight, admission.context, admission.ticket
             bound = endpoint.max_in_flight
             if self.in_flight + weight > self.max_concurrency or (
                 bound is not None and endpoint.in_flight + weight > bound
@@ -312,32 +325,20 @@ class ServingLoop:
                 return
             self.in_flight += weight
             endpoint.in_flight += weight
-            ticket = admission.ticket
             if ticket is not None:
                 ticket.acquire()
-            request = Request(endpoint, msg, received)
-            self._pending.add(request)
-            serve = self._serve(request, admission.context)
+            request = Request(endpoint, msg, received, weight, ticket)
+            pending.add(request)
+            serve = self._serve(request, context)
             if _eager_task is not None:
                 task = _eager_task(asyncio.get_running_loop(), serve)
             else:
                 task = asyncio.create_task(serve)
-            self._tasks.add(task)
-            task.add_done_callback(self._done(endpoint, weight, ticket))
+            if request in pending:  # not over in an eager first step: still to end
+                request.task = task
 
+        pending = self._pending
         return on_message
-
-    def _done(
-        self, endpoint: Endpoint, weight: int, ticket: Ticket | None
-    ) -> Callable[[asyncio.Task[None]], None]:
-        def done(task: asyncio.Task[None]) -> None:
-            self._tasks.discard(task)
-            self.in_flight -= weight
-            endpoint.in_flight -= weight
-            if ticket is not None:
-                ticket.release()
-
-        return done
 
     async def _serve(self, request: Request, context: Any) -> None:
         try:
@@ -345,7 +346,17 @@ class ServingLoop:
         except Exception:  # never let one request take the process down
             self._log.exception("unexpected error answering %s", request.msg.subject)
         finally:
-            self._pending.discard(request)
+            self._end(request)
+
+    def _end(self, request: Request) -> None:
+        """`request`'s handler is over: give back what it held."""
+        self._pending.discard(request)
+        weight = request.weight
+        self.in_flight -= weight
+        request.endpoint.in_flight -= weight
+        ticket = request.ticket
+        if ticket is not None:
+            ticket.release()
 
     # -- draining ----------------------------------------------------------------------
     async def stop_intake(self, timeout_s: float | None = None) -> None:
@@ -365,8 +376,9 @@ class ServingLoop:
 
     async def wait(self, timeout_s: float) -> None:
         """Wait up to `timeout_s` seconds for the requests running now to end."""
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=timeout_s)
+        running = self._running()
+        if running:
+            await asyncio.wait(running, timeout=timeout_s)
 
     async def finish(
         self,
@@ -384,15 +396,19 @@ class ServingLoop:
             for the caller to answer.
         """
         loop = asyncio.get_running_loop()
-        while self._tasks and (left := deadline - loop.time()) > 0:
+        while self._running() and (left := deadline - loop.time()) > 0:
             await self.wait(left)
-        if self._tasks and late is not None:
-            await late(len(self._tasks))
-        running = list(self._tasks)
+        running = self._running()
+        if running and late is not None:
+            await late(len(running))
+        running = self._running()
         for task in running:
             task.cancel()
         if running:
             await asyncio.wait(running, timeout=cancel_wait_s)
         left_over = list(self._pending)
+        for request in left_over:
+            if request.task is not None and request.task.done():
+                self._end(request)  # cancelled before it started: `_serve` never ran
         self._pending.clear()
         return left_over
