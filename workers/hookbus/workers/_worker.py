@@ -83,6 +83,7 @@ __all__ = ["HookWorker"]
 log = logging.getLogger("hookbus.workers")
 
 F = TypeVar("F", bound=Callable[..., Any])
+R = TypeVar("R")
 
 
 class HookWorker:
@@ -486,18 +487,19 @@ class HookWorker:
         finally:
             self.handled += 1
 
-    async def _handle_untraced(self, spec: HandlerSpec, msg: Msg) -> HookReply | None:
+    def _handle_untraced(self, spec: HandlerSpec, msg: Msg) -> Awaitable[HookReply | None]:
         """Decode the request and run its handler within its timeout and the caller's
-        budget; the reply (None: nothing to send)."""
+        budget; the reply (None: nothing to send). A plain function returning the
+        handler's `_invoke` (one coroutine frame less per request)."""
         received = time.monotonic()
         envelope, refusal = self._read_request(spec.declaration.name, msg)
         if envelope is None:
-            return refusal
+            return _ready(refusal)
         timeout_s = spec.declaration.timeout_s
         if envelope.budget_s is not None:
             timeout_s = min(timeout_s, envelope.budget_s)  # never more than the caller has left
         timeout_s -= time.monotonic() - received
-        return await self._invoke(spec, envelope.event, envelope.data, timeout_s, envelope.id)
+        return self._invoke(spec, envelope.event, envelope.data, timeout_s, envelope.id)
 
     _handle = traced_handling(_handle_untraced)
     """`_handle_untraced` in its span and duration point (telemetry on)."""
@@ -894,8 +896,8 @@ class HookWorker:
         await self._nc.publish(msg.reply, payload)
 
 
-async def _ready(reply: HookReply) -> HookReply:
-    """A reply known at once, as an awaitable (a `_step` that runs nothing)."""
+async def _ready(reply: R) -> R:
+    """A reply known at once, as an awaitable (a request or a step that runs nothing)."""
     return reply
 
 
