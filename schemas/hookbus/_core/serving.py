@@ -171,9 +171,10 @@ drain's grace runs out (it may answer then)."""
 Refuse = Callable[[Msg, Refusal, int], Awaitable[None]]
 """``refuse(msg, why, received_ns)``: answer at once that the request was not run."""
 
-Admit = Callable[[Msg, int], Awaitable[Admission | None]]
+Admit = Callable[[Msg, int], Admission | Awaitable[Admission | None]]
 """``admit(msg, received_ns)``: the request's `Admission`, or None once it answered the
-request itself (a refusal of its own)."""
+request itself (a refusal of its own); as a coroutine, or, when no wait is needed to
+decide, the `Admission` itself (no coroutine to make and step per request)."""
 
 
 class Endpoint:
@@ -313,9 +314,13 @@ class ServingLoop:
             if admit is None:
                 weight, context, ticket = 1, None, None
             else:
-                admission = await admit(msg, received)
-                if admission is None:  # answered by the hook
-                    return
+                verdict = admit(msg, received)
+                if isinstance(verdict, Admission):  # decided without a wait
+                    admission: Admission | None = verdict
+                else:
+                    admission = await verdict  # type: ignore[misc]
+                    if admission is None:  # answered by the hook
+                        return
                 weight, context, ticket = admission.weight, admission.context, admission.ticket
             bound = endpoint.max_in_flight
             if self.in_flight + weight > self.max_concurrency or (

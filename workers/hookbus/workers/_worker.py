@@ -618,9 +618,10 @@ class HookWorker:
             admit=self._admit_chain,
         )
 
-    async def _admit_chain(self, msg: Msg, received: int) -> Admission | None:
+    def _admit_chain(self, msg: Msg, received: int) -> Admission | Awaitable[None]:
         # a chain takes one slot of max_concurrency per handler it may run at once (its
-        # widest sequence of parallel steps), so the bound still counts running handlers
+        # widest sequence of parallel steps), so the bound still counts running handlers;
+        # a plain function: only a refusal needs a coroutine (to answer)
         try:  # decoded once, here: its steps give its width, and the chain runs on it
             envelope: EventEnvelope | None = decode(msg.data, EventEnvelope)
         except WireFormatError:
@@ -631,10 +632,13 @@ class HookWorker:
                 code="bad_request",
                 message=f"{width} parallel steps exceed max_concurrency={self.max_concurrency}",
             )
-            with contextlib.suppress(Exception):
-                await self._respond(msg, HookReply(handler=self.handler_set_id, error=error))
-            return None
+            return self._refuse_chain(msg, HookReply(handler=self.handler_set_id, error=error))
         return Admission(width, envelope)
+
+    async def _refuse_chain(self, msg: Msg, reply: HookReply) -> None:
+        """Answer a chain request the serving loop must not admit (`_admit_chain`)."""
+        with contextlib.suppress(Exception):
+            await self._respond(msg, reply)
 
     async def _serve_chain(self, msg: Msg, envelope: EventEnvelope | None, received: int) -> None:
         name = self.handler_set_id
