@@ -1,5 +1,6 @@
 """The copy of a large event's data made by walking it (sharing its strings) is the copy a
-JSON round trip makes: generated values, compared type for type with the decoded copy.
+JSON round trip makes: generated values, compared type for type with the decoded copy, for
+`json_safe_encoded` (the emit's copy) and `json_copy` (each handler's).
 
 Pure: no server. `json_safe_encoded` walks data whose encoding is at least
 `SHARE_FROM_BYTES` long instead of decoding the bytes back; these cases show that whatever
@@ -20,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hookbus._core.copies import json_copy
 from hookbus.schemas import BadRequestError, _jsonsafe
 from hookbus.schemas._jsonsafe import _shared_copy, json_safe_encoded
 
@@ -153,6 +155,18 @@ def test_json_safe_encoded_gives_the_same_with_and_without_the_walk(
         assert str(walked) == str(decoded)
 
 
+@_SETTINGS
+@given(value=st.dictionaries(st.text(max_size=8), _anything, max_size=6))
+def test_json_copy_gives_the_same_with_and_without_the_walk(value: dict[str, Any]) -> None:
+    walked = _outcome(value, share_from=0, copy=json_copy)
+    decoded = _outcome(value, share_from=10**12, copy=json_copy)
+    assert type(walked) is type(decoded)
+    if isinstance(walked, dict):
+        assert _same(walked, decoded)
+    else:
+        assert str(walked) == str(decoded)
+
+
 @pytest.mark.parametrize(
     "odd",
     [
@@ -169,6 +183,9 @@ def test_walk_copies_each_odd_value_as_the_round_trip_does_or_leaves_it(odd: Any
         decoded = _decoded(value)
         assert decoded is not None and _same(shared, decoded)
     assert str(_outcome(value, share_from=0)) == str(_outcome(value, share_from=10**12))
+    walked = _outcome(value, share_from=0, copy=json_copy)
+    decoded = _outcome(value, share_from=10**12, copy=json_copy)
+    assert _same(walked, decoded) if isinstance(decoded, dict) else str(walked) == str(decoded)
 
 
 def test_walk_gives_up_past_its_budget() -> None:
@@ -192,13 +209,14 @@ def test_a_large_event_that_is_not_json_still_fails_as_before() -> None:
         json_safe_encoded({"content": "x" * 40_000, "ratio": math.nan})
 
 
-def _outcome(value: dict[str, Any], *, share_from: int) -> Any:
-    """`json_safe_encoded(value)` (or its error) with the walk tried from `share_from`
-    encoded bytes, with budget for every value (each takes at least one byte)."""
+def _outcome(value: dict[str, Any], *, share_from: int, copy: Any = json_safe_encoded) -> Any:
+    """`copy(value)` (`json_safe_encoded` or `json_copy`; or its error) with the walk tried
+    from `share_from` encoded bytes, with budget for every value (each takes at least one
+    byte)."""
     saved = _jsonsafe.SHARE_FROM_BYTES, _jsonsafe.BYTES_PER_NODE
     _jsonsafe.SHARE_FROM_BYTES, _jsonsafe.BYTES_PER_NODE = share_from, 1
     try:
-        return json_safe_encoded(value)
+        return copy(value)
     except BadRequestError as exc:
         return exc
     finally:

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from hookbus.schemas import BadRequestError
-from hookbus.schemas._jsonsafe import json_safe_encoded
+from hookbus.schemas._jsonsafe import json_safe_encoded, walked_copy
 
 __all__ = ["json_copy", "json_safe_encoded"]
 
@@ -34,7 +34,9 @@ def json_copy(data: dict[str, Any]) -> dict[str, Any]:
             or is nested deeper than the interpreter's recursion limit.
     """
     try:
-        copy: dict[str, Any] = _decode(_encode(data))
+        encoded = _encode(data)
+        walked = walked_copy(data, encoded)  # a large event: its strings shared, not decoded
+        copy: dict[str, Any] = _decode(encoded) if walked is None else walked
         return copy
     except (TypeError, msgspec.EncodeError, msgspec.DecodeError):
         pass  # a type msgspec does not encode: amplifier-core's str() fallback below

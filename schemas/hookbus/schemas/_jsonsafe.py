@@ -80,6 +80,15 @@ def _shared_copy(data: dict[str, Any], budget: int) -> dict[str, Any] | None:
     return shared
 
 
+def walked_copy(data: dict[str, Any], encoded: bytes) -> dict[str, Any] | None:
+    """The copy decoding `encoded` (the compact JSON of `data`) would give, made by walking
+    `data` when that is cheaper: `encoded` is `SHARE_FROM_BYTES` or longer and the walk
+    vouches for every value (`_shared_copy`); else None (decode `encoded` instead)."""
+    if len(encoded) < SHARE_FROM_BYTES:
+        return None
+    return _shared_copy(data, len(encoded) // BYTES_PER_NODE)
+
+
 def json_safe(data: Any) -> dict[str, Any]:
     """A fresh JSON-native copy of an emit's `data` (dicts, lists, str, int, float, bool,
     None only), made as amplifier-core makes it: values JSON cannot hold become their
@@ -101,10 +110,9 @@ def json_safe_encoded(data: Any) -> tuple[dict[str, Any], bytes | None]:
         raise BadRequestError(f"event data must be a dict, not {type(data).__name__}")
     try:  # JSON-native already (the copy equals the original): the same copy, faster
         encoded = _encode(data)
-        if len(encoded) >= SHARE_FROM_BYTES:
-            shared = _shared_copy(data, len(encoded) // BYTES_PER_NODE)
-            if shared is not None:
-                return shared, encoded
+        shared = walked_copy(data, encoded)
+        if shared is not None:
+            return shared, encoded
         fast: dict[str, Any] = _decode(encoded)
         if fast == data:
             return fast, encoded
