@@ -24,7 +24,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from hookbus._core.copies import json_copy
+from hookbus._core.copies import json_copy, walked_copy
 from hookbus._core.inboxes import inbox_reply_subject
 from hookbus._core.nats_guard import harden_connection
 from hookbus.schemas import (
@@ -173,7 +173,8 @@ class EmitContext:
         encoded = self._encoding(data)
         if encoded is None:
             return json_copy(data)  # its conversions, or its error
-        copy: dict[str, Any] = _decode(encoded)
+        walked = walked_copy(data, encoded)  # a large event: its strings shared, not decoded
+        copy: dict[str, Any] = _decode(encoded) if walked is None else walked
         return copy
 
     def remaining(self) -> float | None:

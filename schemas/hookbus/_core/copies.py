@@ -16,7 +16,7 @@ import msgspec
 from hookbus.schemas import BadRequestError
 from hookbus.schemas._jsonsafe import json_safe_encoded, walked_copy
 
-__all__ = ["json_copy", "json_safe_encoded"]
+__all__ = ["json_copy", "json_safe_encoded", "walked_copy"]
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
