@@ -337,8 +337,8 @@ class ServingLoop:
             serve = self._serve(request, context)
             if _eager_task is not None:
                 task = _eager_task(asyncio.get_running_loop(), serve)
-            else:
-                task = asyncio.create_task(serve)
+            else:  # the loop's own: `asyncio.create_task` is a Python frame more around it
+                task = asyncio.get_running_loop().create_task(serve)
             if request in pending:  # not over in an eager first step: still to end
                 request.task = task
 

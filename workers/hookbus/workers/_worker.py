@@ -681,11 +681,6 @@ class HookWorker:
         no steps, a step it does not serve, or a step the dispatcher judged by another
         declaration than this process's (its tool filter: the two would skip or run
         different steps, e.g. during a rolling update)."""
-        if steps and all(
-            sp is not None and st.tool_filter == sp.declaration.tool_filter
-            for st, sp in zip(steps, specs, strict=True)
-        ):
-            return None  # the usual chain: judged once, the messages below only for a refusal
         name = self.handler_set_id
         missing = [st.handler for st, sp in zip(steps, specs, strict=True) if sp is None]
         if not steps or missing:
@@ -725,10 +720,17 @@ class HookWorker:
         steps = envelope.chain or []
         event = envelope.event
         get = self._specs.get
-        specs = [get((event, step.handler)) for step in steps]
-        refusal = self._chain_refusal(event, steps, specs)
-        if refusal is not None:
-            return refusal
+        specs: list[HandlerSpec | None] = []
+        usual = bool(steps)  # every step served here, by the declaration it was judged by
+        for step in steps:
+            spec = get((event, step.handler))
+            specs.append(spec)
+            if spec is None or step.tool_filter != spec.declaration.tool_filter:
+                usual = False
+        if not usual:
+            refusal = self._chain_refusal(event, steps, specs)
+            if refusal is not None:
+                return refusal
         budget = envelope.budget_s
         deadline = None if budget is None else received + budget
         progress = ChainProgress(name, functools.partial(self._respond, msg), received)
