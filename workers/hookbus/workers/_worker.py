@@ -768,6 +768,7 @@ class HookWorker:
                     break
                 running[:] = run
                 if len(run) == 1:  # no task per step: the common, sequential case
+                    step, spec = run[0]  # (a parallel group may have one step left)
                     progress.start([step], now)
                     if replies and self._may_wait_one(spec):
                         progress.report()  # the replies so far, before this step's own work
