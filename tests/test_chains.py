@@ -207,6 +207,32 @@ async def test_tool_filters_in_a_chain_see_the_chained_data(connect: Connect, ev
     same(*results)
 
 
+async def test_a_parallel_group_filtered_to_one_step_runs_that_step(
+    connect: Connect, event: str
+) -> None:
+    """A parallel group after sequential steps, with all but one of its steps filtered out
+    by the data: the one left runs (not a step before it), in a chain as one by one."""
+    calls: list[str] = []
+    deny = HookResult(action="deny", reason="only p2 says no")
+    results, made = await emit_both_ways(
+        connect,
+        event,
+        {"tool_name": "bash"},
+        [
+            (event, recorder(calls, "first", modify("x", 1)), {"priority": 1}),
+            (event, recorder(calls, "second"), {"priority": 2}),
+            (event, recorder(calls, "p1"), {"priority": 3, "parallel": True, "tool_filter": ["w"]}),
+            (event, recorder(calls, "p2", deny), {"priority": 4, "parallel": True}),
+            (event, recorder(calls, "after"), {"priority": 5}),
+        ],
+        calls,
+    )  # fmt: skip
+    assert made == [["first", "second", "p2"], ["first", "second", "p2"]]
+    assert results[0].action == "deny" and results[0].decided_by == "p2"
+    assert results[0].reason == "only p2 says no"
+    same(*results)
+
+
 async def test_parallel_steps_run_together_and_a_parallel_modify_is_denied(
     connect: Connect, event: str
 ) -> None:
