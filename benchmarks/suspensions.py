@@ -468,6 +468,86 @@ async def bench_writes(url: str, n: int) -> dict[str, float]:
         await nc.close()
 
 
+async def bench_deliveries(url: str, n: int, consumers: int = 0) -> dict[str, float]:
+    """p50 (ms) from a write's send to its delivery to a consumer of the waiter's kind
+    (`subscribe_keys` on one agent's keys, on a connection of its own), in a bucket
+    configured as the suspensions bucket: after a put on a fresh key, and after a
+    compare-and-set on a key created 2 ms before (what a resolution is); with `consumers`
+    more consumers of every key delivering to the watcher's process (as a resolver's or a
+    console's watch would), each a message its Python handles too."""
+    from nats.js.api import DeliverPolicy
+
+    from hookbus.dispatcher._kv import subscribe_keys
+
+    writer = await nats.connect(url, name="bench-writer")
+    watcher = await nats.connect(url, name="bench-watcher")
+    try:
+        config = suspensions_bucket_config()
+        config.bucket = "hookbus_bench_deliveries"
+        kv = await writer.jetstream().create_key_value(config=config)
+        watched = await watcher.jetstream().key_value(config.bucket)
+        arrivals: dict[str, asyncio.Future[float]] = {}
+
+        async def note(msg: Any) -> None:
+            arrival = arrivals.pop(msg.subject, None)
+            if arrival is not None:
+                arrival.set_result(time.perf_counter())
+
+        async def ignore(msg: Any) -> None:
+            return None
+
+        subs = [
+            await subscribe_keys(
+                watched, "agent.>", cb=note, deliver_policy=DeliverPolicy.NEW,
+                inactive_threshold_s=60.0,
+            )
+        ]  # fmt: skip
+        for _ in range(consumers):
+            subs.append(
+                await subscribe_keys(
+                    watched, ">", cb=ignore, deliver_policy=DeliverPolicy.NEW,
+                    inactive_threshold_s=60.0,
+                )
+            )  # fmt: skip
+        await asyncio.sleep(0.2)
+        prefix = f"$KV.{config.bucket}."
+
+        def expect(key: str) -> asyncio.Future[float]:
+            arrival = arrivals[prefix + key] = asyncio.get_running_loop().create_future()
+            return arrival
+
+        puts: list[float] = []
+        swaps: list[float] = []
+        value = b"x" * 300
+        for i in range(WARMUP + n):
+            arrival = expect(f"agent.put{i}")
+            t = time.perf_counter()
+            await kv.put(f"agent.put{i}", value)
+            put = await asyncio.wait_for(arrival, 10) - t
+            arrival = expect(f"agent.made{i}")
+            revision = await kv.create(f"agent.made{i}", value)
+            await asyncio.wait_for(arrival, 10)
+            await asyncio.sleep(SETTLE_S)
+            arrival = expect(f"agent.made{i}")
+            t = time.perf_counter()
+            await kv.update(f"agent.made{i}", value, last=revision)
+            swap = await asyncio.wait_for(arrival, 10) - t
+            if i >= WARMUP:
+                puts.append(put)
+                swaps.append(swap)
+        for sub in subs:
+            await sub.unsubscribe()
+        await writer.jetstream().delete_key_value(config.bucket)
+        return {
+            "consumers": consumers,
+            "put -> delivery": round(statistics.median(puts) * 1e3, 3),
+            "cas -> delivery": round(statistics.median(swaps) * 1e3, 3),
+        }
+    finally:
+        await watcher.close()
+        await writer.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=300, help="measured rounds (default 300)")
@@ -483,7 +563,20 @@ def main(argv: list[str] | None = None) -> int:
         "--writes", action="store_true",
         help="p50 of each kind of KV write a suspension makes (put, create, compare-and-set)",
     )  # fmt: skip
+    parser.add_argument(
+        "--deliveries", type=int, default=None, metavar="CONSUMERS",
+        help="p50 from a write to its delivery to a watch of the waiter's kind, with"
+        " CONSUMERS more consumers of the bucket in the watcher's process",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.deliveries is not None:
+        if args.url:
+            got = asyncio.run(bench_deliveries(args.url, args.n, args.deliveries))
+        else:
+            with EmbeddedNatsServer() as server:
+                got = asyncio.run(bench_deliveries(server.url, args.n, args.deliveries))
+        print(json.dumps(got, indent=2))
+        return 0
     if args.writes:
         if args.url:
             writes = asyncio.run(bench_writes(args.url, args.n))
