@@ -548,6 +548,15 @@ async def bench_deliveries(url: str, n: int, consumers: int = 0) -> dict[str, fl
         await writer.close()
 
 
+def _on_server(url: str | None, bench: Any, *args: Any, **kwargs: Any) -> Any:
+    """``bench(url, *args, **kwargs)`` run to its end on the server at `url`, or on an
+    embedded one when `url` is None."""
+    if url:
+        return asyncio.run(bench(url, *args, **kwargs))
+    with EmbeddedNatsServer() as server:
+        return asyncio.run(bench(server.url, *args, **kwargs))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=300, help="measured rounds (default 300)")
@@ -570,34 +579,15 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     args = parser.parse_args(argv)
     if args.deliveries is not None:
-        if args.url:
-            got = asyncio.run(bench_deliveries(args.url, args.n, args.deliveries))
-        else:
-            with EmbeddedNatsServer() as server:
-                got = asyncio.run(bench_deliveries(server.url, args.n, args.deliveries))
-        print(json.dumps(got, indent=2))
+        print(json.dumps(_on_server(args.url, bench_deliveries, args.n, args.deliveries), indent=2))
         return 0
     if args.writes:
-        if args.url:
-            writes = asyncio.run(bench_writes(args.url, args.n))
-        else:
-            with EmbeddedNatsServer() as server:
-                writes = asyncio.run(bench_writes(server.url, args.n))
-        print(json.dumps(writes, indent=2))
+        print(json.dumps(_on_server(args.url, bench_writes, args.n), indent=2))
         return 0
     if args.scale:
-        if args.url:
-            scaled = asyncio.run(bench_scale(args.url, args.scale))
-        else:
-            with EmbeddedNatsServer() as server:
-                scaled = asyncio.run(bench_scale(server.url, args.scale))
-        print(json.dumps(scaled, indent=2))
+        print(json.dumps(_on_server(args.url, bench_scale, args.scale), indent=2))
         return 0
-    if args.url:
-        result = asyncio.run(bench_suspensions(args.url, args.n, processes=args.processes))
-    else:
-        with EmbeddedNatsServer() as server:
-            result = asyncio.run(bench_suspensions(server.url, args.n, processes=args.processes))
+    result = _on_server(args.url, bench_suspensions, args.n, processes=args.processes)
     print(json.dumps(result, indent=2))
     print(
         f"resolve -> waiter wakes p50 {result['wake_p50_ms']:.3f} ms = {result['ratio']:.2f}x "
