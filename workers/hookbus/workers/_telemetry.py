@@ -90,6 +90,18 @@ def traced_handling(fn: Handle) -> Handle:
 _last_extract: tuple[object, otel_context.Context] | None = None
 
 
+def _start_process_span(name: str, headers: Mapping[str, str] | None) -> tuple[trace.Span, object]:
+    """A CONSUMER span `name` parented to, and linked with, the context in `headers` (a
+    new trace without one), attached as the current context; the span and the token to
+    detach it with."""
+    parent = _extract(headers) if headers else None
+    remote = trace.get_current_span(parent).get_span_context()
+    span = otel.tracer.start_span(
+        name, parent, kind=SpanKind.CONSUMER, links=[Link(remote)] if remote.is_valid else None
+    )
+    return span, otel_context.attach(trace.set_span_in_context(span, parent))
+
+
 def _extract(headers: Mapping[str, str]) -> otel_context.Context:
     """The context in `headers`, as the application's global propagator reads it; the same
     headers twice in a row (the handlers of one request) are read once."""
@@ -177,17 +189,10 @@ class HandlingSpan:
         if self._decl is None:
             return self
         if otel.tracing:  # the sampler decides first; attributes only for a recorded span
-            headers = self._headers
-            parent = _extract(headers) if headers else None
-            remote = trace.get_current_span(parent).get_span_context()
             decl = self._decl
-            span = otel.tracer.start_span(
-                f"{tn.SPAN_PROCESS} {decl.event} {decl.name}",
-                parent,
-                kind=SpanKind.CONSUMER,
-                links=[Link(remote)] if remote.is_valid else None,
+            span, self._token = _start_process_span(
+                f"{tn.SPAN_PROCESS} {decl.event} {decl.name}", self._headers
             )
-            self._token = otel_context.attach(trace.set_span_in_context(span, parent))
             if span.is_recording():
                 self._span = span
                 envelope = self._envelope
@@ -425,17 +430,10 @@ class ChainHandling:
         if msg is None:
             return self
         if otel.tracing:
-            headers = msg.headers
-            parent = _extract(headers) if headers else None
-            remote = trace.get_current_span(parent).get_span_context()
             event = self._envelope.event if self._envelope is not None else "?"
-            span = otel.tracer.start_span(
-                f"{tn.SPAN_PROCESS} {event} {tn.CHAIN_DESTINATION}",
-                parent,
-                kind=SpanKind.CONSUMER,
-                links=[Link(remote)] if remote.is_valid else None,
+            span, self._token = _start_process_span(
+                f"{tn.SPAN_PROCESS} {event} {tn.CHAIN_DESTINATION}", msg.headers
             )
-            self._token = otel_context.attach(trace.set_span_in_context(span, parent))
             if span.is_recording():
                 self._span = span
                 envelope = self._envelope
