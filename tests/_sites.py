@@ -20,10 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 from _cluster import free_ports
 from nats.aio.client import Client as NATS
 
 from hookbus.cli import find_nats_server
+from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import HookResult
 from hookbus.workers import HookWorker
 
@@ -200,3 +202,27 @@ def site_worker(nc: NATS, *, js_domain: str | None = None) -> HookWorker:
         )  # fmt: skip
 
     return worker
+
+
+async def hooked_and_resolved(
+    d: HookDispatcher, other: HookDispatcher, agent_id: str, timeout_s: float
+) -> list[Any]:
+    """What ``d.hook("deploy")`` returns once `other` (another process's dispatcher, at
+    another site) resolved it for agent `agent_id` with ``{"ok": True}``. A resolution
+    that comes first is pre-registered and consumed alike; a write JetStream refuses
+    while the sites settle is tried again, within `timeout_s` seconds."""
+    got: list[Any] = []
+    async with anyio.create_task_group() as tg:
+
+        async def wait() -> None:
+            got.append(await d.hook("deploy", timeout_s=timeout_s))
+
+        tg.start_soon(wait)
+        with anyio.fail_after(timeout_s):
+            while True:
+                try:
+                    await other.resolve_hook("deploy", {"ok": True}, agent_id=agent_id)
+                    break
+                except Exception:  # JetStream not answering across the sites yet
+                    await anyio.sleep(0.05)
+    return got

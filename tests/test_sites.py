@@ -29,6 +29,7 @@ from _cluster import free_ports
 from _sites import (
     ASK_EVENT,
     EVENT,
+    hooked_and_resolved,
     hub_conf,
     leaf_conf,
     serve,
@@ -127,20 +128,7 @@ async def test_leaf_without_jetstream_decides_suspends_and_approves_at_the_hub(
         assert ok.action == "continue"
 
         # a suspension: hooked at the leaf, resolved from another leaf process
-        async with anyio.create_task_group() as tg:
-            got: list[Any] = []
-
-            async def wait() -> None:
-                got.append(await d.hook("deploy", timeout_s=10))
-
-            tg.start_soon(wait)
-            with anyio.fail_after(10):
-                while True:
-                    try:
-                        await other.resolve_hook("deploy", {"ok": True}, agent_id="a1")
-                        break
-                    except Exception:  # not pending yet
-                        await anyio.sleep(0.05)
+        got = await hooked_and_resolved(d, other, "a1", 10)
         assert got == [{"ok": True}]
 
         # an approval: asked at the hub's worker, answered by an approver at the leaf

@@ -26,7 +26,7 @@ from typing import Any
 
 import anyio
 import pytest
-from _sites import ASK_EVENT, EVENT, site_worker
+from _sites import ASK_EVENT, EVENT, hooked_and_resolved, site_worker
 from _supercluster import EAST, WEST, Supercluster, outage_run, stall_run, stream_cluster
 from nats.aio.client import Client as NATS
 
@@ -129,20 +129,7 @@ async def test_an_agent_in_west_decides_with_a_worker_in_east_as_on_one_server(
         assert ok.action == "continue" and not ok.failures, ok
 
         # a suspension: hooked by the agent in west, resolved from another connection
-        got: list[Any] = []
-        async with anyio.create_task_group() as tg:
-
-            async def wait() -> None:
-                got.append(await d.hook("deploy", timeout_s=15))
-
-            tg.start_soon(wait)
-            with anyio.fail_after(15):
-                while True:
-                    try:
-                        await other.resolve_hook("deploy", {"ok": True}, agent_id="west-agent")
-                        break
-                    except Exception:  # not pending yet
-                        await anyio.sleep(0.05)
+        got = await hooked_and_resolved(d, other, "west-agent", 15)
         assert got == [{"ok": True}]
 
         # an approval: asked by the worker in east, answered by an approver in west
