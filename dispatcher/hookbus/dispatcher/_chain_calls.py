@@ -139,10 +139,8 @@ class ChainCall:
         """The outcome of each step of `group` (one step, or a parallel group), waiting
         for them as the module docstring says; None for a step the chain did not run
         (call it alone). `hedge(route)`: the step asked on its own (a chain of retry_safe
-        steps hedges a slow step with it)."""
-        answered = self.answered(group)
-        if answered is not None:
-            return answered
+        steps hedges a slow step with it). Steps already answered: see `answered`, which
+        gives them without a wait or a coroutine."""
         out: dict[Route, Outcome | None] = {}
         hedges: dict[Route, asyncio.Future[Outcome]] = {}
         ended = False
