@@ -12,6 +12,9 @@ import pytest
 
 __all__ = ["apt_install"]
 
+# waits (up to 10 minutes) for another apt-get or dpkg holding the lock, instead of failing
+APT_GET = ("apt-get", "-o", "DPkg::Lock::Timeout=600")
+
 
 def apt_install(*packages: str, binary: str) -> str:
     """The path of `binary`, after ``apt-get install`` of `packages` if it is missing.
@@ -25,10 +28,10 @@ def apt_install(*packages: str, binary: str) -> str:
     if not shutil.which("apt-get") or os.geteuid() != 0:
         pytest.fail(f"{binary} is missing and cannot be installed here: apt-get install {wanted}")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages]
+    install = [*APT_GET, "install", "-y", "-q", "--no-install-recommends", *packages]
     done = subprocess.run(install, env=env, capture_output=True, text=True)
     if done.returncode != 0:  # a clean machine has no package lists yet
-        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=False)
+        subprocess.run([*APT_GET, "update", "-q"], env=env, capture_output=True, check=False)
         done = subprocess.run(install, env=env, capture_output=True, text=True)
     found = shutil.which(binary)
     if done.returncode != 0 or not found:

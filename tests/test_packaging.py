@@ -84,14 +84,15 @@ def _clean_env(venv: Path | None = None) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel of this checkout (``pip wheel --no-deps``)."""
+    """The wheel of this checkout as released (``python -m build``: the sdist, then the wheel
+    built from it; tests/test_release.py checks the same pair for the index)."""
     out = tmp_path_factory.mktemp("dist")
     started = time.monotonic()
     built = _run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
+        [sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)],
         timeout=INSTALL_TIMEOUT_S,
     )
-    assert built.returncode == 0, built.stderr[-4000:]
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
     (path,) = out.glob("hookbus-*.whl")
     print(f"\nwheel built in {time.monotonic() - started:.1f} s: {path.stat().st_size} bytes")
     return path
