@@ -55,7 +55,14 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from hookbus.dispatcher import HookDispatcher
+from hookbus.integrations import pydantic_ai as hookbus_pydantic_ai
 from hookbus.integrations.pydantic_ai import HookbusCapability
+
+# where a hook's injection lands in the history: hookbus's own part kind on a pydantic-ai
+# with capability parts, a system or user prompt part before them
+INJECTED_PARTS: tuple[type, ...] = (SystemPromptPart, UserPromptPart)
+if hookbus_pydantic_ai.CAPABILITY_PARTS:
+    INJECTED_PARTS += (hookbus_pydantic_ai.HookInjectionPart,)
 
 PROMPT = "What is the bank account of Acme Corp? Text me when invoice 7 is paid, then pay it."
 
@@ -170,7 +177,7 @@ def outcomes(messages: list[ModelMessage], ran: Ran) -> tuple[list[CallOutcome],
         for m in messages
         if isinstance(m, ModelRequest)
         for p in m.parts
-        if isinstance(p, SystemPromptPart | UserPromptPart) and p.content != PROMPT
+        if isinstance(p, INJECTED_PARTS) and p.content != PROMPT
     ]
     calls = []
     for call in TOOL_CALLS:

@@ -42,11 +42,30 @@ judged by that handler's failure policy, in the dispatcher; nothing is re-decide
   continue, modify and inject_context): ``action == "modify"`` is never required, so a fold
   that ends a modify chain as ``continue`` (amplifier-core) works alike.
 - ``inject_context``: each injection (``result.context_injections``, one per handler) is
-  queued with `RunContext.enqueue` and reaches the model's next request: a ``system`` (or
-  ``assistant``) role as a `SystemPromptPart` (``ephemeral`` → ``scope='request'``, seen by
-  that request only), a ``user`` role as a `UserPromptPart`. During a tool call it goes right
-  after that call's tool result (amplifier-core's ``append_to_last_tool_result``, in
-  pydantic-ai's terms).
+  queued with `RunContext.enqueue` and reaches the model's next request. During a tool call
+  it goes right after that call's tool result (amplifier-core's
+  ``append_to_last_tool_result``, in pydantic-ai's terms). With a pydantic-ai that has
+  capability parts (`pydantic_ai.messages.CapabilityPart`: not 2.68 and earlier, 2.78 has
+  them; `CAPABILITY_PARTS` says which) each injection is a `HookInjectionPart` (kind
+  ``hookbus.hook_injection``, an `InstructionCapabilityPart` whose ``handler`` and ``role``
+  say who injected it), found in the run's messages by type; pydantic-ai renders it:
+
+  - a ``system`` or ``assistant`` role: in the application's voice (operator authority), as a
+    mid-conversation system message, as a `SystemPromptPart` was;
+  - a ``user`` role: at the user's authority, in the user's turn, framed as
+    ``<hook_injection>...</hook_injection>`` after pydantic-ai's note that the application
+    attached it on the user's behalf (it was a bare `UserPromptPart`: the model read it as
+    the user's own words);
+  - ``ephemeral`` → ``scope='request'``: only the request it goes into sees it, later ones
+    leave it out (the ``user`` role included, which had no scope before);
+  - text pydantic-ai refuses in the application's voice (something that looks like a
+    framework frame, such as a ``<system>`` tag) is sent at no authority instead: framed,
+    after pydantic-ai's note that it is information, not instructions (and a warning is
+    logged). The run goes on.
+
+  On an older pydantic-ai (the extra allows 2.60 and later): a ``system`` or ``assistant``
+  role is a `SystemPromptPart` (``ephemeral`` → ``scope='request'``), a ``user`` role a
+  `UserPromptPart` (no scope), both as they were.
 - ``ask_user``: with ``approvals="hookbus"`` (the default) the dispatcher turns it into a
   durable hookbus approval (JetStream KV, answered from any process with
   `HookDispatcher.answer_approval` or ``hookbus approvals answer``) and returns the answer as
@@ -88,7 +107,7 @@ import msgspec
 import pydantic_core
 from pydantic import ValidationError
 from pydantic_ai.capabilities import AbstractCapability, WrapRunHandler
-from pydantic_ai.exceptions import ApprovalRequired, SkipToolExecution
+from pydantic_ai.exceptions import ApprovalRequired, SkipToolExecution, UserError
 from pydantic_ai.messages import (
     ModelRequest,
     ModelRequestPart,
@@ -97,6 +116,21 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 from pydantic_ai.tools import AgentDepsT, DeferredToolRequests, RunContext, ToolDefinition
+
+# CAPABILITY_PARTS: whether this pydantic-ai has typed capability parts (`CapabilityPart`: not
+# 2.68 and earlier, 2.78 has them), decided once, here. True: injections are
+# `HookInjectionPart`s; False: `SystemPromptPart`s and `UserPromptPart`s, as they always were.
+try:
+    from pydantic_ai.messages import (
+        CapabilitySource,
+        InstructionCapabilityPart,
+        OperatorSource,
+        OperatorText,
+    )
+except ImportError:
+    CAPABILITY_PARTS = False
+else:
+    CAPABILITY_PARTS = True
 
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
@@ -118,6 +152,7 @@ if TYPE_CHECKING:
     from pydantic_ai.run import AgentRunResult
 
 __all__ = [
+    "CAPABILITY_PARTS",
     "EVENTS",
     "ApprovalMode",
     "HookDeniedError",
@@ -162,6 +197,35 @@ class HookDeniedError(HookbusError):
         self.result = result
         by = f" by {result.decided_by}" if result.decided_by else ""
         super().__init__(f"{event} denied{by}: {result.reason or 'no reason given'}")
+
+
+InjectionRole = Literal["system", "user", "assistant"]
+"""A hook result's ``context_injection_role`` (amplifier-core's roles)."""
+
+if CAPABILITY_PARTS:
+    __all__ += ["HookInjectionPart"]
+
+    @dataclass(repr=False, kw_only=True)
+    class HookInjectionPart(InstructionCapabilityPart, namespace="hookbus"):
+        """A hook handler's ``inject_context``, as the model's next request receives it (kind
+        ``hookbus.hook_injection``; defined when pydantic-ai has `CapabilityPart`, see
+        `CAPABILITY_PARTS`). Find them in a run's messages by type.
+
+        ``content`` is the injected text; ``scope`` is ``"request"`` for an ``ephemeral``
+        injection (only the request it goes into sees it), else ``"conversation"``; ``source``
+        gives its voice: `OperatorSource` (the application's voice, a system message) for the
+        ``system`` and ``assistant`` roles, a `CapabilitySource` at ``"user"`` authority (the
+        user's turn, framed as ``<hook_injection>``, attached on the user's behalf) for
+        ``user``, and at ``"none"`` (framed, information rather than instructions) for text
+        pydantic-ai refuses in the application's voice. ``metadata["hookbus"]`` holds the same
+        ``handler`` and ``role`` as on older pydantic-ai.
+        """
+
+        handler: str | None = None
+        """The handler that injected it (amplifier-core's ``hook_name``), if known."""
+
+        role: InjectionRole = "system"
+        """The role the handler asked for (`HookResult.context_injection_role`)."""
 
 
 @dataclass(init=False)
@@ -469,29 +533,78 @@ class HookbusCapability(AbstractCapability[AgentDepsT]):
         return validated if isinstance(validated, dict) else new_input
 
     def _inject(self, ctx: RunContext[AgentDepsT], result: HookResult) -> None:
-        """Queue the result's injections for the next model request (`RunContext.enqueue`)."""
-        parts: list[ModelRequestPart] = []
-        for content, role, ephemeral, handler in _injections(result):
-            if role == "user":
-                parts.append(UserPromptPart(content))
-            else:
-                parts.append(
-                    SystemPromptPart(
-                        content,
-                        scope="request" if ephemeral else "conversation",
-                        metadata={"hookbus": {"handler": handler, "role": role}},
-                    )
-                )
-        if parts:
+        """Queue the result's injections for the next model request (`RunContext.enqueue`):
+        `HookInjectionPart`s, or on a pydantic-ai without `CapabilityPart` a `SystemPromptPart`
+        (``system``, ``assistant``) or a `UserPromptPart` (``user``) each."""
+        injections = _injections(result)
+        if not injections:
+            return
+        if not CAPABILITY_PARTS:
+            ctx.enqueue(*(_legacy_part(*injection) for injection in injections))
+            return
+        parts = [self._injection_part(*injection) for injection in injections]
+        try:
             ctx.enqueue(*parts)
+            return
+        except UserError:
+            # pydantic-ai refuses text that looks like a framework frame (a `<system>` tag) in
+            # the application's voice, and queues nothing: find which part, and send it as data
+            if not any(part.source.authority == "operator" for part in parts):
+                raise
+        for part in parts:
+            try:
+                ctx.enqueue(part)
+            except UserError:
+                if part.source.authority != "operator":
+                    raise
+                ctx.enqueue(dataclasses.replace(part, source=self._source("none")))
+                log.warning(
+                    "%s injected text that pydantic-ai refuses in the application's voice (it"
+                    " looks like a framework frame, such as a <system> tag): the model reads it"
+                    " as data, without authority",
+                    part.handler or "a hook",
+                )
+
+    def _injection_part(
+        self, content: str, role: InjectionRole, ephemeral: bool, handler: str | None
+    ) -> HookInjectionPart:
+        """One injection as a `HookInjectionPart`: the ``system`` and ``assistant`` roles in the
+        application's voice, ``user`` at the user's authority (see the module docstring)."""
+        return HookInjectionPart(
+            content=OperatorText(content),
+            source=self._source("user") if role == "user" else OperatorSource(),
+            scope="request" if ephemeral else "conversation",
+            handler=handler,
+            role=role,
+            metadata={"hookbus": {"handler": handler, "role": role}},
+        )
+
+    def _source(self, authority: Literal["user", "none"]) -> CapabilitySource:
+        """The source of an injection below the application's authority: this capability,
+        named by its `id` (else ``hookbus``) in pydantic-ai's notes about it."""
+        return CapabilitySource(self.id or "hookbus", authority=authority)
 
 
 # -- module helpers ------------------------------------------------------------------------
-def _injections(result: HookResult) -> list[tuple[str, str, bool, str | None]]:
+def _legacy_part(
+    content: str, role: InjectionRole, ephemeral: bool, handler: str | None
+) -> ModelRequestPart:
+    """One injection on a pydantic-ai without `CapabilityPart`: a `UserPromptPart` for the
+    ``user`` role (``ephemeral`` does not apply), else a `SystemPromptPart`."""
+    if role == "user":
+        return UserPromptPart(content)
+    return SystemPromptPart(
+        content,
+        scope="request" if ephemeral else "conversation",
+        metadata={"hookbus": {"handler": handler, "role": role}},
+    )
+
+
+def _injections(result: HookResult) -> list[tuple[str, InjectionRole, bool, str | None]]:
     """(content, role, ephemeral, handler) of each injection, in the order the handlers ran:
     ``result.context_injections`` (the handler named ``hook_name``, as amplifier-core
     names it, or ``handler``), else the merged ``context_injection``."""
-    found: list[tuple[str, str, bool, str | None]] = []
+    found: list[tuple[str, InjectionRole, bool, str | None]] = []
     for injection in result.context_injections:
         handler: str | None = getattr(injection, "hook_name", None) or getattr(
             injection, "handler", None
