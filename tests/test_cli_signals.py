@@ -4,11 +4,13 @@ Every command runs as a real subprocess in a process group of its own, as a term
 a foreground job, so "Ctrl-C" is SIGINT to that whole group (``os.killpg``) and SIGTERM is
 sent to the process alone, as an orchestrator does. After the exit: no nats-server child
 is left (read from ``/proc``), the port it listened on is free, and the temporary data
-folder of an embedded server is gone.
+folder of an embedded server is gone. SIGHUP is not a stop: ``hookbus server`` passes it
+to its nats-server, which reads its config again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -24,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import nats
 import pytest
 from _procs import alive, descendants
+from nats.aio.client import Client as NATS
 
 from hookbus.schemas import HookResult
 from hookbus.workers import HookWorker
@@ -254,6 +258,90 @@ def test_server_that_cannot_start_says_why(running: Any, tmp_path: Path) -> None
     code, _ = r.finish(within=15)
     assert code == 1
     assert "invalid port" in r.output and "Traceback" not in r.output
+
+
+def _connects(url: str, seed: Path) -> bool:
+    """Whether the server lets the nkey user of `seed` connect (an authorization
+    violation, or any other refusal: False)."""
+
+    async def quiet(exc: Exception) -> None:
+        pass
+
+    async def attempt() -> bool:
+        nc = NATS()
+        try:
+            await nc.connect(
+                url, nkeys_seed=str(seed), allow_reconnect=False, connect_timeout=5,
+                max_reconnect_attempts=0, error_cb=quiet,
+            )  # fmt: skip
+            return True
+        except (nats.errors.Error, OSError, TimeoutError):
+            return False
+        finally:
+            await nc.close()  # a refused one too: its socket is not left to the GC
+
+    return asyncio.run(attempt())
+
+
+def test_server_reloads_its_config_on_sighup_and_runs_on(running: Any, tmp_path: Path) -> None:
+    """``kill -HUP <hookbus server>`` is nats-server's config reload (docs/security.md):
+    the same nats-server reads the config again, an identity added since (`hookbus auth
+    add`) connects afterwards and not before, one line says so, and the server runs on;
+    a config nats-server refuses changes nothing, and that is said too."""
+    auth = tmp_path / "auth"
+    env = _env(tmp_path / "config")
+    made = subprocess.run(
+        [*HOOKBUS, "auth", "init", "--out", str(auth), "--no-tls", "--agent", "payments"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    config = str(auth / "server.conf")
+    r = running("server", "--config", config, "--port", "-1", "--data-dir", str(tmp_path / "run"))
+    line = r.wait_for("Ctrl-C stops it")
+    assert f"kill -HUP {r.proc.pid} reloads it" in line, line
+    port = int(line.split("nats://127.0.0.1:")[1].split(";")[0])
+    url = f"nats://127.0.0.1:{port}"
+    (child,) = nats_children(r)
+    added = subprocess.run(
+        [*HOOKBUS, "auth", "add", "agent", "billing", "--dir", str(auth)],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    billing, payments = auth / "agent-billing.nk", auth / "agent-payments.nk"
+    assert _connects(url, payments) and not _connects(url, billing)  # not reloaded yet
+
+    r.signal(signal.SIGHUP)
+    said = r.wait_for("hookbus server: SIGHUP:")
+    assert said.strip() == f"hookbus server: SIGHUP: nats-server reloaded {config}", said
+    assert r.proc.poll() is None and nats_children(r) == [child]  # reloaded, not restarted
+    assert _connects(url, billing) and _connects(url, payments)
+
+    good = (auth / "auth.conf").read_text()
+    (auth / "auth.conf").write_text(good + "\nnot a config {{{\n")
+    r.signal(signal.SIGHUP)
+    said = r.wait_for("did not reload")
+    assert "runs on as it was" in said and "auth.conf" in said, said
+    assert r.proc.poll() is None and nats_children(r) == [child]
+    assert _connects(url, billing)  # the config it had
+
+    r.signal(signal.SIGTERM)
+    code, _ = r.finish()
+    assert code == 0, r.output
+    assert_clean(r, [child], port, None)
+    assert r.output.count("hookbus server: SIGHUP:") == 2, r.output
+
+
+def test_the_development_server_runs_on_after_sighup(running: Any, tmp_path: Path) -> None:
+    """Without --config there is nothing to reload: one line says so, nothing stops."""
+    r, port = _server(running, tmp_path)
+    children = nats_children(r)
+    r.signal(signal.SIGHUP)
+    r.wait_for("the development server has no config file to reload")
+    assert r.proc.poll() is None and nats_children(r) == children
+    r.signal(signal.SIGTERM)
+    code, _ = r.finish()
+    assert code == 0, r.output
+    assert_clean(r, children, port, None)
 
 
 # -- worker, dispatcher with --embedded ---------------------------------------------------

@@ -25,6 +25,17 @@ __all__ = ["auth"]
 _ADDABLE = ("agent", "worker", "approver", "auditor", "dispatcher", "admin")
 
 
+def _check_sans(
+    ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
+) -> tuple[str, ...]:
+    from ._tls import check_san
+
+    try:
+        return tuple(check_san(name) for name in value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 @click.group()
 def auth() -> None:
     """NATS credentials for hookbus: nkey users with role permissions, one account per tenant."""
@@ -81,8 +92,17 @@ def auth() -> None:
     "tls",
     default=True,
     show_default=True,
-    help="Make a local CA and a server certificate (for --host, 127.0.0.1, ::1, localhost) "
-    "unless --tls-cert is given; --no-tls: plain TCP (a laptop).",
+    help="Make a local CA and a server certificate (for --host, each --san, 127.0.0.1, ::1, "
+    "localhost) unless --tls-cert is given; --no-tls: plain TCP (a laptop).",
+)
+@click.option(
+    "--san",
+    "sans",
+    multiple=True,
+    metavar="NAME",
+    callback=_check_sans,
+    help="Another DNS name or IP address clients reach the server by, for the certificate "
+    "(e.g. a Kubernetes service: nats, nats.NS.svc, nats.NS.svc.cluster.local); repeat.",
 )
 @click.option(
     "--demo",
@@ -107,6 +127,7 @@ def init_cmd(
     tls_key: str | None,
     tls_ca: str | None,
     tls: bool,
+    sans: tuple[str, ...],
 ) -> None:
     """Write a nats-server config with one nkey user per identity: an admin and a
     dispatcher, plus the agents, workers, approvers and auditors asked for, in every
@@ -114,6 +135,11 @@ def init_cmd(
 
     Run it with `hookbus server --config OUT/server.conf`; connect a client with
     `--nkey OUT/<role>-<name>.nk`."""
+    if sans and (tls_cert or not tls):
+        raise click.UsageError(
+            "--san names go into the certificate `hookbus auth init` makes: not with"
+            + (" --tls-cert (put them in your own certificate)" if tls_cert else " --no-tls")
+        )
     if demo:
         from hookbus.demo import demo_identities, find_examples_dir  # only for --demo
 
@@ -139,6 +165,7 @@ def init_cmd(
         tls_key=tls_key,
         tls_ca=tls_ca,
         tls=tls,
+        sans=sans,
     )
     for ident in setup.identities:
         click.echo(f"{ident.tenant:<10} {ident.role:<10} {ident.name:<20} {ident.seed_path(out)}")

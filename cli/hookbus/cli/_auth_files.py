@@ -478,11 +478,13 @@ def init_setup(
     tls_key: str | None = None,
     tls_ca: str | None = None,
     tls: bool = True,
+    sans: Iterable[str] = (),
 ) -> AuthSetup:
     """What ``hookbus auth init`` does (see its help). Returns the setup written.
 
     With `tls` and no `tls_cert`, a local CA and a server certificate are made into `out`
-    (`hookbus.cli._tls.make_local_tls`); `tls` False and no `tls_cert`: plain TCP."""
+    (`hookbus.cli._tls.make_local_tls`; for `host`, the names `sans` and loopback); `tls`
+    False and no `tls_cert`: plain TCP."""
     if (out / MANIFEST).exists():
         raise click.ClickException(
             f"{out / MANIFEST} exists: add identities with `hookbus auth add --dir {out}`"
@@ -518,7 +520,7 @@ def init_setup(
     if tls and not setup.tls_cert:
         from ._tls import make_local_tls  # cryptography: only when it makes certificates
 
-        made = make_local_tls(out, host)
+        made = make_local_tls(out, host, sans=sans)
         setup.tls_cert, setup.tls_key, setup.tls_ca = str(made.cert), str(made.key), str(made.ca)
     if setup.routes:
         _write_new_secret(out / CLUSTER_CONF, render_cluster(setup.routes, secrets.token_hex(24)))

@@ -18,6 +18,8 @@ and which event loop they run on.
   command (the three above, ``server``, ``gateway``, ``console``): the first one asks the
   command to stop gracefully, each later one to stop at once; the handlers in place before
   are back once the block ends.
+- `on_hangup` takes SIGHUP for ``server``, whose nats-server reads its config again on it
+  (a reload, as nats-server itself does on SIGHUP): it never stops a command.
 - A NATS connection that nats-py gave up on (every reconnect attempt failed) ends the
   command with one error line (exit 1), never a retry loop without end.
 """
@@ -49,6 +51,7 @@ __all__ = [
     "Interrupted",
     "Supervisor",
     "loop_choice",
+    "on_hangup",
     "on_signals",
     "run_loop",
     "running_loop",
@@ -167,6 +170,24 @@ def on_signals(
             if loop is not None:
                 loop.remove_signal_handler(sig)
             signal.signal(sig, saved[sig])  # asyncio leaves the default behind
+
+
+@contextlib.contextmanager
+def on_hangup(callback: Callable[[], None]) -> Iterator[None]:
+    """Inside the block, SIGHUP calls ``callback()`` (with `signal.signal`: in the main
+    thread, between two bytecodes) instead of ending the process (its default, exit 129);
+    the handler in place before is back when the block ends. A no-op where there is no
+    SIGHUP (Windows)."""
+    hangup = getattr(signal, "SIGHUP", None)
+    if hangup is None:
+        yield
+        return
+    saved = signal.getsignal(hangup)
+    signal.signal(hangup, lambda signum, frame: callback())
+    try:
+        yield
+    finally:
+        signal.signal(hangup, saved)
 
 
 async def serve_until_signalled(server: Any, sockets: list[socket.socket]) -> None:

@@ -4,7 +4,8 @@ until stopped.
 Each stops cleanly on the first SIGINT (Ctrl-C) or SIGTERM: the worker and the dispatcher
 drain within their grace period (`_lifecycle.Supervisor`), the server stops its
 nats-server child; none leaves a child process, a port or a temporary folder behind. A
-second signal stops at once. Each prints a banner on stderr once it serves.
+second signal stops at once. Each prints a banner on stderr once it serves. SIGHUP makes
+the server's nats-server read its config again (a reload, never a stop).
 """
 
 from __future__ import annotations
@@ -49,7 +50,14 @@ from ._command_support import (
 from ._connect import LOCAL_URL, _redacted
 from ._decisions_cmd import audit_options
 from ._extras import MissingExtraError
-from ._lifecycle import Supervisor, on_signals, run_loop, running_loop, stop_on_signals
+from ._lifecycle import (
+    Supervisor,
+    on_hangup,
+    on_signals,
+    run_loop,
+    running_loop,
+    stop_on_signals,
+)
 from ._otel import otel_session, otlp_option
 from ._server import EmbeddedNatsServer, NatsServerNotFoundError
 
@@ -78,6 +86,41 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
 
 
 # -- server ---------------------------------------------------------------------------------
+RELOAD_WAIT_S = 5.0
+"""How long `server` reads nats-server's log for the outcome of a reload it asked."""
+
+
+def _ask_reload(srv: EmbeddedNatsServer, config: str | None) -> tuple[int, float] | None:
+    """SIGHUP: have nats-server read `config` again; (log offset, deadline) to read how it
+    went, None (and a line saying so) for the development server, which has no config."""
+    if config is None:
+        click.echo(
+            "hookbus server: SIGHUP: the development server has no config file to reload"
+            " (--config); nothing done",
+            err=True,
+        )
+        return None
+    return srv.reload(), time.monotonic() + RELOAD_WAIT_S
+
+
+def _say_reloaded(
+    srv: EmbeddedNatsServer, config: str, offset: int, deadline: float
+) -> tuple[int, float] | None:
+    """One line once nats-server's log tells how the reload went, or the wait is over
+    (then None); until then, the same (offset, deadline)."""
+    outcome = srv.reload_outcome(offset)
+    if outcome is None and time.monotonic() < deadline:
+        return offset, deadline
+    if outcome is None:
+        said = f"asked nats-server to reload {config}; its log ({srv.log_file}) says nothing yet"
+    elif outcome[0]:
+        said = f"nats-server reloaded {config}"
+    else:
+        said = f"nats-server did not reload {config} and runs on as it was: {outcome[1]}"
+    click.echo(f"hookbus server: SIGHUP: {said}", err=True)
+    return None
+
+
 @click.command()
 @click.option(
     "--port",
@@ -102,7 +145,8 @@ def server(port: int | None, data_dir: str, config: str | None) -> None:
     """Run nats-server (JetStream on) in the foreground: with --config, as configured;
     without, the development server: open (no auth) and on loopback only. The first
     SIGINT (Ctrl-C) or SIGTERM stops it (a second kills it at once); exit 1 if nats-server
-    exits by itself."""
+    exits by itself. SIGHUP has nats-server read --config again (e.g. after `hookbus auth
+    add`): it keeps running, and one line says whether the reload took."""
     if config:
         srv = EmbeddedNatsServer(data_dir, port=port, config=config)
     else:
@@ -114,6 +158,7 @@ def server(port: int | None, data_dir: str, config: str | None) -> None:
         )
         srv = EmbeddedNatsServer(data_dir, port=4222 if port is None else port)
     received: list[signal.Signals] = []
+    hangups: list[bool] = []
 
     def kill(sig: signal.Signals) -> None:  # again: at once
         pid = srv.pid
@@ -123,7 +168,7 @@ def server(port: int | None, data_dir: str, config: str | None) -> None:
 
     # handled even if inherited as ignored (a background job of a script): the child has
     # a process group of its own, so only this process hears a terminal's Ctrl-C
-    with on_signals(received.append, kill):
+    with on_signals(received.append, kill), on_hangup(lambda: hangups.append(True)):
         try:
             try:
                 url = srv.start()
@@ -135,13 +180,20 @@ def server(port: int | None, data_dir: str, config: str | None) -> None:
             if not received:
                 where = f"log in {srv.log_file}" if config else f"data in {data_dir}"
                 label = f"with {config}" if config else "with JetStream"
-                click.echo(f"nats-server {label} at {url}; {where}; Ctrl-C stops it")
+                hup = f"; kill -HUP {os.getpid()} reloads it" if config else ""
+                click.echo(f"nats-server {label} at {url}; {where}{hup}; Ctrl-C stops it")
+            asked: tuple[int, float] | None = None  # a reload's log offset and deadline
             while not received:
                 code = srv.poll()
                 if code is not None:
                     raise click.ClickException(
                         f"nats-server exited by itself with status {code}; see {srv.log_file}"
                     )
+                if hangups:
+                    hangups.clear()
+                    asked = _ask_reload(srv, config)
+                if asked is not None and config is not None:
+                    asked = _say_reloaded(srv, config, *asked)
                 time.sleep(0.05)
             name = signal.Signals(received[0]).name
             click.echo(f"hookbus server: {name}: stopping nats-server", err=True)

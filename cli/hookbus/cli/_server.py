@@ -8,6 +8,10 @@ The child runs in a process group of its own, so a terminal's Ctrl-C (SIGINT to 
 foreground group) reaches only the hookbus process, which drains its clients first and
 then stops the server; on Linux the child also gets SIGTERM if its parent dies
 (``PR_SET_PDEATHSIG``), so even a SIGKILLed parent leaves no server on the port.
+
+`EmbeddedNatsServer.reload` asks a running server to read its config file again (SIGHUP,
+what ``nats-server --signal reload`` sends); `EmbeddedNatsServer.reload_outcome` reads
+from its log whether it did.
 """
 
 from __future__ import annotations
@@ -31,6 +35,10 @@ from typing import Any
 from hookbus.schemas import HookbusError
 
 __all__ = ["EmbeddedNatsServer", "NatsServerNotFoundError", "find_nats_server"]
+
+_RELOADED = "Reloaded server configuration"
+_RELOAD_FAILED = "Failed to reload server configuration: "
+"""What nats-server logs after a SIGHUP: the config was read again, or not (and why)."""
 
 
 class NatsServerNotFoundError(HookbusError):
@@ -165,6 +173,40 @@ class EmbeddedNatsServer:
     def poll(self) -> int | None:
         """The server's exit status if it has exited on its own, else None."""
         return self._proc.poll() if self._proc is not None else None
+
+    def reload(self) -> int:
+        """Ask the running server to read its config file again (SIGHUP, as ``nats-server
+        --signal reload``): users, permissions, TLS files and most settings change without a
+        restart; nats-server keeps the config it has if the new one is refused. Nothing is
+        sent if it is not running.
+
+        Returns:
+            The length of its log before, for `reload_outcome`.
+        """
+        try:
+            offset = self.log_file.stat().st_size
+        except OSError:
+            offset = 0
+        if self._proc is not None:
+            self._proc.send_signal(signal.SIGHUP)  # a no-op once it has exited
+        return offset
+
+    def reload_outcome(self, offset: int) -> tuple[bool, str] | None:
+        """What the log says, past `offset` (from `reload`), of the reload asked:
+        ``(True, "")`` it read the config again, ``(False, why)`` it refused the new one
+        (and runs on with the one it had), None: nothing yet."""
+        try:
+            with open(self.log_file, "rb") as f:
+                f.seek(offset)
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return None
+        for line in text.split("\n")[:-1]:  # whole lines only
+            if _RELOADED in line:
+                return True, ""
+            if _RELOAD_FAILED in line:
+                return False, line.split(_RELOAD_FAILED, 1)[1].strip()
+        return None
 
     def _fatal_line(self) -> str:
         """The log's last fatal or error line (what made the server exit), else where the

@@ -2,8 +2,9 @@
 
 By default ``hookbus auth init`` secures the client port with TLS: it makes a CA (ECDSA
 P-256, self-signed, 10 years) and a server certificate signed by it (ECDSA P-256, 825 days,
-``serverAuth``) for the listen host, ``127.0.0.1``, ``::1`` and ``localhost``, and writes
-into the output folder:
+``serverAuth``) for the listen host, any other names asked for (``--san``: the DNS names
+clients use, e.g. a Kubernetes service's), ``127.0.0.1``, ``::1`` and ``localhost``, and
+writes into the output folder:
 
 - ``ca.pem``: the CA certificate, what clients verify the server with (every context's
   ``ca``, the CLI's ``--tls-ca``);
@@ -21,9 +22,11 @@ Source: RFC 5280 (basicConstraints, keyUsage, extendedKeyUsage, subjectAltName),
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +35,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from cryptography import x509
 
-__all__ = ["CA_FILE", "CERT_FILE", "KEY_FILE", "LocalTls", "make_local_tls", "server_names"]
+__all__ = [
+    "CA_FILE",
+    "CERT_FILE",
+    "KEY_FILE",
+    "LocalTls",
+    "check_san",
+    "make_local_tls",
+    "server_names",
+]
 
 CA_FILE = "ca.pem"
 CERT_FILE = "server-cert.pem"
@@ -54,10 +65,33 @@ class LocalTls:
     key: Path
 
 
-def server_names(host: str) -> list[str]:
-    """The names the server certificate is for: `host` (unless a wildcard address),
-    ``127.0.0.1``, ``::1`` and ``localhost``, each once."""
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_DNS_NAME = re.compile(rf"(?:\*\.)?{_LABEL}(?:\.{_LABEL})*")
+
+
+def check_san(name: str) -> str:
+    """`name` as a subjectAltName: an IP address or a DNS name (a leading ``*.`` allowed).
+
+    Raises:
+        ValueError: neither.
+    """
+    name = name.strip().strip("[]") if ":" in name else name.strip()
+    with contextlib.suppress(ValueError):
+        return str(ipaddress.ip_address(name))
+    if len(name) > 253 or not _DNS_NAME.fullmatch(name):
+        raise ValueError(f"not a DNS name or an IP address: {name!r}")
+    return name
+
+
+def server_names(host: str, extra: Iterable[str] = ()) -> list[str]:
+    """The names the server certificate is for: `host` (unless a wildcard address), the
+    `extra` names (`check_san`), ``127.0.0.1``, ``::1`` and ``localhost``, each once.
+
+    Raises:
+        ValueError: an `extra` name that is neither a DNS name nor an IP address.
+    """
     names = [] if host.strip() in _WILDCARDS else [host.strip().strip("[]")]
+    names += [check_san(name) for name in extra]
     return list(dict.fromkeys([*names, "127.0.0.1", "::1", "localhost"]))
 
 
@@ -80,12 +114,16 @@ def _write(path: Path, data: bytes, mode: int) -> None:
         f.write(data)
 
 
-def make_local_tls(out: Path, host: str, *, now: datetime.datetime | None = None) -> LocalTls:
-    """Make a CA and a server certificate for `host` (see `server_names`) and write
-    ``ca.pem``, ``server-cert.pem`` and ``server-key.pem`` (0600) into `out`.
+def make_local_tls(
+    out: Path, host: str, *, sans: Iterable[str] = (), now: datetime.datetime | None = None
+) -> LocalTls:
+    """Make a CA and a server certificate for `host` and the names `sans` (see
+    `server_names`) and write ``ca.pem``, ``server-cert.pem`` and ``server-key.pem`` (0600)
+    into `out`.
 
     Raises:
         FileExistsError: one of the files exists (never overwritten).
+        ValueError: a name in `sans` is neither a DNS name nor an IP address.
     """
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -124,7 +162,7 @@ def make_local_tls(out: Path, host: str, *, now: datetime.datetime | None = None
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
         .sign(ca_key, hashes.SHA256())
     )
-    names = server_names(host)
+    names = server_names(host, sans)
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         x509.CertificateBuilder()
