@@ -14,6 +14,7 @@ import pytest
 
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
+    MAX_NESTING,
     SESSION_END,
     EventEnvelope,
     HookReply,
@@ -21,6 +22,7 @@ from hookbus.schemas import (
     NotConnectedError,
     PayloadTooLargeError,
     UnknownEventError,
+    WireFormatError,
     decode,
     encode,
     handler_subject,
@@ -372,3 +374,28 @@ async def test_lost_server_while_reconnecting(embedded_server, event):
     finally:
         await _close_all(wnc, dnc)
     assert w.handled == 1
+
+
+@pytest.mark.parametrize("opener", [b"[", b'{"a":'])
+def test_one_nesting_limit_on_every_python(opener: bytes) -> None:
+    """MAX_NESTING levels decode and encode; one more is a format error both ways, whatever
+    the interpreter's own recursion limit (about 1,000 levels on 3.11, 10,000 on 3.13)."""
+    closer = b"]" if opener == b"[" else b"}"
+
+    def nested(depth: int) -> bytes:  # the envelope and its data are two levels
+        inner = opener * (depth - 2) + b"1" + closer * (depth - 2)
+        return b'{"id":"a","event":"e","data":{"k":' + inner + b"}}"
+
+    ok = decode(nested(MAX_NESTING), EventEnvelope)
+    assert encode(ok) == nested(MAX_NESTING)
+    with pytest.raises(WireFormatError, match="nested too deeply"):
+        decode(nested(MAX_NESTING + 1), EventEnvelope)
+    deeper: Any = 1
+    for _ in range(MAX_NESTING):
+        deeper = [deeper]
+    with pytest.raises(WireFormatError, match="nested too deeply"):
+        encode({"k": deeper})
+    # brackets inside strings are text, not nesting
+    text = '[{"' * MAX_NESTING
+    envelope = EventEnvelope(id="a", event="e", data={"k": text})
+    assert decode(encode(envelope), EventEnvelope).data == {"k": text}

@@ -324,6 +324,7 @@ PUBLIC_API: dict[str, set[str]] = {
         *EVENT_CONSTANTS,
         "CHAIN_WILDCARD",
         "MAX_HANDLER_SET",
+        "MAX_NESTING",
         "ChainStep",
         "chain_instance_subject",
         "chain_queue_group",
@@ -385,6 +386,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "WireFormatError",
         "collect_service_subject",
         "collect_subject",
+        "check_nesting",
         "decode",
         "decode_token",
         "emit_service_subject",
@@ -497,7 +499,9 @@ PUBLIC_API: dict[str, set[str]] = {
         "console_app",
     },
     "hookbus.integrations.pydantic_ai": {
+        "CAPABILITY_PARTS",
         "EVENTS",
+        "HookInjectionPart",  # on the locked pydantic-ai, which has capability parts
         "ApprovalMode",
         "HookDeniedError",
         "HookbusCapability",

@@ -24,6 +24,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from hookbus._core import clock
 from hookbus._core.copies import json_copy, walked_copy
 from hookbus._core.inboxes import inbox_reply_subject
 from hookbus._core.nats_guard import harden_connection
@@ -122,10 +123,10 @@ class EmitContext:
         self.idempotency_key = call_id or None
         """The caller's idempotency key; None: it gave none."""
         self.emitted_at = time.time()
-        self.started = time.monotonic()
-        """`time.monotonic()` when the emit's chain started (its decision's duration)."""
+        self.started = clock.now()
+        """When the emit's chain started (`clock.now()`: its decision's duration)."""
         self.deadline = None if timeout_s is None else self.started + timeout_s
-        """`time.monotonic()` at which the emit gives up on its handlers; None: never."""
+        """When the emit gives up on its handlers (`clock.now()`); None: never."""
         agent, session = data.get("agent_id"), data.get("session_id")
         self.agent_id = agent if isinstance(agent, str) else None
         self.session_id = session if isinstance(session, str) else None
@@ -179,7 +180,7 @@ class EmitContext:
 
     def remaining(self) -> float | None:
         """Seconds left before the emit's deadline (may be negative); None: no deadline."""
-        return None if self.deadline is None else self.deadline - time.monotonic()
+        return None if self.deadline is None else self.deadline - clock.now()
 
     def envelope(self, data: dict[str, Any]) -> EventEnvelope:
         """The request for the handlers, its data as the bytes `encoded_as` / `handler_copy`
@@ -310,7 +311,7 @@ class Router:
             # emit's deadline as below
             return call_local(route, ctx.event, ctx.handler_copy(data), ctx.remaining())
         budget_s = ctx.remaining()
-        if budget_s is not None and budget_s <= 0:
+        if clock.no_time_left(budget_s):
             return ready_outcome(Failed("timeout", "not called: the emit's deadline had passed"))
         # call_remote's own coroutine, as for call_local above: one frame less per call
         return call_remote(

@@ -73,6 +73,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from hookbus._core import clock
 from hookbus._core.copies import json_copy
 from hookbus._core.handler_options import DEFAULT_TIMEOUT_S
 from hookbus._core.inboxes import inbox_reply_subject
@@ -226,7 +227,7 @@ async def call_local(
     (seconds the emit has left; None: no overall deadline)."""
     assert route.local is not None
     timeout_s = _cut(route.timeout_s, budget_s)
-    if timeout_s is not None and timeout_s <= 0:
+    if clock.no_time_left(timeout_s):
         return Failed("timeout", "not called: the emit's deadline had passed")
     try:
         if timeout_s is None:  # no cancel scope at all: most of an in-process call's cost
@@ -834,7 +835,7 @@ def call_remote(
         )
     timeout_s = _cut(route.timeout_s or DEFAULT_TIMEOUT_S, budget_s)
     assert timeout_s is not None
-    if timeout_s <= 0:
+    if clock.no_time_left(timeout_s):
         return ready_outcome(Failed("timeout", "not called: the emit's deadline had passed", True))
     return requester.call(nc, route, envelope, headers, timeout_s, hedge=route.retry_safe)
 

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from hookbus._core import clock
 from hookbus._core.handler_options import DEFAULT_TIMEOUT_S
 from hookbus.schemas import EventEnvelope, HookReply, WireFormatError, decode
 
@@ -324,7 +325,7 @@ class ChainCall:
         budget = self._plan.total_s
         if self._deadline is not None:
             budget = min(budget, self._deadline - now)
-        if budget <= 0:
+        if clock.no_time_left(budget):
             self.over = True
             return Failed("timeout", "not called: the emit's deadline had passed", True)
         self._envelope.budget_s = budget

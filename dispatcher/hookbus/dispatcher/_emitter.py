@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 import nats.errors
 
+from hookbus._core import clock
 from hookbus._core.copies import json_copy, json_safe_encoded
 from hookbus.schemas import (
     STANDARD_EVENTS,
@@ -236,7 +237,7 @@ class Emitter:
         """Append one decided emit to the audit trail, with its duration (milliseconds
         since `ctx.started`); never raises (see `DecisionLog`)."""
         assert self.decisions is not None
-        duration_ms = (time.monotonic() - ctx.started) * 1000.0
+        duration_ms = (clock.now() - ctx.started) * 1000.0
         tool = (data or {}).get("tool_name", self.defaults.get("tool_name"))
         self.decisions.append(
             event,

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+from hookbus._core import clock
 from hookbus._core.fold_rules import (
     PARALLEL_MODIFY_MESSAGE,
     failure_policy_applied,
@@ -228,11 +228,11 @@ class RouteFolder:
         when the one before it ended (`_as_if_sequential`): a call the emit's deadline
         would have cut, called one by one, is a ``timeout`` here too.
         """
-        clock = time.monotonic()  # when the next handler would start, called one by one
+        next_start = clock.now()  # when the next handler would start, called one by one
         k = 0
         while k < len(run):
             data = fold.data
-            launched = time.monotonic()
+            launched = clock.now()
             calls = {
                 r: asyncio.ensure_future(self._timed_call(r, ctx, data))
                 for r in run[k:]
@@ -245,8 +245,8 @@ class RouteFolder:
                     if call is None:  # its tool filter does not admit this data
                         continue
                     outcome, ended = await call
-                    outcome, clock = _as_if_sequential(
-                        outcome, clock, ended - launched, ctx.deadline
+                    outcome, next_start = _as_if_sequential(
+                        outcome, next_start, ended - launched, ctx.deadline
                     )
                     denied = self._fold_one(fold, route, outcome)
                     if denied is not None:
@@ -263,9 +263,9 @@ class RouteFolder:
     async def _timed_call(
         self, route: Route, ctx: EmitContext, data: dict[str, Any]
     ) -> tuple[Outcome, float]:
-        """`_call`'s outcome and when it came (`time.monotonic()` seconds)."""
+        """`_call`'s outcome and when it came (`clock.now()` seconds)."""
         outcome = await self._call(route, ctx, data)
-        return outcome, time.monotonic()
+        return outcome, clock.now()
 
     @staticmethod
     def _fold_one(fold: Fold, route: Route, outcome: Outcome) -> HookResult | None:
@@ -325,14 +325,18 @@ def _from_first_match(seg: tuple[Route, ...], data: dict[str, Any]) -> tuple[Rou
 def _as_if_sequential(
     outcome: Outcome, start: float, took: float, deadline: float | None
 ) -> tuple[Outcome, float]:
-    """A speculative call's `outcome` as the same call, started at `start` (monotonic
+    """A speculative call's `outcome` as the same call, started at `start` (`clock.now()`
     seconds: when the handler before it would have ended, called one by one) and taking
-    `took` seconds, gives it: a ``timeout`` if it would have ended past the emit's
-    `deadline` (None: no deadline), since called one by one it would have been cut (or not
-    called at all). Also returns when the next handler would start. A speculative call
-    starts no later, so its own cut is never earlier than that one."""
+    `took` seconds, gives it: a ``timeout`` if it would have ended at the emit's
+    `deadline` or past it (None: no deadline), since called one by one it would have been
+    cut, or not called at all (no time left). At the deadline exactly, the cut wins: the
+    loop's timer for the deadline and the handler's own wake-up fall due in one turn of the
+    loop, and the cancel reaches the handler before it runs again; "exactly" is within
+    `clock.NO_TIME_S`, as a call with less time left than that is not made. Also returns
+    when the next handler would start. A speculative call starts no later, so its own cut
+    is never earlier than that one."""
     end = start + took
-    if deadline is None or end <= deadline:
+    if deadline is None or end < deadline - clock.NO_TIME_S:
         return outcome, end
     if not (isinstance(outcome, Failed) and outcome.kind == "timeout"):
         outcome = Failed("timeout", "called one by one, it would have run past the deadline")

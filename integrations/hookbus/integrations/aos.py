@@ -65,6 +65,7 @@ from typing import Any
 import msgspec
 
 from hookbus.schemas import (
+    MAX_NESTING,
     BadRequestError,
     HookbusError,
     HookbusTimeoutError,
@@ -73,6 +74,8 @@ from hookbus.schemas import (
     PayloadTooLargeError,
     SuspensionAbortedError,
     UnknownEventError,
+    WireFormatError,
+    check_nesting,
 )
 
 from ._aos_map import (
@@ -224,9 +227,10 @@ async def answer(
             f" {max_body_bytes} are read", reason="payload_too_large", maxBytes=max_body_bytes,
         )  # fmt: skip
     try:
+        check_nesting(body)
         doc = _decode(body)
-    except RecursionError:
-        return _error(None, PARSE_ERROR, "the JSON is nested too deeply")
+    except (WireFormatError, RecursionError):
+        return _error(None, PARSE_ERROR, f"the JSON is nested too deeply (at most {MAX_NESTING})")
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         return _error(None, PARSE_ERROR, str(exc))
     try:

@@ -1,4 +1,4 @@
-"""Three nats-py (2.16) client shortcomings, repaired on each connection hookbus is given.
+"""Four nats-py (2.16) client shortcomings, repaired on each connection hookbus is given.
 
 **A hostile message must not silence a connection for good.** nats-py decodes a message's
 subject, reply subject and status-line description with strict UTF-8 inside its read loop;
@@ -20,13 +20,16 @@ asynchronous ``-ERR 'Permissions Violation for Publish to "<subject>"'``; nats-p
 to the error callback only, so a refused request (JetStream and KV calls are requests) is
 never answered and ends in a timeout, and a refused subscription just never receives.
 
-`harden_connection` repairs all three on one client: it wraps the message entry point so
+**Closing must work during an outage, on every Python** (`_closable_offline`).
+
+`harden_connection` repairs all four on one client: it wraps the message entry point so
 such bytes are replaced (by "?"; nats-py already replaces bad bytes in header values)
 instead, makes a ``PING`` (of `flush`, `rtt` and the keep-alive) write the queued commands
-out before itself, and watches the permission violations: a pending request whose subject
-(or reply subject) was refused raises `NotPermittedError` at once, and so does the next
-`flush` after a refused subscription (subscribe, then flush, learns it); the user's error
-callback is still called. No I/O here: it only wraps methods of the object it is given.
+out before itself, drops what is queued when closing a lost connection, and watches the
+permission violations: a pending request whose subject (or reply subject) was refused
+raises `NotPermittedError` at once, and so does the next `flush` after a refused
+subscription (subscribe, then flush, learns it); the user's error callback is still called.
+No I/O here: it only wraps methods of the object it is given.
 """
 
 from __future__ import annotations
@@ -70,7 +73,31 @@ def harden_connection(nc: Any, *, identity: str | None = None) -> None:
     """
     order_flushes(nc)
     _safe_decoding(nc)
+    _closable_offline(nc)
     report_refusals(nc, identity=identity)
+
+
+def _closable_offline(nc: Any) -> None:
+    """Make `nc.close()` work while the connection is lost (reconnecting).
+
+    nats-py's close writes the commands still queued to the transport it had, closed by
+    then: Python 3.11 drops them, Python 3.13 raises ``TypeError: 'NoneType' object is not
+    callable`` from the closed transport's ``writelines`` (its write callback is cleared
+    on close), so closing during an outage fails there. Not connected, they can reach no
+    server: they are dropped first, as 3.11 does, on every Python.
+    """
+    original = getattr(nc, "close", None)
+    if original is None or getattr(original, _MARK, False) or not hasattr(nc, "_pending"):
+        return
+
+    async def close() -> None:
+        if nc._pending and not nc.is_connected:
+            nc._pending = []
+            nc._pending_data_size = 0
+        await original()
+
+    setattr(close, _MARK, True)
+    nc.close = close
 
 
 def order_flushes(nc: Any) -> None:

@@ -11,7 +11,7 @@ from ._audit import (
 )
 from ._bounds import MAX_HANDLER_TIMEOUT_S, MAX_PRIORITY, MAX_RECORD_BYTES, MAX_TOOL_PATTERNS
 from ._chains import MAX_HANDLER_SET, handler_set_id
-from ._codec import WIRE_TYPES, decode, encode, to_builtins
+from ._codec import MAX_NESTING, WIRE_TYPES, check_nesting, decode, encode, to_builtins
 from ._errors import (
     AlreadySettledError,
     BadRequestError,
@@ -123,6 +123,7 @@ if TYPE_CHECKING:  # loaded on first use: see __getattr__
 __all__ = [
     "CHAIN_WILDCARD",
     "MAX_HANDLER_SET",
+    "MAX_NESTING",
     "ChainStep",
     "chain_instance_subject",
     "chain_queue_group",
@@ -219,6 +220,7 @@ __all__ = [
     "WireFormatError",
     "collect_service_subject",
     "collect_subject",
+    "check_nesting",
     "decode",
     "decode_token",
     "emit_service_subject",
