@@ -461,10 +461,19 @@ def test_demo_agents_rejects_an_unknown_name() -> None:
     assert "unknown agent 'langchain' (choose from pydantic-ai, ai)" in proc.stderr
 
 
-def test_demo_ai_agent_without_python312_says_what_is_needed(nats_url: str) -> None:
-    proc = run_demo("--url", nats_url, "--agents", "ai", "--ai-python", sys.executable)
+def test_demo_ai_agent_on_a_python_that_cannot_run_it_says_what_is_needed(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """A venv of this interpreter with nothing installed: no hookbus, no ``ai`` (and on
+    3.11, too old besides), whatever Python the suite runs on."""
+    bare = tmp_path / "bare"
+    made = subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    python = str(bare / "bin" / "python")
+    proc = run_demo("--url", nats_url, "--agents", "ai", "--ai-python", python)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert f"--ai-python {sys.executable} cannot run the ai agent" in proc.stderr
+    assert f"--ai-python {python} cannot run the ai agent" in proc.stderr
     assert "--agents ai needs a Python >= 3.12 with hookbus and its ai extra" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert "starting" not in proc.stdout

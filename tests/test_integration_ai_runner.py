@@ -1,7 +1,8 @@
 """Run `tests/test_integration_ai.py` on a Python >= 3.12 (the ``ai`` package needs it).
 
-The suite runs on 3.11, where that file skips itself. This test makes (or reuses) a venv
-of a >= 3.12 interpreter, installs hookbus with its ``test`` extra there (which brings
+On 3.11 that file skips itself, and this test runs it elsewhere; on 3.12 and newer the
+suite runs that file itself, and this module skips. This test makes (or reuses) a venv of
+a >= 3.12 interpreter, installs hookbus with its ``test`` extra there (which brings
 ``ai``), runs that file with pytest against this session's nats-server, and requires every
 test of it to pass, none skipped.
 
@@ -21,11 +22,17 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from _lock import CONSTRAINTS, pip_constraints
 
 from hookbus.demo._agents import ai_venv
+
+if sys.version_info >= (3, 12):
+    pytest.skip("this Python runs tests/test_integration_ai.py itself, in the suite",
+                allow_module_level=True)  # fmt: skip
 
 ROOT = Path(__file__).resolve().parent.parent
 AI_TESTS = ROOT / "tests" / "test_integration_ai.py"
@@ -69,7 +76,8 @@ def _venv(python: str) -> Path:
     stamp = hashlib.sha256(
         b"\0".join([
             os.path.realpath(python).encode(), str(ROOT).encode(),
-            (ROOT / "pyproject.toml").read_bytes(),
+            (ROOT / "pyproject.toml").read_bytes(), CONSTRAINTS.read_bytes(),
+            " ".join(pip_constraints()).encode(),
         ])
     ).hexdigest()  # fmt: skip
     VENV.parent.mkdir(parents=True, exist_ok=True)
@@ -83,7 +91,16 @@ def _venv(python: str) -> Path:
         made = _run([python, "-m", "venv", str(VENV)], 120)
         assert made.returncode == 0, f"venv failed:\n{made.stdout}{made.stderr}"
         installed = _run(
-            [str(venv_python), "-m", "pip", "install", "-q", "-e", f"{ROOT}[test]"],
+            [
+                str(venv_python),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                *pip_constraints(),
+                "-e",
+                f"{ROOT}[test]",
+            ],
             INSTALL_TIMEOUT_S,
         )
         assert installed.returncode == 0, f"pip install failed:\n{installed.stderr[-4000:]}"

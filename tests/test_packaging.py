@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _lock import pip_constraints
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTALL_TIMEOUT_S = 240
@@ -107,7 +108,7 @@ def _venv(tmp_path_factory: pytest.TempPathFactory, name: str, requirement: str)
     started = time.monotonic()
     installed = _run(
         [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
-         "-q", "--disable-pip-version-check", requirement],
+         "-q", "--disable-pip-version-check", *pip_constraints(), requirement],
         timeout=INSTALL_TIMEOUT_S,
     )  # fmt: skip
     assert installed.returncode == 0, installed.stderr[-4000:]

@@ -4,15 +4,21 @@
 must still be the reference one (the handlers called one by one in priority order, each
 with its failure policy), the emit's deadline included. Remote handlers run on real
 workers against a real nats-server; nothing of the bus is mocked.
+
+In-process cases run on an event loop with a virtual clock (``looptime``): it moves only
+when every task waits, to the next timer, so a handler's sleep takes exactly what it says
+and a CPU-bound stretch takes none; their verdicts cannot depend on how busy the machine
+is. Remote cases keep margins ten times what they measure.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
+import looptime
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,19 +28,31 @@ from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import HookResult
 from hookbus.workers import HookWorker
 
-pytestmark = pytest.mark.anyio
-
 Connect = Callable[..., Awaitable[NATS]]
+T = TypeVar("T")
 
 
-async def p1(event: str, data: dict[str, Any]) -> HookResult:
-    await asyncio.sleep(0.2)
-    return HookResult(action="modify", data={**data, "redacted": True})
+def on_loop_time(main: Coroutine[Any, Any, T]) -> T:
+    """Run `main` on a fresh event loop whose clock is virtual (``looptime``)."""
+    loop = looptime.new_event_loop(start=0.0)
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        loop.close()
 
 
-async def p2(event: str, data: dict[str, Any]) -> HookResult:
-    await asyncio.sleep(0.5)
-    return HookResult(action="deny", reason=f"redacted={data.get('redacted')}")
+def make_p1_p2(unit_s: float) -> tuple[Callable[..., Awaitable[HookResult]], ...]:
+    """p1 (2 units, modify) and p2 (5 units, deny saying what it saw)."""
+
+    async def p1(event: str, data: dict[str, Any]) -> HookResult:
+        await asyncio.sleep(2 * unit_s)
+        return HookResult(action="modify", data={**data, "redacted": True})
+
+    async def p2(event: str, data: dict[str, Any]) -> HookResult:
+        await asyncio.sleep(5 * unit_s)
+        return HookResult(action="deny", reason=f"redacted={data.get('redacted')}")
+
+    return p1, p2
 
 
 def decision(result: HookResult) -> tuple[Any, ...]:
@@ -48,29 +66,34 @@ def handlers_reason(result: HookResult) -> str | None:
     return "a failure" if reason is not None and reason.startswith("handler ") else reason
 
 
+@pytest.mark.anyio
 async def test_remote_pure_handlers_deny_within_the_deadline(connect: Connect, event: str) -> None:
-    """p1 (0.2 s, modify) then p2 (0.5 s, deny, policy ignore), each served by a worker of
-    its own, under a 0.95 s deadline: called one by one (declared not pure, on another
-    event), p2 denies at 0.7 s; speculatively too, since p2 is called again on p1's data
-    the moment p1 answers."""
+    """p1 (2 s, modify) then p2 (5 s, deny, policy ignore), each served by a worker of its
+    own, under a 9.5 s deadline: called one by one (declared not pure, on another event),
+    p2 denies at 7 s; speculatively too, since p2 is called again on p1's data the moment
+    p1 answers (a 2.5 s margin either way: real time, on a real server)."""
+    p1, p2 = make_p1_p2(1.0)
     one_by_one = f"{event}-seq"
     workers = [HookWorker(await connect()), HookWorker(await connect())]
     for ev, pure in ((event, True), (one_by_one, False)):
-        workers[0].add_handler(ev, p1, priority=1, pure=pure, timeout_s=2)
-        workers[1].add_handler(ev, p2, priority=2, pure=pure, timeout_s=2)
+        workers[0].add_handler(ev, p1, priority=1, pure=pure, timeout_s=20)
+        workers[1].add_handler(ev, p2, priority=2, pure=pure, timeout_s=20)
     async with workers[0], workers[1], HookDispatcher(await connect()) as d:
         for ev, pure in ((one_by_one, False), (event, True)):
             assert [r.pure for r in d.routes(ev)] == [pure, pure]
             started = time.monotonic()
-            result = await d.emit(ev, {"tool_name": "bash"}, timeout_s=0.95)
+            result = await d.emit(ev, {"tool_name": "bash"}, timeout_s=9.5)
             took = time.monotonic() - started
             assert decision(result) == ("deny", "p2", "redacted=True", []), pure
-            assert took < 0.9, (pure, took)
+            assert took < 9.0, (pure, took)
 
 
-async def test_in_process_pure_handlers_deny_within_the_deadline_and_drop_stale_calls(
+def test_in_process_pure_handlers_deny_within_the_deadline_and_drop_stale_calls(
     event: str,
 ) -> None:
+    """The same at 0.1 s a unit, on the loop's virtual clock: p2 denies at exactly 0.7 s,
+    both ways, and the one call dropped is the one on the data p1 replaced."""
+    p1, p2 = make_p1_p2(0.1)
     cancelled: list[str] = []
 
     async def p2_tracked(ev: str, data: dict[str, Any]) -> HookResult:
@@ -80,19 +103,23 @@ async def test_in_process_pure_handlers_deny_within_the_deadline_and_drop_stale_
             cancelled.append("redacted" if data.get("redacted") else "stale")
             raise
 
-    for pure in (False, True):
+    async def main(pure: bool) -> tuple[HookResult, float]:
         d = HookDispatcher()
         d.register(event, p1, priority=1, name="p1", pure=pure)
         d.register(event, p2_tracked, priority=2, name="p2", pure=pure)
-        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         result = await d.emit(event, {}, timeout_s=0.95)
-        took = time.monotonic() - started
+        return result, loop.time() - started
+
+    for pure in (False, True):
+        result, took = on_loop_time(main(pure))
         assert decision(result) == ("deny", "p2", "redacted=True", []), pure
-        assert took < 0.9, (pure, took)
+        assert took == pytest.approx(0.7), (pure, took)
     assert cancelled == ["stale"]  # the call on the data p1 replaced, and only that one
 
 
-async def test_a_later_result_is_folded_as_soon_as_the_ones_before_it(event: str) -> None:
+def test_a_later_result_is_folded_as_soon_as_the_ones_before_it(event: str) -> None:
     """A fast deny after a slow continue: decided when the slow one answers, not later."""
 
     async def slow(ev: str, data: dict[str, Any]) -> None:
@@ -102,19 +129,24 @@ async def test_a_later_result_is_folded_as_soon_as_the_ones_before_it(event: str
         await asyncio.sleep(0.01)
         return HookResult(action="deny", reason="no")
 
-    d = HookDispatcher()
-    d.register(event, slow, priority=1, name="slow", pure=True)
-    d.register(event, fast_deny, priority=2, name="fast", pure=True)
-    started = time.monotonic()
-    result = await d.emit(event, {})
+    async def main() -> tuple[HookResult, float]:
+        d = HookDispatcher()
+        d.register(event, slow, priority=1, name="slow", pure=True)
+        d.register(event, fast_deny, priority=2, name="fast", pure=True)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        result = await d.emit(event, {})
+        return result, loop.time() - started
+
+    result, took = on_loop_time(main())
     assert decision(result) == ("deny", "fast", "no", [])
-    assert time.monotonic() - started < 0.3 + 0.15
+    assert took == pytest.approx(0.3)
 
 
 # -- property: pure=True decides as pure=False ----------------------------------------------
 UNIT_S = 0.05
-"""Handlers sleep whole units; deadlines and timeouts end half a unit off any sum of them,
-so scheduling jitter under half a unit (25 ms) cannot change a decision."""
+"""Handlers sleep whole units; deadlines and timeouts end half a unit off any sum of them
+(on the virtual clock, no jitter at all)."""
 
 KINDS = ["continue", "deny", "modify", "inject_context", "ask_user", "none", "raise"]
 
@@ -172,7 +204,7 @@ def without_timestamp(data: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 @settings(
-    max_examples=40,
+    max_examples=200,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
@@ -180,9 +212,10 @@ def without_timestamp(data: dict[str, Any] | None) -> dict[str, Any] | None:
     specs=st.lists(handler_spec, min_size=2, max_size=5),
     deadline=st.one_of(st.none(), st.integers(0, 8)),
 )
-async def test_speculation_decides_as_calling_one_by_one(
+def test_speculation_decides_as_calling_one_by_one(
     event: str, specs: list[dict[str, Any]], deadline: int | None
 ) -> None:
-    reference = await run_emit(event, specs, deadline, pure=False)
-    speculative = await run_emit(event, specs, deadline, pure=True)
+    """On the virtual clock: every sleep, timeout and deadline exactly as written."""
+    reference = on_loop_time(run_emit(event, specs, deadline, pure=False))
+    speculative = on_loop_time(run_emit(event, specs, deadline, pure=True))
     assert speculative == reference
