@@ -84,14 +84,16 @@ FAULTS = (
 )  # fmt: skip
 SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "stop": signal.SIGSTOP}
 
-TIMEOUT_S = 0.5
-"""A handler's timeout."""
+TIMEOUT_S = 1.0
+"""A handler's timeout (twenty times a round trip on a busy two-core machine)."""
 SLOW_TIMEOUT_S, SLOW_SLEEP_S = 0.15, 0.35
 """A ``slow`` handler sleeps past its timeout (a ``timeout`` failure)."""
-VICTIM_TIMEOUT_S, VICTIM_HOLD_S = 0.8, 0.15
+VICTIM_TIMEOUT_S, VICTIM_HOLD_S = 1.2, 0.15
 """The handler at a signal's step holds this long after it announced itself."""
-DEADLINE_S, DEADLINE_HOLD_S, DEADLINE_TIMEOUT_S = 0.3, 0.8, 1.5
-"""A caller deadline: the emit's ``timeout_s``, and the handler at the step holds past it."""
+DEADLINE_S, DEADLINE_HOLD_S, DEADLINE_TIMEOUT_S = 1.0, 2.5, 5.0
+"""A caller deadline: the emit's ``timeout_s``, and the handler at the step holds past it.
+The handlers before that step answer at once: wide enough for their round trips on a busy
+machine (at load 20 on two cores, a few answered in 0.26 s against a 0.3 s deadline)."""
 HOST_SCRIPT = str(Path(__file__).resolve())
 """Run as ``python HOST_SCRIPT host URL PREFIX ID``: a worker host of the pool."""
 TERM_GRACE_S = 5.0
