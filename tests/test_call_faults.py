@@ -36,6 +36,7 @@ from hookbus.schemas import (
     handler_queue_group,
     handler_subject,
 )
+from hookbus.schemas import _telemetry_names as tn
 from hookbus.workers import HookWorker
 
 pytestmark = pytest.mark.anyio
@@ -617,3 +618,49 @@ async def test_hedge_to_a_gone_instance_falls_back_to_the_queue_group(connect, e
     )
     attempts = [e.attempt for e in seen]
     assert attempts[0] == 1 and 2 not in attempts and len(attempts) >= 2, attempts
+
+
+async def test_a_replaced_workers_first_call_goes_to_the_queue_group_at_once(connect, event, otel):
+    """A call timed out with no answer at all: the handler's queue subject is suspect, and
+    a call's first request goes to the instance seen alive since. That worker is then
+    replaced (shut down; a new instance starts). The next call's first request meets "no
+    responders" on the old instance's subject: the request goes to the queue group at once,
+    within the same budget, and the new instance decides it — not a wait of the whole
+    timeout ending in a ``timeout`` the deny policy turns into a deny. Its ``send`` span
+    shows both requests (only the second could run the handler) and who answered."""
+    release = asyncio.Event()
+
+    async def gate(ev: str, data: dict[str, Any]) -> dict[str, str]:
+        if data.get("stall"):  # hung past its cut, as in a blocking call: no reply at all
+            while not release.is_set():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await release.wait()
+        return {"action": "continue"}
+
+    def worker(nc: Any) -> HookWorker:
+        w = HookWorker(nc)
+        w.add_handler(event, gate, name="gate", timeout_s=10.0, failure_policy="deny")
+        return w
+
+    old = worker(await connect())
+    await old.start()
+    async with HookDispatcher(await connect()) as d:
+        stalled = await d.emit(event, {"stall": True}, timeout_s=0.5)
+        release.set()  # its late reply is dropped
+        (failure,) = stalled.failures
+        assert failure.kind == "timeout" and failure.message.startswith("no reply within"), (
+            f"the fault never happened: the stalled call was answered ({failure.message})"
+        )
+        # answered by the old instance since the stall: the target of a call's first request
+        assert (await d.emit(event, {})).failures == []
+        await old.shutdown()
+        async with worker(await connect()) as new:
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            result = await d.emit(event, {"n": 1})
+            took = loop.time() - t0
+    assert result.action == "continue" and result.failures == [], result.failures
+    assert took < 5.0, f"{took:.2f}s: the call waited for the gone instance"
+    send = [s for s in otel.spans() if s.name == f"send {event} gate"][-1]  # the last call's
+    assert send.attributes[tn.REQUESTS] == 2, "the first request did not go to the old instance"
+    assert send.attributes[tn.WORKER_INSTANCE] == new.instance != old.instance

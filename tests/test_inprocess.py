@@ -6,6 +6,7 @@ Everything here runs in-process: no server, no connection.
 from __future__ import annotations
 
 import asyncio
+import threading
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -359,6 +360,69 @@ async def test_local_timeout_with_deny_policy_fails_closed() -> None:
         r = await d.emit(EVENT, {})
     assert r.action == "deny" and r.decided_by == "stuck"
     assert [(f.kind, f.policy) for f in r.failures] == [("timeout", "deny")]
+
+
+def blocking(started: threading.Event, release: threading.Event, *, hold_s: float = 3.0):
+    """A sync handler that blocks (at most `hold_s` seconds, until `release`), then denies."""
+
+    def slow(event: str, data: dict[str, Any]) -> HookResult:
+        started.set()
+        release.wait(hold_s)
+        return HookResult(action="deny", reason="late deny from slow")
+
+    return slow
+
+
+@pytest.mark.parametrize("limit", ["handler timeout_s", "emit deadline"])
+@pytest.mark.parametrize("policy", ["ignore", "deny"])
+async def test_blocking_sync_handler_is_cut_at_its_timeout(limit: str, policy: str) -> None:
+    """A sync handler honours its time limit as it does on a worker: it runs in a worker
+    thread, the call ends at 0.2 s as a ``timeout`` judged by its policy, and its late deny
+    (after 3 s) decides nothing. Before, it ran on the event loop: nothing could cut it
+    and its deny decided the emit 3 s later."""
+    started, release = threading.Event(), threading.Event()
+    d = HookDispatcher()
+    calls: list[str] = []
+    if limit == "handler timeout_s":
+        d.register(EVENT, blocking(started, release), timeout_s=0.2, failure_policy=policy)
+        d.register(EVENT, recorder(calls, "after"), priority=1)  # the emit goes on
+    else:  # the deadline leaves no time for a handler after it
+        d.register(EVENT, blocking(started, release), failure_policy=policy)
+    loop = asyncio.get_running_loop()
+    try:
+        t0 = loop.time()
+        r = await d.emit(EVENT, {}, timeout_s=0.2 if limit == "emit deadline" else None)
+        took = loop.time() - t0
+    finally:
+        release.set()  # the abandoned thread ends now, not 3 s later
+    assert started.is_set()
+    assert took < 2.5, f"the emit took {took:.2f}s: the sync handler was not cut"
+    assert [(f.handler, f.kind, f.policy) for f in r.failures] == [("slow", "timeout", policy)]
+    if policy == "deny":  # fail closed by the timeout, not by the handler's own late deny
+        assert r.action == "deny" and r.decided_by == "slow"
+        assert r.reason is not None and "late deny" not in r.reason and "timeout" in r.reason
+        assert calls == []
+    else:
+        assert r.action == "continue"
+        assert calls == (["after"] if limit == "handler timeout_s" else [])
+
+
+async def test_sync_handler_runs_off_the_loop_when_it_has_a_timeout() -> None:
+    """While a sync handler with a timeout blocks, the event loop goes on (other emits are
+    decided); its result, once it returns within the timeout, decides as before."""
+    started, release = threading.Event(), threading.Event()
+    d = HookDispatcher()
+    d.register(EVENT, blocking(started, release, hold_s=5.0), timeout_s=30.0)
+    other = f"{EVENT}:other"
+    d.register(other, recorder([], "quick"))
+    with anyio.fail_after(10):
+        call = asyncio.ensure_future(d.emit(EVENT, {}))
+        assert await asyncio.to_thread(started.wait, 10)
+        assert (await d.emit(other, {})).action == "continue"  # the loop is free
+        assert not call.done()
+        release.set()
+        r = await call
+    assert r.action == "deny" and r.reason == "late deny from slow" and r.failures == []
 
 
 async def test_local_tool_filter() -> None:

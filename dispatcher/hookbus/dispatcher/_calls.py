@@ -57,6 +57,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import inspect
 import itertools
 import json
@@ -67,6 +68,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import msgspec
 import nats.errors
 from nats.aio.client import Client as NATS
@@ -114,6 +116,7 @@ __all__ = [
     "Failed",
     "Outcome",
     "Requester",
+    "SyncHandler",
     "call_local",
     "call_remote",
     "coerce_result",
@@ -220,11 +223,39 @@ def _cut(timeout_s: float | None, budget_s: float | None) -> float | None:
     return min(timeout_s, budget_s)
 
 
+class SyncHandler(functools.partial[Any]):
+    """An in-process handler that is a plain function (not a coroutine function), as
+    registered (`LocalHandlers`): `call_local` runs it in a worker thread when its call
+    has a time limit. Calling it calls the function (``func``), at the cost of a C-level
+    `functools.partial` call."""
+
+    @staticmethod
+    def wrap(handler: Any) -> Any:
+        """`handler` as `call_local` takes it: a coroutine function (or an object whose
+        ``__call__`` is one) as it is, anything else in a `SyncHandler`. Decided by
+        `inspect.iscoroutinefunction`, as a `HookWorker` decides which handlers run in a
+        thread."""
+        if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+            type(handler).__call__
+        ):
+            return handler
+        return SyncHandler(handler)
+
+
 async def call_local(
     route: Route, event: str, data: dict[str, Any], budget_s: float | None = None
 ) -> Outcome:
     """Call an in-process handler (async or sync) within its timeout cut to `budget_s`
-    (seconds the emit has left; None: no overall deadline)."""
+    (seconds the emit has left; None: no overall deadline). Past it the call is a
+    ``timeout`` failure.
+
+    A call without any time limit runs a sync handler (`SyncHandler`) on the event loop,
+    as amplifier-core would. With one, it runs it as a `HookWorker` does: in a worker
+    thread (anyio's, at most 40 at once: a call waiting for one waits within its limit),
+    the wait for it cut at the limit. A thread cannot be stopped: one cut keeps running
+    until the function returns, its result is discarded. An async handler is cancelled
+    at the limit.
+    """
     assert route.local is not None
     timeout_s = _cut(route.timeout_s, budget_s)
     if clock.no_time_left(timeout_s):
@@ -235,8 +266,14 @@ async def call_local(
             if type(raw) is _COROUTINE or inspect.isawaitable(raw):
                 raw = await raw
         else:
+            local = route.local
             async with asyncio.timeout(timeout_s):
-                raw = route.local(event, data)
+                if type(local) is SyncHandler:  # off the loop, or nothing could cut it
+                    raw = await anyio.to_thread.run_sync(
+                        local.func, event, data, abandon_on_cancel=True
+                    )
+                else:
+                    raw = local(event, data)
                 if inspect.isawaitable(raw):
                     raw = await raw
     except TimeoutError as exc:

@@ -245,6 +245,12 @@ class HookDispatcher(StandardEvents):
         and folded in order; see docs/performance.md). The options are checked as a
         worker's are (`HandlerOptions.local`), when called, also in decorator form.
 
+        A sync handler with a time limit (its `timeout_s`, or the emit's deadline) runs
+        as on a worker: in a worker thread, cut at the limit (a ``timeout`` failure judged
+        by `failure_policy`). The thread cannot be stopped: it runs until the function
+        returns, and its late result is discarded. Without a limit it runs on the event
+        loop (amplifier-core's way), blocking it while it runs.
+
         Raises:
             TypeError: `priority` is not an int (amplifier-core takes a 32-bit int; a bool
                 counts as one), or `name` is not a str.

@@ -1,5 +1,6 @@
 """In-process handlers of a routing table: amplifier-core's ``register`` / ``unregister``,
-checked as a worker's options are (`HandlerOptions.local`)."""
+checked as a worker's options are (`HandlerOptions.local`); a sync one is marked
+(`SyncHandler`) so that a time limit can cut it, as on a worker (`call_local`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from hookbus._core.handler_options import (
 )
 from hookbus.schemas import FailurePolicy, validate_name
 
+from ._calls import SyncHandler
 from ._route_table import LocalHandler, Route, RoutingTable
 
 __all__ = ["LocalHandlers"]
@@ -62,5 +64,6 @@ class LocalHandlers:
         self, event: str, handler: LocalHandler, name: str | None, options: HandlerOptions
     ) -> Callable[[], None]:
         name = name or str(getattr(handler, "__name__", "handler"))
-        route = Route.of(event, name, options, local=handler, seq=self._table.next_seq())
+        local = SyncHandler.wrap(handler)  # a sync one runs in a thread when time-limited
+        route = Route.of(event, name, options, local=local, seq=self._table.next_seq())
         return self._table.add_local(route)
