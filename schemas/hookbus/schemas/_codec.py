@@ -64,25 +64,35 @@ MAX_NESTING = 500
 The interpreter's own limit is no rule: msgspec stops at the recursion limit, which is about
 1,000 levels on Python 3.11 and about 10,000 on 3.13 (where it no longer follows
 `sys.setrecursionlimit`), so the same bytes would be a valid event on one host and a format
-error on the next. Deeper is a `WireFormatError`, decoding and encoding alike."""
+error on the next. Deeper is a `WireFormatError` where bytes are read (`decode`): a message
+is refused by its receiver, whatever Python either side runs. (`encode` does not scan what
+it writes: its cost would be paid on every large message sent; data nested too deeply for
+the interpreter fails there, and deeper than this, at whoever reads it.)"""
 
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
 _DEPTH_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+_SHALLOW_LEN = MAX_NESTING
+"""Text no longer than this has at most MAX_NESTING opening brackets (one byte each)."""
+_NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
 
 
 def check_nesting(data: bytes | str) -> None:
     """Refuse JSON nested deeper than `MAX_NESTING` levels of arrays and objects.
 
-    Costs two byte counts when the text has no more than `MAX_NESTING` opening brackets (most
-    messages); otherwise a scan with strings taken out. Text that is not JSON at all is left
-    to the decoder.
+    Costs nothing for text of at most `MAX_NESTING` bytes; one pass keeping only the
+    brackets when it has no more than `MAX_NESTING` of them (most messages: about 0.5 ms for
+    512 KB, against 0.4 ms to decode it); otherwise a scan with strings taken out (about
+    4 ms for 500 KB holding 5,000 objects, against 1.8 ms to decode them). Text that is not
+    JSON at all is left to the decoder.
 
     Raises:
         WireFormatError: nested deeper than `MAX_NESTING`.
     """
+    if len(data) <= _SHALLOW_LEN:  # too short to hold MAX_NESTING + 1 levels
+        return
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
-    if raw.count(b"[") + raw.count(b"{") <= MAX_NESTING:
+    if len(raw.translate(None, _NOT_BRACKETS)) <= MAX_NESTING:  # (a C loop, no copy kept)
         return
     brackets = _NOT_BRACKET.sub(b"", _STRING.sub(b"", raw))
     if max(accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0) > MAX_NESTING:
@@ -93,16 +103,14 @@ def encode(obj: Any) -> bytes:
     """Encode a wire type (or any msgspec-encodable value) as compact JSON bytes.
 
     Raises:
-        WireFormatError: the value is nested deeper than `MAX_NESTING` levels (or than the
-            interpreter's recursion limit, before that).
+        WireFormatError: the value is nested deeper than the interpreter's recursion limit
+            (a receiver refuses more than `MAX_NESTING` levels when it decodes).
         TypeError: a value of a type JSON cannot hold (msgspec's error).
     """
     try:
-        encoded = _encoder.encode(obj)
+        return _encoder.encode(obj)
     except RecursionError as exc:
         raise WireFormatError("the data is nested too deeply to encode") from exc
-    check_nesting(encoded)
-    return encoded
 
 
 def decode(data: bytes | str, type_: type[T]) -> T:
