@@ -1,5 +1,5 @@
-"""Debian packages the tests need (chromium, nodejs and npm), installed with apt-get when
-missing: CI runs on a clean machine where nothing was installed by hand, and a test that
+"""Debian packages the tests need (chromium, nodejs and npm, kubectl), installed with apt-get
+when missing: CI runs on a clean machine where nothing was installed by hand, and a test that
 needs one must not skip for want of it."""
 
 from __future__ import annotations

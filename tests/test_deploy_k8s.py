@@ -43,6 +43,7 @@ from urllib.parse import urlsplit
 import click
 import pytest
 import yaml
+from _debian import apt_install
 from click.testing import CliRunner
 
 from hookbus.cli import EmbeddedNatsServer
@@ -317,9 +318,7 @@ class _StubApi(BaseHTTPRequestHandler):
 def kubectl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Any]]:
     """``kubectl(*args)``: kubectl against the stub API server (a kubeconfig of its own,
     no cache or config of the user's touched)."""
-    binary = shutil.which("kubectl")
-    if binary is None:
-        pytest.skip("no kubectl (Debian: apt-get install kubernetes-client)")
+    binary = apt_install("kubernetes-client", binary="kubectl")  # never a skip
     server = ThreadingHTTPServer(("127.0.0.1", 0), _StubApi)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
