@@ -70,7 +70,6 @@ it writes: its cost would be paid on every large message sent; data nested too d
 the interpreter fails there, and deeper than this, at whoever reads it.)"""
 
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
 _DEPTH_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 _SHALLOW_LEN = MAX_NESTING
 """Text no longer than this has at most MAX_NESTING opening brackets (one byte each)."""
@@ -94,7 +93,7 @@ def check_nesting(data: bytes | str) -> None:
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     if len(raw.translate(None, _NOT_BRACKETS)) <= MAX_NESTING:  # (a C loop, no copy kept)
         return
-    brackets = _NOT_BRACKET.sub(b"", _STRING.sub(b"", raw))
+    brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
     if max(accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0) > MAX_NESTING:
         raise WireFormatError(f"nested too deeply (more than {MAX_NESTING} levels)")
 
