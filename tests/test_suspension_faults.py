@@ -9,7 +9,8 @@
 - Malformed records (bad JSON, invalid UTF-8, wrong types, oversize, a label that is not
   its key) are skipped by listings, the CLI and waiters, and can be replaced or cleared.
 - 1,100 concurrent waiters in one process all return after their resolution, through one
-  JetStream consumer.
+  JetStream consumer and one lease; the first waiters of a process, arriving at once, share
+  one lease (one waiter id on every record, one heartbeat).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from nats.aio.client import Client as NATS
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
+    LEASES_BUCKET,
     SUSPENSION_EVENTS_WILDCARD,
     SUSPENSIONS_BUCKET,
     AlreadySettledError,
@@ -432,6 +434,41 @@ async def test_the_cli_skips_and_reports_malformed_records(
 
 
 # -- scale ----------------------------------------------------------------------------------
+async def test_the_first_waiters_of_a_process_arriving_at_once_share_one_lease(
+    embedded_server: EmbeddedNatsServer,
+) -> None:
+    """50 first hooks at once: every record names the same owner, and the process keeps one
+    lease key alive (not one lease, heartbeat and bucket open per early waiter: an owner
+    nothing keeps alive lets another process take a live waiter's record)."""
+    n, tag = 50, f"first-{uuid.uuid4().hex[:6]}"
+    nca, ncb = await nats.connect(embedded_server.url), await nats.connect(embedded_server.url)
+    try:
+        a, b = HookDispatcher(nca, approvals=False), HookDispatcher(ncb, approvals=False)
+        async with a, b:
+            pending = await ncb.subscribe(SUSPENSION_EVENTS_WILDCARD)
+            await ncb.flush()
+            async with anyio.create_task_group() as tg:
+                for i in range(n):
+                    tg.start_soon(lambda i=i: a.hook(f"{tag} {i}", Grant, timeout_s=60))
+                seen = 0
+                with anyio.fail_after(60):
+                    while seen < n:
+                        part = decode((await pending.next_msg(timeout=60)).data, HookEvent).hook
+                        seen += part.status == "pending" and part.label.startswith(tag)
+                records = (await b.suspensions.page(status="pending", prefix=tag)).records
+                owners = {r.owner for r in records}
+                leases = await nca.jetstream().key_value(LEASES_BUCKET)
+                lease_keys = await leases.keys()
+                for i in range(n):
+                    await b.resolve_hook(f"{tag} {i}", Grant(approved=True))
+            assert len(records) == n
+            assert owners == {a.suspensions.waiter_id}
+            assert len(lease_keys) == 1
+    finally:
+        await nca.close()
+        await ncb.close()
+
+
 @pytest.mark.faults
 async def test_1100_concurrent_waiters_in_one_process_all_return(
     embedded_server: EmbeddedNatsServer,

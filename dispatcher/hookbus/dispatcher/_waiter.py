@@ -66,6 +66,12 @@ _HEALTHY_S = 60.0
 """Seconds a watch ran without an error after which the backoff starts over."""
 
 
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """Mark a shared task's exception retrieved (its waiters may all have left)."""
+    if not task.cancelled():
+        task.exception()
+
+
 class Slot:
     """What one waiter sees of its key: the latest entry delivered by the watch or a read
     (None once the record is removed), and an event set at each change."""
@@ -137,7 +143,7 @@ class SharedWatch:
         self._slots: dict[str, set[Slot]] = {}
         self._sub: Any = None
         self._task: asyncio.Task[None] | None = None
-        self._lock = asyncio.Lock()
+        self._starting: asyncio.Task[None] | None = None
         self._sweep = False
         self._recheck = False
         self._cursor = 0
@@ -193,16 +199,26 @@ class SharedWatch:
         outage)."""
         if self._sub is not None and self._running():
             return
-        async with self._lock:
-            if self._sub is None:
-                await self._subscribe()
-            if not self._running():
-                self._task = asyncio.get_running_loop().create_task(self._supervise())
+        # one start at a time, shared by every waiter arriving meanwhile: a waiter whose
+        # own budget ends leaves it running for the others (not restarted once per waiter)
+        if self._starting is None or self._starting.done():
+            self._starting = asyncio.get_running_loop().create_task(self._start())
+            self._starting.add_done_callback(_retrieve)
+        await asyncio.shield(self._starting)
+
+    async def _start(self) -> None:
+        if self._sub is None:
+            await self._subscribe()
+        if not self._running():
+            self._task = asyncio.get_running_loop().create_task(self._supervise())
 
     def _running(self) -> bool:
         return self._task is not None and not self._task.done()
 
     async def close(self) -> None:
+        starting, self._starting = self._starting, None
+        if starting is not None and not starting.done():  # a failed one told its waiters
+            await stop_task(starting, "the suspension watch's start")
         task, self._task = self._task, None
         await stop_task(task, "the suspension watch's reads")
         await self._unsubscribe()
@@ -376,6 +392,7 @@ class Leases:
         self._task: asyncio.Task[None] | None = None
         self._claims: dict[str, _Claim] = {}
         self._claims_lock = asyncio.Lock()
+        self._put_lock = asyncio.Lock()
         self._background: set[asyncio.Task[Any]] = set()
 
     @classmethod
@@ -406,7 +423,11 @@ class Leases:
             HookbusTimeoutError: the lease could not be written within one lease.
         """
         if time.monotonic() - self._last_put > self.lease_s / 2:
-            await kv_retry(self._put, deadline_s=self.lease_s, what="writing the waiter lease")
+            async with self._put_lock:  # waiters arriving at once share one write
+                if time.monotonic() - self._last_put > self.lease_s / 2:
+                    await kv_retry(
+                        self._put, deadline_s=self.lease_s, what="writing the waiter lease"
+                    )
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._heartbeat())
 
