@@ -65,13 +65,22 @@ __all__ = [
 
 KINDS = (
     "continue", "continue", "deny", "modify", "modify", "retool", "inject", "ask", "none",
-    "raise", "deny_fresh",
+    "raise", "deny_fresh", "opaque",
 )  # fmt: skip
 """What a handler does. ``modify`` appends its name to ``data["trail"]``; ``retool`` does
 that and swaps ``tool_name`` (any spelling of bash -> ``Write``, else ``BASH``: the chained
 data changes case, and filters match ignoring case); ``deny``, ``inject`` and ``ask`` quote
 the trail they saw (a result computed on stale data differs); ``deny_fresh`` denies only
-data no handler modified yet; ``none`` returns None; ``raise`` raises."""
+data no handler modified yet; ``none`` returns None; ``raise`` raises; ``opaque`` modifies
+with an object JSON cannot carry in the data (converted to its ``str()`` as amplifier-core
+converts a handler's result, in process and by a worker alike)."""
+PACES = ("now",) * 10 + ("jitter", "slow", "sometimes", "cpu")
+"""How a handler takes its time (see `Spec.pace`); at most one handler of a case has a
+`TIMED_PACES` pace (`settle`)."""
+TIMED_PACES = ("sometimes", "cpu")
+PACED_S, PACED_TIMEOUT_S = 1.2, 12.0
+"""A ``sometimes`` handler awaits, and a ``cpu`` one computes, this long: longer than any
+other handler's timeout, ten times less than its own."""
 FILTERS: tuple[tuple[str, ...] | None, ...] = (
     None, None, ("bash",), ("b*",), ("write",), ("zz",), ("BASH",), ("W*",), ("Bash", "zz"),
 )  # fmt: skip
@@ -115,7 +124,9 @@ class Spec:
     retry_safe: bool = False
     policy: str = "ignore"
     pace: str = "now"
-    """``now``; ``jitter`` (sleeps a few ms); ``slow`` (sleeps past its timeout)."""
+    """``now``; ``jitter`` (sleeps a few ms); ``slow`` (sleeps past its timeout);
+    ``sometimes`` (awaits `PACED_S` only on data an earlier handler modified: the pace of a
+    cache that misses on some inputs); ``cpu`` (computes `PACED_S` without awaiting)."""
     timeout_s: float = TIMEOUT_S
     hold_s: float = 0.0
     """Seconds it holds after announcing ``started`` (the fault's step only)."""
@@ -220,7 +231,7 @@ def cases() -> Any:
                     parallel=draw(st.sampled_from((False, False, False, True))),
                     retry_safe=pure or safe[proc],
                     policy=draw(st.sampled_from(("ignore", "deny"))),
-                    pace=draw(st.sampled_from(("now",) * 5 + ("jitter", "slow"))),
+                    pace=draw(st.sampled_from(PACES)),
                 )
             )
         fault = Fault(
@@ -272,6 +283,7 @@ def settle(case: Case) -> Case:
     handler of that process from the step on must be ``retry_safe`` (else: one replica).
     Under a deadline nothing else sleeps.
     """
+    case = _one_timed_pace(case)
     f = case.fault
     if f.kind == "rogue":
         return _scattered(case)
@@ -305,6 +317,20 @@ def settle(case: Case) -> Case:
             s = dataclasses.replace(s, pace="now")
         handlers.append(s)
     return dataclasses.replace(case, handlers=tuple(handlers), replicas=tuple(replicas))
+
+
+def _one_timed_pace(case: Case) -> Case:
+    """`case` with a `TIMED_PACES` pace on its first such handler only (the others ``now``):
+    each costs `PACED_S` per run."""
+    seen = False
+    handlers = []
+    for s in case.handlers:
+        if s.pace in TIMED_PACES:
+            if seen:
+                s = dataclasses.replace(s, pace="now")
+            seen = True
+        handlers.append(s)
+    return dataclasses.replace(case, handlers=tuple(handlers))
 
 
 def _scattered(case: Case) -> Case:
@@ -356,11 +382,25 @@ def behave(spec: Spec, data: dict[str, Any]) -> HookResult | None:
         return HookResult(action="inject_context", context_injection=f"{spec.name} saw {trail}")
     if kind == "ask":
         return HookResult(action="ask_user", approval_prompt=f"{spec.name} asks after {trail}")
+    if kind == "opaque":
+        return HookResult(
+            action="modify", data={**data, "trail": [*trail, spec.name], "found": Opaque(spec)}
+        )
     if kind == "none":
         return None
     if kind == "raise":
         raise RuntimeError(f"{spec.name} raises")
     return HookResult(action="continue")
+
+
+class Opaque:
+    """An object JSON cannot carry; its ``str()`` is what a handler's data holds instead."""
+
+    def __init__(self, spec: Spec) -> None:
+        self.name = spec.name
+
+    def __str__(self) -> str:
+        return f"opaque object of {self.name}"
 
 
 def remote_handler(
@@ -376,10 +416,25 @@ def remote_handler(
             await asyncio.sleep(0.003 + (hash(spec.name) % 5) / 1000)
         elif spec.pace == "slow":
             await asyncio.sleep(SLOW_SLEEP_S)
+        elif spec.pace == "sometimes" and data.get("trail"):
+            await asyncio.sleep(PACED_S)
+        elif spec.pace == "cpu":
+            end = time.monotonic() + PACED_S
+            while time.monotonic() < end:  # holds the worker's event loop
+                pass
         return behave(spec, data)
 
     handle.__name__ = spec.name
     return handle
+
+
+def timeout_of(spec: Spec) -> float:
+    """`spec`'s declared timeout, seconds (its pace's, if it has one)."""
+    if spec.pace == "slow":
+        return SLOW_TIMEOUT_S
+    if spec.pace in TIMED_PACES:
+        return PACED_TIMEOUT_S
+    return spec.timeout_s
 
 
 def declare_options(spec: Spec) -> dict[str, Any]:
@@ -388,7 +443,7 @@ def declare_options(spec: Spec) -> dict[str, Any]:
         "name": spec.name,
         "priority": spec.priority,
         "tool_filter": None if spec.tool_filter is None else list(spec.tool_filter),
-        "timeout_s": SLOW_TIMEOUT_S if spec.pace == "slow" else spec.timeout_s,
+        "timeout_s": timeout_of(spec),
         "failure_policy": spec.policy,
         "parallel": spec.parallel,
         "retry_safe": spec.retry_safe,
@@ -472,7 +527,7 @@ async def reference(case: Case, event: str, *, faulted: bool) -> tuple[HookResul
             reference_handler(spec, model),
             spec.priority,
             spec.name,
-            timeout_s=SLOW_TIMEOUT_S if spec.pace == "slow" else spec.timeout_s,
+            timeout_s=timeout_of(spec),
             failure_policy=spec.policy,  # type: ignore[arg-type]
             tool_filter=None if spec.tool_filter is None else list(spec.tool_filter),
             parallel=spec.parallel,

@@ -896,6 +896,8 @@ class ChainPlan:
     subjects: dict[str, str]
     """Each step's handler subject, by handler name (an instance that answers a step is a
     hedge target of that handler too: it serves it)."""
+    rest_s: dict[str, float]
+    """By handler name: the timeouts of its step and every later one, summed (seconds)."""
 
     @classmethod
     def of(cls, seg: tuple[Route, ...]) -> ChainPlan:
@@ -920,6 +922,10 @@ class ChainPlan:
             tool_filter=None,
             subject=head.chain,
         )
-        total = sum(step.timeout_s for step in steps)
+        rest_s: dict[str, float] = {}
+        total = 0.0
+        for step in reversed(steps):
+            total += step.timeout_s
+            rest_s[step.handler] = total
         subjects = {r.name: r.subject for r in seg}
-        return cls(target, steps, total, all(r.retry_safe for r in seg), subjects)
+        return cls(target, steps, total, all(r.retry_safe for r in seg), subjects, rest_s)

@@ -4,16 +4,20 @@ A chain request sends adjacent handlers of one worker process's handler set in o
 request (see `hookbus.schemas.ChainStep`). It is an optimisation of calling them one by
 one, so it must give the same outcomes under every fault; this is how:
 
-- the worker reports each step's reply as soon as the chain waits on anything, naming the
-  steps running then (`HookReply.running`); the final reply lists them all;
-- each step the fold reaches is given the timeout it would have on a request of its own,
-  dated from when the worker reported it running (else from the last message heard, or
-  the send): past it, the step fails as ``timeout`` under its own policy, as a request
-  of its own would have, and the chain is over;
-- the steps after the one that was running when the chain ended (a timeout, a worker
-  killed or shut down mid-chain, a worker that stopped because it was late) are "not run"
-  (None): the caller calls each on its own within what is left of the emit's deadline. A
-  step cut by a shutdown that may run twice (``retry_safe``) is not run either;
+- the worker times each step (it cuts one at its timeout and reports that) and reports
+  each step's reply as soon as the chain really waits on anything, naming the steps
+  running then (`HookReply.running`); the final reply lists them all;
+- the dispatcher waits on the step the fold reaches as `hookbus._core.chain_timing` says
+  (a step named running for its own timeout from the first report naming it, one not
+  named for its and every later step's timeouts from the last message heard, plus a
+  grace): past that the worker counts as lost, the step fails as ``timeout`` under its
+  own policy, and the chain is over. So a live worker's step is never failed here, nor
+  one step for another's time;
+- the steps after the one that was running when the chain ended (a lost worker, one shut
+  down mid-chain, one that stopped because it was late) are "not run" (None): the caller
+  calls each on its own within what is left of the emit's deadline (the worker never
+  starts a step once that may happen). A step cut by a shutdown that may run twice
+  (``retry_safe``) is not run either;
 - in a chain whose steps are all ``retry_safe``, a step unanswered past its hedging
   window (`HEDGE_FRACTION` of its timeout) is also asked on its own (hedged, as any
   retry_safe call: `hedge`), and the first answer wins, the chain's or the hedge's;
@@ -34,6 +38,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from hookbus._core import clock
+from hookbus._core.chain_timing import GRACE_S
 from hookbus._core.handler_options import DEFAULT_TIMEOUT_S
 from hookbus.schemas import EventEnvelope, HookReply, WireFormatError, decode
 
@@ -51,14 +56,9 @@ from ._route_table import Route
 if TYPE_CHECKING:
     from ._calls import ChainPlan, Requester, _Inbox
 
-__all__ = ["STEP_GRACE_S", "ChainCall"]
+__all__ = ["ChainCall"]
 
 _NO_RESPONDERS = "503"
-
-STEP_GRACE_S = 0.05
-"""Seconds a step reported running is waited for past its timeout, so that a live
-worker's own cut (``handler_timeout``, sent at the timeout) arrives first; the emit's
-deadline is never passed for it."""
 
 
 class ChainCall:
@@ -233,9 +233,13 @@ class ChainCall:
         return self._running_since.get(route.name, self._heard_at)
 
     def _due(self, route: Route) -> float:
-        due = self._start_of(route) + self._timeout_s(route)
-        if route.name in self._running_since:
-            due += STEP_GRACE_S
+        """When the worker counts as lost while the fold waits on `route`
+        (`hookbus._core.chain_timing`), cut to the emit's deadline."""
+        since = self._running_since.get(route.name)
+        if since is not None:
+            due = since + self._timeout_s(route) + GRACE_S
+        else:
+            due = self._heard_at + self._plan.rest_s[route.name] + GRACE_S
         return due if self._deadline is None else min(due, self._deadline)
 
     def _hedge_at(self, route: Route) -> float:
@@ -292,8 +296,8 @@ class ChainCall:
             self.over = True
         else:
             since = now - max(0.0, reply.running_for_s)
-            for name in reply.running:
-                self._running_since[name] = since
+            for name in reply.running:  # the first report dates it: none re-arms it
+                self._running_since.setdefault(name, since)
 
     async def _refused(self, reply: HookReply) -> None:
         """An error answering the whole request: nothing ran (see the worker's codes)."""

@@ -1,28 +1,28 @@
 """What a worker tells the dispatcher while it runs a chain request: its progress replies.
 
-A chain request runs several handlers in one process. Were its answers sent only at the
-end, a process killed or paused mid-chain would take the answers of the steps that had
-already run with it, and the dispatcher could not tell which step was running. So the
-worker reports, on the request's reply subject, the replies so far whenever the chain may
-wait on something, and names the steps running then:
+A chain request runs several handlers in one process, and the process that runs a step
+is the one that times it (each step within its own timeout: `HookWorker._invoke`). The
+dispatcher waits for the chain's replies and gives up on it only when the worker may be
+lost. So that it never gives up on a live worker's step, and never blames one step for
+another's time, the worker reports, on the request's reply subject:
 
-- before a step that may wait (suspend: see `HookWorker._may_wait`) starts, the replies
-  not yet reported go out (`report`), appended to the client's buffer before anything
-  the step itself sends, so no fault while it runs can lose them (as a request of its
-  own would have had its reply out already);
-- after a member of a parallel group finishes while others run, a report is scheduled
-  for the event loop's next turn (`loop.call_soon`); it goes out only if steps are still
-  running then;
-- a chain of handlers that return at once sends none: nothing can happen between its
-  steps, and the final reply carries everything, so a fast chain still costs one message;
-- a report is incremental (the replies finished since the last one); the final reply
-  (`HookReply.running` None) lists every reply.
+- the replies not yet reported, and the steps running, the moment a step really waits
+  (its coroutine suspends, or it runs in a thread): appended to the client's buffer
+  before the loop runs anything else, so no fault while it waits can lose them (as a
+  request of its own would have had its reply out already). A step that returns at once
+  never waits, whatever it did on earlier calls: nothing is predicted;
+- the reply of a step that was reported running, as soon as it ends, before the next
+  step starts (and the loop is given one turn to write it: a next step that computes
+  without awaiting would otherwise hold it in the client's buffer);
+- after a member of a parallel group finishes while others run, a report at the event
+  loop's next turn (`loop.call_soon`), if steps still run then;
+- nothing else: a chain of handlers that return at once (or compute without awaiting)
+  costs one message, the final reply (`HookReply.running` None), which lists every reply.
 
-The dispatcher dates each running step from its report and gives up on it at its own
-timeout, as it would on a request of its own; the steps after it it calls one by one. So a
-worker must never start a step once the dispatcher may have given up on the chain
-(`late`): after a pause (SIGSTOP, a starved event loop) the rest of the chain is left to
-the dispatcher, and no handler runs twice.
+How long the dispatcher waits, and so when a worker stops starting steps (`late`): see
+`hookbus._core.chain_timing`. After a pause (SIGSTOP, a starved event loop, a request read
+long after it came: see `LoopStalls`) the rest of the chain is left to the dispatcher, and
+no handler runs twice.
 """
 
 from __future__ import annotations
@@ -35,15 +35,12 @@ from typing import Any
 
 import nats.errors
 
+from hookbus._core.chain_timing import LATE_MARGIN_S
 from hookbus.schemas import ChainStep, HookReply
 
 from ._coroutines import Resumed
 
-__all__ = ["LATE_MARGIN_S", "ChainProgress"]
-
-LATE_MARGIN_S = 0.05
-"""Seconds before the dispatcher's earliest give-up at which a worker stops starting steps
-(the dispatcher dates a first step from its send, the worker from its receipt)."""
+__all__ = ["ChainProgress"]
 
 _sending: set[asyncio.Future[None]] = set()
 
@@ -54,50 +51,65 @@ class ChainProgress:
     Args:
         name: the handler set's id (the `HookReply.handler` of a chain's replies).
         send: publishes one reply on the request's reply subject.
-        received: `time.monotonic()` when the request arrived.
+        received: `time.monotonic()` from which the request is dated (its receipt, or
+            earlier: `LoopStalls.dated`).
+        total_s: the sum of the chain's step timeouts, seconds.
     """
 
     __slots__ = (
         "_closed",
-        "_heard_at",
+        "_give_up",
         "_name",
+        "_named",
+        "_rest_s",
         "_running",
         "_scheduled",
         "_send",
         "_started",
         "_unreported",
-        "_watch_deadline",
     )
 
     def __init__(
-        self, name: str, send: Callable[[HookReply], Awaitable[None]], received: float
+        self,
+        name: str,
+        send: Callable[[HookReply], Awaitable[None]],
+        received: float,
+        total_s: float,
     ) -> None:
         self._name = name
         self._send = send
         self._unreported: list[HookReply] = []
         self._running: list[ChainStep] = []
         self._started = received
+        self._rest_s = total_s
         self._scheduled = False
         self._closed = False
-        self._heard_at = received
-        """From when the dispatcher dates steps not reported running: the request's
-        receipt (every report names steps running)."""
-        self._watch_deadline: float | None = None
-        """When the dispatcher may give up on the steps it waits for (None: set by the
-        next `start`)."""
+        self._named = False
+        """The running steps were named in a report (their replies go out as they end)."""
+        self._give_up = received + total_s
+        """When the dispatcher may give up (its grace aside), dated on this clock: no
+        report yet, so from the request for every step's timeout."""
 
-    def start(self, steps: list[ChainStep], now: float) -> None:
+    def start(self, steps: list[ChainStep], now: float, rest_s: float) -> None:
         """Steps `steps` (one, or a parallel group) start running at `now` (the list is
-        kept as it is: give a list of its own)."""
+        kept as it is: give a list of its own); `rest_s`: the timeouts of the steps after
+        them, summed."""
         self._running = steps
         self._started = now
-        if self._watch_deadline is None:  # not reported: dated from what it last heard
-            self._watch_deadline = self._heard_at + _earliest(steps)
+        self._rest_s = rest_s
+        self._named = False
+
+    def suspended(self) -> None:
+        """A running step waits on something now: report the replies not yet reported,
+        naming the running steps (nothing to report: nothing sent, the dispatcher's
+        dating of them from its last news still holds)."""
+        if self._unreported and not self._named:
+            self._flush()
 
     def finished(self, step: ChainStep, reply: HookReply) -> None:
-        """`step` finished with `reply`: reported before the next step that may wait
-        (`report`), or, while other members of its parallel group run, at the loop's next
-        turn."""
+        """`step` finished with `reply`: reported before the next step if it was named
+        running (`settle`), while other members of its parallel group run at the loop's
+        next turn, else with the next report or the final reply."""
         self._unreported.append(reply)
         running = self._running
         if len(running) > 1:
@@ -106,21 +118,29 @@ class ChainProgress:
         else:
             self._running = []
 
+    def settle(self) -> bool:
+        """Between steps: report the replies of steps that were named running (the
+        dispatcher times those from their report). Returns whether a report went out (the
+        caller then yields once, so that the client writes it before the next step)."""
+        if not self._named or not self._unreported or self._closed:
+            return False
+        self._named = False
+        now = time.monotonic()
+        reply = HookReply(handler=self._name, chain=self._unreported, running=[])
+        self._unreported = []
+        self._give_up = now + self._rest_s  # the next steps, dated from this report
+        _publish_now(self._publish(reply))
+        return True
+
     def _schedule(self) -> None:
         if not self._scheduled and not self._closed:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
-    def report(self) -> None:
-        """Report the replies not yet reported now (appended to the client's buffer before
-        anything the next step sends), naming the steps just started."""
-        self._flush()
-
     def late(self, now: float) -> bool:
         """Whether starting another step at `now` could race the dispatcher's give-up on
         the chain: then the worker stops and the dispatcher calls the rest itself."""
-        deadline = self._watch_deadline
-        return deadline is not None and now >= deadline - LATE_MARGIN_S
+        return now >= self._give_up - LATE_MARGIN_S
 
     def close(self) -> None:
         """The chain is over (its final reply goes now): no more progress replies."""
@@ -129,7 +149,7 @@ class ChainProgress:
     def _flush(self) -> None:
         self._scheduled = False
         if self._closed or not self._unreported or not self._running:
-            return  # over, nothing new, or between steps: the next `start` schedules it
+            return  # over, nothing new, or between steps
         now = time.monotonic()
         reply = HookReply(
             handler=self._name,
@@ -138,8 +158,10 @@ class ChainProgress:
             running_for_s=max(0.0, now - self._started),
         )
         self._unreported = []
-        # the dispatcher now dates the running steps from this report
-        self._watch_deadline = self._started + _earliest(self._running)
+        self._named = True
+        # the dispatcher has every earlier reply: it now waits on the running steps only,
+        # each dated from its start for its own timeout (a later report cannot move that)
+        self._give_up = self._started + _earliest(self._running)
         _publish_now(self._publish(reply))
 
     async def _publish(self, reply: HookReply) -> None:

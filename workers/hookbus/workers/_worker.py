@@ -41,6 +41,7 @@ from hookbus.schemas import (
     HANDLERS_BUCKET,
     MAX_HANDLER_SET,
     MAX_RECORD_BYTES,
+    BadRequestError,
     ChainStep,
     EventEnvelope,
     FailurePolicy,
@@ -75,6 +76,7 @@ from ._registration import (
     stop_liveness,
 )
 from ._spec import Handler, HandlerSpec
+from ._stalls import LoopStalls
 from ._telemetry import chain_handling, handling_span, traced_handling
 from ._telemetry_core import otel
 
@@ -148,10 +150,9 @@ class HookWorker:
         carries it, and each handler also listens on its instance subject (hedges)."""
         self._specs: dict[tuple[str, str], HandlerSpec] = {}
         self._serving: ServingLoop | None = None
-        self._waits: set[tuple[str, str]] = set()
-        """Handlers seen to wait on something (suspend) when called: see `_may_wait`."""
-        self._returns_at_once: set[tuple[str, str]] = set()
-        """Handlers called in a chain that returned without waiting, never seen to wait."""
+        self._stalls = LoopStalls()
+        """This loop's stalls: a chain request read during or just after one is dated
+        from its start (see `LoopStalls`)."""
         self.handler_set_id = ""
         """The id of this process's handler set once started ("" if it cannot be chained):
         chain requests for its handlers of an event come on
@@ -290,6 +291,7 @@ class HookWorker:
         nc_ = self._nc
         harden_connection(nc_)  # before subscribing: the flushes below must follow the SUBs
         self._stopped = asyncio.Event()
+        self._stalls.start()
         self._set_handler_set()
         serving = self._serving = ServingLoop(nc_, max_concurrency=self.max_concurrency, log=log)
         for spec in self._specs.values():
@@ -337,6 +339,7 @@ class HookWorker:
             await flush_subscriptions(nc_, deadline_s=self.registration_timeout_s)
             self.instance = self._liveness.id
         except BaseException:
+            self._stalls.stop()
             await stop_liveness(self._liveness)
             self._liveness = None
             await serving.unsubscribe()
@@ -400,6 +403,7 @@ class HookWorker:
 
         # each answers `unavailable` as it ends; one cancelled before it started cannot
         await serving.finish(deadline, cancel_wait_s=5.0, late=late)
+        self._stalls.stop()
         self._state = "stopped"
         assert self._stopped is not None
         self._stopped.set()
@@ -536,14 +540,30 @@ class HookWorker:
         return envelope, None
 
     async def _invoke(
-        self, spec: HandlerSpec, event: str, data: dict[str, Any], timeout_s: float, emit_id: str
+        self,
+        spec: HandlerSpec,
+        event: str,
+        data: dict[str, Any],
+        timeout_s: float,
+        emit_id: str,
+        suspended: Callable[[], None] | None = None,
     ) -> HookReply:
-        """Run one handler within `timeout_s` seconds; its result or the error, as a reply."""
+        """Run one handler within `timeout_s` seconds; its result or the error, as a reply.
+
+        The process that runs a handler times it: a handler still running at `timeout_s`
+        is cut (``handler_timeout``), and so is one that returns after it without having
+        given the loop a chance to cut it (it computed without awaiting): its late result
+        is not used, as a dispatcher timing the call would not have used it.
+        `suspended()`: called the moment the handler really waits (its coroutine suspends,
+        or it runs in a thread), before the loop runs anything else."""
         decl = spec.declaration
+        started = time.monotonic()
         try:
             if spec.is_async:
                 coro = spec.fn(event, data)
                 if type(coro) is not CoroutineType:  # another awaitable: no first step here
+                    if suspended is not None:
+                        suspended()
                     async with asyncio.timeout(timeout_s):
                         raw = await coro
                 else:
@@ -553,24 +573,28 @@ class HookWorker:
                     # without suspending is never cut by it, and needs no timer at all.
                     # One that suspends gets its timer at the deadline counted from
                     # before its first step, and the rest of it is awaited under it.
-                    started = time.monotonic()
                     try:
                         suspended_on = coro.send(None)
                     except StopIteration as done:
                         raw = done.value
                     else:
-                        self._waits.add(spec.key)  # it waits: see `_may_wait`
+                        if suspended is not None:
+                            suspended()
                         loop = asyncio.get_running_loop()
                         deadline = loop.time() + timeout_s - (time.monotonic() - started)
                         async with asyncio.timeout_at(deadline):
                             raw = await Resumed(coro, suspended_on)
             else:
+                if suspended is not None:
+                    suspended()
                 async with asyncio.timeout(timeout_s):  # cheaper than anyio's on this path
                     raw = await anyio.to_thread.run_sync(
                         spec.fn, event, data, abandon_on_cancel=True
                     )
                     if inspect.isawaitable(raw):
                         raw = await raw
+            if time.monotonic() - started > timeout_s:
+                raise TimeoutError  # it held the loop past its time: nothing could cut it
         except TimeoutError:
             return HookReply(
                 handler=decl.name,
@@ -711,7 +735,7 @@ class HookWorker:
         have given up on (see `ChainProgress`), or once the worker drains. `decoded`: the
         request's envelope (None: it could not be decoded). Progress replies go out while
         steps wait."""
-        received = time.monotonic()
+        received = self._stalls.dated(time.monotonic())
         name = self.handler_set_id
         envelope, refusal = self._read_request(name, msg, decoded)
         if envelope is None:
@@ -733,9 +757,12 @@ class HookWorker:
                 return refusal
         budget = envelope.budget_s
         deadline = None if budget is None else received + budget
-        progress = ChainProgress(name, functools.partial(self._respond, msg), received)
         data = envelope.data
         n = len(steps)
+        rest_s = 0.0  # the timeouts of the steps not started yet, summed
+        for step in steps:
+            rest_s += step.timeout_s
+        progress = ChainProgress(name, functools.partial(self._respond, msg), received, rest_s)
         # judged once per chain, as for a request of its own: from the next request on
         observed = otel.sync() or log.isEnabledFor(logging.DEBUG)
         # a chain without parallel steps (the usual one) is a group per step
@@ -744,6 +771,8 @@ class HookWorker:
         try:
             while i < n:
                 j = i + 1 if parallel is None else group_end(parallel, i)
+                for step in steps[i:j]:
+                    rest_s -= step.timeout_s
                 if j == i + 1:
                     spec = specs[i]
                     if spec is None or not spec.matches(data):
@@ -761,31 +790,31 @@ class HookWorker:
                         i = j
                         continue
                 i = j
+                if progress.settle():  # replies of steps that were reported running
+                    await asyncio.sleep(0)  # written before the next step can hold the loop
                 now = time.monotonic()
-                if replies and (progress.late(now) or self._state != "serving"):
+                if progress.late(now) or self._state != "serving":
                     # the dispatcher calls the rest itself: late, or draining (a request of
                     # its own would be refused now too)
                     break
                 running[:] = run
                 if len(run) == 1:  # no task per step: the common, sequential case
                     step, spec = run[0]  # (a parallel group may have one step left)
-                    progress.start([step], now)
-                    if replies and self._may_wait_one(spec):
-                        progress.report()  # the replies so far, before this step's own work
+                    progress.start([step], now, rest_s)
                     # the last step may have the request's decoded data itself, as a
                     # request of its own does: nothing reads it after this step (not so
                     # once an earlier step's modify replaced it: that data is in its reply)
                     copy = i < n or data is not envelope.data
-                    out = await self._step(
-                        spec, step, envelope, data, deadline, msg, copy, observed
-                    )
+                    out = _sendable(
+                        await self._step(
+                            spec, step, envelope, data, deadline, msg, copy, observed,
+                            progress.suspended,
+                        )
+                    )  # fmt: skip
                     progress.finished(step, out)
-                    self._returns_at_once.add(spec.key)  # unless `_waits` says otherwise
                     outs: list[HookReply] = [out]
                 else:
-                    progress.start([step for step, _ in run], now)
-                    if replies and self._may_wait(run):
-                        progress.report()  # the replies so far, before this step's own work
+                    progress.start([step for step, _ in run], now, rest_s)
                     outs = await self._run_group(run, envelope, data, deadline, msg, progress)
                 running.clear()
                 for (step, _), out in zip(run, outs, strict=True):
@@ -798,20 +827,6 @@ class HookWorker:
         finally:
             progress.close()
         return HookReply(handler=name, chain=replies)
-
-    def _may_wait(self, run: list[tuple[ChainStep, HandlerSpec]]) -> bool:
-        """Whether a step of `run` may wait on something (suspend): then the replies so far
-        are reported before it starts, so that no fault while it runs can lose them. A
-        handler is taken to wait until a call showed it returns at once, and for good once
-        one showed it waits; sync handlers run in a thread: they always wait. Handlers
-        that return at once need no report: nothing can happen between them and the
-        final reply, which goes out in the same turn of the event loop."""
-        return any(self._may_wait_one(spec) for _, spec in run)
-
-    def _may_wait_one(self, spec: HandlerSpec) -> bool:
-        """`_may_wait` of one step's handler."""
-        key = spec.key
-        return not spec.is_async or key in self._waits or key not in self._returns_at_once
 
     async def _run_group(
         self,
@@ -826,9 +841,11 @@ class HookWorker:
         copy); each reply is handed to `progress` as its step finishes."""
 
         async def one(step: ChainStep, spec: HandlerSpec) -> HookReply:
-            reply = await self._step(spec, step, envelope, data, deadline, msg)
+            reply = _sendable(
+                await self._step(spec, step, envelope, data, deadline, msg, True, True,
+                                 progress.suspended)
+            )  # fmt: skip
             progress.finished(step, reply)
-            self._returns_at_once.add(spec.key)  # unless `_waits` says otherwise
             return reply
 
         return list(await asyncio.gather(*(one(st, sp) for st, sp in run)))
@@ -843,11 +860,13 @@ class HookWorker:
         msg: Msg,
         copy: bool = True,
         observed: bool = True,
+        suspended: Callable[[], None] | None = None,
     ) -> Awaitable[HookReply]:
         """Run one step of a chain on `data` (`copy`: on a copy of its own, as a request
         of its own would get, so in-place edits stay its own). A plain function returning
         the step's awaitable: unless `observed` (telemetry or debug logging on), the
-        handler's `_invoke` itself (one coroutine frame less per step)."""
+        handler's `_invoke` itself (one coroutine frame less per step). `suspended`: see
+        `_invoke`."""
         timeout_s = min(step.timeout_s, spec.declaration.timeout_s)
         if deadline is not None:
             timeout_s = min(timeout_s, deadline - time.monotonic())
@@ -855,9 +874,9 @@ class HookWorker:
             error = WireError(code="handler_timeout", message="not run: the chain's budget ran out")
             return _ready(HookReply(handler=step.handler, error=error))
         if observed:
-            return self._step_observed(spec, step, envelope, data, timeout_s, msg, copy)
+            return self._step_observed(spec, step, envelope, data, timeout_s, msg, copy, suspended)
         own = json_copy(data) if copy else data
-        return self._invoke(spec, envelope.event, own, timeout_s, envelope.id)
+        return self._invoke(spec, envelope.event, own, timeout_s, envelope.id, suspended)
 
     async def _step_observed(
         self,
@@ -868,13 +887,14 @@ class HookWorker:
         timeout_s: float,
         msg: Msg,
         copy: bool,
+        suspended: Callable[[], None] | None,
     ) -> HookReply:
         """`_step` with its handling recorded (telemetry) and logged (debug)."""
         started = time.monotonic()
         headers = {"traceparent": step.traceparent} if step.traceparent else msg.headers
         with handling_span(spec.declaration, envelope, headers, subject=msg.subject) as handling:
             own = json_copy(data) if copy else data
-            reply = await self._invoke(spec, envelope.event, own, timeout_s, envelope.id)
+            reply = await self._invoke(spec, envelope.event, own, timeout_s, envelope.id, suspended)
             handling.reply(reply)
         if log.isEnabledFor(logging.DEBUG):
             _log_reply(spec.declaration, reply, "call", time.monotonic() - started)
@@ -886,7 +906,15 @@ class HookWorker:
             return
         assert self._nc is not None
         reply.instance = self.instance
-        payload = encode(reply)
+        try:
+            payload = encode(reply)
+        except _UNENCODABLE:  # a result JSON cannot carry: that reply fails, not the others
+            if reply.chain is not None:
+                reply.chain = [_sendable(r, every_field=True) for r in reply.chain]
+            else:
+                reply = _sendable(reply, every_field=True)
+                reply.instance = self.instance
+            payload = encode(reply)
         if len(payload) > self._nc.max_payload:
             log.warning("reply of %s is %d bytes, over max_payload", reply.handler, len(payload))
             payload = encode(
@@ -901,6 +929,39 @@ class HookWorker:
                 )
             )
         await self._nc.publish(msg.reply, payload)
+
+
+_UNENCODABLE = (TypeError, ValueError, OverflowError, msgspec.EncodeError)
+"""What msgspec raises for a value JSON cannot carry."""
+
+
+def _sendable(reply: HookReply, *, every_field: bool = False) -> HookReply:
+    """`reply` as it can be sent: data JSON does not carry natively converted as
+    amplifier-core converts a handler's result (`json_copy`: a `Decimal` to a string, any
+    other object to its ``str()``, as an in-process handler's is), or, when even that
+    fails (data that refers to itself, a result field of the wrong type), a ``bad_result``
+    error in its place: that handler fails (the fold denies a result it cannot read), the
+    other handlers' replies stand. A chain checks a step's data at once, before the next
+    step runs on it; `every_field`: the whole result (after the reply failed to encode).
+    """
+    result = reply.result
+    if result is None or (result.data is None and not every_field):
+        return reply
+    try:
+        encode(result if every_field else result.data)
+        return reply
+    except _UNENCODABLE:
+        pass
+    try:
+        if result.data is not None:
+            result = msgspec.structs.replace(result, data=json_copy(result.data))
+        encode(result)
+    except (BadRequestError, *_UNENCODABLE) as exc:
+        message = f"the result cannot be sent as JSON: {type(exc).__name__}: {exc}"
+        return HookReply(
+            handler=reply.handler, error=WireError(code="bad_result", message=message[:500])
+        )
+    return HookReply(handler=reply.handler, result=result)
 
 
 async def _ready(reply: R) -> R:

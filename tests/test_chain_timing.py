@@ -1,0 +1,259 @@
+"""Chains decide as one by one with ordinary handlers and no fault: the worker times its steps.
+
+Each case runs the same handlers three ways against a real nats-server: chains on
+(``HookDispatcher(nc)``), one request per handler (``chains=False``), and registered in
+process; the worker is a process of its own (``hookbus worker``), so a handler that holds
+its event loop holds only the worker's. Every run of a handler is announced (`_paced`), so
+"ran once" is counted, not assumed.
+
+- a handler that awaits only on some inputs (a cache miss) after an earlier handler that
+  returns at once: the earlier one's modify stands, nothing fails, nothing runs twice, also
+  through the ``hookbus dispatcher`` service;
+- a handler that computes without awaiting for longer than an earlier one's timeout, on a
+  chain's very first call;
+- a handler whose result holds an object JSON cannot carry: it is converted as in process
+  (amplifier-core's ``str()``), and every other handler's answer stands;
+- a replica paused while idle, resumed after chains were sent to it: it runs none of those
+  stale chains' steps (the dispatcher has called them on their own);
+- a peer repeating a chain's progress reply cannot re-arm a step past its timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _fleet import WORKER_READY, Fleet, Proc
+from _paced import SECRET, behaviour, worker_module
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from hookbus.dispatcher import HookDispatcher
+from hookbus.schemas import (
+    HookReply,
+    HookResult,
+    chain_subject,
+    emit_service_subject,
+    encode,
+    handler_set_id,
+)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.faults]
+
+Connect = Callable[..., Awaitable[NATS]]
+TESTS = str(Path(__file__).resolve().parent)
+COMMAND = f"export KEY={SECRET}"
+
+
+def h(name: str, kind: str, priority: int, timeout_s: float, policy: str = "ignore") -> dict:
+    return {
+        "name": name, "kind": kind, "priority": priority, "timeout_s": timeout_s,
+        "failure_policy": policy,
+    }  # fmt: skip
+
+
+@pytest.fixture
+async def fleet(nats_url: str, tmp_path: Path) -> AsyncIterator[Fleet]:
+    async with Fleet(nats_url, tmp_path) as f:
+        yield f
+
+
+async def paced_workers(
+    fleet: Fleet, event: str, handlers: list[dict], replicas: int = 1
+) -> list[Proc]:
+    path = fleet.workdir / f"paced_{uuid.uuid4().hex[:8]}.py"
+    path.write_text(worker_module(event, handlers, TESTS))
+    procs = [
+        await fleet._spawn(f"paced-{i}", ["worker", f"{path}:worker"], WORKER_READY)
+        for i in range(replicas)
+    ]
+    for p in procs:
+        await p.wait_ready()
+    return procs
+
+
+class Runs:
+    """Every announced handler run, by (handler, emit tag)."""
+
+    def __init__(self) -> None:
+        self.count: collections.Counter[tuple[str, str]] = collections.Counter()
+
+    async def listen(self, nc: NATS, event: str) -> Runs:
+        async def note(msg: Msg) -> None:
+            name, tag = json.loads(msg.data)
+            self.count[(name, tag)] += 1
+
+        await nc.subscribe(f"announce.{event}", cb=note)
+        await nc.flush()
+        return self
+
+    async def local(self, name: str, tag: str) -> None:
+        self.count[(name, tag)] += 1
+
+    async def settle(self, nc: NATS) -> None:
+        """Every announcement sent so far has arrived (the workers flush as they go)."""
+        await asyncio.sleep(0.5)
+        await nc.flush()
+
+
+def summary(r: HookResult) -> tuple[Any, ...]:
+    data = r.chained_data or {}
+    return (
+        r.action, r.reason, (data.get("tool_input") or {}).get("command"),
+        sorted((f.handler, f.kind) for f in r.failures),
+    )  # fmt: skip
+
+
+async def three_ways(
+    connect: Connect, event: str, handlers: list[dict], emits: list[dict], runs: Runs
+) -> dict[str, list[tuple[Any, ...]]]:
+    """The summaries of `emits` chains on, one by one, and in process (in that order: the
+    chains meet a worker that has seen nothing yet). Each emit's data gets ``tag``
+    ``<way>-<i>``."""
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    for way, options in (("chains", {}), ("one_by_one", {"chains": False})):
+        async with HookDispatcher(await connect(), **options) as d:
+            out[way] = [
+                summary(await asyncio.wait_for(d.emit(event, {**data, "tag": f"{way}-{i}"}), 30))
+                for i, data in enumerate(emits)
+            ]
+    local = HookDispatcher()
+    for spec in handlers:
+        local.register(
+            event, behaviour(spec["kind"], spec["name"], runs.local), spec["priority"],
+            spec["name"], timeout_s=spec["timeout_s"], failure_policy=spec["failure_policy"],
+        )  # fmt: skip
+    out["in_process"] = [
+        summary(await local.emit(event, {**data, "tag": f"in_process-{i}"}))
+        for i, data in enumerate(emits)
+    ]
+    return out
+
+
+def tool(**extra: Any) -> dict[str, Any]:
+    return {"tool_name": "bash", "tool_input": {"command": COMMAND}, **extra}
+
+
+@pytest.mark.parametrize("policy", ["ignore", "deny"])
+async def test_a_handler_that_awaits_only_on_a_cache_miss_keeps_the_earlier_redaction(
+    connect: Connect, fleet: Fleet, event: str, policy: str
+) -> None:
+    handlers = [h("redact", "redact", 1, 1.0, policy), h("audit", "audit", 2, 5.0)]
+    runs = await Runs().listen(await connect(), event)
+    await paced_workers(fleet, event, handlers)
+    out = await three_ways(connect, event, handlers, [tool(), tool(miss=True)], runs)
+    redacted = ("continue", None, "export KEY=***", [])
+    assert out == {way: [redacted, redacted] for way in out}
+    await runs.settle(await connect())
+    for way in out:
+        for i in range(2):
+            assert runs.count[("audit", f"{way}-{i}")] == 1, (way, i, runs.count)
+            assert runs.count[("redact", f"{way}-{i}")] == 1, (way, i, runs.count)
+
+
+async def test_the_same_through_the_dispatcher_service(
+    connect: Connect, fleet: Fleet, event: str
+) -> None:
+    handlers = [h("redact", "redact", 1, 1.0, "deny"), h("audit", "audit", 2, 5.0)]
+    runs = await Runs().listen(await connect(), event)
+    await paced_workers(fleet, event, handlers)
+    await fleet.dispatcher()
+    agent = await connect()
+    for i, data in enumerate([tool(), tool(miss=True)]):
+        body = encode({"data": {**data, "tag": f"service-{i}"}})
+        msg = await agent.request(emit_service_subject(event), body, timeout=30)
+        result = json.loads(msg.data)["result"]
+        assert (result["action"], result["failures"]) == ("continue", [])
+        assert result["chained_data"]["tool_input"]["command"] == "export KEY=***"
+    await runs.settle(agent)
+    assert runs.count == {
+        (name, f"service-{i}"): 1 for name in ("redact", "audit") for i in range(2)
+    }
+
+
+async def test_a_handler_computing_past_an_earlier_timeout_on_the_first_call(
+    connect: Connect, fleet: Fleet, event: str
+) -> None:
+    handlers = [h("redact", "redact", 1, 1.0, "deny"), h("scan", "scan", 2, 5.0)]
+    runs = await Runs().listen(await connect(), event)
+    await paced_workers(fleet, event, handlers)
+    out = await three_ways(connect, event, handlers, [tool()], runs)
+    assert out == {way: [("continue", None, "export KEY=***", [])] for way in out}
+    await runs.settle(await connect())
+    assert all(runs.count[("scan", f"{way}-0")] == 1 for way in out), runs.count
+
+
+async def test_an_object_json_cannot_carry_is_converted_as_in_process(
+    connect: Connect, fleet: Fleet, event: str
+) -> None:
+    handlers = [h("h1", "bad", 1, 5.0), h("h2", "allow", 2, 5.0), h("h3", "deny", 3, 5.0)]
+    runs = await Runs().listen(await connect(), event)
+    await paced_workers(fleet, event, handlers)
+    out = await three_ways(connect, event, handlers, [tool()], runs)
+    denied = ("deny", "h3 denies", COMMAND, [])
+    assert out == {way: [denied] for way in out}
+
+
+async def test_a_replica_paused_before_it_reads_runs_no_step_of_a_stale_chain(
+    connect: Connect, fleet: Fleet, event: str
+) -> None:
+    handlers = [h("h1", "allow", 1, 1.0), h("h2", "deny", 2, 1.0)]
+    runs = await Runs().listen(await connect(), event)
+    a, _b = await paced_workers(fleet, event, handlers, replicas=2)
+    async with HookDispatcher(await connect()) as d:
+        await d.emit(event, tool(tag="warm"))  # the declarations are read
+        a.pause()
+        try:
+            for i in range(6):
+                await asyncio.wait_for(d.emit(event, tool(tag=f"paused-{i}")), 30)
+        finally:
+            a.resume()
+        await asyncio.sleep(3.0)  # a has read and answered what it held
+        await runs.settle(await connect())
+    twice = {key: n for key, n in runs.count.items() if n > 1}
+    assert twice == {}
+    assert a.alive and not a.tracebacks()
+
+
+async def test_a_repeated_progress_reply_cannot_re_arm_a_step(
+    connect: Connect, fleet: Fleet, event: str
+) -> None:
+    """A peer on the chain subject that says "h1 is running" every 0.2 s: the emit ends
+    one timeout (1 s) and the grace after the first such report, not when the peer stops."""
+    handlers = [h("h1", "allow", 1, 1.0), h("h2", "allow", 2, 1.0)]
+    [worker] = await paced_workers(fleet, event, handlers)
+    async with HookDispatcher(await connect()) as d:
+        await d.emit(event, tool(tag="warm"))
+        subject = chain_subject(event, handler_set_id(["h1", "h2"]))
+        worker.pause()  # its subscription stays: the peer answers, the worker never does
+        peer = await connect()
+        stop = asyncio.Event()
+
+        async def repeat(msg: Msg) -> None:
+            while not stop.is_set():
+                report = HookReply(handler="set", chain=[], running=["h1"], running_for_s=0.0)
+                await peer.publish(msg.reply, encode(report))
+                await asyncio.sleep(0.2)
+
+        async def answer(msg: Msg) -> None:
+            tasks.add(asyncio.ensure_future(repeat(msg)))
+
+        tasks: set[asyncio.Future[None]] = set()
+        await peer.subscribe(subject, cb=answer)
+        await peer.flush()
+        started = time.monotonic()
+        try:
+            result = await asyncio.wait_for(d.emit(event, tool(tag="rogue")), 30)
+        finally:
+            stop.set()
+            worker.resume()
+        took = time.monotonic() - started
+    assert ("h1", "timeout") in [(f.handler, f.kind) for f in result.failures]
+    assert took < 6.0, took  # 1 s + the grace, then h2 alone (1 s at most); not 11 s
