@@ -18,6 +18,9 @@ publish times out.
 Client-to-server, every op line is recorded in order (`client_ops`), and an op can be held
 back (`hold_next_client_op`): it and everything the client sends after it reach the server
 late, in order, as when the server is slow to read one connection.
+
+`latency_s` delays every frame, both ways, by that many seconds, in order and without
+holding back the frames behind it: a link between sites (a one-way delay), no fault.
 """
 
 from __future__ import annotations
@@ -77,6 +80,8 @@ class NatsProxy:
     _server: asyncio.base_events.Server | None = None
     _conns: set[asyncio.Task[None]] = field(default_factory=set)
     _writers: set[asyncio.StreamWriter] = field(default_factory=set)
+    latency_s: float = 0.0
+    """One-way delay added to every frame in both directions, seconds."""
 
     @property
     def url(self) -> str:
@@ -137,13 +142,16 @@ class NatsProxy:
             self._conns.discard(task)
             return
         self._writers.update((cwriter, swriter))
+        to_client, to_server = _Late(cwriter, self), _Late(swriter, self)
         try:
             async with asyncio.TaskGroup() as tg:
-                tg.create_task(self._client_to_server(creader, swriter))
-                tg.create_task(self._server_to_client(sreader, cwriter))
+                tg.create_task(self._client_to_server(creader, to_server))  # type: ignore[arg-type]
+                tg.create_task(self._server_to_client(sreader, to_client))  # type: ignore[arg-type]
         except BaseException:
             pass
         finally:
+            to_client.stop()
+            to_server.stop()
             for w in (cwriter, swriter):
                 w.close()
                 self._writers.discard(w)
@@ -206,3 +214,33 @@ class NatsProxy:
                 await asyncio.sleep(rule.delay_s)  # the fault itself: late delivery
                 writer.write(line + body)
                 await writer.drain()
+
+
+class _Late:
+    """A stream writer whose writes reach the peer `proxy.latency_s` seconds after they are
+    made, in order (written at once while the latency is 0)."""
+
+    def __init__(self, writer: asyncio.StreamWriter, proxy: NatsProxy) -> None:
+        self._writer = writer
+        self._proxy = proxy
+        self._queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+        self._loop = asyncio.get_running_loop()
+        self._pump = asyncio.ensure_future(self._run())
+
+    def write(self, data: bytes) -> None:
+        self._queue.put_nowait((self._loop.time() + self._proxy.latency_s, data))
+
+    async def drain(self) -> None:
+        return None
+
+    def stop(self) -> None:
+        self._pump.cancel()
+
+    async def _run(self) -> None:
+        while True:
+            at, data = await self._queue.get()
+            wait = at - self._loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            self._writer.write(data)
+            await self._writer.drain()

@@ -13,6 +13,8 @@ its event loop holds only the worker's. Every run of a handler is announced (`_p
   chain's very first call;
 - a handler whose result holds an object JSON cannot carry: it is converted as in process
   (amplifier-core's ``str()``), and every other handler's answer stands;
+- a worker whose link to the server delays every message by 0.3 s each way (a hop between
+  sites): the same decisions, no step run twice;
 - a replica paused while idle, resumed after chains were sent to it: it runs none of those
   stale chains' steps (the dispatcher has called them on their own);
 - a peer repeating a chain's progress reply cannot re-arm a step past its timeout.
@@ -32,6 +34,7 @@ from typing import Any
 import pytest
 from _fleet import WORKER_READY, Fleet, Proc
 from _paced import SECRET, behaviour, worker_module
+from _proxy import NatsProxy
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
@@ -199,6 +202,26 @@ async def test_an_object_json_cannot_carry_is_converted_as_in_process(
     out = await three_ways(connect, event, handlers, [tool()], runs)
     denied = ("deny", "h3 denies", COMMAND, [])
     assert out == {way: [denied] for way in out}
+
+
+async def test_a_worker_behind_a_slow_link_runs_no_step_twice(
+    connect: Connect, nats_url: str, tmp_path: Path, event: str
+) -> None:
+    handlers = [
+        h("redact", "redact", 1, 1.0, "deny"), h("scan", "scan", 2, 5.0),
+        h("audit", "audit", 3, 5.0),
+    ]  # fmt: skip
+    runs = await Runs().listen(await connect(), event)
+    async with NatsProxy(nats_url, latency_s=0.3) as proxy, Fleet(proxy.url, tmp_path) as far:
+        await paced_workers(far, event, handlers)
+        emits = [tool(), tool(miss=True)]
+        out = await three_ways(connect, event, handlers, emits, runs)
+        redacted = ("continue", None, "export KEY=***", [])
+        assert out == {way: [redacted, redacted] for way in out}
+        await runs.settle(await connect())
+        await asyncio.sleep(1.0)  # the announcements cross the slow link too
+    assert set(runs.count.values()) == {1}, runs.count
+    assert len(runs.count) == 3 * 2 * len(handlers)
 
 
 async def test_a_replica_paused_before_it_reads_runs_no_step_of_a_stale_chain(
