@@ -185,3 +185,25 @@ async def test_a_refusal_over_the_agents_bounds_is_held_within_the_requests_time
         assert _code(await pending) == "quota" and loop.time() - started < 0.8
     finally:
         await service.stop()
+
+
+async def test_a_deeply_nested_request_over_the_rate_is_answered_quota(
+    connect: Any, event: str, held: Any
+) -> None:
+    """The refusal path reads only the request's ``timeout_s``: a body nested past any
+    decoder's depth is still answered (``quota``), never left without a reply."""
+    d, snc, gate, calls = held
+    gate.set()
+    service = DispatcherService(
+        d, snc, agent_max_in_flight=None, agent_rate_per_s=0.1, agent_burst=1
+    )
+    await service.start()
+    agent = await connect()
+    deep = b'{"timeout_s": 0.2, "data": {"x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}}"
+    try:
+        await _emit(agent, event, "deep", {})  # the burst
+        for _ in range(5):
+            msg = await agent.request(emit_service_subject(event, "deep"), deep, timeout=10)
+            assert _code(json.loads(msg.data)) == "quota"
+    finally:
+        await service.stop()

@@ -517,7 +517,9 @@ class DispatcherService:
         # would come back together, a burst every other agent's requests queue behind
         hold = AGENT_REFUSAL_HOLD_S.get(error.code, 0.0) * (0.5 + random.random())
         if hold and len(self._held) < MAX_HELD_REFUSALS:
-            with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+            # whatever the body (nested past the decoder's depth: RecursionError), the
+            # refusal is sent: only its hold depends on the body
+            with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError, RecursionError):
                 asked = msgspec.json.decode(msg.data, type=_Timeout).timeout_s
                 if asked is not None and asked > 0:
                     hold = min(hold, asked / 2)
