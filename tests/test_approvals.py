@@ -1152,3 +1152,33 @@ async def test_a_second_approver_loses_and_is_told(
             await approver.d.answer_approval(part.label, "Allow", approver="bob", agent_id="a1")
         r = await out.wait()
     assert (r.action, r.approved_by) == ("deny", "alice")
+
+
+async def test_a_retry_through_a_host_whose_clock_is_ahead_applies_no_default(
+    agent: Agent, approver: Approver, connect: Connect, event: str, monkeypatch: Any
+) -> None:
+    """An approval left pending by the caller's deadline, retried (same key) through a
+    dispatcher whose wall clock is an hour ahead: still pending, so the retry is denied at
+    its own caller's deadline; the clock of the host that wrote the record is never
+    compared with the retrying host's, and the ``allow`` default is not applied."""
+    ask = asker(approval_timeout=300.0, approval_default="allow")
+    agent.d.register(event, ask)
+    key = f"call-{uuid.uuid4().hex}"
+    first = await agent.d.emit(event, {"tool_name": "bash"}, idempotency_key=key, timeout_s=1.0)
+    assert first.action == "deny" and "stays pending" in (first.reason or "")
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 3600.0)  # this host's clock is off
+    other = HookDispatcher(await connect())
+    other.register(event, ask)
+    other.set_default_fields(session_id=agent.session)
+    async with other:
+        started = time.monotonic()
+        again = await other.emit(
+            event, {"tool_name": "bash"}, idempotency_key=key, timeout_s=1.0
+        )
+        took = time.monotonic() - started
+    assert again.action == "deny" and "stays pending" in (again.reason or ""), again.reason
+    assert took >= 0.9
+    [record] = [r for r in (await approver.d.approval_page()).records if r.status == "pending"
+                and r.metadata.get("session_id") == agent.session]  # fmt: skip
+    assert record.status == "pending"

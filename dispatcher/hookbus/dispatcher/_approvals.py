@@ -387,7 +387,7 @@ class Approvals:
         got: tuple[SuspensionRecord, int] | None,
     ) -> HookResult:
         """Ask (or take over, `got`) the approval `label` and decide from its answer."""
-        remaining = _approval_left(result.approval_timeout, started, got[0] if got else None)
+        remaining = _approval_left(result.approval_timeout, started)
         caller_left = None if wait_s is None else max(0.0, wait_s - (time.monotonic() - started))
         cut = caller_left is not None and (remaining is None or caller_left < remaining)
         metadata = _metadata(event, result, handler, options, allowing)
@@ -966,18 +966,16 @@ def joined_decision(asks: list[HookResult], decisions: list[HookResult]) -> Hook
     )
 
 
-def _approval_left(
-    timeout_s: float | None, started: float, record: SuspensionRecord | None
-) -> float | None:
+def _approval_left(timeout_s: float | None, started: float) -> float | None:
     """Seconds the approval still waits (None: no limit): `timeout_s` from `started` (a
-    `time.monotonic` reading), and no longer than a resumed `record`'s own timeout from its
-    creation (a retry does not extend the approval it resumes)."""
+    `time.monotonic` reading), on this process's clock only. A retry that resumes an
+    approval another host asked waits its own timeout from the retry: the record's
+    ``created_at`` is that host's wall clock, and no decision compares two hosts' clocks
+    (one an hour ahead would apply the default at once). The asker, if alive, closes the
+    approval at its own timeout, and the retry then gets that outcome."""
     if timeout_s is None:
         return None
-    left = max(0.0, timeout_s - (time.monotonic() - started))
-    if record is not None:
-        left = min(left, max(0.0, record.created_at + timeout_s - time.time()))
-    return left
+    return max(0.0, timeout_s - (time.monotonic() - started))
 
 
 def _metadata(
