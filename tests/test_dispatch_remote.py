@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
+import nats
 import nats.js.errors
 import pytest
 from _serving import serving
@@ -633,3 +634,29 @@ async def test_redeclaration_updates_the_route(nc: NATS, connect: Connect, event
         await wait_for_handlers(d, event, ["b", "a"])
         r = await d.emit(event, {})
     assert r.data is not None and r.data["trail"] == ["b", "a"]
+
+
+async def test_a_declared_handler_with_no_replica_is_rechecked_once_not_on_every_emit(
+    nc: NATS, nats_url: str, event: str
+) -> None:
+    """A declaration whose replicas are all gone: the first emit sends its request twice
+    (the recheck of "no responders"), the next emits once each: none waits for a recheck
+    again while the subject stays without a replica (counted on the wire, through a proxy)."""
+    from _proxy import NatsProxy
+
+    from hookbus.schemas import handler_subject
+
+    async with (
+        NatsProxy(nats_url) as proxy,
+        failing_handler("no_responders", "ignore", event, nc) as name,
+    ):
+        dnc = await nats.connect(proxy.url)
+        try:
+            async with HookDispatcher(dnc) as d:
+                results = [await d.emit(event, {"tool_name": "bash"}) for _ in range(5)]
+        finally:
+            await dnc.close()
+        subject = handler_subject(event, name).encode()
+        sent = [op for op in proxy.client_ops if op.split(b" ")[1:2] == [subject]]
+    assert all([f.kind for f in r.failures] == ["no_responders"] for r in results)
+    assert len(sent) == 6, sent

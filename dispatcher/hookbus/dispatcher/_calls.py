@@ -156,6 +156,12 @@ fails as ``no_responders``: a worker's interest reaches the other servers of a c
 moment after its declaration can, and a client other than hookbus's may flush before its
 subscriptions reach the server."""
 
+NO_RESPONDERS_KEPT_S = 1.0
+"""Seconds a subject found without a replica, once rechecked, is not rechecked again: a
+declared handler whose replicas are all gone costs each emit one "no responders", not
+that and the recheck's wait (the race the recheck covers lasts milliseconds after a
+worker subscribes; any answer on the subject ends it at once)."""
+
 _COROUTINE = types.CoroutineType
 """An async handler's result: awaited without the general `inspect.isawaitable` check."""
 _STATUS = "Status"
@@ -486,6 +492,8 @@ class Requester:
         """Handler subjects a discovery was asked for (recorded even if never answered)."""
         self._discovery_at = -math.inf
         self._turn = itertools.count()
+        self._no_replica: dict[str, float] = {}
+        """Per handler subject: loop time a rechecked call found no replica subscribed."""
 
     @property
     def started(self) -> bool:
@@ -608,7 +616,14 @@ class Requester:
                             continue
                         break  # send the next request at once
                     if not live:  # no replica subscribed: answered at once
-                        if not rechecked and deadline - loop.time() > NO_RESPONDERS_RECHECK_S:
+                        now = loop.time()
+                        if rechecked:
+                            self._no_replica[route.subject] = now
+                        elif (
+                            now - self._no_replica.get(route.subject, -math.inf)
+                            >= NO_RESPONDERS_KEPT_S
+                            and deadline - now > NO_RESPONDERS_RECHECK_S
+                        ):
                             # a replica that subscribed a moment ago may not be visible to
                             # this publish yet (seen under load): ask once more, shortly
                             rechecked = True
@@ -674,6 +689,7 @@ class Requester:
     def answered(self, subject: str, instance: str, now: float) -> None:
         """Note that `instance` answered a request on handler `subject` at `now`."""
         _note(self._recent, subject, instance, now)
+        self._no_replica.pop(subject, None)
 
     def suspect(self, subject: str, sent_at: float) -> None:
         """Note that a call on queue subject `subject`, sent at `sent_at` (loop time), timed
