@@ -660,3 +660,29 @@ async def test_a_declared_handler_with_no_replica_is_rechecked_once_not_on_every
         sent = [op for op in proxy.client_ops if op.split(b" ")[1:2] == [subject]]
     assert all([f.kind for f in r.failures] == ["no_responders"] for r in results)
     assert len(sent) == 6, sent
+
+
+async def test_an_emit_without_a_deadline_gives_its_remote_handlers_one_total(
+    nc: NATS, connect: Connect, event: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two remote handlers that hang, each with a 5 s timeout, and no caller deadline: the
+    emit ends at the one total (`REMOTE_EMIT_BUDGET_S`, 2 s here), not at the sum of the
+    timeouts (10 s); the second is not called."""
+    from hookbus.dispatcher import _call_router
+
+    monkeypatch.setattr(_call_router, "REMOTE_EMIT_BUDGET_S", 2.0)
+    never = asyncio.Event()
+
+    async def stuck(ev: str, data: dict[str, Any]) -> None:
+        await never.wait()
+
+    handlers = [
+        (event, stuck, {"name": n, "priority": p, "timeout_s": 5.0})
+        for n, p in (("a", 1), ("b", 2))
+    ]
+    async with serving(nc, *handlers), HookDispatcher(await connect(), chains=False) as d:
+        r = await d.emit(event, {"tool_name": "bash"})
+    a, b = r.failures
+    assert (a.handler, a.kind, b.handler, b.kind) == ("a", "timeout", "b", "timeout")
+    assert a.message == "no reply within 2s"  # its 5 s cut to the total
+    assert b.message == "not called: the emit's deadline had passed"

@@ -5,6 +5,7 @@ from hookbus.schemas import HookResult
 
 from ._approvals import APPROVAL_LABEL_PREFIX, AnswerNotAppliedError, approval_label, is_allow
 from ._approvals_client import ApprovalsClient
+from ._call_router import REMOTE_EMIT_BUDGET_S
 from ._dispatcher import HookDispatcher
 from ._fold import Fold
 from ._liveness import HandlerStatus, LiveReplica, RegistryView, describe_handlers, live_handlers
@@ -16,6 +17,7 @@ from ._suspensions import HookEventStream, PendingHook, RunScope, SuspensionPage
 
 __all__ = [
     "APPROVAL_LABEL_PREFIX",
+    "REMOTE_EMIT_BUDGET_S",
     "AnswerNotAppliedError",
     "ApprovalsClient",
     "DispatcherEndpoint",

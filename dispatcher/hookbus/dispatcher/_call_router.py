@@ -16,7 +16,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import nats.errors
@@ -29,6 +29,7 @@ from hookbus._core.copies import json_copy, walked_copy
 from hookbus._core.inboxes import inbox_reply_subject
 from hookbus._core.nats_guard import harden_connection
 from hookbus.schemas import (
+    MAX_HANDLER_TIMEOUT_S,
     EventEnvelope,
     HookbusError,
     HookReply,
@@ -55,9 +56,14 @@ from ._route_table import Route, RoutingTable
 from ._telemetry import end_collect_span, start_collect_span, trace_headers
 from ._telemetry_core import error
 
-__all__ = ["Collect", "EmitContext", "Router"]
+__all__ = ["REMOTE_EMIT_BUDGET_S", "Collect", "EmitContext", "Router"]
 
 log = logging.getLogger("hookbus.dispatcher")
+
+REMOTE_EMIT_BUDGET_S: Final = MAX_HANDLER_TIMEOUT_S
+"""Seconds an emit without a caller deadline gives its remote handlers in all, from its
+start: each call within its own timeout and this total (so no number of handlers with
+long timeouts can hold an emit longer). In-process handlers are not bound by it."""
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
@@ -181,6 +187,14 @@ class EmitContext:
     def remaining(self) -> float | None:
         """Seconds left before the emit's deadline (may be negative); None: no deadline."""
         return None if self.deadline is None else self.deadline - clock.now()
+
+    def remote_remaining(self) -> float:
+        """Seconds left for remote handler calls (may be negative): to the emit's deadline,
+        and never past `REMOTE_EMIT_BUDGET_S` from its start (one total, not the sum of
+        the handlers' timeouts)."""
+        now = clock.now()
+        left = self.started + REMOTE_EMIT_BUDGET_S - now
+        return left if self.deadline is None else min(left, self.deadline - now)
 
     def envelope(self, data: dict[str, Any]) -> EventEnvelope:
         """The request for the handlers, its data as the bytes `encoded_as` / `handler_copy`
@@ -310,7 +324,7 @@ class Router:
             # tenths of a microsecond per in-process handler); it fails a call past the
             # emit's deadline as below
             return call_local(route, ctx.event, ctx.handler_copy(data), ctx.remaining())
-        budget_s = ctx.remaining()
+        budget_s = ctx.remote_remaining()
         if clock.no_time_left(budget_s):
             return ready_outcome(Failed("timeout", "not called: the emit's deadline had passed"))
         # call_remote's own coroutine, as for call_local above: one frame less per call
@@ -346,10 +360,7 @@ class Router:
             if len(self._chains) >= 1024:  # stale snapshots: start over
                 self._chains.clear()
             plan = self._chains[seg] = ChainPlan.of(seg)
-        loop_deadline = None
-        budget_s = ctx.remaining()
-        if budget_s is not None:
-            loop_deadline = asyncio.get_running_loop().time() + budget_s
+        loop_deadline = asyncio.get_running_loop().time() + ctx.remote_remaining()
         if headers is None:
             headers = trace_headers()
         chain = ChainCall(self._requester, nc, plan, ctx.envelope(data), headers, loop_deadline)

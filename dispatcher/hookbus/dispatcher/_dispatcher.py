@@ -327,8 +327,11 @@ class HookDispatcher(StandardEvents):
                 a lost reply or a restart) finds its approval and answer; None: a new call.
             timeout_s: overall deadline of the handler chain in seconds; each handler call
                 gets its own timeout cut to what is left, and a handler not called because
-                it ran out is a ``timeout`` failure judged by its policy. None: only the
-                handlers' own timeouts apply.
+                it ran out is a ``timeout`` failure judged by its policy. None: the
+                handlers' own timeouts, and for the remote ones together at most
+                `REMOTE_EMIT_BUDGET_S` (60 s) from the emit's start, however many there are
+                (in-process handlers, as in amplifier-core, have no overall limit; an
+                approval's wait is its own ``approval_timeout``).
 
         Returns:
             The folded `HookResult`; ``result.chained_data`` is the final chained data.
