@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
+from _proxy import NatsProxy
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
@@ -103,6 +104,15 @@ DEADLINE_S, DEADLINE_HOLD_S, DEADLINE_TIMEOUT_S = 1.0, 2.5, 5.0
 """A caller deadline: the emit's ``timeout_s``, and the handler at the step holds past it.
 The handlers before that step answer at once: wide enough for their round trips on a busy
 machine (at load 20 on two cores, a few answered in 0.26 s against a 0.3 s deadline)."""
+DELAYS = (0.0,) * 16 + (0.1, 0.3, 0.5)
+"""One-way delays (seconds) of the link between a case's workers and the server (a hop
+between sites), added by a proxy to every message both ways while the case's emits run."""
+DELAY_TIMEOUT_FACTOR = 20.0
+"""Under a delay, a handler's timeout is at least this many delays: ten round trips."""
+MAX_DELAYED_HOSTS = 4
+"""Most worker hosts of a delayed case (the pool behind the proxy)."""
+SKEWS = (0.0,) * 4 + (3600.0, -3600.0)
+"""Seconds a case's worker hosts' wall clocks are off (``time.time`` in that process)."""
 HOST_SCRIPT = str(Path(__file__).resolve())
 """Run as ``python HOST_SCRIPT host URL PREFIX ID``: a worker host of the pool."""
 TERM_GRACE_S = 5.0
@@ -164,6 +174,10 @@ class Case:
     replicas: tuple[int, ...]
     tool: str = "bash"
     fault: Fault = Fault()
+    delay_s: float = 0.0
+    """One-way delay of the workers' link to the server (`DELAYS`)."""
+    skew_s: float = 0.0
+    """How far the workers' wall clocks are off (`SKEWS`)."""
 
     def ordered(self) -> list[Spec]:
         """The handlers in call order (priority, then name: remote ties go by name)."""
@@ -198,7 +212,10 @@ class Case:
         )
         f = raw.get("fault") or {}
         fault = Fault(**{**f, "new_filter": _tuple(f.get("new_filter"))})
-        return cls(specs, tuple(raw["replicas"]), raw.get("tool", "bash"), fault)
+        return cls(
+            specs, tuple(raw["replicas"]), raw.get("tool", "bash"), fault,
+            raw.get("delay_s", 0.0), raw.get("skew_s", 0.0),
+        )  # fmt: skip
 
 
 def _tuple(v: Any) -> tuple[str, ...] | None:
@@ -241,7 +258,10 @@ def cases() -> Any:
             new_filter=draw(st.sampled_from(FILTERS)),
             new_priority=draw(st.integers(0, 3)),
         )
-        case = Case(tuple(specs), replicas, draw(st.sampled_from(TOOLS)), fault)
+        case = Case(
+            tuple(specs), replicas, draw(st.sampled_from(TOOLS)), fault,
+            draw(st.sampled_from(DELAYS)), draw(st.sampled_from(SKEWS)),
+        )  # fmt: skip
         return settle(case)
 
     return build()
@@ -283,7 +303,7 @@ def settle(case: Case) -> Case:
     handler of that process from the step on must be ``retry_safe`` (else: one replica).
     Under a deadline nothing else sleeps.
     """
-    case = _one_timed_pace(case)
+    case = _delayed(_one_timed_pace(case))
     f = case.fault
     if f.kind == "rogue":
         return _scattered(case)
@@ -317,6 +337,22 @@ def settle(case: Case) -> Case:
             s = dataclasses.replace(s, pace="now")
         handlers.append(s)
     return dataclasses.replace(case, handlers=tuple(handlers), replicas=tuple(replicas))
+
+
+def _delayed(case: Case) -> Case:
+    """`case` with its delay kept only where no timing is part of the case (no fault, or a
+    redeclaration) and its hosts fit the delayed pool; then every handler's timeout is at
+    least `DELAY_TIMEOUT_FACTOR` delays (a ``slow`` one times out whatever the delay)."""
+    if not case.delay_s:
+        return case
+    hosts = sum(case.replicas) + (case.fault.kind == "redeclare")
+    if case.fault.kind not in ("none", "redeclare") or hosts > MAX_DELAYED_HOSTS:
+        return dataclasses.replace(case, delay_s=0.0)
+    floor = DELAY_TIMEOUT_FACTOR * case.delay_s
+    handlers = tuple(
+        dataclasses.replace(s, timeout_s=max(s.timeout_s, floor)) for s in case.handlers
+    )
+    return dataclasses.replace(case, handlers=handlers)
 
 
 def _one_timed_pace(case: Case) -> Case:
@@ -584,6 +620,10 @@ class CaseReport:
 
 
 # -- worker hosts -----------------------------------------------------------------------------
+_REAL_TIME = time.time
+"""This process's true wall clock (a host skews ``time.time`` per case)."""
+
+
 async def host_main(url: str, prefix: str, host_id: str) -> None:
     """A long-lived worker host: serves one case's handlers at a time on request."""
     ctl = await nats.connect(url, max_reconnect_attempts=2)
@@ -605,6 +645,8 @@ async def host_main(url: str, prefix: str, host_id: str) -> None:
         from hookbus.workers import HookWorker
 
         await stop()
+        skew = float(cmd.get("skew_s", 0.0))  # this process's wall clock, for this case
+        time.time = (lambda: _REAL_TIME() + skew) if skew else _REAL_TIME  # type: ignore[assignment]
         conn = await nats.connect(url, max_reconnect_attempts=2)
         w = HookWorker(conn, replace=cmd["replace"])
         for raw in cmd["handlers"]:
@@ -643,11 +685,12 @@ async def host_main(url: str, prefix: str, host_id: str) -> None:
 
 
 class Host:
-    """One host process of the pool."""
+    """One host process of a pool."""
 
-    def __init__(self, host_id: str, proc: asyncio.subprocess.Process) -> None:
+    def __init__(self, host_id: str, proc: asyncio.subprocess.Process, pool: HostPool) -> None:
         self.id = host_id
         self.proc = proc
+        self.pool = pool
 
     def signal(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -663,8 +706,8 @@ class Host:
 class HostPool:
     """Long-lived worker hosts; a retired one is replaced in the background."""
 
-    def __init__(self, url: str, prefix: str, size: int) -> None:
-        self.url, self.prefix, self.size = url, prefix, size
+    def __init__(self, url: str, prefix: str, size: int, tag: str = "") -> None:
+        self.url, self.prefix, self.size, self.tag = url, prefix, size, tag
         self.ready: asyncio.Queue[Host] = asyncio.Queue()
         self._n = 0
         self._spawning: set[asyncio.Task[None]] = set()
@@ -675,13 +718,13 @@ class HostPool:
 
     async def _spawn(self) -> None:
         self._n += 1
-        host_id = f"{self._n}"
+        host_id = f"{self.tag}{self._n}"
         proc = await asyncio.create_subprocess_exec(
             sys.executable, HOST_SCRIPT, "host", self.url, self.prefix, host_id,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
-        host = Host(host_id, proc)
+        host = Host(host_id, proc, self)
         self.all.add(host)
         assert proc.stdout is not None
         line = await asyncio.wait_for(proc.stdout.readline(), 60)
@@ -719,6 +762,9 @@ class Harness:
         self.url = url
         self.prefix = f"hbdiff.{uuid.uuid4().hex[:8]}"
         self.pool = HostPool(url, self.prefix, pool_size)
+        self.proxy = NatsProxy(url)
+        """The delayed link: hosts of `far` connect through it (latency set per case)."""
+        self.far: HostPool | None = None
         self.conns: list[NATS] = []
         self.armed: tuple[str, str, str] | None = None
         """(event, victim, fault kind) while a faulted emit runs."""
@@ -737,7 +783,9 @@ class Harness:
         await self.ref.start()
         self.kv = await nc_ctl.jetstream().key_value(handlers_bucket_config().bucket)
         await nc_ctl.subscribe(f"{self.prefix}.started", cb=self._on_started)
-        await self.pool.start()
+        await self.proxy.start()
+        self.far = HostPool(self.proxy.url, self.prefix, MAX_DELAYED_HOSTS, tag="far")
+        await asyncio.gather(self.pool.start(), self.far.start())
 
     async def _connect(self) -> NATS:
         conn = await nats.connect(self.url, max_reconnect_attempts=2)
@@ -749,6 +797,9 @@ class Harness:
             await self.fast.close()
             await self.ref.close()
         await self.pool.close()
+        if self.far is not None:
+            await self.far.close()
+        await self.proxy.close()
         for conn in self.conns:
             with contextlib.suppress(Exception):
                 await conn.close()
@@ -789,9 +840,13 @@ class Harness:
             paths = [("fast", self.fast), ("one-by-one", self.ref), ("fast-warm", self.fast)]
             if kind in ("redeclare", "rogue"):  # which version or replica answers varies
                 paths += [("fast-warm", self.fast)] * 3
-            for path, d in paths:
-                got = await d.emit(event, dict(data), timeout_s=deadline)
-                self._compare(report, path, expected, got, loose)
+            self.proxy.latency_s = case.delay_s
+            try:
+                for path, d in paths:
+                    got = await d.emit(event, dict(data), timeout_s=deadline)
+                    self._compare(report, path, expected, got, loose)
+            finally:
+                self.proxy.latency_s = 0.0
             if kind == "rogue" and self.rogue_heard:  # an emit published on collect
                 heard = list(self.rogue_heard)
                 report.divergences.append(Divergence("rogue", {}, {}, heard[:5]))
@@ -818,7 +873,7 @@ class Harness:
             report.signalled = True
             if self.signalled in hosts:
                 hosts.remove(self.signalled)
-            self.pool.replace(self.signalled)
+            self.signalled.pool.replace(self.signalled)
         self._compare(report, path, summary(faulted, loose), got, loose)
 
     def _compare(
@@ -835,7 +890,8 @@ class Harness:
         """Hosts serving `case`'s processes (and a second version, for a redeclaration)
         and a rogue peer if asked; both dispatchers route the declared settings."""
         n = sum(case.replicas) + (1 if case.fault.kind == "redeclare" else 0)
-        hosts = await self.pool.acquire(n)
+        pool = self.far if case.delay_s and self.far is not None else self.pool
+        hosts = await pool.acquire(n)
         self.hosts.update({h.id: h for h in hosts})
         rogue = None
         try:
@@ -846,12 +902,14 @@ class Harness:
                 for _ in range(count):
                     host = next(it)
                     if specs:
-                        jobs.append(self._serve(host, event, specs, replace=False))
+                        jobs.append(
+                            self._serve(host, event, specs, replace=False, skew_s=case.skew_s)
+                        )
             await asyncio.gather(*jobs)
             if case.fault.kind == "redeclare":
                 v2 = case.declared()
                 specs = [s for s in v2.handlers if s.proc == case.victim.proc]
-                await self._serve(next(it), event, specs, replace=True)
+                await self._serve(next(it), event, specs, replace=True, skew_s=case.skew_s)
             if case.fault.kind == "rogue":
                 self.rogue_heard = []
                 rogue = await self.ctl.subscribe(
@@ -869,11 +927,14 @@ class Harness:
                 with contextlib.suppress(Exception):
                     await self.kv.purge(handler_key(event, spec.name))
 
-    async def _serve(self, host: Host, event: str, specs: list[Spec], *, replace: bool) -> None:
+    async def _serve(
+        self, host: Host, event: str, specs: list[Spec], *, replace: bool, skew_s: float = 0.0
+    ) -> None:
         cmd = {
             "op": "serve",
             "event": event,
             "replace": replace,
+            "skew_s": skew_s,
             "handlers": [dataclasses.asdict(s) for s in specs],
         }
         msg = await self.ctl.request(f"{self.prefix}.host.{host.id}", json.dumps(cmd).encode(), 30)
@@ -886,9 +947,9 @@ class Harness:
         try:
             await self.ctl.request(f"{self.prefix}.host.{host.id}", b'{"op": "stop"}', 10)
         except Exception:
-            self.pool.replace(host)
+            host.pool.replace(host)
             return
-        await self.pool.ready.put(host)
+        await host.pool.ready.put(host)
 
     async def _routed(self, case: Case, event: str) -> None:
         """Wait until both dispatchers route every handler with its declared settings."""
@@ -928,6 +989,7 @@ def describe(case: Case) -> str:
     """The case as a table of its handlers in call order and its fault."""
     lines = [
         f"replicas per process {list(case.replicas)}, initial tool_name {case.tool!r},"
+        f" link delay {case.delay_s:g} s, worker clocks off by {case.skew_s:g} s,"
         f" fault {case.fault.kind}"
         + (f" at step {case.fault.step} ({case.victim.name})" if case.fault.kind != "none" else "")
         + (

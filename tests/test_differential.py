@@ -66,7 +66,7 @@ async def test_the_rogue_peer_hears_what_is_published_on_the_collect_subject(
     """The ``rogue`` fault can fail: a request on the collect subject of a rogue case (as
     ``emit_and_collect`` makes) is heard, so an emit that published there would be a
     divergence."""
-    case = next(c for c in drawn_cases(40, 11) if c.fault.kind == "rogue")
+    case = next(c for c in drawn_cases(200, 11) if c.fault.kind == "rogue")
     harness = Harness(nats_url, pool_size=2)
     await harness.start()
     try:
