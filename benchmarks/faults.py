@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/faults.py --quick       # fewer emits, suspensions and cases
     .venv/bin/python benchmarks/faults.py --json out.json
     .venv/bin/python benchmarks/faults.py --only differential --findings findings.md
+    .venv/bin/python benchmarks/faults.py --only differential --cases 5000 --json out.json
 
 Runs (each on servers and processes of its own, as the fault tests do, with the helpers
 in tests/_cluster.py and tests/_fleet.py):
@@ -32,8 +33,12 @@ in tests/_cluster.py and tests/_fleet.py):
   tests/test_differential.py runs) over 2,000 hypothesis cases (200 with ``--quick``;
   ``--seed`` for another set): each case's decision with every fast path on, against the
   one-by-one reference, under kills, drains, pauses, deadlines, redeclarations and a rogue
-  peer. Its figure is the number of divergent cases (target 0); ``--findings FILE`` appends
-  each one, with its replay line.
+  peer, and with no fault at all: handlers that await only on some inputs or compute
+  without awaiting, results holding objects JSON cannot carry, workers behind a link that
+  delays every message 0.1-0.5 s each way, worker clocks an hour off (``--cases N`` for
+  another count). Its figure is the number of divergent cases (target 0), with how many
+  cases had each fault, pace, kind, delay and skew (``mix`` in the JSON); ``--findings
+  FILE`` appends each divergent one, with its replay line.
 
 Figures per run: emits without a decision by their deadline (target 0), decisions that
 contradict the policy (target 0; e.g. a fail-closed guard failing open), suspensions lost
@@ -49,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import statistics
@@ -146,6 +152,9 @@ class RunResult:
     """Differential cases judged."""
     divergences: int = 0
     """Differential cases whose fast-path decision differs from the one-by-one reference."""
+    mix: dict[str, int] = field(default_factory=dict)
+    """Differential: cases with each fault, handler pace, result kind, link delay and clock
+    skew (``fault:kill``, ``pace:cpu``, ``kind:opaque``, ``delay:0.3``, ``skew:3600``)."""
     fail_closed_s: float | None = None
     """Topology runs: from the first emit failed closed to the end of the last one."""
     recovery_s: float | None = None
@@ -605,6 +614,8 @@ async def run_differential(s: Settings, findings: str | None, seed: int | None) 
         try:
             for i, case in enumerate(todo):
                 report = await harness.run_case(case, i)
+                for key in _case_mix(case):
+                    out.mix[key] = out.mix.get(key, 0) + 1
                 tally = by_fault.setdefault(case.fault.kind, [0, 0])
                 tally[0] += 1
                 out.cases += 1
@@ -623,6 +634,14 @@ async def run_differential(s: Settings, findings: str | None, seed: int | None) 
     )
     out.duration_s = time.monotonic() - started
     return out
+
+
+def _case_mix(case: Any) -> set[str]:
+    """What a differential case exercises (`RunResult.mix`)."""
+    return {
+        f"fault:{case.fault.kind}", f"delay:{case.delay_s:g}", f"skew:{case.skew_s:g}",
+        *(f"pace:{h.pace}" for h in case.handlers), *(f"kind:{h.kind}" for h in case.handlers),
+    }  # fmt: skip
 
 
 # -- report -------------------------------------------------------------------------------
@@ -685,6 +704,8 @@ def print_table(results: list[RunResult], console: Console) -> None:
 
 async def main_async(args: argparse.Namespace) -> int:
     s = QUICK if args.quick else DEFAULT
+    if args.cases is not None:
+        s = dataclasses.replace(s, differential_cases=args.cases)
     console = Console(width=max(120, Console().width))
     runs = {
         "cluster": lambda: run_cluster(s),
@@ -715,6 +736,7 @@ async def main_async(args: argparse.Namespace) -> int:
             "suspensions_lost_or_doubled": sum(r.suspensions_lost_or_doubled for r in results),
             "cases": sum(r.cases for r in results),
             "divergences": sum(r.divergences for r in results),
+            "mix": {k: v for r in results for k, v in sorted(r.mix.items())},
             "quick": bool(args.quick),
             "runs": [asdict(r) for r in results],
         }
@@ -748,6 +770,7 @@ def main() -> None:
     parser.add_argument(
         "--seed", type=int, help="draw the differential cases from this seed (default: fixed)"
     )
+    parser.add_argument("--cases", type=int, help="differential cases to judge")
     parser.add_argument("--verbose", action="store_true", help="show the library's warnings")
     args = parser.parse_args()
     # the outages make nats-py and hookbus log every reconnect and failed call: keep the
