@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -434,6 +435,34 @@ async def test_the_cli_skips_and_reports_malformed_records(
 
 
 # -- scale ----------------------------------------------------------------------------------
+@contextlib.asynccontextmanager
+async def waiter_and_resolver(
+    url: str,
+) -> AsyncIterator[tuple[HookDispatcher, HookDispatcher, Any, NATS]]:
+    """Dispatchers ``a`` (whose hooks wait) and ``b`` (which resolves them) on connections
+    of their own, a subscription on every suspension event (on ``b``'s), and ``a``'s
+    connection."""
+    nca, ncb = await nats.connect(url), await nats.connect(url)
+    try:
+        a, b = HookDispatcher(nca, approvals=False), HookDispatcher(ncb, approvals=False)
+        async with a, b:
+            pending = await ncb.subscribe(SUSPENSION_EVENTS_WILDCARD)
+            await ncb.flush()
+            yield a, b, pending, nca
+    finally:
+        await nca.close()
+        await ncb.close()
+
+
+async def pendings(pending: Any, tag: str, n: int) -> None:
+    """Wait for the ``pending`` events of `n` hooks labelled ``<tag> ...``."""
+    seen = 0
+    with anyio.fail_after(40):
+        while seen < n:
+            part = decode((await pending.next_msg(timeout=40)).data, HookEvent).hook
+            seen += part.status == "pending" and part.label.startswith(tag)
+
+
 async def test_the_first_waiters_of_a_process_arriving_at_once_share_one_lease(
     embedded_server: EmbeddedNatsServer,
 ) -> None:
@@ -441,32 +470,18 @@ async def test_the_first_waiters_of_a_process_arriving_at_once_share_one_lease(
     lease key alive (not one lease, heartbeat and bucket open per early waiter: an owner
     nothing keeps alive lets another process take a live waiter's record)."""
     n, tag = 50, f"first-{uuid.uuid4().hex[:6]}"
-    nca, ncb = await nats.connect(embedded_server.url), await nats.connect(embedded_server.url)
-    try:
-        a, b = HookDispatcher(nca, approvals=False), HookDispatcher(ncb, approvals=False)
-        async with a, b:
-            pending = await ncb.subscribe(SUSPENSION_EVENTS_WILDCARD)
-            await ncb.flush()
-            async with anyio.create_task_group() as tg:
-                for i in range(n):
-                    tg.start_soon(lambda i=i: a.hook(f"{tag} {i}", Grant, timeout_s=60))
-                seen = 0
-                with anyio.fail_after(60):
-                    while seen < n:
-                        part = decode((await pending.next_msg(timeout=60)).data, HookEvent).hook
-                        seen += part.status == "pending" and part.label.startswith(tag)
-                records = (await b.suspensions.page(status="pending", prefix=tag)).records
-                owners = {r.owner for r in records}
-                leases = await nca.jetstream().key_value(LEASES_BUCKET)
-                lease_keys = await leases.keys()
-                for i in range(n):
-                    await b.resolve_hook(f"{tag} {i}", Grant(approved=True))
-            assert len(records) == n
-            assert owners == {a.suspensions.waiter_id}
-            assert len(lease_keys) == 1
-    finally:
-        await nca.close()
-        await ncb.close()
+    async with waiter_and_resolver(embedded_server.url) as (a, b, pending, nca):
+        async with anyio.create_task_group() as tg:
+            for i in range(n):
+                tg.start_soon(lambda i=i: a.hook(f"{tag} {i}", Grant, timeout_s=60))
+            await pendings(pending, tag, n)
+            records = (await b.suspensions.page(status="pending", prefix=tag)).records
+            lease_keys = await (await nca.jetstream().key_value(LEASES_BUCKET)).keys()
+            for i in range(n):
+                await b.resolve_hook(f"{tag} {i}", Grant(approved=True))
+        assert len(records) == n
+        assert {r.owner for r in records} == {a.suspensions.waiter_id}
+        assert len(lease_keys) == 1
 
 
 @pytest.mark.faults
@@ -474,45 +489,31 @@ async def test_1100_concurrent_waiters_in_one_process_all_return(
     embedded_server: EmbeddedNatsServer,
 ) -> None:
     n, tag = 1100, f"many-{uuid.uuid4().hex[:6]}"
-    nca, ncb = await nats.connect(embedded_server.url), await nats.connect(embedded_server.url)
-    try:
-        a, b = HookDispatcher(nca, approvals=False), HookDispatcher(ncb, approvals=False)
-        async with a, b:
-            pending = await ncb.subscribe(SUSPENSION_EVENTS_WILDCARD)
-            await ncb.flush()
-            results: dict[str, Any] = {}
-            labels = [f"{tag} {i}" for i in range(n)]
-            async with anyio.create_task_group() as tg:
+    async with waiter_and_resolver(embedded_server.url) as (a, b, pending, nca):
+        results: dict[str, Any] = {}
+        labels = [f"{tag} {i}" for i in range(n)]
+        async with anyio.create_task_group() as tg:
 
-                async def wait(lab: str) -> None:
-                    results[lab] = await a.hook(lab, Grant, timeout_s=50)
+            async def wait(lab: str) -> None:
+                results[lab] = await a.hook(lab, Grant, timeout_s=50)
 
+            for lab in labels:
+                tg.start_soon(wait, lab)
+            await pendings(pending, tag, n)
+            info = await nca.jetstream().stream_info(f"KV_{SUSPENSIONS_BUCKET}")
+            assert info.state.consumer_count <= 2  # a's one shared watch (+ b's listing)
+            assert a.suspensions.watch.consumers == 1
+            limit = anyio.Semaphore(64)
+
+            async def resolve(lab: str) -> None:
+                async with limit:
+                    await b.resolve_hook(lab, Grant(approved=True, by=lab))
+
+            async with anyio.create_task_group() as resolvers:
                 for lab in labels:
-                    tg.start_soon(wait, lab)
-                seen = 0
-                with anyio.fail_after(40):
-                    while seen < n:
-                        msg = await pending.next_msg(timeout=40)
-                        part = decode(msg.data, HookEvent).hook
-                        if part.status == "pending" and part.label.startswith(tag):
-                            seen += 1
-                info = await nca.jetstream().stream_info(f"KV_{SUSPENSIONS_BUCKET}")
-                assert info.state.consumer_count <= 2  # a's one shared watch (+ b's listing)
-                assert a.suspensions.watch.consumers == 1
-                limit = anyio.Semaphore(64)
-
-                async def resolve(lab: str) -> None:
-                    async with limit:
-                        await b.resolve_hook(lab, Grant(approved=True, by=lab))
-
-                async with anyio.create_task_group() as resolvers:
-                    for lab in labels:
-                        resolvers.start_soon(resolve, lab)
-            assert results == {lab: Grant(approved=True, by=lab) for lab in labels}
-            page = await b.suspensions.page(status="resolved", prefix=tag, limit=500)
-            assert (page.total, len(page.records), page.next is not None) == (n, 500, True)
-            assert all(r.consumed for r in page.records)
-            assert (await b.suspensions.page(status="pending", prefix=tag)).total == 0
-    finally:
-        await nca.close()
-        await ncb.close()
+                    resolvers.start_soon(resolve, lab)
+        assert results == {lab: Grant(approved=True, by=lab) for lab in labels}
+        page = await b.suspensions.page(status="resolved", prefix=tag, limit=500)
+        assert (page.total, len(page.records), page.next is not None) == (n, 500, True)
+        assert all(r.consumed for r in page.records)
+        assert (await b.suspensions.page(status="pending", prefix=tag)).total == 0
