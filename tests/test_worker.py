@@ -194,6 +194,28 @@ async def test_sync_handler(nc, connect, event):
     assert threads and threads[0] != threading.get_ident()
 
 
+async def test_an_object_whose_call_is_async_runs_on_the_loop_in_a_worker_and_in_process(
+    nc, connect, event
+):
+    """One rule decides which handlers are async, for workers and in-process dispatchers
+    alike: an object with an ``async def __call__`` is awaited on the event loop, never
+    sent to a thread."""
+    threads: list[int] = []
+
+    class Guard:
+        async def __call__(self, ev: str, data: dict[str, Any]) -> None:
+            threads.append(threading.get_ident())
+
+    w = HookWorker(nc)
+    w.add_handler(event, Guard(), name="remote_guard", timeout_s=5.0)
+    local = HookDispatcher()
+    local.register(event, Guard(), name="local_guard", timeout_s=5.0)
+    async with w, HookDispatcher(await connect()) as d:
+        r = await d.emit(event, {})
+    assert r.failures == [] and (await local.emit(event, {})).failures == []
+    assert threads == [threading.get_ident()] * 2
+
+
 async def test_decorator_returns_the_function_unchanged(event):
     w = HookWorker()
 

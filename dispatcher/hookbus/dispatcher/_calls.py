@@ -77,7 +77,7 @@ from nats.aio.subscription import Subscription
 
 from hookbus._core import clock
 from hookbus._core.copies import json_copy
-from hookbus._core.handler_options import DEFAULT_TIMEOUT_S
+from hookbus._core.handler_options import DEFAULT_TIMEOUT_S, is_async_handler
 from hookbus._core.inboxes import inbox_reply_subject
 from hookbus._core.results import to_hook_result
 from hookbus.schemas import (
@@ -237,13 +237,11 @@ class SyncHandler(functools.partial[Any]):
 
     @staticmethod
     def wrap(handler: Any) -> Any:
-        """`handler` as `call_local` takes it: a coroutine function (or an object whose
-        ``__call__`` is one) as it is, anything else in a `SyncHandler`. Decided by
-        `inspect.iscoroutinefunction`, as a `HookWorker` decides which handlers run in a
+        """`handler` as `call_local` takes it: an async handler (`is_async_handler`: a
+        coroutine function, or an object whose ``__call__`` is one) as it is, anything
+        else in a `SyncHandler`, as a `HookWorker` decides which handlers run in a
         thread."""
-        if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
-            type(handler).__call__
-        ):
+        if is_async_handler(handler):
             return handler
         return SyncHandler(handler)
 

@@ -35,6 +35,7 @@ The fold's rules (stop rule, chaining, grouping) are in `hookbus._core.fold_rule
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -70,10 +71,20 @@ __all__ = [
     "check_priority",
     "check_timeout",
     "compile_tool_filter",
+    "is_async_handler",
     "stricter_policy",
 ]
 
 _POLICIES: Final = frozenset(get_args(FailurePolicy))
+
+
+def is_async_handler(handler: Any) -> bool:
+    """Whether calling `handler` gives a coroutine: a coroutine function, or an object whose
+    ``__call__`` is one. Any other handler is sync: a worker runs it in a thread, and so
+    does an in-process dispatcher when its call has a time limit."""
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        type(handler).__call__
+    )
 
 
 def _declared_default(field: str) -> Any:

@@ -31,6 +31,7 @@ from hookbus._core.handler_options import (
     DEFAULT_TIMEOUT_S,
     OPTIONS,
     HandlerOptions,
+    is_async_handler,
 )
 from hookbus._core.jetstream import existing_key_value
 from hookbus._core.log_limits import RateLimitedWarning
@@ -256,7 +257,7 @@ class HookWorker:
         spec = self._specs[(event, name)] = HandlerSpec(
             fn=fn,
             declaration=decl,
-            is_async=inspect.iscoroutinefunction(fn),
+            is_async=is_async_handler(fn),
             tool_filter=options.tool_filter,
         )
         return spec
