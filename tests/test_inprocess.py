@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -423,6 +424,26 @@ async def test_sync_handler_runs_off_the_loop_when_it_has_a_timeout() -> None:
         release.set()
         r = await call
     assert r.action == "deny" and r.reason == "late deny from slow" and r.failures == []
+
+
+@pytest.mark.parametrize("policy", ["ignore", "deny"])
+async def test_an_async_handler_computing_past_its_timeout_is_a_timeout(policy: str) -> None:
+    """An async handler that computes 0.5 s without awaiting, with ``timeout_s=0.1``: the
+    loop could not cut it, yet its late deny decides nothing (a ``timeout`` under its
+    policy), as on a worker, which times the step it runs."""
+    d = HookDispatcher()
+
+    async def computing(event: str, data: dict[str, Any]) -> HookResult:
+        end = time.monotonic() + 0.5
+        while time.monotonic() < end:
+            pass
+        return HookResult(action="deny", reason="late deny")
+
+    d.register(EVENT, computing, name="scan", timeout_s=0.1, failure_policy=policy)
+    r = await d.emit(EVENT, {})
+    assert [(f.handler, f.kind, f.policy) for f in r.failures] == [("scan", "timeout", policy)]
+    assert r.reason != "late deny"
+    assert r.action == ("deny" if policy == "deny" else "continue")
 
 
 async def test_local_tool_filter() -> None:

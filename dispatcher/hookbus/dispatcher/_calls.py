@@ -258,7 +258,8 @@ async def call_local(
     thread (anyio's, at most 40 at once: a call waiting for one waits within its limit),
     the wait for it cut at the limit. A thread cannot be stopped: one cut keeps running
     until the function returns, its result is discarded. An async handler is cancelled
-    at the limit.
+    at the limit, and one that returns after it without having let the loop cut it (it
+    computed without awaiting) fails as ``timeout`` too, as on a worker.
     """
     assert route.local is not None
     timeout_s = _cut(route.timeout_s, budget_s)
@@ -271,6 +272,7 @@ async def call_local(
                 raw = await raw
         else:
             local = route.local
+            started = clock.now()
             async with asyncio.timeout(timeout_s):
                 if type(local) is SyncHandler:  # off the loop, or nothing could cut it
                     raw = await anyio.to_thread.run_sync(
@@ -280,6 +282,8 @@ async def call_local(
                     raw = local(event, data)
                 if inspect.isawaitable(raw):
                     raw = await raw
+            if clock.now() - started > timeout_s:  # it held the loop past its limit
+                return Failed("timeout", f"returned after its {timeout_s:.3g}s")
     except TimeoutError as exc:
         if timeout_s is None:  # the handler's own TimeoutError, not ours
             return Failed("error", f"TimeoutError: {exc}")
