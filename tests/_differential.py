@@ -75,13 +75,13 @@ the trail they saw (a result computed on stale data differs); ``deny_fresh`` den
 data no handler modified yet; ``none`` returns None; ``raise`` raises; ``opaque`` modifies
 with an object JSON cannot carry in the data (converted to its ``str()`` as amplifier-core
 converts a handler's result, in process and by a worker alike)."""
-PACES = ("now",) * 10 + ("jitter", "slow", "sometimes", "cpu")
+PACES = ("now",) * 10 + ("jitter", "slow", "sometimes", "cpu", "blocking")
 """How a handler takes its time (see `Spec.pace`); at most one handler of a case has a
 `TIMED_PACES` pace (`settle`)."""
-TIMED_PACES = ("sometimes", "cpu")
+TIMED_PACES = ("sometimes", "cpu", "blocking")
 PACED_S, PACED_TIMEOUT_S = 1.2, 12.0
-"""A ``sometimes`` handler awaits, and a ``cpu`` one computes, this long: longer than any
-other handler's timeout, ten times less than its own."""
+"""A ``sometimes`` handler awaits, a ``cpu`` one computes and a ``blocking`` one blocks this
+long: longer than any other handler's timeout, ten times less than its own."""
 FILTERS: tuple[tuple[str, ...] | None, ...] = (
     None, None, ("bash",), ("b*",), ("write",), ("zz",), ("BASH",), ("W*",), ("Bash", "zz"),
 )  # fmt: skip
@@ -136,7 +136,8 @@ class Spec:
     pace: str = "now"
     """``now``; ``jitter`` (sleeps a few ms); ``slow`` (sleeps past its timeout);
     ``sometimes`` (awaits `PACED_S` only on data an earlier handler modified: the pace of a
-    cache that misses on some inputs); ``cpu`` (computes `PACED_S` without awaiting)."""
+    cache that misses on some inputs); ``cpu`` (computes `PACED_S` without awaiting);
+    ``blocking`` (a sync handler, run in a thread, that blocks `PACED_S`)."""
     timeout_s: float = TIMEOUT_S
     hold_s: float = 0.0
     """Seconds it holds after announcing ``started`` (the fault's step only)."""
@@ -441,8 +442,9 @@ class Opaque:
 
 def remote_handler(
     spec: Spec, announce: Callable[[str], Awaitable[None]]
-) -> Callable[[str, dict[str, Any]], Awaitable[HookResult | None]]:
-    """The handler a host serves: announce and hold (the fault's step), sleep, behave."""
+) -> Callable[[str, dict[str, Any]], Any]:
+    """The handler a host serves: announce and hold (the fault's step), take its pace, behave
+    (a ``blocking`` one is a sync function)."""
 
     async def handle(event: str, data: dict[str, Any]) -> HookResult | None:
         if spec.hold_s:
@@ -460,8 +462,12 @@ def remote_handler(
                 pass
         return behave(spec, data)
 
-    handle.__name__ = spec.name
-    return handle
+    def blocking(event: str, data: dict[str, Any]) -> HookResult | None:
+        time.sleep(PACED_S)  # a blocking library call: the worker runs it in a thread
+        return behave(spec, data)
+
+    handle.__name__ = blocking.__name__ = spec.name
+    return blocking if spec.pace == "blocking" and not spec.hold_s else handle
 
 
 def timeout_of(spec: Spec) -> float:
