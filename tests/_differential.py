@@ -75,7 +75,7 @@ the trail they saw (a result computed on stale data differs); ``deny_fresh`` den
 data no handler modified yet; ``none`` returns None; ``raise`` raises; ``opaque`` modifies
 with an object JSON cannot carry in the data (converted to its ``str()`` as amplifier-core
 converts a handler's result, in process and by a worker alike)."""
-PACES = ("now",) * 10 + ("jitter", "slow", "sometimes", "cpu", "blocking")
+PACES = ("now",) * 16 + ("jitter", "slow", "sometimes", "cpu", "blocking")
 """How a handler takes its time (see `Spec.pace`); at most one handler of a case has a
 `TIMED_PACES` pace (`settle`)."""
 TIMED_PACES = ("sometimes", "cpu", "blocking")

@@ -444,6 +444,7 @@ PUBLIC_API: dict[str, set[str]] = {
     "hookbus.workers": {"HandlerSpec", "HookResult", "HookWorker"},
     "hookbus.dispatcher": {
         "APPROVAL_LABEL_PREFIX",
+        "REMOTE_EMIT_BUDGET_S",
         "AnswerNotAppliedError",
         # an approver's entry point: the approvals bucket only
         "ApprovalsClient",

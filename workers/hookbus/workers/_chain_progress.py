@@ -6,11 +6,12 @@ dispatcher waits for the chain's replies and gives up on it only when the worker
 lost. So that it never gives up on a live worker's step, and never blames one step for
 another's time, the worker reports, on the request's reply subject:
 
-- the replies not yet reported, and the steps running, the moment a step really waits
-  (its coroutine suspends, or it runs in a thread): appended to the client's buffer
-  before the loop runs anything else, so no fault while it waits can lose them (as a
-  request of its own would have had its reply out already). A step that returns at once
-  never waits, whatever it did on earlier calls: nothing is predicted;
+- the replies not yet reported, and the steps running, before a step that is likely to
+  wait starts (one not yet seen to return at once, seen to wait, or sync:
+  `HookWorker._may_wait`), appended to the client's buffer ahead of anything the step
+  sends, so no fault while it runs can lose them (as a request of its own would have had
+  its reply out already); and, for a step that waits against that guess, the moment it
+  really waits (its coroutine suspends), before the loop runs anything else;
 - the reply of a step that was reported running, as soon as it ends, before the next
   step starts (and the loop is given one turn to write it: a next step that computes
   without awaiting would otherwise hold it in the client's buffer);

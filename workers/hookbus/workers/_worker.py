@@ -151,6 +151,10 @@ class HookWorker:
         carries it, and each handler also listens on its instance subject (hedges)."""
         self._specs: dict[tuple[str, str], HandlerSpec] = {}
         self._serving: ServingLoop | None = None
+        self._waits: set[tuple[str, str]] = set()
+        """Handlers seen to wait on something (suspend) when called: see `_may_wait`."""
+        self._returns_at_once: set[tuple[str, str]] = set()
+        """Handlers called in a chain that returned without waiting, never seen to wait."""
         self._stalls = LoopStalls()
         """This loop's stalls: a chain request read during or just after one is dated
         from its start (see `LoopStalls`)."""
@@ -579,6 +583,7 @@ class HookWorker:
                     except StopIteration as done:
                         raw = done.value
                     else:
+                        self._waits.add(spec.key)  # it waits: see `_may_wait`
                         if suspended is not None:
                             suspended()
                         loop = asyncio.get_running_loop()
@@ -802,6 +807,8 @@ class HookWorker:
                 if len(run) == 1:  # no task per step: the common, sequential case
                     step, spec = run[0]  # (a parallel group may have one step left)
                     progress.start([step], now, rest_s)
+                    if self._may_wait(run):  # reported before anything the step sends
+                        progress.suspended()
                     # the last step may have the request's decoded data itself, as a
                     # request of its own does: nothing reads it after this step (not so
                     # once an earlier step's modify replaced it: that data is in its reply)
@@ -813,9 +820,12 @@ class HookWorker:
                         )
                     )  # fmt: skip
                     progress.finished(step, out)
+                    self._returns_at_once.add(spec.key)  # unless `_waits` says otherwise
                     outs: list[HookReply] = [out]
                 else:
                     progress.start([step for step, _ in run], now, rest_s)
+                    if self._may_wait(run):
+                        progress.suspended()
                     outs = await self._run_group(run, envelope, data, deadline, msg, progress)
                 running.clear()
                 for (step, _), out in zip(run, outs, strict=True):
@@ -828,6 +838,19 @@ class HookWorker:
         finally:
             progress.close()
         return HookReply(handler=name, chain=replies)
+
+    def _may_wait(self, run: list[tuple[ChainStep, HandlerSpec]]) -> bool:
+        """Whether a step of `run` is likely to wait on something (suspend): then the
+        replies so far are reported before it starts, ahead of anything it sends itself
+        (a process killed just after would otherwise take them along). A handler is taken
+        to wait until a call showed it returns at once, and for good once one showed it
+        waits; sync handlers run in a thread: they always wait. A step that waits against
+        that guess reports the moment it does (`ChainProgress.suspended`)."""
+        for _, spec in run:
+            key = spec.key
+            if not spec.is_async or key in self._waits or key not in self._returns_at_once:
+                return True
+        return False
 
     async def _run_group(
         self,
@@ -847,6 +870,7 @@ class HookWorker:
                                  progress.suspended)
             )  # fmt: skip
             progress.finished(step, reply)
+            self._returns_at_once.add(spec.key)  # unless `_waits` says otherwise
             return reply
 
         return list(await asyncio.gather(*(one(st, sp) for st, sp in run)))
