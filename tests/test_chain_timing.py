@@ -53,6 +53,8 @@ pytestmark = [pytest.mark.anyio, pytest.mark.faults]
 Connect = Callable[..., Awaitable[NATS]]
 TESTS = str(Path(__file__).resolve().parent)
 COMMAND = f"export KEY={SECRET}"
+QUIET_S = 1.0
+"""Seconds a test waits, once every expected run was announced, for a run repeated."""
 
 
 def h(name: str, kind: str, priority: int, timeout_s: float, policy: str = "ignore") -> dict:
@@ -87,11 +89,13 @@ class Runs:
 
     def __init__(self) -> None:
         self.count: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._changed = asyncio.Event()
 
     async def listen(self, nc: NATS, event: str) -> Runs:
         async def note(msg: Msg) -> None:
             name, tag = json.loads(msg.data)
             self.count[(name, tag)] += 1
+            self._changed.set()
 
         await nc.subscribe(f"announce.{event}", cb=note)
         await nc.flush()
@@ -100,10 +104,15 @@ class Runs:
     async def local(self, name: str, tag: str) -> None:
         self.count[(name, tag)] += 1
 
-    async def settle(self, nc: NATS) -> None:
-        """Every announcement sent so far has arrived (the workers flush as they go)."""
-        await asyncio.sleep(0.5)
-        await nc.flush()
+    async def settle(self, expected: set[tuple[str, str]]) -> None:
+        """Wait until every run in `expected` is announced (however busy the machine),
+        then `QUIET_S` more for any run announced twice (nothing signals a run that should
+        not happen: only a window can let it show)."""
+        async with asyncio.timeout(30):
+            while not expected <= set(self.count):
+                self._changed.clear()
+                await self._changed.wait()
+        await asyncio.sleep(QUIET_S)
 
 
 def summary(r: HookResult) -> tuple[Any, ...]:
@@ -154,7 +163,9 @@ async def test_a_handler_that_awaits_only_on_a_cache_miss_keeps_the_earlier_reda
     out = await three_ways(connect, event, handlers, [tool(), tool(miss=True)], runs)
     redacted = ("continue", None, "export KEY=***", [])
     assert out == {way: [redacted, redacted] for way in out}
-    await runs.settle(await connect())
+    await runs.settle(
+        {(n, f"{way}-{i}") for way in out for i in range(2) for n in ("audit", "redact")}
+    )
     for way in out:
         for i in range(2):
             assert runs.count[("audit", f"{way}-{i}")] == 1, (way, i, runs.count)
@@ -175,7 +186,7 @@ async def test_the_same_through_the_dispatcher_service(
         result = json.loads(msg.data)["result"]
         assert (result["action"], result["failures"]) == ("continue", [])
         assert result["chained_data"]["tool_input"]["command"] == "export KEY=***"
-    await runs.settle(agent)
+    await runs.settle({(n, f"service-{i}") for n in ("redact", "audit") for i in range(2)})
     assert runs.count == {
         (name, f"service-{i}"): 1 for name in ("redact", "audit") for i in range(2)
     }
@@ -189,7 +200,7 @@ async def test_a_handler_computing_past_an_earlier_timeout_on_the_first_call(
     await paced_workers(fleet, event, handlers)
     out = await three_ways(connect, event, handlers, [tool()], runs)
     assert out == {way: [("continue", None, "export KEY=***", [])] for way in out}
-    await runs.settle(await connect())
+    await runs.settle({("scan", f"{way}-0") for way in out})
     assert all(runs.count[("scan", f"{way}-0")] == 1 for way in out), runs.count
 
 
@@ -218,8 +229,9 @@ async def test_a_worker_behind_a_slow_link_runs_no_step_twice(
         out = await three_ways(connect, event, handlers, emits, runs)
         redacted = ("continue", None, "export KEY=***", [])
         assert out == {way: [redacted, redacted] for way in out}
-        await runs.settle(await connect())
-        await asyncio.sleep(1.0)  # the announcements cross the slow link too
+        await runs.settle(
+            {(s["name"], f"{w}-{i}") for s in handlers for w in out for i in range(2)}
+        )
     assert set(runs.count.values()) == {1}, runs.count
     assert len(runs.count) == 3 * 2 * len(handlers)
 
@@ -238,8 +250,8 @@ async def test_a_replica_paused_before_it_reads_runs_no_step_of_a_stale_chain(
                 await asyncio.wait_for(d.emit(event, tool(tag=f"paused-{i}")), 30)
         finally:
             a.resume()
-        await asyncio.sleep(3.0)  # a has read and answered what it held
-        await runs.settle(await connect())
+        await asyncio.sleep(3.0)  # the window in which a resumed replica could run a stale chain
+        await runs.settle(set())
     twice = {key: n for key, n in runs.count.items() if n > 1}
     assert twice == {}
     assert a.alive and not a.tracebacks()
