@@ -127,8 +127,7 @@ def main() -> None:
     added = cpu["emit, one remote handler"] - base
     status = "MET" if added <= 10 else "MISSED"
     print(
-        f"one-handler emit adds {added:.1f} us of client CPU to a raw request"
-        f" (<= 10 us): {status}"
+        f"one-handler emit adds {added:.1f} us of client CPU to a raw request (<= 10 us): {status}"
     )
 
 

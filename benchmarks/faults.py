@@ -602,6 +602,10 @@ async def run_supercluster_outage(s: Settings) -> RunResult:
     return out
 
 
+PROGRESS_EVERY = 100
+"""A differential run prints a progress line to stderr every this many cases."""
+
+
 async def run_differential(s: Settings, findings: str | None, seed: int | None) -> RunResult:
     """The differential judge over `s.differential_cases` hypothesis cases."""
     out = RunResult("differential")
@@ -626,6 +630,12 @@ async def run_differential(s: Settings, findings: str | None, seed: int | None) 
                     record_findings(findings, report, seed=label)
                     if out.divergences <= 3:
                         out.notes.append(format_report(report, label).splitlines()[0])
+                if out.cases % PROGRESS_EVERY == 0:
+                    print(
+                        f"differential: {out.cases}/{len(todo)} cases, {out.divergences} "
+                        f"divergent, {time.monotonic() - started:.0f} s",
+                        file=sys.stderr, flush=True,
+                    )  # fmt: skip
         finally:
             await harness.close()
     out.notes.append(

@@ -1173,9 +1173,7 @@ async def test_a_retry_through_a_host_whose_clock_is_ahead_applies_no_default(
     other.set_default_fields(session_id=agent.session)
     async with other:
         started = time.monotonic()
-        again = await other.emit(
-            event, {"tool_name": "bash"}, idempotency_key=key, timeout_s=1.0
-        )
+        again = await other.emit(event, {"tool_name": "bash"}, idempotency_key=key, timeout_s=1.0)
         took = time.monotonic() - started
     assert again.action == "deny" and "stays pending" in (again.reason or ""), again.reason
     assert took >= 0.9

@@ -192,7 +192,7 @@ async def test_a_deeply_nested_request_over_the_rate_is_answered_quota(
 ) -> None:
     """The refusal path reads only the request's ``timeout_s``: a body nested past any
     decoder's depth is still answered (``quota``), never left without a reply."""
-    d, snc, gate, calls = held
+    d, snc, gate, _calls = held
     gate.set()
     service = DispatcherService(
         d, snc, agent_max_in_flight=None, agent_rate_per_s=0.1, agent_burst=1

@@ -8,7 +8,11 @@ R3 suspensions and approvals buckets lost quorum (2 of 3 servers killed).
   the failure recorded: the approval's store calls gave up by themselves at the deadline;
 - once quorum is back, nothing the abandoned calls may have written decides anything: the
   abandoned hook's record is at most pending, and the same call emitted again (same
-  idempotency key) is asked again, not allowed.
+  idempotency key) is asked again, not allowed;
+- a record write retried while its own first try is still being replicated (the stream
+  leader alive, its followers gone) is refused by the leader as "wrong last sequence"
+  without a sequence (JetStream error 10164: it cannot check the expected revision while
+  an earlier write to the key is in flight): an unknown outcome, never a lost race.
 """
 
 from __future__ import annotations
@@ -23,11 +27,13 @@ import pytest
 from _cluster import Cluster, wait_for
 
 from hookbus.dispatcher import HookDispatcher
+from hookbus.dispatcher._records import RecordStore
 from hookbus.schemas import (
     HookbusError,
     HookbusTimeoutError,
     HookResult,
     SuspensionAbortedError,
+    SuspensionRecord,
     SuspensionTimeoutError,
 )
 
@@ -87,6 +93,35 @@ async def test_hook_timeout_bounds_its_store_writes_without_quorum(cluster: Clus
             got = await _read_through_election(d, label)
             assert got is None or got[0].status == "pending", got
             await _nothing_resolves(d, label)
+    finally:
+        await nc.close()
+
+
+async def test_a_write_retried_behind_its_own_unreplicated_try_is_not_a_lost_race(
+    cluster: Cluster,
+) -> None:
+    bucket = f"inflight_{uuid.uuid4().hex[:8]}"
+    nc = await cluster.connect()
+    try:
+        await nc.jetstream().create_key_value(bucket=bucket, history=1, replicas=3)
+        leader = await cluster.stream_leader(nc, f"KV_{bucket}")
+    finally:
+        await nc.close()
+    nc = await cluster.connect(servers=[cluster.node(leader).url])
+    try:
+        # a first try whose ack does not come within 1 s: its write stays in flight
+        kv = await nc.jetstream(timeout=1.0).key_value(bucket)
+        for node in cluster.nodes:
+            if node.name != leader:
+                node.kill()
+        store = RecordStore(kv, deadline_s=5.0)
+        record = SuspensionRecord(label="in-flight", status="resolved", resolution={"ok": 1})
+        try:
+            got: object = await store.create(record)
+        except HookbusTimeoutError:
+            got = "outcome unknown"
+        # None would say another writer created the record first: nobody else wrote
+        assert got == "outcome unknown", got
     finally:
         await nc.close()
 

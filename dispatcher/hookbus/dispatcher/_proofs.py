@@ -19,7 +19,7 @@ from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
 from hookbus.schemas import AlreadySettledError, ApprovalAnswer, decode, encode
 
-from ._kv import kv_retry, release_consumer, subscribe_keys
+from ._kv import is_transient, kv_retry, release_consumer, subscribe_keys
 
 __all__ = ["first_proof", "read_proofs", "write_proof"]
 
@@ -48,7 +48,9 @@ async def write_proof(
         nonlocal on_record
         try:
             await kv.create(key, encode(answer))
-        except nats.js.errors.KeyWrongLastSequenceError:  # answered before (or a retry)
+        except nats.js.errors.KeyWrongLastSequenceError as exc:  # answered before (or a retry)
+            if is_transient(exc):  # an earlier try still in flight: kv_retry tries again
+                raise
             earlier = decode((await kv.get(key)).value or b"{}", ApprovalAnswer)
             if earlier.choice != answer.choice:
                 raise AlreadySettledError(

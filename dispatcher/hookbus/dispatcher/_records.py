@@ -82,8 +82,9 @@ log = logging.getLogger("hookbus.dispatcher")
 
 T = TypeVar("T")
 
-_WRONG_LAST = (10071, 10164)
-"""JetStream error codes of a failed compare-and-set (wrong last subject sequence)."""
+_WRONG_LAST = 10071
+"""JetStream's error code of a failed compare-and-set: another write is at the key (a
+"wrong last sequence" with no sequence is an unknown outcome instead, `is_transient`)."""
 
 _MARKER_REASON = "Nats-Marker-Reason"
 
@@ -343,7 +344,7 @@ class RecordStore:
             try:
                 await self.kv.delete(key, last=last)
             except nats.js.errors.APIError as exc:
-                if exc.err_code in _WRONG_LAST:
+                if exc.err_code == _WRONG_LAST:
                     raise _Conflict from exc
                 raise
             return True
@@ -385,6 +386,8 @@ class RecordStore:
                 # `create`, which writes over whatever delete marker is there by then)
                 return await self.kv.update(key, data, last=last)
             except nats.js.errors.KeyWrongLastSequenceError as exc:
+                if is_transient(exc):  # an earlier try still in flight: outcome unknown
+                    raise
                 raise _Conflict from exc
 
         async def probe() -> Verdict:

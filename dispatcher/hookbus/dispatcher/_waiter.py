@@ -45,7 +45,14 @@ from hookbus.schemas import (
     lease_key,
 )
 
-from ._kv import kv_retry, open_bucket, release_consumer, stream_sequence, subscribe_keys
+from ._kv import (
+    is_transient,
+    kv_retry,
+    open_bucket,
+    release_consumer,
+    stream_sequence,
+    subscribe_keys,
+)
 from ._records import Entry, RecordStore, is_record_key, parse_record
 from ._tasks import stop_task
 
@@ -565,8 +572,9 @@ class Leases:
                 try:
                     held.revision = await self.kv.update(key, value, last=held.revision)
                     continue
-                except nats.js.errors.KeyWrongLastSequenceError:
-                    pass
+                except nats.js.errors.KeyWrongLastSequenceError as exc:
+                    if is_transient(exc):  # the last rewrite still in flight: next beat
+                        continue
                 try:  # an earlier rewrite landed unseen, or the claim lapsed meanwhile
                     entry = await self.kv.get(key)
                 except nats.js.errors.KeyNotFoundError:
@@ -578,8 +586,9 @@ class Leases:
                     if entry.value == value:
                         held.revision = await self.kv.update(key, value, last=entry.revision)
                         continue
-                except nats.js.errors.KeyWrongLastSequenceError:
-                    pass
+                except nats.js.errors.KeyWrongLastSequenceError as exc:
+                    if is_transient(exc):
+                        continue
                 held.revision = None
                 log.warning(
                     "run claim %s lapsed and another process claimed it: that process may"

@@ -244,10 +244,30 @@ async def existing_key_value(nc: NATS, bucket: str, *, js_domain: str | None = N
     return _in_domain(await jetstream_context(nc, domain).key_value(bucket), domain)
 
 
+WRITE_IN_FLIGHT = 10164
+"""JetStream's "wrong last sequence" with no sequence (``JSStreamWrongLastSequenceConstantErr``):
+a clustered stream's leader could not check a write's expected revision because an earlier
+write to the same key is still being replicated. That write may be this writer's own try
+whose ack was lost, so the outcome is unknown until it settles: not a lost race (error
+10071, "wrong last sequence: <n>", is one). Shown by
+``pytest tests/test_suspension_deadlines.py -k unreplicated``."""
+
+
+def is_write_in_flight(exc: BaseException) -> bool:
+    """Whether `exc` is `WRITE_IN_FLIGHT`, raw (an ``APIError``, as nats-py's ``delete``
+    raises it) or as nats-py's ``create`` / ``update`` raise it (a
+    ``KeyWrongLastSequenceError`` keeping only the description)."""
+    if isinstance(exc, nats.js.errors.KeyWrongLastSequenceError):
+        return (exc.description or "").strip() == "wrong last sequence"
+    code = getattr(exc, "err_code", None)
+    return isinstance(exc, nats.js.errors.APIError) and code == WRITE_IN_FLIGHT
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether `exc` is what a KV call raises while JetStream elects a leader (or the
-    client reconnects): a timeout, no responders, no stream response, or a 503 API error."""
-    if isinstance(exc, _TRANSIENT):
+    client reconnects, or an earlier write to the key is still being replicated): a
+    timeout, no responders, no stream response, a 503 API error, or `WRITE_IN_FLIGHT`."""
+    if isinstance(exc, _TRANSIENT) or is_write_in_flight(exc):
         return True
     return isinstance(exc, nats.js.errors.APIError) and getattr(exc, "code", None) == 503
 

@@ -178,7 +178,9 @@ async def _declare_one(
             try:
                 await kv.create(key, value)
                 return
-            except nats.js.errors.KeyWrongLastSequenceError:
+            except nats.js.errors.KeyWrongLastSequenceError as exc:
+                if is_transient(exc):  # an earlier try still in flight: retried with backoff
+                    raise
                 continue  # someone else declared it meanwhile: compare with theirs
             except nats.js.errors.KeyNotFoundError as exc:
                 # the stream refused "absent" yet a read finds nothing: the replica read is
@@ -220,7 +222,9 @@ async def _declare_one(
         try:
             await kv.update(key, value, last=entry.revision)
             return
-        except nats.js.errors.KeyWrongLastSequenceError:
+        except nats.js.errors.KeyWrongLastSequenceError as exc:
+            if is_transient(exc):
+                raise
             continue
     raise HandlerConflictError(f"handler {decl.name!r} of {decl.event!r}: too many racing writers")
 
