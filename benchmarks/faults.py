@@ -32,11 +32,13 @@ in tests/_cluster.py and tests/_fleet.py):
 - ``differential``: the differential judge of tests/_differential.py (what
   tests/test_differential.py runs) over 2,000 hypothesis cases (200 with ``--quick``;
   ``--seed`` for another set): each case's decision with every fast path on, against the
-  one-by-one reference, under kills, drains, pauses, deadlines, redeclarations and a rogue
-  peer, and with no fault at all: handlers that await only on some inputs or compute
-  without awaiting, results holding objects JSON cannot carry, workers behind a link that
-  delays every message 0.1-0.5 s each way, worker clocks an hour off (``--cases N`` for
-  another count). Its figure is the number of divergent cases (target 0), with how many
+  one-by-one reference, under kills, drains, pauses (mid-step, and before a read),
+  deadlines, redeclarations and a rogue peer, and with no fault at all: handlers that
+  await only on some inputs or compute without awaiting, results holding objects JSON
+  cannot carry, workers behind a link that delays every message 0.1-0.5 s each way, worker
+  clocks an hour off (``--cases N`` for another count); a handler that is not retry_safe
+  run twice for one emit counts as a divergence. Its figure is the number of divergent
+  cases (target 0), with how many
   cases had each fault, pace, kind, delay and skew (``mix`` in the JSON); ``--findings
   FILE`` appends each divergent one, with its replay line.
 

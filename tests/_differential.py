@@ -18,6 +18,9 @@ Worker replicas live in a pool of long-lived *host* processes (``python _differe
 host ...``): each serves one case's handlers on request (a fresh event name per case) and is
 replaced in the background when a fault kills it. A handler at the fault's step announces
 ``started`` on a NATS subject before it holds for a moment, so the signal lands while it runs.
+Every handler run is announced too (``ran``, with the emit it belongs to): a handler that is
+neither ``retry_safe`` nor ``pure`` and runs twice for one emit is a divergence, whatever the
+decision.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import itertools
 import json
 import os
 import signal
@@ -90,7 +94,7 @@ TOOLS = ("bash", "write", "Bash", "WRITE")
 """Initial tool names: lower case, and as Claude Code and other agents spell them."""
 FAULTS = (
     "none", "none", "kill", "kill", "term", "stop", "deadline", "deadline", "redeclare",
-    "rogue",
+    "rogue", "pause",
 )  # fmt: skip
 SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "stop": signal.SIGSTOP}
 
@@ -117,6 +121,9 @@ HOST_SCRIPT = str(Path(__file__).resolve())
 """Run as ``python HOST_SCRIPT host URL PREFIX ID``: a worker host of the pool."""
 TERM_GRACE_S = 5.0
 """A host's drain grace on SIGTERM: the handler it runs finishes."""
+PAUSE_SETTLE_S = 2.0
+"""Seconds a paused replica runs on after it is resumed, before the runs are counted (it
+reads every request held for it at once)."""
 
 
 # -- the case space ---------------------------------------------------------------------
@@ -158,7 +165,11 @@ class Fault:
     ``replace=True``, changing that handler's tool filter or priority, both versions up;
     ``rogue``: the step's handler and the next made parallel, and a peer on the event's
     collect subject (``emit_and_collect``'s, which an emit must never use) that answers what
-    it hears with a deny in every handler's name; hearing anything is a divergence.
+    it hears with a deny in every handler's name; hearing anything is a divergence;
+    ``pause``: one of the two replicas of the step handler's process is SIGSTOPped before
+    the case's emits read anything and resumed (SIGCONT) after them: each call the queue
+    group gave it is lost (a handler that is not ``retry_safe`` fails under its policy,
+    any subset of them may), and what it reads once resumed must not run a second time.
     """
 
     kind: str = "none"
@@ -310,6 +321,8 @@ def settle(case: Case) -> Case:
         return _scattered(case)
     if f.kind in ("none", "redeclare"):
         return case
+    if f.kind == "pause":
+        return _paused(case)
     order = case.ordered()
     victim = order[f.step]
     hold = DEADLINE_HOLD_S if f.kind == "deadline" else VICTIM_HOLD_S
@@ -338,6 +351,27 @@ def settle(case: Case) -> Case:
             s = dataclasses.replace(s, pace="now")
         handlers.append(s)
     return dataclasses.replace(case, handlers=tuple(handlers), replicas=tuple(replicas))
+
+
+def _paused(case: Case) -> Case:
+    """`case` with two replicas of the step handler's process, whose handlers take no time
+    (each call lost to the paused replica costs its timeout, per path)."""
+    proc = case.victim.proc
+    replicas = list(case.replicas)
+    replicas[proc] = 2
+    handlers = tuple(
+        dataclasses.replace(s, pace="now") if s.proc == proc else s for s in case.handlers
+    )
+    return dataclasses.replace(case, handlers=handlers, replicas=tuple(replicas))
+
+
+def pausable(case: Case) -> list[str]:
+    """Handlers a ``pause`` case may lose to the paused replica: its process's handlers
+    that are not ``retry_safe`` (a retry_safe one is called again on the other replica)."""
+    if case.fault.kind != "pause":
+        return []
+    proc = case.victim.proc
+    return [s.name for s in case.declared().ordered() if s.proc == proc and not s.retry_safe]
 
 
 def _delayed(case: Case) -> Case:
@@ -394,8 +428,13 @@ def _parallel_run(order: list[Spec], i: int) -> list[Spec]:
     return order[lo : hi + 1]
 
 
-def initial_data(case: Case) -> dict[str, Any]:
-    return {"tool_name": case.tool, "trail": [], "tool_input": {"command": "ls"}}
+def initial_data(case: Case, emit: str | None = None) -> dict[str, Any]:
+    """The data a case's emits start with; `emit` names the emit (the handlers' ``ran``
+    announcements carry it)."""
+    data: dict[str, Any] = {"tool_name": case.tool, "trail": [], "tool_input": {"command": "ls"}}
+    if emit is not None:
+        data["emit"] = emit
+    return data
 
 
 # -- what a handler does (the same function remote and in the reference) ------------------------
@@ -441,12 +480,15 @@ class Opaque:
 
 
 def remote_handler(
-    spec: Spec, announce: Callable[[str], Awaitable[None]]
+    spec: Spec,
+    announce: Callable[[str], Awaitable[None]],
+    ran: Callable[[str, Any], None] = lambda name, emit: None,
 ) -> Callable[[str, dict[str, Any]], Any]:
-    """The handler a host serves: announce and hold (the fault's step), take its pace, behave
-    (a ``blocking`` one is a sync function)."""
+    """The handler a host serves: say it ran (`ran`, any thread), announce and hold (the
+    fault's step), take its pace, behave (a ``blocking`` one is a sync function)."""
 
     async def handle(event: str, data: dict[str, Any]) -> HookResult | None:
+        ran(spec.name, data.get("emit"))
         if spec.hold_s:
             await announce(spec.name)
             await asyncio.sleep(spec.hold_s)
@@ -463,6 +505,7 @@ def remote_handler(
         return behave(spec, data)
 
     def blocking(event: str, data: dict[str, Any]) -> HookResult | None:
+        ran(spec.name, data.get("emit"))
         time.sleep(PACED_S)  # a blocking library call: the worker runs it in a thread
         return behave(spec, data)
 
@@ -542,9 +585,11 @@ class FaultModel:
         return "ok"
 
 
-def reference_handler(spec: Spec, model: FaultModel) -> Callable[..., Awaitable[Any]]:
+def reference_handler(
+    spec: Spec, model: FaultModel, lost: frozenset[str] = frozenset()
+) -> Callable[..., Awaitable[Any]]:
     async def handle(event: str, data: dict[str, Any]) -> HookResult | None:
-        outcome = model.outcome(spec)
+        outcome = "fail" if spec.name in lost else model.outcome(spec)
         if outcome == "fail":
             raise RuntimeError(f"{spec.name}: lost to the fault")
         if outcome == "timeout" or spec.pace == "slow":
@@ -555,9 +600,12 @@ def reference_handler(spec: Spec, model: FaultModel) -> Callable[..., Awaitable[
     return handle
 
 
-async def reference(case: Case, event: str, *, faulted: bool) -> tuple[HookResult, set[str]]:
+async def reference(
+    case: Case, event: str, *, faulted: bool, lost: frozenset[str] = frozenset()
+) -> tuple[HookResult, set[str]]:
     """The model's result for `case` (its declared settings), with or without its fault,
-    and the handlers whose failure kind is not determined."""
+    and the handlers whose failure kind is not determined; the handlers in `lost` fail
+    (their calls lost to a paused replica)."""
     declared = case.declared()
     if not faulted:
         declared = dataclasses.replace(declared, fault=Fault())
@@ -566,7 +614,7 @@ async def reference(case: Case, event: str, *, faulted: bool) -> tuple[HookResul
     for spec in declared.ordered():
         d.register(
             event,
-            reference_handler(spec, model),
+            reference_handler(spec, model, lost),
             spec.priority,
             spec.name,
             timeout_s=timeout_of(spec),
@@ -574,7 +622,21 @@ async def reference(case: Case, event: str, *, faulted: bool) -> tuple[HookResul
             tool_filter=None if spec.tool_filter is None else list(spec.tool_filter),
             parallel=spec.parallel,
         )
-    return await d.emit(event, initial_data(case)), model.loose
+    return await d.emit(event, initial_data(case)), model.loose | lost
+
+
+async def references(case: Case, event: str) -> list[dict[str, Any]]:
+    """Every decision the model allows `case` without a signal: one, or for a ``pause``
+    case one per subset of `pausable` handlers whose calls were lost."""
+    names = pausable(case)
+    out = []
+    for subset in itertools.chain.from_iterable(
+        itertools.combinations(names, k) for k in range(len(names) + 1)
+    ):
+        lost = frozenset(subset)
+        result, loose = await reference(case, event, faulted=False, lost=lost)
+        out.append(summary(result, loose | set(names)))
+    return out
 
 
 # -- comparing decisions ------------------------------------------------------------------------
@@ -584,6 +646,7 @@ def summary(r: HookResult, loose: set[str]) -> dict[str, Any]:
     failed_closed = any(f.handler == r.decided_by and f.policy == "deny" for f in r.failures)
     data = dict(r.chained_data or {})
     data.pop("timestamp", None)
+    data.pop("emit", None)  # which emit it was (`initial_data`)
     return {
         "action": r.action,
         "decided_by": r.decided_by,
@@ -635,8 +698,14 @@ async def host_main(url: str, prefix: str, host_id: str) -> None:
     ctl = await nats.connect(url, max_reconnect_attempts=2)
     current: dict[str, Any] = {}
 
+    loop = asyncio.get_running_loop()
+
     async def announce(name: str) -> None:
         await ctl.publish(f"{prefix}.started", json.dumps([host_id, name]).encode())
+
+    def ran(name: str, emit: Any) -> None:  # from the loop or a handler's thread
+        body = json.dumps([host_id, name, emit]).encode()
+        asyncio.run_coroutine_threadsafe(ctl.publish(f"{prefix}.ran", body), loop)
 
     async def stop() -> None:
         w, conn = current.pop("worker", None), current.pop("nc", None)
@@ -657,7 +726,9 @@ async def host_main(url: str, prefix: str, host_id: str) -> None:
         w = HookWorker(conn, replace=cmd["replace"])
         for raw in cmd["handlers"]:
             spec = Spec(**{**raw, "tool_filter": _tuple(raw["tool_filter"])})
-            w.add_handler(cmd["event"], remote_handler(spec, announce), **declare_options(spec))
+            w.add_handler(
+                cmd["event"], remote_handler(spec, announce, ran), **declare_options(spec)
+            )
         current.update(worker=w, nc=conn)
         await w.start()
         return {"instance": w.instance, "pid": os.getpid()}
@@ -779,6 +850,8 @@ class Harness:
         self.cases_run = 0
         self.rogue_heard: list[str] = []
         """Subjects of the requests the rogue peer of the running case heard."""
+        self.runs: dict[tuple[str, str], int] = {}
+        """Runs per (emit, handler), from the hosts' ``ran`` announcements."""
 
     async def start(self) -> None:
         nc_ctl, nc_fast, nc_ref = [await self._connect() for _ in range(3)]
@@ -789,6 +862,7 @@ class Harness:
         await self.ref.start()
         self.kv = await nc_ctl.jetstream().key_value(handlers_bucket_config().bucket)
         await nc_ctl.subscribe(f"{self.prefix}.started", cb=self._on_started)
+        await nc_ctl.subscribe(f"{self.prefix}.ran", cb=self._on_ran)
         await self.proxy.start()
         self.far = HostPool(self.proxy.url, self.prefix, MAX_DELAYED_HOSTS, tag="far")
         await asyncio.gather(self.pool.start(), self.far.start())
@@ -820,6 +894,11 @@ class Harness:
             self.signalled = host
             host.signal(SIGNALS[armed[2]])
 
+    async def _on_ran(self, msg: Msg) -> None:
+        _, name, emit = json.loads(msg.data)
+        if emit is not None:
+            self.runs[(emit, name)] = self.runs.get((emit, name), 0) + 1
+
     # -- one case ---------------------------------------------------------------------------
     async def run_case(self, case: Case, index: int = 0) -> CaseReport:
         """Run `case` every way and compare; never raises for a divergence."""
@@ -838,41 +917,86 @@ class Harness:
     async def _run(self, case: Case, report: CaseReport) -> None:
         kind = case.fault.kind
         event = f"diff:{uuid.uuid4().hex[:12]}"
-        data = initial_data(case)
         deadline = DEADLINE_S if kind == "deadline" else None
+        emits: list[str] = []
         async with self._serving(case, event) as hosts:
-            clean, loose = await reference(case, event, faulted=kind == "deadline")
-            expected = summary(clean, loose)
+            if kind == "deadline":
+                clean, loose = await reference(case, event, faulted=True)
+                allowed = [summary(clean, loose)]
+            else:
+                allowed = await references(case, event)
+            loose = set(pausable(case))
             paths = [("fast", self.fast), ("one-by-one", self.ref), ("fast-warm", self.fast)]
             if kind in ("redeclare", "rogue"):  # which version or replica answers varies
                 paths += [("fast-warm", self.fast)] * 3
+            paused = self._paused_host(case, hosts)
+            if paused is not None:
+                paused.signal(signal.SIGSTOP)
             self.proxy.latency_s = case.delay_s
             try:
                 for path, d in paths:
-                    got = await d.emit(event, dict(data), timeout_s=deadline)
-                    self._compare(report, path, expected, got, loose)
+                    emits.append(uuid.uuid4().hex[:12])
+                    data = initial_data(case, emits[-1])
+                    got = await d.emit(event, data, timeout_s=deadline)
+                    self._compare(report, path, allowed, got, loose)
             finally:
                 self.proxy.latency_s = 0.0
+                if paused is not None:
+                    paused.signal(signal.SIGCONT)
+            if paused is not None:
+                await asyncio.sleep(PAUSE_SETTLE_S)  # it reads what it was sent meanwhile
             if kind == "rogue" and self.rogue_heard:  # an emit published on collect
                 heard = list(self.rogue_heard)
                 report.divergences.append(Divergence("rogue", {}, {}, heard[:5]))
             if kind in SIGNALS:
-                await self._faulted(case, event, self.fast, "fast+fault", report, hosts)
+                emits.append(uuid.uuid4().hex[:12])
+                await self._faulted(case, event, self.fast, "fast+fault", report, hosts, emits[-1])
         if any(d.path == "fast+fault" for d in report.divergences):  # confirm it one by one
             event = f"diff:{uuid.uuid4().hex[:12]}"
             async with self._serving(case, event) as hosts:
-                await self.ref.emit(event, dict(data))  # the same warm-up
+                await self.ref.emit(event, initial_data(case))  # the same warm-up
                 await self._faulted(case, event, self.ref, "one-by-one+fault", report, hosts)
+        await self._count_runs(case, emits, report)
+
+    def _paused_host(self, case: Case, hosts: list[Host]) -> Host | None:
+        """The replica a ``pause`` case stops: the first of its step handler's process
+        (hosts come in process order, `_serving`)."""
+        if case.fault.kind != "pause":
+            return None
+        return hosts[sum(case.replicas[: case.victim.proc])]
+
+    async def _count_runs(self, case: Case, emits: list[str], report: CaseReport) -> None:
+        """A divergence for each handler neither ``retry_safe`` nor ``pure`` that ran more
+        than once for one emit. Every host was released (a request answered after its
+        announcements, on the same connection) or signalled before this runs."""
+        await self.ctl.flush()
+        once = {
+            s.name
+            for version in (case, case.declared())
+            for s in version.handlers
+            if not (s.retry_safe or s.pure)
+        }
+        twice = [
+            f"{name} ran {n} times for emit {emit}"
+            for emit in emits
+            for name in sorted(once)
+            if (n := self.runs.pop((emit, name), 0)) > 1
+        ]
+        for emit in emits:
+            for key in [k for k in self.runs if k[0] == emit]:
+                del self.runs[key]
+        if twice:
+            report.divergences.append(Divergence("ran twice", {}, {}, twice))
 
     async def _faulted(
         self, case: Case, event: str, d: HookDispatcher, path: str, report: CaseReport,
-        hosts: list[Host],
+        hosts: list[Host], emit: str | None = None,
     ) -> None:  # fmt: skip
         faulted, loose = await reference(case, event, faulted=True)
         self.signalled = None
         self.armed = (event, case.victim.name, case.fault.kind)
         try:
-            got = await d.emit(event, initial_data(case))
+            got = await d.emit(event, initial_data(case, emit))
         finally:
             self.armed = None
         if self.signalled is not None:
@@ -880,16 +1004,19 @@ class Harness:
             if self.signalled in hosts:
                 hosts.remove(self.signalled)
             self.signalled.pool.replace(self.signalled)
-        self._compare(report, path, summary(faulted, loose), got, loose)
+        self._compare(report, path, [summary(faulted, loose)], got, loose)
 
     def _compare(
-        self, report: CaseReport, path: str, expected: dict[str, Any], got: HookResult,
+        self, report: CaseReport, path: str, allowed: list[dict[str, Any]], got: HookResult,
         loose: set[str],
     ) -> None:  # fmt: skip
+        """A divergence unless `got` is one of the `allowed` decisions (the closest one is
+        reported)."""
         mine = summary(got, loose)
-        diffs = differences(expected, mine)
-        if diffs:
-            report.divergences.append(Divergence(path, expected, mine, diffs))
+        if any(not differences(expected, mine) for expected in allowed):
+            return
+        expected = min(allowed, key=lambda e: len(differences(e, mine)))
+        report.divergences.append(Divergence(path, expected, mine, differences(expected, mine)))
 
     @contextlib.asynccontextmanager
     async def _serving(self, case: Case, event: str) -> Any:

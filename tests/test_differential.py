@@ -1,12 +1,14 @@
 """The differential test: every fast path of `HookDispatcher` decides as one by one.
 
 Cases come from hypothesis (`_differential.cases`: handler sets over worker processes and
-replicas, results, filters, flags, policies, timeouts, and one fault among SIGKILL, SIGTERM
-and SIGSTOP of a replica mid-step, a caller deadline, a rolling redeclaration and a rogue
-peer on the collect subject). Each runs through a real nats-server with every fast path on,
-one by one over NATS (``chains=False``), and through the in-process reference with the fault
-made explicit. Divergences are collected over all cases and reported together, each case
-with its replay line.
+replicas, results, filters, flags, policies, paces, links delaying 0.1-0.5 s each way, worker
+clocks an hour off, and one fault among SIGKILL, SIGTERM and SIGSTOP of a replica mid-step,
+a caller deadline, a rolling redeclaration, a rogue peer on the collect subject and a
+replica paused before it reads). Each runs through a real nats-server with every fast path
+on, one by one over NATS (``chains=False``), and through the in-process reference with the
+fault made explicit; a handler neither ``retry_safe`` nor ``pure`` that runs twice for one
+emit is a divergence too. Divergences are collected over all cases and reported together,
+each case with its replay line.
 
     HOOKBUS_DIFFERENTIAL_CASES=1000 .venv/bin/pytest tests/test_differential.py
     HOOKBUS_DIFFERENTIAL_SEED=7          # another set of cases than the derandomized one
