@@ -69,7 +69,7 @@ async def test_the_rogue_peer_hears_what_is_published_on_the_collect_subject(
     ``emit_and_collect`` makes) is heard, so an emit that published there would be a
     divergence."""
     case = next(c for c in drawn_cases(200, 11) if c.fault.kind == "rogue")
-    harness = Harness(nats_url, pool_size=2)
+    harness = Harness(nats_url, pool_size=sum(case.replicas))
     await harness.start()
     try:
         event = f"diff:{uuid.uuid4().hex[:12]}"

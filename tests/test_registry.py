@@ -642,3 +642,56 @@ async def test_cli_worker_conflict_is_one_error_line(
     assert "Error: handler 'security'" in err and "--replace" in err
     entry = await (await bucket(nc)).get(handler_key(event, "security"))
     assert json.loads(entry.value)["failure_policy"] == "deny"
+
+
+# -- following the registry ---------------------------------------------------------------
+async def test_an_agent_that_cannot_follow_an_empty_registry_does_not_start(
+    embedded_server: Any,
+) -> None:
+    """The handlers stream takes one consumer (as a server at its consumer limit does): the
+    first agent's watch holds it. A second agent started while the registry is empty must
+    not start, since it would never see a handler declared later: with the first agent
+    denying ``rm -rf /`` by then, the second would let it through."""
+    from nats.js.api import DiscardPolicy, StreamConfig
+
+    from hookbus.schemas import HookbusError
+    from hookbus.workers import HookWorker
+
+    url = embedded_server.url
+    event = f"test:{uuid.uuid4().hex[:10]}"
+    admin = await nats.connect(url)
+    conns = [admin]
+    try:
+        kv_config = handlers_bucket_config()
+        await admin.jetstream().add_stream(
+            StreamConfig(
+                name=f"KV_{HANDLERS_BUCKET}", subjects=[f"$KV.{HANDLERS_BUCKET}.>"],
+                max_msgs_per_subject=kv_config.history, discard=DiscardPolicy.NEW,
+                allow_rollup_hdrs=True, deny_delete=True, allow_direct=True, max_consumers=1,
+            )
+        )  # fmt: skip
+        conns += [await nats.connect(url) for _ in range(3)]
+        first = HookDispatcher(conns[1])
+        await first.start()  # its watch holds the one consumer
+        late = HookDispatcher(conns[2])
+        try:
+            with pytest.raises(HookbusError, match="handler registry") as refused:
+                await late.start()
+            print(f"refused: {refused.value}")
+        finally:
+            await late.close()
+
+        async def guard(event: str, data: dict[str, Any]) -> HookResult:
+            return HookResult(action="deny", reason="no")
+
+        worker = HookWorker(conns[3])
+        worker.add_handler(event, guard, name="guard", failure_policy="deny")
+        async with worker:
+            with anyio.fail_after(10):
+                while not first.routes(event):  # noqa: ASYNC110  (no change event)
+                    await anyio.sleep(0.05)
+            assert (await first.emit(event, {"command": "rm -rf /"})).action == "deny"
+        await first.close()
+    finally:
+        for conn in conns:
+            await conn.close()

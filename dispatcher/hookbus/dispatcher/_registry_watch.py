@@ -20,6 +20,13 @@ nats-py's ordered consumer (a message it misses is delivered again from where it
 checked every `_CHECK_S` seconds (re-created when its consumer is gone, or when a message
 the server delivered never arrived), so a missed declaration is applied within about
 twice that, and by the next resync at the latest.
+
+A dispatcher never decides on a registry it does not follow: `RegistryWatch.start` returns
+only once the watch is up and has delivered the values present, and raises when it cannot
+be (a refusal, such as JetStream's consumer limit of the stream, at once; anything else
+once its deadline passed). An empty registry needs no consumer to be read, so without this
+a dispatcher whose watch was refused would start with no routes and never see a handler
+declared later.
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ from hookbus.schemas import (
     BadRequestError,
     FailurePolicy,
     HandlerDeclaration,
+    HookbusError,
+    HookbusTimeoutError,
     RequiredHandler,
     encode,
     parse_registry_key,
@@ -48,7 +57,7 @@ from hookbus.schemas import (
 )
 
 from ._consumers import watch_keys
-from ._kv import kv_retry, open_bucket, release_consumer
+from ._kv import is_transient, kv_retry, open_bucket, release_consumer
 from ._route_table import RoutingTable
 from ._tasks import stop_task
 
@@ -234,6 +243,9 @@ class RegistryWatch:
         self._read_timeout_s = read_timeout_s
         self._task: asyncio.Task[None] | None = None
         self._loaded = asyncio.Event()
+        self._refused: BaseException | None = None
+        """Why the first watch failed (set with `_loaded`: the start failed)."""
+        self._last_error: BaseException | None = None
         self._stopping = False
         self.rejected: dict[str, str] = {}
         """Keys of the records currently refused, with the reason (reported, not routed)."""
@@ -242,15 +254,38 @@ class RegistryWatch:
 
     async def start(self, *, deadline_s: float = 30.0) -> None:
         """Load the registry (retried through a leader election for `deadline_s` seconds),
-        then follow it.
+        then follow it: returns once the watch is up and delivered the values present.
 
         Raises:
-            HookbusTimeoutError: the registry could not be read within `deadline_s`.
+            HookbusTimeoutError: the registry could not be read, or the watch not started,
+                within `deadline_s` (JetStream unavailable).
+            HookbusError: JetStream refused the watch (e.g. ``maximum consumers limit
+                reached``, the stream's or the server's consumer limit): this dispatcher
+                could not follow the registry, so it does not start.
         """
+        loop = asyncio.get_running_loop()
+        until = loop.time() + deadline_s
         await kv_retry(self.resync, deadline_s=deadline_s, what="reading the handler registry")
         self._stopping = False
+        self._refused = self._last_error = None
+        self._loaded.clear()
         self._task = asyncio.create_task(self._run(), name="hookbus-registry-watch")
-        await self._loaded.wait()
+        try:
+            async with asyncio.timeout(max(0.0, until - loop.time())):
+                await self._loaded.wait()
+        except TimeoutError:
+            await self.stop()
+            raise HookbusTimeoutError(
+                f"could not follow the handler registry within {deadline_s:g} s"
+                f" ({self._last_error!r}); this dispatcher does not start"
+            ) from self._last_error
+        if self._refused is not None:
+            refused = self._refused
+            await self.stop()
+            raise HookbusError(
+                f"JetStream refused this dispatcher a watch of the handler registry ({refused});"
+                " it does not start, since it could not see the handlers declared from now on"
+            ) from refused
 
     async def stop(self) -> None:
         """Stop the watch task. Idempotent; never swallows the caller's own cancellation.
@@ -303,8 +338,13 @@ class RegistryWatch:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # server lost, stream gone: retry, resync meanwhile
+                if not self._loaded.is_set():  # never followed yet: `start` decides
+                    self._last_error = exc
+                    if not is_transient(exc):
+                        self._refused = exc
+                        self._loaded.set()
+                        return
                 log.warning("registry watch failed (%s); retrying", exc)
-                self._loaded.set()
                 await asyncio.sleep(1.0)
                 with contextlib.suppress(Exception):
                     await self.resync()
