@@ -369,3 +369,34 @@ async def test_a_chain_never_splits_a_parallel_group(connect: Connect, event: st
     assert (r.action, r.decided_by) == ("deny", "c_after")
     failed = [(f.handler, f.kind) for f in r.failures]
     assert failed == [("a_slow", "timeout"), ("c_after", "timeout")]
+
+
+async def test_a_parallel_group_that_ends_the_fold_runs_each_member_once(
+    connect: Connect, event: str
+) -> None:
+    """``a_retool`` and ``b_guard`` are one parallel group of one process (by name at equal
+    priority); ``a_retool`` modifies, which a parallel handler may not (the fold ends there,
+    ``bad_reply``). One by one the group is called together: each member runs once,
+    whatever ended the fold. A chain ran both and must report both; it kept only
+    ``a_retool``'s reply, so ``b_guard`` (not retry_safe) was called again on its own."""
+    calls: list[str] = []
+
+    async def a_retool(ev: str, data: dict[str, Any]) -> HookResult:
+        calls.append("a_retool")
+        return HookResult(action="modify", data={**data, "tool_name": "Write"})
+
+    async def b_guard(ev: str, data: dict[str, Any]) -> HookResult:
+        calls.append("b_guard")
+        return HookResult(action="deny", reason="b_guard")
+
+    async with (
+        serving(
+            await connect(),
+            (event, a_retool, {"priority": 0, "parallel": True}),
+            (event, b_guard, {"priority": 0, "parallel": True, "failure_policy": "deny"}),
+        ),
+        HookDispatcher(await connect()) as d,
+    ):
+        results = [await d.emit(event, {"tool_name": "bash"}) for _ in range(3)]
+    assert [(r.action, r.decided_by) for r in results] == [("deny", "a_retool")] * 3
+    assert sorted(calls) == ["a_retool"] * 3 + ["b_guard"] * 3, calls

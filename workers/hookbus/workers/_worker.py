@@ -828,10 +828,12 @@ class HookWorker:
                         progress.suspended()
                     outs = await self._run_group(run, envelope, data, deadline, msg, progress)
                 running.clear()
-                for (step, _), out in zip(run, outs, strict=True):
-                    replies.append(out)
-                    if _stops_chain(step, out):
-                        return HookReply(handler=name, chain=replies)
+                # every step that ran is reported, those after the one that ends the fold
+                # in a parallel group too: the dispatcher would call a missing one again
+                replies += outs
+                if any(_stops_chain(step, out) for (step, _), out in zip(run, outs, strict=True)):
+                    return HookReply(handler=name, chain=replies)
+                for out in outs:  # a sequential step's (a parallel modify ends the fold)
                     result = out.result
                     if result is not None and modifies(result):
                         data = result.data  # type: ignore[assignment]  # modifies: not None
