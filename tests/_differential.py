@@ -104,6 +104,11 @@ SLOW_TIMEOUT_S, SLOW_SLEEP_S = 0.15, 0.35
 """A ``slow`` handler sleeps past its timeout (a ``timeout`` failure)."""
 VICTIM_TIMEOUT_S, VICTIM_HOLD_S = 1.2, 0.15
 """The handler at a signal's step holds this long after it announced itself."""
+HEDGED_TIMEOUT_S = 3.0
+"""The timeout of a ``retry_safe`` handler whose replica a fault stops while a second one
+serves it: the dispatcher hedges after a quarter of it, on a cold start after asking the
+workers where they are (0.5 s), so the live replica's answer has ten times its round trip
+on a busy machine."""
 DEADLINE_S, DEADLINE_HOLD_S, DEADLINE_TIMEOUT_S = 1.0, 2.5, 5.0
 """A caller deadline: the emit's ``timeout_s``, and the handler at the step holds past it.
 The handlers before that step answer at once: wide enough for their round trips on a busy
@@ -121,7 +126,7 @@ HOST_SCRIPT = str(Path(__file__).resolve())
 """Run as ``python HOST_SCRIPT host URL PREFIX ID``: a worker host of the pool."""
 TERM_GRACE_S = 5.0
 """A host's drain grace on SIGTERM: the handler it runs finishes."""
-PAUSE_SETTLE_S = 2.0
+PAUSE_SETTLE_S = 1.0
 """Seconds a paused replica runs on after it is resumed, before the runs are counted (it
 reads every request held for it at once)."""
 
@@ -343,24 +348,33 @@ def settle(case: Case) -> Case:
             (new_victim if s.name == victim.name else s).retry_safe for s in later
         ):
             replicas[victim.proc] = 1
+    hedged = f.kind in SIGNALS and replicas[victim.proc] == 2
     handlers = []
     for s in case.handlers:
         if s.name == victim.name:
             s = new_victim
         elif f.kind == "deadline":
             s = dataclasses.replace(s, pace="now")
+        if hedged and s.proc == victim.proc and s.retry_safe and s.pace not in TIMED_PACES:
+            s = dataclasses.replace(s, timeout_s=max(s.timeout_s, HEDGED_TIMEOUT_S))
         handlers.append(s)
     return dataclasses.replace(case, handlers=tuple(handlers), replicas=tuple(replicas))
 
 
 def _paused(case: Case) -> Case:
     """`case` with two replicas of the step handler's process, whose handlers take no time
-    (each call lost to the paused replica costs its timeout, per path)."""
+    (each call lost to the paused replica costs its timeout, per path); its ``retry_safe``
+    ones get `HEDGED_TIMEOUT_S` (hedged to the live replica)."""
     proc = case.victim.proc
     replicas = list(case.replicas)
     replicas[proc] = 2
     handlers = tuple(
-        dataclasses.replace(s, pace="now") if s.proc == proc else s for s in case.handlers
+        dataclasses.replace(
+            s, pace="now", timeout_s=HEDGED_TIMEOUT_S if s.retry_safe else s.timeout_s
+        )
+        if s.proc == proc
+        else s
+        for s in case.handlers
     )
     return dataclasses.replace(case, handlers=handlers, replicas=tuple(replicas))
 
