@@ -163,7 +163,9 @@ class HookDispatcher(StandardEvents):
     async def start(self) -> None:
         """Load the handler registry and start watching it (no-op without a connection).
 
-        Returns once the current declarations are in the routing table.
+        Returns once the current declarations are in the routing table and the watch
+        that keeps it in step is up: a dispatcher never decides on a registry it does not
+        follow.
 
         Raises:
             JetStreamDomainError: a bucket is absent and the answering JetStream is not
@@ -171,6 +173,8 @@ class HookDispatcher(StandardEvents):
                 node's own), or no JetStream answers within 3 s (a leaf node without
                 JetStream and no `js_domain`).
             HookbusTimeoutError: JetStream stayed unavailable for 30 s.
+            HookbusError: JetStream refused the registry watch (e.g. ``maximum consumers
+                limit reached``, err 10026: the stream's or the account's consumer limit).
         """
         if self._started or self._nc is None:
             return
