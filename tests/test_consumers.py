@@ -84,3 +84,27 @@ async def test_a_watch_never_reports_a_bucket_with_a_value_as_empty(nc) -> None:
         passes += await asyncio.gather(*(first_pass() for _ in range(20)))
     empty = sum(1 for keys in passes if not keys)
     assert empty == 0 and all(keys == ["only.key"] for keys in passes), f"{empty} of 3000 empty"
+
+
+async def test_a_stream_takes_at_most_1000_consumers(embedded_server) -> None:
+    """The bundled nats-server's limit: a stream takes 1,000 consumers and refuses the next
+    (err 10026). An embedded dispatcher holds one on the handlers stream while it runs (its
+    registry watch), so one JetStream serves at most about 1,000 embedded agents
+    (docs/performance.md); the server's own consumers are not counted here."""
+    import nats
+    from nats.js.api import ConsumerConfig
+    from nats.js.errors import BadRequestError
+
+    nc = await nats.connect(embedded_server.url)
+    try:
+        js = nc.jetstream()
+        await js.create_key_value(bucket="consumer_limit", history=1)
+        created = 0
+        with pytest.raises(BadRequestError) as refused:
+            for _ in range(1001):
+                await js.add_consumer("KV_consumer_limit", ConsumerConfig(inactive_threshold=60))
+                created += 1
+        assert created == 1000, created
+        assert refused.value.err_code == 10026, refused.value
+    finally:
+        await nc.close()
