@@ -934,6 +934,7 @@ class Harness:
         event = f"diff:{uuid.uuid4().hex[:12]}"
         deadline = DEADLINE_S if kind == "deadline" else None
         emits: list[str] = []
+        self.runs.clear()  # late announcements of earlier cases (a killed host's) included
         async with self._serving(case, event) as hosts:
             if kind == "deadline":
                 clean, loose = await reference(case, event, faulted=True)
