@@ -19,6 +19,7 @@ from pathlib import Path
 
 import nats
 import pytest
+from _ports import free_port, on_free_port
 from click.testing import CliRunner
 
 from hookbus.cli import EmbeddedNatsServer, find_nats_server
@@ -28,14 +29,8 @@ from hookbus.cli._connect import auth_ssl_context
 anyio_test = pytest.mark.anyio
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def init(out: Path, *args: str) -> int:
-    port = _free_port()
+def init(out: Path, *args: str, port: int | None = None) -> int:
+    port = free_port() if port is None else port
     result = CliRunner().invoke(
         cli, ["auth", "init", "--out", str(out), "--agent", "a1", "--port", str(port), *args],
         catch_exceptions=False,
@@ -54,10 +49,20 @@ def hookbus(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, int]]:
-    out = tmp_path_factory.mktemp("tls") / "auth"
-    port = init(out)
-    with EmbeddedNatsServer(out / "run", config=out / "server.conf"):
+    base = tmp_path_factory.mktemp("tls")
+
+    def start(port: int) -> tuple[EmbeddedNatsServer, Path, int]:
+        out = base / f"port-{port}" / "auth"
+        init(out, port=port)
+        server = EmbeddedNatsServer(out / "run", config=out / "server.conf")
+        server.start()
+        return server, out, port
+
+    server, out, port = on_free_port(start)
+    try:
         yield out, port
+    finally:
+        server.stop()
 
 
 def test_init_makes_a_ca_and_a_server_certificate(tls_server: tuple[Path, int]) -> None:

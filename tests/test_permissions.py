@@ -29,6 +29,7 @@ import anyio
 import nats
 import nats.errors
 import pytest
+from _ports import on_free_port
 from nats.aio.client import Client as NATS
 
 from hookbus._core.nats_guard import harden_connection
@@ -63,12 +64,6 @@ def event() -> str:
     return EVENT
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Secure:
     """A server started from `hookbus auth init` (two tenants), and its credentials."""
@@ -83,33 +78,46 @@ class Secure:
 
 @pytest.fixture(scope="module")
 def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure]:
-    out = tmp_path_factory.mktemp("auth")
-    port = _free_port()
-    subprocess.run(
-        [sys.executable, "-m", "hookbus.cli", "auth", "init", "--out", str(out),
-         "--tenant", "T1", "--tenant", "T2", "--embedded-agent", "a1", "--agent", "a2",
-         "--worker", f"sec:{EVENT}/security", "--worker", f"other:{EVENT}/audit",
-         "--approver", "alice", "--approver", "bob", "--auditor", "aud",
-         "--port", str(port)],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    check = subprocess.run(
-        [find_nats_server(), "-c", str(out / "server.conf"), "-t"], capture_output=True, text=True
-    )
-    assert check.returncode == 0, check.stderr + check.stdout
-    log = out / "nats.log"
-    proc = subprocess.Popen(
-        [find_nats_server(), "-c", str(out / "server.conf"), "-l", str(log)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
+    base = tmp_path_factory.mktemp("auth")
+
+    def start(port: int) -> tuple[subprocess.Popen[bytes], Path, int]:
+        out = base / f"port-{port}"
+        subprocess.run(
+            [sys.executable, "-m", "hookbus.cli", "auth", "init", "--out", str(out),
+             "--tenant", "T1", "--tenant", "T2", "--embedded-agent", "a1", "--agent", "a2",
+             "--worker", f"sec:{EVENT}/security", "--worker", f"other:{EVENT}/audit",
+             "--approver", "alice", "--approver", "bob", "--auditor", "aud",
+             "--port", str(port)],
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        check = subprocess.run(
+            [find_nats_server(), "-c", str(out / "server.conf"), "-t"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert check.returncode == 0, check.stderr + check.stdout
+        log = out / "nats.log"
+        proc = subprocess.Popen(
+            [find_nats_server(), "-c", str(out / "server.conf"), "-l", str(log)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
         deadline = time.monotonic() + 20
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                break
-            assert proc.poll() is None, log.read_text() if log.exists() else "server exited"
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.05)
+        try:
+            while True:
+                with (
+                    contextlib.suppress(OSError),
+                    socket.create_connection(("127.0.0.1", port), 0.2),
+                ):
+                    return proc, out, port
+                assert proc.poll() is None, log.read_text() if log.exists() else "exited"
+                assert time.monotonic() < deadline, "server did not start"
+                time.sleep(0.05)
+        except BaseException:
+            proc.terminate()
+            proc.wait(10)
+            raise
+
+    proc, out, port = on_free_port(start)
+    try:
         provisioned = subprocess.run(
             [sys.executable, "-m", "hookbus.cli", "auth", "provision", "--dir", str(out)],
             capture_output=True, text=True, timeout=60,

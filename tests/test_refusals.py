@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import ssl
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from typing import Any
 import anyio
 import nats
 import pytest
+from _ports import free_port, on_free_port
 from nats.aio.client import Client as NATS
 
 from hookbus._core.nats_guard import harden_connection
@@ -52,12 +52,6 @@ REFUSED = re.compile(
     rf"NATS refused (publish|subscription) to (\S+) to ({PUBKEY}) \(([^()]+)\): "
     r"permissions violation"
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -90,17 +84,25 @@ class Secured:
         )  # fmt: skip
 
 
-def _server(out: Path) -> Iterator[Secured]:
-    port = _free_port()
-    subprocess.run(
-        [sys.executable, "-m", "hookbus.cli", "auth", "init", "--out", str(out),
-         "--agent", "a1", "--approver", "alice", "--worker", "sec:tool:pre/security_policy",
-         "--port", str(port)],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    with EmbeddedNatsServer(out / "run", config=out / "server.conf"):
+def _server(base: Path) -> Iterator[Secured]:
+    def start(port: int) -> tuple[EmbeddedNatsServer, Path]:
+        out = base / f"port-{port}"
+        subprocess.run(
+            [sys.executable, "-m", "hookbus.cli", "auth", "init", "--out", str(out),
+             "--agent", "a1", "--approver", "alice", "--worker",
+             "sec:tool:pre/security_policy", "--port", str(port)],
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        server = EmbeddedNatsServer(out / "run", config=out / "server.conf")
+        server.start()
+        return server, out
+
+    server, out = on_free_port(start)
+    try:
         ctx = json.loads((out / "admin-admin.json").read_text())
         yield Secured(out, ctx["url"])
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -306,7 +308,7 @@ def _post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
 
 
 def test_the_console_signs_in_only_the_approver_of_its_credentials(provisioned: Secured) -> None:
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NATS_", "HOOKBUS_"))}
     env["HOOKBUS_CONSOLE_TOKEN"] = "the-token"
     log = provisioned.out / "console.log"
