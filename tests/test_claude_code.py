@@ -28,6 +28,7 @@ from typing import Any
 import anyio
 import nats
 import pytest
+from _ports import free_port
 from click.testing import CliRunner
 
 from hookbus._core.nats_guard import order_flushes
@@ -158,12 +159,6 @@ def bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bus]:
                 "user:notification routed to the policy worker",
             )
             yield Bus(url, seen)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def deny_pre(reason: str) -> dict[str, Any]:

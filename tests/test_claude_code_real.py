@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import pytest
 from _claude_cli import FakeMessagesApi, claude_binary, claude_env, run_claude, trust
+from _ports import free_port
 
 from hookbus.cli import EmbeddedNatsServer
 
@@ -46,12 +46,6 @@ def claude() -> Path:
     if exe is None:
         pytest.fail(f"the real Claude Code CLI does not run here: {why}")
     return exe
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager

@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from _ports import free_port
 
 from hookbus.cli._server import EmbeddedNatsServer
 
@@ -26,12 +26,6 @@ def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NATS_", "HOOKBUS_"))}
     env["NATS_CONTEXT"] = ""
     return env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
@@ -47,7 +41,7 @@ def _run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
 
 # -- the first connect of a long-running command waits for a server starting ---------------
 def test_worker_started_before_its_server_waits_for_it(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     url = f"nats://127.0.0.1:{port}"
     err = tmp_path / "worker.err"
     with err.open("w") as err_file:
@@ -83,7 +77,7 @@ def test_worker_started_before_its_server_waits_for_it(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("command", [["worker", WORKER], ["dispatcher"]], ids=lambda c: c[0])
 def test_no_server_within_the_wait_fails_in_one_line(command: list[str]) -> None:
-    url = f"nats://127.0.0.1:{_free_port()}"
+    url = f"nats://127.0.0.1:{free_port()}"
     proc = _run(*command, "--url", url, "--wait-for-server", "1")
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
@@ -96,7 +90,7 @@ def test_no_server_within_the_wait_fails_in_one_line(command: list[str]) -> None
 
 
 def test_one_shot_commands_still_fail_fast() -> None:
-    url = f"nats://127.0.0.1:{_free_port()}"
+    url = f"nats://127.0.0.1:{free_port()}"
     proc = _run("handlers", "--url", url)
     assert proc.returncode == 1
     assert "waiting" not in proc.stderr
@@ -104,7 +98,7 @@ def test_one_shot_commands_still_fail_fast() -> None:
 
 
 def test_wait_for_server_zero_fails_at_once() -> None:
-    url = f"nats://127.0.0.1:{_free_port()}"
+    url = f"nats://127.0.0.1:{free_port()}"
     proc = _run("dispatcher", "--url", url, "--wait-for-server", "0")
     assert proc.returncode == 1
     assert "waiting" not in proc.stderr
@@ -236,7 +230,7 @@ def test_handlers_group_url_reaches_its_commands(nats_url: str) -> None:
 
 
 def test_a_group_url_is_not_silently_replaced_by_the_default() -> None:
-    dead = f"nats://127.0.0.1:{_free_port()}"
+    dead = f"nats://127.0.0.1:{free_port()}"
     for args in (["suspensions", "--url", dead, "list"], ["approvals", "--url", dead, "list"]):
         proc = _run(*args)
         assert proc.returncode == 1
@@ -244,7 +238,7 @@ def test_a_group_url_is_not_silently_replaced_by_the_default() -> None:
 
 
 def test_the_commands_own_connection_options_win(nats_url: str) -> None:
-    dead = f"nats://127.0.0.1:{_free_port()}"
+    dead = f"nats://127.0.0.1:{free_port()}"
     proc = _run("suspensions", "--url", dead, "list", "--json", "--url", nats_url)
     assert proc.returncode == 0, proc.stderr
 

@@ -32,6 +32,7 @@ from _browser import (  # noqa: F401 (the fixtures browser, chromium, page)
     screenshot_folder,
     sign_in,
 )
+from _ports import free_port
 from _procs import alive
 from _readme_blocks import Block, Command, blocks, commands, free_names, inline_code
 from _readme_run import HOOKBUS, NOT_RUN, Job, Result, Shell, Snippet, run_python
@@ -70,12 +71,6 @@ def block(fingerprint: str) -> Block:
     assert len(found) == 1, f"{len(found)} README.md blocks contain {fingerprint!r}"
     assert RUNS.get(fingerprint), f"{fingerprint!r} is not in RUNS"
     return found[0]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def port_is_free(port: int) -> bool:

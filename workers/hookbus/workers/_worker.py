@@ -831,10 +831,10 @@ class HookWorker:
                 # every step that ran is reported, those after the one that ends the fold
                 # in a parallel group too: the dispatcher would call a missing one again
                 replies += outs
-                if any(_stops_chain(step, out) for (step, _), out in zip(run, outs, strict=True)):
-                    return HookReply(handler=name, chain=replies)
-                for out in outs:  # a sequential step's (a parallel modify ends the fold)
-                    result = out.result
+                for (step, _), out in zip(run, outs, strict=True):
+                    if _stops_chain(step, out):
+                        return HookReply(handler=name, chain=replies)
+                    result = out.result  # only a sequential step's modify gets here
                     if result is not None and modifies(result):
                         data = result.data  # type: ignore[assignment]  # modifies: not None
         finally:
