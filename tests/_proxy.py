@@ -125,6 +125,12 @@ class NatsProxy:
         follows it on that connection, `delay_s` seconds late."""
         self._holds.append((prefix, delay_s))
 
+    def cut(self) -> None:
+        """Close every connection through the proxy (the clients see their server lost
+        and reconnect through it: new connections are still accepted)."""
+        for w in list(self._writers):
+            w.close()
+
     def clear(self) -> None:
         self._rules.clear()
         self._holds.clear()

@@ -150,6 +150,29 @@ def test_only_the_admin_may_create_delete_update_or_purge_streams() -> None:
     assert "$JS.API.>" in permissions_for("admin", "admin").publish
 
 
+def _covers(pattern: str, subject: str) -> bool:
+    """Whether NATS subject `pattern` (``*``, ``>`` wildcards) matches `subject`."""
+    want, have = pattern.split(" ")[0].split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(have) > i
+        if i >= len(have) or token not in ("*", have[i]):
+            return False
+    return len(want) == len(have)
+
+
+def test_no_role_but_the_admin_may_forge_a_registry_change() -> None:
+    """Only the server publishes the handler registry's republished changes: a dispatcher
+    applies what arrives there, so no identity may publish there; those that follow the
+    registry may subscribe."""
+    forged = "hookbus.v1.registry._required.tool=3Apre.security"
+    for role, publish, subscribe in _every_role("UKEY"):
+        assert not any(_covers(p, forged) for p in publish), role
+        follows = any(_covers(s, forged) for s in subscribe)
+        assert follows == (role in ("dispatcher", "agent (embedded)", "approver")), role
+    assert any(_covers(p, forged) for p in permissions_for("admin", "admin").publish)
+
+
 def test_every_user_subscribes_only_to_its_own_inbox() -> None:
     for row in permission_table():
         if row.direction == "subscribe" and row.subject.startswith("_INBOX"):

@@ -309,6 +309,12 @@ async def test_agent_probes_are_refused(secure: Secure, as_: Connect, event: str
             "agent marks a handler required",
             lambda: js.publish("$KV.hookbus_handlers._required.x.y", b"{}"),
         )
+        await refused(
+            secure,
+            agent,
+            "agent forges a registry change (the server's republish)",
+            lambda: nc.publish("hookbus.v1.registry._required.x.y", b"{}"),
+        )
 
 
 async def test_worker_probes_are_refused(secure: Secure, as_: Connect, event: str) -> None:
@@ -318,6 +324,12 @@ async def test_worker_probes_are_refused(secure: Secure, as_: Connect, event: st
         other = f"$KV.hookbus_handlers.{handler_key(event, 'audit')}"
         await refused(secure, client, "worker declares under another worker's handler name",
                       lambda: js.publish(other, b"{}"))  # fmt: skip
+        await refused(
+            secure,
+            client,
+            "worker forges a registry change (the server's republish)",
+            lambda: nc.publish(f"hookbus.v1.registry.{handler_key(event, 'audit')}", b"{}"),
+        )
         await refused(
             secure,
             client,

@@ -67,6 +67,7 @@ from hookbus.schemas._subjects import (
     HANDLER_SUBJECT_PREFIX,
     HANDLERS_BUCKET,
     LEASES_BUCKET,
+    REGISTRY_CHANGES_WILDCARD,
     SUBJECT_PREFIX,
     SUSPENSION_EVENTS_WILDCARD,
     SUSPENSIONS_BUCKET,
@@ -274,6 +275,12 @@ def _kv_read_all(bucket: str) -> list[Permission]:
     ]
 
 
+def _follow_registry() -> Permission:
+    return Permission(
+        REGISTRY_CHANGES_WILDCARD, "the handler registry's changes (the server republishes them)"
+    )
+
+
 def _srv_requests() -> list[Permission]:
     why = "liveness pings of the workers (nats.micro)"
     services = "the dispatcher services' endpoints and request counts (nats.micro)"
@@ -367,6 +374,7 @@ def _agent(a: str, public_key: str | None, *, embedded: bool) -> RolePermissions
         subscribe_permissions=(
             _inbox(public_key),
             Permission(f"{p}.suspension.{a}.>", f"{own} suspension events"),
+            *([_follow_registry()] if embedded else []),
         ),
     )
 
@@ -496,6 +504,7 @@ def dispatcher(name: str = "dispatcher", *, public_key: str | None = None) -> Ro
                 f"{COLLECT_SERVICE_WILDCARD} {q}", "every agent's emit_and_collect, same group"
             ),
             Permission(SUSPENSION_EVENTS_WILDCARD, "suspension events (approval waits)"),
+            _follow_registry(),
             *_srv_answers(
                 DISPATCHER_SERVICE_NAME, "answer the services API: endpoints, stats (nats.micro)"
             ),
@@ -528,6 +537,7 @@ def _approver(pt: str, public_key: str | None) -> RolePermissions:
             Permission(
                 SUSPENSION_EVENTS_WILDCARD, "every agent's suspension events (pending approvals)"
             ),
+            _follow_registry(),
         ),
     )
 

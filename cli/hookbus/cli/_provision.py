@@ -42,16 +42,19 @@ from hookbus._core.buckets import (
     approvals_bucket_config,
     bucket_placement,
     handlers_bucket_config,
+    handlers_republish,
     leases_bucket_config,
     placement_text,
+    republishes_registry,
     stream_config_differences,
     suspensions_bucket_config,
 )
-from hookbus._core.jetstream import jetstream_context, open_bucket
+from hookbus._core.jetstream import jetstream_context, js_domain_of, open_bucket
 from hookbus.cli._permissions import inbox_prefix
 from hookbus.dispatcher._audit import ensure_decisions_stream
 from hookbus.schemas import (
     DECISIONS_STREAM,
+    HANDLERS_BUCKET,
     BucketConfigError,
     HookbusError,
     decisions_stream_config,
@@ -124,6 +127,8 @@ async def provision(
     for config in bucket_configs(replicas=replicas, placement=placement):
         await open_bucket(nc, config, log=log, check_replicas=True)
         lines.append(f"KV_{config.bucket}: ready ({(config.max_bytes or 0) // MIB} MiB)")
+    if await _republish_registry(nc):
+        lines.append(f"KV_{HANDLERS_BUCKET}: changes now republished (made by an older hookbus)")
     if placement is not None:
         await _placed_decisions_stream(nc, replicas, audit_max_bytes, placement)
     await ensure_decisions_stream(
@@ -131,6 +136,22 @@ async def provision(
     )
     lines.append(f"{DECISIONS_STREAM}: ready ({audit_max_bytes // MIB} MiB)")
     return lines
+
+
+async def _republish_registry(nc: Any) -> bool:
+    """Add the republish of its changes to a handlers bucket an older hookbus created
+    (dispatchers then follow it without a consumer each).
+
+    Returns:
+        Whether the stream was changed.
+    """
+    js = jetstream_context(nc, js_domain_of(nc))
+    info = await js.stream_info(f"KV_{HANDLERS_BUCKET}")
+    if republishes_registry(info.config):
+        return False
+    info.config.republish = handlers_republish()
+    await js.update_stream(info.config)
+    return True
 
 
 async def _placed_decisions_stream(

@@ -23,8 +23,10 @@ import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.js.kv import KeyValue
 
 from hookbus._core import clock
+from hookbus._core.buckets import republishes_registry
 from hookbus._core.copies import json_copy, walked_copy
 from hookbus._core.inboxes import inbox_reply_subject
 from hookbus._core.nats_guard import harden_connection
@@ -51,6 +53,7 @@ from ._calls import (
     ready_outcome,
 )
 from ._chain_calls import ChainCall
+from ._registry_follow import RegistryFollower
 from ._registry_watch import RegistryWatch, open_handlers_bucket
 from ._route_table import Route, RoutingTable
 from ._telemetry import end_collect_span, start_collect_span, trace_headers
@@ -263,7 +266,7 @@ class Router:
         self.table = RoutingTable()
         self._resync_s = resync_s
         self._bucket_replicas = bucket_replicas
-        self._watch: RegistryWatch | None = None
+        self._watch: RegistryFollower | RegistryWatch | None = None
         self._inbox_sub: Subscription | None = None
         self._inbox_prefix = ""
         self._collects: dict[str, Collect] = {}
@@ -279,8 +282,7 @@ class Router:
             return
         harden_connection(self.nc)  # replies come from anyone: none may silence us
         kv = await open_handlers_bucket(self.nc, replicas=self._bucket_replicas)
-        self._watch = RegistryWatch(kv, self.table, resync_s=self._resync_s)
-        await self._watch.start()
+        self._watch = await follow_registry(kv, self.table, resync_s=self._resync_s)
         self._inbox_prefix = self.nc.new_inbox()
         self._inbox_sub = await self.nc.subscribe(
             inbox_reply_subject(self._inbox_prefix, "*"), cb=self._on_collect_reply
@@ -307,6 +309,18 @@ class Router:
 
     def routes(self, event: str) -> tuple[Route, ...]:
         return self.table.routes(event)
+
+    @property
+    def registry_current(self) -> bool:
+        """Whether the routes follow the handler registry with no change known missed
+        (always, without a connection or on a consumer watch; see `RegistryFollower`)."""
+        watch = self._watch
+        return not isinstance(watch, RegistryFollower) or watch.current
+
+    async def wait_registry(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` seconds for `registry_current`; returns it."""
+        watch = self._watch
+        return not isinstance(watch, RegistryFollower) or await watch.wait_current(timeout_s)
 
     # -- one call ------------------------------------------------------------------------
     def call(self, route: Route, ctx: EmitContext, data: dict[str, Any]) -> Awaitable[Outcome]:
@@ -451,3 +465,30 @@ class Router:
         collect.expected.discard(reply.handler)
         if not collect.expected:
             collect.settle()
+
+
+async def follow_registry(
+    kv: KeyValue, table: RoutingTable, *, resync_s: float
+) -> RegistryFollower | RegistryWatch:
+    """Start keeping `table` in step with the handlers bucket `kv`: a `RegistryFollower`
+    (one core subscription) when the bucket's stream republishes its changes, else (a
+    bucket an older hookbus created) a `RegistryWatch` (one JetStream consumer per
+    dispatcher), with a warning saying how to upgrade.
+
+    Raises:
+        what `RegistryFollower.start` / `RegistryWatch.start` raise.
+    """
+    config = (await kv.status()).stream_info.config
+    if republishes_registry(config):
+        follower = RegistryFollower(kv, table, check_s=resync_s)
+        await follower.start()
+        return follower
+    log.warning(
+        "the handler registry's stream %s does not republish its changes (made by an older"
+        " hookbus): this dispatcher follows it with a JetStream consumer of its own, and a"
+        " stream takes about 1,000 of them; `hookbus auth provision` adds the republish",
+        kv._stream,
+    )
+    watch = RegistryWatch(kv, table, resync_s=resync_s)
+    await watch.start()
+    return watch

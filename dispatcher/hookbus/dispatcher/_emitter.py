@@ -46,6 +46,15 @@ _SETTLE_S = 1.0
 """Seconds past an emit's deadline that settling its approval (the store's reads and the
 closing write) may take before the call is denied as unknown."""
 
+REGISTRY_WAIT_S = 5.0
+"""Seconds an emit waits (at most, and within its own timeout) for a dispatcher that is
+behind the handler registry to catch up before it is denied."""
+
+_BEHIND = (
+    "the handler registry is not followed: this dispatcher missed a change of it and has"
+    " not caught up; denied until it has"
+)
+
 
 class Emitter:
     """Emits events to the routes of a routing table; `HookDispatcher.emit` and
@@ -89,6 +98,10 @@ class Emitter:
         """`HookDispatcher.emit`: see there for the semantics and the errors raised."""
         if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s >= 0):
             raise BadRequestError(f"timeout_s must be a finite number of seconds >= 0: {timeout_s}")
+        if not self._router.registry_current and not await self._router.wait_registry(
+            REGISTRY_WAIT_S if timeout_s is None else min(timeout_s, REGISTRY_WAIT_S)
+        ):
+            return self._denied_behind(event, data, timeout_s, idempotency_key)
         routes = self._table.routes(event)
         if not routes:
             if self._strict and event not in STANDARD_EVENTS:
@@ -123,6 +136,22 @@ class Emitter:
             raise NotConnectedError(f"NATS failed during the emit: {type(exc).__name__}") from exc
         if self.decisions is not None:  # the decision is final: record it
             self.record(event, data, result, ctx, idempotency_key)
+        return result
+
+    def _denied_behind(
+        self,
+        event: str,
+        data: dict[str, Any],
+        timeout_s: float | None,
+        idempotency_key: str | None,
+    ) -> HookResult:
+        """The decision of an emit while the dispatcher is behind the registry: deny (a
+        handler declared in a change it missed might deny), recorded like any other."""
+        safe = json_safe(data if isinstance(data, dict) else {})
+        result = HookResult(action="deny", reason=_BEHIND, data=safe, chained_data=safe)
+        if self.decisions is not None:
+            ctx = EmitContext(event, safe, timeout_s=timeout_s, call_id=idempotency_key)
+            self.record(event, safe, result, ctx, idempotency_key)
         return result
 
     async def _approve(self, event: str, asks: list[HookResult], ctx: EmitContext) -> HookResult:
@@ -183,6 +212,10 @@ class Emitter:
         """`HookDispatcher.emit_and_collect`: see there for the semantics and the errors
         raised."""
         _check_collect_timeout(timeout)  # before the routes: bad input fails either way
+        if not self._router.registry_current and not await self._router.wait_registry(
+            min(timeout, REGISTRY_WAIT_S)
+        ):
+            raise HookbusError(_BEHIND)
         routes = self._table.routes(event)
         if not routes:
             if self._strict and event not in STANDARD_EVENTS:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +65,7 @@ from ._tasks import stop_task
 __all__ = [
     "RegistryRead",
     "RegistryWatch",
+    "apply_entry",
     "open_handlers_bucket",
     "read_registry",
     "require_handler",
@@ -369,23 +371,37 @@ class RegistryWatch:
     def apply(self, key: str, value: bytes | None, deleted: bool) -> None:
         """Apply one change of the bucket: the route or requirement at `key` follows it.
         A refused value removes what the key had (it is no longer a valid declaration)."""
-        try:
-            kind, event, name = parse_registry_key(key)
-        except BadRequestError:
-            log.warning("ignoring foreign key %r in the handlers bucket", _short(key))
-            return
-        drop = self._table.delete_required if kind == "required" else self._table.delete_remote
-        self.rejected.pop(_short(key), None)
-        if deleted or value is None:
-            drop(event, name)
-            return
-        read = RegistryRead()
-        classify(read, key, value)
-        if read.rejected:
-            self._report(read.rejected)
-            self.rejected.update(read.rejected)
-            drop(event, name)
-        for decl in read.declarations.values():
-            self._table.put_remote(decl)
-        for req in read.required.values():
-            self._table.put_required(req)
+        apply_entry(self._table, self.rejected, self._report, key, value, deleted)
+
+
+def apply_entry(
+    table: RoutingTable,
+    rejected: dict[str, str],
+    report: Callable[[dict[str, str]], None],
+    key: str,
+    value: bytes | None,
+    deleted: bool,
+) -> None:
+    """Apply one change of the handlers bucket to `table`: the route or requirement at
+    `key` follows it; a refused value removes what the key had (`report`ed and kept in
+    `rejected`, by key)."""
+    try:
+        kind, event, name = parse_registry_key(key)
+    except BadRequestError:
+        log.warning("ignoring foreign key %r in the handlers bucket", _short(key))
+        return
+    drop = table.delete_required if kind == "required" else table.delete_remote
+    rejected.pop(_short(key), None)
+    if deleted or value is None:
+        drop(event, name)
+        return
+    read = RegistryRead()
+    classify(read, key, value)
+    if read.rejected:
+        report(read.rejected)
+        rejected.update(read.rejected)
+        drop(event, name)
+    for decl in read.declarations.values():
+        table.put_remote(decl)
+    for req in read.required.values():
+        table.put_required(req)

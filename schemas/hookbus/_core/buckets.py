@@ -21,9 +21,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from nats.js.api import KeyValueConfig, Placement, StorageType, StreamConfig
+from nats.js.api import KeyValueConfig, Placement, RePublish, StorageType, StreamConfig
 
-from hookbus.schemas import APPROVALS_BUCKET, HANDLERS_BUCKET, LEASES_BUCKET, SUSPENSIONS_BUCKET
+from hookbus.schemas import (
+    APPROVALS_BUCKET,
+    HANDLERS_BUCKET,
+    LEASES_BUCKET,
+    REGISTRY_CHANGES_WILDCARD,
+    SUSPENSIONS_BUCKET,
+)
 
 __all__ = [
     "PLACEMENT_CLUSTER_ENV",
@@ -32,8 +38,10 @@ __all__ = [
     "bucket_placement",
     "config_differences",
     "handlers_bucket_config",
+    "handlers_republish",
     "leases_bucket_config",
     "placement_text",
+    "republishes_registry",
     "stream_config_differences",
     "suspensions_bucket_config",
 ]
@@ -80,10 +88,37 @@ def _placed(placement: Placement | None) -> Placement | None:
     return placement if placement is not None else bucket_placement()
 
 
+def handlers_republish() -> RePublish:
+    """The handlers bucket stream's republish: every stored message of the bucket
+    (``$KV.<HANDLERS_BUCKET>.>``) to ``REGISTRY_CHANGES_WILDCARD``, whole (not headers
+    only), so that a dispatcher follows the registry with a core subscription."""
+    return RePublish(
+        src=f"$KV.{HANDLERS_BUCKET}.>", dest=REGISTRY_CHANGES_WILDCARD, headers_only=False
+    )
+
+
+def republishes_registry(stream_config: Any) -> bool:
+    """Whether a handlers bucket's stream config (as the server reports it) republishes
+    the whole bucket as `handlers_republish` says (a bucket an older hookbus created
+    does not)."""
+    return _republishes(handlers_republish(), stream_config)
+
+
+def _republishes(want: RePublish, stream_config: Any) -> bool:
+    have = getattr(stream_config, "republish", None)
+    return (
+        have is not None
+        and have.src == want.src
+        and have.dest == want.dest
+        and bool(have.headers_only) == bool(want.headers_only)
+    )
+
+
 def handlers_bucket_config(
     *, replicas: int = 1, placement: Placement | None = None
 ) -> KeyValueConfig:
-    """The `HANDLERS_BUCKET` config: one value per key (history 1), file storage, direct get.
+    """The `HANDLERS_BUCKET` config: one value per key (history 1), file storage, direct
+    get, and every stored message republished (`handlers_republish`).
 
     Every ``*_bucket_config`` takes `placement`: where JetStream puts the bucket's replicas
     (None: `bucket_placement`, from the environment; none there: JetStream chooses)."""
@@ -94,6 +129,7 @@ def handlers_bucket_config(
         replicas=replicas,
         direct=True,
         placement=_placed(placement),
+        republish=handlers_republish(),
     )
 
 
@@ -172,8 +208,8 @@ def config_differences(asked: KeyValueConfig, actual: Any, *, replicas: bool = T
     """What an existing bucket's configuration does not share with the one asked for.
 
     Compares replicas, TTL (max age, seconds, within 1 ms), history, storage, direct get
-    and, when one is asked, placement: the settings that decide durability, record lifetime
-    and where the bucket lives.
+    and, when one is asked, republish and placement: the settings that decide durability,
+    record lifetime, how dispatchers follow a bucket and where it lives.
 
     Args:
         asked: the config hookbus would create the bucket with (``*_bucket_config``).
@@ -197,6 +233,12 @@ def config_differences(asked: KeyValueConfig, actual: Any, *, replicas: bool = T
         ("direct get", bool(asked.direct), bool(getattr(actual, "allow_direct", False))),
     ]
     out = [f"{name}: asked {a}, bucket has {b}" for name, a, b in pairs if a != b]
+    if asked.republish is not None and not _republishes(asked.republish, actual):
+        have = getattr(actual, "republish", None)
+        shown = f"{have.src} to {have.dest}" if have is not None else "none"
+        out.append(
+            f"republish: asked {asked.republish.src} to {asked.republish.dest}, bucket has {shown}"
+        )
     ttl_asked, ttl_actual = _seconds(asked.ttl), _seconds(getattr(actual, "max_age", None))
     if abs(ttl_asked - ttl_actual) > 1e-3:
         shown = [f"{t:g} s" if t else "none" for t in (ttl_asked, ttl_actual)]

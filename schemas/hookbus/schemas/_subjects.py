@@ -21,6 +21,9 @@ Subjects (version in the subject, ``v1``):
 ``hookbus.v1.suspension.<agent>.<label>.<st>``   suspension events of one agent (status
                                                  pending / resolved / cancelled)
 ``hookbus.v1.decisions.<agent>``                 decision audit records (`DECISIONS_STREAM`)
+``hookbus.v1.registry.<key>``                    every change stored in `HANDLERS_BUCKET`,
+                                                 republished by the server (never by a
+                                                 client: `REGISTRY_CHANGES_WILDCARD`)
 ===============================================  ======================================
 
 A *handler* answers a lifecycle event (amplifier-core's hook handlers); a *suspension* is a
@@ -56,6 +59,7 @@ __all__ = [
     "LEASES_BUCKET",
     "MAX_NAME_LENGTH",
     "NO_AGENT",
+    "REGISTRY_CHANGES_WILDCARD",
     "REQUIRED_KEY_PREFIX",
     "SUBJECT_PREFIX",
     "SUSPENSIONS_BUCKET",
@@ -126,6 +130,12 @@ DISPATCHER_SERVICE_NAME: Final = "hookbus-dispatcher"
 """Name of the NATS services API (``nats.micro``) service every dispatcher service process
 runs: ``$SRV.INFO.hookbus-dispatcher`` lists its endpoints, ``$SRV.STATS.hookbus-dispatcher``
 their request counts."""
+REGISTRY_CHANGES_WILDCARD: Final = f"{SUBJECT_PREFIX}.registry.>"
+"""Where the server republishes every message stored in `HANDLERS_BUCKET` (the bucket
+stream's ``republish``, ``$KV.<bucket>.>`` to this), with its stream sequence
+(``Nats-Sequence``): dispatchers follow the registry with one core subscription here
+instead of a JetStream consumer each. Only the server publishes here: no role but the
+admin may (docs/security.md)."""
 REQUIRED_KEY_PREFIX: Final = "_required"
 """First segment of a required-handler key in `HANDLERS_BUCKET` (see `required_key`)."""
 

@@ -1,0 +1,419 @@
+"""Following the handler registry without a JetStream consumer: one core subscription.
+
+The handlers bucket's stream republishes every message it stores to
+``REGISTRY_CHANGES_WILDCARD`` (`handlers_republish`), with the message's stream sequence
+(``Nats-Sequence``). The stream holds the bucket's subjects only, so the sequences of what
+it stores are contiguous: a follower that applied sequence ``n`` must see ``n + 1`` next.
+A bare subscription on ``$KV.<bucket>.>`` would not do: it sees what writers publish,
+including writes the stream refused, and carries no sequence.
+
+`RegistryFollower`:
+
+1. subscribes to the republished changes (and learns at once if this identity may not),
+2. reads a snapshot with direct gets (JetStream's ``$JS.API.DIRECT.GET.<stream>``, a
+   *batch* from sequence 1 over the bucket's subjects, paged by `SCAN_BATCH` messages;
+   served by any replica of the stream, no consumer), up to the stream's last sequence
+   ``S`` as of the last page,
+3. applies the changes that arrived meanwhile after ``S``, in order, and from then on each
+   change as it comes.
+
+It is **behind** (`current` is False) from the moment it has evidence that it missed a
+change until a new snapshot is applied: a sequence that skips one, the connection lost and
+re-established (changes republished meanwhile were not delivered to it), a stream whose
+last sequence is ahead of (a change lost at the tail) or behind (the stream was re-created)
+what was applied, as a periodic check every `check_s` seconds finds. While behind, the
+dispatcher fails closed (`HookDispatcher.emit` denies; see `wait_current`), and the
+follower takes a new snapshot, retried every second until one succeeds.
+
+A start that cannot follow the registry raises: this identity may not subscribe or read
+(`NotPermittedError`), or the snapshot was not read within the deadline
+(`HookbusTimeoutError`).
+
+Cost per dispatcher: one subscription, and at start one stream info and one direct get
+per `SCAN_BATCH` records (the per-consumer limit of a stream, 1,000 by default in
+nats-server, does not apply). See docs/scaling.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import nats.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js.kv import KeyValue
+
+from hookbus._core.nats_guard import harden_connection
+from hookbus.schemas import (
+    REGISTRY_CHANGES_WILDCARD,
+    HookbusError,
+    HookbusTimeoutError,
+    NotPermittedError,
+)
+
+from ._kv import kv_retry
+from ._registry_watch import DELETE_OPS, RegistryRead, apply_entry, classify
+from ._route_table import RoutingTable
+from ._tasks import stop_task
+
+__all__ = ["SCAN_BATCH", "RegistryFollower", "scan_bucket"]
+
+log = logging.getLogger("hookbus.dispatcher")
+
+SCAN_BATCH = 1024
+"""Records asked for per direct get of a snapshot (the server may send fewer: it also
+stops at its max pending bytes)."""
+
+_PAGE_TIMEOUT_S = 5.0
+"""Seconds one page of a snapshot may take."""
+
+_TICK_S = 1.0
+"""Seconds between the follower's looks at the connection (a reconnect makes it behind)."""
+
+_TAIL_GRACE_S = 1.0
+"""Seconds a change the stream has stored may take to arrive before its absence counts
+as lost (the republished message and the direct get's answer come by different routes)."""
+
+
+@dataclass
+class Snapshot:
+    """The bucket as read by `scan_bucket`."""
+
+    entries: dict[str, tuple[bytes | None, bool]]
+    """Last (value, deleted) per key."""
+    last_seq: int
+    """The stream sequence the snapshot is consistent at (0: nothing stored yet)."""
+
+
+def _header(msg: Msg, name: str) -> str | None:
+    return (msg.headers or {}).get(name)
+
+
+async def scan_bucket(kv: KeyValue, *, batch: int = SCAN_BATCH) -> Snapshot:
+    """Read the last value (or delete marker) of every key of `kv` with batched direct
+    gets, no consumer.
+
+    Returns:
+        The keys' last entries and the stream sequence the read is consistent at: the
+        last sequence stored when the last page was read; an empty stream reports its
+        last sequence from a stream info (a purged stream keeps counting).
+    Raises:
+        HookbusTimeoutError: a page was not answered within `_PAGE_TIMEOUT_S`.
+        HookbusError: the server answered a page with an error status.
+        NotPermittedError: this identity may not make direct gets on the stream.
+    """
+    nc: NATS = kv._js._nc
+    subject = f"{kv._js._prefix}.DIRECT.GET.{kv._stream}"
+    entries: dict[str, tuple[bytes | None, bool]] = {}
+    last_seq = 0
+    start = 1
+    while True:
+        page, pending, status = await _page(nc, subject, f"{kv._pre}>", start, batch)
+        for msg in page:
+            seq = int(_header(msg, "Nats-Sequence") or 0)
+            key = (_header(msg, "Nats-Subject") or "")[len(kv._pre) :]
+            op = _header(msg, "KV-Operation")
+            entries[key] = (msg.data, op in DELETE_OPS)
+            last_seq = max(last_seq, seq)
+        if status == "404" or (not page and pending == 0):
+            break
+        if pending == 0:
+            return Snapshot(entries, last_seq)
+        start = last_seq + 1
+    if last_seq:
+        return Snapshot(entries, last_seq)
+    info = await kv._js.stream_info(kv._stream)  # empty: where does the stream count from
+    return Snapshot(entries, int(info.state.last_seq or 0))
+
+
+async def _page(
+    nc: NATS, subject: str, keys: str, start: int, batch: int
+) -> tuple[list[Msg], int, str]:
+    """One batch direct get: the messages, the pending count after them, and the status of
+    the end marker (``"204"``: end of batch; ``"404"``: nothing from `start` on)."""
+    inbox = nc.new_inbox()
+    got: list[Msg] = []
+    done: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
+
+    async def on_msg(msg: Msg) -> None:
+        status = _header(msg, "Status")
+        if status is None:
+            got.append(msg)
+            return
+        if not done.done():
+            done.set_result((int(_header(msg, "Nats-Num-Pending") or 0), status))
+
+    sub = await nc.subscribe(inbox, cb=on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1)
+    try:
+        body = {"seq": start, "next_by_subj": keys, "batch": batch}
+        await nc.publish(subject, json.dumps(body).encode(), reply=inbox)
+        try:
+            async with asyncio.timeout(_PAGE_TIMEOUT_S):
+                pending, status = await done
+        except TimeoutError:
+            raise HookbusTimeoutError(
+                f"the registry snapshot ({subject}) was not answered within {_PAGE_TIMEOUT_S:g} s"
+            ) from None
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+    if status == "503":
+        raise HookbusError(
+            f"nothing answers {subject}: the handler registry's stream is gone, or has no"
+            " direct get"
+        )
+    if status not in ("204", "404"):
+        raise HookbusError(f"the registry snapshot ({subject}) was refused: status {status}")
+    return got, pending, status
+
+
+class RegistryFollower:
+    """Keeps a routing table in step with the handler registry through the bucket stream's
+    republished changes (see the module docstring). `start` returns once a snapshot is
+    applied; `stop` is idempotent.
+
+    Args:
+        kv: the handlers bucket (its stream must republish: `republishes_registry`).
+        table: the routing table to keep in step.
+        check_s: seconds between checks of the stream's last sequence (jittered by
+            a fifth either way, so a fleet's checks spread).
+    """
+
+    def __init__(self, kv: KeyValue, table: RoutingTable, *, check_s: float = 30.0) -> None:
+        self._kv = kv
+        self._nc: NATS = kv._js._nc
+        self._table = table
+        self._check_s = check_s
+        self._sub: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._seq = 0
+        self._buffer: list[Msg] | None = None
+        """Changes that arrived while a snapshot is read (None: none is being read)."""
+        self._reconnects = 0
+        self._behind_since: float | None = None
+        self._current = asyncio.Event()
+        self._wake = asyncio.Event()
+        self.rejected: dict[str, str] = {}
+        """Keys of the records currently refused, with the reason (reported, not routed)."""
+        self.resyncs = 0
+        """Snapshots applied so far."""
+        self.gaps = 0
+        """Times the follower found itself behind (a skipped sequence, a reconnect, a
+        change lost at the tail, a re-created stream)."""
+
+    # -- state -------------------------------------------------------------------------
+    @property
+    def current(self) -> bool:
+        """Whether every change the stream stored up to the last one delivered has been
+        applied, with no evidence of a miss (a reconnect since the last snapshot counts)."""
+        if self._current.is_set() and self._nc.stats["reconnects"] != self._reconnects:
+            self._fall_behind("the connection was re-established")
+        return self._current.is_set()
+
+    async def wait_current(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` seconds for the follower to be current.
+
+        Returns:
+            Whether it is.
+        """
+        if self.current:
+            return True
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, timeout_s)):
+                await self._current.wait()
+        return self.current
+
+    def _fall_behind(self, why: str) -> None:
+        if self._current.is_set():
+            log.warning("handler registry: behind (%s); failing closed until caught up", why)
+            self._behind_since = asyncio.get_running_loop().time()
+            self.gaps += 1
+        self._current.clear()
+        self._wake.set()
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def start(self, *, deadline_s: float = 30.0) -> None:
+        """Subscribe to the changes, apply a snapshot, then follow.
+
+        Raises:
+            NotPermittedError: this identity may not subscribe to the changes or read the
+                bucket (it could not follow the registry: the dispatcher does not start).
+            HookbusTimeoutError: no snapshot could be read within `deadline_s` seconds.
+        """
+        harden_connection(self._nc)  # a refused subscription is said at the flush
+        self._sub = await self._nc.subscribe(
+            REGISTRY_CHANGES_WILDCARD,
+            cb=self._on_change,
+            pending_msgs_limit=-1,
+            pending_bytes_limit=-1,
+        )
+        try:
+            await self._nc.flush()
+            await kv_retry(
+                self._snapshot, deadline_s=deadline_s, what="reading the handler registry"
+            )
+        except NotPermittedError as exc:
+            await self._unsubscribe()
+            raise NotPermittedError(
+                f"{exc}: this dispatcher cannot follow the handler registry, so it does not start"
+            ) from exc
+        except BaseException:
+            await self._unsubscribe()
+            raise
+        self._task = asyncio.create_task(self._run(), name="hookbus-registry-follower")
+
+    async def stop(self) -> None:
+        """Stop following (idempotent)."""
+        task, self._task = self._task, None
+        if task is not None:
+            await stop_task(task, "registry follower")
+        await self._unsubscribe()
+
+    async def _unsubscribe(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def resync(self) -> bool:
+        """Read and apply a new snapshot now.
+
+        Returns:
+            True (a snapshot is always complete).
+        Raises:
+            HookbusTimeoutError, HookbusError: it could not be read (the routes are kept,
+                and the follower stays as current as it was).
+        """
+        await self._snapshot()
+        return True
+
+    # -- the changes -------------------------------------------------------------------
+    async def _on_change(self, msg: Msg) -> None:
+        if self._buffer is not None:
+            self._buffer.append(msg)
+            return
+        self._follow(msg)
+
+    def _follow(self, msg: Msg) -> None:
+        """Apply one republished change if it is the next; else fall behind."""
+        try:
+            seq = int(_header(msg, "Nats-Sequence") or "")
+        except ValueError:
+            self._fall_behind("a change without a stream sequence")
+            return
+        if seq <= self._seq:
+            return  # delivered twice (a snapshot already had it)
+        if seq != self._seq + 1 or not self._current.is_set():
+            self._fall_behind(f"change {seq} after {self._seq}")
+            return
+        self._apply(msg)
+        self._seq = seq
+
+    def _apply(self, msg: Msg) -> None:
+        subject = _header(msg, "Nats-Subject") or ""
+        if not subject.startswith(self._kv._pre):
+            log.warning("ignoring a registry change for %r", subject[:200])
+            return
+        deleted = _header(msg, "KV-Operation") in DELETE_OPS
+        self.apply(subject[len(self._kv._pre) :], msg.data, deleted)
+
+    def apply(self, key: str, value: bytes | None, deleted: bool) -> None:
+        """Apply one change of the bucket (the route or requirement at `key` follows it)."""
+        apply_entry(self._table, self.rejected, self._report, key, value, deleted)
+
+    async def _snapshot(self) -> None:
+        self._buffer = []
+        reconnects = self._nc.stats["reconnects"]
+        try:
+            snap = await scan_bucket(self._kv)
+            read = RegistryRead(complete=True)
+            for key, (value, deleted) in snap.entries.items():
+                if not deleted:
+                    classify(read, key, value)
+            self._report(read.rejected)
+            self._table.replace_remote(read.declarations.values(), read.required.values())
+            self.rejected = read.rejected
+            self._seq = snap.last_seq
+            self.resyncs += 1
+            buffered, self._buffer = self._buffer, None
+            self._reconnects = reconnects
+            self._current.set()  # the buffered changes decide whether it stays so
+            for msg in buffered:
+                self._follow(msg)
+        finally:
+            self._buffer = None
+        if self._current.is_set() and self._behind_since is not None:
+            behind = asyncio.get_running_loop().time() - self._behind_since
+            log.warning("handler registry: caught up after %.2f s behind", behind)
+            self._behind_since = None
+
+    def _report(self, rejected: dict[str, str]) -> None:
+        for key, reason in rejected.items():
+            if self.rejected.get(key) != reason:
+                log.warning("ignoring bad record at %r in the handlers bucket: %s", key, reason)
+
+    # -- the loop ----------------------------------------------------------------------
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_check = loop.time() + self._jittered()
+        while True:
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_TICK_S):
+                    await self._wake.wait()
+            if not self.current:  # also notices a reconnect
+                try:
+                    await self._snapshot()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.warning("handler registry snapshot failed (%r); retrying", exc)
+                    await asyncio.sleep(_TICK_S)
+                continue
+            if loop.time() >= next_check:
+                next_check = loop.time() + self._jittered()
+                try:
+                    await self._check_tail()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # no evidence of a miss: the routes stand
+                    log.warning("handler registry check failed (%r)", exc)
+
+    def _jittered(self) -> float:
+        return self._check_s * random.uniform(0.8, 1.2)
+
+    async def _check_tail(self) -> None:
+        """Compare the stream's last sequence with the last one applied (a stream that
+        no longer answers: behind, nothing can be known)."""
+        try:
+            last = await self._stream_last_seq()
+        except nats.errors.NoRespondersError:
+            self._fall_behind("the registry's stream does not answer (deleted?)")
+            return
+        if last > self._seq:  # stored, maybe still on its way: give it a moment
+            await asyncio.sleep(_TAIL_GRACE_S)
+            if last > self._seq:
+                self._fall_behind(f"the stream holds {last}, {self._seq} applied")
+        elif last < self._seq:
+            self._fall_behind(f"the stream restarted at {last} ({self._seq} applied)")
+
+    async def _stream_last_seq(self) -> int:
+        """The stream's last sequence: a direct get of its last message (any replica
+        answers), or, when it holds none, a stream info."""
+        kv = self._kv
+        subject = f"{kv._js._prefix}.DIRECT.GET.{kv._stream}"
+        body = json.dumps({"last_by_subj": f"{kv._pre}>"}).encode()
+        msg = await self._nc.request(subject, body, timeout=_PAGE_TIMEOUT_S)
+        seq = _header(msg, "Nats-Sequence")
+        if seq is not None:
+            return int(seq)
+        if _header(msg, "Status") != "404":
+            raise HookbusError(f"{subject} answered status {_header(msg, 'Status')}")
+        info = await kv._js.stream_info(kv._stream)
+        return int(info.state.last_seq or 0)

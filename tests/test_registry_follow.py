@@ -1,0 +1,229 @@
+"""Following the handler registry with no JetStream consumer per dispatcher, against a real
+nats-server: a fleet is not bounded by a stream's consumer limit, and a dispatcher that
+missed a change of the registry never decides with it before it has caught up.
+
+Changes are lost for real: a TCP proxy between the dispatcher and its server drops the
+republished change (what a server does to a slow client, or a cut connection loses).
+The registry's records are written straight into the bucket; a declared handler nobody
+serves fails its emit by its failure policy, so ``failure_policy="deny"`` makes a
+declaration that denies every emit of its event.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import anyio
+import nats
+import pytest
+from _proxy import Delivered, NatsProxy
+from nats.js.api import DiscardPolicy, StreamConfig
+from nats.js.kv import KeyValue
+
+from hookbus._core.buckets import handlers_bucket_config, handlers_republish
+from hookbus.dispatcher import HookDispatcher
+from hookbus.schemas import (
+    HANDLERS_BUCKET,
+    REGISTRY_CHANGES_WILDCARD,
+    HandlerDeclaration,
+    collect_subject,
+    encode,
+    encode_token,
+    handler_key,
+    handler_subject,
+)
+
+pytestmark = pytest.mark.anyio
+
+STREAM = f"KV_{HANDLERS_BUCKET}"
+
+
+def guard(event: str, name: str) -> HandlerDeclaration:
+    """A declaration nobody serves, failing closed: every emit of `event` is denied."""
+    return HandlerDeclaration(
+        event=event,
+        name=name,
+        subject=handler_subject(event, name),
+        collect_subject=collect_subject(event),
+        queue_group=encode_token(name),
+        failure_policy="deny",
+        timeout_s=0.5,
+    )
+
+
+async def declare(kv: KeyValue, event: str, name: str = "guard") -> None:
+    await kv.put(handler_key(event, name), encode(guard(event, name)))
+
+
+def registry_change(msg: Delivered) -> bool:
+    return msg.subject.startswith(REGISTRY_CHANGES_WILDCARD[:-1])
+
+
+async def decides(d: HookDispatcher, event: str, action: str, within_s: float) -> float:
+    """Emit `event` until it is decided `action`; returns the seconds it took."""
+    start = anyio.current_time()
+    with anyio.fail_after(within_s):
+        while True:
+            result = await d.emit(event, {"command": "rm -rf /"}, timeout_s=2.0)
+            if result.action == action:
+                break
+            await anyio.sleep(0.05)  # the routing table has no change event to wait on
+    return anyio.current_time() - start
+
+
+@pytest.fixture
+async def server(embedded_server: Any) -> Any:
+    """A private server whose handlers bucket republishes its changes (as hookbus makes it)."""
+    admin = await nats.connect(embedded_server.url)
+    try:
+        kv = await admin.jetstream().create_key_value(config=handlers_bucket_config())
+        yield embedded_server.url, admin, kv
+    finally:
+        await admin.close()
+
+
+async def test_a_fleet_is_not_bounded_by_the_streams_consumer_limit(embedded_server: Any) -> None:
+    """The handlers stream takes one consumer (a server at its consumer limit). Twelve
+    dispatchers start, none holds a consumer, and each denies as the registry says once a
+    guard is declared after they started."""
+    kv_config = handlers_bucket_config()
+    admin = await nats.connect(embedded_server.url)
+    conns = [admin]
+    try:
+        await admin.jetstream().add_stream(
+            StreamConfig(
+                name=STREAM, subjects=[f"$KV.{HANDLERS_BUCKET}.>"],
+                max_msgs_per_subject=kv_config.history, discard=DiscardPolicy.NEW,
+                allow_rollup_hdrs=True, deny_delete=True, allow_direct=True, max_consumers=1,
+                republish=handlers_republish(),
+            )
+        )  # fmt: skip
+        kv = await admin.jetstream().key_value(HANDLERS_BUCKET)
+        event = f"test:{uuid.uuid4().hex[:10]}"
+        dispatchers = []
+        for _ in range(12):
+            conns.append(await nats.connect(embedded_server.url))
+            d = HookDispatcher(conns[-1])
+            await d.start()
+            dispatchers.append(d)
+        info = await admin.jetstream().stream_info(STREAM)
+        assert info.state.consumer_count == 0
+        await declare(kv, event)
+        for d in dispatchers:
+            await decides(d, event, "deny", within_s=10)
+        for d in dispatchers:
+            await d.close()
+    finally:
+        for conn in conns:
+            await conn.close()
+
+
+async def test_a_lost_change_is_found_by_the_next_one(server: Any) -> None:
+    """The change declaring a guard never reaches the dispatcher; the next change (another
+    event's) reveals the gap, and the dispatcher re-reads the registry: it denies."""
+    url, _, kv = server
+    event, other = (f"test:{uuid.uuid4().hex[:10]}" for _ in range(2))
+    async with NatsProxy(url) as proxy:
+        nc = await nats.connect(proxy.url)
+        d = HookDispatcher(nc)  # the periodic check is 30 s away: only the gap can tell
+        try:
+            await d.start()
+            proxy.drop_next(1, registry_change)
+            await declare(kv, event)
+            with anyio.fail_after(10):
+                while not proxy.dropped:  # noqa: ASYNC110
+                    await anyio.sleep(0.02)
+            assert (await d.emit(event, {})).action == "continue"  # it cannot know yet
+            await declare(kv, other)
+            await decides(d, event, "deny", within_s=10)
+            assert d._router._watch.gaps >= 1  # type: ignore[union-attr]
+        finally:
+            await d.close()
+            await nc.close()
+
+
+async def test_a_change_lost_at_the_tail_is_found_by_the_check(server: Any) -> None:
+    """The last change is lost and nothing follows it: the periodic check of the stream's
+    last sequence finds it."""
+    url, _, kv = server
+    event = f"test:{uuid.uuid4().hex[:10]}"
+    async with NatsProxy(url) as proxy:
+        nc = await nats.connect(proxy.url)
+        d = HookDispatcher(nc, resync_s=1.0)
+        try:
+            await d.start()
+            proxy.drop_next(1, registry_change)
+            await declare(kv, event)
+            await decides(d, event, "deny", within_s=15)
+            assert proxy.dropped
+        finally:
+            await d.close()
+            await nc.close()
+
+
+async def test_a_change_made_while_disconnected_is_applied_on_reconnect(server: Any) -> None:
+    """The change is lost and the connection cut (as a server lost and found again): the
+    reconnect alone makes the dispatcher re-read, long before its periodic check."""
+    url, _, kv = server
+    event = f"test:{uuid.uuid4().hex[:10]}"
+    async with NatsProxy(url) as proxy:
+        nc = await nats.connect(proxy.url, reconnect_time_wait=0.2)
+        d = HookDispatcher(nc, resync_s=600.0)
+        try:
+            await d.start()
+            proxy.drop_next(1, registry_change)
+            await declare(kv, event)
+            with anyio.fail_after(10):
+                while not proxy.dropped:  # noqa: ASYNC110
+                    await anyio.sleep(0.02)
+            proxy.cut()
+            await decides(d, event, "deny", within_s=15)
+        finally:
+            await d.close()
+            await nc.close()
+
+
+async def test_a_dispatcher_that_lost_the_registrys_stream_fails_closed(server: Any) -> None:
+    """The registry's stream is deleted: the dispatcher cannot know what is declared, so
+    it denies every emit (an event with no handler too) until the stream is back, then
+    decides as the new registry says."""
+    url, admin, kv = server
+    event, bare = (f"test:{uuid.uuid4().hex[:10]}" for _ in range(2))
+    nc = await nats.connect(url)
+    d = HookDispatcher(nc, resync_s=1.0)
+    try:
+        await d.start()
+        assert (await d.emit(bare, {})).action == "continue"
+        await admin.jetstream().delete_stream(STREAM)
+        await decides(d, bare, "deny", within_s=15)
+        result = await d.emit(event, {}, timeout_s=0.5)
+        assert result.action == "deny" and "registry is not followed" in (result.reason or "")
+        kv = await admin.jetstream().create_key_value(config=handlers_bucket_config())
+        await decides(d, bare, "continue", within_s=15)
+        await declare(kv, event)
+        await decides(d, event, "deny", within_s=10)
+    finally:
+        await d.close()
+        await nc.close()
+
+
+async def test_a_start_that_may_not_follow_the_registry_raises(server: Any) -> None:
+    """A dispatcher whose snapshot cannot be read does not start: here the stream is gone
+    (nothing answers its direct gets)."""
+    from hookbus.schemas import HookbusError
+
+    url, admin, _ = server
+    conn = await nats.connect(url)
+    try:
+        from hookbus.dispatcher._registry_follow import RegistryFollower
+        from hookbus.dispatcher._route_table import RoutingTable
+
+        kv = await conn.jetstream().key_value(HANDLERS_BUCKET)
+        await admin.jetstream().delete_stream(STREAM)
+        follower = RegistryFollower(kv, RoutingTable())
+        with pytest.raises(HookbusError):
+            await follower.start(deadline_s=2.0)
+        assert follower._sub is None
+    finally:
+        await conn.close()
