@@ -105,7 +105,8 @@ def test_an_agent_is_scoped_to_its_token() -> None:
         own_records = "$KV.hookbus_suspensions.pay=2Ements.*"
         assert (writes == []) if not embedded else (own_records in writes), writes
         assert perms.subscribe == [
-            "_INBOX_U" + "X" * 55 + ".>", "hookbus.v1.suspension.pay=2Ements.>"
+            "_INBOX_U" + "X" * 55 + ".>", "hookbus.v1.suspension.pay=2Ements.>",
+            *(["hookbus.v1.registry.>"] if embedded else []),
         ]  # fmt: skip
         assert perms.allow_responses is None
         # reads of suspensions and grants only through subjects that carry its prefix
