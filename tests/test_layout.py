@@ -420,6 +420,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "MAX_PRIORITY",
         "MAX_RECORD_BYTES",
         "MAX_TOOL_PATTERNS",
+        "REGISTRY_CHANGES_WILDCARD",
         "REQUIRED_KEY_PREFIX",
         "WORKER_SERVICE_NAME",
         "DISPATCHER_SERVICE_NAME",

@@ -227,3 +227,34 @@ async def test_a_start_that_may_not_follow_the_registry_raises(server: Any) -> N
         assert follower._sub is None
     finally:
         await conn.close()
+
+
+async def test_refreshes_racing_changes_lose_none(server: Any) -> None:
+    """Re-reads of the registry asked for while changes arrive (a caller's `refresh` beside
+    the follower's own) never undo a change applied meanwhile."""
+    url, _, kv = server
+    events = [f"test:{uuid.uuid4().hex[:10]}" for _ in range(60)]
+    nc = await nats.connect(url)
+    d = HookDispatcher(nc, resync_s=600.0)
+    try:
+        await d.start()
+
+        async def refreshes() -> None:
+            for _ in range(30):
+                await d.refresh()
+
+        async def changes() -> None:
+            for event in events:
+                await declare(kv, event)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(refreshes)
+            tg.start_soon(refreshes)
+            tg.start_soon(changes)
+        with anyio.fail_after(10):
+            while missing := [e for e in events if not d.routes(e)]:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        assert not missing
+    finally:
+        await d.close()
+        await nc.close()

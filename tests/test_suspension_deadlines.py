@@ -210,3 +210,21 @@ async def _emit_through_election(d: HookDispatcher, event: str, key: str) -> Hoo
             return result
         result = await d.emit(event, {"n": 1}, idempotency_key=key, timeout_s=2)
     return result
+
+
+
+def test_a_peer_offline_at_bucket_creation_is_retried_not_fatal() -> None:
+    """A cluster whose meta leader has not yet seen one of its servers (just started, or
+    restarting) refuses a 3-replica bucket "no suitable peers for placement, peer offline"
+    (err 10005, as a fresh test cluster answered one dispatcher's start): `open_bucket`
+    retries that within its deadline. Too few servers for good is not retried."""
+    import nats.js.errors
+
+    from hookbus._core.jetstream import is_transient
+
+    def refusal(description: str) -> Exception:
+        return nats.js.errors.BadRequestError(code=400, err_code=10005, description=description)
+
+    assert is_transient(refusal("no suitable peers for placement, peer offline"))
+    assert not is_transient(refusal("no suitable peers for placement"))
+    assert not is_transient(refusal("insufficient resources"))

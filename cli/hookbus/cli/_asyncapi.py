@@ -40,6 +40,7 @@ from hookbus.schemas._subjects import (
     DISPATCHER_SERVICE_NAME,
     GRANT_NONE,
     NO_AGENT,
+    REGISTRY_CHANGES_WILDCARD,
     SUBJECT_PREFIX,
     SUSPENSION_EVENTS_WILDCARD,
     SUSPENSION_SUBJECT_PREFIX,
@@ -445,7 +446,8 @@ def _channels() -> dict[str, Any]:
             f"The handler registry: one HandlerDeclaration per (event, handler) in KV bucket "
             f"`{handlers.bucket}`, key `{handler_key_pattern}`. Workers create or update it by "
             "compare-and-set (a differing live declaration is a conflict); every dispatcher "
-            "watches the bucket and derives the routes from the key.",
+            "follows the bucket (its republished changes, `registryChanges`) and derives the "
+            "routes from the key.",
             ["HandlerDeclaration"],
             _params("event", "handler"),
             kv=_bucket_extension(handlers, handler_key_pattern),
@@ -458,6 +460,23 @@ def _channels() -> dict[str, Any]:
             ["RequiredHandler"],
             _params("event", "handler"),
             kv=_bucket_extension(handlers, required_key_pattern),
+        ),
+        "registryChanges": _channel(
+            f"{REGISTRY_CHANGES_WILDCARD[:-1]}{handler_key_pattern}",
+            f"Every declaration stored in bucket `{handlers.bucket}`, republished by the "
+            "server (the bucket stream's `republish`; no client may publish here), with the "
+            "stream headers `Nats-Sequence` (contiguous: a gap is a missed change), "
+            "`Nats-Subject` and, for a delete, `KV-Operation`. Dispatchers follow the "
+            "registry here, one core subscription each, and read a snapshot by direct get.",
+            ["HandlerDeclaration"],
+            _params("event", "handler"),
+        ),
+        "registryRequiredChanges": _channel(
+            f"{REGISTRY_CHANGES_WILDCARD[:-1]}{required_key_pattern}",
+            "Every required-handler record stored in the same bucket, republished the same "
+            "way.",
+            ["RequiredHandler"],
+            _params("event", "handler"),
         ),
         "suspensionsBucket": _channel(
             _kv(suspensions.bucket, suspension_key_pattern),

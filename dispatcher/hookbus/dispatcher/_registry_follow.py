@@ -199,6 +199,9 @@ class RegistryFollower:
         self._behind_since: float | None = None
         self._current = asyncio.Event()
         self._wake = asyncio.Event()
+        self._reading = asyncio.Lock()
+        """Held while a snapshot is read and applied: one at a time (two would share the
+        buffer of changes, and the later could undo changes applied meanwhile)."""
         self.rejected: dict[str, str] = {}
         """Keys of the records currently refused, with the reason (reported, not routed)."""
         self.resyncs = 0
@@ -328,6 +331,10 @@ class RegistryFollower:
         apply_entry(self._table, self.rejected, self._report, key, value, deleted)
 
     async def _snapshot(self) -> None:
+        async with self._reading:
+            await self._read_snapshot()
+
+    async def _read_snapshot(self) -> None:
         self._buffer = []
         reconnects = self._nc.stats["reconnects"]
         try:

@@ -263,11 +263,28 @@ def is_write_in_flight(exc: BaseException) -> bool:
     return isinstance(exc, nats.js.errors.APIError) and code == WRITE_IN_FLIGHT
 
 
+NO_PEERS = 10005
+"""JetStream's "no suitable peers for placement" (a stream create asking more replicas
+than the servers it may use). With the reason "peer offline" the servers exist and one is
+not yet back (a node restarting, or just restarted and not yet seen by the meta leader):
+transient, retried within the deadline; any other reason is not."""
+
+
+def is_peer_offline(exc: BaseException) -> bool:
+    """Whether `exc` is `NO_PEERS` because a peer is offline (see there)."""
+    return (
+        isinstance(exc, nats.js.errors.APIError)
+        and getattr(exc, "err_code", None) == NO_PEERS
+        and "peer offline" in (getattr(exc, "description", None) or "")
+    )
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether `exc` is what a KV call raises while JetStream elects a leader (or the
-    client reconnects, or an earlier write to the key is still being replicated): a
-    timeout, no responders, no stream response, a 503 API error, or `WRITE_IN_FLIGHT`."""
-    if isinstance(exc, _TRANSIENT) or is_write_in_flight(exc):
+    client reconnects, or an earlier write to the key is still being replicated, or a
+    restarted peer is not yet back): a timeout, no responders, no stream response, a 503
+    API error, `WRITE_IN_FLIGHT`, or `NO_PEERS` with a peer offline."""
+    if isinstance(exc, _TRANSIENT) or is_write_in_flight(exc) or is_peer_offline(exc):
         return True
     return isinstance(exc, nats.js.errors.APIError) and getattr(exc, "code", None) == 503
 

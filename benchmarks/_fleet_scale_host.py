@@ -1,0 +1,187 @@
+"""One process of `fleet_scale.py`: many agents, each on a NATS connection of its own.
+
+    python benchmarks/_fleet_scale_host.py --url URL --count 1000 --shape embedded \\
+        [--agent-id fleet] [--nkey SEED_FILE --inbox-prefix P --ca CA]
+
+Shapes: ``embedded`` (a `HookDispatcher` per agent, deciding in the agent's process) and
+``thin`` (no dispatcher: each emit is one request to ``hookbus dispatcher``).
+
+It writes ``{"ready": true}`` first; then commands on stdin, one JSON object per line,
+and one JSON answer per line on stdout:
+
+- ``{"op": "start"}``: connect and start every agent (50 at a time); answers
+  ``{"ok", "failed", "first_error", "seconds", "rss_mb"}``.
+- ``{"op": "emit", "event": E, "cases": [[COMMAND, EXPECTED_ACTION], ...]}``: every agent
+  emits each case once (at most 100 emits in flight in this process; an expected action
+  ``unknown_event`` expects `UnknownEventError`, the service's answer to an event nobody
+  handles); answers
+  ``{"latencies_ms": [...], "wrong": n, "errors": n, "first": "..."}``.
+- ``{"op": "watch", "event": E, "timeout_s": T}``: embedded agents only: the wall-clock
+  time (``time.time``) at which each agent first routes E; answers ``{"times": [...],
+  "missing": n}``.
+- ``{"op": "stop"}``: close every agent and exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import ssl
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import nats
+
+from hookbus.cli._service_emit import service_emit
+from hookbus.dispatcher import HookDispatcher
+from hookbus.schemas import UnknownEventError
+
+UNKNOWN = "unknown_event"
+"""The expected answer of an event with no handler from the dispatcher service (its
+events are strict: `UnknownEventError`)."""
+START_AT_ONCE = 50
+EMITS_IN_FLIGHT = 100
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class Host:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.conns: list[Any] = []
+        self.agents: list[Any] = []  # a HookDispatcher, or a service emit
+
+    async def _connect(self) -> Any:
+        a = self.args
+        options: dict[str, Any] = {"max_reconnect_attempts": -1, "connect_timeout": 20}
+        if a.nkey:
+            options["nkeys_seed"] = a.nkey
+            options["inbox_prefix"] = a.inbox_prefix
+        if a.ca:
+            options["tls"] = ssl.create_default_context(cafile=a.ca)
+        return await nats.connect(a.url, **options)
+
+    async def _start_one(self) -> None:
+        nc = await self._connect()
+        self.conns.append(nc)
+        if self.args.shape == "embedded":
+            d = HookDispatcher(nc, agent_id=self.args.agent_id)
+            await d.start()
+            self.agents.append(d)
+        else:
+            self.agents.append(service_emit(nc, agent_id=self.args.agent_id))
+
+    async def start(self) -> dict[str, Any]:
+        gate = asyncio.Semaphore(START_AT_ONCE)
+        failed: list[str] = []
+        began = time.monotonic()
+
+        async def one() -> None:
+            async with gate:
+                try:
+                    await self._start_one()
+                except Exception as exc:
+                    failed.append(f"{type(exc).__name__}: {exc}"[:300])
+
+        await asyncio.gather(*(one() for _ in range(self.args.count)))
+        return {
+            "ok": len(self.agents),
+            "failed": len(failed),
+            "first_error": failed[0] if failed else "",
+            "seconds": time.monotonic() - began,
+            "rss_mb": _rss_mb(),
+        }
+
+    async def _emit(self, agent: Any, event: str, data: dict[str, Any]) -> Any:
+        if isinstance(agent, HookDispatcher):
+            return await agent.emit(event, data, timeout_s=10.0)
+        return await agent(event, data)
+
+    async def emit(self, event: str, cases: list[list[str]]) -> dict[str, Any]:
+        gate = asyncio.Semaphore(EMITS_IN_FLIGHT)
+        out: dict[str, Any] = {"latencies_ms": [], "wrong": 0, "errors": 0, "first": ""}
+
+        async def one(agent: Any, command: str, expected: str) -> None:
+            async with gate:
+                began = time.perf_counter()
+                try:
+                    result = await self._emit(agent, event, {"tool_input": {"command": command}})
+                except Exception as exc:
+                    if isinstance(exc, UnknownEventError) and expected == UNKNOWN:
+                        out["latencies_ms"].append((time.perf_counter() - began) * 1000.0)
+                        return
+                    out["errors"] += 1
+                    out["first"] = out["first"] or f"{type(exc).__name__}: {exc}"[:300]
+                    return
+                out["latencies_ms"].append((time.perf_counter() - began) * 1000.0)
+                if result.action != expected:
+                    out["wrong"] += 1
+                    out["first"] = out["first"] or f"{command!r}: {result.action} {result.reason}"
+
+        await asyncio.gather(
+            *(one(a, command, expected) for a in self.agents for command, expected in cases)
+        )
+        return out
+
+    async def watch(self, event: str, timeout_s: float) -> dict[str, Any]:
+        seen: dict[int, float] = {}
+        deadline = time.monotonic() + timeout_s
+        while len(seen) < len(self.agents) and time.monotonic() < deadline:
+            now = time.time()
+            for i, d in enumerate(self.agents):
+                if i not in seen and d.routes(event):
+                    seen[i] = now
+            await asyncio.sleep(0.005)
+        return {"times": list(seen.values()), "missing": len(self.agents) - len(seen)}
+
+    async def stop(self) -> None:
+        for agent in self.agents:
+            if isinstance(agent, HookDispatcher):
+                await agent.close()
+        for nc in self.conns:
+            await nc.close()
+
+
+async def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--url", required=True)
+    p.add_argument("--count", type=int, required=True)
+    p.add_argument("--shape", choices=("embedded", "thin"), required=True)
+    p.add_argument("--agent-id", default="fleet")
+    p.add_argument("--nkey")
+    p.add_argument("--inbox-prefix")
+    p.add_argument("--ca")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    host = Host(args)
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    print(json.dumps({"ready": True}), flush=True)
+    while line := await reader.readline():
+        ask = json.loads(line)
+        op = ask["op"]
+        if op == "start":
+            answer: Any = await host.start()
+        elif op == "emit":
+            answer = await host.emit(ask["event"], ask["cases"])
+        elif op == "watch":
+            answer = await host.watch(ask["event"], ask["timeout_s"])
+        else:
+            await host.stop()
+            print(json.dumps({"stopped": True}), flush=True)
+            return
+        print(json.dumps(answer), flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
