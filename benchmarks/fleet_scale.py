@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import json
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,7 +43,6 @@ from _procs import JsonChild, Proc
 
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.schemas import (
-    HANDLERS_BUCKET,
     HandlerDeclaration,
     collect_subject,
     encode,
@@ -55,7 +53,7 @@ from hookbus.schemas import (
 
 HERE = Path(__file__).resolve().parent
 GUARD_EVENT = "fleet:guard"
-WORKER_SOURCE = f'''
+WORKER_SOURCE = f"""
 from hookbus.schemas import HookResult
 from hookbus.workers import HookWorker
 
@@ -68,7 +66,7 @@ async def guard(event, data):
     if "rm -rf" in command:
         return HookResult(action="deny", reason="destructive")
     return HookResult(action="continue")
-'''
+"""
 
 
 def free_port() -> int:
@@ -122,7 +120,7 @@ class Site:
         config = self.root / "bench.conf"
         if self.mode == "open":
             config.write_text(
-                f'listen: 127.0.0.1:{port}\nhttp: 127.0.0.1:{self.http}\n'
+                f"listen: 127.0.0.1:{port}\nhttp: 127.0.0.1:{self.http}\n"
                 f'jetstream {{ store_dir: "{self.root / "js"}" }}\n'
             )
         else:
@@ -186,11 +184,22 @@ async def one_row(site: Site, shape: str, n: int, procs: int) -> dict[str, Any]:
     agent_id = "fleet" if shape == "embedded" else "thin"
     per = [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
     hosts = [
-        JsonChild(f"{shape} host {i}", [
-            sys.executable, str(HERE / "_fleet_scale_host.py"), "--url", site.url,
-            "--count", str(count), "--shape", shape, "--agent-id", agent_id,
-            *site.host_options(stem),
-        ])  # fmt: skip
+        JsonChild(
+            f"{shape} host {i}",
+            [
+                sys.executable,
+                str(HERE / "_fleet_scale_host.py"),
+                "--url",
+                site.url,
+                "--count",
+                str(count),
+                "--shape",
+                shape,
+                "--agent-id",
+                agent_id,
+                *site.host_options(stem),
+            ],
+        )
         for i, count in enumerate(per)
         if count
     ]
@@ -339,7 +348,7 @@ async def main() -> None:
     for line in ratios(rows):
         print(line)
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        await asyncio.to_thread(Path(args.json).write_text, json.dumps(rows, indent=2))
     if any(r.get("wrong") or "error" in r for r in rows):
         sys.exit(1)
 

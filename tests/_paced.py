@@ -79,6 +79,7 @@ for _h in CONF["handlers"]:
         CONF["event"], behaviour(_h["kind"], _h["name"], _announce), name=_h["name"],
         priority=_h["priority"], timeout_s=_h["timeout_s"],
         failure_policy=_h["failure_policy"], retry_safe=_h.get("retry_safe", False),
+        parallel=_h.get("parallel", False),
     )
 '''
 

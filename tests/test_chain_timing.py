@@ -141,6 +141,7 @@ async def three_ways(
         local.register(
             event, behaviour(spec["kind"], spec["name"], runs.local), spec["priority"],
             spec["name"], timeout_s=spec["timeout_s"], failure_policy=spec["failure_policy"],
+            parallel=spec.get("parallel", False),
         )  # fmt: skip
     out["in_process"] = [
         summary(await local.emit(event, {**data, "tag": f"in_process-{i}"}))
@@ -202,6 +203,23 @@ async def test_a_handler_computing_past_an_earlier_timeout_on_the_first_call(
     assert out == {way: [("continue", None, "export KEY=***", [])] for way in out}
     await runs.settle({("scan", f"{way}-0") for way in out})
     assert all(runs.count[("scan", f"{way}-0")] == 1 for way in out), runs.count
+
+
+async def test_a_parallel_neighbour_computing_does_not_time_out_an_answered_handler(
+    connect: Connect, fleet: Fleet, event: str
+) -> None:
+    """Two parallel handlers of one worker process, called one by one: ``guard`` denies at
+    once (its failures ignored), ``scan`` computes 1.5 s without awaiting. The guard's
+    answer must leave the process when the guard returns, not when the scan lets the event
+    loop run again: else the dispatcher times the guard out after 1 s and, the failure
+    ignored, lets the call through."""
+    guard = {**h("guard", "deny", 1, 1.0, "ignore"), "parallel": True}
+    scan = {**h("scan", "scan", 2, 5.0), "parallel": True}
+    runs = await Runs().listen(await connect(), event)
+    await paced_workers(fleet, event, [guard, scan])
+    out = await three_ways(connect, event, [guard, scan], [tool(), tool()], runs)
+    denied = ("deny", "guard denies", COMMAND, [])
+    assert out == {way: [denied, denied] for way in out}
 
 
 async def test_an_object_json_cannot_carry_is_converted_as_in_process(

@@ -212,7 +212,6 @@ async def _emit_through_election(d: HookDispatcher, event: str, key: str) -> Hoo
     return result
 
 
-
 def test_a_peer_offline_at_bucket_creation_is_retried_not_fatal() -> None:
     """A cluster whose meta leader has not yet seen one of its servers (just started, or
     restarting) refuses a 3-replica bucket "no suitable peers for placement, peer offline"

@@ -473,8 +473,7 @@ def _channels() -> dict[str, Any]:
         ),
         "registryRequiredChanges": _channel(
             f"{REGISTRY_CHANGES_WILDCARD[:-1]}{required_key_pattern}",
-            "Every required-handler record stored in the same bucket, republished the same "
-            "way.",
+            "Every required-handler record stored in the same bucket, republished the same way.",
             ["RequiredHandler"],
             _params("event", "handler"),
         ),

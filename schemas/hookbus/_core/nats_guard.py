@@ -48,6 +48,7 @@ __all__ = [
     "order_flushes",
     "refusal_raised",
     "report_refusals",
+    "send_now",
 ]
 
 log = logging.getLogger("hookbus")
@@ -124,6 +125,26 @@ def order_flushes(nc: Any) -> None:
 
     setattr(send_ping, _MARK, True)
     nc._send_ping = send_ping
+
+
+def send_now(nc: Any) -> None:
+    """Write what `nc` (a nats-py client) has queued for its flusher task to the socket now,
+    in order, instead of when the flusher task next runs.
+
+    A reply published by a handler that returned waits in the queue while the event loop
+    runs the next ready task; if that task computes without awaiting (another handler of
+    the same process), the reply leaves only when it is done, and the caller may time out
+    a handler that answered at once. Not connected: left to nats-py (it writes the queue
+    out once reconnected). Never raises.
+    """
+    transport = getattr(nc, "_transport", None)
+    if getattr(nc, "_pending", None) and transport is not None and nc.is_connected:
+        try:
+            transport.writelines(nc._pending[:])
+        except Exception:  # a transport closing under us: the flusher's or close's business
+            return
+        nc._pending = []
+        nc._pending_data_size = 0
 
 
 def _safe_decoding(nc: Any) -> None:

@@ -35,7 +35,7 @@ from hookbus._core.handler_options import (
 )
 from hookbus._core.jetstream import existing_key_value
 from hookbus._core.log_limits import RateLimitedWarning
-from hookbus._core.nats_guard import harden_connection
+from hookbus._core.nats_guard import harden_connection, send_now
 from hookbus._core.results import to_hook_result
 from hookbus._core.serving import Admission, Endpoint, Refusal, ServingLoop
 from hookbus.schemas import (
@@ -461,6 +461,7 @@ class HookWorker:
             payload = encode(reply)
             with contextlib.suppress(nats.errors.Error):
                 await self._nc.publish(msg.reply, payload)
+                send_now(self._nc)
 
     async def _serve(self, spec: HandlerSpec, msg: Msg, context: object, received: int) -> None:
         """Serve one request to `spec` (the serving loop's handler; `context` and
@@ -956,6 +957,7 @@ class HookWorker:
                 )
             )
         await self._nc.publish(msg.reply, payload)
+        send_now(self._nc)  # not after whatever the loop runs next (it may compute)
 
 
 _UNENCODABLE = (TypeError, ValueError, OverflowError, msgspec.EncodeError)
