@@ -785,3 +785,72 @@ def _wait_ready(proc: subprocess.Popen[str], port: int | None) -> None:
         if "serving" in line:
             return
     raise AssertionError(f"not serving: {''.join(seen)[-2000:]}")
+
+
+def test_identities_of_a_domain_may_reach_jetstream_through_it() -> None:
+    """With a JetStream domain every JetStream API entry and KV write is also allowed as
+    ``$JS.<domain>.API...`` (a client at a leaf reaching the hub); nothing else widens."""
+    for role, publish, subscribe in _every_role("UKEY"):
+        perms = permissions_for(
+            role.split(" ")[0],  # type: ignore[arg-type]
+            "x",
+            handlers=["tool:pre/x"] if role == "worker" else None,
+            embedded=role == "agent (embedded)",
+            public_key="UKEY",
+            js_domains=["hub"],
+        )
+        added = [s for s in perms.publish if s not in publish]
+        for s in publish:
+            if s.startswith("$JS.API."):
+                assert "$JS.hub.API." + s[len("$JS.API.") :] in added, (role, s)
+            if s.startswith("$KV."):
+                assert "$JS.hub.API." + s in added, (role, s)
+        assert all(s.startswith("$JS.hub.API.") for s in added), (role, added)
+        assert perms.subscribe == subscribe
+    assert "$JS.hub.API.>" in permissions_for("admin", "a", js_domains=["hub"]).publish
+    with pytest.raises(BadRequestError):
+        permissions_for("admin", "a", js_domains=["a.b"])
+
+
+@anyio_test
+async def test_a_secured_hub_domain_is_provisioned_and_decides_through_its_domain(
+    tmp_path: Path,
+) -> None:
+    """`hookbus auth init --js-domain hub`: the server's JetStream is domain ``hub``, and
+    every identity reaches it as ``$JS.hub.API`` (as from a leaf node). `auth provision
+    --js-domain hub` makes the buckets there, and an embedded agent and a worker, both
+    told the domain, decide: the guard denies."""
+    out = tmp_path / "auth"
+    event = "tool:pre"
+    auth_cli("init", "--out", str(out), "--js-domain", "hub", "--embedded-agent", "a1",
+             "--worker", f"w:{event}/guard", "--no-tls")  # fmt: skip
+    assert "domain" in (out / "server.conf").read_text()
+    assert json.loads((out / "agent-a1.json").read_text())["jetstream_domain"] == "hub"
+    with EmbeddedNatsServer(out / "run", config=out / "server.conf", port=-1) as server:
+        run = subprocess.run(
+            [sys.executable, "-m", "hookbus.cli", "auth", "provision", "--dir", str(out),
+             "--url", server.url, "--js-domain", "hub"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        worker_nc, _ = await connect_as(server.url, out, ident(out, "HOOKBUS", "worker", "w"))
+        agent_nc, errors = await connect_as(server.url, out, ident(out, "HOOKBUS", "agent", "a1"))
+        try:
+            worker = HookWorker(worker_nc, js_domain="hub")
+
+            @worker.handler(event, name="guard", failure_policy="deny")
+            async def guard(ev: str, data: dict[str, object]) -> HookResult:
+                return HookResult(action="deny", reason="no")
+
+            async with worker:
+                async with HookDispatcher(agent_nc, agent_id="a1", js_domain="hub") as d:
+                    for _ in range(100):
+                        if d.routes(event):
+                            break
+                        await asyncio.sleep(0.05)
+                    result = await d.emit(event, {"tool_name": "bash"})
+                    assert result.action == "deny" and result.decided_by == "guard", result
+            assert errors == []
+        finally:
+            await worker_nc.close()
+            await agent_nc.close()

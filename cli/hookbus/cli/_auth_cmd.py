@@ -84,6 +84,14 @@ def auth() -> None:
 @click.option(
     "--store-dir", default=None, help="JetStream store (default: OUT/jetstream, absolute)."
 )
+@click.option(
+    "--js-domain",
+    default=None,
+    metavar="DOMAIN",
+    help="This server's JetStream domain (the hub of a fleet over leaf nodes): every "
+    "identity may also reach the buckets as $JS.<DOMAIN>.API (from a leaf), and every "
+    "context names the domain.",
+)
 @click.option("--tls-cert", type=click.Path(dir_okay=False), help="Server certificate (PEM).")
 @click.option("--tls-key", type=click.Path(dir_okay=False), help="Server key (PEM).")
 @click.option("--tls-ca", type=click.Path(dir_okay=False), help="CA clients verify it with.")
@@ -123,6 +131,7 @@ def init_cmd(
     host: str,
     port: int,
     store_dir: str | None,
+    js_domain: str | None,
     tls_cert: str | None,
     tls_key: str | None,
     tls_ca: str | None,
@@ -166,6 +175,7 @@ def init_cmd(
         tls_ca=tls_ca,
         tls=tls,
         sans=sans,
+        js_domain=js_domain,
     )
     for ident in setup.identities:
         click.echo(f"{ident.tenant:<10} {ident.role:<10} {ident.name:<20} {ident.seed_path(out)}")

@@ -53,6 +53,7 @@ from hookbus.cli._permissions import (
     permissions_for,
 )
 from hookbus.schemas import BadRequestError, encode_token
+from hookbus.schemas._subjects import is_js_domain_name
 
 __all__ = [
     "AUTH_CONF",
@@ -102,8 +103,8 @@ class Identity:
     def context_path(self, out: Path) -> Path:
         return self.folder(out) / f"{self.stem}.json"
 
-    def permissions(self) -> RolePermissions:
-        """Its permissions.
+    def permissions(self, js_domains: Sequence[str] = ()) -> RolePermissions:
+        """Its permissions (also through JetStream domains `js_domains`).
 
         Raises:
             click.ClickException: a worker recorded with a handler that is not
@@ -116,6 +117,7 @@ class Identity:
                 handlers=self.handlers if self.role == "worker" else None,
                 embedded=self.embedded,
                 public_key=self.public_key,
+                js_domains=js_domains,
             )
         except BadRequestError as exc:
             raise click.ClickException(f"{self.role} {self.name!r}: {exc}") from None
@@ -138,6 +140,10 @@ class AuthSetup:
     """JetStream file storage one tenant (account) may use in all (nats-server size)."""
     js_max_mem: str = "256M"
     """JetStream memory storage one tenant may use in all (the leases bucket)."""
+    js_domain: str | None = None
+    """This server's JetStream domain (``jetstream { domain }``): the hub of a fleet over
+    leaf nodes. Every identity may then reach the buckets as ``$JS.<domain>.API`` too (from
+    a leaf), and every context names it (``jetstream_domain``)."""
     identities: list[Identity] = field(default_factory=list)
 
     def find(self, tenant: str, role: str, name: str) -> Identity | None:
@@ -192,8 +198,8 @@ def _allow_block(kind: str, subjects: Sequence[str], indent: str) -> list[str]:
     return lines
 
 
-def _user_block(ident: Identity, indent: str) -> list[str]:
-    perms = ident.permissions()
+def _user_block(ident: Identity, indent: str, js_domain: str | None = None) -> list[str]:
+    perms = ident.permissions([js_domain] if js_domain else [])
     for subject in [*perms.publish, *perms.subscribe]:
         if "<" in subject or ">" in subject.replace(".>", "") or not subject.strip():
             raise ValueError(f"not a subject for a config: {subject!r}")
@@ -235,7 +241,7 @@ def render_accounts(setup: AuthSetup) -> str:
         ]
         for ident in setup.identities:
             if ident.tenant == tenant:
-                lines += _user_block(ident, "      ")
+                lines += _user_block(ident, "      ", setup.js_domain)
         lines += ["    ]", "  }"]
     lines.append("}")
     return "\n".join(lines) + "\n"
@@ -269,6 +275,7 @@ def render_server(setup: AuthSetup, out: Path) -> str:
         "",
         "jetstream {",
         f"  store_dir: {_q(str(store))}",
+        *([f"  domain: {_q(setup.js_domain)}"] if setup.js_domain else []),
         "}",
         "",
         "max_payload: 1MB",
@@ -321,6 +328,8 @@ def context_json(ident: Identity, setup: AuthSetup, out: Path) -> dict[str, Any]
     }
     if setup.tls_ca:
         ctx["ca"] = setup.tls_ca
+    if setup.js_domain:
+        ctx["jetstream_domain"] = setup.js_domain
     return ctx
 
 
@@ -479,6 +488,7 @@ def init_setup(
     tls_ca: str | None = None,
     tls: bool = True,
     sans: Iterable[str] = (),
+    js_domain: str | None = None,
 ) -> AuthSetup:
     """What ``hookbus auth init`` does (see its help). Returns the setup written.
 
@@ -491,6 +501,8 @@ def init_setup(
         )
     if bool(tls_cert) != bool(tls_key):
         raise click.BadParameter("--tls-cert and --tls-key go together")
+    if js_domain is not None and not is_js_domain_name(js_domain):
+        raise click.BadParameter(f"{js_domain!r} is not a JetStream domain name")
     tenant_list = list(dict.fromkeys(_check_tenant(t) for t in tenants)) or [DEFAULT_TENANT]
     abs_tls = [str(Path(p).resolve()) if p else None for p in (tls_cert, tls_key, tls_ca)]
     setup = AuthSetup(
@@ -502,6 +514,7 @@ def init_setup(
         tls_ca=abs_tls[2],
         tenants=tenant_list,
         routes=[parse_route(r) for r in routes],
+        js_domain=js_domain,
     )
     wanted: list[tuple[RoleName, str, list[str], bool]] = [
         ("admin", "admin", [], False),

@@ -73,6 +73,7 @@ from hookbus.schemas._subjects import (
     SUSPENSIONS_BUCKET,
     WORKER_SERVICE_NAME,
     encode_token,
+    is_js_domain_name,
 )
 
 __all__ = [
@@ -88,6 +89,7 @@ __all__ = [
     "approver",
     "auditor",
     "dispatcher",
+    "in_js_domains",
     "inbox_prefix",
     "parse_worker_handler",
     "permission_table",
@@ -577,6 +579,28 @@ def auditor(name: str = "auditor", *, public_key: str | None = None) -> RolePerm
     )
 
 
+def in_js_domains(perms: RolePermissions, domains: Sequence[str]) -> RolePermissions:
+    """`perms` also through JetStream domains `domains`: each JetStream API entry
+    ``$JS.API.<rest>`` also as ``$JS.<domain>.API.<rest>``, and each KV write ``$KV.<rest>``
+    also as ``$JS.<domain>.API.$KV.<rest>`` (how a client at a leaf node reaches the hub's
+    JetStream, and writes a bucket there: docs/sites.md). Subscriptions are unchanged.
+
+    Raises:
+        BadRequestError: a domain that is empty or has ``.``, ``*``, ``>`` or whitespace.
+    """
+    extra: list[Permission] = []
+    for domain in domains:
+        if not is_js_domain_name(domain):
+            raise BadRequestError(f"{domain!r} is not a JetStream domain name")
+        api = f"$JS.{domain}.API"
+        for p in perms.publish_permissions:
+            if p.subject.startswith(f"{_JS}."):
+                extra.append(Permission(api + p.subject[len(_JS) :], f"{p.why} (domain {domain})"))
+            elif p.subject.startswith("$KV."):
+                extra.append(Permission(f"{api}.{p.subject}", f"{p.why} (domain {domain})"))
+    return replace(perms, publish_permissions=(*perms.publish_permissions, *extra))
+
+
 def permissions_for(
     role: Role,
     name: str,
@@ -584,9 +608,11 @@ def permissions_for(
     handlers: Sequence[str] | None = None,
     embedded: bool = False,
     public_key: str | None = None,
+    js_domains: Sequence[str] = (),
 ) -> RolePermissions:
     """The permissions of identity `name` of `role` (`handlers`: a worker's
-    ``EVENT/HANDLER`` pairs; `embedded`: an agent running its own dispatcher).
+    ``EVENT/HANDLER`` pairs; `embedded`: an agent running its own dispatcher; `js_domains`:
+    JetStream domains it reaches the buckets through, see `in_js_domains`).
 
     Raises:
         ValueError: unknown role, `handlers` given for another role than worker, or
@@ -598,6 +624,16 @@ def permissions_for(
         raise ValueError(f"only a worker serves handlers, not a {role}")
     if embedded and role != "agent":
         raise ValueError(f"only an agent runs an embedded dispatcher, not a {role}")
+    return in_js_domains(_for_role(role, name, handlers, embedded, public_key), js_domains)
+
+
+def _for_role(
+    role: Role,
+    name: str,
+    handlers: Sequence[str] | None,
+    embedded: bool,
+    public_key: str | None,
+) -> RolePermissions:
     if role == "admin":
         return admin(name, public_key=public_key)
     if role == "agent":

@@ -190,7 +190,9 @@ async def _placed_decisions_stream(
         )
 
 
-def _admin_settings(out: Path, tenant: str, url: str | None) -> ConnectionSettings:
+def _admin_settings(
+    out: Path, tenant: str, url: str | None, js_domain: str | None = None
+) -> ConnectionSettings:
     """How to connect as `tenant`'s admin of the `hookbus auth init` folder `out` (the seed
     found in the folder itself, so the folder may have moved, e.g. into a container)."""
     setup = load_setup(out)
@@ -206,6 +208,7 @@ def _admin_settings(out: Path, tenant: str, url: str | None) -> ConnectionSettin
         nkey=str(admin.seed_path(out)),
         inbox_prefix=inbox_prefix(admin.public_key),
         tls_ca=ca,
+        js_domain=js_domain or setup.js_domain,
     )
 
 
@@ -270,5 +273,5 @@ def provision_cmd(
     if unknown:
         raise click.BadParameter(f"unknown tenant(s) {unknown}; known: {known}")
     for tenant in tenants or known:
-        for line in run_async(one(_admin_settings(out, tenant, conn.url))):
+        for line in run_async(one(_admin_settings(out, tenant, conn.url, conn.js_domain))):
             click.echo(f"{tenant:<10} {line}")

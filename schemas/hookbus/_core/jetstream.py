@@ -49,6 +49,7 @@ from hookbus.schemas import (
     JetStreamDomainError,
     NotPermittedError,
 )
+from hookbus.schemas._subjects import is_js_domain_name
 
 from .buckets import config_differences, placement_text
 from .nats_guard import bucket_refusal, harden_connection
@@ -96,7 +97,7 @@ def bind_js_domain(nc: Any, js_domain: str | None) -> None:
     """
     if js_domain is None:
         return
-    if not js_domain or any(c in js_domain for c in ". *>\t\r\n"):
+    if not is_js_domain_name(js_domain):
         raise HookbusError(f"{js_domain!r} is not a JetStream domain name")
     bound = getattr(nc, _DOMAIN_MARK, None)
     if bound is not None and bound != js_domain:

@@ -144,6 +144,12 @@ _NOT_PLAIN = re.compile(r"[^A-Za-z0-9_-]+")
 _TOKEN = re.compile(r"(?:[A-Za-z0-9_-]|=[0-9A-F]{2})+")
 
 
+def is_js_domain_name(text: str) -> bool:
+    """Whether `text` can name a JetStream domain (one subject token: not empty, no ``.``,
+    ``*``, ``>`` or whitespace)."""
+    return bool(text) and not any(c in text for c in ". *>\t\r\n")
+
+
 def encode_token(name: str) -> str:
     """Encode any non-empty text as one subject token / KV key segment (reversible).
 
