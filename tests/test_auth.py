@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import nats
 import pytest
 from click.testing import CliRunner
@@ -827,12 +828,12 @@ async def test_a_secured_hub_domain_is_provisioned_and_decides_through_its_domai
     assert "domain" in (out / "server.conf").read_text()
     assert json.loads((out / "agent-a1.json").read_text())["jetstream_domain"] == "hub"
     with EmbeddedNatsServer(out / "run", config=out / "server.conf", port=-1) as server:
-        run = subprocess.run(
-            [sys.executable, "-m", "hookbus.cli", "auth", "provision", "--dir", str(out),
-             "--url", server.url, "--js-domain", "hub"],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert run.returncode == 0, run.stderr
+        with anyio.fail_after(120):
+            run = await anyio.run_process(
+                [sys.executable, "-m", "hookbus.cli", "auth", "provision", "--dir", str(out),
+                 "--url", server.url, "--js-domain", "hub"], check=False,
+            )  # fmt: skip
+        assert run.returncode == 0, run.stderr.decode()
         worker_nc, _ = await connect_as(server.url, out, ident(out, "HOOKBUS", "worker", "w"))
         agent_nc, errors = await connect_as(server.url, out, ident(out, "HOOKBUS", "agent", "a1"))
         try:

@@ -6,7 +6,6 @@ ports and the store folder changed) with the ``auth.conf`` of ``hookbus auth ini
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -54,11 +53,11 @@ async def test_a_secured_leaf_site_decides_through_the_hubs_domain(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "site"
-    subprocess.run(
+    await anyio.run_process(
         [sys.executable, "-m", "hookbus.cli", "auth", "init", "--out", str(out), "--no-tls",
          "--js-domain", "hub", "--embedded-agent", "a1",
          "--worker", f"w:{EVENT}/security,{ASK_EVENT}/asker"],
-        check=True, capture_output=True, text=True,
+        check=True,
     )  # fmt: skip
     hub_port, leaf_port, link_port = free_ports(3)
     monkeypatch.setenv("HOOKBUS_LEAF_PASSWORD", PASSWORD)
@@ -73,12 +72,12 @@ async def test_a_secured_leaf_site_decides_through_the_hubs_domain(
         wait_listening(leaf_port, procs[1], out / "leaf.log")
         wait_linked(out / "leaf.log", procs[1], timeout_s=20)
         hub, leaf = f"nats://127.0.0.1:{hub_port}", f"nats://127.0.0.1:{leaf_port}"
-        run = subprocess.run(
-            [sys.executable, "-m", "hookbus.cli", "auth", "provision", "--dir", str(out),
-             "--url", hub, "--js-domain", "hub"],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert run.returncode == 0, run.stderr
+        with anyio.fail_after(120):
+            run = await anyio.run_process(
+                [sys.executable, "-m", "hookbus.cli", "auth", "provision", "--dir", str(out),
+                 "--url", hub, "--js-domain", "hub"], check=False,
+            )  # fmt: skip
+        assert run.returncode == 0, run.stderr.decode()
         worker_nc, worker_errors = await connect(leaf, out, "worker", "w")
         agent_nc, agent_errors = await connect(leaf, out, "agent", "a1")
         try:
