@@ -163,9 +163,10 @@ class HookDispatcher(StandardEvents):
     async def start(self) -> None:
         """Load the handler registry and start watching it (no-op without a connection).
 
-        Returns once the current declarations are in the routing table and the watch
-        that keeps it in step is up: a dispatcher never decides on a registry it does not
-        follow.
+        Returns once the current declarations are in the routing table and it follows
+        the registry's changes (docs/scaling.md): a dispatcher never decides on a registry
+        it does not follow. Later, while it knows it missed a change, every emit is denied
+        until it has caught up.
 
         Raises:
             JetStreamDomainError: a bucket is absent and the answering JetStream is not
@@ -173,8 +174,11 @@ class HookDispatcher(StandardEvents):
                 node's own), or no JetStream answers within 3 s (a leaf node without
                 JetStream and no `js_domain`).
             HookbusTimeoutError: JetStream stayed unavailable for 30 s.
-            HookbusError: JetStream refused the registry watch (e.g. ``maximum consumers
-                limit reached``, err 10026: the stream's or the account's consumer limit).
+            NotPermittedError: this identity may not follow the registry (subscribe to its
+                changes, read it by direct get).
+            HookbusError: the registry's stream does not answer its direct gets; or, on a
+                handlers bucket made by an older hookbus (followed with a consumer), JetStream
+                refused the consumer (e.g. ``maximum consumers limit reached``, err 10026).
         """
         if self._started or self._nc is None:
             return
@@ -322,7 +326,9 @@ class HookDispatcher(StandardEvents):
         A handler failure (timeout, no responders, error) is judged by its failure policy,
         a result that cannot be read is denied, and both are recorded in
         ``result.failures`` (hookbus's own fields: `HookResult.chained_data`,
-        ``decided_by``, ``modified_by``, ``failures``, ``approved_by``).
+        ``decided_by``, ``modified_by``, ``failures``, ``approved_by``). While this
+        dispatcher knows it missed a change of the handler registry, the emit waits up to
+        5 s (within `timeout_s`) for it to catch up, then is denied (docs/scaling.md).
 
         Args:
             event: the event name.

@@ -248,6 +248,7 @@ class RegistryFollower:
             NotPermittedError: this identity may not subscribe to the changes or read the
                 bucket (it could not follow the registry: the dispatcher does not start).
             HookbusTimeoutError: no snapshot could be read within `deadline_s` seconds.
+            HookbusError: the stream does not answer direct gets (gone, or no direct get).
         """
         harden_connection(self._nc)  # a refused subscription is said at the flush
         self._sub = await self._nc.subscribe(
