@@ -15,7 +15,8 @@ and one JSON answer per line on stdout:
   emits each case once (at most 100 emits in flight in this process; an expected action
   ``unknown_event`` expects `UnknownEventError`, the service's answer to an event nobody
   handles); answers
-  ``{"latencies_ms": [...], "wrong": n, "errors": n, "first": "..."}``.
+  ``{"latencies_ms": [...], "wrong": n, "errors": n, "refused": n, "first": "..."}``
+  (``refused``: the service's per-agent rate limit told the agent to retry).
 - ``{"op": "watch", "event": E, "timeout_s": T}``: embedded agents only: the wall-clock
   time (``time.time``) at which each agent first routes E; answers ``{"times": [...],
   "missing": n}``.
@@ -43,6 +44,9 @@ from hookbus.schemas import UnknownEventError
 UNKNOWN = "unknown_event"
 """The expected answer of an event with no handler from the dispatcher service (its
 events are strict: `UnknownEventError`)."""
+QUOTA = "answered quota"
+"""How a thin agent's emit refused by the service's per-agent rate limit reads (the tool
+does not run; the agent is told when to send it again): counted apart, not as wrong."""
 START_AT_ONCE = 50
 EMITS_IN_FLIGHT = 100
 
@@ -73,12 +77,15 @@ class Host:
     async def _start_one(self) -> None:
         nc = await self._connect()
         self.conns.append(nc)
+        agent_id = self.args.agent_id
+        if self.args.distinct_ids:
+            agent_id = f"{agent_id}-{self.args.first}-{len(self.conns)}"
         if self.args.shape == "embedded":
-            d = HookDispatcher(nc, agent_id=self.args.agent_id)
+            d = HookDispatcher(nc, agent_id=agent_id)
             await d.start()
             self.agents.append(d)
         else:
-            self.agents.append(service_emit(nc, agent_id=self.args.agent_id))
+            self.agents.append(service_emit(nc, agent_id=agent_id))
 
     async def start(self) -> dict[str, Any]:
         gate = asyncio.Semaphore(START_AT_ONCE)
@@ -108,7 +115,9 @@ class Host:
 
     async def emit(self, event: str, cases: list[list[str]]) -> dict[str, Any]:
         gate = asyncio.Semaphore(EMITS_IN_FLIGHT)
-        out: dict[str, Any] = {"latencies_ms": [], "wrong": 0, "errors": 0, "first": ""}
+        out: dict[str, Any] = {
+            "latencies_ms": [], "wrong": 0, "errors": 0, "refused": 0, "first": ""
+        }  # fmt: skip
 
         async def one(agent: Any, command: str, expected: str) -> None:
             async with gate:
@@ -118,6 +127,9 @@ class Host:
                 except Exception as exc:
                     if isinstance(exc, UnknownEventError) and expected == UNKNOWN:
                         out["latencies_ms"].append((time.perf_counter() - began) * 1000.0)
+                        return
+                    if QUOTA in str(exc):  # the service's per-agent rate: told to retry
+                        out["refused"] += 1
                         return
                     out["errors"] += 1
                     out["first"] = out["first"] or f"{type(exc).__name__}: {exc}"[:300]
@@ -157,6 +169,12 @@ async def main() -> None:
     p.add_argument("--count", type=int, required=True)
     p.add_argument("--shape", choices=("embedded", "thin"), required=True)
     p.add_argument("--agent-id", default="fleet")
+    p.add_argument(
+        "--distinct-ids",
+        action="store_true",
+        help="each agent its own id, AGENT_ID-FIRST-N (an open server)",
+    )
+    p.add_argument("--first", type=int, default=0, help="this process's number")
     p.add_argument("--nkey")
     p.add_argument("--inbox-prefix")
     p.add_argument("--ca")

@@ -17,8 +17,12 @@ agent) and then:
    write; then every agent emits that event once (must be denied).
 
 Printed per row: agents started (and failed, with the first error), server memory (RSS
-from ``/varz``) and subscriptions per agent, JetStream API calls per agent start (``/jsz``),
-fleet start seconds, emit p50 / p99 (ms), the change's reach (p50 / max, ms), and wrong
+from ``/varz``) and subscriptions per agent (after start, and after the first emits: a
+thin agent's reply subscription comes with its first request), JetStream API calls per
+agent start (``/jsz``), fleet start seconds, emit p50 / p99 (ms; every agent emitting at once, at most 100 in
+flight per process), the change's reach (p50 / max, ms), emits refused by the service's
+per-agent rate limit (the agent is told to retry: on an open server every thin agent has
+an agent id of its own; secured, all act as the one ``thin`` identity's), and wrong
 decisions (must be 0). Ratios compare each embedded row with the thin row of the same
 size taken in the same run (these machines are noisy; the thin shape is the baseline).
 """
@@ -197,6 +201,9 @@ async def one_row(site: Site, shape: str, n: int, procs: int) -> dict[str, Any]:
                 shape,
                 "--agent-id",
                 agent_id,
+                "--first",
+                str(i),
+                *(["--distinct-ids"] if site.mode == "open" else []),
                 *site.host_options(stem),
             ],
         )
@@ -228,6 +235,10 @@ async def one_row(site: Site, shape: str, n: int, procs: int) -> dict[str, Any]:
         emits = await asyncio.gather(
             *(h.ask({"op": "emit", "event": GUARD_EVENT, "cases": cases}) for h in hosts)
         )
+        row["subs_per_agent_after_emit"] = (
+            monitor(site.http, "varz")["subscriptions"] - before["subscriptions"]
+        ) / max(ok, 1)
+        row["refused"] = sum(e["refused"] for e in emits)
         latencies = [x for e in emits for x in e["latencies_ms"]]
         row["p50_ms"], row["p99_ms"] = pct(latencies, 0.5), pct(latencies, 0.99)
         wrong = sum(e["wrong"] + e["errors"] for e in emits)
@@ -257,6 +268,7 @@ async def one_row(site: Site, shape: str, n: int, procs: int) -> dict[str, Any]:
             *(h.ask({"op": "emit", "event": change, "cases": [["x", "deny"]]}) for h in hosts)
         )
         wrong += sum(e["wrong"] + e["errors"] for e in after_change)
+        row["refused"] += sum(e["refused"] for e in [*before_change, *after_change])
         first = first or next((e["first"] for e in after_change if e["first"]), "")
         row["wrong"] = wrong + row["missing"] + row["failed"]
         row["first_wrong"] = first
@@ -273,7 +285,8 @@ async def _service_reach(host: JsonChild, event: str, t0: float) -> float:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         answer = await host.ask({"op": "emit", "event": event, "cases": [["x", "deny"]]})
-        if answer["wrong"] == 0 and answer["errors"] == 0:
+        decided = answer["latencies_ms"]  # refused emits decided nothing
+        if decided and answer["wrong"] == 0 and answer["errors"] == 0:
             return (time.time() - t0) * 1000
         await asyncio.sleep(0.01)
     return float("nan")
@@ -282,7 +295,7 @@ async def _service_reach(host: JsonChild, event: str, t0: float) -> float:
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("mode", "shape", "agents", "started", "server MB", "KB/agent", "subs/agent",
             "JS API/start", "consumers", "start s", "p50 ms", "p99 ms", "reach p50 ms",
-            "reach max ms", "wrong")  # fmt: skip
+            "reach max ms", "refused", "wrong")  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if "error" in r:
@@ -290,9 +303,11 @@ def table(rows: list[dict[str, Any]]) -> str:
             continue
         cells = (r["mode"], r["shape"], r["agents"], f"{r['started']} ({r['failed']} failed)",
                  f"{r['server_rss_mb']:.0f}", f"{r['server_kb_per_agent']:.1f}",
-                 f"{r['subs_per_agent']:.1f}", f"{r['js_api_per_start']:.1f}", r["consumers"],
+                 f"{r['subs_per_agent']:.1f} ({r['subs_per_agent_after_emit']:.1f})",
+                 f"{r['js_api_per_start']:.1f}", r["consumers"],
                  f"{r['start_s']:.1f}", f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}",
-                 f"{r['reach_p50_ms']:.0f}", f"{r['reach_max_ms']:.0f}", r["wrong"])  # fmt: skip
+                 f"{r['reach_p50_ms']:.0f}", f"{r['reach_max_ms']:.0f}", r["refused"],
+                 r["wrong"])  # fmt: skip
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
 
