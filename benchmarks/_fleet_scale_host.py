@@ -12,6 +12,7 @@ and one JSON answer per line on stdout:
 - ``{"op": "start"}``: connect and start every agent (50 at a time); answers
   ``{"ok", "failed", "first_error", "seconds", "rss_mb"}``.
 - ``{"op": "emit", "event": E, "cases": [[COMMAND, EXPECTED_ACTION], ...]}``: every agent
+  (the first ``limit``, if given)
   emits each case once (at most 100 emits in flight in this process; an expected action
   ``unknown_event`` expects `UnknownEventError`, the service's answer to an event nobody
   handles); answers
@@ -113,7 +114,9 @@ class Host:
             return await agent.emit(event, data, timeout_s=10.0)
         return await agent(event, data)
 
-    async def emit(self, event: str, cases: list[list[str]]) -> dict[str, Any]:
+    async def emit(
+        self, event: str, cases: list[list[str]], limit: int | None = None
+    ) -> dict[str, Any]:
         gate = asyncio.Semaphore(EMITS_IN_FLIGHT)
         out: dict[str, Any] = {
             "latencies_ms": [], "wrong": 0, "errors": 0, "refused": 0, "first": ""
@@ -140,7 +143,7 @@ class Host:
                     out["first"] = out["first"] or f"{command!r}: {result.action} {result.reason}"
 
         await asyncio.gather(
-            *(one(a, command, expected) for a in self.agents for command, expected in cases)
+            *(one(a, command, expected) for a in self.agents[:limit] for command, expected in cases)
         )
         return out
 
@@ -191,7 +194,7 @@ async def main() -> None:
         if op == "start":
             answer: Any = await host.start()
         elif op == "emit":
-            answer = await host.emit(ask["event"], ask["cases"])
+            answer = await host.emit(ask["event"], ask["cases"], ask.get("limit"))
         elif op == "watch":
             answer = await host.watch(ask["event"], ask["timeout_s"])
         else:

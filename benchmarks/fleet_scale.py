@@ -285,7 +285,9 @@ async def _service_reach(host: JsonChild, event: str, t0: float) -> float:
     """Milliseconds from `t0` until the dispatcher service denies `event` (thin agents)."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        answer = await host.ask({"op": "emit", "event": event, "cases": [["x", "deny"]]})
+        answer = await host.ask(
+            {"op": "emit", "event": event, "cases": [["x", "deny"]], "limit": 1}
+        )
         decided = answer["latencies_ms"]  # refused emits decided nothing
         if decided and answer["wrong"] == 0 and answer["errors"] == 0:
             return (time.time() - t0) * 1000
