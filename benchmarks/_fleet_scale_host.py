@@ -17,7 +17,8 @@ and one JSON answer per line on stdout:
   ``unknown_event`` expects `UnknownEventError`, the service's answer to an event nobody
   handles); answers
   ``{"latencies_ms": [...], "wrong": n, "errors": n, "refused": n, "first": "..."}``
-  (``refused``: the service's per-agent rate limit told the agent to retry).
+  (``refused``: the service told the agent to send it again: its per-agent rate limit,
+  or a replica at its concurrency bound).
 - ``{"op": "watch", "event": E, "timeout_s": T}``: embedded agents only: the wall-clock
   time (``time.time``) at which each agent first routes E; answers ``{"times": [...],
   "missing": n}``.
@@ -45,9 +46,10 @@ from hookbus.schemas import UnknownEventError
 UNKNOWN = "unknown_event"
 """The expected answer of an event with no handler from the dispatcher service (its
 events are strict: `UnknownEventError`)."""
-QUOTA = "answered quota"
-"""How a thin agent's emit refused by the service's per-agent rate limit reads (the tool
-does not run; the agent is told when to send it again): counted apart, not as wrong."""
+REFUSALS = ("answered quota", "answered busy")
+"""How a thin agent's emit refused by the service reads (its per-agent rate limit, or a
+replica at its concurrency bound, after the client's retries): the tool does not run and
+the agent is told to send it again: counted apart, not as wrong."""
 START_AT_ONCE = 50
 EMITS_IN_FLIGHT = 100
 
@@ -131,7 +133,7 @@ class Host:
                     if isinstance(exc, UnknownEventError) and expected == UNKNOWN:
                         out["latencies_ms"].append((time.perf_counter() - began) * 1000.0)
                         return
-                    if QUOTA in str(exc):  # the service's per-agent rate: told to retry
+                    if any(r in str(exc) for r in REFUSALS):  # told to send it again later
                         out["refused"] += 1
                         return
                     out["errors"] += 1

@@ -21,11 +21,11 @@ from ``/varz``) and subscriptions per agent (after start, and after the first em
 thin agent's reply subscription comes with its first request), JetStream API calls per
 agent start (``/jsz``), fleet start seconds, emit p50 / p99 (ms; every agent emitting at
 once, at most 100 in flight per process), the change's reach (p50 / max, ms), emits
-refused by the service's per-agent rate limit (the agent is told to retry: on an open
-server every thin agent has an agent id of its own; secured, all act as the one
-``thin`` identity's), and wrong decisions (must be 0). Ratios compare each embedded row
-with the thin row of the same size taken in the same run (these machines are noisy; the
-thin shape is the baseline).
+refused by the service (its per-agent rate limit, or a replica at its concurrency bound:
+the agent is told to send it again; on an open server every thin agent has an agent id
+of its own, secured all act as the one ``thin`` identity's), and wrong decisions (must
+be 0). Ratios compare each embedded row with the thin row of the same size taken in the
+same run (these machines are noisy; the thin shape is the baseline).
 """
 
 from __future__ import annotations
