@@ -34,7 +34,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from _procs import JsonChild, Proc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from _ports import free_port
 
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.schemas import (
@@ -72,12 +74,6 @@ async def guard(event, data):
         return HookResult(action="deny", reason="destructive")
     return HookResult(action="continue")
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def monitor(http: int, path: str) -> dict[str, Any]:

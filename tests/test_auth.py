@@ -817,10 +817,12 @@ def test_identities_of_a_domain_may_reach_jetstream_through_it() -> None:
 async def test_a_secured_hub_domain_is_provisioned_and_decides_through_its_domain(
     tmp_path: Path,
 ) -> None:
-    """`hookbus auth init --js-domain hub`: the server's JetStream is domain ``hub``, and
-    every identity reaches it as ``$JS.hub.API`` (as from a leaf node). `auth provision
-    --js-domain hub` makes the buckets there, and an embedded agent and a worker, both
-    told the domain, decide: the guard denies."""
+    """`hookbus auth init --js-domain hub`: the server's JetStream is domain ``hub`` and
+    every context names it; `auth provision --js-domain hub` makes the buckets there (it
+    ignored the option before, and failed), and an embedded agent and a worker, both told
+    the domain, decide at the hub: the guard denies. (At the hub itself the server lets
+    ``$JS.hub.API`` through without the domain permissions: tests/test_sites_secured.py
+    shows them needed, at a leaf.)"""
     out = tmp_path / "auth"
     event = "tool:pre"
     auth_cli("init", "--out", str(out), "--js-domain", "hub", "--embedded-agent", "a1",

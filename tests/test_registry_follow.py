@@ -60,6 +60,15 @@ def registry_change(msg: Delivered) -> bool:
     return msg.subject.startswith(REGISTRY_CHANGES_WILDCARD[:-1])
 
 
+async def lose_declaration(proxy: NatsProxy, kv: KeyValue, event: str) -> None:
+    """Declare a guard for `event` whose republished change the proxy drops."""
+    proxy.drop_next(1, registry_change)
+    await declare(kv, event)
+    with anyio.fail_after(10):
+        while not proxy.dropped:  # noqa: ASYNC110  (the proxy has no drop event)
+            await anyio.sleep(0.02)
+
+
 async def decides(d: HookDispatcher, event: str, action: str, within_s: float) -> float:
     """Emit `event` until it is decided `action`; returns the seconds it took."""
     start = anyio.current_time()
@@ -129,11 +138,7 @@ async def test_a_lost_change_is_found_by_the_next_one(server: Any) -> None:
         d = HookDispatcher(nc)  # the periodic check is 30 s away: only the gap can tell
         try:
             await d.start()
-            proxy.drop_next(1, registry_change)
-            await declare(kv, event)
-            with anyio.fail_after(10):
-                while not proxy.dropped:  # noqa: ASYNC110
-                    await anyio.sleep(0.02)
+            await lose_declaration(proxy, kv, event)
             assert (await d.emit(event, {})).action == "continue"  # it cannot know yet
             await declare(kv, other)
             await decides(d, event, "deny", within_s=10)
@@ -172,11 +177,7 @@ async def test_a_change_made_while_disconnected_is_applied_on_reconnect(server: 
         d = HookDispatcher(nc, resync_s=600.0)
         try:
             await d.start()
-            proxy.drop_next(1, registry_change)
-            await declare(kv, event)
-            with anyio.fail_after(10):
-                while not proxy.dropped:  # noqa: ASYNC110
-                    await anyio.sleep(0.02)
+            await lose_declaration(proxy, kv, event)
             proxy.cut()
             await decides(d, event, "deny", within_s=15)
         finally:

@@ -91,6 +91,11 @@ class Snapshot:
     """The stream sequence the snapshot is consistent at (0: nothing stored yet)."""
 
 
+def _direct_get_subject(kv: KeyValue) -> str:
+    """The direct get API subject of `kv`'s stream, in the JetStream (domain) `kv` uses."""
+    return f"{kv._js._prefix}.DIRECT.GET.{kv._stream}"
+
+
 def _header(msg: Msg, name: str) -> str | None:
     return (msg.headers or {}).get(name)
 
@@ -109,7 +114,7 @@ async def scan_bucket(kv: KeyValue, *, batch: int = SCAN_BATCH) -> Snapshot:
         NotPermittedError: this identity may not make direct gets on the stream.
     """
     nc: NATS = kv._js._nc
-    subject = f"{kv._js._prefix}.DIRECT.GET.{kv._stream}"
+    subject = _direct_get_subject(kv)
     entries: dict[str, tuple[bytes | None, bool]] = {}
     last_seq = 0
     start = 1
@@ -415,7 +420,7 @@ class RegistryFollower:
         """The stream's last sequence: a direct get of its last message (any replica
         answers), or, when it holds none, a stream info."""
         kv = self._kv
-        subject = f"{kv._js._prefix}.DIRECT.GET.{kv._stream}"
+        subject = _direct_get_subject(kv)
         body = json.dumps({"last_by_subj": f"{kv._pre}>"}).encode()
         msg = await self._nc.request(subject, body, timeout=_PAGE_TIMEOUT_S)
         seq = _header(msg, "Nats-Sequence")
