@@ -222,6 +222,24 @@ async def test_a_parallel_neighbour_computing_does_not_time_out_an_answered_hand
     assert out == {way: [denied, denied] for way in out}
 
 
+async def test_a_parallel_neighbour_computing_first_does_not_time_out_a_later_handler(
+    connect: Connect, fleet: Fleet, event: str
+) -> None:
+    """The same two handlers, the scan first in order: its request reaches the worker
+    first, so the guard's is not started before the scan lets the event loop run (1.5 s,
+    past the guard's 1 s). The worker times the guard from its start, as a process running
+    both would; the dispatcher, with no news, must wait for a request of the same process
+    while a neighbour of the same emit may hold its loop (the neighbour's timeout), else,
+    one by one, the guard times out and, its failure ignored, the call goes through."""
+    scan = {**h("scan", "scan", 1, 5.0), "parallel": True}
+    guard = {**h("guard", "deny", 2, 1.0, "ignore"), "parallel": True}
+    runs = await Runs().listen(await connect(), event)
+    await paced_workers(fleet, event, [scan, guard])
+    out = await three_ways(connect, event, [scan, guard], [tool(), tool()], runs)
+    denied = ("deny", "guard denies", COMMAND, [])
+    assert out == {way: [denied, denied] for way in out}
+
+
 async def test_an_object_json_cannot_carry_is_converted_as_in_process(
     connect: Connect, fleet: Fleet, event: str
 ) -> None:

@@ -14,6 +14,9 @@ each case with its replay line.
     HOOKBUS_DIFFERENTIAL_SEED=7          # another set of cases than the derandomized one
     HOOKBUS_DIFFERENTIAL_REPLAY='{"handlers": ...}'   # only these cases (JSON, list or file)
     HOOKBUS_DIFFERENTIAL_FINDINGS=findings.md         # also append each divergent case there
+    HOOKBUS_DIFFERENTIAL_SHARD=0/2                    # only cases 0, 2, 4, ... of those drawn
+
+(`.ci/run` gives each of its two Pythons one shard of the 200 cases.)
 """
 
 from __future__ import annotations
@@ -38,6 +41,18 @@ CASES = int(os.environ.get("HOOKBUS_DIFFERENTIAL_CASES", "200"))
 SEED = os.environ.get("HOOKBUS_DIFFERENTIAL_SEED")
 FINDINGS = os.environ.get("HOOKBUS_DIFFERENTIAL_FINDINGS")
 REPLAY = os.environ.get("HOOKBUS_DIFFERENTIAL_REPLAY")
+SHARD = os.environ.get("HOOKBUS_DIFFERENTIAL_SHARD")
+
+
+def _shard(spec: str | None) -> tuple[int, int]:
+    """``"i/n"`` as ``(i, n)``; None: the one shard of all cases."""
+    if not spec:
+        return 0, 1
+    index, _, count = spec.partition("/")
+    i, n = int(index), int(count)
+    if not 0 <= i < n:
+        raise ValueError(f"HOOKBUS_DIFFERENTIAL_SHARD={spec!r}: want i/n with 0 <= i < n")
+    return i, n
 
 
 @pytest.mark.timeout(max(600, 3 * CASES))
@@ -46,11 +61,14 @@ async def test_fast_paths_decide_as_one_by_one(nats_url: str) -> None:
     if not REPLAY:
         assert len(todo) == CASES, f"hypothesis drew {len(todo)} distinct cases, not {CASES}"
     label = f"seed {SEED}" if SEED is not None else "derandomized"
+    shard, shards = _shard(SHARD)
     harness = Harness(nats_url)
     await harness.start()
     reports: list[CaseReport] = []
     try:
         for i, case in enumerate(todo):
+            if i % shards != shard:
+                continue
             report = await harness.run_case(case, i)
             reports.append(report)
             record_findings(FINDINGS, report, seed=f"{label}, case {i}")

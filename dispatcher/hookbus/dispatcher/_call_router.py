@@ -46,6 +46,7 @@ from hookbus.schemas import (
 from ._calls import (
     ChainPlan,
     Failed,
+    Neighbours,
     Outcome,
     Requester,
     call_local,
@@ -115,6 +116,7 @@ class EmitContext:
         "emitted_at",
         "event",
         "idempotency_key",
+        "neighbours",
         "session_id",
         "started",
     )
@@ -143,6 +145,8 @@ class EmitContext:
         """Names of the handlers called so far, in the order they were called."""
         self._copied: dict[str, Any] | None = None
         self._encoded = b""
+        self.neighbours: Neighbours | None = None
+        """The emit's remote calls in flight (made by its first remote call)."""
 
     @property
     def id(self) -> str:
@@ -341,10 +345,14 @@ class Router:
         budget_s = ctx.remote_remaining()
         if clock.no_time_left(budget_s):
             return ready_outcome(Failed("timeout", "not called: the emit's deadline had passed"))
+        neighbours = ctx.neighbours
+        if neighbours is None:
+            neighbours = ctx.neighbours = Neighbours()
         # call_remote's own coroutine, as for call_local above: one frame less per call
         return call_remote(
-            self.nc, self._requester, route, ctx.envelope(data), trace_headers(), budget_s
-        )
+            self.nc, self._requester, route, ctx.envelope(data), trace_headers(), budget_s,
+            neighbours,
+        )  # fmt: skip
 
     async def call_chain(
         self,

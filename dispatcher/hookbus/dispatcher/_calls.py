@@ -18,6 +18,17 @@ the envelope as ``budget_s`` so the worker never runs past it. Within it:
   first answer wins. A handler not declared retry_safe is never sent twice unless a
   replica said it did not run it.
 
+The process that runs a handler times it (the worker cuts it at its timeout, counted
+from its start, and says so), so past the budget the requester only tells a live worker
+from a lost one: with requests still unanswered it waits on, `GRACE_S` (the link's one-way
+delay, a reply written late) plus the timeouts of the other remote calls of the same emit
+in flight meanwhile to the same worker process's handler set (`Neighbours`: a parallel
+neighbour that computes without awaiting holds the worker's event loop, so a request
+behind it starts late), never past the emit's deadline. Past that the call fails as
+``timeout``. A neighbour that holds the loop past its own timeout by more than the grace,
+or a computing handler of another emit, can still make a live worker's answer come too
+late: that call fails as ``timeout`` under its policy.
+
 The first request of a call goes to the handler's queue subject (the queue group picks a
 replica). Every reply names the worker instance that sent it, and the requester keeps, per
 handler, the instances that answered recently (most recent last; at most
@@ -76,6 +87,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from hookbus._core import clock
+from hookbus._core.chain_timing import GRACE_S
 from hookbus._core.copies import json_copy
 from hookbus._core.handler_options import DEFAULT_TIMEOUT_S, is_async_handler
 from hookbus._core.inboxes import inbox_reply_subject
@@ -114,6 +126,7 @@ __all__ = [
     "SUSPECT_S",
     "ChainPlan",
     "Failed",
+    "Neighbours",
     "Outcome",
     "Requester",
     "SyncHandler",
@@ -430,6 +443,42 @@ class _Inbox:
         return self.items.popleft()
 
 
+class Neighbours:
+    """The remote calls of one emit in flight at once, per worker process's handler set
+    (`Route.handler_set`; an unknown set, empty, counts as one): how long another call of
+    the same process may wait behind them.
+
+    A call's overlap is the sum of the timeouts (seconds) of the calls of its set that were
+    in flight when it opened or opened after it (a neighbour that computes holds the
+    process's event loop for up to its timeout, and past it for as long as it computes).
+    Counters only: `open` and `overlap` cost the same whatever the number of calls.
+    """
+
+    __slots__ = ("_in_flight", "_opened")
+
+    def __init__(self) -> None:
+        self._in_flight: dict[frozenset[str], float] = {}
+        self._opened: dict[frozenset[str], float] = {}
+
+    def open(self, key: frozenset[str], timeout_s: float) -> tuple[float, float]:
+        """Count a call of `key` with `timeout_s` in flight; the mark `overlap` takes."""
+        before = self._in_flight.get(key, 0.0)
+        opened = self._opened.get(key, 0.0) + timeout_s
+        self._in_flight[key] = before + timeout_s
+        self._opened[key] = opened
+        return before, opened
+
+    def close(self, key: frozenset[str], timeout_s: float) -> None:
+        """The call of `key` opened with `timeout_s` is over."""
+        self._in_flight[key] = max(self._in_flight.get(key, 0.0) - timeout_s, 0.0)
+
+    def overlap(self, key: frozenset[str], mark: tuple[float, float]) -> float:
+        """Seconds: the timeouts of the other calls of `key` in flight with the call that
+        `open` gave `mark`, summed."""
+        before, opened = mark
+        return before + self._opened.get(key, 0.0) - opened
+
+
 def _note(known: dict[str, dict[str, float]], subject: str, instance: str, now: float) -> None:
     """Record `instance` for handler `subject` at `now` in `known` (most recent last, at
     most `RECENT_INSTANCES` per handler: the least recent one goes)."""
@@ -523,16 +572,24 @@ class Requester:
 
     async def call(
         self, nc: NATS, route: Route, envelope: EventEnvelope, headers: dict[str, str] | None,
-        budget_s: float, *, hedge: bool,
+        budget_s: float, *, hedge: bool, within_s: float | None = None,
+        neighbours: Neighbours | None = None,
     ) -> Outcome:  # fmt: skip
-        """Send `envelope` to `route` and wait at most `budget_s` seconds for an answer.
+        """Send `envelope` to `route` with `budget_s` seconds for its handler, and wait for
+        an answer: past the budget, while a request is unanswered, `GRACE_S` more plus the
+        overlap of `neighbours` (see the module docstring), never past `within_s` seconds
+        (the emit's deadline; None: `budget_s`, no wait past it).
 
         Raises:
             NotConnectedError: the connection is closed.
             PayloadTooLargeError: the envelope exceeds the server's max_payload.
         """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + budget_s
+        started = loop.time()
+        deadline = started + budget_s
+        limit = started + (budget_s if within_s is None else max(within_s, budget_s))
+        key = route.handler_set
+        mark = None if neighbours is None else neighbours.open(key, budget_s)
         window = max(HEDGE_MIN_S, budget_s * HEDGE_FRACTION) if hedge else math.inf
         queue = _Inbox(self._deadlines)
         sent: list[str] = []  # every token of this call, for the cleanup
@@ -587,6 +644,16 @@ class Requester:
                     try:
                         token, msg = await queue.get(loop, until)
                     except TimeoutError:
+                        if until >= deadline and live:
+                            # the budget is spent and a request is unanswered: its worker
+                            # times it, so wait on while a live one may still answer
+                            extra = GRACE_S
+                            if mark is not None and neighbours is not None:
+                                extra += neighbours.overlap(key, mark)
+                            later = min(limit, deadline + extra)
+                            if later > until and later > loop.time():
+                                until = later
+                                continue
                         break  # hedge (retry_safe) or the budget is spent
                     live.discard(token)
                     self._waiting.pop(token, None)
@@ -641,6 +708,8 @@ class Requester:
         finally:
             for token in sent:
                 self._waiting.pop(token, None)
+            if mark is not None and neighbours is not None:
+                neighbours.close(key, budget_s)
             if otel.tracing:
                 note_delivery(len(sent), answered_by)
         if refused is not None and not live:
@@ -870,13 +939,17 @@ def call_remote(
     envelope: EventEnvelope,
     headers: dict[str, str] | None,
     budget_s: float | None = None,
+    neighbours: Neighbours | None = None,
 ) -> Awaitable[Outcome]:
     """Request one remote handler on its subject and judge its `HookReply`; returns the
     call's awaitable (await it at once: a plain function, not a coroutine frame around
     the requester's).
 
-    Waits the route's timeout (`DEFAULT_TIMEOUT_S` if it has none) cut to `budget_s`;
-    hedges only a ``retry_safe`` route (see the module docstring).
+    Gives the handler the route's timeout (`DEFAULT_TIMEOUT_S` if it has none) cut to
+    `budget_s` (seconds the emit has left; None: no deadline), and waits past it, while a
+    live worker may still answer, at most until `budget_s` (`Requester.call`: the grace,
+    and the overlap of the emit's other calls in flight, `neighbours`); hedges only a
+    ``retry_safe`` route (see the module docstring).
 
     Raises:
         NotConnectedError: no connection, or it is closed.
@@ -892,7 +965,10 @@ def call_remote(
     assert timeout_s is not None
     if clock.no_time_left(timeout_s):
         return ready_outcome(Failed("timeout", "not called: the emit's deadline had passed", True))
-    return requester.call(nc, route, envelope, headers, timeout_s, hedge=route.retry_safe)
+    return requester.call(
+        nc, route, envelope, headers, timeout_s, hedge=route.retry_safe,
+        within_s=math.inf if budget_s is None else budget_s, neighbours=neighbours,
+    )  # fmt: skip
 
 
 async def ready_outcome(outcome: Outcome) -> Outcome:

@@ -27,7 +27,8 @@ from typing import Final
 __all__ = ["GRACE_S", "LATE_MARGIN_S"]
 
 GRACE_S: Final = 1.0
-"""Seconds a dispatcher waits past a chain wait's end before it counts the worker lost."""
+"""Seconds a dispatcher waits past a chain wait's end before it counts the worker lost; and
+past a single call's budget, with its request unanswered (within the emit's deadline)."""
 
 LATE_MARGIN_S: Final = 0.05
 """Seconds before a chain wait's end (without the grace) at which a worker stops starting
