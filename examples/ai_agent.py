@@ -8,7 +8,10 @@ runs, ``ai`` suspends on the hook ``approve_<tool call id>`` (payload
 ``hookbus_suspensions`` JetStream KV bucket, so anyone can answer it from another process,
 and the run survives this one: Ctrl-C aborts the wait (the record stays pending) and
 saves the conversation; running the example again with ``--resume`` picks it up. The model
-is ``ai.testing.FakeModel`` (a scripted conversation): no network, no API key.
+is ``ai.testing.FakeModel`` (a scripted conversation): no network, no API key. Once
+approved, the tool call is also decided by the fleet's hook workers (``tool:pre`` before it,
+``tool:post`` after it, through the ``HookDispatcher`` that ``HookbusHooks`` starts for the
+agent): a worker's deny stops it.
 
 Needs Python >= 3.12 (``ai``). From the repository::
 

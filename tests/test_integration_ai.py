@@ -856,9 +856,185 @@ async def test_an_embedded_agent_on_a_secured_server_opens_with_the_defaults(
     assert tool_results(s.messages) == ["sent 21"]
 
 
+# -- the workers decide ai's tool calls ------------------------------------------------------
+COMMANDS: list[str] = []
+
+
+@ai.tool
+async def bash(command: str) -> str:
+    """Run `command` in a shell (here: only recorded)."""
+    COMMANDS.append(command)
+    return f"ran {command}"
+
+
+def bash_script(command: str) -> tuple[Any, list[Any]]:
+    call = testing.tool_call(bash, command=command)
+    return call, [
+        ai.user_message("clean up"),
+        ai.assistant_message("cleaning", call),
+        ai.assistant_message("done"),
+    ]
+
+
+def seen_by_model(model: Any, tool_call_id: str) -> list[Any]:
+    """What the model was sent, in its last request, as the result of `tool_call_id`."""
+    return [
+        part.get_model_input()
+        for message in model.calls[-1]
+        if message.role == "tool"
+        for part in message.tool_results
+        if part.tool_call_id == tool_call_id
+    ]
+
+
+@contextlib.asynccontextmanager
+async def governed(
+    server: Any, agent_id: str, *handlers: tuple[str, Any, dict[str, Any]]
+) -> AsyncIterator[HookbusHooks]:
+    """`HookbusHooks.open` as `examples/ai_agent.py` wires it, on a private server where a
+    `HookWorker` (its own connection, as another process) serves `handlers`
+    (``(event, fn, options)``)."""
+    from hookbus.workers import HookWorker
+
+    worker_nc = await nats.connect(server.url)
+    agent_nc = await nats.connect(server.url)
+    worker = HookWorker(worker_nc)
+    for event, fn, options in handlers:
+        worker.add_handler(event, fn, **options)
+    try:
+        async with worker:
+            hooks = await HookbusHooks.open(agent_nc, agent_id=agent_id)
+            async with hooks:
+                yield hooks
+    finally:
+        COMMANDS.clear()
+        await agent_nc.close()
+        await worker_nc.close()
+
+
+async def test_a_worker_denying_tool_pre_stops_the_ai_tool_and_the_model_reads_why(
+    embedded_server: Any, agent_id: str
+) -> None:
+    """The defect this guards: an ai agent's bash tool ran ``rm -rf`` while a worker denied
+    ``tool:pre`` for it. Now the tool does not run, and the model reads the worker's reason;
+    a command the worker allows runs (and ``tool:post`` reaches the worker)."""
+    from hookbus.schemas import TOOL_POST, TOOL_PRE, HookResult
+
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    async def guard(event: str, data: dict[str, Any]) -> HookResult | None:
+        seen.append((event, data))
+        if event == TOOL_PRE and "rm -rf" in data["tool_input"]["command"]:
+            return HookResult(action="deny", reason="rm -rf is not allowed")
+        return None
+
+    async with governed(
+        embedded_server, agent_id, (TOOL_PRE, guard, {}), (TOOL_POST, guard, {})
+    ) as hooks:
+        call, script = bash_script("rm -rf /")
+        model = testing.FakeModel(script)
+        async with hooks.run(ai.Agent(tools=[bash]), model, script[:1], run_id="r1") as s:
+            await _events(s)
+        assert COMMANDS == []
+        assert tool_results(s.messages) == ["Denied by hook: rm -rf is not allowed"]
+        assert seen_by_model(model, call.tool_call_id) == ["Denied by hook: rm -rf is not allowed"]
+        assert [(e, d["tool_name"], d["tool_call_id"], d["run_id"]) for e, d in seen] == [
+            (TOOL_PRE, "bash", call.tool_call_id, "r1")
+        ]
+        # an allowed command runs, and the worker sees its result after it
+        seen.clear()
+        call, script = bash_script("ls")
+        async with hooks.run(
+            ai.Agent(tools=[bash]), testing.FakeModel(script), script[:1], run_id="r2"
+        ) as s:
+            await _events(s)
+        assert COMMANDS == ["ls"]
+        assert tool_results(s.messages) == ["ran ls"]
+        assert [(e, d["tool_input"]) for e, d in seen] == [
+            (TOOL_PRE, {"command": "ls"}), (TOOL_POST, {"command": "ls"}),
+        ]  # fmt: skip
+        assert seen[1][1]["tool_result"] == "ran ls"
+
+
+async def test_a_worker_modifying_tool_pre_rewrites_the_ai_tools_arguments(
+    embedded_server: Any, agent_id: str
+) -> None:
+    """A modify replaces the arguments the tool runs with, validated by the tool's own
+    parameters: arguments that do not validate deny the call."""
+    from hookbus.schemas import TOOL_PRE, HookResult
+
+    async def rewrite(event: str, data: dict[str, Any]) -> HookResult:
+        command = data["tool_input"]["command"]
+        new = 3 if command == "bad" else command.replace("rm -rf", "rm -ri")
+        return HookResult(action="modify", data={**data, "tool_input": {"command": new}})
+
+    async with governed(embedded_server, agent_id, (TOOL_PRE, rewrite, {})) as hooks:
+        _, script = bash_script("rm -rf build")
+        async with hooks.run(ai.Agent(tools=[bash]), testing.FakeModel(script), script[:1]) as s:
+            await _events(s)
+        assert COMMANDS == ["rm -ri build"]
+        assert tool_results(s.messages) == ["ran rm -ri build"]
+        COMMANDS.clear()
+        _, script = bash_script("bad")
+        async with hooks.run(ai.Agent(tools=[bash]), testing.FakeModel(script), script[:1]) as s:
+            await _events(s)
+        assert COMMANDS == []
+        [result] = tool_results(s.messages)
+        assert result.startswith("Denied by hook: rewrite replaced the arguments with invalid")
+
+
+async def test_a_worker_that_times_out_with_failure_policy_deny_denies_the_ai_tool(
+    embedded_server: Any, agent_id: str
+) -> None:
+    """A handler that does not answer within its timeout is judged by its failure policy:
+    ``deny`` stops the tool."""
+    from hookbus.schemas import TOOL_PRE
+
+    async def slow(event: str, data: dict[str, Any]) -> None:
+        await asyncio.sleep(30)
+
+    options = {"failure_policy": "deny", "timeout_s": 0.5}
+    async with governed(embedded_server, agent_id, (TOOL_PRE, slow, options)) as hooks:
+        call, script = bash_script("rm -rf /")
+        model = testing.FakeModel(script)
+        async with hooks.run(ai.Agent(tools=[bash]), model, script[:1]) as s:
+            await asyncio.wait_for(_events(s), 20)
+    assert COMMANDS == []
+    [result] = tool_results(s.messages)
+    assert result.startswith("Denied by hook:") and "timeout" in result, result
+    assert seen_by_model(model, call.tool_call_id) == [result]
+
+
+async def test_a_timed_out_tool_approval_ends_denied_and_the_model_is_told(
+    hooks: HookbusHooks, observer: HookbusHooks
+) -> None:
+    """Nobody answers the tool approval within the hooks' timeout: it ends with its default
+    (deny), the run goes on, the model reads that it was not approved, and the record is
+    closed (not pending: a later "Allow" decides nothing and the tool never runs)."""
+    hooks.timeout_s = 1.0
+    call = testing.tool_call(transfer, amount=77)
+    label = f"approve_{call.tool_call_id}"
+    model = testing.FakeModel(script(call))
+    async with hooks.run(
+        ai.Agent(tools=[transfer]), model, [ai.user_message("pay 1200")], run_id="run-late"
+    ) as s:
+        seen = await asyncio.wait_for(_events(s), 30)
+    assert TRANSFERS == []
+    assert tool_results(s.messages) == ["Rejected: timed out after 1s; default deny"]
+    assert seen_by_model(model, call.tool_call_id) == tool_results(s.messages)
+    assert model.unused == []
+    assert statuses(seen) == ["pending", "cancelled"]
+    found = await observer.suspensions.get(label)
+    assert found is not None and found[0].status == "cancelled", found
+    with pytest.raises(AlreadySettledError):
+        await observer.approve(label, "Allow", approver="alice")
+    assert TRANSFERS == []
+
+
 async def test_public_api() -> None:
     assert set(hb_ai.__all__) == {
-        "AI_METADATA_KEY", "APPROVAL_LABEL_PREFIX", "HookbusHooks", "RunInProgressError",
+        "AI_METADATA_KEY", "APPROVAL_LABEL_PREFIX", "EVENTS", "HookbusHooks",
+        "RunInProgressError",
         "abort_pending_hook",
         "ai_hook_part", "cancel_hook", "current_hooks", "defer_hook", "hook",
         "is_tool_approval", "resolve_hook", "use_hooks",

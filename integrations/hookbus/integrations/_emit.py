@@ -5,15 +5,36 @@ protocol's message to a hookbus event and data, calls an `Emit`, and maps the re
 `HookDispatcher.emit` is an `Emit` (an in-process dispatcher); so is a function that sends an
 `EmitRequest` to the dispatcher service. This module imports nothing but the wire types, so a
 door that uses it stays cheap to import.
+
+The rules the agent-framework integrations (pydantic-ai, the Vercel ``ai`` SDK) share are
+here too, written once: how an emit that cannot decide is turned into a decision
+(`emit_decision`), which results stop an action (`denied`, `as_deny`), the text a model
+reads for a denied call (`denied_text`), the final chained data (`final_data`) and the
+injections of a result (`injections`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import logging
+import math
+from typing import Any, Literal, Protocol
 
-from hookbus.schemas import HookResult
+from hookbus.schemas import HookbusError, HookResult, NotConnectedError, UnknownEventError
 
-__all__ = ["Emit"]
+__all__ = [
+    "DATA_ACTIONS",
+    "Emit",
+    "Injection",
+    "as_deny",
+    "check_timeout",
+    "denied",
+    "denied_text",
+    "emit_decision",
+    "final_data",
+    "injections",
+    "jsonable",
+    "reason",
+]
 
 
 class Emit(Protocol):
@@ -31,3 +52,116 @@ class Emit(Protocol):
         idempotency_key: str | None = None,
         timeout_s: float | None = None,
     ) -> HookResult: ...
+
+
+DATA_ACTIONS = frozenset({"continue", "modify", "inject_context"})
+"""The actions that let the action go on (with the result's data)."""
+
+InjectionRole = Literal["system", "user", "assistant"]
+Injection = tuple[str, InjectionRole, bool, "str | None"]
+"""One injection: (content, role, ephemeral, handler)."""
+
+
+async def emit_decision(
+    emit: Emit, event: str, data: dict[str, Any], *, key: str, timeout_s: float | None
+) -> HookResult:
+    """``await emit(event, data, idempotency_key=key, timeout_s=timeout_s)`` for an
+    integration that must get a decision: a strict dispatcher with no handler declared for
+    `event` (`UnknownEventError`) is ``continue`` with `data` (nothing decides); an
+    `OSError` becomes `NotConnectedError` (never let it pass as "allow").
+
+    Raises:
+        HookbusError: what the emit raised (`NotConnectedError`, `PayloadTooLargeError`,
+            `SuspensionAbortedError`, ...).
+    """
+    try:
+        return await emit(event, data, idempotency_key=key, timeout_s=timeout_s)
+    except UnknownEventError:
+        return HookResult(action="continue", data=data)
+    except HookbusError:
+        raise
+    except OSError as exc:
+        raise NotConnectedError(f"{event} could not be emitted: {exc!r}") from exc
+
+
+def final_data(result: HookResult) -> dict[str, Any]:
+    """The final chained data of an emit (`HookResult.chained_data`), or {} (then every
+    field counts as unchanged)."""
+    return result.chained_data if result.chained_data is not None else {}
+
+
+def denied(result: HookResult) -> bool:
+    """Whether `result` stops the action: a deny, an ``ask_user`` nobody here can answer,
+    or anything that is not a known action (fail closed)."""
+    return result.action not in DATA_ACTIONS
+
+
+def reason(result: HookResult) -> str:
+    """A deny's reason: its own, else who denied."""
+    if result.reason:
+        return result.reason
+    return f"denied by {result.decided_by}" if result.decided_by else "denied"
+
+
+def denied_text(result: HookResult) -> str:
+    """The tool result the model sees for a denied call (amplifier-core's wording)."""
+    return f"Denied by hook: {reason(result)}"
+
+
+def as_deny(
+    result: HookResult, event: str, why_unanswered: str, *, log: logging.Logger
+) -> HookResult:
+    """`result` as a deny with its reason: a deny as is; an ``ask_user`` that came back
+    unanswered says so and `why_unanswered` (a warning is logged on `log`); any other
+    action is an unknown one."""
+    if result.action == "deny":
+        return result
+    if result.action == "ask_user":
+        log.warning(
+            "%s asked for an approval that cannot be answered here: %s", event, why_unanswered
+        )
+        text = f"approval required ({reason(result)}), but it cannot be answered: {why_unanswered}"
+    else:
+        text = f"unknown action {result.action!r}"
+    return HookResult(action="deny", reason=text, decided_by=result.decided_by)
+
+
+def injections(result: HookResult) -> list[Injection]:
+    """(content, role, ephemeral, handler) of each injection, in the order the handlers ran:
+    ``result.context_injections`` (the handler named ``hook_name``, as amplifier-core
+    names it, or ``handler``), else the merged ``context_injection``."""
+    found: list[Injection] = []
+    for injection in result.context_injections:
+        handler: str | None = getattr(injection, "hook_name", None) or getattr(
+            injection, "handler", None
+        )
+        if injection.content:
+            found.append((injection.content, injection.role, injection.ephemeral, handler))
+    if not found and result.context_injection:
+        found.append(
+            (
+                result.context_injection,
+                result.context_injection_role,
+                result.ephemeral,
+                result.decided_by,
+            )
+        )
+    return found
+
+
+def check_timeout(name: str, value: float | None) -> None:
+    """Raise `ValueError` unless `value` is None or a finite number of seconds above 0."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number of seconds or None, got {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number of seconds above 0, got {value!r}")
+
+
+def jsonable(value: Any) -> Any:
+    """`value` as JSON data (what crosses the bus); anything JSON cannot hold becomes text.
+    Needs pydantic (both agent frameworks bring it; imported here only when called)."""
+    import pydantic_core
+
+    return pydantic_core.to_jsonable_python(value, serialize_unknown=True)

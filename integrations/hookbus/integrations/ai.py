@@ -1,4 +1,5 @@
-"""hookbus as the durable hook store of the Vercel AI SDK for Python (the ``ai`` package).
+"""hookbus as the hook layer of the Vercel AI SDK for Python (the ``ai`` package): the
+fleet's workers decide every tool call, and ``ai``'s hooks are durable.
 
 In ``ai`` (0.8) a run suspends with ``await ai.hook(label, payload=Model, metadata=...)``
 (tools declared ``@ai.tool(require_approval=True)`` do it for you, on the label
@@ -18,6 +19,47 @@ label in the ``hookbus_suspensions`` JetStream KV bucket):
     other = await HookbusHooks.open(nc2, agent_id="payments")
     await other.resolve_hook("approve_call_1", {"granted": True})
 
+**The workers decide every tool call.** ``ai``'s tool middleware (``wrap_tool``) emits each
+tool call of the run through a `HookDispatcher`, as the pydantic-ai integration does (the
+rules both share are in ``hookbus.integrations._emit``); the dispatcher folds the handlers'
+results and judges each handler's failure by its failure policy:
+
+=====================  ==============  =====================================================
+when                   hookbus event   data (besides ``run_id``, ``session_id``)
+=====================  ==============  =====================================================
+before the tool        ``tool:pre``    ``tool_name``, ``tool_input``, ``tool_call_id``
+after it returned      ``tool:post``   the same and ``tool_result``
+after it raised        ``tool:error``  the same and ``error`` (``type``, ``msg``)
+=====================  ==============  =====================================================
+
+- ``deny`` on ``tool:pre`` (a handler's, or a failure its policy denies, or an ``ask_user``
+  nothing answered): the tool does not run; its result, which the model reads, is the
+  error ``"Denied by hook: <reason>"``. On ``tool:post``: the tool ran, the model reads
+  ``"Tool result withheld by hook: <reason>"``.
+- ``modify``: the final ``tool_input`` replaces the arguments, validated by the tool's own
+  parameters (arguments that do not validate deny the call, the reason says why); a new
+  ``tool_result`` on ``tool:post`` replaces the result.
+- ``ask_user``: the dispatcher's durable hookbus approval (answered from any process,
+  ``hookbus approvals answer``); the tool waits for it.
+- ``inject_context``: ``ai`` 0.8 gives a middleware no way to add a message in the middle of
+  a run (its model middleware is not called), so each injection of ``tool:pre`` and
+  ``tool:post`` is appended to the text the model reads for that call's result (the tool
+  result part's ``model_input``; its ``result``, what the application sees, is unchanged),
+  framed ``<hook_injection handler="..." role="...">...</hook_injection>``: the role is
+  named but not applied.
+- an emit that raises (`NotConnectedError`, ...) ends the run: a tool whose ``tool:pre``
+  could not be decided never runs.
+
+The dispatcher is the one given (``dispatcher=``), else a ``HookDispatcher(nc,
+agent_id=agent_id)`` on the store's connection, started at the first run (an approver that
+only answers never starts one) and closed by `HookbusHooks.close`. ``session_id`` is the
+one given, else the run id; the idempotency key of an emit is ``ai:<run id>:<event>:<tool
+call id>``: a resumed run (same run id) replaying a call finds its ``ask_user`` approval and
+its answer, another run never does. A tool declared ``require_approval=True`` asks its
+approval (below) first; ``tool:pre`` is emitted once it is granted, just before the tool
+would run. A call already run in this run (its results kept, below) is not emitted again.
+Only tool calls are emitted (no ``session:*`` or ``prompt:*`` events).
+
 With ``agent_id``, `HookbusHooks.open` scopes the store to that agent's records: it reads
 only keys ``<agent>.>``, all an agent's NATS user may read on a secured server (where an
 agent keeping its own hooks needs an *embedded* agent identity, ``hookbus auth init
@@ -26,7 +68,8 @@ agent keeping its own hooks needs an *embedded* agent identity, ``hookbus auth i
 **The seam.** ``ai.HookRegistry`` is not pluggable (``ai.hook``, ``ai.resolve_hook`` and
 ``ai.cancel_hook`` read its dictionaries directly), but every ``ai.hook(...)`` call goes
 through the run's middleware chain (``ai.agents._middleware``, ``wrap_hook``, activated by
-``Agent.run(..., _middleware=[...])``). `HookbusHooks` is such a middleware: it answers each
+``Agent.run(..., _middleware=[...])``), and so does every tool execution (``wrap_tool``:
+where the tool calls are emitted). `HookbusHooks` is such a middleware: it answers each
 ``ai.hook`` call from hookbus instead of the in-memory registry, so the built-in approval
 gating and any ``ai.hook`` in your tools become durable with no change to them. Those two
 names are private in ``ai``; `HookbusHooks.run` is the one place that uses them (importing
@@ -73,6 +116,13 @@ How each ``ai`` behaviour maps onto hookbus:
   in that run gets the same resolution at once (no ``pending``, no question) and the kept
   results instead of running the tool again. A granted tool whose results were not
   recorded (the process died while it ran) runs again.
+- timeout (`HookbusHooks` ``timeout_s``): a hook raises `SuspensionTimeoutError`, except a
+  tool approval: it is closed (cancelled, reason ``"timed out after <s>s; default deny
+  applied"``, kept past the run's end) and ends with ``approval_default`` (deny unless
+  set): the tool does not run and the model reads ``"Rejected: timed out after <s>s;
+  default deny"``; the run goes on. A later answer decides nothing (`approve` raises
+  `AlreadySettledError`), and the same call replayed in the run gets the same outcome. An
+  answer that won the race against the close decides instead.
 - kill (the process dies while a hook waits): at each ``pending`` event persist
   `HookbusHooks.resumable_messages` (``stream.messages`` lacks the assistant turn with
   the tool call until the turn's tools finish); resume from those messages as above.
@@ -112,11 +162,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import inspect
+import json
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import ai
 import msgspec
@@ -132,7 +185,7 @@ from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 from nats.js.errors import KeyNotFoundError
 
-from hookbus.dispatcher import AnswerNotAppliedError, Suspensions
+from hookbus.dispatcher import AnswerNotAppliedError, HookDispatcher, Suspensions
 from hookbus.dispatcher._kv import kv_retry
 from hookbus.dispatcher._proofs import first_proof, write_proof
 from hookbus.dispatcher._run_scopes import current_run_scope
@@ -142,24 +195,43 @@ from hookbus.dispatcher._telemetry import created_by, creating_traceparent, run_
 from hookbus.dispatcher._waiter import Leases
 from hookbus.schemas import (
     APPROVAL_DEFAULT_OPTIONS,
+    TOOL_ERROR,
+    TOOL_POST,
+    TOOL_PRE,
     AlreadySettledError,
     ApprovalAnswer,
     DuplicateSuspensionError,
     HookbusError,
     HookEvent,
     HookPart,
+    HookResult,
     ResolutionRejectedError,
     SuspensionAbortedError,
     SuspensionCancelledError,
     SuspensionNotFoundError,
+    SuspensionTimeoutError,
     approval_answer_key,
     decode,
 )
 from hookbus.schemas._subjects import run_claim_key
 
+from ._emit import (
+    Injection,
+    as_deny,
+    check_timeout,
+    denied,
+    denied_text,
+    emit_decision,
+    final_data,
+    injections,
+    jsonable,
+    reason,
+)
+
 __all__ = [
     "AI_METADATA_KEY",
     "APPROVAL_LABEL_PREFIX",
+    "EVENTS",
     "HookbusHooks",
     "RunInProgressError",
     "abort_pending_hook",
@@ -189,6 +261,17 @@ APPROVAL_LABEL_PREFIX = "approve_"
 """``ai``'s tool approval labels start with this (``approve_<tool call id>``)."""
 
 _PROOF_POLL_S = 2.0
+
+EVENTS = (TOOL_PRE, TOOL_POST, TOOL_ERROR)
+"""The events `HookbusHooks` emits for each tool call, in order (``tool:post`` after a
+tool that returned, ``tool:error`` after one that raised)."""
+
+_TIMED_OUT = "timed out after "
+"""How the reason of a tool approval closed by its timeout starts."""
+
+_SETTLE_S = 5.0
+"""Seconds a timed-out tool approval waits for the answer that won the race against its
+close (it returns at once: the answer is stored)."""
 
 AI_METADATA_KEY = "_ai"
 AI_TRACE_KEY = "trace"
@@ -291,17 +374,56 @@ class HookbusHooks(ai_middleware._Middleware):
     """``ai``'s hooks kept in hookbus: an ``ai`` middleware (its ``wrap_hook``) over a
     `Suspensions` store, plus ``ai``'s hook functions with the same names.
 
+    Every tool call of a run this middleware is part of is emitted through a
+    `HookDispatcher` (``tool:pre`` before the tool, ``tool:post`` or ``tool:error`` after
+    it; see the module docstring), so the fleet's workers decide it.
+
     Args:
         suspensions: the store (``await Suspensions.open(nc, agent_id=...)``, or
             ``dispatcher.suspensions`` of a started `HookDispatcher`). Its ``agent_id``
             names whose hooks these are (records ``<agent>.<label>``).
         timeout_s: seconds a hook waits before `SuspensionTimeoutError`; None (``ai``'s
-            behaviour) waits until resolved, cancelled or aborted.
+            behaviour) waits until resolved, cancelled or aborted. A tool approval that
+            times out is not an error: it is closed (cancelled, with the reason) and ends
+            with `approval_default`.
+        dispatcher: the `HookDispatcher` that decides the tool calls (it stays the
+            caller's: neither started nor closed here). None: one is made on the store's
+            connection, for its agent, and started at the first run (`run`, or the first
+            tool call); `close` closes it.
+        approval_default: what a tool approval that timed out ends with: ``"deny"`` (the
+            default: the tool does not run, its result says so) or ``"allow"``.
+        session_id: the ``session_id`` of every event; None: the run id.
+        emit_timeout_s: overall deadline of each emit in seconds (its handlers, and an
+            ``ask_user`` approval's wait); None: only each handler's own timeout applies.
+
+    Raises:
+        ValueError: `approval_default` is neither "deny" nor "allow", or `emit_timeout_s`
+            is not a finite number of seconds above 0.
     """
 
-    def __init__(self, suspensions: Suspensions, *, timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        suspensions: Suspensions,
+        *,
+        timeout_s: float | None = None,
+        dispatcher: HookDispatcher | None = None,
+        approval_default: Literal["deny", "allow"] = "deny",
+        session_id: str | None = None,
+        emit_timeout_s: float | None = None,
+    ) -> None:
+        if approval_default not in ("deny", "allow"):
+            raise ValueError(
+                f"approval_default must be 'deny' or 'allow', got {approval_default!r}"
+            )
+        check_timeout("emit_timeout_s", emit_timeout_s)
         self.suspensions = suspensions
         self.timeout_s = timeout_s
+        self.approval_default = approval_default
+        self.session_id = session_id
+        self.emit_timeout_s = emit_timeout_s
+        self._dispatcher = dispatcher
+        self._own_dispatcher = False
+        self._dispatcher_lock = asyncio.Lock()
         self._owned = False
         self._waits: dict[str, _Wait] = {}
         self._stashed: dict[str, BaseException] = {}
@@ -318,9 +440,16 @@ class HookbusHooks(ai_middleware._Middleware):
         timeout_s: float | None = None,
         ttl_s: float = 7 * 24 * 3600,
         replicas: int = 1,
+        dispatcher: HookDispatcher | None = None,
+        approval_default: Literal["deny", "allow"] = "deny",
+        session_id: str | None = None,
+        emit_timeout_s: float | None = None,
     ) -> HookbusHooks:
         """Open (or create) the suspensions bucket on `nc` for `agent_id`'s hooks; `close`
-        releases it. `ttl_s` (seconds) and `replicas`: see `Suspensions.open`.
+        releases it. `ttl_s` (seconds) and `replicas`: see `Suspensions.open`;
+        `dispatcher`, `approval_default`, `session_id`, `emit_timeout_s`: see
+        `HookbusHooks`. Without `dispatcher`, a ``HookDispatcher(nc, agent_id=agent_id)``
+        is started at the first run (an approver that only answers never starts one).
 
         `scoped` (default: True when `agent_id` is given) watches, lists and follows
         (`events`) `agent_id`'s records only, which is all an agent's NATS user may read
@@ -337,15 +466,42 @@ class HookbusHooks(ai_middleware._Middleware):
         store = await Suspensions.open(
             nc, agent_id=agent_id, scoped=scoped, ttl_s=ttl_s, replicas=replicas
         )
-        hooks = cls(store, timeout_s=timeout_s)
+        hooks = cls(
+            store, timeout_s=timeout_s, dispatcher=dispatcher, approval_default=approval_default,
+            session_id=session_id, emit_timeout_s=emit_timeout_s,
+        )  # fmt: skip
         hooks._owned = True
         return hooks
 
     async def close(self) -> None:
         """Stop the store's watch and lease if `open` made it (waits in progress keep
-        their records). Idempotent."""
+        their records), and the dispatcher made here. Idempotent."""
+        if self._own_dispatcher and self._dispatcher is not None:
+            await self._dispatcher.close()
         if self._owned:
             await self.suspensions.close()
+
+    @property
+    def dispatcher(self) -> HookDispatcher | None:
+        """The `HookDispatcher` that decides the tool calls (None until the first run
+        starts the one made here)."""
+        return self._dispatcher
+
+    async def governor(self) -> HookDispatcher:
+        """The started `HookDispatcher` that decides the tool calls: the one given, else
+        one made on the store's connection for its agent and started now (once).
+
+        Raises:
+            HookbusError: it could not start (`NotPermittedError`: this NATS user may not
+                follow the handler registry; `HookbusTimeoutError`: JetStream stayed
+                unavailable). No tool runs undecided: the run stops.
+        """
+        async with self._dispatcher_lock:
+            if self._dispatcher is None:
+                made = HookDispatcher(self.suspensions._nc, agent_id=self.suspensions.agent_id)
+                await made.start()
+                self._dispatcher, self._own_dispatcher = made, True
+        return self._dispatcher
 
     async def __aenter__(self) -> HookbusHooks:
         return self
@@ -386,12 +542,17 @@ class HookbusHooks(ai_middleware._Middleware):
         its claim and lease lapse (one lease, about 15 s); then resume. Without `run_id`
         the run gets a fresh random id, which no other process can know: nothing is claimed.
 
+        Before the agent runs, the dispatcher that decides its tool calls is started
+        (`governor`).
+
         Raises:
             RunInProgressError: another live process runs `run_id`.
             BadRequestError: `run_id` is empty or too long to be a key.
             HookbusTimeoutError: the leases bucket stayed unavailable for one lease.
+            HookbusError: the dispatcher could not start (see `governor`).
         """
         middleware = [self, *(kwargs.pop("_middleware", None) or [])]
+        await self.governor()  # a run whose tool calls nothing can decide does not start
         claim = None
         if run_id is not None:
             claim = await self._claim_run(run_id)
@@ -540,6 +701,10 @@ class HookbusHooks(ai_middleware._Middleware):
                 value = call.payload.model_validate(used.resolution)
                 self._note_decided(call.tool_call_id, label, value)
                 return value
+            expired = await self._timed_out_approval(label, call.payload)
+            if expired is not None:  # it timed out: its default, never a question again
+                self._note_decided(call.tool_call_id, label, expired)
+                return expired
             label = await self._earlier_approval(label, call.metadata, call.tool_call_id)
         value = await self._hook(
             label,
@@ -553,6 +718,20 @@ class HookbusHooks(ai_middleware._Middleware):
             await self._mark_used(label, ran=None)
             self._note_decided(call.tool_call_id, label, value)
         return value
+
+    async def _timed_out_approval(self, label: str, payload: type[M]) -> M | None:
+        """The outcome of the tool approval `label` if it was closed by its timeout (kept,
+        cancelled, with ``"timed out after ..."`` as its reason), else None."""
+        if not issubclass(payload, ai_tools.ToolApproval):
+            return None
+        found = await self.suspensions.get(label)
+        record = None if found is None else found[0]
+        if record is None or record.status != "cancelled":
+            return None
+        why = (record.reason or "").removesuffix(" applied")
+        if not why.startswith(_TIMED_OUT):
+            return None
+        return payload.model_validate({"granted": why.endswith("default allow"), "reason": why})
 
     def _note_decided(self, tool_call_id: str, label: str, value: Any) -> None:
         if getattr(value, "granted", False):
@@ -608,22 +787,139 @@ class HookbusHooks(ai_middleware._Middleware):
             log.warning("tool approval %r: its use not recorded (%r)", label, exc)
 
     async def wrap_tool(self, call: Any, next: Any) -> Any:
-        """``ai``'s middleware entry for a tool call: a call whose approval was granted
-        runs once per run; its results are kept in the approval's record, and a replay of
-        the same call (a retried resume) gets them instead of running the tool again."""
+        """``ai``'s middleware entry for a tool call: the workers decide it.
+
+        ``tool:pre`` is emitted before the tool runs: a deny (or an ``ask_user`` nobody
+        answered, or an emit that failed closed) returns the tool result ``"Denied by
+        hook: <reason>"`` (an error result) and the tool does not run; a modify replaces
+        the arguments (validated by the tool's own parameters: arguments that do not
+        validate deny the call). After it, ``tool:post`` (deny: the model reads ``"Tool
+        result withheld by hook: <reason>"``; modify: the new ``tool_result``) or, for a
+        tool that raised, ``tool:error`` (observed). Injections of both are appended to
+        the text the model reads for this call's result (``model_input``).
+
+        A call whose approval was granted runs once per run: its results are kept in the
+        approval's record, and a replay of the same call (a retried resume) gets them
+        instead of running the tool again (nothing is emitted then: it was decided when
+        it ran).
+
+        Raises:
+            HookbusError: an emit raised (`NotConnectedError`, ...): the tool does not run
+                (from ``tool:pre``), or ran and its result is not returned (``tool:post``).
+        """
         label = self._granted.pop(call.tool_call_id, None)
-        if label is None:
-            return await next(call)
-        found = await self.suspensions.get(label)
-        extra = None if found is None else found[0].metadata.get(AI_METADATA_KEY)
-        ran = extra.get("ran") if isinstance(extra, dict) else None
-        if isinstance(ran, list) and ran:
-            parts = [ai_messages.ToolResultPart.model_validate(part) for part in ran]
-            return ai_agent.tool_result(*parts)
+        if label is not None:
+            found = await self.suspensions.get(label)
+            extra = None if found is None else found[0].metadata.get(AI_METADATA_KEY)
+            ran = extra.get("ran") if isinstance(extra, dict) else None
+            if isinstance(ran, list) and ran:
+                parts = [ai_messages.ToolResultPart.model_validate(part) for part in ran]
+                return ai_agent.tool_result(*parts)
+        dispatcher = await self.governor()
+        run_id = self._run_id()
+        sent = jsonable(call.kwargs)
+        fields = {
+            "run_id": run_id,
+            "session_id": self.session_id or run_id,
+            "tool_name": call.tool_name,
+            "tool_input": sent,
+            "tool_call_id": call.tool_call_id,
+        }
+        pre = await self._emit(dispatcher, TOOL_PRE, fields, run_id, call.tool_call_id)
+        if denied(pre):
+            text = denied_text(_as_deny(pre, TOOL_PRE))
+            return ai_agent.tool_result(
+                tool_call_id=call.tool_call_id, tool_name=call.tool_name, result=text,
+                is_error=True,
+            )  # fmt: skip
+        new_input = final_data(pre).get("tool_input", sent)
+        if new_input != sent:
+            problem = _invalid_arguments(call, new_input)
+            if problem is not None:
+                by = pre.decided_by or (pre.modified_by[-1] if pre.modified_by else "a hook")
+                return ai_agent.tool_result(
+                    tool_call_id=call.tool_call_id, tool_name=call.tool_name, is_error=True,
+                    result=f"Denied by hook: {by} replaced the arguments with {problem}",
+                )  # fmt: skip
+            call = dataclasses.replace(call, kwargs=new_input)
+            fields = {**fields, "tool_input": new_input}
+        added = injections(pre)
         result = await next(call)
-        done = [part.model_dump(mode="json") for part in result.results]
-        await self._mark_used(label, ran=done)
-        return result
+        final = result
+        try:
+            final, more = await self._after(dispatcher, fields, run_id, call, result)
+            added += more
+            if added:
+                final = _with_injections(final, added)
+        finally:
+            if label is not None:
+                await self._mark_used(label, ran=[p.model_dump(mode="json") for p in final.results])
+        return final
+
+    async def _after(
+        self,
+        dispatcher: HookDispatcher,
+        fields: dict[str, Any],
+        run_id: str,
+        call: Any,
+        result: Any,
+    ) -> tuple[Any, list[Injection]]:
+        """``tool:post`` (or ``tool:error``) of a tool that ran: the result the model gets
+        and the injections to append to it."""
+        parts = list(result.results)
+        failed = result.exception is not None or any(p.is_error for p in parts)
+        if failed:
+            error = result.exception
+            data = {
+                **fields,
+                "error": {
+                    "type": type(error).__name__ if error is not None else "ToolError",
+                    "msg": str(error)
+                    if error is not None
+                    else str(parts[0].result if parts else ""),
+                },
+            }
+            decision = await self._emit(dispatcher, TOOL_ERROR, data, run_id, call.tool_call_id)
+            return result, ([] if decision.action == "deny" else injections(decision))
+        sent = jsonable(parts[0].result) if len(parts) == 1 else [jsonable(p.result) for p in parts]
+        data = {**fields, "tool_result": sent}
+        decision = await self._emit(dispatcher, TOOL_POST, data, run_id, call.tool_call_id)
+        if denied(decision):
+            text = f"Tool result withheld by hook: {reason(_as_deny(decision, TOOL_POST))}"
+            return ai_agent.tool_result(
+                tool_call_id=call.tool_call_id, tool_name=call.tool_name, result=text
+            ), []
+        new = final_data(decision).get("tool_result", sent)
+        if new != sent:
+            part = ai_messages.ToolResultPart(
+                tool_call_id=call.tool_call_id, tool_name=call.tool_name, result=new,
+                result_kind=ai_messages.ToolResultPart.kind_for(new),
+            )  # fmt: skip
+            result = ai_agent.tool_result(part)
+        return result, injections(decision)
+
+    async def _emit(
+        self,
+        dispatcher: HookDispatcher,
+        event: str,
+        data: dict[str, Any],
+        run_id: str,
+        tool_call_id: str,
+    ) -> HookResult:
+        """Emit `event` for the tool call `tool_call_id` of the run `run_id`; its
+        idempotency key is ``ai:<run id>:<event>:<tool call id>``: the same call replayed
+        in the same run (a resume) finds its approval, another run never does."""
+        key = f"ai:{run_id}:{event}:{tool_call_id}"
+        return await emit_decision(
+            dispatcher.emit, event, data, key=key, timeout_s=self.emit_timeout_s
+        )
+
+    @staticmethod
+    def _run_id() -> str:
+        """The current run's id (`run`'s scope); a run not entered through `run` gets a
+        fresh one per call (its emits are never retries of another's)."""
+        run = current_run_scope.get()
+        return run.run_id if run is not None else uuid.uuid4().hex
 
     # -- ai's hook functions ------------------------------------------------------------------
     async def hook(
@@ -986,11 +1282,16 @@ class HookbusHooks(ai_middleware._Middleware):
                     instead = wait.abort.result()
                     await self._abort(label, kv)
                 await asyncio.wait({kv})
-            return await self._outcome(
-                kv, part, rt if announced else None,
-                instead=instead, cancelled_locally=cancelled_locally,
-                proven=(lambda value: self._proven(label, value, payload)) if approval else None,
-            )  # fmt: skip
+            proven = (lambda value: self._proven(label, value, payload)) if approval else None
+            try:
+                return await self._outcome(
+                    kv, part, rt if announced else None,
+                    instead=instead, cancelled_locally=cancelled_locally, proven=proven,
+                )  # fmt: skip
+            except SuspensionTimeoutError:
+                if not (approval and issubclass(payload, ai_tools.ToolApproval)):
+                    raise
+                timed_out = (label, payload, part, rt if announced else None, timeout_s)
         finally:
             if pump is not None:
                 await stop_task(pump, "a tool approval's proof reads")
@@ -1004,6 +1305,43 @@ class HookbusHooks(ai_middleware._Middleware):
                 live = registry._live_hooks.get(label)
                 if live is not None and live[0] is local_future:
                     del registry._live_hooks[label]
+        return await self._approval_timed_out(*timed_out)
+
+    async def _approval_timed_out(
+        self,
+        label: str,
+        payload: type[M],
+        part: ai_messages.HookPart[Any],
+        rt: ai_runtime.Runtime | None,
+        timeout_s: float | None,
+    ) -> M:
+        """End the tool approval `label` that got no answer within `timeout_s` seconds with
+        `approval_default`: close its record (cancelled, the reason saying so, so a later
+        answer decides nothing) and return ``ToolApproval(granted=..., reason="timed out
+        after <s>s; default <deny|allow>")``, which the model reads (a deny is the tool
+        result ``"Rejected: timed out ..."``). An answer that won the race decides instead."""
+        why = f"{_TIMED_OUT}{timeout_s:g}s; default {self.approval_default}"
+        with contextlib.suppress(HookbusError, NatsError):  # an answer written at the last moment
+            await self._apply_proof(label)
+        try:
+            await self.suspensions.cancel_hook(label, reason=f"{why} applied")
+        except AlreadySettledError:  # an answer (or a cancel) won: it decides, not the clock
+            return await self._hook(
+                label, payload=payload, metadata=part.metadata, tool_call_id=part.tool_call_id,
+                registry=None, timeout_s=_SETTLE_S,
+            )  # fmt: skip
+        except (SuspensionNotFoundError, HookbusError, NatsError) as exc:
+            log.warning(
+                "tool approval %r: not closed at its timeout (%r); default applied", label, exc
+            )
+        else:  # kept past the run's end: a later answer, or a replay, finds it closed
+            run = current_run_scope.get()
+            if run is not None:
+                run.labels.discard(label)
+        log.info("tool approval %r: %s", label, why)
+        if rt is not None:
+            await rt.put_hook(part.model_copy(update={"status": "cancelled"}))
+        return payload.model_validate({"granted": self.approval_default == "allow", "reason": why})
 
     async def _carry(
         self, label: str, local: asyncio.Future[dict[str, Any]], kv: asyncio.Future[Any]
@@ -1091,6 +1429,48 @@ class HookbusHooks(ai_middleware._Middleware):
                 part.model_copy(update={"status": "resolved", "resolution": resolution})
             )
         return value
+
+
+def _as_deny(result: HookResult, event: str) -> HookResult:
+    return as_deny(
+        result, event,
+        "the dispatcher does not run hookbus approvals (a connected, started HookDispatcher"
+        " with approvals on does)",
+        log=log,
+    )  # fmt: skip
+
+
+def _invalid_arguments(call: Any, new_input: Any) -> str | None:
+    """Why `new_input` cannot replace the arguments of the tool call `call` (validated by
+    the tool's own parameters, as ``ai`` validates the model's), else None."""
+    if not isinstance(new_input, dict):
+        return f"a {type(new_input).__name__}, not an object"
+    current = ai_agent._current_tool_call.get(None)
+    tool = getattr(current, "_tool", None)
+    if tool is None or getattr(current, "id", None) != call.tool_call_id:
+        return None  # not ai's bound tool call: ai validates them before the tool runs
+    try:
+        ai_agent._validate_kwargs(tool, new_input)
+    except pydantic.ValidationError as exc:
+        return f"invalid ones: {exc}"
+    return None
+
+
+def _with_injections(result: Any, added: list[Injection]) -> Any:
+    """`result` (``ai``'s ``ToolCallResult``) with `added` appended to the text the model
+    reads for its first part (``model_input``; ``result``, what the application sees, is
+    unchanged). Each injection is framed ``<hook_injection handler="..." role="...">``."""
+    parts = list(result.results)
+    if not parts:
+        return result
+    first = parts[0]
+    seen = first.get_model_input()
+    text = seen if isinstance(seen, str) else json.dumps(jsonable(seen))
+    for content, role, _ephemeral, handler in added:
+        frame = f'<hook_injection handler="{handler or "hook"}" role="{role}">'
+        text += f"\n\n{frame}{content}</hook_injection>"
+    parts[0] = first.model_copy(update={"model_input": text, "model_input_kind": "json"})
+    return ai_agent.tool_result(*parts, exception=result.exception)
 
 
 def _run_in_progress(run_id: str, label: str, owner: str) -> RunInProgressError:

@@ -97,14 +97,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import msgspec
-import pydantic_core
 from pydantic import ValidationError
 from pydantic_ai.capabilities import AbstractCapability, WrapRunHandler
 from pydantic_ai.exceptions import ApprovalRequired, SkipToolExecution, UserError
@@ -143,9 +141,16 @@ from hookbus.schemas import (
     TOOL_PRE,
     HookbusError,
     HookResult,
-    NotConnectedError,
-    UnknownEventError,
 )
+
+from ._emit import as_deny, emit_decision
+from ._emit import check_timeout as _check_timeout
+from ._emit import denied as _denied
+from ._emit import denied_text as _denied_text
+from ._emit import final_data as _final_data
+from ._emit import injections as _injections
+from ._emit import jsonable as _jsonable
+from ._emit import reason as _reason
 
 if TYPE_CHECKING:
     from pydantic_ai.models import ModelRequestContext
@@ -180,8 +185,6 @@ EVENTS = (
 _SESSION_END_BUDGET_S = 10.0
 """Longest wait, in seconds, for the ``session:end`` emit when no `timeouts` entry bounds it
 (it runs shielded from the run's cancellation, so it needs a bound of its own)."""
-
-_DATA_ACTIONS = frozenset({"continue", "modify", "inject_context"})
 
 
 class HookDeniedError(HookbusError):
@@ -479,14 +482,7 @@ class HookbusCapability(AbstractCapability[AgentDepsT]):
     # -- helpers -------------------------------------------------------------------------
     async def _emit(self, event: str, data: dict[str, Any], *, key: str) -> HookResult:
         timeout = self.timeouts.get(event, self.timeout_s)
-        try:
-            return await self.dispatcher.emit(event, data, idempotency_key=key, timeout_s=timeout)
-        except UnknownEventError:  # a strict dispatcher, and no handler declared: nothing decides
-            return HookResult(action="continue", data=data)
-        except HookbusError:
-            raise
-        except OSError as exc:  # never let the decision pass as "allow"
-            raise NotConnectedError(f"{event} could not be emitted: {exc!r}") from exc
+        return await emit_decision(self.dispatcher.emit, event, data, key=key, timeout_s=timeout)
 
     def _run_fields(self, ctx: RunContext[AgentDepsT]) -> dict[str, Any]:
         return {"run_id": ctx.run_id, "session_id": self.session_id or ctx.conversation_id}
@@ -600,49 +596,12 @@ def _legacy_part(
     )
 
 
-def _injections(result: HookResult) -> list[tuple[str, InjectionRole, bool, str | None]]:
-    """(content, role, ephemeral, handler) of each injection, in the order the handlers ran:
-    ``result.context_injections`` (the handler named ``hook_name``, as amplifier-core
-    names it, or ``handler``), else the merged ``context_injection``."""
-    found: list[tuple[str, InjectionRole, bool, str | None]] = []
-    for injection in result.context_injections:
-        handler: str | None = getattr(injection, "hook_name", None) or getattr(
-            injection, "handler", None
-        )
-        if injection.content:
-            found.append((injection.content, injection.role, injection.ephemeral, handler))
-    if not found and result.context_injection:
-        found.append(
-            (
-                result.context_injection,
-                result.context_injection_role,
-                result.ephemeral,
-                result.decided_by,
-            )
-        )
-    return found
-
-
-def _check_timeout(name: str, value: float | None) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name} must be a number of seconds or None, got {value!r}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number of seconds above 0, got {value!r}")
-
-
 def _runs_approvals(dispatcher: HookDispatcher) -> bool:
     try:
         dispatcher.approvals  # noqa: B018  (raises when approvals are off or not started)
     except HookbusError:
         return False
     return True
-
-
-def _jsonable(value: Any) -> Any:
-    """`value` as JSON data (what crosses the bus); anything JSON cannot hold becomes text."""
-    return pydantic_core.to_jsonable_python(value, serialize_unknown=True)
 
 
 def _prompt_text(prompt: str | Sequence[Any] | None) -> str | None:
@@ -653,45 +612,15 @@ def _prompt_text(prompt: str | Sequence[Any] | None) -> str | None:
     return "\n\n".join(p for p in prompt if isinstance(p, str))
 
 
-def _final_data(result: HookResult) -> dict[str, Any]:
-    """The final chained data of an emit (`HookResult.chained_data`), or {} (then every
-    field counts as unchanged)."""
-    return result.chained_data if result.chained_data is not None else {}
-
-
-def _denied(result: HookResult) -> bool:
-    """Whether `result` stops the action: a deny, an ``ask_user`` nobody here can answer,
-    or anything that is not a known action (fail closed)."""
-    return result.action not in _DATA_ACTIONS
-
-
 def _as_deny(result: HookResult, event: str, approvals: ApprovalMode) -> HookResult:
     """`result` as a deny with its reason (an unanswerable ``ask_user`` says why)."""
-    if result.action == "deny":
-        return result
-    if result.action == "ask_user":
-        why = (
-            "approvals='deferred' defers tool calls only (tool:pre)"
-            if approvals == "deferred"
-            else "the dispatcher does not run hookbus approvals (a connected, started"
-            " HookDispatcher with approvals on does)"
-        )
-        log.warning("%s asked for an approval that cannot be answered here: %s", event, why)
-        reason = f"approval required ({_reason(result)}), but it cannot be answered: {why}"
-    else:
-        reason = f"unknown action {result.action!r}"
-    return HookResult(action="deny", reason=reason, decided_by=result.decided_by)
-
-
-def _reason(result: HookResult) -> str:
-    if result.reason:
-        return result.reason
-    return f"denied by {result.decided_by}" if result.decided_by else "denied"
-
-
-def _denied_text(result: HookResult) -> str:
-    """The tool result the model sees for a denied call (amplifier-core's wording)."""
-    return f"Denied by hook: {_reason(result)}"
+    why = (
+        "approvals='deferred' defers tool calls only (tool:pre)"
+        if approvals == "deferred"
+        else "the dispatcher does not run hookbus approvals (a connected, started"
+        " HookDispatcher with approvals on does)"
+    )
+    return as_deny(result, event, why, log=log)
 
 
 def _approval_metadata(result: HookResult) -> dict[str, Any]:
