@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
+import nats.errors
 import pytest
 from anyio.abc import TaskGroup
 from nats.aio.client import Client as NATS
@@ -28,7 +29,9 @@ from hookbus.dispatcher import (
     AnswerNotAppliedError,
     HookDispatcher,
     approval_label,
+    next_approval_label,
 )
+from hookbus.dispatcher._approvals import CALLERS_DEADLINE
 from hookbus.schemas import (
     APPROVALS_BUCKET,
     AlreadySettledError,
@@ -530,51 +533,177 @@ async def test_a_cancelled_approval_does_not_decide_the_next_identical_call(
 
 
 # -- a retry of the same call (idempotency key) ----------------------------------------------------
-async def test_a_retry_with_the_same_key_finds_its_answer_without_asking_again(
+async def test_two_dispatchers_waiting_on_one_call_get_its_allow_once_once(
     agent: Agent, approver: Approver, connect: Connect, event: str
 ) -> None:
+    """The same call (same key) waits in two dispatchers at once (the reply was lost, the
+    agent retried through another); one "Allow once" allows one of them: the other is
+    asked again, in a fresh approval, and so is a retry after both."""
     agent.d.register(event, asker(approval_options=["Allow once", "Deny"]))
     call = {"tool_name": "bash", "command": "make deploy"}
     key = f"call-{uuid.uuid4().hex}"
     async with anyio.create_task_group() as tg:
-        first = Emitted()
-
-        async def run() -> None:
-            first.result = await agent.d.emit(event, dict(call), idempotency_key=key)
-            first.done.set()
-
-        tg.start_soon(run)
+        first = spawn_emit_keyed(tg, agent.d, event, dict(call), key)
         part = await approver.pending(agent.session)
-        # the reply is lost; the agent retries the same call through another dispatcher
         other = HookDispatcher(await connect())
         other.register(event, asker(approval_options=["Allow once", "Deny"]))
         other.set_default_fields(session_id=agent.session)
         async with other:
-            retried = Emitted()
-
-            async def retry() -> None:
-                retried.result = await other.emit(event, dict(call), idempotency_key=key)
-                retried.done.set()
-
-            tg.start_soon(retry)
+            retried = spawn_emit_keyed(tg, other, event, dict(call), key)
+            with anyio.fail_after(10):  # the retry attached to the same approval
+                while True:
+                    got = await approver.d.get_approval(part.label, agent_id=part.agent_id)
+                    if got is not None and got[0].owner == other.suspensions.waiter_id:
+                        break
+                    await anyio.sleep(0.05)
             await approver.d.answer_approval(
                 part.label, "Allow once", approver="tester", agent_id=part.agent_id
             )
-            assert (await first.wait()).action == "continue"
-            assert (await retried.wait()).action == "continue"
-            # a retry after the answer gets it at once
-            late = await other.emit(event, dict(call), idempotency_key=key)
-    assert late.action == "continue" and late.reason == "tester chose 'Allow once'"
-    assert len(approver.pending_of(agent.session)) == 1
-    # a new identical call (another key, or none) asks anew
+            again = await approver.pending(agent.session)  # the loser asks afresh
+            assert again.label == next_approval_label(part.label)
+            await approver.d.answer_approval(
+                again.label, "Deny", approver="tester", agent_id=again.agent_id
+            )
+            results = [await first.wait(), await retried.wait()]
+            assert sorted((r.action, r.reason) for r in results) == [
+                ("continue", "tester chose 'Allow once'"),
+                ("deny", "tester chose 'Deny'"),
+            ]
+            # a retry after both is asked again too (the refusal decided that approval)
+            late = spawn_emit_keyed(tg, other, event, dict(call), key)
+            assert (await late.wait()).action == "deny"
+    assert len(approver.pending_of(agent.session)) == 2
+    got = await approver.d.get_approval(part.label, agent_id=part.agent_id)
+    assert got is not None and got[0].used_by
+
+
+async def test_an_allow_once_answered_while_the_agent_was_dead_allows_one_resume(
+    agent: Agent, approver: Approver, event: str
+) -> None:
+    """The agent's emit ended (its deadline: a process killed mid-wait) with the approval
+    pending; "Allow once" was answered meanwhile. The call resumed (same key) is allowed
+    once; resumed again, it is asked again, and a refusal then denies it."""
+    agent.d.register(event, asker(approval_options=["Allow once", "Deny"], approval_timeout=60))
+    call = {"tool_name": "transfer", "amount": 100}
+    key = f"run-1:tool:pre:{uuid.uuid4().hex[:8]}"
+    dead = await agent.d.emit(event, dict(call), idempotency_key=key, timeout_s=0.5)
+    assert dead.action == "deny" and CALLERS_DEADLINE in (dead.reason or "")
+    part = await approver.pending(agent.session)
+    with pytest.raises(AnswerNotAppliedError):  # nobody waits on it
+        await approver.d.answer_approval(
+            part.label, "Allow once", approver="tester", agent_id=part.agent_id, wait_s=0.2
+        )
+    resumed = await agent.d.emit(event, dict(call), idempotency_key=key, timeout_s=20)
+    assert (resumed.action, resumed.approved_by) == ("continue", "tester")
     async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, dict(call))
-        fresh = await approver.pending(agent.session)
-        assert fresh.label != part.label
+        twice = spawn_emit_keyed(tg, agent.d, event, dict(call), key)
+        fresh = await approver.next(
+            lambda h: h.status == "pending" and h.label == next_approval_label(part.label)
+        )
+        assert not twice.done.is_set(), twice.result  # not allowed again without asking
+        assert fresh.metadata["tool_name"] == "transfer"
         await approver.d.answer_approval(
             fresh.label, "Deny", approver="tester", agent_id=fresh.agent_id
         )
-        assert (await out.wait()).action == "deny"
+        assert (await twice.wait()).action == "deny"
+
+
+async def test_a_lost_ack_of_the_use_mark_still_allows_once(
+    agent: Agent, approver: Approver, event: str
+) -> None:
+    """The write that uses up an "Allow once" is stored but its ack is lost: the decider
+    reads its own mark back (the records' reconcile) and allows; the next resume of the
+    call is asked again."""
+    agent.d.register(event, asker(approval_options=["Allow once", "Deny"], approval_timeout=60))
+    call = {"tool_name": "transfer", "amount": 7}
+    key = f"call-{uuid.uuid4().hex}"
+    assert (await agent.d.emit(event, dict(call), idempotency_key=key, timeout_s=0.5)).action == (
+        "deny"
+    )
+    part = await approver.pending(agent.session)
+    with pytest.raises(AnswerNotAppliedError):
+        await approver.d.answer_approval(
+            part.label, "Allow once", approver="tester", agent_id=part.agent_id, wait_s=0.2
+        )
+    lossy = LoseUseMarkAck(agent.d.approvals.records.records.kv)
+    agent.d.approvals.records.records.kv = lossy  # type: ignore[assignment]
+    resumed = await agent.d.emit(event, dict(call), idempotency_key=key, timeout_s=20)
+    assert lossy.lost == 1
+    assert (resumed.action, resumed.approved_by) == ("continue", "tester")
+    async with anyio.create_task_group() as tg:
+        twice = spawn_emit_keyed(tg, agent.d, event, dict(call), key)
+        fresh = await approver.next(
+            lambda h: h.status == "pending" and h.label == next_approval_label(part.label)
+        )
+        assert not twice.done.is_set()
+        await approver.d.answer_approval(
+            fresh.label, "Deny", approver="tester", agent_id=fresh.agent_id
+        )
+        assert (await twice.wait()).action == "deny"
+
+
+async def test_the_amplifier_drop_in_allows_a_resumed_tool_call_once(
+    connect: Connect, approver: Approver, event: str
+) -> None:
+    """amplifier-core's `HookRegistry` (hookbus's, on NATS): a tool call's approval
+    answered "Allow once" while the agent was dead allows the resumed call once; the call
+    resumed again asks again. (The test's own event stands for ``tool:pre``: the server is
+    shared with other tests' workers.)"""
+    from hookbus.amplifier import HookRegistry, HookResult
+
+    TOOL_PRE = event
+
+    session = f"session-{uuid.uuid4().hex[:10]}"
+    hooks = HookRegistry(await connect(), agent_id="amp")
+    hooks.set_default_fields(session_id=session)
+
+    async def approval_hook(event: str, data: dict[str, Any]) -> HookResult:
+        return HookResult(
+            action="ask_user", approval_prompt="Transfer?",
+            approval_options=["Allow once", "Deny"], approval_timeout=60,
+        )  # fmt: skip
+
+    hooks.register(TOOL_PRE, approval_hook, 10, "approval_hook")
+    call = {"tool_name": "transfer", "tool_input": {"amount": 5}, "tool_call_id": "t1"}
+    key = f"amp:{uuid.uuid4().hex[:8]}:t1"
+    ran = 0
+    async with hooks:
+        killed = await hooks.emit(TOOL_PRE, dict(call), idempotency_key=key, timeout_s=0.5)
+        assert killed.action == "deny"
+        part = await approver.pending(session)
+        with pytest.raises(AnswerNotAppliedError):
+            await approver.d.answer_approval(
+                part.label, "Allow once", approver="tester", agent_id="amp", wait_s=0.2
+            )
+        ran += (await hooks.emit(TOOL_PRE, dict(call), idempotency_key=key)).action == "continue"
+        assert ran == 1
+        async with anyio.create_task_group() as tg:
+            again = spawn_emit_keyed(tg, hooks, TOOL_PRE, dict(call), key)
+            fresh = await approver.pending(session)
+            assert not again.done.is_set(), again.result
+            await approver.d.answer_approval(fresh.label, "Deny", approver="tester", agent_id="amp")
+            ran += (await again.wait()).action == "continue"
+    assert fresh.label != part.label
+    assert ran == 1
+
+
+class LoseUseMarkAck:
+    """The approvals bucket's KV client, except that the first write marking an approval
+    used (``used_by``) is stored and then answered with ``TimeoutError`` (a lost ack)."""
+
+    def __init__(self, kv: Any) -> None:
+        self._kv = kv
+        self.lost = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._kv, name)
+
+    async def update(self, key: str, value: bytes, last: int | None = None) -> int:
+        revision = await self._kv.update(key, value, last=last)
+        if not self.lost and b'"used_by"' in value:
+            self.lost += 1
+            raise nats.errors.TimeoutError
+        return revision
 
 
 async def test_a_retry_after_the_timeout_gets_the_same_decision(
@@ -997,7 +1126,8 @@ async def test_two_deciders_of_one_approval_apply_the_same_first_answer(
 ) -> None:
     """Two dispatchers wait on the same approval (the same call, retried on another while
     the first still waits); two approvers answer at once. Both dispatchers decide by the
-    answer written first, and the approver whose answer lost is told."""
+    answer written first, and the approver whose answer lost is told. A refusal denies
+    both; an "Allow" (allows once) allows one of them, and the other is asked again."""
     session = f"session-{uuid.uuid4().hex[:8]}"
     call = {"tool_name": "bash", "agent_id": "a1", "session_id": session}
     key = f"call-{uuid.uuid4().hex}"
@@ -1035,12 +1165,21 @@ async def test_two_deciders_of_one_approval_apply_the_same_first_answer(
         async with anyio.create_task_group() as answering:
             answering.start_soon(answer, "alice", "Allow")
             answering.start_soon(answer, "bob", "Deny")
+        if "alice" in [w for w, o in outcomes.items() if isinstance(o, ApprovalAnswer)]:
+            again = await approver.pending(session)  # the allow went to one decider
+            assert again.label == next_approval_label(part.label)
+            await approver.d.answer_approval(again.label, "Deny", approver="carol", agent_id="a1")
     won = [w for w, o in outcomes.items() if isinstance(o, ApprovalAnswer)]
     assert len(won) == 1, outcomes
     (lost,) = set(outcomes) - set(won)
     assert won[0] in str(outcomes[lost])  # told who decided
-    assert [r.approved_by for r in results] == won * 2
-    assert len({(r.action, r.reason) for r in results}) == 1, results
+    if won == ["bob"]:
+        assert [r.approved_by for r in results] == ["bob", "bob"]
+        assert len({(r.action, r.reason) for r in results}) == 1, results
+    else:
+        assert sorted((r.action, r.approved_by) for r in results) == [
+            ("continue", "alice"), ("deny", "carol"),
+        ]  # fmt: skip
 
 
 async def test_grants_and_proofs_are_not_records(

@@ -37,7 +37,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.profiles import ModelProfile
 
 from hookbus.cli import EmbeddedNatsServer
-from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher
+from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, AnswerNotAppliedError, HookDispatcher
 from hookbus.integrations.pydantic_ai import CAPABILITY_PARTS, HookbusCapability, HookDeniedError
 from hookbus.schemas import (
     PROMPT_COMPLETE,
@@ -291,6 +291,75 @@ async def test_an_approval_answered_by_another_process_decides_the_tool(
     else:
         assert tools.ran == []
         assert script.tool_returns(1)["transfer"] == "Denied by hook: alice chose 'Deny'"
+
+
+async def test_an_allow_once_runs_the_tool_once_however_often_the_run_resumes(
+    connect: Connect,
+) -> None:
+    """The agent is killed while it waits on the transfer's approval; "Allow once" is
+    answered while it is dead; the run is resumed twice with the same run id (same
+    idempotency keys). The first resume runs the transfer; the second is asked again, and
+    the refusal keeps the transfer from running twice."""
+    ask = HookResult(
+        action="ask_user",
+        approval_prompt="Transfer 100 to acme?",
+        approval_options=["Allow once", "Deny"],
+        approval_timeout=60.0,
+    )
+    call = ToolCallPart("transfer", {"amount": 100, "payee": "acme"}, tool_call_id="call-1")
+    async with (
+        worker(
+            connect, (TOOL_PRE, returning("transfer_approval", ask), {"tool_filter": ["transfer"]})
+        ),
+        HookDispatcher(await connect(), approvals=False) as approver,
+        HookDispatcher(await connect(), agent_id="payments") as d,
+    ):
+        tools = Tools()
+        capability = HookbusCapability(d, session_id="session-1")
+        stream = await approver.hook_events()
+        pending: list[str] = []
+
+        async def next_pending() -> str:
+            with anyio.fail_after(10):
+                async for event in stream:
+                    hook = event.hook
+                    if hook.status == "pending" and hook.label.startswith(APPROVAL_LABEL_PREFIX):
+                        pending.append(hook.label)
+                        return hook.label
+            raise AssertionError("the hook event stream ended")
+
+        async def run(name: str) -> Any:
+            agent = make_agent(capability, Script([ModelResponse(parts=[call])]), tools)
+            return await agent.run("pay acme", run_id="run-1")
+
+        try:
+            async with anyio.create_task_group() as tg:  # the agent dies mid-wait
+                tg.start_soon(run, "killed")
+                label = await next_pending()
+                tg.cancel_scope.cancel()
+            assert tools.ran == []
+            with pytest.raises(AnswerNotAppliedError):  # answered while nobody waits
+                await approver.answer_approval(
+                    label, "Allow once", approver="alice", agent_id="payments", wait_s=0.2
+                )
+            first = await run("resumed")
+            assert first.output == "done"
+            assert tools.ran == [("transfer", {"amount": 100, "payee": "acme"})]
+            async with anyio.create_task_group() as tg:
+                outcome: list[Any] = []
+
+                async def resume_again() -> None:
+                    outcome.append(await run("resumed again"))
+
+                tg.start_soon(resume_again)
+                fresh = await next_pending()  # asked again, not allowed by the used answer
+                assert tools.ran == [("transfer", {"amount": 100, "payee": "acme"})]
+                await approver.answer_approval(fresh, "Deny", approver="alice", agent_id="payments")
+        finally:
+            await stream.aclose()
+    assert fresh != label
+    assert outcome[0].output == "done"
+    assert tools.ran == [("transfer", {"amount": 100, "payee": "acme"})]
 
 
 async def test_deferred_mode_uses_pydantic_ais_approval_flow(connect: Connect) -> None:

@@ -460,6 +460,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "SuspensionPage",
         "Suspensions",
         "approval_label",
+        "next_approval_label",  # the fresh approval after a used "Allow once"
         "is_allow",
         "HandlerStatus",
         "LiveReplica",

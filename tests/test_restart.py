@@ -29,11 +29,14 @@ import pytest
 from anyio.abc import Process, TaskGroup
 from anyio.streams.text import TextReceiveStream
 from nats.aio.client import Client as NATS
+from nats.js.api import StorageType
 
+from hookbus._core.buckets import leases_bucket_config
 from hookbus.cli import EmbeddedNatsServer
-from hookbus.dispatcher import AnswerNotAppliedError, HookDispatcher
+from hookbus.dispatcher import AnswerNotAppliedError, ApprovalsClient, HookDispatcher
 from hookbus.schemas import (
     APPROVALS_BUCKET,
+    LEASES_BUCKET,
     SUSPENSIONS_BUCKET,
     EmitReply,
     EmitRequest,
@@ -473,3 +476,100 @@ async def test_a_waiter_survives_an_outage_longer_than_a_jetstream_request_timeo
     waiter's periodic reads fail meanwhile, and the wait must go on (a hook with no
     `timeout_s` is not a `SuspensionTimeoutError`)."""
     await restart_while_waiting(embedded_server, steady=True, outage_s=6.5)
+
+
+@pytest.mark.parametrize("older_memory_bucket", [False, True])
+async def test_approvals_flow_after_a_nats_server_restart_under_a_running_dispatcher(
+    embedded_server: EmbeddedNatsServer, event: str, older_memory_bucket: bool
+) -> None:
+    """An agent's dispatcher asks for an approval; the nats-server (JetStream with a store
+    folder) is killed and restarted under it. Every bucket survives (file storage): the
+    approval in flight is answered and allows, and a new approval is asked and answered
+    as before (not denied 15 s later for a lost waiter lease). With the leases bucket an
+    older hookbus made in memory, it is lost at the restart and made again (file storage)
+    by the next lease written."""
+    port = int(embedded_server.url.rpartition(":")[2])
+    if older_memory_bucket:
+        setup = await nats.connect(embedded_server.url)
+        try:
+            config = leases_bucket_config()
+            config.storage = StorageType.MEMORY
+            await setup.jetstream().create_key_value(config)
+        finally:
+            await setup.close()
+
+    async def quiet(exc: Exception) -> None:  # refused reconnects while the server is down
+        pass
+
+    nc = await nats.connect(
+        embedded_server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.1, error_cb=quiet
+    )
+    restarted: EmbeddedNatsServer | None = None
+
+    async def ask(event: str, data: dict[str, Any]) -> HookResult:
+        return HookResult(
+            action="ask_user", approval_options=["Allow", "Deny"], approval_timeout=60
+        )
+
+    try:
+        d = HookDispatcher(nc, agent_id="a1")
+        d.register(event, ask, name="guard")
+        async with d, anyio.create_task_group() as tg:
+            results: dict[str, HookResult] = {}
+
+            async def emit(name: str) -> None:
+                data = {"tool_name": name}
+                results[name] = await d.emit(event, data, idempotency_key=name, timeout_s=12)
+
+            events = await d.hook_events()
+            tg.start_soon(emit, "in-flight")
+            with anyio.fail_after(10):
+                async for e in events:
+                    if e.hook.status == "pending" and e.hook.metadata.get("tool_name"):
+                        in_flight = e.hook.label
+                        break
+            await events.aclose()
+
+            embedded_server.kill()  # keeps its data folder
+            restarted = EmbeddedNatsServer(embedded_server.data_dir, port=port)
+            restarted.start()
+            nc2 = await nats.connect(restarted.url)
+            try:
+                # an approver process: it opens the approvals bucket only (a dispatcher
+                # would create a lost bucket again, and hide the loss)
+                async with ApprovalsClient(nc2) as approver:
+                    stream = await approver.events()
+                    await approver.answer_approval(
+                        in_flight, "Allow", approver="alice", agent_id="a1", wait_s=10
+                    )
+                    # the dispatcher runs on: its waiter lease is due to be written again
+                    leases = d.suspensions.leases
+                    assert leases is not None
+                    await anyio.sleep(leases.lease_s / 2 + 0.5)
+                    tg.start_soon(emit, "after")
+                    with anyio.fail_after(10):
+                        async for e in stream:
+                            if e.hook.status == "pending" and e.hook.label != in_flight:
+                                after = e.hook.label
+                                break
+                    await stream.aclose()
+                    await approver.answer_approval(
+                        after, "Allow", approver="alice", agent_id="a1", wait_s=10
+                    )
+            finally:
+                await nc2.close()
+        if older_memory_bucket:
+            assert restarted is not None
+            check = await nats.connect(restarted.url)
+            try:
+                info = await check.jetstream().stream_info(f"KV_{LEASES_BUCKET}")
+                assert info.config.storage == StorageType.FILE
+            finally:
+                await check.close()
+        assert {k: (r.action, r.approved_by) for k, r in results.items()} == {
+            "in-flight": ("continue", "alice"), "after": ("continue", "alice"),
+        }  # fmt: skip
+    finally:
+        await nc.close()
+        if restarted is not None:
+            restarted.stop()

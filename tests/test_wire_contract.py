@@ -334,7 +334,7 @@ def test_asyncapi_covers_every_subject_family_and_bucket():
     assert re.fullmatch(handlers["pattern"], "tool=3Apre.guard tool=3Apost.a=2Eb")
     assert not re.fullmatch(handlers["pattern"], "tool:pre.guard")
     kv = doc["channels"]["leasesBucket"]["x-hookbus-kv"]
-    assert (kv["bucket"], kv["ttl_s"], kv["storage"]) == ("hookbus_leases", 15.0, "memory")
+    assert (kv["bucket"], kv["ttl_s"], kv["storage"]) == ("hookbus_leases", 15.0, "file")
 
 
 # -- real messages from a real run ------------------------------------------------------------

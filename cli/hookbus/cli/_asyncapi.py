@@ -564,7 +564,7 @@ def _channels() -> dict[str, Any]:
         ),
         "leasesBucket": _channel(
             _kv(leases.bucket, _waiter_address()),
-            f"Waiter leases in KV bucket `{leases.bucket}` (memory storage): a process with "
+            f"Waiter leases in KV bucket `{leases.bucket}` (file storage): a process with "
             "waiters rewrites its key well within the bucket's max age; a record whose "
             "owner's lease expired may be taken over.",
             ["Lease"],

@@ -139,7 +139,8 @@ class AuthSetup:
     js_max_file: str = "8G"
     """JetStream file storage one tenant (account) may use in all (nats-server size)."""
     js_max_mem: str = "256M"
-    """JetStream memory storage one tenant may use in all (the leases bucket)."""
+    """JetStream memory storage one tenant may use in all (hookbus keeps no bucket in memory: its
+    watches' consumers)."""
     js_domain: str | None = None
     """This server's JetStream domain (``jetstream { domain }``): the hub of a fleet over
     leaf nodes. Every identity may then reach the buckets as ``$JS.<domain>.API`` too (from

@@ -11,7 +11,7 @@ stream                      max bytes  what
 ``KV_hookbus_handlers``     64 MiB     handler declarations
 ``KV_hookbus_suspensions``  1 GiB      suspension records and their answer proofs
 ``KV_hookbus_approvals``    256 MiB    approval records, answer proofs, "Allow always" grants
-``KV_hookbus_leases``       16 MiB     waiter leases (memory)
+``KV_hookbus_leases``       16 MiB     waiter leases (file storage, as every bucket)
 ``hookbus_decisions``       1 GiB      the decision audit trail (as ``--audit-max-bytes``)
 ==========================  =========  ====================================================
 

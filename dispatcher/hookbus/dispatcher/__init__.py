@@ -3,7 +3,13 @@ suspensions and approvals."""
 
 from hookbus.schemas import HookResult
 
-from ._approvals import APPROVAL_LABEL_PREFIX, AnswerNotAppliedError, approval_label, is_allow
+from ._approvals import (
+    APPROVAL_LABEL_PREFIX,
+    AnswerNotAppliedError,
+    approval_label,
+    is_allow,
+    next_approval_label,
+)
 from ._approvals_client import ApprovalsClient
 from ._call_router import REMOTE_EMIT_BUDGET_S
 from ._dispatcher import HookDispatcher
@@ -40,6 +46,7 @@ __all__ = [
     "is_allow",
     "live_dispatchers",
     "live_handlers",
+    "next_approval_label",
     "require_handler",
     "unrequire_handler",
 ]

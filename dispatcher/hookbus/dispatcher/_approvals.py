@@ -24,11 +24,20 @@ retry of the call (same idempotency key) gets its answer.
 **One approval per call and asker.** The label is derived from the call: event, agent, session,
 handler, the call's id (the caller's idempotency key, else the emit's own random id) and
 its data (without the timestamp). A retry of the same call (same key, e.g. after a lost
-reply or a dispatcher restart) finds its approval and its answer and is never asked twice;
-a new call, even an identical one, asks anew; a decided approval (answered, cancelled,
-timed out) never decides another call, and a key reused for other data does not reuse the
-answer. An answer that won the compare-and-set is applied whatever the clock says: on
-timeout the approval is cancelled, and if that cancel loses to an answer, the answer wins.
+reply or a dispatcher restart) finds its approval and its answer: a refusal, a timeout or
+an "Allow always" decides it again without asking; a new call, even an identical one,
+asks anew; a decided approval (answered, cancelled, timed out) never decides another call,
+and a key reused for other data does not reuse the answer. An answer that won the
+compare-and-set is applied whatever the clock says: on timeout the approval is cancelled,
+and if that cancel loses to an answer, the answer wins.
+
+**An "Allow once" allows once.** Every allowing answer other than "Allow always"
+(`uses_up`) is used up by the first decision it allows: that decider marks the record
+(`SuspensionRecord.used_by`, a compare-and-set reconciled after a lost ack, so of two
+dispatchers deciding the same call at once exactly one allows, and a mark whose outcome
+stays unknown allows nothing). A later decision of the same call (a resumed run, a retry
+with the same idempotency key, the loser of that race) asks again, in a fresh approval
+whose label follows from the used one (`next_approval_label`), with fresh answers.
 
 **Who decides.** Approval records live in `APPROVALS_BUCKET` (``<agent>.<label>``, the
 same keys as suspensions), written only by the dispatcher that asks and waits (the decider:
@@ -65,6 +74,7 @@ import hashlib
 import logging
 import math
 import time
+import uuid
 from typing import Any, TypeVar
 
 import msgspec
@@ -115,6 +125,8 @@ __all__ = [
     "approval_label",
     "is_allow",
     "joined_decision",
+    "next_approval_label",
+    "uses_up",
 ]
 
 log = logging.getLogger("hookbus.dispatcher")
@@ -170,6 +182,13 @@ def _is_always(choice: str) -> bool:
     return choice.strip().lower() == "allow always"
 
 
+def uses_up(choice: str, allow_options: list[str] | None) -> bool:
+    """Whether `choice` allows one decision only: it allows (see `allows`) and is not
+    "Allow always" (any case). The first decision it allows marks its approval used; the
+    same call decided again is asked again."""
+    return allows(choice, allow_options) and not _is_always(choice)
+
+
 MAX_APPROVAL_TIMEOUT_S = 7 * 24 * 3600.0
 """Longest approval wait, in seconds (a handler's `approval_timeout` is clamped to it)."""
 
@@ -199,6 +218,18 @@ def approval_label(event: str, data: dict[str, Any], handler: str, *, call_id: s
     agent, session = _text(data.get("agent_id")), _text(data.get("session_id"))
     digest = hashlib.sha256(encode([event, agent, session, handler, call_id, stable]))
     return f"{APPROVAL_LABEL_PREFIX}{digest.hexdigest()[:32]}"
+
+
+def next_approval_label(label: str) -> str:
+    """The label of the fresh approval asked once approval `label`'s one-time allow was
+    used (``approval:<32 hex digits>``): the same call decided again gets it, and the one
+    after that ``next_approval_label`` of it, and so on."""
+    digest = hashlib.sha256(encode(["again", label]))
+    return f"{APPROVAL_LABEL_PREFIX}{digest.hexdigest()[:32]}"
+
+
+class _UsedUp(Exception):
+    """The approval's one-time allow was used by another decision (internal): ask again."""
 
 
 class AnswerNotAppliedError(HookbusTimeoutError):
@@ -350,12 +381,46 @@ class Approvals:
         data = _call_data(result)
         store = self.records.for_agent(_text(data.get("agent_id")))
         label = approval_label(event, data, handler, call_id=call_id)
+        while True:
+            try:
+                return await self._decide_at(
+                    event, result, handler, options, allowing, store, label, started, wait_s
+                )
+            except _UsedUp:  # its "Allow once" went to another decision: ask afresh
+                now = time.monotonic()
+                if wait_s is not None:
+                    wait_s = max(0.0, wait_s - (now - started))
+                    if wait_s <= 0:
+                        return self._answer(
+                            result, allow=False,
+                            reason=f"{CALLERS_DEADLINE}: its one-time allow was used by"
+                            " another decision, and no time is left to ask again",
+                        )  # fmt: skip
+                started = now
+                label = next_approval_label(label)
+
+    async def _decide_at(
+        self,
+        event: str,
+        result: HookResult,
+        handler: str,
+        options: list[str],
+        allowing: list[str],
+        store: Suspensions,
+        label: str,
+        started: float,
+        wait_s: float | None,
+    ) -> HookResult:
+        """Decide by the approval `label` (asked, taken over, or read: see `_decide`).
+        Raises `_UsedUp` when its one-time allow went to another decision."""
         try:
             got = await store.get(label)  # a retry of this call finds its approval
         except HookbusError as exc:
             if _out_of_time(exc):
                 raise
             return self._not_asked(result, exc)
+        if got is not None and got[0].used_by:
+            raise _UsedUp
         reserved = False
         if got is not None:
             decided = await self._from_record(result, got[0], options, store)
@@ -725,6 +790,9 @@ class Approvals:
             log.warning("approval %r: answer refused: %s", label, problem)
             return self._answer(result, allow=False, reason=f"answer refused: {problem}")
         allow = allows(choice, result.approval_allow_options)
+        if allow and uses_up(choice, result.approval_allow_options):
+            if not await self._use(store, label):
+                raise _UsedUp
         reason = f"{answer.answered_by} chose {choice!r}"
         session = _text(_call_data(result).get("session_id"))
         if allow and _is_always(choice) and session is None:
@@ -735,6 +803,30 @@ class Approvals:
                 reason += f"; {stored}"
         decided = self._answer(result, allow=allow, reason=reason)
         return msgspec.structs.replace(decided, approved_by=answer.answered_by)
+
+    @staticmethod
+    async def _use(store: Suspensions, label: str) -> bool:
+        """Mark the resolved approval `label` used (`SuspensionRecord.used_by`, a
+        compare-and-set on its revision): True when this decision's mark is stored, False
+        when another decision used it first, or the record is gone or no longer resolved.
+        A mark whose outcome stays unknown while the record was removed counts as not
+        stored (`RecordStore` reconciles): a one-time allow is never handed out twice.
+
+        Raises:
+            HookbusTimeoutError: JetStream stayed unavailable (the outcome is unknown:
+                the caller denies).
+        """
+        use = uuid.uuid4().hex
+        while True:
+            got = await store.get(label)
+            if got is None:
+                return False
+            record, revision = got
+            if record.used_by or record.status != "resolved":
+                return False
+            used = msgspec.structs.replace(record, used_by=use)
+            if await store.records.swap(used, last=revision, if_deleted="lost") is not None:
+                return True
 
     async def _unproven(self, answer: ApprovalAnswer, store: Suspensions, label: str) -> str | None:
         """Why `answer` is not an approver's (None: its proof holds the same choice).

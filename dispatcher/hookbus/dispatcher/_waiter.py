@@ -30,6 +30,7 @@ import itertools
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import nats.errors
@@ -388,11 +389,21 @@ class Leases:
     Args:
         kv: the leases bucket (its max age is the lease).
         lease_s: the bucket's max age in seconds; the heartbeat puts every third of it.
+        reopen: opens (creating it if absent) the leases bucket again: called when a lease
+            write finds no stream (the bucket was lost, e.g. a memory bucket an older
+            hookbus made, at a server restart); None: such a write only fails.
     """
 
-    def __init__(self, kv: KeyValue, *, lease_s: float) -> None:
+    def __init__(
+        self,
+        kv: KeyValue,
+        *,
+        lease_s: float,
+        reopen: Callable[[], Awaitable[KeyValue]] | None = None,
+    ) -> None:
         self.kv = kv
         self.lease_s = lease_s
+        self._reopen = reopen
         self.waiter_id = uuid.uuid4().hex
         self._key = lease_key(self.waiter_id)
         self._last_put = -float("inf")
@@ -421,7 +432,11 @@ class Leases:
             age = status.stream_info.config.max_age
             if age:
                 lease_s = float(age)
-        return cls(kv, lease_s=lease_s)
+
+        async def reopen() -> KeyValue:
+            return await open_bucket(nc, config, js_domain=js_domain, deadline_s=lease_s)
+
+        return cls(kv, lease_s=lease_s, reopen=reopen)
 
     async def ensure(self) -> None:
         """Make sure the lease is alive now and the heartbeat runs.
@@ -608,7 +623,13 @@ class Leases:
                     await self.kv.delete(self._key)
 
     async def _put(self) -> None:
-        await self.kv.put(self._key, self.waiter_id.encode())
+        try:
+            await self.kv.put(self._key, self.waiter_id.encode())
+        except nats.js.errors.NoStreamResponseError:
+            if self._reopen is None:
+                raise
+            self.kv = await self._reopen()  # the bucket was lost: made again (file storage)
+            await self.kv.put(self._key, self.waiter_id.encode())
         self._last_put = time.monotonic()
 
     async def _heartbeat(self) -> None:

@@ -153,7 +153,10 @@ def leases_bucket_config(
     *, lease_s: float = 15.0, replicas: int = 1, placement: Placement | None = None
 ) -> KeyValueConfig:
     """The `LEASES_BUCKET` config: a waiter lease lives `lease_s` seconds after its last
-    heartbeat (the bucket's max age, counted by the server's clock), memory storage."""
+    heartbeat (the bucket's max age, counted by the server's clock). File storage, as every
+    bucket hookbus needs: a memory bucket is gone after a server restart (a bucket an older
+    hookbus made in memory is reported as differing, and made again in file storage by the
+    first lease written after it is lost: `Leases`)."""
     return KeyValueConfig(
         bucket=LEASES_BUCKET,
         description="hookbus waiter leases: one key per process with waiters",
@@ -162,7 +165,6 @@ def leases_bucket_config(
         replicas=replicas,
         direct=True,
         placement=_placed(placement),
-        storage=StorageType.MEMORY,
     )
 
 

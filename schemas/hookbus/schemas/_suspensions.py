@@ -40,7 +40,8 @@ class SuspensionRecord(_Wire):
 
     absent -> pending (a waiter created it) -> resolved | cancelled;
     absent -> resolved with ``preregistered=True`` (resolve_hook came first);
-    resolved -> resolved with ``consumed=True`` (a waiter took the value, exactly once).
+    resolved -> resolved with ``consumed=True`` (a waiter took the value, exactly once);
+    an approval: resolved -> resolved with `used_by` (its one-time allow was used).
 
     Every write carries a fresh `write_id`, so a writer whose write had an unknown outcome
     (a lost ack) can tell its own write from another's by reading the key again.
@@ -86,6 +87,11 @@ class SuspensionRecord(_Wire):
     (`owner`, `attached`) when it was resolved returns at once and writes this just after;
     until then the resolution is its owner's, refused to other processes while the owner's
     lease lives."""
+    used_by: str = ""
+    """For an approval: the id of the decision that used up its one-time allow (an
+    allowing answer other than "Allow always"), written by compare-and-set, so of two
+    deciders one gets the allow; empty: not used. A call retried with the same idempotency
+    key after that is asked again, in a fresh approval."""
     created_at: float = 0.0
     """When the record was created: seconds since the Unix epoch."""
     settled_at: float | None = None
