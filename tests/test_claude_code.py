@@ -737,6 +737,24 @@ def test_settings_command_door() -> None:
     ]  # fmt: skip
 
 
+def test_settings_makes_key_files_absolute_and_warns_without_an_agent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claude Code runs the hook in the session's folder: a key file given relative to where
+    `settings` ran must still be found there. Without --agent a secured server refuses every
+    emit (each PreToolUse denied by the fallback): said on stderr."""
+    monkeypatch.chdir(tmp_path)
+    result = settings("--", "--nkey", "keys/agent.nk", "--tls-ca=keys/ca.pem")
+    assert result.exit_code == 0, result.output
+    command = json.loads(result.stdout)["hooks"]["PreToolUse"][0]["hooks"][0]["command"]
+    assert command.endswith(
+        f"claude-code --nkey {tmp_path / 'keys' / 'agent.nk'} --tls-ca={tmp_path / 'keys' / 'ca.pem'}"
+    )
+    assert "no --agent" in result.stderr
+    named = settings("--", "--agent", "laptop", "--nkey", str(tmp_path / "a.nk"))
+    assert named.exit_code == 0 and "no --agent" not in named.stderr
+
+
 def test_settings_fail_closed_follows_the_hooks_fallback() -> None:
     """An event the hook's own --fallback denies is blocked on a hook failure too; one it
     lets through is not."""

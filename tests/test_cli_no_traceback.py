@@ -177,6 +177,20 @@ def cases(tmp: Path) -> list[Case]:
             "URL",
         ),
         Case("handlers --url malformed", ("handlers", "--url", "nats://a:1,oops"), (2,), "URL"),
+        Case(
+            "emit --url port not a number",
+            ("emit", "tool:pre", "{}", "--url", "nats://host:notaport"),
+            (2,),
+            "not a NATS URL",
+        ),
+        Case("emit --url no host", ("emit", "tool:pre", "{}", "--url", "nats://:4222"), (2,), "host"),
+        Case("emit --agent-id empty", ("emit", "tool:pre", "{}", "--agent-id", ""), (2,), "empty"),
+        Case(
+            "auth init --out unwritable",
+            ("auth", "init", "--out", "/proc/hookbus-no-such"),
+            (1,),
+            "cannot write /proc/hookbus-no-such",
+        ),
     ]
     return out
 

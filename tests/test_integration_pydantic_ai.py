@@ -9,6 +9,7 @@ server (the `embedded_server` fixture): the capability emits the standard events
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import warnings
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import nats
 import pytest
 from conftest import connections
 from nats.aio.client import Client as NATS
@@ -667,6 +669,30 @@ async def test_the_bus_down_stops_the_tool_and_the_run(
             with pytest.raises(NotConnectedError):
                 await agent.run("list")
     assert tools.ran == []
+
+
+async def test_the_bus_unreachable_denies_the_tool_and_the_run_goes_on(
+    connect: Connect, embedded_server: EmbeddedNatsServer
+) -> None:
+    """The server gone while the agent's connection reconnects: no tool call is allowed
+    undecided, and the run is not stopped (the model reads why the call was denied)."""
+    guard = returning("guard", None)
+    async with worker(connect, (TOOL_PRE, guard, {"failure_policy": "deny", "timeout_s": 1.0})):
+        nc = await nats.connect(
+            embedded_server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2
+        )
+        try:
+            async with HookDispatcher(nc) as d:
+                script = Script([calls(("bash", {"command": "ls"}))])
+                tools = Tools()
+                agent = make_agent(HookbusCapability(d), script, tools)
+                embedded_server.stop()  # the bus is unreachable: the connection reconnects
+                result = await asyncio.wait_for(agent.run("list"), 60)
+        finally:
+            await nc.close()
+    assert tools.ran == []
+    assert result.output == "done"  # the run went on to the model's last answer
+    assert script.tool_returns(1)["bash"].startswith("Denied by hook:")
 
 
 def test_bad_options_are_clear_errors() -> None:

@@ -158,25 +158,29 @@ def init_cmd(
         agents, workers = (*agents, *demo_agents), (*workers, *demo_workers)
         embedded_agents = (*embedded_agents, *demo_embedded)
         approvers = (*approvers, *demo_approvers)
-    setup = init_setup(
-        out,
-        tenants=tenants,
-        agents=agents,
-        embedded_agents=embedded_agents,
-        workers=workers,
-        approvers=approvers,
-        auditors=auditors,
-        routes=routes,
-        host=host,
-        port=port,
-        store_dir=store_dir,
-        tls_cert=tls_cert,
-        tls_key=tls_key,
-        tls_ca=tls_ca,
-        tls=tls,
-        sans=sans,
-        js_domain=js_domain,
-    )
+    try:
+        setup = init_setup(
+            out,
+            tenants=tenants,
+            agents=agents,
+            embedded_agents=embedded_agents,
+            workers=workers,
+            approvers=approvers,
+            auditors=auditors,
+            routes=routes,
+            host=host,
+            port=port,
+            store_dir=store_dir,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            tls_ca=tls_ca,
+            tls=tls,
+            sans=sans,
+            js_domain=js_domain,
+        )
+    except OSError as exc:  # a folder that cannot be made or written (/proc, read-only)
+        where = exc.filename or out
+        raise click.ClickException(f"cannot write {where}: {exc.strerror or exc}") from exc
     for ident in setup.identities:
         click.echo(f"{ident.tenant:<10} {ident.role:<10} {ident.name:<20} {ident.seed_path(out)}")
     click.echo(f"server config: {out / SERVER_CONF} (accounts and users: {out / AUTH_CONF})")

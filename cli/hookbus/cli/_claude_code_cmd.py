@@ -414,6 +414,43 @@ def _hook_params(hook_args: Sequence[str]) -> dict[str, Any]:
     return dict(ctx.params)
 
 
+_PATH_OPTIONS = ("--nkey", "--creds", "--tls-ca", "--tls-cert", "--tls-key")
+"""The hook's options that name a file: Claude Code runs the hook in the session's folder,
+so a relative path would name another file there."""
+
+
+def absolute_hook_args(hook_args: Sequence[str]) -> list[str]:
+    """`hook_args` with the file of each `_PATH_OPTIONS` option (``--nkey F`` or
+    ``--nkey=F``) and a ``--context`` given as a ``.json`` path made absolute (from the
+    current folder)."""
+    out: list[str] = []
+    args = list(hook_args)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name, eq, value = arg.partition("=")
+        is_path = name in _PATH_OPTIONS or (name == "--context" and value.endswith(".json"))
+        if eq and is_path:
+            out.append(f"{name}={os.path.abspath(value)}")
+        elif arg in _PATH_OPTIONS or arg == "--context":
+            out.append(arg)
+            if i + 1 < len(args):
+                value = args[i + 1]
+                keep = arg == "--context" and not value.endswith(".json")
+                out.append(value if keep else os.path.abspath(value))
+                i += 1
+        else:
+            out.append(arg)
+        i += 1
+    return out
+
+
+def _names_agent(hook_args: Sequence[str]) -> bool:
+    """Whether `hook_args` give ``--agent`` (the hook's environment may lack
+    ``HOOKBUS_AGENT_ID``)."""
+    return any(a == "--agent" or a.startswith("--agent=") for a in hook_args)
+
+
 def _hook_timeout(hook_args: Sequence[str]) -> int:
     """Claude Code's ``timeout`` for the hook: the hook's ``--timeout`` plus 5 s (its
     connect and fallback), in whole seconds.
@@ -620,7 +657,14 @@ def settings_cmd(
     if write and not merge_file:
         raise click.UsageError("--write needs --merge FILE")
     names = _event_list(events, door)
+    hook_args = tuple(absolute_hook_args(hook_args))
     timeout = hook_timeout or _hook_timeout(hook_args)
+    if door == "command" and not _names_agent(hook_args):
+        click.echo(
+            "warning: no --agent in HOOK_ARGS: on a secured server the hook's emits are"
+            " refused and every PreToolUse is denied by its fallback (add `-- --agent NAME`)",
+            err=True,
+        )
     handler: dict[str, Any]
     if door == "http":
         handler = {"type": "http", "url": http_url, "timeout": timeout}

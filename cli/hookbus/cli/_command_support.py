@@ -26,7 +26,7 @@ import nats.errors
 from nats.aio.client import Client as NATS
 
 from hookbus.dispatcher import HookDispatcher
-from hookbus.schemas import HookbusError
+from hookbus.schemas import HookbusError, agent_token
 
 from ._connect import DEFAULT_MAX_RECONNECTS, FIRST_CONNECT_WAIT_S, RECONNECT_WAIT_S
 from ._connect import ConnectionSettings as ConnectionSettings
@@ -80,6 +80,26 @@ class FiniteFloatRange(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)
         return super().convert(number, param, ctx)
+
+
+class AgentId(click.types.StringParamType):
+    """An agent id: not empty, and one `hookbus.schemas.agent_token` can encode (at most
+    `MAX_NAME_LENGTH` characters); else a usage error, exit 2."""
+
+    name = "agent"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        text = str(value)
+        if not text.strip():
+            self.fail("an agent id cannot be empty (leave the option out for none)", param, ctx)
+        try:
+            agent_token(text)
+        except HookbusError as exc:
+            self.fail(str(exc), param, ctx)
+        return text
+
+
+AGENT_ID = AgentId()
 
 
 bucket_replicas_option = click.option(

@@ -933,6 +933,18 @@ async def connect(
                 f" use {', '.join(f'{s}://' for s in NATS_SCHEMES)}",
                 param_hint="--url",
             )
+        try:
+            host, port = (split := urlsplit(server)).hostname, split.port
+        except ValueError as exc:  # a port that is not a number, or out of range
+            raise click.BadParameter(
+                f"{_redacted(server)!r} is not a NATS URL: {exc}", param_hint="--url"
+            ) from exc
+        if not host or port == 0:
+            raise click.BadParameter(
+                f"{_redacted(server)!r} is not a NATS URL: "
+                + ("it names no host" if not host else "port 0"),
+                param_hint="--url",
+            )
         if scheme in ("ws", "wss") and importlib.util.find_spec("aiohttp") is None:
             raise click.BadParameter(
                 f"{_redacted(server)!r}: NATS over {scheme}:// (websocket) needs the aiohttp"

@@ -22,6 +22,7 @@ from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import STANDARD_EVENTS, HookbusError, UnknownEventError, to_builtins
 
 from ._command_support import (
+    AGENT_ID,
     ConnectionSettings,
     FiniteFloatRange,
     connect,
@@ -88,7 +89,9 @@ class _EventData(click.ParamType):  # type: ignore[type-arg]
 @click.argument("data", type=_EventData(), metavar="JSON|-|@FILE")
 @connection_options
 @otlp_option
-@click.option("--agent-id", default=None, help="Emit as this agent (the data's agent_id).")
+@click.option(
+    "--agent-id", type=AGENT_ID, default=None, help="Emit as this agent (the data's agent_id)."
+)
 @click.option("--session-id", default=None, help="The data's session_id (unless it has one).")
 @click.option("--collect", is_flag=True, help="emit_and_collect instead of emit.")
 @click.option(

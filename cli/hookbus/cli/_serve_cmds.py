@@ -387,8 +387,8 @@ def dispatcher_cmd(
     audit_max_age_s: float,
     audit_max_bytes: int,
 ) -> None:
-    """Serve emit / emit_and_collect on hookbus.v1.emit.<event> and
-    hookbus.v1.emit_and_collect.<event> (queue group hookbus-dispatcher). SIGTERM/SIGINT
+    """Serve emit / emit_and_collect on hookbus.v1.emit.<agent>.<event> and
+    hookbus.v1.emit_and_collect.<agent>.<event> (queue group hookbus-dispatcher). SIGTERM/SIGINT
     drain within the grace period: intake stops at once, requests in flight finish, then
     approval waits are aborted (left pending: the agent's retry with the same idempotency
     key resumes them) and whatever is left is answered with a retryable 'unavailable'.

@@ -719,7 +719,10 @@ async def _terminal_approver(
                     if hook.status != "pending" or not hook.label.startswith(APPROVAL_LABEL_PREFIX):
                         continue
                     options = list(hook.metadata.get("options") or ["Allow", "Deny"])
-                    console.print(f"\n[bold]approval needed[/]: {hook.metadata.get('prompt')}")
+                    console.print(
+                        f"\n[bold]approval needed[/]: {hook.metadata.get('prompt')}"
+                        + _times_out(hook.metadata)
+                    )
                     choice = await anyio.to_thread.run_sync(
                         lambda opts=options: click.prompt(  # type: ignore[misc]
                             "answer", type=click.Choice(opts), default=opts[0]
@@ -739,6 +742,17 @@ async def _terminal_approver(
                     await events.aclose()
     finally:
         await nc.close()
+
+
+def _times_out(metadata: dict[str, object]) -> str:
+    """What the terminal prompt says of an approval's wait: ``" (times out in 30 s: then
+    <default>)"``, from its metadata (``timeout_s``, ``default``); empty without a timeout."""
+    timeout = metadata.get("timeout_s")
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool):
+        return ""
+    default = metadata.get("default")
+    then = f": then {default}" if isinstance(default, str) and default else ""
+    return f" (times out in {timeout:g} s{then})"
 
 
 # -- buckets and the dispatcher service -----------------------------------------------------

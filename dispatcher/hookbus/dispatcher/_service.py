@@ -1,8 +1,9 @@
 """Service mode: the dispatcher answers emit / emit_and_collect requests on NATS.
 
 An agent in any language emits with one plain NATS request and a JSON body:
-``nats req 'hookbus.v1.emit.tool=3Apre' '{"data": {"tool_name": "bash"}}'`` answers
-an `EmitReply`. Replicas share the load in the `DISPATCHER_QUEUE_GROUP` queue group.
+``nats req 'hookbus.v1.emit.payments.tool=3Apre' '{"data": {"tool_name": "bash"}}'``
+(agent ``payments``; ``=`` for none) answers an `EmitReply`. Replicas share the load in
+the `DISPATCHER_QUEUE_GROUP` queue group.
 
 Every request gets exactly one reply, never silence: the result, or a `WireError`. The
 retryable ones (``busy``: over the replica's concurrency bound, answered at once, or over
@@ -195,7 +196,7 @@ def _timeout(value: float | None, *, maximum: float, field: str) -> float | None
 
 
 class DispatcherService:
-    """Serve a `HookDispatcher` on ``hookbus.v1.emit.*`` and ``hookbus.v1.emit_and_collect.*``.
+    """Serve a `HookDispatcher` on ``hookbus.v1.emit.*.*`` and ``hookbus.v1.emit_and_collect.*.*``.
 
     One task per request. Over `max_concurrency` requests in flight (emit_and_collect may
     hold at most half of them, so decisions always have room), a request is refused at

@@ -42,7 +42,7 @@ subject is the span's ``messaging.destination.name``.
 - ``send <event> collect`` (PRODUCER): emit_and_collect's one message to every handler
   (`start_collect_span`): requests sent (`tn.COLLECT_ASKED`) and answers received
   (`tn.COLLECT_ANSWERED`); the workers' handlings are its children.
-- ``process hookbus.v1.emit.<event>`` (CONSUMER): the dispatcher service serving one
+- ``process hookbus.v1.emit.<agent>.<event>`` (CONSUMER): the dispatcher service serving one
   request, parented to and linked with the agent's ``traceparent``.
 - ``await <kind>`` (INTERNAL): a suspension wait (`suspension_span`); linked to the run or
   emit that created the suspension when that is not its parent (`created_by`).

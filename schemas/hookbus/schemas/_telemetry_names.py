@@ -10,8 +10,8 @@ deprecated and warn when imported.
 The span tree of one tool call (service mode; an embedded `HookDispatcher` starts at
 ``emit``)::
 
-    send hookbus.v1.emit.<event>              PRODUCER  agent
-      process hookbus.v1.emit.<event>         CONSUMER  dispatcher service (queue group)
+    send hookbus.v1.emit.<agent>.<event>      PRODUCER  agent
+      process hookbus.v1.emit.<agent>.<event> CONSUMER  dispatcher service (queue group)
         emit <event>                          INTERNAL  HookDispatcher.emit: the decision
           send <event> <handler>              PRODUCER  one per remote handler call
             process <event> <handler>         CONSUMER  the worker replica that handled it

@@ -214,8 +214,8 @@ class EventEnvelope(_Wire):
     attempt: int = 1
     """1 for the first request of this handler call, 2+ for a hedged retry."""
     chain: list[ChainStep] | None = None
-    """Set only on a chain request (``hookbus.v1.chain.<set>``): the handlers of `event`
-    to run, in call order, one after the other with amplifier-core's semantics (see
+    """Set only on a chain request (``hookbus.v1.chain.<event>.<set>``): the handlers of
+    `event` to run, in call order, one after the other with amplifier-core's semantics (see
     `ChainStep`). None: a request to the one handler its subject names."""
 
 
@@ -358,8 +358,8 @@ class HandlerDeclaration(_Wire):
     handler_set: list[str] | None = None
     """The names of every handler the declaring worker process serves (sorted, unique, at
     most `MAX_HANDLER_SET`), so that a sequence of adjacent handlers of one process can be sent
-    as one chain request to ``hookbus.v1.chain.<handler_set_id(handler_set)>``. None: send
-    each of its calls on its own."""
+    as one chain request to ``hookbus.v1.chain.<event>.<set>``, ``<set>`` being
+    ``handler_set_id(handler_set)``. None: send each of its calls on its own."""
     subject: str = ""
     """The handler's request subject ``hookbus.v1.handler.<event>.<handler>`` (names encoded).
     Writers put the derived value (the wire contract requires it); dispatchers derive the
@@ -397,7 +397,7 @@ class RequiredHandler(_Wire):
 
 
 class EmitRequest(_Wire):
-    """Body of a request to the dispatcher service on ``hookbus.v1.emit.<event>``."""
+    """Body of a request to the dispatcher service on ``hookbus.v1.emit.<agent>.<event>``."""
 
     data: dict[str, Any] = msgspec.field(default_factory=dict)
     """The event data (a JSON object). The dispatcher adds its default fields, ``agent_id``,
@@ -427,7 +427,7 @@ class EmitReply(_Wire):
 
 
 class CollectRequest(_Wire):
-    """Body of a request on ``hookbus.v1.emit_and_collect.<event>``."""
+    """Body of a request on ``hookbus.v1.emit_and_collect.<agent>.<event>``."""
 
     data: dict[str, Any] = msgspec.field(default_factory=dict)
     """The event data (a JSON object); every handler gets a copy (no defaults, no timestamp)."""
