@@ -547,3 +547,12 @@ def test_secure_demo_names_a_missing_agent_identity(tmp_path: Path) -> None:
     assert f"hookbus auth add agent payments-agent --dir {auth}" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert "starting" not in proc.stdout
+
+
+def test_the_terminal_prompt_says_when_an_approval_times_out() -> None:
+    """--interactive: the question shows the approval's own timeout and what it ends with."""
+    from hookbus.demo._app import _times_out
+
+    assert _times_out({"timeout_s": 30.0, "default": "deny"}) == " (times out in 30 s: then deny)"
+    assert _times_out({"timeout_s": 2.5}) == " (times out in 2.5 s)"
+    assert _times_out({}) == ""
