@@ -50,6 +50,8 @@ EXTRAS_PACKAGES = {
     "httptools": "gateway",
     "uvloop": "uvloop",
     "pydantic-ai-slim": "pydantic-ai",
+    "langgraph": "langgraph",
+    "langchain-core": "langgraph",
 }
 """Distributions an extra installs -> the extra: none may come with the core install."""
 

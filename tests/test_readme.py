@@ -55,6 +55,7 @@ RUNS = {
     "from hookbus.testing import WorkerTestKit": "test_the_worker_test_kit",
     "from hookbus.amplifier import": "test_the_amplifier_core_switch",
     "HookbusCapability(hooks)": "test_the_pydantic_ai_capability",
+    "HookbusToolHooks(hooks).tool_node(": "test_the_langgraph_tool_node",
     '{"hooks": {"PreToolUse"': "test_the_claude_code_settings_block",
     "hookbus gateway aos ": "test_the_aos_door_with_curl",
     "class TransferApproval(": "test_a_suspension_resolved_from_another_dispatcher",
@@ -247,6 +248,37 @@ async def test_the_pydantic_ai_capability(tmp_path: Path, nats_url: str) -> None
     check = Snippet("print(type(result).__name__, bool(result.output))\nawait nc.close()\n")
     said = await run_python(tmp_path, [given], [Snippet.of(b)], [check])
     assert said.stdout == "AgentRunResult True\n", str(said)
+
+
+async def test_the_langgraph_tool_node(tmp_path: Path, nats_url: str) -> None:
+    """Given `nc` and `model` (langchain-core's scripted chat model asking for ``rm -rf``),
+    with a worker that denies it: the tool never runs and the model reads why (the worker
+    removes its declaration after: the module's server is shared)."""
+    b = block("HookbusToolHooks(hooks).tool_node(")
+    assert free_names(b) == {"nc", "model"}
+    given = Snippet(
+        "import nats\n"
+        "from langchain_core.language_models.fake_chat_models import GenericFakeChatModel\n"
+        "from langchain_core.messages import AIMessage\n"
+        "from hookbus.schemas import HookResult\n"
+        "from hookbus.workers import HookWorker\n"
+        f"nc = await nats.connect({nats_url!r})\n"
+        f"guard = HookWorker(await nats.connect({nats_url!r}))\n"
+        "async def no_rm_rf(event, data):\n"
+        "    if 'rm -rf' in data['tool_input']['command']:\n"
+        "        return HookResult(action='deny', reason='destructive command')\n"
+        "guard.add_handler('tool:pre', no_rm_rf, tool_filter=['bash'])\n"
+        "await guard.start()\n"
+        "call = {'name': 'bash', 'args': {'command': 'rm -rf /tmp/*'}, 'id': 'call-1'}\n"
+        "model = GenericFakeChatModel(messages=iter([AIMessage('', tool_calls=[call]),"
+        " AIMessage('done')]))\n"
+    )
+    check = Snippet(
+        "print(result['messages'][2].content)\nprint(result['messages'][-1].content)\n"
+        "await guard.unregister()\nawait guard.shutdown()\nawait nc.close()\n"
+    )
+    said = await run_python(tmp_path, [given], [Snippet.of(b)], [check])
+    assert said.stdout == "Denied by hook: destructive command\ndone\n", str(said)
 
 
 async def test_a_suspension_resolved_from_another_dispatcher(tmp_path: Path, nats_url: str) -> None:

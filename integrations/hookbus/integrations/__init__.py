@@ -5,6 +5,7 @@ them installs only hookbus's lean core:
 
 - `hookbus.integrations.pydantic_ai` (extra ``pydantic-ai``)
 - `hookbus.integrations.ai` (extra ``ai``: the Vercel AI SDK for Python)
+- `hookbus.integrations.langgraph` (extra ``langgraph``: the tool node of a LangGraph graph)
 - `hookbus.integrations.claude_code` (no extra: Claude Code's command and HTTP hooks)
 - `hookbus.integrations.gateway` (extra ``gateway``: the doors over HTTP, one Starlette app
   that `hookbus gateway http|aos` serves with uvicorn)
