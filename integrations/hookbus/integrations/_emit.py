@@ -9,8 +9,9 @@ door that uses it stays cheap to import.
 The rules the agent-framework integrations (pydantic-ai, the Vercel ``ai`` SDK) share are
 here too, written once: how an emit that cannot decide is turned into a decision
 (`emit_decision`), which results stop an action (`denied`, `as_deny`), the text a model
-reads for a denied call (`denied_text`), the final chained data (`final_data`) and the
-injections of a result (`injections`).
+reads for a denied call (`denied_text`) and for a withheld result (`withheld_text`), the
+final chained data (`final_data`), the injections of a result (`injections`) and their
+framing when they ride on a tool result's text (`framed_injections`).
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ __all__ = [
     "denied_text",
     "emit_decision",
     "final_data",
+    "framed_injections",
     "injections",
     "jsonable",
     "reason",
+    "withheld_text",
 ]
 
 
@@ -108,6 +111,11 @@ def denied_text(result: HookResult) -> str:
     return f"Denied by hook: {reason(result)}"
 
 
+def withheld_text(result: HookResult) -> str:
+    """The tool result the model sees when ``tool:post`` denied it (the tool did run)."""
+    return f"Tool result withheld by hook: {reason(result)}"
+
+
 def as_deny(
     result: HookResult, event: str, why_unanswered: str, *, log: logging.Logger
 ) -> HookResult:
@@ -147,6 +155,18 @@ def injections(result: HookResult) -> list[Injection]:
             )
         )
     return found
+
+
+def framed_injections(added: list[Injection]) -> str:
+    """`added` as text to append to what the model reads for a tool result, for a framework
+    that cannot add a message mid-run: each injection on its own, after a blank line, framed
+    ``<hook_injection handler="..." role="...">...</hook_injection>`` (the role is named, not
+    applied); "" when there are none."""
+    text = ""
+    for content, role, _ephemeral, handler in added:
+        frame = f'<hook_injection handler="{handler or "hook"}" role="{role}">'
+        text += f"\n\n{frame}{content}</hook_injection>"
+    return text
 
 
 def check_timeout(name: str, value: float | None) -> None:

@@ -223,9 +223,10 @@ from ._emit import (
     denied_text,
     emit_decision,
     final_data,
+    framed_injections,
     injections,
     jsonable,
-    reason,
+    withheld_text,
 )
 
 __all__ = [
@@ -885,7 +886,7 @@ class HookbusHooks(ai_middleware._Middleware):
         data = {**fields, "tool_result": sent}
         decision = await self._emit(dispatcher, TOOL_POST, data, run_id, call.tool_call_id)
         if denied(decision):
-            text = f"Tool result withheld by hook: {reason(_as_deny(decision, TOOL_POST))}"
+            text = withheld_text(_as_deny(decision, TOOL_POST))
             return ai_agent.tool_result(
                 tool_call_id=call.tool_call_id, tool_name=call.tool_name, result=text
             ), []
@@ -1466,9 +1467,7 @@ def _with_injections(result: Any, added: list[Injection]) -> Any:
     first = parts[0]
     seen = first.get_model_input()
     text = seen if isinstance(seen, str) else json.dumps(jsonable(seen))
-    for content, role, _ephemeral, handler in added:
-        frame = f'<hook_injection handler="{handler or "hook"}" role="{role}">'
-        text += f"\n\n{frame}{content}</hook_injection>"
+    text += framed_injections(added)
     parts[0] = first.model_copy(update={"model_input": text, "model_input_kind": "json"})
     return ai_agent.tool_result(*parts, exception=result.exception)
 

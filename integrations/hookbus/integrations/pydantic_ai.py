@@ -150,7 +150,7 @@ from ._emit import denied_text as _denied_text
 from ._emit import final_data as _final_data
 from ._emit import injections as _injections
 from ._emit import jsonable as _jsonable
-from ._emit import reason as _reason
+from ._emit import withheld_text as _withheld_text
 
 if TYPE_CHECKING:
     from pydantic_ai.models import ModelRequestContext
@@ -452,7 +452,7 @@ class HookbusCapability(AbstractCapability[AgentDepsT]):
         decision = await self._emit(TOOL_POST, data, key=self._key(ctx, TOOL_POST, call))
         if _denied(decision):
             decision = _as_deny(decision, TOOL_POST, self.approvals)
-            return f"Tool result withheld by hook: {_reason(decision)}"
+            return _withheld_text(decision)
         self._inject(ctx, decision)
         new_result = _final_data(decision).get("tool_result", sent)
         return result if new_result == sent else new_result
