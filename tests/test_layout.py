@@ -509,6 +509,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "HookDeniedError",
         "HookbusCapability",
     },
+    "hookbus.integrations.openai_agents": {"EVENTS", "HookDeniedError", "HookbusGuard"},
     "hookbus.integrations.claude_code": {
         "CLAUDE_CODE_PERMISSION_REQUEST",
         "CLAUDE_CODE_STOP",

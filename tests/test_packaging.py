@@ -50,6 +50,7 @@ EXTRAS_PACKAGES = {
     "httptools": "gateway",
     "uvloop": "uvloop",
     "pydantic-ai-slim": "pydantic-ai",
+    "openai-agents": "openai-agents",
 }
 """Distributions an extra installs -> the extra: none may come with the core install."""
 
