@@ -510,6 +510,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "HookbusCapability",
     },
     "hookbus.integrations.langgraph": {"EVENTS", "HookbusToolHooks"},
+    "hookbus.integrations.openai_agents": {"EVENTS", "HookDeniedError", "HookbusGuard"},
     "hookbus.integrations.claude_code": {
         "CLAUDE_CODE_PERMISSION_REQUEST",
         "CLAUDE_CODE_STOP",

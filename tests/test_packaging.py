@@ -52,6 +52,7 @@ EXTRAS_PACKAGES = {
     "pydantic-ai-slim": "pydantic-ai",
     "langgraph": "langgraph",
     "langchain-core": "langgraph",
+    "openai-agents": "openai-agents",
 }
 """Distributions an extra installs -> the extra: none may come with the core install."""
 

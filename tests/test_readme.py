@@ -56,6 +56,7 @@ RUNS = {
     "from hookbus.amplifier import": "test_the_amplifier_core_switch",
     "HookbusCapability(hooks)": "test_the_pydantic_ai_capability",
     "HookbusToolHooks(hooks).tool_node(": "test_the_langgraph_tool_node",
+    "HookbusGuard(hooks).run(": "test_the_openai_agents_guard",
     '{"hooks": {"PreToolUse"': "test_the_claude_code_settings_block",
     "hookbus gateway aos ": "test_the_aos_door_with_curl",
     "class TransferApproval(": "test_a_suspension_resolved_from_another_dispatcher",
@@ -279,6 +280,41 @@ async def test_the_langgraph_tool_node(tmp_path: Path, nats_url: str) -> None:
     )
     said = await run_python(tmp_path, [given], [Snippet.of(b)], [check])
     assert said.stdout == "Denied by hook: destructive command\ndone\n", str(said)
+
+
+async def test_the_openai_agents_guard(tmp_path: Path, nats_url: str) -> None:
+    """Given `nc` (a connection) and `model` (a scripted `agents` model: one call of the
+    block's tool, then text; no network, tracing off), the block runs an agent whose tool
+    call goes on the bus."""
+    b = block("HookbusGuard(hooks).run(")
+    assert free_names(b) == {"nc", "model"}
+    given = Snippet(
+        "import os, json, nats, agents\n"
+        "os.environ.setdefault('OPENAI_API_KEY', 'sk-dummy-no-network')\n"
+        "agents.set_tracing_disabled(True)\n"
+        "from agents import ModelResponse, Usage\n"
+        "from agents.models.interface import Model\n"
+        "from openai.types.responses import ResponseFunctionToolCall as Call\n"
+        "from openai.types.responses import ResponseOutputMessage as Msg\n"
+        "from openai.types.responses import ResponseOutputText as Text\n"
+        "class Scripted(Model):\n"
+        "    turns = [[Call(id='fc1', call_id='c1', type='function_call', name='bash',\n"
+        "                   arguments=json.dumps({'command': 'rm -rf build'}))]]\n"
+        "    async def get_response(self, *args, **kwargs):\n"
+        "        turn = self.turns.pop(0) if self.turns else [Msg(\n"
+        "            id='m1', type='message', role='assistant', status='completed',\n"
+        "            content=[Text(text='done', type='output_text', annotations=[])])]\n"
+        "        return ModelResponse(output=turn, usage=Usage(), response_id=None)\n"
+        "    def stream_response(self, *args, **kwargs):\n"
+        "        raise NotImplementedError\n"
+        f"nc = await nats.connect({nats_url!r})\nmodel = Scripted()\n"
+    )
+    check = Snippet(
+        "outputs = [i.output for i in result.new_items if i.type == 'tool_call_output_item']\n"
+        "print(result.final_output, outputs)\nawait nc.close()\n"
+    )
+    said = await run_python(tmp_path, [given], [Snippet.of(b)], [check])
+    assert said.stdout == "done ['ran rm -rf build']\n", str(said)
 
 
 async def test_a_suspension_resolved_from_another_dispatcher(tmp_path: Path, nats_url: str) -> None:

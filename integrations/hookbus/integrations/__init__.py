@@ -4,6 +4,7 @@ Each adapter is its own module with its own optional extra, so an agent that use
 them installs only hookbus's lean core:
 
 - `hookbus.integrations.pydantic_ai` (extra ``pydantic-ai``)
+- `hookbus.integrations.openai_agents` (extra ``openai-agents``: the OpenAI Agents SDK)
 - `hookbus.integrations.ai` (extra ``ai``: the Vercel AI SDK for Python)
 - `hookbus.integrations.langgraph` (extra ``langgraph``: the tool node of a LangGraph graph)
 - `hookbus.integrations.claude_code` (no extra: Claude Code's command and HTTP hooks)
