@@ -1319,3 +1319,92 @@ async def test_a_retry_through_a_host_whose_clock_is_ahead_applies_no_default(
     [record] = [r for r in (await approver.d.approval_page()).records if r.status == "pending"
                 and r.metadata.get("session_id") == agent.session]  # fmt: skip
     assert record.status == "pending"
+
+
+# -- an approval nobody waits for ends ---------------------------------------------------------
+async def test_an_approval_whose_asker_is_gone_expires_at_its_timeout_with_its_default(
+    agent: Agent, approver: Approver, event: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The caller's deadline ends the wait and leaves the approval pending; past its own
+    timeout (plus the margin, by the server's clock) the next listing ends it with its
+    default: it is no longer pending, an answer is refused as settled, a retry of the call
+    gets the default, and the CLI shows it as expired."""
+    from hookbus.dispatcher import ApprovalsClient, _approvals
+
+    monkeypatch.setattr(_approvals, "EXPIRY_MARGIN_S", 0.5)
+    agent.d.register(event, asker(approval_timeout=1.0, approval_default="allow"))
+    call = {"tool_name": "bash", "command": "ls"}
+    key = f"key-{uuid.uuid4().hex}"
+    gone = await agent.d.emit(event, dict(call), idempotency_key=key, timeout_s=0.3)
+    assert gone.action == "deny" and CALLERS_DEADLINE in (gone.reason or "")
+    label = (await approver.pending(agent.session)).label
+    async with ApprovalsClient(approver.nc) as client:
+        assert label in [r.label for r in await client.pending_approvals()]  # not yet overdue
+        with anyio.fail_after(15):
+            while True:  # each listing reads the server's clock: no event to wait on
+                if label not in [r.label for r in await client.pending_approvals()]:
+                    break
+                await anyio.sleep(0.2)
+        got = await client.get_approval(label)
+        assert got is not None
+        assert got[0].status == "cancelled"
+        assert got[0].reason == "timed out after 1.0s; default allow applied"
+        with pytest.raises(AlreadySettledError, match=r"timed out after 1\.0s"):
+            await client.answer_approval(label, "Allow", approver="late")
+    again = await agent.d.emit(event, dict(call), idempotency_key=key, timeout_s=5)
+    assert again.action == "continue" and again.reason == "timed out after 1.0s; default allow"
+
+
+async def test_an_overdue_approval_is_refused_an_answer_and_listed_as_expired_by_the_cli(
+    agent: Agent, approver: Approver, event: str, nats_url: str
+) -> None:
+    """`hookbus approvals list --json` ends an approval nobody waited for past its timeout
+    (its own margin) and shows it once as expired; `answer` then finds nothing pending."""
+    agent.d.register(event, asker(approval_timeout=0.2, approval_default="deny"))
+    gone = await agent.d.emit(event, {"tool_name": "bash"}, timeout_s=0.1)
+    assert gone.action == "deny"
+    label = (await approver.pending(agent.session)).label
+    await anyio.sleep(0.2 + _approvals_margin() + 0.5)
+    listed = await hookbus_cli(nats_url, "approvals", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = [r for r in json.loads(listed.stdout) if r["label"] == label]
+    assert [(r["state"], r["reason"]) for r in rows] == [
+        ("expired", "timed out after 0.2s; default deny applied")
+    ]
+    answered = await hookbus_cli(
+        nats_url, "approvals", "answer", label, "Allow", "--approver", "late"
+    )
+    assert answered.returncode == 1 and b"no pending approval" in answered.stderr
+    assert b"Traceback" not in answered.stderr
+
+
+def _approvals_margin() -> float:
+    from hookbus.dispatcher._approvals import EXPIRY_MARGIN_S
+
+    return EXPIRY_MARGIN_S
+
+
+async def test_an_approval_is_cancelled_from_the_cli_and_its_asker_denies(
+    agent: Agent, approver: Approver, event: str, nats_url: str
+) -> None:
+    """`hookbus approvals cancel ID --reason ...` ends a pending approval: the waiting call
+    is denied with the reason; a second cancel, or a bad id, is one line, never a
+    traceback; no argument is a usage error (exit 2)."""
+    agent.d.register(event, asker(approval_timeout=20.0))
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
+        part = await approver.pending(agent.session)
+        from hookbus.cli._output import short_id
+
+        done = await hookbus_cli(
+            nats_url, "approvals", "cancel", short_id(part.label), "--reason", "not today"
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.decode().strip() == f"cancelled {part.label}: not today"
+        result = await out.wait()
+    assert result.action == "deny" and result.reason == "approval cancelled: not today"
+    again = await hookbus_cli(nats_url, "approvals", "cancel", part.label)
+    assert again.returncode == 1 and b"no pending approval" in again.stderr
+    assert b"Traceback" not in again.stderr
+    usage = await hookbus_cli(nats_url, "approvals", "cancel")
+    assert usage.returncode == 2 and b"Traceback" not in usage.stderr

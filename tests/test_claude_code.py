@@ -34,7 +34,7 @@ from click.testing import CliRunner
 from hookbus._core.nats_guard import order_flushes
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.cli._claude_code_cmd import claude_code
-from hookbus.dispatcher import HookDispatcher
+from hookbus.dispatcher import ApprovalsClient, HookDispatcher
 from hookbus.integrations.claude_code import (
     EVENT_MAP,
     EVENTS,
@@ -396,6 +396,30 @@ def test_an_approval_nobody_answers_ends_by_the_hook_timeout(bus: Bus) -> None:
         "the caller's deadline ended the wait before an answer"
     )
     assert ran.seconds < 8
+
+
+def test_an_embedded_door_ends_its_approval_within_its_own_wait(bus: Bus) -> None:
+    """--embedded --on-ask-user approval: the approval's timeout is cut to the door's wait
+    (`ClaudeCodeOptions.approval_timeout_s`: 3 s less a fifth), so nobody answering ends it
+    with its default before the door gives up, and none is left pending."""
+    body = with_command("PreToolUse", "deploy cache")
+    ran = run_hook(body, "--embedded", "--on-ask-user", "approval", "--timeout", "3", url=bus.url)
+    assert (ran.code, ran.stderr) == (0, "")
+    decision = ran.out["hookSpecificOutput"]
+    assert decision["permissionDecision"] == "deny"
+    assert decision["permissionDecisionReason"] == "timed out after 2.4s; default deny"
+
+    async def pending() -> list[Any]:
+        nc = await nats.connect(bus.url)
+        try:
+            async with ApprovalsClient(nc) as client:
+                page = await client.approval_page(status=None)
+        finally:
+            await nc.close()
+        return [(r.status, r.reason) for r in page.records
+                if r.metadata.get("session_id") == body["session_id"]]  # fmt: skip
+
+    assert anyio.run(pending) == [("cancelled", "timed out after 2.4s; default deny applied")]
 
 
 def test_embedded_dispatcher_asks_claude_code(bus: Bus) -> None:

@@ -345,8 +345,24 @@ async def test_revoke_a_grant_from_the_page(
         await expect(handler.locator("td.replicas")).to_have_text("1")
         await page.screenshot(path=str(artifacts / "console-grant.png"), full_page=True)
 
+        # a refused revoke (an approver's credentials on a secured server: 403) is said on
+        # the page, where the approver looks, not in a tooltip
+        refusal = "nats: permissions violation for publish to $KV.hookbus_approvals.g"
+
+        async def refuse(route: Any) -> None:
+            body = {"error": {"code": "not_permitted", "message": refusal}}
+            await route.fulfill(status=403, content_type="application/json", body=json.dumps(body))
+
+        await page.route("**/api/grants/revoke", refuse)
+        await row.locator("button.revoke").click()
+        await expect(page.locator("#grants-error")).to_be_visible()
+        await expect(page.locator("#grants-error")).to_contain_text(refusal)
+        await expect(row).to_have_count(1)
+        await page.unroute("**/api/grants/revoke")
+
         await row.locator("button.revoke").click()
         await expect(row).to_have_count(0)
+        await expect(page.locator("#grants-error")).to_have_text("")
         assert await scene.agent.approval_grants(session_id=scene.session) == []
 
         async with anyio.create_task_group() as tg:  # asked again, now denied on the page
@@ -355,6 +371,36 @@ async def test_revoke_a_grant_from_the_page(
             await card.locator("button", has_text="Deny").click()
             denied = await out.wait()
         assert denied.action == "deny" and denied.approved_by == "alice"
+
+
+async def test_cancelled_and_expired_approvals_leave_the_pending_list(
+    connect: Connect, scene: Scene, page: Page, artifacts: Path
+) -> None:
+    """Cancel on a card ends the approval: the waiting emit is denied "approval cancelled:
+    cancelled by alice on the console" and the card goes. An approval whose asker gave up
+    (the caller's deadline) is shown expired past its timeout, ended by the console's next
+    listing (its default applied), and leaves the list too."""
+    async with served_console(connect) as url:
+        await sign_in(page, url, approver="alice")
+        await expect(page.locator("#live")).to_have_text("live")
+        card = page.locator("article.approval", has_text=scene.prompt)
+        async with anyio.create_task_group() as tg:
+            out = spawn_emit(tg, scene, "make cancel")
+            await shown(page, card, out)
+            await card.locator("button.cancel").click()
+            result = await out.wait()
+        assert result.action == "deny"
+        assert result.reason == "approval cancelled: cancelled by alice on the console"
+        await expect(card).to_have_count(0)
+
+        gone = await scene.agent.emit(scene.event, scene.data("make expire"), timeout_s=0.5)
+        assert gone.action == "deny"  # the caller's deadline: the approval stays pending
+        await expect(card).to_have_count(1)
+        await page.screenshot(path=str(artifacts / "console-left-pending.png"), full_page=True)
+        # its own 30 s, then the margin: ended by a listing, gone from the page
+        await expect(card).to_have_count(0, timeout=60_000)
+        listed = await page.evaluate("fetch('/api/approvals').then((r) => r.json())")
+        assert not [a for a in listed["approvals"] if a["prompt"] == scene.prompt]
 
 
 async def test_the_event_stream_delivers_a_pending_approval_within_a_second(

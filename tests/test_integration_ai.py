@@ -20,6 +20,7 @@ real subprocess (this file run as a script) where the point is another process:
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import json
@@ -304,6 +305,39 @@ async def test_approval_resolved_by_another_process(
     assert model.unused == []
     # the run's exit removed its consumed record
     await assert_used(hooks, f"approve_{call.tool_call_id}", ["sent 1200"])
+
+
+README_AI_BLOCK = 'hooks = await HookbusHooks.open(nc, agent_id="payments")'
+"""The line that finds the README's ``ai`` example (run below as written)."""
+
+
+async def test_the_readmes_ai_example_runs_as_written(connect: Any, agent_id: str) -> None:
+    """README.md's ``ai`` block, run as written (top-level ``await``) with an agent, a
+    scripted model, the messages and `other` (the same agent's hooks on another
+    connection): the approver's answer decides the tool approval and the tool runs once."""
+    from _readme_blocks import blocks
+
+    (found,) = [b for b in blocks() if README_AI_BLOCK in b.text]
+    code = found.text.replace('"payments"', repr(agent_id)).replace('"run-42"', repr(agent_id))
+    other = await HookbusHooks.open(await connect(), agent_id=agent_id)
+    call = testing.tool_call(transfer, amount=1200)
+    scope: dict[str, Any] = {
+        "nc": await connect(), "agent": ai.Agent(tools=[transfer]),
+        "model": testing.FakeModel(script(call)), "messages": [ai.user_message("pay 1200")],
+        "other": other,
+    }  # fmt: skip
+    compiled = compile(code, found.where, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    try:
+        async with asyncio.timeout(PROCESS_TIMEOUT_S):
+            ran = eval(compiled, scope)  # the README block, as written
+            if ran is not None:
+                await ran
+    finally:
+        await other.close()
+        if "hooks" in scope:
+            await scope["hooks"].close()
+    assert TRANSFERS == [1200]
+    assert tool_results(scope["stream"].messages) == ["sent 1200"]
 
 
 async def test_denied_approval_does_not_run_the_tool(

@@ -81,8 +81,8 @@ _json_option = click.option(
 @connection_options
 @_json_option
 def approvals(ctx: click.Context, conn: ConnectionSettings, as_json: bool) -> None:
-    """Pending approvals (ask_user results): list them, `answer LABEL CHOICE`; "Allow
-    always" grants: `grants`, `revoke`."""
+    """Pending approvals (ask_user results): list them, `answer LABEL CHOICE`, `cancel
+    LABEL`; "Allow always" grants: `grants`, `revoke`."""
     if ctx.invoked_subcommand is None:
         ctx.invoke(approvals_list, conn=conn, as_json=as_json)
 
@@ -91,25 +91,44 @@ async def _pending_approvals(approvals: ApprovalsClient) -> list[SuspensionRecor
     return await approvals.pending_approvals()
 
 
+def _status(r: SuspensionRecord) -> str:
+    """``pending``, ``expired`` (closed by its own timeout, its default applied),
+    ``cancelled`` or ``resolved``."""
+    if r.status == "cancelled" and (r.reason or "").startswith("timed out after "):
+        return "expired"
+    return r.status
+
+
+async def _listed(approvals: ApprovalsClient) -> list[SuspensionRecord]:
+    """The approvals ended now (nobody waited past their timeout), then the pending ones."""
+    ended = await approvals.end_overdue()
+    return ended + await approvals.pending_approvals()
+
+
 @approvals.command("list")
 @connection_options
 @_json_option
 def approvals_list(conn: ConnectionSettings, as_json: bool) -> None:
-    """Pending approvals with prompt, options, handler and tool. `answer` takes the label
-    or the id beside it (8 characters, the same on every run)."""
-    records = _with_approvals(conn, _pending_approvals)
+    """Pending approvals with prompt, options, handler and tool. `answer` and `cancel`
+    take the label or the id beside it (8 characters, the same on every run). An approval
+    nobody waited for past its timeout is ended as it is listed (its default applied) and
+    shown once more with status "expired"."""
+    records = _with_approvals(conn, _listed)
     if as_json:
-        rows = [{"id": short_id(r.label), **to_builtins(r)} for r in records]
+        rows = [{"id": short_id(r.label), **to_builtins(r), "state": _status(r)}
+                for r in records]  # fmt: skip
         click.echo(json.dumps(rows, indent=2))
         return
     table = Table(title="pending approvals")
     table.add_column("id", no_wrap=True)
+    table.add_column("status", no_wrap=True)
     for header in ("label", "prompt", "options", "handler", "tool", "agent", "session", "default"):
         id_column(table, header)  # what you copy, and what you decide on: never cut
     for r in records:
         m = r.metadata
         table.add_row(
             short_id(r.label),
+            _status(r),
             r.label,
             str(m.get("prompt", "")),
             " / ".join(str(o) for o in m.get("options", []) or []),
@@ -149,23 +168,57 @@ def approvals_answer(
         )
 
     async def answer(d: ApprovalsClient) -> str:
-        by_id = is_short_id(label)
-        found = [r for r in await _pending_approvals(d)
-                 if r.label == label or (by_id and short_id(r.label) == label)]  # fmt: skip
-        if agent is not None:
-            found = [r for r in found if r.agent_id == agent]
-        if not found:
-            raise click.ClickException(f"no pending approval {label!r} (see `hookbus approvals`)")
-        if len({(r.label, r.agent_id) for r in found}) > 1:
-            raise click.ClickException(
-                f"approval {label!r} is pending for several agents; pick one with --agent"
-            )
-        record = found[0]
+        record = await _one_pending(d, label, agent)
         await d.answer_approval(record.label, choice, approver=approver, agent_id=record.agent_id)
         return record.label
 
     answered = _with_approvals(conn, answer)
     click.echo(f"answered {answered}: {choice} (as {approver})")
+
+
+async def _one_pending(d: ApprovalsClient, label: str, agent: str | None) -> SuspensionRecord:
+    """The pending approval `label` (or id) names, of `agent` if given.
+
+    Raises:
+        click.ClickException: none, or several agents have one.
+    """
+    by_id = is_short_id(label)
+    found = [r for r in await _pending_approvals(d)
+             if r.label == label or (by_id and short_id(r.label) == label)]  # fmt: skip
+    if agent is not None:
+        found = [r for r in found if r.agent_id == agent]
+    if not found:
+        raise click.ClickException(f"no pending approval {label!r} (see `hookbus approvals`)")
+    if len({(r.label, r.agent_id) for r in found}) > 1:
+        raise click.ClickException(
+            f"approval {label!r} is pending for several agents; pick one with --agent"
+        )
+    return found[0]
+
+
+@approvals.command("cancel")
+@click.argument("label", metavar="LABEL|ID")
+@click.option(
+    "--reason", default=None, help='Why (default "cancelled by hand"); the asker denies with it.'
+)
+@click.option("--agent", default=None, help="The agent whose approval it is (default: found).")
+@connection_options
+def approvals_cancel(
+    label: str, reason: str | None, agent: str | None, conn: ConnectionSettings
+) -> None:
+    """End the pending approval LABEL (or the ID `hookbus approvals` prints beside it)
+    without an answer: the call waiting on it, or a retry of it, is denied ("approval
+    cancelled: REASON"). Writes the approval record: on a secured server, the admin's
+    credentials (or the dispatcher service's)."""
+    why = reason or "cancelled by hand"
+
+    async def cancel(d: ApprovalsClient) -> str:
+        record = await _one_pending(d, label, agent)
+        await d.cancel_approval(record.label, reason=why, agent_id=record.agent_id)
+        return record.label
+
+    cancelled = _with_approvals(conn, cancel)
+    click.echo(f"cancelled {cancelled}: {why}")
 
 
 def _filters(f: Callable[..., None]) -> Callable[..., None]:

@@ -114,11 +114,13 @@ class _LazyEmit:
         embedded: bool,
         approvals: bool,
         connect_timeout_s: float,
+        approval_timeout_s: float | None = None,
     ) -> None:
         self._conn = conn
         self._agent_id = agent_id
         self._embedded = embedded
         self._approvals = approvals
+        self._approval_timeout_s = approval_timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._nc: NATS | None = None
         self._dispatcher: Any = None
@@ -155,6 +157,9 @@ class _LazyEmit:
                 nc, approvals=self._approvals, agent_id=self._agent_id
             )
             await self._dispatcher.start()
+            if self._approvals and self._approval_timeout_s is not None:
+                # an approval ends within the door's wait (ClaudeCodeOptions.approval_timeout_s)
+                self._dispatcher.approvals.max_timeout_s = self._approval_timeout_s
             emit = self._dispatcher.emit
         else:
             emit = service_emit(nc, agent_id=self._agent_id)
@@ -344,6 +349,7 @@ def claude_code(
         embedded=embedded,
         approvals=options.on_ask_user == "approval",
         connect_timeout_s=connect_timeout_s,
+        approval_timeout_s=options.approval_timeout_s,
     )
     try:
         with callers_trace(), _exporting(otlp_endpoint):

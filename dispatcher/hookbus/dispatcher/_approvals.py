@@ -21,6 +21,18 @@ closes the approval. The caller's deadline (``emit(..., timeout_s=...)``) ending
 first is not the human's silence: the call is denied and the approval stays pending, so a
 retry of the call (same idempotency key) gets its answer.
 
+**An approval nobody waits for ends at its own timeout.** Its asker gone (a caller's
+deadline, a stopped emit, a crashed dispatcher), a pending approval is ended by whoever
+next reads it past ``timeout_s`` plus `EXPIRY_MARGIN_S` and may write the record (an
+approver's `ApprovalsClient` on an open server, the console, ``hookbus approvals``, an
+answer to it): a proven answer written before that decides as usual, else the record is
+closed by compare-and-set on the revision it judged, with the asker's own reason ("timed
+out after ...; default ... applied"), so a retry of the call gets the default. The age is
+the server's: the time JetStream stamped on the record's current revision against the
+time it reports now (``STREAM.INFO``), never the record's ``created_at`` (the asker's wall
+clock) nor the reader's. An approval without a timeout never expires; `cancel` ends one by
+hand.
+
 **One approval per call and asker.** The label is derived from the call: event, agent, session,
 handler, the call's id (the caller's idempotency key, else the emit's own random id) and
 its data (without the timestamp). A retry of the same call (same key, e.g. after a lost
@@ -79,6 +91,7 @@ from typing import Any, TypeVar
 
 import msgspec
 import nats.errors
+import nats.js.api
 import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
@@ -112,11 +125,13 @@ from ._kv import kv_retry, open_bucket
 from ._pending_quota import PendingQuota
 from ._proofs import first_proof, write_proof
 from ._records import RecordStore
+from ._suspension_events import publish
 from ._suspensions import Suspensions
 from ._tasks import stop_task
 
 __all__ = [
     "APPROVAL_LABEL_PREFIX",
+    "EXPIRY_MARGIN_S",
     "AnswerNotAppliedError",
     "ApprovalGrant",
     "Approvals",
@@ -141,6 +156,10 @@ _MIN_READ_S = 0.5
 
 _TIMED_OUT = "timed out after "
 """How the cancel reason of an approval closed by its timeout starts."""
+
+EXPIRY_MARGIN_S = 5.0
+"""Seconds past its ``timeout_s`` (by the server's clock) a pending approval nobody closed
+is ended by a reader (`Approvals.end_if_overdue`): its asker, if alive, closes it first."""
 
 NO_ALLOWING_OPTION = "offer no allowing answer"
 """Words of the reason of a deny decided because none of a question's options allows."""
@@ -193,13 +212,14 @@ MAX_APPROVAL_TIMEOUT_S = 7 * 24 * 3600.0
 """Longest approval wait, in seconds (a handler's `approval_timeout` is clamped to it)."""
 
 
-def _clamp(timeout_s: float | None) -> float | None:
-    """A handler's `approval_timeout` within [0, `MAX_APPROVAL_TIMEOUT_S`] (NaN: 0)."""
+def _clamp(timeout_s: float | None, longest: float = MAX_APPROVAL_TIMEOUT_S) -> float | None:
+    """A handler's `approval_timeout` within [0, `longest`] (NaN: 0; None: `longest` when
+    that is below `MAX_APPROVAL_TIMEOUT_S`, else None, no limit)."""
     if timeout_s is None:
-        return None
+        return longest if longest < MAX_APPROVAL_TIMEOUT_S else None
     if not timeout_s >= 0:  # negative or NaN
         return 0.0
-    return min(float(timeout_s), MAX_APPROVAL_TIMEOUT_S)
+    return min(float(timeout_s), longest)
 
 
 def _text(value: Any) -> str | None:
@@ -283,6 +303,13 @@ class Approvals:
             None if max_pending is None else PendingQuota(max_pending, self._count_pending)
         )
         self._proof_poll_s = proof_poll_s
+        self.closes_records = True
+        """Whether `end_if_overdue` (from `answer`) writes the record it closes (False:
+        credentials that may not write approval records only judge)."""
+        self.max_timeout_s = MAX_APPROVAL_TIMEOUT_S
+        """Longest approval wait, seconds: a handler's ``approval_timeout`` is cut to it (a
+        door that waits less than a handler's timeout sets it, so every approval it asks
+        ends, with its ``approval_default``, within the door's wait)."""
         self._own_agent_secured = False  # an agent's own store on a secured server
 
     @classmethod
@@ -325,6 +352,7 @@ class Approvals:
             max_pending=max_pending,
         )  # fmt: skip
         approvals._own_agent_secured = deadline < 15.0
+        approvals.closes_records = not approvals._own_agent_secured
         return approvals
 
     async def close(self) -> None:
@@ -367,7 +395,9 @@ class Approvals:
     ) -> HookResult:
         started = time.monotonic()
         handler = result.decided_by or "?"
-        result = msgspec.structs.replace(result, approval_timeout=_clamp(result.approval_timeout))
+        result = msgspec.structs.replace(
+            result, approval_timeout=_clamp(result.approval_timeout, self.max_timeout_s)
+        )
         options = list(result.approval_options or APPROVAL_DEFAULT_OPTIONS)
         allowing = allowing_options(options, result.approval_allow_options)
         if not allowing:
@@ -872,6 +902,53 @@ class Approvals:
             return f"the answer under approver {approver!r} names {proof.answered_by!r}"
         return proof
 
+    async def end_if_overdue(
+        self, label: str, *, agent_id: str | None, write: bool = True
+    ) -> SuspensionRecord | None:
+        """End the pending approval `label` of `agent_id` if nobody closed it within its
+        ``timeout_s`` plus `EXPIRY_MARGIN_S`, by the server's clock (see the module
+        docstring): a proven answer decides it, else it is closed with its default.
+
+        Args:
+            write: False: only judge (credentials that may not write the record, e.g. an
+                approver's on a secured server): the returned record is the closed one it
+                would write, not stored.
+        Returns:
+            The settled record (as stored, or as it would be with `write` False), or None:
+            not an approval, not pending, no timeout, or not overdue.
+        Raises:
+            HookbusTimeoutError: JetStream stayed unavailable.
+        """
+        store = self.records.for_agent(agent_id)
+        got = await store.get(label)
+        if got is None or got[0].status != "pending" or got[0].metadata.get("kind") != "approval":
+            return None
+        record, revision = got
+        timeout = record.metadata.get("timeout_s")
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+            return None
+        age = await _server_age(store.records.kv, store.records.key(label), revision)
+        if age is None or age < float(timeout) + EXPIRY_MARGIN_S:
+            return None
+        options = list(record.metadata.get("options") or APPROVAL_DEFAULT_OPTIONS)
+        default = record.metadata.get("default")
+        reason = f"{_TIMED_OUT}{timeout}s; default {default} applied"
+        closed = msgspec.structs.replace(
+            record, status="cancelled", reason=reason, settled_at=time.time()
+        )
+        if not write:
+            return closed
+        if await self._apply_proofs(store, label, options):  # an answer came first: it decides
+            again = await store.get(label)
+            return None if again is None else again[0]
+        if await store.records.swap(closed, last=revision) is None:  # settled meanwhile
+            again = await store.get(label)
+            return None if again is None else again[0]
+        log.info("approval %r of agent %r expired: nobody waited past its %ss", label,
+                 agent_id, timeout)  # fmt: skip
+        await publish(store._nc, closed)  # the feed drops it from every console
+        return closed
+
     async def answer(
         self,
         label: str,
@@ -914,6 +991,9 @@ class Approvals:
         options = list(record.metadata.get("options") or APPROVAL_DEFAULT_OPTIONS)
         if choice not in options:
             raise ResolutionRejectedError(f"choice {choice!r} is not one of the options {options}")
+        ended = await self.end_if_overdue(label, agent_id=agent_id, write=self.closes_records)
+        if ended is not None:
+            raise AlreadySettledError(f"approval {label!r} is already {_settled(ended)}")
         answer = ApprovalAnswer(choice=choice, answered_by=approver, answered_at=time.time())
         key = approval_answer_key(label, agent_id, approver)
         answer = await write_proof(store.records.kv, key, answer, deadline_s=self._grant_read_s)
@@ -1056,6 +1136,25 @@ def joined_decision(asks: list[HookResult], decisions: list[HookResult]) -> Hook
         approved_by=", ".join(approvers) or None,
         failures=last.failures,
     )
+
+
+async def _server_age(kv: KeyValue, key: str, revision: int) -> float | None:
+    """Seconds, by the server's clock, since revision `revision` of `key` was written: the
+    time JetStream stamped on the key's last message against the time ``STREAM.INFO``
+    reports now. None: the key's last message is another revision (it changed meanwhile)."""
+    js: Any = kv._js  # type: ignore[attr-defined]
+    stream: str = kv._stream  # type: ignore[attr-defined]
+    subject = f"{kv._pre}{key}"  # type: ignore[attr-defined]
+
+    async def read() -> float | None:
+        last = await js.get_last_msg(stream, subject, direct=True)
+        if last.seq != revision or last.time is None:
+            return None
+        info = await js._nc.request(f"{js._prefix}.STREAM.INFO.{stream}", b"", timeout=2.0)
+        now = nats.js.api.Base._parse_utc_iso(msgspec.json.decode(info.data)["ts"])
+        return (now - last.time).total_seconds()
+
+    return await kv_retry(read, deadline_s=5.0, what=f"reading the age of {key[:80]}")
 
 
 def _approval_left(timeout_s: float | None, started: float) -> float | None:

@@ -10,6 +10,8 @@ leases bucket. The answer is written as today's answers are: the approver's proo
 
 from __future__ import annotations
 
+import dataclasses
+
 from nats.aio.client import Client as NATS
 
 from hookbus._core.buckets import approvals_bucket_config
@@ -18,6 +20,7 @@ from hookbus.schemas import (
     ApprovalGrant,
     HookStatus,
     NotConnectedError,
+    SuspensionNotFoundError,
     SuspensionRecord,
     suspension_events_subject,
     validate_name,
@@ -50,6 +53,9 @@ class ApprovalsClient:
         bucket_replicas: replicas of the approvals bucket if this creates it (3 on a cluster).
         js_domain: the JetStream domain holding the approvals bucket (a leaf site: the
             hub's; None: the one bound to `nc`, else the connection's own JetStream).
+        closes_records: whether an approval this client finds overdue (`end_overdue`) is
+            closed in the bucket (None: unless the server requires authentication, where an
+            approver's credentials may not write records: there it is only not listed).
     Raises:
         BadRequestError: `agent_id` is not a valid hookbus name.
     """
@@ -62,9 +68,11 @@ class ApprovalsClient:
         answer_wait_s: float = 5.0,
         bucket_replicas: int = 1,
         js_domain: str | None = None,
+        closes_records: bool | None = None,
     ) -> None:
         if agent_id is not None:
             validate_name("agent", agent_id)
+        self._closes = closes_records
         self._nc: NATS | None = nc
         self._agent_id = agent_id
         self._answer_wait_s = answer_wait_s
@@ -109,6 +117,7 @@ class ApprovalsClient:
         client._js_domain = None
         client._approvals = approvals
         client._owned = owned
+        client._closes = None
         return client
 
     async def start(self) -> None:
@@ -131,6 +140,11 @@ class ApprovalsClient:
         self._approvals = Approvals(
             records, kv, answer_wait_s=self._answer_wait_s, max_pending=None
         )
+        if self._closes is not None:
+            self._approvals.closes_records = self._closes
+        else:  # on a secured server only the dispatcher service and the admin write records
+            info = getattr(self._nc, "_server_info", None) or {}
+            self._approvals.closes_records = not info.get("auth_required")
 
     async def close(self) -> None:
         """Let the bucket go (idempotent). The connection stays the caller's."""
@@ -201,19 +215,61 @@ class ApprovalsClient:
     ) -> SuspensionPage:
         """Every agent's approval records in the approvals bucket (pending ones by
         default, `status` None: all; labels starting with `prefix`), oldest first, read in
-        one pass; ``skipped`` counts unreadable ones.
+        one pass; ``skipped`` counts unreadable ones. A pending approval nobody closed past
+        its timeout (`end_overdue`) is not pending: listing pending ones ends it first.
 
         Raises:
             HookbusTimeoutError: JetStream stayed unavailable.
             NotConnectedError: the client is not started.
         """
-        return await self._open().records.page(status=status, prefix=prefix)
+        page = await self._open().records.page(status=status, prefix=prefix)
+        if status != "pending":
+            return page
+        ended = {(r.agent_id, r.label) for r in await self._end(page.records)}
+        kept = [r for r in page.records if (r.agent_id, r.label) not in ended]
+        return dataclasses.replace(page, records=kept) if ended else page
 
     async def pending_approvals(self) -> list[SuspensionRecord]:
         """Every agent's pending approvals (records whose metadata ``kind`` is
-        ``approval``), oldest first; raises as `approval_page`."""
+        ``approval``), oldest first, overdue ones ended (`end_overdue`); raises as
+        `approval_page`."""
         page = await self.approval_page(status="pending", prefix=APPROVAL_LABEL_PREFIX)
         return [r for r in page.records if r.metadata.get("kind") == "approval"]
+
+    async def end_overdue(self) -> list[SuspensionRecord]:
+        """End every agent's pending approvals that nobody closed within their
+        ``timeout_s`` plus `EXPIRY_MARGIN_S` by the server's clock (their asker gone): a
+        proven answer decides, else each is closed with its default (status
+        ``cancelled``, reason "timed out after ...; default ... applied").
+
+        Returns:
+            The records ended, as settled (written when `closes_records`; else as they
+            would be: they are not pending for this client either).
+        Raises:
+            HookbusTimeoutError: JetStream stayed unavailable.
+            NotConnectedError: the client is not started.
+        """
+        page = await self._open().records.page(status="pending", prefix=APPROVAL_LABEL_PREFIX)
+        return await self._end(page.records)
+
+    async def _end(self, records: list[SuspensionRecord]) -> list[SuspensionRecord]:
+        approvals = self._open()
+        ended = []
+        for r in records:
+            if r.metadata.get("kind") != "approval" or r.metadata.get("timeout_s") is None:
+                continue
+            got = await approvals.end_if_overdue(
+                r.label, agent_id=r.agent_id, write=approvals.closes_records
+            )
+            if got is not None:
+                ended.append(got)
+        return ended
+
+    @property
+    def closes_records(self) -> bool:
+        """Whether this client writes the approval records it ends (`end_overdue`): not
+        with credentials that may not (an approver's on a secured server), unless told."""
+        return self._open().closes_records
 
     async def get_approval(
         self, label: str, *, agent_id: str | None = None
@@ -226,10 +282,22 @@ class ApprovalsClient:
         self, label: str, *, reason: str | None = None, agent_id: str | None = None
     ) -> None:
         """Cancel the pending approval `label` of agent `agent_id` (None: this client's):
-        its waiter denies with `reason`. Writes the approval record: on a secured server, a
-        dispatcher's or admin's NATS user only (an approver answers instead). Raises as
-        `Suspensions.cancel_hook`."""
-        await self._records(agent_id).cancel_hook(label, reason=reason)
+        its waiter (or a retry of the call) denies, "approval cancelled: <reason>". Writes
+        the approval record: on a secured server, a dispatcher's or admin's NATS user only.
+
+        Raises:
+            SuspensionNotFoundError: no approval `label` for this agent.
+            AlreadySettledError: it was answered, cancelled or timed out first.
+            HookbusTimeoutError: JetStream stayed unavailable (or these credentials may not
+                write the record: a refused publish is never acknowledged).
+            NotConnectedError: the client is not started.
+        """
+        store = self._records(agent_id)
+        got = await store.get(label)
+        if got is None or got[0].metadata.get("kind") != "approval":
+            agent = self._agent_id if agent_id is None else agent_id
+            raise SuspensionNotFoundError(f"no approval {label!r} for agent {agent!r}")
+        await store.cancel_hook(label, reason=reason)
 
     async def approval_grants(
         self,

@@ -117,6 +117,11 @@ DEFAULT_TIMEOUT_S: Final = 25.0
 command or HTTP hook on the events this door answers (``UserPromptSubmit``; most events
 get 600 s), so the door's own fallback answers before Claude Code cancels the hook."""
 
+APPROVAL_MARGIN_S: Final = 5.0
+"""Seconds of the door's wait kept for the handler chain before an approval and for the
+answer to come back: an approval asked through the door waits at most
+`ClaudeCodeOptions.approval_timeout_s`, the door's wait less this (at most a fifth of it)."""
+
 _SETTLE_S = 2.0
 """Seconds past `ClaudeCodeOptions.timeout_s` an emit may take to bring its answer back
 (the dispatcher settles an approval, the reply travels) before the fallback answers."""
@@ -202,6 +207,15 @@ class ClaudeCodeOptions:
             raise ValueError(f"timeout_s must be a number of seconds, not {timeout!r}")
         if not math.isfinite(timeout) or timeout <= 0:
             raise ValueError(f"timeout_s must be a finite number of seconds above 0: {timeout}")
+
+    @property
+    def approval_timeout_s(self) -> float:
+        """Longest ``approval_timeout`` of an approval asked through the door, seconds:
+        `timeout_s` less `APPROVAL_MARGIN_S` (at most a fifth of `timeout_s`), so an
+        unanswered approval ends at its own timeout, with its ``approval_default``, before
+        the door gives up, and none is left pending behind it. The embedded dispatcher the
+        door builds cuts every handler's ``approval_timeout`` to this."""
+        return self.timeout_s - min(APPROVAL_MARGIN_S, self.timeout_s / 5)
 
     def fallback_for(self, hook_event_name: str) -> FallbackAction:
         """The fallback of one Claude Code event: `fallback` (its name, else ``"*"``),

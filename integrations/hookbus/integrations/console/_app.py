@@ -322,6 +322,16 @@ def console_app(
         return _json({"label": label, "agent_id": agent, "choice": got.choice,
                       "answered_by": got.answered_by, "answered_at": got.answered_at})  # fmt: skip
 
+    async def cancel(request: Request, session: Session) -> Response:
+        body = await _body(request)
+        label = _text(body, "label")
+        agent = _text(body, "agent_id", optional=True)
+        assert label is not None
+        reason = f"cancelled by {session.approver} on the console"
+        await dispatcher.cancel_approval(label, reason=reason, agent_id=agent)
+        log.info("console: %s cancelled %s of agent %s", session.approver, label, agent)
+        return _json({"label": label, "agent_id": agent, "reason": reason})
+
     async def grants(request: Request, session: Session) -> Response:
         found = await dispatcher.approval_grants()
         return _json({"grants": [grant_item(g) for g in found]})
@@ -389,6 +399,7 @@ def console_app(
         Route("/api/logout", signed_in(logout, post=True), methods=["POST"]),
         Route("/api/approvals", signed_in(approvals), methods=["GET"]),
         Route("/api/approvals/answer", signed_in(answer, post=True), methods=["POST"]),
+        Route("/api/approvals/cancel", signed_in(cancel, post=True), methods=["POST"]),
         Route("/api/grants", signed_in(grants), methods=["GET"]),
         Route("/api/grants/revoke", signed_in(revoke, post=True), methods=["POST"]),
         Route("/api/decisions", signed_in(decisions), methods=["GET"]),

@@ -231,8 +231,29 @@ function approvalCard(a) {
       fact("default on timeout", a.default), left),
     el("details", {}, el("summary", {}, "data the handlers saw"), el("pre", {}, dataText(a))),
     el("div", { class: "choices" }, ...buttons),
+    el("div", { class: "actions" },
+      el("button", { type: "button", class: "cancel", title: "end it unanswered: the call is denied",
+                     onclick: () => cancelApproval(a, card, outcome) }, "Cancel")),
     outcome);
   return card;
+}
+
+// Ends the approval without an answer: the waiting call (or its retry) is denied.
+async function cancelApproval(a, card, outcome) {
+  for (const b of card.querySelectorAll("button")) b.disabled = true;
+  outcome.textContent = "cancelling…";
+  try {
+    await api("/api/approvals/cancel", { label: a.label, agent_id: a.agent_id });
+    state.approvals.delete(keyOf(a));
+    touch("approvals", keyOf(a));
+    renderApprovals();
+  } catch (e) {
+    outcome.textContent = `cannot cancel: ${e.message}`;
+    outcome.classList.add("error");
+    if (e.status !== 409 && e.status !== 404) {
+      for (const b of card.querySelectorAll("button")) b.disabled = false;
+    }
+  }
 }
 
 async function answer(a, choice, card, outcome) {
@@ -266,11 +287,21 @@ function renderApprovals() {
   $("no-approvals").hidden = list.length > 0;
 }
 
+// An approval past its time is ended by the server when the list is read (its default
+// applied, nobody waiting): the page shows "expired" and asks for the list again every few
+// seconds while one is shown, so it leaves the pending list.
+let lastOverdueLoad = 0;
 setInterval(() => {
+  let overdue = false;
   for (const span of document.querySelectorAll(".left[data-expires]")) {
     const s = Math.max(0, Number(span.dataset.expires) - (Date.now() + state.offsetMs) / 1000);
-    span.textContent = formatLeft(s);
+    span.textContent = s > 0 ? formatLeft(s) : "expired: its default applies";
     span.classList.toggle("urgent", s < 30);
+    if (s <= 0) overdue = true;
+  }
+  if (overdue && Date.now() - lastOverdueLoad > 3000) {
+    lastOverdueLoad = Date.now();
+    loadApprovals();
   }
 }, 1000);
 
@@ -300,11 +331,17 @@ function renderGrants() {
     const button = el("button", { type: "button", class: "revoke", "data-key": g.key,
       onclick: async () => {
         button.disabled = true;
+        $("grants-error").textContent = "";
         try {
           await api("/api/grants/revoke", { key: g.key });
           state.grants.delete(g.key);
           renderGrants();
-        } catch (e) { button.disabled = false; button.title = e.message; }
+        } catch (e) {
+          // said on the page, not in a tooltip: an approver's credentials may not revoke
+          button.disabled = false;
+          $("grants-error").textContent = `cannot revoke the grant of session ${g.session_id}`
+            + ` (${g.tool || "any tool"}): ${e.message}`;
+        }
       } }, "Revoke");
     return el("tr", { "data-key": g.key },
       el("td", {}, g.agent_id || ""), el("td", {}, g.session_id), el("td", {}, g.event),
