@@ -306,7 +306,7 @@ async def bench_span_floor(
     """The SDK's own cost for the spans a traced chain of 3 makes, without hookbus: a raw
     NATS request and its reply (responder in this process, on its own connection), bare,
     vs the same round trip making what hookbus records for it: the emit's INTERNAL span
-    (7 attributes) and the chain's PRODUCER span (5) around the request, its
+    (7 attributes) and the chain's PRODUCER span (6) around the request, its
     ``traceparent`` formatted into the headers; the responder reads it and makes the
     CONSUMER span (parented and linked, 10 attributes) around its reply. Same SDK setup
     as `bench_tracing` (a `BatchSpanProcessor` and a dropping exporter). Interleaved
@@ -338,7 +338,10 @@ async def bench_span_floor(
         parent = propagate.extract(msg.headers or {})
         remote = trace.get_current_span(parent).get_span_context()
         span = tracer.start_span(
-            "process bench chain", parent, kind=SpanKind.CONSUMER, links=[Link(remote)]
+            "process bench chain1,chain2,chain3",
+            parent,
+            kind=SpanKind.CONSUMER,
+            links=[Link(remote)],
         )
         await msg.respond(b"{}")
         span.set_attributes({
@@ -360,12 +363,13 @@ async def bench_span_floor(
             return
         emit = tracer.start_span("emit bench")
         ctx = trace.set_span_in_context(emit)
-        send = tracer.start_span("send bench chain", ctx, kind=SpanKind.PRODUCER)
+        send = tracer.start_span("send bench chain1,chain2,chain3", ctx, kind=SpanKind.PRODUCER)
         sc = send.get_span_context()
         headers = {"traceparent": f"00-{sc.trace_id:032x}-{sc.span_id:016x}-01"}
         await nc.request(subject, b"{}", timeout=5, headers=headers)
         send.set_attributes({
             **messaging, "hookbus.chain.handlers": ["chain1", "chain2", "chain3"],
+            "hookbus.chain.failure_policies": ["ignore", "ignore", "ignore"],
             "hookbus.chain.outcomes": ["continue", "continue", "continue"],
         })  # fmt: skip
         send.end()

@@ -423,7 +423,7 @@ async def test_in_process_pure_handlers_are_called_at_once(event: str) -> None:
 async def test_a_chain_is_traced_as_the_one_message_it_is(
     nc: NATS, connect: Connect, event: str
 ) -> None:
-    """With tracing on, a chain is one ``send <event> chain`` span under the emit (the
+    """With tracing on, a chain is one ``send <event> <handlers>`` span under the emit (the
     handlers it asked, the outcomes the fold read, one request, the worker instance that
     answered) with the worker's one handling span as its child; no span names a handler
     subject that carried no message."""
@@ -451,13 +451,13 @@ async def test_a_chain_is_traced_as_the_one_message_it_is(
         emit = otel.emit_span(event)
         spans = otel.spans(emit.context.trace_id)
         (send,) = children(spans, emit)
-        assert send.name == f"send {event} chain"
+        assert send.name == f"send {event} first,guard,never"
         assert list(send.attributes[tn.CHAIN_HANDLERS]) == ["first", "guard", "never"]
         assert list(send.attributes[tn.CHAIN_OUTCOMES]) == ["modify", "deny"]
         assert send.attributes[tn.REQUESTS] == 1
         assert send.attributes[tn.WORKER_INSTANCE] == instance
         (process,) = children(spans, send)
-        assert process.name == f"process {event} chain"
+        assert process.name == f"process {event} first,guard,never"
     finally:
         otel.shutdown()
         reset_globals()

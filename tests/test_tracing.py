@@ -101,7 +101,9 @@ async def test_deny_is_one_trace_emit_calls_and_handlings(otel: Otel, nc, connec
         assert [link.context.span_id for link in process.links] == [send.context.span_id]
         assert len(process.attributes[tn.MESSAGING_MESSAGE_ID]) == 32  # the emit's id
     assert sends[1].attributes[tn.REASON] == "no bash"
-    assert tn.FAILURE_POLICY not in sends[1].attributes  # set when a failure applies it
+    # every call says what a failure of it would do, though none failed
+    assert [s.attributes[tn.FAILURE_POLICY] for s in sends] == ["ignore", "deny"]
+    assert all(tn.FAILURE_KIND not in s.attributes for s in sends)
     assert len(spans) == 5
 
     # the traceparent on the wire is the send span's context
@@ -147,6 +149,7 @@ async def test_modify_chain_spans_in_priority_order(otel: Otel, nc, connect, eve
     ]
     assert [s.kind for s in calls] == [SpanKind.PRODUCER, SpanKind.INTERNAL, SpanKind.PRODUCER]
     assert all(s.attributes[tn.ACTION] == "modify" for s in calls)
+    assert all(s.attributes[tn.FAILURE_POLICY] == "ignore" for s in calls)  # in process too
     assert calls[0].end_time <= calls[1].start_time and calls[1].end_time <= calls[2].start_time
     assert [len(children(spans, s)) for s in calls] == [1, 0, 1]  # a worker handling per remote
     assert (
@@ -184,6 +187,7 @@ async def test_failure_under_ignore_fails_open_and_says_so(otel: Otel, nc, conne
     assert flaky_process.attributes[tn.ERROR_TYPE] == "handler_error"
     fine_send = only(spans, f"send {event} fine")
     assert fine_send.attributes[tn.FAILED_OPEN] is False
+    assert fine_send.attributes[tn.FAILURE_POLICY] == "ignore"  # what a failure would do
     assert fine_send.status.status_code is StatusCode.UNSET
 
     assert emit.attributes[tn.FAILED_OPEN] is True
@@ -243,8 +247,8 @@ async def test_service_mode_continues_the_agents_trace(otel: Otel, nc, connect, 
         await service.start()
         try:
             tracer = trace.get_tracer("test-agent")
-            subject = emit_service_subject(event)
-            with tracer.start_as_current_span(f"send {subject}", kind=SpanKind.PRODUCER) as span:
+            subject = emit_service_subject(event, "a1")
+            with tracer.start_as_current_span(f"send emit {event}", kind=SpanKind.PRODUCER) as span:
                 headers: dict[str, str] = {}
                 propagate.inject(headers)
                 body = encode(EmitRequest(data={"tool_name": "kubectl"}, agent_id="a1"))
@@ -256,9 +260,12 @@ async def test_service_mode_continues_the_agents_trace(otel: Otel, nc, connect, 
 
     trace_id = span.get_span_context().trace_id
     spans = otel.spans(trace_id)
-    agent_span = only(spans, f"send {subject}")
+    agent_span = only(spans, f"send emit {event}")
     (dispatch,) = children(spans, agent_span)
-    assert dispatch.name == f"process {subject}" and dispatch.kind is SpanKind.CONSUMER
+    # low-cardinality: one name per event, not per agent; the subject and agent attributes
+    assert dispatch.name == f"process emit {event}" and dispatch.kind is SpanKind.CONSUMER
+    assert dispatch.attributes[tn.MESSAGING_DESTINATION_NAME] == subject
+    assert dispatch.attributes[tn.GEN_AI_AGENT_ID] == "a1"
     assert [ln.context.span_id for ln in dispatch.links] == [agent_span.context.span_id]
     assert dispatch.attributes[tn.MESSAGING_CONSUMER_GROUP_NAME] == "hookbus-dispatcher"
     assert dispatch.attributes[tn.EVENT] == event
@@ -389,3 +396,18 @@ async def test_approval_wait_is_a_span_under_the_emit(otel: Otel, nc, connect, e
     assert wait.attributes[tn.SUSPENSION_OUTCOME] == "resolved"
     assert emit.attributes[tn.ACTION] == "continue"
     assert otel.points(tn.METRIC_SUSPENSIONS_PENDING) == [({tn.SUSPENSION_KIND: "approval"}, 0)]
+
+
+def test_service_span_names_leave_the_agent_out() -> None:
+    """Every agent's requests for one event share one span name (the messaging conventions'
+    low-cardinality destination), emit and emit_and_collect apart."""
+    from hookbus.dispatcher._telemetry import service_span_name
+    from hookbus.schemas import collect_service_subject
+
+    names = {service_span_name(emit_service_subject("tool:pre", a)) for a in ("a1", "b.2", None)}
+    assert names == {"process emit tool:pre"}
+    assert service_span_name(collect_service_subject("tool:pre", "a1")) == (
+        "process emit_and_collect tool:pre"
+    )
+    assert service_span_name("hookbus.v1.emit.a1.=ZZ") == "process emit ?"  # not decodable
+    assert service_span_name("elsewhere") == "process ? ?"

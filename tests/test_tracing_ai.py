@@ -6,7 +6,9 @@ A real nats-server, the SDK's in-memory exporter (`_otel_harness`). An ``ai`` ag
 (``RunBlocked``), then resumed by a second `HookbusHooks` on its own connection (another
 run, as another process would), answered there. Checks: each run is an ``invoke_agent``
 span, the aborted ``await suspension`` is a child of the first, the resumed one a child
-of the second and linked to the first (the run that created the suspension).
+of the second and linked to the first (the run that created the suspension); and, as a
+link is not shown everywhere, both runs' spans (runs and waits) carry the same run id and
+session (``gen_ai.conversation.id``), so one attribute finds them together.
 
 ``ai`` needs Python >= 3.12: on an older interpreter the test of this file that needs it
 is skipped and `test_ai_tracing_passes_on_python312` runs this file on such an
@@ -98,8 +100,13 @@ async def test_an_aborted_then_resumed_wait_links_to_the_run_that_created_it(
         (created.context.trace_id, created.context.span_id)
     ]
     assert answered.links[0].attributes["hookbus.suspension.created_by"] is True
-    assert created.attributes["hookbus.run.id"] == run_id
     assert created.attributes["gen_ai.agent.id"] == agent_id
+    # found together by attribute: the run id and the session (here the run id) on both
+    # runs' spans, the waits included (their link alone ties them otherwise)
+    for span in (created, resumed, aborted, answered):
+        assert span.attributes["hookbus.run.id"] == run_id, span.name
+        assert span.attributes["gen_ai.conversation.id"] == run_id, span.name
+    assert aborted.attributes["gen_ai.agent.id"] == answered.attributes["gen_ai.agent.id"]
     assert all(w.parent is not None for w in waits)  # no root waits
 
 

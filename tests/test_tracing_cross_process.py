@@ -215,7 +215,7 @@ async def agent_emit(
         tn.MESSAGING_DESTINATION_NAME: subject,
         tn.MESSAGING_OPERATION_TYPE: "send",
     }
-    name = f"send {subject}"
+    name = f"send emit {event}"
     with tracer.start_as_current_span(name, kind=SpanKind.PRODUCER, attributes=attrs) as span:
         headers: dict[str, str] = {}
         propagate.inject(headers)
@@ -244,8 +244,9 @@ def check_service_spine(fleet: Fleet, spans: list[ReceivedSpan], agent: SpanCont
     """agent send -> dispatcher process (CONSUMER, parented and linked) -> emit; returns emit."""
     subject = emit_service_subject(event)
     agent_span_id = f"{agent.span_id:016x}"
-    (dispatch,) = [s for s in spans if s.name == f"process {subject}"]
+    (dispatch,) = [s for s in spans if s.name == f"process emit {event}"]
     assert dispatch.kind == "CONSUMER"
+    assert dispatch.attributes[tn.MESSAGING_DESTINATION_NAME] == subject
     assert dispatch.parent_span_id == agent_span_id
     assert dispatch.links == [(dispatch.trace_id, agent_span_id)]
     assert dispatch.service == "hookbus-dispatcher"

@@ -3,10 +3,11 @@
 A real nats-server; the worker and the dispatcher each have their own connection. The
 SDK's in-memory exporter (`_otel_harness`). Checks, against the messages a spy sees:
 
-- a chain of 3 is ONE message to the chain subject: one ``send <event> chain`` span naming
-  the chain subject, the handlers it asked and the outcomes it gave, and the worker's one
-  ``process <event> chain`` span (its steps in array attributes) is its child (not three
-  ``send`` spans naming handler subjects that carried nothing);
+- a chain of 3 is ONE message to the chain subject: one ``send <event> <h1>,<h2>,<h3>``
+  span naming the chain subject, the handlers it asked, their failure policies and the
+  outcomes it gave, and the worker's one ``process <event> <h1>,<h2>,<h3>`` span (its steps
+  in array attributes) is its child (not three ``send`` spans naming handler subjects that
+  carried nothing); a longer chain's names list the first handlers and how many more;
 - the parallel group's sends each carry their worker's handling as a child;
 - ``emit_and_collect``'s one message has a ``send`` span, the workers' handlings are its
   children, and it counts requests sent and answers received apart;
@@ -54,7 +55,7 @@ def _chain_worker(nc: Any, event: str) -> HookWorker:
     async def first(ev: str, data: dict[str, Any]) -> HookResult:
         return HookResult(action="modify", data={**data, "trail": ["first"]})
 
-    @w.handler(event, priority=2)
+    @w.handler(event, priority=2, failure_policy="deny")
     async def second(ev: str, data: dict[str, Any]) -> None:
         return None
 
@@ -82,17 +83,21 @@ async def test_a_chain_is_one_send_span_and_its_steps_are_its_children(
     emit = otel.emit_span(event)
     spans = otel.spans(emit.context.trace_id)
     (send,) = children(spans, emit)
-    assert send.name == f"send {event} chain" and send.kind is SpanKind.PRODUCER
+    # the handlers that ran are in the name, as a single call's is
+    assert send.name == f"send {event} first,second,third" and send.kind is SpanKind.PRODUCER
     chain_subject = send.attributes[tn.MESSAGING_DESTINATION_NAME]
     assert chain_subject.startswith("hookbus.v1.chain.")
     assert send.attributes[tn.MESSAGING_OPERATION_TYPE] == "send"
     assert list(send.attributes[CHAIN_HANDLERS]) == ["first", "second", "third"]
     assert list(send.attributes[CHAIN_OUTCOMES]) == ["modify", "continue", "deny"]
+    policies = send.attributes[tn.CHAIN_FAILURE_POLICIES]
+    assert list(policies) == ["ignore", "deny", "ignore"]  # what a failure of each would do
     assert _context_of(on_wire[0]) == (emit.context.trace_id, send.context.span_id)
 
     # the worker: one CONSUMER span for the one message, its steps in array attributes
     (process,) = children(spans, send)
-    assert process.name == f"process {event} chain" and process.kind is SpanKind.CONSUMER
+    assert process.name == f"process {event} first,second,third"
+    assert process.kind is SpanKind.CONSUMER
     assert process.attributes[tn.MESSAGING_DESTINATION_NAME] == chain_subject  # what came
     assert [link.context.span_id for link in process.links] == [send.context.span_id]
     assert list(process.attributes[W_HANDLERS]) == ["first", "second", "third"]
@@ -106,6 +111,33 @@ async def test_a_chain_is_one_send_span_and_its_steps_are_its_children(
 
     durations = [a for a, _ in otel.points(tn.METRIC_HANDLER_DURATION) if a[tn.EVENT] == event]
     assert sorted(a[tn.HANDLER] for a in durations) == ["first", "second", "third"]
+
+
+async def test_a_long_chains_span_names_are_bounded(otel: Otel, nc, connect, event) -> None:
+    names = [f"step{i}" for i in range(6)]
+    w = HookWorker(nc)
+    for priority, name in enumerate(names):
+
+        async def step(ev: str, data: dict[str, Any]) -> None:
+            return None
+
+        w.handler(event, priority=priority, name=name)(step)
+    async with w, HookDispatcher(await connect()) as d:
+        await d.emit(event, {})
+    emit = otel.emit_span(event)
+    spans = otel.spans(emit.context.trace_id)
+    (send,) = children(spans, emit)
+    assert send.name == f"send {event} step0,step1,step2 +3 more"
+    assert list(send.attributes[CHAIN_HANDLERS]) == names  # every one, in the attribute
+    (process,) = children(spans, send)
+    assert process.name == f"process {event} step0,step1,step2 +3 more"
+
+
+def test_chain_destination_lists_the_first_handlers_then_counts() -> None:
+    assert tn.chain_destination(["guard"]) == "guard"
+    assert tn.chain_destination(["a", "b", "c"]) == "a,b,c"
+    assert tn.chain_destination(["a", "b", "c", "d"]) == "a,b,c +1 more"
+    assert tn.chain_destination([]) == "?"
 
 
 async def test_span_names_are_short_and_the_subject_is_an_attribute(

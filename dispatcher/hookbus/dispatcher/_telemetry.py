@@ -32,22 +32,28 @@ subject is the span's ``messaging.destination.name``.
   handler, and one ``hookbus.handler.failure`` event per failed handler.
 - ``send <event> <handler>`` (PRODUCER): one remote handler call (its own request); its
   context goes to the worker in the W3C ``traceparent`` NATS header. ``handler <name>``
-  (INTERNAL) for an in-process one. `start_call_span` / `record_call_span` make the same
+  (INTERNAL) for an in-process one. Both carry the handler's failure policy
+  (`tn.FAILURE_POLICY`), failed or not. `start_call_span` / `record_call_span` make the same
   span for a call whose request is made elsewhere.
-- ``send <event> chain`` (PRODUCER): ONE chain request, the adjacent handlers of one
-  worker process in one message to the chain subject (`start_chain_span`): the handlers
-  it asked (`tn.CHAIN_HANDLERS`) and the outcomes read from its answer (`tn.CHAIN_OUTCOMES`);
-  the worker's ``process <event> chain`` span is its child. A step the chain did not run
-  is called alone afterwards, with a ``send`` span of its own.
+- ``send <event> <h1>,<h2>,<h3>`` (PRODUCER): ONE chain request, the adjacent handlers of
+  one worker process in one message to the chain subject (`start_chain_span`), named by
+  its handlers (`tn.chain_destination`: at most `tn.CHAIN_NAMES_SHOWN`, then ``+N more``):
+  the handlers it asked (`tn.CHAIN_HANDLERS`), their failure policies
+  (`tn.CHAIN_FAILURE_POLICIES`) and the outcomes read from its answer
+  (`tn.CHAIN_OUTCOMES`); the worker's ``process <event> <h1>,<h2>,<h3>`` span is its child.
+  A step the chain did not run is called alone afterwards, with a ``send`` span of its own.
 - ``send <event> collect`` (PRODUCER): emit_and_collect's one message to every handler
   (`start_collect_span`): requests sent (`tn.COLLECT_ASKED`) and answers received
   (`tn.COLLECT_ANSWERED`); the workers' handlings are its children.
-- ``process hookbus.v1.emit.<agent>.<event>`` (CONSUMER): the dispatcher service serving one
-  request, parented to and linked with the agent's ``traceparent``.
+- ``process emit <event>`` / ``process emit_and_collect <event>`` (CONSUMER): the
+  dispatcher service serving one request, parented to and linked with the agent's
+  ``traceparent``; low-cardinality (no agent in the name): the subject is its
+  ``messaging.destination.name``, the subject's agent its ``gen_ai.agent.id``.
 - ``await <kind>`` (INTERNAL): a suspension wait (`suspension_span`); linked to the run or
   emit that created the suspension when that is not its parent (`created_by`).
 - ``invoke_agent <agent>`` (INTERNAL): an agent run of the ``ai`` integration with no span
-  current (`run_span`).
+  current (`run_span`), with the run id (`tn.RUN_ID`) and session (`tn.GEN_AI_CONVERSATION_ID`)
+  that a resumed run shares.
 
 Metrics: see the ``METRIC_*`` names (durations in seconds).
 """
@@ -69,9 +75,11 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from hookbus._core.otel_providers import w3c_headers
 from hookbus.schemas import (
     DISPATCHER_QUEUE_GROUP,
+    SUBJECT_PREFIX,
     EmitReply,
     HookbusError,
     HookResult,
+    agent_from_service_subject,
     decode,
     event_from_service_subject,
 )
@@ -93,6 +101,7 @@ __all__ = [
     "record_call_span",
     "run_span",
     "send_name",
+    "service_span_name",
     "start_call_span",
     "start_chain_span",
     "start_collect_span",
@@ -295,10 +304,14 @@ def _route_span(route: Route) -> tuple[str, SpanKind, dict[str, Any]]:
     if len(_route_spans) >= 4096:
         _route_spans.clear()
     # few attributes: each costs the SDK one to two microseconds per span; the event is in
-    # the subject and on the parent emit span, the policy is set when a failure applies it,
-    # the queue group is on the worker's CONSUMER span (a consumer attribute in the
-    # messaging semantic conventions)
-    attrs: dict[str, Any] = {tn.HANDLER: route.name, tn.PRIORITY: route.priority}
+    # the subject and on the parent emit span, the queue group is on the worker's CONSUMER
+    # span (a consumer attribute in the messaging semantic conventions); the failure policy
+    # on every call, so a reader sees what a failure would do
+    attrs: dict[str, Any] = {
+        tn.HANDLER: route.name,
+        tn.PRIORITY: route.priority,
+        tn.FAILURE_POLICY: route.failure_policy,
+    }
     if route.parallel:
         attrs[tn.PARALLEL] = True
     if route.remote:
@@ -320,7 +333,6 @@ def _set_outcome(span: trace.Span, route: Route, outcome: Outcome) -> None:
     attrs = dict(_route_span(route)[2])
     if isinstance(outcome, Failed):
         attrs[tn.FAILURE_KIND] = outcome.kind
-        attrs[tn.FAILURE_POLICY] = route.failure_policy
         attrs[tn.ERROR_TYPE] = outcome.kind
         attrs[tn.FAILED_OPEN] = route.failure_policy == "ignore"
         span.set_attributes(attrs)
@@ -331,7 +343,6 @@ def _set_outcome(span: trace.Span, route: Route, outcome: Outcome) -> None:
         attrs[tn.REASON] = outcome.reason
     if route.parallel and outcome.action == "modify":  # the fold refuses it: a bad reply
         attrs[tn.FAILURE_KIND] = "bad_reply"
-        attrs[tn.FAILURE_POLICY] = route.failure_policy
         attrs[tn.ERROR_TYPE] = "bad_reply"
         attrs[tn.FAILED_OPEN] = route.failure_policy == "ignore"
     else:
@@ -340,8 +351,9 @@ def _set_outcome(span: trace.Span, route: Route, outcome: Outcome) -> None:
 
 
 def send_name(event: str, destination: str) -> str:
-    """The span name of a message sent to handler `destination` of `event` (``chain``: a
-    chain request, ``collect``: an emit_and_collect): OpenTelemetry messaging's
+    """The span name of a message sent to handler `destination` of `event` (a chain
+    request: `tn.chain_destination` of its handlers; ``collect``: an emit_and_collect):
+    OpenTelemetry messaging's
     ``{operation} {destination}`` with the destination the low-cardinality pair the
     subject encodes, readable (``send tool:pre guard``); the whole subject is the span's
     ``messaging.destination.name``."""
@@ -374,12 +386,14 @@ def _start_send(name: str) -> tuple[trace.Span | None, dict[str, str] | None]:
 
 # -- a chain: one message, several handlers ------------------------------------------------------
 class ChainSpan:
-    """The ``send <event> chain`` span (PRODUCER) of one chain request: ONE message to the
-    chain subject runs several handlers in one worker process. `headers` carry its context
+    """The ``send <event> <h1>,<h2>,...`` span (PRODUCER, `tn.chain_destination`) of one
+    chain request: ONE message to the chain subject runs several handlers in one worker
+    process. `headers` carry its context
     (W3C ``traceparent``) for that message, so the worker's handling of each step is this
     span's child. `step` records each step's outcome as the fold reads it (and its
     ``hookbus.handler.duration`` point, from the chain's start), `end` ends the span with
-    the handlers it asked and the outcomes read (`tn.CHAIN_HANDLERS`, `tn.CHAIN_OUTCOMES`; status
+    the handlers it asked, their failure policies and the outcomes read (`tn.CHAIN_HANDLERS`,
+    `tn.CHAIN_FAILURE_POLICIES`, `tn.CHAIN_OUTCOMES`; status
     ERROR naming the failed steps if any failed); `drop` (nothing was sent) leaves no span.
     Made by `start_chain_span`."""
 
@@ -438,6 +452,7 @@ class ChainSpan:
         seg = self._seg
         attrs = _send_attrs(seg[0].chain or "")
         attrs[tn.CHAIN_HANDLERS] = [r.name for r in seg]
+        attrs[tn.CHAIN_FAILURE_POLICIES] = [r.failure_policy for r in seg]
         attrs[tn.CHAIN_OUTCOMES] = self._outcomes
         attrs[tn.REQUESTS] = self._requests
         if self._instance:
@@ -460,7 +475,8 @@ def start_chain_span(seg: tuple[Route, ...]) -> ChainSpan:
     with tracing and metrics off the object is one shared instance that does nothing."""
     if not otel.sync():
         return _NO_CHAIN
-    span, headers = _start_send(send_name(seg[0].event, tn.CHAIN_DESTINATION))
+    destination = tn.chain_destination([r.name for r in seg])
+    span, headers = _start_send(send_name(seg[0].event, destination))
     return ChainSpan(seg, span, headers, time.time_ns())
 
 
@@ -679,8 +695,9 @@ def traced_dispatch(
     fn: Callable[[Any, Msg], Awaitable[bytes]],
 ) -> Callable[[Any, Msg], Awaitable[bytes]]:
     """Decorate a `DispatcherService` request handler ``(self, msg) -> reply bytes``: a
-    CONSUMER ``process <subject>`` span parented to and linked with the agent's context
-    (``traceparent`` in ``msg.headers``; a request without one starts a new trace)."""
+    CONSUMER ``process <verb> <event>`` span (`service_span_name`) parented to and linked
+    with the agent's context (``traceparent`` in ``msg.headers``; a request without one
+    starts a new trace)."""
 
     @functools.wraps(fn)
     async def serve(self: Any, msg: Msg) -> bytes:
@@ -689,7 +706,7 @@ def traced_dispatch(
         parent = propagate.extract(msg.headers) if msg.headers else None
         remote = trace.get_current_span(parent).get_span_context()
         span = otel.tracer.start_span(
-            f"{tn.SPAN_PROCESS} {msg.subject}",
+            service_span_name(msg.subject),
             context=parent,
             kind=SpanKind.CONSUMER,
             links=[Link(remote)] if remote.is_valid else None,
@@ -714,6 +731,23 @@ def traced_dispatch(
     return serve
 
 
+def service_span_name(subject: str) -> str:
+    """The span name of the dispatcher service serving a request on `subject`
+    (``hookbus.v1.emit.<agent>.<event>`` or ``hookbus.v1.emit_and_collect.<agent>.<event>``):
+    ``process <emit or emit_and_collect> <event>``, e.g. ``process emit tool:pre``.
+    Low-cardinality, as the messaging conventions ask of a span name: the agent token (one
+    per agent) is left out (the whole subject is the span's ``messaging.destination.name``,
+    the agent its ``gen_ai.agent.id``); ``?`` for a part that is not there or does not
+    decode."""
+    verb = event = "?"
+    tokens = subject.split(".")
+    if len(tokens) == 5 and subject.startswith(f"{SUBJECT_PREFIX}."):
+        verb = tokens[2]
+        with contextlib.suppress(HookbusError):
+            event = event_from_service_subject(subject)
+    return f"{tn.SPAN_PROCESS} {verb} {event}"
+
+
 def _service_attrs(subject: str) -> dict[str, Any]:
     attrs: dict[str, Any] = {
         tn.MESSAGING_SYSTEM: tn.MESSAGING_SYSTEM_NATS,
@@ -723,6 +757,10 @@ def _service_attrs(subject: str) -> dict[str, Any]:
     }
     with contextlib.suppress(HookbusError):
         attrs[tn.EVENT] = event_from_service_subject(subject)
+    with contextlib.suppress(HookbusError):
+        agent = agent_from_service_subject(subject)
+        if agent:
+            attrs[tn.GEN_AI_AGENT_ID] = agent
     return attrs
 
 
@@ -902,12 +940,19 @@ def _remote_context(traceparent: str) -> SpanContext | None:
 
 
 @contextlib.contextmanager
-def run_span(agent_id: str | None, run_id: str | None) -> Iterator[None]:
+def run_span(
+    agent_id: str | None, run_id: str | None, conversation_id: str | None = None
+) -> Iterator[None]:
     """An ``invoke_agent <agent>`` span (INTERNAL, OpenTelemetry GenAI) around an agent
     run whose hooks hookbus keeps, when no span is current: the run's waits are its
     children (not roots each) and the suspensions it creates keep its context
     (`creating_traceparent`). Inside a current span (the application's, or the agent
-    library's own), nothing: that span is the run's."""
+    library's own), nothing: that span is the run's.
+
+    The span has the run id (`tn.RUN_ID`) and `conversation_id` (the run's session,
+    `tn.GEN_AI_CONVERSATION_ID`): a run resuming another has the same, so a backend finds
+    the two together by attribute (the link of a resumed wait to its creator is not
+    shown everywhere)."""
     if not otel.sync() or not otel.tracing or trace.get_current_span().get_span_context().is_valid:
         yield
         return
@@ -925,7 +970,9 @@ def run_span(agent_id: str | None, run_id: str | None) -> Iterator[None]:
             if agent_id:
                 attrs[tn.GEN_AI_AGENT_ID] = agent_id
             if run_id:
-                attrs["hookbus.run.id"] = run_id
+                attrs[tn.RUN_ID] = run_id
+            if conversation_id:
+                attrs[tn.GEN_AI_CONVERSATION_ID] = conversation_id
             span.set_attributes(attrs)
         with contextlib.suppress(Exception):  # a run block left from another context
             otel_context.detach(token)

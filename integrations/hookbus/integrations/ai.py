@@ -213,6 +213,7 @@ from hookbus.schemas import (
     approval_answer_key,
     decode,
 )
+from hookbus.schemas import _telemetry_names as tn
 from hookbus.schemas._subjects import run_claim_key
 
 from ._emit import (
@@ -560,8 +561,13 @@ class HookbusHooks(ai_middleware._Middleware):
         try:
             if run_id is not None:  # a hook of the run waited on elsewhere (kept: harmless)
                 await self._refuse_a_live_run(run_id)
-            async with self.suspensions.run(run_id):
-                with use_hooks(self), run_span(self.suspensions.agent_id, run_id):
+            async with self.suspensions.run(run_id) as scope:
+                # the run's span: its run id and session, the same on a run resuming it
+                session = self.session_id or scope.run_id
+                with (
+                    use_hooks(self),
+                    run_span(self.suspensions.agent_id, scope.run_id, session),
+                ):
                     try:
                         async with agent.run(
                             model, list(messages), _middleware=middleware, **kwargs
@@ -1254,6 +1260,12 @@ class HookbusHooks(ai_middleware._Middleware):
         if registry is not None and rt is not None:  # ai.resolve_hook & co. find it
             local_future = asyncio.get_running_loop().create_future()
             registry._live_hooks[label] = (local_future, metadata, rt)
+        run_id = run.run_id if run is not None else None
+        span_attributes = {  # shared by the run and a run resuming it: found by attribute
+            tn.GEN_AI_AGENT_ID: self.suspensions.agent_id,
+            tn.RUN_ID: run_id,
+            tn.GEN_AI_CONVERSATION_ID: self.session_id or run_id,
+        }
         with created_by(creator):  # the wait's span links to the creator (the task copies it)
             kv = asyncio.ensure_future(
                 self.suspensions.hook(
@@ -1262,6 +1274,7 @@ class HookbusHooks(ai_middleware._Middleware):
                     metadata=stored,
                     timeout_s=timeout_s,
                     schema=payload_schema(payload) if approval else None,
+                    span_attributes=span_attributes,
                 )
             )
         pump = asyncio.ensure_future(self._pump(label)) if approval else None

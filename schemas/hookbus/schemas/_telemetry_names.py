@@ -1,35 +1,43 @@
 """Names of every OpenTelemetry span, attribute, event and instrument hookbus records.
 
-Strings only (no OpenTelemetry import): the dispatcher and the workers trace with these,
-tests and dashboards query by them. Messaging names follow the OpenTelemetry messaging
-semantic conventions (span name ``{operation} {destination}``; ``messaging.system`` has no
-registered value for NATS, so it is the plain string ``"nats"``). GenAI names are plain
+Strings only, and `chain_destination` composing one (no OpenTelemetry import): the
+dispatcher and the workers trace with these, tests and dashboards query by them. Messaging
+names follow the OpenTelemetry messaging semantic conventions (span name ``{operation}
+{destination}``; ``messaging.system`` has no registered value for NATS, so it is the plain
+string ``"nats"``). GenAI names are plain
 strings on purpose: the GenAI constants of ``opentelemetry-semantic-conventions`` are
 deprecated and warn when imported.
 
 The span tree of one tool call (service mode; an embedded `HookDispatcher` starts at
 ``emit``)::
 
-    send hookbus.v1.emit.<agent>.<event>      PRODUCER  agent
-      process hookbus.v1.emit.<agent>.<event> CONSUMER  dispatcher service (queue group)
+    send emit <event>                         PRODUCER  agent (its own span, named so)
+      process emit <event>                    CONSUMER  dispatcher service (queue group)
         emit <event>                          INTERNAL  HookDispatcher.emit: the decision
           send <event> <handler>              PRODUCER  one per remote handler call
             process <event> <handler>         CONSUMER  the worker replica that handled it
-          send <event> chain                  PRODUCER  one chain request (several handlers)
-            process <event> chain             CONSUMER  the worker process that ran it
+          send <event> <h1>,<h2>,<h3>         PRODUCER  one chain request (several handlers)
+            process <event> <h1>,<h2>,<h3>    CONSUMER  the worker process that ran it
           handler <h>                         INTERNAL  one per in-process handler call
           await approval                      INTERNAL  an ask_user suspension wait
     emit_and_collect <event>                  INTERNAL
       send <event> collect                    PRODUCER  the one message every handler hears
         process <event> <handler>             CONSUMER  one per worker handling
+    process emit_and_collect <event>          CONSUMER  dispatcher service: emit_and_collect
 
 One ``send`` span per message that went over the wire; the whole subject is in
-``messaging.destination.name``. Each CONSUMER span is parented to, and linked with, the
-context in the W3C ``traceparent`` header of the NATS message it processes.
+``messaging.destination.name``, and span names hold only low-cardinality parts of it (the
+event and handler names, never the agent: the service's span has the subject's agent as
+``gen_ai.agent.id``). A chain's span names list its handlers in order, at most
+`CHAIN_NAMES_SHOWN` of them, then how many more (``send tool:pre a,b,c +2 more``, see
+`chain_destination`); all of them are in ``hookbus.chain.handlers``. Each CONSUMER span is
+parented to, and linked with, the context in the W3C ``traceparent`` header of the NATS
+message it processes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 # -- instrumentation scopes ---------------------------------------------------------------
@@ -42,11 +50,14 @@ SPAN_EMIT: Final = "emit"
 SPAN_EMIT_AND_COLLECT: Final = "emit_and_collect"
 """``emit_and_collect <event>`` (INTERNAL)."""
 SPAN_SEND: Final = "send"
-"""``send <event> <handler>`` / ``send <event> chain`` / ``send <event> collect``: a message
-to workers; ``send <subject>``: an agent's service request (PRODUCER)."""
+"""``send <event> <handler>`` / ``send <event> <h1>,<h2>`` (a chain) / ``send <event>
+collect``: a message to workers; ``send emit <event>``: an agent's service request
+(PRODUCER, the agent's own span)."""
 SPAN_PROCESS: Final = "process"
-"""``process <event> <handler>`` / ``process <event> chain``: a worker handling;
-``process <subject>``: the dispatcher service serving (CONSUMER)."""
+"""``process <event> <handler>`` / ``process <event> <h1>,<h2>`` (a chain): a worker
+handling; ``process emit <event>`` / ``process emit_and_collect <event>``: the dispatcher
+service serving (CONSUMER; the subject, with its agent token, is
+``messaging.destination.name``)."""
 SPAN_HANDLER: Final = "handler"
 """``handler <name>``: an in-process handler call (INTERNAL)."""
 SPAN_AWAIT: Final = "await"
@@ -78,7 +89,10 @@ APPROVED_BY: Final = "hookbus.approved_by"
 FAILURE_KIND: Final = "hookbus.failure.kind"
 """``timeout`` | ``no_responders`` | ``error`` | ``bad_reply``."""
 FAILURE_POLICY: Final = "hookbus.failure.policy"
-"""``ignore`` | ``deny``: the policy applied to the failure."""
+"""``ignore`` | ``deny``: on every handler call span (``send <event> <handler>``,
+``handler <name>``), the handler's policy, what a failure of it does (applied when
+``hookbus.failure.kind`` is set too); on a ``hookbus.handler.failure`` event, the policy
+applied."""
 FAILED_OPEN: Final = "hookbus.failed_open"
 """True when a failure was ignored (fail open); on emit spans: any handler failed open."""
 FAILURE_COUNT: Final = "hookbus.failure.count"
@@ -100,13 +114,30 @@ WORKER_INSTANCE: Final = "hookbus.worker.instance"
 (the services API id of that process; absent when no reply came)."""
 
 # -- one message, several handlers: chains and emit_and_collect ----------------------------
-CHAIN_DESTINATION: Final = "chain"
-"""The destination in a chain's span names: ``send <event> chain``, ``process <event> chain``."""
+CHAIN_NAMES_SHOWN: Final = 3
+"""The most handler names a chain's span name lists (`chain_destination`)."""
+
+
+def chain_destination(handlers: Sequence[str]) -> str:
+    """The destination in a chain's span names (``send <event> <destination>``, ``process
+    <event> <destination>``): its handlers in order, comma-separated, at most
+    `CHAIN_NAMES_SHOWN`, then how many more: ``guard,audit`` or ``a,b,c +2 more``; ``?``
+    for none known. Bounded: a span name stays short however long the chain."""
+    if not handlers:
+        return "?"
+    shown = ",".join(handlers[:CHAIN_NAMES_SHOWN])
+    more = len(handlers) - CHAIN_NAMES_SHOWN
+    return f"{shown} +{more} more" if more > 0 else shown
+
+
 COLLECT_DESTINATION: Final = "collect"
 """The destination in an ``emit_and_collect``'s span name: ``send <event> collect``."""
 CHAIN_HANDLERS: Final = "hookbus.chain.handlers"
 """On a chain's ``send`` span: the handlers its one message asked to run, in order; on its
 ``process`` span (worker): the handlers of the steps run, in the order they ended."""
+CHAIN_FAILURE_POLICIES: Final = "hookbus.chain.failure_policies"
+"""On a chain's ``send`` span: per handler asked (`CHAIN_HANDLERS`), its failure policy
+(``ignore`` | ``deny``, as `FAILURE_POLICY` on a call span)."""
 CHAIN_OUTCOMES: Final = "hookbus.chain.outcomes"
 """On a chain's ``send`` span: per step the dispatcher folded from the chain's answer, in
 order, its action or (a failure) its failure kind; steps the chain did not run (called
@@ -125,8 +156,14 @@ COLLECT_ANSWERED: Final = "hookbus.collect.answered"
 # -- GenAI (plain strings; see the module docstring) ----------------------------------------
 GEN_AI_AGENT_ID: Final = "gen_ai.agent.id"
 GEN_AI_CONVERSATION_ID: Final = "gen_ai.conversation.id"
-"""The hookbus ``session_id``."""
+"""The hookbus ``session_id``; on the ``ai`` integration's ``invoke_agent`` and ``await``
+spans, the run's session (its run id unless a session id was given), shared by a run and
+every run resuming it."""
 GEN_AI_TOOL_NAME: Final = "gen_ai.tool.name"
+RUN_ID: Final = "hookbus.run.id"
+"""The ``ai`` integration's run id, on its ``invoke_agent`` and ``await`` spans: the same on
+a run and every run resuming it (a span link alone ties those, which not every backend
+shows)."""
 
 # -- span events -----------------------------------------------------------------------------
 EVENT_HANDLER_FAILURE: Final = "hookbus.handler.failure"

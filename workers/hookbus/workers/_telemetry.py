@@ -8,18 +8,18 @@ span, no attributes, no header parsing.
 
 The span (``process <event> <handler>``, OpenTelemetry messaging's ``{operation}
 {destination}`` with the destination the event and handler the subject encodes; the subject
-itself is ``messaging.destination.name``; a chain message: one ``process <event> chain``
-span, see `ChainHandling`) is parented to, and linked with, the context in the
-request's W3C ``traceparent`` NATS header, so the dispatcher's ``send`` span and this one
-share a trace; a request without headers starts a new trace. The span is started without
-attributes, so the sampler decides before any is built: a handling it drops (e.g. a
-parent sent with flags ``00``) gets none and the request's envelope is not read for them;
-its context is still current while the handler runs, so the handler's own spans and
-requests carry the same decision. A recorded span gets its attributes in one call when
-it ends. With the API's default propagator (W3C trace context and baggage), a
-``traceparent`` without baggage is read here directly, and the handlers of one request
-share one reading. A span is finished (attributes, ``end``) once the reply is written
-(`_after_reply`): the dispatcher does not wait for the SDK's work. Names in
+itself is ``messaging.destination.name``; a chain message: one ``process <event>
+<h1>,<h2>,...`` span naming the handlers it asks for, see `ChainHandling`) is parented to,
+and linked with, the context in the request's W3C ``traceparent`` NATS header, so the
+dispatcher's ``send`` span and this one share a trace; a request without headers starts a
+new trace. The span is started without attributes, so the sampler decides before any is
+built: a handling it drops (e.g. a parent sent with flags ``00``) gets none and the
+request's envelope is not read for them; its context is still current while the handler
+runs, so the handler's own spans and requests carry the same decision. A recorded span gets
+its attributes in one call when it ends. With the API's default propagator (W3C trace
+context and baggage), a ``traceparent`` without baggage is read here directly, and the
+handlers of one request share one reading. A span is finished (attributes, ``end``) once the
+reply is written (`_after_reply`): the dispatcher does not wait for the SDK's work. Names in
 `hookbus.schemas._telemetry_names`.
 """
 
@@ -389,9 +389,10 @@ _chain: contextvars.ContextVar[ChainHandling | None] = contextvars.ContextVar(
 
 
 class ChainHandling:
-    """The ``process <event> chain`` span (CONSUMER) of one chain message: ONE message ran
-    several handlers, so one span, parented to and linked with the message's
-    ``traceparent`` (the dispatcher's ``send <event> chain`` span), its steps in array
+    """The ``process <event> <h1>,<h2>,...`` span (CONSUMER) of one chain message, named by
+    the handlers it asks for as the dispatcher's span is (`tn.chain_destination`): ONE
+    message ran several handlers, so one span, parented to and linked with the message's
+    ``traceparent`` (the dispatcher's ``send <event> <h1>,<h2>,...`` span), its steps in array
     attributes, one entry per step run (`tn.CHAIN_HANDLERS`, `tn.CHAIN_OUTCOMES`,
     `tn.CHAIN_DURATIONS`, `tn.CHAIN_REASONS`: attributes, not span events or spans, as each of
     those costs the SDK several microseconds more). `handling_span` inside it records a
@@ -430,9 +431,11 @@ class ChainHandling:
         if msg is None:
             return self
         if otel.tracing:
-            event = self._envelope.event if self._envelope is not None else "?"
+            envelope = self._envelope
+            event, steps = (envelope.event, envelope.chain or ()) if envelope else ("?", ())
+            destination = tn.chain_destination([step.handler for step in steps])
             span, self._token = _start_process_span(
-                f"{tn.SPAN_PROCESS} {event} {tn.CHAIN_DESTINATION}", msg.headers
+                f"{tn.SPAN_PROCESS} {event} {destination}", msg.headers
             )
             if span.is_recording():
                 self._span = span
