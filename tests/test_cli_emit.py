@@ -95,10 +95,12 @@ async def test_agent_and_session(nats_url: str, deciding: str) -> None:
 
 
 async def test_an_agent_id_too_long_is_one_line(nats_url: str) -> None:
+    """A usage error (exit 2): click's usage lines and one error line, no traceback."""
     p = await emit("tool:pre", "{}", "--url", nats_url, "--agent-id", "a" * 1000)
-    assert p.returncode == 1
+    assert p.returncode == 2
     assert b"Traceback" not in p.stderr
-    assert len(p.stderr.decode().strip().splitlines()) == 1, p.stderr
+    errors = [line for line in p.stderr.decode().splitlines() if line.startswith("Error")]
+    assert len(errors) == 1 and "at most 200 characters" in errors[0], p.stderr
 
 
 @pytest.mark.parametrize(

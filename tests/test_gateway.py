@@ -427,7 +427,8 @@ async def test_a_retry_on_another_replica_finds_the_same_approval(
 ) -> None:
     """Replicas keep no state: an AOS request whose approval is pending on replica A is
     retried on replica B (the caller gave up on A); B finds the same approval (one pending
-    record, not two), and the approver's answer decides B's reply."""
+    record, not two), and the approver's answer decides B's reply. A's decision ended when
+    its caller disconnected: an "Allow" allows one decision, and it must be the one read."""
     w = HookWorker(await connect())
 
     @w.handler(TOOL_PRE)

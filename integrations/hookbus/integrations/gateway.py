@@ -41,6 +41,7 @@ JSON is a non-blocking error), RFC 6750 (bearer tokens), W3C Trace Context.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
@@ -278,16 +279,43 @@ def _door_route(
     return Route(path, endpoint, methods=methods, name=name)
 
 
+CLIENT_GONE = 499
+"""The status of a request whose caller went away before its answer (nginx's "client closed
+request"): nobody reads it."""
+
+
 async def _answer(
     door: Door, body: bytes, request: Request, name: str
 ) -> tuple[int, bytes, str | None]:
     """The door's answer; a bug in a door is logged and answered 500 with a JSON error
-    (never a traceback to the caller)."""
+    (never a traceback to the caller). A caller that disconnects first cancels the door's
+    decision (`CLIENT_GONE`): a decision nobody reads must not use anything up, such as an
+    approval's one-time allow that the caller's retry (on another replica) waits for."""
+    decision = asyncio.ensure_future(door(body, request))
+    gone = asyncio.ensure_future(_disconnected(request))
     try:
-        return await door(body, request)
+        await asyncio.wait({decision, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not decision.done():
+            decision.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await decision
+            return CLIENT_GONE, b"", None
+        return decision.result()
+    except asyncio.CancelledError:
+        decision.cancel()
+        raise
     except Exception:
         log.exception("the %s door failed on %s", name, request.url.path)
         return 500, error_body("internal", f"the {name} door failed; see the gateway's log"), JSON
+    finally:
+        gone.cancel()
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the caller has disconnected (the ASGI ``http.disconnect`` message; the
+    body was read before)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _claude_code_door(emit: Emit, options: ClaudeCodeOptions | None) -> Door:
