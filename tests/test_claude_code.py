@@ -771,9 +771,8 @@ def test_settings_makes_key_files_absolute_and_warns_without_an_agent(
     result = settings("--", "--nkey", "keys/agent.nk", "--tls-ca=keys/ca.pem")
     assert result.exit_code == 0, result.output
     command = json.loads(result.stdout)["hooks"]["PreToolUse"][0]["hooks"][0]["command"]
-    assert command.endswith(
-        f"claude-code --nkey {tmp_path / 'keys' / 'agent.nk'} --tls-ca={tmp_path / 'keys' / 'ca.pem'}"
-    )
+    keys = tmp_path / "keys"
+    assert command.endswith(f"claude-code --nkey {keys / 'agent.nk'} --tls-ca={keys / 'ca.pem'}")
     assert "no --agent" in result.stderr
     named = settings("--", "--agent", "laptop", "--nkey", str(tmp_path / "a.nk"))
     assert named.exit_code == 0 and "no --agent" not in named.stderr

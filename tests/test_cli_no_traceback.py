@@ -183,7 +183,9 @@ def cases(tmp: Path) -> list[Case]:
             (2,),
             "not a NATS URL",
         ),
-        Case("emit --url no host", ("emit", "tool:pre", "{}", "--url", "nats://:4222"), (2,), "host"),
+        Case(
+            "emit --url no host", ("emit", "tool:pre", "{}", "--url", "nats://:4222"), (2,), "host"
+        ),
         Case("emit --agent-id empty", ("emit", "tool:pre", "{}", "--agent-id", ""), (2,), "empty"),
         Case(
             "auth init --out unwritable",
