@@ -705,6 +705,16 @@ async def test_server_command_runs_a_generated_config(tmp_path: Path) -> None:
         await nc.jetstream().account_info()
         await nc.close()
         assert (out / "jetstream").is_dir()  # the config's store, not --data-dir
+        # a plain agent running `hookbus emit` without --service is told to add it
+        payments = ident(out, DEFAULT_TENANT, "agent", "payments")
+        emitted = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "hookbus.cli", "emit", "tool:pre", "{}", "--agent-id",
+             "payments", "--context", str(payments.context_path(out)), "--url", url],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert emitted.returncode == 1, emitted.stderr
+        assert "add --service" in emitted.stderr and "Traceback" not in emitted.stderr
     finally:
         _stop(proc)
     # nats-server removes its ports file when it exits: it was stopped, not orphaned

@@ -19,7 +19,13 @@ from typing import Any
 import click
 
 from hookbus.dispatcher import HookDispatcher
-from hookbus.schemas import STANDARD_EVENTS, HookbusError, UnknownEventError, to_builtins
+from hookbus.schemas import (
+    STANDARD_EVENTS,
+    HookbusError,
+    NotPermittedError,
+    UnknownEventError,
+    to_builtins,
+)
 
 from ._command_support import (
     AGENT_ID,
@@ -82,6 +88,13 @@ class _EventData(click.ParamType):  # type: ignore[type-arg]
 
     def get_missing_message(self, param: click.Parameter, ctx: click.Context | None) -> str:
         return "The event's data: a JSON object ('{}' for none), - to read it from stdin, or @FILE."
+
+
+_SERVICE_HINT = (
+    "; a plain agent identity of a secured server emits through the dispatcher service:"
+    " add --service (and --agent-id)"
+)
+"""Added to a refusal of the dispatcher this command runs in its own process."""
 
 
 @click.command()
@@ -188,6 +201,8 @@ def emit(
         except UnknownEventError as exc:
             known = ", ".join(sorted(STANDARD_EVENTS))
             raise click.ClickException(f"{exc} (standard events: {known})") from exc
+        except NotPermittedError as exc:  # a plain agent may not run a dispatcher itself
+            raise click.ClickException(f"{exc}{_SERVICE_HINT}") from exc
         except HookbusError as exc:
             raise click.ClickException(str(exc)) from exc
 
