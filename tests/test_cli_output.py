@@ -205,7 +205,7 @@ async def test_approvals_in_a_narrow_terminal_nothing_is_cut(
         table = await hookbus(*args, "--url", nats_url)
         assert table.returncode == 0, table.stderr
         assert "…" not in table.stdout.decode()
-        assert label in folded(table.stdout.decode(), 1), table.stdout.decode()
+        assert label in folded(table.stdout.decode(), 2), table.stdout.decode()  # id, status, label
         listed = await hookbus(*args, "--url", nats_url, "--json")
         assert listed.returncode == 0, listed.stderr
         (record,) = [r for r in json.loads(listed.stdout) if r["label"] == label]

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 from _lock import CONSTRAINTS, pip_constraints
 
+from hookbus.cli import EmbeddedNatsServer
 from hookbus.demo._agents import ai_venv
 
 if sys.version_info >= (3, 12):
@@ -109,17 +110,21 @@ def _venv(python: str) -> Path:
 
 
 @pytest.mark.timeout(INSTALL_TIMEOUT_S + RUN_TIMEOUT_S + 60)
-def test_ai_integration_passes_on_python312(nats_url: str) -> None:
+def test_ai_integration_passes_on_python312() -> None:
+    """On a server of its own: every ``ai`` run emits ``tool:pre``, which the handlers other
+    test files declare on the session's shared server (some of them with a deny policy and
+    their worker gone) would decide too."""
     venv_python = _venv(_interpreter())
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env.pop("VIRTUAL_ENV", None)
-    env["HOOKBUS_TEST_NATS_URL"] = nats_url  # this session's server
-    result = _run(
-        [str(venv_python), "-m", "pytest", str(AI_TESTS), "-q", "-p", "no:cacheprovider"],
-        RUN_TIMEOUT_S,
-        cwd=ROOT,
-        env=env,
-    )
+    with EmbeddedNatsServer() as server:
+        env["HOOKBUS_TEST_NATS_URL"] = server.url
+        result = _run(
+            [str(venv_python), "-m", "pytest", str(AI_TESTS), "-q", "-p", "no:cacheprovider"],
+            RUN_TIMEOUT_S,
+            cwd=ROOT,
+            env=env,
+        )
     output = result.stdout + result.stderr
     tail = "\n".join(output.splitlines()[-60:])
     assert result.returncode == 0, f"tests/test_integration_ai.py failed on {venv_python}:\n{tail}"
