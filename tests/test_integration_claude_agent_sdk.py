@@ -256,6 +256,68 @@ async def test_an_approval_answered_by_another_process_decides_the_tool(
         assert "alice" in done[0].tool_results[0], done[0].tool_results
 
 
+async def test_two_sessions_never_share_an_approval(connect: Connect) -> None:
+    """The same tool_use_id in two CLI sessions is two calls: each asks its own approval
+    (the callbacks are called as the SDK calls them, with Claude Code's hook input)."""
+
+    async def ask(event: str, data: dict[str, Any]) -> HookResult:
+        return ASK
+
+    def pre_tool_use(session_id: str) -> dict[str, Any]:
+        return {
+            "session_id": session_id,
+            "transcript_path": "",
+            "cwd": "/tmp",
+            "hook_event_name": "PreToolUse",
+            "tool_name": "Bash",
+            "tool_input": {"command": "ls"},
+            "tool_use_id": "toolu_same",
+        }
+
+    async with (
+        worker(connect, (TOOL_PRE, named("bash_approval", ask), {})),
+        HookDispatcher(await connect(), approvals=False) as approver,
+        HookDispatcher(await connect(), agent_id="coder") as d,
+    ):
+        hooks = HookbusClaudeHooks(d)
+        stream = await approver.hook_events()
+        labels: list[str] = []
+
+        async def decide(session_id: str, choice: str) -> dict[str, Any]:
+            out: list[dict[str, Any]] = []
+            async with anyio.create_task_group() as tg:
+
+                async def call() -> None:
+                    out.append(
+                        await hooks.callback(
+                            pre_tool_use(session_id), "toolu_same", {"signal": None}
+                        )
+                    )
+
+                tg.start_soon(call)
+                with anyio.fail_after(20):
+                    async for event in stream:
+                        hook = event.hook
+                        if hook.status == "pending" and hook.label.startswith(
+                            APPROVAL_LABEL_PREFIX
+                        ):
+                            break
+                labels.append(hook.label)
+                await approver.answer_approval(
+                    hook.label, choice, approver="alice", agent_id=hook.agent_id
+                )
+            return out[0]
+
+        try:
+            first = await decide("session-1", "Allow once")
+            second = await decide("session-2", "Deny")
+        finally:
+            await stream.aclose()
+    assert first["hookSpecificOutput"]["permissionDecision"] == "allow"
+    assert second["hookSpecificOutput"]["permissionDecision"] == "deny"
+    assert len(set(labels)) == 2
+
+
 async def test_an_ask_user_without_approvals_is_a_deny(
     claude: Path, connect: Connect, tmp_path: Path
 ) -> None:

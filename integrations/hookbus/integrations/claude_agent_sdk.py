@@ -50,9 +50,11 @@ a ``systemMessage`` saying why. The ``PreToolUse`` matcher is ``on_failure="bloc
 callback that fails anyway (an input the door refuses, the matcher's own timeout) blocks the
 tool rather than let it run undecided.
 
-Idempotency: every tool event's key is ``claude-code:<session id>:<event>:<tool_use_id>``,
-from the hook input: each CLI session has its own id, so two runs never share a key (nor an
-approval), and a resumed session replaying a call finds its approval again.
+Idempotency: every tool event's key is ``claude-code:<session id>:<Claude Code
+event>:<tool_use_id>``, from the hook input (the door's): each CLI session has its own id, so
+two runs never share a key (nor an approval), even when a tool_use_id repeats, and a retried
+callback of the same call finds its approval again. ``UserPromptSubmit`` has no tool_use_id:
+it is emitted without a key (each prompt is a new call).
 
 ``import hookbus`` never imports ``claude_agent_sdk``; this module does (the
 ``claude-agent-sdk`` extra).
