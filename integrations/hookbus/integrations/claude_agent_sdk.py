@@ -118,7 +118,10 @@ class HookbusClaudeHooks:
         dispatcher: a started `HookDispatcher` (connected, so remote handlers are called and
             ``ask_user`` is a durable approval). It stays the caller's.
         options: how decisions are answered, the fallback and the emit's deadline; None:
-            ``ClaudeCodeOptions(on_ask_user="approval", on_modify="rules")``.
+            ``ClaudeCodeOptions(on_ask_user="approval", on_modify="rules")``. Options of
+            your own keep their ``on_modify`` (the door's default, ``"ask"``, makes a
+            rewritten call wait for the SDK's ``can_use_tool``; without one the CLI refuses
+            it), so pass ``on_modify="rules"`` with them.
         events: the Claude Code events to hook (of `SDK_EVENTS`); default `DEFAULT_EVENTS`.
         matcher: the tool-name matcher of the tool events' `HookMatcher` (``"Bash"``,
             ``"Write|Edit"``); None: every tool.
