@@ -511,6 +511,7 @@ PUBLIC_API: dict[str, set[str]] = {
     },
     "hookbus.integrations.langgraph": {"EVENTS", "HookbusToolHooks"},
     "hookbus.integrations.openai_agents": {"EVENTS", "HookDeniedError", "HookbusGuard"},
+    "hookbus.integrations.claude_agent_sdk": {"DEFAULT_EVENTS", "SDK_EVENTS", "HookbusClaudeHooks"},
     "hookbus.integrations.claude_code": {
         "CLAUDE_CODE_PERMISSION_REQUEST",
         "CLAUDE_CODE_STOP",

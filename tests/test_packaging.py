@@ -53,6 +53,7 @@ EXTRAS_PACKAGES = {
     "langgraph": "langgraph",
     "langchain-core": "langgraph",
     "openai-agents": "openai-agents",
+    "claude-agent-sdk": "claude-agent-sdk",
 }
 """Distributions an extra installs -> the extra: none may come with the core install."""
 

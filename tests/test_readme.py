@@ -57,6 +57,7 @@ RUNS = {
     "HookbusCapability(hooks)": "test_the_pydantic_ai_capability",
     "HookbusToolHooks(hooks).tool_node(": "test_the_langgraph_tool_node",
     "HookbusGuard(hooks).run(": "test_the_openai_agents_guard",
+    "HookbusClaudeHooks(hooks).options(": "test_the_claude_agent_sdk_hooks",
     '{"hooks": {"PreToolUse"': "test_the_claude_code_settings_block",
     "hookbus gateway aos ": "test_the_aos_door_with_curl",
     "class TransferApproval(": "test_a_suspension_resolved_from_another_dispatcher",
@@ -315,6 +316,33 @@ async def test_the_openai_agents_guard(tmp_path: Path, nats_url: str) -> None:
     )
     said = await run_python(tmp_path, [given], [Snippet.of(b)], [check])
     assert said.stdout == "done ['ran rm -rf build']\n", str(said)
+
+
+async def test_the_claude_agent_sdk_hooks(tmp_path: Path, nats_url: str) -> None:
+    """Given `nc` and `project` (a trusted folder, HOME a private one, the Anthropic API a
+    local fake: `_claude_cli.FakeMessagesApi`, one Bash call ``touch ran``, then "done"), the
+    block runs the SDK's own CLI with its tool call on the bus."""
+    b = block("HookbusClaudeHooks(hooks).options(")
+    assert free_names(b) == {"nc", "project"}
+    home, project = tmp_path / "home", tmp_path / "project"
+    home.mkdir()
+    project.mkdir()
+    given = Snippet(
+        "import os, sys, nats\nfrom pathlib import Path\n"
+        f"sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+        "from _claude_cli import FakeMessagesApi, claude_env, trust\n"
+        f"home, project = Path({str(home)!r}), Path({str(project)!r})\ntrust(home, project)\n"
+        "serving = FakeMessagesApi(command='touch ran').serving()\napi = serving.__enter__()\n"
+        "os.environ.update(claude_env(home, api.url))\n"
+        f"nc = await nats.connect({nats_url!r})\n"
+    )
+    check = Snippet(
+        "print(api.tool_results[0][:40])\nawait nc.close()\nserving.__exit__(None, None, None)\n"
+    )
+    said = await run_python(tmp_path, [given], [Snippet.of(b)], [check], timeout_s=120)
+    assert said.stdout.startswith("done\n"), str(said)
+    assert "Bash completed with no output" in said.stdout, str(said)
+    assert (project / "ran").exists(), str(said)
 
 
 async def test_a_suspension_resolved_from_another_dispatcher(tmp_path: Path, nats_url: str) -> None:

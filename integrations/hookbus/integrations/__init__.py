@@ -7,6 +7,8 @@ them installs only hookbus's lean core:
 - `hookbus.integrations.openai_agents` (extra ``openai-agents``: the OpenAI Agents SDK)
 - `hookbus.integrations.ai` (extra ``ai``: the Vercel AI SDK for Python)
 - `hookbus.integrations.langgraph` (extra ``langgraph``: the tool node of a LangGraph graph)
+- `hookbus.integrations.claude_agent_sdk` (extra ``claude-agent-sdk``: the Claude Agent SDK
+  for Python's hook callbacks, answered by the Claude Code door)
 - `hookbus.integrations.claude_code` (no extra: Claude Code's command and HTTP hooks)
 - `hookbus.integrations.gateway` (extra ``gateway``: the doors over HTTP, one Starlette app
   that `hookbus gateway http|aos` serves with uvicorn)

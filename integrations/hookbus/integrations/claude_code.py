@@ -177,6 +177,12 @@ class ClaudeCodeOptions:
         timeout_s: seconds the emit may take (the handler chain's deadline, an approval's
             wait included); then the fallback answers. Keep it below the hook's ``timeout``
             in Claude Code's settings (default 600 s; 30 s on UserPromptSubmit).
+        on_modify: how a PreToolUse whose ``tool_input`` a handler modified is answered
+            when nothing else allows it (`on_continue` ``"none"``, no approval): ``"ask"``
+            (``permissionDecision: "ask"``: the user confirms the rewritten input) or
+            ``"rules"`` (``updatedInput`` alone: Claude Code's own permission rules decide
+            on the rewritten input, as they would have on the model's; what an Agent SDK
+            host, which has nobody to ask, wants).
 
     Raises:
         ValueError: a value outside its choices, an unknown event in `fallback`, or a
@@ -187,8 +193,11 @@ class ClaudeCodeOptions:
     on_ask_user: Literal["ask", "approval"] = "ask"
     fallback: Mapping[str, FallbackAction] = field(default_factory=dict)
     timeout_s: float = DEFAULT_TIMEOUT_S
+    on_modify: Literal["ask", "rules"] = "ask"
 
     def __post_init__(self) -> None:
+        if self.on_modify not in ("ask", "rules"):
+            raise ValueError(f"on_modify must be 'ask' or 'rules', not {self.on_modify!r}")
         if self.on_continue not in ("none", "allow"):
             raise ValueError(f"on_continue must be 'none' or 'allow', not {self.on_continue!r}")
         if self.on_ask_user not in ("ask", "approval"):
@@ -473,7 +482,8 @@ def _render(
             specific["permissionDecisionReason"] = f"approved in hookbus: {why}"
         if new_input is not None:
             by = ", ".join(result.modified_by)
-            specific["permissionDecision"] = "allow" if allow else "ask"
+            if allow or opts.on_modify == "ask":
+                specific["permissionDecision"] = "allow" if allow else "ask"
             specific.setdefault("permissionDecisionReason", f"tool input modified by {by}")
             specific["updatedInput"] = new_input
         elif allow:
