@@ -11,11 +11,9 @@ files it creates in the project directory, never from what a hook answered.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,20 +21,18 @@ from typing import Any
 import anyio
 import pytest
 from _claude_cli import MODEL, FakeMessagesApi, claude_binary, claude_env, trust
-from conftest import connections
-from nats.aio.client import Client as NATS
+from _integration_kit import Connect, named, private_connect, worker
 
-from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher
 from hookbus.integrations.claude_agent_sdk import HookbusClaudeHooks
 from hookbus.integrations.claude_code import ClaudeCodeOptions
 from hookbus.schemas import PROMPT_SUBMIT, TOOL_POST, TOOL_PRE, HookResult
-from hookbus.workers import HookWorker
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
 
-Connect = Callable[..., Awaitable[NATS]]
-Handler = Callable[[str, dict[str, Any]], Awaitable[Any]]
+connect = private_connect
+"""Connections to this test's private server (a fixture)."""
+
 DENIED = "rm -rf ./scratch; touch ran"
 
 
@@ -47,31 +43,6 @@ def claude() -> Path:
     if exe is None:
         pytest.fail(f"the real Claude Code CLI does not run here: {why}")
     return exe
-
-
-@pytest.fixture
-async def connect(embedded_server: EmbeddedNatsServer) -> AsyncIterator[Connect]:
-    async with connections(
-        embedded_server.url, max_reconnect_attempts=1, reconnect_time_wait=0.1
-    ) as make:
-        yield make
-
-
-@contextlib.asynccontextmanager
-async def worker(
-    connect: Connect, *handlers: tuple[str, Handler, dict[str, Any]]
-) -> AsyncIterator[HookWorker]:
-    """A `HookWorker` on a connection of its own, serving `(event, fn, options)`."""
-    w = HookWorker(await connect())
-    for event, fn, options in handlers:
-        w.add_handler(event, fn, **options)
-    async with w:
-        yield w
-
-
-def named(name: str, fn: Handler) -> Handler:
-    fn.__name__ = name
-    return fn
 
 
 @dataclass

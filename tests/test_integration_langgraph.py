@@ -10,70 +10,30 @@ standard events, so handler declarations must not leak between tests.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import pytest
-from conftest import connections
+from _integration_kit import Connect, named, private_connect, returning, worker
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
-from nats.aio.client import Client as NATS
 
-from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, AnswerNotAppliedError, HookDispatcher
 from hookbus.integrations.langgraph import HookbusToolHooks
 from hookbus.schemas import TOOL_ERROR, TOOL_POST, TOOL_PRE, HookbusError, HookResult
-from hookbus.workers import HookWorker
 
 pytestmark = pytest.mark.anyio
 
-Connect = Callable[..., Awaitable[NATS]]
-Handler = Callable[[str, dict[str, Any]], Awaitable[Any]]
+connect = private_connect
+"""Connections to this test's private server (a fixture)."""
 
 
 # -- fixtures and helpers --------------------------------------------------------------------
-@pytest.fixture
-async def connect(embedded_server: EmbeddedNatsServer) -> AsyncIterator[Connect]:
-    """Connections to this test's private server (one per simulated process)."""
-    async with connections(
-        embedded_server.url, max_reconnect_attempts=1, reconnect_time_wait=0.1
-    ) as make:
-        yield make
-
-
-@contextlib.asynccontextmanager
-async def worker(
-    connect: Connect, *handlers: tuple[str, Handler, dict[str, Any]]
-) -> AsyncIterator[HookWorker]:
-    """A `HookWorker` on a connection of its own, serving `(event, fn, options)`."""
-    w = HookWorker(await connect())
-    for event, fn, options in handlers:
-        w.add_handler(event, fn, **options)
-    async with w:
-        yield w
-
-
-def named(name: str, fn: Handler) -> Handler:
-    fn.__name__ = name
-    return fn
-
-
-def returning(name: str, result: HookResult | None, seen: list[Any] | None = None) -> Handler:
-    async def handler(event: str, data: dict[str, Any]) -> HookResult | None:
-        if seen is not None:
-            seen.append((event, data))
-        return result
-
-    return named(name, handler)
-
-
 def calls(*calls: tuple[str, dict[str, Any]], first_id: int = 1) -> AIMessage:
     """A model turn asking for tool calls ``call-1``, ``call-2``, ... (ids models reuse)."""
     return AIMessage(

@@ -11,21 +11,18 @@ API key a dummy, so nothing leaves the machine.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import pytest
-from conftest import connections
-from nats.aio.client import Client as NATS
 
 os.environ.setdefault("OPENAI_API_KEY", "sk-dummy-no-network")
 
 import agents
+from _integration_kit import Connect, Handler, named, private_connect, returning, worker
 from agents import Agent, FunctionTool, ModelResponse, Usage, function_tool
 from agents.models.interface import Model
 from openai.types.responses import (
@@ -34,7 +31,6 @@ from openai.types.responses import (
     ResponseOutputText,
 )
 
-from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher
 from hookbus.dispatcher._approvals import next_approval_label
 from hookbus.integrations.openai_agents import HookbusGuard, HookDeniedError
@@ -45,52 +41,16 @@ from hookbus.schemas import (
     HookResult,
     NotConnectedError,
 )
-from hookbus.workers import HookWorker
 
 agents.set_tracing_disabled(True)
 
 pytestmark = pytest.mark.anyio
 
-Connect = Callable[..., Awaitable[NATS]]
-Handler = Callable[[str, dict[str, Any]], Awaitable[Any]]
+connect = private_connect
+"""Connections to this test's private server (a fixture)."""
 
 
 # -- fixtures and helpers --------------------------------------------------------------------
-@pytest.fixture
-async def connect(embedded_server: EmbeddedNatsServer) -> AsyncIterator[Connect]:
-    """Connections to this test's private server (one per simulated process)."""
-    async with connections(
-        embedded_server.url, max_reconnect_attempts=1, reconnect_time_wait=0.1
-    ) as make:
-        yield make
-
-
-@contextlib.asynccontextmanager
-async def worker(
-    connect: Connect, *handlers: tuple[str, Handler, dict[str, Any]]
-) -> AsyncIterator[HookWorker]:
-    """A `HookWorker` on a connection of its own, serving `(event, fn, options)`."""
-    w = HookWorker(await connect())
-    for event, fn, options in handlers:
-        w.add_handler(event, fn, **options)
-    async with w:
-        yield w
-
-
-def named(name: str, fn: Handler) -> Handler:
-    fn.__name__ = name
-    return fn
-
-
-def returning(name: str, result: HookResult | None, seen: list[Any] | None = None) -> Handler:
-    async def handler(event: str, data: dict[str, Any]) -> HookResult | None:
-        if seen is not None:
-            seen.append((event, data))
-        return result
-
-    return named(name, handler)
-
-
 def call(name: str, args: dict[str, Any], call_id: str) -> ResponseFunctionToolCall:
     return ResponseFunctionToolCall(
         id=f"fc-{call_id}",

@@ -10,18 +10,15 @@ server (the `embedded_server` fixture): the capability emits the standard events
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import nats
 import pytest
-from conftest import connections
-from nats.aio.client import Client as NATS
+from _integration_kit import Connect, Handler, named, private_connect, returning, worker
 from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults
 from pydantic_ai.messages import (
     ModelMessage,
@@ -52,50 +49,14 @@ from hookbus.schemas import (
     HookResult,
     NotConnectedError,
 )
-from hookbus.workers import HookWorker
 
 pytestmark = pytest.mark.anyio
 
-Connect = Callable[..., Awaitable[NATS]]
-Handler = Callable[[str, dict[str, Any]], Awaitable[Any]]
+connect = private_connect
+"""Connections to this test's private server (a fixture)."""
 
 
 # -- fixtures and helpers --------------------------------------------------------------------
-@pytest.fixture
-async def connect(embedded_server: EmbeddedNatsServer) -> AsyncIterator[Connect]:
-    """Connections to this test's private server (one per simulated process)."""
-    async with connections(
-        embedded_server.url, max_reconnect_attempts=1, reconnect_time_wait=0.1
-    ) as make:
-        yield make
-
-
-@contextlib.asynccontextmanager
-async def worker(
-    connect: Connect, *handlers: tuple[str, Handler, dict[str, Any]]
-) -> AsyncIterator[HookWorker]:
-    """A `HookWorker` on a connection of its own, serving `(event, fn, options)`."""
-    w = HookWorker(await connect())
-    for event, fn, options in handlers:
-        w.add_handler(event, fn, **options)
-    async with w:
-        yield w
-
-
-def named(name: str, fn: Handler) -> Handler:
-    fn.__name__ = name
-    return fn
-
-
-def returning(name: str, result: HookResult | None, seen: list[Any] | None = None) -> Handler:
-    async def handler(event: str, data: dict[str, Any]) -> HookResult | None:
-        if seen is not None:
-            seen.append((event, data))
-        return result
-
-    return named(name, handler)
-
-
 @dataclass
 class Script:
     """A `FunctionModel` function: answers in turn, records the messages of each request."""

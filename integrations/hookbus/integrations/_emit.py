@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Collection, Mapping
 from typing import Any, Literal, Protocol
 
 from hookbus.schemas import HookbusError, HookResult, NotConnectedError, UnknownEventError
@@ -25,8 +26,10 @@ from hookbus.schemas import HookbusError, HookResult, NotConnectedError, Unknown
 __all__ = [
     "DATA_ACTIONS",
     "Emit",
+    "HookDeniedError",
     "Injection",
     "as_deny",
+    "check_options",
     "check_timeout",
     "denied",
     "denied_text",
@@ -176,6 +179,54 @@ def check_timeout(name: str, value: float | None) -> None:
         raise ValueError(f"{name} must be a number of seconds or None, got {value!r}")
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a finite number of seconds above 0, got {value!r}")
+
+
+def check_options(
+    owner: str,
+    dispatcher: object,
+    *,
+    events: Collection[str],
+    session_id: str | None,
+    timeout_s: float | None,
+    timeouts: Mapping[str, float | None] | None,
+) -> dict[str, float | None]:
+    """Check the options every framework integration takes (`owner`: its class name, for
+    the messages); the per-event timeouts (seconds) as a new dict.
+
+    Raises:
+        TypeError: `dispatcher` is not a `HookDispatcher`.
+        ValueError: `session_id` is not a non-empty string or None; `timeouts` names an
+            event not in `events`; a timeout is not None or a finite number above 0.
+    """
+    from hookbus.dispatcher import HookDispatcher  # the doors import this module: lazily
+
+    if not isinstance(dispatcher, HookDispatcher):
+        raise TypeError(f"{owner} needs a hookbus HookDispatcher, got {type(dispatcher).__name__}")
+    if session_id is not None and (not isinstance(session_id, str) or not session_id):
+        raise ValueError("session_id must be a non-empty string or None")
+    per_event = dict(timeouts or {})
+    unknown = sorted(set(per_event) - set(events))
+    if unknown:
+        raise ValueError(f"timeouts for events {owner} never emits: {unknown}")
+    for name, value in [("timeout_s", timeout_s), *per_event.items()]:
+        check_timeout(name, value)
+    return per_event
+
+
+class HookDeniedError(HookbusError):
+    """A handler denied an event that a run cannot go on without (``session:start``,
+    ``prompt:submit``, ...): the run does not go on.
+
+    Attributes:
+        event: the denied event.
+        result: the dispatcher's `HookResult` (``reason``, ``decided_by``, ``failures``).
+    """
+
+    def __init__(self, event: str, result: HookResult) -> None:
+        self.event = event
+        self.result = result
+        by = f" by {result.decided_by}" if result.decided_by else ""
+        super().__init__(f"{event} denied{by}: {result.reason or 'no reason given'}")
 
 
 def jsonable(value: Any) -> Any:

@@ -89,7 +89,7 @@ from hookbus.schemas import TOOL_ERROR, TOOL_POST, TOOL_PRE, HookbusError, HookR
 from ._emit import (
     Injection,
     as_deny,
-    check_timeout,
+    check_options,
     denied,
     denied_text,
     emit_decision,
@@ -143,18 +143,10 @@ class HookbusToolHooks:
         timeout_s: float | None = None,
         timeouts: Mapping[str, float | None] | None = None,
     ) -> None:
-        if not isinstance(dispatcher, HookDispatcher):
-            raise TypeError(
-                f"HookbusToolHooks needs a hookbus HookDispatcher, got {type(dispatcher).__name__}"
-            )
-        if session_id is not None and (not isinstance(session_id, str) or not session_id):
-            raise ValueError("session_id must be a non-empty string or None")
-        per_event = dict(timeouts or {})
-        unknown = sorted(set(per_event) - set(EVENTS))
-        if unknown:
-            raise ValueError(f"timeouts for events these hooks never emit: {unknown}")
-        for name, value in [("timeout_s", timeout_s), *per_event.items()]:
-            check_timeout(name, value)
+        per_event = check_options(
+            "HookbusToolHooks", dispatcher, events=EVENTS, session_id=session_id,
+            timeout_s=timeout_s, timeouts=timeouts,
+        )  # fmt: skip
         self.dispatcher = dispatcher
         self.session_id = session_id
         self.timeout_s = timeout_s

@@ -80,8 +80,9 @@ from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import PROMPT_SUBMIT, TOOL_POST, TOOL_PRE, HookbusError, HookResult
 
 from ._emit import (
+    HookDeniedError,
     as_deny,
-    check_timeout,
+    check_options,
     denied,
     denied_text,
     emit_decision,
@@ -119,21 +120,6 @@ _RUN: contextvars.ContextVar[_Run | None] = contextvars.ContextVar(
 """The run `HookbusGuard.run` is running (the SDK runs tools in tasks that copy it)."""
 
 
-class HookDeniedError(HookbusError):
-    """A handler denied ``prompt:submit``: the run does not start.
-
-    Attributes:
-        event: the denied event.
-        result: the dispatcher's `HookResult` (``reason``, ``decided_by``, ``failures``).
-    """
-
-    def __init__(self, event: str, result: HookResult) -> None:
-        self.event = event
-        self.result = result
-        by = f" by {result.decided_by}" if result.decided_by else ""
-        super().__init__(f"{event} denied{by}: {result.reason or 'no reason given'}")
-
-
 class HookbusGuard:
     """Runs OpenAI Agents SDK agents with their lifecycle on hookbus (see the module
     docstring for the events and what each action does).
@@ -161,18 +147,10 @@ class HookbusGuard:
         timeout_s: float | None = None,
         timeouts: Mapping[str, float | None] | None = None,
     ) -> None:
-        if not isinstance(dispatcher, HookDispatcher):
-            raise TypeError(
-                f"HookbusGuard needs a hookbus HookDispatcher, got {type(dispatcher).__name__}"
-            )
-        if session_id is not None and (not isinstance(session_id, str) or not session_id):
-            raise ValueError("session_id must be a non-empty string or None")
-        per_event = dict(timeouts or {})
-        unknown = sorted(set(per_event) - set(EVENTS))
-        if unknown:
-            raise ValueError(f"timeouts for events this guard never emits: {unknown}")
-        for name, value in [("timeout_s", timeout_s), *per_event.items()]:
-            check_timeout(name, value)
+        per_event = check_options(
+            "HookbusGuard", dispatcher, events=EVENTS, session_id=session_id,
+            timeout_s=timeout_s, timeouts=timeouts,
+        )  # fmt: skip
         self.dispatcher = dispatcher
         self.session_id = session_id
         self.timeout_s = timeout_s

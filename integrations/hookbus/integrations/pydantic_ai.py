@@ -143,8 +143,7 @@ from hookbus.schemas import (
     HookResult,
 )
 
-from ._emit import as_deny, emit_decision
-from ._emit import check_timeout as _check_timeout
+from ._emit import HookDeniedError, as_deny, check_options, emit_decision
 from ._emit import denied as _denied
 from ._emit import denied_text as _denied_text
 from ._emit import final_data as _final_data
@@ -185,21 +184,6 @@ EVENTS = (
 _SESSION_END_BUDGET_S = 10.0
 """Longest wait, in seconds, for the ``session:end`` emit when no `timeouts` entry bounds it
 (it runs shielded from the run's cancellation, so it needs a bound of its own)."""
-
-
-class HookDeniedError(HookbusError):
-    """A handler denied ``session:start`` or ``prompt:submit``: the run does not go on.
-
-    Attributes:
-        event: the denied event.
-        result: the dispatcher's `HookResult` (``reason``, ``decided_by``, ``failures``).
-    """
-
-    def __init__(self, event: str, result: HookResult) -> None:
-        self.event = event
-        self.result = result
-        by = f" by {result.decided_by}" if result.decided_by else ""
-        super().__init__(f"{event} denied{by}: {result.reason or 'no reason given'}")
 
 
 InjectionRole = Literal["system", "user", "assistant"]
@@ -275,20 +259,12 @@ class HookbusCapability(AbstractCapability[AgentDepsT]):
         id: str | None = None,
         description: str | None = None,
     ) -> None:
-        if not isinstance(dispatcher, HookDispatcher):
-            raise TypeError(
-                f"HookbusCapability needs a hookbus HookDispatcher, got {type(dispatcher).__name__}"
-            )
+        per_event = check_options(
+            "HookbusCapability", dispatcher, events=EVENTS, session_id=session_id,
+            timeout_s=timeout_s, timeouts=timeouts,
+        )  # fmt: skip
         if approvals not in ("hookbus", "deferred"):
             raise ValueError(f"approvals must be 'hookbus' or 'deferred', got {approvals!r}")
-        if session_id is not None and (not isinstance(session_id, str) or not session_id):
-            raise ValueError("session_id must be a non-empty string or None")
-        per_event = dict(timeouts or {})
-        unknown = sorted(set(per_event) - set(EVENTS))
-        if unknown:
-            raise ValueError(f"timeouts for events this capability never emits: {unknown}")
-        for name, value in [("timeout_s", timeout_s), *per_event.items()]:
-            _check_timeout(name, value)
         self.dispatcher = dispatcher
         self.approvals = approvals
         self.session_id = session_id
