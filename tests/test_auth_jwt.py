@@ -342,3 +342,45 @@ def test_every_role_can_be_issued(tmp_path: Path) -> None:
         assert claims["sub"] == pub
         assert claims["nats"]["pub"] == {"allow": expected.publish}
         assert claims["nats"]["sub"] == {"allow": expected.subscribe}
+
+
+@anyio_test
+async def test_a_revoked_credential_is_refused_after_a_reload_and_others_stay(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "auth"
+    hookbus("auth", "init", "--jwt", "--out", str(out))
+    with EmbeddedNatsServer(out / "run", config=out / "server.conf", port=-1) as server:
+        hookbus("auth", "issue", "agent", "leaked", "--dir", str(out))
+        hookbus("auth", "issue", "agent", "kept", "--dir", str(out))
+        leaked, _ = await connect(server.url, out / "agent-leaked.creds")
+        kept, kept_errors = await connect(server.url, out / "agent-kept.creds")
+        try:
+            said = hookbus("auth", "revoke", str(out / "agent-leaked.creds"), "--dir", str(out))
+            assert "reload" in said
+            public = KeyPair.from_seed(parse_creds(
+                (out / "agent-leaked.creds").read_text())[1]).public_key  # fmt: skip
+            claims = decode(load_setup(out).jwt["accounts"]["HOOKBUS"]["jwt"])  # type: ignore[index]
+            assert public in claims["nats"]["revocations"]
+            offset = server.reload()
+            with anyio.fail_after(20):
+                while (outcome := server.reload_outcome(offset)) is None:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+            assert outcome == (True, ""), outcome
+            with anyio.fail_after(20):  # the server closes the revoked user's connection
+                while leaked.is_connected:  # noqa: ASYNC110  (no event for it)
+                    await anyio.sleep(0.05)
+            with pytest.raises(Exception, match=r"(?i)authorization"):
+                await connect(server.url, out / "agent-leaked.creds")
+            # the other credential kept its connection and still connects
+            assert kept.is_connected and await kept.jetstream().account_info() is not None
+            again, errors = await connect(server.url, out / "agent-kept.creds")
+            await again.close()
+            assert errors == [] and kept_errors == []
+        finally:
+            await leaked.close()
+            await kept.close()
+    assert "neither" in hookbus("auth", "revoke", "UXXX", "--dir", str(out), code=2)
+    static = tmp_path / "static"
+    hookbus("auth", "init", "--no-tls", "--out", str(static))
+    assert "JWT mode" in hookbus("auth", "revoke", public, "--dir", str(static), code=1)

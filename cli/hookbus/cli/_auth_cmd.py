@@ -1,4 +1,4 @@
-"""The `hookbus auth` commands (`init`, `add`, `issue`, `table`; `provision` is added from
+"""The `hookbus auth` commands (`init`, `add`, `issue`, `revoke`, `table`; `provision` is added from
 `hookbus.cli._provision`): the click face of `hookbus.cli._auth_files`, which writes and reads
 the files."""
 
@@ -18,6 +18,7 @@ from ._auth_files import (
     init_setup,
     issue_identity,
     markdown_table,
+    revoke_identity,
     worker_pairs,
 )
 
@@ -292,6 +293,27 @@ def issue_cmd(
         where = exc.filename or out
         raise click.ClickException(f"cannot write {where}: {exc.strerror or exc}") from exc
     click.echo(f"{ident.tenant} {ident.role} {ident.name}: {ident.creds_path(out)}")
+
+
+@auth.command("revoke")
+@click.argument("who", metavar="CREDS_OR_PUBKEY")
+@click.option(
+    "--dir",
+    "out",
+    required=True,
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="The folder `hookbus auth init --jwt` wrote (its operator's key re-signs the account).",
+)
+@click.option(
+    "--tenant", default=None, help="The tenant of a public key (default: HOOKBUS, or the only one)."
+)
+def revoke_cmd(who: str, out: Path, tenant: str | None) -> None:
+    """Revoke a user credential (JWT mode): its public key goes into its account's
+    revocations, the account's JWT is signed again and auth.conf written again. Reload the
+    running server afterwards (SIGHUP, or `nats-server --signal reload`): it then refuses
+    the credential and closes its connections."""
+    tenant, user = revoke_identity(out, who, tenant=tenant)
+    click.echo(f"{tenant} {user}: revoked; reload the server to apply it ({out / AUTH_CONF})")
 
 
 @auth.command("table")

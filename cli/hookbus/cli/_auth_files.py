@@ -52,6 +52,7 @@ import os
 import re
 import secrets
 import tempfile
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -85,6 +86,7 @@ __all__ = [
     "load_setup",
     "render_accounts",
     "render_server",
+    "revoke_identity",
 ]
 
 DEFAULT_TENANT: Final = "HOOKBUS"
@@ -503,7 +505,7 @@ def _make_identity(
         from ._jwt import creds_text, user_jwt
 
         account = setup.jwt["accounts"][tenant]
-        signer = _read_key(ident.folder(out) / ACCOUNT_SIGNING_SEED, account_of=tenant)
+        signer = _read_key(ident.folder(out) / ACCOUNT_SIGNING_SEED, f"tenant {tenant}'s signer")
         if signer.public_key != account["signing_key"]:
             raise click.ClickException(
                 f"{ident.folder(out) / ACCOUNT_SIGNING_SEED} is not the signing key of"
@@ -517,7 +519,7 @@ def _make_identity(
     return ident
 
 
-def _read_key(path: Path, *, account_of: str) -> Any:
+def _read_key(path: Path, what: str) -> Any:
     """The key pair whose seed is in `path` (a `hookbus.cli._jwt.KeyPair`).
 
     Raises:
@@ -528,9 +530,7 @@ def _read_key(path: Path, *, account_of: str) -> Any:
     try:
         return KeyPair.from_seed(path.read_text())
     except OSError as exc:
-        raise click.ClickException(
-            f"cannot read {path} (tenant {account_of}'s signing key): {exc.strerror or exc}"
-        ) from None
+        raise click.ClickException(f"cannot read {path} ({what}): {exc.strerror or exc}") from None
     except JwtError as exc:
         raise click.ClickException(f"{path}: {exc}") from None
 
@@ -698,20 +698,26 @@ so it cannot follow their number (`max_consumers`): room for about 2,700 identit
 every one of their slots at once (agents' watches are released when idle)."""
 
 
-def _make_jwt_keys(setup: AuthSetup, out: Path) -> dict[str, Any]:
-    """The operator, the system account and one account per tenant (with a signing key):
-    seeds written (0600), public keys and JWTs returned for the manifest."""
-    from ._jwt import JetStreamLimits, account_jwt, new_key, operator_jwt
+def _jetstream_limits(setup: AuthSetup) -> Any:
+    from ._jwt import JetStreamLimits
 
-    operator, system = new_key("operator"), new_key("account")
-    _write_new_secret(out / OPERATOR_SEED, operator.seed + "\n")
-    _write_new_secret(out / SYSTEM_ACCOUNT_SEED, system.seed + "\n")
-    limits = JetStreamLimits(
+    return JetStreamLimits(
         mem_storage=size_bytes(setup.js_max_mem),
         disk_storage=size_bytes(setup.js_max_file),
         streams=MAX_STREAMS,
         consumer=JWT_MAX_CONSUMERS,
     )
+
+
+def _make_jwt_keys(setup: AuthSetup, out: Path) -> dict[str, Any]:
+    """The operator, the system account and one account per tenant (with a signing key):
+    seeds written (0600), public keys and JWTs returned for the manifest."""
+    from ._jwt import account_jwt, new_key, operator_jwt
+
+    operator, system = new_key("operator"), new_key("account")
+    _write_new_secret(out / OPERATOR_SEED, operator.seed + "\n")
+    _write_new_secret(out / SYSTEM_ACCOUNT_SEED, system.seed + "\n")
+    limits = _jetstream_limits(setup)
     accounts: dict[str, Any] = {}
     for tenant in setup.tenants:
         account, signing = new_key("account"), new_key("account")
@@ -776,6 +782,71 @@ def issue_identity(
         ident.context_path(out), json.dumps(context_json(ident, setup, out), indent=2) + "\n"
     )
     return ident
+
+
+def revoke_identity(out: Path, who: str, *, tenant: str | None = None) -> tuple[str, str]:
+    """What ``hookbus auth revoke`` does: list a user's public key in its tenant account's
+    ``revocations`` (with the current time: every JWT of that key issued until now is
+    refused), sign the account's JWT again with the operator's key and write ``auth.conf``
+    and the manifest. The server applies it on its next reload (SIGHUP), and then closes
+    the revoked user's connections.
+
+    Args:
+        who: a ``.creds`` file (its tenant is the account that signed it) or a user public
+            key (``U...``; its tenant `tenant`, or the default one).
+    Returns:
+        ``(tenant, user public key)``.
+    Raises:
+        click.ClickException: not a JWT-mode folder, a creds file no account of `out`
+            signed, or the operator's seed cannot be read.
+        click.BadParameter: `who` is neither a readable creds file nor a user public key,
+            or the tenant is unknown.
+    """
+    from ._jwt import JwtError, KeyPair, account_jwt, decode, parse_creds
+
+    setup = load_setup(out)
+    if not setup.jwt:
+        raise click.ClickException(
+            f"{out} holds static nkey users (made without --jwt): `hookbus auth revoke` is"
+            " for JWT mode (`hookbus auth init --jwt`)"
+        )
+    accounts = setup.jwt["accounts"]
+    path = Path(who)
+    if path.is_file():
+        try:
+            token, seed = parse_creds(path.read_text(errors="replace"))
+            claims = decode(token)
+            user = KeyPair.from_seed(seed).public_key
+        except (OSError, JwtError) as exc:
+            raise click.BadParameter(f"{who}: {exc}") from None
+        nats_claims = claims.get("nats") or {}
+        account = nats_claims.get("issuer_account") or claims.get("iss")
+        found = [t for t, a in accounts.items() if a["public_key"] == account]
+        if not found or claims.get("sub") != user:
+            raise click.ClickException(f"{who} was not issued by an account of {out}")
+        if tenant is not None and tenant != found[0]:
+            raise click.BadParameter(f"{who} is a credential of tenant {found[0]}, not {tenant}")
+        tenant = found[0]
+    elif re.fullmatch(r"U[A-Z2-7]{55}", who):
+        user = who
+        tenant = _pick_tenant(setup, tenant)
+    else:
+        raise click.BadParameter(f"{who!r} is neither a .creds file nor a user public key (U...)")
+    operator = _read_key(out / OPERATOR_SEED, "the operator's key")
+    acct = accounts[tenant]
+    revocations = dict(acct.get("revocations") or {})
+    revocations[user] = int(time.time())
+    acct["revocations"] = revocations
+    acct["jwt"] = account_jwt(
+        operator,
+        acct["public_key"],
+        tenant,
+        jetstream=_jetstream_limits(setup),
+        signing_keys=[acct["signing_key"]],
+        revocations=revocations,
+    )
+    write_setup(setup, out)
+    return tenant, user
 
 
 def _pick_tenant(setup: AuthSetup, tenant: str | None) -> str:

@@ -204,11 +204,13 @@ def account_jwt(
     *,
     jetstream: JetStreamLimits | None,
     signing_keys: Sequence[str] = (),
+    revocations: Mapping[str, int] | None = None,
 ) -> str:
     """An account's JWT (public key `account`), signed by the operator: no connection,
     subscription or payload limit of its own (the server's apply), no import or export,
-    `jetstream` (None: JetStream off, e.g. the system account) and the public keys of the
-    account's signing keys (which may then sign its users)."""
+    `jetstream` (None: JetStream off, e.g. the system account), the public keys of the
+    account's signing keys (which may then sign its users) and `revocations`: user public
+    key -> Unix time (seconds); the server refuses that user's JWTs issued at or before it."""
     limits: dict[str, Any] = {
         "subs": NO_LIMIT,
         "data": NO_LIMIT,
@@ -229,6 +231,8 @@ def account_jwt(
     nats: dict[str, Any] = {"limits": limits}
     if signing_keys:
         nats["signing_keys"] = list(signing_keys)
+    if revocations:
+        nats["revocations"] = dict(revocations)
     nats.update(type="account", version=_VERSION)
     return _encode(operator, account, name, nats)
 
