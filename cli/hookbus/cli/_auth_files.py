@@ -676,16 +676,18 @@ def init_setup(
 
 
 def size_bytes(size: str) -> int:
-    """A nats-server size (``8G``, ``256M``, ``512K``, ``1024``; ``B`` after the unit is
-    allowed) in bytes, 1024-based.
+    """A size as nats-server's config reads it, in bytes: ``K``, ``M``, ``G``, ``T`` are
+    powers of 1000 (``8G`` = 8,000,000,000), ``KB``, ``MB``, ``GB``, ``TB`` powers of 1024;
+    no unit: bytes. Case is ignored.
 
     Raises:
         click.BadParameter: not a size.
     """
-    m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)B?\s*", size.upper())
-    if not m:
-        raise click.BadParameter(f"not a size: {size!r} (e.g. 8G, 256M)")
-    return int(m[1]) * 1024 ** " KMGT".index(m[2] or " ")
+    m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(B?)\s*", size.upper())
+    if not m or (m[3] and not m[2]):
+        raise click.BadParameter(f"not a size: {size!r} (e.g. 8G, 256M, 1GB)")
+    power = " KMGT".index(m[2] or " ")
+    return int(m[1]) * int((1024 if m[3] else 1000) ** power)
 
 
 JWT_MAX_CONTROL_LINE: Final = "64KB"
