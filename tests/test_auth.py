@@ -732,12 +732,16 @@ def test_the_development_server_says_it_is_open_and_on_loopback(tmp_path: Path) 
     assert "open (no auth" in err and "loopback" in err
 
 
-def test_the_security_docs_steps_run_as_written(tmp_path: Path) -> None:
-    """docs/security.md's "How to run it" commands, run one by one as written (only the
-    server's port is another, free one): the emit through the service is denied by the
+@pytest.mark.parametrize(
+    "section", ["## How to run it", "## JWT mode: identities issued, not configured"]
+)
+def test_the_security_docs_steps_run_as_written(tmp_path: Path, section: str) -> None:
+    """docs/security.md's "How to run it" commands (and those of its JWT mode, where the
+    worker and the agent are issued while the server runs), run one by one as written (only
+    the server's port is another, free one): the emit through the service is denied by the
     worker's security_policy."""
     text = (ROOT / "docs" / "security.md").read_text()
-    block = text.split("## How to run it", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    block = text.split(section, 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
     (tmp_path / "examples").symlink_to(ROOT / "examples")  # "from the repository's root"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,4 +1,6 @@
-"""The permission model against a real server started from `hookbus auth init`.
+"""The permission model against a real server started from `hookbus auth init`, in both
+modes: static nkey users (``auth.conf``) and NATS JWTs (``--jwt``: each identity a
+``.creds`` file signed by its tenant's account), so every probe holds for both.
 
 Every probe below is something a client of one role must not do; each must be refused by
 the server with a NATS permissions violation (or, across tenants, never be delivered),
@@ -76,9 +78,11 @@ class Secure:
         return dict(json.loads((self.out / tenant / f"{stem}.json").read_text()))
 
 
-@pytest.fixture(scope="module")
-def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure]:
-    base = tmp_path_factory.mktemp("auth")
+@pytest.fixture(scope="module", params=["nkey", "jwt"])
+def secure(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+           ) -> Iterator[Secure]:  # fmt: skip
+    base = tmp_path_factory.mktemp(f"auth-{request.param}")
+    mode = ["--jwt"] if request.param == "jwt" else []
 
     def start(port: int) -> tuple[subprocess.Popen[bytes], Path, int]:
         out = base / f"port-{port}"
@@ -87,7 +91,7 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure]:
              "--tenant", "T1", "--tenant", "T2", "--embedded-agent", "a1", "--agent", "a2",
              "--worker", f"sec:{EVENT}/security", "--worker", f"other:{EVENT}/audit",
              "--approver", "alice", "--approver", "bob", "--auditor", "aud",
-             "--port", str(port)],
+             "--port", str(port), *mode],
             check=True, capture_output=True, text=True,
         )  # fmt: skip
         check = subprocess.run(
@@ -166,8 +170,10 @@ async def as_(secure: Secure) -> AsyncIterator[Connect]:
         async def on_error(exc: Exception) -> None:
             errors.append(str(exc))
 
+        secret = {"user_credentials": ctx["creds"]} if "creds" in ctx else {
+            "nkeys_seed": ctx["nkey"]}  # fmt: skip
         nc = await nats.connect(
-            secure.url, nkeys_seed=ctx["nkey"], inbox_prefix=ctx["inbox_prefix"],
+            secure.url, **secret, inbox_prefix=ctx["inbox_prefix"],
             error_cb=on_error, max_reconnect_attempts=0, connect_timeout=3,
             tls=ssl.create_default_context(cafile=ctx["ca"]),
         )  # fmt: skip

@@ -1,4 +1,4 @@
-"""The `hookbus auth` commands (`init`, `add`, `table`; `provision` is added from
+"""The `hookbus auth` commands (`init`, `add`, `issue`, `revoke`, `table`; `provision` is added from
 `hookbus.cli._provision`): the click face of `hookbus.cli._auth_files`, which writes and reads
 the files."""
 
@@ -16,7 +16,9 @@ from ._auth_files import (
     SERVER_CONF,
     add_identity,
     init_setup,
+    issue_identity,
     markdown_table,
+    revoke_identity,
     worker_pairs,
 )
 
@@ -113,12 +115,21 @@ def auth() -> None:
     "(e.g. a Kubernetes service: nats, nats.NS.svc, nats.NS.svc.cluster.local); repeat.",
 )
 @click.option(
+    "--jwt",
+    "jwt",
+    is_flag=True,
+    help="NATS JWT mode: an operator, one account per tenant, and a .creds file (user JWT "
+    "and seed) per identity; later identities are issued with `hookbus auth issue`, with no "
+    "server file change or reload. Default: static nkey users in auth.conf.",
+)
+@click.option(
     "--demo",
     is_flag=True,
     help="Also the identities `hookbus demo --secure` uses: its agents, one worker per "
     "example worker file (with the handlers the file declares) and its approver.",
 )
 def init_cmd(
+    jwt: bool,
     demo: bool,
     out: Path,
     tenants: tuple[str, ...],
@@ -143,7 +154,7 @@ def init_cmd(
     tenant (default tenant HOOKBUS; files of another tenant T go to OUT/T/).
 
     Run it with `hookbus server --config OUT/server.conf`; connect a client with
-    `--nkey OUT/<role>-<name>.nk`."""
+    `--nkey OUT/<role>-<name>.nk` (with --jwt: `--creds OUT/<role>-<name>.creds`)."""
     if sans and (tls_cert or not tls):
         raise click.UsageError(
             "--san names go into the certificate `hookbus auth init` makes: not with"
@@ -177,13 +188,16 @@ def init_cmd(
             tls=tls,
             sans=sans,
             js_domain=js_domain,
+            jwt=jwt,
         )
     except OSError as exc:  # a folder that cannot be made or written (/proc, read-only)
         where = exc.filename or out
         raise click.ClickException(f"cannot write {where}: {exc.strerror or exc}") from exc
     for ident in setup.identities:
-        click.echo(f"{ident.tenant:<10} {ident.role:<10} {ident.name:<20} {ident.seed_path(out)}")
-    click.echo(f"server config: {out / SERVER_CONF} (accounts and users: {out / AUTH_CONF})")
+        where = ident.secret_path(out, setup)
+        click.echo(f"{ident.tenant:<10} {ident.role:<10} {ident.name:<20} {where}")
+    what = "operator and accounts" if setup.jwt else "accounts and users"
+    click.echo(f"server config: {out / SERVER_CONF} ({what}: {out / AUTH_CONF})")
     if setup.routes:
         click.echo(f"route credentials for every node's cluster block: {out / CLUSTER_CONF}")
 
@@ -230,6 +244,76 @@ def add_cmd(
         handlers = (*handlers, *worker_pairs(from_worker))
     ident = add_identity(out, role, name, tenant=tenant, handlers=handlers, embedded=embedded)
     click.echo(f"{ident.tenant} {ident.role} {ident.name}: {ident.seed_path(out)}")
+
+
+@auth.command("issue")
+@click.argument("role", type=click.Choice(_ADDABLE))
+@click.argument("name")
+@click.option(
+    "--dir",
+    "out",
+    required=True,
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="The folder `hookbus auth init --jwt` wrote.",
+)
+@click.option("--tenant", default=None, help="Its tenant (default: HOOKBUS, or the only one).")
+@click.option(
+    "--handler",
+    "handlers",
+    multiple=True,
+    metavar="EVENT/HANDLER",
+    help="An (event, handler) pair a worker serves, e.g. tool:pre/redact_pii; repeat.",
+)
+@click.option(
+    "--from",
+    "from_worker",
+    metavar="FILE.py:ATTR",
+    help="A worker: serve every (event, handler) the HookWorker FILE.py:ATTR declares.",
+)
+@click.option("--embedded", is_flag=True, help="An agent that runs its own HookDispatcher.")
+def issue_cmd(
+    role: str,
+    name: str,
+    out: Path,
+    tenant: str | None,
+    handlers: tuple[str, ...],
+    from_worker: str | None,
+    embedded: bool,
+) -> None:
+    """Issue a user credential (JWT mode): a .creds file with its role's permissions,
+    signed by the tenant account's signing key. No server file changes and the running
+    server needs no reload. Prints the .creds path."""
+    if role not in ROLES:  # narrows the click choice to a role
+        raise click.BadParameter(f"unknown role {role!r}")
+    if from_worker:
+        handlers = (*handlers, *worker_pairs(from_worker))
+    try:
+        ident = issue_identity(out, role, name, tenant=tenant, handlers=handlers, embedded=embedded)
+    except OSError as exc:
+        where = exc.filename or out
+        raise click.ClickException(f"cannot write {where}: {exc.strerror or exc}") from exc
+    click.echo(f"{ident.tenant} {ident.role} {ident.name}: {ident.creds_path(out)}")
+
+
+@auth.command("revoke")
+@click.argument("who", metavar="CREDS_OR_PUBKEY")
+@click.option(
+    "--dir",
+    "out",
+    required=True,
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="The folder `hookbus auth init --jwt` wrote (its operator's key re-signs the account).",
+)
+@click.option(
+    "--tenant", default=None, help="The tenant of a public key (default: HOOKBUS, or the only one)."
+)
+def revoke_cmd(who: str, out: Path, tenant: str | None) -> None:
+    """Revoke a user credential (JWT mode): its public key goes into its account's
+    revocations, the account's JWT is signed again and auth.conf written again. Reload the
+    running server afterwards (SIGHUP, or `nats-server --signal reload`): it then refuses
+    the credential and closes its connections."""
+    tenant, user = revoke_identity(out, who, tenant=tenant)
+    click.echo(f"{tenant} {user}: revoked; reload the server to apply it ({out / AUTH_CONF})")
 
 
 @auth.command("table")

@@ -25,6 +25,23 @@ and for the server:
 Files of the default tenant (``HOOKBUS``) are in DIR; those of any other tenant T in DIR/T/.
 ``<name>`` in file names is `encode_token(name)`. Seeds are made with `nkeys` from 32
 random bytes; nats-server stores only the public keys.
+
+``hookbus auth init --jwt`` (NATS decentralized JWT authentication, `hookbus.cli._jwt`)
+writes instead, with the same server.conf and TLS files:
+
+- ``operator.nk`` (mode 0600): the operator's seed; it signs the accounts' JWTs;
+- ``system-account.nk`` (0600): the system account's seed (the server's own account);
+- per tenant, in its folder: ``account.nk`` and ``account-signing.nk`` (0600): the
+  account's identity seed and its signing key's seed (which signs the users);
+- ``<role>-<name>.creds`` (0600): the user's JWT (its role's permissions) and its seed;
+  ``<role>-<name>.json``: its nats CLI context (url, creds path, inbox prefix);
+- ``auth.conf``: ``operator``, ``system_account`` and ``resolver: MEMORY`` with every
+  account's JWT preloaded: its size depends on the tenants, never on the users;
+- ``hookbus-auth.json``: also the operator's and accounts' public keys and JWTs.
+
+``hookbus auth issue`` then signs a new user's JWT with its tenant's signing key and writes
+its ``.creds`` and context only: no server file changes and the server needs no reload (it
+trusts every user its accounts' keys signed). Issued users are not listed in the manifest.
 """
 
 from __future__ import annotations
@@ -35,6 +52,7 @@ import os
 import re
 import secrets
 import tempfile
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -58,14 +76,17 @@ from hookbus.schemas._subjects import is_js_domain_name
 __all__ = [
     "AUTH_CONF",
     "CLUSTER_CONF",
+    "CREDS_SUFFIX",
     "DEFAULT_TENANT",
     "MANIFEST",
     "SERVER_CONF",
     "AuthSetup",
     "Identity",
+    "issue_identity",
     "load_setup",
     "render_accounts",
     "render_server",
+    "revoke_identity",
 ]
 
 DEFAULT_TENANT: Final = "HOOKBUS"
@@ -75,6 +96,11 @@ SERVER_CONF: Final = "server.conf"
 CLUSTER_CONF: Final = "cluster-auth.conf"
 ROUTE_USER: Final = "hookbus-route"
 _TENANT = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
+CREDS_SUFFIX: Final = ".creds"
+OPERATOR_SEED: Final = "operator.nk"
+SYSTEM_ACCOUNT_SEED: Final = "system-account.nk"
+ACCOUNT_SEED: Final = "account.nk"
+ACCOUNT_SIGNING_SEED: Final = "account-signing.nk"
 
 
 @dataclass
@@ -102,6 +128,14 @@ class Identity:
 
     def context_path(self, out: Path) -> Path:
         return self.folder(out) / f"{self.stem}.json"
+
+    def creds_path(self, out: Path) -> Path:
+        """Its credentials file (JWT mode): user JWT and seed."""
+        return self.folder(out) / f"{self.stem}{CREDS_SUFFIX}"
+
+    def secret_path(self, out: Path, setup: AuthSetup) -> Path:
+        """What it connects with: its ``.creds`` (JWT mode) or its ``.nk`` seed."""
+        return self.creds_path(out) if setup.jwt else self.seed_path(out)
 
     def permissions(self, js_domains: Sequence[str] = ()) -> RolePermissions:
         """Its permissions (also through JetStream domains `js_domains`).
@@ -146,6 +180,10 @@ class AuthSetup:
     leaf nodes. Every identity may then reach the buckets as ``$JS.<domain>.API`` too (from
     a leaf), and every context names it (``jetstream_domain``)."""
     identities: list[Identity] = field(default_factory=list)
+    jwt: dict[str, Any] | None = None
+    """JWT mode (``init --jwt``): ``operator`` (public key and ``jwt``), ``system_account``
+    (same) and ``accounts`` (per tenant: ``public_key``, ``signing_key``, ``jwt``); None:
+    static nkey users in ``auth.conf``."""
 
     def find(self, tenant: str, role: str, name: str) -> Identity | None:
         for ident in self.identities:
@@ -223,7 +261,11 @@ def _user_block(ident: Identity, indent: str, js_domain: str | None = None) -> l
 
 
 def render_accounts(setup: AuthSetup) -> str:
-    """``auth.conf``: one account per tenant with its nkey users and their permissions."""
+    """``auth.conf``: one account per tenant with its nkey users and their permissions
+    (JWT mode: the operator, the system account and a resolver preloaded with every
+    account's JWT; no user)."""
+    if setup.jwt:
+        return _render_jwt_auth(setup.jwt)
     lines = [
         "# hookbus identities: one NATS account per tenant, one nkey user per identity.",
         "# Written by `hookbus auth init` / `hookbus auth add` from hookbus-auth.json;",
@@ -244,6 +286,25 @@ def render_accounts(setup: AuthSetup) -> str:
             if ident.tenant == tenant:
                 lines += _user_block(ident, "      ", setup.js_domain)
         lines += ["    ]", "  }"]
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _render_jwt_auth(keys: dict[str, Any]) -> str:
+    lines = [
+        "# hookbus identities, NATS JWT mode: an operator, one account per tenant; users are",
+        "# JWTs signed by their account's signing key (`hookbus auth issue`), which this server",
+        "# trusts without knowing them: no user here, no reload to add one.",
+        "# Written by `hookbus auth init --jwt` from hookbus-auth.json.",
+        f"operator: {_q(keys['operator']['jwt'])}",
+        f"system_account: {_q(keys['system_account']['public_key'])}",
+        "resolver: MEMORY",
+        "resolver_preload: {",
+        f"  # system account\n  {keys['system_account']['public_key']}:"
+        f" {_q(keys['system_account']['jwt'])}",
+    ]
+    for tenant, acct in keys["accounts"].items():
+        lines.append(f"  # tenant {tenant}\n  {acct['public_key']}: {_q(acct['jwt'])}")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -281,6 +342,11 @@ def render_server(setup: AuthSetup, out: Path) -> str:
         "",
         "max_payload: 1MB",
     ]
+    if setup.jwt:
+        lines += [
+            "# a client's CONNECT carries its user JWT (its permissions: up to ~10 KB)",
+            f"max_control_line: {JWT_MAX_CONTROL_LINE}",
+        ]
     if setup.tls_cert:
         lines += ["", "tls {", f"  cert_file: {_q(setup.tls_cert)}"]
         lines.append(f"  key_file: {_q(setup.tls_key or '')}")
@@ -324,7 +390,7 @@ def context_json(ident: Identity, setup: AuthSetup, out: Path) -> dict[str, Any]
     ctx: dict[str, Any] = {
         "description": f"hookbus {ident.role} {ident.name} (tenant {ident.tenant})",
         "url": setup.url(),
-        "nkey": str(ident.seed_path(out).resolve()),
+        ("creds" if setup.jwt else "nkey"): str(ident.secret_path(out, setup).resolve()),
         "inbox_prefix": inbox_prefix(ident.public_key),
     }
     if setup.tls_ca:
@@ -391,6 +457,21 @@ def _new_identity(
     """Make a seed for a new identity, write its seed and context files, record it."""
     if setup.find(tenant, role, name) is not None:
         raise click.ClickException(f"{role} {name!r} already exists in tenant {tenant}")
+    handlers = _checked_role_options(role, name, handlers, embedded)
+    ident = _make_identity(setup, out, role, name, tenant, handlers, embedded=embedded)
+    setup.identities.append(ident)
+    return ident
+
+
+def _checked_role_options(
+    role: RoleName, name: str, handlers: Sequence[str], embedded: bool
+) -> list[str]:
+    """The worker's handlers without repeats, once the role's options are checked.
+
+    Raises:
+        click.BadParameter: `embedded` for a non-agent, handlers for a non-worker, a
+            worker without handlers or with one not ``EVENT/HANDLER``, an empty name.
+    """
     if embedded and role != "agent":
         raise click.BadParameter(f"only an agent runs an embedded dispatcher, not a {role}")
     if role == "worker":
@@ -401,13 +482,57 @@ def _new_identity(
         permissions_for(role, name, handlers=handlers or None, embedded=embedded)
     except BadRequestError as exc:
         raise click.BadParameter(str(exc)) from None
+    return list(handlers)
+
+
+def _make_identity(
+    setup: AuthSetup,
+    out: Path,
+    role: RoleName,
+    name: str,
+    tenant: str,
+    handlers: Sequence[str],
+    *,
+    embedded: bool,
+) -> Identity:
+    """A new user key; its seed written (``.nk``), or in JWT mode its signed ``.creds``."""
     seed, public = new_user_seed()
     ident = Identity(role, name, tenant, public, list(handlers), embedded=embedded)
-    if ident.seed_path(out).exists():
-        raise click.ClickException(f"{ident.seed_path(out)} exists: not overwriting a seed")
-    _write_new_secret(ident.seed_path(out), seed + "\n")
-    setup.identities.append(ident)
+    path = ident.secret_path(out, setup)
+    if path.exists():
+        raise click.ClickException(f"{path} exists: not overwriting a credential")
+    if setup.jwt:
+        from ._jwt import creds_text, user_jwt
+
+        account = setup.jwt["accounts"][tenant]
+        signer = _read_key(ident.folder(out) / ACCOUNT_SIGNING_SEED, f"tenant {tenant}'s signer")
+        if signer.public_key != account["signing_key"]:
+            raise click.ClickException(
+                f"{ident.folder(out) / ACCOUNT_SIGNING_SEED} is not the signing key of"
+                f" tenant {tenant}'s account (hookbus-auth.json names another)"
+            )
+        perms = ident.permissions([setup.js_domain] if setup.js_domain else [])
+        token = user_jwt(signer, public, name, perms, issuer_account=account["public_key"])
+        _write_new_secret(path, creds_text(token, seed))
+    else:
+        _write_new_secret(path, seed + "\n")
     return ident
+
+
+def _read_key(path: Path, what: str) -> Any:
+    """The key pair whose seed is in `path` (a `hookbus.cli._jwt.KeyPair`).
+
+    Raises:
+        click.ClickException: missing, unreadable or not a seed.
+    """
+    from ._jwt import JwtError, KeyPair
+
+    try:
+        return KeyPair.from_seed(path.read_text())
+    except OSError as exc:
+        raise click.ClickException(f"cannot read {path} ({what}): {exc.strerror or exc}") from None
+    except JwtError as exc:
+        raise click.ClickException(f"{path}: {exc}") from None
 
 
 def write_setup(setup: AuthSetup, out: Path) -> None:
@@ -490,12 +615,14 @@ def init_setup(
     tls: bool = True,
     sans: Iterable[str] = (),
     js_domain: str | None = None,
+    jwt: bool = False,
 ) -> AuthSetup:
     """What ``hookbus auth init`` does (see its help). Returns the setup written.
 
     With `tls` and no `tls_cert`, a local CA and a server certificate are made into `out`
     (`hookbus.cli._tls.make_local_tls`; for `host`, the names `sans` and loopback); `tls`
-    False and no `tls_cert`: plain TCP."""
+    False and no `tls_cert`: plain TCP. `jwt`: NATS JWT mode (an operator, an account per
+    tenant, a ``.creds`` per identity; see the module's doc)."""
     if (out / MANIFEST).exists():
         raise click.ClickException(
             f"{out / MANIFEST} exists: add identities with `hookbus auth add --dir {out}`"
@@ -538,12 +665,200 @@ def init_setup(
         setup.tls_cert, setup.tls_key, setup.tls_ca = str(made.cert), str(made.key), str(made.ca)
     if setup.routes:
         _write_new_secret(out / CLUSTER_CONF, render_cluster(setup.routes, secrets.token_hex(24)))
+    if jwt:
+        setup.jwt = _make_jwt_keys(setup, out)
     for tenant in tenant_list:
         for role, name, handlers, embedded in wanted:
             if setup.find(tenant, role, name) is None:
                 _new_identity(setup, out, role, name, tenant, handlers, embedded=embedded)
     write_setup(setup, out)
     return setup
+
+
+def size_bytes(size: str) -> int:
+    """A size as nats-server's config reads it, in bytes: ``K``, ``M``, ``G``, ``T`` are
+    powers of 1000 (``8G`` = 8,000,000,000), ``KB``, ``MB``, ``GB``, ``TB`` powers of 1024;
+    no unit: bytes. Case is ignored.
+
+    Raises:
+        click.BadParameter: not a size.
+    """
+    m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(B?)\s*", size.upper())
+    if not m or (m[3] and not m[2]):
+        raise click.BadParameter(f"not a size: {size!r} (e.g. 8G, 256M, 1GB)")
+    power = " KMGT".index(m[2] or " ")
+    return int(m[1]) * int((1024 if m[3] else 1000) ** power)
+
+
+JWT_MAX_CONTROL_LINE: Final = "64KB"
+"""The server's protocol line limit in JWT mode (default 4 KB): a client's CONNECT line holds
+its user JWT, and the dispatcher's or an embedded agent's permissions make one of 4-6 KB."""
+
+JWT_MAX_CONSUMERS: Final = 65536
+"""A JWT-mode tenant's consumer limit. Users are issued after the account's JWT is signed,
+so it cannot follow their number (`max_consumers`): room for about 2,700 identities holding
+every one of their slots at once (agents' watches are released when idle)."""
+
+
+def _jetstream_limits(setup: AuthSetup) -> Any:
+    from ._jwt import JetStreamLimits
+
+    return JetStreamLimits(
+        mem_storage=size_bytes(setup.js_max_mem),
+        disk_storage=size_bytes(setup.js_max_file),
+        streams=MAX_STREAMS,
+        consumer=JWT_MAX_CONSUMERS,
+    )
+
+
+def _make_jwt_keys(setup: AuthSetup, out: Path) -> dict[str, Any]:
+    """The operator, the system account and one account per tenant (with a signing key):
+    seeds written (0600), public keys and JWTs returned for the manifest."""
+    from ._jwt import account_jwt, new_key, operator_jwt
+
+    operator, system = new_key("operator"), new_key("account")
+    _write_new_secret(out / OPERATOR_SEED, operator.seed + "\n")
+    _write_new_secret(out / SYSTEM_ACCOUNT_SEED, system.seed + "\n")
+    limits = _jetstream_limits(setup)
+    accounts: dict[str, Any] = {}
+    for tenant in setup.tenants:
+        account, signing = new_key("account"), new_key("account")
+        folder = out if tenant == DEFAULT_TENANT else out / tenant
+        _write_new_secret(folder / ACCOUNT_SEED, account.seed + "\n")
+        _write_new_secret(folder / ACCOUNT_SIGNING_SEED, signing.seed + "\n")
+        accounts[tenant] = {
+            "public_key": account.public_key,
+            "signing_key": signing.public_key,
+            "jwt": account_jwt(
+                operator,
+                account.public_key,
+                tenant,
+                jetstream=limits,
+                signing_keys=[signing.public_key],
+            ),
+        }
+    return {
+        "operator": {
+            "public_key": operator.public_key,
+            "jwt": operator_jwt(operator, "hookbus", system_account=system.public_key),
+        },
+        "system_account": {
+            "public_key": system.public_key,
+            "jwt": account_jwt(operator, system.public_key, "SYS", jetstream=None),
+        },
+        "accounts": accounts,
+    }
+
+
+def issue_identity(
+    out: Path,
+    role: RoleName,
+    name: str,
+    *,
+    tenant: str | None = None,
+    handlers: Sequence[str] = (),
+    embedded: bool = False,
+) -> Identity:
+    """What ``hookbus auth issue`` does: a new user of a JWT-mode folder, signed by its
+    tenant's account signing key; writes its ``.creds`` (0600) and context only (no server
+    file, no manifest entry: the server trusts it without a reload).
+
+    Raises:
+        click.ClickException: `out` is not a JWT-mode folder, the credential exists, or
+            the signing key cannot be read.
+        click.BadParameter: unknown tenant, several tenants and none given, or the role's
+            options are wrong (handlers for a non-worker, a worker without one, ...).
+    """
+    setup = load_setup(out)
+    if not setup.jwt:
+        raise click.ClickException(
+            f"{out} holds static nkey users (made without --jwt): add one with"
+            f" `hookbus auth add --dir {out}` and reload the server"
+        )
+    tenant = _pick_tenant(setup, tenant)
+    if setup.find(tenant, role, name) is not None:
+        raise click.ClickException(f"{role} {name!r} already exists in tenant {tenant}")
+    handlers = _checked_role_options(role, name, handlers, embedded)
+    ident = _make_identity(setup, out, role, name, tenant, handlers, embedded=embedded)
+    _write_atomic(
+        ident.context_path(out), json.dumps(context_json(ident, setup, out), indent=2) + "\n"
+    )
+    return ident
+
+
+def revoke_identity(out: Path, who: str, *, tenant: str | None = None) -> tuple[str, str]:
+    """What ``hookbus auth revoke`` does: list a user's public key in its tenant account's
+    ``revocations`` (with the current time: every JWT of that key issued until now is
+    refused), sign the account's JWT again with the operator's key and write ``auth.conf``
+    and the manifest. The server applies it on its next reload (SIGHUP), and then closes
+    the revoked user's connections.
+
+    Args:
+        who: a ``.creds`` file (its tenant is the account that signed it) or a user public
+            key (``U...``; its tenant `tenant`, or the default one).
+    Returns:
+        ``(tenant, user public key)``.
+    Raises:
+        click.ClickException: not a JWT-mode folder, a creds file no account of `out`
+            signed, or the operator's seed cannot be read.
+        click.BadParameter: `who` is neither a readable creds file nor a user public key,
+            or the tenant is unknown.
+    """
+    from ._jwt import JwtError, KeyPair, account_jwt, decode, parse_creds
+
+    setup = load_setup(out)
+    if not setup.jwt:
+        raise click.ClickException(
+            f"{out} holds static nkey users (made without --jwt): `hookbus auth revoke` is"
+            " for JWT mode (`hookbus auth init --jwt`)"
+        )
+    accounts = setup.jwt["accounts"]
+    path = Path(who)
+    if path.is_file():
+        try:
+            token, seed = parse_creds(path.read_text(errors="replace"))
+            claims = decode(token)
+            user = KeyPair.from_seed(seed).public_key
+        except (OSError, JwtError) as exc:
+            raise click.BadParameter(f"{who}: {exc}") from None
+        nats_claims = claims.get("nats") or {}
+        account = nats_claims.get("issuer_account") or claims.get("iss")
+        found = [t for t, a in accounts.items() if a["public_key"] == account]
+        if not found or claims.get("sub") != user:
+            raise click.ClickException(f"{who} was not issued by an account of {out}")
+        if tenant is not None and tenant != found[0]:
+            raise click.BadParameter(f"{who} is a credential of tenant {found[0]}, not {tenant}")
+        tenant = found[0]
+    elif re.fullmatch(r"U[A-Z2-7]{55}", who):
+        user = who
+        tenant = _pick_tenant(setup, tenant)
+    else:
+        raise click.BadParameter(f"{who!r} is neither a .creds file nor a user public key (U...)")
+    operator = _read_key(out / OPERATOR_SEED, "the operator's key")
+    acct = accounts[tenant]
+    revocations = dict(acct.get("revocations") or {})
+    revocations[user] = int(time.time())
+    acct["revocations"] = revocations
+    acct["jwt"] = account_jwt(
+        operator,
+        acct["public_key"],
+        tenant,
+        jetstream=_jetstream_limits(setup),
+        signing_keys=[acct["signing_key"]],
+        revocations=revocations,
+    )
+    write_setup(setup, out)
+    return tenant, user
+
+
+def _pick_tenant(setup: AuthSetup, tenant: str | None) -> str:
+    if tenant is None:
+        tenant = DEFAULT_TENANT if DEFAULT_TENANT in setup.tenants else setup.tenants[0]
+        if len(setup.tenants) > 1 and DEFAULT_TENANT not in setup.tenants:
+            raise click.BadParameter(f"several tenants: pick one with --tenant ({setup.tenants})")
+    if tenant not in setup.tenants:
+        raise click.BadParameter(f"unknown tenant {tenant!r}; known: {', '.join(setup.tenants)}")
+    return tenant
 
 
 def add_identity(
@@ -557,12 +872,12 @@ def add_identity(
 ) -> Identity:
     """What ``hookbus auth add`` does: a new identity; other seeds are left as they are."""
     setup = load_setup(out)
-    if tenant is None:
-        tenant = DEFAULT_TENANT if DEFAULT_TENANT in setup.tenants else setup.tenants[0]
-        if len(setup.tenants) > 1 and DEFAULT_TENANT not in setup.tenants:
-            raise click.BadParameter(f"several tenants: pick one with --tenant ({setup.tenants})")
-    if tenant not in setup.tenants:
-        raise click.BadParameter(f"unknown tenant {tenant!r}; known: {', '.join(setup.tenants)}")
+    if setup.jwt:
+        raise click.ClickException(
+            f"{out} is a JWT-mode folder: issue a credential with `hookbus auth issue"
+            f" ROLE NAME --dir {out}` (no server file changes)"
+        )
+    tenant = _pick_tenant(setup, tenant)
     ident = _new_identity(setup, out, role, name, tenant, list(handlers), embedded=embedded)
     write_setup(setup, out)
     return ident

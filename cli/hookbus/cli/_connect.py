@@ -237,11 +237,15 @@ class ConnectionSettings:
         return ctx
 
     def inbox(self) -> str | None:
-        """The inbox prefix: the one given, else ``_INBOX_<public key>`` for an nkey user."""
+        """The inbox prefix: the one given, else ``_INBOX_<public key>`` for an nkey user
+        and for a creds file of a ``hookbus auth init --jwt`` folder (another creds file
+        keeps the client's default inbox)."""
         if self.inbox_prefix:
             return self.inbox_prefix
         if self.nkey:
             return nkey_inbox_prefix(self.nkey)
+        if self.creds and _manifest_of_seed(self.creds) is not None:
+            return f"_INBOX_{_creds_public_key(self.creds)}"
         return None
 
     def nats_options(self) -> dict[str, Any]:
@@ -304,9 +308,16 @@ _MANIFEST = "hookbus-auth.json"
 
 def _manifest_of_seed(seed_file: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """``(manifest, identity)``: the ``hookbus-auth.json`` beside `seed_file` (or in its
-    parent folder: a tenant's seeds are in DIR/T/) that names the seed's public key."""
+    parent folder: a tenant's seeds are in DIR/T/) that names the seed's public key. A
+    creds file of a JWT-mode folder: the manifest whose tenant account signed it, and its
+    identity there (``{}`` for one issued later, which no manifest lists)."""
+    account = None
     try:
-        public = _nkey_public_key(seed_file)
+        if Path(seed_file).suffix == ".creds":
+            public = _creds_public_key(seed_file)
+            account = _creds_account(seed_file)
+        else:
+            public = _nkey_public_key(seed_file)
     except click.ClickException:
         return None
     folder = Path(seed_file).resolve().parent
@@ -315,18 +326,28 @@ def _manifest_of_seed(seed_file: str) -> tuple[dict[str, Any], dict[str, Any]] |
             raw = json.loads((where / _MANIFEST).read_text())
         except (OSError, ValueError):
             continue
-        for ident in raw.get("identities", []) if isinstance(raw, dict) else []:
+        if not isinstance(raw, dict):
+            continue
+        for ident in raw.get("identities", []):
             if isinstance(ident, dict) and ident.get("public_key") == public:
                 return raw, ident
+        jwt = raw.get("jwt")
+        accounts = jwt.get("accounts", {}) if isinstance(jwt, dict) else {}
+        if account and any(
+            isinstance(a, dict) and a.get("public_key") == account for a in accounts.values()
+        ):
+            return raw, {}
     return None
 
 
 def auth_identity(settings: ConnectionSettings) -> AuthIdentity | None:
-    """The ``hookbus auth`` identity `settings` connect as: the nkey seed's public key
-    looked up in the ``hookbus-auth.json`` of the seed's folder (or its parent: a
-    tenant's folder); None when there is no seed or no such manifest names the key."""
-    found = _manifest_of_seed(settings.nkey) if settings.nkey else None
-    if found is None:
+    """The ``hookbus auth`` identity `settings` connect as: the nkey seed's (or creds
+    file's) public key looked up in the ``hookbus-auth.json`` of the seed's folder (or its
+    parent: a tenant's folder); None when there is no seed or no such manifest names the
+    key (a credential issued after ``init --jwt`` is in no manifest)."""
+    secret = settings.nkey or settings.creds
+    found = _manifest_of_seed(secret) if secret else None
+    if found is None or not found[1]:
         return None
     ident = found[1]
     return AuthIdentity(
@@ -410,6 +431,39 @@ def _nkey_public_key(seed_file: str) -> str:
             f"the nkey seed file {seed_file} holds a {public[:1]}... seed, not a user seed (SU...)"
         )
     return public
+
+
+def _creds_public_key(path: str) -> str:
+    """The public key of the user seed in the creds file `path`.
+
+    Raises:
+        click.ClickException: unreadable, or no valid user seed in it.
+    """
+    from ._jwt import JwtError, KeyPair, parse_creds
+
+    _check_creds_file(path)
+    try:
+        _, seed = parse_creds(Path(path).read_text(errors="replace"))
+        public = KeyPair.from_seed(seed).public_key
+    except (OSError, JwtError) as exc:
+        raise click.ClickException(f"the creds file {path}: {exc}") from None
+    if not public.startswith("U"):
+        raise click.ClickException(f"the creds file {path} holds no user seed (SU...)")
+    return public
+
+
+def _creds_account(path: str) -> str | None:
+    """The account that signed the creds file's user JWT (its ``issuer_account``, else its
+    issuer); None when the JWT cannot be read."""
+    from ._jwt import JwtError, decode, parse_creds
+
+    try:
+        claims = decode(parse_creds(Path(path).read_text(errors="replace"))[0])
+    except (OSError, JwtError):
+        return None
+    nats = claims.get("nats")
+    account = nats.get("issuer_account") if isinstance(nats, dict) else None
+    return str(account or claims.get("iss") or "") or None
 
 
 def _check_creds_file(path: str) -> None:
@@ -573,7 +627,8 @@ def resolve_connection(
         raise click.UsageError(f"--user needs --password (or NATS_PASSWORD){where}")
     if settings.tls_key and not settings.tls_cert:
         raise click.UsageError(f"--tls-key needs --tls-cert{where}")
-    if settings.nkey and not settings.tls_ca and (ca := auth_ca(settings.nkey)):
+    secret = settings.nkey or settings.creds
+    if secret and not settings.tls_ca and (ca := auth_ca(secret)):
         settings = replace(settings, tls_ca=ca)  # a seed of `hookbus auth init`: its CA
     settings.check()
     return settings

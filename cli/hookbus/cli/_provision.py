@@ -203,9 +203,11 @@ def _admin_settings(
         (str(p) for p in (Path(setup.tls_ca or ""), out / "ca.pem") if p.name and p.is_file()),
         None,
     )
+    secret = str(admin.secret_path(out, setup))
     return ConnectionSettings(
         url=url or setup.url(),
-        nkey=str(admin.seed_path(out)),
+        creds=secret if setup.jwt else None,
+        nkey=None if setup.jwt else secret,
         inbox_prefix=inbox_prefix(admin.public_key),
         tls_ca=ca,
         js_domain=js_domain or setup.js_domain,
