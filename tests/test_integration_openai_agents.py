@@ -339,6 +339,54 @@ async def test_two_runs_never_share_an_approval(connect: Connect) -> None:
     assert [r.final_output for r in runs] == ["done", "done", "done"]
 
 
+async def test_an_allow_once_runs_the_tool_once_however_often_the_run_resumes(
+    connect: Connect,
+) -> None:
+    """The same run resumed twice (same ``run_id``, the model replaying call ``c1``): the
+    "Allow once" the first run got runs the transfer once; the first resume reaching the
+    call again is asked again (a fresh approval), answered "Deny"; the second resume gets
+    that refusal without asking (a refusal decides every retry of the call)."""
+    async with (
+        worker(
+            connect, (TOOL_PRE, returning("transfer_approval", ASK), {"tool_filter": ["transfer"]})
+        ),
+        HookDispatcher(await connect(), approvals=False) as approver,
+        HookDispatcher(await connect(), agent_id="payments") as d,
+    ):
+        guard = HookbusGuard(d)
+        tools = Tools()
+        stream = await approver.hook_events()
+        labels: list[str] = []
+
+        def model() -> Scripted:
+            return Scripted([call("transfer", {"amount": 100, "payee": "acme"}, "c1")])
+
+        async def resume(choice: str) -> None:
+            async with anyio.create_task_group() as tg:
+
+                async def run() -> None:
+                    await guard.run(make_agent(model(), tools), "pay acme", run_id="run-1")
+
+                tg.start_soon(run)
+                hook = await next_pending(stream)
+                labels.append(hook.label)
+                await approver.answer_approval(
+                    hook.label, choice, approver="alice", agent_id=hook.agent_id
+                )
+
+        try:
+            await resume("Allow once")
+            await resume("Deny")
+            last = model()
+            with anyio.fail_after(20):  # nobody is asked: the refusal stands
+                await guard.run(make_agent(last, tools), "pay acme", run_id="run-1")
+        finally:
+            await stream.aclose()
+    assert tools.ran == [("transfer", {"amount": 100, "payee": "acme"})]
+    assert labels[1] == next_approval_label(labels[0])  # the same call, asked again
+    assert last.outputs(1)["c1"] == "Denied by hook: alice chose 'Deny'"
+
+
 # -- faults -----------------------------------------------------------------------------------
 async def test_a_bus_that_cannot_decide_stops_the_run(connect: Connect) -> None:
     async with worker(connect, (TOOL_PRE, returning("security", None), {})):
