@@ -259,3 +259,31 @@ async def test_refreshes_racing_changes_lose_none(server: Any) -> None:
     finally:
         await d.close()
         await nc.close()
+
+
+async def test_a_direct_get_nobody_answers_while_the_stream_is_there_is_retried(
+    server: Any,
+) -> None:
+    """Nothing answering a direct get of a stream that is there with direct gets on is a
+    moment (a fresh replicated stream's replicas subscribe to the direct get subject just
+    after it is created: a dispatcher started then was refused once on a 3-node cluster):
+    no responders, which `kv_retry` tries again. A stream without direct gets, or one gone,
+    is an error at once."""
+    import nats.errors
+
+    from hookbus._core.jetstream import is_transient
+    from hookbus.dispatcher._registry_follow import _why_no_direct_get
+    from hookbus.schemas import HookbusError
+
+    _, admin, kv = server
+    why = await _why_no_direct_get(kv, "$JS.API.DIRECT.GET.x")
+    assert isinstance(why, nats.errors.NoRespondersError) and is_transient(why)
+    js = admin.jetstream()
+    info = await js.stream_info(STREAM)
+    info.config.allow_direct = False
+    await js.update_stream(info.config)
+    why = await _why_no_direct_get(kv, "$JS.API.DIRECT.GET.x")
+    assert isinstance(why, HookbusError) and "no direct get" in str(why)
+    await js.delete_stream(STREAM)
+    why = await _why_no_direct_get(kv, "$JS.API.DIRECT.GET.x")
+    assert isinstance(why, HookbusError) and "gone" in str(why)

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import nats.errors
+import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
@@ -110,7 +111,10 @@ async def scan_bucket(kv: KeyValue, *, batch: int = SCAN_BATCH) -> Snapshot:
         last sequence from a stream info (a purged stream keeps counting).
     Raises:
         HookbusTimeoutError: a page was not answered within `_PAGE_TIMEOUT_S`.
-        HookbusError: the server answered a page with an error status.
+        NoRespondersError: nothing answered a page while the stream is there with direct
+            gets on (a moment: transient).
+        HookbusError: the server answered a page with an error status, or the stream is
+            gone or has no direct get.
         NotPermittedError: this identity may not make direct gets on the stream.
     """
     nc: NATS = kv._js._nc
@@ -119,7 +123,10 @@ async def scan_bucket(kv: KeyValue, *, batch: int = SCAN_BATCH) -> Snapshot:
     last_seq = 0
     start = 1
     while True:
-        page, pending, status = await _page(nc, subject, f"{kv._pre}>", start, batch)
+        try:
+            page, pending, status = await _page(nc, subject, f"{kv._pre}>", start, batch)
+        except _NoDirectGet:
+            raise await _why_no_direct_get(kv, subject) from None
         for msg in page:
             seq = int(_header(msg, "Nats-Sequence") or 0)
             key = (_header(msg, "Nats-Subject") or "")[len(kv._pre) :]
@@ -169,13 +176,27 @@ async def _page(
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
     if status == "503":
-        raise HookbusError(
-            f"nothing answers {subject}: the handler registry's stream is gone, or has no"
-            " direct get"
-        )
+        raise _NoDirectGet(subject)
     if status not in ("204", "404"):
         raise HookbusError(f"the registry snapshot ({subject}) was refused: status {status}")
     return got, pending, status
+
+
+class _NoDirectGet(HookbusError):
+    """Nothing answered a direct get of the registry's stream (status 503)."""
+
+
+async def _why_no_direct_get(kv: KeyValue, subject: str) -> BaseException:
+    """What a direct get nobody answered means: the stream there, with direct gets on, is a
+    moment (a fresh replicated stream's replicas subscribe to the direct get subject just
+    after its creation; a leader moves): no responders, transient (`kv_retry` tries again);
+    else the stream is gone or has no direct get: a `HookbusError`."""
+    with contextlib.suppress(nats.js.errors.NotFoundError):
+        info = await kv._js.stream_info(kv._stream)
+        if info.config.allow_direct:
+            return nats.errors.NoRespondersError()
+        return HookbusError(f"the handler registry's stream has no direct get ({subject})")
+    return HookbusError(f"nothing answers {subject}: the handler registry's stream is gone")
 
 
 class RegistryFollower:
