@@ -299,6 +299,54 @@ async def test_an_approval_survives_the_agent_process(connect: Connect) -> None:
     assert read.content == "sent 100 to acme"
 
 
+async def test_an_allow_once_runs_the_tool_once_however_often_the_thread_resumes(
+    connect: Connect,
+) -> None:
+    """As above, then the thread is resumed a second time from the same checkpoint (the
+    one before the tool node, replayed: what a process that died after the transfer but
+    before the next checkpoint would do): the call is asked again in a fresh approval (a
+    replay is a fork with a task of its own, so its key is another), never allowed by the
+    answer already used, and the refusal given then stops it: the transfer ran once."""
+    checkpointer = InMemorySaver()
+    turn = [calls(("transfer", {"amount": 100, "payee": "acme"}))]
+    async with (
+        worker(connect, (TOOL_PRE, returning("transfer_approval", ASK), {})),
+        HookDispatcher(await connect(), approvals=False) as approver,
+    ):
+        stream = await approver.hook_events()
+        try:
+            async with HookDispatcher(await connect(), agent_id="payments") as d:
+                dead = Agent(HookbusToolHooks(d), turn, checkpointer=checkpointer)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(dead.run, "pay acme", "thread-1")
+                    label, _ = await next_approval(approver, stream)
+                    tg.cancel_scope.cancel()
+            with pytest.raises(AnswerNotAppliedError):
+                await approver.answer_approval(
+                    label, "Allow once", approver="alice", agent_id="payments", wait_s=0.2
+                )
+            async with HookDispatcher(await connect(), agent_id="payments") as d:
+                first = Agent(HookbusToolHooks(d), [], checkpointer=checkpointer)
+                with anyio.fail_after(30):
+                    await first.run(None, "thread-1")
+                thread = {"configurable": {"thread_id": "thread-1"}}
+                history = [s async for s in first.graph.aget_state_history(thread)]
+                before_tools = next(s for s in history if s.next == ("tools",))
+            async with HookDispatcher(await connect(), agent_id="payments") as d:
+                second = Agent(HookbusToolHooks(d), [], checkpointer=checkpointer)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(second.graph.ainvoke, None, before_tools.config)
+                    again, _ = await next_approval(approver, stream)
+                    await approver.answer_approval(
+                        again, "Deny", approver="alice", agent_id="payments"
+                    )
+        finally:
+            await stream.aclose()
+    assert first.tools.ran == [("transfer", {"amount": 100, "payee": "acme"})]
+    assert again != label  # asked again, in a fresh approval
+    assert second.tools.ran == []
+
+
 async def test_two_runs_never_share_an_approval(connect: Connect) -> None:
     """A fixed session, the same tool call id (``call-1``) and the same arguments: thread 1
     is denied; thread 2, and a later turn of thread 1, are each asked anew."""
