@@ -4,6 +4,7 @@ the files."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -202,31 +203,56 @@ def init_cmd(
         click.echo(f"route credentials for every node's cluster block: {out / CLUSTER_CONF}")
 
 
+def _identity_options(folder: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """The arguments and options `auth add` and `auth issue` share (`folder`: what --dir
+    names)."""
+    options = [
+        click.argument("role", type=click.Choice(_ADDABLE)),
+        click.argument("name"),
+        click.option(
+            "--dir",
+            "out",
+            required=True,
+            type=click.Path(file_okay=False, exists=True, path_type=Path),
+            help=f"The folder {folder} wrote.",
+        ),
+        click.option(
+            "--tenant", default=None, help="Its tenant (default: HOOKBUS, or the only one)."
+        ),
+        click.option(
+            "--handler",
+            "handlers",
+            multiple=True,
+            metavar="EVENT/HANDLER",
+            help="An (event, handler) pair a worker serves, e.g. tool:pre/redact_pii; repeat.",
+        ),
+        click.option(
+            "--from",
+            "from_worker",
+            metavar="FILE.py:ATTR",
+            help="A worker: serve every (event, handler) the HookWorker FILE.py:ATTR declares.",
+        ),
+        click.option("--embedded", is_flag=True, help="An agent that runs its own HookDispatcher."),
+    ]
+
+    def decorate(fn: Callable[..., None]) -> Callable[..., None]:
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return decorate
+
+
+def _served(role: str, handlers: tuple[str, ...], from_worker: str | None) -> tuple[str, ...]:
+    """The (event, handler) pairs of a new identity: `handlers` and those `from_worker`
+    declares."""
+    if role not in ROLES:  # narrows the click choice to a role
+        raise click.BadParameter(f"unknown role {role!r}")
+    return (*handlers, *worker_pairs(from_worker)) if from_worker else handlers
+
+
 @auth.command("add")
-@click.argument("role", type=click.Choice(_ADDABLE))
-@click.argument("name")
-@click.option(
-    "--dir",
-    "out",
-    required=True,
-    type=click.Path(file_okay=False, exists=True, path_type=Path),
-    help="The folder `hookbus auth init` wrote.",
-)
-@click.option("--tenant", default=None, help="Its tenant (default: HOOKBUS, or the only one).")
-@click.option(
-    "--handler",
-    "handlers",
-    multiple=True,
-    metavar="EVENT/HANDLER",
-    help="An (event, handler) pair a worker serves, e.g. tool:pre/redact_pii; repeat.",
-)
-@click.option(
-    "--from",
-    "from_worker",
-    metavar="FILE.py:ATTR",
-    help="A worker: serve every (event, handler) the HookWorker FILE.py:ATTR declares.",
-)
-@click.option("--embedded", is_flag=True, help="An agent that runs its own HookDispatcher.")
+@_identity_options("`hookbus auth init`")
 def add_cmd(
     role: str,
     name: str,
@@ -238,39 +264,13 @@ def add_cmd(
 ) -> None:
     """Add one identity and write auth.conf again (existing seeds are never changed).
     Reload the running server afterwards (`nats-server --signal reload` or SIGHUP)."""
-    if role not in ROLES:  # narrows the click choice to a role
-        raise click.BadParameter(f"unknown role {role!r}")
-    if from_worker:
-        handlers = (*handlers, *worker_pairs(from_worker))
+    handlers = _served(role, handlers, from_worker)
     ident = add_identity(out, role, name, tenant=tenant, handlers=handlers, embedded=embedded)
     click.echo(f"{ident.tenant} {ident.role} {ident.name}: {ident.seed_path(out)}")
 
 
 @auth.command("issue")
-@click.argument("role", type=click.Choice(_ADDABLE))
-@click.argument("name")
-@click.option(
-    "--dir",
-    "out",
-    required=True,
-    type=click.Path(file_okay=False, exists=True, path_type=Path),
-    help="The folder `hookbus auth init --jwt` wrote.",
-)
-@click.option("--tenant", default=None, help="Its tenant (default: HOOKBUS, or the only one).")
-@click.option(
-    "--handler",
-    "handlers",
-    multiple=True,
-    metavar="EVENT/HANDLER",
-    help="An (event, handler) pair a worker serves, e.g. tool:pre/redact_pii; repeat.",
-)
-@click.option(
-    "--from",
-    "from_worker",
-    metavar="FILE.py:ATTR",
-    help="A worker: serve every (event, handler) the HookWorker FILE.py:ATTR declares.",
-)
-@click.option("--embedded", is_flag=True, help="An agent that runs its own HookDispatcher.")
+@_identity_options("`hookbus auth init --jwt`")
 def issue_cmd(
     role: str,
     name: str,
@@ -283,10 +283,7 @@ def issue_cmd(
     """Issue a user credential (JWT mode): a .creds file with its role's permissions,
     signed by the tenant account's signing key. No server file changes and the running
     server needs no reload. Prints the .creds path."""
-    if role not in ROLES:  # narrows the click choice to a role
-        raise click.BadParameter(f"unknown role {role!r}")
-    if from_worker:
-        handlers = (*handlers, *worker_pairs(from_worker))
+    handlers = _served(role, handlers, from_worker)
     try:
         ident = issue_identity(out, role, name, tenant=tenant, handlers=handlers, embedded=embedded)
     except OSError as exc:
