@@ -542,10 +542,14 @@ async def test_approvals_flow_after_a_nats_server_restart_under_a_running_dispat
                     await approver.answer_approval(
                         in_flight, "Allow", approver="alice", agent_id="a1", wait_s=10
                     )
-                    # the dispatcher runs on: its waiter lease is due to be written again
+                    # the dispatcher runs on: its waiter lease is written again (the
+                    # heartbeat), into a bucket that must be there after the restart
                     leases = d.suspensions.leases
                     assert leases is not None
-                    await anyio.sleep(leases.lease_s / 2 + 0.5)
+                    written = leases._last_put
+                    with anyio.fail_after(leases.lease_s + 10):
+                        while leases._last_put <= written:  # noqa: ASYNC110 (no event to wait on)
+                            await anyio.sleep(0.05)
                     tg.start_soon(emit, "after")
                     with anyio.fail_after(10):
                         async for e in stream:
