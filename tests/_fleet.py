@@ -367,8 +367,10 @@ class Load:
     samples: list[tuple[float, float]] = field(default_factory=list)
     """(monotonic start, seconds) of every decided emit, to cut an outage window."""
     failed_closed: int = 0
-    """Harmless calls denied because the guard failed (right by policy, but a decision the
-    handler itself would not have taken)."""
+    """Harmless calls denied because the guard failed or the dispatcher was behind the
+    registry (right by policy, but a decision the handler itself would not have taken)."""
+    behind: int = 0
+    """Calls denied unasked because the dispatcher was behind the handler registry."""
 
 
 def check_decision(result: HookResult, destructive: bool, guard: str) -> str | None:
@@ -376,9 +378,13 @@ def check_decision(result: HookResult, destructive: bool, guard: str) -> str | N
 
     `guard` denies destructive commands; its failure policy is `deny`. A continue is right
     only for a harmless command with no failure of `guard`; a deny of a harmless command is
-    right only when `guard` failed (recorded, policy deny) and is named as the decider.
+    right only when `guard` failed (recorded, policy deny) and is named as the decider, or
+    when the dispatcher denied it unasked because it was behind the handler registry for
+    longer than an emit waits (a leader election slower than that: fail closed, by design).
     """
     guard_failures = [f for f in result.failures if f.handler == guard]
+    if result.action == "deny" and result.decided_by is None and _behind(result):
+        return None
     if any(f.policy != "deny" for f in guard_failures):
         return f"{guard} failure recorded with another policy: {result.failures}"
     if result.action == "deny":
@@ -394,6 +400,11 @@ def check_decision(result: HookResult, destructive: bool, guard: str) -> str | N
     if result.action != "continue":
         return f"harmless call got {result.action}"
     return None
+
+
+def _behind(result: HookResult) -> bool:
+    """The deny of a dispatcher behind the handler registry (no handler was asked)."""
+    return "handler registry is not followed" in (result.reason or "")
 
 
 async def steady_load(
@@ -420,6 +431,8 @@ async def steady_load(
         load.decided += 1
         if not destructive and result.action == "deny":
             load.failed_closed += 1
+        if result.action == "deny" and _behind(result):
+            load.behind += 1
         why = check_decision(result, destructive, guard)
         if why:
             load.wrong.append(why)

@@ -396,7 +396,8 @@ async def test_blocking_sync_handler_is_cut_at_its_timeout(limit: str, policy: s
         took = loop.time() - t0
     finally:
         release.set()  # the abandoned thread ends now, not 3 s later
-    assert started.is_set()
+    # (on a busy machine the worker thread may not have started within 0.2 s: the call is
+    # cut all the same, and a handler run on the loop would have held it for 3 s)
     assert took < 2.5, f"the emit took {took:.2f}s: the sync handler was not cut"
     assert [(f.handler, f.kind, f.policy) for f in r.failures] == [("slow", "timeout", policy)]
     if policy == "deny":  # fail closed by the timeout, not by the handler's own late deny

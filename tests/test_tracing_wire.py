@@ -265,16 +265,18 @@ async def test_a_hedged_call_records_its_requests_and_the_instance_that_answered
             if who == "hung":
                 await hung.wait()
 
-        w.add_handler(event, gate, name="gate", timeout_s=0.4, retry_safe=True)
+        # a budget wide enough that a busy machine still hedges (at a quarter of it) and
+        # hears the live replica within it
+        w.add_handler(event, gate, name="gate", timeout_s=2.0, retry_safe=True)
     try:
         async with workers["hung"], workers["live"], HookDispatcher(await connect()) as d:
-            for n in range(40):
+            for n in range(20):
                 assert (await d.emit(event, {"n": n})).action == "continue"
             live = workers["live"].instance
     finally:
         hung.set()
     sends = [s for s in otel.spans() if s.name == f"send {event} gate"]
-    assert len(sends) == 40, [s.name for s in otel.spans()]
+    assert len(sends) == 20, [s.name for s in otel.spans()]
     assert {s.attributes[tn.WORKER_INSTANCE] for s in sends} == {live}
     requests = sorted(s.attributes[tn.REQUESTS] for s in sends)
     assert requests[0] == 1 and requests[-1] >= 2, requests  # some answered at once, some hedged
