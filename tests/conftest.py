@@ -92,10 +92,16 @@ def anyio_backend() -> str:
     return "asyncio"  # nats-py runs on asyncio only
 
 
+CONNECT_TIMEOUT_S = 15.0
+"""The tests' connect timeout: wide, because nats-py leaves the socket of a connect attempt
+it gave up on open (a ResourceWarning in whichever test runs when it is collected), and a
+busy machine can take seconds to answer a handshake."""
+
+
 @pytest.fixture
 async def nc(nats_url: str) -> AsyncIterator[NATS]:
     """A connection for the test (its flushes ordered); closed (not drained) at the end."""
-    conn = await nats.connect(nats_url, max_reconnect_attempts=2, connect_timeout=5)
+    conn = await nats.connect(nats_url, max_reconnect_attempts=2, connect_timeout=CONNECT_TIMEOUT_S)
     order_flushes(conn)
     yield conn
     with contextlib.suppress(Exception):
@@ -110,7 +116,8 @@ async def connections(url: str, *, ordered: bool = True, **defaults: Any) -> Asy
     conns: list[NATS] = []
 
     async def make(**kwargs: Any) -> NATS:
-        conn = await nats.connect(url, **{**defaults, **kwargs})
+        options = {"connect_timeout": CONNECT_TIMEOUT_S, **defaults, **kwargs}
+        conn = await nats.connect(url, **options)
         if ordered:
             order_flushes(conn)
         conns.append(conn)

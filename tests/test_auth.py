@@ -368,7 +368,7 @@ async def connect_as(url: str, out: Path, who: Identity) -> tuple[NATS, list[str
         inbox_prefix=inbox_prefix(who.public_key),
         error_cb=on_error,
         allow_reconnect=False,
-        connect_timeout=3,
+        connect_timeout=15,  # a TLS handshake on a busy machine: a timed-out try leaks its socket
         tls=_tls(out),  # TLS is on by default: the server is verified with its CA
     )
     return nc, errors

@@ -202,7 +202,9 @@ async def connect(url: str, creds: Path) -> tuple[NATS, list[str]]:
     assert ca is not None, "the creds file's folder names its CA"
     options = ConnectionSettings(url=url, creds=str(creds), tls_ca=ca).nats_options()
     assert options["inbox_prefix"].startswith("_INBOX_U")
-    nc = await nats.connect(url, error_cb=on_error, allow_reconnect=False, connect_timeout=3,
+    # a TLS handshake on a busy machine can take seconds; an attempt nats-py gives up on
+    # is retried with its socket left open (a ResourceWarning later, in another test)
+    nc = await nats.connect(url, error_cb=on_error, allow_reconnect=False, connect_timeout=15,
                             **options)  # fmt: skip
     return nc, errors
 

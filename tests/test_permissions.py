@@ -174,7 +174,7 @@ async def as_(secure: Secure) -> AsyncIterator[Connect]:
             "nkeys_seed": ctx["nkey"]}  # fmt: skip
         nc = await nats.connect(
             secure.url, **secret, inbox_prefix=ctx["inbox_prefix"],
-            error_cb=on_error, max_reconnect_attempts=0, connect_timeout=3,
+            error_cb=on_error, max_reconnect_attempts=0, connect_timeout=15,  # busy TLS
             tls=ssl.create_default_context(cafile=ctx["ca"]),
         )  # fmt: skip
         clients.append(nc)

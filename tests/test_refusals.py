@@ -80,7 +80,7 @@ class Secured:
             options["tls"] = ssl.create_default_context(cafile=ctx["ca"])
         return await nats.connect(
             ctx["url"], nkeys_seed=ctx["nkey"], inbox_prefix=ctx["inbox_prefix"],
-            error_cb=on_error, allow_reconnect=False, connect_timeout=3, **options,
+            error_cb=on_error, allow_reconnect=False, connect_timeout=15, **options,
         )  # fmt: skip
 
 
