@@ -14,6 +14,7 @@ import json
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,23 @@ def test_an_agent_has_no_response_permission_and_an_empty_list_denies_all() -> N
     empty = RolePermissions(role="auditor", name="x", publish_permissions=(),
                             subscribe_permissions=())  # fmt: skip
     assert user_permissions(empty) == {"pub": {"deny": [">"]}, "sub": {"deny": [">"]}}
+
+
+def test_an_expiring_user_jwt_carries_exp_hashed_into_its_jti() -> None:
+    account, user = new_key("account"), new_key("user")
+    at = int(time.time()) + 3600
+    token = user_jwt(account, user.public_key, "a", agent("a"), issuer_account=account.public_key,
+                     expires_at=at)  # fmt: skip
+    claims = decode(token)
+    assert claims["exp"] == at
+    standard = {k: claims[k] for k in ("exp", "iat", "iss", "name", "sub")}  # the library's order
+    digest = hashlib.new("sha512_256", json.dumps(standard, separators=(",", ":")).encode())
+    assert claims["jti"] == base64.b32encode(digest.digest()).decode().rstrip("=")
+    assert "exp" not in decode(user_jwt(account, user.public_key, "a", agent("a"),
+                                        issuer_account=account.public_key))  # fmt: skip
+    with pytest.raises(JwtError, match="expire"):
+        user_jwt(account, user.public_key, "a", agent("a"), issuer_account=account.public_key,
+                 expires_at=int(time.time()) - 1)  # fmt: skip
 
 
 def test_a_tampered_jwt_or_a_bad_creds_file_is_refused() -> None:
@@ -202,10 +220,13 @@ async def connect(url: str, creds: Path) -> tuple[NATS, list[str]]:
     assert ca is not None, "the creds file's folder names its CA"
     options = ConnectionSettings(url=url, creds=str(creds), tls_ca=ca).nats_options()
     assert options["inbox_prefix"].startswith("_INBOX_U")
-    # a TLS handshake on a busy machine can take seconds; an attempt nats-py gives up on
-    # is retried with its socket left open (a ResourceWarning later, in another test)
-    nc = await nats.connect(url, error_cb=on_error, allow_reconnect=False, connect_timeout=15,
-                            **options)  # fmt: skip
+    nc = NATS()
+    try:  # a TLS handshake on a busy machine can take seconds: a wide timeout
+        await nc.connect(url, error_cb=on_error, allow_reconnect=False, connect_timeout=15,
+                         **options)  # fmt: skip
+    except BaseException:  # nats-py leaves a refused connection's transport open
+        await nc.close()
+        raise
     return nc, errors
 
 
@@ -251,9 +272,13 @@ async def test_identities_connect_and_one_issued_later_needs_no_reload(
     stranger = out.parent / "stranger"
     hookbus("auth", "init", "--jwt", "--no-tls", "--out", str(stranger))
     tls = ConnectionSettings(tls_ca=load_setup(out).tls_ca).ssl_context()
-    with pytest.raises(Exception, match=r"(?i)authorization"):
-        await nats.connect(url, user_credentials=str(stranger / "admin-admin.creds"),
-                           allow_reconnect=False, connect_timeout=3, tls=tls)  # fmt: skip
+    refused = NATS()
+    try:
+        with pytest.raises(Exception, match=r"(?i)authorization"):
+            await refused.connect(url, user_credentials=str(stranger / "admin-admin.creds"),
+                                  allow_reconnect=False, connect_timeout=15, tls=tls)  # fmt: skip
+    finally:  # nats-py leaves a refused connection's transport open: closed in this loop
+        await refused.close()
 
 
 @anyio_test
@@ -345,6 +370,34 @@ def test_every_role_can_be_issued(tmp_path: Path) -> None:
         assert claims["sub"] == pub
         assert claims["nats"]["pub"] == {"allow": expected.publish}
         assert claims["nats"]["sub"] == {"allow": expected.subscribe}
+
+
+@anyio_test
+async def test_an_expiring_credential_works_until_it_expires_then_is_refused_and_cut(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "auth"
+    hookbus("auth", "init", "--jwt", "--out", str(out))
+    assert "duration" in hookbus("auth", "issue", "agent", "x", "--dir", str(out),
+                                 "--expires", "soon", code=2)  # fmt: skip
+    with EmbeddedNatsServer(out / "run", config=out / "server.conf", port=-1) as server:
+        hookbus("auth", "issue", "agent", "brief", "--dir", str(out), "--expires", "8s")
+        hookbus("auth", "issue", "agent", "lasting", "--dir", str(out))
+        expires_at = decode(parse_creds((out / "agent-brief.creds").read_text())[0])["exp"]
+        brief, _ = await connect(server.url, out / "agent-brief.creds")
+        lasting, _ = await connect(server.url, out / "agent-lasting.creds")
+        try:
+            assert await brief.jetstream().account_info() is not None
+            await anyio.sleep(max(0.0, expires_at + 1 - time.time()))
+            with anyio.fail_after(20):  # the server closes the expired user's connection
+                while brief.is_connected:  # noqa: ASYNC110  (no event for it)
+                    await anyio.sleep(0.05)
+            with pytest.raises(Exception, match=r"(?i)authorization|expired"):
+                await connect(server.url, out / "agent-brief.creds")
+            assert lasting.is_connected and await lasting.jetstream().account_info() is not None
+        finally:
+            await brief.close()
+            await lasting.close()
 
 
 @anyio_test

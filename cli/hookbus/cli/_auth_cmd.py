@@ -22,6 +22,7 @@ from ._auth_files import (
     revoke_identity,
     worker_pairs,
 )
+from ._command_support import DURATION
 
 __all__ = ["auth"]
 
@@ -271,6 +272,14 @@ def add_cmd(
 
 @auth.command("issue")
 @_identity_options("`hookbus auth init --jwt`")
+@click.option(
+    "--expires",
+    "expires_s",
+    type=DURATION,
+    default=None,
+    help="Valid for this long (90s, 12h, 30d; by this host's clock): then the server refuses"
+    " it and closes its connections. Default: until revoked.",
+)
 def issue_cmd(
     role: str,
     name: str,
@@ -279,13 +288,17 @@ def issue_cmd(
     handlers: tuple[str, ...],
     from_worker: str | None,
     embedded: bool,
+    expires_s: float | None,
 ) -> None:
     """Issue a user credential (JWT mode): a .creds file with its role's permissions,
     signed by the tenant account's signing key. No server file changes and the running
     server needs no reload. Prints the .creds path."""
     handlers = _served(role, handlers, from_worker)
     try:
-        ident = issue_identity(out, role, name, tenant=tenant, handlers=handlers, embedded=embedded)
+        ident = issue_identity(
+            out, role, name, tenant=tenant, handlers=handlers, embedded=embedded,
+            expires_s=expires_s,
+        )  # fmt: skip
     except OSError as exc:
         where = exc.filename or out
         raise click.ClickException(f"cannot write {where}: {exc.strerror or exc}") from exc

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import secrets
@@ -494,8 +495,10 @@ def _make_identity(
     handlers: Sequence[str],
     *,
     embedded: bool,
+    expires_s: float | None = None,
 ) -> Identity:
-    """A new user key; its seed written (``.nk``), or in JWT mode its signed ``.creds``."""
+    """A new user key; its seed written (``.nk``), or in JWT mode its signed ``.creds``
+    (valid for `expires_s` seconds from now; None: no expiry)."""
     seed, public = new_user_seed()
     ident = Identity(role, name, tenant, public, list(handlers), embedded=embedded)
     path = ident.secret_path(out, setup)
@@ -512,7 +515,10 @@ def _make_identity(
                 f" tenant {tenant}'s account (hookbus-auth.json names another)"
             )
         perms = ident.permissions([setup.js_domain] if setup.js_domain else [])
-        token = user_jwt(signer, public, name, perms, issuer_account=account["public_key"])
+        expires_at = None if expires_s is None else math.ceil(time.time() + expires_s)
+        token = user_jwt(
+            signer, public, name, perms, issuer_account=account["public_key"], expires_at=expires_at
+        )
         _write_new_secret(path, creds_text(token, seed))
     else:
         _write_new_secret(path, seed + "\n")
@@ -758,10 +764,13 @@ def issue_identity(
     tenant: str | None = None,
     handlers: Sequence[str] = (),
     embedded: bool = False,
+    expires_s: float | None = None,
 ) -> Identity:
     """What ``hookbus auth issue`` does: a new user of a JWT-mode folder, signed by its
     tenant's account signing key; writes its ``.creds`` (0600) and context only (no server
-    file, no manifest entry: the server trusts it without a reload).
+    file, no manifest entry: the server trusts it without a reload). `expires_s`: seconds
+    from now (by this host's clock) until the server refuses it (the JWT's ``exp``); None:
+    until revoked.
 
     Raises:
         click.ClickException: `out` is not a JWT-mode folder, the credential exists, or
@@ -779,7 +788,9 @@ def issue_identity(
     if setup.find(tenant, role, name) is not None:
         raise click.ClickException(f"{role} {name!r} already exists in tenant {tenant}")
     handlers = _checked_role_options(role, name, handlers, embedded)
-    ident = _make_identity(setup, out, role, name, tenant, handlers, embedded=embedded)
+    ident = _make_identity(
+        setup, out, role, name, tenant, handlers, embedded=embedded, expires_s=expires_s
+    )
     _write_atomic(
         ident.context_path(out), json.dumps(context_json(ident, setup, out), indent=2) + "\n"
     )

@@ -143,9 +143,12 @@ def _jti(standard: Mapping[str, Any]) -> str:
     return base64.b32encode(digest).decode().rstrip("=")
 
 
-def _encode(signer: KeyPair, subject: str, name: str, nats: dict[str, Any]) -> str:
+def _encode(
+    signer: KeyPair, subject: str, name: str, nats: dict[str, Any], *, expires_at: int | None = None
+) -> str:
     # the order of the NATS JWT library's claims data (its jti hashes these fields)
-    standard: dict[str, Any] = {"iat": int(time.time()), "iss": signer.public_key}
+    standard: dict[str, Any] = {} if expires_at is None else {"exp": expires_at}
+    standard.update(iat=int(time.time()), iss=signer.public_key)
     if name:
         standard["name"] = name
     standard["sub"] = subject
@@ -255,18 +258,28 @@ def user_permissions(perms: RolePermissions) -> dict[str, Any]:
 
 
 def user_jwt(
-    signer: KeyPair, user: str, name: str, perms: RolePermissions, *, issuer_account: str
+    signer: KeyPair,
+    user: str,
+    name: str,
+    perms: RolePermissions,
+    *,
+    issuer_account: str,
+    expires_at: int | None = None,
 ) -> str:
     """A user's JWT (public key `user`) with `perms`, signed by `signer`: the account's key
     or one of its signing keys (then `issuer_account`, the account's public key, is in the
     claims). No subscription, data or payload limit of its own (``-1``; the server's
-    ``max_payload`` applies).
+    ``max_payload`` applies). `expires_at`: Unix seconds (claim ``exp``) from which
+    nats-server refuses the credential and closes the connections made with it; None:
+    it never expires.
 
     Raises:
-        JwtError: `user` is not a user public key.
+        JwtError: `user` is not a user public key, or `expires_at` is not after its issue.
     """
     if not user.startswith("U"):
         raise JwtError(f"{user!r} is not a user public key (U...)")
+    if expires_at is not None and expires_at <= time.time():
+        raise JwtError(f"the credential would expire before it is issued ({expires_at})")
     nats: dict[str, Any] = {
         **user_permissions(perms),
         "subs": NO_LIMIT,
@@ -276,7 +289,7 @@ def user_jwt(
     if signer.public_key != issuer_account:
         nats["issuer_account"] = issuer_account
     nats.update(type="user", version=_VERSION)
-    return _encode(signer, user, name, nats)
+    return _encode(signer, user, name, nats, expires_at=expires_at)
 
 
 def creds_text(jwt: str, seed: str) -> str:

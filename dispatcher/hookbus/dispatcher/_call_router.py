@@ -363,7 +363,7 @@ class Router:
     ) -> ChainCall | Failed:
         """Send the adjacent handlers `seg` of one worker process's handler set as one chain
         request; the `ChainCall` gives each step's outcome as the fold reaches it (see
-        `_chain_calls`). A `Failed` (``not_run``): nothing was sent, call each alone.
+        `_chain_calls`). A `Failed`: nothing was sent, call each alone.
         `headers`: the chain message's headers, its ``send`` span's context
         (`ChainSpan.headers`); None: the current context's (`trace_headers`). Every step's
         handling in the worker is a child of that one context: one message was sent.

@@ -187,9 +187,6 @@ class Failed:
 
     kind: FailureKind
     message: str
-    not_run: bool = False
-    """Known not to have run anywhere (no responders, refused, not sent): it may be sent
-    again without running twice."""
 
 
 Outcome = HookResult | Failed
@@ -231,7 +228,7 @@ def coerce_result(raw: Any) -> Outcome:
 
 def nats_failure(exc: BaseException) -> Failed:
     """A nats-py error met while sending, as a failure for the policy (never raised)."""
-    return Failed("error", f"NATS: {type(exc).__name__}: {exc}".rstrip(": "), not_run=True)
+    return Failed("error", f"NATS: {type(exc).__name__}: {exc}".rstrip(": "))
 
 
 def _cut(timeout_s: float | None, budget_s: float | None) -> float | None:
@@ -340,11 +337,7 @@ def _read_reply(msg: Msg) -> tuple[Outcome | None, str | None, str]:
         return Failed("bad_reply", str(exc)), None, ""
     err = reply.error
     if err is not None:
-        failed = Failed(
-            _ERROR_KINDS.get(err.code, "error"),
-            f"{err.code}: {err.message}",
-            not_run=err.code in NOT_RUN_CODES,
-        )
+        failed = Failed(_ERROR_KINDS.get(err.code, "error"), f"{err.code}: {err.message}")
         again = err.code if err.retryable and err.code in ("busy", "unavailable") else None
         return failed, again, reply.instance
     if reply.result is None:
@@ -665,9 +658,7 @@ class Requester:
                         if live:
                             continue
                         if refusals >= MAX_REFUSALS:
-                            return Failed(
-                                "error", f"{code}: refused {refusals} times", not_run=True
-                            )
+                            return Failed("error", f"{code}: refused {refusals} times")
                         if not self._another(route, avoid, loop.time()):
                             # every replica known refused: give them a moment
                             wait = max(until - loop.time(), 0)
@@ -701,7 +692,6 @@ class Requester:
                         return Failed(
                             "no_responders",
                             f"no replica of {route.name!r} is subscribed",
-                            not_run=True,
                         )
                 if loop.time() >= deadline:
                     break
@@ -713,9 +703,7 @@ class Requester:
             if otel.tracing:
                 note_delivery(len(sent), answered_by)
         if refused is not None and not live:
-            return Failed(
-                "error", f"{refused}: every replica refused within {budget_s:.3g}s", not_run=True
-            )
+            return Failed("error", f"{refused}: every replica refused within {budget_s:.3g}s")
         if live:  # sent, and nothing at all came back: a stalled replica, or a lost one
             for token in live:
                 stalled = targets.get(token)

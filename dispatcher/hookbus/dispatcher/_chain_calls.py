@@ -107,7 +107,7 @@ class ChainCall:
         self._lost: Failed | None = None
 
     async def start(self) -> Failed | None:
-        """Send the request; a `Failed` (``not_run``) if it could not be sent.
+        """Send the request; a `Failed` if it could not be sent (then nothing ran).
 
         Raises:
             NotConnectedError: the connection is closed.
