@@ -376,7 +376,7 @@ class Router:
         if nc is None or nc.is_closed or not self._requester.started:
             raise NotConnectedError("remote handlers need a NATS connection")
         if not nc.is_connected:
-            return Failed("error", "not connected to NATS (reconnecting); not sent", True)
+            return Failed("error", "not connected to NATS (reconnecting); not sent")
         plan = self._chains.get(seg)
         if plan is None:
             if len(self._chains) >= 1024:  # stale snapshots: start over

@@ -947,12 +947,12 @@ def call_remote(
         raise NotConnectedError(f"remote handler {route.name!r} needs a NATS connection")
     if not nc.is_connected:  # reconnecting: fail now, not after the handler's timeout
         return ready_outcome(
-            Failed("error", "not connected to NATS (reconnecting); the request was not sent", True)
+            Failed("error", "not connected to NATS (reconnecting); the request was not sent")
         )
     timeout_s = _cut(route.timeout_s or DEFAULT_TIMEOUT_S, budget_s)
     assert timeout_s is not None
     if clock.no_time_left(timeout_s):
-        return ready_outcome(Failed("timeout", "not called: the emit's deadline had passed", True))
+        return ready_outcome(Failed("timeout", "not called: the emit's deadline had passed"))
     return requester.call(
         nc, route, envelope, headers, timeout_s, hedge=route.retry_safe,
         within_s=math.inf if budget_s is None else budget_s, neighbours=neighbours,

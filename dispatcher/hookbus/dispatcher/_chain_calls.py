@@ -116,7 +116,7 @@ class ChainCall:
         target = self._plan.target.subject
         if self._requester.suspected(target, self._loop.time()) is not None:
             self.over = True  # its last request met a stalled replica: each step alone
-            return Failed("timeout", "not sent: the chain subject is suspect", True)
+            return Failed("timeout", "not sent: the chain subject is suspect")
         self._inbox = self._requester.open_inbox()
         self._envelope.chain = self._plan.steps
         self._sent_at = self._loop.time()
@@ -331,7 +331,7 @@ class ChainCall:
             budget = min(budget, self._deadline - now)
         if clock.no_time_left(budget):
             self.over = True
-            return Failed("timeout", "not called: the emit's deadline had passed", True)
+            return Failed("timeout", "not called: the emit's deadline had passed")
         self._envelope.budget_s = budget
         self._envelope.attempt = len(self._tokens) + 1
         token = self._requester.add_token(self._inbox)
