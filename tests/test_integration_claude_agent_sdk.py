@@ -23,7 +23,7 @@ import pytest
 from _claude_cli import MODEL, FakeMessagesApi, claude_binary, claude_env, trust
 from _integration_kit import Connect, named, private_connect, worker
 
-from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher
+from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, AnswerNotAppliedError, HookDispatcher
 from hookbus.integrations.claude_agent_sdk import HookbusClaudeHooks
 from hookbus.integrations.claude_code import ClaudeCodeOptions
 from hookbus.schemas import PROMPT_SUBMIT, TOOL_POST, TOOL_PRE, HookResult
@@ -287,6 +287,84 @@ async def test_two_sessions_never_share_an_approval(connect: Connect) -> None:
     assert first["hookSpecificOutput"]["permissionDecision"] == "allow"
     assert second["hookSpecificOutput"]["permissionDecision"] == "deny"
     assert len(set(labels)) == 2
+
+
+async def test_an_allow_once_allows_one_resume_of_a_killed_call(connect: Connect) -> None:
+    """A host killed while its Bash call waited on an approval; "Allow once" answered while
+    it was dead. The call resumed by a new host (the same session and tool_use_id, as a CLI
+    replaying the call would send) is allowed once; resumed again, it is asked again, and a
+    refusal then stands. (The real CLI gives each reach a new tool_use_id, so it asks
+    again anyway; this is the call the SDK could replay.)"""
+
+    async def ask(event: str, data: dict[str, Any]) -> HookResult:
+        return ASK
+
+    hook_input = {
+        "session_id": "session-resumed", "transcript_path": "", "cwd": "/tmp",
+        "hook_event_name": "PreToolUse", "tool_name": "Bash",
+        "tool_input": {"command": "transfer 100"}, "tool_use_id": "toolu_transfer",
+    }  # fmt: skip
+
+    def decision(out: dict[str, Any]) -> str:
+        return str(out["hookSpecificOutput"]["permissionDecision"])
+
+    async with (
+        worker(connect, (TOOL_PRE, named("bash_approval", ask), {})),
+        HookDispatcher(await connect(), approvals=False) as approver,
+    ):
+        stream = await approver.hook_events()
+
+        async def pending() -> Any:
+            with anyio.fail_after(20):
+                async for event in stream:
+                    hook = event.hook
+                    if hook.status == "pending" and hook.label.startswith(APPROVAL_LABEL_PREFIX):
+                        return hook
+            raise AssertionError("the stream ended")
+
+        async def host() -> HookbusClaudeHooks:
+            d = HookDispatcher(await connect(), agent_id="coder")
+            await d.start()
+            return HookbusClaudeHooks(d, options=ClaudeCodeOptions(timeout_s=60))
+
+        try:
+            dead = await host()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(dead.callback, dict(hook_input), "toolu_transfer", {"signal": None})
+                asked = await pending()
+                tg.cancel_scope.cancel()  # the host is killed mid-wait
+            await dead.dispatcher.close()
+            with pytest.raises(AnswerNotAppliedError):  # nobody waits on it
+                await approver.answer_approval(
+                    asked.label, "Allow once", approver="alice", agent_id=asked.agent_id,
+                    wait_s=0.2,
+                )  # fmt: skip
+            resumed = await host()
+            try:
+                first = await resumed.callback(dict(hook_input), "toolu_transfer", {"signal": None})
+                assert decision(first) == "allow"
+                again: list[dict[str, Any]] = []
+                async with anyio.create_task_group() as tg:
+
+                    async def call() -> None:
+                        again.append(
+                            await resumed.callback(
+                                dict(hook_input), "toolu_transfer", {"signal": None}
+                            )
+                        )
+
+                    tg.start_soon(call)
+                    fresh = await pending()
+                    assert not again  # not allowed again without asking
+                    await approver.answer_approval(
+                        fresh.label, "Deny", approver="alice", agent_id=fresh.agent_id
+                    )
+            finally:
+                await resumed.dispatcher.close()
+        finally:
+            await stream.aclose()
+    assert fresh.label != asked.label
+    assert decision(again[0]) == "deny"
 
 
 async def test_an_ask_user_without_approvals_is_a_deny(
