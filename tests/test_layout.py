@@ -17,6 +17,9 @@ from __future__ import annotations
 import ast
 import collections
 import importlib
+import inspect
+import typing
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -447,6 +450,11 @@ PUBLIC_API: dict[str, set[str]] = {
         "APPROVAL_LABEL_PREFIX",
         "REMOTE_EMIT_BUDGET_S",
         "AnswerNotAppliedError",
+        # the types public members hand out (HookDispatcher.approvals, .decision_log,
+        # Suspensions.leases)
+        "Approvals",
+        "DecisionLog",
+        "Leases",
         # an approver's entry point: the approvals bucket only
         "ApprovalsClient",
         "DispatcherService",
@@ -474,7 +482,15 @@ PUBLIC_API: dict[str, set[str]] = {
         "require_handler",
         "unrequire_handler",
     },
-    "hookbus.cli": {"EmbeddedNatsServer", "NatsServerNotFoundError", "find_nats_server"},
+    "hookbus.cli": {
+        "EmbeddedNatsServer",
+        "NatsServerNotFoundError",
+        "find_nats_server",
+        # how the demo and the commands connect (hookbus.demo takes it)
+        "ConnectionSettings",
+    },
+    # the shape of an emit every door and integration takes (HookDispatcher.emit's)
+    "hookbus.integrations": {"Emit"},
     # the demo application (cli/hookbus/demo: the CLI's demo entries load it)
     "hookbus.demo": {
         "demo_identities",
@@ -499,6 +515,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "CSRF_HEADER",
         "DEFAULT_SESSION_TTL_S",
         "Feed",
+        "Listener",
         "console_app",
     },
     "hookbus.integrations.pydantic_ai": {
@@ -633,3 +650,80 @@ def test_errors_share_one_root() -> None:
     assert not hasattr(s, "HookNotFoundError") and not hasattr(s, "DuplicateHookError")
     assert issubclass(s.UnknownEventError, s.BadRequestError)
     assert issubclass(s.PayloadTooLargeError, s.BadRequestError)
+
+
+def _annotated_classes(hint: object, into: set[type]) -> None:
+    if isinstance(hint, type):
+        into.add(hint)
+    for arg in typing.get_args(hint):
+        _annotated_classes(arg, into)
+
+
+def _type_hints(member: Callable[..., object]) -> dict[str, object]:
+    """`member`'s annotations resolved; a name imported for type checkers only is resolved
+    from where its module imports it."""
+    names: dict[str, object] = {}
+    for _ in range(50):
+        try:
+            return typing.get_type_hints(member, localns=names)
+        except NameError as exc:
+            assert exc.name and exc.name not in names, exc
+            names[exc.name] = _imported_for_type_checkers(inspect.getmodule(member), exc.name)
+    raise AssertionError(f"{member!r}: too many unresolved names")
+
+
+def _imported_for_type_checkers(module: object, name: str) -> object:
+    tree = ast.parse(inspect.getsource(module))  # type: ignore[arg-type]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                if (alias.asname or alias.name) == name:
+                    return getattr(importlib.import_module(node.module), alias.name)
+    return _Unresolved  # a name no import gives: nothing to check
+
+
+class _Unresolved:
+    """Stands for a name no import gives (subscriptable, as a generic may be)."""
+
+    def __class_getitem__(cls, item: object) -> type[_Unresolved]:
+        return cls
+
+
+def _public_members(obj: object) -> Iterator[tuple[str, Callable[..., object]]]:
+    if not isinstance(obj, type):
+        if inspect.isroutine(obj):
+            yield "", obj
+        return
+    for name, member in vars(obj).items():
+        if name.startswith("_") and name != "__init__":
+            continue
+        if isinstance(member, property):
+            member = member.fget
+        if isinstance(member, (staticmethod, classmethod)):
+            member = member.__func__
+        if inspect.isroutine(member):
+            yield f".{name}", member
+
+
+@pytest.mark.parametrize("module_name", sorted(PUBLIC_API))
+def test_every_type_a_public_member_takes_or_gives_is_importable(module_name: str) -> None:
+    """A user can name what a public function or method takes and returns: every hookbus
+    class in their annotations is exported by a public module."""
+    exported = {
+        id(getattr(importlib.import_module(name), export))
+        for name, exports in PUBLIC_API.items()
+        for export in exports
+    }
+    module = importlib.import_module(module_name)
+    hidden: list[str] = []
+    for export in sorted(module.__all__):
+        for member_name, member in _public_members(getattr(module, export)):
+            found: set[type] = set()
+            for hint in _type_hints(member).values():
+                _annotated_classes(hint, found)
+            hidden += [
+                f"{export}{member_name}: {cls.__module__}.{cls.__qualname__}"
+                for cls in found
+                if cls.__module__.startswith("hookbus") and id(cls) not in exported
+            ]
+    assert hidden == []

@@ -6,11 +6,13 @@ from hookbus.schemas import HookResult
 from ._approvals import (
     APPROVAL_LABEL_PREFIX,
     AnswerNotAppliedError,
+    Approvals,
     approval_label,
     is_allow,
     next_approval_label,
 )
 from ._approvals_client import ApprovalsClient
+from ._audit import DecisionLog
 from ._call_router import REMOTE_EMIT_BUDGET_S
 from ._dispatcher import HookDispatcher
 from ._fold import Fold
@@ -20,12 +22,15 @@ from ._route_table import Route
 from ._service import DispatcherService
 from ._services_api import DispatcherEndpoint, DispatcherReplica, live_dispatchers
 from ._suspensions import HookEventStream, PendingHook, RunScope, SuspensionPage, Suspensions
+from ._waiter import Leases
 
 __all__ = [
     "APPROVAL_LABEL_PREFIX",
     "REMOTE_EMIT_BUDGET_S",
     "AnswerNotAppliedError",
+    "Approvals",
     "ApprovalsClient",
+    "DecisionLog",
     "DispatcherEndpoint",
     "DispatcherReplica",
     "DispatcherService",
@@ -34,6 +39,7 @@ __all__ = [
     "HookDispatcher",
     "HookEventStream",
     "HookResult",
+    "Leases",
     "LiveReplica",
     "PendingHook",
     "RegistryView",

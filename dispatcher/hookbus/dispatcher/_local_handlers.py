@@ -65,5 +65,5 @@ class LocalHandlers:
     ) -> Callable[[], None]:
         name = name or str(getattr(handler, "__name__", "handler"))
         local = SyncHandler.wrap(handler)  # a sync one runs in a thread when time-limited
-        route = Route.of(event, name, options, local=local, seq=self._table.next_seq())
+        route = Route._of(event, name, options, local=local, seq=self._table.next_seq())
         return self._table.add_local(route)

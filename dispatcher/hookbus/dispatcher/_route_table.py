@@ -125,7 +125,7 @@ class Route:
         )
 
     @classmethod
-    def of(
+    def _of(
         cls,
         event: str,
         name: str,
@@ -159,7 +159,9 @@ class Route:
         """
         options = HandlerOptions.remote(**{o: getattr(decl, o) for o in OPTIONS})
         subject = handler_subject(decl.event, decl.name)
-        return cls.of(decl.event, decl.name, options, subject=subject, handler_set=decl.handler_set)
+        return cls._of(
+            decl.event, decl.name, options, subject=subject, handler_set=decl.handler_set
+        )
 
     @classmethod
     def from_required(cls, req: RequiredHandler) -> Route:
@@ -176,7 +178,7 @@ class Route:
             failure_policy=req.failure_policy,
             tool_filter=req.tool_filter,
         )
-        return cls.of(req.event, req.name, options, subject=handler_subject(req.event, req.name))
+        return cls._of(req.event, req.name, options, subject=handler_subject(req.event, req.name))
 
 
 class RoutingTable:

@@ -15,3 +15,7 @@ them installs only hookbus's lean core:
 - `hookbus.integrations.console` (extra ``gateway``: the approvals console in a browser,
   one Starlette app that `hookbus console` serves with uvicorn)
 """
+
+from ._emit import Emit
+
+__all__ = ["Emit"]

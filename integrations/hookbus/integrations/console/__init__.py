@@ -41,7 +41,9 @@ format, ``retry``, comments as keep-alives).
 """
 
 from ._app import console_app
-from ._feed import Feed
+from ._feed import Feed, Listener
 from ._sign_in import COOKIE, CSRF_HEADER, DEFAULT_SESSION_TTL_S
 
-__all__ = ["COOKIE", "CSRF_HEADER", "DEFAULT_SESSION_TTL_S", "Feed", "console_app"]
+__all__ = [
+    "COOKIE", "CSRF_HEADER", "DEFAULT_SESSION_TTL_S", "Feed", "Listener", "console_app",
+]  # fmt: skip
