@@ -23,7 +23,13 @@ import pytest
 from _claude_cli import MODEL, FakeMessagesApi, claude_binary, claude_env, trust
 from _integration_kit import Connect, named, private_connect, worker
 
-from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, AnswerNotAppliedError, HookDispatcher
+from hookbus.dispatcher import (
+    APPROVAL_LABEL_PREFIX,
+    AnswerNotAppliedError,
+    HookDispatcher,
+    HookEventStream,
+    PendingHook,
+)
 from hookbus.integrations.claude_agent_sdk import HookbusClaudeHooks
 from hookbus.integrations.claude_code import ClaudeCodeOptions
 from hookbus.schemas import PROMPT_SUBMIT, TOOL_POST, TOOL_PRE, HookResult
@@ -81,6 +87,16 @@ async def turn(
                 messages.append(message)
     assert len(api.tool_results) == 1, (api.tool_results, messages)
     return Turn(project, api.tool_results, json.dumps(api.requests), messages)
+
+
+async def pending_approval(stream: HookEventStream, within_s: float = 20.0) -> PendingHook:
+    """The next approval the stream shows pending."""
+    with anyio.fail_after(within_s):
+        async for event in stream:
+            hook = event.hook
+            if hook.status == "pending" and hook.label.startswith(APPROVAL_LABEL_PREFIX):
+                return hook
+    raise AssertionError("the event stream ended")
 
 
 # -- deny, modify, inject_context ------------------------------------------------------------
@@ -207,13 +223,7 @@ async def test_an_approval_answered_by_another_process_decides_the_tool(
                     done.append(await turn(claude, tmp_path, hooks, "touch ran"))
 
                 tg.start_soon(run)
-                with anyio.fail_after(60):
-                    async for event in stream:
-                        hook = event.hook
-                        if hook.status == "pending" and hook.label.startswith(
-                            APPROVAL_LABEL_PREFIX
-                        ):
-                            break
+                hook = await pending_approval(stream, within_s=60)
                 assert not (tmp_path / "project" / "ran").exists()  # the tool waits
                 await approver.answer_approval(
                     hook.label, choice, approver="alice", agent_id=hook.agent_id
@@ -266,13 +276,7 @@ async def test_two_sessions_never_share_an_approval(connect: Connect) -> None:
                     )
 
                 tg.start_soon(call)
-                with anyio.fail_after(20):
-                    async for event in stream:
-                        hook = event.hook
-                        if hook.status == "pending" and hook.label.startswith(
-                            APPROVAL_LABEL_PREFIX
-                        ):
-                            break
+                hook = await pending_approval(stream)
                 labels.append(hook.label)
                 await approver.answer_approval(
                     hook.label, choice, approver="alice", agent_id=hook.agent_id
@@ -314,14 +318,6 @@ async def test_an_allow_once_allows_one_resume_of_a_killed_call(connect: Connect
     ):
         stream = await approver.hook_events()
 
-        async def pending() -> Any:
-            with anyio.fail_after(20):
-                async for event in stream:
-                    hook = event.hook
-                    if hook.status == "pending" and hook.label.startswith(APPROVAL_LABEL_PREFIX):
-                        return hook
-            raise AssertionError("the stream ended")
-
         async def host() -> HookbusClaudeHooks:
             d = HookDispatcher(await connect(), agent_id="coder")
             await d.start()
@@ -331,7 +327,7 @@ async def test_an_allow_once_allows_one_resume_of_a_killed_call(connect: Connect
             dead = await host()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(dead.callback, dict(hook_input), "toolu_transfer", {"signal": None})
-                asked = await pending()
+                asked = await pending_approval(stream)
                 tg.cancel_scope.cancel()  # the host is killed mid-wait
             await dead.dispatcher.close()
             with pytest.raises(AnswerNotAppliedError):  # nobody waits on it
@@ -354,7 +350,7 @@ async def test_an_allow_once_allows_one_resume_of_a_killed_call(connect: Connect
                         )
 
                     tg.start_soon(call)
-                    fresh = await pending()
+                    fresh = await pending_approval(stream)
                     assert not again  # not allowed again without asking
                     await approver.answer_approval(
                         fresh.label, "Deny", approver="alice", agent_id=fresh.agent_id
