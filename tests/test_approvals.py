@@ -81,6 +81,12 @@ class Approver:
                     i += 1
                 self.seen.append(await self._stream.__anext__())
 
+    async def answer(self, part: HookPart, choice: str, **options: Any) -> ApprovalAnswer:
+        """`part` answered `choice` by the approver "tester" (`answer_approval`'s `options`)."""
+        return await self.d.answer_approval(
+            part.label, choice, approver="tester", agent_id=part.agent_id, **options
+        )
+
     async def pending(self, session: str) -> HookPart:
         """The next pending approval of `session`."""
         return await self.next(
@@ -200,9 +206,7 @@ async def test_ask_user_from_a_remote_handler_waits_for_the_answer_and_allows(
             assert m["handler"] == "remote_guard" and m["event"] == event
             assert m["tool_name"] == "bash" and m["agent_id"] == "a1"
             assert not out.done.is_set()
-            await approver.d.answer_approval(
-                part.label, "Allow once", approver="tester", agent_id=part.agent_id
-            )
+            await approver.answer(part, "Allow once")
             r = await out.wait()
     assert r.action == "continue"
     assert r.decided_by == "remote_guard"
@@ -217,9 +221,7 @@ async def test_a_local_handler_deny_choice_denies(
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "write_file"})
         part = await approver.pending(agent.session)
-        await approver.d.answer_approval(
-            part.label, "No", approver="tester", agent_id=part.agent_id
-        )
+        await approver.answer(part, "No")
         r = await out.wait()
     assert r.action == "deny" and r.decided_by == "guard"
     assert r.reason is not None and "No" in r.reason
@@ -236,13 +238,9 @@ async def test_default_options_are_allow_and_deny_and_other_choices_are_refused(
         assert part.metadata["prompt"]  # a prompt is always shown, even when none was given
         before = await approver.d.get_approval(part.label)
         with pytest.raises(ResolutionRejectedError, match="choice"):
-            await approver.d.answer_approval(
-                part.label, "Maybe", approver="tester", agent_id=part.agent_id
-            )
+            await approver.answer(part, "Maybe")
         assert await approver.d.get_approval(part.label) == before
-        await approver.d.answer_approval(
-            part.label, "Deny", approver="tester", agent_id=part.agent_id
-        )
+        await approver.answer(part, "Deny")
         r = await out.wait()
     assert r.action == "deny"
 
@@ -260,9 +258,7 @@ async def test_a_timeout_applies_the_default(
     closed = await approver.next(lambda h: h.label == part.label and h.status == "cancelled")
     assert closed.reason is not None and default in closed.reason
     with pytest.raises(AlreadySettledError):  # a late answer is refused, not silently lost
-        await approver.d.answer_approval(
-            part.label, "Allow", approver="tester", agent_id=part.agent_id
-        )
+        await approver.answer(part, "Allow")
 
 
 async def test_a_cancelled_approval_denies(agent: Agent, approver: Approver, event: str) -> None:
@@ -284,9 +280,7 @@ async def test_allow_always_is_remembered_for_the_session_handler_and_tool(
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "command": "ls"})
         part = await approver.pending(agent.session)
-        await approver.d.answer_approval(
-            part.label, "Allow always", approver="tester", agent_id=part.agent_id
-        )
+        await approver.answer(part, "Allow always")
         assert (await out.wait()).action == "continue"
 
     # the next call of the same tool in the same session does not ask again
@@ -320,9 +314,7 @@ async def test_allow_always_is_remembered_for_the_session_handler_and_tool(
         out = spawn_emit(tg, agent.d, event, {"tool_name": "write_file"})
         part = await approver.pending(agent.session)
         assert part.metadata["tool_name"] == "write_file"
-        await approver.d.answer_approval(
-            part.label, "Deny", approver="tester", agent_id=part.agent_id
-        )
+        await approver.answer(part, "Deny")
         assert (await out.wait()).action == "deny"
 
     # the same tool in another session asks again
@@ -330,9 +322,7 @@ async def test_allow_always_is_remembered_for_the_session_handler_and_tool(
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "command": "ls"})
         part = await approver.pending(f"{agent.session}-other")
-        await approver.d.answer_approval(
-            part.label, "Deny", approver="tester", agent_id=part.agent_id
-        )
+        await approver.answer(part, "Deny")
         assert (await out.wait()).action == "deny"
 
 
@@ -341,18 +331,14 @@ async def test_allow_always_is_per_handler(agent: Agent, approver: Approver, eve
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
         part = await approver.pending(agent.session)
-        await approver.d.answer_approval(
-            part.label, "Allow always", approver="tester", agent_id=part.agent_id
-        )
+        await approver.answer(part, "Allow always")
         assert (await out.wait()).action == "continue"
     unregister_second = agent.d.register(event, asker("second"), priority=0)  # now asks first
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
         part = await approver.pending(agent.session)
         assert part.metadata["handler"] == "second"
-        await approver.d.answer_approval(
-            part.label, "Deny", approver="tester", agent_id=part.agent_id
-        )
+        await approver.answer(part, "Deny")
         r = await out.wait()
     assert r.action == "deny" and r.decided_by == "second"
     unregister_second()
@@ -364,9 +350,7 @@ async def test_allow_once_is_not_remembered(agent: Agent, approver: Approver, ev
         async with anyio.create_task_group() as tg:
             out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "command": "ls"})
             part = await approver.pending(agent.session)
-            await approver.d.answer_approval(
-                part.label, "Allow once", approver="tester", agent_id=part.agent_id
-            )
+            await approver.answer(part, "Allow once")
             assert (await out.wait()).action == "continue"
 
 
@@ -419,9 +403,7 @@ async def test_ask_user_beats_inject_context_and_the_asking_handler_decides(
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
         part = await approver.pending(agent.session)
         assert part.metadata["prompt"] == "ok?" and part.metadata["handler"] == "ask"
-        await approver.d.answer_approval(
-            part.label, "Allow", approver="tester", agent_id=part.agent_id
-        )
+        await approver.answer(part, "Allow")
         r = await out.wait()
     assert r.action == "continue" and r.decided_by == "ask"
 
@@ -433,9 +415,7 @@ async def test_the_first_ask_user_is_kept(agent: Agent, approver: Approver, even
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
         part = await approver.pending(agent.session)
         assert part.metadata["prompt"] == "first?"
-        await approver.d.answer_approval(
-            part.label, "Deny", approver="tester", agent_id=part.agent_id
-        )
+        await approver.answer(part, "Deny")
         r = await out.wait()
     assert r.action == "deny" and r.decided_by == "first"
     assert len(approver.pending_of(agent.session)) == 1
@@ -503,9 +483,7 @@ async def test_a_timed_out_approval_does_not_decide_the_next_identical_call(
         out = spawn_emit(tg, agent.d, event, dict(call))
         part = await approver.pending(agent.session)
         assert part.label != first_label
-        await approver.d.answer_approval(
-            part.label, "Deny", approver="tester", agent_id=part.agent_id
-        )
+        await approver.answer(part, "Deny")
         second = await out.wait()
     assert second.action == "deny" and second.decided_by == "guard"
     assert second.reason == "tester chose 'Deny'"
@@ -525,9 +503,7 @@ async def test_a_cancelled_approval_does_not_decide_the_next_identical_call(
         out = spawn_emit(tg, agent.d, event, dict(call))
         again = await approver.pending(agent.session)
         assert again.label != part.label
-        await approver.d.answer_approval(
-            again.label, "Allow", approver="tester", agent_id=again.agent_id
-        )
+        await approver.answer(again, "Allow")
         r = await out.wait()
     assert r.action == "continue" and r.reason == "tester chose 'Allow'"
 
@@ -556,14 +532,10 @@ async def test_two_dispatchers_waiting_on_one_call_get_its_allow_once_once(
                     if got is not None and got[0].owner == other.suspensions.waiter_id:
                         break
                     await anyio.sleep(0.05)
-            await approver.d.answer_approval(
-                part.label, "Allow once", approver="tester", agent_id=part.agent_id
-            )
+            await approver.answer(part, "Allow once")
             again = await approver.pending(agent.session)  # the loser asks afresh
             assert again.label == next_approval_label(part.label)
-            await approver.d.answer_approval(
-                again.label, "Deny", approver="tester", agent_id=again.agent_id
-            )
+            await approver.answer(again, "Deny")
             results = [await first.wait(), await retried.wait()]
             assert sorted((r.action, r.reason) for r in results) == [
                 ("continue", "tester chose 'Allow once'"),
@@ -590,9 +562,7 @@ async def test_an_allow_once_answered_while_the_agent_was_dead_allows_one_resume
     assert dead.action == "deny" and CALLERS_DEADLINE in (dead.reason or "")
     part = await approver.pending(agent.session)
     with pytest.raises(AnswerNotAppliedError):  # nobody waits on it
-        await approver.d.answer_approval(
-            part.label, "Allow once", approver="tester", agent_id=part.agent_id, wait_s=0.2
-        )
+        await approver.answer(part, "Allow once", wait_s=0.2)
     resumed = await agent.d.emit(event, dict(call), idempotency_key=key, timeout_s=20)
     assert (resumed.action, resumed.approved_by) == ("continue", "tester")
     async with anyio.create_task_group() as tg:
@@ -602,9 +572,7 @@ async def test_an_allow_once_answered_while_the_agent_was_dead_allows_one_resume
         )
         assert not twice.done.is_set(), twice.result  # not allowed again without asking
         assert fresh.metadata["tool_name"] == "transfer"
-        await approver.d.answer_approval(
-            fresh.label, "Deny", approver="tester", agent_id=fresh.agent_id
-        )
+        await approver.answer(fresh, "Deny")
         assert (await twice.wait()).action == "deny"
 
 
@@ -622,9 +590,7 @@ async def test_a_lost_ack_of_the_use_mark_still_allows_once(
     )
     part = await approver.pending(agent.session)
     with pytest.raises(AnswerNotAppliedError):
-        await approver.d.answer_approval(
-            part.label, "Allow once", approver="tester", agent_id=part.agent_id, wait_s=0.2
-        )
+        await approver.answer(part, "Allow once", wait_s=0.2)
     lossy = LoseUseMarkAck(agent.d.approvals.records.records.kv)
     agent.d.approvals.records.records.kv = lossy  # type: ignore[assignment]
     resumed = await agent.d.emit(event, dict(call), idempotency_key=key, timeout_s=20)
@@ -636,9 +602,7 @@ async def test_a_lost_ack_of_the_use_mark_still_allows_once(
             lambda h: h.status == "pending" and h.label == next_approval_label(part.label)
         )
         assert not twice.done.is_set()
-        await approver.d.answer_approval(
-            fresh.label, "Deny", approver="tester", agent_id=fresh.agent_id
-        )
+        await approver.answer(fresh, "Deny")
         assert (await twice.wait()).action == "deny"
 
 
@@ -727,17 +691,13 @@ async def test_a_key_reused_for_another_call_does_not_reuse_the_answer(
     async with anyio.create_task_group() as tg:
         out = spawn_emit_keyed(tg, agent.d, event, {"tool_name": "bash", "command": "ls"}, key)
         part = await approver.pending(agent.session)
-        await approver.d.answer_approval(
-            part.label, "Allow", approver="tester", agent_id=part.agent_id
-        )
+        await approver.answer(part, "Allow")
         assert (await out.wait()).action == "continue"
     async with anyio.create_task_group() as tg:
         out = spawn_emit_keyed(tg, agent.d, event, {"tool_name": "bash", "command": "rm"}, key)
         again = await approver.pending(agent.session)
         assert again.label != part.label
-        await approver.d.answer_approval(
-            again.label, "Deny", approver="tester", agent_id=again.agent_id
-        )
+        await approver.answer(again, "Deny")
         assert (await out.wait()).action == "deny"
 
 
@@ -812,9 +772,7 @@ async def test_grants_are_listed_and_revoked(agent: Agent, approver: Approver, e
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
         part = await approver.pending(agent.session)
-        await approver.d.answer_approval(
-            part.label, "Allow always", approver="tester", agent_id=part.agent_id
-        )
+        await approver.answer(part, "Allow always")
         assert (await out.wait()).action == "continue"
     (grant,) = await approver.d.approval_grants(session_id=agent.session)
     assert (grant.agent_id, grant.session_id, grant.event, grant.handler, grant.tool) == (
@@ -828,9 +786,7 @@ async def test_grants_are_listed_and_revoked(agent: Agent, approver: Approver, e
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
         part = await approver.pending(agent.session)  # asked again once revoked
-        await approver.d.answer_approval(
-            part.label, "Deny", approver="tester", agent_id=part.agent_id
-        )
+        await approver.answer(part, "Deny")
         assert (await out.wait()).action == "deny"
 
 
@@ -848,9 +804,7 @@ async def test_a_grant_that_does_not_match_its_key_is_ignored_and_the_human_aske
         async with anyio.create_task_group() as tg:
             out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
             part = await approver.pending(agent.session)
-            await approver.d.answer_approval(
-                part.label, "Deny", approver="tester", agent_id=part.agent_id
-            )
+            await approver.answer(part, "Deny")
             assert (await out.wait()).action == "deny"
     assert await approver.d.approval_grants(session_id=agent.session) == []
 
@@ -874,9 +828,7 @@ async def test_grants_are_listed_and_revoked_from_the_cli(
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
         part = await approver.pending(agent.session)
-        await approver.d.answer_approval(
-            part.label, "Allow always", approver="tester", agent_id=part.agent_id
-        )
+        await approver.answer(part, "Allow always")
         assert (await out.wait()).action == "continue"
     key = grant_key("cli-agent", agent.session, event, "guard", "bash")
 
@@ -897,9 +849,7 @@ async def test_grants_are_listed_and_revoked_from_the_cli(
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
         part = await approver.pending(agent.session)  # asked again
-        await approver.d.answer_approval(
-            part.label, "Deny", approver="tester", agent_id=part.agent_id
-        )
+        await approver.answer(part, "Deny")
         assert (await out.wait()).action == "deny"
 
 
