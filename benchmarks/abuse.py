@@ -248,7 +248,7 @@ async def _consumers(
     """Try `attempts` consumer creations of every kind on both streams, take its own slots,
     and try to delete the dispatcher service's consumers."""
     from hookbus._core.consumer_slots import identity_key, slot_names
-    from hookbus.dispatcher._consumers import open_consumer
+    from hookbus._core.consumers import open_consumer
 
     me = encode_token("attacker")
     filters = {"KV_hookbus_handlers": "$KV.hookbus_handlers.>",

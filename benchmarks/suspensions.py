@@ -477,7 +477,7 @@ async def bench_deliveries(url: str, n: int, consumers: int = 0) -> dict[str, fl
     console's watch would), each a message its Python handles too."""
     from nats.js.api import DeliverPolicy
 
-    from hookbus.dispatcher._kv import subscribe_keys
+    from hookbus._core.kv import subscribe_keys
 
     writer = await nats.connect(url, name="bench-writer")
     watcher = await nats.connect(url, name="bench-watcher")

@@ -36,7 +36,7 @@ from hookbus.schemas import (
     handler_queue_group,
     handler_subject,
 )
-from hookbus.schemas import _telemetry_names as tn
+from hookbus.schemas import telemetry as tn
 from hookbus.workers import HookWorker
 
 pytestmark = pytest.mark.anyio

@@ -429,7 +429,7 @@ async def test_a_chain_is_traced_as_the_one_message_it_is(
     subject that carried no message."""
     from _otel_harness import Otel, children, reset_globals
 
-    from hookbus.schemas import _telemetry_names as tn
+    from hookbus.schemas import telemetry as tn
 
     reset_globals()
     otel = Otel()

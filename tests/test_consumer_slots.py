@@ -22,15 +22,15 @@ import pytest
 from nats.js.api import DeliverPolicy, KeyValueConfig
 
 from hookbus._core.consumer_slots import CONSUMER_SLOTS, identity_key, slot_names
-from hookbus.cli import EmbeddedNatsServer
-from hookbus.dispatcher import HookDispatcher
-from hookbus.dispatcher._consumers import (
+from hookbus._core.consumers import (
     ConsumerSlotsExhaustedError,
     KeyWatch,
     SlotConsumer,
     watch_keys,
 )
-from hookbus.dispatcher._kv import release_consumer, subscribe_keys
+from hookbus._core.kv import release_consumer, subscribe_keys
+from hookbus.cli import EmbeddedNatsServer
+from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import HandlerDeclaration, encode, handler_key
 
 pytestmark = pytest.mark.anyio

@@ -40,7 +40,7 @@ async def test_repeated_bucket_reads_leave_no_consumer_behind(nc, connect):
 async def test_stop_task_ends_a_task_that_swallows_a_cancel() -> None:
     """A task that swallows one cancel (as nats-py's `wait_for` can on Python 3.11) and goes
     on: cancelling it once and awaiting it would never return; `stop_task` ends it."""
-    from hookbus.dispatcher._tasks import stop_task
+    from hookbus._core.tasks import stop_task
 
     swallowed = asyncio.Event()
 
@@ -65,8 +65,8 @@ async def test_a_watch_never_reports_a_bucket_with_a_value_as_empty(nc) -> None:
     first, and the listing was empty (a registered fail-closed handler unseen, a grant not
     revoked) in about 1 of 200 watches here. Many watches, 20 at a time, as a busy
     dispatcher makes them."""
-    from hookbus.dispatcher._consumers import watch_keys
-    from hookbus.dispatcher._kv import release_consumer
+    from hookbus._core.consumers import watch_keys
+    from hookbus._core.kv import release_consumer
 
     kv = await nc.jetstream().create_key_value(bucket=f"watch_{id(nc)}")
     await kv.put("only.key", b"v")

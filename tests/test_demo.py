@@ -24,11 +24,11 @@ import pytest
 from test_integration_ai_runner import INSTALL_TIMEOUT_S, _interpreter, _venv
 
 from hookbus._core.buckets import handlers_bucket_config
+from hookbus._core.consumers import watch_keys
+from hookbus._core.kv import release_consumer
 from hookbus.cli._auth_files import parse_worker
 from hookbus.cli._command_support import load_object
 from hookbus.demo import demo_identities
-from hookbus.dispatcher._consumers import watch_keys
-from hookbus.dispatcher._kv import release_consumer
 from hookbus.schemas import HookResult
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

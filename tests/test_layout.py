@@ -406,6 +406,12 @@ PUBLIC_API: dict[str, set[str]] = {
         "is_answer_key",
         "json_safe",
         "json_schemas",
+        "schema_definitions",
+        # the subject and key forms the CLI's permissions and the integrations build on
+        "HANDLER_SUBJECT_PREFIX",
+        "SUSPENSION_SUBJECT_PREFIX",
+        "is_js_domain_name",
+        "run_claim_key",
         "NO_AGENT",
         "agent_from_service_subject",
         "agent_token",
@@ -502,6 +508,8 @@ PUBLIC_API: dict[str, set[str]] = {
     },
     # the test kit (integrations/hookbus/testing.py: it imports workers and dispatcher)
     "hookbus.testing": {"WorkerTestKit"},
+    # amplifier-core's `amplifier_core.events`, as a module of its own
+    "hookbus.schemas.events": {*EVENT_CONSTANTS, "STANDARD_EVENTS", "StandardEvents"},
     "hookbus.amplifier": {
         *EVENT_CONSTANTS,
         "ContextInjection",
@@ -727,3 +735,65 @@ def test_every_type_a_public_member_takes_or_gives_is_importable(module_name: st
                 if cls.__module__.startswith("hookbus") and id(cls) not in exported
             ]
     assert hidden == []
+
+
+PRIVATE_IMPORTS_LEFT: dict[str, set[str]] = {
+    "hookbus._core.copies": {"hookbus.schemas._jsonsafe"},
+    "hookbus._core.handler_options": {"hookbus.schemas._tool_filter"},
+    "hookbus.cli._provision": {"hookbus.dispatcher._audit"},
+    "hookbus.cli._console_cmd": {"hookbus.integrations.console._sign_in"},
+    "hookbus.demo._agents": {"hookbus.cli._command_support", "hookbus.cli._service_emit"},
+    "hookbus.demo._app": {
+        "hookbus.cli._auth_files", "hookbus.cli._command_support", "hookbus.cli._otel",
+        "hookbus.cli._permissions", "hookbus.cli._provision", "hookbus.cli._serve_cmds",
+        "hookbus.cli._service_emit",
+    },
+    "hookbus.integrations.ai": {
+        "hookbus.dispatcher._proofs", "hookbus.dispatcher._run_scopes",
+        "hookbus.dispatcher._suspension_events", "hookbus.dispatcher._telemetry",
+        "hookbus.dispatcher._waiter",
+    },
+    "hookbus.integrations.console._feed": {"hookbus.dispatcher._records"},
+}  # fmt: skip
+"""Imports of another package's private module not yet removed: a debt that may only
+shrink. A new one fails the test below, and so does an entry that is no longer true."""
+
+
+def _private_imports(root: Path = ROOT) -> dict[str, set[str]]:
+    """Per module, the private modules of other hookbus packages it imports (the kernel
+    `hookbus._core` is shared by the packages above it: not counted)."""
+    found: dict[str, set[str]] = collections.defaultdict(set)
+    for portion in PORTIONS:
+        for path in _py_files(root, portion):
+            module = _module_name(root, portion, path)
+            package = ".".join(module.split(".")[:2])
+            for _, target in _imports(root, portion, path):
+                parts = target.split(".")
+                other = ".".join(parts[:2])
+                if parts[0] != "hookbus" or other in (package, "hookbus._core"):
+                    continue
+                private = [i for i, p in enumerate(parts[2:], 2) if p.startswith("_")]
+                if private and not parts[private[0]].startswith("__"):
+                    found[module].add(".".join(parts[: private[0] + 1]))
+    return dict(found)
+
+
+def test_no_package_imports_another_packages_private_modules() -> None:
+    """Packages talk through their public faces; what two of them share lives in the
+    kernel. (What is left to move is listed above, and the list may only shrink.)"""
+    assert _private_imports() == PRIVATE_IMPORTS_LEFT
+
+
+def test_the_privacy_check_sees_a_private_import(tmp_path: Path) -> None:
+    package = tmp_path / "integrations" / "hookbus" / "integrations"
+    package.mkdir(parents=True)
+    (package / "x.py").write_text(
+        "from hookbus.dispatcher._kv import open_bucket\n"
+        "from hookbus.dispatcher import HookDispatcher\n"
+        "from hookbus._core.kv import kv_retry\n"
+        "from . import _emit\n"
+    )
+    for portion in PORTIONS:
+        (tmp_path / portion).mkdir(exist_ok=True)
+        (tmp_path / portion / "keep.py").touch()
+    assert _private_imports(tmp_path) == {"hookbus.integrations.x": {"hookbus.dispatcher._kv"}}

@@ -17,7 +17,7 @@ from hookbus.cli import _otel
 from hookbus.cli._otel import configure_otel, otel_session, print_denied_trace, render_trace_tree
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import HookResult
-from hookbus.schemas import _telemetry_names as tn
+from hookbus.schemas import telemetry as tn
 
 pytestmark = pytest.mark.anyio
 

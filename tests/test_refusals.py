@@ -35,9 +35,9 @@ import pytest
 from _ports import free_port, on_free_port
 from nats.aio.client import Client as NATS
 
+from hookbus._core.kv import ensure_buckets
 from hookbus._core.nats_guard import harden_connection
 from hookbus.cli import EmbeddedNatsServer
-from hookbus.dispatcher._kv import ensure_buckets
 from hookbus.schemas import NotPermittedError
 
 anyio_test = pytest.mark.anyio

@@ -252,7 +252,7 @@ async def test_kv_retry_rides_out_a_paused_server():
     """A KV read while the server is paused (SIGSTOP, as during a leader election or a
     long GC) succeeds once it is back, within the deadline; past the deadline it fails
     with a hookbus timeout, not a raw nats-py error."""
-    from hookbus.dispatcher._kv import kv_retry, open_bucket  # new: absent from old trees
+    from hookbus._core.kv import kv_retry, open_bucket  # new: absent from old trees
 
     with EmbeddedNatsServer() as server:
         nc = await nats.connect(server.url, max_reconnect_attempts=-1)

@@ -28,8 +28,8 @@ import pytest
 from _payloads import Budget, Grant
 from nats.aio.client import Client as NATS
 
+from hookbus._core.kv import stream_sequence
 from hookbus.dispatcher import Suspensions
-from hookbus.dispatcher._kv import stream_sequence
 from hookbus.schemas import (
     SUSPENSIONS_BUCKET,
     DuplicateSuspensionError,

@@ -28,7 +28,7 @@ from hookbus.schemas import (
     encode,
     handler_subject,
 )
-from hookbus.schemas import _telemetry_names as tn
+from hookbus.schemas import telemetry as tn
 from hookbus.workers import HookWorker
 
 pytestmark = pytest.mark.anyio

@@ -38,7 +38,7 @@ from hookbus.schemas import (
     encode,
     handler_subject,
 )
-from hookbus.schemas import _telemetry_names as tn
+from hookbus.schemas import telemetry as tn
 
 pytestmark = pytest.mark.anyio
 

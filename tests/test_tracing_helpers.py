@@ -29,7 +29,7 @@ from hookbus.dispatcher import HookDispatcher
 from hookbus.dispatcher._calls import Failed
 from hookbus.dispatcher._telemetry import record_call_span, start_call_span, trace_headers
 from hookbus.schemas import EventEnvelope, HookReply, HookResult, decode, encode
-from hookbus.schemas import _telemetry_names as tn
+from hookbus.schemas import telemetry as tn
 from hookbus.workers import HookWorker
 from hookbus.workers._telemetry import handling_span
 

@@ -27,7 +27,7 @@ from opentelemetry.trace import SpanKind
 
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import HookResult, collect_subject, handler_subject
-from hookbus.schemas import _telemetry_names as tn
+from hookbus.schemas import telemetry as tn
 from hookbus.workers import HookWorker
 
 pytestmark = pytest.mark.anyio

@@ -33,9 +33,7 @@ from hookbus._core.buckets import (
     leases_bucket_config,
     suspensions_bucket_config,
 )
-from hookbus.schemas import decisions_stream_config
-from hookbus.schemas._contract import schema_definitions
-from hookbus.schemas._subjects import (
+from hookbus.schemas import (
     DISPATCHER_QUEUE_GROUP,
     DISPATCHER_SERVICE_NAME,
     GRANT_NONE,
@@ -50,6 +48,7 @@ from hookbus.schemas._subjects import (
     chain_subject,
     collect_service_subject,
     collect_subject,
+    decisions_stream_config,
     decisions_subject,
     emit_service_subject,
     grant_key,
@@ -58,6 +57,7 @@ from hookbus.schemas._subjects import (
     handler_subject,
     lease_key,
     required_key,
+    schema_definitions,
     suspension_event_subject,
     suspension_key,
 )

@@ -71,8 +71,7 @@ from hookbus.cli._permissions import (
     permission_table,
     permissions_for,
 )
-from hookbus.schemas import BadRequestError, encode_token
-from hookbus.schemas._subjects import is_js_domain_name
+from hookbus.schemas import BadRequestError, encode_token, is_js_domain_name
 
 __all__ = [
     "AUTH_CONF",

@@ -31,7 +31,7 @@ from nats.aio.client import Client as NATS
 from opentelemetry import trace
 
 from hookbus._core.nats_guard import harden_connection
-from hookbus.integrations._emit import Emit
+from hookbus.integrations import Emit
 from hookbus.integrations.claude_code import (
     DEFAULT_TIMEOUT_S,
     EVENTS,

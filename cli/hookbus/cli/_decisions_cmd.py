@@ -27,8 +27,8 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from rich.console import Console
 from rich.table import Table
 
-from hookbus.dispatcher._consumers import open_consumer
-from hookbus.dispatcher._kv import release_consumer
+from hookbus._core.consumers import open_consumer
+from hookbus._core.kv import release_consumer
 from hookbus.schemas import (
     DECISIONS_DEFAULT_MAX_AGE_S,
     DECISIONS_DEFAULT_MAX_BYTES,

@@ -37,7 +37,7 @@ from rich.console import Console
 from rich.text import Text
 from rich.tree import Tree
 
-from hookbus.schemas import _telemetry_names as tn
+from hookbus.schemas import telemetry as tn
 
 from ._extras import MissingExtraError
 from ._trace_context import otlp_option

@@ -54,8 +54,7 @@ from dataclasses import dataclass, replace
 from typing import Final, Literal
 
 from hookbus._core.consumer_slots import slot_names
-from hookbus.schemas import BadRequestError, handler_set_id
-from hookbus.schemas._subjects import (
+from hookbus.schemas import (
     APPROVALS_BUCKET,
     CHAIN_WILDCARD,
     COLLECT_SERVICE_WILDCARD,
@@ -72,7 +71,9 @@ from hookbus.schemas._subjects import (
     SUSPENSION_EVENTS_WILDCARD,
     SUSPENSIONS_BUCKET,
     WORKER_SERVICE_NAME,
+    BadRequestError,
     encode_token,
+    handler_set_id,
     is_js_domain_name,
 )
 

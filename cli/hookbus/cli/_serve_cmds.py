@@ -23,8 +23,8 @@ from nats.aio.client import Client as NATS
 from nats.js.api import KeyValueConfig
 
 from hookbus._core.buckets import handlers_bucket_config
+from hookbus._core.kv import open_bucket
 from hookbus.dispatcher import DispatcherService, HookDispatcher
-from hookbus.dispatcher._kv import open_bucket
 from hookbus.schemas import (
     COLLECT_SERVICE_WILDCARD,
     DISPATCHER_QUEUE_GROUP,

@@ -16,7 +16,7 @@ from typing import Any
 from nats.aio.client import Client as NATS
 from opentelemetry import propagate
 
-from hookbus.integrations._emit import Emit
+from hookbus.integrations import Emit
 from hookbus.schemas import (
     BadRequestError,
     EmitReply,

@@ -54,7 +54,7 @@ from rich.table import Table
 from hookbus.cli._command_support import ConnectionSettings, connect, load_object
 from hookbus.cli._service_emit import service_emit
 from hookbus.dispatcher import HookDispatcher, Suspensions
-from hookbus.integrations._emit import Emit
+from hookbus.integrations import Emit
 from hookbus.schemas import (
     SUSPENSIONS_BUCKET,
     TOOL_PRE,

@@ -40,7 +40,7 @@ from hookbus.integrations.aos import MESSAGE_ROLE_EVENTS, METHOD_EVENTS, answer
 from hookbus.schemas import HookResult
 
 if TYPE_CHECKING:
-    from hookbus.integrations._emit import Emit
+    from hookbus.integrations import Emit
 
     from ._common import AgentScript, Step
 

@@ -49,6 +49,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hookbus._core.buckets import handlers_bucket_config
+from hookbus._core.consumers import watch_keys
 from hookbus.cli._command_support import (
     ConnectionSettings,
     connect,
@@ -59,8 +60,7 @@ from hookbus.cli._otel import otel_session, print_denied_trace
 from hookbus.cli._serve_cmds import run_async
 from hookbus.cli._service_emit import service_emit
 from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, DispatcherService, HookDispatcher
-from hookbus.dispatcher._consumers import watch_keys
-from hookbus.integrations._emit import Emit
+from hookbus.integrations import Emit
 from hookbus.schemas import (
     HandlerDeclaration,
     HookbusError,

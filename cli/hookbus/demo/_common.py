@@ -19,8 +19,8 @@ import anyio.abc
 import click
 import msgspec
 
-from hookbus.cli._command_support import ConnectionSettings
-from hookbus.integrations._emit import Emit
+from hookbus.cli import ConnectionSettings
+from hookbus.integrations import Emit
 from hookbus.schemas import Action, HookResult
 
 TRANSCRIPT_FILE = "transcript.json"

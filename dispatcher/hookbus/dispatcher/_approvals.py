@@ -99,6 +99,8 @@ from nats.js.kv import KeyValue
 
 from hookbus._core.buckets import approvals_bucket_config
 from hookbus._core.jetstream import bind_key_value, caller_deadline, time_left
+from hookbus._core.kv import kv_retry, open_bucket
+from hookbus._core.tasks import stop_task
 from hookbus.schemas import (
     APPROVAL_DEFAULT_OPTIONS,
     APPROVALS_BUCKET,
@@ -119,16 +121,14 @@ from hookbus.schemas import (
     decode,
     encode,
 )
-from hookbus.schemas import _telemetry_names as tn
+from hookbus.schemas import telemetry as tn
 
 from ._grants import Grants
-from ._kv import kv_retry, open_bucket
 from ._pending_quota import PendingQuota
 from ._proofs import first_proof, write_proof
 from ._records import RecordStore
 from ._suspension_events import publish
 from ._suspensions import Suspensions
-from ._tasks import stop_task
 
 __all__ = [
     "APPROVAL_LABEL_PREFIX",

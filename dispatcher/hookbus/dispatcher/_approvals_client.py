@@ -15,6 +15,7 @@ import dataclasses
 from nats.aio.client import Client as NATS
 
 from hookbus._core.buckets import approvals_bucket_config
+from hookbus._core.kv import open_bucket
 from hookbus.schemas import (
     ApprovalAnswer,
     ApprovalGrant,
@@ -27,7 +28,6 @@ from hookbus.schemas import (
 )
 
 from ._approvals import APPROVAL_LABEL_PREFIX, Approvals
-from ._kv import open_bucket
 from ._records import SuspensionPage
 from ._suspension_events import HookEventStream
 from ._suspensions import Suspensions

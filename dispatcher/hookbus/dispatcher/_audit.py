@@ -44,6 +44,7 @@ from opentelemetry import metrics, trace
 
 from hookbus._core.buckets import bucket_placement, stream_config_differences
 from hookbus._core.jetstream import jetstream_context
+from hookbus._core.kv import is_transient
 from hookbus.schemas import (
     DECISIONS_DEFAULT_MAX_AGE_S,
     DECISIONS_DEFAULT_MAX_BYTES,
@@ -56,9 +57,7 @@ from hookbus.schemas import (
     decisions_subject,
     encode,
 )
-from hookbus.schemas import _telemetry_names as tn
-
-from ._kv import is_transient
+from hookbus.schemas import telemetry as tn
 
 __all__ = ["DecisionLog", "current_trace_id", "ensure_decisions_stream"]
 

@@ -16,6 +16,8 @@ import logging
 import nats.js.errors
 from nats.js.kv import KeyValue
 
+from hookbus._core.consumers import watch_keys
+from hookbus._core.kv import kv_retry, release_consumer
 from hookbus.schemas import (
     ApprovalGrant,
     HookbusError,
@@ -24,9 +26,6 @@ from hookbus.schemas import (
     grant_key,
     parse_grant_key,
 )
-
-from ._consumers import watch_keys
-from ._kv import kv_retry, release_consumer
 
 __all__ = ["Grants", "is_grant_key"]
 

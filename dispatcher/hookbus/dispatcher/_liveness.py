@@ -20,6 +20,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from hookbus._core.jetstream import jetstream_context
+from hookbus._core.kv import kv_retry
 from hookbus.schemas import (
     HANDLERS_BUCKET,
     WORKER_SERVICE_NAME,
@@ -29,7 +30,6 @@ from hookbus.schemas import (
     parse_served_handlers,
 )
 
-from ._kv import kv_retry
 from ._registry_watch import RegistryRead, read_registry
 
 __all__ = ["HandlerStatus", "LiveReplica", "RegistryView", "describe_handlers", "live_handlers"]

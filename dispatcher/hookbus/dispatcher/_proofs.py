@@ -17,9 +17,8 @@ import nats.js.errors
 from nats.js.api import DeliverPolicy
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
+from hookbus._core.kv import is_transient, kv_retry, release_consumer, subscribe_keys
 from hookbus.schemas import AlreadySettledError, ApprovalAnswer, decode, encode
-
-from ._kv import is_transient, kv_retry, release_consumer, subscribe_keys
 
 __all__ = ["first_proof", "read_proofs", "write_proof"]
 

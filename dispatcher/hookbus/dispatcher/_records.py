@@ -57,6 +57,7 @@ from tenacity import (
 )
 
 from hookbus._core.jetstream import time_left
+from hookbus._core.kv import is_transient, kv_retry, release_consumer, subscribe_keys
 from hookbus.schemas import (
     SUSPENSION_MAX_BYTES,
     BadRequestError,
@@ -71,8 +72,6 @@ from hookbus.schemas import (
     label_from_key,
     suspension_key,
 )
-
-from ._kv import is_transient, kv_retry, release_consumer, subscribe_keys
 
 __all__ = [
     "Entry", "IfDeleted", "RecordStore", "SuspensionPage", "is_record_key", "parse_record",

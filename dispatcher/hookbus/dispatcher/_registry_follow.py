@@ -50,7 +50,9 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
+from hookbus._core.kv import kv_retry
 from hookbus._core.nats_guard import harden_connection
+from hookbus._core.tasks import stop_task
 from hookbus.schemas import (
     REGISTRY_CHANGES_WILDCARD,
     HookbusError,
@@ -58,10 +60,8 @@ from hookbus.schemas import (
     NotPermittedError,
 )
 
-from ._kv import kv_retry
 from ._registry_watch import DELETE_OPS, RegistryRead, apply_entry, classify
 from ._route_table import RoutingTable
-from ._tasks import stop_task
 
 __all__ = ["SCAN_BATCH", "RegistryFollower", "scan_bucket"]
 

@@ -44,7 +44,10 @@ from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
 
 from hookbus._core.buckets import handlers_bucket_config
+from hookbus._core.consumers import watch_keys
 from hookbus._core.declarations import check_declaration, check_required
+from hookbus._core.kv import is_transient, kv_retry, open_bucket, release_consumer
+from hookbus._core.tasks import stop_task
 from hookbus.schemas import (
     BadRequestError,
     FailurePolicy,
@@ -57,10 +60,7 @@ from hookbus.schemas import (
     required_key,
 )
 
-from ._consumers import watch_keys
-from ._kv import is_transient, kv_retry, open_bucket, release_consumer
 from ._route_table import RoutingTable
-from ._tasks import stop_task
 
 __all__ = [
     "RegistryRead",

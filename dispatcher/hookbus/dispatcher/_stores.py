@@ -8,6 +8,7 @@ from typing import Any
 
 from nats.aio.client import Client as NATS
 
+from hookbus._core.kv import ensure_buckets
 from hookbus.schemas import NotConnectedError
 
 from ._approvals import MAX_APPROVAL_TIMEOUT_S, Approvals
@@ -15,7 +16,6 @@ from ._approvals_client import ApprovalsClient
 from ._audit import DecisionLog
 from ._call_router import Router
 from ._emitter import Emitter
-from ._kv import ensure_buckets
 from ._suspensions import PendingHook, Suspensions
 
 __all__ = ["Stores"]

@@ -49,7 +49,9 @@ from nats.js.kv import KeyValue
 
 from hookbus._core.buckets import suspensions_bucket_config
 from hookbus._core.jetstream import caller_deadline, time_left
+from hookbus._core.kv import kv_retry, open_bucket
 from hookbus._core.nats_guard import harden_connection
+from hookbus._core.tasks import stop_task
 from hookbus.schemas import (
     AlreadySettledError,
     DuplicateSuspensionError,
@@ -66,7 +68,6 @@ from hookbus.schemas import (
 )
 
 from ._deliveries import Deliveries
-from ._kv import kv_retry, open_bucket
 from ._records import Entry, RecordStore, SuspensionPage
 from ._run_scopes import RunScope, cleanup, current_run_scope, note_label
 from ._suspension_events import (
@@ -79,7 +80,6 @@ from ._suspension_events import (
     settled,
     to_json_value,
 )
-from ._tasks import stop_task
 from ._telemetry import SuspensionSpan, suspension_span
 from ._waiter import Leases, SharedWatch, Slot
 

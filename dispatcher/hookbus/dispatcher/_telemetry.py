@@ -22,7 +22,7 @@ Costs:
   of 3 makes three spans (the emit, its one send, the worker's one handling), see
   ``benchmarks/tracing.py`` (``bench_span_floor``).
 
-Spans (names and attributes in `hookbus.schemas._telemetry_names`, and here): one
+Spans (names and attributes in `hookbus.schemas.telemetry`, and here): one
 ``send`` span per message that went over the wire, named as OpenTelemetry messaging
 recommends, ``{operation} {destination}``, with a short, low-cardinality destination (the
 event and handler the subject encodes, readable: ``send tool:pre guard``); the whole
@@ -83,7 +83,7 @@ from hookbus.schemas import (
     decode,
     event_from_service_subject,
 )
-from hookbus.schemas import _telemetry_names as tn
+from hookbus.schemas import telemetry as tn
 
 from ._calls import Failed, Outcome
 from ._route_table import Route

@@ -27,7 +27,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from hookbus._core.otel_providers import ProviderSlots
-from hookbus.schemas import _telemetry_names as tn
+from hookbus.schemas import telemetry as tn
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Counter, Histogram, UpDownCounter

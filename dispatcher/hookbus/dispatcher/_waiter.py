@@ -40,13 +40,7 @@ from nats.js.api import DeliverPolicy
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
 from hookbus._core.buckets import leases_bucket_config
-from hookbus.schemas import (
-    HookbusTimeoutError,
-    SuspensionRecord,
-    lease_key,
-)
-
-from ._kv import (
+from hookbus._core.kv import (
     is_transient,
     kv_retry,
     open_bucket,
@@ -54,8 +48,14 @@ from ._kv import (
     stream_sequence,
     subscribe_keys,
 )
+from hookbus._core.tasks import stop_task
+from hookbus.schemas import (
+    HookbusTimeoutError,
+    SuspensionRecord,
+    lease_key,
+)
+
 from ._records import Entry, RecordStore, is_record_key, parse_record
-from ._tasks import stop_task
 
 __all__ = ["RECENT_KEYS", "Leases", "SharedWatch", "Slot"]
 

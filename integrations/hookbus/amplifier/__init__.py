@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import ContextInjection, HookResult
-from hookbus.schemas._events import *  # noqa: F403  (amplifier-core's event constants)
-from hookbus.schemas._events import __all__ as _event_names
+from hookbus.schemas.events import *  # noqa: F403  (amplifier-core's event constants)
+from hookbus.schemas.events import __all__ as _event_names
 
 HookRegistry = HookDispatcher
 """amplifier-core's `amplifier_core.hooks.HookRegistry`."""

@@ -185,12 +185,12 @@ from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 from nats.js.errors import KeyNotFoundError
 
+from hookbus._core.kv import kv_retry
+from hookbus._core.tasks import stop_task
 from hookbus.dispatcher import AnswerNotAppliedError, HookDispatcher, Suspensions
-from hookbus.dispatcher._kv import kv_retry
 from hookbus.dispatcher._proofs import first_proof, write_proof
 from hookbus.dispatcher._run_scopes import current_run_scope
 from hookbus.dispatcher._suspension_events import payload_schema
-from hookbus.dispatcher._tasks import stop_task
 from hookbus.dispatcher._telemetry import created_by, creating_traceparent, run_span
 from hookbus.dispatcher._waiter import Leases
 from hookbus.schemas import (
@@ -212,9 +212,9 @@ from hookbus.schemas import (
     SuspensionTimeoutError,
     approval_answer_key,
     decode,
+    run_claim_key,
 )
-from hookbus.schemas import _telemetry_names as tn
-from hookbus.schemas._subjects import run_claim_key
+from hookbus.schemas import telemetry as tn
 
 from ._emit import (
     Injection,

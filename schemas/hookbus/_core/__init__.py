@@ -4,8 +4,10 @@ Not the wire contract (that is `hookbus.schemas`, which this package builds on a
 never imports it): handler options and the fold's stop rule, validation of registry
 records, a handler's JSON copy of the data, reply inboxes, JetStream bucket configs and
 config comparisons, opening a bucket and retrying idempotent JetStream calls through a
-leader election, the nats-py client's guards, consumer-slot naming, rate-limited logging
-and OpenTelemetry provider caching. It ships with `hookbus.schemas` and sits below
-`hookbus.workers` and `hookbus.dispatcher` (which never import each other); the CLI and the
-integrations may use it too. No public API: every name here may change in any release.
+leader election, KV reads and key subscriptions (`kv`), JetStream consumers held in an
+identity's slots (`consumers`), stopping a background task (`tasks`), the nats-py client's
+guards, consumer-slot naming, rate-limited logging and OpenTelemetry provider caching. It
+ships with `hookbus.schemas` and sits below `hookbus.workers` and `hookbus.dispatcher`
+(which never import each other); the CLI and the integrations may use it too. No public
+API: every name here may change in any release.
 """

@@ -48,8 +48,8 @@ from hookbus.schemas import (
     HookbusTimeoutError,
     JetStreamDomainError,
     NotPermittedError,
+    is_js_domain_name,
 )
-from hookbus.schemas._subjects import is_js_domain_name
 
 from .buckets import config_differences, placement_text
 from .nats_guard import bucket_refusal, harden_connection

@@ -33,8 +33,6 @@ from ._errors import (
     UnknownEventError,
     WireFormatError,
 )
-from ._events import *  # noqa: F403  (the standard event constants)
-from ._events import __all__ as _event_names
 from ._jsonsafe import json_safe
 from ._subjects import (
     APPROVALS_BUCKET,
@@ -46,6 +44,7 @@ from ._subjects import (
     DISPATCHER_SERVICE_NAME,
     EMIT_SERVICE_WILDCARD,
     GRANT_NONE,
+    HANDLER_SUBJECT_PREFIX,
     HANDLERS_BUCKET,
     LEASES_BUCKET,
     NO_AGENT,
@@ -53,6 +52,7 @@ from ._subjects import (
     REQUIRED_KEY_PREFIX,
     SUBJECT_PREFIX,
     SUSPENSION_EVENTS_WILDCARD,
+    SUSPENSION_SUBJECT_PREFIX,
     SUSPENSIONS_BUCKET,
     WORKER_SERVICE_NAME,
     agent_from_service_subject,
@@ -75,6 +75,7 @@ from ._subjects import (
     handler_queue_group,
     handler_subject,
     is_answer_key,
+    is_js_domain_name,
     label_from_key,
     lease_key,
     parse_grant_key,
@@ -83,6 +84,7 @@ from ._subjects import (
     parse_served_handlers,
     parse_suspension_key,
     required_key,
+    run_claim_key,
     suspension_event_subject,
     suspension_events_subject,
     suspension_key,
@@ -117,9 +119,11 @@ from ._types import (
     RequiredHandler,
     WireError,
 )
+from .events import *  # noqa: F403  (the standard event constants)
+from .events import __all__ as _event_names
 
 if TYPE_CHECKING:  # loaded on first use: see __getattr__
-    from ._contract import json_schemas
+    from ._contract import json_schemas, schema_definitions
 
 __all__ = [
     "CHAIN_WILDCARD",
@@ -235,6 +239,12 @@ __all__ = [
     "handler_subject",
     "json_safe",
     "json_schemas",
+    "schema_definitions",
+    # the subject and key forms the CLI's permissions and the integrations build on
+    "HANDLER_SUBJECT_PREFIX",
+    "SUSPENSION_SUBJECT_PREFIX",
+    "is_js_domain_name",
+    "run_claim_key",
     "parse_handler_key",
     "to_builtins",
     "validate_name",
@@ -242,10 +252,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """`json_schemas` loads on first use: a process that only sends messages (the Claude
-    Code hook path) never pays for the generator."""
-    if name == "json_schemas":
-        from ._contract import json_schemas
+    """`json_schemas` and `schema_definitions` load on first use: a process that only
+    sends messages (the Claude Code hook path) never pays for the generator."""
+    if name in ("json_schemas", "schema_definitions"):
+        from . import _contract
 
-        return json_schemas
+        return getattr(_contract, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,7 +20,7 @@ its attributes in one call when it ends. With the API's default propagator (W3C 
 context and baggage), a ``traceparent`` without baggage is read here directly, and the
 handlers of one request share one reading. A span is finished (attributes, ``end``) once the
 reply is written (`_after_reply`): the dispatcher does not wait for the SDK's work. Names in
-`hookbus.schemas._telemetry_names`.
+`hookbus.schemas.telemetry`.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from opentelemetry.trace.span import TraceState
 
 from hookbus._core.otel_providers import default_textmap
 from hookbus.schemas import EventEnvelope, HandlerDeclaration, HookReply, handler_subject
-from hookbus.schemas import _telemetry_names as tn
+from hookbus.schemas import telemetry as tn
 
 from ._telemetry_core import otel
 

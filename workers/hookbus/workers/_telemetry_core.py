@@ -13,7 +13,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from hookbus._core.otel_providers import ProviderSlots
-from hookbus.schemas import _telemetry_names as tn
+from hookbus.schemas import telemetry as tn
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Histogram, Meter

@@ -13,9 +13,9 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
+from hookbus._core.consumers import open_consumer
+from hookbus._core.kv import release_consumer
 from hookbus.dispatcher import HandlerStatus, RegistryView
-from hookbus.dispatcher._consumers import open_consumer
-from hookbus.dispatcher._kv import release_consumer
 from hookbus.schemas import (
     APPROVAL_DEFAULT_OPTIONS,
     DECISIONS_STREAM,

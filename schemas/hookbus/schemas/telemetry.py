@@ -1,5 +1,8 @@
 """Names of every OpenTelemetry span, attribute, event and instrument hookbus records.
 
+Public: dashboards, alerts and tests query by these (``from hookbus.schemas import
+telemetry``); a rename is a breaking change, written in the changelog.
+
 Strings only, and `chain_destination` composing one (no OpenTelemetry import): the
 dispatcher and the workers trace with these, tests and dashboards query by them. Messaging
 names follow the OpenTelemetry messaging semantic conventions (span name ``{operation}

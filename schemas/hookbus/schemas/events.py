@@ -2,7 +2,9 @@
 
 Source: amplifier-core 2.0.2, `amplifier_core.events` (the constants and ``ALL_EVENTS``)
 and `amplifier_core.hooks.HookRegistry` (the eight it carries as class attributes).
-hookbus adds no event names of its own; any other name is a custom event.
+hookbus adds no event names of its own; any other name is a custom event. Every name here
+is also exported by `hookbus.schemas` (and `hookbus.amplifier`, as amplifier-core's
+`HookRegistry` module exports them).
 """
 
 from __future__ import annotations

@@ -24,9 +24,8 @@ from hookbus._core.buckets import (
     handlers_bucket_config,
     suspensions_bucket_config,
 )
+from hookbus._core.consumers import SlotConsumer, open_consumer
 from hookbus._core.jetstream import is_transient
-
-from ._consumers import SlotConsumer, open_consumer
 
 __all__ = [
     "ensure_buckets",
