@@ -5,7 +5,8 @@ never imports it): handler options and the fold's stop rule, validation of regis
 records, a handler's JSON copy of the data, reply inboxes, JetStream bucket configs and
 config comparisons, opening a bucket and retrying idempotent JetStream calls through a
 leader election, the nats-py client's guards, consumer-slot naming, rate-limited logging
-and OpenTelemetry provider caching. It ships with `hookbus.schemas` and sits below
-`hookbus.workers` and `hookbus.dispatcher` (which never import each other); the CLI and the
-integrations may use it too. No public API: every name here may change in any release.
+and OpenTelemetry provider caching. It sits on `hookbus.schemas` (the only package of ours
+it imports) and below `hookbus.workers` and `hookbus.dispatcher` (which never import each
+other); the packages above them may use it too. No public API: every name here may change
+in any release.
 """
