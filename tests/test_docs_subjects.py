@@ -25,7 +25,11 @@ from hookbus.schemas import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ["schemas", "dispatcher", "workers", "cli", "integrations", "deploy", "examples", "docs"]
+# the nine package folders (tests/test_layout.py's PORTIONS), then the rest
+SOURCES = [
+    "schemas", "core", "workers", "dispatcher", "integrations", "amplifier", "testing", "cli",
+    "demo", "deploy", "examples", "docs",
+]  # fmt: skip
 SUFFIXES = {".py", ".md", ".yaml", ".yml", ".json", ".conf", ".html", ".js", ".ts"}
 LEFT_OUT = {ROOT / "docs" / "names.md"}
 

@@ -1,13 +1,17 @@
 """The package layout contract: namespace portions, the dependency direction, the public API.
 
-- `schemas/`, `workers/`, `dispatcher/`, `cli/`, `integrations/` are portions of the
-  `hookbus` namespace package: none has a ``hookbus/__init__.py``.
-- Direction: schemas at the bottom (no I/O, imports nothing of ours), workers
-  and dispatcher import schemas and never each other; the framework integrations sit on
-  the dispatcher and nothing of ours imports them (as does the test kit `hookbus.testing`, in
-  the integrations portion: it imports workers and dispatcher both); the CLI sits on top,
-  and the demo application `hookbus.demo` (in the CLI's portion, outside `hookbus.cli`) on
-  the CLI: the CLI loads it only inside its demo entries, nothing else of ours imports it.
+- A folder per package, named for what it holds: `schemas/` (`hookbus.schemas`), `core/`
+  (the private kernel `hookbus._core`), `workers/`, `dispatcher/`, `integrations/`,
+  `amplifier/` (the amplifier-core drop-in), `testing/` (the test kit), `cli/` and `demo/`
+  (the demo application) are portions of the `hookbus` namespace package: each holds
+  ``hookbus/<its package>`` and nothing beside it, none has a ``hookbus/__init__.py``, and
+  these are the folders the wheel and the editable install take (``pyproject.toml``).
+- Direction: schemas at the bottom (no I/O, imports nothing of ours); the kernel on schemas
+  alone, imported only by the packages above it; workers and dispatcher import schemas and
+  the kernel and never each other; the framework integrations and the amplifier drop-in sit
+  on the dispatcher, the test kit on workers and dispatcher both, and nothing of ours
+  imports any of them (nor they each other); the CLI sits on top, and the demo application
+  on the CLI: the CLI loads it only inside its demo entries, nothing else of ours imports it.
 - No import cycle among hookbus modules, imports inside functions included.
 - The public exports (`__all__`) of each part are pinned, and each name resolves.
 """
@@ -18,6 +22,7 @@ import ast
 import collections
 import importlib
 import inspect
+import tomllib
 import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,18 +30,40 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PORTIONS = ("schemas", "workers", "dispatcher", "cli", "integrations")
+PORTIONS: dict[str, str] = {
+    "schemas": "hookbus.schemas",
+    "core": "hookbus._core",
+    "workers": "hookbus.workers",
+    "dispatcher": "hookbus.dispatcher",
+    "integrations": "hookbus.integrations",
+    "amplifier": "hookbus.amplifier",
+    "testing": "hookbus.testing",
+    "cli": "hookbus.cli",
+    "demo": "hookbus.demo",
+}
+"""Each folder of the repository that is a portion of the `hookbus` namespace: the one
+package it holds."""
+
+_LIBRARY = {"hookbus.schemas", "hookbus._core", "hookbus.workers", "hookbus.dispatcher"}
+
+MAY_IMPORT: dict[str, set[str]] = {
+    "schemas": set(),
+    "core": {"hookbus.schemas"},
+    "workers": {"hookbus.schemas", "hookbus._core"},
+    "dispatcher": {"hookbus.schemas", "hookbus._core"},
+    "integrations": _LIBRARY,
+    "amplifier": _LIBRARY,
+    "testing": _LIBRARY,
+    "cli": _LIBRARY | {"hookbus.integrations", "hookbus.demo"},  # the demo: in its entries only
+    "demo": _LIBRARY | {"hookbus.integrations", "hookbus.cli"},
+}
+"""Per portion (folder), the other hookbus packages its modules may import."""
 
 FORBIDDEN: dict[str, set[str]] = {
-    "schemas": {
-        "hookbus.workers", "hookbus.dispatcher", "hookbus.cli", "hookbus.integrations",
-        "hookbus.demo",
-    },
-    "workers": {"hookbus.dispatcher", "hookbus.cli", "hookbus.integrations", "hookbus.demo"},
-    "dispatcher": {"hookbus.workers", "hookbus.cli", "hookbus.integrations", "hookbus.demo"},
-    "integrations": {"hookbus.cli", "hookbus.demo"},
-}  # fmt: skip
-"""Per portion, the hookbus packages its modules may not import."""
+    folder: set(PORTIONS.values()) - MAY_IMPORT[folder] - {package}
+    for folder, package in PORTIONS.items()
+}
+"""Per portion (folder), the hookbus packages its modules may not import: every other one."""
 
 SCHEMAS_NO_IO = {
     "asyncio", "anyio", "socket", "subprocess", "nats.aio", "nats.js.client", "nats.js.kv",
@@ -106,10 +133,8 @@ def test_dependency_direction(portion: str) -> None:
 
 
 def test_schemas_does_no_io() -> None:
-    """The wire contract (`hookbus.schemas`) does no I/O and never imports the machinery
-    beside it in its portion (`hookbus._core`, which may)."""
-    found = _violations("schemas", SCHEMAS_NO_IO | {"hookbus._core"})
-    assert [v for v in found if v.startswith("schemas/hookbus/schemas/")] == []
+    """The wire contract (`hookbus.schemas`) does no I/O (the kernel above it may)."""
+    assert _violations("schemas", SCHEMAS_NO_IO) == []
 
 
 def test_the_checker_sees_violations(tmp_path: Path) -> None:
@@ -168,8 +193,8 @@ def test_the_cli_loads_the_demo_only_in_its_demo_entries() -> None:
             at_import = _module_level_imports(path)
             assert not any(t == "hookbus.demo" or t.startswith("hookbus.demo.") for t in at_import)
     assert users == DEMO_ENTRIES
-    for path in sorted((ROOT / "cli" / "hookbus" / "demo").rglob("*.py")):
-        imported = {t for _, t in _imports(ROOT, "cli", path)}
+    for path in _py_files(ROOT, "demo"):
+        imported = {t for _, t in _imports(ROOT, "demo", path)}
         assert not any(t.startswith("hookbus.cli._command_tree") for t in imported)
 
 
@@ -260,11 +285,33 @@ def test_the_cycle_check_sees_cycles(tmp_path: Path) -> None:
     ]
 
 
-@pytest.mark.parametrize("portion", PORTIONS)
-def test_no_hookbus_init(portion: str) -> None:
-    assert (ROOT / portion / "hookbus").is_dir()
-    assert not (ROOT / portion / "hookbus" / "__init__.py").exists()
-    assert (ROOT / portion / "hookbus" / portion / "__init__.py").is_file()
+def _entries(folder: Path) -> set[str]:
+    """The names in `folder`, less ``__pycache__`` (and the files git ignores beside it)."""
+    return {p.name for p in folder.iterdir() if p.name != "__pycache__"}
+
+
+@pytest.mark.parametrize("folder", PORTIONS)
+def test_a_folder_holds_one_package_and_no_hookbus_init(folder: str) -> None:
+    """``<folder>/hookbus/<package>/__init__.py`` and nothing beside it: the folder's name
+    says which package it holds, and no other package hides in it."""
+    package = PORTIONS[folder].removeprefix("hookbus.")
+    assert _entries(ROOT / folder) == {"hookbus"}
+    assert _entries(ROOT / folder / "hookbus") == {package}
+    assert not (ROOT / folder / "hookbus" / "__init__.py").exists()
+    assert (ROOT / folder / "hookbus" / package / "__init__.py").is_file()
+
+
+def test_every_package_folder_is_a_portion_the_build_takes() -> None:
+    """Every folder of the repository holding ``hookbus/`` is in `PORTIONS`, and each is what
+    the wheel takes (``only-include`` and ``sources``) and what the editable install puts on
+    the path (``dev-mode-dirs``)."""
+    folders = {p.parent.name for p in ROOT.glob("*/hookbus") if p.is_dir()}
+    assert folders == set(PORTIONS)
+    hatch = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]
+    wheel = hatch["build"]["targets"]["wheel"]
+    assert set(wheel["only-include"]) == {f"{f}/hookbus" for f in PORTIONS} | {"examples"}
+    assert wheel["sources"] == {**dict.fromkeys(PORTIONS, ""), "examples": "hookbus/cli/examples"}
+    assert sorted(hatch["build"]["dev-mode-dirs"]) == sorted(PORTIONS)
 
 
 def test_hookbus_is_a_namespace_package() -> None:
@@ -273,6 +320,9 @@ def test_hookbus_is_a_namespace_package() -> None:
     assert getattr(hookbus, "__file__", None) is None
     paths = {Path(p).resolve() for p in hookbus.__path__}
     assert {(ROOT / p / "hookbus").resolve() for p in PORTIONS} <= paths
+    for folder, package in PORTIONS.items():  # each package is imported from its own folder
+        module = importlib.import_module(package)
+        assert Path(module.__file__ or "").resolve().is_relative_to(ROOT / folder), package
 
 
 EVENT_CONSTANTS = [
@@ -497,7 +547,7 @@ PUBLIC_API: dict[str, set[str]] = {
     },
     # the shape of an emit every door and integration takes (HookDispatcher.emit's)
     "hookbus.integrations": {"Emit"},
-    # the demo application (cli/hookbus/demo: the CLI's demo entries load it)
+    # the demo application (demo/hookbus/demo: the CLI's demo entries load it)
     "hookbus.demo": {
         "demo_identities",
         "demo_main",
@@ -506,7 +556,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "run",
         "secure_credentials",
     },
-    # the test kit (integrations/hookbus/testing.py: it imports workers and dispatcher)
+    # the test kit (testing/hookbus/testing: it imports workers and dispatcher)
     "hookbus.testing": {"WorkerTestKit"},
     # amplifier-core's `amplifier_core.events`, as a module of its own
     "hookbus.schemas.events": {*EVENT_CONSTANTS, "STANDARD_EVENTS", "StandardEvents"},

@@ -35,6 +35,11 @@ from _lock import pip_constraints
 ROOT = Path(__file__).resolve().parents[1]
 INSTALL_TIMEOUT_S = 240
 RUN_TIMEOUT_S = 60
+PACKAGES = ("schemas", "_core", "workers", "dispatcher", "integrations", "amplifier", "testing",
+            "cli", "demo")  # fmt: skip
+"""The `hookbus` namespace's packages, one per folder of the repository (tests/test_layout.py)."""
+TYPED = ("schemas", "workers", "dispatcher", "integrations", "amplifier", "testing", "cli")
+"""The packages that carry a ``py.typed`` marker (PEP 561)."""
 
 EXTRAS_PACKAGES = {
     "click": "cli",
@@ -165,8 +170,10 @@ def test_the_wheel_carries_the_portions_and_the_demo_examples(wheel: Path) -> No
             for line in zf.read(metadata).decode().splitlines()
             if line.startswith("Requires-Dist:")
         ]
-    for portion in ("schemas", "workers", "dispatcher", "cli", "integrations"):
-        assert f"hookbus/{portion}/__init__.py" in names, portion
+    for package in PACKAGES:
+        assert f"hookbus/{package}/__init__.py" in names, package
+    for package in TYPED:
+        assert f"hookbus/{package}/py.typed" in names, package
     assert "hookbus/__init__.py" not in names  # a namespace package
     transcript = json.loads((ROOT / "examples" / "transcript.json").read_text())
     workers = [w["file"] for w in transcript["workers"]]
@@ -188,7 +195,8 @@ def test_the_core_install_is_the_library_alone(core_venv: Path, elsewhere: Path)
     assert not extras, f"installed without their extra: {extras}"
     imported = _run(
         [str(core_venv / "bin" / "python"), "-c",
-         "import hookbus.schemas, hookbus.workers, hookbus.dispatcher, hookbus.cli; "
+         "import hookbus.schemas, hookbus.workers, hookbus.dispatcher, hookbus.testing, "
+         "hookbus.amplifier, hookbus.cli; "
          "print(hookbus.dispatcher.__file__)"],
         cwd=elsewhere, env=_clean_env(core_venv),
     )  # fmt: skip

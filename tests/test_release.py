@@ -6,6 +6,8 @@ steps. Then:
 
 - ``twine check --strict`` passes on both (the long description renders on the index);
 - the MIT ``LICENSE`` is in both, and the metadata says ``License-Expression: MIT``;
+- every package folder the wheel takes (pyproject.toml's sources) is in the sdist, and the
+  wheel built from it carries each folder's package;
 - the long description is README.md with every relative link (``docs/install.md``) made
   absolute under the repository's URL, each to a file that exists here;
 - the project URLs are pyproject.toml's, all under one base URL, and the classifiers name
@@ -114,6 +116,25 @@ def test_the_license_is_in_both(dists: Dists) -> None:
         assert meta["License-Expression"] == "MIT", where
         assert meta.get_all("License-File") == ["LICENSE"], where
         assert not [c for c in meta.get_all("Classifier", []) if c.startswith("License ::")]
+
+
+@pytest.mark.timeout(BUILD_TIMEOUT_S)
+def test_every_package_folder_is_in_both(dists: Dists) -> None:
+    """The sdist keeps each package folder (``<folder>/hookbus/<package>``), and the wheel
+    built from it has each package at ``hookbus/<package>``."""
+    hatch = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["hatch"]
+    folders = [f for f in hatch["build"]["targets"]["wheel"]["sources"] if f != "examples"]
+    assert len(folders) == 9, folders
+    with tarfile.open(dists.sdist) as tf:
+        in_sdist = set(tf.getnames())
+    with zipfile.ZipFile(dists.wheel) as zf:
+        in_wheel = set(zf.namelist())
+    for folder in folders:
+        (package,) = [
+            p.name for p in (ROOT / folder / "hookbus").iterdir() if p.name != "__pycache__"
+        ]
+        assert f"hookbus-{VERSION}/{folder}/hookbus/{package}/__init__.py" in in_sdist, folder
+        assert f"hookbus/{package}/__init__.py" in in_wheel, folder
 
 
 @pytest.mark.timeout(BUILD_TIMEOUT_S)

@@ -351,8 +351,9 @@ async def test_close_cancels_calls_still_running() -> None:
 
 
 def test_the_kit_needs_only_the_core_install() -> None:
-    """It imports the standard library, nats-py and the core portions only (schemas,
-    workers, dispatcher: what `pip install hookbus` installs), never an extra's package."""
+    """It imports the standard library, nats-py and the core packages only (schemas, the
+    kernel, workers, dispatcher: what `pip install hookbus` installs), never an extra's
+    package."""
     import hookbus.testing
 
     tree = ast.parse(Path(hookbus.testing.__file__).read_text())
@@ -364,7 +365,7 @@ def test_the_kit_needs_only_the_core_install() -> None:
             assert node.level == 0 and node.module, ast.dump(node)
             roots.add(node.module)
     ours = {m for m in roots if m.startswith("hookbus.")}
-    packages = {".".join(m.split(".")[:2]) for m in ours}  # hookbus._core ships with schemas
+    packages = {".".join(m.split(".")[:2]) for m in ours}
     assert packages <= {"hookbus.schemas", "hookbus._core", "hookbus.workers", "hookbus.dispatcher"}
     others = {m.partition(".")[0] for m in roots - ours}
     assert others - sys.stdlib_module_names == {"nats"}, others

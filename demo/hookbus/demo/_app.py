@@ -107,7 +107,7 @@ STOP_TIMEOUT_S = 10.0
 def find_examples_dir() -> Path:
     """The first folder holding a transcript of: ``./examples``; ``hookbus/cli/examples``
     (the copy an installed wheel carries, beside this package); the ``examples/`` folder
-    of the source checkout this module belongs to (``cli/hookbus/demo/_app.py`` ->
+    of the source checkout this module belongs to (``demo/hookbus/demo/_app.py`` ->
     ``examples/``, an editable install).
 
     Raises:

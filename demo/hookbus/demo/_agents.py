@@ -303,7 +303,7 @@ def ai_venv(checkout: Path) -> Path:
 
 
 def _venv_candidates() -> list[Path]:
-    here = Path(__file__).resolve().parents[3]  # cli/hookbus/demo/_agents.py -> root
+    here = Path(__file__).resolve().parents[3]  # demo/hookbus/demo/_agents.py -> root
     venvs = [Path(v) for v in [os.environ.get("HOOKBUS_PY312_VENV")] if v]
     venvs += [ai_venv(Path.cwd()), ai_venv(here)]
     return [v / "bin" / "python" for v in dict.fromkeys(venvs)]

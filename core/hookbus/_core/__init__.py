@@ -7,7 +7,7 @@ config comparisons, opening a bucket and retrying idempotent JetStream calls thr
 leader election, KV reads and key subscriptions (`kv`), JetStream consumers held in an
 identity's slots (`consumers`), stopping a background task (`tasks`), the nats-py client's
 guards, consumer-slot naming, rate-limited logging and OpenTelemetry provider caching. It
-ships with `hookbus.schemas` and sits below `hookbus.workers` and `hookbus.dispatcher`
-(which never import each other); the CLI and the integrations may use it too. No public
-API: every name here may change in any release.
+sits on `hookbus.schemas` (the only package of ours it imports) and below
+`hookbus.workers` and `hookbus.dispatcher` (which never import each other); the packages
+above them may use it too. No public API: every name here may change in any release.
 """
