@@ -3,19 +3,21 @@ store folders changed) with what ``hookbus auth init --route east=... --route we
 --gateway east=... --gateway west=...`` writes beside it, in both modes: static nkey users
 on plain TCP, and ``--jwt`` with TLS on the client port.
 
-Three nodes run (``east-n1``, ``east-n2``, ``west-n1``; the buckets placed in ``east``):
+Three nodes run (``east-n1``, ``east-n2``, ``west-n1``, the ones ``--route`` and
+``--gateway`` name: a new JetStream meta group waits for every node they name; the buckets
+placed in ``east``):
 
 - an embedded agent connected to ``west`` and a worker connected to ``east`` decide deny
   and continue across the gateway, as the identities ``auth init`` wrote (JWT mode: both
   issued with ``hookbus auth issue`` while the servers run);
 - ``east-n3`` started with a wrong route password (and a wrong gateway one, so it reaches
-  nobody else either): the east nodes refuse its routes and it refuses theirs; no route
-  between them, ever;
+  nobody else either): the east nodes refuse its routes; no route between them;
 - ``west-n2`` started with the right route password but a wrong gateway password: it joins
-  ``west`` by its routes, and its gateways to ``east`` are refused both ways.
+  ``west`` by its route, and its gateways to ``east`` are refused.
 
-A refusal is waited for in the logs (the refused side's authorization error), never slept
-for: then the monitoring endpoints show no link.
+A refusal is waited for in the logs (the intruder's "Authorization Violation" and the
+refusing nodes' "Authentication Failure"), never slept for; then the monitoring endpoints
+show no link.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any
 import anyio
 import pytest
 from _cluster import Node, free_ports, wait_for
-from _sites import EVENT, site_worker
+from _sites import ASK_EVENT, EVENT, site_worker
 from nats.aio.client import Client as NATS
 
 from hookbus.cli._auth_files import load_setup
@@ -88,8 +90,14 @@ class ShippedNode(Node):
             "inbound": set((gz.get("inbound_gateways") or {}).keys()),
         }
 
-    def log_has(self, needle: str) -> bool:
-        return self.log_file.exists() and needle in self.log_file.read_text(errors="replace")
+    def log_size(self) -> int:
+        return len(self.log_file.read_text(errors="replace")) if self.log_file.exists() else 0
+
+    def log_has(self, needle: str, *, since: int = 0) -> bool:
+        """Whether the log holds `needle` after its first `since` characters."""
+        if not self.log_file.exists():
+            return False
+        return needle in self.log_file.read_text(errors="replace")[since:]
 
 
 @dataclass
@@ -148,7 +156,7 @@ def secured(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         args += ["--route", f"{c}=" + ",".join(f"127.0.0.1:{n.cluster_port}" for n in own)]
         args += ["--gateway", f"{c}=" + ",".join(f"127.0.0.1:{n.gateway_port}" for n in own)]
     if not jwt:
-        args += ["--embedded-agent", "a1", "--worker", f"w:{EVENT}/security"]
+        args += ["--embedded-agent", "a1", "--worker", f"w:{EVENT}/security,{ASK_EVENT}/asker"]
     _hookbus(*args)
     shutil.copy(DEPLOY / "common.conf", base / "common.conf")
     sc = Secured(base, auth, jwt, nodes)
@@ -161,7 +169,7 @@ def secured(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         if jwt:  # issued while the servers run: no file of theirs changes, no reload
             _hookbus("auth", "issue", "agent", "a1", "--embedded", "--dir", str(auth))
             _hookbus("auth", "issue", "worker", "w", "--handler", f"{EVENT}/security",
-                     "--dir", str(auth))  # fmt: skip
+                     "--handler", f"{ASK_EVENT}/asker", "--dir", str(auth))  # fmt: skip
         yield sc
     finally:
         for node in nodes.values():
@@ -230,19 +238,24 @@ async def test_an_agent_in_west_and_a_worker_in_east_decide_across_the_gateway(
         assert allowed.action == "continue" and not allowed.failures, allowed
 
 
-async def _refused(node: ShippedNode, *logs: ShippedNode) -> None:
-    """Start `node` and wait until every one of `logs` (the intruder included, if listed)
-    has logged an authorization error."""
+async def _refused(node: ShippedNode, link: str, refusers: list[ShippedNode]) -> None:
+    """Start `node` and wait until it has logged its `link` (``Route``, ``Gateway``) refused
+    and each of `refusers` has logged refusing one since."""
+    marks = {n.name: n.log_size() for n in refusers}
 
     async def logged() -> bool:
-        return all(n.log_has("Authorization Error") for n in logs)
+        return node.log_has(f"{link} Error 'Authorization Violation'") and all(
+            n.log_has(f"{'Router' if link == 'Route' else link} connection closed:"
+                      " Authentication Failure", since=marks[n.name])
+            for n in refusers
+        )  # fmt: skip
 
     node.start()
     try:
         await wait_for(logged, READY_S)
     except TimeoutError:
-        tails = {n.name: n.log_file.read_text(errors="replace")[-1500:] for n in logs}
-        raise AssertionError(f"no authorization error logged: {tails}") from None
+        tails = {n.name: n.log_file.read_text(errors="replace")[-1500:] for n in [node, *refusers]}
+        raise AssertionError(f"no refusal logged: {tails}") from None
 
 
 async def test_a_node_with_a_wrong_route_password_does_not_join(secured: Secured) -> None:
@@ -251,7 +264,7 @@ async def test_a_node_with_a_wrong_route_password_does_not_join(secured: Secured
         ROUTE_INTRUDER, wrong=("cluster-auth-east.conf", "gateway-auth.conf")
     )
     try:
-        await _refused(intruder, intruder, *east)  # it refuses theirs; they refuse its
+        await _refused(intruder, "Route", east)
         assert intruder.running
         for node in east:
             assert ROUTE_INTRUDER not in node.route_peers(), node.name
@@ -266,7 +279,7 @@ async def test_a_gateway_with_a_wrong_password_does_not_connect(secured: Secured
     west = secured.nodes["west-n1"]
     intruder = secured.intruder(GATEWAY_INTRUDER, wrong=("gateway-auth.conf",))
     try:
-        await _refused(intruder, intruder, *east)
+        await _refused(intruder, "Gateway", east)
         assert intruder.running
 
         async def routed() -> bool:  # the route password is right: it joins west
