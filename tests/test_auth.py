@@ -353,7 +353,8 @@ def test_a_superclusters_clusters_and_gateways_get_passwords_of_their_own(
     assert check.returncode == 0, check.stderr + check.stdout
     for bad, hint in (("--route=east=", "no HOST:PORT"), ("--route==e1:6222", "cluster name"),
                       ("--route=east=e1", "HOST:PORT"), ("--route=east=a@b:1", "not a host"),
-                      ("--gateway=e1:7222", "cluster name"), ("--gateway=e s=e1:7222", "cluster name"),
+                      ("--gateway=e1:7222", "cluster name"),
+                      ("--gateway=e s=e1:7222", "cluster name"),
                       ("--gateway=east=e1:99999", "HOST:PORT")):  # fmt: skip
         refused = CliRunner().invoke(cli, ["auth", "init", "--out", str(tmp_path / "x"), bad])
         assert refused.exit_code != 0 and hint in refused.output, (bad, refused.output)

@@ -22,6 +22,7 @@ show no link.
 
 from __future__ import annotations
 
+import re
 import secrets
 import shutil
 import subprocess
@@ -121,7 +122,7 @@ class Secured:
         for conf in wrong:
             path = folder / "auth" / conf
             text = path.read_text()
-            right = text.split('password: "')[1].split('"')[0]
+            right = re.findall(r"//hookbus-(?:route|gateway):([0-9a-f]+)@", text)[0]
             path.write_text(text.replace(right, secrets.token_hex(32)))
         node = self.nodes[name]
         return ShippedNode(name=name, port=node.port, cluster_port=node.cluster_port,
@@ -138,7 +139,9 @@ def _hookbus(*args: str) -> None:
 
 
 @pytest.fixture(scope="module", params=["nkey", "jwt"])
-def secured(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
+def secured(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Secured]:
     jwt = request.param == "jwt"
     base = tmp_path_factory.mktemp(f"secured-{request.param}")
     names = [n for c in NODES for n in NODES[c]]
@@ -182,7 +185,7 @@ async def _wait_ready(sc: Secured) -> None:
         await node.wait_healthy(READY_S)
 
     def linked() -> bool:
-        east1, east2, west1 = running
+        east1, east2, _ = running
         return (
             "east-n2" in east1.route_peers()
             and "east-n1" in east2.route_peers()
@@ -227,7 +230,7 @@ async def test_an_agent_in_west_and_a_worker_in_east_decide_across_the_gateway(
     agent_nc = await _connect(secured, "west", "agent", "a1", conns)
     async with site_worker(worker_nc), HookDispatcher(agent_nc, agent_id="a1") as d:
         with anyio.fail_after(30):
-            while not d.routes(EVENT):  # noqa: ASYNC110 (no change event to wait on)
+            while not d.routes(EVENT):
                 await d.refresh()
                 await anyio.sleep(0.05)
         bad = {"tool_name": "bash", "tool_input": {"command": "rm -rf /"}}

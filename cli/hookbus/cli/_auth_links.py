@@ -113,8 +113,7 @@ def parse_routes(specs: Iterable[str]) -> dict[str | None, list[str]]:
         click.BadParameter: a value of neither form.
     """
     return _grouped(
-        _cluster_spec(s, "--route") if "=" in s else (None, [_address(s, "--route")])
-        for s in specs
+        _cluster_spec(s, "--route") if "=" in s else (None, [_address(s, "--route")]) for s in specs
     )
 
 
