@@ -2,8 +2,8 @@
 nats-servers run from its output (no mocks): its own CA and server certificate (key files
 0600), a ``tls`` block in tls.conf (which server.conf includes), the CA and a ``tls://``
 URL in every context; a client verifying with that CA (the CLI from a context, from a seed
-of the folder, or with ``--tls-ca``; a program with `auth_ssl_context`) is served, a plain one is refused;
-``--no-tls`` keeps a plain setup."""
+of the folder, or with ``--tls-ca``; a program with `auth_ssl_context`) is served, a plain
+one is refused; ``--no-tls`` keeps a plain setup."""
 
 from __future__ import annotations
 
