@@ -301,6 +301,83 @@ def test_routes_get_a_password_of_their_own(tmp_path: Path) -> None:
     assert bad.exit_code != 0 and "HOST:PORT" in bad.output
 
 
+def _password(conf: Path) -> str:
+    return conf.read_text().split('password: "')[1].split('"')[0]
+
+
+@pytest.mark.parametrize("mode", [(), ("--jwt",)], ids=["nkey", "jwt"])
+def test_a_superclusters_clusters_and_gateways_get_passwords_of_their_own(
+    tmp_path: Path, mode: tuple[str, ...]
+) -> None:
+    out = tmp_path / "auth"
+    printed = auth_cli(
+        "init", "--out", str(out), "--no-tls", *mode,
+        "--route", "east=e1:6222,e2:6222", "--route", "east=e3:6222,e1:6222",
+        "--route", "west=10.0.1.1:6222", "--gateway", "east=e1:7222,e2:7222",
+        "--gateway", "west=10.0.1.1:7222",
+    )  # fmt: skip
+    east, west = (out / f"cluster-auth-{c}.conf" for c in ("east", "west"))
+    gateway = out / "gateway-auth.conf"
+    assert not (out / "cluster-auth.conf").exists()
+    for conf in (east, west, gateway):
+        assert stat.S_IMODE(conf.stat().st_mode) == 0o600, conf.name
+        assert str(conf) in printed
+    passwords = {c.name: _password(c) for c in (east, west, gateway)}
+    assert len(set(passwords.values())) == 3  # a password of its own each
+    assert all(re.fullmatch(r"[0-9a-f]{64}", p) for p in passwords.values())
+    e = passwords[east.name]
+    assert re.findall(r'"nats-route://[^"]+"', east.read_text()) == [
+        f'"nats-route://hookbus-route:{e}@{host}:6222"' for host in ("e1", "e2", "e3")
+    ]  # each address once, in order
+    g = passwords[gateway.name]
+    text = gateway.read_text()
+    assert "reject_unknown_cluster: true" in text
+    assert f'{{ name: "west", urls: [ "nats://hookbus-gateway:{g}@10.0.1.1:7222" ] }}' in text
+    assert f'"nats://hookbus-gateway:{g}@e2:7222"' in text
+    written = {p.name: p.read_text() for p in out.iterdir() if p.is_file()}
+    for name, content in written.items():
+        if name not in passwords:
+            assert not any(p in content for p in passwords.values()), name
+    manifest = load_setup(out)
+    assert manifest.clusters == {"east": ["e1:6222", "e2:6222", "e3:6222"],
+                                 "west": ["10.0.1.1:6222"]}  # fmt: skip
+    assert manifest.gateways == {"east": ["e1:7222", "e2:7222"], "west": ["10.0.1.1:7222"]}
+    # what a node config includes, inside its blocks, is what nats-server takes
+    (out / "node.conf").write_text(
+        'server_name: n1\nlisten: 127.0.0.1:4222\njetstream { store_dir: "js" }\n'
+        'cluster { name: east, listen: 127.0.0.1:6222, include "cluster-auth-east.conf" }\n'
+        'gateway { name: east, listen: 127.0.0.1:7222, include "gateway-auth.conf" }\n'
+        'include "tls.conf"\ninclude "auth.conf"\n'
+    )
+    check = config_check(out / "node.conf")
+    assert check.returncode == 0, check.stderr + check.stdout
+    for bad, hint in (("--route=east=", "no HOST:PORT"), ("--route==e1:6222", "cluster name"),
+                      ("--route=east=e1", "HOST:PORT"), ("--route=east=a@b:1", "not a host"),
+                      ("--gateway=e1:7222", "cluster name"),
+                      ("--gateway=e s=e1:7222", "cluster name"),
+                      ("--gateway=east=e1:99999", "HOST:PORT")):  # fmt: skip
+        refused = CliRunner().invoke(cli, ["auth", "init", "--out", str(tmp_path / "x"), bad])
+        assert refused.exit_code != 0 and hint in refused.output, (bad, refused.output)
+        assert not (tmp_path / "x").exists()
+
+
+def test_tls_conf_is_written_in_either_mode_and_jwt_settings_live_in_auth_conf(
+    tmp_path: Path,
+) -> None:
+    """A node config that includes only tls.conf and auth.conf gets what server.conf gets."""
+    plain, jwt = tmp_path / "plain", tmp_path / "jwt"
+    auth_cli("init", "--out", str(plain), "--no-tls")
+    auth_cli("init", "--out", str(jwt), "--jwt")
+    assert "tls {" not in (plain / "tls.conf").read_text()
+    assert "tls {" in (jwt / "tls.conf").read_text()
+    for out in (plain, jwt):
+        server = (out / "server.conf").read_text()
+        assert 'include "tls.conf"' in server and 'include "auth.conf"' in server
+        assert "tls {" not in server and "max_control_line" not in server
+    assert "max_control_line: 64KB" in (jwt / "auth.conf").read_text()
+    assert "max_control_line" not in (plain / "auth.conf").read_text()
+
+
 def test_tenants_get_folders_and_accounts(tmp_path: Path) -> None:
     out = tmp_path / "auth"
     auth_cli("init", "--out", str(out), "--tenant", "ACME", "--tenant", "GLOBEX",

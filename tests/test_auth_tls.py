@@ -1,9 +1,9 @@
 """`hookbus auth init` secures the client port with TLS by default, against real
 nats-servers run from its output (no mocks): its own CA and server certificate (key files
-0600), a ``tls`` block in server.conf, the CA and a ``tls://`` URL in every context; a
-client verifying with that CA (the CLI from a context, from a seed of the folder, or with
-``--tls-ca``; a program with `auth_ssl_context`) is served, a plain one is refused;
-``--no-tls`` keeps a plain setup."""
+0600), a ``tls`` block in tls.conf (which server.conf includes), the CA and a ``tls://``
+URL in every context; a client verifying with that CA (the CLI from a context, from a seed
+of the folder, or with ``--tls-ca``; a program with `auth_ssl_context`) is served, a plain
+one is refused; ``--no-tls`` keeps a plain setup."""
 
 from __future__ import annotations
 
@@ -71,7 +71,8 @@ def test_init_makes_a_ca_and_a_server_certificate(tls_server: tuple[Path, int]) 
         assert (out / name).is_file(), name
     assert stat.S_IMODE((out / "server-key.pem").stat().st_mode) == 0o600
     assert "PRIVATE KEY" not in (out / "ca.pem").read_text()  # the CA's key is not kept
-    conf = (out / "server.conf").read_text()
+    assert 'include "tls.conf"' in (out / "server.conf").read_text()
+    conf = (out / "tls.conf").read_text()
     assert "tls {" in conf and "verify: false" in conf
     assert f'cert_file: "{(out / "server-cert.pem").resolve()}"' in conf
     for context in out.glob("*.json"):
@@ -157,7 +158,7 @@ async def test_no_tls_keeps_the_plain_setup(tmp_path: Path) -> None:
     out = tmp_path / "auth"
     port = init(out, "--no-tls")
     assert not (out / "ca.pem").exists() and not (out / "server-key.pem").exists()
-    assert "tls {" not in (out / "server.conf").read_text()
+    assert "tls {" not in (out / "server.conf").read_text() + (out / "tls.conf").read_text()
     ctx = json.loads((out / "agent-a1.json").read_text())
     assert ctx["url"] == f"nats://127.0.0.1:{port}" and "ca" not in ctx
     assert auth_ssl_context(out) is None
@@ -180,6 +181,6 @@ def test_own_files_are_used_as_given(tmp_path: Path) -> None:
     out = tmp_path / "auth"
     init(out, "--tls-cert", str(mine.cert), "--tls-key", str(mine.key), "--tls-ca", str(mine.ca))
     assert not (out / "ca.pem").exists()
-    conf = (out / "server.conf").read_text()
+    conf = (out / "tls.conf").read_text()
     assert f'cert_file: "{mine.cert}"' in conf and f'ca_file: "{mine.ca}"' in conf
     assert json.loads((out / "agent-a1.json").read_text())["ca"] == str(mine.ca)

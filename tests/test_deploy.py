@@ -123,17 +123,58 @@ def test_the_supercluster_has_two_clusters_of_three() -> None:
     assert [p.name for p in SUPERCLUSTER_NODES] == [
         f"{c}-n{i}.conf" for c in ("east", "west") for i in (1, 2, 3)
     ]
-    for config in SUPERCLUSTER_NODES:
-        text = config.read_text()
-        assert 'include "common.conf"' in text and 'include "gateways.conf"' in text
+    assert not (DEPLOY_SUPERCLUSTER / "gateways.conf").exists()  # in auth/gateway-auth.conf
     common = (DEPLOY_SUPERCLUSTER / "common.conf").read_text()
     assert 'ping_interval: "1s"' in common and "ping_max: 2" in common
 
 
+def _block(text: str, name: str) -> str:
+    start = text.index(f"\n{name} {{")
+    return text[start : text.index("\n}", start)]
+
+
 @pytest.mark.parametrize("config", SUPERCLUSTER_NODES, ids=lambda p: p.name)
-def test_supercluster_config_is_valid(config: Path) -> None:
-    out = subprocess.run(
-        [find_nats_server(), "-c", str(config), "-t"], capture_output=True, text=True, timeout=30
-    )
-    assert out.returncode == 0, out.stderr + out.stdout
-    assert "is valid" in out.stderr + out.stdout
+def test_every_supercluster_node_is_authenticated(config: Path) -> None:
+    """Clients, routes and gateways: every credential comes from what `hookbus auth init`
+    wrote into auth/, included relatively; no URL, user or password is in the file."""
+    text = config.read_text()
+    cluster = config.name.split("-")[0]
+    lines = [line.split("#")[0].strip() for line in text.splitlines()]
+    for top in ('include "common.conf"', 'include "auth/tls.conf"', 'include "auth/auth.conf"'):
+        assert top in lines, top
+    cluster_block, gateway_block = _block(text, "cluster"), _block(text, "gateway")
+    assert f"name: {cluster}" in cluster_block and f"name: {cluster}" in gateway_block
+    assert f'include "auth/cluster-auth-{cluster}.conf"' in cluster_block
+    assert "no_advertise: true" in cluster_block
+    assert 'include "auth/gateway-auth.conf"' in gateway_block
+    for inline in ("nats-route://", "nats://", "routes:", "gateways:", "password", "users",
+                   "accounts", "authorization", "no_auth_user"):  # fmt: skip
+        assert not any(line.startswith(inline) or inline in line for line in lines), inline
+
+
+@pytest.fixture(params=["nkey", "jwt"])
+def supercluster_copy(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """deploy/supercluster copied, with auth/ written by `hookbus auth init` in each mode
+    (JWT mode with TLS on the client port, the nkey mode without)."""
+    folder = tmp_path / "supercluster"
+    shutil.copytree(DEPLOY_SUPERCLUSTER, folder)
+    args = ["auth", "init", "--out", str(folder / "auth"), "--host", "0.0.0.0",
+            "--embedded-agent", "a1", "--worker", "security:tool:pre/security_policy",
+            *(["--jwt"] if request.param == "jwt" else ["--no-tls"])]  # fmt: skip
+    for c in ("east", "west"):
+        nodes = [f"{c}-n{i}.example.internal" for i in (1, 2, 3)]
+        args += ["--route", f"{c}=" + ",".join(f"{n}:6222" for n in nodes)]
+        args += ["--gateway", f"{c}=" + ",".join(f"{n}:7222" for n in nodes)]
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return folder
+
+
+def test_supercluster_configs_are_valid_in_either_mode(supercluster_copy: Path) -> None:
+    for config in SUPERCLUSTER_NODES:
+        out = subprocess.run(
+            [find_nats_server(), "-c", str(supercluster_copy / config.name), "-t"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert out.returncode == 0, config.name + out.stderr + out.stdout
+        assert "is valid" in out.stderr + out.stdout

@@ -22,6 +22,7 @@ from ._auth_files import (
     revoke_identity,
     worker_pairs,
 )
+from ._auth_links import GATEWAY_CONF, cluster_conf
 from ._command_support import DURATION
 
 __all__ = ["auth"]
@@ -80,8 +81,18 @@ def auth() -> None:
     "--route",
     "routes",
     multiple=True,
-    metavar="HOST:PORT",
-    help="A cluster node's route address; repeat. Writes cluster-auth.conf (route password).",
+    metavar="[CLUSTER=]HOST:PORT[,HOST:PORT]",
+    help="A cluster node's route address; repeat. Writes cluster-auth.conf (route password "
+    "and URLs); CLUSTER=... the route addresses of a named cluster of a supercluster: "
+    "writes cluster-auth-CLUSTER.conf (a password of its own), once per cluster.",
+)
+@click.option(
+    "--gateway",
+    "gateways",
+    multiple=True,
+    metavar="CLUSTER=HOST:PORT[,HOST:PORT]",
+    help="A cluster's gateway addresses (a supercluster); repeat for every cluster. Writes "
+    "gateway-auth.conf (the gateway password and every cluster's gateway URLs).",
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
 @click.option("--port", default=4222, show_default=True, help="Client port.")
@@ -141,6 +152,7 @@ def init_cmd(
     approvers: tuple[str, ...],
     auditors: tuple[str, ...],
     routes: tuple[str, ...],
+    gateways: tuple[str, ...],
     host: str,
     port: int,
     store_dir: str | None,
@@ -181,6 +193,7 @@ def init_cmd(
             approvers=approvers,
             auditors=auditors,
             routes=routes,
+            gateways=gateways,
             host=host,
             port=port,
             store_dir=store_dir,
@@ -202,6 +215,11 @@ def init_cmd(
     click.echo(f"server config: {out / SERVER_CONF} ({what}: {out / AUTH_CONF})")
     if setup.routes:
         click.echo(f"route credentials for every node's cluster block: {out / CLUSTER_CONF}")
+    for cluster in setup.clusters:
+        where = out / cluster_conf(cluster)
+        click.echo(f"route credentials for cluster {cluster}'s cluster blocks: {where}")
+    if setup.gateways:
+        click.echo(f"gateway credentials for every node's gateway block: {out / GATEWAY_CONF}")
 
 
 def _identity_options(folder: str) -> Callable[[Callable[..., None]], Callable[..., None]]:

@@ -11,13 +11,17 @@ and for the server:
 - ``auth.conf``: one NATS account per tenant, each with its users (public keys) and their
   permissions (`hookbus.cli._permissions`); no user without a key, so anonymous
   clients are refused;
-- ``server.conf``: listen address, JetStream store, TLS, ``include "auth.conf"``;
+- ``tls.conf``: the client port's ``tls`` block, or a comment only with ``--no-tls`` (a
+  node config includes it in either case);
+- ``server.conf``: listen address, JetStream store, ``include "tls.conf"`` and
+  ``include "auth.conf"``;
 - ``ca.pem``, ``server-cert.pem`` and ``server-key.pem`` (mode 0600): a local CA and the
   server's certificate and key, made unless ``--no-tls`` or your own ``--tls-cert`` /
   ``--tls-key`` (`hookbus.cli._tls`); every context then names the CA (``ca``) and a
   ``tls://`` URL;
-- ``cluster-auth.conf`` (only with ``--route``; mode 0600): the route password and the
-  route URLs, for the ``cluster`` block of every node, so no server joins without it;
+- ``cluster-auth.conf`` / ``cluster-auth-<CLUSTER>.conf`` (``--route``) and
+  ``gateway-auth.conf`` (``--gateway``), mode 0600: the route and gateway passwords and
+  URLs, for the ``cluster`` and ``gateway`` blocks of every node (`hookbus.cli._auth_links`);
 - ``hookbus-auth.json``: the identities (role, name, tenant, public key, handlers), read
   back by ``hookbus auth add`` to add one and write ``auth.conf`` again;
 - ``.gitignore`` (``*``) when it made DIR: seeds are never committed by accident.
@@ -36,7 +40,8 @@ writes instead, with the same server.conf and TLS files:
 - ``<role>-<name>.creds`` (0600): the user's JWT (its role's permissions) and its seed;
   ``<role>-<name>.json``: its nats CLI context (url, creds path, inbox prefix);
 - ``auth.conf``: ``operator``, ``system_account`` and ``resolver: MEMORY`` with every
-  account's JWT preloaded: its size depends on the tenants, never on the users;
+  account's JWT preloaded (its size depends on the tenants, never on the users), and
+  ``max_control_line`` raised for the users' JWTs;
 - ``hookbus-auth.json``: also the operator's and accounts' public keys and JWTs.
 
 ``hookbus auth issue`` then signs a new user's JWT with its tenant's signing key and writes
@@ -73,6 +78,8 @@ from hookbus.cli._permissions import (
 )
 from hookbus.schemas import BadRequestError, encode_token, is_js_domain_name
 
+from ._auth_links import CLUSTER_CONF, parse_gateways, parse_routes, write_link_files
+
 __all__ = [
     "AUTH_CONF",
     "CLUSTER_CONF",
@@ -80,12 +87,14 @@ __all__ = [
     "DEFAULT_TENANT",
     "MANIFEST",
     "SERVER_CONF",
+    "TLS_CONF",
     "AuthSetup",
     "Identity",
     "issue_identity",
     "load_setup",
     "render_accounts",
     "render_server",
+    "render_tls",
     "revoke_identity",
 ]
 
@@ -93,8 +102,7 @@ DEFAULT_TENANT: Final = "HOOKBUS"
 MANIFEST: Final = "hookbus-auth.json"
 AUTH_CONF: Final = "auth.conf"
 SERVER_CONF: Final = "server.conf"
-CLUSTER_CONF: Final = "cluster-auth.conf"
-ROUTE_USER: Final = "hookbus-route"
+TLS_CONF: Final = "tls.conf"
 _TENANT = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 CREDS_SUFFIX: Final = ".creds"
 OPERATOR_SEED: Final = "operator.nk"
@@ -170,6 +178,10 @@ class AuthSetup:
     tenants: list[str] = field(default_factory=lambda: [DEFAULT_TENANT])
     routes: list[str] = field(default_factory=list)
     """``host:port`` of every node's cluster port (``cluster-auth.conf``), if a cluster."""
+    clusters: dict[str, list[str]] = field(default_factory=dict)
+    """Named clusters' route addresses (``host:port``; ``cluster-auth-<name>.conf``)."""
+    gateways: dict[str, list[str]] = field(default_factory=dict)
+    """Every cluster's gateway addresses (``host:port``; ``gateway-auth.conf``)."""
     js_max_file: str = "8G"
     """JetStream file storage one tenant (account) may use in all (nats-server size)."""
     js_max_mem: str = "256M"
@@ -296,6 +308,8 @@ def _render_jwt_auth(keys: dict[str, Any]) -> str:
         "# JWTs signed by their account's signing key (`hookbus auth issue`), which this server",
         "# trusts without knowing them: no user here, no reload to add one.",
         "# Written by `hookbus auth init --jwt` from hookbus-auth.json.",
+        "# A client's CONNECT carries its user JWT (its permissions: up to ~10 KB).",
+        f"max_control_line: {JWT_MAX_CONTROL_LINE}",
         f"operator: {_q(keys['operator']['jwt'])}",
         f"system_account: {_q(keys['system_account']['public_key'])}",
         "resolver: MEMORY",
@@ -324,8 +338,27 @@ def max_consumers(identities: int) -> int:
     return 256 + identities * CONSUMER_SLOTS * 3
 
 
+def render_tls(setup: AuthSetup) -> str:
+    """``tls.conf``: the client port's ``tls { }`` block (certificate, key, CA; clients are
+    not asked for certificates), or only a comment without TLS (``--no-tls``): a node
+    config includes it at its top level in either case."""
+    if not setup.tls_cert:
+        return "# plain TCP: `hookbus auth init --no-tls` (no tls block)\n"
+    lines = [
+        "# TLS of the client port, written by `hookbus auth init`.",
+        "tls {",
+        f"  cert_file: {_q(setup.tls_cert)}",
+        f"  key_file: {_q(setup.tls_key or '')}",
+    ]
+    if setup.tls_ca:
+        lines.append(f"  ca_file: {_q(setup.tls_ca)}")
+    lines += ["  verify: false  # clients authenticate with their nkeys", "}"]
+    return "\n".join(lines) + "\n"
+
+
 def render_server(setup: AuthSetup, out: Path) -> str:
-    """``server.conf``: listen, JetStream, TLS (if set) and ``include "auth.conf"``."""
+    """``server.conf``: listen, JetStream, ``include "tls.conf"`` and ``include
+    "auth.conf"``."""
     store = Path(setup.store_dir)
     if not store.is_absolute():
         store = (out / store).resolve()
@@ -342,47 +375,8 @@ def render_server(setup: AuthSetup, out: Path) -> str:
         "",
         "max_payload: 1MB",
     ]
-    if setup.jwt:
-        lines += [
-            "# a client's CONNECT carries its user JWT (its permissions: up to ~10 KB)",
-            f"max_control_line: {JWT_MAX_CONTROL_LINE}",
-        ]
-    if setup.tls_cert:
-        lines += ["", "tls {", f"  cert_file: {_q(setup.tls_cert)}"]
-        lines.append(f"  key_file: {_q(setup.tls_key or '')}")
-        if setup.tls_ca:
-            lines.append(f"  ca_file: {_q(setup.tls_ca)}")
-        lines.append("  verify: false  # clients authenticate with their nkeys")
-        lines.append("}")
-    lines += ["", f"include {_q(AUTH_CONF)}"]
+    lines += ["", f"include {_q(TLS_CONF)}", f"include {_q(AUTH_CONF)}"]
     return "\n".join(lines) + "\n"
-
-
-def render_cluster(routes: Sequence[str], password: str) -> str:
-    """``cluster-auth.conf``: route credentials and URLs, for every node's cluster block."""
-    lines = [
-        "# Route credentials of the hookbus cluster, written by `hookbus auth init --route`.",
-        "# Every node includes this in its cluster block: a server without the password",
-        "# cannot join as a route (a route sees every account's traffic). Keep it secret.",
-        "authorization {",
-        f"  user: {_q(ROUTE_USER)}",
-        f"  password: {_q(password)}",
-        "}",
-        "routes: [",
-    ]
-    lines += [f"  {_q(f'nats-route://{ROUTE_USER}:{password}@{route}')}" for route in routes]
-    lines.append("]")
-    return "\n".join(lines) + "\n"
-
-
-def parse_route(route: str) -> str:
-    """Check a ``HOST:PORT`` route address."""
-    host, sep, port = route.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise click.BadParameter(f"a route is HOST:PORT, got {route!r}", param_hint="--route")
-    if any(c in host for c in "@/ \"'"):
-        raise click.BadParameter(f"not a host: {host!r}", param_hint="--route")
-    return route
 
 
 def context_json(ident: Identity, setup: AuthSetup, out: Path) -> dict[str, Any]:
@@ -541,12 +535,14 @@ def _read_key(path: Path, what: str) -> Any:
 
 
 def write_setup(setup: AuthSetup, out: Path) -> None:
-    """Write ``auth.conf``, ``server.conf``, every context and the manifest (not seeds)."""
+    """Write ``auth.conf``, ``tls.conf``, ``server.conf``, every context and the manifest
+    (not seeds)."""
     for ident in setup.identities:
         _write_atomic(
             ident.context_path(out), json.dumps(context_json(ident, setup, out), indent=2) + "\n"
         )
     _write_atomic(out / AUTH_CONF, render_accounts(setup))
+    _write_atomic(out / TLS_CONF, render_tls(setup))
     _write_atomic(out / SERVER_CONF, render_server(setup, out))
     _write_atomic(out / MANIFEST, json.dumps(setup.to_json(), indent=2) + "\n")
 
@@ -611,6 +607,7 @@ def init_setup(
     approvers: Iterable[str] = (),
     auditors: Iterable[str] = (),
     routes: Iterable[str] = (),
+    gateways: Iterable[str] = (),
     host: str = "127.0.0.1",
     port: int = 4222,
     store_dir: str | None = None,
@@ -638,6 +635,7 @@ def init_setup(
         raise click.BadParameter(f"{js_domain!r} is not a JetStream domain name")
     tenant_list = list(dict.fromkeys(_check_tenant(t) for t in tenants)) or [DEFAULT_TENANT]
     abs_tls = [str(Path(p).resolve()) if p else None for p in (tls_cert, tls_key, tls_ca)]
+    route_groups = parse_routes(routes)
     setup = AuthSetup(
         host=host,
         port=port,
@@ -646,7 +644,9 @@ def init_setup(
         tls_key=abs_tls[1],
         tls_ca=abs_tls[2],
         tenants=tenant_list,
-        routes=[parse_route(r) for r in routes],
+        routes=route_groups.pop(None, []),
+        clusters={str(c): a for c, a in route_groups.items()},
+        gateways=parse_gateways(gateways),
         js_domain=js_domain,
     )
     wanted: list[tuple[RoleName, str, list[str], bool]] = [
@@ -668,8 +668,10 @@ def init_setup(
 
         made = make_local_tls(out, host, sans=sans)
         setup.tls_cert, setup.tls_key, setup.tls_ca = str(made.cert), str(made.key), str(made.ca)
-    if setup.routes:
-        _write_new_secret(out / CLUSTER_CONF, render_cluster(setup.routes, secrets.token_hex(24)))
+    route_files: dict[str | None, list[str]] = {None: setup.routes} if setup.routes else {}
+    write_link_files(
+        out, {**route_files, **setup.clusters}, setup.gateways, _write_new_secret
+    )  # fmt: skip
     if jwt:
         setup.jwt = _make_jwt_keys(setup, out)
     for tenant in tenant_list:

@@ -9,7 +9,7 @@ writes into the output folder:
 - ``ca.pem``: the CA certificate, what clients verify the server with (every context's
   ``ca``, the CLI's ``--tls-ca``);
 - ``server-cert.pem`` and ``server-key.pem`` (mode 0600): the server's, named in
-  ``server.conf``'s ``tls`` block.
+  ``tls.conf``'s ``tls`` block (which ``server.conf`` includes).
 
 The CA's private key is not kept: a certificate for another name means a new CA (run
 ``hookbus auth init`` into a new folder, or give your own files with ``--tls-cert``,
