@@ -361,7 +361,13 @@ class Approvals:
         await self.records.close(leases=False)
 
     async def decide(
-        self, event: str, result: HookResult, *, call_id: str, wait_s: float | None = None
+        self,
+        event: str,
+        result: HookResult,
+        *,
+        call_id: str,
+        wait_s: float | None = None,
+        longest_s: float | None = None,
     ) -> HookResult:
         """Ask, wait, and fold the answer into `result`: continue or deny.
 
@@ -375,6 +381,10 @@ class Approvals:
                 read and write of the question (grants, the record, its creation, the
                 waiter lease) ends by then; the reads that look for an answer landed
                 meanwhile take at most `SETTLE_READS_S` more.
+            longest_s: seconds this approval may wait at most (the emit's
+                ``approval_timeout_s``): the handler's ``approval_timeout`` is cut to it,
+                as to `max_timeout_s`, and its end applies ``approval_default``. None: no cut
+                besides `max_timeout_s`.
         Returns:
             `result` with ``action`` continue or deny and the ``reason``: a grant, the
             human's choice, the timeout's `approval_default`, a cancel (deny), options that
@@ -388,16 +398,20 @@ class Approvals:
                 `HookbusTimeoutError`: JetStream stayed unavailable); a grant store failure
                 only means the human is asked.
         """
+        longest = self.max_timeout_s if longest_s is None else min(longest_s, self.max_timeout_s)
         with caller_deadline(wait_s):
-            return await self._decide(event, result, call_id=call_id, wait_s=wait_s)
+            return await self._decide(
+                event, result, call_id=call_id, wait_s=wait_s, longest_s=longest
+            )
 
     async def _decide(
-        self, event: str, result: HookResult, *, call_id: str, wait_s: float | None
-    ) -> HookResult:
+        self, event: str, result: HookResult, *, call_id: str, wait_s: float | None,
+        longest_s: float,
+    ) -> HookResult:  # fmt: skip
         started = time.monotonic()
         handler = result.decided_by or "?"
         result = msgspec.structs.replace(
-            result, approval_timeout=_clamp(result.approval_timeout, self.max_timeout_s)
+            result, approval_timeout=_clamp(result.approval_timeout, longest_s)
         )
         options = list(result.approval_options or APPROVAL_DEFAULT_OPTIONS)
         allowing = allowing_options(options, result.approval_allow_options)

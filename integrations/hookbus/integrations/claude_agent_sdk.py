@@ -203,12 +203,14 @@ class HookbusClaudeHooks:
         *,
         idempotency_key: str | None = None,
         timeout_s: float | None = None,
+        approval_timeout_s: float | None = None,
     ) -> HookResult:
         """The dispatcher's emit; an ``ask_user`` it could not turn into an approval is a
         deny (nobody can answer it here)."""
         result = await self.dispatcher.emit(
-            event, data, idempotency_key=idempotency_key, timeout_s=timeout_s
-        )
+            event, data, idempotency_key=idempotency_key, timeout_s=timeout_s,
+            approval_timeout_s=approval_timeout_s,
+        )  # fmt: skip
         if result.action == "ask_user":
             return as_deny(result, event, _NO_APPROVALS, log=log)
         return result
