@@ -299,7 +299,8 @@ def _write(reply: ClaudeCodeAnswer) -> int:
     default=DEFAULT_TIMEOUT_S,
     show_default=True,
     help="Seconds an emit may take (an approval's wait included) before the fallback "
-    "answers; keep it below the hook's timeout in Claude Code's settings.",
+    "answers; an approval waits at most this less a margin (5 s, at most a fifth), then "
+    "its default applies. Keep it below the hook's timeout in Claude Code's settings.",
 )
 @click.option(
     "--connect-timeout",
