@@ -347,7 +347,9 @@ class HookDispatcher(StandardEvents):
                 0): each handler's ``approval_timeout`` is cut to it, so an approval nobody
                 answers ends with its ``approval_default`` (closed, no longer pending)
                 within a caller's wait that is longer (a door passes its wait less a
-                margin). None: the handlers' own ``approval_timeout``.
+                margin); an approval the cut shortened applies deny where its default is
+                allow (only the handler's full timeout allows by default). None: the
+                handlers' own ``approval_timeout``.
 
         Returns:
             The folded `HookResult`; ``result.chained_data`` is the final chained data.
