@@ -19,7 +19,10 @@ allowed (`joined_decision`).
 **What ends a wait.** The approval's own `approval_timeout` applies `approval_default` and
 closes the approval. The caller's deadline (``emit(..., timeout_s=...)``) ending the wait
 first is not the human's silence: the call is denied and the approval stays pending, so a
-retry of the call (same idempotency key) gets its answer.
+retry of the call (same idempotency key) gets its answer. A caller that knows its wait
+(a door: ``emit(..., approval_timeout_s=...)``) cuts the approval's timeout to it instead,
+so the approval ends, closed, within that wait; a cut that shortens the wait applies deny
+where the default is allow (only the handler's full timeout allows by default).
 
 **An approval nobody waits for ends at its own timeout.** Its asker gone (a caller's
 deadline, a stopped emit, a crashed dispatcher), a pending approval is ended by whoever
