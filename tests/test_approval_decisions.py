@@ -191,6 +191,29 @@ async def test_allow_always_that_the_handler_does_not_list_denies_and_grants_not
 
 
 # -- what ends the wait -----------------------------------------------------------------------
+async def test_a_callers_approval_cut_ends_with_deny_never_an_early_allow(
+    agent: Agent, approver: Approver, event: str
+) -> None:
+    """``approval_timeout=300, approval_default="allow"``, the emit's
+    ``approval_timeout_s=1``: nobody answering, the approval ends at the caller's 1 s, with
+    deny, not the handler's allow (only its full 300 s of silence allows), and the record is
+    closed with the default it applied."""
+    agent.d.register(event, asker(approval_timeout=300, approval_default="allow"))
+    with anyio.fail_after(20):
+        result = await agent.d.emit(
+            event, {"tool_name": "bash"}, timeout_s=15, approval_timeout_s=1.0
+        )
+    assert (result.action, result.reason) == ("deny", "timed out after 1.0s; default deny")
+    part = await question(approver, agent.session, "guard")
+    assert (part.metadata["timeout_s"], part.metadata["default"]) == (1.0, "deny")
+    got = await approver.d.get_approval(part.label)
+    assert got is not None
+    assert (got[0].status, got[0].reason) == (
+        "cancelled",
+        "timed out after 1.0s; default deny applied",
+    )
+
+
 async def test_the_callers_deadline_denies_and_a_retry_gets_the_answer(
     agent: Agent, approver: Approver, event: str
 ) -> None:

@@ -386,40 +386,41 @@ async def test_ask_user_is_answered_by_a_hookbus_approver(
     assert json.loads(stdout) == expected
 
 
-def test_an_approval_nobody_answers_ends_by_the_hook_timeout(bus: Bus) -> None:
-    ran = run_hook(with_command("PreToolUse", "deploy db"), "--timeout", "2", url=bus.url)
-    assert ran.code == 0
-    decision = ran.out["hookSpecificOutput"]
-    assert decision["permissionDecision"] == "deny"
-    # the hook's deadline, not the approval's own 20 s: denied, the approval left pending
-    assert decision["permissionDecisionReason"].startswith(
-        "the caller's deadline ended the wait before an answer"
-    )
-    assert ran.seconds < 8
+def approval_records(url: str, session_id: str) -> list[tuple[str, str | None]]:
+    """(status, reason) of every approval record of `session_id`."""
 
-
-def test_an_embedded_door_ends_its_approval_within_its_own_wait(bus: Bus) -> None:
-    """--embedded --on-ask-user approval: the approval's timeout is cut to the door's wait
-    (`ClaudeCodeOptions.approval_timeout_s`: 3 s less a fifth), so nobody answering ends it
-    with its default before the door gives up, and none is left pending."""
-    body = with_command("PreToolUse", "deploy cache")
-    ran = run_hook(body, "--embedded", "--on-ask-user", "approval", "--timeout", "3", url=bus.url)
-    assert (ran.code, ran.stderr) == (0, "")
-    decision = ran.out["hookSpecificOutput"]
-    assert decision["permissionDecision"] == "deny"
-    assert decision["permissionDecisionReason"] == "timed out after 2.4s; default deny"
-
-    async def pending() -> list[Any]:
-        nc = await nats.connect(bus.url)
+    async def records() -> list[tuple[str, str | None]]:
+        nc = await nats.connect(url)
         try:
             async with ApprovalsClient(nc) as client:
                 page = await client.approval_page(status=None)
         finally:
             await nc.close()
         return [(r.status, r.reason) for r in page.records
-                if r.metadata.get("session_id") == body["session_id"]]  # fmt: skip
+                if r.metadata.get("session_id") == session_id]  # fmt: skip
 
-    assert anyio.run(pending) == [("cancelled", "timed out after 2.4s; default deny applied")]
+    return anyio.run(records)
+
+
+@pytest.mark.parametrize("path", ["service", "embedded"])
+def test_an_approval_nobody_answers_ends_within_the_doors_wait(bus: Bus, path: str) -> None:
+    """The handler's approval waits 20 s; the door waits 3 s. Through the dispatcher service
+    (the door's wait travels as ``EmitRequest.approval_timeout_s``) or an embedded
+    dispatcher, the approval's timeout is cut to the door's wait less a fifth
+    (`ClaudeCodeOptions.approval_timeout_s`: 2.4 s): nobody answering ends it with its
+    default deny before the door gives up, and none is left pending behind it."""
+    body = with_command("PreToolUse", "deploy cache")
+    args = ("--embedded", "--on-ask-user", "approval") if path == "embedded" else ()
+    ran = run_hook(body, *args, "--timeout", "3", url=bus.url)
+    assert (ran.code, ran.stderr) == (0, "")  # hookbus answered, not the door's fallback
+    decision = ran.out["hookSpecificOutput"]
+    assert decision["permissionDecision"] == "deny"
+    assert decision["permissionDecisionReason"] == "timed out after 2.4s; default deny"
+    assert "systemMessage" not in ran.out
+    assert ran.seconds < 15  # the process's start included; the handler's own wait is 20 s
+    assert approval_records(bus.url, body["session_id"]) == [
+        ("cancelled", "timed out after 2.4s; default deny applied")
+    ]
 
 
 def test_embedded_dispatcher_asks_claude_code(bus: Bus) -> None:

@@ -13,6 +13,7 @@ import contextlib
 import json
 import socket
 import ssl
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,8 @@ from starlette.applications import Starlette
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.cli._command_tree import cli
 from hookbus.cli._gateway_cmd import Replica
-from hookbus.dispatcher import HookDispatcher
+from hookbus.dispatcher import ApprovalsClient, HookDispatcher
+from hookbus.integrations.claude_code import ClaudeCodeOptions
 from hookbus.integrations.gateway import gateway_app
 from hookbus.schemas import TOOL_PRE, HookResult
 from hookbus.workers import HookWorker
@@ -467,6 +469,47 @@ async def test_a_retry_on_another_replica_finds_the_same_approval(
     assert "approved_by:alice" in result["reasonCode"]
     assert [h.status for h in seen if h.status == "pending"] == []  # no second approval
     assert {h.label for h in seen} <= {pending.label}
+
+
+async def test_the_claude_code_doors_approval_ends_within_its_wait(
+    connect: Connect, embedded_server: EmbeddedNatsServer
+) -> None:
+    """The handler's approval waits 60 s; the gateway's Claude Code door waits 3 s. Nobody
+    answering, the approval ends with its default deny at the door's wait less a fifth
+    (2.4 s): the door's answer is that deny, before its wait ends, and the record is closed,
+    not left pending behind it."""
+    w = HookWorker(await connect())
+
+    @w.handler(TOOL_PRE)
+    async def gate(event: str, data: dict[str, Any]) -> HookResult:
+        return HookResult(
+            action="ask_user", approval_prompt="Run it?", approval_timeout=60,
+            approval_default="deny",
+        )  # fmt: skip
+
+    options = ClaudeCodeOptions(on_ask_user="approval", timeout_s=3)
+    async with (
+        w,
+        replica(connect, approvals=True, claude_code_options=options) as (url, _),
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+        started = time.monotonic()
+        reply = await http.post(f"{url}/claude-code/PreToolUse", json=pre_tool_use("deploy"))
+        took = time.monotonic() - started
+        async with ApprovalsClient(await connect()) as client:
+            page = await client.approval_page(status=None)
+    assert reply.status_code == 200
+    assert reply.json() == {
+        "hookSpecificOutput": {
+            "hookEventName": "PreToolUse",
+            "permissionDecision": "deny",
+            "permissionDecisionReason": "timed out after 2.4s; default deny",
+        }
+    }
+    assert took < 3 + 10  # far below the handler's 60 s (the door's own bound is 3 + 2 s)
+    assert [(r.status, r.reason) for r in page.records] == [
+        ("cancelled", "timed out after 2.4s; default deny applied")
+    ]
 
 
 # -- trace context ---------------------------------------------------------------------------

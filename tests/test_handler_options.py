@@ -160,6 +160,16 @@ async def test_emit_and_collect_checks_its_timeout_with_or_without_handlers(
         await d.emit_and_collect(event, {}, timeout)
 
 
+@pytest.mark.parametrize("longest", [0, -1, math.nan, math.inf])
+async def test_emit_refuses_an_approval_timeout_not_finite_and_positive(
+    event: str, longest: float
+) -> None:
+    d = HookDispatcher()
+    d.register(event, noop)
+    with pytest.raises(BadRequestError, match="approval_timeout_s"):
+        await d.emit(event, {}, approval_timeout_s=longest)
+
+
 # -- tool filters: one matcher --------------------------------------------------------------
 GLOB = st.text(alphabet="abAB\u00df*?[]!", min_size=1, max_size=6)
 TOOL = st.one_of(st.text(alphabet="abAB\u00dfsS[]!", max_size=6), st.none(), st.integers())

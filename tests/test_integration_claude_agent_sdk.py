@@ -26,6 +26,7 @@ from _integration_kit import Connect, named, private_connect, worker
 from hookbus.dispatcher import (
     APPROVAL_LABEL_PREFIX,
     AnswerNotAppliedError,
+    ApprovalsClient,
     HookDispatcher,
     HookEventStream,
     PendingHook,
@@ -361,6 +362,37 @@ async def test_an_allow_once_allows_one_resume_of_a_killed_call(connect: Connect
             await stream.aclose()
     assert fresh.label != asked.label
     assert decision(again[0]) == "deny"
+
+
+async def test_an_approval_nobody_answers_ends_within_the_doors_wait(connect: Connect) -> None:
+    """The handler's approval waits 30 s; the door waits 3 s. Nobody answering, the
+    approval ends with its default deny at the door's wait less a fifth (2.4 s): the
+    callback's answer is that deny, and the record is closed, not left pending."""
+
+    async def ask(event: str, data: dict[str, Any]) -> HookResult:
+        return ASK
+
+    hook_input = {
+        "session_id": "session-wait", "transcript_path": "", "cwd": "/tmp",
+        "hook_event_name": "PreToolUse", "tool_name": "Bash",
+        "tool_input": {"command": "ls"}, "tool_use_id": "toolu_wait",
+    }  # fmt: skip
+    async with (
+        worker(connect, (TOOL_PRE, named("bash_approval", ask), {})),
+        HookDispatcher(await connect(), agent_id="coder") as d,
+    ):
+        hooks = HookbusClaudeHooks(d, options=ClaudeCodeOptions(on_modify="rules", timeout_s=3))
+        with anyio.fail_after(20):  # far below the handler's 30 s
+            out = await hooks.callback(hook_input, "toolu_wait", {"signal": None})
+        async with ApprovalsClient(await connect()) as client:
+            page = await client.approval_page(status=None)
+    assert out["hookSpecificOutput"]["permissionDecision"] == "deny"
+    assert out["hookSpecificOutput"]["permissionDecisionReason"] == (
+        "timed out after 2.4s; default deny"
+    )
+    assert [(r.status, r.reason) for r in page.records] == [
+        ("cancelled", "timed out after 2.4s; default deny applied")
+    ]
 
 
 async def test_an_ask_user_without_approvals_is_a_deny(

@@ -342,6 +342,10 @@ async def test_over_the_bound_is_refused_busy_at_once(connect, event):
         (_collect_subject, b'{"data": {}, "timeout_s": 1e999}'),  # inf
         (_emit_subject, b'{"data": {}, "timeout_s": -5}'),
         (_emit_subject, b'{"data": {}, "timeout_s": 1e999}'),
+        (_emit_subject, b'{"data": {}, "approval_timeout_s": 0}'),
+        (_emit_subject, b'{"data": {}, "approval_timeout_s": -1}'),
+        (_emit_subject, b'{"data": {}, "approval_timeout_s": 1e999}'),
+        (_emit_subject, b'{"data": {}, "approval_timeout_s": "soon"}'),
     ],
 )
 async def test_timeouts_must_be_finite_and_positive(connect, event, subject, body):

@@ -181,6 +181,7 @@ VALID = [
     ("CollectReply", {"error": {"code": "bad_request", "message": "m"}}),
     ("EventEnvelope", {"id": "e", "event": "tool:pre", "data": {}, "budget_s": 4.5}),
     ("EventEnvelope", {"id": "e", "event": "tool:pre", "data": {}, "idempotency_key": "k"}),
+    ("EmitRequest", {"data": {}, "timeout_s": 3, "approval_timeout_s": 2.4}),
     (
         "HandlerDeclaration",
         {
@@ -215,6 +216,7 @@ INVALID = [
     ("failed collect with responses", "CollectReply",
      {"responses": [1], "error": {"code": "internal", "message": "m"}}),
     ("timeout as text", "CollectRequest", {"timeout_s": "soon"}),
+    ("approval timeout of 0", "EmitRequest", {"data": {}, "approval_timeout_s": 0}),
     ("approval label", "ApprovalRecord",
      {"label": "x", "status": "pending", "metadata": {}, "write_id": "w", "created_at": 1.0}),
 ]  # fmt: skip
@@ -387,7 +389,11 @@ _SERVICE_SUBJECT = re.compile(r"\$SRV\.[A-Z]+\.hookbus-(worker|dispatcher)")
 ASYNCAPI_ONLY = {"Lease", "ServiceRequest", "WorkerServiceInfo", "DispatcherServiceInfo"}
 """Messages whose payload schema is in the AsyncAPI document only (not hookbus types)."""
 
-BAD_REQUESTS: list[dict[str, Any]] = [{"data": [1, 2]}, {"data": {}, "timeout_s": -1}]
+BAD_REQUESTS: list[dict[str, Any]] = [
+    {"data": [1, 2]},
+    {"data": {}, "timeout_s": -1},
+    {"data": {}, "approval_timeout_s": 0},
+]
 """Requests the agent sends on purpose that break the contract: the dispatcher answers
 `bad_request`, and ajv refuses them too."""
 
@@ -481,6 +487,7 @@ async def _run_fleet(url: str, workdir: Path, recording: Recording) -> dict[str,
                           "data": {"tool_name": "bash", "tool_input": {"command": "rm -rf /"}}},
         )  # fmt: skip
         got["bad"] = await _request(agent, emit, BAD_REQUESTS[0])
+        got["bad_approval"] = await _request(agent, emit, BAD_REQUESTS[2])
         collect = "hookbus.v1.emit_and_collect.payments." + encode_token("tool:pre")
         got["collect"] = await _request(
             agent, collect, {"data": {"tool_name": "bash", "secret": "x"}, "timeout_s": 5}
@@ -536,6 +543,8 @@ async def test_real_messages_on_the_wire_validate(node_modules, tmp_path, schema
     assert got["continue"]["result"]["chained_data"]["secret"] == "***"
     assert got["deny"]["result"]["action"] == "deny"
     assert got["bad"]["error"]["code"] == "bad_request"
+    assert got["bad_approval"]["error"]["code"] == "bad_request"
+    assert "approval_timeout_s" in got["bad_approval"]["error"]["message"]
     assert got["collect"]["responses"] == [{"tool_name": "bash", "secret": "***"}]
     assert got["collect_bad"]["error"]["code"] == "bad_request"
     assert got["approved"]["result"]["action"] == "continue"

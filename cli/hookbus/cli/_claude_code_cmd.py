@@ -114,13 +114,11 @@ class _LazyEmit:
         embedded: bool,
         approvals: bool,
         connect_timeout_s: float,
-        approval_timeout_s: float | None = None,
     ) -> None:
         self._conn = conn
         self._agent_id = agent_id
         self._embedded = embedded
         self._approvals = approvals
-        self._approval_timeout_s = approval_timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._nc: NATS | None = None
         self._dispatcher: Any = None
@@ -132,13 +130,15 @@ class _LazyEmit:
         *,
         idempotency_key: str | None = None,
         timeout_s: float | None = None,
+        approval_timeout_s: float | None = None,
     ) -> HookResult:
         with _tracer.start_as_current_span(
             f"claude-code {event}", kind=trace.SpanKind.CLIENT, attributes={"hookbus.event": event}
         ):
             return await self._emit(
-                event, data, idempotency_key=idempotency_key, timeout_s=timeout_s
-            )
+                event, data, idempotency_key=idempotency_key, timeout_s=timeout_s,
+                approval_timeout_s=approval_timeout_s,
+            )  # fmt: skip
 
     async def _emit(
         self,
@@ -147,6 +147,7 @@ class _LazyEmit:
         *,
         idempotency_key: str | None,
         timeout_s: float | None,
+        approval_timeout_s: float | None,
     ) -> HookResult:
         nc = await self._connect()
         emit: Emit
@@ -157,14 +158,15 @@ class _LazyEmit:
                 nc, approvals=self._approvals, agent_id=self._agent_id
             )
             await self._dispatcher.start()
-            if self._approvals and self._approval_timeout_s is not None:
-                # an approval ends within the door's wait (ClaudeCodeOptions.approval_timeout_s)
-                self._dispatcher.approvals.max_timeout_s = self._approval_timeout_s
             emit = self._dispatcher.emit
         else:
             emit = service_emit(nc, agent_id=self._agent_id)
         try:
-            return await emit(event, data, idempotency_key=idempotency_key, timeout_s=timeout_s)
+            # approval_timeout_s: an approval ends within the door's wait, via either path
+            return await emit(
+                event, data, idempotency_key=idempotency_key, timeout_s=timeout_s,
+                approval_timeout_s=approval_timeout_s,
+            )  # fmt: skip
         except NotPermittedError as exc:
             if self._agent_id is not None:
                 raise
@@ -297,7 +299,8 @@ def _write(reply: ClaudeCodeAnswer) -> int:
     default=DEFAULT_TIMEOUT_S,
     show_default=True,
     help="Seconds an emit may take (an approval's wait included) before the fallback "
-    "answers; keep it below the hook's timeout in Claude Code's settings.",
+    "answers; an approval waits at most this less a margin (5 s, at most a fifth), then "
+    "its default applies. Keep it below the hook's timeout in Claude Code's settings.",
 )
 @click.option(
     "--connect-timeout",
@@ -349,7 +352,6 @@ def claude_code(
         embedded=embedded,
         approvals=options.on_ask_user == "approval",
         connect_timeout_s=connect_timeout_s,
-        approval_timeout_s=options.approval_timeout_s,
     )
     try:
         with callers_trace(), _exporting(otlp_endpoint):

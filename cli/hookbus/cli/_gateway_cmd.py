@@ -83,12 +83,14 @@ class Replica:
         *,
         idempotency_key: str | None = None,
         timeout_s: float | None = None,
+        approval_timeout_s: float | None = None,
     ) -> HookResult:
         if not self.ready():
             raise NotConnectedError("the gateway is not connected to NATS")
         return await self.dispatcher.emit(
-            event, data, idempotency_key=idempotency_key, timeout_s=timeout_s
-        )
+            event, data, idempotency_key=idempotency_key, timeout_s=timeout_s,
+            approval_timeout_s=approval_timeout_s,
+        )  # fmt: skip
 
     async def close(self) -> None:
         """Stop the dispatcher, drain the connection (idempotent)."""

@@ -78,6 +78,7 @@ def service_emit(nc: NATS, *, agent_id: str | None = None, retries: int = 2) -> 
         *,
         idempotency_key: str | None = None,
         timeout_s: float | None = None,
+        approval_timeout_s: float | None = None,
     ) -> HookResult:
         session = data.get("session_id")
         request = EmitRequest(
@@ -86,6 +87,7 @@ def service_emit(nc: NATS, *, agent_id: str | None = None, retries: int = 2) -> 
             session_id=session if isinstance(session, str) else None,
             idempotency_key=idempotency_key,
             timeout_s=timeout_s,
+            approval_timeout_s=approval_timeout_s,
         )
         subject = emit_service_subject(event, agent_id)
         payload = encode(request)

@@ -226,9 +226,13 @@ def with_ids(emit: Emit, agent_id: str, session_id: str) -> Emit:
         *,
         idempotency_key: str | None = None,
         timeout_s: float | None = None,
+        approval_timeout_s: float | None = None,
     ) -> HookResult:
         data = {"agent_id": agent_id, "session_id": session_id, **data}
-        return await emit(event, data, idempotency_key=idempotency_key, timeout_s=timeout_s)
+        return await emit(
+            event, data, idempotency_key=idempotency_key, timeout_s=timeout_s,
+            approval_timeout_s=approval_timeout_s,
+        )  # fmt: skip
 
     return with_ids
 

@@ -19,7 +19,10 @@ allowed (`joined_decision`).
 **What ends a wait.** The approval's own `approval_timeout` applies `approval_default` and
 closes the approval. The caller's deadline (``emit(..., timeout_s=...)``) ending the wait
 first is not the human's silence: the call is denied and the approval stays pending, so a
-retry of the call (same idempotency key) gets its answer.
+retry of the call (same idempotency key) gets its answer. A caller that knows its wait
+(a door: ``emit(..., approval_timeout_s=...)``) cuts the approval's timeout to it instead,
+so the approval ends, closed, within that wait; a cut that shortens the wait applies deny
+where the default is allow (only the handler's full timeout allows by default).
 
 **An approval nobody waits for ends at its own timeout.** Its asker gone (a caller's
 deadline, a stopped emit, a crashed dispatcher), a pending approval is ended by whoever
@@ -223,6 +226,20 @@ def _clamp(timeout_s: float | None, longest: float = MAX_APPROVAL_TIMEOUT_S) -> 
     return min(float(timeout_s), longest)
 
 
+def _cut(result: HookResult, most_s: float, callers_s: float | None) -> HookResult:
+    """`result` with its ``approval_timeout`` within `most_s` (`Approvals.max_timeout_s`) and
+    the caller's `callers_s` (seconds; None: no cut). When the caller's cut shortens the
+    wait, an ``approval_default`` of ``"allow"`` becomes ``"deny"``: a caller that waits less
+    than the handler asked for never turns the handler's silence window into an allow."""
+    own = _clamp(result.approval_timeout, most_s)
+    if callers_s is None:
+        return msgspec.structs.replace(result, approval_timeout=own)
+    cut = _clamp(own, callers_s)
+    shortened = cut is not None and (own is None or cut < own)
+    default = "deny" if shortened else result.approval_default
+    return msgspec.structs.replace(result, approval_timeout=cut, approval_default=default)
+
+
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
@@ -361,7 +378,13 @@ class Approvals:
         await self.records.close(leases=False)
 
     async def decide(
-        self, event: str, result: HookResult, *, call_id: str, wait_s: float | None = None
+        self,
+        event: str,
+        result: HookResult,
+        *,
+        call_id: str,
+        wait_s: float | None = None,
+        longest_s: float | None = None,
     ) -> HookResult:
         """Ask, wait, and fold the answer into `result`: continue or deny.
 
@@ -375,6 +398,12 @@ class Approvals:
                 read and write of the question (grants, the record, its creation, the
                 waiter lease) ends by then; the reads that look for an answer landed
                 meanwhile take at most `SETTLE_READS_S` more.
+            longest_s: seconds this approval may wait at most (the emit's
+                ``approval_timeout_s``): the handler's ``approval_timeout`` is cut to it,
+                and its end applies ``approval_default``, except that a default of
+                ``"allow"`` becomes ``"deny"`` when the cut shortened the wait (only the
+                handler's own full timeout may allow by default; a caller cannot hurry
+                it). None: no cut besides `max_timeout_s`.
         Returns:
             `result` with ``action`` continue or deny and the ``reason``: a grant, the
             human's choice, the timeout's `approval_default`, a cancel (deny), options that
@@ -389,16 +418,17 @@ class Approvals:
                 only means the human is asked.
         """
         with caller_deadline(wait_s):
-            return await self._decide(event, result, call_id=call_id, wait_s=wait_s)
+            return await self._decide(
+                event, result, call_id=call_id, wait_s=wait_s, longest_s=longest_s
+            )
 
     async def _decide(
-        self, event: str, result: HookResult, *, call_id: str, wait_s: float | None
-    ) -> HookResult:
+        self, event: str, result: HookResult, *, call_id: str, wait_s: float | None,
+        longest_s: float | None,
+    ) -> HookResult:  # fmt: skip
         started = time.monotonic()
         handler = result.decided_by or "?"
-        result = msgspec.structs.replace(
-            result, approval_timeout=_clamp(result.approval_timeout, self.max_timeout_s)
-        )
+        result = _cut(result, self.max_timeout_s, longest_s)
         options = list(result.approval_options or APPROVAL_DEFAULT_OPTIONS)
         allowing = allowing_options(options, result.approval_allow_options)
         if not allowing:

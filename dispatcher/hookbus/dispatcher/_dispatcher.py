@@ -310,6 +310,7 @@ class HookDispatcher(StandardEvents):
         *,
         idempotency_key: str | None = None,
         timeout_s: float | None = None,
+        approval_timeout_s: float | None = None,
     ) -> HookResult:
         """Emit `event` to its handlers in priority order and fold their results.
 
@@ -342,12 +343,20 @@ class HookDispatcher(StandardEvents):
                 `REMOTE_EMIT_BUDGET_S` (60 s) from the emit's start, however many there are
                 (in-process handlers, as in amplifier-core, have no overall limit; an
                 approval's wait is its own ``approval_timeout``).
+            approval_timeout_s: longest wait of an approval this emit asks, seconds (above
+                0): each handler's ``approval_timeout`` is cut to it, so an approval nobody
+                answers ends with its ``approval_default`` (closed, no longer pending)
+                within a caller's wait that is longer (a door passes its wait less a
+                margin); an approval the cut shortened applies deny where its default is
+                allow (only the handler's full timeout allows by default). None: the
+                handlers' own ``approval_timeout``.
 
         Returns:
             The folded `HookResult`; ``result.chained_data`` is the final chained data.
         Raises:
             UnknownEventError: `strict_events` is on and the event is unknown.
-            BadRequestError: `timeout_s` is negative or not finite; the data holds NaN,
+            BadRequestError: `timeout_s` is negative or not finite, `approval_timeout_s`
+                is not a finite number above 0; the data holds NaN,
                 a key JSON cannot hold, or refers to itself (see `json_safe`).
             PayloadTooLargeError: the event does not fit the server's max_payload.
             NotConnectedError: a remote handler is routed but the connection is closed,
@@ -361,11 +370,13 @@ class HookDispatcher(StandardEvents):
         if otel.sync():  # the emit span and metrics (telemetry on)
             return await observed_emit(
                 self._emitter.emit, self, event, data,
-                {"idempotency_key": idempotency_key, "timeout_s": timeout_s},
+                {"idempotency_key": idempotency_key, "timeout_s": timeout_s,
+                 "approval_timeout_s": approval_timeout_s},
             )  # fmt: skip
         return await self._emitter.emit(
-            event, data, idempotency_key=idempotency_key, timeout_s=timeout_s
-        )
+            event, data, idempotency_key=idempotency_key, timeout_s=timeout_s,
+            approval_timeout_s=approval_timeout_s,
+        )  # fmt: skip
 
     async def emit_and_collect(
         self, event: str, data: dict[str, Any], timeout: float = 1.0

@@ -94,10 +94,18 @@ class Emitter:
         *,
         idempotency_key: str | None = None,
         timeout_s: float | None = None,
+        approval_timeout_s: float | None = None,
     ) -> HookResult:
         """`HookDispatcher.emit`: see there for the semantics and the errors raised."""
         if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s >= 0):
             raise BadRequestError(f"timeout_s must be a finite number of seconds >= 0: {timeout_s}")
+        if approval_timeout_s is not None and not (
+            math.isfinite(approval_timeout_s) and approval_timeout_s > 0
+        ):
+            raise BadRequestError(
+                f"approval_timeout_s must be a finite number of seconds above 0:"
+                f" {approval_timeout_s}"
+            )
         if not self._router.registry_current and not await self._router.wait_registry(
             REGISTRY_WAIT_S if timeout_s is None else min(timeout_s, REGISTRY_WAIT_S)
         ):
@@ -131,7 +139,7 @@ class Emitter:
             if result is None:
                 result = fold.result()
                 if result.action == "ask_user" and self.approvals is not None:
-                    result = await self._approve(event, fold.asks(), ctx)
+                    result = await self._approve(event, fold.asks(), ctx, approval_timeout_s)
         except nats.errors.Error as exc:
             raise NotConnectedError(f"NATS failed during the emit: {type(exc).__name__}") from exc
         if self.decisions is not None:  # the decision is final: record it
@@ -154,24 +162,29 @@ class Emitter:
             self.record(event, safe, result, ctx, idempotency_key)
         return result
 
-    async def _approve(self, event: str, asks: list[HookResult], ctx: EmitContext) -> HookResult:
+    async def _approve(
+        self, event: str, asks: list[HookResult], ctx: EmitContext, longest_s: float | None
+    ) -> HookResult:
         """Turn the emit's ``ask_user`` results (`Fold.asks`, priority order) into the
         humans' answers, one question after the other within the emit's deadline.
 
         Every asking handler's question is asked (or allowed by its own "Allow always"
         grant); the first refusal denies and later questions are not asked; the call goes
         on only when every question was allowed. The result is amplifier-core-shaped (the
-        first ask's fields; see `joined_decision`).
+        first ask's fields; see `joined_decision`). `longest_s`: the emit's
+        ``approval_timeout_s`` (each question's timeout is cut to it; None: no cut).
         """
         decisions: list[HookResult] = []
         for ask in asks:
-            decided = await self._approve_one(event, ask, ctx)
+            decided = await self._approve_one(event, ask, ctx, longest_s)
             decisions.append(decided)
             if decided.action != "continue":
                 break
         return joined_decision(asks, decisions)
 
-    async def _approve_one(self, event: str, result: HookResult, ctx: EmitContext) -> HookResult:
+    async def _approve_one(
+        self, event: str, result: HookResult, ctx: EmitContext, longest_s: float | None
+    ) -> HookResult:
         """Turn one ``ask_user`` result into the human's answer, within the emit's deadline.
 
         The wait is cut to what the emit has left: when that ends it before the approval's
@@ -188,7 +201,9 @@ class Emitter:
             left = max(0.0, left)
         try:
             async with asyncio.timeout(None if left is None else left + _SETTLE_S):
-                return await self.approvals.decide(event, result, call_id=ctx.call_id, wait_s=left)
+                return await self.approvals.decide(
+                    event, result, call_id=ctx.call_id, wait_s=left, longest_s=longest_s
+                )
         except (SuspensionAbortedError, NotConnectedError):
             raise  # a draining dispatcher (resumable) or a closed connection: the caller's
         except (HookbusError, TimeoutError) as exc:

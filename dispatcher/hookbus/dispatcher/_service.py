@@ -208,7 +208,9 @@ class DispatcherService:
     (malformed JSON, wrong types, an unknown event, an oversize result, a timeout that is
     not a finite number above 0) gets a structured `WireError` reply and a log line; the
     service keeps serving. Timeouts in requests are clamped: ``EmitRequest.timeout_s`` to
-    `max_emit_timeout_s`, ``CollectRequest.timeout_s`` to `max_collect_timeout_s`.
+    `max_emit_timeout_s`, ``CollectRequest.timeout_s`` to `max_collect_timeout_s`;
+    ``EmitRequest.approval_timeout_s`` (a finite number above 0, else ``bad_request``) cuts
+    the timeout of each approval the emit asks (`HookDispatcher.emit`).
 
     Args:
         dispatcher: the dispatcher that serves the requests (started by `start`).
@@ -592,6 +594,11 @@ class DispatcherService:
             timeout_s = _timeout(req.timeout_s, maximum=self._max_emit_timeout_s, field="timeout_s")
             if timeout_s is not None:
                 options["timeout_s"] = timeout_s
+            approval_s = _timeout(
+                req.approval_timeout_s, maximum=math.inf, field="approval_timeout_s"
+            )
+            if approval_s is not None:
+                options["approval_timeout_s"] = approval_s
             started = time.monotonic()
             result = await self._dispatcher.emit(event, {**ids, **req.data}, **options)
             if log.isEnabledFor(logging.DEBUG):

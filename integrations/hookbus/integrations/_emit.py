@@ -44,9 +44,11 @@ __all__ = [
 
 
 class Emit(Protocol):
-    """``await emit(event, data, idempotency_key=..., timeout_s=...) -> HookResult``.
+    """``await emit(event, data, idempotency_key=..., timeout_s=..., approval_timeout_s=...)
+    -> HookResult``.
 
-    The shape of `HookDispatcher.emit`. Raises what it raises (`hookbus.schemas.HookbusError`
+    The shape of `HookDispatcher.emit` (``approval_timeout_s``, seconds: the longest wait of
+    an approval the emit asks). Raises what it raises (`hookbus.schemas.HookbusError`
     subclasses); a door answers those with its protocol's fallback, never a traceback.
     """
 
@@ -57,6 +59,7 @@ class Emit(Protocol):
         *,
         idempotency_key: str | None = None,
         timeout_s: float | None = None,
+        approval_timeout_s: float | None = None,
     ) -> HookResult: ...
 
 

@@ -38,9 +38,11 @@ What each action does (the dispatcher's fold decides; nothing is re-decided here
 - ``ask_user``: the dispatcher turns it into a durable hookbus approval (JetStream KV,
   answered from any process with `HookDispatcher.answer_approval` or ``hookbus approvals
   answer``) and returns the answer as continue or deny; the CLI waits for the callback. An
-  approval is bounded by `ClaudeCodeOptions.timeout_s` (raise it for approvals a person
-  answers): past it, the fallback answers. A dispatcher without approvals cannot answer
-  it: a deny, with a reason saying why.
+  approval waits at most `ClaudeCodeOptions.approval_timeout_s` (`ClaudeCodeOptions.timeout_s`
+  less a margin; raise `timeout_s` for approvals a person answers), whatever the handler's
+  ``approval_timeout``: one nobody answers ends with its ``approval_default`` before the
+  callback gives up, never left pending. A dispatcher without approvals cannot answer it:
+  a deny, with a reason saying why.
 - ``continue``: no opinion: the SDK's own permission rules decide.
 
 Faults: an emit that fails (NATS unreachable, a timeout past
@@ -203,12 +205,14 @@ class HookbusClaudeHooks:
         *,
         idempotency_key: str | None = None,
         timeout_s: float | None = None,
+        approval_timeout_s: float | None = None,
     ) -> HookResult:
         """The dispatcher's emit; an ``ask_user`` it could not turn into an approval is a
         deny (nobody can answer it here)."""
         result = await self.dispatcher.emit(
-            event, data, idempotency_key=idempotency_key, timeout_s=timeout_s
-        )
+            event, data, idempotency_key=idempotency_key, timeout_s=timeout_s,
+            approval_timeout_s=approval_timeout_s,
+        )  # fmt: skip
         if result.action == "ask_user":
             return as_deny(result, event, _NO_APPROVALS, log=log)
         return result

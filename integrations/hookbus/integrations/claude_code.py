@@ -222,8 +222,9 @@ class ClaudeCodeOptions:
         """Longest ``approval_timeout`` of an approval asked through the door, seconds:
         `timeout_s` less `APPROVAL_MARGIN_S` (at most a fifth of `timeout_s`), so an
         unanswered approval ends at its own timeout, with its ``approval_default``, before
-        the door gives up, and none is left pending behind it. The embedded dispatcher the
-        door builds cuts every handler's ``approval_timeout`` to this."""
+        the door gives up, and none is left pending behind it. `answer` passes it with every
+        emit (``approval_timeout_s``: an embedded dispatcher, the dispatcher service and
+        the gateway's replica all cut a handler's ``approval_timeout`` to it)."""
         return self.timeout_s - min(APPROVAL_MARGIN_S, self.timeout_s / 5)
 
     def fallback_for(self, hook_event_name: str) -> FallbackAction:
@@ -360,6 +361,7 @@ async def answer(
                 dict(data),
                 idempotency_key=_idempotency_key(name, data),
                 timeout_s=opts.timeout_s,
+                approval_timeout_s=opts.approval_timeout_s,
             )
     except UnknownEventError:  # nothing declared for this event: nobody has an opinion
         return ClaudeCodeAnswer(hook_event_name=name)

@@ -258,6 +258,7 @@ def _bounds(defs: dict[str, Any]) -> None:
         globs["items"].update(name)
     for type_name in ("EmitRequest", "CollectRequest"):
         _number_branch(defs[type_name]["properties"]["timeout_s"]).update(positive)
+    _number_branch(defs["EmitRequest"]["properties"]["approval_timeout_s"]).update(positive)
 
 
 def _enums(defs: dict[str, Any]) -> None:

@@ -414,6 +414,12 @@ class EmitRequest(_Wire):
     timeout_s: float | None = None
     """Overall deadline of the emit in seconds (clamped by the service); None: the
     handlers' own timeouts (and an approval's) decide."""
+    approval_timeout_s: float | None = None
+    """Longest wait, in seconds, of an approval this emit asks (above 0, finite): a handler's
+    ``approval_timeout`` is cut to it, so an approval nobody answers ends with its
+    ``approval_default`` (and is no longer pending) within the caller's own wait; when the
+    cut shortens the wait, a default of ``allow`` becomes ``deny`` (only the handler's full
+    timeout allows by default). None: the handler's ``approval_timeout``."""
 
 
 class EmitReply(_Wire):

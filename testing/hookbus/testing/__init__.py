@@ -169,6 +169,7 @@ class WorkerTestKit:
         *,
         timeout_s: float | None = None,
         idempotency_key: str | None = None,
+        approval_timeout_s: float | None = None,
     ) -> HookResult:
         """Emit `event` to the worker's handlers and fold their results: `HookDispatcher.emit`,
         every handler called as a remote one.
@@ -180,6 +181,8 @@ class WorkerTestKit:
             timeout_s: the emit's overall deadline in seconds (None: each handler's own
                 ``timeout_s`` only).
             idempotency_key: sent to the handlers in the envelope, as over NATS.
+            approval_timeout_s: as `HookDispatcher.emit` (the kit runs no approvals: an
+                ``ask_user`` is returned as such); accepted so the kit's emit is an `Emit`.
 
         Returns:
             The folded `HookResult`: ``action``, ``reason``, ``decided_by``, ``modified_by``,
@@ -189,16 +192,18 @@ class WorkerTestKit:
             with the failure policy applied.
         Raises:
             UnknownEventError: no handler for `event` (with ``strict_events``).
-            BadRequestError: `timeout_s` negative or not finite, or data that cannot be
-                made JSON (as `HookDispatcher.emit`).
+            BadRequestError: `timeout_s` negative or not finite, `approval_timeout_s` not
+                finite and above 0, or data that cannot be made JSON (as
+                `HookDispatcher.emit`).
             PayloadTooLargeError: the encoded event exceeds nats-server's default
                 ``max_payload`` (1 MiB).
             RuntimeError: the kit is not started (use ``async with``) or is closed.
         """
         self._check(event)
         return await self._dispatcher.emit(
-            event, data, timeout_s=timeout_s, idempotency_key=idempotency_key
-        )
+            event, data, timeout_s=timeout_s, idempotency_key=idempotency_key,
+            approval_timeout_s=approval_timeout_s,
+        )  # fmt: skip
 
     async def emit_and_collect(
         self, event: str, data: dict[str, Any], timeout: float = 1.0
