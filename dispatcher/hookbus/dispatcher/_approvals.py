@@ -703,7 +703,10 @@ class Approvals:
         if answer is None:
             return False
         with contextlib.suppress(AlreadySettledError):  # answered or closed meanwhile
-            await store.resolve_hook(label, msgspec.to_builtins(answer))
+            if answer.kind == "cancel":  # an approver's proven cancel: closed, the call denied
+                await store.cancel_hook(label, reason=cancel_reason(answer))
+            else:
+                await store.resolve_hook(label, msgspec.to_builtins(answer))
         return True
 
     async def _settled_by_proof(
@@ -996,10 +999,62 @@ class Approvals:
         if ended is not None:
             raise AlreadySettledError(f"approval {label!r} is already {_settled(ended)}")
         answer = ApprovalAnswer(choice=choice, answered_by=approver, answered_at=time.time())
-        key = approval_answer_key(label, agent_id, approver)
-        answer = await write_proof(store.records.kv, key, answer, deadline_s=self._grant_read_s)
+        return await self._prove(store, label, answer, wait_s)
+
+    async def cancel(
+        self,
+        label: str,
+        *,
+        agent_id: str | None,
+        approver: str,
+        reason: str | None = None,
+        wait_s: float | None = None,
+    ) -> ApprovalAnswer:
+        """End the pending approval `label` of agent `agent_id` without an answer, as
+        `approver`: its waiting call (or a retry of it) is denied, "approval cancelled: by
+        <approver>[: <reason>]".
+
+        Like `answer`, the approver writes only its proof ``<agent>.<label>.<approver>``
+        (kind ``"cancel"``); the decider closes the record from it (the first proof in
+        stream order decides, a cancel or an answer). Waits up to `wait_s` seconds
+        (default `answer_wait_s`) for that.
+
+        Returns:
+            The cancel proof that ended the approval.
+        Raises:
+            SuspensionNotFoundError: no approval with this label for this agent.
+            AlreadySettledError: it was answered, cancelled or timed out first, or this
+                approver already answered it.
+            BadRequestError: `approver` is empty or too long.
+            AnswerNotAppliedError: the cancel is recorded but no dispatcher applied it
+                within the wait: it ends the approval when a dispatcher reads it.
+            HookbusTimeoutError: JetStream stayed unavailable (or this client's NATS user
+                may not write the proof).
+        """
+        store = self.records.for_agent(agent_id)
+        got = await store.get(label)
+        if got is None or got[0].metadata.get("kind") != "approval":
+            raise SuspensionNotFoundError(f"no approval {label!r} for agent {agent_id!r}")
+        if got[0].status != "pending":
+            raise AlreadySettledError(f"approval {label!r} is already {_settled(got[0])}")
+        ended = await self.end_if_overdue(label, agent_id=agent_id, write=self.closes_records)
+        if ended is not None:
+            raise AlreadySettledError(f"approval {label!r} is already {_settled(ended)}")
+        proof = ApprovalAnswer(
+            choice="", answered_by=approver, answered_at=time.time(), kind="cancel",
+            reason=reason,
+        )  # fmt: skip
+        return await self._prove(store, label, proof, wait_s)
+
+    async def _prove(
+        self, store: Suspensions, label: str, proof: ApprovalAnswer, wait_s: float | None
+    ) -> ApprovalAnswer:
+        """Write `proof` (an answer or a cancel) as its approver's, then wait for a decider
+        to apply it (`_applied`)."""
+        key = approval_answer_key(label, store.agent_id, proof.answered_by or "")
+        proof = await write_proof(store.records.kv, key, proof, deadline_s=self._grant_read_s)
         return await self._applied(
-            store, label, answer, self.answer_wait_s if wait_s is None else wait_s
+            store, label, proof, self.answer_wait_s if wait_s is None else wait_s
         )
 
     async def _applied(
@@ -1015,6 +1070,10 @@ class Approvals:
             if record is None:
                 raise SuspensionNotFoundError(f"approval {label!r} vanished")
             if record.status == "cancelled":
+                if answer.kind == "cancel" and record.reason == cancel_reason(answer):
+                    return answer
+                raise AlreadySettledError(f"approval {label!r} was {_settled(record)} first")
+            if record.status == "resolved" and answer.kind == "cancel":
                 raise AlreadySettledError(f"approval {label!r} was {_settled(record)} first")
             if record.status == "resolved":
                 try:
@@ -1093,7 +1152,15 @@ def _valid_answer(
             return None
     except HookbusError:
         return None
+    if answer.kind == "cancel":
+        return answer
     return answer if answer.choice in options else None
+
+
+def cancel_reason(proof: ApprovalAnswer) -> str:
+    """The reason an approval closed by the cancel proof `proof` carries: ``"by
+    <approver>"``, then ``": <reason>"`` when the cancel gave one."""
+    return f"by {proof.answered_by}" + (f": {proof.reason}" if proof.reason else "")
 
 
 def _settled(record: SuspensionRecord) -> str:
