@@ -6,24 +6,18 @@ answer (the approval still stands)."""
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import anyio
 import pytest
-from test_permissions import (  # noqa: F401  (fixtures)
-    Client,
-    Connect,
-    Secure,
-    _service_emit,
-    _system,
-    _until_served,
-    as_,
-    event,
-    refused,
-    secure,
-)
+import test_permissions as _permissions
+from test_permissions import Client, Connect, Secure, _service_emit, _system, _until_served, refused
 
+from hookbus.cli._output import short_id
 from hookbus.dispatcher import ApprovalsClient, DispatcherService, HookDispatcher
 from hookbus.schemas import (
     APPROVALS_BUCKET,
@@ -36,14 +30,32 @@ from hookbus.schemas import (
 
 pytestmark = pytest.mark.anyio
 
+# the secured server of either mode (nkey, JWT), its connections and event: shared fixtures
+secure = _permissions.secure
+as_ = _permissions.as_
+event = _permissions.event
+
+
+@dataclass
+class Asked:
+    """A pending approval of agent a2 whose emit (through the dispatcher service) waits."""
+
+    record: SuspensionRecord
+    approvals: ApprovalsClient  # approver alice's
+    agent: Client  # a2's
+    replies: list[dict[str, Any]] = field(default_factory=list)
+    done: anyio.Event = field(default_factory=anyio.Event)
+
+    async def result(self) -> dict[str, Any]:
+        """The emit's result, once it ended."""
+        await self.done.wait()
+        return self.replies[0]
+
 
 @contextlib.asynccontextmanager
-async def _asked(
-    as_: Connect, event: str, command: str
-) -> AsyncIterator[tuple[SuspensionRecord, ApprovalsClient, list[dict[str, Any]], Client]]:
-    """A worker asking about `command`, the dispatcher service deciding for agent a2, a2's
-    emit waiting on the approval: yields the pending record, approver alice's client, the
-    list the emit's reply lands in (once it ends), and a2's client."""
+async def _asked(as_: Connect, event: str, command: str) -> AsyncIterator[Asked]:
+    """A worker asking about `command`, the dispatcher service deciding for agent a2, and
+    a2's emit waiting on the approval (with alice's client it is found pending)."""
     worker, _ = await _system(as_, event)
     service_client = await as_("dispatcher-dispatcher")
     service = DispatcherService(HookDispatcher(service_client.nc), service_client.nc)
@@ -51,6 +63,7 @@ async def _asked(
     client = await as_("agent-a2")
     alice = await as_("approver-alice")
     replies: list[dict[str, Any]] = []
+    done = anyio.Event()
     try:
         async with worker, ApprovalsClient(alice.nc, agent_id="a2") as approvals:
             await _until_served(client, emit_service_subject(event, "a2"))
@@ -58,6 +71,7 @@ async def _asked(
 
                 async def ask() -> None:
                     replies.append((await _service_emit(client, command))["result"])
+                    done.set()
 
                 tg.start_soon(ask)
                 with anyio.fail_after(20):
@@ -68,7 +82,7 @@ async def _asked(
                         if mine:
                             break
                         await anyio.sleep(0.1)
-                yield mine[0], approvals, replies, client
+                yield Asked(mine[0], approvals, client, replies, done)
                 tg.cancel_scope.cancel()
     finally:
         await service.stop()
@@ -78,18 +92,36 @@ async def _still_pending(approvals: ApprovalsClient, label: str) -> bool:
     return label in {r.label for r in await approvals.pending_approvals()}
 
 
+async def _cancel_by_cli(secure: Secure, label: str, reason: str) -> str:
+    """`hookbus approvals cancel` with approver alice's context (no --approver: the
+    credentials name her); its one line of output."""
+    context = secure.out / "T1" / "approver-alice.json"
+    with anyio.fail_after(30):
+        done = await anyio.run_process(
+            [sys.executable, "-m", "hookbus.cli", "approvals", "cancel", short_id(label),
+             "--reason", reason, "--context", str(context), "--url", secure.url],
+            check=False,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()
+    return done.stdout.decode().strip()
+
+
+@pytest.mark.parametrize("via", ["client", "cli"])
 async def test_an_approver_cancels_and_the_waiting_call_is_denied_at_once(
-    as_: Connect, event: str
+    secure: Secure, as_: Connect, event: str, via: str
 ) -> None:
-    async with _asked(as_, event, "ask cancel") as (record, approvals, replies, _):
-        with anyio.fail_after(10):  # the approval's own timeout is 20 s
-            await approvals.cancel_approval(
-                record.label, approver="alice", reason="wrong tool", agent_id="a2"
-            )
-            while not replies:
-                await anyio.sleep(0.05)
+    async with _asked(as_, event, f"ask cancel {via}") as asked:
+        record, approvals = asked.record, asked.approvals
+        with anyio.fail_after(15):  # the approval's own timeout is 20 s
+            if via == "client":
+                await approvals.cancel_approval(
+                    record.label, approver="alice", reason="wrong tool", agent_id="a2"
+                )
+            else:
+                said = await _cancel_by_cli(secure, record.label, "wrong tool")
+                assert said == f"cancelled {record.label}: by alice: wrong tool"
+            result = await asked.result()
         assert not await _still_pending(approvals, record.label)
-    result = replies[0]
     assert result["action"] == "deny", result
     assert result["reason"] == "approval cancelled: by alice: wrong tool", result
 
@@ -97,15 +129,16 @@ async def test_an_approver_cancels_and_the_waiting_call_is_denied_at_once(
 async def test_an_agent_can_neither_cancel_nor_answer(
     secure: Secure, as_: Connect, event: str
 ) -> None:
-    async with _asked(as_, event, "ask agent") as (record, approvals, replies, agent):
+    async with _asked(as_, event, "ask agent") as asked:
+        record, approvals, agent = asked.record, asked.approvals, asked.agent
         js = agent.nc.jetstream(timeout=2)
+        key = approval_answer_key(record.label, "a2", "alice")
         for kind, choice in (("cancel", ""), ("answer", "Allow once")):
-            proof = ApprovalAnswer(choice=choice, answered_by="alice", kind=kind)
-            key = approval_answer_key(record.label, "a2", "alice")
+            proof = encode(ApprovalAnswer(choice=choice, answered_by="alice", kind=kind))
             await refused(
                 secure, agent, f"agent writes approver alice's {kind} proof",
-                lambda: js.publish(f"$KV.{APPROVALS_BUCKET}.{key}", encode(proof)),
+                partial(js.publish, f"$KV.{APPROVALS_BUCKET}.{key}", proof),
             )  # fmt: skip
         assert await _still_pending(approvals, record.label)
-        assert not replies
+        assert not asked.done.is_set()
         await approvals.cancel_approval(record.label, approver="alice", agent_id="a2")

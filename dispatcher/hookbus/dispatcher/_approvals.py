@@ -1044,15 +1044,26 @@ class Approvals:
             choice="", answered_by=approver, answered_at=time.time(), kind="cancel",
             reason=reason,
         )  # fmt: skip
-        return await self._prove(store, label, proof, wait_s)
+        options = list(got[0].metadata.get("options") or APPROVAL_DEFAULT_OPTIONS)
+        return await self._prove(store, label, proof, wait_s, apply_with=options)
 
     async def _prove(
-        self, store: Suspensions, label: str, proof: ApprovalAnswer, wait_s: float | None
+        self,
+        store: Suspensions,
+        label: str,
+        proof: ApprovalAnswer,
+        wait_s: float | None,
+        *,
+        apply_with: list[str] | None = None,
     ) -> ApprovalAnswer:
         """Write `proof` (an answer or a cancel) as its approver's, then wait for a decider
-        to apply it (`_applied`)."""
+        to apply it (`_applied`). `apply_with` (the approval's options): when this client
+        may write records (`closes_records`), apply the first proof itself first, so a
+        cancel of an approval nobody waits for ends it at once."""
         key = approval_answer_key(label, store.agent_id, proof.answered_by or "")
         proof = await write_proof(store.records.kv, key, proof, deadline_s=self._grant_read_s)
+        if apply_with is not None and self.closes_records:
+            await self._apply_proofs(store, label, apply_with)
         return await self._applied(
             store, label, proof, self.answer_wait_s if wait_s is None else wait_s
         )
