@@ -13,6 +13,7 @@ from functools import partial
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 import test_permissions as _permissions
 from test_permissions import Client, Connect, Secure, _service_emit, _system, _until_served, refused
@@ -26,6 +27,7 @@ from hookbus.schemas import (
     approval_answer_key,
     emit_service_subject,
     encode,
+    suspension_key,
 )
 
 pytestmark = pytest.mark.anyio
@@ -139,6 +141,12 @@ async def test_an_agent_can_neither_cancel_nor_answer(
                 secure, agent, f"agent writes approver alice's {kind} proof",
                 partial(js.publish, f"$KV.{APPROVALS_BUCKET}.{key}", proof),
             )  # fmt: skip
+        closed = msgspec.structs.replace(record, status="cancelled", reason="by alice")
+        await refused(
+            secure, agent, "agent closes the approval record itself",
+            partial(js.publish, f"$KV.{APPROVALS_BUCKET}.{suspension_key(record.label, 'a2')}",
+                    encode(closed)),
+        )  # fmt: skip
         assert await _still_pending(approvals, record.label)
         assert not asked.done.is_set()
         await approvals.cancel_approval(record.label, approver="alice", agent_id="a2")
