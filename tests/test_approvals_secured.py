@@ -16,13 +16,24 @@ import anyio
 import msgspec
 import pytest
 import test_permissions as _permissions
-from test_permissions import Client, Connect, Secure, _service_emit, _system, _until_served, refused
+from test_permissions import (
+    EVENT,
+    Client,
+    Connect,
+    Secure,
+    _service_emit,
+    _system,
+    _until_served,
+    refused,
+)
 
 from hookbus.cli._output import short_id
-from hookbus.dispatcher import ApprovalsClient, DispatcherService, HookDispatcher
+from hookbus.dispatcher import ApprovalsClient, DispatcherService, HookDispatcher, _approvals
+from hookbus.dispatcher._approvals import CALLERS_DEADLINE
 from hookbus.schemas import (
     APPROVALS_BUCKET,
     ApprovalAnswer,
+    HookResult,
     SuspensionRecord,
     approval_answer_key,
     emit_service_subject,
@@ -150,3 +161,39 @@ async def test_an_agent_can_neither_cancel_nor_answer(
         assert await _still_pending(approvals, record.label)
         assert not asked.done.is_set()
         await approvals.cancel_approval(record.label, approver="alice", agent_id="a2")
+
+
+async def test_the_dispatcher_service_ends_an_approval_nobody_waits_for(
+    connect: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The caller's deadline leaves an approval pending (its asker gone); with nobody
+    listing or reading it, the dispatcher service's sweep ends it past its timeout plus the
+    margin: closed with its default, as expired."""
+    monkeypatch.setattr(_approvals, "EXPIRY_MARGIN_S", 0.5)
+    agent = HookDispatcher(await connect())
+
+    async def ask(event: str, data: dict[str, Any]) -> HookResult:
+        return HookResult(action="ask_user", approval_timeout=1.0, approval_default="deny")
+
+    agent.register(EVENT, ask)
+    service_nc = await connect()
+    service = DispatcherService(HookDispatcher(service_nc), service_nc, expiry_sweep_s=0.3)
+    async with agent, ApprovalsClient(await connect()) as reader:
+        gone = await agent.emit(EVENT, {"tool_name": "bash"}, timeout_s=0.5)
+        assert gone.action == "deny" and CALLERS_DEADLINE in (gone.reason or ""), gone
+        [pending] = [
+            r for r in (await reader.approval_page(status=None)).records if r.status == "pending"
+        ]  # fmt: skip  (a listing of all ends nothing)
+        await service.start()
+        try:
+            with anyio.fail_after(30):  # expired after 1.5 s, swept every 0.3 s
+                while True:  # only get_approval: a plain read that ends nothing
+                    got = await reader.get_approval(pending.label, agent_id=pending.agent_id)
+                    assert got is not None
+                    if got[0].status != "pending":
+                        break
+                    await anyio.sleep(0.2)
+        finally:
+            await service.stop()
+    assert got[0].status == "cancelled"
+    assert got[0].reason == "timed out after 1.0s; default deny applied"

@@ -549,6 +549,17 @@ class HookDispatcher(StandardEvents):
             label, reason=reason, agent_id=self._agent(agent_id), approver=approver
         )
 
+    async def end_overdue_approvals(self) -> list[SuspensionRecord]:
+        """End every agent's pending approvals nobody closed within their timeout plus
+        `EXPIRY_MARGIN_S` (their asker gone); see `ApprovalsClient.end_overdue`.
+
+        Returns:
+            The records ended, as settled.
+        Raises:
+            HookbusTimeoutError: JetStream stayed unavailable.
+        """
+        return await (await self._answers()).end_overdue()
+
     async def get_approval(
         self, label: str, *, agent_id: str | None = None
     ) -> tuple[SuspensionRecord, int] | None:
