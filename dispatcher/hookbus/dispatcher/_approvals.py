@@ -25,13 +25,16 @@ retry of the call (same idempotency key) gets its answer.
 deadline, a stopped emit, a crashed dispatcher), a pending approval is ended by whoever
 next reads it past ``timeout_s`` plus `EXPIRY_MARGIN_S` and may write the record (an
 approver's `ApprovalsClient` on an open server, the console, ``hookbus approvals``, an
-answer to it): a proven answer written before that decides as usual, else the record is
+answer to it, the dispatcher service's expiry sweep): a proven answer written before that
+decides as usual, else the record is
 closed by compare-and-set on the revision it judged, with the asker's own reason ("timed
 out after ...; default ... applied"), so a retry of the call gets the default. The age is
 the server's: the time JetStream stamped on the record's current revision against the
 time it reports now (``STREAM.INFO``), never the record's ``created_at`` (the asker's wall
 clock) nor the reader's. An approval without a timeout never expires; `cancel` ends one by
-hand.
+hand: the approver's cancel proof (kind ``"cancel"``, same key as its answer), which the
+decider applies as it applies answers, closing the record with the reason ``"by
+<approver>[: <reason>]"`` (the call is denied "approval cancelled: by ...").
 
 **One approval per call and asker.** The label is derived from the call: event, agent, session,
 handler, the call's id (the caller's idempotency key, else the emit's own random id) and
@@ -56,10 +59,10 @@ same keys as suspensions), written only by the dispatcher that asks and waits (t
 an embedded dispatcher on an open server, the dispatcher service on a secured one, where an
 agent's own NATS user may not write there: its question is then denied at once, "approval
 not asked"). An approver writes only its answer proof ``<agent>.<label>.<approver>``
-(`Approvals.answer`); the decider resolves the record from the FIRST proof in stream order
-whose choice is one of the options (two deciders take the same one), also when the proof
-was written while nobody waited (a retry or a restarted dispatcher resumes the approval and
-applies it). A resolution without a matching proof still decides nothing. An agent may have
+(`Approvals.answer`, or its cancel, `Approvals.cancel`); the decider settles the record
+from the FIRST proof in stream order that is a cancel or whose choice is one of the
+options (two deciders take the same one), also when the proof was written while nobody
+waited (a retry or a restarted dispatcher resumes the approval and applies it). A resolution without a matching proof still decides nothing. An agent may have
 at most `Approvals.max_pending` pending approvals; beyond them a question is denied with a
 reason starting ``quota:``. Records live the bucket's TTL (7 days, the longest approval).
 

@@ -1,9 +1,9 @@
 """`ApprovalsClient`: what an approver needs, and nothing more.
 
-An approver answers approvals, lists the pending ones and lists and revokes "Allow always"
-grants. All of it lives in the approvals bucket, so that is all this opens (once, at
+An approver answers and cancels approvals, lists the pending ones and lists and revokes
+"Allow always" grants. All of it lives in the approvals bucket, so that is all this opens (once, at
 `start`, and kept): no handler registry watch, no request inboxes, no suspensions or
-leases bucket. The answer is written as today's answers are: the approver's proof
+leases bucket. An answer (or a cancel) is written as the approver's proof
 ``<agent>.<label>.<approver>``, which the deciding dispatcher applies (see
 `hookbus.dispatcher._approvals`). `HookDispatcher` answers through the same class.
 """
