@@ -63,8 +63,9 @@ not asked"). An approver writes only its answer proof ``<agent>.<label>.<approve
 from the FIRST proof in stream order that is a cancel or whose choice is one of the
 options (two deciders take the same one), also when the proof was written while nobody
 waited (a retry or a restarted dispatcher resumes the approval and applies it). A
-resolution without a matching proof still decides nothing. An agent may have at most `Approvals.max_pending` pending approvals; beyond them a question is denied with a
-reason starting ``quota:``. Records live the bucket's TTL (7 days, the longest approval).
+resolution without a matching proof still decides nothing. An agent may have at most
+`Approvals.max_pending` pending approvals; beyond them a question is denied with a reason
+starting ``quota:``. Records live the bucket's TTL (7 days, the longest approval).
 
 **"Allow always"** makes the decider store an `ApprovalGrant` in `APPROVALS_BUCKET` under
 `grant_key` (agent, session, event, handler, tool), with its lineage: the approval's label,
