@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -179,11 +180,13 @@ async def test_the_dispatcher_service_ends_an_approval_nobody_waits_for(
     service_nc = await connect()
     service = DispatcherService(HookDispatcher(service_nc), service_nc, expiry_sweep_s=0.3)
     async with agent, ApprovalsClient(await connect()) as reader:
-        gone = await agent.emit(EVENT, {"tool_name": "bash"}, timeout_s=0.5)
+        session = f"s-{uuid.uuid4().hex}"  # the server is shared: this test's approval
+        call = {"tool_name": "bash", "session_id": session}
+        gone = await agent.emit(EVENT, call, timeout_s=0.5)
         assert gone.action == "deny" and CALLERS_DEADLINE in (gone.reason or ""), gone
-        [pending] = [
-            r for r in (await reader.approval_page(status=None)).records if r.status == "pending"
-        ]  # fmt: skip  (a listing of all ends nothing)
+        every = (await reader.approval_page(status=None)).records  # a listing that ends nothing
+        [pending] = [r for r in every if r.metadata.get("session_id") == session]
+        assert pending.status == "pending"
         await service.start()
         try:
             with anyio.fail_after(30):  # expired after 1.5 s, swept every 0.3 s
