@@ -1106,8 +1106,9 @@ class Approvals:
                 )
                 raise AlreadySettledError(f"approval {label!r} was decided first by {who}")
             if loop.time() >= deadline:
+                what = "cancel" if answer.kind == "cancel" else f"answer {answer.choice!r}"
                 raise AnswerNotAppliedError(
-                    f"the answer {answer.choice!r} of {answer.answered_by} to approval {label!r}"
+                    f"the {what} of {answer.answered_by} to approval {label!r}"
                     f" is recorded, but no dispatcher applied it within {wait_s:g} s:"
                     " it decides when the agent's dispatcher (or the dispatcher service) reads"
                     " the approval, unless another approver answered first"
