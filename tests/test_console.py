@@ -377,7 +377,7 @@ async def test_cancelled_and_expired_approvals_leave_the_pending_list(
     connect: Connect, scene: Scene, page: Page, artifacts: Path
 ) -> None:
     """Cancel on a card ends the approval: the waiting emit is denied "approval cancelled:
-    cancelled by alice on the console" and the card goes. An approval whose asker gave up
+    by alice: on the console" and the card goes. An approval whose asker gave up
     (the caller's deadline) is shown expired past its timeout, ended by the console's next
     listing (its default applied), and leaves the list too."""
     async with served_console(connect) as url:
@@ -390,7 +390,7 @@ async def test_cancelled_and_expired_approvals_leave_the_pending_list(
             await card.locator("button.cancel").click()
             result = await out.wait()
         assert result.action == "deny"
-        assert result.reason == "approval cancelled: cancelled by alice on the console"
+        assert result.reason == "approval cancelled: by alice: on the console"
         await expect(card).to_have_count(0)
 
         gone = await scene.agent.emit(scene.event, scene.data("make expire"), timeout_s=0.5)

@@ -141,6 +141,30 @@ def approvals_list(conn: ConnectionSettings, as_json: bool) -> None:
     table_console().print(table)
 
 
+def _check_approver(conn: ConnectionSettings, approver: str | None) -> str | None:
+    """The approver name to act as: `approver`, else (None) the name of these credentials
+    when they are an approver's, else None.
+
+    Raises:
+        click.ClickException: the credentials are another approver's.
+    """
+    me = auth_identity(conn)
+    if me is None or me.role != "approver":
+        return approver
+    if approver is not None and me.name != approver:
+        raise click.ClickException(
+            f"these NATS credentials are approver {me.name} ({me.public_key}): they answer"
+            f" as {me.name} only, not as {approver} (give --approver {me.name})"
+        )
+    return me.name
+
+
+_APPROVER_HELP = (
+    "Your approver name (env HOOKBUS_APPROVER): on a secured server, the name your NATS user"
+    " may answer as (`hookbus auth add approver NAME`); it is recorded as who answered."
+)
+
+
 @approvals.command("answer")
 @click.argument("label", metavar="LABEL|ID")
 @click.argument("choice")
@@ -148,9 +172,7 @@ def approvals_list(conn: ConnectionSettings, as_json: bool) -> None:
     "--approver",
     envvar="HOOKBUS_APPROVER",
     required=True,
-    help="Your approver name (env HOOKBUS_APPROVER): on a secured server, the name your "
-    "NATS user may answer as (`hookbus auth add approver NAME`); it is recorded as who "
-    "answered.",
+    help=_APPROVER_HELP,
 )
 @click.option("--agent", default=None, help="The agent whose approval it is (default: found).")
 @connection_options
@@ -160,12 +182,7 @@ def approvals_answer(
     """Answer the approval LABEL (or the ID `hookbus approvals` prints beside it) with one
     of its options (e.g. "Allow always": it then allows every input of that tool for that
     agent and session until revoked)."""
-    me = auth_identity(conn)
-    if me is not None and me.role == "approver" and me.name != approver:
-        raise click.ClickException(
-            f"these NATS credentials are approver {me.name} ({me.public_key}): they answer"
-            f" as {me.name} only, not as {approver} (give --approver {me.name})"
-        )
+    _check_approver(conn, approver)
 
     async def answer(d: ApprovalsClient) -> str:
         record = await _one_pending(d, label, agent)
@@ -201,24 +218,37 @@ async def _one_pending(d: ApprovalsClient, label: str, agent: str | None) -> Sus
 @click.option(
     "--reason", default=None, help='Why (default "cancelled by hand"); the asker denies with it.'
 )
+@click.option(
+    "--approver",
+    envvar="HOOKBUS_APPROVER",
+    default=None,
+    help=_APPROVER_HELP.replace("answer as", "cancel as").replace("answered", "cancelled")
+    + " Default: the name of an approver's credentials; none: the record is written"
+    " directly (the admin's or the dispatcher service's credentials).",
+)
 @click.option("--agent", default=None, help="The agent whose approval it is (default: found).")
 @connection_options
 def approvals_cancel(
-    label: str, reason: str | None, agent: str | None, conn: ConnectionSettings
-) -> None:
+    label: str, reason: str | None, approver: str | None, agent: str | None,
+    conn: ConnectionSettings,
+) -> None:  # fmt: skip
     """End the pending approval LABEL (or the ID `hookbus approvals` prints beside it)
     without an answer: the call waiting on it, or a retry of it, is denied ("approval
-    cancelled: REASON"). Writes the approval record: on a secured server, the admin's
-    credentials (or the dispatcher service's)."""
-    why = reason or "cancelled by hand"
+    cancelled: REASON"). As an approver (--approver, or an approver's credentials) the
+    cancel is that approver's proof, which the deciding dispatcher applies: the reason is
+    then "by APPROVER: REASON". Without one it writes the approval record: on a secured
+    server, the admin's credentials (or the dispatcher service's)."""
+    who = _check_approver(conn, approver)
+    why = reason if who is not None else reason or "cancelled by hand"
 
     async def cancel(d: ApprovalsClient) -> str:
         record = await _one_pending(d, label, agent)
-        await d.cancel_approval(record.label, reason=why, agent_id=record.agent_id)
+        await d.cancel_approval(record.label, reason=why, agent_id=record.agent_id, approver=who)
         return record.label
 
     cancelled = _with_approvals(conn, cancel)
-    click.echo(f"cancelled {cancelled}: {why}")
+    shown = why if who is None else f"by {who}" + (f": {why}" if why else "")
+    click.echo(f"cancelled {cancelled}: {shown}")
 
 
 def _filters(f: Callable[..., None]) -> Callable[..., None]:

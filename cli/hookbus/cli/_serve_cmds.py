@@ -364,6 +364,16 @@ def worker(
     help="Pending approvals one agent may have at once; a question beyond them is denied "
     "with a reason starting 'quota:' (env HOOKBUS_MAX_PENDING_APPROVALS).",
 )
+@click.option(
+    "--expiry-sweep",
+    "expiry_sweep_s",
+    envvar="HOOKBUS_EXPIRY_SWEEP",
+    type=DURATION,
+    default="15s",
+    show_default=True,
+    help="Mean time between two sweeps (jittered by 20 %) that end approvals nobody waits"
+    " for, past their timeout plus a margin, with their default (env HOOKBUS_EXPIRY_SWEEP).",
+)
 @strict_buckets_option
 @max_reconnects_option
 @wait_for_server_option
@@ -380,6 +390,7 @@ def dispatcher_cmd(
     suspension_ttl_s: float,
     approval_ttl_s: float,
     max_pending_approvals: int,
+    expiry_sweep_s: float,
     strict_buckets: bool,
     max_reconnects: int,
     wait_for_server_s: float,
@@ -420,6 +431,7 @@ def dispatcher_cmd(
             dispatcher, nc, max_concurrency=max_concurrency, grace_s=grace_s,
             agent_max_in_flight=agent_max_in_flight or None,
             agent_rate_per_s=agent_rate_per_s or None, agent_burst=agent_burst,
+            expiry_sweep_s=expiry_sweep_s,
         )  # fmt: skip
         try:
             await service.start()

@@ -28,13 +28,16 @@ where the default is allow (only the handler's full timeout allows by default).
 deadline, a stopped emit, a crashed dispatcher), a pending approval is ended by whoever
 next reads it past ``timeout_s`` plus `EXPIRY_MARGIN_S` and may write the record (an
 approver's `ApprovalsClient` on an open server, the console, ``hookbus approvals``, an
-answer to it): a proven answer written before that decides as usual, else the record is
+answer to it, the dispatcher service's expiry sweep): a proven answer written before that
+decides as usual, else the record is
 closed by compare-and-set on the revision it judged, with the asker's own reason ("timed
 out after ...; default ... applied"), so a retry of the call gets the default. The age is
 the server's: the time JetStream stamped on the record's current revision against the
 time it reports now (``STREAM.INFO``), never the record's ``created_at`` (the asker's wall
 clock) nor the reader's. An approval without a timeout never expires; `cancel` ends one by
-hand.
+hand: the approver's cancel proof (kind ``"cancel"``, same key as its answer), which the
+decider applies as it applies answers, closing the record with the reason ``"by
+<approver>[: <reason>]"`` (the call is denied "approval cancelled: by ...").
 
 **One approval per call and asker.** The label is derived from the call: event, agent, session,
 handler, the call's id (the caller's idempotency key, else the emit's own random id) and
@@ -59,12 +62,13 @@ same keys as suspensions), written only by the dispatcher that asks and waits (t
 an embedded dispatcher on an open server, the dispatcher service on a secured one, where an
 agent's own NATS user may not write there: its question is then denied at once, "approval
 not asked"). An approver writes only its answer proof ``<agent>.<label>.<approver>``
-(`Approvals.answer`); the decider resolves the record from the FIRST proof in stream order
-whose choice is one of the options (two deciders take the same one), also when the proof
-was written while nobody waited (a retry or a restarted dispatcher resumes the approval and
-applies it). A resolution without a matching proof still decides nothing. An agent may have
-at most `Approvals.max_pending` pending approvals; beyond them a question is denied with a
-reason starting ``quota:``. Records live the bucket's TTL (7 days, the longest approval).
+(`Approvals.answer`, or its cancel, `Approvals.cancel`); the decider settles the record
+from the FIRST proof in stream order that is a cancel or whose choice is one of the
+options (two deciders take the same one), also when the proof was written while nobody
+waited (a retry or a restarted dispatcher resumes the approval and applies it). A
+resolution without a matching proof still decides nothing. An agent may have at most
+`Approvals.max_pending` pending approvals; beyond them a question is denied with a reason
+starting ``quota:``. Records live the bucket's TTL (7 days, the longest approval).
 
 **"Allow always"** makes the decider store an `ApprovalGrant` in `APPROVALS_BUCKET` under
 `grant_key` (agent, session, event, handler, tool), with its lineage: the approval's label,
@@ -733,7 +737,10 @@ class Approvals:
         if answer is None:
             return False
         with contextlib.suppress(AlreadySettledError):  # answered or closed meanwhile
-            await store.resolve_hook(label, msgspec.to_builtins(answer))
+            if answer.kind == "cancel":  # an approver's proven cancel: closed, the call denied
+                await store.cancel_hook(label, reason=cancel_reason(answer))
+            else:
+                await store.resolve_hook(label, msgspec.to_builtins(answer))
         return True
 
     async def _settled_by_proof(
@@ -1026,10 +1033,73 @@ class Approvals:
         if ended is not None:
             raise AlreadySettledError(f"approval {label!r} is already {_settled(ended)}")
         answer = ApprovalAnswer(choice=choice, answered_by=approver, answered_at=time.time())
-        key = approval_answer_key(label, agent_id, approver)
-        answer = await write_proof(store.records.kv, key, answer, deadline_s=self._grant_read_s)
+        return await self._prove(store, label, answer, wait_s)
+
+    async def cancel(
+        self,
+        label: str,
+        *,
+        agent_id: str | None,
+        approver: str,
+        reason: str | None = None,
+        wait_s: float | None = None,
+    ) -> ApprovalAnswer:
+        """End the pending approval `label` of agent `agent_id` without an answer, as
+        `approver`: its waiting call (or a retry of it) is denied, "approval cancelled: by
+        <approver>[: <reason>]".
+
+        Like `answer`, the approver writes only its proof ``<agent>.<label>.<approver>``
+        (kind ``"cancel"``); the decider closes the record from it (the first proof in
+        stream order decides, a cancel or an answer). Waits up to `wait_s` seconds
+        (default `answer_wait_s`) for that.
+
+        Returns:
+            The cancel proof that ended the approval.
+        Raises:
+            SuspensionNotFoundError: no approval with this label for this agent.
+            AlreadySettledError: it was answered, cancelled or timed out first, or this
+                approver already answered it.
+            BadRequestError: `approver` is empty or too long.
+            AnswerNotAppliedError: the cancel is recorded but no dispatcher applied it
+                within the wait: it ends the approval when a dispatcher reads it.
+            HookbusTimeoutError: JetStream stayed unavailable (or this client's NATS user
+                may not write the proof).
+        """
+        store = self.records.for_agent(agent_id)
+        got = await store.get(label)
+        if got is None or got[0].metadata.get("kind") != "approval":
+            raise SuspensionNotFoundError(f"no approval {label!r} for agent {agent_id!r}")
+        if got[0].status != "pending":
+            raise AlreadySettledError(f"approval {label!r} is already {_settled(got[0])}")
+        ended = await self.end_if_overdue(label, agent_id=agent_id, write=self.closes_records)
+        if ended is not None:
+            raise AlreadySettledError(f"approval {label!r} is already {_settled(ended)}")
+        proof = ApprovalAnswer(
+            choice="", answered_by=approver, answered_at=time.time(), kind="cancel",
+            reason=reason,
+        )  # fmt: skip
+        options = list(got[0].metadata.get("options") or APPROVAL_DEFAULT_OPTIONS)
+        return await self._prove(store, label, proof, wait_s, apply_with=options)
+
+    async def _prove(
+        self,
+        store: Suspensions,
+        label: str,
+        proof: ApprovalAnswer,
+        wait_s: float | None,
+        *,
+        apply_with: list[str] | None = None,
+    ) -> ApprovalAnswer:
+        """Write `proof` (an answer or a cancel) as its approver's, then wait for a decider
+        to apply it (`_applied`). `apply_with` (the approval's options): when this client
+        may write records (`closes_records`), apply the first proof itself first, so a
+        cancel of an approval nobody waits for ends it at once."""
+        key = approval_answer_key(label, store.agent_id, proof.answered_by or "")
+        proof = await write_proof(store.records.kv, key, proof, deadline_s=self._grant_read_s)
+        if apply_with is not None and self.closes_records:
+            await self._apply_proofs(store, label, apply_with)
         return await self._applied(
-            store, label, answer, self.answer_wait_s if wait_s is None else wait_s
+            store, label, proof, self.answer_wait_s if wait_s is None else wait_s
         )
 
     async def _applied(
@@ -1045,6 +1115,10 @@ class Approvals:
             if record is None:
                 raise SuspensionNotFoundError(f"approval {label!r} vanished")
             if record.status == "cancelled":
+                if answer.kind == "cancel" and record.reason == cancel_reason(answer):
+                    return answer
+                raise AlreadySettledError(f"approval {label!r} was {_settled(record)} first")
+            if record.status == "resolved" and answer.kind == "cancel":
                 raise AlreadySettledError(f"approval {label!r} was {_settled(record)} first")
             if record.status == "resolved":
                 try:
@@ -1062,8 +1136,9 @@ class Approvals:
                 )
                 raise AlreadySettledError(f"approval {label!r} was decided first by {who}")
             if loop.time() >= deadline:
+                what = "cancel" if answer.kind == "cancel" else f"answer {answer.choice!r}"
                 raise AnswerNotAppliedError(
-                    f"the answer {answer.choice!r} of {answer.answered_by} to approval {label!r}"
+                    f"the {what} of {answer.answered_by} to approval {label!r}"
                     f" is recorded, but no dispatcher applied it within {wait_s:g} s:"
                     " it decides when the agent's dispatcher (or the dispatcher service) reads"
                     " the approval, unless another approver answered first"
@@ -1123,7 +1198,15 @@ def _valid_answer(
             return None
     except HookbusError:
         return None
+    if answer.kind == "cancel":
+        return answer
     return answer if answer.choice in options else None
+
+
+def cancel_reason(proof: ApprovalAnswer) -> str:
+    """The reason an approval closed by the cancel proof `proof` carries: ``"by
+    <approver>"``, then ``": <reason>"`` when the cancel gave one."""
+    return f"by {proof.answered_by}" + (f": {proof.reason}" if proof.reason else "")
 
 
 def _settled(record: SuspensionRecord) -> str:

@@ -1,9 +1,9 @@
 """`ApprovalsClient`: what an approver needs, and nothing more.
 
-An approver answers approvals, lists the pending ones and lists and revokes "Allow always"
-grants. All of it lives in the approvals bucket, so that is all this opens (once, at
+An approver answers and cancels approvals, lists the pending ones and lists and revokes
+"Allow always" grants. All of it lives in the approvals bucket, so that is all this opens (once, at
 `start`, and kept): no handler registry watch, no request inboxes, no suspensions or
-leases bucket. The answer is written as today's answers are: the approver's proof
+leases bucket. An answer (or a cancel) is written as the approver's proof
 ``<agent>.<label>.<approver>``, which the deciding dispatcher applies (see
 `hookbus.dispatcher._approvals`). `HookDispatcher` answers through the same class.
 """
@@ -279,23 +279,42 @@ class ApprovalsClient:
         return await self._records(agent_id).get(label)
 
     async def cancel_approval(
-        self, label: str, *, reason: str | None = None, agent_id: str | None = None
+        self,
+        label: str,
+        *,
+        reason: str | None = None,
+        agent_id: str | None = None,
+        approver: str | None = None,
+        wait_s: float | None = None,
     ) -> None:
         """Cancel the pending approval `label` of agent `agent_id` (None: this client's):
-        its waiter (or a retry of the call) denies, "approval cancelled: <reason>". Writes
-        the approval record: on a secured server, a dispatcher's or admin's NATS user only.
+        its waiter (or a retry of the call) denies, "approval cancelled: <reason>".
+
+        With `approver` (an approver's credentials, e.g. on a secured server), this writes
+        the approver's cancel proof ``<agent>.<label>.<approver>``, as an answer does, and
+        waits up to `wait_s` seconds (None: `answer_wait_s`) for the deciding dispatcher
+        to close the record; the reason is then ``"by <approver>: <reason>"``. Without
+        it, this closes the record itself: a dispatcher's or admin's NATS user only.
 
         Raises:
             SuspensionNotFoundError: no approval `label` for this agent.
             AlreadySettledError: it was answered, cancelled or timed out first.
+            BadRequestError: `approver` is empty or too long.
+            AnswerNotAppliedError: (with `approver`) the cancel is recorded but no
+                dispatcher applied it in time.
             HookbusTimeoutError: JetStream stayed unavailable (or these credentials may not
-                write the record: a refused publish is never acknowledged).
+                write the proof or the record: a refused publish is never acknowledged).
             NotConnectedError: the client is not started.
         """
+        agent = self._agent_id if agent_id is None else agent_id
+        if approver is not None:
+            await self._open().cancel(
+                label, agent_id=agent, approver=approver, reason=reason, wait_s=wait_s
+            )
+            return
         store = self._records(agent_id)
         got = await store.get(label)
         if got is None or got[0].metadata.get("kind") != "approval":
-            agent = self._agent_id if agent_id is None else agent_id
             raise SuspensionNotFoundError(f"no approval {label!r} for agent {agent!r}")
         await store.cancel_hook(label, reason=reason)
 

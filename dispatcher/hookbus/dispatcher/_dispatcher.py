@@ -543,14 +543,33 @@ class HookDispatcher(StandardEvents):
         return await (await self._answers()).approval_page(status=status, prefix=prefix)
 
     async def cancel_approval(
-        self, label: str, *, reason: str | None = None, agent_id: str | None = None
+        self,
+        label: str,
+        *,
+        reason: str | None = None,
+        agent_id: str | None = None,
+        approver: str | None = None,
     ) -> None:
         """Cancel the pending approval `label` of agent `agent_id` (default: this
-        dispatcher's agent): its waiter denies with the reason. Writes the approval record:
-        on a secured server, a dispatcher's or admin's NATS user only (an approver answers
-        instead). Raises as `Suspensions.cancel_hook`."""
+        dispatcher's agent): its waiter denies with the reason. With `approver`, as that
+        approver's proven cancel (reason ``"by <approver>: <reason>"``); without, by
+        writing the record (a dispatcher's or admin's NATS user only on a secured server).
+        Raises as `ApprovalsClient.cancel_approval`."""
         answers = await self._answers()
-        await answers.cancel_approval(label, reason=reason, agent_id=self._agent(agent_id))
+        await answers.cancel_approval(
+            label, reason=reason, agent_id=self._agent(agent_id), approver=approver
+        )
+
+    async def end_overdue_approvals(self) -> list[SuspensionRecord]:
+        """End every agent's pending approvals nobody closed within their timeout plus
+        `EXPIRY_MARGIN_S` (their asker gone); see `ApprovalsClient.end_overdue`.
+
+        Returns:
+            The records ended, as settled.
+        Raises:
+            HookbusTimeoutError: JetStream stayed unavailable.
+        """
+        return await (await self._answers()).end_overdue()
 
     async def get_approval(
         self, label: str, *, agent_id: str | None = None

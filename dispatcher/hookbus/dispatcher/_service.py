@@ -86,6 +86,7 @@ from hookbus.schemas import (
 )
 
 from ._dispatcher import HookDispatcher
+from ._expiry_sweep import EXPIRY_SWEEP_S, ExpirySweep
 from ._services_api import ServicesAPI
 from ._telemetry import traced_dispatch
 
@@ -232,6 +233,10 @@ class DispatcherService:
         js_domain: the JetStream domain holding the fleet's buckets (a service at a leaf
             site: the hub's); bound to `nc`, so `dispatcher` reads and writes there too.
             None: the connection's own JetStream (or the dispatcher's `js_domain`).
+        expiry_sweep_s: mean seconds between two sweeps that end approvals nobody waits
+            for (past their timeout plus the margin, by the server's clock: their default
+            applied; see `hookbus.dispatcher._expiry_sweep`), each pause jittered by 20 %.
+            None: no sweep.
 
     While it serves, it answers the NATS services API as ``hookbus-dispatcher``
     (`service_id`); `stop` withdraws it first, so a draining replica is no longer listed.
@@ -258,6 +263,7 @@ class DispatcherService:
         agent_rate_per_s: float | None = AGENT_RATE_PER_S,
         agent_burst: int | None = AGENT_BURST,
         js_domain: str | None = None,
+        expiry_sweep_s: float | None = EXPIRY_SWEEP_S,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
@@ -304,6 +310,11 @@ class DispatcherService:
             ),
         }
         self._api: ServicesAPI | None = None
+        self._sweep = (
+            None
+            if expiry_sweep_s is None
+            else ExpirySweep(dispatcher.end_overdue_approvals, interval_s=expiry_sweep_s)
+        )
 
     @property
     def in_flight(self) -> int:
@@ -343,6 +354,8 @@ class DispatcherService:
         await api.start()  # subscribes to the $SRV verbs, then flushes
         self._api = api
         self._running = True
+        if self._sweep is not None:
+            self._sweep.start()
 
     def _endpoint_data(self, endpoint: EndpointCounters) -> dict[str, Any]:
         """The extra ``$SRV.STATS`` figures of an endpoint."""
@@ -383,6 +396,8 @@ class DispatcherService:
             return
         self._running = False
         serving.draining = True
+        if self._sweep is not None:
+            await self._sweep.stop()
         deadline = asyncio.get_running_loop().time() + grace
         if self._api is not None:  # no longer listed as live while it drains
             await self._api.close()

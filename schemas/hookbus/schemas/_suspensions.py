@@ -145,3 +145,10 @@ class ApprovalAnswer(_Wire):
     segment)."""
     answered_at: float | None = None
     """Seconds since the Unix epoch."""
+    kind: Literal["answer", "cancel"] = "answer"
+    """``"answer"``: `choice` answers the approval. ``"cancel"`` (a proof only, `choice`
+    empty): the approver ends the approval without an answer; the decider closes it as
+    cancelled, reason ``"by <answered_by>"`` (``": <reason>"`` appended when given), and the
+    waiting call is denied."""
+    reason: str | None = None
+    """Why a cancel was given (None for an answer)."""

@@ -327,8 +327,10 @@ def console_app(
         label = _text(body, "label")
         agent = _text(body, "agent_id", optional=True)
         assert label is not None
-        reason = f"cancelled by {session.approver} on the console"
-        await dispatcher.cancel_approval(label, reason=reason, agent_id=agent)
+        await dispatcher.cancel_approval(
+            label, reason="on the console", agent_id=agent, approver=session.approver
+        )
+        reason = f"by {session.approver}: on the console"
         log.info("console: %s cancelled %s of agent %s", session.approver, label, agent)
         return _json({"label": label, "agent_id": agent, "reason": reason})
 
