@@ -21,9 +21,8 @@ from typing import Any
 import nats.errors
 import nats.js.errors
 
+from hookbus._core.tasks import stop_task
 from hookbus.schemas import HookbusError
-
-from ._tasks import stop_task
 
 __all__ = ["EXPIRY_SWEEP_JITTER", "EXPIRY_SWEEP_S", "ExpirySweep"]
 
