@@ -18,7 +18,6 @@ import msgspec
 import pytest
 import test_permissions as _permissions
 from test_permissions import (
-    EVENT,
     Client,
     Connect,
     Secure,
@@ -165,7 +164,7 @@ async def test_an_agent_can_neither_cancel_nor_answer(
 
 
 async def test_the_dispatcher_service_ends_an_approval_nobody_waits_for(
-    connect: Any, monkeypatch: pytest.MonkeyPatch
+    connect: Any, event: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The caller's deadline leaves an approval pending (its asker gone); with nobody
     listing or reading it, the dispatcher service's sweep ends it past its timeout plus the
@@ -176,13 +175,13 @@ async def test_the_dispatcher_service_ends_an_approval_nobody_waits_for(
     async def ask(event: str, data: dict[str, Any]) -> HookResult:
         return HookResult(action="ask_user", approval_timeout=1.0, approval_default="deny")
 
-    agent.register(EVENT, ask)
+    agent.register(event, ask)  # an event of its own: the server is shared
     service_nc = await connect()
     service = DispatcherService(HookDispatcher(service_nc), service_nc, expiry_sweep_s=0.3)
     async with agent, ApprovalsClient(await connect()) as reader:
         session = f"s-{uuid.uuid4().hex}"  # the server is shared: this test's approval
         call = {"tool_name": "bash", "session_id": session}
-        gone = await agent.emit(EVENT, call, timeout_s=0.5)
+        gone = await agent.emit(event, call, timeout_s=0.5)
         assert gone.action == "deny" and CALLERS_DEADLINE in (gone.reason or ""), gone
         every = (await reader.approval_page(status=None)).records  # a listing that ends nothing
         [pending] = [r for r in every if r.metadata.get("session_id") == session]
