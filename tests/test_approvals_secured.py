@@ -17,6 +17,7 @@ import anyio
 import msgspec
 import pytest
 import test_permissions as _permissions
+from _integration_kit import private_connect  # noqa: F401  (a fixture)
 from test_permissions import (
     Client,
     Connect,
@@ -164,11 +165,15 @@ async def test_an_agent_can_neither_cancel_nor_answer(
 
 
 async def test_the_dispatcher_service_ends_an_approval_nobody_waits_for(
-    connect: Any, event: str, monkeypatch: pytest.MonkeyPatch
+    private_connect: Any,  # noqa: F811  (the fixture imported above)
+    event: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The caller's deadline leaves an approval pending (its asker gone); with nobody
     listing or reading it, the dispatcher service's sweep ends it past its timeout plus the
-    margin: closed with its default, as expired."""
+    margin: closed with its default, as expired. (A server of its own: on the shared one,
+    other files' required handlers decide the event first.)"""
+    connect = private_connect
     monkeypatch.setattr(_approvals, "EXPIRY_MARGIN_S", 0.5)
     agent = HookDispatcher(await connect())
 
