@@ -1279,9 +1279,9 @@ async def test_an_approval_whose_asker_is_gone_expires_at_its_timeout_with_its_d
     timeout (plus the margin, by the server's clock) the next listing ends it with its
     default: it is no longer pending, an answer is refused as settled, a retry of the call
     gets the default, and the CLI shows it as expired."""
-    from hookbus.dispatcher import ApprovalsClient, _approvals
+    from hookbus.dispatcher import ApprovalsClient, _approval_answers
 
-    monkeypatch.setattr(_approvals, "EXPIRY_MARGIN_S", 0.5)
+    monkeypatch.setattr(_approval_answers, "EXPIRY_MARGIN_S", 0.5)
     agent.d.register(event, asker(approval_timeout=1.0, approval_default="allow"))
     call = {"tool_name": "bash", "command": "ls"}
     key = f"key-{uuid.uuid4().hex}"

@@ -29,7 +29,12 @@ from test_permissions import (
 )
 
 from hookbus.cli._output import short_id
-from hookbus.dispatcher import ApprovalsClient, DispatcherService, HookDispatcher, _approvals
+from hookbus.dispatcher import (
+    ApprovalsClient,
+    DispatcherService,
+    HookDispatcher,
+    _approval_answers,
+)
 from hookbus.dispatcher._approvals import CALLERS_DEADLINE
 from hookbus.schemas import (
     APPROVALS_BUCKET,
@@ -174,7 +179,7 @@ async def test_the_dispatcher_service_ends_an_approval_nobody_waits_for(
     margin: closed with its default, as expired. (A server of its own: on the shared one,
     other files' required handlers decide the event first.)"""
     connect = private_connect
-    monkeypatch.setattr(_approvals, "EXPIRY_MARGIN_S", 0.5)
+    monkeypatch.setattr(_approval_answers, "EXPIRY_MARGIN_S", 0.5)
     agent = HookDispatcher(await connect())
 
     async def ask(event: str, data: dict[str, Any]) -> HookResult:

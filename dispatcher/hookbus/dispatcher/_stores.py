@@ -11,7 +11,8 @@ from nats.aio.client import Client as NATS
 from hookbus._core.kv import ensure_buckets
 from hookbus.schemas import NotConnectedError
 
-from ._approvals import MAX_APPROVAL_TIMEOUT_S, Approvals
+from ._approval_rules import MAX_APPROVAL_TIMEOUT_S
+from ._approvals import Approvals
 from ._approvals_client import ApprovalsClient
 from ._audit import DecisionLog
 from ._call_router import Router
