@@ -182,15 +182,15 @@ def embedded_server(tmp_path: object) -> Iterator[EmbeddedNatsServer]:
 
 @pytest.fixture
 async def approver(connect: Any) -> AsyncIterator[Any]:
-    """An approver (`test_approvals.Approver`) on a connection and dispatcher of its own
-    (approvals off: it answers, it does not ask)."""
+    """An approver (`test_approvals.Approver`) on a connection and `ApprovalsClient` of its
+    own (it answers, it does not ask)."""
     from test_approvals import Approver
 
-    from hookbus.dispatcher import HookDispatcher
+    from hookbus.dispatcher import ApprovalsClient
 
     nc = await connect()
-    async with HookDispatcher(nc, approvals=False) as d:
-        a = await Approver(d, nc).open()
+    async with ApprovalsClient(nc) as client:
+        a = await Approver(client, nc).open()
         try:
             yield a
         finally:

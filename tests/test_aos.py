@@ -26,7 +26,7 @@ from conftest import connections
 from nats.aio.client import Client as NATS
 
 from hookbus.cli import EmbeddedNatsServer
-from hookbus.dispatcher import HookDispatcher
+from hookbus.dispatcher import ApprovalsClient, HookDispatcher
 from hookbus.integrations.aos import (
     AOS_A2A,
     AOS_AGENT_TRIGGER,
@@ -538,9 +538,9 @@ async def test_the_approval_gate_decides_ask_user(
     session = request("tool_call_request")["params"]["context"]["session"]["id"]
     async with (
         guardian(connect, (TOOL_PRE, asker, {})) as d,
-        HookDispatcher(await connect(), approvals=False) as approver,
+        ApprovalsClient(await connect()) as approver,
     ):
-        events = await approver.hook_events()
+        events = await approver.events()
         out: list[bytes | None] = []
 
         async def call() -> None:

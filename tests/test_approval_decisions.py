@@ -56,7 +56,7 @@ async def question(approver: Approver, session: str, handler: str) -> HookPart:
 
 
 async def answer(approver: Approver, part: HookPart, choice: str, who: str = "tester") -> None:
-    await approver.d.answer_approval(part.label, choice, approver=who, agent_id=part.agent_id)
+    await approver.client.answer_approval(part.label, choice, approver=who, agent_id=part.agent_id)
 
 
 def lint_and_security(d: HookDispatcher, event: str) -> None:
@@ -187,7 +187,7 @@ async def test_allow_always_that_the_handler_does_not_list_denies_and_grants_not
         await answer(approver, await question(approver, agent.session, "guard"), "Allow always")
         r = await out.wait()
     assert r.action == "deny"
-    assert await approver.d.approval_grants(session_id=agent.session) == []
+    assert await approver.client.approval_grants(session_id=agent.session) == []
 
 
 # -- what ends the wait -----------------------------------------------------------------------
@@ -206,7 +206,7 @@ async def test_a_callers_approval_cut_ends_with_deny_never_an_early_allow(
     assert (result.action, result.reason) == ("deny", "timed out after 1.0s; default deny")
     part = await question(approver, agent.session, "guard")
     assert (part.metadata["timeout_s"], part.metadata["default"]) == (1.0, "deny")
-    got = await approver.d.get_approval(part.label)
+    got = await approver.client.get_approval(part.label)
     assert got is not None
     assert (got[0].status, got[0].reason) == (
         "cancelled",
@@ -227,12 +227,12 @@ async def test_the_callers_deadline_denies_and_a_retry_gets_the_answer(
     assert (first.action, first.approved_by) == ("deny", None)
     assert first.reason is not None and "caller's deadline" in first.reason, first.reason
     part = await question(approver, agent.session, "guard")
-    got = await approver.d.get_approval(part.label)
+    got = await approver.client.get_approval(part.label)
     assert got is not None and got[0].status == "pending"
     assert part.metadata["timeout_s"] == 300  # the record keeps the approval's own timeout
 
     with pytest.raises(AnswerNotAppliedError, match="is recorded"):  # nobody waits on it now
-        await approver.d.answer_approval(
+        await approver.client.answer_approval(
             part.label, "Allow", approver="alice", agent_id=part.agent_id, wait_s=0.3
         )
     with anyio.fail_after(10):

@@ -25,7 +25,7 @@ from nats.aio.client import Client as NATS
 from test_approvals import Approver, asker, spawn_emit
 
 from hookbus.cli import EmbeddedNatsServer
-from hookbus.dispatcher import HookDispatcher
+from hookbus.dispatcher import ApprovalsClient, HookDispatcher
 from hookbus.schemas import (
     APPROVALS_BUCKET,
     AlreadySettledError,
@@ -47,7 +47,7 @@ async def answer_at_the_deadline(
     """Answer "Allow" right when the approval's timeout fires: on the first write to its
     record after the pending one (`on_write`: the waiter giving up), else at its deadline
     plus `offset_s` seconds. Losing to the timeout (`AlreadySettledError`) is fine."""
-    got = await approver.d.get_approval(label)
+    got = await approver.client.get_approval(label)
     assert got is not None
     record, revision = got
     if on_write:
@@ -64,7 +64,7 @@ async def answer_at_the_deadline(
     else:
         await anyio.sleep(max(0.0, record.created_at + TIMEOUT_S + offset_s - time.time()))
     try:
-        await approver.d.answer_approval(label, "Allow", approver="tester", agent_id=None)
+        await approver.client.answer_approval(label, "Allow", approver="tester", agent_id=None)
     except AlreadySettledError:
         pass
 
@@ -89,7 +89,7 @@ async def test_an_answer_at_the_deadline_decides_exactly_as_the_record_says(
                     on_write=i % 2 == 0, offset_s=((i // 2) % 6 - 3) * 0.005,
                 )  # fmt: skip
                 r = await out.wait()
-            got = await approver.d.get_approval(part.label)
+            got = await approver.client.get_approval(part.label)
             assert got is not None
             final = got[0]
             assert final.status in ("resolved", "cancelled")
@@ -105,7 +105,7 @@ async def test_an_answer_at_the_deadline_decides_exactly_as_the_record_says(
                 again = spawn_emit(tg, d, event, dict(call))
                 fresh = await approver.pending(session)
                 assert fresh.label != part.label
-                await approver.d.answer_approval(
+                await approver.client.answer_approval(
                     fresh.label, "Deny", approver="tester", agent_id=fresh.agent_id
                 )
                 r2 = await again.wait()
@@ -141,7 +141,7 @@ async def test_a_grant_read_retries_through_a_server_outage(
             # a human answers "Allow always" (the grant is stored), then the server goes
             nc2 = await nats.connect(embedded_server.url)
             try:
-                async with HookDispatcher(nc2, approvals=False) as other:
+                async with ApprovalsClient(nc2) as other:
                     approver = await Approver(other, nc2).open()
                     async with anyio.create_task_group() as tg:
                         out = spawn_emit(tg, d, event, {"tool_name": "bash"})

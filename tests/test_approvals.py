@@ -27,6 +27,7 @@ from nats.aio.client import Client as NATS
 from hookbus.dispatcher import (
     APPROVAL_LABEL_PREFIX,
     AnswerNotAppliedError,
+    ApprovalsClient,
     HookDispatcher,
     approval_label,
     next_approval_label,
@@ -55,16 +56,16 @@ Connect = Callable[..., Awaitable[NATS]]
 
 
 class Approver:
-    """Another process that watches hook events and answers approvals."""
+    """Another process that watches hook events and answers approvals (`client`)."""
 
-    def __init__(self, d: HookDispatcher, nc: NATS) -> None:
-        self.d, self.nc = d, nc
+    def __init__(self, client: ApprovalsClient, nc: NATS) -> None:
+        self.client, self.nc = client, nc
         self.seen: list[HookEvent] = []
         self._taken: set[int] = set()
         self._stream: Any = None
 
     async def open(self) -> Approver:
-        self._stream = await self.d.hook_events()
+        self._stream = await self.client.events()
         return self
 
     async def close(self) -> None:
@@ -83,7 +84,7 @@ class Approver:
 
     async def answer(self, part: HookPart, choice: str, **options: Any) -> ApprovalAnswer:
         """`part` answered `choice` by the approver "tester" (`answer_approval`'s `options`)."""
-        return await self.d.answer_approval(
+        return await self.client.answer_approval(
             part.label, choice, approver="tester", agent_id=part.agent_id, **options
         )
 
@@ -236,10 +237,10 @@ async def test_default_options_are_allow_and_deny_and_other_choices_are_refused(
         part = await approver.pending(agent.session)
         assert part.metadata["options"] == ["Allow", "Deny"]
         assert part.metadata["prompt"]  # a prompt is always shown, even when none was given
-        before = await approver.d.get_approval(part.label)
+        before = await approver.client.get_approval(part.label)
         with pytest.raises(ResolutionRejectedError, match="choice"):
             await approver.answer(part, "Maybe")
-        assert await approver.d.get_approval(part.label) == before
+        assert await approver.client.get_approval(part.label) == before
         await approver.answer(part, "Deny")
         r = await out.wait()
     assert r.action == "deny"
@@ -266,7 +267,7 @@ async def test_a_cancelled_approval_denies(agent: Agent, approver: Approver, eve
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
         part = await approver.pending(agent.session)
-        await approver.d.cancel_approval(part.label, reason="operator left")
+        await approver.client.cancel_approval(part.label, reason="operator left")
         r = await out.wait()
     assert r.action == "deny"
     assert r.reason is not None and "operator left" in r.reason
@@ -497,7 +498,7 @@ async def test_a_cancelled_approval_does_not_decide_the_next_identical_call(
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, dict(call))
         part = await approver.pending(agent.session)
-        await approver.d.cancel_approval(part.label, reason="operator left")
+        await approver.client.cancel_approval(part.label, reason="operator left")
         assert (await out.wait()).action == "deny"
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, dict(call))
@@ -528,7 +529,7 @@ async def test_two_dispatchers_waiting_on_one_call_get_its_allow_once_once(
             retried = spawn_emit_keyed(tg, other, event, dict(call), key)
             with anyio.fail_after(10):  # the retry attached to the same approval
                 while True:
-                    got = await approver.d.get_approval(part.label, agent_id=part.agent_id)
+                    got = await approver.client.get_approval(part.label, agent_id=part.agent_id)
                     if got is not None and got[0].owner == other.suspensions.waiter_id:
                         break
                     await anyio.sleep(0.05)
@@ -545,7 +546,7 @@ async def test_two_dispatchers_waiting_on_one_call_get_its_allow_once_once(
             late = spawn_emit_keyed(tg, other, event, dict(call), key)
             assert (await late.wait()).action == "deny"
     assert len(approver.pending_of(agent.session)) == 2
-    got = await approver.d.get_approval(part.label, agent_id=part.agent_id)
+    got = await approver.client.get_approval(part.label, agent_id=part.agent_id)
     assert got is not None and got[0].used_by
 
 
@@ -636,7 +637,7 @@ async def test_the_amplifier_drop_in_allows_a_resumed_tool_call_once(
         assert killed.action == "deny"
         part = await approver.pending(session)
         with pytest.raises(AnswerNotAppliedError):
-            await approver.d.answer_approval(
+            await approver.client.answer_approval(
                 part.label, "Allow once", approver="tester", agent_id="amp", wait_s=0.2
             )
         ran += (await hooks.emit(TOOL_PRE, dict(call), idempotency_key=key)).action == "continue"
@@ -645,7 +646,7 @@ async def test_the_amplifier_drop_in_allows_a_resumed_tool_call_once(
             again = spawn_emit_keyed(tg, hooks, TOOL_PRE, dict(call), key)
             fresh = await approver.pending(session)
             assert not again.done.is_set(), again.result
-            await approver.d.answer_approval(fresh.label, "Deny", approver="tester", agent_id="amp")
+            await approver.client.answer_approval(fresh.label, "Deny", approver="tester", agent_id="amp")
             ran += (await again.wait()).action == "continue"
     assert fresh.label != part.label
     assert ran == 1
@@ -731,7 +732,7 @@ async def test_allow_always_without_a_session_allows_that_call_only(
             out = spawn_emit(tg, d, event, {"tool_name": "bash", "agent_id": agent_a,
                                             "tool_input": {"command": "ls"}})  # fmt: skip
             label = await pending_label(approver, None, agent_a)
-            await approver.d.answer_approval(
+            await approver.client.answer_approval(
                 label, "Allow always", approver="tester", agent_id=agent_a
             )
             r = await out.wait()
@@ -742,10 +743,10 @@ async def test_allow_always_without_a_session_allows_that_call_only(
                 out = spawn_emit(tg, d, event, {"tool_name": "bash", "agent_id": who,
                                                 "tool_input": {"command": command}})  # fmt: skip
                 label = await pending_label(approver, None, who)
-                await approver.d.answer_approval(label, "Deny", approver="tester", agent_id=who)
+                await approver.client.answer_approval(label, "Deny", approver="tester", agent_id=who)
                 r = await out.wait()
             assert r.action == "deny" and r.reason == "tester chose 'Deny'", who
-        assert await d.approval_grants(agent_id=agent_a) == []
+        assert await approver.client.approval_grants(agent_id=agent_a) == []
 
 
 async def test_allow_always_is_per_agent_within_a_session(
@@ -755,14 +756,14 @@ async def test_allow_always_is_per_agent_within_a_session(
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
         label = await pending_label(approver, agent.session, "a1")
-        await approver.d.answer_approval(label, "Allow always", approver="tester", agent_id="a1")
+        await approver.client.answer_approval(label, "Allow always", approver="tester", agent_id="a1")
         assert (await out.wait()).action == "continue"
     ok = await agent.d.emit(event, {"tool_name": "bash", "agent_id": "a1", "command": "x"})
     assert ok.action == "continue" and ok.reason is not None and "always" in ok.reason
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a2"})
         label = await pending_label(approver, agent.session, "a2")
-        await approver.d.answer_approval(label, "Deny", approver="tester", agent_id="a2")
+        await approver.client.answer_approval(label, "Deny", approver="tester", agent_id="a2")
         assert (await out.wait()).action == "deny"
 
 
@@ -774,15 +775,15 @@ async def test_grants_are_listed_and_revoked(agent: Agent, approver: Approver, e
         part = await approver.pending(agent.session)
         await approver.answer(part, "Allow always")
         assert (await out.wait()).action == "continue"
-    (grant,) = await approver.d.approval_grants(session_id=agent.session)
+    (grant,) = await approver.client.approval_grants(session_id=agent.session)
     assert (grant.agent_id, grant.session_id, grant.event, grant.handler, grant.tool) == (
         "a1", agent.session, event, "guard", "bash"
     )  # fmt: skip
     assert grant.label == part.label and grant.choice == "Allow always" and grant.granted_at > 0
     assert (await agent.d.emit(event, {"tool_name": "bash"})).action == "continue"
 
-    await approver.d.revoke_grant(grant)
-    assert await approver.d.approval_grants(session_id=agent.session) == []
+    await approver.client.revoke_grant(grant)
+    assert await approver.client.approval_grants(session_id=agent.session) == []
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
         part = await approver.pending(agent.session)  # asked again once revoked
@@ -806,7 +807,7 @@ async def test_a_grant_that_does_not_match_its_key_is_ignored_and_the_human_aske
             part = await approver.pending(agent.session)
             await approver.answer(part, "Deny")
             assert (await out.wait()).action == "deny"
-    assert await approver.d.approval_grants(session_id=agent.session) == []
+    assert await approver.client.approval_grants(session_id=agent.session) == []
 
 
 # -- the CLI: hookbus approvals grants | revoke ------------------------------------------------
@@ -932,18 +933,18 @@ async def test_an_approval_record_written_outside_the_approvals_store_is_not_an_
             lambda: agent.d.hook(label, metadata=fake, timeout_s=5)  # the agent's own record
         )
         await approver.next(lambda h: h.label == label and h.status == "pending")
-        page = await approver.d.approval_page()
+        page = await approver.client.approval_page()
         assert label not in [r.label for r in page.records]
         with pytest.raises(SuspensionNotFoundError):
-            await approver.d.answer_approval(
+            await approver.client.answer_approval(
                 label, "Allow always", approver="tester", agent_id="a1"
             )
         tg.cancel_scope.cancel()
-    assert await approver.d.approval_grants(session_id=agent.session) == []
+    assert await approver.client.approval_grants(session_id=agent.session) == []
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
         part = await approver.pending(agent.session)  # asked: nothing was granted
-        await approver.d.answer_approval(part.label, "Deny", approver="tester", agent_id="a1")
+        await approver.client.answer_approval(part.label, "Deny", approver="tester", agent_id="a1")
         assert (await out.wait()).action == "deny"
 
 
@@ -952,7 +953,7 @@ async def allowed_always(agent: Agent, approver: Approver, event: str, choice: s
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
         part = await approver.pending(agent.session)
-        await approver.d.answer_approval(part.label, choice, approver="alice", agent_id="a1")
+        await approver.client.answer_approval(part.label, choice, approver="alice", agent_id="a1")
         assert (await out.wait()).action == "continue"
     return part.label
 
@@ -987,7 +988,7 @@ async def test_a_grant_without_a_matching_proof_allows_nothing(
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
         part = await approver.pending(agent.session)  # the grant did not allow: asked
-        await approver.d.answer_approval(part.label, "Deny", approver="tester", agent_id="a1")
+        await approver.client.answer_approval(part.label, "Deny", approver="tester", agent_id="a1")
         r = await out.wait()
     assert (r.action, r.approved_by) == ("deny", "tester")
 
@@ -999,7 +1000,7 @@ async def test_a_grant_names_its_approver_and_allows_while_its_proof_holds(
     the approver; once the approver's proof is gone, the grant allows nothing."""
     agent.d.register(event, asker(approval_options=["Allow", "Allow always", "Deny"]))
     label = await allowed_always(agent, approver, event, "Allow always")
-    (grant,) = await approver.d.approval_grants(session_id=agent.session)
+    (grant,) = await approver.client.approval_grants(session_id=agent.session)
     assert (grant.label, grant.approved_by) == (label, "alice")
     assert grant.expires_at is not None and grant.expires_at > time.time() + 3000
     again = await agent.d.emit(event, {"tool_name": "bash", "agent_id": "a1"})
@@ -1009,7 +1010,7 @@ async def test_a_grant_names_its_approver_and_allows_while_its_proof_holds(
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
         part = await approver.pending(agent.session)
-        await approver.d.answer_approval(part.label, "Deny", approver="tester", agent_id="a1")
+        await approver.client.answer_approval(part.label, "Deny", approver="tester", agent_id="a1")
         assert (await out.wait()).action == "deny"
 
 
@@ -1030,15 +1031,15 @@ async def test_a_retry_does_not_bring_back_a_revoked_grant(
 
         tg.start_soon(run)
         part = await approver.pending(agent.session)
-        await approver.d.answer_approval(
+        await approver.client.answer_approval(
             part.label, "Allow always", approver="alice", agent_id="a1"
         )
         assert (await out.wait()).action == "continue"
-    (grant,) = await approver.d.approval_grants(session_id=agent.session)
-    await approver.d.revoke_grant(grant)
+    (grant,) = await approver.client.approval_grants(session_id=agent.session)
+    await approver.client.revoke_grant(grant)
     again = await agent.d.emit(event, dict(data), idempotency_key=key)
     assert (again.action, again.approved_by) == ("continue", "alice")
-    assert await approver.d.approval_grants(session_id=agent.session) == []
+    assert await approver.client.approval_grants(session_id=agent.session) == []
 
 
 async def test_the_first_proof_written_decides_when_nobody_waited(
@@ -1056,19 +1057,19 @@ async def test_the_first_proof_written_decides_when_nobody_waited(
     part = await approver.pending(agent.session)
     for who, choice in (("zed", "Deny"), ("alice", "Allow")):
         with pytest.raises(AnswerNotAppliedError):
-            await approver.d.answer_approval(
+            await approver.client.answer_approval(
                 part.label, choice, approver=who, agent_id="a1", wait_s=0.2
             )
     with pytest.raises(AlreadySettledError, match="already answered"):  # its own, otherwise
-        await approver.d.answer_approval(part.label, "Allow", approver="zed", agent_id="a1")
+        await approver.client.answer_approval(part.label, "Allow", approver="zed", agent_id="a1")
     again = await agent.d.emit(
         event, {"tool_name": "bash", "agent_id": "a1"}, idempotency_key=key, timeout_s=5
     )
     assert (again.action, again.approved_by, again.reason) == ("deny", "zed", "zed chose 'Deny'")
-    got = await approver.d.get_approval(part.label, agent_id="a1")
+    got = await approver.client.get_approval(part.label, agent_id="a1")
     assert got is not None and got[0].resolution["answered_by"] == "zed"
     with pytest.raises(AlreadySettledError, match="zed"):
-        await approver.d.answer_approval(part.label, "Allow", approver="bob", agent_id="a1")
+        await approver.client.answer_approval(part.label, "Allow", approver="bob", agent_id="a1")
 
 
 async def test_two_deciders_of_one_approval_apply_the_same_first_answer(
@@ -1092,12 +1093,12 @@ async def test_two_deciders_of_one_approval_apply_the_same_first_answer(
 
         tg.start_soon(emit, d1)
         part = await approver.pending(session)
-        first = await approver.d.get_approval(part.label, agent_id="a1")
+        first = await approver.client.get_approval(part.label, agent_id="a1")
         assert first is not None
         tg.start_soon(emit, d2)
         with anyio.fail_after(10):  # the second decider attached to the same approval
             while True:
-                got = await approver.d.get_approval(part.label, agent_id="a1")
+                got = await approver.client.get_approval(part.label, agent_id="a1")
                 if got is not None and got[1] != first[1]:
                     break
                 await anyio.sleep(0.05)
@@ -1106,7 +1107,7 @@ async def test_two_deciders_of_one_approval_apply_the_same_first_answer(
 
         async def answer(who: str, choice: str) -> None:
             try:
-                outcomes[who] = await approver.d.answer_approval(
+                outcomes[who] = await approver.client.answer_approval(
                     part.label, choice, approver=who, agent_id="a1"
                 )
             except AlreadySettledError as exc:
@@ -1118,7 +1119,7 @@ async def test_two_deciders_of_one_approval_apply_the_same_first_answer(
         if "alice" in [w for w, o in outcomes.items() if isinstance(o, ApprovalAnswer)]:
             again = await approver.pending(session)  # the allow went to one decider
             assert again.label == next_approval_label(part.label)
-            await approver.d.answer_approval(again.label, "Deny", approver="carol", agent_id="a1")
+            await approver.client.answer_approval(again.label, "Deny", approver="carol", agent_id="a1")
     won = [w for w, o in outcomes.items() if isinstance(o, ApprovalAnswer)]
     assert len(won) == 1, outcomes
     (lost,) = set(outcomes) - set(won)
@@ -1140,7 +1141,7 @@ async def test_grants_and_proofs_are_not_records(
     agent.d.register(event, asker(approval_options=["Allow always", "Deny"]))
     with caplog.at_level(logging.WARNING, logger="hookbus.dispatcher"):
         await allowed_always(agent, approver, event, "Allow always")
-        page = await approver.d.approval_page(status=None, prefix=None)
+        page = await approver.client.approval_page(status=None, prefix=None)
         assert page.skipped == 0
         assert await agent.d.emit(event, {"tool_name": "bash", "agent_id": "a1"})
     assert [r.getMessage() for r in caplog.records] == []
@@ -1168,11 +1169,11 @@ async def test_pending_approvals_per_agent_are_limited(
         other = spawn_emit(tg, d, event, {"agent_id": f"{agent}-b", "session_id": session})
         part = await approver.pending(session)
         assert part.agent_id == f"{agent}-b"
-        await approver.d.answer_approval(part.label, "Allow", approver="t", agent_id=part.agent_id)
+        await approver.client.answer_approval(part.label, "Allow", approver="t", agent_id=part.agent_id)
         assert (await other.wait()).action == "continue"
-        for page_record in (await approver.d.approval_page()).records:
+        for page_record in (await approver.client.approval_page()).records:
             if page_record.agent_id == agent:
-                await approver.d.cancel_approval(page_record.label, agent_id=agent)
+                await approver.client.cancel_approval(page_record.label, agent_id=agent)
         for out in outs:
             assert (await out.wait()).action == "deny"
 
@@ -1201,10 +1202,10 @@ async def test_questions_asked_at_once_cannot_race_past_the_pending_quota(
         # assumed already there (a busy machine writes them later)
         with anyio.fail_after(30):
             asked = {(await approver.pending(session)).label for _ in range(3)}
-        pending = [r for r in (await approver.d.approval_page()).records if r.agent_id == agent]
+        pending = [r for r in (await approver.client.approval_page()).records if r.agent_id == agent]
         assert {r.label for r in pending} == asked
         for record in pending:
-            await approver.d.cancel_approval(record.label, agent_id=agent)
+            await approver.client.cancel_approval(record.label, agent_id=agent)
         for out in outs:
             assert (await out.wait()).action == "deny"
 
@@ -1217,7 +1218,7 @@ async def test_the_approver_is_on_the_result_the_record_and_the_hook_event(
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
         part = await approver.pending(agent.session)
         assert part.agent_id == "a1"
-        answer = await approver.d.answer_approval(
+        answer = await approver.client.answer_approval(
             part.label, "Allow", approver="alice", agent_id="a1"
         )
         r = await out.wait()
@@ -1225,7 +1226,7 @@ async def test_the_approver_is_on_the_result_the_record_and_the_hook_event(
     assert (r.action, r.approved_by, r.reason) == ("continue", "alice", "alice chose 'Allow'")
     resolved = await approver.next(lambda h: h.label == part.label and h.status == "resolved")
     assert resolved.resolution["answered_by"] == "alice" and resolved.agent_id == "a1"
-    got = await approver.d.get_approval(part.label, agent_id="a1")
+    got = await approver.client.get_approval(part.label, agent_id="a1")
     assert got is not None and got[0].resolution["answered_by"] == "alice"
 
 
@@ -1236,9 +1237,9 @@ async def test_a_second_approver_loses_and_is_told(
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
         part = await approver.pending(agent.session)
-        await approver.d.answer_approval(part.label, "Deny", approver="alice", agent_id="a1")
+        await approver.client.answer_approval(part.label, "Deny", approver="alice", agent_id="a1")
         with pytest.raises(AlreadySettledError):
-            await approver.d.answer_approval(part.label, "Allow", approver="bob", agent_id="a1")
+            await approver.client.answer_approval(part.label, "Allow", approver="bob", agent_id="a1")
         r = await out.wait()
     assert (r.action, r.approved_by) == ("deny", "alice")
 
@@ -1266,7 +1267,7 @@ async def test_a_retry_through_a_host_whose_clock_is_ahead_applies_no_default(
         took = time.monotonic() - started
     assert again.action == "deny" and "stays pending" in (again.reason or ""), again.reason
     assert took >= 0.9
-    [record] = [r for r in (await approver.d.approval_page()).records if r.status == "pending"
+    [record] = [r for r in (await approver.client.approval_page()).records if r.status == "pending"
                 and r.metadata.get("session_id") == agent.session]  # fmt: skip
     assert record.status == "pending"
 
@@ -1279,7 +1280,7 @@ async def test_an_approval_whose_asker_is_gone_expires_at_its_timeout_with_its_d
     timeout (plus the margin, by the server's clock) the next listing ends it with its
     default: it is no longer pending, an answer is refused as settled, a retry of the call
     gets the default, and the CLI shows it as expired."""
-    from hookbus.dispatcher import ApprovalsClient, _approval_answers
+    from hookbus.dispatcher import _approval_answers
 
     monkeypatch.setattr(_approval_answers, "EXPIRY_MARGIN_S", 0.5)
     agent.d.register(event, asker(approval_timeout=1.0, approval_default="allow"))

@@ -45,7 +45,7 @@ from hookbus.cli._connect import auth_ssl_context
 from hookbus.cli._decisions_cmd import latency
 from hookbus.cli._permissions import inbox_prefix
 from hookbus.cli._provision import provision
-from hookbus.dispatcher import DispatcherService, HookDispatcher
+from hookbus.dispatcher import ApprovalsClient, DispatcherService, HookDispatcher
 from hookbus.dispatcher._audit import DecisionLog, ensure_decisions_stream
 from hookbus.schemas import (
     DECISIONS_STREAM,
@@ -286,9 +286,9 @@ async def test_an_answered_approval_records_its_approver(
 
     agent_d = HookDispatcher(await connect(), audit=True)
     agent_d.register(event, guard)
-    approver_d = HookDispatcher(await connect(), approvals=False)
-    async with agent_d, approver_d:
-        events = await approver_d.hook_events()
+    approver = ApprovalsClient(await connect())
+    async with agent_d, approver:
+        events = await approver.events()
         out: list[HookResult] = []
 
         async def run() -> None:
@@ -302,7 +302,7 @@ async def test_an_answered_approval_records_its_approver(
                     async for e in events:
                         if e.hook.status == "pending" and e.hook.metadata.get("agent_id") == agent:
                             break
-                await approver_d.answer_approval(
+                await approver.answer_approval(
                     e.hook.label, "Allow", approver="alice", agent_id=e.hook.agent_id
                 )
         finally:

@@ -353,9 +353,9 @@ async def test_ask_user_is_answered_by_a_hookbus_approver(
     """The dispatcher service turns the handler's ask_user into an approval; an approver in
     another process answers it while the hook waits."""
     nc = await nats.connect(bus.url)
-    approver = HookDispatcher(nc, approvals=False)
+    approver = ApprovalsClient(nc)
     await approver.start()
-    stream = await approver.hook_events()
+    stream = await approver.events()
     body = with_command("PreToolUse", "deploy web")
     try:
         async with await anyio.open_process(

@@ -45,7 +45,7 @@ from hookbus.cli._command_tree import cli
 from hookbus.cli._connect import auth_ssl_context
 from hookbus.cli._permissions import inbox_prefix
 from hookbus.cli._provision import provision
-from hookbus.dispatcher import DispatcherService, HookDispatcher
+from hookbus.dispatcher import ApprovalsClient, DispatcherService, HookDispatcher
 from hookbus.integrations.console import COOKIE, CSRF_HEADER, console_app
 from hookbus.schemas import (
     TOOL_PRE,
@@ -171,14 +171,14 @@ class ConsoleProcess(ServedProcess):
 async def served_console(connect: Connect, **options: Any) -> AsyncIterator[str]:
     """`console_app` on its own connection, served by uvicorn in this process; its URL."""
     nc = await connect()
-    dispatcher = HookDispatcher(nc)
-    await dispatcher.start()
+    client = ApprovalsClient(nc)
+    await client.start()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     sock.listen()
     servers: list[uvicorn.Server] = []
     app = console_app(
-        dispatcher, nc, token=TOKEN, stopping=lambda: servers[0].should_exit, **options
+        client, nc, token=TOKEN, stopping=lambda: servers[0].should_exit, **options
     )
     server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="on"))
     servers.append(server)
@@ -196,7 +196,7 @@ async def served_console(connect: Connect, **options: Any) -> AsyncIterator[str]
         with anyio.fail_after(10):
             await task
         sock.close()
-        await dispatcher.close()
+        await client.close()
 
 
 @contextlib.asynccontextmanager
@@ -334,7 +334,8 @@ async def test_revoke_a_grant_from_the_page(
             result = await out.wait()
         assert result.action == "continue" and result.approved_by == "alice"
 
-        grants = await scene.agent.approval_grants(session_id=scene.session)
+        approvals = ApprovalsClient.over(scene.agent.approvals)
+        grants = await approvals.approval_grants(session_id=scene.session)
         assert len(grants) == 1
         row = page.locator("#grants tbody tr", has_text=scene.session)
         await expect(row).to_have_count(1)  # live, from the approvals bucket's watch
@@ -363,7 +364,7 @@ async def test_revoke_a_grant_from_the_page(
         await row.locator("button.revoke").click()
         await expect(row).to_have_count(0)
         await expect(page.locator("#grants-error")).to_have_text("")
-        assert await scene.agent.approval_grants(session_id=scene.session) == []
+        assert await approvals.approval_grants(session_id=scene.session) == []
 
         async with anyio.create_task_group() as tg:  # asked again, now denied on the page
             out = spawn_emit(tg, scene, "make test")

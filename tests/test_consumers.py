@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from hookbus.dispatcher import HookDispatcher
+from hookbus.dispatcher import ApprovalsClient, HookDispatcher
 from hookbus.schemas import APPROVALS_BUCKET, HANDLERS_BUCKET, SUSPENSIONS_BUCKET
 
 pytestmark = pytest.mark.anyio
@@ -30,7 +30,7 @@ async def test_repeated_bucket_reads_leave_no_consumer_behind(nc, connect):
         for _ in range(20):
             await d.refresh()  # a complete read of the registry
             await d.suspensions.list()  # one pass over the suspensions
-            await d.approval_grants()  # one pass over the grants
+            await ApprovalsClient.over(d.approvals).approval_grants()  # one pass over the grants
         after = await _consumers(nc)
     assert after <= before, (before, after)
     # following the registry took no consumer (its changes are republished): none released

@@ -20,7 +20,7 @@ from _fleet import Fleet, HandlerConf, Load, check_decision, steady_load
 from _proxy import NatsProxy
 from nats.aio.client import Client as NATS
 
-from hookbus.dispatcher import HookDispatcher
+from hookbus.dispatcher import ApprovalsClient, HookDispatcher
 from hookbus.schemas import (
     SUSPENSIONS_BUCKET,
     AlreadySettledError,
@@ -317,13 +317,13 @@ async def test_skewed_clock_worker_answers(fleet: Fleet, nc: NATS, skew_s: float
 class Approvals:
     """An approver on its own connection, reading hook events of one session."""
 
-    def __init__(self, d: HookDispatcher, session: str) -> None:
-        self.d, self.session = d, session
+    def __init__(self, client: ApprovalsClient, session: str) -> None:
+        self.client, self.session = client, session
         self.stream: Any = None
         self.pending: list[HookPart] = []
 
     async def __aenter__(self) -> Approvals:
-        self.stream = await self.d.hook_events()
+        self.stream = await self.client.events()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -341,7 +341,7 @@ class Approvals:
 
 @pytest.fixture
 async def asking(nc: NATS, connect: Connect) -> AsyncIterator[Any]:
-    """(agent dispatcher, approver dispatcher, event, session, serve(timeout, default))."""
+    """(agent dispatcher, approver's client, event, session, serve(timeout, default))."""
     event = f"faults:{uuid.uuid4().hex[:10]}"
     session = f"session-{uuid.uuid4().hex[:10]}"
     settings: dict[str, Any] = {}
@@ -356,7 +356,7 @@ async def asking(nc: NATS, connect: Connect) -> AsyncIterator[Any]:
 
     w = HookWorker(await connect())
     w.add_handler(event, ask, name="asker", timeout_s=2.0, failure_policy="deny")
-    async with w, HookDispatcher(nc) as d, HookDispatcher(await connect()) as approver:
+    async with w, HookDispatcher(nc) as d, ApprovalsClient(await connect()) as approver:
         d.set_default_fields(session_id=session, agent_id="agent-a")
         await routed(d, event, "asker")
         yield d, approver, event, session, settings

@@ -437,7 +437,7 @@ async def test_a_retry_on_another_replica_finds_the_same_approval(
     async def gate(event: str, data: dict[str, Any]) -> HookResult:
         return HookResult(action="ask_user", approval_prompt="Run it?", approval_timeout=20)
 
-    approver = HookDispatcher(await connect(), approvals=False)
+    approver = ApprovalsClient(await connect())
     request = aos_tool_call("make deploy", "req-ask")
     async with (
         w,
@@ -446,7 +446,7 @@ async def test_a_retry_on_another_replica_finds_the_same_approval(
         replica(connect, approvals=True, aos_timeout_s=20) as (url_b, _),
         httpx.AsyncClient(timeout=20) as http,
     ):
-        events = await approver.hook_events()
+        events = await approver.events()
         first = asyncio.create_task(http.post(f"{url_a}/aos", json=request))
         with anyio.fail_after(10):
             pending = (await events.__anext__()).hook

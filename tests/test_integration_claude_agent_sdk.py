@@ -211,11 +211,11 @@ async def test_an_approval_answered_by_another_process_decides_the_tool(
 
     async with (
         worker(connect, (TOOL_PRE, named("bash_approval", ask), {})),
-        HookDispatcher(await connect(), approvals=False) as approver,
+        ApprovalsClient(await connect()) as approver,
         HookDispatcher(await connect(), agent_id="coder") as d,
     ):
         hooks = HookbusClaudeHooks(d, options=ClaudeCodeOptions(on_modify="rules", timeout_s=60))
-        stream = await approver.hook_events()
+        stream = await approver.events()
         done: list[Turn] = []
         try:
             async with anyio.create_task_group() as tg:
@@ -258,11 +258,11 @@ async def test_two_sessions_never_share_an_approval(connect: Connect) -> None:
 
     async with (
         worker(connect, (TOOL_PRE, named("bash_approval", ask), {})),
-        HookDispatcher(await connect(), approvals=False) as approver,
+        ApprovalsClient(await connect()) as approver,
         HookDispatcher(await connect(), agent_id="coder") as d,
     ):
         hooks = HookbusClaudeHooks(d)
-        stream = await approver.hook_events()
+        stream = await approver.events()
         labels: list[str] = []
 
         async def decide(session_id: str, choice: str) -> dict[str, Any]:
@@ -315,9 +315,9 @@ async def test_an_allow_once_allows_one_resume_of_a_killed_call(connect: Connect
 
     async with (
         worker(connect, (TOOL_PRE, named("bash_approval", ask), {})),
-        HookDispatcher(await connect(), approvals=False) as approver,
+        ApprovalsClient(await connect()) as approver,
     ):
-        stream = await approver.hook_events()
+        stream = await approver.events()
 
         async def host() -> HookbusClaudeHooks:
             d = HookDispatcher(await connect(), agent_id="coder")

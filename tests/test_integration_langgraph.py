@@ -23,7 +23,12 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 
-from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, AnswerNotAppliedError, HookDispatcher
+from hookbus.dispatcher import (
+    APPROVAL_LABEL_PREFIX,
+    AnswerNotAppliedError,
+    ApprovalsClient,
+    HookDispatcher,
+)
 from hookbus.integrations.langgraph import HookbusToolHooks
 from hookbus.schemas import TOOL_ERROR, TOOL_POST, TOOL_PRE, HookbusError, HookResult
 
@@ -109,7 +114,7 @@ class Agent:
         }  # fmt: skip
 
 
-async def next_approval(approver: HookDispatcher, stream: Any) -> tuple[str, dict[str, Any]]:
+async def next_approval(approver: ApprovalsClient, stream: Any) -> tuple[str, dict[str, Any]]:
     """The label and metadata of the next pending approval on `stream`."""
     with anyio.fail_after(20):
         async for event in stream:
@@ -242,11 +247,11 @@ async def test_an_approval_answered_by_another_process_decides_the_tool(
 ) -> None:
     async with (
         worker(connect, (TOOL_PRE, returning("transfer_approval", ASK), {})),
-        HookDispatcher(await connect(), approvals=False) as approver,
+        ApprovalsClient(await connect()) as approver,
         HookDispatcher(await connect(), agent_id="payments") as d,
     ):
         agent = Agent(HookbusToolHooks(d), [calls(("transfer", {"amount": 100, "payee": "acme"}))])
-        stream = await approver.hook_events()
+        stream = await approver.events()
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(agent.run, "pay acme", "thread-1")
@@ -272,9 +277,9 @@ async def test_an_approval_survives_the_agent_process(connect: Connect) -> None:
     turn = [calls(("transfer", {"amount": 100, "payee": "acme"}))]
     async with (
         worker(connect, (TOOL_PRE, returning("transfer_approval", ASK), {})),
-        HookDispatcher(await connect(), approvals=False) as approver,
+        ApprovalsClient(await connect()) as approver,
     ):
-        stream = await approver.hook_events()
+        stream = await approver.events()
         try:
             async with HookDispatcher(await connect(), agent_id="payments") as d:
                 dead = Agent(HookbusToolHooks(d), turn, checkpointer=checkpointer)
@@ -311,9 +316,9 @@ async def test_an_allow_once_runs_the_tool_once_however_often_the_thread_resumes
     turn = [calls(("transfer", {"amount": 100, "payee": "acme"}))]
     async with (
         worker(connect, (TOOL_PRE, returning("transfer_approval", ASK), {})),
-        HookDispatcher(await connect(), approvals=False) as approver,
+        ApprovalsClient(await connect()) as approver,
     ):
-        stream = await approver.hook_events()
+        stream = await approver.events()
         try:
             async with HookDispatcher(await connect(), agent_id="payments") as d:
                 dead = Agent(HookbusToolHooks(d), turn, checkpointer=checkpointer)
@@ -353,11 +358,11 @@ async def test_two_runs_never_share_an_approval(connect: Connect) -> None:
     turn = calls(("transfer", {"amount": 100, "payee": "acme"}))
     async with (
         worker(connect, (TOOL_PRE, returning("transfer_approval", ASK), {})),
-        HookDispatcher(await connect(), approvals=False) as approver,
+        ApprovalsClient(await connect()) as approver,
         HookDispatcher(await connect(), agent_id="payments") as d,
     ):
         hooks = HookbusToolHooks(d, session_id="session-1")
-        stream = await approver.hook_events()
+        stream = await approver.events()
         labels = []
         try:
             for thread, turns, choice in [

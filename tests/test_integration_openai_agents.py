@@ -31,7 +31,7 @@ from openai.types.responses import (
     ResponseOutputText,
 )
 
-from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher
+from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, ApprovalsClient, HookDispatcher
 from hookbus.dispatcher._approvals import next_approval_label
 from hookbus.integrations.openai_agents import HookbusGuard, HookDeniedError
 from hookbus.schemas import (
@@ -263,12 +263,12 @@ async def test_an_approval_answered_by_another_process_decides_the_tool(
         worker(
             connect, (TOOL_PRE, returning("transfer_approval", ASK), {"tool_filter": ["transfer"]})
         ),
-        HookDispatcher(await connect(), approvals=False) as approver,
+        ApprovalsClient(await connect()) as approver,
         HookDispatcher(await connect(), agent_id="payments") as d,
     ):
         model = Scripted([call("transfer", {"amount": 100, "payee": "acme"}, "c1")])
         tools = Tools()
-        stream = await approver.hook_events()
+        stream = await approver.events()
         try:
             async with anyio.create_task_group() as tg:
                 done: list[Any] = []
@@ -301,12 +301,12 @@ async def test_two_runs_never_share_an_approval(connect: Connect) -> None:
         worker(
             connect, (TOOL_PRE, returning("transfer_approval", ASK), {"tool_filter": ["transfer"]})
         ),
-        HookDispatcher(await connect(), approvals=False) as approver,
+        ApprovalsClient(await connect()) as approver,
         HookDispatcher(await connect(), agent_id="payments") as d,
     ):
         guard = HookbusGuard(d, session_id="session-1")
         tools = Tools()
-        stream = await approver.hook_events()
+        stream = await approver.events()
         labels: list[str] = []
         runs: list[Any] = []
 
@@ -350,12 +350,12 @@ async def test_an_allow_once_runs_the_tool_once_however_often_the_run_resumes(
         worker(
             connect, (TOOL_PRE, returning("transfer_approval", ASK), {"tool_filter": ["transfer"]})
         ),
-        HookDispatcher(await connect(), approvals=False) as approver,
+        ApprovalsClient(await connect()) as approver,
         HookDispatcher(await connect(), agent_id="payments") as d,
     ):
         guard = HookbusGuard(d)
         tools = Tools()
-        stream = await approver.hook_events()
+        stream = await approver.events()
         labels: list[str] = []
 
         def model() -> Scripted:

@@ -36,7 +36,12 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.profiles import ModelProfile
 
 from hookbus.cli import EmbeddedNatsServer
-from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, AnswerNotAppliedError, HookDispatcher
+from hookbus.dispatcher import (
+    APPROVAL_LABEL_PREFIX,
+    AnswerNotAppliedError,
+    ApprovalsClient,
+    HookDispatcher,
+)
 from hookbus.integrations.pydantic_ai import CAPABILITY_PARTS, HookbusCapability, HookDeniedError
 from hookbus.schemas import (
     PROMPT_COMPLETE,
@@ -200,9 +205,9 @@ async def test_args_a_handler_breaks_deny_the_call(connect: Connect) -> None:
 
 
 # -- approvals ------------------------------------------------------------------------------
-async def answer_next_approval(approver: HookDispatcher, choice: str) -> dict[str, Any]:
+async def answer_next_approval(approver: ApprovalsClient, choice: str) -> dict[str, Any]:
     """As another process: wait for the next pending approval and answer it."""
-    stream = await approver.hook_events()
+    stream = await approver.events()
     try:
         with anyio.fail_after(10):
             async for event in stream:
@@ -231,7 +236,7 @@ async def test_an_approval_answered_by_another_process_decides_the_tool(
         worker(
             connect, (TOOL_PRE, returning("transfer_approval", ask), {"tool_filter": ["transfer"]})
         ),
-        HookDispatcher(await connect(), approvals=False) as approver,
+        ApprovalsClient(await connect()) as approver,
         HookDispatcher(await connect(), agent_id="payments") as d,
     ):
         script = Script([calls(("transfer", {"amount": 100, "payee": "acme"}))])
@@ -274,12 +279,12 @@ async def test_an_allow_once_runs_the_tool_once_however_often_the_run_resumes(
         worker(
             connect, (TOOL_PRE, returning("transfer_approval", ask), {"tool_filter": ["transfer"]})
         ),
-        HookDispatcher(await connect(), approvals=False) as approver,
+        ApprovalsClient(await connect()) as approver,
         HookDispatcher(await connect(), agent_id="payments") as d,
     ):
         tools = Tools()
         capability = HookbusCapability(d, session_id="session-1")
-        stream = await approver.hook_events()
+        stream = await approver.events()
         pending: list[str] = []
 
         async def next_pending() -> str:

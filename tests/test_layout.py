@@ -649,6 +649,35 @@ def test_public_exports_have_no_duplicates(module_name: str) -> None:
     assert dupes == []
 
 
+HOOK_DISPATCHER_MOST_MEMBERS = 24
+"""Public members `HookDispatcher` may have besides the event constants."""
+
+
+def test_the_dispatcher_has_a_small_face_and_the_approver_a_client_of_its_own() -> None:
+    """`HookDispatcher` is amplifier-core's registry, the routing lifecycle and the stores
+    it holds: at most `HOOK_DISPATCHER_MOST_MEMBERS` public members besides the event
+    constants it inherits (`StandardEvents`). An approver's calls live on
+    `ApprovalsClient` only; amplifier-core's face and the suspension hooks stay whole."""
+    from hookbus.dispatcher import ApprovalsClient, HookDispatcher
+    from hookbus.schemas.events import StandardEvents
+
+    constants = {n for n in vars(StandardEvents) if not n.startswith("_")}
+    members = {n for n in dir(HookDispatcher) if not n.startswith("_")} - constants
+    assert len(constants) == 8, sorted(constants)
+    assert len(members) <= HOOK_DISPATCHER_MOST_MEMBERS, sorted(members)
+    approvers = {
+        "answer_approval", "approval_grants", "approval_page", "cancel_approval",
+        "get_approval", "revoke_grant",
+    }  # fmt: skip
+    assert approvers <= set(dir(ApprovalsClient))
+    assert not approvers & members and "end_overdue_approvals" not in members
+    kept = {  # amplifier-core's registry, and the suspension hooks (Vercel AI SDK's)
+        "register", "on", "unregister", "emit", "emit_and_collect", "list_handlers",
+        "set_default_fields", "hook", "resolve_hook", "cancel_hook", "hook_events",
+    }  # fmt: skip
+    assert kept <= members, sorted(kept - members)
+
+
 def test_hookresult_is_one_type_everywhere() -> None:
     import hookbus.dispatcher
     import hookbus.schemas

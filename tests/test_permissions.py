@@ -36,7 +36,7 @@ from nats.aio.client import Client as NATS
 
 from hookbus._core.nats_guard import harden_connection
 from hookbus.cli._server import find_nats_server
-from hookbus.dispatcher import DispatcherService, HookDispatcher
+from hookbus.dispatcher import ApprovalsClient, DispatcherService, HookDispatcher
 from hookbus.schemas import (
     DISPATCHER_SERVICE_NAME,
     TOOL_PRE,
@@ -467,8 +467,8 @@ async def test_legitimate_flows_pass(secure: Secure, as_: Connect, event: str) -
             reply = await _service_emit(client, "rm -rf /")
             assert reply["result"]["action"] == "deny", reply
             assert reply["result"]["chained_data"]["agent_id"] == "a2"
-            async with HookDispatcher(approver.nc, approvals=False) as ad:
-                events = await ad.hook_events()
+            async with ApprovalsClient(approver.nc) as ad:
+                events = await ad.events()
                 out: list[dict[str, Any]] = []
                 async with anyio.create_task_group() as tg:
 

@@ -186,10 +186,13 @@ class Events:
 
 
 class Observer:
-    """The test's own "process": a dispatcher (approvals off) and the hook event log."""
+    """The test's own "process": a dispatcher (approvals off), the hook event log and an
+    approver's client."""
 
-    def __init__(self, d: HookDispatcher, nc: NATS, events: Events) -> None:
-        self.d, self.nc, self.events = d, nc, events
+    def __init__(
+        self, d: HookDispatcher, nc: NATS, events: Events, approvals: ApprovalsClient
+    ) -> None:
+        self.d, self.nc, self.events, self.approvals = d, nc, events, approvals
 
 
 @pytest.fixture
@@ -197,10 +200,10 @@ async def observer(embedded_server: EmbeddedNatsServer) -> AsyncIterator[Observe
     nc = await nats.connect(embedded_server.url)
     try:
         d = HookDispatcher(nc, approvals=False)
-        async with d:
+        async with d, ApprovalsClient(nc) as approvals:
             stream = await d.hook_events()
             try:
-                yield Observer(d, nc, Events(stream, nc))
+                yield Observer(d, nc, Events(stream, nc), approvals)
             finally:
                 await stream.aclose()
     finally:
@@ -322,7 +325,7 @@ async def test_dispatcher_service_killed_mid_approval_loses_nothing(
 
             if answer_first:  # answered while no dispatcher service runs: recorded only
                 with pytest.raises(AnswerNotAppliedError):
-                    await observer.d.answer_approval(
+                    await observer.approvals.answer_approval(
                         part.label, "Allow", approver="tester", agent_id=part.agent_id,
                         wait_s=0.5,
                     )  # fmt: skip
@@ -366,7 +369,7 @@ async def test_dispatcher_service_killed_mid_approval_loses_nothing(
                                 race.start_soon(on, replied)
                                 race.start_soon(on, taken_up)
                         if not replied.is_set():
-                            await observer.d.answer_approval(
+                            await observer.approvals.answer_approval(
                                 part.label, "Allow", approver="tester", agent_id=part.agent_id
                             )
                 finally:

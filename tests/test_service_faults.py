@@ -22,7 +22,7 @@ from _procs import thread_states
 from hookbus._core.buckets import suspensions_bucket_config
 from hookbus._core.nats_guard import order_flushes
 from hookbus.cli import EmbeddedNatsServer
-from hookbus.dispatcher import DispatcherService, HookDispatcher
+from hookbus.dispatcher import ApprovalsClient, DispatcherService, HookDispatcher
 from hookbus.schemas import (
     SUSPENSION_EVENTS_WILDCARD,
     EmitReply,
@@ -110,18 +110,19 @@ async def test_drain_aborts_an_approval_wait_and_a_retry_resumes_it(embedded_ser
             d2 = HookDispatcher(other, strict_events=True)
             service2 = DispatcherService(d2, other)
             await service2.start()
-            got = await d2.get_approval(label)
+            approvals = ApprovalsClient.over(d2.approvals)  # the new service's own
+            got = await approvals.get_approval(label)
             assert got is not None and got[0].status == "pending"  # left pending by the abort
             retry = asyncio.create_task(agent.request(_emit_subject(event), body, timeout=30))
             await agent.flush()
             # the retry attaches to the same approval: answer it and the retry returns
             with anyio.fail_after(20):
                 while True:
-                    got = await d2.get_approval(label)
+                    got = await approvals.get_approval(label)
                     if got is not None and got[0].attached:
                         break
                     await asyncio.sleep(0.05)  # no event marks "re-attached"
-            await d2.answer_approval(label, "Allow", approver="tester", agent_id=None)
+            await approvals.answer_approval(label, "Allow", approver="tester", agent_id=None)
             answer = decode((await retry).data, EmitReply)
             await service2.stop()
         assert pending.empty(), "the retry asked again instead of finding its approval"

@@ -17,7 +17,7 @@ from _otel_harness import Otel, children, only, reset_globals, wire_headers
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, StatusCode
 
-from hookbus.dispatcher import DispatcherService, HookDispatcher
+from hookbus.dispatcher import ApprovalsClient, DispatcherService, HookDispatcher
 from hookbus.dispatcher._telemetry import suspension_span, trace_headers
 from hookbus.schemas import (
     EmitReply,
@@ -370,11 +370,12 @@ async def test_approval_wait_is_a_span_under_the_emit(otel: Otel, nc, connect, e
 
     async with w, HookDispatcher(await connect()) as d:
         stream = await d.hook_events()
+        approvals = ApprovalsClient.over(d.approvals)
 
         async def approve() -> None:
             async for ev in stream:
                 if ev.hook.status == "pending" and ev.hook.metadata.get("event") == event:
-                    await d.answer_approval(
+                    await approvals.answer_approval(
                         ev.hook.label, "Allow", approver="tester", agent_id=ev.hook.agent_id
                     )
                     return

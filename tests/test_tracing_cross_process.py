@@ -29,7 +29,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import SpanContext, SpanKind
 
-from hookbus.dispatcher import HookDispatcher
+from hookbus.dispatcher import ApprovalsClient
 from hookbus.schemas import (
     EmitReply,
     EmitRequest,
@@ -367,8 +367,8 @@ async def test_approval_wait_in_the_trace(fleet, nc, connect, agent_tracer) -> N
     approves from another connection: the wait is an ``await approval`` span under the
     emit, with ``pending`` and ``resolved`` events."""
     event = f"{fleet.prefix}:approval"
-    async with HookDispatcher(await connect()) as approver:
-        stream = await approver.hook_events()
+    async with ApprovalsClient(await connect()) as approver:
+        stream = await approver.events()
 
         async def approve() -> None:
             async for ev in stream:

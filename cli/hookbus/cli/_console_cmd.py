@@ -181,11 +181,11 @@ def console(
             max_reconnects=max_reconnects,
             wait_for_server_s=wait_for_server_s,
         )
-        dispatcher = ApprovalsClient(nc)  # the approvals bucket only
+        client = ApprovalsClient(nc)  # the approvals bucket only
         feed = Feed(nc)
         try:
             try:
-                await dispatcher.start()
+                await client.start()
                 await feed.start()
             except (HookbusError, nats.errors.Error, nats.js.errors.Error) as exc:
                 raise click.ClickException(
@@ -193,7 +193,7 @@ def console(
                 ) from exc
             servers: list[Any] = []  # uvicorn's, once made: open event streams end with it
             app = console_app(
-                dispatcher, nc, token=console_token, approver=approver,
+                client, nc, token=console_token, approver=approver,
                 session_ttl_s=session_ttl_s, ping_timeout_s=ping_timeout, feed=feed,
                 stopping=lambda: bool(servers) and servers[0].should_exit,
                 nats_approver=nats_approver,
@@ -220,7 +220,7 @@ def console(
             lost.check()  # NATS given up on: one line, exit 1
         finally:
             await feed.close()
-            await dispatcher.close()
+            await client.close()
             if not nc.is_closed:
                 await drain_or_close(nc)
 

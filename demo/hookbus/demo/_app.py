@@ -59,7 +59,12 @@ from hookbus.cli._command_support import (
 from hookbus.cli._otel import otel_session, print_denied_trace
 from hookbus.cli._serve_cmds import run_async
 from hookbus.cli._service_emit import service_emit
-from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, DispatcherService, HookDispatcher
+from hookbus.dispatcher import (
+    APPROVAL_LABEL_PREFIX,
+    ApprovalsClient,
+    DispatcherService,
+    HookDispatcher,
+)
 from hookbus.integrations import Emit
 from hookbus.schemas import (
     HandlerDeclaration,
@@ -710,8 +715,8 @@ async def _terminal_approver(
         return
     nc = await connect(url, name="hookbus-demo-terminal-approver")  # approver's settings
     try:
-        async with HookDispatcher(nc, approvals=False) as hooks:
-            events = await hooks.hook_events()
+        async with ApprovalsClient(nc) as approvals:  # the approvals bucket only
+            events = await approvals.events()
 
             async def ask() -> None:
                 async for event in events:
@@ -729,7 +734,7 @@ async def _terminal_approver(
                         )
                     )
                     with contextlib.suppress(HookbusError):
-                        await hooks.answer_approval(
+                        await approvals.answer_approval(
                             hook.label, choice, approver=DEMO_APPROVER, agent_id=hook.agent_id
                         )
 

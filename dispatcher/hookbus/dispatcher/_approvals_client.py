@@ -5,7 +5,8 @@ An approver answers and cancels approvals, lists the pending ones and lists and 
 `start`, and kept): no handler registry watch, no request inboxes, no suspensions or
 leases bucket. An answer (or a cancel) is written as the approver's proof
 ``<agent>.<label>.<approver>``, which the deciding dispatcher applies (see
-`hookbus.dispatcher._approvals`). `HookDispatcher` answers through the same class.
+`hookbus.dispatcher._approvals`). A dispatcher's approvals are answered through the same
+class (`over`).
 """
 
 from __future__ import annotations

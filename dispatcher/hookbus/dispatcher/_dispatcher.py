@@ -12,18 +12,15 @@ from hookbus._core.jetstream import bind_js_domain
 from hookbus.schemas import (
     DECISIONS_DEFAULT_MAX_AGE_S,
     DECISIONS_DEFAULT_MAX_BYTES,
-    ApprovalAnswer,
     FailurePolicy,
     HookbusError,
     HookResult,
-    HookStatus,
     NotConnectedError,
     StandardEvents,
-    SuspensionRecord,
     validate_name,
 )
 
-from ._approvals import APPROVAL_LABEL_PREFIX, ApprovalGrant, Approvals
+from ._approvals import Approvals
 from ._approvals_client import ApprovalsClient
 from ._audit import DecisionLog
 from ._call_router import EmitContext, Router
@@ -31,7 +28,6 @@ from ._calls import Outcome
 from ._emitter import Emitter
 from ._folding import RouteFolder
 from ._local_handlers import LocalHandlers
-from ._records import SuspensionPage
 from ._route_table import LocalHandler, Route
 from ._stores import Stores
 from ._suspensions import HookEventStream, PendingHook, RunScope, Suspensions
@@ -66,8 +62,9 @@ class HookDispatcher(StandardEvents):
             bucket itself keeps records 7 days, the longest approval).
         max_pending_approvals: pending approvals one agent may have at once (None: no
             limit); a question beyond them is denied with a reason starting ``quota:``.
-        answer_wait_s: seconds `answer_approval` waits for the deciding dispatcher to apply
-            the answer (see `Approvals.answer`).
+        answer_wait_s: seconds an answer through this dispatcher's `approvals`
+            (`Approvals.answer`, ``ApprovalsClient.over(dispatcher.approvals)``) waits for
+            the deciding dispatcher to apply it.
         strict_buckets: raise `BucketConfigError` at `start` when a bucket exists with
             another config (replicas, TTL, history) than asked; else a warning names it.
         agent_id: the agent this dispatcher acts as (its NATS user's identity, see
@@ -436,7 +433,7 @@ class HookDispatcher(StandardEvents):
         process, or pre-register the resolution, within `timeout_s` seconds (None: the
         store's deadline); see `Suspensions.resolve_hook` (`ResolutionRejectedError`,
         `AlreadySettledError`, `HookbusTimeoutError`). An approval is answered with
-        `answer_approval` instead (approval records are not in this store)."""
+        `ApprovalsClient.answer_approval` instead (approval records are not in this store)."""
         await self._store(agent_id).resolve_hook(label, value, timeout_s=timeout_s)
 
     async def cancel_hook(
@@ -451,26 +448,6 @@ class HookDispatcher(StandardEvents):
         agent) within `timeout_s` seconds (None: the store's deadline); see
         `Suspensions.cancel_hook`."""
         await self._store(agent_id).cancel_hook(label, reason=reason, timeout_s=timeout_s)
-
-    async def answer_approval(
-        self,
-        label: str,
-        choice: str,
-        *,
-        approver: str,
-        agent_id: str | None = None,
-        wait_s: float | None = None,
-    ) -> ApprovalAnswer:
-        """Answer the pending approval `label` of agent `agent_id` (default: this
-        dispatcher's agent) as `approver`: write the answer proof and wait up to `wait_s`
-        seconds (default: the dispatcher's `answer_wait_s`) for the deciding dispatcher to
-        apply it; see `ApprovalsClient.answer_approval` for the errors raised. Needs an
-        approver's NATS permissions on a secured server. An approver that only answers
-        needs no dispatcher: `ApprovalsClient` opens the approvals bucket alone."""
-        answers = await self._answers()
-        return await answers.answer_approval(
-            label, choice, approver=approver, agent_id=self._agent(agent_id), wait_s=wait_s
-        )
 
     def _agent(self, agent_id: str | None = None) -> str | None:
         """The agent a suspension call addresses: the one asked, else this dispatcher's."""
@@ -505,80 +482,21 @@ class HookDispatcher(StandardEvents):
         """Subscribe to hook events (pending / resolved / cancelled) as an async iterator."""
         return await self.suspensions.events()
 
-    # -- approval grants ("Allow always") -----------------------------------------------------
+    # -- approvals -------------------------------------------------------------------------
     @property
     def approvals(self) -> Approvals:
-        """The approvals policy (grants: ``approvals.grants``). Raises `NotConnectedError`
-        before `start` or when made with ``approvals=False``."""
+        """The approvals policy (grants: ``approvals.grants``). An approver answers, cancels
+        and lists approvals and grants with an `ApprovalsClient` (its own, or
+        ``ApprovalsClient.over(dispatcher.approvals)``). Raises `NotConnectedError` before
+        `start` or when made with ``approvals=False``."""
         if self._stores.approvals is None:
             raise NotConnectedError("approvals need a started dispatcher with approvals on")
         return self._stores.approvals
 
-    async def approval_grants(
-        self,
-        *,
-        agent_id: str | None = None,
-        session_id: str | None = None,
-        event: str | None = None,
-        handler: str | None = None,
-        tool: str | None = None,
-    ) -> list[ApprovalGrant]:
-        """Live "Allow always" grants, oldest first, matching the filters (None: any); see
-        `ApprovalsClient.approval_grants`."""
-        return await (await self._answers()).approval_grants(
-            agent_id=agent_id, session_id=session_id, event=event, handler=handler, tool=tool
-        )
-
-    async def revoke_grant(self, grant: ApprovalGrant | str) -> None:
-        """Revoke one grant (an `ApprovalGrant` or its key); see `ApprovalsClient.revoke_grant`."""
-        await (await self._answers()).revoke_grant(grant)
-
-    async def approval_page(
-        self, *, status: HookStatus | None = "pending", prefix: str | None = APPROVAL_LABEL_PREFIX
-    ) -> SuspensionPage:
-        """Approval records in the approvals bucket (pending ones by default), oldest
-        first; also with approvals off (an approver's or operator's dispatcher). A record
-        written elsewhere (e.g. an ``approval:`` label in the suspensions bucket) is not an
-        approval and is not listed. See `ApprovalsClient.approval_page`."""
-        return await (await self._answers()).approval_page(status=status, prefix=prefix)
-
-    async def cancel_approval(
-        self,
-        label: str,
-        *,
-        reason: str | None = None,
-        agent_id: str | None = None,
-        approver: str | None = None,
-    ) -> None:
-        """Cancel the pending approval `label` of agent `agent_id` (default: this
-        dispatcher's agent): its waiter denies with the reason. With `approver`, as that
-        approver's proven cancel (reason ``"by <approver>: <reason>"``); without, by
-        writing the record (a dispatcher's or admin's NATS user only on a secured server).
-        Raises as `ApprovalsClient.cancel_approval`."""
-        answers = await self._answers()
-        await answers.cancel_approval(
-            label, reason=reason, agent_id=self._agent(agent_id), approver=approver
-        )
-
-    async def end_overdue_approvals(self) -> list[SuspensionRecord]:
-        """End every agent's pending approvals nobody closed within their timeout plus
-        `EXPIRY_MARGIN_S` (their asker gone); see `ApprovalsClient.end_overdue`.
-
-        Returns:
-            The records ended, as settled.
-        Raises:
-            HookbusTimeoutError: JetStream stayed unavailable.
-        """
-        return await (await self._answers()).end_overdue()
-
-    async def get_approval(
-        self, label: str, *, agent_id: str | None = None
-    ) -> tuple[SuspensionRecord, int] | None:
-        """The approval record `label` of agent `agent_id` (default: this dispatcher's
-        agent) in the approvals bucket and its revision, or None; see `Suspensions.get`."""
-        return await (await self._answers()).get_approval(label, agent_id=self._agent(agent_id))
-
-    async def _answers(self) -> ApprovalsClient:
+    async def _approvals_client(self) -> ApprovalsClient:
+        """This dispatcher's `ApprovalsClient` (over its approvals, or the approvals bucket
+        opened on first use when approvals are off): its service's expiry sweep ends
+        overdue approvals through it."""
         return await self._stores.answers(self._nc)
 
     # -- internals -----------------------------------------------------------------------

@@ -75,6 +75,7 @@ from hookbus.schemas import (
     NotConnectedError,
     PayloadTooLargeError,
     SuspensionAbortedError,
+    SuspensionRecord,
     UnknownEventError,
     WireError,
     WireFormatError,
@@ -313,8 +314,14 @@ class DispatcherService:
         self._sweep = (
             None
             if expiry_sweep_s is None
-            else ExpirySweep(dispatcher.end_overdue_approvals, interval_s=expiry_sweep_s)
+            else ExpirySweep(self._end_overdue_approvals, interval_s=expiry_sweep_s)
         )
+
+    async def _end_overdue_approvals(self) -> list[SuspensionRecord]:
+        """One expiry sweep: every agent's overdue approvals ended, through the
+        dispatcher's approvals client (`ApprovalsClient.end_overdue`)."""
+        client = await self._dispatcher._approvals_client()
+        return await client.end_overdue()
 
     @property
     def in_flight(self) -> int:

@@ -36,7 +36,7 @@ What each action does (the dispatcher's fold decides; nothing is re-decided here
 - ``inject_context``: ``additionalContext``, which the model reads with the tool's result
   (or the prompt).
 - ``ask_user``: the dispatcher turns it into a durable hookbus approval (JetStream KV,
-  answered from any process with `HookDispatcher.answer_approval` or ``hookbus approvals
+  answered from any process with `ApprovalsClient.answer_approval` or ``hookbus approvals
   answer``) and returns the answer as continue or deny; the CLI waits for the callback. An
   approval waits at most `ClaudeCodeOptions.approval_timeout_s` (`ClaudeCodeOptions.timeout_s`
   less a margin; raise `timeout_s` for approvals a person answers), whatever the handler's

@@ -49,7 +49,7 @@ judged by that handler's failure policy, in the dispatcher; nothing is re-decide
   message of its own between the tool results of one model turn is refused by most chat
   APIs). A tool that returns a `Command` gets no injection (a warning is logged).
 - ``ask_user``: the dispatcher turns it into a durable hookbus approval (JetStream KV,
-  answered from any process with `HookDispatcher.answer_approval`, ``hookbus approvals
+  answered from any process with `ApprovalsClient.answer_approval`, ``hookbus approvals
   answer`` or ``hookbus console``) and returns the answer as continue or deny; the tool
   waits. With a durable checkpointer, a process that dies while it waits loses nothing: the
   graph resumed on the same thread (``graph.ainvoke(None, config)``) asks the same approval

@@ -43,7 +43,7 @@ judged by that handler's failure policy, in the dispatcher; nothing is re-decide
   the role is named, not applied, and ``ephemeral`` does not apply (the output stays in the
   history).
 - ``ask_user``: the dispatcher turns it into a durable hookbus approval (JetStream KV,
-  answered from any process with `HookDispatcher.answer_approval` or ``hookbus approvals
+  answered from any process with `ApprovalsClient.answer_approval` or ``hookbus approvals
   answer``) and returns the answer as continue or deny; the tool waits. A dispatcher without
   approvals cannot answer it: a deny, with a reason saying why. A tool's
   ``timeout_seconds`` bounds that wait too (the SDK times the whole invoker).

@@ -68,7 +68,7 @@ judged by that handler's failure policy, in the dispatcher; nothing is re-decide
   `UserPromptPart` (no scope), both as they were.
 - ``ask_user``: with ``approvals="hookbus"`` (the default) the dispatcher turns it into a
   durable hookbus approval (JetStream KV, answered from any process with
-  `HookDispatcher.answer_approval` or ``hookbus approvals answer``) and returns the answer as
+  `ApprovalsClient.answer_approval` or ``hookbus approvals answer``) and returns the answer as
   continue or deny; the tool waits. With ``approvals="deferred"`` (and a dispatcher made with
   ``approvals=False``, so that ``ask_user`` comes back unresolved) ``tool:pre`` raises
   pydantic-ai's `ApprovalRequired`: the call is deferred into the run's

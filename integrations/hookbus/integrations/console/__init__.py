@@ -1,6 +1,6 @@
 """The approvals console: a page in a browser for the human in the loop (``hookbus console``).
 
-`console_app(dispatcher, nc, token=...)` is one Starlette app; uvicorn serves it. It shows
+`console_app(client, nc, token=...)` is one Starlette app; uvicorn serves it. It shows
 the pending approvals (prompt, options, agent, session, handler, tool, the call's data as
 the handlers saw it, time left) and answers them as the signed-in approver; the "Allow
 always" grants, which it revokes; the most recent decisions of the audit trail (when it is

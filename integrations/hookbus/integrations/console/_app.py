@@ -24,7 +24,6 @@ from hookbus.dispatcher import (
     APPROVAL_LABEL_PREFIX,
     AnswerNotAppliedError,
     ApprovalsClient,
-    HookDispatcher,
     describe_handlers,
 )
 from hookbus.schemas import (
@@ -181,7 +180,7 @@ Handler = Callable[[Request, Session], Awaitable[Response]]
 
 
 def console_app(
-    dispatcher: ApprovalsClient | HookDispatcher,
+    client: ApprovalsClient,
     nc: NATS,
     *,
     token: str,
@@ -196,9 +195,8 @@ def console_app(
     """The approvals console's ASGI app; see the package docstring for the routes.
 
     Args:
-        dispatcher: what lists and answers approvals and lists and revokes grants, on `nc`:
-            a started `ApprovalsClient` (the approvals bucket only), or a started
-            `HookDispatcher` (approvals need not be on).
+        client: what lists and answers approvals and lists and revokes grants, on `nc`: a
+            started `ApprovalsClient` (the approvals bucket only).
         nc: its connection (the watches, the audit trail, the handlers' liveness).
         token: what signing in takes (`Signer`); never logged.
         approver: the approver name bound to the token (every answer is recorded as this
@@ -209,7 +207,7 @@ def console_app(
         ping_timeout_s: how long ``/api/handlers`` gathers live workers' answers, seconds.
         feed: the live feed (default: a new `Feed` on `nc`, started and closed by the
             app's lifespan).
-        lifespan: an outer lifespan (e.g. closing the dispatcher at shutdown), entered
+        lifespan: an outer lifespan (e.g. closing the client at shutdown), entered
             after the feed has started.
         nats_approver: the approver `nc`'s NATS credentials are (a secured server lets
             them answer as that name only): a sign-in naming anyone else is refused, with
@@ -304,7 +302,7 @@ def console_app(
         return response
 
     async def approvals(request: Request, session: Session) -> Response:
-        page = await dispatcher.approval_page(status="pending", prefix=APPROVAL_LABEL_PREFIX)
+        page = await client.approval_page(status="pending", prefix=APPROVAL_LABEL_PREFIX)
         items = [approval_item(r) for r in page.records if r.metadata.get("kind") == "approval"]
         return _json({"now": time.time(), "approvals": items, "skipped": page.skipped})
 
@@ -314,7 +312,7 @@ def console_app(
         choice = _text(body, "choice")
         agent = _text(body, "agent_id", optional=True)
         assert label is not None and choice is not None
-        got = await dispatcher.answer_approval(
+        got = await client.answer_approval(
             label, choice, approver=session.approver, agent_id=agent
         )
         log.info("console: %s answered %s of agent %s: %r", session.approver, label, agent,
@@ -327,7 +325,7 @@ def console_app(
         label = _text(body, "label")
         agent = _text(body, "agent_id", optional=True)
         assert label is not None
-        await dispatcher.cancel_approval(
+        await client.cancel_approval(
             label, reason="on the console", agent_id=agent, approver=session.approver
         )
         reason = f"by {session.approver}: on the console"
@@ -335,13 +333,13 @@ def console_app(
         return _json({"label": label, "agent_id": agent, "reason": reason})
 
     async def grants(request: Request, session: Session) -> Response:
-        found = await dispatcher.approval_grants()
+        found = await client.approval_grants()
         return _json({"grants": [grant_item(g) for g in found]})
 
     async def revoke(request: Request, session: Session) -> Response:
         key = _text(await _body(request), "key")
         assert key is not None
-        await dispatcher.revoke_grant(key)
+        await client.revoke_grant(key)
         log.info("console: %s revoked grant %s", session.approver, key)
         return _json({"revoked": key})
 
