@@ -99,18 +99,10 @@ class ApprovalAnswers:
     ) -> ApprovalAnswer:  # fmt: skip
         """See `Approvals.answer`."""
         store = self._records.for_agent(agent_id)
-        got = await store.get(label)
-        if got is None or got[0].metadata.get("kind") != "approval":
-            raise SuspensionNotFoundError(f"no approval {label!r} for agent {agent_id!r}")
-        record = got[0]
-        if record.status != "pending":
-            raise AlreadySettledError(f"approval {label!r} is already {settled_how(record)}")
-        options = list(record.metadata.get("options") or APPROVAL_DEFAULT_OPTIONS)
+        options = await self._pending_options(store, label)
         if choice not in options:
             raise ResolutionRejectedError(f"choice {choice!r} is not one of the options {options}")
-        ended = await self.end_if_overdue(label, agent_id=agent_id, write=self.closes_records)
-        if ended is not None:
-            raise AlreadySettledError(f"approval {label!r} is already {settled_how(ended)}")
+        await self._not_overdue(label, agent_id)
         answer = ApprovalAnswer(choice=choice, answered_by=approver, answered_at=time.time())
         return await self._proofs.prove(store, label, answer, self._wait(wait_s))
 
@@ -120,19 +112,12 @@ class ApprovalAnswers:
     ) -> ApprovalAnswer:  # fmt: skip
         """See `Approvals.cancel`."""
         store = self._records.for_agent(agent_id)
-        got = await store.get(label)
-        if got is None or got[0].metadata.get("kind") != "approval":
-            raise SuspensionNotFoundError(f"no approval {label!r} for agent {agent_id!r}")
-        if got[0].status != "pending":
-            raise AlreadySettledError(f"approval {label!r} is already {settled_how(got[0])}")
-        ended = await self.end_if_overdue(label, agent_id=agent_id, write=self.closes_records)
-        if ended is not None:
-            raise AlreadySettledError(f"approval {label!r} is already {settled_how(ended)}")
+        options = await self._pending_options(store, label)
+        await self._not_overdue(label, agent_id)
         proof = ApprovalAnswer(
             choice="", answered_by=approver, answered_at=time.time(), kind="cancel",
             reason=reason,
         )  # fmt: skip
-        options = list(got[0].metadata.get("options") or APPROVAL_DEFAULT_OPTIONS)
         return await self._proofs.prove(
             store, label, proof, self._wait(wait_s),
             apply_with=options if self.closes_records else None,
@@ -140,6 +125,25 @@ class ApprovalAnswers:
 
     def _wait(self, wait_s: float | None) -> float:
         return self.answer_wait_s if wait_s is None else wait_s
+
+    @staticmethod
+    async def _pending_options(store: Suspensions, label: str) -> list[str]:
+        """The options of the pending approval `label` of `store`'s agent. Raises
+        `SuspensionNotFoundError` (no such approval) or `AlreadySettledError`."""
+        got = await store.get(label)
+        if got is None or got[0].metadata.get("kind") != "approval":
+            raise SuspensionNotFoundError(f"no approval {label!r} for agent {store.agent_id!r}")
+        record = got[0]
+        if record.status != "pending":
+            raise AlreadySettledError(f"approval {label!r} is already {settled_how(record)}")
+        return list(record.metadata.get("options") or APPROVAL_DEFAULT_OPTIONS)
+
+    async def _not_overdue(self, label: str, agent_id: str | None) -> None:
+        """Raises `AlreadySettledError` when the approval `label` is ended now, overdue
+        (`end_if_overdue`: written when `closes_records`)."""
+        ended = await self.end_if_overdue(label, agent_id=agent_id, write=self.closes_records)
+        if ended is not None:
+            raise AlreadySettledError(f"approval {label!r} is already {settled_how(ended)}")
 
     async def end_if_overdue(
         self, label: str, *, agent_id: str | None, write: bool = True
