@@ -646,7 +646,9 @@ async def test_the_amplifier_drop_in_allows_a_resumed_tool_call_once(
             again = spawn_emit_keyed(tg, hooks, TOOL_PRE, dict(call), key)
             fresh = await approver.pending(session)
             assert not again.done.is_set(), again.result
-            await approver.client.answer_approval(fresh.label, "Deny", approver="tester", agent_id="amp")
+            await approver.client.answer_approval(
+                fresh.label, "Deny", approver="tester", agent_id="amp"
+            )
             ran += (await again.wait()).action == "continue"
     assert fresh.label != part.label
     assert ran == 1
@@ -743,7 +745,9 @@ async def test_allow_always_without_a_session_allows_that_call_only(
                 out = spawn_emit(tg, d, event, {"tool_name": "bash", "agent_id": who,
                                                 "tool_input": {"command": command}})  # fmt: skip
                 label = await pending_label(approver, None, who)
-                await approver.client.answer_approval(label, "Deny", approver="tester", agent_id=who)
+                await approver.client.answer_approval(
+                    label, "Deny", approver="tester", agent_id=who
+                )
                 r = await out.wait()
             assert r.action == "deny" and r.reason == "tester chose 'Deny'", who
         assert await approver.client.approval_grants(agent_id=agent_a) == []
@@ -756,7 +760,9 @@ async def test_allow_always_is_per_agent_within_a_session(
     async with anyio.create_task_group() as tg:
         out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
         label = await pending_label(approver, agent.session, "a1")
-        await approver.client.answer_approval(label, "Allow always", approver="tester", agent_id="a1")
+        await approver.client.answer_approval(
+            label, "Allow always", approver="tester", agent_id="a1"
+        )
         assert (await out.wait()).action == "continue"
     ok = await agent.d.emit(event, {"tool_name": "bash", "agent_id": "a1", "command": "x"})
     assert ok.action == "continue" and ok.reason is not None and "always" in ok.reason
@@ -1119,7 +1125,9 @@ async def test_two_deciders_of_one_approval_apply_the_same_first_answer(
         if "alice" in [w for w, o in outcomes.items() if isinstance(o, ApprovalAnswer)]:
             again = await approver.pending(session)  # the allow went to one decider
             assert again.label == next_approval_label(part.label)
-            await approver.client.answer_approval(again.label, "Deny", approver="carol", agent_id="a1")
+            await approver.client.answer_approval(
+                again.label, "Deny", approver="carol", agent_id="a1"
+            )
     won = [w for w, o in outcomes.items() if isinstance(o, ApprovalAnswer)]
     assert len(won) == 1, outcomes
     (lost,) = set(outcomes) - set(won)
@@ -1169,7 +1177,9 @@ async def test_pending_approvals_per_agent_are_limited(
         other = spawn_emit(tg, d, event, {"agent_id": f"{agent}-b", "session_id": session})
         part = await approver.pending(session)
         assert part.agent_id == f"{agent}-b"
-        await approver.client.answer_approval(part.label, "Allow", approver="t", agent_id=part.agent_id)
+        await approver.client.answer_approval(
+            part.label, "Allow", approver="t", agent_id=part.agent_id
+        )
         assert (await other.wait()).action == "continue"
         for page_record in (await approver.client.approval_page()).records:
             if page_record.agent_id == agent:
@@ -1202,7 +1212,9 @@ async def test_questions_asked_at_once_cannot_race_past_the_pending_quota(
         # assumed already there (a busy machine writes them later)
         with anyio.fail_after(30):
             asked = {(await approver.pending(session)).label for _ in range(3)}
-        pending = [r for r in (await approver.client.approval_page()).records if r.agent_id == agent]
+        pending = [
+            r for r in (await approver.client.approval_page()).records if r.agent_id == agent
+        ]
         assert {r.label for r in pending} == asked
         for record in pending:
             await approver.client.cancel_approval(record.label, agent_id=agent)
@@ -1239,7 +1251,9 @@ async def test_a_second_approver_loses_and_is_told(
         part = await approver.pending(agent.session)
         await approver.client.answer_approval(part.label, "Deny", approver="alice", agent_id="a1")
         with pytest.raises(AlreadySettledError):
-            await approver.client.answer_approval(part.label, "Allow", approver="bob", agent_id="a1")
+            await approver.client.answer_approval(
+                part.label, "Allow", approver="bob", agent_id="a1"
+            )
         r = await out.wait()
     assert (r.action, r.approved_by) == ("deny", "alice")
 

@@ -177,9 +177,7 @@ async def served_console(connect: Connect, **options: Any) -> AsyncIterator[str]
     sock.bind(("127.0.0.1", 0))
     sock.listen()
     servers: list[uvicorn.Server] = []
-    app = console_app(
-        client, nc, token=TOKEN, stopping=lambda: servers[0].should_exit, **options
-    )
+    app = console_app(client, nc, token=TOKEN, stopping=lambda: servers[0].should_exit, **options)
     server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="on"))
     servers.append(server)
     task = asyncio.create_task(server.serve(sockets=[sock]))

@@ -125,9 +125,7 @@ class ApprovalAsker:
         allowing = allowing_options(options, result.approval_allow_options)
         if not allowing:
             return self._no_allowing_option(event, result, handler, options)
-        budget = min(
-            x for x in (self._read_s, result.approval_timeout, wait_s) if x is not None
-        )
+        budget = min(x for x in (self._read_s, result.approval_timeout, wait_s) if x is not None)
         granted = await self._answers.granted(
             event, result, handler, budget_s=max(budget, _MIN_READ_S)
         )

@@ -85,7 +85,6 @@ without a session id is never remembered: "Allow always" then allows that call o
 the reason says so.
 """
 
-
 from __future__ import annotations
 
 from nats.aio.client import Client as NATS

@@ -312,9 +312,7 @@ def console_app(
         choice = _text(body, "choice")
         agent = _text(body, "agent_id", optional=True)
         assert label is not None and choice is not None
-        got = await client.answer_approval(
-            label, choice, approver=session.approver, agent_id=agent
-        )
+        got = await client.answer_approval(label, choice, approver=session.approver, agent_id=agent)
         log.info("console: %s answered %s of agent %s: %r", session.approver, label, agent,
                  choice)  # fmt: skip
         return _json({"label": label, "agent_id": agent, "choice": got.choice,
