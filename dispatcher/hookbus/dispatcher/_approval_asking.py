@@ -12,7 +12,7 @@ import asyncio
 import logging
 import math
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import nats.errors
 import nats.js.errors
@@ -66,6 +66,20 @@ _MIN_READ_S = 0.5
 SETTLE_READS_S = 0.5
 """Seconds the reads at the caller's deadline (an answer that landed meanwhile decides)
 may take past it."""
+
+
+class _Question(NamedTuple):
+    """One handler's question about one call, as it is asked (its timeout already cut)."""
+
+    event: str
+    result: HookResult
+    handler: str
+    options: list[str]
+    allowing: list[str]
+    """The `options` that allow (never empty: a question none of whose options allows is
+    denied without asking)."""
+    store: Suspensions
+    """The approval records of the call's agent."""
 
 
 class ApprovalAsker:
@@ -134,11 +148,10 @@ class ApprovalAsker:
         data = call_data(result)
         store = self._records.for_agent(text_or_none(data.get("agent_id")))
         label = approval_label(event, data, handler, call_id=call_id)
+        question = _Question(event, result, handler, options, allowing, store)
         while True:
             try:
-                return await self._decide_at(
-                    event, result, handler, options, allowing, store, label, started, wait_s
-                )
+                return await self._decide_at(question, label, started, wait_s)
             except UsedUp:  # its "Allow once" went to another decision: ask afresh
                 now = time.monotonic()
                 if wait_s is not None:
@@ -153,19 +166,11 @@ class ApprovalAsker:
                 label = next_approval_label(label)
 
     async def _decide_at(
-        self,
-        event: str,
-        result: HookResult,
-        handler: str,
-        options: list[str],
-        allowing: list[str],
-        store: Suspensions,
-        label: str,
-        started: float,
-        wait_s: float | None,
+        self, question: _Question, label: str, started: float, wait_s: float | None
     ) -> HookResult:
-        """Decide by the approval `label` (asked, taken over, or read: see `_decide`).
-        Raises `UsedUp` when its one-time allow went to another decision."""
+        """Decide `question` by the approval `label` (asked, taken over, or read: see
+        `_decide`). Raises `UsedUp` when its one-time allow went to another decision."""
+        result, options, store = question.result, question.options, question.store
         try:
             got = await store.get(label)  # a retry of this call finds its approval
         except HookbusError as exc:
@@ -185,26 +190,22 @@ class ApprovalAsker:
                 return decided(result, allow=False, reason=over)
             reserved = self._quota is not None and not self.own_agent_secured
         try:
-            return await self._asked(event, result, handler, options, allowing, store,
-                                     label, started, wait_s, got)  # fmt: skip
+            return await self._asked(question, label, started, wait_s, got)
         finally:
             if reserved and self._quota is not None:
                 self._quota.release(store.agent_id)
 
     async def _asked(
         self,
-        event: str,
-        result: HookResult,
-        handler: str,
-        options: list[str],
-        allowing: list[str],
-        store: Suspensions,
+        question: _Question,
         label: str,
         started: float,
         wait_s: float | None,
         got: tuple[SuspensionRecord, int] | None,
     ) -> HookResult:
-        """Ask (or take over, `got`) the approval `label` and decide from its answer."""
+        """Ask `question` as the approval `label` (or take it over, `got`) and decide from
+        its answer."""
+        event, result, handler, options, allowing, store = question
         remaining = approval_left(result.approval_timeout, started)
         caller_left = None if wait_s is None else max(0.0, wait_s - (time.monotonic() - started))
         cut = caller_left is not None and (remaining is None or caller_left < remaining)
