@@ -180,7 +180,9 @@ class Site:
             self.server.stop()
 
 
-async def one_row(site: Site, shape: str, n: int, procs: int) -> dict[str, Any]:
+async def one_row(
+    site: Site, shape: str, n: int, procs: int, loop: str = "asyncio"
+) -> dict[str, Any]:
     stem = "agent-fleet" if shape == "embedded" else "agent-thin"
     agent_id = "fleet" if shape == "embedded" else "thin"
     per = [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
@@ -200,6 +202,8 @@ async def one_row(site: Site, shape: str, n: int, procs: int) -> dict[str, Any]:
                 agent_id,
                 "--first",
                 str(i),
+                "--loop",
+                loop,
                 *(["--distinct-ids"] if site.mode == "open" else []),
                 *site.host_options(stem),
             ],
@@ -207,7 +211,7 @@ async def one_row(site: Site, shape: str, n: int, procs: int) -> dict[str, Any]:
         for i, count in enumerate(per)
         if count
     ]
-    row: dict[str, Any] = {"mode": site.mode, "shape": shape, "agents": n}
+    row: dict[str, Any] = {"mode": site.mode, "shape": shape, "agents": n, "loop": loop}
     try:
         await asyncio.gather(*(h.start(timeout_s=60) for h in hosts))
         before, js_before = monitor(site.http, "varz"), monitor(site.http, "jsz")
@@ -292,15 +296,17 @@ async def _service_reach(host: JsonChild, event: str, t0: float) -> float:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("mode", "shape", "agents", "started", "server MB", "KB/agent", "subs/agent",
+    head = ("mode", "shape", "loop", "agents", "started", "server MB", "KB/agent", "subs/agent",
             "JS API/start", "consumers", "start s", "p50 ms", "p99 ms", "reach p50 ms",
             "reach max ms", "refused", "wrong")  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['mode']} | {r['shape']} | {r['agents']} | {r['error']} |")
+            where = f"| {r['mode']} | {r['shape']} | {r.get('loop', '')} | {r['agents']}"
+            lines.append(f"{where} | {r['error']} |")
             continue
-        cells = (r["mode"], r["shape"], r["agents"], f"{r['started']} ({r['failed']} failed)",
+        cells = (r["mode"], r["shape"], r.get("loop", "asyncio"), r["agents"],
+                 f"{r['started']} ({r['failed']} failed)",
                  f"{r['server_rss_mb']:.0f}", f"{r['server_kb_per_agent']:.1f}",
                  f"{r['subs_per_agent']:.1f} ({r['subs_per_agent_after_emit']:.1f})",
                  f"{r['js_api_per_start']:.1f}", r["consumers"],
@@ -339,6 +345,12 @@ async def main() -> None:
     p.add_argument("--modes", default="open,secured")
     p.add_argument("--procs", type=int, default=10, help="agent processes per row")
     p.add_argument("--json", help="also write the rows as JSON")
+    p.add_argument(
+        "--loop",
+        choices=("asyncio", "uvloop"),
+        default="asyncio",
+        help="the agents' event loop (an embedded agent runs on its host application's)",
+    )
     args = p.parse_args()
     rows: list[dict[str, Any]] = []
     for mode in args.modes.split(","):
@@ -350,7 +362,7 @@ async def main() -> None:
                     for shape in args.shapes.split(","):
                         print(f"{mode} {shape} {n} ...", file=sys.stderr, flush=True)
                         try:
-                            row = await one_row(site, shape, n, args.procs)
+                            row = await one_row(site, shape, n, args.procs, args.loop)
                         except Exception as exc:
                             row = {"mode": mode, "shape": shape, "agents": n,
                                    "error": f"{type(exc).__name__}: {exc}"[:300]}  # fmt: skip
