@@ -33,7 +33,7 @@ from ._connect import ConnectionSettings as ConnectionSettings
 from ._connect import connect as connect
 from ._connect import connection_options as connection_options
 from ._extras import MissingExtraError
-from ._server import EmbeddedNatsServer, NatsServerNotFoundError
+from hookbus._core.embedded_server import EmbeddedNatsServer, NatsServerNotFoundError
 
 log = logging.getLogger("hookbus.cli")
 

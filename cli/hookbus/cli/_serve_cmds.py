@@ -59,7 +59,7 @@ from ._lifecycle import (
     stop_on_signals,
 )
 from ._otel import otel_session, otlp_option
-from ._server import EmbeddedNatsServer, NatsServerNotFoundError
+from hookbus._core.embedded_server import EmbeddedNatsServer, NatsServerNotFoundError
 
 __all__ = ["dispatcher_cmd", "server", "worker"]
 
