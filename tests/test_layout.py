@@ -526,6 +526,9 @@ PUBLIC_API: dict[str, set[str]] = {
         "approval_label",
         "next_approval_label",  # the fresh approval after a used "Allow once"
         "is_allow",
+        # the approval rules a test kit answering approvals in process decides by
+        "allows",
+        "joined_decision",
         "HandlerStatus",
         "LiveReplica",
         "RegistryView",
@@ -557,7 +560,14 @@ PUBLIC_API: dict[str, set[str]] = {
         "secure_credentials",
     },
     # the test kit (testing/hookbus/testing: it imports workers and dispatcher)
-    "hookbus.testing": {"WorkerTestKit"},
+    "hookbus.testing": {
+        "Approval",
+        "HookTestEnv",
+        "VirtualClockLoop",
+        "WorkerTestKit",
+        "run_with_virtual_clock",
+        "virtual_clock_loop",
+    },
     # amplifier-core's `amplifier_core.events`, as a module of its own
     "hookbus.schemas.events": {*EVENT_CONSTANTS, "STANDARD_EVENTS", "StandardEvents"},
     "hookbus.amplifier": {
