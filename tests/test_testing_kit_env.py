@@ -40,7 +40,9 @@ def anyio_backend() -> tuple[str, dict[str, Any]]:
     return "asyncio", {"loop_factory": virtual_clock_loop}
 
 
-@pytest.fixture(params=[False, pytest.param(True, marks=pytest.mark.processes)], ids=["memory", "real"])
+@pytest.fixture(
+    params=[False, pytest.param(True, marks=pytest.mark.processes)], ids=["memory", "real"]
+)
 def with_real(request: pytest.FixtureRequest) -> bool:
     return bool(request.param)
 
@@ -93,14 +95,18 @@ def asking_worker(*, timeout_s: float = 300.0, default: str = "deny") -> HookWor
 async def test_a_chain_folds_modify_failure_filter_and_injection(with_real: bool) -> None:
     calls: list[str] = []
     async with HookTestEnv(chain_worker(calls), with_real=with_real) as env:
-        result = await env.emit(TOOL_PRE, {"tool_name": "Bash", "tool_input": {"command": "echo secret"}})
+        result = await env.emit(
+            TOOL_PRE, {"tool_name": "Bash", "tool_input": {"command": "echo secret"}}
+        )
     assert calls == ["redact", "flaky", "remind"]  # the tool filter skipped reads_only
     assert result.action == "inject_context"
     assert result.context_injection == "ran: echo ***"  # remind saw the modified data
     assert result.chained_data is not None
     assert result.chained_data["tool_input"] == {"command": "echo ***"}
     assert (result.decided_by, result.modified_by) == ("remind", ["redact"])
-    assert [(f.handler, f.kind, f.policy) for f in result.failures] == [("flaky", "error", "ignore")]
+    assert [(f.handler, f.kind, f.policy) for f in result.failures] == [
+        ("flaky", "error", "ignore")
+    ]
     assert result.failures[0].message == "handler_error: ValueError: boom"
 
 
@@ -159,7 +165,11 @@ async def test_an_approval_denied_by_the_test(with_real: bool) -> None:
         call = env.emit_soon(TOOL_PRE, BASH)
         await env.deny(await env.next_approval())
         result = await call
-    assert (result.action, result.approved_by, result.reason) == ("deny", "alice", "alice chose 'Deny'")
+    assert (result.action, result.approved_by, result.reason) == (
+        "deny",
+        "alice",
+        "alice chose 'Deny'",
+    )
 
 
 @pytest.mark.parametrize("default", ["deny", "allow"])
@@ -167,7 +177,9 @@ async def test_an_approval_nobody_answers_takes_its_default(with_real: bool, def
     """In process a 30 s approval timeout passes on the virtual clock in well under a
     second of real time; for real, a 1 s one takes its second."""
     timeout_s = REAL_ONLY_S if with_real else 30.0
-    async with HookTestEnv(asking_worker(timeout_s=timeout_s, default=default), with_real=with_real) as env:
+    async with HookTestEnv(
+        asking_worker(timeout_s=timeout_s, default=default), with_real=with_real
+    ) as env:
         started, on_clock = time.monotonic(), env.time()
         result = await env.emit(TOOL_PRE, BASH)
         waited_s, skipped = time.monotonic() - started, env.time() - on_clock
@@ -212,7 +224,11 @@ async def test_every_asker_is_asked_in_turn() -> None:
         assert second_question.question.handler == "second"
         await env.answer(second_question, "Never")
         result = await call
-    assert (result.action, result.decided_by, result.reason) == ("deny", "second", "test chose 'Never'")
+    assert (result.action, result.decided_by, result.reason) == (
+        "deny",
+        "second",
+        "test chose 'Never'",
+    )
 
 
 # -- suspensions -------------------------------------------------------------------------------

@@ -155,10 +155,14 @@ class MemoryApprovals:
         return msgspec.structs.replace(decided, approved_by=approver)
 
     async def next_approval(self, timeout_s: float | None) -> Approval:
-        """The next question asked (in the order asked), waiting up to `timeout_s`
-        seconds on the loop's clock for one. Raises `TimeoutError`."""
+        """The next question asked that still waits for an answer (in the order asked),
+        waiting up to `timeout_s` seconds on the loop's clock for one. Raises
+        `TimeoutError`."""
         async with asyncio.timeout(timeout_s):
-            return await self._asked.get()
+            while True:
+                approval = await self._asked.get()
+                if approval.label in self._waiting:
+                    return approval
 
     def answer(self, label: str, choice: str, *, approver: str) -> None:
         """Answer the pending approval `label` with `choice` as `approver`.
@@ -186,7 +190,7 @@ def _cut(result: HookResult, longest_s: float | None) -> HookResult:
     ``approval_timeout_s``): a cut that shortens the wait turns a default allow into deny,
     as the dispatcher's does (only the handler's own full timeout may allow by default)."""
     own = result.approval_timeout
-    if longest_s is None or own is not None and math.isfinite(own) and own <= longest_s:
+    if longest_s is None or (own is not None and math.isfinite(own) and own <= longest_s):
         return result
     return msgspec.structs.replace(result, approval_timeout=longest_s, approval_default="deny")
 

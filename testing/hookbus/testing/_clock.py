@@ -15,6 +15,7 @@ The loop skips only when nothing outside it can wake it:
   time runs as a real clock's does: a reply in flight is never overtaken by a skip;
 - while a function runs in a thread started through it (`run_in_executor`,
   `asyncio.to_thread`: how the kit runs sync handlers), likewise;
+- within `VirtualClockLoop.real_time` (a wait on something it cannot see), likewise;
 - with nothing scheduled at all (a wait without a timeout), it waits as any loop does.
 
 Its time is the real monotonic clock plus every skip made so far, so it never goes back.
@@ -23,9 +24,10 @@ Its time is the real monotonic clock plus every skip made so far, so it never go
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import selectors
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
@@ -105,6 +107,17 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
         """Move the clock `seconds` ahead (negative or zero: nothing)."""
         if seconds > 0:
             self.skipped_s += seconds
+
+    @contextlib.contextmanager
+    def real_time(self) -> Iterator[None]:
+        """Within the block, time runs as a real clock's does (temporalio's
+        ``auto_time_skipping_disabled``): for a wait on something the loop cannot see,
+        e.g. a thread started by anyio's ``to_thread``."""
+        self.threads_running += 1
+        try:
+            yield
+        finally:
+            self.threads_running -= 1
 
     def run_in_executor(
         self, executor: Executor | None, func: Callable[..., T], *args: Any

@@ -28,9 +28,9 @@ class HookTestEnv:
     handlers ask, resolve suspensions; in process, or for real.
 
     ``async with HookTestEnv(worker) as env:`` (or ``HookTestEnv(policy, redactor)``:
-    several workers, their handlers of an event folded together) runs in this process, with no server (the
-    shape of faststream's ``TestBroker``): the worker's handlers of an event run as one
-    chain and are folded by the dispatcher's rules (`Fold`, the kernel's fold rules); a
+    several workers, their handlers of an event folded together) runs in this process,
+    with no server (the shape of faststream's ``TestBroker``): the handlers of an event
+    run as one chain and are folded by the dispatcher's rules (`Fold`, the kernel's fold rules); a
     handler's ``ask_user`` becomes an `Approval` the test answers (`allow`, `deny`,
     `answer`) or lets time out (its ``approval_default`` applies); `hook` /
     `resolve_hook` / `cancel_hook` are the suspensions of a `HookDispatcher`.
@@ -203,9 +203,12 @@ class HookTestEnv:
         self._check()
         return asyncio.get_running_loop().create_task(
             self.emit(
-                event, data, timeout_s=timeout_s, idempotency_key=idempotency_key,
+                event,
+                data,
+                timeout_s=timeout_s,
+                idempotency_key=idempotency_key,
                 approval_timeout_s=approval_timeout_s,
-            ),  # fmt: skip
+            ),
             name=f"emit {event}",
         )
 
@@ -273,7 +276,7 @@ class HookTestEnv:
         """
         self._check()
         async with asyncio.timeout(timeout_s):
-            while not await self._bus.pending(label):
+            while not await self._bus.pending(label):  # noqa: ASYNC110 - reads the store
                 await asyncio.sleep(0.01)
 
     async def resolve_hook(self, label: str, value: Any) -> None:

@@ -97,9 +97,7 @@ class MemoryBus:
         metadata: dict[str, Any] | None,
         timeout_s: float | None,
     ) -> T:
-        return await self.suspensions.hook(
-            label, payload, metadata=metadata, timeout_s=timeout_s
-        )
+        return await self.suspensions.hook(label, payload, metadata=metadata, timeout_s=timeout_s)
 
     async def pending(self, label: str) -> bool:
         return self.suspensions.pending(label)

@@ -138,4 +138,6 @@ def _as(payload: type[T] | None, value: Any) -> T:
             return payload.model_validate(value)  # type: ignore[no-any-return,attr-defined]
         return msgspec.convert(value, payload)
     except Exception as exc:
-        raise ResolutionRejectedError(f"the resolution does not fit {payload.__name__}: {exc}") from exc
+        raise ResolutionRejectedError(
+            f"the resolution does not fit {payload.__name__}: {exc}"
+        ) from exc

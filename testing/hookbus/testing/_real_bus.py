@@ -88,7 +88,9 @@ class RealBus:
         wanted = {spec.key for specs in self._served for spec in specs}
         async with asyncio.timeout(timeout_s):
             while True:
-                routed = {(e, n) for e, names in self._dispatcher.list_handlers().items() for n in names}
+                routed = {
+                    (e, n) for e, names in self._dispatcher.list_handlers().items() for n in names
+                }
                 if wanted <= routed:
                     return
                 await asyncio.sleep(_POLL_S)
@@ -102,6 +104,8 @@ class RealBus:
         for worker in reversed(self._workers):
             with contextlib.suppress(Exception):
                 await worker.shutdown(grace_s=1.0)
+                if self._server is None:  # a server of the caller's: leave no declaration
+                    await worker.unregister()
         if self._nc is not None:
             with contextlib.suppress(Exception):
                 await self._nc.close()
