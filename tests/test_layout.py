@@ -561,12 +561,14 @@ PUBLIC_API: dict[str, set[str]] = {
     },
     # the test kit (testing/hookbus/testing: it imports workers and dispatcher)
     "hookbus.testing": {
-        "Approval",
+        # the environment of chains, approvals and suspensions, and its questions
         "HookTestEnv",
-        "VirtualClockLoop",
-        "WorkerTestKit",
-        "run_with_virtual_clock",
+        "Approval",
+        # the virtual clock
         "virtual_clock_loop",
+        "VirtualClockLoop",
+        "run_with_virtual_clock",
+        "WorkerTestKit",
     },
     # amplifier-core's `amplifier_core.events`, as a module of its own
     "hookbus.schemas.events": {*EVENT_CONSTANTS, "STANDARD_EVENTS", "StandardEvents"},

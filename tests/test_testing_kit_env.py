@@ -63,9 +63,9 @@ def chain_worker(calls: list[str]) -> HookWorker:
         raise ValueError("boom")
 
     @w.handler(TOOL_PRE, priority=30, tool_filter=["read"])
-    async def reads_only(event: str, data: dict[str, Any]) -> HookResult:
-        calls.append("reads_only")
-        return HookResult(action="deny", reason="not reached: Bash is not read")
+    async def reads_only(event: str, data: dict[str, Any]) -> dict[str, str]:
+        calls.append("reads_only")  # a dict is a result too
+        return {"action": "deny", "reason": "not reached: Bash is not read"}
 
     @w.handler(TOOL_PRE, priority=40)
     async def remind(event: str, data: dict[str, Any]) -> HookResult:

@@ -101,6 +101,13 @@ class HookTestEnv:
         self._state = "new"  # new -> started -> closed
 
     # -- lifecycle ----------------------------------------------------------------------------
+    async def __aenter__(self) -> HookTestEnv:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
     async def start(self) -> None:
         """Start (idempotent; `__aenter__` calls it). With `with_real`: the server, the
         worker, the dispatcher, the approvals client; returns once every handler is routed.
@@ -128,13 +135,6 @@ class HookTestEnv:
             return
         self._state = "closed"
         await self._bus.close()
-
-    async def __aenter__(self) -> HookTestEnv:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     # -- time ---------------------------------------------------------------------------------
     @property
@@ -189,27 +189,14 @@ class HookTestEnv:
         )  # fmt: skip
 
     def emit_soon(
-        self,
-        event: str,
-        data: dict[str, Any],
-        *,
-        timeout_s: float | None = None,
-        idempotency_key: str | None = None,
-        approval_timeout_s: float | None = None,
+        self, event: str, data: dict[str, Any], **options: Any
     ) -> asyncio.Task[HookResult]:
-        """`emit` in a task of its own, so the test can answer its approvals meanwhile:
-        ``call = env.emit_soon(...)``, ``await env.allow(await env.next_approval())``,
-        ``result = await call``."""
+        """`emit` (with the same keyword options) in a task of its own, so the test can
+        answer its approvals meanwhile: ``call = env.emit_soon(...)``, ``await
+        env.allow(await env.next_approval())``, ``result = await call``."""
         self._check()
         return asyncio.get_running_loop().create_task(
-            self.emit(
-                event,
-                data,
-                timeout_s=timeout_s,
-                idempotency_key=idempotency_key,
-                approval_timeout_s=approval_timeout_s,
-            ),
-            name=f"emit {event}",
+            self.emit(event, data, **options), name=f"emit {event}"
         )
 
     # -- approvals ----------------------------------------------------------------------------

@@ -42,17 +42,11 @@ class MemoryBus:
     async def close(self) -> None:
         """Nothing to stop."""
 
-    async def emit(
-        self,
-        event: str,
-        data: dict[str, Any],
-        *,
-        timeout_s: float | None,
-        idempotency_key: str | None,
-        approval_timeout_s: float | None,
-    ) -> HookResult:
+    async def emit(self, event: str, data: dict[str, Any], **options: Any) -> HookResult:
         """As `HookDispatcher.emit` with approvals: the chain folded, then each asker's
-        question decided by the test (or its timeout)."""
+        question decided by the test (or its timeout). `options`: ``timeout_s``,
+        ``idempotency_key``, ``approval_timeout_s``, as `HookDispatcher.emit` takes them."""
+        timeout_s: float | None = options["timeout_s"]
         if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s >= 0):
             raise BadRequestError(f"timeout_s must be a finite number of seconds >= 0: {timeout_s}")
         chain = ordered(self._specs, event)
@@ -78,9 +72,13 @@ class MemoryBus:
         result = fold.result()
         if result.action != "ask_user":
             return result
-        call_id = idempotency_key or uuid.uuid4().hex
+        call_id = options["idempotency_key"] or uuid.uuid4().hex
         return await self.approvals.decide(
-            event, fold.asks(), call_id=call_id, longest_s=approval_timeout_s, deadline=deadline
+            event,
+            fold.asks(),
+            call_id=call_id,
+            longest_s=options["approval_timeout_s"],
+            deadline=deadline,
         )
 
     async def next_approval(self, timeout_s: float | None) -> Approval:
@@ -89,15 +87,8 @@ class MemoryBus:
     async def answer(self, label: str, choice: str, *, approver: str) -> None:
         self.approvals.answer(label, choice, approver=approver)
 
-    async def hook(
-        self,
-        label: str,
-        payload: type[T] | None,
-        *,
-        metadata: dict[str, Any] | None,
-        timeout_s: float | None,
-    ) -> T:
-        return await self.suspensions.hook(label, payload, metadata=metadata, timeout_s=timeout_s)
+    async def hook(self, label: str, payload: type[T] | None, **options: Any) -> T:
+        return await self.suspensions.hook(label, payload, options["timeout_s"])
 
     async def pending(self, label: str) -> bool:
         return self.suspensions.pending(label)

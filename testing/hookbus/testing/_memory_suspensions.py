@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
@@ -43,7 +43,6 @@ class _Record:
     payload: Any = None
     value: Any = None
     waiter: asyncio.Future[Any] | None = None
-    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 class MemorySuspensions:
@@ -52,15 +51,9 @@ class MemorySuspensions:
     def __init__(self) -> None:
         self._records: dict[str, _Record] = {}
 
-    async def hook(
-        self,
-        label: str,
-        payload: type[T] | None = None,
-        *,
-        metadata: dict[str, Any] | None = None,
-        timeout_s: float | None = None,
-    ) -> T:
-        """Suspend until `label` is resolved; its value as `payload` (None: JSON data)."""
+    async def hook(self, label: str, payload: type[T] | None, timeout_s: float | None) -> T:
+        """Suspend until `label` is resolved, at most `timeout_s` seconds (None: no
+        limit); its value as `payload` (None: JSON data)."""
         record = self._records.get(label)
         if record is not None and record.status == "resolved":  # pre-registered
             value: T = _as(payload, record.value)  # not fitting: it stays, as on NATS
@@ -71,7 +64,7 @@ class MemorySuspensions:
         if record is not None and record.status == "cancelled":
             raise SuspensionCancelledError(label, record.value)
         waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        record = _Record("pending", payload, waiter=waiter, metadata=metadata or {})
+        record = _Record("pending", payload, waiter=waiter)
         self._records[label] = record
         try:
             async with asyncio.timeout(timeout_s):

@@ -117,19 +117,8 @@ class RealBus:
         assert self._dispatcher is not None, "the environment is not started"
         return self._dispatcher
 
-    async def emit(
-        self,
-        event: str,
-        data: dict[str, Any],
-        *,
-        timeout_s: float | None,
-        idempotency_key: str | None,
-        approval_timeout_s: float | None,
-    ) -> HookResult:
-        return await self.dispatcher.emit(
-            event, data, timeout_s=timeout_s, idempotency_key=idempotency_key,
-            approval_timeout_s=approval_timeout_s,
-        )  # fmt: skip
+    async def emit(self, event: str, data: dict[str, Any], **options: Any) -> HookResult:
+        return await self.dispatcher.emit(event, data, **options)
 
     async def next_approval(self, timeout_s: float | None) -> Approval:
         """The next pending approval not handed out before, read from the approvals
@@ -150,15 +139,8 @@ class RealBus:
         assert self._approvals is not None
         await self._approvals.answer_approval(label, choice, approver=approver)
 
-    async def hook(
-        self,
-        label: str,
-        payload: type[T] | None,
-        *,
-        metadata: dict[str, Any] | None,
-        timeout_s: float | None,
-    ) -> T:
-        return await self.dispatcher.hook(label, payload, metadata=metadata, timeout_s=timeout_s)
+    async def hook(self, label: str, payload: type[T] | None, **options: Any) -> T:
+        return await self.dispatcher.hook(label, payload, **options)
 
     async def pending(self, label: str) -> bool:
         got = await self.dispatcher.suspensions.get(label)
