@@ -148,5 +148,11 @@ def run_with_virtual_clock(main: Coroutine[Any, Any, T]) -> T:
     Raises:
         RuntimeError: called from a running event loop (as `asyncio.run` raises).
     """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise RuntimeError("run_with_virtual_clock cannot be called from a running event loop")
     with asyncio.Runner(loop_factory=virtual_clock_loop) as runner:
         return runner.run(main)
