@@ -526,6 +526,9 @@ PUBLIC_API: dict[str, set[str]] = {
         "approval_label",
         "next_approval_label",  # the fresh approval after a used "Allow once"
         "is_allow",
+        # the approval rules a test kit answering approvals in process decides by
+        "allows",
+        "joined_decision",
         "HandlerStatus",
         "LiveReplica",
         "RegistryView",
@@ -557,7 +560,16 @@ PUBLIC_API: dict[str, set[str]] = {
         "secure_credentials",
     },
     # the test kit (testing/hookbus/testing: it imports workers and dispatcher)
-    "hookbus.testing": {"WorkerTestKit"},
+    "hookbus.testing": {
+        # the environment of chains, approvals and suspensions, and its questions
+        "HookTestEnv",
+        "Approval",
+        # the virtual clock
+        "virtual_clock_loop",
+        "VirtualClockLoop",
+        "run_with_virtual_clock",
+        "WorkerTestKit",
+    },
     # amplifier-core's `amplifier_core.events`, as a module of its own
     "hookbus.schemas.events": {*EVENT_CONSTANTS, "STANDARD_EVENTS", "StandardEvents"},
     "hookbus.amplifier": {

@@ -6,8 +6,9 @@ records, a handler's JSON copy of the data, reply inboxes, JetStream bucket conf
 config comparisons, opening a bucket and retrying idempotent JetStream calls through a
 leader election, KV reads and key subscriptions (`kv`), JetStream consumers held in an
 identity's slots (`consumers`), stopping a background task (`tasks`), the nats-py client's
-guards, consumer-slot naming, rate-limited logging and OpenTelemetry provider caching. It
-sits on `hookbus.schemas` (the only package of ours it imports) and below
+guards, consumer-slot naming, rate-limited logging, OpenTelemetry provider caching and the
+embedded nats-server (`embedded_server`: the CLI's default server and the test kit's real
+one). It sits on `hookbus.schemas` (the only package of ours it imports) and below
 `hookbus.workers` and `hookbus.dispatcher` (which never import each other); the packages
 above them may use it too. No public API: every name here may change in any release.
 """
