@@ -89,11 +89,11 @@ class ChainRunner:
         server: the process's request path (reading a request, replying, counting).
         caller: runs one step's handler within its timeout.
         stalls: the event loop's stalls, to date a request from.
-        serving: whether the worker is serving (else it drains, or is not yet started:
-            no further step starts, the dispatcher calls the rest itself).
+        is_serving: whether the worker serves (else it drains, or has not finished
+            starting: no further step starts, the dispatcher calls the rest itself).
     """
 
-    __slots__ = ("_caller", "_name", "_serving", "_server", "_specs", "_stalls")
+    __slots__ = ("_caller", "_is_serving", "_name", "_server", "_specs", "_stalls")
 
     def __init__(
         self,
@@ -102,14 +102,14 @@ class ChainRunner:
         server: RequestServer,
         caller: HandlerCaller,
         stalls: LoopStalls,
-        serving: Callable[[], bool],
+        is_serving: Callable[[], bool],
     ) -> None:
         self._specs = specs
         self._name = name
         self._server = server
         self._caller = caller
         self._stalls = stalls
-        self._serving = serving
+        self._is_serving = is_serving
 
     # -- endpoints ---------------------------------------------------------------------
     def endpoints(self) -> list[Endpoint]:
@@ -264,7 +264,7 @@ class ChainRunner:
             rest_s += step.timeout_s
         respond = functools.partial(self._server.respond, msg)
         progress = ChainProgress(name, respond, received, rest_s)
-        caller, serving = self._caller, self._serving
+        caller, is_serving = self._caller, self._is_serving
         # judged once per chain, as for a request of its own: from the next request on
         observed = otel.sync() or log.isEnabledFor(logging.DEBUG)
         # a chain without parallel steps (the usual one) is a group per step
@@ -295,7 +295,7 @@ class ChainRunner:
                 if progress.settle():  # replies of steps that were reported running
                     await asyncio.sleep(0)  # written before the next step can hold the loop
                 now = time.monotonic()
-                if progress.late(now) or not serving():
+                if progress.late(now) or not is_serving():
                     # the dispatcher calls the rest itself: late, or draining (a request of
                     # its own would be refused now too)
                     break

@@ -281,7 +281,7 @@ class HookWorker:
         if self.handler_set_id:
             chains = ChainRunner(
                 self._specs, self.handler_set_id, requests, self._caller, self._stalls,
-                serving=self._is_serving,
+                is_serving=self._is_serving,
             )  # fmt: skip
         self._chains = chains
         serving = self._serving = ServingLoop(nc_, max_concurrency=self.max_concurrency, log=log)
