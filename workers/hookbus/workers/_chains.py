@@ -257,85 +257,107 @@ class ChainRunner:
             return refusal
         budget = envelope.budget_s
         deadline = None if budget is None else received + budget
-        data = envelope.data
-        n = len(steps)
-        rest_s = 0.0  # the timeouts of the steps not started yet, summed
+        rest_s = 0.0  # the timeouts of the steps, summed
         for step in steps:
             rest_s += step.timeout_s
         respond = functools.partial(self._server.respond, msg)
         progress = ChainProgress(name, respond, received, rest_s)
+        try:
+            await self._run_steps(
+                msg, envelope, steps, specs, deadline, rest_s, progress, replies, running
+            )
+        finally:
+            progress.close()
+        return HookReply(handler=name, chain=replies)
+
+    async def _run_steps(
+        self,
+        msg: Msg,
+        envelope: EventEnvelope,
+        steps: list[ChainStep],
+        specs: list[HandlerSpec | None],
+        deadline: float | None,
+        rest_s: float,
+        progress: ChainProgress,
+        replies: list[HookReply],
+        running: list[tuple[ChainStep, HandlerSpec]],
+    ) -> None:
+        """The fold of `_run`: each group of steps (one step, or adjacent parallel ones)
+        whose tool filter admits the data runs in order, on the data the last modify
+        made, until a step's reply stops the chain (`_stops_chain`), the next step starts
+        too late or the worker drains; each reply is appended to `replies`. `deadline`:
+        the request's budget ends (`time.monotonic()`; None: none); `rest_s`: the steps'
+        timeouts, summed."""
+        data = envelope.data
+        n = len(steps)
         caller, is_serving = self._caller, self._is_serving
         # judged once per chain, as for a request of its own: from the next request on
         observed = otel.sync() or log.isEnabledFor(logging.DEBUG)
         # a chain without parallel steps (the usual one) is a group per step
         parallel = [step.parallel for step in steps] if _any_parallel(steps) else None
         i = 0
-        try:
-            while i < n:
-                j = i + 1 if parallel is None else group_end(parallel, i)
-                for step in steps[i:j]:
-                    rest_s -= step.timeout_s
-                if j == i + 1:
-                    spec = specs[i]
-                    if spec is None or not spec.matches(data):
-                        i = j
-                        continue
-                    step = steps[i]
-                    run = [(step, spec)]
-                else:
-                    run = [
-                        (step, spec)
-                        for step, spec in zip(steps[i:j], specs[i:j], strict=True)
-                        if spec is not None and spec.matches(data)
-                    ]
-                    if not run:
-                        i = j
-                        continue
-                i = j
-                if progress.settle():  # replies of steps that were reported running
-                    await asyncio.sleep(0)  # written before the next step can hold the loop
-                now = time.monotonic()
-                if progress.late(now) or not is_serving():
-                    # the dispatcher calls the rest itself: late, or draining (a request of
-                    # its own would be refused now too)
-                    break
-                running[:] = run
-                if len(run) == 1:  # no task per step: the common, sequential case
-                    step, spec = run[0]  # (a parallel group may have one step left)
-                    progress.start([step], now, rest_s)
-                    if caller.may_wait(run):  # reported before anything the step sends
-                        progress.suspended()
-                    # the last step may have the request's decoded data itself, as a
-                    # request of its own does: nothing reads it after this step (not so
-                    # once an earlier step's modify replaced it: that data is in its reply)
-                    copy = i < n or data is not envelope.data
-                    out = sendable(
-                        await self._step(
-                            spec, step, envelope, data, deadline, msg, copy, observed,
-                            progress.suspended,
-                        )
-                    )  # fmt: skip
-                    progress.finished(step, out)
-                    caller.returned(spec)  # unless a call showed it waits
-                    outs: list[HookReply] = [out]
-                else:
-                    progress.start([step for step, _ in run], now, rest_s)
-                    if caller.may_wait(run):
-                        progress.suspended()
-                    outs = await self._run_group(run, envelope, data, deadline, msg, progress)
-                running.clear()
-                # every step that ran is reported, those after the one that ends the fold
-                # in a parallel group too: the dispatcher would call a missing one again
-                replies += outs
-                for (step, _), out in zip(run, outs, strict=True):
-                    if _stops_chain(step, out):
-                        return HookReply(handler=name, chain=replies)
-                    result = out.result  # only a sequential step's modify gets here
-                    if result is not None and modifies(result):
-                        data = result.data  # type: ignore[assignment]  # modifies: not None
-        finally:
-            progress.close()
-        return HookReply(handler=name, chain=replies)
+        while i < n:
+            j = i + 1 if parallel is None else group_end(parallel, i)
+            for step in steps[i:j]:
+                rest_s -= step.timeout_s
+            if j == i + 1:
+                spec = specs[i]
+                if spec is None or not spec.matches(data):
+                    i = j
+                    continue
+                step = steps[i]
+                run = [(step, spec)]
+            else:
+                run = [
+                    (step, spec)
+                    for step, spec in zip(steps[i:j], specs[i:j], strict=True)
+                    if spec is not None and spec.matches(data)
+                ]
+                if not run:
+                    i = j
+                    continue
+            i = j
+            if progress.settle():  # replies of steps that were reported running
+                await asyncio.sleep(0)  # written before the next step can hold the loop
+            now = time.monotonic()
+            if progress.late(now) or not is_serving():
+                # the dispatcher calls the rest itself: late, or draining (a request of
+                # its own would be refused now too)
+                break
+            running[:] = run
+            if len(run) == 1:  # no task per step: the common, sequential case
+                step, spec = run[0]  # (a parallel group may have one step left)
+                progress.start([step], now, rest_s)
+                if caller.may_wait(run):  # reported before anything the step sends
+                    progress.suspended()
+                # the last step may have the request's decoded data itself, as a
+                # request of its own does: nothing reads it after this step (not so
+                # once an earlier step's modify replaced it: that data is in its reply)
+                copy = i < n or data is not envelope.data
+                out = sendable(
+                    await self._step(
+                        spec, step, envelope, data, deadline, msg, copy, observed,
+                        progress.suspended,
+                    )
+                )  # fmt: skip
+                progress.finished(step, out)
+                caller.returned(spec)  # unless a call showed it waits
+                outs: list[HookReply] = [out]
+            else:
+                progress.start([step for step, _ in run], now, rest_s)
+                if caller.may_wait(run):
+                    progress.suspended()
+                outs = await self._run_group(run, envelope, data, deadline, msg, progress)
+            running.clear()
+            # every step that ran is reported, those after the one that ends the fold
+            # in a parallel group too: the dispatcher would call a missing one again
+            replies += outs
+            for (step, _), out in zip(run, outs, strict=True):
+                if _stops_chain(step, out):
+                    return
+                result = out.result  # only a sequential step's modify gets here
+                if result is not None and modifies(result):
+                    data = result.data  # type: ignore[assignment]  # modifies: not None
 
     async def _run_group(
         self,
