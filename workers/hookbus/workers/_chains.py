@@ -42,7 +42,6 @@ from hookbus.schemas import (
 )
 
 from ._chain_progress import ChainProgress
-from ._handler_call import HandlerCaller
 from ._replies import log_reply, ready, sendable
 from ._requests import RequestServer
 from ._spec import HandlerSpec
@@ -86,8 +85,8 @@ class ChainRunner:
             holds).
         name: the handler set's id (`name_handler_set`): the subjects' token, and the
             `HookReply.handler` of a chain's replies.
-        server: the process's request path (reading a request, replying, counting).
-        caller: runs one step's handler within its timeout.
+        server: the process's request path (reading a request, replying, counting), and
+            its `RequestServer.caller`, which runs each step's handler.
         stalls: the event loop's stalls, to date a request from.
         is_serving: whether the worker serves (else it drains, or has not finished
             starting: no further step starts, the dispatcher calls the rest itself).
@@ -100,14 +99,13 @@ class ChainRunner:
         specs: Specs,
         name: str,
         server: RequestServer,
-        caller: HandlerCaller,
         stalls: LoopStalls,
         is_serving: Callable[[], bool],
     ) -> None:
         self._specs = specs
         self._name = name
         self._server = server
-        self._caller = caller
+        self._caller = server.caller
         self._stalls = stalls
         self._is_serving = is_serving
 

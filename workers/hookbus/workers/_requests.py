@@ -52,7 +52,7 @@ class RequestServer:
 
     __slots__ = (
         "_bad_requests",
-        "_caller",
+        "caller",
         "handled",
         "instance",
         "max_concurrency",
@@ -61,7 +61,9 @@ class RequestServer:
     )
 
     def __init__(self, caller: HandlerCaller) -> None:
-        self._caller = caller
+        self.caller = caller
+        """Runs a handler within its timeout (chain requests run their steps with it too:
+        one record of which handlers wait)."""
         self.nc: NATS | None = None
         """The connection replies go out on (set when the worker starts)."""
         self.max_concurrency = 1
@@ -172,7 +174,7 @@ class RequestServer:
         if envelope.budget_s is not None:
             timeout_s = min(timeout_s, envelope.budget_s)  # never more than the caller has left
         timeout_s -= time.monotonic() - received
-        return self._caller.invoke(spec, envelope.event, envelope.data, timeout_s, envelope.id)
+        return self.caller.invoke(spec, envelope.event, envelope.data, timeout_s, envelope.id)
 
     handle = traced_handling(handle_untraced)
     """`handle_untraced` in its span and duration point (telemetry on)."""

@@ -116,8 +116,7 @@ class HookWorker:
         self._liveness: Service | None = None
         self._specs: dict[tuple[str, str], HandlerSpec] = {}
         self._serving: ServingLoop | None = None
-        self._caller = HandlerCaller()
-        self._requests = RequestServer(self._caller)
+        self._requests = RequestServer(HandlerCaller())
         self._chains: ChainRunner | None = None
         self._stalls = LoopStalls()
         """This loop's stalls: a chain request read during or just after one is dated
@@ -280,7 +279,7 @@ class HookWorker:
         chains: ChainRunner | None = None
         if self.handler_set_id:
             chains = ChainRunner(
-                self._specs, self.handler_set_id, requests, self._caller, self._stalls,
+                self._specs, self.handler_set_id, requests, self._stalls,
                 is_serving=self._is_serving,
             )  # fmt: skip
         self._chains = chains
