@@ -19,7 +19,7 @@ same code with only the network taken out (as faststream's ``TestNatsBroker`` do
   chaining, context merging, the first ``ask_user``, failure policies), and calls each
   handler through its own remote call path (`call_remote`, `Requester`: the call's budget,
   a timeout on its clock, the reply read byte for byte, hedging of ``retry_safe`` ones);
-- the requests reach the worker's own request path (`HookWorker._handle`: the envelope
+- the requests reach the worker's own request path (`RequestServer.handle`: the envelope
   decoded, the handler run within its timeout, an exception answered ``handler_error``, a
   result that cannot be read ``bad_result``, which the fold always denies).
 
@@ -249,7 +249,7 @@ class WorkerTestKit:
         async def serve(msg: Msg) -> None:
             self.calls.append((decl.event, decl.name))
             try:
-                reply = await worker._handle(spec, msg)
+                reply = await worker._requests.handle(spec, msg)
             except Exception as exc:  # as the worker answers an error of its own
                 log.exception("unexpected error serving %s", msg.subject)
                 error = WireError(code="internal", message=repr(exc))
