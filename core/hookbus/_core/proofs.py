@@ -152,7 +152,9 @@ async def first_proof(
     return None
 
 
-def proven_answer(key: str, value: bytes, label: str, agent_id: str | None) -> ApprovalAnswer | None:
+def proven_answer(
+    key: str, value: bytes, label: str, agent_id: str | None
+) -> ApprovalAnswer | None:
     """The answer stored under `key` if it is a proof of the record `label` of `agent_id`:
     it decodes and names an approver, and `key` is that approver's
     (``approval_answer_key(label, agent_id, answered_by)``); else None. Which choices

@@ -178,7 +178,6 @@ from hookbus.dispatcher.tracing import run_span
 from hookbus.schemas import TOOL_ERROR, TOOL_POST, TOOL_PRE, ApprovalAnswer
 
 from ._ai.events import AIHookEvents, ai_hook_part
-from ._ai.labels import AI_TRACE_KEY as AI_TRACE_KEY  # the "_ai" metadata's trace key
 from ._ai.labels import (
     AI_METADATA_KEY,
     APPROVAL_LABEL_PREFIX,
@@ -188,6 +187,7 @@ from ._ai.labels import (
     label_of,
     resolution_value,
 )
+from ._ai.labels import AI_TRACE_KEY as AI_TRACE_KEY  # the "_ai" metadata's trace key
 from ._ai.proofs import ToolApprovalProofs
 from ._ai.run_claims import RunClaims, RunInProgressError, refusal_unwrapped
 from ._ai.tool_approvals import ToolApprovals
@@ -595,9 +595,7 @@ class HookbusHooks(ai_middleware._Middleware):
             HookbusTimeoutError: JetStream stayed unavailable, or this NATS user may not
                 write the proof.
         """
-        return await self._proofs.approve(
-            label_of(hook), choice, approver=approver, wait_s=wait_s
-        )
+        return await self._proofs.approve(label_of(hook), choice, approver=approver, wait_s=wait_s)
 
     def abort_pending_hook(self, hook: HookTarget) -> bool:
         """Stop this process's wait on `hook`: its ``ai.hook`` raises

@@ -223,7 +223,9 @@ class HookWaits:
                     instead = wait.abort.result()
                     await self._abort(label, kv)
                 await asyncio.wait({kv})
-            proven = (lambda value: self._proofs.proven(label, value, payload)) if approval else None
+            proven = (
+                (lambda value: self._proofs.proven(label, value, payload)) if approval else None
+            )
             try:
                 return await self._outcome(
                     kv, part, rt if announced else None,
