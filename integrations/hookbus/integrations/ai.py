@@ -193,7 +193,7 @@ from ._ai.run_claims import RunClaims, RunInProgressError, refusal_unwrapped
 from ._ai.tool_approvals import ToolApprovals
 from ._ai.tool_calls import ToolCalls
 from ._ai.turns import ModelTurns
-from ._ai.waits import HookWaits
+from ._ai.waits import AIHookWaits
 from ._emit import check_timeout
 
 __all__ = [
@@ -285,7 +285,7 @@ class HookbusHooks(ai_middleware._Middleware):
         self._claims = RunClaims(self)
         self._proofs = ToolApprovalProofs(self)
         self._tool_approvals = ToolApprovals(self, self._claims)
-        self._waits = HookWaits(self, self._proofs, self._claims)
+        self._waits = AIHookWaits(self, self._proofs, self._claims)
         self._tool_calls = ToolCalls(self, self._tool_approvals, self.governor)
 
     @classmethod

@@ -6,7 +6,7 @@
 - `proofs`: a tool approval decided only by an approver's answer proof;
 - `tool_approvals`: a tool approval used once per tool call and run, its timeout's
   outcome kept, a re-asked turn decided by the earlier approval;
-- `waits`: one ``ai.hook`` call answered from the suspensions bucket;
+- `waits`: each ``ai.hook`` call answered from the suspensions bucket;
 - `tool_calls`: every tool call emitted through the dispatcher (``tool:pre`` /
   ``tool:post`` / ``tool:error``);
 - `events`: hookbus's hook events as ``ai``'s.

@@ -37,7 +37,7 @@ from .proofs import ToolApprovalProofs
 from .run_claims import RunClaims, run_in_progress
 from .tool_approvals import TIMED_OUT
 
-__all__ = ["HookWaits"]
+__all__ = ["AIHookWaits"]
 
 _SETTLE_S = 5.0
 """Seconds a timed-out tool approval waits for the answer that won the race against its
@@ -59,7 +59,7 @@ class _Wait:
         )
 
 
-class HookWaits:
+class AIHookWaits:
     """The hooks this process waits on for the `HookbusHooks` whose settings are
     `settings` (see `HookbusHooks.hook`), and the exceptions to raise in the next ones."""
 
