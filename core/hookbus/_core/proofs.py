@@ -6,7 +6,7 @@ tool approval) takes the FIRST proof in stream order whose value is acceptable: 
 deciders reading the same proofs take the same one, whichever of them writes the record.
 While a decider waits, `apply_proofs_until_settled` applies them: at once, at each proof
 its watch signals, and every few seconds. A record's resolution that names an approver
-holds only if that approver's own proof says the same (`read_proof`, `proven_answer`).
+holds only if that approver's own proof says the same (`read_proof`).
 """
 
 from __future__ import annotations
@@ -22,19 +22,11 @@ from nats.js.api import DeliverPolicy
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
 from hookbus._core.kv import is_transient, kv_retry, release_consumer, subscribe_keys
-from hookbus.schemas import (
-    AlreadySettledError,
-    ApprovalAnswer,
-    HookbusError,
-    approval_answer_key,
-    decode,
-    encode,
-)
+from hookbus.schemas import AlreadySettledError, ApprovalAnswer, HookbusError, decode, encode
 
 __all__ = [
     "apply_proofs_until_settled",
     "first_proof",
-    "proven_answer",
     "read_proof",
     "read_proofs",
     "write_proof",
@@ -150,24 +142,6 @@ async def first_proof(
         if got is not None:
             return got
     return None
-
-
-def proven_answer(
-    key: str, value: bytes, label: str, agent_id: str | None
-) -> ApprovalAnswer | None:
-    """The answer stored under `key` if it is a proof of the record `label` of `agent_id`:
-    it decodes and names an approver, and `key` is that approver's
-    (``approval_answer_key(label, agent_id, answered_by)``); else None. Which choices
-    count is the decider's rule, not checked here."""
-    try:
-        answer = decode(value, ApprovalAnswer)
-        if not answer.answered_by:
-            return None
-        if approval_answer_key(label, agent_id, answer.answered_by) != key:
-            return None
-    except HookbusError:
-        return None
-    return answer
 
 
 async def read_proof(kv: KeyValue, key: str, *, deadline_s: float) -> bytes | None:

@@ -13,20 +13,16 @@ from typing import Any
 
 from ai.types import tools as ai_tools
 
-from hookbus._core.proofs import (
-    apply_proofs_until_settled,
-    first_proof,
-    proven_answer,
-    read_proof,
-    write_proof,
-)
+from hookbus._core.proofs import apply_proofs_until_settled, first_proof, read_proof, write_proof
 from hookbus.dispatcher import AnswerNotAppliedError, Suspensions
 from hookbus.schemas import (
     APPROVAL_DEFAULT_OPTIONS,
     AlreadySettledError,
     ApprovalAnswer,
+    HookbusError,
     ResolutionRejectedError,
     approval_answer_key,
+    decode,
 )
 
 from .labels import HooksSettings, M, log
@@ -52,8 +48,13 @@ def _resolution(answer: ApprovalAnswer) -> dict[str, Any]:
 def _valid_proof(key: str, value: bytes, label: str, agent_id: str | None) -> ApprovalAnswer | None:
     """The proof under `key` if it answers `label`: it decodes, names the approver its key
     names, and chooses "Allow" or "Deny"."""
-    answer = proven_answer(key, value, label, agent_id)
-    if answer is None or answer.choice not in APPROVAL_DEFAULT_OPTIONS:
+    try:
+        answer = decode(value, ApprovalAnswer)
+        if not answer.answered_by or answer.choice not in APPROVAL_DEFAULT_OPTIONS:
+            return None
+        if approval_answer_key(label, agent_id, answer.answered_by) != key:
+            return None
+    except HookbusError:
         return None
     return answer
 

@@ -27,7 +27,6 @@ from hookbus.schemas import (
     SuspensionAbortedError,
     SuspensionCancelledError,
     SuspensionNotFoundError,
-    SuspensionRecord,
     SuspensionTimeoutError,
 )
 from hookbus.schemas import telemetry as tn
@@ -152,7 +151,7 @@ class AIHookWaits:
         )
         # the run (or emit) that created the suspension: kept with the record, so a wait
         # resumed later (another run, another process) links to it
-        creator = _creator(None if found is None else found[0]) or creating_traceparent()
+        creator = _creator(found) or creating_traceparent()
         if creator is not None:
             stored[AI_METADATA_KEY][AI_TRACE_KEY] = creator
         run_id = run.run_id if run is not None else None
@@ -379,10 +378,10 @@ class AIHookWaits:
         return value
 
 
-def _creator(record: SuspensionRecord | None) -> str | None:
-    """The ``traceparent`` of the run that created `record` (kept in its ``"_ai"``
-    metadata), or None."""
-    extra = None if record is None else record.metadata.get(AI_METADATA_KEY)
+def _creator(found: Any) -> str | None:
+    """The ``traceparent`` of the run that created the record `found` (``(record,
+    revision)`` or None; kept in its ``"_ai"`` metadata), or None."""
+    extra = None if found is None else found[0].metadata.get(AI_METADATA_KEY)
     value = extra.get(AI_TRACE_KEY) if isinstance(extra, dict) else None
     return value if isinstance(value, str) and value else None
 
