@@ -9,5 +9,6 @@
 - `waits`: each ``ai.hook`` call answered from the suspensions bucket;
 - `tool_calls`: every tool call emitted through the dispatcher (``tool:pre`` /
   ``tool:post`` / ``tool:error``);
+- `turns`: the assistant turn each run's model is giving, for the messages to resume from;
 - `events`: hookbus's hook events as ``ai``'s.
 """
