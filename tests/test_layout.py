@@ -541,6 +541,8 @@ PUBLIC_API: dict[str, set[str]] = {
         "require_handler",
         "unrequire_handler",
     },
+    # the run span and a resumed wait's link to its creator, for agent-library integrations
+    "hookbus.dispatcher.tracing": {"created_by", "creating_traceparent", "run_span"},
     "hookbus.cli": {
         "EmbeddedNatsServer",
         "NatsServerNotFoundError",
@@ -809,11 +811,6 @@ PRIVATE_IMPORTS_LEFT: dict[str, set[str]] = {
         "hookbus.cli._auth_files", "hookbus.cli._command_support", "hookbus.cli._otel",
         "hookbus.cli._permissions", "hookbus.cli._provision", "hookbus.cli._serve_cmds",
         "hookbus.cli._service_emit",
-    },
-    "hookbus.integrations.ai": {
-        "hookbus.dispatcher._proofs", "hookbus.dispatcher._run_scopes",
-        "hookbus.dispatcher._suspension_events", "hookbus.dispatcher._telemetry",
-        "hookbus.dispatcher._waiter",
     },
     "hookbus.integrations.console._feed": {"hookbus.dispatcher._records"},
 }  # fmt: skip
