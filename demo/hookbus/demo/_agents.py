@@ -51,8 +51,7 @@ from nats.js.kv import KeyValue
 from rich.console import Console
 from rich.table import Table
 
-from hookbus.cli._command_support import ConnectionSettings, connect, load_object
-from hookbus.cli._service_emit import service_emit
+from hookbus.cli import ConnectionSettings, connect, load_object, service_emit
 from hookbus.dispatcher import HookDispatcher, Suspensions
 from hookbus.integrations import Emit
 from hookbus.schemas import (
