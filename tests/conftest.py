@@ -139,6 +139,15 @@ async def connect(nats_url: str) -> AsyncIterator[object]:
 
 
 @pytest.fixture
+async def conns() -> AsyncIterator[list[NATS]]:
+    """Connections the test opens itself (appended to this list): closed at its end."""
+    opened: list[NATS] = []
+    yield opened
+    for nc in opened:
+        await nc.close()
+
+
+@pytest.fixture
 def event() -> str:
     """A fresh event name per test (keeps subjects and registry keys apart)."""
     return f"test:{uuid.uuid4().hex[:10]}"
@@ -155,6 +164,17 @@ def otel() -> Iterator[Any]:
     o.install()
     yield o
     o.shutdown()
+    reset_globals()
+
+
+@pytest.fixture
+def no_otel() -> Iterator[None]:
+    """No OpenTelemetry providers for one test (the API's defaults: tracing off), the
+    globals reset before and after."""
+    from _otel_harness import reset_globals
+
+    reset_globals()
+    yield
     reset_globals()
 
 

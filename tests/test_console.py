@@ -12,10 +12,8 @@ whatever else the shared server holds.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -26,7 +24,6 @@ import anyio
 import httpx
 import nats
 import pytest
-import uvicorn
 from _browser import (  # noqa: F401 (the fixtures browser, chromium, page)
     browser_fixture,
     chromium_fixture,
@@ -34,6 +31,7 @@ from _browser import (  # noqa: F401 (the fixtures browser, chromium, page)
     screenshot_folder,
 )
 from _browser import sign_in as browser_sign_in
+from _served_app import served
 from _served_process import ServedProcess
 from click.testing import CliRunner
 from nats.aio.client import Client as NATS
@@ -173,29 +171,14 @@ async def served_console(connect: Connect, **options: Any) -> AsyncIterator[str]
     nc = await connect()
     dispatcher = HookDispatcher(nc)
     await dispatcher.start()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen()
-    servers: list[uvicorn.Server] = []
-    app = console_app(
-        dispatcher, nc, token=TOKEN, stopping=lambda: servers[0].should_exit, **options
-    )
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="on"))
-    servers.append(server)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
+
+    def make_app(stopping: Callable[[], bool]) -> Any:
+        return console_app(dispatcher, nc, token=TOKEN, stopping=stopping, **options)
+
     try:
-        with anyio.fail_after(10):
-            while not server.started:
-                if task.done():
-                    task.result()
-                    raise AssertionError("uvicorn stopped before it served")
-                await asyncio.sleep(0.01)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/"
+        async with served(make_app=make_app) as url:
+            yield f"{url}/"
     finally:
-        server.should_exit = True
-        with anyio.fail_after(10):
-            await task
-        sock.close()
         await dispatcher.close()
 
 

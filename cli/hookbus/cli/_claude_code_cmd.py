@@ -123,32 +123,13 @@ class _LazyEmit:
         self._nc: NATS | None = None
         self._dispatcher: Any = None
 
-    async def __call__(
-        self,
-        event: str,
-        data: dict[str, Any],
-        *,
-        idempotency_key: str | None = None,
-        timeout_s: float | None = None,
-        approval_timeout_s: float | None = None,
-    ) -> HookResult:
+    async def __call__(self, event: str, data: dict[str, Any], **options: Any) -> HookResult:
         with _tracer.start_as_current_span(
             f"claude-code {event}", kind=trace.SpanKind.CLIENT, attributes={"hookbus.event": event}
         ):
-            return await self._emit(
-                event, data, idempotency_key=idempotency_key, timeout_s=timeout_s,
-                approval_timeout_s=approval_timeout_s,
-            )  # fmt: skip
+            return await self._emit(event, data, **options)
 
-    async def _emit(
-        self,
-        event: str,
-        data: dict[str, Any],
-        *,
-        idempotency_key: str | None,
-        timeout_s: float | None,
-        approval_timeout_s: float | None,
-    ) -> HookResult:
+    async def _emit(self, event: str, data: dict[str, Any], **options: Any) -> HookResult:
         nc = await self._connect()
         emit: Emit
         if self._embedded:
@@ -163,10 +144,7 @@ class _LazyEmit:
             emit = service_emit(nc, agent_id=self._agent_id)
         try:
             # approval_timeout_s: an approval ends within the door's wait, via either path
-            return await emit(
-                event, data, idempotency_key=idempotency_key, timeout_s=timeout_s,
-                approval_timeout_s=approval_timeout_s,
-            )  # fmt: skip
+            return await emit(event, data, **options)
         except NotPermittedError as exc:
             if self._agent_id is not None:
                 raise

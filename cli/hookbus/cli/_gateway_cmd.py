@@ -76,21 +76,10 @@ class Replica:
     def ready(self) -> bool:
         return self.nc.is_connected and not self.closed
 
-    async def emit(
-        self,
-        event: str,
-        data: dict[str, Any],
-        *,
-        idempotency_key: str | None = None,
-        timeout_s: float | None = None,
-        approval_timeout_s: float | None = None,
-    ) -> HookResult:
+    async def emit(self, event: str, data: dict[str, Any], **options: Any) -> HookResult:
         if not self.ready():
             raise NotConnectedError("the gateway is not connected to NATS")
-        return await self.dispatcher.emit(
-            event, data, idempotency_key=idempotency_key, timeout_s=timeout_s,
-            approval_timeout_s=approval_timeout_s,
-        )  # fmt: skip
+        return await self.dispatcher.emit(event, data, **options)
 
     async def close(self) -> None:
         """Stop the dispatcher, drain the connection (idempotent)."""

@@ -198,21 +198,10 @@ class HookbusClaudeHooks:
         out: dict[str, Any] = json.loads(reply.stdout) if reply.stdout else {}
         return out
 
-    async def _emit(
-        self,
-        event: str,
-        data: dict[str, Any],
-        *,
-        idempotency_key: str | None = None,
-        timeout_s: float | None = None,
-        approval_timeout_s: float | None = None,
-    ) -> HookResult:
+    async def _emit(self, event: str, data: dict[str, Any], **options: Any) -> HookResult:
         """The dispatcher's emit; an ``ask_user`` it could not turn into an approval is a
         deny (nobody can answer it here)."""
-        result = await self.dispatcher.emit(
-            event, data, idempotency_key=idempotency_key, timeout_s=timeout_s,
-            approval_timeout_s=approval_timeout_s,
-        )  # fmt: skip
+        result = await self.dispatcher.emit(event, data, **options)
         if result.action == "ask_user":
             return as_deny(result, event, _NO_APPROVALS, log=log)
         return result
