@@ -29,7 +29,7 @@ from nats.aio.client import Client as NATS
 from hookbus._core.nats_guard import order_flushes
 from hookbus.cli import EmbeddedNatsServer
 
-_SERVER_FIXTURES = frozenset({"nats_url", "embedded_server", "cluster"})
+_SERVER_FIXTURES = frozenset({"nats_url", "embedded_server", "cluster", "claude"})  # claude: a CLI
 _SPAWNS = ("subprocess", "Popen", "run_process", "create_subprocess", "EmbeddedNatsServer",
            "_cluster", "_fleet", "_served_process", "_agent_proc", "playwright", "claude_binary",
            "node_packages", "python312")  # fmt: skip
@@ -145,6 +145,18 @@ async def conns() -> AsyncIterator[list[NATS]]:
     yield opened
     for nc in opened:
         await nc.close()
+
+
+@pytest.fixture(scope="module")
+def claude() -> Path:
+    """The real Claude Code CLI (`_claude_cli.claude_binary`: installed once per machine);
+    the test fails where it does not run."""
+    from _claude_cli import claude_binary
+
+    exe, why = claude_binary()
+    if exe is None:
+        pytest.fail(f"the real Claude Code CLI does not run here: {why}")
+    return exe
 
 
 @pytest.fixture

@@ -266,6 +266,19 @@ def statuses(events: list[Any]) -> list[str]:
     return [e.hook.status for e in events if isinstance(e, ai.events.HookEvent)]
 
 
+async def run_aborted(hooks: HookbusHooks, call: Any, run_id: str) -> Any:
+    """Run an agent whose model makes `call` (to `transfer`) as run `run_id`, aborting the
+    approval's wait at its pending event (the run ends blocked); the run's stream."""
+    async with hooks.run(
+        ai.Agent(tools=[transfer]), testing.FakeModel(script(call)),
+        [ai.user_message("pay 1200")], run_id=run_id,
+    ) as s:  # fmt: skip
+        async for event in s:
+            if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
+                hooks.abort_pending_hook(event.hook)
+    return s
+
+
 # -- tests ----------------------------------------------------------------------------------
 async def test_approval_resolved_by_another_process(
     hooks: HookbusHooks, nats_url: str, agent_id: str
@@ -776,13 +789,7 @@ async def test_a_resumed_run_whose_model_re_asks_with_a_new_tool_call_id_keeps_t
     call = testing.tool_call(transfer, amount=51)
     label = f"approve_{call.tool_call_id}"
     run_id = f"run-{uuid.uuid4().hex[:8]}"
-    async with hooks.run(
-        ai.Agent(tools=[transfer]), testing.FakeModel(script(call)),
-        [ai.user_message("pay 1200")], run_id=run_id,
-    ) as s:  # fmt: skip
-        async for event in s:
-            if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
-                hooks.abort_pending_hook(event.hook)
+    await run_aborted(hooks, call, run_id)
     # the rule: same run, same tool, same arguments, another tool call id
     same = {"tool": "transfer", "kwargs": {"amount": 51}}
     async with hooks.suspensions.run(run_id):
@@ -812,13 +819,7 @@ async def test_a_retried_resume_does_not_ask_again_for_a_tool_call_that_ran(
     call = testing.tool_call(transfer, amount=61)
     label = f"approve_{call.tool_call_id}"
     run_id = f"run-{uuid.uuid4().hex[:8]}"
-    async with hooks.run(
-        ai.Agent(tools=[transfer]), testing.FakeModel(script(call)),
-        [ai.user_message("pay 1200")], run_id=run_id,
-    ) as s:  # fmt: skip
-        async for event in s:
-            if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
-                hooks.abort_pending_hook(event.hook)
+    s = await run_aborted(hooks, call, run_id)
     saved = tmp_path / "messages.json"
     saved.write_bytes(MESSAGES.dump_json(s.messages))
     with pytest.raises(AnswerNotAppliedError):
