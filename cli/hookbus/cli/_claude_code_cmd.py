@@ -53,7 +53,7 @@ from ._connect import (
 from ._service_emit import service_emit
 from ._trace_context import callers_trace, exports, otlp_option
 
-__all__ = ["claude_code", "run_hook"]
+__all__ = ["claude_code", "door_options", "run_hook"]
 
 _tracer = trace.get_tracer("hookbus.cli")
 
@@ -100,6 +100,24 @@ def _parse_fallbacks(values: Sequence[str]) -> dict[str, FallbackAction]:
             )
         out[name] = action
     return out
+
+
+def door_options(
+    on_continue: str, on_ask_user: str, fallbacks: Sequence[str], timeout_s: float
+) -> ClaudeCodeOptions:
+    """The Claude Code door's options from the command line's: ``--on-continue``,
+    ``--on-ask-user``, ``--fallback`` (`_parse_fallbacks`) and ``--timeout`` (seconds).
+
+    Raises:
+        click.BadParameter: a bad ``--fallback``.
+        ValueError: another option out of its bounds (`ClaudeCodeOptions`).
+    """
+    return ClaudeCodeOptions(
+        on_continue=on_continue,  # type: ignore[arg-type]
+        on_ask_user=on_ask_user,  # type: ignore[arg-type]
+        fallback=_parse_fallbacks(fallbacks),
+        timeout_s=timeout_s,
+    )
 
 
 class _LazyEmit:
@@ -311,12 +329,7 @@ def claude_code(
         return
     body = _read_stdin()
     try:
-        options = ClaudeCodeOptions(
-            on_continue=on_continue,  # type: ignore[arg-type]
-            on_ask_user=on_ask_user,  # type: ignore[arg-type]
-            fallback=_parse_fallbacks(fallbacks),
-            timeout_s=timeout_s,
-        )
+        options = door_options(on_continue, on_ask_user, fallbacks, timeout_s)
         if not (math.isfinite(connect_timeout_s) and connect_timeout_s > 0):
             raise click.BadParameter(
                 "must be a number of seconds above 0", param_hint="--connect-timeout"

@@ -27,7 +27,7 @@ from nats.aio.client import Client as NATS
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import HookbusError, HookResult, NotConnectedError
 
-from ._claude_code_cmd import _parse_fallbacks
+from ._claude_code_cmd import door_options
 from ._command_support import (
     ConnectionSettings,
     FiniteFloatRange,
@@ -169,7 +169,6 @@ def _serve(
     try:
         import uvicorn
 
-        from hookbus.integrations.claude_code import ClaudeCodeOptions
         from hookbus.integrations.gateway import gateway_app
     except ImportError as exc:  # starlette, uvicorn
         raise MissingExtraError("hookbus gateway", "gateway") from exc
@@ -187,12 +186,7 @@ def _serve(
         )
     scheme = "https" if https_cert else "http"
     try:
-        options = ClaudeCodeOptions(
-            on_continue=on_continue,  # type: ignore[arg-type]
-            on_ask_user=on_ask_user,  # type: ignore[arg-type]
-            fallback=_parse_fallbacks(fallbacks),
-            timeout_s=timeout_s,
-        )
+        options = door_options(on_continue, on_ask_user, fallbacks, timeout_s)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
 
