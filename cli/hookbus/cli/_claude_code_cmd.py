@@ -53,7 +53,7 @@ from ._connect import (
 from ._service_emit import service_emit
 from ._trace_context import callers_trace, exports, otlp_option
 
-__all__ = ["claude_code", "door_options", "run_hook"]
+__all__ = ["claude_code", "run_hook"]
 
 _tracer = trace.get_tracer("hookbus.cli")
 

@@ -11,7 +11,6 @@ the server's nats-server read its config again (a reload, never a stop).
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import signal
 import time
@@ -61,7 +60,6 @@ from ._server import EmbeddedNatsServer, NatsServerNotFoundError
 
 __all__ = ["dispatcher_cmd", "server", "worker"]
 
-log = logging.getLogger("hookbus.cli")
 
 # -- server ---------------------------------------------------------------------------------
 RELOAD_WAIT_S = 5.0
