@@ -131,6 +131,30 @@ async def connections(url: str, *, ordered: bool = True, **defaults: Any) -> Asy
                 await conn.close()
 
 
+async def reconnecting(url: str) -> NATS:
+    """A connection to `url` that reconnects every 0.1 s without end (a server restarted on
+    the same port comes back), quiet about the reconnects refused meanwhile."""
+
+    async def quiet(exc: Exception) -> None:  # refused reconnects while the server is down
+        pass
+
+    return await nats.connect(
+        url, max_reconnect_attempts=-1, reconnect_time_wait=0.1, error_cb=quiet
+    )
+
+
+async def written(d: Any, n: int) -> None:
+    """Wait (at most 10 s) until the decision log of the dispatcher `d` has stored `n`
+    records."""
+    import anyio
+
+    log = d.decision_log
+    assert log is not None
+    with anyio.fail_after(10):
+        while log.written < n:  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+
+
 @pytest.fixture
 async def connect(nats_url: str) -> AsyncIterator[object]:
     """Factory of extra connections (one per simulated process), all closed at the end."""
@@ -157,6 +181,30 @@ def claude() -> Path:
     if exe is None:
         pytest.fail(f"the real Claude Code CLI does not run here: {why}")
     return exe
+
+
+@pytest.fixture
+def spans() -> Iterator[Any]:
+    """A global SDK tracer provider keeping every span in memory (an
+    `InMemorySpanExporter`), removed afterwards."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.util._once import Once
+
+    def reset() -> None:
+        trace._TRACER_PROVIDER_SET_ONCE = Once()
+        trace._TRACER_PROVIDER = None
+
+    reset()
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    yield exporter
+    provider.shutdown()
+    reset()
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import json
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +28,9 @@ from _served_app import served
 from _served_process import HOOKBUS, ServedProcess
 from click.testing import CliRunner
 from nats.aio.client import Client as NATS
-from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
-from opentelemetry.util._once import Once
 
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.cli._command_tree import cli
@@ -479,21 +476,6 @@ async def test_the_claude_code_doors_approval_ends_within_its_wait(
 
 
 # -- trace context ---------------------------------------------------------------------------
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    """A global SDK tracer provider keeping every span in memory (removed afterwards)."""
-    trace._TRACER_PROVIDER_SET_ONCE = Once()
-    trace._TRACER_PROVIDER = None
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
-    yield exporter
-    provider.shutdown()
-    trace._TRACER_PROVIDER_SET_ONCE = Once()
-    trace._TRACER_PROVIDER = None
-
-
 def ancestors(span: ReadableSpan, by_id: dict[int, ReadableSpan]) -> list[int]:
     """Span ids from `span`'s parent up, as far as the parents are known (the last one
     may be a remote parent: the caller's span)."""
