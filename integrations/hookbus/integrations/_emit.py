@@ -232,20 +232,8 @@ NO_APPROVALS = (
 class FrameworkHooks:
     """What the hooks of an agent framework hold (the dispatcher, the session id, the
     deadlines) and how they emit (`_emit`). A subclass names the events it emits in
-    `_events`; its class name is the one its errors give.
-
-    Args:
-        dispatcher: a started `HookDispatcher`; it stays the caller's.
-        session_id: the ``session_id`` of every event; None: the framework's own.
-        timeout_s: overall deadline of each emit in seconds (all its handlers, and an
-            approval's wait); None: only each handler's own timeout applies.
-        timeouts: per-event deadlines in seconds (``{"tool:pre": 30.0}``), over `timeout_s`.
-
-    Raises:
-        TypeError: `dispatcher` is not a `HookDispatcher`.
-        ValueError: an empty `session_id`, a timeout that is not a finite number of seconds
-            above 0, or a `timeouts` key that is not one of `_events`.
-    """
+    `_events` and describes its arguments (``dispatcher``, ``session_id``, ``timeout_s``,
+    ``timeouts``); they are checked by `check_options`, whose errors name the subclass."""
 
     _events: ClassVar[tuple[str, ...]]
 
