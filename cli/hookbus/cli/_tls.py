@@ -73,17 +73,12 @@ def _key_usage(*, signs_certificates: bool) -> x509.KeyUsage:
     """Digital signatures, and with `signs_certificates` (a CA) certificate and CRL signing."""
     from cryptography import x509  # the tls extra, as every certificate here
 
+    signs = signs_certificates
     return x509.KeyUsage(
-        digital_signature=True,
-        content_commitment=False,
-        key_encipherment=False,
-        data_encipherment=False,
-        key_agreement=False,
-        key_cert_sign=signs_certificates,
-        crl_sign=signs_certificates,
-        encipher_only=False,
-        decipher_only=False,
-    )
+        digital_signature=True, content_commitment=False, key_encipherment=False,
+        data_encipherment=False, key_agreement=False, key_cert_sign=signs, crl_sign=signs,
+        encipher_only=False, decipher_only=False,
+    )  # fmt: skip
 
 
 def check_san(name: str) -> str:
