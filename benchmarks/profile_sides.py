@@ -41,6 +41,7 @@ import asyncio
 import collections
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -53,7 +54,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 EVENT = "bench:one"
-AGENT_ID = "bench-agent"
+AGENT_ID = "agent-1"
+"""The agent of `_workers.DATA` (the service checks the data names the subject's agent)."""
 PORTIONS = ("core", "schemas", "workers", "dispatcher", "cli", "integrations", "testing")
 """Package folders put on ``PYTHONPATH`` for a tree (those it has)."""
 WARMUP_S = 0.3
@@ -241,6 +243,9 @@ class Tree:
             self.server.stop()
 
 
+_LINE = re.compile(r":\d+\)$")
+
+
 def layer_of(frame: str) -> str:
     for name, patterns in LAYERS:
         if any(p in frame for p in patterns):
@@ -257,7 +262,7 @@ def self_time(path: Path) -> tuple[collections.Counter[str], collections.Counter
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
-        leaf = stack.rpartition(";")[2]
+        leaf = _LINE.sub(")", stack.rpartition(";")[2])  # a function, not its lines
         n = int(count)
         frames[leaf] += n
         layers[layer_of(leaf)] += n

@@ -35,7 +35,7 @@ from hookbus._core.handler_options import (
 )
 from hookbus._core.jetstream import existing_key_value
 from hookbus._core.log_limits import RateLimitedWarning
-from hookbus._core.nats_guard import harden_connection, send_now
+from hookbus._core.nats_guard import harden_connection, reply_now, send_now
 from hookbus._core.results import to_hook_result
 from hookbus._core.serving import Admission, Endpoint, Refusal, ServingLoop
 from hookbus.schemas import (
@@ -956,8 +956,10 @@ class HookWorker:
                     instance=self.instance,
                 )
             )
-        await self._nc.publish(msg.reply, payload)
-        send_now(self._nc)  # not after whatever the loop runs next (it may compute)
+        # written now, not after whatever the loop runs next (it may compute)
+        if not reply_now(self._nc, msg.reply, payload):
+            await self._nc.publish(msg.reply, payload)
+            send_now(self._nc)
 
 
 _UNENCODABLE = (TypeError, ValueError, OverflowError, msgspec.EncodeError)
