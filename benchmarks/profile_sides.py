@@ -30,7 +30,8 @@ alone (``new``). The benchmark's own scripts are this checkout's in every tree.
 `--profile DIR`: after the rounds, one more window per side and tree with ``py-spy record
 --format raw`` (``pip install py-spy``) attached to the agent, the worker and the
 service; the collapsed stacks are written to DIR and each process's self time is
-summed into layers (`LAYERS`), printed as microseconds per decision (its share of the
+summed into layers (`LAYERS`; ``--gil``: samples of the thread running Python, so the
+agent's idle stdin reader is not counted), printed as microseconds per decision (its share of the
 samples times its CPU per decision in that window). A command, not a test.
 """
 
@@ -62,6 +63,11 @@ WARMUP_S = 0.3
 SIDES = ("raw", "emit", "service")
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "socket writes (the transport's write: the syscall)",
+        ("StreamWriter.write", "Transport.write"),
+    ),
+    ("uvloop's C loop (seen as Runner.run)", ("Runner.run ",)),
     ("telemetry", ("opentelemetry", "_telemetry")),
     ("envelope encode/decode (msgspec, codec)", ("msgspec", "_codec.py", "copies.py")),
     ("nats-py parse/publish", ("nats/protocol", "nats/aio/client.py", "nats/aio/msg.py")),
@@ -286,7 +292,7 @@ def profile(trees: list[Tree], args: argparse.Namespace) -> None:
             spies = []
             for proc in who[side]:
                 path = out_dir / f"{tree.label}-{side}-{proc}.txt"
-                argv = [spy, "record", "--pid", str(tree.pids()[proc]), "--format", "raw"]
+                argv = [spy, "record", "--pid", str(tree.pids()[proc]), "--format", "raw", "--gil"]
                 argv += ["--rate", "500", "--duration", f"{args.seconds:.0f}", "-o", str(path)]
                 spies.append((proc, path, subprocess.Popen(argv, stdout=subprocess.DEVNULL,
                                                            stderr=subprocess.DEVNULL)))  # fmt: skip
