@@ -16,17 +16,16 @@ A real nats-server; each test installs fresh global providers and removes them a
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _otel_harness import Otel, children, only, reset_globals
+from _otel_harness import Otel, children, only
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
 from hookbus.dispatcher import HookDispatcher
-from hookbus.dispatcher._calls import Failed
+from hookbus.dispatcher._outcomes import Failed
 from hookbus.dispatcher._telemetry import record_call_span, start_call_span, trace_headers
 from hookbus.schemas import EventEnvelope, HookReply, HookResult, decode, encode
 from hookbus.schemas import telemetry as tn
@@ -34,13 +33,6 @@ from hookbus.workers import HookWorker
 from hookbus.workers._telemetry import handling_span
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def no_otel() -> Iterator[None]:
-    reset_globals()
-    yield
-    reset_globals()
 
 
 def shape(
