@@ -15,10 +15,8 @@ import contextlib
 import logging
 
 import msgspec
-import nats.errors
-import nats.js.errors
 
-from hookbus._core.kv import kv_retry
+from hookbus._core.proofs import apply_proofs_until_settled, first_proof, read_proof, write_proof
 from hookbus.schemas import (
     AlreadySettledError,
     ApprovalAnswer,
@@ -31,7 +29,6 @@ from hookbus.schemas import (
 )
 
 from ._approval_rules import cancel_reason, settled_how
-from ._proofs import first_proof, write_proof
 from ._suspensions import Suspensions
 
 __all__ = ["AnswerNotAppliedError", "ApprovalProofs"]
@@ -64,16 +61,12 @@ class ApprovalProofs:
     ) -> None:
         """While the approval is waited on: at once, at each proof the watch delivers, and
         every `poll_s` seconds, resolve it from its first valid proof (`apply`)."""
-        while True:
-            signal.clear()
-            try:
-                if await self.apply(store, label, options):
-                    return
-            except (HookbusError, nats.errors.Error, nats.js.errors.Error) as exc:
-                log.info("approval %r: proofs not read (%r); trying again", label, exc)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._poll_s):
-                    await signal.wait()
+        await apply_proofs_until_settled(
+            lambda: self.apply(store, label, options), signal, poll_s=self._poll_s,
+            unread=lambda exc: log.info(
+                "approval %r: proofs not read (%r); trying again", label, exc
+            ),
+        )  # fmt: skip
 
     async def apply(self, store: Suspensions, label: str, options: list[str]) -> bool:
         """Resolve the pending approval `label` with its first proof in stream order whose
@@ -123,15 +116,7 @@ class ApprovalProofs:
             key = approval_answer_key(label, store.agent_id, approver)
         except BadRequestError as exc:
             return str(exc)
-        kv = store.records.kv
-
-        async def get() -> bytes | None:
-            try:
-                return (await kv.get(key)).value or None
-            except nats.js.errors.KeyNotFoundError:
-                return None
-
-        value = await kv_retry(get, deadline_s=budget_s, what=f"reading {key[:80]}")
+        value = await read_proof(store.records.kv, key, deadline_s=budget_s)
         if value is None:
             return f"no answer of approver {approver!r} is on record"
         try:
