@@ -46,7 +46,8 @@ from hookbus.cli._decisions_cmd import latency
 from hookbus.cli._permissions import inbox_prefix
 from hookbus.cli._provision import provision
 from hookbus.dispatcher import DispatcherService, HookDispatcher
-from hookbus.dispatcher._audit import DecisionLog, ensure_decisions_stream
+from hookbus._core.decisions_stream import ensure_decisions_stream
+from hookbus.dispatcher._audit import DecisionLog
 from hookbus.schemas import (
     DECISIONS_STREAM,
     DECISIONS_WILDCARD,

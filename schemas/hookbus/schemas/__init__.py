@@ -33,7 +33,7 @@ from ._errors import (
     UnknownEventError,
     WireFormatError,
 )
-from ._jsonsafe import json_safe
+from .event_data import json_safe
 from ._subjects import (
     APPROVALS_BUCKET,
     CHAIN_WILDCARD,
@@ -99,7 +99,7 @@ from ._suspensions import (
     HookStatus,
     SuspensionRecord,
 )
-from ._tool_filter import ToolFilter
+from .tool_filter import ToolFilter
 from ._types import (
     WIRE_ERROR_CODES,
     Action,
