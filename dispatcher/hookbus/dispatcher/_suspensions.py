@@ -3,7 +3,9 @@
 A run that needs an answer calls ``await hook(label, payload=T)``. One KV record per label
 (`SuspensionRecord`) holds the state; every change is a compare-and-set on its revision
 that stays exactly-once when a write's outcome is unknown (`RecordStore`), so concurrent
-resolvers, cancellers and waiters in any process end in exactly one outcome.
+resolvers, cancellers and waiters in any process end in exactly one outcome. `Suspensions`
+composes the parts: the waiting side (`HookWaits`), the settling side (`Settling`), the
+process's shared watch and lease, and its run scopes.
 
 - A pre-registered resolution (``resolve_hook`` before any ``hook``) is consumed by the next
   matching ``hook`` exactly once, which returns at once. One that does not fit the payload
