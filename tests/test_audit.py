@@ -37,6 +37,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.util._once import Once
 
 from hookbus._core.buckets import stream_config_differences
+from hookbus._core.decisions_stream import ensure_decisions_stream
 from hookbus._core.kv import release_consumer
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.cli._auth_files import DEFAULT_TENANT, load_setup
@@ -46,7 +47,6 @@ from hookbus.cli._decisions_cmd import latency
 from hookbus.cli._permissions import inbox_prefix
 from hookbus.cli._provision import provision
 from hookbus.dispatcher import DispatcherService, HookDispatcher
-from hookbus._core.decisions_stream import ensure_decisions_stream
 from hookbus.dispatcher._audit import DecisionLog
 from hookbus.schemas import (
     DECISIONS_STREAM,

@@ -22,9 +22,9 @@ import pytest
 from _serving import serving
 from nats.aio.client import Client as NATS
 
+from hookbus._core.decisions_stream import ensure_decisions_stream
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import HookDispatcher
-from hookbus._core.decisions_stream import ensure_decisions_stream
 from hookbus.schemas import HookResult, decisions_subject
 
 pytestmark = pytest.mark.anyio

@@ -71,9 +71,7 @@ class AgentQuotas:
         """Requests of one agent served at once (None: no bound)."""
         self.rate_per_s = rate_per_s
         """Requests per second of one agent (None: no limit)."""
-        self.burst = float(
-            burst if burst is not None else max(1, math.ceil(rate_per_s or 1))
-        )
+        self.burst = float(burst if burst is not None else max(1, math.ceil(rate_per_s or 1)))
         """Requests one agent may send at once after a pause."""
         self._quotas: dict[str, AgentQuota] = {}
         """Per agent token: its requests in flight and its token bucket (idle ones pruned)."""

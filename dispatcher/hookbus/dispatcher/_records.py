@@ -70,6 +70,7 @@ IfDeleted = Literal["landed", "lost"]
 """What a write whose outcome is unknown counts as when its key was deleted after the
 version it replaces: ``landed`` (success, revision 0) or ``lost`` (None, a lost race)."""
 
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     """One key's latest value: a valid `record`, or None with the `problem` that made it
@@ -316,9 +317,7 @@ class RecordStore:
                 found.append(revision)
             return verdict
 
-        return await reconciled(
-            key, attempt, probe, lambda: found[-1], deadline_s=self.deadline_s
-        )
+        return await reconciled(key, attempt, probe, lambda: found[-1], deadline_s=self.deadline_s)
 
     async def _raw(self, key: str) -> tuple[bytes, int, str | None] | None:
         """(value, revision, delete op or None) of the key's last message; None if absent."""
