@@ -52,6 +52,8 @@ REFUSALS = ("answered quota", "answered busy")
 replica at its concurrency bound, after the client's retries): the tool does not run and
 the agent is told to send it again: counted apart, not as wrong."""
 START_AT_ONCE = 50
+CONNECT_TRIES = 5
+CONNECT_TRY_S = 30.0
 EMITS_IN_FLIGHT = 100
 WATCH_EVERY_S = 0.02
 """How often a watch checks its agents' routing tables: a reach is read up to this late.
@@ -80,7 +82,16 @@ class Host:
             options["inbox_prefix"] = a.inbox_prefix
         if a.ca:
             options["tls"] = ssl.create_default_context(cafile=a.ca)
-        return await nats.connect(a.url, **options)
+        for attempt in range(CONNECT_TRIES):
+            try:
+                # nats-py never returns from a TLS handshake the server cut (closing the
+                # half-upgraded socket waits forever): bound each try, then try again
+                return await asyncio.wait_for(nats.connect(a.url, **options), CONNECT_TRY_S)
+            except TimeoutError:
+                if attempt == CONNECT_TRIES - 1:
+                    raise
+                await asyncio.sleep(1.0 + attempt)
+        raise AssertionError("unreachable")
 
     async def _start_one(self) -> None:
         nc = await self._connect()
@@ -173,7 +184,7 @@ class Host:
             await nc.close()
 
 
-async def main() -> None:
+def arguments() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--url", required=True)
     p.add_argument("--count", type=int, required=True)
@@ -188,7 +199,11 @@ async def main() -> None:
     p.add_argument("--nkey")
     p.add_argument("--inbox-prefix")
     p.add_argument("--ca")
-    args = p.parse_args()
+    p.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    return p.parse_args()
+
+
+async def main(args: argparse.Namespace) -> None:
     logging.basicConfig(level=logging.ERROR)
     host = Host(args)
     loop = asyncio.get_running_loop()
@@ -212,4 +227,10 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    arguments_ = arguments()
+    if arguments_.loop == "uvloop":
+        import uvloop
+
+        uvloop.run(main(arguments_))
+    else:
+        asyncio.run(main(arguments_))

@@ -419,7 +419,7 @@ async def attack(url: str, folder: Path, seconds: float, attempts: int, asks: in
 
 
 def _setup(folder: Path, port: int) -> tuple[subprocess.Popen[bytes], str]:
-    from hookbus.cli._server import find_nats_server
+    from hookbus.cli import find_nats_server
 
     subprocess.run(
         [PY, "-m", "hookbus.cli", "auth", "init", "--out", str(folder), "--agent", "victim",

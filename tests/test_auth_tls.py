@@ -74,6 +74,7 @@ def test_init_makes_a_ca_and_a_server_certificate(tls_server: tuple[Path, int]) 
     assert 'include "tls.conf"' in (out / "server.conf").read_text()
     conf = (out / "tls.conf").read_text()
     assert "tls {" in conf and "verify: false" in conf
+    assert "timeout: 5 " in conf  # a fleet's handshakes at start queue past the default 2 s
     assert f'cert_file: "{(out / "server-cert.pem").resolve()}"' in conf
     for context in out.glob("*.json"):
         if context.name == "hookbus-auth.json":

@@ -24,7 +24,7 @@ import nkeys  # type: ignore[import-untyped]
 import pytest
 import trustme
 
-from hookbus.cli._server import find_nats_server
+from hookbus.cli import find_nats_server
 
 HOOKBUS = [sys.executable, "-m", "hookbus.cli"]
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

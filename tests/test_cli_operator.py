@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from _ports import free_port
 
-from hookbus.cli._server import EmbeddedNatsServer
+from hookbus.cli import EmbeddedNatsServer
 
 HOOKBUS = [sys.executable, "-m", "hookbus.cli"]
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

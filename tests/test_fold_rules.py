@@ -140,9 +140,17 @@ def test_both_sides_fold_by_the_one_set_of_rules() -> None:
     for path in (
         "dispatcher/hookbus/dispatcher/_fold.py",
         "dispatcher/hookbus/dispatcher/_folding.py",
-        "workers/hookbus/workers/_worker.py",
+        "workers/hookbus/workers/_chains.py",
     ):
         assert "from hookbus._core.fold_rules import" in (ROOT / path).read_text(), path
-    for path in ("dispatcher/hookbus/dispatcher/_calls.py", "workers/hookbus/workers/_worker.py"):
+    for path in (
+        "dispatcher/hookbus/dispatcher/_calls.py",
+        "dispatcher/hookbus/dispatcher/_chain_calls.py",
+        "dispatcher/hookbus/dispatcher/_requester.py",
+        "workers/hookbus/workers/_worker.py",
+        "workers/hookbus/workers/_chains.py",
+        "workers/hookbus/workers/_handler_call.py",
+        "workers/hookbus/workers/_requests.py",
+    ):
         text = (ROOT / path).read_text()
         assert "DEFAULT_TIMEOUT_S = " not in text and "timeout_s: float = 5.0" not in text

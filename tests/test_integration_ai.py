@@ -785,13 +785,14 @@ async def test_a_resumed_run_whose_model_re_asks_with_a_new_tool_call_id_keeps_t
                 hooks.abort_pending_hook(event.hook)
     # the rule: same run, same tool, same arguments, another tool call id
     same = {"tool": "transfer", "kwargs": {"amount": 51}}
+    earlier = hooks._tool_approvals.earlier  # nothing waits here: the run was aborted
     async with hooks.suspensions.run(run_id):
-        assert await hooks._earlier_approval("approve_b", same, "b") == label
-        assert await hooks._earlier_approval(
-            "approve_b", {"tool": "transfer", "kwargs": {"amount": 52}}, "b"
+        assert await earlier("approve_b", same, "b", ()) == label
+        assert await earlier(
+            "approve_b", {"tool": "transfer", "kwargs": {"amount": 52}}, "b", ()
         ) == "approve_b"  # fmt: skip
     async with hooks.suspensions.run("another-run"):
-        assert await hooks._earlier_approval("approve_b", same, "b") == "approve_b"
+        assert await earlier("approve_b", same, "b", ()) == "approve_b"
     with pytest.raises(AnswerNotAppliedError):
         await observer.approve(label, "Allow", approver="alice", wait_s=0.2)
     # the resume starts over from the user's message; the model asks with a new id

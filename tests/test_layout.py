@@ -526,6 +526,9 @@ PUBLIC_API: dict[str, set[str]] = {
         "approval_label",
         "next_approval_label",  # the fresh approval after a used "Allow once"
         "is_allow",
+        # the approval rules a test kit answering approvals in process decides by
+        "allows",
+        "joined_decision",
         "HandlerStatus",
         "LiveReplica",
         "RegistryView",
@@ -538,6 +541,8 @@ PUBLIC_API: dict[str, set[str]] = {
         "require_handler",
         "unrequire_handler",
     },
+    # the run span and a resumed wait's link to its creator, for agent-library integrations
+    "hookbus.dispatcher.tracing": {"created_by", "creating_traceparent", "run_span"},
     "hookbus.cli": {
         "EmbeddedNatsServer",
         "NatsServerNotFoundError",
@@ -557,7 +562,16 @@ PUBLIC_API: dict[str, set[str]] = {
         "secure_credentials",
     },
     # the test kit (testing/hookbus/testing: it imports workers and dispatcher)
-    "hookbus.testing": {"WorkerTestKit"},
+    "hookbus.testing": {
+        # the environment of chains, approvals and suspensions, and its questions
+        "HookTestEnv",
+        "Approval",
+        # the virtual clock
+        "virtual_clock_loop",
+        "VirtualClockLoop",
+        "run_with_virtual_clock",
+        "WorkerTestKit",
+    },
     # amplifier-core's `amplifier_core.events`, as a module of its own
     "hookbus.schemas.events": {*EVENT_CONSTANTS, "STANDARD_EVENTS", "StandardEvents"},
     # an emit's data made JSON, and the copies of it each handler gets (the kernel's too)
@@ -797,11 +811,6 @@ PRIVATE_IMPORTS_LEFT: dict[str, set[str]] = {
         "hookbus.cli._auth_files", "hookbus.cli._command_support", "hookbus.cli._otel",
         "hookbus.cli._permissions", "hookbus.cli._provision", "hookbus.cli._serve_cmds",
         "hookbus.cli._service_emit",
-    },
-    "hookbus.integrations.ai": {
-        "hookbus.dispatcher._proofs", "hookbus.dispatcher._run_scopes",
-        "hookbus.dispatcher._suspension_events", "hookbus.dispatcher._telemetry",
-        "hookbus.dispatcher._waiter",
     },
 }  # fmt: skip
 """Imports of another package's private module not yet removed: a debt that may only

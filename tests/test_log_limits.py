@@ -46,7 +46,7 @@ def test_rate_limited_warning_logs_a_burst_then_a_count(
 
 
 def test_the_worker_uses_the_shared_helper() -> None:
-    import hookbus.workers._worker as worker
+    import hookbus.workers._requests as worker
 
     assert worker.RateLimitedWarning is RateLimitedWarning
     assert not hasattr(worker, "_RateLimitedWarning")

@@ -35,7 +35,7 @@ from _ports import on_free_port
 from nats.aio.client import Client as NATS
 
 from hookbus._core.nats_guard import harden_connection
-from hookbus.cli._server import find_nats_server
+from hookbus.cli import find_nats_server
 from hookbus.dispatcher import DispatcherService, HookDispatcher
 from hookbus.schemas import (
     DISPATCHER_SERVICE_NAME,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -35,7 +36,7 @@ from _browser import (  # noqa: F401 (the fixtures browser, chromium, page)
 from _ports import free_port
 from _procs import alive
 from _readme_blocks import Block, Command, blocks, commands, free_names, inline_code
-from _readme_run import HOOKBUS, NOT_RUN, Job, Result, Shell, Snippet, run_python
+from _readme_run import HOOKBUS, NOT_RUN, Job, Result, Shell, Snippet, clean_env, run_python
 from playwright.async_api import Page, expect
 
 from hookbus.cli import EmbeddedNatsServer
@@ -53,6 +54,7 @@ RUNS = {
     'hooks.set_default_fields(session_id="sess_1")': WORKER_AGENT_REQUEST,
     "nats req ": WORKER_AGENT_REQUEST,
     "from hookbus.testing import WorkerTestKit": "test_the_worker_test_kit",
+    "# test_gate.py\n": "test_the_hook_test_env_module",
     "from hookbus.amplifier import": "test_the_amplifier_core_switch",
     "HookbusCapability(hooks)": "test_the_pydantic_ai_capability",
     "HookbusToolHooks(hooks).tool_node(": "test_the_langgraph_tool_node",
@@ -218,6 +220,20 @@ async def test_the_worker_test_kit(folder: Path) -> None:
     assert free_names(kit) == set()
     said = await run_python(folder, [Snippet.of(kit)])
     assert said.stdout == "security destructive command\n", str(said)
+
+
+async def test_the_hook_test_env_module(folder: Path) -> None:
+    """The HookTestEnv block is a whole test module: pytest runs its three tests, one of
+    them against the embedded nats-server the kit starts (the reader's pytest has no
+    plugin of ours; looptime's, installed here for the suite, is left out as the suite
+    leaves it out)."""
+    b = block("# test_gate.py\n")
+    (folder / "test_gate.py").write_text(b.text)
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+            "-p", "no:looptime_plugin", "-p", "no:looptime_chronometers",
+            "-p", "no:looptime_timeproxies", "test_gate.py"]  # fmt: skip
+    said = await Shell(folder)._exec(argv, clean_env(), 120, shown=f"pytest {b.where}")
+    assert said.code == 0 and "3 passed" in said.stdout, str(said)
 
 
 def _one(text: str) -> Command:

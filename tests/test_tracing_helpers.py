@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
 from hookbus.dispatcher import HookDispatcher
-from hookbus.dispatcher._calls import Failed
+from hookbus.dispatcher._outcomes import Failed
 from hookbus.dispatcher._telemetry import record_call_span, start_call_span, trace_headers
 from hookbus.schemas import EventEnvelope, HookReply, HookResult, decode, encode
 from hookbus.schemas import telemetry as tn

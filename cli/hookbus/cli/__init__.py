@@ -3,7 +3,11 @@
 
 from typing import TYPE_CHECKING, Any
 
-from ._server import EmbeddedNatsServer, NatsServerNotFoundError, find_nats_server
+from hookbus._core.embedded_server import (
+    EmbeddedNatsServer,
+    NatsServerNotFoundError,
+    find_nats_server,
+)
 
 if TYPE_CHECKING:  # loaded on first use: see __getattr__
     from ._connect import ConnectionSettings

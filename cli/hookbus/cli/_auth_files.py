@@ -338,6 +338,12 @@ def max_consumers(identities: int) -> int:
     return 256 + identities * CONSUMER_SLOTS * 3
 
 
+TLS_HANDSHAKE_TIMEOUT_S = 5.0
+"""How long the server waits for a client's TLS handshake (nats-server's ``tls { timeout }``,
+default 2 s). Thousands of agents connecting at once queue their handshakes on the server's and
+their own cores; past 2 s the server closes them, and each retry adds to the queue."""
+
+
 def render_tls(setup: AuthSetup) -> str:
     """``tls.conf``: the client port's ``tls { }`` block (certificate, key, CA; clients are
     not asked for certificates), or only a comment without TLS (``--no-tls``): a node
@@ -352,7 +358,11 @@ def render_tls(setup: AuthSetup) -> str:
     ]
     if setup.tls_ca:
         lines.append(f"  ca_file: {_q(setup.tls_ca)}")
-    lines += ["  verify: false  # clients authenticate with their nkeys", "}"]
+    lines += [
+        "  verify: false  # clients authenticate with their nkeys",
+        f"  timeout: {TLS_HANDSHAKE_TIMEOUT_S:g}  # s: a fleet starting at once queues handshakes",
+        "}",
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -25,6 +25,7 @@ import nats
 import nats.errors
 from nats.aio.client import Client as NATS
 
+from hookbus._core.embedded_server import EmbeddedNatsServer, NatsServerNotFoundError
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import HookbusError, agent_token
 
@@ -33,7 +34,6 @@ from ._connect import ConnectionSettings as ConnectionSettings
 from ._connect import connect as connect
 from ._connect import connection_options as connection_options
 from ._extras import MissingExtraError
-from ._server import EmbeddedNatsServer, NatsServerNotFoundError
 
 log = logging.getLogger("hookbus.cli")
 

@@ -23,6 +23,7 @@ from nats.aio.client import Client as NATS
 from nats.js.api import KeyValueConfig
 
 from hookbus._core.buckets import handlers_bucket_config
+from hookbus._core.embedded_server import EmbeddedNatsServer, NatsServerNotFoundError
 from hookbus._core.kv import open_bucket
 from hookbus.dispatcher import DispatcherService, HookDispatcher
 from hookbus.schemas import (
@@ -59,7 +60,6 @@ from ._lifecycle import (
     stop_on_signals,
 )
 from ._otel import otel_session, otlp_option
-from ._server import EmbeddedNatsServer, NatsServerNotFoundError
 
 __all__ = ["dispatcher_cmd", "server", "worker"]
 

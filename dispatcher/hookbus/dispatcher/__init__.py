@@ -7,8 +7,10 @@ from ._approvals import (
     APPROVAL_LABEL_PREFIX,
     AnswerNotAppliedError,
     Approvals,
+    allows,
     approval_label,
     is_allow,
+    joined_decision,
     next_approval_label,
 )
 from ._approvals_client import ApprovalsClient
@@ -47,9 +49,11 @@ __all__ = [
     "RunScope",
     "SuspensionPage",
     "Suspensions",
+    "allows",
     "approval_label",
     "describe_handlers",
     "is_allow",
+    "joined_decision",
     "live_dispatchers",
     "live_handlers",
     "next_approval_label",

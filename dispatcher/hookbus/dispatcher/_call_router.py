@@ -43,19 +43,13 @@ from hookbus.schemas import (
     encode,
 )
 
-from ._calls import (
-    ChainPlan,
-    Failed,
-    Neighbours,
-    Outcome,
-    Requester,
-    call_local,
-    call_remote,
-    ready_outcome,
-)
-from ._chain_calls import ChainCall
+from ._calls import call_local, call_remote
+from ._chain_calls import ChainCall, ChainPlan
+from ._neighbours import Neighbours
+from ._outcomes import Failed, Outcome, ready_outcome
 from ._registry_follow import RegistryFollower
 from ._registry_watch import RegistryWatch, open_handlers_bucket
+from ._requester import Requester
 from ._route_table import Route, RoutingTable
 from ._telemetry import end_collect_span, start_collect_span, trace_headers
 from ._telemetry_core import error

@@ -23,7 +23,7 @@ one, so it must give the same outcomes under every fault; this is how:
   retry_safe call: `hedge`), and the first answer wins, the chain's or the hedge's;
 - nothing run (no responders, every replica refused, a step the worker judges by another
   declaration: ``stale_declaration``): every step is "not run";
-- a chain that timed out with nothing heard marks its subject suspect (see `_calls`): for
+- a chain that timed out with nothing heard marks its subject suspect (see `_replicas`): for
   a while its steps are not sent as a chain but each on its own (steered to a live
   replica), and the live replicas are looked up.
 """
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from nats.aio.client import Client as NATS
@@ -40,23 +41,17 @@ from nats.aio.msg import Msg
 from hookbus._core import clock
 from hookbus._core.chain_timing import GRACE_S
 from hookbus._core.handler_options import DEFAULT_TIMEOUT_S
-from hookbus.schemas import EventEnvelope, HookReply, WireFormatError, decode
+from hookbus.schemas import ChainStep, EventEnvelope, HookReply, WireFormatError, decode
 
-from ._calls import (
-    HEDGE_FRACTION,
-    HEDGE_MIN_S,
-    MAX_REFUSALS,
-    NOT_RUN_CODES,
-    Failed,
-    Outcome,
-    reply_outcome,
-)
+from ._outcomes import NOT_RUN_CODES, Failed, Outcome, reply_outcome
+from ._requester import HEDGE_FRACTION, HEDGE_MIN_S, MAX_REFUSALS
 from ._route_table import Route
 
 if TYPE_CHECKING:
-    from ._calls import ChainPlan, Requester, _Inbox
+    from ._reply_inbox import Inbox
+    from ._requester import Requester
 
-__all__ = ["ChainCall"]
+__all__ = ["ChainCall", "ChainPlan"]
 
 _NO_RESPONDERS = "503"
 
@@ -90,7 +85,7 @@ class ChainCall:
         self._headers = headers
         self._deadline = deadline
         self._loop = asyncio.get_running_loop()
-        self._inbox: _Inbox | None = None
+        self._inbox: Inbox | None = None
         self._tokens: list[str] = []
         self._avoid: set[str] = set()
         self._refusals = 0
@@ -114,7 +109,7 @@ class ChainCall:
             PayloadTooLargeError: the envelope exceeds the server's max_payload.
         """
         target = self._plan.target.subject
-        if self._requester.suspected(target, self._loop.time()) is not None:
+        if self._requester.replicas.suspected(target, self._loop.time()) is not None:
             self.over = True  # its last request met a stalled replica: each step alone
             return Failed("timeout", "not sent: the chain subject is suspect")
         self._inbox = self._requester.open_inbox()
@@ -178,7 +173,7 @@ class ChainCall:
             if not self._heard:  # nothing came back at all: a stalled replica, or a lost one
                 # the process the queue group chose serves every step: all are suspect
                 for subject in (self._plan.target.subject, *self._plan.subjects.values()):
-                    self._requester.suspect(subject, self._sent_at)
+                    self._requester.replicas.suspect(subject, self._sent_at)
                 for r in group:
                     await self._requester.discover(r.subject)
         return [out[r] for r in group]
@@ -286,12 +281,12 @@ class ChainCall:
         instance = reply.instance
         if instance and not self._instance:
             self._instance = instance
-            self._requester.answered(self._plan.target.subject, instance, now)
+            self._requester.replicas.answered(self._plan.target.subject, instance, now)
         for r in reply.chain:
             self._replies[r.handler] = r
             subject = self._plan.subjects.get(r.handler)
             if instance and subject:  # a hedge of this handler alone may go there
-                self._requester.answered(subject, instance, now)
+                self._requester.replicas.answered(subject, instance, now)
         if reply.running is None:
             self.over = True
         else:
@@ -310,7 +305,7 @@ class ChainCall:
             self._avoid.add(reply.instance)
         self._refusals += 1
         if err.retryable and err.code in ("busy", "unavailable") and self._refusals < MAX_REFUSALS:
-            subject = self._requester.target(
+            subject, _ = self._requester.replicas.target(
                 self._plan.target, self._avoid, self._loop.time(), chain=True
             )
             if await self._send(subject) is None:
@@ -344,3 +339,52 @@ class ChainCall:
         if not self._heard:
             self._heard_at = now
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class ChainPlan:
+    """What every chain request for one sequence of handlers shares (made once per sequence)."""
+
+    target: Route
+    """The chain subject as a route (its name, for messages)."""
+    steps: list[ChainStep]
+    total_s: float
+    """The sum of the steps' timeouts, seconds."""
+    hedge: bool
+    """Every step is retry_safe: a step may be asked again on its own (hedged)."""
+    subjects: dict[str, str]
+    """Each step's handler subject, by handler name (an instance that answers a step is a
+    hedge target of that handler too: it serves it)."""
+    rest_s: dict[str, float]
+    """By handler name: the timeouts of its step and every later one, summed (seconds)."""
+
+    @classmethod
+    def of(cls, seg: tuple[Route, ...]) -> ChainPlan:
+        steps = [
+            ChainStep(
+                handler=r.name,
+                failure_policy=r.failure_policy,
+                timeout_s=r.timeout_s or DEFAULT_TIMEOUT_S,
+                parallel=r.parallel,
+                tool_filter=None if r.tool_filter is None else list(r.tool_filter),
+            )
+            for r in seg
+        ]
+        head = seg[0]
+        target = Route.make(
+            event=head.event,
+            name=f"chain of {len(seg)} handlers ({head.name!r}, ...)",
+            priority=head.priority,
+            timeout_s=None,
+            failure_policy=head.failure_policy,
+            parallel=False,
+            tool_filter=None,
+            subject=head.chain,
+        )
+        rest_s: dict[str, float] = {}
+        total = 0.0
+        for step in reversed(steps):
+            total += step.timeout_s
+            rest_s[step.handler] = total
+        subjects = {r.name: r.subject for r in seg}
+        return cls(target, steps, total, all(r.retry_safe for r in seg), subjects, rest_s)

@@ -27,10 +27,10 @@ from ._approvals import APPROVAL_LABEL_PREFIX, ApprovalGrant, Approvals
 from ._approvals_client import ApprovalsClient
 from ._audit import DecisionLog
 from ._call_router import EmitContext, Router
-from ._calls import Outcome
 from ._emitter import Emitter
 from ._folding import RouteFolder
 from ._local_handlers import LocalHandlers
+from ._outcomes import Outcome
 from ._records import SuspensionPage
 from ._route_table import LocalHandler, Route
 from ._stores import Stores

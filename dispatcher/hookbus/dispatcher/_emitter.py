@@ -33,9 +33,10 @@ from hookbus.schemas import (
 from ._approvals import Approvals, joined_decision
 from ._audit import DecisionLog, current_trace_id
 from ._call_router import EmitContext, Router
-from ._calls import Outcome, call_local
+from ._calls import call_local
 from ._fold import Fold
 from ._folding import RouteFolder
+from ._outcomes import Outcome
 from ._route_table import Route
 
 __all__ = ["Emitter"]

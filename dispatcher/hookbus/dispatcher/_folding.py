@@ -21,8 +21,8 @@ from hookbus._core.fold_rules import (
 from hookbus.schemas import HookResult
 
 from ._call_router import EmitContext, Router
-from ._calls import Failed, Outcome
 from ._fold import Fold
+from ._outcomes import Failed, Outcome
 from ._route_table import Route
 from ._telemetry import start_chain_span, traced_call
 

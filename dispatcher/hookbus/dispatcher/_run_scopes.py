@@ -30,6 +30,17 @@ class RunScope:
     labels: set[str] = field(default_factory=set)
     aborted: set[str] = field(default_factory=set)
 
+    @staticmethod
+    def current() -> RunScope | None:
+        """The run scope of the current task (and of the tasks it started inside it):
+        the innermost ``async with Suspensions.run(...)`` block, None outside any."""
+        return current_run_scope.get()
+
+    def keep(self, label: str) -> None:
+        """Leave `label`'s record in place when the run ends (it is not cleaned up): a
+        later run, or a retry of this one, finds it as it was left."""
+        self.labels.discard(label)
+
 
 current_run_scope: contextvars.ContextVar[RunScope | None] = contextvars.ContextVar(
     "hookbus_run_scope", default=None

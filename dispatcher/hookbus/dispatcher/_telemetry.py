@@ -85,7 +85,7 @@ from hookbus.schemas import (
 )
 from hookbus.schemas import telemetry as tn
 
-from ._calls import Failed, Outcome
+from ._outcomes import Failed, Outcome
 from ._route_table import Route
 from ._telemetry_core import error, make, otel, reserve
 

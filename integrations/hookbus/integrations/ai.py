@@ -162,73 +162,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import dataclasses
 import inspect
-import json
-import logging
-import time
-import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import ai
-import msgspec
 import pydantic
 from ai.agents import _middleware as ai_middleware
-from ai.agents import agent as ai_agent
 from ai.agents import hooks as ai_hooks
-from ai.agents import runtime as ai_runtime
-from ai.types import events as ai_events
 from ai.types import messages as ai_messages
-from ai.types import tools as ai_tools
 from nats.aio.client import Client as NATS
-from nats.errors import Error as NatsError
-from nats.js.errors import KeyNotFoundError
 
-from hookbus._core.kv import kv_retry
-from hookbus._core.tasks import stop_task
-from hookbus.dispatcher import AnswerNotAppliedError, HookDispatcher, Suspensions
-from hookbus.dispatcher._proofs import first_proof, write_proof
-from hookbus.dispatcher._run_scopes import current_run_scope
-from hookbus.dispatcher._suspension_events import payload_schema
-from hookbus.dispatcher._telemetry import created_by, creating_traceparent, run_span
-from hookbus.dispatcher._waiter import Leases
-from hookbus.schemas import (
-    APPROVAL_DEFAULT_OPTIONS,
-    TOOL_ERROR,
-    TOOL_POST,
-    TOOL_PRE,
-    AlreadySettledError,
-    ApprovalAnswer,
-    DuplicateSuspensionError,
-    HookbusError,
-    HookEvent,
-    HookPart,
-    HookResult,
-    ResolutionRejectedError,
-    SuspensionAbortedError,
-    SuspensionCancelledError,
-    SuspensionNotFoundError,
-    SuspensionTimeoutError,
-    approval_answer_key,
-    decode,
-    run_claim_key,
-)
-from hookbus.schemas import telemetry as tn
+from hookbus.dispatcher import HookDispatcher, Suspensions
+from hookbus.dispatcher.tracing import run_span
+from hookbus.schemas import TOOL_ERROR, TOOL_POST, TOOL_PRE, ApprovalAnswer
 
-from ._emit import (
-    Injection,
-    as_deny,
-    check_timeout,
-    denied,
-    denied_text,
-    emit_decision,
-    final_data,
-    framed_injections,
-    injections,
-    jsonable,
-    withheld_text,
+from ._ai.events import AIHookEvents, ai_hook_part
+from ._ai.labels import (
+    AI_METADATA_KEY,
+    APPROVAL_LABEL_PREFIX,
+    HookTarget,
+    M,
+    is_tool_approval,
+    label_of,
+    resolution_value,
 )
+from ._ai.labels import AI_TRACE_KEY as AI_TRACE_KEY  # the "_ai" metadata's trace key
+from ._ai.proofs import ToolApprovalProofs
+from ._ai.run_claims import RunClaims, RunInProgressError, refusal_unwrapped
+from ._ai.tool_approvals import ToolApprovals
+from ._ai.tool_calls import ToolCalls
+from ._ai.turns import ModelTurns
+from ._ai.waits import AIHookWaits
+from ._emit import check_timeout
 
 __all__ = [
     "AI_METADATA_KEY",
@@ -255,121 +221,9 @@ if not hasattr(ai_middleware, "_Middleware") or "_middleware" not in (
         "and whose ai.agents._middleware has _Middleware (ai 0.8)"
     )
 
-M = TypeVar("M", bound=pydantic.BaseModel)
-
-log = logging.getLogger("hookbus.integrations.ai")
-
-APPROVAL_LABEL_PREFIX = "approve_"
-"""``ai``'s tool approval labels start with this (``approve_<tool call id>``)."""
-
-_PROOF_POLL_S = 2.0
-
 EVENTS = (TOOL_PRE, TOOL_POST, TOOL_ERROR)
 """The events `HookbusHooks` emits for each tool call, in order (``tool:post`` after a
 tool that returned, ``tool:error`` after one that raised)."""
-
-_TIMED_OUT = "timed out after "
-"""How the reason of a tool approval closed by its timeout starts."""
-
-_SETTLE_S = 5.0
-"""Seconds a timed-out tool approval waits for the answer that won the race against its
-close (it returns at once: the answer is stored)."""
-
-AI_METADATA_KEY = "_ai"
-AI_TRACE_KEY = "trace"
-"""In the ``"_ai"`` metadata, with tracing on: the W3C ``traceparent`` of the run (or emit)
-that created the suspension; the ``await suspension`` span of a later wait on it (a resumed
-run, in any process) links to it."""
-
-
-def _creator(found: Any) -> str | None:
-    extra = None if found is None else found[0].metadata.get(AI_METADATA_KEY)
-    value = extra.get(AI_TRACE_KEY) if isinstance(extra, dict) else None
-    return value if isinstance(value, str) and value else None
-
-
-"""The key of a record's metadata that holds what ``ai``'s ``HookPart`` needs besides the
-caller's metadata: ``{"hook_type": str, "tool_call_id": str | None}``; a used tool approval
-adds ``"used_in"`` (the run id) and ``"ran"`` (the tool's results, ``ToolResultPart`` JSON)."""
-
-_ABORT_POLL_S = 0.02
-_ABORT_DEADLINE_S = 15.0
-
-HookTarget = str | ai_messages.HookPart[Any] | HookPart
-"""A hook as the functions here take it: its label, ``ai``'s ``HookPart`` (whose
-``hook_id`` is the label) or hookbus's `HookPart` (its ``label``)."""
-
-
-class RunInProgressError(DuplicateSuspensionError):
-    """Another live process runs this run id: it holds the run's claim (from entering
-    `HookbusHooks.run` until leaving it, rewritten by its waiter lease's heartbeat), or
-    waits on one of the run's hooks with its waiter lease alive. Its run is left alone; a
-    process that died gives the run up when its claim and lease lapse (one lease after its
-    last heartbeat, about 15 s)."""
-
-
-def _label(target: HookTarget) -> str:
-    if isinstance(target, str):
-        return target
-    if isinstance(target, ai_messages.HookPart):
-        return target.hook_id
-    if isinstance(target, HookPart):
-        return target.label
-    raise TypeError(f"expected a label or a HookPart, got {type(target).__name__}")
-
-
-def _json(value: Any) -> Any:
-    """A resolution as JSON data (what the record stores)."""
-    if isinstance(value, pydantic.BaseModel):
-        return value.model_dump(mode="json")
-    return value
-
-
-class _Wait:
-    """One hook this process waits on. ``abort`` gets the exception to raise instead of
-    the resolution (None: ``ai.HookDeferredException`` for the pending part)."""
-
-    __slots__ = ("abort",)
-
-    def __init__(self) -> None:
-        self.abort: asyncio.Future[BaseException | None] = (
-            asyncio.get_running_loop().create_future()
-        )
-
-
-def is_tool_approval(label: str, payload: type[Any] | None) -> bool:
-    """Whether the hook `label` with `payload` is a tool approval, decided only by an
-    approver's proof: its payload is ``ai``'s ``ToolApproval`` (or a subclass), or its label
-    starts with ``approve_``."""
-    if isinstance(payload, type) and issubclass(payload, ai_tools.ToolApproval):
-        return True
-    return label.startswith(APPROVAL_LABEL_PREFIX)
-
-
-def _resolution(answer: ApprovalAnswer) -> dict[str, Any]:
-    """The record's resolution made from an approver's `answer`: a ``ToolApproval``'s
-    fields, plus who answered."""
-    return {
-        "granted": answer.choice == "Allow",
-        "reason": f"{answer.answered_by} chose {answer.choice!r}",
-        "choice": answer.choice,
-        "answered_by": answer.answered_by,
-        "answered_at": answer.answered_at,
-    }
-
-
-def _valid_proof(key: str, value: bytes, label: str, agent_id: str | None) -> ApprovalAnswer | None:
-    """The proof under `key` if it answers `label`: it decodes, names the approver its key
-    names, and chooses "Allow" or "Deny"."""
-    try:
-        answer = decode(value, ApprovalAnswer)
-        if not answer.answered_by or answer.choice not in APPROVAL_DEFAULT_OPTIONS:
-            return None
-        if approval_answer_key(label, agent_id, answer.answered_by) != key:
-            return None
-    except HookbusError:
-        return None
-    return answer
 
 
 class HookbusHooks(ai_middleware._Middleware):
@@ -427,10 +281,12 @@ class HookbusHooks(ai_middleware._Middleware):
         self._own_dispatcher = False
         self._dispatcher_lock = asyncio.Lock()
         self._owned = False
-        self._waits: dict[str, _Wait] = {}
-        self._stashed: dict[str, BaseException] = {}
-        self._turns: dict[int, ai_messages.Message] = {}  # run context id -> model's turn
-        self._granted: dict[str, str] = {}  # tool call id -> its approval's label
+        self._turns = ModelTurns()
+        self._claims = RunClaims(self)
+        self._proofs = ToolApprovalProofs(self)
+        self._tool_approvals = ToolApprovals(self, self._claims)
+        self._waits = AIHookWaits(self, self._proofs, self._claims)
+        self._tool_calls = ToolCalls(self, self._tool_approvals, self.governor)
 
     @classmethod
     async def open(
@@ -555,123 +411,25 @@ class HookbusHooks(ai_middleware._Middleware):
         """
         middleware = [self, *(kwargs.pop("_middleware", None) or [])]
         await self.governor()  # a run whose tool calls nothing can decide does not start
-        claim = None
-        if run_id is not None:
-            claim = await self._claim_run(run_id)
-        try:
-            if run_id is not None:  # a hook of the run waited on elsewhere (kept: harmless)
-                await self._refuse_a_live_run(run_id)
-            async with self.suspensions.run(run_id) as scope:
-                # the run's span: its run id and session, the same on a run resuming it
-                session = self.session_id or scope.run_id
-                with (
-                    use_hooks(self),
-                    run_span(self.suspensions.agent_id, scope.run_id, session),
-                ):
-                    try:
-                        async with agent.run(
-                            model, list(messages), _middleware=middleware, **kwargs
-                        ) as stream:
-                            yield stream
-                    except BaseExceptionGroup as group:  # ai's task group: say it plainly
-                        refused = group.subgroup(RunInProgressError)
-                        if refused is None:
-                            raise
-                        while isinstance(refused, BaseExceptionGroup):
-                            refused = refused.exceptions[0]
-                        raise refused from None
-        finally:
-            if claim is not None:
-                await claim[0].release(claim[1])  # runs to its end even when cancelled
-
-    async def _claim_run(self, run_id: str) -> tuple[Leases, str]:
-        """Claim `run_id` for this process (see `run`): its leases and claim key.
-
-        Raises:
-            RunInProgressError: another live process holds the claim.
-        """
-        key = run_claim_key(self.suspensions.agent_id, run_id)
-        leases = await self.suspensions._lease()
-        owner = await leases.claim(key)
-        if owner is not None:
-            raise RunInProgressError(
-                f"run {run_id!r} is live in another process (waiter {owner} holds its claim):"
-                f" not started here. If that process died, start it again once its claim"
-                f" lapses (about {leases.lease_s:g} s)"
-            )
-        return leases, key
-
-    async def _live_owner(self, record: Any, run_id: str) -> str | None:
-        """The waiter id of another live process that waits on `record` for the run
-        `run_id`, else None."""
-        store = self.suspensions
-        if record.status != "pending" or not record.attached or record.run_id != run_id:
-            return None
-        if record.agent_id != store.agent_id:
-            return None
-        if not record.owner or record.owner == store.waiter_id:
-            return None
-        leases = await store._lease()
-        return record.owner if await leases.alive(record.owner) else None
-
-    async def _refuse_a_live_run(self, run_id: str) -> None:
-        """Raise `RunInProgressError` if another live process waits on a hook of `run_id`."""
-        for record in await self.suspensions.list(status="pending"):
-            owner = await self._live_owner(record, run_id)
-            if owner is not None:
-                raise _run_in_progress(run_id, record.label, owner)
+        async with self._claims.held(run_id), self.suspensions.run(run_id) as scope:
+            # the run's span: its run id and session, the same on a run resuming it
+            session = self.session_id or scope.run_id
+            with (
+                use_hooks(self),
+                run_span(self.suspensions.agent_id, scope.run_id, session),
+                refusal_unwrapped(),  # ai's task group: say it plainly
+            ):
+                async with agent.run(
+                    model, list(messages), _middleware=middleware, **kwargs
+                ) as stream:
+                    yield stream
 
     async def wrap_agent_run(self, call: Any, next: Any) -> AsyncIterator[Any]:
         """``ai``'s middleware entry for the run: notes the assistant turn the model is
         giving (each model event carries it), for `resumable_messages`."""
-        key = id(call)
-        try:
-            async with contextlib.aclosing(next(call)) as events:
-                async for event in events:
-                    message = getattr(event, "message", None)
-                    if isinstance(event, ai_events.ModelEvent) and isinstance(
-                        message, ai_messages.Message
-                    ):
-                        self._turns[key] = message
-                    yield event
-        finally:
-            self._turns.pop(key, None)
-
-    async def _earlier_approval(
-        self, label: str, metadata: dict[str, Any], tool_call_id: str
-    ) -> str:
-        """The label that decides the tool approval `label`: its own if it has a record,
-        else that of an earlier approval of this run for the same tool with the same
-        arguments (another tool call id: the model re-asked the turn) that is still
-        undecided or whose answer is still unused and that nobody live waits on."""
-        run = current_run_scope.get()
-        if run is None or not metadata.get("tool"):
-            return label
-        store = self.suspensions
-        if await store.get(label) is not None:
-            return label
-        for record in await store.list():
-            extra = record.metadata.get(AI_METADATA_KEY)
-            if record.label == label or record.label in self._waits:
-                continue
-            if record.run_id != run.run_id or record.agent_id != store.agent_id:
-                continue
-            if not isinstance(extra, dict) or extra.get("tool_call_id") in (None, tool_call_id):
-                continue
-            if {k: v for k, v in record.metadata.items() if k != AI_METADATA_KEY} != metadata:
-                continue
-            if record.consumed or record.status == "cancelled":
-                continue
-            if record.status == "pending" and record.attached and record.owner:
-                if record.owner == store.waiter_id or await self._live_owner(record, run.run_id):
-                    continue
-            log.info(
-                "tool approval %r: the same call as %r earlier in run %s (the model re-asked"
-                " it with a new tool call id): decided by that one", label, record.label,
-                run.run_id,
-            )  # fmt: skip
-            return record.label
-        return label
+        async with contextlib.aclosing(self._turns.follow(call, next)) as events:
+            async for event in events:
+                yield event
 
     def resumable_messages(self, stream: Any) -> list[ai_messages.Message]:
         """What to persist so that a killed process's run can resume: ``stream.messages``
@@ -687,111 +445,23 @@ class HookbusHooks(ai_middleware._Middleware):
         Results of the turn's other tool calls that finished before the save are not in
         it: those tools run again on resume.
         """
-        messages = list(stream.messages)
-        turn = self._turns.get(id(stream.context))
-        if turn is None or not turn.tool_calls:
-            return messages
-        if any(m is turn or m.id == turn.id for m in messages):
-            return messages
-        return [*messages, turn]
+        return self._turns.resumable(stream)
 
     async def wrap_hook(self, call: Any, next: Any) -> pydantic.BaseModel:
         """``ai``'s middleware entry: every ``ai.hook(...)`` of a run this middleware is
         part of is answered by `hook` (``next``, ``ai``'s in-memory registry, is not
         called)."""
         registry = call.registry or ai_hooks._hook_registry.get(None)
-        label = call.label
-        approval = bool(call.tool_call_id) and is_tool_approval(label, call.payload)
-        if approval:
-            used = await self._used_approval(label)
-            if used is not None:  # this tool call was decided (and maybe ran): not asked again
-                value = call.payload.model_validate(used.resolution)
-                self._note_decided(call.tool_call_id, label, value)
-                return value
-            expired = await self._timed_out_approval(label, call.payload)
-            if expired is not None:  # it timed out: its default, never a question again
-                self._note_decided(call.tool_call_id, label, expired)
-                return expired
-            label = await self._earlier_approval(label, call.metadata, call.tool_call_id)
-        value = await self._hook(
-            label,
-            payload=call.payload,
-            metadata=call.metadata,
-            tool_call_id=call.tool_call_id,
-            registry=registry,
-            timeout_s=self.timeout_s,
-        )
-        if approval:
-            await self._mark_used(label, ran=None)
-            self._note_decided(call.tool_call_id, label, value)
-        return value
 
-    async def _timed_out_approval(self, label: str, payload: type[M]) -> M | None:
-        """The outcome of the tool approval `label` if it was closed by its timeout (kept,
-        cancelled, with ``"timed out after ..."`` as its reason), else None."""
-        if not issubclass(payload, ai_tools.ToolApproval):
-            return None
-        found = await self.suspensions.get(label)
-        record = None if found is None else found[0]
-        if record is None or record.status != "cancelled":
-            return None
-        why = (record.reason or "").removesuffix(" applied")
-        if not why.startswith(_TIMED_OUT):
-            return None
-        return payload.model_validate({"granted": why.endswith("default allow"), "reason": why})
+        async def wait(label: str) -> Any:
+            return await self._waits.wait(
+                label, payload=call.payload, metadata=call.metadata,
+                tool_call_id=call.tool_call_id, registry=registry, timeout_s=self.timeout_s,
+            )  # fmt: skip
 
-    def _note_decided(self, tool_call_id: str, label: str, value: Any) -> None:
-        if getattr(value, "granted", False):
-            self._granted[tool_call_id] = label
-
-    async def _used_approval(self, label: str) -> Any:
-        """The record of the tool approval `label` if this run already used its resolution
-        (kept after the run's end with ``"used_in": <run id>`` in its ``"_ai"`` metadata),
-        else None."""
-        run = current_run_scope.get()
-        if run is None:
-            return None
-        found = await self.suspensions.get(label)
-        if found is None:
-            return None
-        record = found[0]
-        extra = record.metadata.get(AI_METADATA_KEY)
-        if record.status != "resolved" or not record.consumed:
-            return None
-        if not isinstance(extra, dict) or extra.get("used_in") != run.run_id:
-            return None
-        run.labels.discard(label)  # kept by the run's end, for a later retry
-        return record
-
-    async def _mark_used(self, label: str, *, ran: list[Any] | None) -> None:
-        """Keep the consumed record of the tool approval `label` past the run's end, with
-        ``"used_in": <run id>`` (and `ran`, the tool's results) in its ``"_ai"`` metadata: a retried
-        resume of the same run gets that resolution (and result) again, never a new
-        question or a second run of the tool. Best effort (logged)."""
-        store = self.suspensions
-        run = current_run_scope.get()
-        try:
-            await store._deliveries.flush(timeout_s=store.records.deadline_s)
-            for _ in range(5):
-                entry = await store.records.read(label)
-                record = None if entry is None else entry.record
-                if entry is None or record is None or record.status != "resolved":
-                    return
-                extra = record.metadata.get(AI_METADATA_KEY)
-                extra = dict(extra if isinstance(extra, dict) else {})
-                if run is not None:
-                    extra["used_in"] = run.run_id
-                if ran is not None:
-                    extra["ran"] = ran
-                marked = msgspec.structs.replace(
-                    record, metadata={**record.metadata, AI_METADATA_KEY: extra}
-                )
-                if await store.records.swap(marked, last=entry.revision) is not None:
-                    if run is not None:
-                        run.labels.discard(label)
-                    return
-        except (HookbusError, NatsError) as exc:
-            log.warning("tool approval %r: its use not recorded (%r)", label, exc)
+        if call.tool_call_id and is_tool_approval(call.label, call.payload):
+            return await self._tool_approvals.ask(call, wait, self._waits)
+        return await wait(call.label)
 
     async def wrap_tool(self, call: Any, next: Any) -> Any:
         """``ai``'s middleware entry for a tool call: the workers decide it.
@@ -814,119 +484,7 @@ class HookbusHooks(ai_middleware._Middleware):
             HookbusError: an emit raised (`NotConnectedError`, ...): the tool does not run
                 (from ``tool:pre``), or ran and its result is not returned (``tool:post``).
         """
-        label = self._granted.pop(call.tool_call_id, None)
-        if label is not None:
-            found = await self.suspensions.get(label)
-            extra = None if found is None else found[0].metadata.get(AI_METADATA_KEY)
-            ran = extra.get("ran") if isinstance(extra, dict) else None
-            if isinstance(ran, list) and ran:
-                parts = [ai_messages.ToolResultPart.model_validate(part) for part in ran]
-                return ai_agent.tool_result(*parts)
-        dispatcher = await self.governor()
-        run_id = self._run_id()
-        sent = jsonable(call.kwargs)
-        fields = {
-            "run_id": run_id,
-            "session_id": self.session_id or run_id,
-            "tool_name": call.tool_name,
-            "tool_input": sent,
-            "tool_call_id": call.tool_call_id,
-        }
-        pre = await self._emit(dispatcher, TOOL_PRE, fields, run_id, call.tool_call_id)
-        if denied(pre):
-            text = denied_text(_as_deny(pre, TOOL_PRE))
-            return ai_agent.tool_result(
-                tool_call_id=call.tool_call_id, tool_name=call.tool_name, result=text,
-                is_error=True,
-            )  # fmt: skip
-        new_input = final_data(pre).get("tool_input", sent)
-        if new_input != sent:
-            problem = _invalid_arguments(call, new_input)
-            if problem is not None:
-                by = pre.decided_by or (pre.modified_by[-1] if pre.modified_by else "a hook")
-                return ai_agent.tool_result(
-                    tool_call_id=call.tool_call_id, tool_name=call.tool_name, is_error=True,
-                    result=f"Denied by hook: {by} replaced the arguments with {problem}",
-                )  # fmt: skip
-            call = dataclasses.replace(call, kwargs=new_input)
-            fields = {**fields, "tool_input": new_input}
-        added = injections(pre)
-        result = await next(call)
-        final = result
-        try:
-            final, more = await self._after(dispatcher, fields, run_id, call, result)
-            added += more
-            if added:
-                final = _with_injections(final, added)
-        finally:
-            if label is not None:
-                await self._mark_used(label, ran=[p.model_dump(mode="json") for p in final.results])
-        return final
-
-    async def _after(
-        self,
-        dispatcher: HookDispatcher,
-        fields: dict[str, Any],
-        run_id: str,
-        call: Any,
-        result: Any,
-    ) -> tuple[Any, list[Injection]]:
-        """``tool:post`` (or ``tool:error``) of a tool that ran: the result the model gets
-        and the injections to append to it."""
-        parts = list(result.results)
-        failed = result.exception is not None or any(p.is_error for p in parts)
-        if failed:
-            error = result.exception
-            data = {
-                **fields,
-                "error": {
-                    "type": type(error).__name__ if error is not None else "ToolError",
-                    "msg": str(error)
-                    if error is not None
-                    else str(parts[0].result if parts else ""),
-                },
-            }
-            decision = await self._emit(dispatcher, TOOL_ERROR, data, run_id, call.tool_call_id)
-            return result, ([] if decision.action == "deny" else injections(decision))
-        sent = jsonable(parts[0].result) if len(parts) == 1 else [jsonable(p.result) for p in parts]
-        data = {**fields, "tool_result": sent}
-        decision = await self._emit(dispatcher, TOOL_POST, data, run_id, call.tool_call_id)
-        if denied(decision):
-            text = withheld_text(_as_deny(decision, TOOL_POST))
-            return ai_agent.tool_result(
-                tool_call_id=call.tool_call_id, tool_name=call.tool_name, result=text
-            ), []
-        new = final_data(decision).get("tool_result", sent)
-        if new != sent:
-            part = ai_messages.ToolResultPart(
-                tool_call_id=call.tool_call_id, tool_name=call.tool_name, result=new,
-                result_kind=ai_messages.ToolResultPart.kind_for(new),
-            )  # fmt: skip
-            result = ai_agent.tool_result(part)
-        return result, injections(decision)
-
-    async def _emit(
-        self,
-        dispatcher: HookDispatcher,
-        event: str,
-        data: dict[str, Any],
-        run_id: str,
-        tool_call_id: str,
-    ) -> HookResult:
-        """Emit `event` for the tool call `tool_call_id` of the run `run_id`; its
-        idempotency key is ``ai:<run id>:<event>:<tool call id>``: the same call replayed
-        in the same run (a resume) finds its approval, another run never does."""
-        key = f"ai:{run_id}:{event}:{tool_call_id}"
-        return await emit_decision(
-            dispatcher.emit, event, data, key=key, timeout_s=self.emit_timeout_s
-        )
-
-    @staticmethod
-    def _run_id() -> str:
-        """The current run's id (`run`'s scope); a run not entered through `run` gets a
-        fresh one per call (its emits are never retries of another's)."""
-        run = current_run_scope.get()
-        return run.run_id if run is not None else uuid.uuid4().hex
+        return await self._tool_calls.wrap(call, next)
 
     # -- ai's hook functions ------------------------------------------------------------------
     async def hook(
@@ -953,8 +511,8 @@ class HookbusHooks(ai_middleware._Middleware):
             SuspensionTimeoutError: no resolution within `timeout_s`.
             HookbusTimeoutError: JetStream stayed unavailable.
         """
-        return await self._hook(
-            _label(hook),
+        return await self._waits.wait(
+            label_of(hook),
             payload=payload,
             metadata=metadata,
             tool_call_id=tool_call_id,
@@ -988,32 +546,18 @@ class HookbusHooks(ai_middleware._Middleware):
             TypeError: `data` is none of the above.
             HookbusTimeoutError: JetStream stayed unavailable (until `timeout_s`).
         """
-        label = _label(hook)
+        label = label_of(hook)
         if isinstance(data, BaseException):
-            wait = self._waits.get(label)
-            if wait is not None and not wait.abort.done():
-                wait.abort.set_result(data)
-            else:
-                self._stashed[label] = data
+            self._waits.raise_instead(label, data)
             return
-        if isinstance(data, pydantic.BaseModel):
-            value = data.model_dump(mode="json")
-        elif isinstance(data, dict):
-            value = payload(**data).model_dump(mode="json") if payload is not None else data
-        else:
-            raise TypeError(f"expected a dict or a pydantic model, got {type(data).__name__}")
+        value = resolution_value(data, payload)
         await self.suspensions.resolve_hook(label, value, replace=replace, timeout_s=timeout_s)
 
     def defer_hook(self, hook_part: ai_messages.HookPart[Any]) -> None:
         """Abort this process's wait on `hook_part` with ``ai.HookDeferredException``
         (``ai.defer_hook``); if nothing waits here yet, the next hook of that label in this
         process raises it. The record stays pending."""
-        exc = ai.HookDeferredException(hook_part)
-        wait = self._waits.get(hook_part.hook_id)
-        if wait is not None and not wait.abort.done():
-            wait.abort.set_result(exc)
-        else:
-            self._stashed[hook_part.hook_id] = exc
+        self._waits.raise_instead(hook_part.hook_id, ai.HookDeferredException(hook_part))
 
     async def cancel_hook(
         self, hook: HookTarget, *, reason: str | None = None, timeout_s: float | None = None
@@ -1027,7 +571,7 @@ class HookbusHooks(ai_middleware._Middleware):
             AlreadySettledError: it is already resolved or cancelled.
             HookbusTimeoutError: JetStream stayed unavailable (until `timeout_s`).
         """
-        await self.suspensions.cancel_hook(_label(hook), reason=reason, timeout_s=timeout_s)
+        await self.suspensions.cancel_hook(label_of(hook), reason=reason, timeout_s=timeout_s)
 
     async def approve(
         self, hook: HookTarget, choice: str, *, approver: str, wait_s: float = 5.0
@@ -1051,128 +595,7 @@ class HookbusHooks(ai_middleware._Middleware):
             HookbusTimeoutError: JetStream stayed unavailable, or this NATS user may not
                 write the proof.
         """
-        label = _label(hook)
-        if choice not in APPROVAL_DEFAULT_OPTIONS:
-            raise ResolutionRejectedError(
-                f"choice {choice!r} is not one of the options {list(APPROVAL_DEFAULT_OPTIONS)}"
-            )
-        store = self.suspensions
-        answer = ApprovalAnswer(choice=choice, answered_by=approver, answered_at=time.time())
-        key = approval_answer_key(label, store.agent_id, approver)
-        found = await store.get(label)
-        if found is not None and found[0].status != "pending":
-            raise AlreadySettledError(f"tool approval {label!r} is already {found[0].status}")
-        answer = await write_proof(
-            store.records.kv, key, answer, deadline_s=store.records.deadline_s
-        )
-        if found is None:
-            return answer  # the hook takes it when it starts
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s
-        while True:
-            got = await store.get(label)
-            record = None if got is None else got[0]
-            if record is None:  # consumed and removed by the run's end: who decided it?
-                first = await first_proof(
-                    store.records.kv, store.records.key(label),
-                    lambda k, v: _valid_proof(k, v, label, store.agent_id),
-                    deadline_s=store.records.deadline_s,
-                )  # fmt: skip
-                if first is not None and first.answered_by == approver:
-                    return answer
-                raise AlreadySettledError(
-                    f"tool approval {label!r} was decided first by"
-                    f" {first.answered_by if first is not None else 'another resolution'}"
-                )
-            if record.status == "cancelled":
-                raise AlreadySettledError(f"tool approval {label!r} was cancelled first")
-            if record.status == "resolved":
-                won = record.resolution if isinstance(record.resolution, dict) else {}
-                if (won.get("answered_by"), won.get("choice")) == (approver, answer.choice):
-                    return answer
-                raise AlreadySettledError(
-                    f"tool approval {label!r} was decided first by"
-                    f" {won.get('answered_by') or 'an unproven resolution'}"
-                    f" ({won.get('choice') or won.get('granted')!r})"
-                )
-            if loop.time() >= deadline:
-                raise AnswerNotAppliedError(
-                    f"the answer {choice!r} of {approver} to tool approval {label!r} is"
-                    f" recorded, but the agent did not apply it within {wait_s:g} s: it decides"
-                    " when the agent next waits on it"
-                )
-            await asyncio.sleep(0.05)
-
-    async def _apply_proof(self, label: str) -> bool:
-        """Resolve the tool approval `label` (pending, or not created yet: pre-registered)
-        from its first valid proof in stream order. True once it is settled."""
-        store = self.suspensions
-        found = await store.get(label)
-        if found is not None and found[0].status == "resolved" and found[0].consumed:
-            return False  # a used one, kept (see `_mark_used`): the next hook makes it anew
-        if found is not None and found[0].status != "pending":
-            return True
-        answer = await first_proof(
-            store.records.kv, store.records.key(label),
-            lambda key, value: _valid_proof(key, value, label, store.agent_id),
-            deadline_s=store.records.deadline_s,
-        )  # fmt: skip
-        if answer is None:
-            return False
-        with contextlib.suppress(AlreadySettledError):  # settled meanwhile
-            await store.resolve_hook(label, _resolution(answer))
-        return True
-
-    async def _pump(self, label: str) -> None:
-        """While a tool approval is waited on: at once, at each proof the store's watch
-        delivers, and every few seconds, resolve it from its first valid proof."""
-        store = self.suspensions
-        key = store.records.key(label)
-        signal = store.watch.listen_proofs(key)
-        try:
-            while True:
-                signal.clear()
-                try:
-                    if await self._apply_proof(label):
-                        return
-                except (HookbusError, NatsError) as exc:
-                    log.info("tool approval %r: proofs not read (%r)", label, exc)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(_PROOF_POLL_S):
-                        await signal.wait()
-        finally:
-            store.watch.unlisten_proofs(key, signal)
-
-    async def _proven(self, label: str, value: Any, payload: type[M]) -> M:
-        """The tool approval's resolution `value` as `payload` if an approver's proof holds
-        it; else a refusal (``granted=False``) for a ``ToolApproval``, or
-        `ResolutionRejectedError`."""
-        problem = None
-        who = value.get("answered_by") if isinstance(value, dict) else None
-        if not isinstance(who, str) or not who:
-            problem = "it names no approver"
-        else:
-            store = self.suspensions
-            key = approval_answer_key(label, store.agent_id, who)
-
-            async def get() -> bytes | None:
-                try:
-                    return (await store.records.kv.get(key)).value or None
-                except KeyNotFoundError:
-                    return None
-
-            raw = await kv_retry(get, deadline_s=store.records.deadline_s, what=f"reading {key}")
-            proof = None if raw is None else _valid_proof(key, raw, label, store.agent_id)
-            if proof is None:
-                problem = f"no answer of approver {who!r} is on record"
-            elif _resolution(proof) != value:
-                problem = f"{who!r} answered {proof.choice!r}, which the resolution does not say"
-        if problem is None:
-            return payload.model_validate(value)
-        log.warning("tool approval %r: resolution refused: %s", label, problem)
-        if issubclass(payload, ai_tools.ToolApproval):
-            return payload.model_validate({"granted": False, "reason": f"refused: {problem}"})
-        raise ResolutionRejectedError(f"tool approval {label!r}: resolution refused: {problem}")
+        return await self._proofs.approve(label_of(hook), choice, approver=approver, wait_s=wait_s)
 
     def abort_pending_hook(self, hook: HookTarget) -> bool:
         """Stop this process's wait on `hook`: its ``ai.hook`` raises
@@ -1180,372 +603,19 @@ class HookbusHooks(ai_middleware._Middleware):
         run to resume (in any process). Call it on the event loop's thread. Returns False
         if nothing here waits on it. A resolution that lands before the abort is returned
         instead (never lost)."""
-        wait = self._waits.get(_label(hook))
-        if wait is None or wait.abort.done():
-            return False
-        wait.abort.set_result(None)
-        return True
+        return self._waits.abort(label_of(hook))
 
     def abort_all(self) -> int:
         """`abort_pending_hook` for every hook this process waits on (e.g. a serverless
         function about to time out). Returns how many waits were aborted."""
-        return sum(self.abort_pending_hook(label) for label in list(self._waits))
+        return sum(self._waits.abort(label) for label in self._waits.labels)
 
-    async def events(self) -> _AIHookEvents:
+    async def events(self) -> AIHookEvents:
         """``ai``'s ``HookEvent`` for every pending / resolved / cancelled transition of
         this agent's hooks (every agent's when the store is not scoped), from any process,
         as an async iterator (close it with ``aclose`` or ``async with``). Subscribed
         before it returns."""
-        return _AIHookEvents(await self.suspensions.events())
-
-    # -- the hook -----------------------------------------------------------------------------
-    async def _hook(
-        self,
-        label: str,
-        *,
-        payload: type[M],
-        metadata: dict[str, Any] | None,
-        tool_call_id: str | None,
-        registry: ai.HookRegistry | None,
-        timeout_s: float | None,
-    ) -> M:
-        metadata = dict(metadata or {})
-        stashed = self._stashed.pop(label, None)
-        if stashed is not None:
-            raise stashed
-        if registry is not None:  # pre-registered the ai way: into the run's registry
-            local = registry._pending_resolutions.pop(label, None)
-            if isinstance(local, BaseException):
-                raise local
-            if local is not None:
-                with contextlib.suppress(AlreadySettledError):  # a resolution there wins
-                    await self.suspensions.resolve_hook(label, _json(local))
-        rt = _runtime()
-        part: ai_messages.HookPart[Any] = ai_messages.HookPart(
-            hook_id=label,
-            hook_type=payload.__name__,
-            status="pending",
-            metadata=metadata,
-            tool_call_id=tool_call_id,
-        )
-        stored = {
-            **metadata,
-            AI_METADATA_KEY: {"hook_type": payload.__name__, "tool_call_id": tool_call_id},
-        }
-        run = current_run_scope.get()
-        if run is not None:  # never take a hook over from a live process running this run
-            found = await self.suspensions.get(label)
-            owner = None if found is None else await self._live_owner(found[0], run.run_id)
-            if owner is not None:
-                raise _run_in_progress(run.run_id, label, owner)
-        approval = is_tool_approval(label, payload)
-        if approval:  # a proof written before the hook: pre-registered, taken at once
-            try:
-                await self._apply_proof(label)
-            except (HookbusError, NatsError) as exc:
-                log.info("tool approval %r: proofs not read (%r)", label, exc)
-        found = await self.suspensions.get(label)
-        waiting_value = (
-            found is not None and found[0].status == "resolved" and not found[0].consumed
-        )
-        # the run (or emit) that created the suspension: kept with the record, so a wait
-        # resumed later (another run, another process) links to it
-        creator = _creator(found) or creating_traceparent()
-        if creator is not None:
-            stored[AI_METADATA_KEY][AI_TRACE_KEY] = creator
-
-        wait = _Wait()
-        self._waits[label] = wait
-        local_future: asyncio.Future[dict[str, Any]] | None = None
-        if registry is not None and rt is not None:  # ai.resolve_hook & co. find it
-            local_future = asyncio.get_running_loop().create_future()
-            registry._live_hooks[label] = (local_future, metadata, rt)
-        run_id = run.run_id if run is not None else None
-        span_attributes = {  # shared by the run and a run resuming it: found by attribute
-            tn.GEN_AI_AGENT_ID: self.suspensions.agent_id,
-            tn.RUN_ID: run_id,
-            tn.GEN_AI_CONVERSATION_ID: self.session_id or run_id,
-        }
-        with created_by(creator):  # the wait's span links to the creator (the task copies it)
-            kv = asyncio.ensure_future(
-                self.suspensions.hook(
-                    label,
-                    payload=None if approval else payload,
-                    metadata=stored,
-                    timeout_s=timeout_s,
-                    schema=payload_schema(payload) if approval else None,
-                    span_attributes=span_attributes,
-                )
-            )
-        pump = asyncio.ensure_future(self._pump(label)) if approval else None
-        instead: BaseException | None = None  # what an abort raises
-        cancelled_locally = False
-        announced = False  # pending was emitted (ai: not for a resolution already there)
-        try:
-            if not waiting_value and rt is not None and await self._until_waiting(label, kv):
-                await rt.put_hook(part)  # once other services can resolve it
-                announced = True
-            sources: set[asyncio.Future[Any]] = {kv, wait.abort}
-            if local_future is not None:
-                sources.add(local_future)
-            done, _ = await asyncio.wait(sources, return_when=asyncio.FIRST_COMPLETED)
-            if kv not in done:
-                if local_future is not None and local_future in done:
-                    instead, cancelled_locally = await self._carry(label, local_future, kv)
-                else:
-                    instead = wait.abort.result()
-                    await self._abort(label, kv)
-                await asyncio.wait({kv})
-            proven = (lambda value: self._proven(label, value, payload)) if approval else None
-            try:
-                return await self._outcome(
-                    kv, part, rt if announced else None,
-                    instead=instead, cancelled_locally=cancelled_locally, proven=proven,
-                )  # fmt: skip
-            except SuspensionTimeoutError:
-                if not (approval and issubclass(payload, ai_tools.ToolApproval)):
-                    raise
-                timed_out = (label, payload, part, rt if announced else None, timeout_s)
-        finally:
-            if pump is not None:
-                await stop_task(pump, "a tool approval's proof reads")
-            if not kv.done():
-                kv.cancel()
-                with contextlib.suppress(BaseException):
-                    await kv
-            if self._waits.get(label) is wait:
-                del self._waits[label]
-            if registry is not None and local_future is not None:
-                live = registry._live_hooks.get(label)
-                if live is not None and live[0] is local_future:
-                    del registry._live_hooks[label]
-        return await self._approval_timed_out(*timed_out)
-
-    async def _approval_timed_out(
-        self,
-        label: str,
-        payload: type[M],
-        part: ai_messages.HookPart[Any],
-        rt: ai_runtime.Runtime | None,
-        timeout_s: float | None,
-    ) -> M:
-        """End the tool approval `label` that got no answer within `timeout_s` seconds with
-        `approval_default`: close its record (cancelled, the reason saying so, so a later
-        answer decides nothing) and return ``ToolApproval(granted=..., reason="timed out
-        after <s>s; default <deny|allow>")``, which the model reads (a deny is the tool
-        result ``"Rejected: timed out ..."``). An answer that won the race decides instead."""
-        why = f"{_TIMED_OUT}{timeout_s:g}s; default {self.approval_default}"
-        with contextlib.suppress(HookbusError, NatsError):  # an answer written at the last moment
-            await self._apply_proof(label)
-        try:
-            await self.suspensions.cancel_hook(label, reason=f"{why} applied")
-        except AlreadySettledError:  # an answer (or a cancel) won: it decides, not the clock
-            return await self._hook(
-                label, payload=payload, metadata=part.metadata, tool_call_id=part.tool_call_id,
-                registry=None, timeout_s=_SETTLE_S,
-            )  # fmt: skip
-        except (SuspensionNotFoundError, HookbusError, NatsError) as exc:
-            log.warning(
-                "tool approval %r: not closed at its timeout (%r); default applied", label, exc
-            )
-        else:  # kept past the run's end: a later answer, or a replay, finds it closed
-            run = current_run_scope.get()
-            if run is not None:
-                run.labels.discard(label)
-        log.info("tool approval %r: %s", label, why)
-        if rt is not None:
-            await rt.put_hook(part.model_copy(update={"status": "cancelled"}))
-        return payload.model_validate({"granted": self.approval_default == "allow", "reason": why})
-
-    async def _carry(
-        self, label: str, local: asyncio.Future[dict[str, Any]], kv: asyncio.Future[Any]
-    ) -> tuple[BaseException | None, bool]:
-        """Carry what ``ai.resolve_hook`` / ``ai.cancel_hook`` / ``ai.defer_hook`` did to
-        the run's registry over to the record; return (exception to raise instead, whether
-        ``ai.cancel_hook`` did it: it published its own ``cancelled`` event)."""
-        if local.cancelled():
-            reason = _cancel_reason(local)
-            with contextlib.suppress(SuspensionNotFoundError, AlreadySettledError):
-                await self.suspensions.cancel_hook(label, reason=reason)
-            return None, True
-        exc = local.exception()
-        if exc is not None:
-            await self._abort(label, kv)
-            return exc, False
-        try:
-            await self.suspensions.resolve_hook(label, _json(local.result()))
-        except AlreadySettledError:
-            pass  # another resolution or a cancel won: the waiter reports it
-        except ResolutionRejectedError as exc:
-            await self._abort(label, kv)
-            return exc, False
-        return None, False
-
-    async def _until_waiting(self, label: str, kv: asyncio.Future[Any]) -> bool:
-        """Wait until the store's wait holds a pending record of `label` (True), or ended
-        first (False)."""
-        while not kv.done():
-            found = await self.suspensions.get(label)
-            if found is not None:
-                record = found[0]
-                if record.status == "pending" and record.attached:
-                    if record.owner and record.owner == self.suspensions.waiter_id:
-                        return True
-            await asyncio.wait({kv}, timeout=_ABORT_POLL_S)
-        return False
-
-    async def _abort(self, label: str, kv: asyncio.Future[Any]) -> None:
-        """Abort the store's wait on `label` (by its hook id, read from the record once the
-        wait has created or attached it); the record stays pending, detached."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + _ABORT_DEADLINE_S
-        while not kv.done():
-            found = await self.suspensions.get(label)
-            if found is not None and found[0].status == "pending":
-                if self.suspensions.abort_pending_hook(found[0].hook_id):
-                    return
-            if loop.time() > deadline:
-                kv.cancel()
-                return
-            await asyncio.sleep(_ABORT_POLL_S)
-
-    async def _outcome(
-        self,
-        kv: asyncio.Future[M],
-        part: ai_messages.HookPart[Any],
-        rt: ai_runtime.Runtime | None,
-        *,
-        instead: BaseException | None,
-        cancelled_locally: bool,
-        proven: Any = None,
-    ) -> M:
-        if kv.cancelled():  # an abort that could not reach the store's wait
-            raise instead or ai.HookDeferredException(part)
-        exc = kv.exception()
-        if isinstance(exc, SuspensionAbortedError):
-            raise (instead or ai.HookDeferredException(part)) from None
-        if isinstance(exc, SuspensionCancelledError):
-            if rt is not None and not cancelled_locally:
-                await rt.put_hook(part.model_copy(update={"status": "cancelled"}))
-            raise asyncio.CancelledError(exc.reason)
-        if exc is not None:
-            raise exc
-        value = kv.result()
-        raw = value
-        if proven is not None:  # a tool approval: the approver's proof must hold it
-            value = await proven(raw)
-        if rt is not None:
-            resolution = value.model_dump() if isinstance(value, pydantic.BaseModel) else value
-            if proven is not None and isinstance(raw, dict) and raw.get("answered_by"):
-                if getattr(value, "granted", None) == raw.get("granted"):  # not refused
-                    resolution = {**resolution, "answered_by": raw["answered_by"]}
-            await rt.put_hook(
-                part.model_copy(update={"status": "resolved", "resolution": resolution})
-            )
-        return value
-
-
-def _as_deny(result: HookResult, event: str) -> HookResult:
-    return as_deny(
-        result, event,
-        "the dispatcher does not run hookbus approvals (a connected, started HookDispatcher"
-        " with approvals on does)",
-        log=log,
-    )  # fmt: skip
-
-
-def _invalid_arguments(call: Any, new_input: Any) -> str | None:
-    """Why `new_input` cannot replace the arguments of the tool call `call` (validated by
-    the tool's own parameters, as ``ai`` validates the model's), else None."""
-    if not isinstance(new_input, dict):
-        return f"a {type(new_input).__name__}, not an object"
-    current = ai_agent._current_tool_call.get(None)
-    tool = getattr(current, "_tool", None)
-    if tool is None or getattr(current, "id", None) != call.tool_call_id:
-        return None  # not ai's bound tool call: ai validates them before the tool runs
-    try:
-        ai_agent._validate_kwargs(tool, new_input)
-    except pydantic.ValidationError as exc:
-        return f"invalid ones: {exc}"
-    return None
-
-
-def _with_injections(result: Any, added: list[Injection]) -> Any:
-    """`result` (``ai``'s ``ToolCallResult``) with `added` appended to the text the model
-    reads for its first part (``model_input``; ``result``, what the application sees, is
-    unchanged). Each injection is framed ``<hook_injection handler="..." role="...">``."""
-    parts = list(result.results)
-    if not parts:
-        return result
-    first = parts[0]
-    seen = first.get_model_input()
-    text = framed_injections(seen if isinstance(seen, str) else json.dumps(jsonable(seen)), added)
-    parts[0] = first.model_copy(update={"model_input": text, "model_input_kind": "json"})
-    return ai_agent.tool_result(*parts, exception=result.exception)
-
-
-def _run_in_progress(run_id: str, label: str, owner: str) -> RunInProgressError:
-    return RunInProgressError(
-        f"run {run_id!r} is live in another process (waiter {owner}, waiting on hook"
-        f" {label!r}): not started here. If that process died, resume once its lease lapses"
-        " (about 15 s)"
-    )
-
-
-def _runtime() -> ai_runtime.Runtime | None:
-    try:
-        return ai_runtime.get_runtime()
-    except LookupError:
-        return None
-
-
-def _cancel_reason(future: asyncio.Future[Any]) -> str | None:
-    try:
-        future.result()
-    except asyncio.CancelledError as exc:
-        return str(exc.args[0]) if exc.args and exc.args[0] is not None else None
-    return None  # pragma: no cover - only called on a cancelled future
-
-
-def ai_hook_part(part: HookPart) -> ai_messages.HookPart[Any]:
-    """hookbus's `HookPart` as ``ai``'s (``hook_id`` = the label; ``hook_type`` and
-    ``tool_call_id`` from the ``"_ai"`` metadata key, which is removed)."""
-    metadata = dict(part.metadata)
-    extra = metadata.pop(AI_METADATA_KEY, None)
-    extra = extra if isinstance(extra, dict) else {}
-    return ai_messages.HookPart(
-        hook_id=part.label,
-        hook_type=str(extra.get("hook_type") or ""),
-        status=part.status,
-        metadata=metadata,
-        resolution=part.resolution,
-        tool_call_id=extra.get("tool_call_id"),
-    )
-
-
-class _AIHookEvents:
-    """hookbus hook events as ``ai``'s ``HookEvent`` (see `HookbusHooks.events`)."""
-
-    def __init__(self, stream: Any) -> None:
-        self._stream = stream
-
-    def __aiter__(self) -> _AIHookEvents:
-        return self
-
-    async def __anext__(self) -> ai_events.HookEvent:
-        event: HookEvent = await self._stream.__anext__()
-        part = ai_hook_part(event.hook)
-        message = ai_messages.Message(role="internal", parts=[part])
-        return ai_events.HookEvent(message=message, hook=part)
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
-
-    async def __aenter__(self) -> _AIHookEvents:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+        return AIHookEvents(await self.suspensions.events())
 
 
 # -- module functions: ai's names, on the current HookbusHooks --------------------------------

@@ -1,14 +1,14 @@
 """What a worker tells the dispatcher while it runs a chain request: its progress replies.
 
 A chain request runs several handlers in one process, and the process that runs a step
-is the one that times it (each step within its own timeout: `HookWorker._invoke`). The
+is the one that times it (each step within its own timeout: `HandlerCaller.invoke`). The
 dispatcher waits for the chain's replies and gives up on it only when the worker may be
 lost. So that it never gives up on a live worker's step, and never blames one step for
 another's time, the worker reports, on the request's reply subject:
 
 - the replies not yet reported, and the steps running, before a step that is likely to
   wait starts (one not yet seen to return at once, seen to wait, or sync:
-  `HookWorker._may_wait`), appended to the client's buffer ahead of anything the step
+  `HandlerCaller.may_wait`), appended to the client's buffer ahead of anything the step
   sends, so no fault while it runs can lose them (as a request of its own would have had
   its reply out already); and, for a step that waits against that guess, the moment it
   really waits (its coroutine suspends), before the loop runs anything else;

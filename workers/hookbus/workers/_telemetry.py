@@ -72,7 +72,7 @@ Handle = Callable[[Any, "HandlerSpec", Msg], Awaitable["HookReply | None"]]
 
 
 def traced_handling(fn: Handle) -> Handle:
-    """Decorate `HookWorker._handle(spec, msg) -> HookReply | None`: the CONSUMER span and
+    """Decorate `RequestServer.handle(spec, msg) -> HookReply | None`: the CONSUMER span and
     the ``messaging.process.duration`` histogram (seconds), see `handling_span`."""
 
     @functools.wraps(fn)

