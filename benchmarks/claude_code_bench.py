@@ -138,24 +138,18 @@ def p(times: list[float], q: float) -> float:
 
 @contextlib.contextmanager
 def services(url: str, logs: Path) -> Iterator[None]:
-    procs = []
-    with contextlib.ExitStack() as files:
-        try:
-            for name, argv in (
-                ("dispatcher", [HOOKBUS, "dispatcher", "--url", url, "--grace-period", "1"]),
-                ("worker", [HOOKBUS, "worker", f"{Path(__file__).resolve()}:worker", "--url", url]),
-            ):
-                log = files.enter_context((logs / f"{name}.log").open("wb"))
-                procs.append(subprocess.Popen(argv, env=ENV, stdout=log, stderr=log))
-            yield
-        finally:
-            for proc in procs:
-                proc.terminate()
-            for proc in procs:
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+    """The dispatcher service and this file's worker as processes, their output in `logs`
+    (the tests' `_procs.processes`: stopped on the way out)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from _procs import processes
+
+    with processes(
+        [HOOKBUS, "dispatcher", "--url", url, "--grace-period", "1"],
+        [HOOKBUS, "worker", f"{Path(__file__).resolve()}:worker", "--url", url],
+        env=ENV,
+        logs=logs,
+    ):
+        yield
 
 
 def wait_ready(url: str) -> None:

@@ -29,7 +29,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Generic, Self, TypeVar
 
 import anyio
 import nats
@@ -38,7 +38,7 @@ from nats.aio.client import Client as NATS
 from hookbus._core.nats_guard import order_flushes
 from hookbus.cli import find_nats_server
 
-__all__ = ["Cluster", "Node", "free_ports"]
+__all__ = ["Cluster", "Node", "Servers", "free_ports", "wait_for"]
 
 CLUSTER_NAME = "hookbus-faults"
 
@@ -86,26 +86,38 @@ class Node:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def write_config(self) -> None:
-        routes = ", ".join(f"nats-route://127.0.0.1:{p}" for p in self.routes)
+    max_file_store = "1GB"
+    """JetStream's file storage limit of the node (a limit, not an allocation)."""
+
+    @property
+    def serving(self) -> bool:
+        """Whether the node runs and answers (a paused one does not)."""
+        return self.running
+
+    def config_text(self, cluster: str) -> str:
+        """The node's config: its ports, JetStream, and cluster `cluster` over its routes."""
+        routes = ", ".join(f'"nats-route://127.0.0.1:{p}"' for p in self.routes)
         store = self.base / self.name / "jetstream"
-        self.config_file.write_text(
-            f"""
+        return f"""
 server_name: {self.name}
 listen: 127.0.0.1:{self.port}
 http: 127.0.0.1:{self.http_port}
+
 jetstream {{
   store_dir: "{store}"
   max_memory_store: 256MB
-  max_file_store: 1GB
+  max_file_store: {self.max_file_store}
 }}
+
 cluster {{
-  name: {CLUSTER_NAME}
+  name: {cluster}
   listen: 127.0.0.1:{self.cluster_port}
-  routes: [{routes}]
+  routes: [ {routes} ]
 }}
 """
-        )
+
+    def write_config(self) -> None:
+        self.config_file.write_text(self.config_text(CLUSTER_NAME))
 
     def start(self) -> None:
         """Start the process (returns at once; see `wait_healthy`)."""
@@ -179,7 +191,77 @@ cluster {{
                 await anyio.sleep(0.1)  # readiness poll interval
 
 
-class Cluster:
+N = TypeVar("N", bound=Node)
+
+
+class Servers(Generic[N]):
+    """What a cluster and a supercluster share: their nodes (`nodes`, by name with `node`),
+    started and stopped together (also a sync context manager), the JetStream meta leader,
+    and clients connected to some of them."""
+
+    nodes: list[N]
+
+    def __init__(self, base: Path | None, *, prefix: str) -> None:
+        self._own = base is None
+        """Whether `base` is a temporary folder of this object's own (removed on `stop`)."""
+        self.base = base or Path(tempfile.mkdtemp(prefix=prefix))
+        self.base.mkdir(parents=True, exist_ok=True)
+
+    def node(self, name: str) -> N:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def start(self) -> Self:
+        for n in self.nodes:
+            n.start()
+        return self
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            n.stop()
+        if self._own:
+            shutil.rmtree(self.base, ignore_errors=True)
+
+    async def meta_leader(self) -> str | None:
+        """Name of the JetStream meta leader as a serving node reports it, or None."""
+        for n in self.nodes:
+            if not n.serving:
+                continue
+            try:
+                jsz = await anyio.to_thread.run_sync(n.http_json, "/jsz")
+            except (OSError, ValueError):
+                continue
+            leader = (jsz.get("meta_cluster") or {}).get("leader")
+            if leader and self.node(leader).running:
+                return str(leader)
+        return None
+
+    async def _connect(self, servers: list[str], **kwargs: Any) -> NATS:
+        """A client connected to `servers`, reconnecting forever within them (so it rides
+        through node kills); `kwargs`: more ``nats.connect`` options."""
+        options: dict[str, Any] = {
+            "servers": servers,
+            "max_reconnect_attempts": -1,
+            "reconnect_time_wait": 0.2,
+            "connect_timeout": 2,
+        }
+        options.update(kwargs)
+        conn = await nats.connect(**options)
+        order_flushes(conn)  # a test's own "flush, then it is on the server" holds
+        return conn
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+class Cluster(Servers[Node]):
     """Three (or `size`) clustered nats-servers with JetStream, on free loopback ports.
 
     Args:
@@ -189,9 +271,7 @@ class Cluster:
     """
 
     def __init__(self, base: Path | None = None, *, size: int = 3) -> None:
-        self._own = base is None
-        self.base = base or Path(tempfile.mkdtemp(prefix="hookbus-cluster-"))
-        self.base.mkdir(parents=True, exist_ok=True)
+        super().__init__(base, prefix="hookbus-cluster-")
         ports = free_ports(3 * size)
         cluster_ports = ports[size : 2 * size]
         self.nodes = [
@@ -216,23 +296,6 @@ class Cluster:
         """Client URLs of every node (what ``nats.connect(servers=...)`` takes)."""
         return [n.url for n in self.nodes]
 
-    def node(self, name: str) -> Node:
-        for n in self.nodes:
-            if n.name == name:
-                return n
-        raise KeyError(name)
-
-    def start(self) -> Cluster:
-        for n in self.nodes:
-            n.start()
-        return self
-
-    def stop(self) -> None:
-        for n in self.nodes:
-            n.stop()
-        if self._own:
-            shutil.rmtree(self.base, ignore_errors=True)
-
     async def wait_ready(self, timeout_s: float = 30.0) -> None:
         """Wait until every running node is healthy and a meta leader is elected."""
         with anyio.fail_after(timeout_s):
@@ -240,20 +303,6 @@ class Cluster:
                 if n.running:
                     await n.wait_healthy(timeout_s)
         await wait_for(self.meta_leader, timeout_s)
-
-    async def meta_leader(self) -> str | None:
-        """Name of the JetStream meta leader as a running node reports it, or None."""
-        for n in self.nodes:
-            if not n.running:
-                continue
-            try:
-                jsz = await anyio.to_thread.run_sync(n.http_json, "/jsz")
-            except (OSError, ValueError):
-                continue
-            leader = (jsz.get("meta_cluster") or {}).get("leader")
-            if leader and self.node(leader).running:
-                return str(leader)
-        return None
 
     async def stream_leader(self, nc: NATS, stream: str, timeout_s: float = 10.0) -> str:
         """Name of `stream`'s leader (``$JS.API.STREAM.INFO.<stream>``), retried through
@@ -275,24 +324,7 @@ class Cluster:
     async def connect(self, **kwargs: Any) -> NATS:
         """A client connected to the cluster (every node in its server list; reconnects
         forever, so it rides through node kills)."""
-        options: dict[str, Any] = {
-            "servers": self.servers,
-            "max_reconnect_attempts": -1,
-            "reconnect_time_wait": 0.2,
-            "connect_timeout": 2,
-        }
-        options.update(kwargs)
-        conn = await nats.connect(**options)
-        order_flushes(conn)  # a test's own "flush, then it is on the server" holds
-        return conn
-
-    def __enter__(self) -> Cluster:
-        return self.start()
-
-    def __exit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
+        return await self._connect(self.servers, **kwargs)
 
 
 async def wait_for(predicate: Any, timeout_s: float = 20.0, interval_s: float = 0.1) -> Any:

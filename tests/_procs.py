@@ -1,12 +1,16 @@
-"""What Linux's /proc says about processes the tests start: children, states, liveness."""
+"""Processes the tests start: started and stopped together (`processes`), waited on
+(`wait_until`), and what Linux's /proc says about them: children, states, liveness."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-__all__ = ["alive", "children_of", "descendants", "thread_states"]
+__all__ = ["alive", "children_of", "descendants", "processes", "thread_states", "wait_until"]
 
 
 def _state(stat_path: str | Path) -> str:
@@ -47,3 +51,43 @@ def thread_states(pid: int) -> list[str]:
     """The state letter of every thread of `pid` (``T``: stopped)."""
     task_dir = f"/proc/{pid}/task"
     return [_state(f"{task_dir}/{tid}/stat") for tid in os.listdir(task_dir)]
+
+
+@contextlib.contextmanager
+def processes(*argvs: list[str], env: dict[str, str], logs: Path) -> Iterator[list[Path]]:
+    """Start a process per argv (its output to ``logs/proc<i>.log``); yield the log files.
+    On the way out each is sent SIGTERM, then waited on for 10 s (SIGKILL after)."""
+    procs: list[subprocess.Popen[bytes]] = []
+    paths = []
+    with contextlib.ExitStack() as files:
+        try:
+            for i, argv in enumerate(argvs):
+                path = logs / f"proc{i}.log"
+                paths.append(path)
+                log = files.enter_context(path.open("wb"))
+                procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=log))
+            yield paths
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(5)
+
+
+def wait_until(
+    probe: Callable[[], object], what: str, timeout_s: float = 30, interval_s: float = 0.2
+) -> None:
+    """Call `probe` every `interval_s` seconds until it returns a truthy value.
+
+    Raises:
+        AssertionError: still falsy after `timeout_s` seconds (naming `what`).
+    """
+    deadline = time.monotonic() + timeout_s
+    while not probe():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not ready within {timeout_s}s: {what}")
+        time.sleep(interval_s)

@@ -1,13 +1,17 @@
-"""A helper the test modules share: a started `HookWorker` with given handlers."""
+"""Helpers the test modules share: a started `HookWorker` with given handlers (`serving`),
+and an emit that a worker's shutdown cuts short (`emit_during_shutdown`)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from nats.aio.client import Client as NATS
 
+from hookbus.dispatcher import HookDispatcher
+from hookbus.schemas import HookResult
 from hookbus.workers import HookWorker
 
 
@@ -21,3 +25,16 @@ async def serving(
         w.add_handler(event, fn, **options)
     async with w:
         yield w
+
+
+async def emit_during_shutdown(
+    connect: Callable[[], Awaitable[NATS]], w: HookWorker, event: str, running: asyncio.Event
+) -> HookResult:
+    """Emit `event` (empty data) through a dispatcher on a connection of its own; once a
+    handler of the started worker `w` runs (`running` is set), shut `w` down with a grace of
+    0.2 s. The emit's result (within 10 s)."""
+    async with HookDispatcher(await connect()) as d:
+        emit = asyncio.create_task(d.emit(event, {}))
+        await running.wait()
+        await w.shutdown(grace_s=0.2)
+        return await asyncio.wait_for(emit, 10)

@@ -28,20 +28,15 @@ import contextlib
 import functools
 import shutil
 import signal
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import anyio
-import nats
-from _cluster import Node, free_ports, wait_for
+from _cluster import Node, Servers, free_ports, wait_for
 from nats.aio.client import Client as NATS
-
-from hookbus._core.nats_guard import order_flushes
 
 __all__ = ["CLUSTERS", "DEPLOY", "EAST", "WEST", "SuperNode", "Supercluster"]
 
@@ -62,35 +57,24 @@ class SuperNode(Node):
     """Gateway ports of every cluster's nodes (own cluster included, as shipped)."""
     paused: bool = False
 
+    max_file_store = "64GB"
+    """What provisioning reserves (every bucket's max_bytes, the audit stream's): several
+    GiB; a limit, not an allocation (see tests/test_placement.py)."""
+
+    @property
+    def serving(self) -> bool:
+        return self.running and not self.paused
+
     def write_config(self) -> None:
-        routes = ", ".join(f'"nats-route://127.0.0.1:{p}"' for p in self.routes)
         gateways = "\n".join(
             f"    {{ name: {name}, urls: [ "
             + ", ".join(f'"nats://127.0.0.1:{p}"' for p in ports)
             + " ] }"
             for name, ports in self.gateways.items()
         )
-        store = self.base / self.name / "jetstream"
-        # what provisioning reserves (every bucket's max_bytes, the audit stream's): several
-        # GiB; a limit, not an allocation (see tests/test_placement.py)
         self.config_file.write_text(
-            f"""
-server_name: {self.name}
-listen: 127.0.0.1:{self.port}
-http: 127.0.0.1:{self.http_port}
-
-jetstream {{
-  store_dir: "{store}"
-  max_memory_store: 256MB
-  max_file_store: 64GB
-}}
-
-cluster {{
-  name: {self.cluster}
-  listen: 127.0.0.1:{self.cluster_port}
-  routes: [ {routes} ]
-}}
-
+            self.config_text(self.cluster)
+            + f"""
 gateway {{
   name: {self.cluster}
   listen: 127.0.0.1:{self.gateway_port}
@@ -134,7 +118,7 @@ include "common.conf"
         return clusters <= set((gz.get("outbound_gateways") or {}).keys())
 
 
-class Supercluster:
+class Supercluster(Servers[SuperNode]):
     """Two clusters of `size` nats-servers each (`EAST`, `WEST`), gateways joining them,
     JetStream on every node, on free loopback ports (kept across restarts).
 
@@ -145,9 +129,7 @@ class Supercluster:
     """
 
     def __init__(self, base: Path | None = None, *, size: int = 3) -> None:
-        self._own = base is None
-        self.base = base or Path(tempfile.mkdtemp(prefix="hookbus-supercluster-"))
-        self.base.mkdir(parents=True, exist_ok=True)
+        super().__init__(base, prefix="hookbus-supercluster-")
         n = size * len(CLUSTERS)
         ports = free_ports(4 * n)
         client, route, gw, http = (ports[k * n : (k + 1) * n] for k in range(4))
@@ -181,32 +163,21 @@ class Supercluster:
         """Comma-separated client URLs of `cluster`'s nodes (what ``--url`` takes)."""
         return ",".join(self.servers(cluster))
 
-    def node(self, name: str) -> SuperNode:
-        for n in self.nodes:
-            if n.name == name:
-                return n
-        raise KeyError(name)
-
-    def start(self) -> Supercluster:
+    def start(self) -> Self:
         shutil.copy(DEPLOY / "common.conf", self.base / "common.conf")
-        for n in self.nodes:
-            n.start()
-        return self
+        return super().start()
 
     def stop(self) -> None:
         for n in self.nodes:
             n.resume()
-        for n in self.nodes:
-            n.stop()
-        if self._own:
-            shutil.rmtree(self.base, ignore_errors=True)
+        super().stop()
 
     def gateways_connected(self) -> bool:
         """Every running node has its outbound gateway to every other cluster with a running
         node (both sides' nodes do: the clusters are linked both ways)."""
-        live = {n.cluster for n in self.nodes if n.running and not n.paused}
+        live = {n.cluster for n in self.nodes if n.serving}
         for n in self.nodes:
-            if n.running and not n.paused and not n.gateways_up(live - {n.cluster}):
+            if n.serving and not n.gateways_up(live - {n.cluster}):
                 return False
         return True
 
@@ -218,7 +189,7 @@ class Supercluster:
         """
         with anyio.fail_after(timeout_s):
             for n in self.nodes:
-                if n.running and not n.paused:
+                if n.serving:
                     await n.wait_healthy(timeout_s)
 
             async def gateways() -> bool:
@@ -227,41 +198,10 @@ class Supercluster:
             await wait_for(gateways, timeout_s)
             await wait_for(self.meta_leader, timeout_s)
 
-    async def meta_leader(self) -> str | None:
-        """Name of the JetStream meta leader as a running node reports it, or None."""
-        for n in self.nodes:
-            if not n.running or n.paused:
-                continue
-            try:
-                jsz = await anyio.to_thread.run_sync(n.http_json, "/jsz")
-            except (OSError, ValueError):
-                continue
-            leader = (jsz.get("meta_cluster") or {}).get("leader")
-            if leader and self.node(leader).running:
-                return str(leader)
-        return None
-
     async def connect(self, cluster: str | None = None, **kwargs: Any) -> NATS:
         """A client connected to `cluster`'s nodes (every node when None), reconnecting
         forever within them."""
-        options: dict[str, Any] = {
-            "servers": self.servers(cluster),
-            "max_reconnect_attempts": -1,
-            "reconnect_time_wait": 0.2,
-            "connect_timeout": 2,
-        }
-        options.update(kwargs)
-        conn = await nats.connect(**options)
-        order_flushes(conn)
-        return conn
-
-    def __enter__(self) -> Supercluster:
-        return self.start()
-
-    def __exit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
+        return await self._connect(self.servers(cluster), **kwargs)
 
 
 async def stream_cluster(nc: NATS, stream: str) -> str | None:

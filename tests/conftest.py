@@ -29,7 +29,7 @@ from nats.aio.client import Client as NATS
 from hookbus._core.nats_guard import order_flushes
 from hookbus.cli import EmbeddedNatsServer
 
-_SERVER_FIXTURES = frozenset({"nats_url", "embedded_server", "cluster"})
+_SERVER_FIXTURES = frozenset({"nats_url", "embedded_server", "cluster", "claude"})  # claude: a CLI
 _SPAWNS = ("subprocess", "Popen", "run_process", "create_subprocess", "EmbeddedNatsServer",
            "_cluster", "_fleet", "_served_process", "_agent_proc", "playwright", "claude_binary",
            "node_packages", "python312")  # fmt: skip
@@ -131,11 +131,80 @@ async def connections(url: str, *, ordered: bool = True, **defaults: Any) -> Asy
                 await conn.close()
 
 
+async def reconnecting(url: str) -> NATS:
+    """A connection to `url` that reconnects every 0.1 s without end (a server restarted on
+    the same port comes back), quiet about the reconnects refused meanwhile."""
+
+    async def quiet(exc: Exception) -> None:  # refused reconnects while the server is down
+        pass
+
+    return await nats.connect(
+        url, max_reconnect_attempts=-1, reconnect_time_wait=0.1, error_cb=quiet
+    )
+
+
+async def written(d: Any, n: int) -> None:
+    """Wait (at most 10 s) until the decision log of the dispatcher `d` has stored `n`
+    records."""
+    import anyio
+
+    log = d.decision_log
+    assert log is not None
+    with anyio.fail_after(10):
+        while log.written < n:  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+
+
 @pytest.fixture
 async def connect(nats_url: str) -> AsyncIterator[object]:
     """Factory of extra connections (one per simulated process), all closed at the end."""
     async with connections(nats_url) as make:
         yield make
+
+
+@pytest.fixture
+async def conns() -> AsyncIterator[list[NATS]]:
+    """Connections the test opens itself (appended to this list): closed at its end."""
+    opened: list[NATS] = []
+    yield opened
+    for nc in opened:
+        await nc.close()
+
+
+@pytest.fixture(scope="module")
+def claude() -> Path:
+    """The real Claude Code CLI (`_claude_cli.claude_binary`: installed once per machine);
+    the test fails where it does not run."""
+    from _claude_cli import claude_binary
+
+    exe, why = claude_binary()
+    if exe is None:
+        pytest.fail(f"the real Claude Code CLI does not run here: {why}")
+    return exe
+
+
+@pytest.fixture
+def spans() -> Iterator[Any]:
+    """A global SDK tracer provider keeping every span in memory (an
+    `InMemorySpanExporter`), removed afterwards."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.util._once import Once
+
+    def reset() -> None:
+        trace._TRACER_PROVIDER_SET_ONCE = Once()
+        trace._TRACER_PROVIDER = None
+
+    reset()
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    yield exporter
+    provider.shutdown()
+    reset()
 
 
 @pytest.fixture
@@ -155,6 +224,17 @@ def otel() -> Iterator[Any]:
     o.install()
     yield o
     o.shutdown()
+    reset_globals()
+
+
+@pytest.fixture
+def no_otel() -> Iterator[None]:
+    """No OpenTelemetry providers for one test (the API's defaults: tracing off), the
+    globals reset before and after."""
+    from _otel_harness import reset_globals
+
+    reset_globals()
+    yield
     reset_globals()
 
 

@@ -14,7 +14,7 @@ import contextlib
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +22,8 @@ import anyio
 import jsonschema
 import msgspec
 import pytest
-from conftest import connections
-from nats.aio.client import Client as NATS
+from _integration_kit import Connect, private_connect
 
-from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import HookDispatcher
 from hookbus.integrations.aos import (
     AOS_A2A,
@@ -46,7 +44,6 @@ from hookbus.workers import HookWorker
 
 pytestmark = pytest.mark.anyio
 
-Connect = Callable[..., Awaitable[NATS]]
 Handler = Callable[[str, dict[str, Any]], Any]
 FIXTURES = Path(__file__).parent / "fixtures" / "aos"
 EXAMPLES = sorted(p.stem for p in FIXTURES.glob("*.json") if p.name != "aos_schema.json")
@@ -133,12 +130,7 @@ def error_code(raw: bytes | None) -> int:
 
 
 # -- a private server, workers and the dispatcher the door emits through -------------------
-@pytest.fixture
-async def connect(embedded_server: EmbeddedNatsServer) -> AsyncIterator[Connect]:
-    async with connections(
-        embedded_server.url, max_reconnect_attempts=1, reconnect_time_wait=0.1
-    ) as make:
-        yield make
+connect = private_connect
 
 
 def named(name: str, fn: Handler) -> Handler:

@@ -16,26 +16,20 @@ answer the door gives it (under a denying and a modifying policy) is a valid res
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 import json
 import re
-import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import anyio
 import httpx
 import jsonschema
 import pytest
-import uvicorn
-from conftest import connections
-from nats.aio.client import Client as NATS
-from starlette.applications import Starlette
+from _integration_kit import Connect, private_connect
+from _served_app import served
 
-from hookbus.cli import EmbeddedNatsServer
 from hookbus.cli._gateway_cmd import Replica
 from hookbus.dispatcher import HookDispatcher
 from hookbus.integrations.aos import (
@@ -53,7 +47,6 @@ from hookbus.workers import HookWorker
 
 pytestmark = pytest.mark.anyio
 
-Connect = Callable[..., Awaitable[NATS]]
 ROOT = Path(__file__).parent.parent
 FIXTURES = Path(__file__).parent / "fixtures" / "aos"
 SCHEMA = json.loads((FIXTURES / "aos_schema.json").read_text())
@@ -184,35 +177,7 @@ async def modify(event: str, data: dict[str, Any]) -> HookResult:
 
 
 # -- a gateway replica over HTTP ---------------------------------------------------------------
-@pytest.fixture
-async def connect(embedded_server: EmbeddedNatsServer) -> AsyncIterator[Connect]:
-    async with connections(
-        embedded_server.url, max_reconnect_attempts=1, reconnect_time_wait=0.1
-    ) as make:
-        yield make
-
-
-@contextlib.asynccontextmanager
-async def served(app: Starlette) -> AsyncIterator[str]:
-    """`app` served by uvicorn in this process on a free loopback port; yields its URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen()
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="on"))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        with anyio.fail_after(10):
-            while not server.started:
-                if task.done():
-                    task.result()
-                    raise AssertionError("uvicorn stopped before it served")
-                await asyncio.sleep(0.01)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        with anyio.fail_after(10):
-            await task
-        sock.close()
+connect = private_connect
 
 
 @contextlib.asynccontextmanager

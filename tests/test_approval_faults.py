@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 import nats
 import pytest
+from conftest import reconnecting
 from nats.aio.client import Client as NATS
 from test_approvals import Approver, asker, spawn_emit
 
@@ -118,12 +119,7 @@ async def test_a_grant_read_retries_through_a_server_outage(
 ) -> None:
     port = int(embedded_server.url.rpartition(":")[2])
 
-    async def quiet(exc: Exception) -> None:  # refused reconnects while the server is down
-        pass
-
-    nc = await nats.connect(
-        embedded_server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.1, error_cb=quiet
-    )
+    nc = await reconnecting(embedded_server.url)
     restarted: EmbeddedNatsServer | None = None
     session = f"outage-{uuid.uuid4().hex[:8]}"
     asked = anyio.Event()

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -28,13 +28,10 @@ import nats.js.errors
 import pytest
 from _serving import serving
 from click.testing import CliRunner
+from conftest import written
 from nats.aio.client import Client as NATS
 from nats.js.api import DiscardPolicy, RetentionPolicy
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.util._once import Once
 
 from hookbus._core.buckets import stream_config_differences
 from hookbus._core.decisions_stream import ensure_decisions_stream
@@ -81,24 +78,6 @@ def agent() -> str:
     return f"agent-{uuid.uuid4().hex[:10]}"
 
 
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    """Tracing on (an SDK provider with an in-memory exporter) for one test."""
-
-    def reset() -> None:
-        trace._TRACER_PROVIDER_SET_ONCE = Once()
-        trace._TRACER_PROVIDER = None
-
-    reset()
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
-    yield exporter
-    provider.shutdown()
-    reset()
-
-
 def emit_trace_id(exporter: InMemorySpanExporter, event: str) -> str:
     found = [s for s in exporter.get_finished_spans() if s.name == f"emit {event}"]
     assert len(found) == 1, [s.name for s in exporter.get_finished_spans()]
@@ -121,15 +100,6 @@ async def records(nc: NATS, agent: str | None) -> list[DecisionRecord]:
         return [decode((await sub.next_msg(timeout=5)).data, DecisionRecord) for _ in range(count)]
     finally:
         await release_consumer(sub)
-
-
-async def written(d: HookDispatcher, n: int) -> None:
-    """Wait (at most 10 s) until the dispatcher's log has stored `n` records."""
-    log = d.decision_log
-    assert log is not None
-    with anyio.fail_after(10):
-        while log.written < n:  # noqa: ASYNC110
-            await anyio.sleep(0.01)
 
 
 async def until_routed(d: HookDispatcher, event: str, names: list[str]) -> None:

@@ -326,8 +326,10 @@ async def _close_all(*conns: Any) -> None:
             await conn.close()
 
 
-async def test_lost_server_with_a_closed_connection(embedded_server, event):
-    """No reconnect: once the connection is closed, emit raises NotConnectedError at once."""
+@pytest.mark.parametrize("method", ["emit", "emit_and_collect"])
+async def test_lost_server_with_a_closed_connection(embedded_server, event, method):
+    """No reconnect: once the connection is closed, emit (and emit_and_collect, not with a
+    raw nats error) raises NotConnectedError at once."""
     w, d, wnc, dnc, closed = await _lost_server_setup(
         embedded_server, event, {"allow_reconnect": False}
     )
@@ -335,28 +337,12 @@ async def test_lost_server_with_a_closed_connection(embedded_server, event):
         embedded_server.kill()
         await closed.wait()
         with pytest.raises(NotConnectedError):
-            await d.emit(event, {"n": 1})
+            await getattr(d, method)(event, {"n": 1})
         await asyncio.wait_for(w.shutdown(), 10)  # the worker stops cleanly too
         await asyncio.wait_for(d.close(), 10)
     finally:
         await _close_all(wnc, dnc)
     assert w.handled == 1
-
-
-async def test_lost_server_emit_and_collect_with_a_closed_connection(embedded_server, event):
-    """emit_and_collect raises the same clear error as emit (not a raw nats error)."""
-    w, d, wnc, dnc, closed = await _lost_server_setup(
-        embedded_server, event, {"allow_reconnect": False}
-    )
-    try:
-        embedded_server.kill()
-        await closed.wait()
-        with pytest.raises(NotConnectedError):
-            await d.emit_and_collect(event, {"n": 1})
-        await asyncio.wait_for(w.shutdown(), 10)
-        await asyncio.wait_for(d.close(), 10)
-    finally:
-        await _close_all(wnc, dnc)
 
 
 async def test_lost_server_while_reconnecting(embedded_server, event):

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from _serving import serving
+from _serving import emit_during_shutdown, serving
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
@@ -480,11 +480,7 @@ async def test_a_chain_cut_by_shutdown_answers_what_ran_and_what_was_cut(
     w.add_handler(event, stuck, priority=2, timeout_s=30, failure_policy="deny")
     w.add_handler(event, recorder(calls, "third"), priority=3)
     await w.start()
-    async with HookDispatcher(await connect()) as d:
-        emit = asyncio.create_task(d.emit(event, {}))
-        await running.wait()
-        await w.shutdown(grace_s=0.2)
-        r = await asyncio.wait_for(emit, 10)
+    r = await emit_during_shutdown(connect, w, event, running)
     assert calls == ["first"]
     assert r.action == "deny" and r.decided_by == "stuck"
     assert r.modified_by == ["first"] and r.chained_data is not None and r.chained_data["x"] == 1

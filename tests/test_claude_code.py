@@ -11,7 +11,6 @@ standard events (``tool:pre``, ...) whose declarations must not leak into other 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -29,6 +28,7 @@ import anyio
 import nats
 import pytest
 from _ports import free_port
+from _procs import processes, wait_until
 from click.testing import CliRunner
 
 from hookbus._core.nats_guard import order_flushes
@@ -99,34 +99,6 @@ class Bus:
         lines = self.seen.read_text().splitlines() if self.seen.exists() else []
         records = [json.loads(line) for line in lines]
         return [r for r in records if r["data"].get("session_id") == session_id]
-
-
-@contextlib.contextmanager
-def processes(*argvs: list[str], env: dict[str, str], logs: Path) -> Iterator[None]:
-    procs = []
-    with contextlib.ExitStack() as files:
-        try:
-            for i, argv in enumerate(argvs):
-                log = files.enter_context((logs / f"proc{i}.log").open("wb"))
-                procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=log))
-            yield
-        finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait(5)
-
-
-def wait_until(probe: Any, what: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not probe():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not ready within {timeout_s}s: {what}")
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")

@@ -21,14 +21,14 @@ import re
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from _claude_cli import FakeMessagesApi, claude_binary, claude_env, run_claude, trust
+from _claude_cli import FakeMessagesApi, claude_env, run_claude, trust
 from _ports import free_port
+from _procs import processes, wait_until
 
 from hookbus.cli import EmbeddedNatsServer
 
@@ -38,45 +38,6 @@ DENIED = "rm -rf ./scratch; touch ran"
 ALLOWED = "touch ran"
 # the first test installs the CLI (about 400 MB, once per machine); then each takes seconds
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def claude() -> Path:
-    exe, why = claude_binary()
-    if exe is None:
-        pytest.fail(f"the real Claude Code CLI does not run here: {why}")
-    return exe
-
-
-@contextlib.contextmanager
-def processes(*argvs: list[str], env: dict[str, str], logs: Path) -> Iterator[list[Path]]:
-    procs: list[subprocess.Popen[bytes]] = []
-    paths = []
-    with contextlib.ExitStack() as files:
-        try:
-            for i, argv in enumerate(argvs):
-                path = logs / f"proc{i}.log"
-                paths.append(path)
-                log = files.enter_context(path.open("wb"))
-                procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=log))
-            yield paths
-        finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait(5)
-
-
-def wait_for(probe: object, what: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not probe():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not ready within {timeout_s}s: {what}")
-        time.sleep(0.1)
 
 
 ENV = {
@@ -117,7 +78,7 @@ def bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bus]:
             env=env,
             logs=logs,
         ) as paths:
-            wait_for(lambda: denies(url), "tool:pre routed to the policy worker")
+            wait_until(lambda: denies(url), "tool:pre routed to the policy worker", interval_s=0.1)
             banner: list[str] = []
 
             def served() -> bool:
@@ -125,7 +86,7 @@ def bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bus]:
                 banner[:] = [m.group(1)] if m else []
                 return bool(m)
 
-            wait_for(served, "the gateway's banner")
+            wait_until(served, "the gateway's banner", interval_s=0.1)
             yield Bus(url, banner[0].rstrip("/") + "/claude-code", seen, env)
 
 

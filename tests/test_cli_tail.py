@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 import pytest
 from _serving import serving
+from conftest import written
 from nats.aio.client import Client as NATS
 
 from hookbus._core.decisions_stream import ensure_decisions_stream
@@ -59,14 +60,6 @@ async def dispatcher(
             while d.list_handlers(event)[event] != ["guard"]:  # noqa: ASYNC110
                 await anyio.sleep(0.01)
         yield d
-
-
-async def written(d: HookDispatcher, n: int) -> None:
-    log = d.decision_log
-    assert log is not None
-    with anyio.fail_after(10):
-        while log.written < n:  # noqa: ASYNC110
-            await anyio.sleep(0.01)
 
 
 @contextlib.asynccontextmanager

@@ -12,13 +12,12 @@ whatever else the shared server holds.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,6 @@ import anyio
 import httpx
 import nats
 import pytest
-import uvicorn
 from _browser import (  # noqa: F401 (the fixtures browser, chromium, page)
     browser_fixture,
     chromium_fixture,
@@ -34,6 +32,7 @@ from _browser import (  # noqa: F401 (the fixtures browser, chromium, page)
     screenshot_folder,
 )
 from _browser import sign_in as browser_sign_in
+from _served_app import served
 from _served_process import ServedProcess
 from click.testing import CliRunner
 from nats.aio.client import Client as NATS
@@ -173,29 +172,14 @@ async def served_console(connect: Connect, **options: Any) -> AsyncIterator[str]
     nc = await connect()
     dispatcher = HookDispatcher(nc)
     await dispatcher.start()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen()
-    servers: list[uvicorn.Server] = []
-    app = console_app(
-        dispatcher, nc, token=TOKEN, stopping=lambda: servers[0].should_exit, **options
-    )
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="on"))
-    servers.append(server)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
+
+    def make_app(stopping: Callable[[], bool]) -> Any:
+        return console_app(dispatcher, nc, token=TOKEN, stopping=stopping, **options)
+
     try:
-        with anyio.fail_after(10):
-            while not server.started:
-                if task.done():
-                    task.result()
-                    raise AssertionError("uvicorn stopped before it served")
-                await asyncio.sleep(0.01)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/"
+        async with served(make_app=make_app) as url:
+            yield f"{url}/"
     finally:
-        server.should_exit = True
-        with anyio.fail_after(10):
-            await task
-        sock.close()
         await dispatcher.close()
 
 
@@ -580,23 +564,32 @@ async def test_an_approver_bound_to_the_token_is_who_answers(
                 assert (await out.wait()).approved_by == "bob"
 
 
-async def test_on_a_secured_server_with_an_approvers_own_credentials(
-    tmp_path: Path, page: Page
-) -> None:
-    """`hookbus auth init` identities: the agent (emitting through the dispatcher service,
-    which asks the approvals: an agent may not create them), the worker and the console,
-    which connects as approver alice (bound with --approver): an answer from the page (its
-    proof) decides with approved_by alice; what alice's NATS user may not read (the audit
-    trail) is said on the page, not fatal."""
-    out = tmp_path / "auth"
-    result = CliRunner().invoke(cli, [
-        "auth", "init", "--out", str(out), "--agent", "payments",
-        "--worker", f"gate:{TOOL_PRE}/console_gate", "--approver", "alice",
-    ])  # fmt: skip
+@dataclass
+class SecuredServer:
+    """A nats-server set up by ``hookbus auth init`` in `out` (nkeys, TLS)."""
+
+    url: str
+    out: Path
+
+    def seed(self, role: str, name: str) -> str:
+        """The nkey seed file of the identity (`role`, `name`) of the default tenant."""
+        who = load_setup(self.out).find(DEFAULT_TENANT, role, name)
+        assert who is not None
+        return str(who.seed_path(self.out))
+
+
+@contextlib.asynccontextmanager
+async def secured_server(
+    out: Path, *init: str
+) -> AsyncIterator[tuple[SecuredServer, Callable[[str, str], Awaitable[NATS]]]]:
+    """``hookbus auth init --out OUT *init``, its server started and provisioned by its
+    admin; yields the server and ``connect_as(role, name)`` (a connection as that identity:
+    its seed, inbox prefix and the folder's CA; closed at the end)."""
+    result = CliRunner().invoke(cli, ["auth", "init", "--out", str(out), *init])
     assert result.exit_code == 0, result.output
     setup = load_setup(out)
-
     conns: list[NATS] = []
+    server = EmbeddedNatsServer(out / "run", config=out / "server.conf", port=-1)
 
     async def connect_as(role: str, name: str) -> NATS:
         who = setup.find(DEFAULT_TENANT, role, name)
@@ -608,20 +601,36 @@ async def test_on_a_secured_server_with_an_approvers_own_credentials(
         ))  # fmt: skip
         return conns[-1]
 
-    server = EmbeddedNatsServer(out / "run", config=out / "server.conf", port=-1)
     server.start()
     try:
         await provision(await connect_as("admin", "admin"))  # the buckets, as the admin does
+        yield SecuredServer(server.url, out), connect_as
+    finally:
+        for conn in conns:
+            await conn.close()
+        server.stop()
+
+
+async def test_on_a_secured_server_with_an_approvers_own_credentials(
+    tmp_path: Path, page: Page
+) -> None:
+    """`hookbus auth init` identities: the agent (emitting through the dispatcher service,
+    which asks the approvals: an agent may not create them), the worker and the console,
+    which connects as approver alice (bound with --approver): an answer from the page (its
+    proof) decides with approved_by alice; what alice's NATS user may not read (the audit
+    trail) is said on the page, not fatal."""
+    async with secured_server(
+        tmp_path / "auth", "--agent", "payments", "--worker", f"gate:{TOOL_PRE}/console_gate",
+        "--approver", "alice",
+    ) as (server, connect_as):  # fmt: skip
         prompt = "Pay 1200.00 EUR to ACME Corp?"
         async with asking_worker(await connect_as("worker", "gate"), TOOL_PRE, prompt):
             service_nc = await connect_as("dispatcher", "dispatcher")
             service = DispatcherService(HookDispatcher(service_nc, strict_events=True), service_nc)
             agent_nc = await connect_as("agent", "payments")
-            alice = setup.find(DEFAULT_TENANT, "approver", "alice")
-            assert alice is not None
             await service.start()
             async with (
-                ConsoleProcess(server.url, "--nkey", str(alice.seed_path(out)),
+                ConsoleProcess(server.url, "--nkey", server.seed("approver", "alice"),
                                "--approver", "alice") as console,
             ):  # fmt: skip
                 await page.goto(console.url)
@@ -651,10 +660,6 @@ async def test_on_a_secured_server_with_an_approvers_own_credentials(
                 note = page.locator("#decisions-note")
                 await expect(note).to_contain_text("audit trail", timeout=12_000)
             await service.stop()
-    finally:
-        for conn in conns:
-            await conn.close()
-        server.stop()
     assert done[0].action == "continue" and done[0].approved_by == "alice"
 
 
@@ -667,25 +672,6 @@ async def test_on_a_secured_server_the_handlers_view_counts_the_live_workers(
     and, once that one stopped, takes its declaration over (its own ping is within the
     worker's grants: its own service answers it)."""
     from hookbus.schemas import HandlerConflictError
-
-    out = tmp_path / "auth"
-    result = CliRunner().invoke(cli, [
-        "auth", "init", "--out", str(out), "--worker", f"gate:{TOOL_PRE}/console_gate",
-        "--approver", "alice",
-    ])  # fmt: skip
-    assert result.exit_code == 0, result.output
-    setup = load_setup(out)
-    conns: list[NATS] = []
-
-    async def connect_as(role: str, name: str) -> NATS:
-        who = setup.find(DEFAULT_TENANT, role, name)
-        assert who is not None
-        conns.append(await nats.connect(
-            server.url, nkeys_seed=str(who.seed_path(out)), allow_reconnect=False,
-            inbox_prefix=inbox_prefix(who.public_key), connect_timeout=5,
-            tls=auth_ssl_context(out),
-        ))  # fmt: skip
-        return conns[-1]
 
     def gate(timeout_s: float, conn: NATS) -> HookWorker:
         w = HookWorker(conn)
@@ -701,14 +687,11 @@ async def test_on_a_secured_server_the_handlers_view_counts_the_live_workers(
         assert r.status_code == 200, r.text
         return [len(h["replicas"]) for h in r.json()["handlers"] if h["name"] == "console_gate"]
 
-    server = EmbeddedNatsServer(out / "run", config=out / "server.conf", port=-1)
-    server.start()
-    try:
-        await provision(await connect_as("admin", "admin"))
-        alice = setup.find(DEFAULT_TENANT, "approver", "alice")
-        assert alice is not None
+    async with secured_server(
+        tmp_path / "auth", "--worker", f"gate:{TOOL_PRE}/console_gate", "--approver", "alice"
+    ) as (server, connect_as):
         async with (
-            ConsoleProcess(server.url, "--nkey", str(alice.seed_path(out)),
+            ConsoleProcess(server.url, "--nkey", server.seed("approver", "alice"),
                            "--approver", "alice") as console,
             signed_in_client(console.url, approver="alice") as client,
         ):  # fmt: skip
@@ -726,10 +709,6 @@ async def test_on_a_secured_server_the_handlers_view_counts_the_live_workers(
                 listed = (await client.get("/api/handlers")).json()["handlers"]
                 mine = [h for h in listed if h["name"] == "console_gate"]
                 assert [(h["timeout_s"], len(h["replicas"])) for h in mine] == [(9.0, 1)]
-    finally:
-        for conn in conns:
-            await conn.close()
-        server.stop()
 
 
 def test_the_cli_refuses_bad_options(nats_url: str) -> None:

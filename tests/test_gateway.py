@@ -14,7 +14,7 @@ import json
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,19 +22,15 @@ import anyio
 import httpx
 import pytest
 import trustme
-import uvicorn
+from _integration_kit import Connect, private_connect
 from _otlp_receiver import OtlpReceiver
+from _served_app import served
 from _served_process import HOOKBUS, ServedProcess
 from click.testing import CliRunner
-from conftest import connections
 from nats.aio.client import Client as NATS
-from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
-from opentelemetry.util._once import Once
-from starlette.applications import Starlette
 
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.cli._command_tree import cli
@@ -47,19 +43,12 @@ from hookbus.workers import HookWorker
 
 pytestmark = pytest.mark.anyio
 
-Connect = Callable[..., Awaitable[NATS]]
 """The installed console script (``.venv/bin/hookbus``), as an operator runs it."""
 TOKEN = "gw-test-token-8d1f"
 
 
 # -- fixtures and helpers --------------------------------------------------------------------
-@pytest.fixture
-async def connect(embedded_server: EmbeddedNatsServer) -> AsyncIterator[Connect]:
-    """Connections to this test's private server (one per simulated process)."""
-    async with connections(
-        embedded_server.url, max_reconnect_attempts=1, reconnect_time_wait=0.1
-    ) as make:
-        yield make
+connect = private_connect
 
 
 def pre_tool_use(command: str, **extra: Any) -> dict[str, Any]:
@@ -111,32 +100,6 @@ def policy_worker(conn: NATS, seen: list[str] | None = None, label: str = "w") -
         return HookResult(action="continue")
 
     return w
-
-
-@contextlib.asynccontextmanager
-async def served(app: Starlette, **config: Any) -> AsyncIterator[str]:
-    """`app` served by uvicorn in this process on a free loopback port; yields its URL."""
-    # proto TCP: asyncio sets TCP_NODELAY on the accepted sockets (else Nagle: +40 ms a call)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen()
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="on", **config))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        with anyio.fail_after(10):
-            while not server.started:
-                if task.done():
-                    task.result()
-                    raise AssertionError("uvicorn stopped before it served")
-                await asyncio.sleep(0.01)
-        scheme = "https" if "ssl_certfile" in config else "http"
-        yield f"{scheme}://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        with anyio.fail_after(10):
-            await task
-        sock.close()
 
 
 @contextlib.asynccontextmanager
@@ -513,21 +476,6 @@ async def test_the_claude_code_doors_approval_ends_within_its_wait(
 
 
 # -- trace context ---------------------------------------------------------------------------
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    """A global SDK tracer provider keeping every span in memory (removed afterwards)."""
-    trace._TRACER_PROVIDER_SET_ONCE = Once()
-    trace._TRACER_PROVIDER = None
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
-    yield exporter
-    provider.shutdown()
-    trace._TRACER_PROVIDER_SET_ONCE = Once()
-    trace._TRACER_PROVIDER = None
-
-
 def ancestors(span: ReadableSpan, by_id: dict[int, ReadableSpan]) -> list[int]:
     """Span ids from `span`'s parent up, as far as the parents are known (the last one
     may be a remote parent: the caller's span)."""

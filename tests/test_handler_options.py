@@ -344,33 +344,26 @@ async def test_a_workers_chain_stops_where_the_stop_rule_says(nc: NATS, connect:
 
 
 # -- a declared timeout is bounded on every path ---------------------------------------------
-async def test_a_record_declared_with_a_huge_timeout_is_clamped(
-    nc: NATS, connect: Connect, event: str
+@pytest.mark.parametrize("key", [handler_key, required_key], ids=["declared", "required"])
+async def test_a_record_with_a_huge_timeout_is_clamped(
+    nc: NATS, connect: Connect, event: str, key: Callable[[str, str], str]
 ) -> None:
-    """A record asking for 1e308 s is routed with `MAX_HANDLER_TIMEOUT_S`: a call of a
-    replica that never answers is cut there (not waited out here: 60 s)."""
+    """A record (a declaration, or a required handler's) asking for 1e308 s is routed with
+    `MAX_HANDLER_TIMEOUT_S`: a call of a replica that never answers is cut there (not
+    waited out here: 60 s)."""
     kv = await bucket(nc)
     raw = f'{{"event": "{event}", "name": "slow", "timeout_s": 1e308}}'.encode()
     async with HookDispatcher(await connect()) as d:
-        await kv.put(handler_key(event, "slow"), raw)
+        await kv.put(key(event, "slow"), raw)
         await sentinel(kv, d, event)
         assert {r.name: r.timeout_s for r in d.routes(event)}["slow"] == CLAMP_S
-    await kv.delete(handler_key(event, "slow"))
+    await kv.delete(key(event, "slow"))
 
 
-async def test_a_required_record_with_a_huge_timeout_is_clamped(
-    nc: NATS, connect: Connect, event: str
-) -> None:
-    kv = await bucket(nc)
-    raw = f'{{"event": "{event}", "name": "sec", "timeout_s": 1e308}}'.encode()
-    async with HookDispatcher(await connect()) as d:
-        await kv.put(required_key(event, "sec"), raw)
-        await sentinel(kv, d, event)
-        assert {r.name: r.timeout_s for r in d.routes(event)}["sec"] == CLAMP_S
-    await kv.delete(required_key(event, "sec"))
+async def test_require_handler_clamps_a_huge_timeout(nc: NATS, event: str) -> None:
     stored = await require_handler(nc, event, "sec2", timeout_s=1e308)
     assert stored.timeout_s == CLAMP_S
-    await kv.delete(required_key(event, "sec2"))
+    await (await bucket(nc)).delete(required_key(event, "sec2"))
 
 
 # -- a required handler keeps the stricter policy -------------------------------------------

@@ -98,6 +98,15 @@ def script(call: Any) -> list[Any]:
     ]
 
 
+def transfer_run(hooks: HookbusHooks, call: Any, run_id: str) -> Any:
+    """``hooks.run`` of an agent with the `transfer` tool whose model makes `call` (`script`),
+    as run `run_id` (an async context manager: the run's stream)."""
+    return hooks.run(
+        ai.Agent(tools=[transfer]), testing.FakeModel(script(call)),
+        [ai.user_message("pay 1200")], run_id=run_id,
+    )  # fmt: skip
+
+
 def resume_script(messages: list[Any]) -> list[Any]:
     """The script a resumed run replays: ai marks the interrupted assistant turn
     ``replay=True`` and sends it again."""
@@ -172,10 +181,7 @@ async def _main(argv: list[str]) -> int:
         elif command == "serve":  # run until killed; at pending, save what resumes it
             run_id, amount, path = rest
             call = testing.tool_call(transfer, amount=int(amount))
-            async with hooks.run(
-                ai.Agent(tools=[transfer]), testing.FakeModel(script(call)),
-                [ai.user_message("pay 1200")], run_id=run_id,
-            ) as s:  # fmt: skip
+            async with transfer_run(hooks, call, run_id) as s:
                 async for event in s:
                     if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
                         saved = MESSAGES.dump_json(hooks.resumable_messages(s))
@@ -264,6 +270,16 @@ async def assert_used(hooks: HookbusHooks, label: str, results: list[Any]) -> No
 
 def statuses(events: list[Any]) -> list[str]:
     return [e.hook.status for e in events if isinstance(e, ai.events.HookEvent)]
+
+
+async def run_aborted(hooks: HookbusHooks, call: Any, run_id: str) -> Any:
+    """Run an agent whose model makes `call` (to `transfer`) as run `run_id`, aborting the
+    approval's wait at its pending event (the run ends blocked); the run's stream."""
+    async with transfer_run(hooks, call, run_id) as s:
+        async for event in s:
+            if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
+                hooks.abort_pending_hook(event.hook)
+    return s
 
 
 # -- tests ----------------------------------------------------------------------------------
@@ -360,10 +376,7 @@ async def test_abort_then_resume_in_a_new_process(
     label = f"approve_{call.tool_call_id}"
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     seen = []
-    async with hooks.run(
-        ai.Agent(tools=[transfer]), testing.FakeModel(script(call)),
-        [ai.user_message("pay 1200")], run_id=run_id,
-    ) as s:  # fmt: skip
+    async with transfer_run(hooks, call, run_id) as s:
         async for event in s:
             seen.append(event)
             if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
@@ -401,10 +414,7 @@ async def test_resume_before_the_answer_waits_again(
 ) -> None:
     call = testing.tool_call(transfer, amount=7)
     run_id = f"run-{uuid.uuid4().hex[:8]}"
-    async with hooks.run(
-        ai.Agent(tools=[transfer]), testing.FakeModel(script(call)),
-        [ai.user_message("pay 1200")], run_id=run_id,
-    ) as s:  # fmt: skip
+    async with transfer_run(hooks, call, run_id) as s:
         async for event in s:
             if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
                 assert hb_ai.abort_pending_hook(event.hook) is True  # the current hooks
@@ -595,10 +605,7 @@ async def test_a_second_process_with_the_same_run_id_is_refused_while_the_owner_
     call = testing.tool_call(transfer, amount=31)
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     seen = []
-    async with hooks.run(
-        ai.Agent(tools=[transfer]), testing.FakeModel(script(call)),
-        [ai.user_message("pay 1200")], run_id=run_id,
-    ) as s:  # fmt: skip
+    async with transfer_run(hooks, call, run_id) as s:
         async for event in s:
             seen.append(event)
             if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
@@ -776,13 +783,7 @@ async def test_a_resumed_run_whose_model_re_asks_with_a_new_tool_call_id_keeps_t
     call = testing.tool_call(transfer, amount=51)
     label = f"approve_{call.tool_call_id}"
     run_id = f"run-{uuid.uuid4().hex[:8]}"
-    async with hooks.run(
-        ai.Agent(tools=[transfer]), testing.FakeModel(script(call)),
-        [ai.user_message("pay 1200")], run_id=run_id,
-    ) as s:  # fmt: skip
-        async for event in s:
-            if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
-                hooks.abort_pending_hook(event.hook)
+    await run_aborted(hooks, call, run_id)
     # the rule: same run, same tool, same arguments, another tool call id
     same = {"tool": "transfer", "kwargs": {"amount": 51}}
     earlier = hooks._tool_approvals.earlier  # nothing waits here: the run was aborted
@@ -813,13 +814,7 @@ async def test_a_retried_resume_does_not_ask_again_for_a_tool_call_that_ran(
     call = testing.tool_call(transfer, amount=61)
     label = f"approve_{call.tool_call_id}"
     run_id = f"run-{uuid.uuid4().hex[:8]}"
-    async with hooks.run(
-        ai.Agent(tools=[transfer]), testing.FakeModel(script(call)),
-        [ai.user_message("pay 1200")], run_id=run_id,
-    ) as s:  # fmt: skip
-        async for event in s:
-            if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
-                hooks.abort_pending_hook(event.hook)
+    s = await run_aborted(hooks, call, run_id)
     saved = tmp_path / "messages.json"
     saved.write_bytes(MESSAGES.dump_json(s.messages))
     with pytest.raises(AnswerNotAppliedError):
@@ -872,10 +867,7 @@ async def test_an_embedded_agent_on_a_secured_server_opens_with_the_defaults(
         call = testing.tool_call(transfer, amount=21)
         # never "JetStream unavailable" (15 s)
         async with asyncio.timeout(10), hooks, other, approver:
-            async with hooks.run(
-                ai.Agent(tools=[transfer]), testing.FakeModel(script(call)),
-                [ai.user_message("pay 1200")], run_id="run-secured",
-            ) as s:  # fmt: skip
+            async with transfer_run(hooks, call, "run-secured") as s:
                 held = await leases.get(claim)
                 assert held.value == hooks.suspensions.waiter_id.encode()  # type: ignore[union-attr]
                 with pytest.raises(hb_ai.RunInProgressError, match=held.value.decode()):

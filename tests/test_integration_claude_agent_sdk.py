@@ -20,7 +20,7 @@ from typing import Any
 
 import anyio
 import pytest
-from _claude_cli import MODEL, FakeMessagesApi, claude_binary, claude_env, trust
+from _claude_cli import MODEL, FakeMessagesApi, claude_env, trust
 from _integration_kit import Connect, named, private_connect, worker
 
 from hookbus.dispatcher import (
@@ -44,14 +44,6 @@ DENIED = "rm -rf ./scratch; touch ran"
 
 
 # -- fixtures and helpers --------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def claude() -> Path:
-    exe, why = claude_binary()
-    if exe is None:
-        pytest.fail(f"the real Claude Code CLI does not run here: {why}")
-    return exe
-
-
 @dataclass
 class Turn:
     project: Path

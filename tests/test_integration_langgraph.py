@@ -264,6 +264,20 @@ async def test_an_approval_answered_by_another_process_decides_the_tool(
         assert agent.tool_messages(1)["transfer"].content == "Denied by hook: alice chose 'Deny'"
 
 
+async def dies_waiting(
+    connect: Connect, turn: list[Any], checkpointer: Any, approver: HookDispatcher, stream: Any
+) -> tuple[Agent, str]:
+    """An agent of ``payments`` that runs `turn` on ``thread-1`` and dies (is cancelled)
+    while it waits on the approval `approver` sees on `stream`: (the agent, the label)."""
+    async with HookDispatcher(await connect(), agent_id="payments") as d:
+        dead = Agent(HookbusToolHooks(d), turn, checkpointer=checkpointer)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(dead.run, "pay acme", "thread-1")
+            label, _ = await next_approval(approver, stream)
+            tg.cancel_scope.cancel()
+    return dead, label
+
+
 async def test_an_approval_survives_the_agent_process(connect: Connect) -> None:
     """The agent dies while it waits on the transfer's approval; "Allow once" is answered
     while it is dead; a new agent (new dispatcher, new graph, the same checkpointer) resumes
@@ -276,12 +290,7 @@ async def test_an_approval_survives_the_agent_process(connect: Connect) -> None:
     ):
         stream = await approver.hook_events()
         try:
-            async with HookDispatcher(await connect(), agent_id="payments") as d:
-                dead = Agent(HookbusToolHooks(d), turn, checkpointer=checkpointer)
-                async with anyio.create_task_group() as tg:  # the agent dies mid-wait
-                    tg.start_soon(dead.run, "pay acme", "thread-1")
-                    label, _ = await next_approval(approver, stream)
-                    tg.cancel_scope.cancel()
+            dead, label = await dies_waiting(connect, turn, checkpointer, approver, stream)
             assert dead.tools.ran == []
             with pytest.raises(AnswerNotAppliedError):  # answered while nobody waits
                 await approver.answer_approval(
@@ -315,12 +324,7 @@ async def test_an_allow_once_runs_the_tool_once_however_often_the_thread_resumes
     ):
         stream = await approver.hook_events()
         try:
-            async with HookDispatcher(await connect(), agent_id="payments") as d:
-                dead = Agent(HookbusToolHooks(d), turn, checkpointer=checkpointer)
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(dead.run, "pay acme", "thread-1")
-                    label, _ = await next_approval(approver, stream)
-                    tg.cancel_scope.cancel()
+            _, label = await dies_waiting(connect, turn, checkpointer, approver, stream)
             with pytest.raises(AnswerNotAppliedError):
                 await approver.answer_approval(
                     label, "Allow once", approver="alice", agent_id="payments", wait_s=0.2

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -247,6 +248,18 @@ async def next_pending(stream: Any) -> Any:
     raise AssertionError("the hook event stream ended")
 
 
+async def answered(
+    run: Callable[[], Awaitable[Any]], approver: HookDispatcher, stream: Any, choice: str
+) -> str:
+    """Run `run` while alice answers `choice` to the next pending approval on `stream`;
+    the approval's label."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        hook = await next_pending(stream)
+        await approver.answer_approval(hook.label, choice, approver="alice", agent_id=hook.agent_id)
+    return str(hook.label)
+
+
 ASK = HookResult(
     action="ask_user",
     approval_prompt="Transfer 100 to acme?",
@@ -312,17 +325,11 @@ async def test_two_runs_never_share_an_approval(connect: Connect) -> None:
 
         async def one_run(choice: str) -> None:
             model = Scripted([call("transfer", {"amount": 100, "payee": "acme"}, "call-1")])
-            async with anyio.create_task_group() as tg:
 
-                async def run() -> None:
-                    runs.append(await guard.run(make_agent(model, tools), "pay acme"))
+            async def run() -> None:
+                runs.append(await guard.run(make_agent(model, tools), "pay acme"))
 
-                tg.start_soon(run)
-                hook = await next_pending(stream)
-                labels.append(hook.label)
-                await approver.answer_approval(
-                    hook.label, choice, approver="alice", agent_id=hook.agent_id
-                )
+            labels.append(await answered(run, approver, stream, choice))
 
         try:
             await one_run("Deny")
@@ -362,17 +369,10 @@ async def test_an_allow_once_runs_the_tool_once_however_often_the_run_resumes(
             return Scripted([call("transfer", {"amount": 100, "payee": "acme"}, "c1")])
 
         async def resume(choice: str) -> None:
-            async with anyio.create_task_group() as tg:
+            async def run() -> None:
+                await guard.run(make_agent(model(), tools), "pay acme", run_id="run-1")
 
-                async def run() -> None:
-                    await guard.run(make_agent(model(), tools), "pay acme", run_id="run-1")
-
-                tg.start_soon(run)
-                hook = await next_pending(stream)
-                labels.append(hook.label)
-                await approver.answer_approval(
-                    hook.label, choice, approver="alice", agent_id=hook.agent_id
-                )
+            labels.append(await answered(run, approver, stream, choice))
 
         try:
             await resume("Allow once")

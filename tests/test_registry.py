@@ -95,9 +95,9 @@ async def deny_responder(nc: NATS, event: str, name: str) -> None:
 
 
 # -- a value is bound to its key; subjects are derived ------------------------------------
-async def test_value_under_another_key_routes_nothing(
-    nc: NATS, connect: Connect, event: str
-) -> None:
+async def eavesdropper(connect: Connect) -> tuple[NATS, str, list[bytes]]:
+    """An attacker's connection listening on an inbox of its own: (the connection, the
+    inbox, what arrives there)."""
     attacker = await connect()
     inbox = f"attacker.inbox.{uuid.uuid4().hex}"
     stolen: list[bytes] = []
@@ -107,6 +107,13 @@ async def test_value_under_another_key_routes_nothing(
 
     await attacker.subscribe(inbox, cb=steal)
     await attacker.flush()
+    return attacker, inbox, stolen
+
+
+async def test_value_under_another_key_routes_nothing(
+    nc: NATS, connect: Connect, event: str
+) -> None:
+    attacker, inbox, stolen = await eavesdropper(connect)
     kv = await bucket(nc)
     other = f"A{uuid.uuid4().hex[:8]}"
     value = {"event": event, "name": "x", "subject": inbox, "timeout_s": 0.3}
@@ -124,14 +131,7 @@ async def test_value_under_another_key_routes_nothing(
 async def test_foreign_subject_under_the_right_key_is_refused(
     nc: NATS, connect: Connect, event: str
 ) -> None:
-    attacker = await connect()
-    inbox = f"attacker.inbox.{uuid.uuid4().hex}"
-    stolen: list[bytes] = []
-
-    async def steal(msg: Msg) -> None:
-        stolen.append(msg.data)
-
-    await attacker.subscribe(inbox, cb=steal)
+    attacker, inbox, stolen = await eavesdropper(connect)
     kv = await bucket(nc)
     value = {"event": event, "name": "x", "subject": inbox, "timeout_s": 0.3}
     async with HookDispatcher(await connect()) as d:

@@ -28,6 +28,7 @@ import nats
 import pytest
 from anyio.abc import Process, TaskGroup
 from anyio.streams.text import TextReceiveStream
+from conftest import reconnecting
 from nats.aio.client import Client as NATS
 from nats.js.api import StorageType
 
@@ -498,12 +499,7 @@ async def test_approvals_flow_after_a_nats_server_restart_under_a_running_dispat
         finally:
             await setup.close()
 
-    async def quiet(exc: Exception) -> None:  # refused reconnects while the server is down
-        pass
-
-    nc = await nats.connect(
-        embedded_server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.1, error_cb=quiet
-    )
+    nc = await reconnecting(embedded_server.url)
     restarted: EmbeddedNatsServer | None = None
 
     async def ask(event: str, data: dict[str, Any]) -> HookResult:

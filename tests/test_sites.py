@@ -87,14 +87,6 @@ def sites() -> Iterator[Sites]:
             proc.wait(timeout=10)
 
 
-@pytest.fixture
-async def conns() -> AsyncIterator[list[NATS]]:
-    opened: list[NATS] = []
-    yield opened
-    for nc in opened:
-        await nc.close()
-
-
 async def _connect(conns: list[NATS], url: str) -> NATS:
     nc = await nats.connect(url, max_reconnect_attempts=2, connect_timeout=2)
     conns.append(nc)

@@ -70,14 +70,6 @@ def supercluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Superclus
         sc.stop()
 
 
-@pytest.fixture
-async def conns() -> AsyncIterator[list[NATS]]:
-    opened: list[NATS] = []
-    yield opened
-    for nc in opened:
-        await nc.close()
-
-
 async def test_buckets_placed_in_east_from_a_process_in_west(
     supercluster: Supercluster, conns: list[NATS]
 ) -> None:

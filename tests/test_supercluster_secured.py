@@ -27,7 +27,7 @@ import secrets
 import shutil
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -197,14 +197,6 @@ async def _wait_ready(sc: Secured) -> None:
         return await anyio.to_thread.run_sync(linked)
 
     await wait_for(ready, READY_S)
-
-
-@pytest.fixture
-async def conns() -> AsyncIterator[list[NATS]]:
-    opened: list[NATS] = []
-    yield opened
-    for nc in opened:
-        await nc.close()
 
 
 async def _connect(sc: Secured, cluster: str, role: str, name: str, opened: list[NATS]) -> NATS:

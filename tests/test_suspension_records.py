@@ -30,6 +30,7 @@ import nats.errors
 import pytest
 from _payloads import Grant
 from _proxy import NatsProxy
+from conftest import reconnecting
 from nats.aio.client import Client as NATS
 
 from hookbus.cli import EmbeddedNatsServer
@@ -382,12 +383,7 @@ async def test_a_waiter_resolved_after_a_nats_server_restart_wakes_promptly(
     the watch, re-created once the server is back."""
     port = int(embedded_server.url.rpartition(":")[2])
 
-    async def quiet(exc: Exception) -> None:  # refused reconnects while the server is down
-        pass
-
-    nc = await nats.connect(
-        embedded_server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.1, error_cb=quiet
-    )
+    nc = await reconnecting(embedded_server.url)
     restarted: EmbeddedNatsServer | None = None
     waiter = await Suspensions.open(nc, poll_s=60.0)
     waiter.watch._check_s = 0.5

@@ -22,6 +22,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import anyio
+import anyio.abc
 import nats.errors
 import nats.js.errors
 import pytest
@@ -207,19 +208,35 @@ async def test_the_resolvers_write_alone_wakes_the_waiter(
     await events.aclose()
 
 
+async def resolved_while_waiting(
+    tg: anyio.abc.TaskGroup,
+    waiter: Suspensions,
+    resolver: Suspensions,
+    events: Any,
+    label: str,
+    grant: Grant,
+) -> list[Grant]:
+    """`waiter` waits on `label` in a task of `tg`; once the wait is pending (on `events`),
+    `resolver` resolves it with `grant`. The list the wait appends its value to."""
+    got: list[Grant] = []
+
+    async def wait() -> None:
+        got.append(await waiter.hook(label, payload=Grant))
+
+    tg.start_soon(wait)
+    await pending(events, label)
+    await resolver.resolve_hook(label, grant)
+    return got
+
+
 async def test_a_resolution_in_flight_is_consumed_once(three: Three, label: str) -> None:
     waiter, resolver, other = three
     held = hold_marks(waiter)
     events = await watching(resolver)
     async with anyio.create_task_group() as tg:
-        first: list[Grant] = []
-
-        async def wait() -> None:
-            first.append(await waiter.hook(label, payload=Grant))
-
-        tg.start_soon(wait)
-        await pending(events, label)
-        await resolver.resolve_hook(label, Grant(approved=True, by="once"))
+        first = await resolved_while_waiting(
+            tg, waiter, resolver, events, label, Grant(approved=True, by="once")
+        )
         await until(lambda: first)
         await until(lambda: held.held == 1)  # returned; its mark not stored yet
 
@@ -252,14 +269,9 @@ async def test_a_delivered_resolution_whose_mark_fails_is_not_delivered_again_he
     held = hold_marks(waiter, fail=True)
     events = await watching(resolver)
     async with anyio.create_task_group() as tg:
-        first: list[Grant] = []
-
-        async def wait() -> None:
-            first.append(await waiter.hook(label, payload=Grant))
-
-        tg.start_soon(wait)
-        await pending(events, label)
-        await resolver.resolve_hook(label, Grant(approved=True, by="once only"))
+        first = await resolved_while_waiting(
+            tg, waiter, resolver, events, label, Grant(approved=True, by="once only")
+        )
     assert first == [Grant(approved=True, by="once only")]
     await until(lambda: held.held >= 1)
     stored = await resolver.get(label)

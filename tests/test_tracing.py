@@ -9,11 +9,10 @@ other tests run with the API's defaults (tracing off).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _otel_harness import Otel, children, only, reset_globals, wire_headers
+from _otel_harness import Otel, children, only, wire_headers
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -32,13 +31,6 @@ from hookbus.schemas import telemetry as tn
 from hookbus.workers import HookWorker
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def no_otel() -> Iterator[None]:
-    reset_globals()
-    yield
-    reset_globals()
 
 
 async def test_deny_is_one_trace_emit_calls_and_handlings(otel: Otel, nc, connect, event) -> None:

@@ -16,11 +16,10 @@ A real nats-server; each test installs fresh global providers and removes them a
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _otel_harness import Otel, children, only, reset_globals
+from _otel_harness import Otel, children, only
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
@@ -34,13 +33,6 @@ from hookbus.workers import HookWorker
 from hookbus.workers._telemetry import handling_span
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def no_otel() -> Iterator[None]:
-    reset_globals()
-    yield
-    reset_globals()
 
 
 def shape(

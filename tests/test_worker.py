@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio
 import pytest
+from _serving import emit_during_shutdown
 
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
@@ -109,11 +110,7 @@ async def test_drain_has_a_deadline(connect, event, retry_safe):
         await asyncio.Event().wait()  # never returns
 
     await w.start()
-    async with HookDispatcher(await connect()) as d:
-        emit = asyncio.create_task(d.emit(event, {}))
-        await running.wait()
-        await w.shutdown(grace_s=0.2)
-        result = await asyncio.wait_for(emit, 10)
+    result = await emit_during_shutdown(connect, w, event, running)
     assert result.action == "deny"
     [failure] = result.failures
     if retry_safe:  # cancelled mid-run, safe to retry: sent again, and no replica is left

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import click
@@ -251,7 +252,21 @@ def approvals_cancel(
     click.echo(f"cancelled {cancelled}: {shown}")
 
 
+_GRANT_FILTERS = {"agent": "agent_id", "session": "session_id", "event": "event",
+                  "handler": "handler", "tool": "tool"}  # fmt: skip
+"""Each grant filter option: the keyword of `ApprovalsClient.approval_grants` it is."""
+
+
 def _filters(f: Callable[..., None]) -> Callable[..., None]:
+    """The grant filters ``--agent``, ``--session``, ``--event``, ``--handler``, ``--tool``,
+    given to the command as one keyword argument, ``filters``: those given, as
+    `ApprovalsClient.approval_grants` takes them."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        given = {_GRANT_FILTERS[name]: kwargs.pop(name) for name in _GRANT_FILTERS}
+        f(*args, filters={k: v for k, v in given.items() if v is not None}, **kwargs)
+
     for name, help_ in reversed(
         [
             ("--agent", "Only this agent's grants."),
@@ -261,8 +276,8 @@ def _filters(f: Callable[..., None]) -> Callable[..., None]:
             ("--tool", "Only grants of this tool."),
         ]
     ):
-        f = click.option(name, default=None, help=help_)(f)
-    return f
+        wrapper = click.option(name, default=None, help=help_)(wrapper)
+    return wrapper
 
 
 def _key(g: ApprovalGrant) -> str:
@@ -275,23 +290,13 @@ def _key(g: ApprovalGrant) -> str:
 @click.option(
     "--json", "as_json", is_flag=True, help="One JSON array, each grant with its key and id."
 )
-def approvals_grants(
-    conn: ConnectionSettings,
-    agent: str | None,
-    session: str | None,
-    event: str | None,
-    handler: str | None,
-    tool: str | None,
-    as_json: bool,
-) -> None:
+def approvals_grants(conn: ConnectionSettings, filters: dict[str, str], as_json: bool) -> None:
     """Live "Allow always" grants. Each allows every input of its tool, for its agent and
     session, when its handler asks on its event, until revoked or expired, while the answer
     of its approver ("approved by") to its approval still holds."""
 
     async def grants(d: ApprovalsClient) -> list[ApprovalGrant]:
-        return await d.approval_grants(
-            agent_id=agent, session_id=session, event=event, handler=handler, tool=tool
-        )
+        return await d.approval_grants(**filters)
 
     found = _with_approvals(conn, grants)
     if as_json:
@@ -322,18 +327,11 @@ def approvals_grants(
 @_filters
 @click.option("--all", "revoke_all", is_flag=True, help="Every grant the filters match.")
 def approvals_revoke(
-    keys: tuple[str, ...],
-    conn: ConnectionSettings,
-    agent: str | None,
-    session: str | None,
-    event: str | None,
-    handler: str | None,
-    tool: str | None,
-    revoke_all: bool,
+    keys: tuple[str, ...], conn: ConnectionSettings, filters: dict[str, str], revoke_all: bool
 ) -> None:
     """Revoke grants: by KEY or ID (as `grants` prints them), or every grant the filters
     match (at least one filter, or --all for every grant)."""
-    filtered = any(v is not None for v in (agent, session, event, handler, tool))
+    filtered = bool(filters)
     if not keys and not filtered and not revoke_all:
         raise click.UsageError("name grant KEYs, or filters (--agent, --session, ...), or --all")
     if keys and (filtered or revoke_all):
@@ -343,12 +341,7 @@ def approvals_revoke(
         if keys:
             targets = await _keys_of(d, keys)
         else:
-            targets = [
-                _key(g)
-                for g in await d.approval_grants(
-                    agent_id=agent, session_id=session, event=event, handler=handler, tool=tool
-                )
-            ]
+            targets = [_key(g) for g in await d.approval_grants(**filters)]
         for key in targets:
             await d.revoke_grant(key)
         return targets

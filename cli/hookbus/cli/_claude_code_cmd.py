@@ -102,6 +102,24 @@ def _parse_fallbacks(values: Sequence[str]) -> dict[str, FallbackAction]:
     return out
 
 
+def door_options(
+    on_continue: str, on_ask_user: str, fallbacks: Sequence[str], timeout_s: float
+) -> ClaudeCodeOptions:
+    """The Claude Code door's options from the command line's: ``--on-continue``,
+    ``--on-ask-user``, ``--fallback`` (`_parse_fallbacks`) and ``--timeout`` (seconds).
+
+    Raises:
+        click.BadParameter: a bad ``--fallback``.
+        ValueError: another option out of its bounds (`ClaudeCodeOptions`).
+    """
+    return ClaudeCodeOptions(
+        on_continue=on_continue,  # type: ignore[arg-type]
+        on_ask_user=on_ask_user,  # type: ignore[arg-type]
+        fallback=_parse_fallbacks(fallbacks),
+        timeout_s=timeout_s,
+    )
+
+
 class _LazyEmit:
     """Connects on the first emit, so bad input is answered without NATS and a connection
     failure becomes the fallback's reason (`answer` catches what this raises)."""
@@ -123,32 +141,13 @@ class _LazyEmit:
         self._nc: NATS | None = None
         self._dispatcher: Any = None
 
-    async def __call__(
-        self,
-        event: str,
-        data: dict[str, Any],
-        *,
-        idempotency_key: str | None = None,
-        timeout_s: float | None = None,
-        approval_timeout_s: float | None = None,
-    ) -> HookResult:
+    async def __call__(self, event: str, data: dict[str, Any], **options: Any) -> HookResult:
         with _tracer.start_as_current_span(
             f"claude-code {event}", kind=trace.SpanKind.CLIENT, attributes={"hookbus.event": event}
         ):
-            return await self._emit(
-                event, data, idempotency_key=idempotency_key, timeout_s=timeout_s,
-                approval_timeout_s=approval_timeout_s,
-            )  # fmt: skip
+            return await self._emit(event, data, **options)
 
-    async def _emit(
-        self,
-        event: str,
-        data: dict[str, Any],
-        *,
-        idempotency_key: str | None,
-        timeout_s: float | None,
-        approval_timeout_s: float | None,
-    ) -> HookResult:
+    async def _emit(self, event: str, data: dict[str, Any], **options: Any) -> HookResult:
         nc = await self._connect()
         emit: Emit
         if self._embedded:
@@ -163,10 +162,7 @@ class _LazyEmit:
             emit = service_emit(nc, agent_id=self._agent_id)
         try:
             # approval_timeout_s: an approval ends within the door's wait, via either path
-            return await emit(
-                event, data, idempotency_key=idempotency_key, timeout_s=timeout_s,
-                approval_timeout_s=approval_timeout_s,
-            )  # fmt: skip
+            return await emit(event, data, **options)
         except NotPermittedError as exc:
             if self._agent_id is not None:
                 raise
@@ -333,12 +329,7 @@ def claude_code(
         return
     body = _read_stdin()
     try:
-        options = ClaudeCodeOptions(
-            on_continue=on_continue,  # type: ignore[arg-type]
-            on_ask_user=on_ask_user,  # type: ignore[arg-type]
-            fallback=_parse_fallbacks(fallbacks),
-            timeout_s=timeout_s,
-        )
+        options = door_options(on_continue, on_ask_user, fallbacks, timeout_s)
         if not (math.isfinite(connect_timeout_s) and connect_timeout_s > 0):
             raise click.BadParameter(
                 "must be a number of seconds above 0", param_hint="--connect-timeout"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import click
 
@@ -11,7 +12,6 @@ from ._approvals_cmd import approvals
 from ._auth_cmd import auth
 from ._claude_code_cmd import claude_code
 from ._command_support import (
-    ConnectionSettings,
     connection_options,
     setup_logging,
 )
@@ -118,24 +118,12 @@ def _demo_agents_option(ctx: click.Context, param: click.Parameter, value: str) 
     "and a second table shows each AOS decision.",
 )
 @otlp_option
-def demo(
-    conn: ConnectionSettings,
-    examples_dir: str | None,
-    interactive: bool,
-    secure: bool,
-    auth_dir: str,
-    agents: tuple[str, ...],
-    ai_python: str | None,
-    via: str,
-    otlp_endpoint: str | None,
-) -> None:
+def demo(**options: Any) -> None:
     """Run a fleet of agents whose tool calls are decided by remote hook workers; print the
     decision table; exit 1 if any decision differs from the transcript's expectation."""
     from hookbus.demo import run  # the demo application, loaded only to run it
 
-    sys.exit(run(conn, examples_dir, interactive=interactive, secure=secure, auth_dir=auth_dir,
-                 agents=agents, ai_python=ai_python, via=via,
-                 otlp_endpoint=otlp_endpoint))  # fmt: skip
+    sys.exit(run(**options))  # the options as `run` takes them
 
 
 cli.add_command(server)

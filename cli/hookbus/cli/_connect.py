@@ -724,7 +724,11 @@ def connection_options(f: F | None = None, *, embedded: bool = True) -> Any:
             _keep_for_subcommands(kwargs["conn"], embedded)
         return f(*args, **kwargs)
 
-    file_type = click.STRING  # read by `ConnectionSettings.check`: one error line
+    def file_option(name: str, envvar: str, metavar: str, help: str) -> Callable[[F], F]:
+        """An option naming a file, given as text: read by `ConnectionSettings.check` (a
+        missing or unreadable one is one error line)."""
+        return click.option(name, envvar=envvar, default=None, metavar=metavar, help=help)
+
     options = [
         click.option(
             "--url",
@@ -735,21 +739,17 @@ def connection_options(f: F | None = None, *, embedded: bool = True) -> Any:
             "one: the NATS context (--context, NATS_CONTEXT, else the one `nats context "
             f"select` chose), else {LOCAL_URL} if a server answers there.",
         ),
-        click.option(
+        file_option(
             "--creds",
-            envvar="NATS_CREDS",
-            type=file_type,
-            default=None,
-            metavar="FILE",
-            help="User credentials file: JWT and nkey seed (env NATS_CREDS).",
+            "NATS_CREDS",
+            "FILE",
+            "User credentials file: JWT and nkey seed (env NATS_CREDS).",
         ),
-        click.option(
+        file_option(
             "--nkey",
-            envvar="NATS_NKEY",
-            type=file_type,
-            default=None,
-            metavar="SEED_FILE",
-            help="Nkey user seed file (env NATS_NKEY); the inbox prefix becomes "
+            "NATS_NKEY",
+            "SEED_FILE",
+            "Nkey user seed file (env NATS_NKEY); the inbox prefix becomes "
             "_INBOX_<public key> unless --inbox-prefix is given.",
         ),
         click.option("--user", envvar="NATS_USER", default=None, help="User (env NATS_USER)."),
@@ -762,30 +762,24 @@ def connection_options(f: F | None = None, *, embedded: bool = True) -> Any:
         click.option(
             "--token", envvar="NATS_TOKEN", default=None, help="Auth token (env NATS_TOKEN)."
         ),
-        click.option(
+        file_option(
             "--tls-ca",
-            envvar="NATS_CA",
-            type=file_type,
-            default=None,
-            metavar="FILE",
-            help="CA certificates (PEM) to verify the server with (env NATS_CA; a context's "
+            "NATS_CA",
+            "FILE",
+            "CA certificates (PEM) to verify the server with (env NATS_CA; a context's "
             "ca). Default with an --nkey seed of a `hookbus auth init` folder: its CA.",
         ),
-        click.option(
+        file_option(
             "--tls-cert",
-            envvar="NATS_CERT",
-            type=file_type,
-            default=None,
-            metavar="FILE",
-            help="Client certificate (PEM) for TLS client auth (env NATS_CERT).",
+            "NATS_CERT",
+            "FILE",
+            "Client certificate (PEM) for TLS client auth (env NATS_CERT).",
         ),
-        click.option(
+        file_option(
             "--tls-key",
-            envvar="NATS_KEY",
-            type=file_type,
-            default=None,
-            metavar="FILE",
-            help="Private key (PEM) of --tls-cert (env NATS_KEY).",
+            "NATS_KEY",
+            "FILE",
+            "Private key (PEM) of --tls-cert (env NATS_KEY).",
         ),
         click.option(
             "--inbox-prefix",

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import time
 from collections import deque
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, TypeVar, get_args
+from typing import Any, TypeVar, cast, get_args
 
 import anyio
 import click
@@ -118,13 +119,18 @@ def audit_options(f: F) -> F:
 
 
 class _Filters:
-    """The filters applied here (the agent is the consumer's subject filter)."""
+    """The filters of a read: the agent (the consumer's subject filter), and the session,
+    action and handler, applied here (`any`, calling it)."""
 
-    def __init__(self, session: str | None, action: str | None, handler: str | None) -> None:
+    def __init__(
+        self, agent: str | None, session: str | None, action: str | None, handler: str | None
+    ) -> None:
+        self.agent = agent
         self.session, self.action, self.handler = session, action, handler
 
     @property
     def any(self) -> bool:
+        """Whether a filter applied here is set (the agent is not one)."""
         return any(v is not None for v in (self.session, self.action, self.handler))
 
     def __call__(self, r: DecisionRecord) -> bool:
@@ -142,7 +148,14 @@ class _Filters:
 
 def filter_options(f: F) -> F:
     """The filters of `hookbus decisions` and `hookbus tail`: ``--agent``, ``--session``,
-    ``--action``, ``--handler`` (keyword arguments of the same names, None when not given)."""
+    ``--action``, ``--handler`` (None when not given), given to the command as one `_Filters`
+    keyword argument, ``filters``."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        given = (kwargs.pop(name) for name in ("agent", "session", "action", "handler"))
+        return f(*args, filters=_Filters(*given), **kwargs)
+
     options = [
         click.option(
             "--agent", default=None, help="Only this agent's decisions (read by subject)."
@@ -159,8 +172,8 @@ def filter_options(f: F) -> F:
         ),
     ]
     for option in reversed(options):
-        f = option(f)
-    return f
+        wrapper = option(wrapper)
+    return cast(F, wrapper)
 
 
 @click.command("decisions")
@@ -180,10 +193,7 @@ def filter_options(f: F) -> F:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def decisions(
     conn: ConnectionSettings,
-    agent: str | None,
-    session: str | None,
-    action: str | None,
-    handler: str | None,
+    filters: _Filters,
     limit: int,
     since: float | None,
     follow: bool,
@@ -192,38 +202,29 @@ def decisions(
     """The decision audit trail, oldest first: who decided what, for which agent, session
     and tool, with the handlers called, failures, approver and trace id. Needs a NATS user
     that may read the hookbus_decisions stream (admin, auditor)."""
-    read_trail(
-        conn,
-        name="hookbus-decisions",
-        agent=agent,
-        keep=_Filters(session, action, handler),
-        limit=limit,
-        since=since,
-        follow=follow,
-        out=_Printer(as_json=as_json, follow=follow),
-    )
+    out = _Printer(as_json=as_json, follow=follow)
+    read_trail(conn, "hookbus-decisions", filters, limit=limit, since=since, follow=follow, out=out)
 
 
 def read_trail(
     conn: ConnectionSettings,
-    *,
     name: str,
-    agent: str | None,
-    keep: _Filters,
+    filters: _Filters,
+    *,
     limit: int,
     since: float | None,
     follow: bool,
     out: _Printer,
 ) -> None:
-    """Print the trail's matching records with `out` (see `_read`; `limit` 0 with `follow`:
-    new records only) as the NATS client `name`. A missing stream or a hookbus error is a
+    """Print the trail's records that pass `filters` with `out` (see `_read`; `limit` 0 with
+    `follow`: new records only) as the NATS client `name`. A missing stream or a hookbus error is a
     `click.ClickException` (one line, exit 1); Ctrl-C/SIGTERM end it with exit 0."""
 
     async def run(server: ConnectionSettings) -> int:
         nc = await connect(server, name=name)
         try:
             return await _read(
-                nc, agent=agent, keep=keep, limit=limit, since=since, follow=follow, out=out
+                nc, filters=filters, limit=limit, since=since, follow=follow, out=out
             )
         finally:
             with contextlib.suppress(Exception):
@@ -243,8 +244,7 @@ def read_trail(
 async def _read(
     nc: NATS,
     *,
-    agent: str | None,
-    keep: _Filters,
+    filters: _Filters,
     limit: int,
     since: float | None,
     follow: bool,
@@ -277,7 +277,7 @@ async def _read(
         config.opt_start_time = datetime.fromtimestamp(time.time() - since, UTC)
     elif limit == 0:  # only what is stored from now on
         config.deliver_policy = DeliverPolicy.NEW
-    elif agent is None and not keep.any:  # the last `limit` records are the answer
+    elif filters.agent is None and not filters.any:  # the last `limit` records are the answer
         config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
         config.opt_start_seq = max(info.state.first_seq, last_seq - limit + 1, 1)
 
@@ -288,6 +288,7 @@ async def _read(
 
     stop = asyncio.Event()
     with on_signals(lambda _sig: stop.set(), loop=asyncio.get_running_loop()):
+        agent = filters.agent
         subject = decisions_subject(agent) if agent is not None else DECISIONS_WILDCARD
         sub = await open_consumer(
             js, DECISIONS_STREAM, subject, cb=on_msg, config=config, ordered=True,
@@ -308,7 +309,7 @@ async def _read(
                 record = _decode(msg)
                 if record is None:
                     skipped += 1
-                elif keep(record):
+                elif filters(record):
                     recent.append(record)
                 meta = msg.metadata
                 caught_up = meta.num_pending == 0 or meta.sequence.stream >= last_seq
@@ -322,7 +323,7 @@ async def _read(
                 record = _decode(msg)
                 if record is None:
                     skipped += 1
-                elif keep(record):
+                elif filters(record):
                     out.one(record)
             return skipped
         finally:

@@ -37,9 +37,8 @@ from ._command_support import (
     parse_json_object,
 )
 from ._connect import LOCAL_URL
-from ._lifecycle import Supervisor, stop_on_signals
+from ._lifecycle import Supervisor, run_async, stop_on_signals
 from ._otel import otel_session
-from ._serve_cmds import run_async
 from ._service_emit import service_emit
 from ._trace_context import callers_trace, otlp_option
 

@@ -27,7 +27,7 @@ from nats.aio.client import Client as NATS
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import HookbusError, HookResult, NotConnectedError
 
-from ._claude_code_cmd import _parse_fallbacks
+from ._claude_code_cmd import door_options
 from ._command_support import (
     ConnectionSettings,
     FiniteFloatRange,
@@ -76,21 +76,10 @@ class Replica:
     def ready(self) -> bool:
         return self.nc.is_connected and not self.closed
 
-    async def emit(
-        self,
-        event: str,
-        data: dict[str, Any],
-        *,
-        idempotency_key: str | None = None,
-        timeout_s: float | None = None,
-        approval_timeout_s: float | None = None,
-    ) -> HookResult:
+    async def emit(self, event: str, data: dict[str, Any], **options: Any) -> HookResult:
         if not self.ready():
             raise NotConnectedError("the gateway is not connected to NATS")
-        return await self.dispatcher.emit(
-            event, data, idempotency_key=idempotency_key, timeout_s=timeout_s,
-            approval_timeout_s=approval_timeout_s,
-        )  # fmt: skip
+        return await self.dispatcher.emit(event, data, **options)
 
     async def close(self) -> None:
         """Stop the dispatcher, drain the connection (idempotent)."""
@@ -180,7 +169,6 @@ def _serve(
     try:
         import uvicorn
 
-        from hookbus.integrations.claude_code import ClaudeCodeOptions
         from hookbus.integrations.gateway import gateway_app
     except ImportError as exc:  # starlette, uvicorn
         raise MissingExtraError("hookbus gateway", "gateway") from exc
@@ -198,12 +186,7 @@ def _serve(
         )
     scheme = "https" if https_cert else "http"
     try:
-        options = ClaudeCodeOptions(
-            on_continue=on_continue,  # type: ignore[arg-type]
-            on_ask_user=on_ask_user,  # type: ignore[arg-type]
-            fallback=_parse_fallbacks(fallbacks),
-            timeout_s=timeout_s,
-        )
+        options = door_options(on_continue, on_ask_user, fallbacks, timeout_s)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
 

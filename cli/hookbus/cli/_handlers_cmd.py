@@ -53,6 +53,7 @@ from ._output import id_column, table_console
 __all__ = ["handlers", "services"]
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _with_connection(conn: ConnectionSettings, what: str, fn: Callable[[NATS], Awaitable[T]]) -> T:
@@ -88,6 +89,22 @@ def _age(at: float | None) -> str:
     return "-" if at is None else f"{max(0.0, time.time() - at):.1f} s ago"
 
 
+_json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON instead of a table."
+)
+
+
+def _ping_timeout_option(answers: str) -> Callable[[F], F]:
+    """``--ping-timeout``: seconds (0.05 to 10, default 0.5) to gather `answers`."""
+    return click.option(
+        "--ping-timeout",
+        default=0.5,
+        show_default=True,
+        type=FiniteFloatRange(min=0.05, max=10),
+        help=f"Seconds to gather {answers}.",
+    )
+
+
 @click.group(invoke_without_command=True)
 @connection_options
 @click.option("--event", default=None, help="Only this event.")
@@ -99,14 +116,8 @@ def _age(at: float | None) -> str:
     metavar="EVENT NAME",
     help="Delete a handler's declaration from the registry.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@click.option(
-    "--ping-timeout",
-    default=0.5,
-    show_default=True,
-    type=FiniteFloatRange(min=0.05, max=10),
-    help="Seconds to gather the live workers' answers ($SRV.PING).",
-)
+@_json_option
+@_ping_timeout_option("the live workers' answers ($SRV.PING)")
 @click.pass_context
 def handlers(
     ctx: click.Context,
@@ -200,14 +211,8 @@ def _dispatcher_json(d: DispatcherReplica) -> dict[str, Any]:
 
 @click.command("services")
 @connection_options
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@click.option(
-    "--ping-timeout",
-    default=0.5,
-    show_default=True,
-    type=FiniteFloatRange(min=0.05, max=10),
-    help="Seconds to gather the services' answers ($SRV.PING / $SRV.STATS).",
-)
+@_json_option
+@_ping_timeout_option("the services' answers ($SRV.PING / $SRV.STATS)")
 def services(conn: ConnectionSettings, as_json: bool, ping_timeout: float) -> None:
     """List the live hookbus services of the NATS services API, as `nats micro ls` does:
     each dispatcher service replica (hookbus-dispatcher) with its endpoints (emit,

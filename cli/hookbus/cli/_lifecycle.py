@@ -33,7 +33,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import anyio
@@ -53,6 +53,7 @@ __all__ = [
     "loop_choice",
     "on_hangup",
     "on_signals",
+    "run_async",
     "run_loop",
     "running_loop",
     "serve_until_signalled",
@@ -113,6 +114,23 @@ def run_loop(func: Callable[..., Awaitable[T]], *args: Any) -> T:
         options["loop_factory"] = uvloop.new_event_loop
     log.debug("event loop: %s", name)
     return anyio.run(func, *args, backend="asyncio", backend_options=options)
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine on the CLI's event loop (`run_loop`: uvloop when installed, else
+    asyncio's; nats-py's backend is asyncio).
+
+    Raises:
+        click.BadParameter, MissingExtraError: a ``HOOKBUS_LOOP`` that cannot be had.
+    """
+
+    async def runner() -> T:
+        return await coro
+
+    try:
+        return run_loop(runner)
+    finally:
+        coro.close()  # never started (no loop could be had): no "never awaited" warning
 
 
 def running_loop() -> str:

@@ -11,12 +11,9 @@ the server's nats-server read its config again (a reload, never a stop).
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import signal
 import time
-from collections.abc import Coroutine
-from typing import Any, TypeVar
 
 import click
 from nats.aio.client import Client as NATS
@@ -55,34 +52,13 @@ from ._lifecycle import (
     Supervisor,
     on_hangup,
     on_signals,
-    run_loop,
+    run_async,
     running_loop,
     stop_on_signals,
 )
 from ._otel import otel_session, otlp_option
 
 __all__ = ["dispatcher_cmd", "server", "worker"]
-
-log = logging.getLogger("hookbus.cli")
-
-T = TypeVar("T")
-
-
-def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine on the CLI's event loop (`run_loop`: uvloop when installed, else
-    asyncio's; nats-py's backend is asyncio).
-
-    Raises:
-        click.BadParameter, MissingExtraError: a ``HOOKBUS_LOOP`` that cannot be had.
-    """
-
-    async def runner() -> T:
-        return await coro
-
-    try:
-        return run_loop(runner)
-    finally:
-        coro.close()  # never started (no loop could be had): no "never awaited" warning
 
 
 # -- server ---------------------------------------------------------------------------------

@@ -64,27 +64,11 @@ class _TailPrinter(_Printer):
     help="Start with the N most recent matching decisions (0: new decisions only).",
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object (the full record) per line.")
-def tail(
-    conn: ConnectionSettings,
-    agent: str | None,
-    session: str | None,
-    action: str | None,
-    handler: str | None,
-    last: int,
-    as_json: bool,
-) -> None:
+def tail(conn: ConnectionSettings, filters: _Filters, last: int, as_json: bool) -> None:
     """Follow decisions live until Ctrl-C (exit 0): one line per decision, with the columns
     time (UTC), event, agent, tool, action, latency (how long the emit took to decide:
     12.3ms, 4.56s; - for records without it), decided_by. Reads the hookbus_decisions stream,
     written by `hookbus dispatcher --audit` (env HOOKBUS_AUDIT=1); needs a NATS user that may
     read it (admin, auditor). `hookbus decisions --follow` prints the long form."""
-    read_trail(
-        conn,
-        name="hookbus-tail",
-        agent=agent,
-        keep=_Filters(session, action, handler),
-        limit=last,
-        since=None,
-        follow=True,
-        out=_TailPrinter(as_json=as_json, follow=True),
-    )
+    out = _TailPrinter(as_json=as_json, follow=True)
+    read_trail(conn, "hookbus-tail", filters, limit=last, since=None, follow=True, out=out)

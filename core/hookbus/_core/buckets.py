@@ -122,13 +122,11 @@ def handlers_bucket_config(
 
     Every ``*_bucket_config`` takes `placement`: where JetStream puts the bucket's replicas
     (None: `bucket_placement`, from the environment; none there: JetStream chooses)."""
-    return KeyValueConfig(
-        bucket=HANDLERS_BUCKET,
-        description="hookbus handler declarations (one per event and handler)",
-        history=1,
+    return _kv_config(
+        HANDLERS_BUCKET,
+        "hookbus handler declarations (one per event and handler)",
         replicas=replicas,
-        direct=True,
-        placement=_placed(placement),
+        placement=placement,
         republish=handlers_republish(),
     )
 
@@ -138,14 +136,12 @@ def suspensions_bucket_config(
 ) -> KeyValueConfig:
     """The `SUSPENSIONS_BUCKET` config. Every record expires `ttl_s` seconds after its last
     write (the bucket's max age), so abandoned suspensions do not pile up."""
-    return KeyValueConfig(
-        bucket=SUSPENSIONS_BUCKET,
-        description="hookbus suspensions: one record per label",
-        history=1,
-        ttl=ttl_s,
+    return _kv_config(
+        SUSPENSIONS_BUCKET,
+        "hookbus suspensions: one record per label",
         replicas=replicas,
-        direct=True,
-        placement=_placed(placement),
+        placement=placement,
+        ttl_s=ttl_s,
     )
 
 
@@ -157,14 +153,12 @@ def leases_bucket_config(
     bucket hookbus needs: a memory bucket is gone after a server restart (a bucket an older
     hookbus made in memory is reported as differing, and made again in file storage by the
     first lease written after it is lost: `Leases`)."""
-    return KeyValueConfig(
-        bucket=LEASES_BUCKET,
-        description="hookbus waiter leases: one key per process with waiters",
-        history=1,
-        ttl=lease_s,
+    return _kv_config(
+        LEASES_BUCKET,
+        "hookbus waiter leases: one key per process with waiters",
         replicas=replicas,
-        direct=True,
-        placement=_placed(placement),
+        placement=placement,
+        ttl_s=lease_s,
     )
 
 
@@ -175,14 +169,36 @@ def approvals_bucket_config(
     answer proofs (``<agent>.<label>.<approver>``) and "Allow always" grants (five tokens,
     see `grant_key`), each kept `ttl_s` seconds after its last write (7 days: the longest
     approval). A grant's own lifetime is its ``expires_at``, checked when it is read."""
+    return _kv_config(
+        APPROVALS_BUCKET,
+        'hookbus approvals, answer proofs and "Allow always" grants',
+        replicas=replicas,
+        placement=placement,
+        ttl_s=ttl_s,
+    )
+
+
+def _kv_config(
+    bucket: str,
+    description: str,
+    *,
+    replicas: int,
+    placement: Placement | None,
+    ttl_s: float | None = None,
+    republish: RePublish | None = None,
+) -> KeyValueConfig:
+    """A bucket as hookbus makes each of its own: one value per key (history 1), direct
+    get, file storage (the default), placed by `placement` (None: `bucket_placement`);
+    `ttl_s`: the bucket's max age in seconds (None: none)."""
     return KeyValueConfig(
-        bucket=APPROVALS_BUCKET,
-        description='hookbus approvals, answer proofs and "Allow always" grants',
+        bucket=bucket,
+        description=description,
         history=1,
         ttl=ttl_s,
         replicas=replicas,
         direct=True,
         placement=_placed(placement),
+        republish=republish,
     )
 
 

@@ -47,6 +47,7 @@ __all__ = [
     "harden_connection",
     "order_flushes",
     "refusal_raised",
+    "reply_now",
     "report_refusals",
     "send_now",
 ]
@@ -145,6 +146,46 @@ def send_now(nc: Any) -> None:
             return
         nc._pending = []
         nc._pending_data_size = 0
+
+
+def reply_now(nc: Any, subject: str, payload: bytes) -> bool:
+    """Write a message of `payload` (bytes, no headers) on `subject` to `nc`'s socket now,
+    as ``await nc.publish(subject, payload)`` then `send_now` would, without nats-py's
+    queue: no flusher task woken, no future made, no list copied per reply.
+
+    Returns True once written; False, having done nothing, when it cannot be written so:
+    not connected (or no transport), commands queued before it (they go first: the caller
+    publishes and calls `send_now`, which keeps the order), closing or draining, a subject
+    nats-py refuses (the caller's ``publish`` raises its error), a payload over the
+    server's ``max_payload``, or a client without the expected private entry points.
+    """
+    transport = getattr(nc, "_transport", None)
+    if (
+        transport is None
+        or getattr(nc, "_pending", True)
+        or not nc.is_connected
+        or nc.is_draining_pubs
+        or len(payload) > nc.max_payload
+        or _bad_subject(subject)
+    ):
+        return False
+    try:
+        transport.write(b"PUB %b %d\r\n%b\r\n" % (subject.encode(), len(payload), payload))
+    except Exception:  # a transport closing under us: let nats-py's publish say what it is
+        return False
+    stats = nc.stats
+    stats["out_msgs"] += 1
+    stats["out_bytes"] += len(payload)
+    return True
+
+
+def _bad_subject(subject: str) -> bool:
+    """Whether nats-py's publish would refuse `subject` (empty, whitespace, CR or LF)."""
+    return not subject or _SUBJECT_INVALID.search(subject) is not None
+
+
+_SUBJECT_INVALID = re.compile(r"[ \t\r\n]")
+"""What nats-py's publish refuses in a subject (its ``_SUBJECT_INVALID_RE``)."""
 
 
 def _safe_decoding(nc: Any) -> None:

@@ -51,8 +51,7 @@ from nats.js.kv import KeyValue
 from rich.console import Console
 from rich.table import Table
 
-from hookbus.cli._command_support import ConnectionSettings, connect, load_object
-from hookbus.cli._service_emit import service_emit
+from hookbus.cli import ConnectionSettings, connect, load_object, service_emit
 from hookbus.dispatcher import HookDispatcher, Suspensions
 from hookbus.integrations import Emit
 from hookbus.schemas import (
@@ -172,14 +171,7 @@ class _RecordingDispatcher(HookDispatcher):
         self.emits: list[_Emit] = []
         self._via = via
 
-    async def emit(
-        self,
-        event: str,
-        data: dict[str, Any],
-        *,
-        idempotency_key: str | None = None,
-        timeout_s: float | None = None,
-    ) -> HookResult:
+    async def emit(self, event: str, data: dict[str, Any], **options: Any) -> HookResult:
         t0 = time.perf_counter()
         tool = data.get("tool_name")
         call_id = data.get("tool_call_id")
@@ -191,7 +183,7 @@ class _RecordingDispatcher(HookDispatcher):
         self.emits.append(record)
         try:
             emit = super().emit if self._via is None else self._via
-            result = await emit(event, data, idempotency_key=idempotency_key, timeout_s=timeout_s)
+            result = await emit(event, data, **options)
         except HookbusError as exc:
             record.error = f"{type(exc).__name__}: {exc}"
             raise

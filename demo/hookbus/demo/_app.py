@@ -50,15 +50,17 @@ from rich.table import Table
 
 from hookbus._core.buckets import handlers_bucket_config
 from hookbus._core.consumers import watch_keys
-from hookbus.cli._command_support import (
+from hookbus.cli import (
     ConnectionSettings,
     connect,
     connection_or_embedded,
     load_object,
+    otel_session,
+    print_denied_trace,
+    run_async,
+    service_emit,
 )
-from hookbus.cli._otel import otel_session, print_denied_trace
-from hookbus.cli._serve_cmds import run_async
-from hookbus.cli._service_emit import service_emit
+from hookbus.cli import auth_credentials as secure_credentials
 from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, DispatcherService, HookDispatcher
 from hookbus.integrations import Emit
 from hookbus.schemas import (
@@ -770,7 +772,7 @@ async def _provision(nc: NATS, *, secure: bool) -> None:
     """
     try:
         if secure:
-            from hookbus.cli._provision import provision  # the auth commands, only for --secure
+            from hookbus.cli import provision  # the auth commands, only for --secure
 
             await provision(nc)
         else:
@@ -1047,36 +1049,3 @@ def demo_identities(
         [f"{name}:{','.join(sorted(set(pairs)))}" for name, pairs in workers.items()],
         [DEMO_APPROVER],
     )
-
-
-def secure_credentials(
-    auth_dir: Path, url: str | None, *, tenant: str | None = None
-) -> Credentials:
-    """Credentials of each identity of the auth folder `auth_dir` (``hookbus auth init``):
-    its nkey seed, its inbox prefix and the server's CA, at `url` (default: the folder's).
-
-    Raises:
-        click.ClickException: the folder has no ``hookbus-auth.json``; later, an identity the
-            demo needs is missing (add it with ``hookbus auth add``).
-    """
-    from hookbus.cli._auth_files import load_setup  # the auth files, only for --secure
-    from hookbus.cli._permissions import inbox_prefix
-
-    setup = load_setup(auth_dir)
-    chosen = tenant or setup.tenants[0]
-
-    def settings(role: str, name: str) -> ConnectionSettings:
-        ident = setup.find(chosen, role, name)
-        if ident is None:
-            raise click.ClickException(
-                f"{auth_dir} has no {role} {name!r} in tenant {chosen}: run"
-                f" `hookbus auth add {role} {name} --dir {auth_dir}` (or init with --demo)"
-            )
-        return ConnectionSettings(
-            url=url or setup.url(),
-            nkey=str(ident.seed_path(auth_dir).resolve()),
-            inbox_prefix=inbox_prefix(ident.public_key),
-            tls_ca=setup.tls_ca,
-        )
-
-    return settings

@@ -220,19 +220,9 @@ def with_ids(emit: Emit, agent_id: str, session_id: str) -> Emit:
     """`emit` with `agent_id` and `session_id` as default fields of every event's data
     (what `HookDispatcher.set_default_fields` does for an embedded one)."""
 
-    async def with_ids(
-        event: str,
-        data: dict[str, Any],
-        *,
-        idempotency_key: str | None = None,
-        timeout_s: float | None = None,
-        approval_timeout_s: float | None = None,
-    ) -> HookResult:
+    async def with_ids(event: str, data: dict[str, Any], **options: Any) -> HookResult:
         data = {"agent_id": agent_id, "session_id": session_id, **data}
-        return await emit(
-            event, data, idempotency_key=idempotency_key, timeout_s=timeout_s,
-            approval_timeout_s=approval_timeout_s,
-        )  # fmt: skip
+        return await emit(event, data, **options)
 
     return with_ids
 

@@ -11,7 +11,8 @@ here too, written once: how an emit that cannot decide is turned into a decision
 (`emit_decision`), which results stop an action (`denied`, `as_deny`), the text a model
 reads for a denied call (`denied_text`) or a withheld result (`withheld_text`), the final
 chained data (`final_data`), the injections of a result (`injections`) and how they are
-framed when appended to the text of a tool result (`framed_injections`).
+framed when appended to the text of a tool result (`framed_injections`); and what the
+hooks of a framework hold and how they emit (`FrameworkHooks`).
 """
 
 from __future__ import annotations
@@ -19,13 +20,18 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Collection, Mapping
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from hookbus.schemas import HookbusError, HookResult, NotConnectedError, UnknownEventError
 
+if TYPE_CHECKING:
+    from hookbus.dispatcher import HookDispatcher
+
 __all__ = [
     "DATA_ACTIONS",
+    "NO_APPROVALS",
     "Emit",
+    "FrameworkHooks",
     "HookDeniedError",
     "Injection",
     "as_deny",
@@ -214,6 +220,45 @@ def check_options(
     for name, value in [("timeout_s", timeout_s), *per_event.items()]:
         check_timeout(name, value)
     return per_event
+
+
+NO_APPROVALS = (
+    "the dispatcher does not run hookbus approvals (a connected, started HookDispatcher with"
+    " approvals on does)"
+)
+"""Why an ``ask_user`` came back unanswered from a dispatcher (`as_deny`'s `why_unanswered`)."""
+
+
+class FrameworkHooks:
+    """What the hooks of an agent framework hold (the dispatcher, the session id, the
+    deadlines) and how they emit (`_emit`). A subclass names the events it emits in
+    `_events` and describes its arguments (``dispatcher``, ``session_id``, ``timeout_s``,
+    ``timeouts``); they are checked by `check_options`, whose errors name the subclass."""
+
+    _events: ClassVar[tuple[str, ...]]
+
+    def __init__(
+        self,
+        dispatcher: HookDispatcher,
+        *,
+        session_id: str | None = None,
+        timeout_s: float | None = None,
+        timeouts: Mapping[str, float | None] | None = None,
+    ) -> None:
+        per_event = check_options(
+            type(self).__name__, dispatcher, events=self._events, session_id=session_id,
+            timeout_s=timeout_s, timeouts=timeouts,
+        )  # fmt: skip
+        self.dispatcher = dispatcher
+        self.session_id = session_id
+        self.timeout_s = timeout_s
+        self.timeouts = per_event
+
+    async def _emit(self, event: str, data: dict[str, Any], key: str) -> HookResult:
+        """`emit_decision` through the dispatcher with idempotency key `key`, within the
+        deadline of `event` (its `timeouts` entry, else `timeout_s`)."""
+        timeout = self.timeouts.get(event, self.timeout_s)
+        return await emit_decision(self.dispatcher.emit, event, data, key=key, timeout_s=timeout)
 
 
 class HookDeniedError(HookbusError):

@@ -74,7 +74,7 @@ from claude_agent_sdk import ClaudeAgentOptions, HookContext, HookMatcher
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import HookResult
 
-from ._emit import as_deny
+from ._emit import NO_APPROVALS, as_deny
 from .claude_code import _SETTLE_S, ClaudeCodeOptions, answer
 
 __all__ = ["DEFAULT_EVENTS", "SDK_EVENTS", "HookbusClaudeHooks"]
@@ -106,11 +106,6 @@ _FAIL_CLOSED = frozenset({"PreToolUse", "PermissionRequest"})
 _MATCHER_SLACK_S = 5.0
 """Seconds past the door's own bound (`ClaudeCodeOptions.timeout_s` and its settle time)
 before the SDK's matcher timeout cuts the callback: the fallback answers first."""
-
-_NO_APPROVALS = (
-    "the dispatcher does not run hookbus approvals (a connected, started HookDispatcher with"
-    " approvals on does)"
-)
 
 
 class HookbusClaudeHooks:
@@ -198,21 +193,10 @@ class HookbusClaudeHooks:
         out: dict[str, Any] = json.loads(reply.stdout) if reply.stdout else {}
         return out
 
-    async def _emit(
-        self,
-        event: str,
-        data: dict[str, Any],
-        *,
-        idempotency_key: str | None = None,
-        timeout_s: float | None = None,
-        approval_timeout_s: float | None = None,
-    ) -> HookResult:
+    async def _emit(self, event: str, data: dict[str, Any], **options: Any) -> HookResult:
         """The dispatcher's emit; an ``ask_user`` it could not turn into an approval is a
         deny (nobody can answer it here)."""
-        result = await self.dispatcher.emit(
-            event, data, idempotency_key=idempotency_key, timeout_s=timeout_s,
-            approval_timeout_s=approval_timeout_s,
-        )  # fmt: skip
+        result = await self.dispatcher.emit(event, data, **options)
         if result.action == "ask_user":
-            return as_deny(result, event, _NO_APPROVALS, log=log)
+            return as_deny(result, event, NO_APPROVALS, log=log)
         return result

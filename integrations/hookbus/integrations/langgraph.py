@@ -83,16 +83,15 @@ from langgraph.prebuilt import ToolNode
 from langgraph.prebuilt.tool_node import ToolCallRequest, msg_content_output
 from langgraph.types import Command
 
-from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import TOOL_ERROR, TOOL_POST, TOOL_PRE, HookbusError, HookResult
 
 from ._emit import (
+    NO_APPROVALS,
+    FrameworkHooks,
     Injection,
     as_deny,
-    check_options,
     denied,
     denied_text,
-    emit_decision,
     final_data,
     framed_injections,
     injections,
@@ -107,16 +106,12 @@ log = logging.getLogger("hookbus.integrations.langgraph")
 EVENTS = (TOOL_PRE, TOOL_POST, TOOL_ERROR)
 """The events these hooks emit, in lifecycle order."""
 
-_UNANSWERED = (
-    "the dispatcher does not run hookbus approvals (a connected, started HookDispatcher with"
-    " approvals on does)"
-)
 
 ToolOutput = ToolMessage | Command[Any]
 Execute = Callable[[ToolCallRequest], Awaitable[ToolOutput]]
 
 
-class HookbusToolHooks:
+class HookbusToolHooks(FrameworkHooks):
     """The ``ToolNode`` hooks that emit each tool call on hookbus and apply the handlers'
     decisions (see the module docstring for the events and each action).
 
@@ -135,22 +130,7 @@ class HookbusToolHooks:
             above 0, or a `timeouts` key that is not an event these hooks emit.
     """
 
-    def __init__(
-        self,
-        dispatcher: HookDispatcher,
-        *,
-        session_id: str | None = None,
-        timeout_s: float | None = None,
-        timeouts: Mapping[str, float | None] | None = None,
-    ) -> None:
-        per_event = check_options(
-            "HookbusToolHooks", dispatcher, events=EVENTS, session_id=session_id,
-            timeout_s=timeout_s, timeouts=timeouts,
-        )  # fmt: skip
-        self.dispatcher = dispatcher
-        self.session_id = session_id
-        self.timeout_s = timeout_s
-        self.timeouts = per_event
+    _events = EVENTS
 
     def tool_node(self, tools: Sequence[BaseTool | Callable[..., Any]], **options: Any) -> ToolNode:
         """A `ToolNode` of `tools` with these hooks (`options` are the ``ToolNode``'s own:
@@ -198,7 +178,7 @@ class HookbusToolHooks:
         sent = jsonable(call["args"])
         result = await self._emit(TOOL_PRE, self._fields(ids, call, sent), ids.key(TOOL_PRE))
         if denied(result):
-            deny = as_deny(result, TOOL_PRE, _UNANSWERED, log=log)
+            deny = as_deny(result, TOOL_PRE, NO_APPROVALS, log=log)
             return _message(call, denied_text(deny), status="error")
         new_input = final_data(result).get("tool_input", sent)
         if new_input != sent:
@@ -246,7 +226,7 @@ class HookbusToolHooks:
         data = {**fields, "tool_result": sent}
         decision = await self._emit(TOOL_POST, data, ids.key(TOOL_POST))
         if denied(decision):
-            deny = as_deny(decision, TOOL_POST, _UNANSWERED, log=log)
+            deny = as_deny(decision, TOOL_POST, NO_APPROVALS, log=log)
             return _message(call, withheld_text(deny))
         added += injections(decision)
         new_result = final_data(decision).get("tool_result", sent)
@@ -271,9 +251,6 @@ class HookbusToolHooks:
         return _with_injections(output, added)
 
     # -- helpers -------------------------------------------------------------------------
-    async def _emit(self, event: str, data: dict[str, Any], key: str) -> HookResult:
-        timeout = self.timeouts.get(event, self.timeout_s)
-        return await emit_decision(self.dispatcher.emit, event, data, key=key, timeout_s=timeout)
 
     def _fields(self, ids: _Ids, call: Mapping[str, Any], tool_input: Any) -> dict[str, Any]:
         return {

@@ -68,7 +68,6 @@ import copy
 import json
 import logging
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,16 +75,15 @@ import jsonschema
 from agents import Agent, FunctionTool, Runner, RunResult
 from agents.tool_context import ToolContext
 
-from hookbus.dispatcher import HookDispatcher
-from hookbus.schemas import PROMPT_SUBMIT, TOOL_POST, TOOL_PRE, HookbusError, HookResult
+from hookbus.schemas import PROMPT_SUBMIT, TOOL_POST, TOOL_PRE, HookbusError
 
 from ._emit import (
+    NO_APPROVALS,
+    FrameworkHooks,
     HookDeniedError,
     as_deny,
-    check_options,
     denied,
     denied_text,
-    emit_decision,
     final_data,
     framed_injections,
     injections,
@@ -102,11 +100,6 @@ EVENTS = (PROMPT_SUBMIT, TOOL_PRE, TOOL_POST)
 
 _KEY_PREFIX = "openai-agents"
 
-_NO_APPROVALS = (
-    "the dispatcher does not run hookbus approvals (a connected, started HookDispatcher with"
-    " approvals on does)"
-)
-
 
 @dataclass(frozen=True)
 class _Run:
@@ -120,7 +113,7 @@ _RUN: contextvars.ContextVar[_Run | None] = contextvars.ContextVar(
 """The run `HookbusGuard.run` is running (the SDK runs tools in tasks that copy it)."""
 
 
-class HookbusGuard:
+class HookbusGuard(FrameworkHooks):
     """Runs OpenAI Agents SDK agents with their lifecycle on hookbus (see the module
     docstring for the events and what each action does).
 
@@ -139,22 +132,7 @@ class HookbusGuard:
             above 0, or a `timeouts` key that is not one of `EVENTS`.
     """
 
-    def __init__(
-        self,
-        dispatcher: HookDispatcher,
-        *,
-        session_id: str | None = None,
-        timeout_s: float | None = None,
-        timeouts: Mapping[str, float | None] | None = None,
-    ) -> None:
-        per_event = check_options(
-            "HookbusGuard", dispatcher, events=EVENTS, session_id=session_id,
-            timeout_s=timeout_s, timeouts=timeouts,
-        )  # fmt: skip
-        self.dispatcher = dispatcher
-        self.session_id = session_id
-        self.timeout_s = timeout_s
-        self.timeouts = per_event
+    _events = EVENTS
 
     # -- governing tools and agents --------------------------------------------------------
     def tool(self, tool: FunctionTool) -> FunctionTool:
@@ -240,7 +218,7 @@ class HookbusGuard:
         result = await self._emit(PROMPT_SUBMIT, data, _key(run, PROMPT_SUBMIT))
         if denied(result):
             raise HookDeniedError(
-                PROMPT_SUBMIT, as_deny(result, PROMPT_SUBMIT, _NO_APPROVALS, log=log)
+                PROMPT_SUBMIT, as_deny(result, PROMPT_SUBMIT, NO_APPROVALS, log=log)
             )
         new_prompt = final_data(result).get("prompt", prompt)
         if not isinstance(new_prompt, str):
@@ -253,10 +231,6 @@ class HookbusGuard:
             return new_prompt
         items: list[Any] = [{"role": role, "content": content} for content, role, _, _ in added]
         return [*items, {"role": "user", "content": new_prompt}]
-
-    async def _emit(self, event: str, data: dict[str, Any], key: str) -> HookResult:
-        timeout = self.timeouts.get(event, self.timeout_s)
-        return await emit_decision(self.dispatcher.emit, event, data, key=key, timeout_s=timeout)
 
 
 class _GovernedInvoker:
@@ -285,7 +259,7 @@ class _GovernedInvoker:
         }
         pre = await self.guard._emit(TOOL_PRE, fields, _key(run, TOOL_PRE, ctx.tool_call_id))
         if denied(pre):
-            return denied_text(as_deny(pre, TOOL_PRE, _NO_APPROVALS, log=log))
+            return denied_text(as_deny(pre, TOOL_PRE, NO_APPROVALS, log=log))
         new_args = final_data(pre).get("tool_input", args)
         if new_args != args:
             problem = self._invalid(new_args)
@@ -301,7 +275,7 @@ class _GovernedInvoker:
         data = {**fields, "tool_input": args, "tool_result": sent}
         post = await self.guard._emit(TOOL_POST, data, _key(run, TOOL_POST, ctx.tool_call_id))
         if denied(post):
-            return withheld_text(as_deny(post, TOOL_POST, _NO_APPROVALS, log=log))
+            return withheld_text(as_deny(post, TOOL_POST, NO_APPROVALS, log=log))
         new_output = final_data(post).get("tool_result", sent)
         if new_output != sent:
             output = new_output
