@@ -4,7 +4,6 @@ page of them, oldest first (`page_of`, `SuspensionPage`)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,7 +12,7 @@ from typing import Any
 from nats.js.api import DeliverPolicy
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE
 
-from hookbus._core.kv import release_consumer, subscribe_keys
+from hookbus._core.kv import read_to_end, subscribe_keys
 from hookbus._core.suspension_records import is_record_key
 from hookbus.schemas import (
     BadRequestError,
@@ -107,27 +106,14 @@ async def scan_once(
         inactive_threshold_s=60.0,
         recover=False,  # a slot consumer's gap: the listing is read again
     )
-    try:
-        async with asyncio.timeout(deadline_s):
-            while True:
-                if getattr(sub, "gaps", 0):  # a message was lost: not a complete list
-                    raise TimeoutError("the listing missed a message; reading it again")
-                # The end is when the server has nothing pending for the consumer and
-                # every message it delivered (its consumer sequence: an ordered consumer
-                # that was reset is a new consumer) has been processed here. A message's own
-                # "nothing pending" is only a hint: the server may have pushed more
-                # (or answer this info) before this process has read them.
-                maybe_done.clear()
-                info = await sub.consumer_info()
-                delivered = info.delivered.consumer_seq
-                if info.num_pending == 0 and delivered <= processed.get(info.name, 0):
-                    if seen >= last:
-                        break
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(0.25):
-                        await maybe_done.wait()
-    finally:
-        await release_consumer(sub)
+    await read_to_end(
+        sub,
+        processed,
+        maybe_done,
+        deadline_s=deadline_s,
+        missed="the listing missed a message; reading it again",
+        done=lambda: seen >= last,
+    )
     return list(records.values()), list(bad)
 
 
