@@ -324,7 +324,7 @@ class Cluster(Servers[Node]):
     async def connect(self, **kwargs: Any) -> NATS:
         """A client connected to the cluster (every node in its server list; reconnects
         forever, so it rides through node kills)."""
-        return await self._connect(self.servers, **kwargs)
+        return await self._connect(kwargs.pop("servers", self.servers), **kwargs)
 
 
 async def wait_for(predicate: Any, timeout_s: float = 20.0, interval_s: float = 0.1) -> Any:

@@ -34,6 +34,7 @@ from nats.js.api import DiscardPolicy, RetentionPolicy
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from hookbus._core.buckets import stream_config_differences
+from hookbus._core.decisions_stream import ensure_decisions_stream
 from hookbus._core.kv import release_consumer
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.cli._auth_files import DEFAULT_TENANT, load_setup
@@ -43,7 +44,7 @@ from hookbus.cli._decisions_cmd import latency
 from hookbus.cli._permissions import inbox_prefix
 from hookbus.cli._provision import provision
 from hookbus.dispatcher import ApprovalsClient, DispatcherService, HookDispatcher
-from hookbus.dispatcher._audit import DecisionLog, ensure_decisions_stream
+from hookbus.dispatcher._audit import DecisionLog
 from hookbus.schemas import (
     DECISIONS_STREAM,
     DECISIONS_WILDCARD,

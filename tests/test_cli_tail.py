@@ -23,9 +23,9 @@ from _serving import serving
 from conftest import written
 from nats.aio.client import Client as NATS
 
+from hookbus._core.decisions_stream import ensure_decisions_stream
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import HookDispatcher
-from hookbus.dispatcher._audit import ensure_decisions_stream
 from hookbus.schemas import HookResult, decisions_subject
 
 pytestmark = pytest.mark.anyio

@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hookbus._core.copies import json_copy
-from hookbus.schemas import BadRequestError, _jsonsafe
-from hookbus.schemas._jsonsafe import _shared_copy, json_safe_encoded
+from hookbus.schemas import BadRequestError, event_data
+from hookbus.schemas.event_data import _shared_copy, json_safe_encoded
 
 _SETTINGS = settings(
     max_examples=400,
@@ -213,14 +213,14 @@ def _outcome(value: dict[str, Any], *, share_from: int, copy: Any = json_safe_en
     """`copy(value)` (`json_safe_encoded` or `json_copy`; or its error) with the walk tried
     from `share_from` encoded bytes, with budget for every value (each takes at least one
     byte)."""
-    saved = _jsonsafe.SHARE_FROM_BYTES, _jsonsafe.BYTES_PER_NODE
-    _jsonsafe.SHARE_FROM_BYTES, _jsonsafe.BYTES_PER_NODE = share_from, 1
+    saved = event_data.SHARE_FROM_BYTES, event_data.BYTES_PER_NODE
+    event_data.SHARE_FROM_BYTES, event_data.BYTES_PER_NODE = share_from, 1
     try:
         return copy(value)
     except BadRequestError as exc:
         return exc
     finally:
-        _jsonsafe.SHARE_FROM_BYTES, _jsonsafe.BYTES_PER_NODE = saved
+        event_data.SHARE_FROM_BYTES, event_data.BYTES_PER_NODE = saved
 
 
 def _leaves(value: Any) -> list[Any]:

@@ -501,9 +501,9 @@ async def test_drain_stops_intake_on_every_subscription_at_once(connect, event):
 def test_every_failure_is_a_structured_error(exc, code, retryable):
     """What an emit raises becomes the agent's error reply: aborts and outages are
     retryable `unavailable`, never silence and never a generic `internal`."""
-    from hookbus.dispatcher._service import _wire_error
+    from hookbus.dispatcher._service_requests import wire_error
 
-    error = _wire_error(exc)
+    error = wire_error(exc)
     assert (error.code, error.retryable) == (code, retryable)
     assert error.message
 

@@ -151,7 +151,8 @@ async def test_the_bounds_are_validated_and_advertised(connect: Any, event: str)
             DispatcherService(d, snc, **bad)
     assert "quota" in WIRE_ERROR_CODES and "busy" in WIRE_ERROR_CODES
     service = DispatcherService(d, snc)
-    assert (service._agent_max, service._agent_rate, service._agent_burst) == (64, 200.0, 400)
+    quotas = service._quotas
+    assert (quotas.max_in_flight, quotas.rate_per_s, quotas.burst) == (64, 200.0, 400)
 
 
 async def test_a_refusal_over_the_agents_bounds_is_held_within_the_requests_time(

@@ -19,6 +19,7 @@ import click
 import nats.errors
 import nats.js.errors
 
+from hookbus._core.approvers import valid_approver
 from hookbus.dispatcher import ApprovalsClient
 from hookbus.schemas import HookbusError
 
@@ -135,7 +136,6 @@ def console(
         import uvicorn
 
         from hookbus.integrations.console import Feed, console_app
-        from hookbus.integrations.console._sign_in import valid_approver
     except ImportError as exc:  # starlette, uvicorn
         raise MissingExtraError("hookbus console", "console") from exc
     if console_token is None and os.environ.get(TOKEN_ENV) == "":

@@ -49,9 +49,9 @@ from hookbus._core.buckets import (
     stream_config_differences,
     suspensions_bucket_config,
 )
+from hookbus._core.decisions_stream import ensure_decisions_stream
 from hookbus._core.jetstream import jetstream_context, js_domain_of, open_bucket
 from hookbus.cli._permissions import inbox_prefix
-from hookbus.dispatcher._audit import ensure_decisions_stream
 from hookbus.schemas import (
     DECISIONS_STREAM,
     HANDLERS_BUCKET,

@@ -9,8 +9,10 @@ stream order (`proofs`, the approvals' and the ``ai`` integration's tool approva
 JetStream consumers held in an identity's slots (`consumers`), stopping a background task
 (`tasks`), the nats-py client's guards, consumer-slot naming, rate-limited logging,
 OpenTelemetry provider caching and the embedded nats-server (`embedded_server`: the CLI's
-default server and the test kit's real one). It sits on `hookbus.schemas` (the only package
-of ours it imports) and below
+default server and the test kit's real one); and what the packages above share: opening
+the decisions stream (`decisions_stream`), reading suspension records back
+(`suspension_records`) and approvers' names (`approvers`). It sits on `hookbus.schemas`
+(the only package of ours it imports, through its public modules) and below
 `hookbus.workers` and `hookbus.dispatcher` (which never import each other); the packages
 above them may use it too. No public API: every name here may change in any release.
 """

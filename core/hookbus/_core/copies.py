@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from hookbus.schemas import BadRequestError
-from hookbus.schemas._jsonsafe import json_safe_encoded, walked_copy
+from hookbus.schemas.event_data import json_safe_encoded, walked_copy
 
 __all__ = ["json_copy", "json_safe_encoded", "walked_copy"]
 

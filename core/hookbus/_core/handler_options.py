@@ -51,7 +51,7 @@ from hookbus.schemas import (
     HandlerDeclaration,
     ToolFilter,
 )
-from hookbus.schemas._tool_filter import HandlerOptionError, compile_tool_filter
+from hookbus.schemas.tool_filter import HandlerOptionError
 
 __all__ = [
     "DEFAULTS",
@@ -70,7 +70,6 @@ __all__ = [
     "check_local_priority",
     "check_priority",
     "check_timeout",
-    "compile_tool_filter",
     "is_async_handler",
     "stricter_policy",
 ]

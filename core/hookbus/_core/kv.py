@@ -32,6 +32,7 @@ __all__ = [
     "is_transient",
     "kv_retry",
     "open_bucket",
+    "read_to_end",
     "release_consumer",
     "stream_sequence",
     "subscribe_keys",
@@ -73,6 +74,46 @@ async def release_consumer(sub: Any, *, timeout_s: float = 2.0) -> None:
     with contextlib.suppress(Exception):
         async with asyncio.timeout(timeout_s):
             await sub._js._jsm.delete_consumer(stream, name)
+
+
+async def read_to_end(
+    sub: Any,
+    processed: dict[str, int],
+    maybe_done: asyncio.Event,
+    *,
+    deadline_s: float,
+    missed: str,
+    done: Callable[[], bool] = lambda: True,
+) -> None:
+    """Wait until the consumer of `sub` (a `subscribe_keys` reading to the end) has
+    delivered everything its callback then processed, and `done()` agrees; release it
+    either way. The end is when the server has nothing pending for the consumer and every
+    message it delivered (its consumer sequence: an ordered consumer that was reset is a
+    new consumer) has been processed here: `processed` holds, per consumer name, the
+    highest consumer sequence processed; the callback sets `maybe_done` on a message with
+    nothing pending after it (only a hint: the server may have pushed more, or answer this
+    info, before this process has read them).
+
+    Raises:
+        TimeoutError: not read to the end within `deadline_s` seconds, or a message was
+            lost (the message `missed`): the caller reads it again.
+    """
+    try:
+        async with asyncio.timeout(deadline_s):
+            while True:
+                if getattr(sub, "gaps", 0):  # a message was lost: not a complete read
+                    raise TimeoutError(missed)
+                maybe_done.clear()
+                info = await sub.consumer_info()
+                delivered = info.delivered.consumer_seq
+                if info.num_pending == 0 and delivered <= processed.get(info.name, 0):
+                    if done():
+                        break
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.25):
+                        await maybe_done.wait()
+    finally:
+        await release_consumer(sub)
 
 
 def stream_sequence(msg: Any) -> int:

@@ -21,7 +21,7 @@ import nats.js.errors
 from nats.js.api import DeliverPolicy
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
-from hookbus._core.kv import is_transient, kv_retry, release_consumer, subscribe_keys
+from hookbus._core.kv import is_transient, kv_retry, read_to_end, subscribe_keys
 from hookbus.schemas import AlreadySettledError, ApprovalAnswer, HookbusError, decode, encode
 
 __all__ = [
@@ -109,22 +109,13 @@ async def _read_once(kv: KeyValue, record_key: str, deadline_s: float) -> list[t
         kv, f"{record_key}.*", cb=on_msg, deliver_policy=DeliverPolicy.ALL,
         inactive_threshold_s=30.0, recover=False,  # a gap: the proofs are read again
     )  # fmt: skip
-    try:
-        async with asyncio.timeout(deadline_s):
-            while True:
-                if getattr(sub, "gaps", 0):  # a message was lost: not a complete list
-                    raise TimeoutError("reading the answers missed a message; reading again")
-                maybe_done.clear()
-                info = await sub.consumer_info()
-                if info.num_pending == 0 and info.delivered.consumer_seq <= processed.get(
-                    info.name, 0
-                ):
-                    break
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(0.25):
-                        await maybe_done.wait()
-    finally:
-        await release_consumer(sub)
+    await read_to_end(
+        sub,
+        processed,
+        maybe_done,
+        deadline_s=deadline_s,
+        missed="reading the answers missed a message; reading again",
+    )
     return [(key, value) for key, (_, value) in sorted(found.items(), key=lambda kv_: kv_[1][0])]
 
 

@@ -3,7 +3,9 @@
 A run that needs an answer calls ``await hook(label, payload=T)``. One KV record per label
 (`SuspensionRecord`) holds the state; every change is a compare-and-set on its revision
 that stays exactly-once when a write's outcome is unknown (`RecordStore`), so concurrent
-resolvers, cancellers and waiters in any process end in exactly one outcome.
+resolvers, cancellers and waiters in any process end in exactly one outcome. `Suspensions`
+composes the parts: the waiting side (`HookWaits`), the settling side (`Settling`), the
+process's shared watch and lease, and its run scopes.
 
 - A pre-registered resolution (``resolve_hook`` before any ``hook``) is consumed by the next
   matching ``hook`` exactly once, which returns at once. One that does not fit the payload
@@ -36,67 +38,44 @@ import asyncio
 import contextlib
 import copy
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
-import msgspec
 from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
 
 from hookbus._core.buckets import suspensions_bucket_config
-from hookbus._core.jetstream import caller_deadline, time_left
-from hookbus._core.kv import kv_retry, open_bucket
+from hookbus._core.jetstream import caller_deadline
+from hookbus._core.kv import open_bucket
 from hookbus._core.nats_guard import harden_connection
 from hookbus._core.tasks import stop_task
 from hookbus.schemas import (
-    AlreadySettledError,
-    DuplicateSuspensionError,
-    HookbusTimeoutError,
     HookPart,
     HookStatus,
-    ResolutionRejectedError,
     SuspensionAbortedError,
     SuspensionCancelledError,
-    SuspensionNotFoundError,
     SuspensionRecord,
     SuspensionTimeoutError,
     suspension_events_subject,
 )
 
 from ._deliveries import Deliveries
+from ._hook_waits import MIN_STORE_S, HookWaits, LocalWaits
 from ._records import Entry, RecordStore, SuspensionPage
-from ._run_scopes import RunScope, cleanup, current_run_scope, note_label
-from ._suspension_events import (
-    HookEventStream,
-    Validators,
-    check,
-    convert,
-    payload_schema,
-    publish,
-    settled,
-    to_json_value,
-)
-from ._telemetry import SuspensionSpan, suspension_span
-from ._waiter import Leases, SharedWatch, Slot
+from ._run_scopes import RunScope, cleanup, current_run_scope
+from ._settling import Settling
+from ._suspension_events import HookEventStream, Validators
+from ._telemetry import suspension_span
+from ._waiter import Leases, SharedWatch
 
 __all__ = ["HookEventStream", "PendingHook", "RunScope", "SuspensionPage", "Suspensions"]
 
 log = logging.getLogger("hookbus.dispatcher")
 
 T = TypeVar("T")
-
-MIN_STORE_S = 0.5
-"""Seconds a hook's store reads and writes may take at least, however short its timeout
-(a timeout of 0 still creates its record, or takes a stored resolution)."""
-
-CLOSING_S = 1.0
-"""Seconds past a hook's timeout its closing write (detaching its record, so that a later
-``hook(label)`` may take it) may take; one cut there leaves the record attached until
-this process's lease lapses."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,12 +120,20 @@ class Suspensions:
         self.watch = SharedWatch(self.records, poll_s=poll_s, poll_batch=poll_batch)
         """The process's one watch on the bucket (``watch.consumers`` is 0 or 1)."""
         self._leases = leases
-        self._waiters: dict[str, set[anyio.CancelScope]] = {}
-        self._live: dict[str, int] = {}
+        self._local = LocalWaits()
         self._validators = Validators()
         self._deliveries = Deliveries()
         self._settles = 0
         self._watching: asyncio.Task[None] | None = None
+        self._bind()
+
+    def _bind(self) -> None:
+        """The waiting and settling sides, on this store's records."""
+        self._waits = HookWaits(
+            self._nc, self.records, self.watch, self._deliveries, self._local,
+            lease=self._lease, waiter_id=lambda: self.waiter_id,
+        )  # fmt: skip
+        self._settling = Settling(self._nc, self.records, self._validators, self._hint)
 
     def for_agent(self, agent_id: str | None) -> Suspensions:
         """This store addressing `agent_id`'s records (``<agent>.<label>`` keys): the same
@@ -155,6 +142,7 @@ class Suspensions:
             return self
         view = copy.copy(self)
         view.records = self.records.for_agent(agent_id)
+        view._bind()
         return view
 
     @property
@@ -299,7 +287,7 @@ class Suspensions:
             try:
                 bound = None if timeout_s is None else max(timeout_s, MIN_STORE_S)
                 with caller_deadline(bound):
-                    value = await self._hook(
+                    value = await self._waits.suspend(
                         span, label, payload=payload, metadata=metadata, timeout_s=timeout_s,
                         schema=schema, shared=shared,
                     )  # fmt: skip
@@ -315,243 +303,11 @@ class Suspensions:
             span.event("resolved")
             return value
 
-    async def _hook(
-        self,
-        span: SuspensionSpan,
-        label: str,
-        *,
-        payload: type[T] | None,
-        metadata: dict[str, Any] | None,
-        timeout_s: float | None,
-        schema: dict[str, Any] | None,
-        shared: bool,
-    ) -> T:
-        key = self.records.key(label)  # BadRequestError for a label too long to be a key
-        until = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
-        if self._live.get(key) and not shared:
-            raise DuplicateSuspensionError(
-                f"this process already waits on a hook labelled {label!r}"
-            )
-        run = note_label(label)
-        try:  # a resolution handed out here is marked first
-            bound = None if timeout_s is None else time_left(max(timeout_s, MIN_STORE_S))
-            async with asyncio.timeout(bound):
-                await self._deliveries.settle(key)
-        except TimeoutError as exc:
-            raise HookbusTimeoutError(
-                f"hook {label!r}: the mark of its last resolution was not stored in {timeout_s}s"
-            ) from exc
-        leases = await self._lease()
-        slot = self.watch.register(key)
-        try:
-            await kv_retry(self.watch.start, deadline_s=self.records.deadline_s, what="watch")
-            hook_id = uuid.uuid4().hex
-
-            def fresh() -> SuspensionRecord:
-                return SuspensionRecord(
-                    label=label, status="pending", hook_id=hook_id, agent_id=self.agent_id,
-                    run_id=run.run_id if run else None, attached=True, owner=leases.waiter_id,
-                    metadata=metadata or {}, payload_type=getattr(payload, "__name__", None),
-                    payload_schema=schema if schema is not None else payload_schema(payload),
-                    created_at=time.time(),
-                )  # fmt: skip
-
-            while True:
-                entry = await self.records.latest(label)
-                if entry is None or entry.record is None:  # absent, deleted or malformed
-                    record = fresh()
-                    revision = await self.records.create(record, over=entry, if_deleted="lost")
-                    if revision is None:
-                        continue  # someone created it first: look again
-                    await publish(self._nc, record)
-                    break
-                record, revision = entry.record, entry.revision
-                consumed = record.consumed or self._deliveries.delivered(key, revision)
-                if record.status == "resolved" and not consumed:
-                    mine = record.owner == leases.waiter_id
-                    resume = run is not None and record.run_id == run.run_id
-                    if record.attached and record.owner and not (mine or shared or resume):
-                        if await leases.alive(record.owner):  # being handed to its waiter
-                            raise DuplicateSuspensionError(
-                                f"a live hook with label {label!r} exists (hook"
-                                f" {record.hook_id}); its resolution is being handed to it"
-                            )
-                    result = convert(label, record.resolution, payload)  # refuse, unconsumed
-                    if await self._consume(record, revision):
-                        return result
-                    continue
-                if record.status == "cancelled":
-                    raise SuspensionCancelledError(label, record.reason)
-                if record.status == "resolved" and shared:  # one call, retried: its answer
-                    return convert(label, record.resolution, payload)
-                if record.status == "resolved":  # consumed earlier: this is a new hook
-                    record = fresh()
-                    revision = await self.records.swap(
-                        record, last=entry.revision, prior=entry.record, if_deleted="lost"
-                    )
-                    if revision is None:
-                        continue
-                    await publish(self._nc, record)
-                    break
-                # pending: attach if nobody live waits on it, or it is this run's (resume)
-                same_run = run is not None and record.run_id == run.run_id
-                if record.attached and not same_run and not shared:
-                    if not record.owner or await leases.alive(record.owner):
-                        raise DuplicateSuspensionError(
-                            f"a live hook with label {label!r} exists (hook {record.hook_id})"
-                        )
-                    log.info("taking over hook %r from %s (its lease expired)",
-                             label, record.owner)  # fmt: skip
-                hook_id = record.hook_id
-                record = msgspec.structs.replace(record, attached=True, owner=leases.waiter_id)
-                revision = await self.records.swap(record, last=entry.revision, if_deleted="lost")
-                if revision is None:
-                    continue
-                break
-            span.event("pending")
-            slot.arm(Entry(revision, record))
-            return await self._wait(
-                slot, label, hook_id, payload, timeout_s, run, shared=shared, until=until
-            )
-        finally:
-            self.watch.unregister(slot)
-
     async def _lease(self) -> Leases:
         if self._leases is None:
             self._leases = await Leases.open(self._nc)
         await self._leases.ensure()
         return self._leases
-
-    async def _wait(
-        self,
-        slot: Slot,
-        label: str,
-        hook_id: str,
-        payload: type[T] | None,
-        timeout_s: float | None,
-        run: RunScope | None,
-        *,
-        shared: bool,
-        until: float | None = None,
-    ) -> T:
-        """Wait for the record's resolution until the loop time `until` (None: no end);
-        `timeout_s` (seconds) is what the error names."""
-        scope = anyio.CancelScope()
-        self._waiters.setdefault(hook_id, set()).add(scope)
-        key = self.records.key(label)
-        self._live[key] = self._live.get(key, 0) + 1
-        keep = False  # a run cancelled from outside: its exit removes the record
-        took = False  # the resolution was handed to this wait: nothing to detach
-        try:
-            left = None if until is None else max(0.0, until - asyncio.get_running_loop().time())
-            with scope, anyio.move_on_after(left) as deadline:
-                value = await self._untilsettled(slot, label, hook_id, payload, shared=shared)
-                took = True
-                return value
-            if deadline.cancelled_caught:
-                raise SuspensionTimeoutError(
-                    f"hook {label!r} got no resolution within {timeout_s}s"
-                )
-            raise AssertionError("unreachable")  # pragma: no cover
-        except BaseException as exc:
-            keep = run is not None and isinstance(exc, anyio.get_cancelled_exc_class())
-            raise
-        finally:
-            scopes = self._waiters.get(hook_id, set())
-            scopes.discard(scope)
-            if not scopes:
-                self._waiters.pop(hook_id, None)
-            self._live[key] -= 1
-            if not self._live[key]:
-                del self._live[key]
-            if key not in self._live and not keep and not took:
-                closing = None if timeout_s is None else CLOSING_S
-                with anyio.CancelScope(shield=True), caller_deadline(closing, extend=True):
-                    await self._detach(label)
-            if scope.cancelled_caught:
-                if run is not None:
-                    run.aborted.add(label)
-                raise SuspensionAbortedError(
-                    f"waiting on hook {label!r} was aborted; it stays pending"
-                )
-
-    async def _untilsettled(
-        self, slot: Slot, label: str, hook_id: str, payload: type[T] | None, *, shared: bool
-    ) -> T:
-        """Act on each state the shared watch (or its backing read) delivers. A resolution
-        of the record this process holds is returned at once, with no read or write; its
-        "consumed" mark follows in the background (see `_deliveries`)."""
-        while True:
-            await slot.changed(None)
-            if slot.removed:
-                raise SuspensionCancelledError(label, "the record was removed")
-            entry = slot.latest
-            if entry is None or entry.record is None:
-                continue  # malformed (logged): wait for a good version
-            record = entry.record
-            if record.status == "cancelled":
-                raise SuspensionCancelledError(label, record.reason)
-            if record.status != "resolved":
-                continue
-            if record.consumed:
-                if shared:
-                    return convert(label, record.resolution, payload)
-                raise AlreadySettledError(
-                    f"hook {label!r} was resolved and consumed by another waiter"
-                )
-            result = convert(label, record.resolution, payload)  # refused: not consumed
-            if record.owner == self.waiter_id and record.hook_id == hook_id:
-                self._hand_out(slot.key, record, entry.revision)
-                return result
-            if record.owner and not shared:  # taken over (this process's lease lapsed)
-                raise AlreadySettledError(
-                    f"hook {label!r} was taken over by another waiter, which gets its resolution"
-                )
-            if await self._consume(record, entry.revision):  # no owner: whoever sets it first
-                return result
-
-    def _hand_out(self, key: str, record: SuspensionRecord, revision: int) -> None:
-        """`record`'s resolution at `revision` (key `key`) goes to a waiter of this process:
-        mark it consumed in the background; a record changed first is left detached."""
-
-        async def mark() -> bool:
-            if await self._consume(record, revision):
-                return True
-            await self._detach(record.label, hook_id=record.hook_id)
-            return False
-
-        self._deliveries.hand_out(key, revision, mark)
-
-    async def _consume(self, record: SuspensionRecord, revision: int) -> bool:
-        """Mark a resolution consumed (compare-and-set): exactly one consumer wins. A mark
-        whose outcome stayed unknown while the record was removed counts as not stored:
-        another waiter may have consumed it, and a resolution is never handed out twice."""
-        done = msgspec.structs.replace(record, consumed=True, attached=False, owner="")
-        return await self.records.swap(done, last=revision, if_deleted="lost") is not None
-
-    async def _detach(self, label: str, *, hook_id: str | None = None) -> None:
-        """Leave a record this process holds (pending, or resolved and not consumed) with
-        no waiter (abort, timeout, a refused resolution, an error), so that a later
-        ``hook(label)`` anywhere may take it. Best effort: a lease that lapses detaches it
-        anyway. `hook_id`: only that hook's record."""
-        me = self.waiter_id
-        with contextlib.suppress(Exception):
-            for _ in range(5):
-                entry = await self.records.read(label)
-                record = None if entry is None else entry.record
-                if entry is None or record is None or record.consumed:
-                    return
-                if self._deliveries.delivered(self.records.key(label), entry.revision):
-                    return  # handed out here, its mark not stored: consumed, not free
-                if record.status not in ("pending", "resolved"):
-                    return
-                if not record.attached or (record.owner and record.owner != me):
-                    return
-                if hook_id is not None and record.hook_id != hook_id:
-                    return
-                detached = msgspec.structs.replace(record, attached=False, owner="")
-                if await self.records.swap(detached, last=entry.revision) is not None:
-                    return
 
     # -- settling --------------------------------------------------------------------------
     async def resolve_hook(
@@ -575,47 +331,7 @@ class Suspensions:
                 A write cut there may still be stored: read the record to know.
         """
         with caller_deadline(timeout_s):
-            return await self._resolve_hook(label, value, replace=replace)
-
-    async def _resolve_hook(self, label: str, value: Any, *, replace: bool) -> SuspensionRecord:
-        note_label(label)
-        data = to_json_value(value)
-        hint = self._hint(label)
-        while True:
-            hinted = hint is not None
-            entry = hint if hint is not None else await self.records.latest(label)
-            hint = None
-            now = time.time()
-            if entry is None or entry.record is None:
-                record = SuspensionRecord(
-                    label=label, status="resolved", resolution=data, preregistered=True,
-                    agent_id=self.agent_id,
-                    created_at=now, settled_at=now,
-                )  # fmt: skip
-                if await self.records.create(record, over=entry) is None:
-                    continue
-                return record
-            record = entry.record
-            settled_unconsumed = record.status == "resolved" and not record.consumed
-            if record.status != "pending" and not (replace and settled_unconsumed):
-                if hinted:
-                    continue  # the watch's value may be stale: refuse on a read only
-                raise AlreadySettledError(f"hook {label!r} is already {settled(record)}")
-            if record.payload_schema is not None:
-                try:
-                    check(record, data, self._validators.get(record.payload_schema))
-                except ResolutionRejectedError:
-                    if hinted:
-                        continue
-                    raise
-            resolved = msgspec.structs.replace(
-                record, status="resolved", resolution=data, settled_at=now
-            )
-            if await self.records.swap(resolved, last=entry.revision) is None:
-                continue  # changed under us: judge again on the new state
-            if not resolved.preregistered:
-                await publish(self._nc, resolved)
-            return resolved
+            return await self._settling.resolve(label, value, replace=replace)
 
     async def clear_hook(self, label: str) -> bool:
         """Remove a resolution of `label` that no waiter consumed (e.g. a pre-registered
@@ -628,23 +344,7 @@ class Suspensions:
         Raises:
             HookbusTimeoutError: JetStream stayed unavailable.
         """
-        while True:
-            entry = await self.records.read(label)
-            if entry is None:
-                return False
-            record = entry.record
-            if record is None or (record.preregistered and not record.consumed):
-                if await self.records.delete(label, last=entry.revision):
-                    return True
-                continue
-            if record.status != "resolved" or record.consumed:
-                return False
-            back = msgspec.structs.replace(
-                record, status="pending", resolution=None, settled_at=None
-            )
-            if await self.records.swap(back, last=entry.revision) is not None:
-                await publish(self._nc, back)
-                return True
+        return await self._settling.clear(label)
 
     async def cancel_hook(
         self, label: str, *, reason: str | None = None, timeout_s: float | None = None
@@ -658,28 +358,7 @@ class Suspensions:
                 or `timeout_s` seconds (None: the store's deadline), whichever is first.
         """
         with caller_deadline(timeout_s):
-            return await self._cancel_hook(label, reason)
-
-    async def _cancel_hook(self, label: str, reason: str | None) -> SuspensionRecord:
-        hint = self._hint(label)
-        while True:
-            hinted = hint is not None
-            entry = hint if hint is not None else await self.records.read(label)
-            hint = None
-            if entry is None or entry.record is None:
-                raise SuspensionNotFoundError(f"no suspension with label {label!r}")
-            record = entry.record
-            if record.status != "pending":
-                if hinted:
-                    continue  # the watch's value may be stale: refuse on a read only
-                raise AlreadySettledError(f"hook {label!r} is already {settled(record)}")
-            cancelled = msgspec.structs.replace(
-                record, status="cancelled", reason=reason, settled_at=time.time()
-            )
-            if await self.records.swap(cancelled, last=entry.revision) is None:
-                continue
-            await publish(self._nc, cancelled)
-            return cancelled
+            return await self._settling.cancel(label, reason)
 
     def _hint(self, label: str) -> Entry | None:
         """The shared watch's last value of `label` (a valid record), to compare-and-set on
@@ -710,22 +389,13 @@ class Suspensions:
     def abort_pending_hook(self, hook: PendingHook | HookPart | str) -> bool:
         """Stop this process's wait on a hook (by `PendingHook`, `HookPart` or hook id);
         the record stays pending. Returns False if nothing here waits on it."""
-        hook_id = hook if isinstance(hook, str) else hook.hook_id
-        scopes = self._waiters.get(hook_id)
-        if not scopes:
-            return False
-        for scope in scopes:
-            scope.cancel()
-        return True
+        return self._local.abort(hook if isinstance(hook, str) else hook.hook_id)
 
     def abort_all(self) -> int:
         """Stop every wait of this process (each raises `SuspensionAbortedError`); the records
         stay pending, detached, for a later ``hook(label)`` to resume. Returns how many
         waits were stopped."""
-        scopes = [scope for group in self._waiters.values() for scope in group]
-        for scope in scopes:
-            scope.cancel()
-        return len(scopes)
+        return self._local.abort_all()
 
     # -- runs and events -------------------------------------------------------------------
     @contextlib.asynccontextmanager

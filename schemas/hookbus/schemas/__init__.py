@@ -33,7 +33,6 @@ from ._errors import (
     UnknownEventError,
     WireFormatError,
 )
-from ._jsonsafe import json_safe
 from ._subjects import (
     APPROVALS_BUCKET,
     CHAIN_WILDCARD,
@@ -99,7 +98,6 @@ from ._suspensions import (
     HookStatus,
     SuspensionRecord,
 )
-from ._tool_filter import ToolFilter
 from ._types import (
     WIRE_ERROR_CODES,
     Action,
@@ -119,8 +117,10 @@ from ._types import (
     RequiredHandler,
     WireError,
 )
+from .event_data import json_safe
 from .events import *  # noqa: F403  (the standard event constants)
 from .events import __all__ as _event_names
+from .tool_filter import ToolFilter
 
 if TYPE_CHECKING:  # loaded on first use: see __getattr__
     from ._contract import json_schemas, schema_definitions

@@ -20,6 +20,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Lifespan, Message, Receive, Scope, Send
 
+from hookbus._core.approvers import valid_approver
 from hookbus.dispatcher import (
     APPROVAL_LABEL_PREFIX,
     AnswerNotAppliedError,
@@ -39,7 +40,6 @@ from hookbus.schemas import (
 
 from ._feed import Feed
 from ._sign_in import COOKIE, DEFAULT_SESSION_TTL_S, Session, Signer, cross_origin_problem
-from ._sign_in import valid_approver as _valid_approver
 from ._views import approval_item, grant_item, handlers_view, recent_decisions
 
 __all__ = ["console_app"]
@@ -274,7 +274,7 @@ def console_app(
         if name is None:
             raw = body.get("approver")
             name = raw if isinstance(raw, str) else ""
-            problem = _valid_approver(name)
+            problem = valid_approver(name)
             if problem is not None:
                 return _error(400, "bad_request", problem)
         if nats_approver is not None and name != nats_approver:

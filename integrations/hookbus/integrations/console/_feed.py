@@ -34,8 +34,8 @@ from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
 from hookbus._core.kv import release_consumer, subscribe_keys
 from hookbus._core.nats_guard import harden_connection
+from hookbus._core.suspension_records import parse_record
 from hookbus.dispatcher import APPROVAL_LABEL_PREFIX
-from hookbus.dispatcher._records import parse_record
 from hookbus.schemas import (
     APPROVALS_BUCKET,
     DECISIONS_WILDCARD,

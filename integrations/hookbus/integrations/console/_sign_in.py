@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 from starlette.requests import Request
 
-from hookbus.schemas import BadRequestError, approval_answer_key
+from hookbus._core.approvers import valid_approver
 
 __all__ = [
     "COOKIE",
@@ -40,7 +40,6 @@ __all__ = [
     "Session",
     "Signer",
     "cross_origin_problem",
-    "valid_approver",
 ]
 
 COOKIE = "hookbus_console"
@@ -128,20 +127,6 @@ class Signer:
 
     def _sign(self, payload: str) -> str:
         return _b64(hmac.new(self._key, payload.encode(), hashlib.sha256).digest())
-
-
-def valid_approver(name: str) -> str | None:
-    """Why `name` cannot be an approver's name (None: it can): empty, longer than an
-    answer key allows, or with control characters."""
-    if not name.strip():
-        return "the approver name is empty"
-    if name != name.strip() or any(ord(c) < 32 or ord(c) == 127 for c in name):
-        return "the approver name has surrounding spaces or control characters"
-    try:
-        approval_answer_key("approval:0", None, name)
-    except BadRequestError as exc:
-        return f"the approver name is not usable: {exc}"
-    return None
 
 
 def cross_origin_problem(request: Request) -> str | None:

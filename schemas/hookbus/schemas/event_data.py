@@ -5,6 +5,10 @@ amplifier-core 2.0.2 serialises an emit's data to JSON before any handler runs (
 its own JSON copy: a `Decimal` arrives as ``"1.23"``, a `datetime` as ``str(dt)``, a tuple
 as a list, an int key as a string key, and in-place edits by one handler are seen by no
 other handler nor by the caller. hookbus does the same, locally and over NATS alike.
+
+Public: `json_safe` (also ``hookbus.schemas.json_safe``) makes an emit's data JSON;
+`json_safe_encoded` gives its encoding too, and `walked_copy` copies large JSON data by
+sharing its strings: the dispatcher and the workers copy each handler's data with them.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import msgspec
 
 from ._errors import BadRequestError
 
-__all__ = ["json_safe", "json_safe_encoded"]
+__all__ = ["json_safe", "json_safe_encoded", "walked_copy"]
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode

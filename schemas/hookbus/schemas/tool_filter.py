@@ -1,5 +1,8 @@
 """A handler's ``tool_filter``: which tool names it admits (the rule every implementation
-matches by: whole-name `fnmatch` globs, ignoring case; see `ToolFilter`)."""
+matches by: whole-name `fnmatch` globs, ignoring case; see `ToolFilter`, also
+``hookbus.schemas.ToolFilter``), and `HandlerOptionError`, what a handler option out of
+its bounds raises (the tool filter's here, the others' where handler options are checked).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from ._bounds import MAX_TOOL_PATTERNS
 from ._errors import BadRequestError
 from ._subjects import MAX_NAME_LENGTH
 
-__all__ = ["HandlerOptionError", "ToolFilter", "compile_tool_filter"]
+__all__ = ["HandlerOptionError", "ToolFilter"]
 
 
 class HandlerOptionError(BadRequestError, ValueError):
@@ -20,7 +23,7 @@ class HandlerOptionError(BadRequestError, ValueError):
     `HookWorker.handler` has always raised for a bad option."""
 
 
-def compile_tool_filter(patterns: Iterable[str] | None) -> re.Pattern[str] | None:
+def _compile(patterns: Iterable[str] | None) -> re.Pattern[str] | None:
     """One regular expression for a tool filter's globs, over *casefolded* tool names: each
     glob is casefolded (`str.casefold`) and read with `fnmatch` syntax; the expression's
     `re.Pattern.fullmatch` of ``name.casefold()`` is the filter's answer (`ToolFilter`
@@ -57,7 +60,7 @@ class ToolFilter:
         """Use `of`, which checks the bounds."""
         self.patterns = patterns
         """The globs, or None for no filter."""
-        self._regex = compile_tool_filter(patterns)
+        self._regex = _compile(patterns)
 
     @classmethod
     def of(cls, patterns: ToolFilter | Iterable[str] | None) -> ToolFilter:
