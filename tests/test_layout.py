@@ -888,3 +888,20 @@ def test_the_privacy_check_sees_a_private_import(tmp_path: Path) -> None:
         (tmp_path / portion).mkdir(exist_ok=True)
         (tmp_path / portion / "keep.py").touch()
     assert _private_imports(tmp_path) == {"hookbus.integrations.x": {"hookbus.dispatcher._kv"}}
+
+
+MAX_CLASS_LINES = 400
+
+
+def test_no_class_is_over_400_lines() -> None:
+    """One job per class: a class that outgrows 400 lines (docstrings included) holds
+    several, and is split into parts of its own."""
+    too_long = []
+    for portion in PORTIONS:
+        for path in _py_files(ROOT, portion):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > MAX_CLASS_LINES:
+                        too_long.append(f"{path.relative_to(ROOT)}: {node.name} {lines}")
+    assert not too_long, too_long
