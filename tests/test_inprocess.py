@@ -33,6 +33,19 @@ def recorder(calls: list[str], name: str, result: Any = None):
     return handler
 
 
+def looking() -> tuple[HookDispatcher, list[dict[str, Any]]]:
+    """An in-process dispatcher with one `EVENT` handler that keeps a copy of each `data`
+    it sees (in order), and that list."""
+    d = HookDispatcher()
+    seen: list[dict[str, Any]] = []
+
+    async def look(event: str, data: dict[str, Any]) -> None:
+        seen.append(dict(data))
+
+    d.register(EVENT, look)
+    return d, seen
+
+
 # -- register / on / unregister ---------------------------------------------------------
 async def test_register_returns_an_idempotent_unregister() -> None:
     d = HookDispatcher()
@@ -156,13 +169,7 @@ async def test_list_handlers_shapes() -> None:
 
 # -- default fields and timestamp -------------------------------------------------------
 async def test_default_fields_merged_explicit_data_wins() -> None:
-    d = HookDispatcher()
-    seen: list[dict[str, Any]] = []
-
-    async def look(event: str, data: dict[str, Any]) -> None:
-        seen.append(dict(data))
-
-    d.register(EVENT, look)
+    d, seen = looking()
     d.set_default_fields(session_id="s1", env="prod")
     data = {"tool_name": "bash", "env": "dev"}
     r = await d.emit(EVENT, data)
@@ -174,13 +181,7 @@ async def test_default_fields_merged_explicit_data_wins() -> None:
 
 
 async def test_second_set_default_fields_replaces_the_first() -> None:
-    d = HookDispatcher()
-    seen: list[dict[str, Any]] = []
-
-    async def look(event: str, data: dict[str, Any]) -> None:
-        seen.append(dict(data))
-
-    d.register(EVENT, look)
+    d, seen = looking()
     d.set_default_fields(session_id="s1", env="prod")
     d.set_default_fields(user_id="u1")
     await d.emit(EVENT, {})
@@ -189,13 +190,7 @@ async def test_second_set_default_fields_replaces_the_first() -> None:
 
 
 async def test_timestamp_is_stamped_utc_iso8601() -> None:
-    d = HookDispatcher()
-    seen: list[dict[str, Any]] = []
-
-    async def look(event: str, data: dict[str, Any]) -> None:
-        seen.append(dict(data))
-
-    d.register(EVENT, look)
+    d, seen = looking()
     before = datetime.now().astimezone()
     r = await d.emit(EVENT, {"tool_name": "bash"})
     after = datetime.now().astimezone()
