@@ -155,6 +155,29 @@ def spawn_emit(tg: TaskGroup, d: HookDispatcher, event: str, data: dict[str, Any
     return out
 
 
+async def answered(
+    agent: Agent,
+    approver: Approver,
+    event: str,
+    data: dict[str, Any],
+    choice: str,
+    session: str | None = None,
+) -> tuple[HookPart, HookResult]:
+    """Emits `event` with `data` from `agent`'s dispatcher, answers the approval it asks
+    (the first pending one in `session`, the agent's by default) with `choice`, and
+    returns that approval and the emit's result."""
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, agent.d, event, data)
+        part = await approver.pending(agent.session if session is None else session)
+        await approver.answer(part, choice)
+        return part, await out.wait()
+
+
+async def asked(approver: Approver, nc: NATS, session: str) -> list[HookPart]:
+    """The approvals asked in `session` so far (after `nc`'s messages settled)."""
+    return [h for h in await approver.settle(nc) if h.metadata.get("session_id") == session]
+
+
 def asker(name: str = "guard", **fields: Any) -> Callable[..., Awaitable[HookResult]]:
     """A handler that asks the user (`fields` are the HookResult's approval_* fields).
 
@@ -219,11 +242,7 @@ async def test_a_local_handler_deny_choice_denies(
     agent: Agent, approver: Approver, event: str
 ) -> None:
     agent.d.register(event, asker(approval_options=["Yes", "No"], approval_allow_options=["Yes"]))
-    async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, {"tool_name": "write_file"})
-        part = await approver.pending(agent.session)
-        await approver.answer(part, "No")
-        r = await out.wait()
+    _, r = await answered(agent, approver, event, {"tool_name": "write_file"}, "No")
     assert r.action == "deny" and r.decided_by == "guard"
     assert r.reason is not None and "No" in r.reason
 
@@ -278,11 +297,10 @@ async def test_allow_always_is_remembered_for_the_session_handler_and_tool(
     agent: Agent, approver: Approver, connect: Connect, event: str
 ) -> None:
     agent.d.register(event, asker(approval_options=["Allow once", "Allow always", "Deny"]))
-    async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "command": "ls"})
-        part = await approver.pending(agent.session)
-        await approver.answer(part, "Allow always")
-        assert (await out.wait()).action == "continue"
+    part, r = await answered(
+        agent, approver, event, {"tool_name": "bash", "command": "ls"}, "Allow always"
+    )
+    assert r.action == "continue"
 
     # the next call of the same tool in the same session does not ask again
     again = await agent.d.emit(event, {"tool_name": "bash", "command": "pwd"})
@@ -311,36 +329,30 @@ async def test_allow_always_is_remembered_for_the_session_handler_and_tool(
     assert len(approver.pending_of(agent.session)) == 1
 
     # another tool in the same session asks again
-    async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, {"tool_name": "write_file"})
-        part = await approver.pending(agent.session)
-        assert part.metadata["tool_name"] == "write_file"
-        await approver.answer(part, "Deny")
-        assert (await out.wait()).action == "deny"
+    part, r = await answered(agent, approver, event, {"tool_name": "write_file"}, "Deny")
+    assert part.metadata["tool_name"] == "write_file"
+    assert r.action == "deny"
 
     # the same tool in another session asks again
     agent.d.set_default_fields(session_id=f"{agent.session}-other")
-    async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "command": "ls"})
-        part = await approver.pending(f"{agent.session}-other")
-        await approver.answer(part, "Deny")
-        assert (await out.wait()).action == "deny"
+    part, r = await answered(
+        agent,
+        approver,
+        event,
+        {"tool_name": "bash", "command": "ls"},
+        "Deny",
+        session=f"{agent.session}-other",
+    )
+    assert r.action == "deny"
 
 
 async def test_allow_always_is_per_handler(agent: Agent, approver: Approver, event: str) -> None:
     agent.d.register(event, asker("first", approval_options=["Allow always", "Deny"]), priority=1)
-    async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
-        part = await approver.pending(agent.session)
-        await approver.answer(part, "Allow always")
-        assert (await out.wait()).action == "continue"
+    part, r = await answered(agent, approver, event, {"tool_name": "bash"}, "Allow always")
+    assert r.action == "continue"
     unregister_second = agent.d.register(event, asker("second"), priority=0)  # now asks first
-    async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
-        part = await approver.pending(agent.session)
-        assert part.metadata["handler"] == "second"
-        await approver.answer(part, "Deny")
-        r = await out.wait()
+    part, r = await answered(agent, approver, event, {"tool_name": "bash"}, "Deny")
+    assert part.metadata["handler"] == "second"
     assert r.action == "deny" and r.decided_by == "second"
     unregister_second()
 
@@ -348,11 +360,10 @@ async def test_allow_always_is_per_handler(agent: Agent, approver: Approver, eve
 async def test_allow_once_is_not_remembered(agent: Agent, approver: Approver, event: str) -> None:
     agent.d.register(event, asker(approval_options=["Allow once", "Allow always", "Deny"]))
     for _ in range(2):  # the identical call asks again each time
-        async with anyio.create_task_group() as tg:
-            out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "command": "ls"})
-            part = await approver.pending(agent.session)
-            await approver.answer(part, "Allow once")
-            assert (await out.wait()).action == "continue"
+        _, r = await answered(
+            agent, approver, event, {"tool_name": "bash", "command": "ls"}, "Allow once"
+        )
+        assert r.action == "continue"
 
 
 # -- precedence (amplifier-core) ------------------------------------------------------------------
@@ -372,9 +383,7 @@ async def test_deny_by_an_earlier_handler_wins_without_asking(
     r = await agent.d.emit(event, {"tool_name": "bash"})
     assert r.action == "deny" and r.decided_by == "blocker" and r.reason == "no"
     assert calls == []
-    assert [
-        h for h in await approver.settle(agent.nc) if h.metadata.get("session_id") == agent.session
-    ] == []
+    assert await asked(approver, agent.nc, agent.session) == []
 
 
 async def test_deny_by_a_later_handler_wins_without_asking(
@@ -386,9 +395,7 @@ async def test_deny_by_a_later_handler_wins_without_asking(
     )
     r = await agent.d.emit(event, {"tool_name": "bash"})
     assert r.action == "deny" and r.decided_by == "blocker"
-    assert [
-        h for h in await approver.settle(agent.nc) if h.metadata.get("session_id") == agent.session
-    ] == []
+    assert await asked(approver, agent.nc, agent.session) == []
 
 
 async def test_ask_user_beats_inject_context_and_the_asking_handler_decides(
@@ -400,24 +407,16 @@ async def test_ask_user_beats_inject_context_and_the_asking_handler_decides(
         priority=1,
     )
     agent.d.register(event, asker("ask", approval_prompt="ok?"), priority=2)
-    async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
-        part = await approver.pending(agent.session)
-        assert part.metadata["prompt"] == "ok?" and part.metadata["handler"] == "ask"
-        await approver.answer(part, "Allow")
-        r = await out.wait()
+    part, r = await answered(agent, approver, event, {"tool_name": "bash"}, "Allow")
+    assert part.metadata["prompt"] == "ok?" and part.metadata["handler"] == "ask"
     assert r.action == "continue" and r.decided_by == "ask"
 
 
 async def test_the_first_ask_user_is_kept(agent: Agent, approver: Approver, event: str) -> None:
     agent.d.register(event, asker("first", approval_prompt="first?"), priority=1)
     agent.d.register(event, asker("second", approval_prompt="second?"), priority=2)
-    async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
-        part = await approver.pending(agent.session)
-        assert part.metadata["prompt"] == "first?"
-        await approver.answer(part, "Deny")
-        r = await out.wait()
+    part, r = await answered(agent, approver, event, {"tool_name": "bash"}, "Deny")
+    assert part.metadata["prompt"] == "first?"
     assert r.action == "deny" and r.decided_by == "first"
     assert len(approver.pending_of(agent.session)) == 1
 
@@ -433,7 +432,7 @@ async def test_approvals_off_passes_ask_user_through(
     async with d:
         r = await d.emit(event, {"tool_name": "bash"})
     assert r.action == "ask_user" and r.approval_prompt == "ok?" and r.decided_by == "guard"
-    assert [h for h in await approver.settle(nc) if h.metadata.get("session_id") == session] == []
+    assert await asked(approver, nc, session) == []
 
 
 # -- the label: one approval per call -------------------------------------------------------------
@@ -480,12 +479,8 @@ async def test_a_timed_out_approval_does_not_decide_the_next_identical_call(
     assert first.action == "continue"
     assert first.reason is not None and "timed out" in first.reason
     first_label = (await approver.pending(agent.session)).label
-    async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, dict(call))
-        part = await approver.pending(agent.session)
-        assert part.label != first_label
-        await approver.answer(part, "Deny")
-        second = await out.wait()
+    part, second = await answered(agent, approver, event, dict(call), "Deny")
+    assert part.label != first_label
     assert second.action == "deny" and second.decided_by == "guard"
     assert second.reason == "tester chose 'Deny'"
 
@@ -500,12 +495,8 @@ async def test_a_cancelled_approval_does_not_decide_the_next_identical_call(
         part = await approver.pending(agent.session)
         await approver.client.cancel_approval(part.label, reason="operator left")
         assert (await out.wait()).action == "deny"
-    async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, dict(call))
-        again = await approver.pending(agent.session)
-        assert again.label != part.label
-        await approver.answer(again, "Allow")
-        r = await out.wait()
+    again, r = await answered(agent, approver, event, dict(call), "Allow")
+    assert again.label != part.label
     assert r.action == "continue" and r.reason == "tester chose 'Allow'"
 
 
@@ -776,11 +767,8 @@ async def test_allow_always_is_per_agent_within_a_session(
 async def test_grants_are_listed_and_revoked(agent: Agent, approver: Approver, event: str) -> None:
     agent.d.register(event, asker(approval_options=["Allow always", "Deny"]))
     agent.d.set_default_fields(session_id=agent.session, agent_id="a1")
-    async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
-        part = await approver.pending(agent.session)
-        await approver.answer(part, "Allow always")
-        assert (await out.wait()).action == "continue"
+    part, r = await answered(agent, approver, event, {"tool_name": "bash"}, "Allow always")
+    assert r.action == "continue"
     (grant,) = await approver.client.approval_grants(session_id=agent.session)
     assert (grant.agent_id, grant.session_id, grant.event, grant.handler, grant.tool) == (
         "a1", agent.session, event, "guard", "bash"
@@ -790,11 +778,10 @@ async def test_grants_are_listed_and_revoked(agent: Agent, approver: Approver, e
 
     await approver.client.revoke_grant(grant)
     assert await approver.client.approval_grants(session_id=agent.session) == []
-    async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
-        part = await approver.pending(agent.session)  # asked again once revoked
-        await approver.answer(part, "Deny")
-        assert (await out.wait()).action == "deny"
+    part, r = await answered(
+        agent, approver, event, {"tool_name": "bash"}, "Deny"
+    )  # asked again once revoked
+    assert r.action == "deny"
 
 
 async def test_a_grant_that_does_not_match_its_key_is_ignored_and_the_human_asked(
@@ -808,11 +795,8 @@ async def test_a_grant_that_does_not_match_its_key_is_ignored_and_the_human_aske
     other = ApprovalGrant(session_id="another", event=event, handler="guard", tool="bash")
     for value in (b"\xff not json", encode(other), b"{}"):
         await kv.put(key, value)
-        async with anyio.create_task_group() as tg:
-            out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
-            part = await approver.pending(agent.session)
-            await approver.answer(part, "Deny")
-            assert (await out.wait()).action == "deny"
+        _, r = await answered(agent, approver, event, {"tool_name": "bash"}, "Deny")
+        assert r.action == "deny"
     assert await approver.client.approval_grants(session_id=agent.session) == []
 
 
@@ -832,11 +816,8 @@ async def test_grants_are_listed_and_revoked_from_the_cli(
 ) -> None:
     agent.d.register(event, asker(approval_options=["Allow always", "Deny"]))
     agent.d.set_default_fields(session_id=agent.session, agent_id="cli-agent")
-    async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
-        part = await approver.pending(agent.session)
-        await approver.answer(part, "Allow always")
-        assert (await out.wait()).action == "continue"
+    part, r = await answered(agent, approver, event, {"tool_name": "bash"}, "Allow always")
+    assert r.action == "continue"
     key = grant_key("cli-agent", agent.session, event, "guard", "bash")
 
     p = await hookbus_cli(nats_url, "approvals", "grants", "--json", "--session", agent.session)
@@ -853,11 +834,8 @@ async def test_grants_are_listed_and_revoked_from_the_cli(
     assert p.returncode == 0 and p.stdout.decode().split() == ["revoked", key], p.stderr.decode()
     p = await hookbus_cli(nats_url, "approvals", "grants", "--json", "--session", agent.session)
     assert p.returncode == 0 and json.loads(p.stdout) == []
-    async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash"})
-        part = await approver.pending(agent.session)  # asked again
-        await approver.answer(part, "Deny")
-        assert (await out.wait()).action == "deny"
+    part, r = await answered(agent, approver, event, {"tool_name": "bash"}, "Deny")  # asked again
+    assert r.action == "deny"
 
 
 @pytest.mark.parametrize("timeout_s", [-5.0, float("nan")])
