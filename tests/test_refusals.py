@@ -148,6 +148,14 @@ def error_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip() and not line.startswith("NATS at ")]
 
 
+def the_one_error_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The one error line of a command that failed (asserts it failed, with one line)."""
+    assert done.returncode != 0
+    lines = error_lines(done.stderr)
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
 # -- the connection --------------------------------------------------------------------
 
 
@@ -203,11 +211,9 @@ def test_a_worker_without_the_grants_exits_at_once_with_the_refusal(provisioned:
         "worker", f"{EXAMPLE}:worker",
         "--context", str(provisioned.context("agent-a1")),
     )  # fmt: skip
-    assert done.returncode != 0
-    lines = error_lines(done.stderr)
-    assert len(lines) == 1, done.stderr
-    assert lines[0].startswith("Error: NATS refused "), lines
-    assert REFUSED.search(lines[0]) and "(agent a1)" in lines[0], lines
+    line = the_one_error_line(done)
+    assert line.startswith("Error: NATS refused "), line
+    assert REFUSED.search(line) and "(agent a1)" in line, line
     assert "JetStream unavailable" not in done.stderr and "within" not in done.stderr
     assert took < FAST_S, f"{took:.1f}s"
 
@@ -221,27 +227,23 @@ def test_a_worker_serving_a_handler_of_another_identity_is_refused_at_once(
         "worker", f"{EXAMPLE}:worker",
         "--context", str(provisioned.context("worker-sec")),
     )  # fmt: skip
-    assert done.returncode != 0
-    lines = error_lines(done.stderr)
-    assert len(lines) == 1, done.stderr
+    line = the_one_error_line(done)
     assert re.fullmatch(
         rf"Error: NATS refused subscription to hookbus\.v1\.handler\.prompt=3Acomplete\."
         rf"response_dlp to {PUBKEY} \(worker sec\): permissions violation",
-        lines[0],
-    ), lines
+        line,
+    ), line
     assert took < FAST_S, f"{took:.1f}s"
 
 
 def test_a_bucket_an_identity_may_not_create_names_the_admin(bare: Secured) -> None:
     done, took = hookbus("approvals", "--context", str(bare.context("approver-alice")))
-    assert done.returncode != 0
-    lines = error_lines(done.stderr)
-    assert len(lines) == 1, done.stderr
+    line = the_one_error_line(done)
     assert re.fullmatch(
         rf"Error: bucket hookbus_\w+ does not exist and {PUBKEY} \(approver alice\) may not"
         r" create it: provision it as the admin \(`hookbus auth provision`\)",
-        lines[0],
-    ), lines
+        line,
+    ), line
     assert took < FAST_S, f"{took:.1f}s"
 
 
@@ -249,11 +251,9 @@ def test_approvals_as_an_agent_say_so_at_once(provisioned: Secured) -> None:
     for args in (["approvals"], ["approvals", "answer", "approval:x", "Allow", "--approver",
                                  "alice"]):  # fmt: skip
         done, took = hookbus(*args, "--context", str(provisioned.context("agent-a1")))
-        assert done.returncode != 0
-        lines = error_lines(done.stderr)
-        assert len(lines) == 1, done.stderr
-        assert REFUSED.search(lines[0]) and "(agent a1)" in lines[0], lines
-        assert "an approver's NATS credentials" in lines[0], lines
+        line = the_one_error_line(done)
+        assert REFUSED.search(line) and "(agent a1)" in line, line
+        assert "an approver's NATS credentials" in line, line
         assert "did not succeed within" not in done.stderr
         assert took < FAST_S, f"{args}: {took:.1f}s"
 
