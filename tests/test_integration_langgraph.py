@@ -10,6 +10,8 @@ standard events, so handler declarations must not leak between tests.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -283,30 +285,47 @@ async def dies_waiting(
     return dead, label
 
 
-async def test_an_approval_survives_the_agent_process(connect: Connect) -> None:
-    """The agent dies while it waits on the transfer's approval; "Allow once" is answered
-    while it is dead; a new agent (new dispatcher, new graph, the same checkpointer) resumes
-    the thread: the transfer runs once, without asking again."""
-    checkpointer = InMemorySaver()  # a durable checkpointer, as far as this test goes
-    turn = [calls(("transfer", {"amount": 100, "payee": "acme"}))]
+@asynccontextmanager
+async def transfer_approvals(connect: Connect) -> AsyncIterator[tuple[ApprovalsClient, Any]]:
+    """A worker that asks to approve each ``transfer``, an approvals client and its
+    approval event stream (closed on exit): (the client, the stream)."""
     async with (
         worker(connect, (TOOL_PRE, returning("transfer_approval", ASK), {})),
         ApprovalsClient(await connect()) as approver,
     ):
         stream = await approver.events()
         try:
-            dead, label = await dies_waiting(connect, turn, checkpointer, approver, stream)
-            assert dead.tools.ran == []
-            with pytest.raises(AnswerNotAppliedError):  # answered while nobody waits
-                await approver.answer_approval(
-                    label, "Allow once", approver="alice", agent_id="payments", wait_s=0.2
-                )
-            async with HookDispatcher(await connect(), agent_id="payments") as d:
-                alive = Agent(HookbusToolHooks(d), [], checkpointer=checkpointer)
-                with anyio.fail_after(30):
-                    result = await alive.run(None, "thread-1")  # resume the thread
+            yield approver, stream
         finally:
             await stream.aclose()
+
+
+async def dies_allowed_once(
+    connect: Connect, checkpointer: Any, approver: ApprovalsClient, stream: Any
+) -> tuple[Agent, str]:
+    """`dies_waiting` on a transfer of 100 to acme, then "Allow once" is answered while
+    the agent is dead (not applied: nobody waits on it): (the dead agent, the label)."""
+    turn = [calls(("transfer", {"amount": 100, "payee": "acme"}))]
+    dead, label = await dies_waiting(connect, turn, checkpointer, approver, stream)
+    with pytest.raises(AnswerNotAppliedError):
+        await approver.answer_approval(
+            label, "Allow once", approver="alice", agent_id="payments", wait_s=0.2
+        )
+    return dead, label
+
+
+async def test_an_approval_survives_the_agent_process(connect: Connect) -> None:
+    """The agent dies while it waits on the transfer's approval; "Allow once" is answered
+    while it is dead; a new agent (new dispatcher, new graph, the same checkpointer) resumes
+    the thread: the transfer runs once, without asking again."""
+    checkpointer = InMemorySaver()  # a durable checkpointer, as far as this test goes
+    async with transfer_approvals(connect) as (approver, stream):
+        dead, _ = await dies_allowed_once(connect, checkpointer, approver, stream)
+        assert dead.tools.ran == []
+        async with HookDispatcher(await connect(), agent_id="payments") as d:
+            alive = Agent(HookbusToolHooks(d), [], checkpointer=checkpointer)
+            with anyio.fail_after(30):
+                result = await alive.run(None, "thread-1")  # resume the thread
     assert alive.tools.ran == [("transfer", {"amount": 100, "payee": "acme"})]
     assert result["messages"][-1].content == "done"
     [read] = [m for m in result["messages"] if isinstance(m, ToolMessage)]
@@ -322,35 +341,21 @@ async def test_an_allow_once_runs_the_tool_once_however_often_the_thread_resumes
     replay is a fork with a task of its own, so its key is another), never allowed by the
     answer already used, and the refusal given then stops it: the transfer ran once."""
     checkpointer = InMemorySaver()
-    turn = [calls(("transfer", {"amount": 100, "payee": "acme"}))]
-    async with (
-        worker(connect, (TOOL_PRE, returning("transfer_approval", ASK), {})),
-        ApprovalsClient(await connect()) as approver,
-    ):
-        stream = await approver.events()
-        try:
-            _, label = await dies_waiting(connect, turn, checkpointer, approver, stream)
-            with pytest.raises(AnswerNotAppliedError):
-                await approver.answer_approval(
-                    label, "Allow once", approver="alice", agent_id="payments", wait_s=0.2
-                )
-            async with HookDispatcher(await connect(), agent_id="payments") as d:
-                first = Agent(HookbusToolHooks(d), [], checkpointer=checkpointer)
-                with anyio.fail_after(30):
-                    await first.run(None, "thread-1")
-                thread = {"configurable": {"thread_id": "thread-1"}}
-                history = [s async for s in first.graph.aget_state_history(thread)]
-                before_tools = next(s for s in history if s.next == ("tools",))
-            async with HookDispatcher(await connect(), agent_id="payments") as d:
-                second = Agent(HookbusToolHooks(d), [], checkpointer=checkpointer)
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(second.graph.ainvoke, None, before_tools.config)
-                    again, _ = await next_approval(approver, stream)
-                    await approver.answer_approval(
-                        again, "Deny", approver="alice", agent_id="payments"
-                    )
-        finally:
-            await stream.aclose()
+    async with transfer_approvals(connect) as (approver, stream):
+        _, label = await dies_allowed_once(connect, checkpointer, approver, stream)
+        async with HookDispatcher(await connect(), agent_id="payments") as d:
+            first = Agent(HookbusToolHooks(d), [], checkpointer=checkpointer)
+            with anyio.fail_after(30):
+                await first.run(None, "thread-1")
+            thread = {"configurable": {"thread_id": "thread-1"}}
+            history = [s async for s in first.graph.aget_state_history(thread)]
+            before_tools = next(s for s in history if s.next == ("tools",))
+        async with HookDispatcher(await connect(), agent_id="payments") as d:
+            second = Agent(HookbusToolHooks(d), [], checkpointer=checkpointer)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(second.graph.ainvoke, None, before_tools.config)
+                again, _ = await next_approval(approver, stream)
+                await approver.answer_approval(again, "Deny", approver="alice", agent_id="payments")
     assert first.tools.ran == [("transfer", {"amount": 100, "payee": "acme"})]
     assert again != label  # asked again, in a fresh approval
     assert second.tools.ran == []
