@@ -70,6 +70,16 @@ async def _emit(agent: Any, event: str, body: bytes) -> dict[str, Any]:
     return reply
 
 
+def _numbered(n: int) -> bytes:
+    """An emit request body whose data is ``{"n": n}``."""
+    return json.dumps({"data": {"n": n}}).encode()
+
+
+def _emitting(agent: Any, event: str, ns: range) -> list[asyncio.Task[dict[str, Any]]]:
+    """One `_emit` task a number of `ns` (its data ``{"n": n}``), started at once."""
+    return [asyncio.create_task(_emit(agent, event, _numbered(n))) for n in ns]
+
+
 async def _assert_serves(agent: Any, event: str) -> None:
     reply = await _emit(agent, event, b'{"data": {"secret": "pw"}}')
     assert "error" not in reply, reply
@@ -210,9 +220,7 @@ async def test_two_replicas_share_the_load(connect, event):
         await service.start()
         services.append(service)
     agent = await connect()
-    replies = await asyncio.gather(
-        *(_emit(agent, event, json.dumps({"data": {"n": n}}).encode()) for n in range(100))
-    )
+    replies = await asyncio.gather(*(_emit(agent, event, _numbered(n)) for n in range(100)))
     for service in services:
         await service.stop()
     assert [r["result"]["chained_data"]["n"] for r in replies] == list(range(100))
@@ -245,10 +253,7 @@ async def test_stop_is_idempotent_and_drains(connect, event):
     service = DispatcherService(d, snc, max_concurrency=6)
     await service.start()
     agent = await connect()
-    pending = [
-        asyncio.create_task(_emit(agent, event, json.dumps({"data": {"n": n}}).encode()))
-        for n in range(6)
-    ]
+    pending = _emitting(agent, event, range(6))
     await all_started.wait()
     await agent.flush()  # every request has reached the server, hence the service
     first = asyncio.create_task(service.stop())
@@ -305,15 +310,10 @@ async def test_over_the_bound_is_refused_busy_at_once(connect, event):
     service = DispatcherService(d, snc, max_concurrency=2)
     await service.start()
     agent = await connect()
-    running = [
-        asyncio.create_task(_emit(agent, event, json.dumps({"data": {"n": n}}).encode()))
-        for n in range(2)
-    ]
+    running = _emitting(agent, event, range(2))
     await ready.wait()
     extra = await asyncio.wait_for(
-        asyncio.gather(
-            *(_emit(agent, event, json.dumps({"data": {"n": n}}).encode()) for n in range(2, 6))
-        ),
+        asyncio.gather(*(_emit(agent, event, _numbered(n)) for n in range(2, 6))),
         timeout=4,  # answered while the slots are still taken (the gate is closed)
     )
     gate.set()
