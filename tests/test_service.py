@@ -300,16 +300,25 @@ def _gated(gate: asyncio.Event, started: list[int], ready: asyncio.Event, n: int
     return handler
 
 
-async def test_over_the_bound_is_refused_busy_at_once(connect, event):
-    """Over max_concurrency the service answers `busy` (retryable) at once instead of
-    queueing the request behind the ones in flight until the agent times out."""
+async def _slow_service(
+    connect: Any, event: str, slots: int
+) -> tuple[DispatcherService, Any, asyncio.Event, list[int], asyncio.Event]:
+    """A started service of `slots` concurrent requests at most, whose one handler
+    ("slow", `_gated`) waits on a gate, and an agent's connection:
+    (service, agent, gate, started calls, ready once `slots` calls run)."""
     snc = await connect()
     d = HookDispatcher(snc, strict_events=True)
     gate, started, ready = asyncio.Event(), [], asyncio.Event()
-    d.register(event, _gated(gate, started, ready, 2), name="slow")
-    service = DispatcherService(d, snc, max_concurrency=2)
+    d.register(event, _gated(gate, started, ready, slots), name="slow")
+    service = DispatcherService(d, snc, max_concurrency=slots)
     await service.start()
-    agent = await connect()
+    return service, await connect(), gate, started, ready
+
+
+async def test_over_the_bound_is_refused_busy_at_once(connect, event):
+    """Over max_concurrency the service answers `busy` (retryable) at once instead of
+    queueing the request behind the ones in flight until the agent times out."""
+    service, agent, gate, started, ready = await _slow_service(connect, event, 2)
     running = _emitting(agent, event, range(2))
     await ready.wait()
     extra = await asyncio.wait_for(
@@ -447,13 +456,7 @@ async def test_drain_stops_intake_on_every_subscription_at_once(connect, event):
     """While a drain waits for the requests in flight, no subscription takes new work:
     a request sent then is answered at once (no responders, or `unavailable`), not taken
     and left waiting behind the drain."""
-    snc = await connect()
-    d = HookDispatcher(snc, strict_events=True)
-    gate, started, ready = asyncio.Event(), [], asyncio.Event()
-    d.register(event, _gated(gate, started, ready, 1), name="slow")
-    service = DispatcherService(d, snc, max_concurrency=1)
-    await service.start()
-    agent = await connect()
+    service, agent, gate, _, ready = await _slow_service(connect, event, 1)
     first = asyncio.create_task(_emit(agent, event, b'{"data": {}}'))
     await ready.wait()
     second = asyncio.create_task(_emit(agent, event, b'{"data": {}}'))  # over the bound
