@@ -156,6 +156,13 @@ def the_one_error_line(done: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
+def assert_says_at_once(done: subprocess.CompletedProcess[str], took: float, pattern: str) -> None:
+    """The command failed within `FAST_S` seconds, its one error line `pattern` in full."""
+    line = the_one_error_line(done)
+    assert re.fullmatch(pattern, line), line
+    assert took < FAST_S, f"{took:.1f}s"
+
+
 # -- the connection --------------------------------------------------------------------
 
 
@@ -227,24 +234,22 @@ def test_a_worker_serving_a_handler_of_another_identity_is_refused_at_once(
         "worker", f"{EXAMPLE}:worker",
         "--context", str(provisioned.context("worker-sec")),
     )  # fmt: skip
-    line = the_one_error_line(done)
-    assert re.fullmatch(
+    assert_says_at_once(
+        done,
+        took,
         rf"Error: NATS refused subscription to hookbus\.v1\.handler\.prompt=3Acomplete\."
         rf"response_dlp to {PUBKEY} \(worker sec\): permissions violation",
-        line,
-    ), line
-    assert took < FAST_S, f"{took:.1f}s"
+    )
 
 
 def test_a_bucket_an_identity_may_not_create_names_the_admin(bare: Secured) -> None:
     done, took = hookbus("approvals", "--context", str(bare.context("approver-alice")))
-    line = the_one_error_line(done)
-    assert re.fullmatch(
+    assert_says_at_once(
+        done,
+        took,
         rf"Error: bucket hookbus_\w+ does not exist and {PUBKEY} \(approver alice\) may not"
         r" create it: provision it as the admin \(`hookbus auth provision`\)",
-        line,
-    ), line
-    assert took < FAST_S, f"{took:.1f}s"
+    )
 
 
 def test_approvals_as_an_agent_say_so_at_once(provisioned: Secured) -> None:
