@@ -154,6 +154,26 @@ async def shown(page: Page, card: Any, out: Emitted, timeout_s: float = 5.0) -> 
         ) from exc
 
 
+async def live_card(page: Page, url: str, scene: Scene) -> Any:
+    """Signs alice in on the console at `url`, waits for its live feed, and returns the
+    locator of `scene`'s approval card (not shown yet)."""
+    await sign_in(page, url, approver="alice")
+    await expect(page.locator("#live")).to_have_text("live")
+    return page.locator("article.approval", has_text=scene.prompt)
+
+
+async def answered_on_the_page(
+    page: Page, card: Any, scene: Scene, command: str, button: Any
+) -> HookResult:
+    """Emits `scene`'s call of `command`, waits for its `card` on `page`, clicks `button`
+    (a locator on the card), and returns the emit's result."""
+    async with anyio.create_task_group() as tg:
+        out = spawn_emit(tg, scene, command)
+        await shown(page, card, out)
+        await button.click()
+        return await out.wait()
+
+
 # -- the console ----------------------------------------------------------------------------
 class ConsoleProcess(ServedProcess):
     """``hookbus console --port 0 --url URL ...`` as a subprocess (token from the
@@ -308,14 +328,10 @@ async def test_revoke_a_grant_from_the_page(
     """An "Allow always" answered on the page stores a grant, which appears in the grants
     table; Revoke removes it from the bucket, and the next call asks again."""
     async with served_console(connect) as url:
-        await sign_in(page, url, approver="alice")
-        await expect(page.locator("#live")).to_have_text("live")
-        card = page.locator("article.approval", has_text=scene.prompt)
-        async with anyio.create_task_group() as tg:
-            out = spawn_emit(tg, scene, "make deploy")
-            await shown(page, card, out)
-            await card.locator("button", has_text="Allow always").click()
-            result = await out.wait()
+        card = await live_card(page, url, scene)
+        result = await answered_on_the_page(
+            page, card, scene, "make deploy", card.locator("button", has_text="Allow always")
+        )
         assert result.action == "continue" and result.approved_by == "alice"
 
         approvals = ApprovalsClient.over(scene.agent.approvals)
@@ -350,11 +366,10 @@ async def test_revoke_a_grant_from_the_page(
         await expect(page.locator("#grants-error")).to_have_text("")
         assert await approvals.approval_grants(session_id=scene.session) == []
 
-        async with anyio.create_task_group() as tg:  # asked again, now denied on the page
-            out = spawn_emit(tg, scene, "make test")
-            await shown(page, card, out)
-            await card.locator("button", has_text="Deny").click()
-            denied = await out.wait()
+        # asked again, now denied on the page
+        denied = await answered_on_the_page(
+            page, card, scene, "make test", card.locator("button", has_text="Deny")
+        )
         assert denied.action == "deny" and denied.approved_by == "alice"
 
 
@@ -366,14 +381,10 @@ async def test_cancelled_and_expired_approvals_leave_the_pending_list(
     (the caller's deadline) is shown expired past its timeout, ended by the console's next
     listing (its default applied), and leaves the list too."""
     async with served_console(connect) as url:
-        await sign_in(page, url, approver="alice")
-        await expect(page.locator("#live")).to_have_text("live")
-        card = page.locator("article.approval", has_text=scene.prompt)
-        async with anyio.create_task_group() as tg:
-            out = spawn_emit(tg, scene, "make cancel")
-            await shown(page, card, out)
-            await card.locator("button.cancel").click()
-            result = await out.wait()
+        card = await live_card(page, url, scene)
+        result = await answered_on_the_page(
+            page, card, scene, "make cancel", card.locator("button.cancel")
+        )
         assert result.action == "deny"
         assert result.reason == "approval cancelled: by alice: on the console"
         await expect(card).to_have_count(0)
