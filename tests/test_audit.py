@@ -18,7 +18,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,25 @@ async def until_routed(d: HookDispatcher, event: str, names: list[str]) -> None:
             await anyio.sleep(0.01)
 
 
+@asynccontextmanager
+async def audited(
+    connect: Connect,
+    agent: str,
+    worker_nc: NATS,
+    *handlers: tuple[str, Callable[..., Any], dict[str, Any]],
+) -> AsyncIterator[HookDispatcher]:
+    """`handlers` ``(event, fn, options)`` served on `worker_nc` (one event; each options
+    names its handler, in priority order), and agent `agent`'s dispatcher (audit on),
+    yielded once it routes to all of them in that order."""
+    (event,) = {ev for ev, _, _ in handlers}
+    async with (
+        serving(worker_nc, *handlers),
+        HookDispatcher(await connect(), agent_id=agent, audit=True) as d,
+    ):
+        await until_routed(d, event, [options["name"] for _, _, options in handlers])
+        yield d
+
+
 def deny(reason: str) -> Callable[..., Awaitable[HookResult]]:
     async def handler(event: str, data: dict[str, Any]) -> HookResult:
         return HookResult(action="deny", reason=reason)
@@ -143,15 +163,13 @@ async def test_a_deny_by_a_remote_worker_is_one_record(
     async def later(ev: str, data: dict[str, Any]) -> None:
         later_calls.append(ev)
 
-    async with (
-        serving(
-            nc,
-            (event, deny("destructive command"), {"name": "guard", "priority": 1}),
-            (event, later, {"name": "later", "priority": 2}),
-        ),
-        HookDispatcher(await connect(), agent_id=agent, audit=True) as d,
-    ):
-        await until_routed(d, event, ["guard", "later"])
+    async with audited(
+        connect,
+        agent,
+        nc,
+        (event, deny("destructive command"), {"name": "guard", "priority": 1}),
+        (event, later, {"name": "later", "priority": 2}),
+    ) as d:
         d.set_default_fields(session_id="sess-1")
         before = time.time()
         r = await d.emit(event, {"tool_name": "bash"}, idempotency_key="call-7")
@@ -203,15 +221,13 @@ async def test_a_failure_under_deny_policy_is_one_record_with_the_failure(
     async def broken(ev: str, data: dict[str, Any]) -> HookResult:
         raise RuntimeError("policy store down")
 
-    async with (
-        serving(
-            nc,
-            (event, go_on, {"name": "audit_ok", "priority": 1}),
-            (event, broken, {"name": "policy", "priority": 2, "failure_policy": "deny"}),
-        ),
-        HookDispatcher(await connect(), agent_id=agent, audit=True) as d,
-    ):
-        await until_routed(d, event, ["audit_ok", "policy"])
+    async with audited(
+        connect,
+        agent,
+        nc,
+        (event, go_on, {"name": "audit_ok", "priority": 1}),
+        (event, broken, {"name": "policy", "priority": 2, "failure_policy": "deny"}),
+    ) as d:
         r = await d.emit(event, {"tool_name": "bash"})
         assert r.action == "deny"
         await written(d, 1)
@@ -306,11 +322,7 @@ async def slow_continue(event: str, data: dict[str, Any]) -> HookResult:
 async def test_a_record_carries_the_emits_duration_at_least_the_handlers_sleep(
     nc: NATS, connect: Connect, event: str, agent: str
 ) -> None:
-    async with (
-        serving(nc, (event, slow_continue, {"name": "slow"})),
-        HookDispatcher(await connect(), agent_id=agent, audit=True) as d,
-    ):
-        await until_routed(d, event, ["slow"])
+    async with audited(connect, agent, nc, (event, slow_continue, {"name": "slow"})) as d:
         started = time.monotonic()
         await d.emit(event, {"tool_name": "ls"})
         took_ms = (time.monotonic() - started) * 1000
@@ -472,15 +484,13 @@ async def trail(nc: NATS, connect: Connect, event: str, agent: str) -> list[Deci
             raise RuntimeError("down")
         return HookResult(action="continue")
 
-    async with (
-        serving(
-            nc,
-            (event, guard, {"name": "guard", "priority": 1}),
-            (event, policy, {"name": "policy", "priority": 2, "failure_policy": "deny"}),
-        ),
-        HookDispatcher(await connect(), agent_id=agent, audit=True) as d,
-    ):
-        await until_routed(d, event, ["guard", "policy"])
+    async with audited(
+        connect,
+        agent,
+        nc,
+        (event, guard, {"name": "guard", "priority": 1}),
+        (event, policy, {"name": "policy", "priority": 2, "failure_policy": "deny"}),
+    ) as d:
         for tool, session in (("rm", "a"), ("ls", "a"), ("curl", "b"), ("rm", "b")):
             await d.emit(event, {"tool_name": tool, "session_id": session})
         await written(d, 4)
@@ -537,11 +547,7 @@ async def test_decisions_shows_each_decisions_latency_and_a_dash_for_old_records
     await nc.jetstream().publish(
         decisions_subject(agent), json.dumps({**OLD_RECORD, "agent_id": agent}).encode()
     )
-    async with (
-        serving(nc, (event, slow_continue, {"name": "slow"})),
-        HookDispatcher(await connect(), agent_id=agent, audit=True) as d,
-    ):
-        await until_routed(d, event, ["slow"])
+    async with audited(connect, agent, nc, (event, slow_continue, {"name": "slow"})) as d:
         await d.emit(event, {"tool_name": "ls"}, idempotency_key="slow-1")
         await written(d, 1)
     old, new = json_lines(await hookbus(nats_url, "decisions", "--agent", agent, "--json"))
@@ -587,11 +593,7 @@ async def test_decisions_follow_prints_new_records_and_stops_cleanly_on_ctrl_c(
     nc: NATS, connect: Connect, nats_url: str, event: str, agent: str
 ) -> None:
     js = nc.jetstream()
-    async with (
-        serving(nc, (event, deny("no"), {"name": "guard"})),
-        HookDispatcher(await connect(), agent_id=agent, audit=True) as d,
-    ):
-        await until_routed(d, event, ["guard"])
+    async with audited(connect, agent, nc, (event, deny("no"), {"name": "guard"})) as d:
         await d.emit(event, {"tool_name": "rm"}, idempotency_key="before")
         await written(d, 1)
         consumers = (await js.stream_info(DECISIONS_STREAM)).state.consumer_count
