@@ -257,12 +257,15 @@ async def test_agent_probes_are_refused(secure: Secure, as_: Connect, event: str
         agent = await as_("agent-a1")
         nc = agent.nc
         js = nc.jetstream(timeout=2)
-        await refused(secure, agent, "agent subscribes to hookbus.v1.handler.>",
-                      lambda: nc.subscribe("hookbus.v1.handler.>"))  # fmt: skip
-        await refused(
-            secure, agent, "agent joins the security handler's queue group",
-            lambda: nc.subscribe(handler_subject(event, "security"), queue="security"),
-        )  # fmt: skip
+        for probe, act in {
+            "agent subscribes to hookbus.v1.handler.>": lambda: nc.subscribe(
+                "hookbus.v1.handler.>"
+            ),
+            "agent joins the security handler's queue group": lambda: nc.subscribe(
+                handler_subject(event, "security"), queue="security"
+            ),
+        }.items():
+            await refused(secure, agent, probe, act)
         disp = secure.context("T1", "dispatcher-dispatcher")["inbox_prefix"]
         await refused(
             secure,
@@ -271,56 +274,43 @@ async def test_agent_probes_are_refused(secure: Secure, as_: Connect, event: str
             lambda: nc.publish(f"{disp}.x", b'{"result": {"action": "continue"}}'),
         )
         decl = f"$KV.hookbus_handlers.{handler_key(event, 'security')}"
-        await refused(secure, agent, "agent writes a declaration",
-                      lambda: js.publish(decl, b"{}"))  # fmt: skip
-        await refused(secure, agent, "agent deletes the handlers bucket",
-                      lambda: js.delete_key_value("hookbus_handlers"))  # fmt: skip
-        await refused(
-            secure,
-            agent,
-            "agent emits as another agent (service subject)",
-            lambda: nc.publish(emit_service_subject(event, "a2"), b'{"data": {}}'),
-        )
-        await refused(
-            secure, agent, "agent writes another agent's suspension (resolve/cancel)",
-            lambda: js.publish(f"$KV.hookbus_suspensions.{suspension_key('l', 'a2')}", b"{}"),
-        )  # fmt: skip
+        for probe, act in {
+            "agent writes a declaration": lambda: js.publish(decl, b"{}"),
+            "agent deletes the handlers bucket": lambda: js.delete_key_value("hookbus_handlers"),
+            "agent emits as another agent (service subject)": lambda: nc.publish(
+                emit_service_subject(event, "a2"), b'{"data": {}}'
+            ),
+            "agent writes another agent's suspension (resolve/cancel)": lambda: js.publish(
+                f"$KV.hookbus_suspensions.{suspension_key('l', 'a2')}", b"{}"
+            ),
+        }.items():
+            await refused(secure, agent, probe, act)
         kv = await js.key_value("hookbus_suspensions")
-        await refused(secure, agent, "agent reads another agent's suspension",
-                      lambda: kv.get(suspension_key("l", "a2")))  # fmt: skip
-        await refused(secure, agent, "agent watches every suspension",
-                      lambda: kv.watch(">"))  # fmt: skip
-        await refused(
-            secure, agent, "agent writes an approval answer proof (answers an approval)",
-            lambda: kv.create(approval_answer_key("l", "a1", "alice"),
-                              encode(ApprovalAnswer(choice="Allow", answered_by="alice"))),
-        )  # fmt: skip
-        await refused(
-            secure, agent, "agent forges an 'Allow always' grant",
-            lambda: js.publish("$KV.hookbus_approvals.a1.s.tool=3Apre.security.bash", b"{}"),
-        )  # fmt: skip
-        await refused(secure, agent, "agent listens to another agent's hook events",
-                      lambda: nc.subscribe("hookbus.v1.suspension.a2.>"))  # fmt: skip
-        await refused(
-            secure,
-            agent,
-            "agent publishes a fake hook event of another agent",
-            lambda: nc.publish(suspension_event_subject("l", "resolved", "a2"), b"{}"),
-        )
-        await refused(secure, agent, "agent reads the audit stream",
-                      lambda: js.stream_info("hookbus_decisions"))  # fmt: skip
-        await refused(
-            secure,
-            agent,
-            "agent marks a handler required",
-            lambda: js.publish("$KV.hookbus_handlers._required.x.y", b"{}"),
-        )
-        await refused(
-            secure,
-            agent,
-            "agent forges a registry change (the server's republish)",
-            lambda: nc.publish("hookbus.v1.registry._required.x.y", b"{}"),
-        )
+        for probe, act in {
+            "agent reads another agent's suspension": lambda: kv.get(suspension_key("l", "a2")),
+            "agent watches every suspension": lambda: kv.watch(">"),
+            "agent writes an approval answer proof (answers an approval)": lambda: kv.create(
+                approval_answer_key("l", "a1", "alice"),
+                encode(ApprovalAnswer(choice="Allow", answered_by="alice")),
+            ),
+            "agent forges an 'Allow always' grant": lambda: js.publish(
+                "$KV.hookbus_approvals.a1.s.tool=3Apre.security.bash", b"{}"
+            ),
+            "agent listens to another agent's hook events": lambda: nc.subscribe(
+                "hookbus.v1.suspension.a2.>"
+            ),
+            "agent publishes a fake hook event of another agent": lambda: nc.publish(
+                suspension_event_subject("l", "resolved", "a2"), b"{}"
+            ),
+            "agent reads the audit stream": lambda: js.stream_info("hookbus_decisions"),
+            "agent marks a handler required": lambda: js.publish(
+                "$KV.hookbus_handlers._required.x.y", b"{}"
+            ),
+            "agent forges a registry change (the server's republish)": lambda: nc.publish(
+                "hookbus.v1.registry._required.x.y", b"{}"
+            ),
+        }.items():
+            await refused(secure, agent, probe, act)
 
 
 async def test_worker_probes_are_refused(secure: Secure, as_: Connect, event: str) -> None:
@@ -328,36 +318,25 @@ async def test_worker_probes_are_refused(secure: Secure, as_: Connect, event: st
     async with worker:
         nc, js = client.nc, client.nc.jetstream(timeout=2)
         other = f"$KV.hookbus_handlers.{handler_key(event, 'audit')}"
-        await refused(secure, client, "worker declares under another worker's handler name",
-                      lambda: js.publish(other, b"{}"))  # fmt: skip
-        await refused(
-            secure,
-            client,
-            "worker forges a registry change (the server's republish)",
-            lambda: nc.publish(f"hookbus.v1.registry.{handler_key(event, 'audit')}", b"{}"),
-        )
-        await refused(
-            secure,
-            client,
-            "worker serves another worker's handler",
-            lambda: nc.subscribe(handler_subject(event, "audit"), queue="audit"),
-        )
-        await refused(
-            secure,
-            client,
-            "worker publishes a fake 'resolved' hook event",
-            lambda: nc.publish(suspension_event_subject("l", "resolved", "a1"), b"{}"),
-        )
-        await refused(
-            secure,
-            client,
-            "worker emits as an agent",
-            lambda: nc.publish(emit_service_subject(event, "a1"), b'{"data": {}}'),
-        )
-        await refused(
-            secure, client, "worker resolves a suspension",
-            lambda: js.publish(f"$KV.hookbus_suspensions.{suspension_key('l', 'a1')}", b"{}"),
-        )  # fmt: skip
+        for probe, act in {
+            "worker declares under another worker's handler name": lambda: js.publish(other, b"{}"),
+            "worker forges a registry change (the server's republish)": lambda: nc.publish(
+                f"hookbus.v1.registry.{handler_key(event, 'audit')}", b"{}"
+            ),
+            "worker serves another worker's handler": lambda: nc.subscribe(
+                handler_subject(event, "audit"), queue="audit"
+            ),
+            "worker publishes a fake 'resolved' hook event": lambda: nc.publish(
+                suspension_event_subject("l", "resolved", "a1"), b"{}"
+            ),
+            "worker emits as an agent": lambda: nc.publish(
+                emit_service_subject(event, "a1"), b'{"data": {}}'
+            ),
+            "worker resolves a suspension": lambda: js.publish(
+                f"$KV.hookbus_suspensions.{suspension_key('l', 'a1')}", b"{}"
+            ),
+        }.items():
+            await refused(secure, client, probe, act)
 
 
 async def test_approver_cannot_answer_as_another_approver(secure: Secure, as_: Connect) -> None:
