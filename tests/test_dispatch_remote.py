@@ -263,22 +263,33 @@ async def test_empty_tool_filter_admits_nothing(nc: NATS, connect: Connect, even
 
 
 # -- parallel handlers ---------------------------------------------------------------------
+def meeting(
+    *handlers: tuple[str, str],
+) -> list[Callable[[str, dict[str, Any]], Awaitable[HookResult]]]:
+    """One handler a ``(name, injection)``: each marks itself started, waits until all the
+    others have started, then injects its text; so they finish only if they run at once."""
+    started = {name: asyncio.Event() for name, _ in handlers}
+
+    def make(name: str, text: str) -> Callable[[str, dict[str, Any]], Awaitable[HookResult]]:
+        async def handler(ev: str, data: dict[str, Any]) -> HookResult:
+            started[name].set()
+            for other, event in started.items():
+                if other != name:
+                    await event.wait()
+            return HookResult(action="inject_context", context_injection=text)
+
+        handler.__name__ = name
+        return handler
+
+    return [make(name, text) for name, text in handlers]
+
+
 async def test_adjacent_parallel_handlers_run_concurrently(
     nc: NATS, connect: Connect, event: str
 ) -> None:
     """A and B each wait for the other to have started: this completes only if both run
     at once (run one after the other, the first would wait until its timeout)."""
-    a_started, b_started = asyncio.Event(), asyncio.Event()
-
-    async def a(ev: str, data: dict[str, Any]) -> HookResult:
-        a_started.set()
-        await b_started.wait()
-        return HookResult(action="inject_context", context_injection="from a")
-
-    async def b(ev: str, data: dict[str, Any]) -> HookResult:
-        b_started.set()
-        await a_started.wait()
-        return HookResult(action="inject_context", context_injection="from b")
+    a, b = meeting(("a", "from a"), ("b", "from b"))
 
     opts = {"parallel": True, "timeout_s": 20.0}
     async with (
@@ -297,17 +308,7 @@ async def test_adjacent_parallel_handlers_run_concurrently(
 async def test_local_and_remote_parallel_handlers_run_concurrently(
     nc: NATS, connect: Connect, event: str
 ) -> None:
-    local_started, remote_started = asyncio.Event(), asyncio.Event()
-
-    async def local(ev: str, data: dict[str, Any]) -> HookResult:
-        local_started.set()
-        await remote_started.wait()
-        return HookResult(action="inject_context", context_injection="local")
-
-    async def remote(ev: str, data: dict[str, Any]) -> HookResult:
-        remote_started.set()
-        await local_started.wait()
-        return HookResult(action="inject_context", context_injection="remote")
+    local, remote = meeting(("local", "local"), ("remote", "remote"))
 
     d = HookDispatcher(await connect())
     d.register(event, local, priority=2, parallel=True, timeout_s=20.0)
