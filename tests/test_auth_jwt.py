@@ -55,6 +55,12 @@ def hookbus(*args: str, code: int = 0) -> str:
     return result.output
 
 
+def issue(out: Path, tenant: str, role: str, name: str, *options: str) -> str:
+    """``hookbus auth issue ROLE NAME`` in tenant `tenant` of the setup in `out` (it must
+    succeed): its output."""
+    return hookbus("auth", "issue", role, name, "--dir", str(out), "--tenant", tenant, *options)
+
+
 def _claims_part(token: str) -> dict[str, Any]:
     part = token.split(".")[1]
     return dict(json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))))
@@ -257,9 +263,8 @@ async def test_identities_connect_and_one_issued_later_needs_no_reload(
         finally:
             await nc.close()
     server_files = _files(out)
-    hookbus("auth", "issue", "agent", "late", "--dir", str(out), "--tenant", "T1")
-    hookbus("auth", "issue", "worker", "late-w", "--dir", str(out), "--tenant", "T1",
-            "--handler", f"{EVENT}/audit")  # fmt: skip
+    issue(out, "T1", "agent", "late")
+    issue(out, "T1", "worker", "late-w", "--handler", f"{EVENT}/audit")
     assert _files(out) == server_files, "issuing changes no server file"
     for stem in ("agent-late", "worker-late-w"):
         nc, errors = await connect(url, out / "T1" / f"{stem}.creds")
@@ -291,10 +296,9 @@ async def test_issued_worker_and_embedded_agent_decide_end_to_end_within_their_r
          "--tenant", "T1", "--url", url], check=False,
     )  # fmt: skip  # the admin's .creds, found in the folder
     assert provisioned.returncode == 0, provisioned.stderr.decode()
-    hookbus("auth", "issue", "worker", "guard", "--dir", str(out), "--tenant", "T1",
-            "--handler", f"{EVENT}/guard")  # fmt: skip
-    hookbus("auth", "issue", "agent", "pay", "--dir", str(out), "--tenant", "T1", "--embedded")
-    hookbus("auth", "issue", "agent", "other", "--dir", str(out), "--tenant", "T1")
+    issue(out, "T1", "worker", "guard", "--handler", f"{EVENT}/guard")
+    issue(out, "T1", "agent", "pay", "--embedded")
+    issue(out, "T1", "agent", "other")
     worker_nc, _ = await connect(url, out / "T1" / "worker-guard.creds")
     agent_nc, _ = await connect(url, out / "T1" / "agent-pay.creds")
     plain_nc, plain_errors = await connect(url, out / "T1" / "agent-other.creds")
@@ -339,8 +343,8 @@ async def test_issued_users_of_one_tenant_do_not_reach_another(
     jwt_server: tuple[str, Path],
 ) -> None:
     url, out = jwt_server
-    hookbus("auth", "issue", "agent", "twin", "--dir", str(out), "--tenant", "T1")
-    hookbus("auth", "issue", "agent", "twin", "--dir", str(out), "--tenant", "T2")
+    issue(out, "T1", "agent", "twin")
+    issue(out, "T2", "agent", "twin")
     t1, _ = await connect(url, out / "T1" / "agent-twin.creds")
     t2, _ = await connect(url, out / "T2" / "agent-twin.creds")
     try:
