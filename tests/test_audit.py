@@ -109,6 +109,18 @@ async def until_routed(d: HookDispatcher, event: str, names: list[str]) -> None:
             await anyio.sleep(0.01)
 
 
+def then_policy(
+    event: str, first: tuple[str, Callable[..., Any]], policy: Callable[..., Any]
+) -> tuple[tuple[str, Callable[..., Any], dict[str, Any]], ...]:
+    """The `audited` handlers of `event`: `first` ``(name, fn)`` at priority 1, then
+    `policy` (named ``policy``, its failure a deny) at priority 2."""
+    name, fn = first
+    return (
+        (event, fn, {"name": name, "priority": 1}),
+        (event, policy, {"name": "policy", "priority": 2, "failure_policy": "deny"}),
+    )
+
+
 @asynccontextmanager
 async def audited(
     connect: Connect,
@@ -221,13 +233,7 @@ async def test_a_failure_under_deny_policy_is_one_record_with_the_failure(
     async def broken(ev: str, data: dict[str, Any]) -> HookResult:
         raise RuntimeError("policy store down")
 
-    async with audited(
-        connect,
-        agent,
-        nc,
-        (event, go_on, {"name": "audit_ok", "priority": 1}),
-        (event, broken, {"name": "policy", "priority": 2, "failure_policy": "deny"}),
-    ) as d:
+    async with audited(connect, agent, nc, *then_policy(event, ("audit_ok", go_on), broken)) as d:
         r = await d.emit(event, {"tool_name": "bash"})
         assert r.action == "deny"
         await written(d, 1)
@@ -484,13 +490,7 @@ async def trail(nc: NATS, connect: Connect, event: str, agent: str) -> list[Deci
             raise RuntimeError("down")
         return HookResult(action="continue")
 
-    async with audited(
-        connect,
-        agent,
-        nc,
-        (event, guard, {"name": "guard", "priority": 1}),
-        (event, policy, {"name": "policy", "priority": 2, "failure_policy": "deny"}),
-    ) as d:
+    async with audited(connect, agent, nc, *then_policy(event, ("guard", guard), policy)) as d:
         for tool, session in (("rm", "a"), ("ls", "a"), ("curl", "b"), ("rm", "b")):
             await d.emit(event, {"tool_name": tool, "session_id": session})
         await written(d, 4)

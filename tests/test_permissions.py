@@ -186,6 +186,21 @@ async def as_(secure: Secure) -> AsyncIterator[Connect]:
             await nc.close()
 
 
+def emits_as(nc: NATS, event: str, agent_id: str) -> Callable[[], Awaitable[Any]]:
+    """The probe: an emit request on agent `agent_id`'s service subject of `event`."""
+    return lambda: nc.publish(emit_service_subject(event, agent_id), b'{"data": {}}')
+
+
+def writes_suspension_of(js: Any, agent_id: str) -> Callable[[], Awaitable[Any]]:
+    """The probe: a write (resolve/cancel) of agent `agent_id`'s suspension ``l``."""
+    return lambda: js.publish(f"$KV.hookbus_suspensions.{suspension_key('l', agent_id)}", b"{}")
+
+
+def fakes_resolved_event_of(nc: NATS, agent_id: str) -> Callable[[], Awaitable[Any]]:
+    """The probe: a fake 'resolved' hook event of agent `agent_id`'s suspension ``l``."""
+    return lambda: nc.publish(suspension_event_subject("l", "resolved", agent_id), b"{}")
+
+
 async def refused(
     secure: Secure, client: Client, probe: str, act: Callable[[], Awaitable[Any]]
 ) -> None:
@@ -277,11 +292,9 @@ async def test_agent_probes_are_refused(secure: Secure, as_: Connect, event: str
         for probe, act in {
             "agent writes a declaration": lambda: js.publish(decl, b"{}"),
             "agent deletes the handlers bucket": lambda: js.delete_key_value("hookbus_handlers"),
-            "agent emits as another agent (service subject)": lambda: nc.publish(
-                emit_service_subject(event, "a2"), b'{"data": {}}'
-            ),
-            "agent writes another agent's suspension (resolve/cancel)": lambda: js.publish(
-                f"$KV.hookbus_suspensions.{suspension_key('l', 'a2')}", b"{}"
+            "agent emits as another agent (service subject)": emits_as(nc, event, "a2"),
+            "agent writes another agent's suspension (resolve/cancel)": writes_suspension_of(
+                js, "a2"
             ),
         }.items():
             await refused(secure, agent, probe, act)
@@ -299,9 +312,7 @@ async def test_agent_probes_are_refused(secure: Secure, as_: Connect, event: str
             "agent listens to another agent's hook events": lambda: nc.subscribe(
                 "hookbus.v1.suspension.a2.>"
             ),
-            "agent publishes a fake hook event of another agent": lambda: nc.publish(
-                suspension_event_subject("l", "resolved", "a2"), b"{}"
-            ),
+            "agent publishes a fake hook event of another agent": fakes_resolved_event_of(nc, "a2"),
             "agent reads the audit stream": lambda: js.stream_info("hookbus_decisions"),
             "agent marks a handler required": lambda: js.publish(
                 "$KV.hookbus_handlers._required.x.y", b"{}"
@@ -326,15 +337,9 @@ async def test_worker_probes_are_refused(secure: Secure, as_: Connect, event: st
             "worker serves another worker's handler": lambda: nc.subscribe(
                 handler_subject(event, "audit"), queue="audit"
             ),
-            "worker publishes a fake 'resolved' hook event": lambda: nc.publish(
-                suspension_event_subject("l", "resolved", "a1"), b"{}"
-            ),
-            "worker emits as an agent": lambda: nc.publish(
-                emit_service_subject(event, "a1"), b'{"data": {}}'
-            ),
-            "worker resolves a suspension": lambda: js.publish(
-                f"$KV.hookbus_suspensions.{suspension_key('l', 'a1')}", b"{}"
-            ),
+            "worker publishes a fake 'resolved' hook event": fakes_resolved_event_of(nc, "a1"),
+            "worker emits as an agent": emits_as(nc, event, "a1"),
+            "worker resolves a suspension": writes_suspension_of(js, "a1"),
         }.items():
             await refused(secure, client, probe, act)
 
