@@ -135,6 +135,13 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
     def _thread_done(self, _: asyncio.Future[Any]) -> None:
         self.threads_running -= 1
 
+    async def shutdown_default_executor(self, *args: Any, **kwargs: Any) -> None:
+        """As asyncio's, in real time: on Python 3.12+ `asyncio.Runner.close` bounds the
+        join of the executor's threads with a timeout (300 s), which a skip would end at
+        once (a ``TimeoutError`` from closing the loop)."""
+        with self.real_time():
+            await super().shutdown_default_executor(*args, **kwargs)
+
 
 def virtual_clock_loop() -> VirtualClockLoop:
     """A new event loop with a virtual clock (a loop factory)."""
