@@ -25,7 +25,7 @@ from _cluster import free_ports
 from nats.aio.client import Client as NATS
 
 from hookbus.cli import find_nats_server
-from hookbus.dispatcher import HookDispatcher
+from hookbus.dispatcher import ApprovalsClient, HookDispatcher
 from hookbus.schemas import HookResult
 from hookbus.workers import HookWorker
 
@@ -34,6 +34,8 @@ __all__ = [
     "EVENT",
     "HUB_DOMAIN",
     "SitePorts",
+    "asked_and_allowed",
+    "hooked_and_resolved",
     "hub_and_leaf",
     "hub_conf",
     "leaf_conf",
@@ -226,3 +228,26 @@ async def hooked_and_resolved(
                 except Exception:  # JetStream not answering across the sites yet
                     await anyio.sleep(0.05)
     return got
+
+
+async def asked_and_allowed(
+    d: HookDispatcher, approver: ApprovalsClient, timeout_s: float
+) -> HookResult:
+    """What ``d.emit(ASK_EVENT)`` decides once `approver` (at another site) answered the
+    approval its ``asker`` handler asked for with "Allow": the first record of the approver's
+    listing, looked for every 0.05 s within `timeout_s` seconds."""
+    out: list[HookResult] = []
+    async with anyio.create_task_group() as tg:
+
+        async def ask() -> None:
+            out.append(await d.emit(ASK_EVENT, {"tool_name": "bash"}))
+
+        tg.start_soon(ask)
+        with anyio.fail_after(timeout_s):
+            while not (page := await approver.approval_page()).records:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        record = page.records[0]
+        await approver.answer_approval(
+            record.label, "Allow", approver="ops", agent_id=record.agent_id
+        )
+    return out[0]

@@ -27,8 +27,8 @@ import nats.js.errors
 import pytest
 from _cluster import free_ports
 from _sites import (
-    ASK_EVENT,
     EVENT,
+    asked_and_allowed,
     hooked_and_resolved,
     hub_conf,
     leaf_conf,
@@ -126,21 +126,7 @@ async def test_leaf_without_jetstream_decides_suspends_and_approves_at_the_hub(
         # an approval: asked at the hub's worker, answered by an approver at the leaf
         approver = await ApprovalsClient.open(await _connect(conns, sites.leaf), js_domain="hub")
         try:
-            async with anyio.create_task_group() as tg:
-                out: list[Any] = []
-
-                async def ask() -> None:
-                    out.append(await d.emit(ASK_EVENT, {"tool_name": "bash"}))
-
-                tg.start_soon(ask)
-                with anyio.fail_after(10):
-                    while not (page := await approver.approval_page()).records:  # noqa: ASYNC110
-                        await anyio.sleep(0.05)
-                record = page.records[0]
-                await approver.answer_approval(
-                    record.label, "Allow", approver="ops", agent_id=record.agent_id
-                )
-            assert out[0].action == "continue"
+            assert (await asked_and_allowed(d, approver, 10)).action == "continue"
         finally:
             await approver.close()
 

@@ -22,11 +22,10 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
-from _sites import ASK_EVENT, EVENT, hooked_and_resolved, site_worker
+from _sites import EVENT, asked_and_allowed, hooked_and_resolved, site_worker
 from _supercluster import EAST, WEST, Supercluster, outage_run, stall_run, stream_cluster
 from nats.aio.client import Client as NATS
 
@@ -127,21 +126,8 @@ async def test_an_agent_in_west_decides_with_a_worker_in_east_as_on_one_server(
         # an approval: asked by the worker in east, answered by an approver in west
         approver = await ApprovalsClient.open(await connect_west())
         try:
-            out: list[Any] = []
-            async with anyio.create_task_group() as tg:
-
-                async def ask() -> None:
-                    out.append(await d.emit(ASK_EVENT, {"tool_name": "bash"}))
-
-                tg.start_soon(ask)
-                with anyio.fail_after(15):
-                    while not (page := await approver.approval_page()).records:  # noqa: ASYNC110
-                        await anyio.sleep(0.05)
-                record = page.records[0]
-                await approver.answer_approval(
-                    record.label, "Allow", approver="ops", agent_id=record.agent_id
-                )
-            assert out[0].action == "continue", out
+            allowed = await asked_and_allowed(d, approver, 15)
+            assert allowed.action == "continue", allowed
         finally:
             await approver.close()
 
