@@ -18,7 +18,7 @@ import msgspec
 import pydantic
 import pytest
 from _payloads import Budget, Grant
-from anyio.abc import TaskGroup
+from _spawned import spawn_hook
 from conftest import connections
 from nats.aio.client import Client as NATS
 
@@ -56,38 +56,6 @@ class GrantModel(pydantic.BaseModel):
 
 
 # -- helpers ---------------------------------------------------------------------------------
-class Outcome:
-    """What one `hook` call ended with (a value or a hookbus error)."""
-
-    def __init__(self) -> None:
-        self.value: Any = None
-        self.error: HookbusError | None = None
-        self.done = anyio.Event()
-
-    async def wait(self, timeout_s: float = 10) -> Outcome:
-        with anyio.fail_after(timeout_s):
-            await self.done.wait()
-        return self
-
-
-def spawn_hook(
-    tg: TaskGroup, d: HookDispatcher, label: str, payload: Any = None, **kw: Any
-) -> Outcome:
-    """Start ``d.hook(label, payload, **kw)`` in `tg`; a non-hookbus error fails the test."""
-    out = Outcome()
-
-    async def run() -> None:
-        try:
-            out.value = await d.hook(label, payload, **kw)
-        except HookbusError as exc:
-            out.error = exc
-        finally:
-            out.done.set()
-
-    tg.start_soon(run)
-    return out
-
-
 class Events:
     """Every hook event seen on the bus, with lookups by label and status."""
 

@@ -15,20 +15,17 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
+from _payloads import Grant
+from _spawned import Outcome, spawn_hook
 from anyio.abc import TaskGroup
 from nats.aio.client import Client as NATS
 
 from hookbus.dispatcher import HookDispatcher
-from hookbus.schemas import HookbusError, HookPart, HookResult, SuspensionCancelledError
+from hookbus.schemas import HookPart, HookResult, SuspensionCancelledError
 
 pytestmark = pytest.mark.anyio
 
 Connect = Callable[..., Awaitable[NATS]]
-
-
-class Grant(msgspec.Struct):
-    approved: bool
-    by: str = ""
 
 
 CLI_TIMEOUT_S = 30.0
@@ -53,20 +50,6 @@ def err(p: subprocess.CompletedProcess[bytes]) -> str:
     return p.stderr.decode()
 
 
-class Waiting:
-    """A `hook` call running in this process."""
-
-    def __init__(self) -> None:
-        self.value: Any = None
-        self.error: HookbusError | None = None
-        self.done = anyio.Event()
-
-    async def wait(self) -> Waiting:
-        with anyio.fail_after(20):
-            await self.done.wait()
-        return self
-
-
 class Agent:
     def __init__(self, d: HookDispatcher) -> None:
         self.d = d
@@ -79,19 +62,8 @@ class Agent:
                     return e.hook
         raise AssertionError("event stream ended")
 
-    def spawn(self, tg: TaskGroup, label: str, payload: Any = Grant, **kw: Any) -> Waiting:
-        w = Waiting()
-
-        async def run() -> None:
-            try:
-                w.value = await self.d.hook(label, payload, **kw)
-            except HookbusError as exc:
-                w.error = exc
-            finally:
-                w.done.set()
-
-        tg.start_soon(run)
-        return w
+    def spawn(self, tg: TaskGroup, label: str, payload: Any = Grant, **kw: Any) -> Outcome:
+        return spawn_hook(tg, self.d, label, payload, **kw)
 
 
 @pytest.fixture
@@ -136,7 +108,7 @@ async def test_suspensions_list_and_show(agent: Agent, nats_url: str, label: str
         assert shown["payload_schema"] == msgspec.json.schema(Grant)
 
         await agent.d.resolve_hook(label, Grant(approved=True))
-        await w.wait()
+        await w.wait(20)
 
 
 async def test_suspensions_show_an_unknown_label_is_a_clear_error(
@@ -159,7 +131,7 @@ async def test_suspensions_resolve_wakes_the_waiter(
         )
         assert p.returncode == 0, err(p)
         assert f"resolved {label}" in out(p)
-        await w.wait()
+        await w.wait(20)
     assert w.value == Grant(approved=True, by="cli")
 
     p = await hookbus(nats_url, "suspensions", "resolve", label, '{"approved": false}')
@@ -185,7 +157,7 @@ async def test_suspensions_resolve_refuses_a_value_that_does_not_fit(
         assert await agent.d.suspensions.get(label) == before
         assert not w.done.is_set()
         await agent.d.cancel_hook(label)
-        await w.wait()
+        await w.wait(20)
 
 
 async def test_suspensions_resolve_an_unknown_label_is_an_error_unless_preregistered(
@@ -209,7 +181,7 @@ async def test_suspensions_cancel(agent: Agent, nats_url: str, label: str) -> No
         p = await hookbus(nats_url, "suspensions", "cancel", label, "--reason", "changed my mind")
         assert p.returncode == 0, err(p)
         assert f"cancelled {label}" in out(p)
-        await w.wait()
+        await w.wait(20)
     assert isinstance(w.error, SuspensionCancelledError) and w.error.reason == "changed my mind"
 
     p = await hookbus(nats_url, "suspensions", "cancel", label)
