@@ -1,5 +1,6 @@
 """Helpers the test modules share: a started `HookWorker` with given handlers (`serving`),
-and an emit that a worker's shutdown cuts short (`emit_during_shutdown`)."""
+an emit that a worker's shutdown cuts short (`emit_during_shutdown`), and two concurrent
+stops that wait for the work in flight (`stopped_twice_at_once`)."""
 
 from __future__ import annotations
 
@@ -38,3 +39,17 @@ async def emit_during_shutdown(
         await running.wait()
         await w.shutdown(grace_s=0.2)
         return await asyncio.wait_for(emit, 10)
+
+
+async def stopped_twice_at_once(
+    stop: Callable[[], Awaitable[Any]], release: asyncio.Event, still_running: str
+) -> None:
+    """Call `stop` twice at once while work is in flight: neither call may return within
+    0.3 s (failing with "a stop returned while `still_running`"); then set `release` (the
+    work ends) and wait for both."""
+    first = asyncio.create_task(stop())
+    second = asyncio.create_task(stop())
+    done, _ = await asyncio.wait({first, second}, timeout=0.3)
+    assert done == set(), f"a stop returned while {still_running}"
+    release.set()
+    await asyncio.gather(first, second)

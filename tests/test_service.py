@@ -15,6 +15,7 @@ from unittest.mock import ANY
 import msgspec
 import nats.errors
 import pytest
+from _serving import stopped_twice_at_once
 
 from hookbus.dispatcher import DispatcherService, HookDispatcher
 from hookbus.schemas import (
@@ -256,12 +257,7 @@ async def test_stop_is_idempotent_and_drains(connect, event):
     pending = _emitting(agent, event, range(6))
     await all_started.wait()
     await agent.flush()  # every request has reached the server, hence the service
-    first = asyncio.create_task(service.stop())
-    second = asyncio.create_task(service.stop())
-    done, _ = await asyncio.wait({first, second}, timeout=0.3)
-    assert done == set(), "a stop() returned while requests were still being handled"
-    gate.set()
-    await asyncio.gather(first, second)
+    await stopped_twice_at_once(service.stop, gate, "requests were still being handled")
     replies = await asyncio.gather(*pending)
     await service.stop()  # a third time, after the fact
     assert [r["result"]["chained_data"]["n"] for r in replies] == list(range(6))

@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 import pytest
-from _serving import emit_during_shutdown
+from _serving import emit_during_shutdown, stopped_twice_at_once
 
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
@@ -134,12 +134,7 @@ async def test_shutdown_is_idempotent_and_concurrent_calls_wait(connect, event):
     async with HookDispatcher(await connect()) as d:
         emit = asyncio.create_task(d.emit(event, {}))
         await running.wait()
-        first = asyncio.create_task(w.shutdown())
-        second = asyncio.create_task(w.shutdown())
-        done, _ = await asyncio.wait({first, second}, timeout=0.3)
-        assert done == set(), "a shutdown returned while a request was still being handled"
-        release.set()
-        await asyncio.gather(first, second)
+        await stopped_twice_at_once(w.shutdown, release, "a request was still being handled")
         result = await emit
     await w.shutdown()  # a third time, after the fact
     assert result.failures == [] and result.action == "continue"
