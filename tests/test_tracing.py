@@ -8,10 +8,10 @@ other tests run with the API's defaults (tracing off).
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
+from _allowing import emitted_allowed
 from _otel_harness import Otel, children, only, wire_headers
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, StatusCode
@@ -362,23 +362,8 @@ async def test_approval_wait_is_a_span_under_the_emit(otel: Otel, nc, connect, e
 
     async with w, HookDispatcher(await connect()) as d:
         stream = await d.hook_events()
-        approvals = ApprovalsClient.over(d.approvals)
-
-        async def approve() -> None:
-            async for ev in stream:
-                if ev.hook.status == "pending" and ev.hook.metadata.get("event") == event:
-                    await approvals.answer_approval(
-                        ev.hook.label, "Allow", approver="tester", agent_id=ev.hook.agent_id
-                    )
-                    return
-
-        approver = asyncio.create_task(approve())
-        try:
-            result = await d.emit(event, {"tool_name": "rm", "session_id": f"s-{event}"})
-            await asyncio.wait_for(approver, 10)
-        finally:
-            approver.cancel()
-            await stream.aclose()
+        emit = d.emit(event, {"tool_name": "rm", "session_id": f"s-{event}"})
+        result = await emitted_allowed(emit, event, stream, ApprovalsClient.over(d.approvals))
     assert result.action == "continue"
 
     emit = otel.emit_span(event)

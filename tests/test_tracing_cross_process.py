@@ -10,7 +10,6 @@ and that an agent whose context is not sampled leaves no span in any process.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -23,6 +22,7 @@ from typing import Any
 
 import anyio
 import pytest
+from _allowing import emitted_allowed
 from _otlp_receiver import OtlpReceiver, ReceivedSpan
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace import TracerProvider
@@ -369,22 +369,8 @@ async def test_approval_wait_in_the_trace(fleet, nc, connect, agent_tracer) -> N
     event = f"{fleet.prefix}:approval"
     async with ApprovalsClient(await connect()) as approver:
         stream = await approver.events()
-
-        async def approve() -> None:
-            async for ev in stream:
-                if ev.hook.status == "pending" and ev.hook.metadata.get("event") == event:
-                    await approver.answer_approval(
-                        ev.hook.label, "Allow", approver="tester", agent_id=ev.hook.agent_id
-                    )
-                    return
-
-        task = asyncio.create_task(approve())
-        try:
-            reply, agent = await agent_emit(nc, agent_tracer, event, {"tool_name": "rm"})
-            await asyncio.wait_for(task, 10)
-        finally:
-            task.cancel()
-            await stream.aclose()
+        emit = agent_emit(nc, agent_tracer, event, {"tool_name": "rm"})
+        reply, agent = await emitted_allowed(emit, event, stream, approver)
     assert reply.result is not None and reply.result.action == "continue"
 
     spans = await trace_of(fleet, agent, 5)
