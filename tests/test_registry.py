@@ -17,6 +17,7 @@ import anyio
 import nats
 import nats.js.errors
 import pytest
+from _declarations import declaration
 from _serving import serving
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -29,7 +30,6 @@ from hookbus.schemas import (
     HandlerDeclaration,
     HookReply,
     HookResult,
-    collect_subject,
     encode,
     encode_token,
     handler_key,
@@ -47,18 +47,6 @@ async def bucket(nc: NATS) -> KeyValue:
         return await js.create_key_value(config=handlers_bucket_config())
     except nats.js.errors.BadRequestError:
         return await js.key_value(HANDLERS_BUCKET)
-
-
-def declaration(event: str, name: str, **options: Any) -> HandlerDeclaration:
-    """A declaration as a worker writes it (subjects filled in)."""
-    return HandlerDeclaration(
-        event=event,
-        name=name,
-        subject=handler_subject(event, name),
-        collect_subject=collect_subject(event),
-        queue_group=encode_token(name),
-        **options,
-    )
 
 
 def names(d: HookDispatcher, event: str) -> list[str]:

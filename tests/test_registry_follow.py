@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import nats
 import pytest
+from _declarations import declaration
 from _proxy import Delivered, NatsProxy
 from nats.js.api import DiscardPolicy, StreamConfig
 from nats.js.kv import KeyValue
@@ -27,11 +28,8 @@ from hookbus.schemas import (
     HANDLERS_BUCKET,
     REGISTRY_CHANGES_WILDCARD,
     HandlerDeclaration,
-    collect_subject,
     encode,
-    encode_token,
     handler_key,
-    handler_subject,
 )
 
 pytestmark = pytest.mark.anyio
@@ -41,15 +39,7 @@ STREAM = f"KV_{HANDLERS_BUCKET}"
 
 def guard(event: str, name: str) -> HandlerDeclaration:
     """A declaration nobody serves, failing closed: every emit of `event` is denied."""
-    return HandlerDeclaration(
-        event=event,
-        name=name,
-        subject=handler_subject(event, name),
-        collect_subject=collect_subject(event),
-        queue_group=encode_token(name),
-        failure_policy="deny",
-        timeout_s=0.5,
-    )
+    return declaration(event, name, failure_policy="deny", timeout_s=0.5)
 
 
 async def declare(kv: KeyValue, event: str, name: str = "guard") -> None:
