@@ -325,52 +325,18 @@ def test_hookbus_is_a_namespace_package() -> None:
         assert Path(module.__file__ or "").resolve().is_relative_to(ROOT / folder), package
 
 
-EVENT_CONSTANTS = [
-    "ALL_EVENTS",
-    "APPROVAL_DENIED",
-    "APPROVAL_GRANTED",
-    "APPROVAL_REQUIRED",
-    "ARTIFACT_READ",
-    "ARTIFACT_WRITE",
-    "CANCEL_COMPLETED",
-    "CANCEL_REQUESTED",
-    "CONTENT_BLOCK_DELTA",
-    "CONTENT_BLOCK_END",
-    "CONTENT_BLOCK_START",
-    "CONTEXT_COMPACTION",
-    "CONTEXT_INCLUDE",
-    "CONTEXT_POST_COMPACT",
-    "CONTEXT_PRE_COMPACT",
-    "EXECUTION_END",
-    "EXECUTION_START",
-    "LLM_REQUEST",
-    "LLM_RESPONSE",
-    "MODULE_LOAD_FAILED",
-    "MODULE_ON_SESSION_READY_FAILED",
-    "ORCHESTRATOR_COMPLETE",
-    "PLAN_END",
-    "PLAN_START",
-    "POLICY_VIOLATION",
-    "PROMPT_COMPLETE",
-    "PROMPT_SUBMIT",
-    "PROVIDER_ERROR",
-    "PROVIDER_REQUEST",
-    "PROVIDER_RESOLVE",
-    "PROVIDER_RESPONSE",
-    "PROVIDER_RETRY",
-    "PROVIDER_THROTTLE",
-    "PROVIDER_TOOL_SEQUENCE_REPAIRED",
-    "SESSION_END",
-    "SESSION_FORK",
-    "SESSION_RESUME",
-    "SESSION_START",
-    "THINKING_DELTA",
-    "THINKING_FINAL",
-    "TOOL_ERROR",
-    "TOOL_POST",
-    "TOOL_PRE",
-    "USER_NOTIFICATION",
-]
+def _event_constants() -> list[str]:
+    """The names `hookbus.schemas.events` exports for amplifier-core's events: a constant
+    per event of its ``ALL_EVENTS`` (whose names and strings `test_amplifier_conformance`
+    checks against amplifier-core's), and ``ALL_EVENTS``; read from the module."""
+    from hookbus.schemas import events
+
+    names = sorted(n for n, v in vars(events).items() if n.isupper() and isinstance(v, str))
+    assert sorted(getattr(events, n) for n in names) == sorted(events.ALL_EVENTS), names
+    return ["ALL_EVENTS", *names]
+
+
+EVENT_CONSTANTS = _event_constants()
 
 PUBLIC_API: dict[str, set[str]] = {
     "hookbus.schemas": {
@@ -738,24 +704,12 @@ def test_errors_share_one_root() -> None:
     import hookbus.cli
     import hookbus.schemas as s
 
-    for name in (
-        "AlreadySettledError",
-        "DuplicateSuspensionError",
-        "SuspensionAbortedError",
-        "SuspensionCancelledError",
-        "SuspensionNotFoundError",
-        "SuspensionTimeoutError",
-        "ResolutionRejectedError",
-        "SuspensionError",
-        "BadRequestError",
-        "HookbusTimeoutError",
-        "NotConnectedError",
-        "NotPermittedError",
-        "PayloadTooLargeError",
-        "UnknownEventError",
-        "WireFormatError",
-    ):
-        assert issubclass(getattr(s, name), s.HookbusError), name
+    errors = [
+        e for e in map(vars(s).get, s.__all__) if isinstance(e, type) and issubclass(e, Exception)
+    ]
+    assert len(errors) >= 19, errors  # every error class the wire contract exports
+    for error in errors:
+        assert issubclass(error, s.HookbusError), error
     assert issubclass(hookbus.cli.NatsServerNotFoundError, s.HookbusError)
     assert issubclass(s.HookbusTimeoutError, TimeoutError)
     assert issubclass(s.SuspensionTimeoutError, TimeoutError)
