@@ -21,16 +21,9 @@ from typing import Any
 import anyio
 import pytest
 from _claude_cli import MODEL, FakeMessagesApi, claude_env, trust
-from _integration_kit import Connect, named, private_connect, worker
+from _integration_kit import Connect, asking, named, pending_approval, private_connect, worker
 
-from hookbus.dispatcher import (
-    APPROVAL_LABEL_PREFIX,
-    AnswerNotAppliedError,
-    ApprovalsClient,
-    HookDispatcher,
-    HookEventStream,
-    PendingHook,
-)
+from hookbus.dispatcher import AnswerNotAppliedError, ApprovalsClient, HookDispatcher
 from hookbus.integrations.claude_agent_sdk import HookbusClaudeHooks
 from hookbus.integrations.claude_code import ClaudeCodeOptions
 from hookbus.schemas import PROMPT_SUBMIT, TOOL_POST, TOOL_PRE, HookResult
@@ -80,16 +73,6 @@ async def turn(
                 messages.append(message)
     assert len(api.tool_results) == 1, (api.tool_results, messages)
     return Turn(project, api.tool_results, json.dumps(api.requests), messages)
-
-
-async def pending_approval(stream: HookEventStream, within_s: float = 20.0) -> PendingHook:
-    """The next approval the stream shows pending."""
-    with anyio.fail_after(within_s):
-        async for event in stream:
-            hook = event.hook
-            if hook.status == "pending" and hook.label.startswith(APPROVAL_LABEL_PREFIX):
-                return hook
-    raise AssertionError("the event stream ended")
 
 
 # -- deny, modify, inject_context ------------------------------------------------------------
@@ -186,12 +169,7 @@ async def test_injected_context_reaches_the_model_and_every_event_is_emitted(
 
 
 # -- approvals and faults ----------------------------------------------------------------------
-ASK = HookResult(
-    action="ask_user",
-    approval_prompt="Run this command?",
-    approval_options=["Allow once", "Deny"],
-    approval_timeout=30.0,
-)
+ASK = asking("Run this command?", 30.0)
 
 
 @pytest.mark.parametrize(("choice", "runs"), [("Allow once", True), ("Deny", False)])

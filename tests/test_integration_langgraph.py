@@ -17,7 +17,15 @@ from typing import Any
 
 import anyio
 import pytest
-from _integration_kit import Connect, named, private_connect, returning, worker
+from _integration_kit import (
+    Connect,
+    asking,
+    named,
+    pending_approval,
+    private_connect,
+    returning,
+    worker,
+)
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
@@ -25,12 +33,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 
-from hookbus.dispatcher import (
-    APPROVAL_LABEL_PREFIX,
-    AnswerNotAppliedError,
-    ApprovalsClient,
-    HookDispatcher,
-)
+from hookbus.dispatcher import AnswerNotAppliedError, ApprovalsClient, HookDispatcher
 from hookbus.integrations.langgraph import HookbusToolHooks
 from hookbus.schemas import TOOL_ERROR, TOOL_POST, TOOL_PRE, HookbusError, HookResult
 
@@ -118,20 +121,11 @@ class Agent:
 
 async def next_approval(approver: ApprovalsClient, stream: Any) -> tuple[str, dict[str, Any]]:
     """The label and metadata of the next pending approval on `stream`."""
-    with anyio.fail_after(20):
-        async for event in stream:
-            hook = event.hook
-            if hook.status == "pending" and hook.label.startswith(APPROVAL_LABEL_PREFIX):
-                return hook.label, hook.metadata
-    raise AssertionError("the hook event stream ended")
+    hook = await pending_approval(stream)
+    return hook.label, hook.metadata
 
 
-ASK = HookResult(
-    action="ask_user",
-    approval_prompt="Transfer 100 to acme?",
-    approval_options=["Allow once", "Deny"],
-    approval_timeout=60.0,
-)
+ASK = asking("Transfer 100 to acme?", 60.0)
 
 
 # -- tool:pre ---------------------------------------------------------------------------------

@@ -23,7 +23,16 @@ import pytest
 os.environ.setdefault("OPENAI_API_KEY", "sk-dummy-no-network")
 
 import agents
-from _integration_kit import Connect, Handler, named, private_connect, returning, worker
+from _integration_kit import (
+    Connect,
+    Handler,
+    asking,
+    named,
+    pending_approval,
+    private_connect,
+    returning,
+    worker,
+)
 from agents import Agent, FunctionTool, ModelResponse, Usage, function_tool
 from agents.models.interface import Model
 from openai.types.responses import (
@@ -32,7 +41,7 @@ from openai.types.responses import (
     ResponseOutputText,
 )
 
-from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, ApprovalsClient, HookDispatcher
+from hookbus.dispatcher import ApprovalsClient, HookDispatcher
 from hookbus.dispatcher._approvals import next_approval_label
 from hookbus.integrations.openai_agents import HookbusGuard, HookDeniedError
 from hookbus.schemas import (
@@ -238,16 +247,6 @@ async def test_a_denied_prompt_never_reaches_the_model(connect: Connect) -> None
 
 
 # -- approvals ------------------------------------------------------------------------------
-async def next_pending(stream: Any) -> Any:
-    """The next pending approval on a hook event stream."""
-    with anyio.fail_after(20):
-        async for event in stream:
-            hook = event.hook
-            if hook.status == "pending" and hook.label.startswith(APPROVAL_LABEL_PREFIX):
-                return hook
-    raise AssertionError("the hook event stream ended")
-
-
 async def answered(
     run: Callable[[], Awaitable[Any]], approver: HookDispatcher, stream: Any, choice: str
 ) -> str:
@@ -255,17 +254,12 @@ async def answered(
     the approval's label."""
     async with anyio.create_task_group() as tg:
         tg.start_soon(run)
-        hook = await next_pending(stream)
+        hook = await pending_approval(stream)
         await approver.answer_approval(hook.label, choice, approver="alice", agent_id=hook.agent_id)
     return str(hook.label)
 
 
-ASK = HookResult(
-    action="ask_user",
-    approval_prompt="Transfer 100 to acme?",
-    approval_options=["Allow once", "Deny"],
-    approval_timeout=30.0,
-)
+ASK = asking("Transfer 100 to acme?", 30.0)
 
 
 @pytest.mark.parametrize(("choice", "runs"), [("Allow once", True), ("Deny", False)])
@@ -290,7 +284,7 @@ async def test_an_approval_answered_by_another_process_decides_the_tool(
                     done.append(await HookbusGuard(d).run(make_agent(model, tools), "pay acme"))
 
                 tg.start_soon(run)
-                hook = await next_pending(stream)
+                hook = await pending_approval(stream)
                 assert tools.ran == []  # the tool waits for the answer
                 await approver.answer_approval(
                     hook.label, choice, approver="alice", agent_id=hook.agent_id

@@ -18,7 +18,16 @@ from typing import Any
 import anyio
 import nats
 import pytest
-from _integration_kit import Connect, Handler, named, private_connect, returning, worker
+from _integration_kit import (
+    Connect,
+    Handler,
+    asking,
+    named,
+    pending_approval,
+    private_connect,
+    returning,
+    worker,
+)
 from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults
 from pydantic_ai.messages import (
     ModelMessage,
@@ -36,12 +45,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.profiles import ModelProfile
 
 from hookbus.cli import EmbeddedNatsServer
-from hookbus.dispatcher import (
-    APPROVAL_LABEL_PREFIX,
-    AnswerNotAppliedError,
-    ApprovalsClient,
-    HookDispatcher,
-)
+from hookbus.dispatcher import AnswerNotAppliedError, ApprovalsClient, HookDispatcher
 from hookbus.integrations.pydantic_ai import CAPABILITY_PARTS, HookbusCapability, HookDeniedError
 from hookbus.schemas import (
     PROMPT_COMPLETE,
@@ -209,29 +213,18 @@ async def answer_next_approval(approver: ApprovalsClient, choice: str) -> dict[s
     """As another process: wait for the next pending approval and answer it."""
     stream = await approver.events()
     try:
-        with anyio.fail_after(10):
-            async for event in stream:
-                hook = event.hook
-                if hook.status == "pending" and hook.label.startswith(APPROVAL_LABEL_PREFIX):
-                    await approver.answer_approval(
-                        hook.label, choice, approver="alice", agent_id=hook.agent_id
-                    )
-                    return hook.metadata
+        hook = await pending_approval(stream, within_s=10)
+        await approver.answer_approval(hook.label, choice, approver="alice", agent_id=hook.agent_id)
+        return hook.metadata
     finally:
         await stream.aclose()
-    raise AssertionError("the hook event stream ended")
 
 
 @pytest.mark.parametrize(("choice", "runs"), [("Allow once", True), ("Deny", False)])
 async def test_an_approval_answered_by_another_process_decides_the_tool(
     connect: Connect, choice: str, runs: bool
 ) -> None:
-    ask = HookResult(
-        action="ask_user",
-        approval_prompt="Transfer 100 to acme?",
-        approval_options=["Allow once", "Deny"],
-        approval_timeout=10.0,
-    )
+    ask = asking("Transfer 100 to acme?", 10.0)
     async with (
         worker(
             connect, (TOOL_PRE, returning("transfer_approval", ask), {"tool_filter": ["transfer"]})
@@ -268,12 +261,7 @@ async def test_an_allow_once_runs_the_tool_once_however_often_the_run_resumes(
     answered while it is dead; the run is resumed twice with the same run id (same
     idempotency keys). The first resume runs the transfer; the second is asked again, and
     the refusal keeps the transfer from running twice."""
-    ask = HookResult(
-        action="ask_user",
-        approval_prompt="Transfer 100 to acme?",
-        approval_options=["Allow once", "Deny"],
-        approval_timeout=60.0,
-    )
+    ask = asking("Transfer 100 to acme?", 60.0)
     call = ToolCallPart("transfer", {"amount": 100, "payee": "acme"}, tool_call_id="call-1")
     async with (
         worker(
@@ -285,16 +273,9 @@ async def test_an_allow_once_runs_the_tool_once_however_often_the_run_resumes(
         tools = Tools()
         capability = HookbusCapability(d, session_id="session-1")
         stream = await approver.events()
-        pending: list[str] = []
 
         async def next_pending() -> str:
-            with anyio.fail_after(10):
-                async for event in stream:
-                    hook = event.hook
-                    if hook.status == "pending" and hook.label.startswith(APPROVAL_LABEL_PREFIX):
-                        pending.append(hook.label)
-                        return hook.label
-            raise AssertionError("the hook event stream ended")
+            return str((await pending_approval(stream, within_s=10)).label)
 
         async def run(name: str) -> Any:
             agent = make_agent(capability, Script([ModelResponse(parts=[call])]), tools)
