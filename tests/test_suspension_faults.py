@@ -29,6 +29,8 @@ import msgspec
 import nats
 import nats.errors
 import pytest
+from _payloads import Grant  # the same shape as _agent_proc.Grant
+from _spawned import spawn_hook
 from nats.aio.client import Client as NATS
 
 from hookbus.cli import EmbeddedNatsServer
@@ -39,7 +41,6 @@ from hookbus.schemas import (
     SUSPENSIONS_BUCKET,
     AlreadySettledError,
     DuplicateSuspensionError,
-    HookbusError,
     HookEvent,
     SuspensionRecord,
     decode,
@@ -52,11 +53,6 @@ pytestmark = pytest.mark.anyio
 
 Connect = Callable[..., Awaitable[NATS]]
 AGENT = Path(__file__).with_name("_agent_proc.py")
-
-
-class Grant(msgspec.Struct):  # the same shape as _agent_proc.Grant
-    approved: bool
-    by: str = ""
 
 
 @pytest.fixture
@@ -125,25 +121,15 @@ async def test_a_lost_ack_on_create_does_not_make_hook_a_duplicate_of_itself(
     a, b, ncb = pair
     lossy = lose_acks(a, create=1)
     events = await events_of(ncb, label)
-    result: list[Any] = []
     async with anyio.create_task_group() as tg:
-
-        async def wait() -> None:
-            try:
-                result.append(await a.hook(label, Grant, timeout_s=20))
-            except HookbusError as exc:
-                result.append(exc)
-            finally:
-                tg.cancel_scope.cancel()
-
-        tg.start_soon(wait)
+        out = spawn_hook(tg, a, label, Grant, timeout_s=20)
         with anyio.fail_after(10):
             pending = decode((await events.next_msg(timeout=10)).data, HookEvent)
         assert pending.hook.status == "pending"
         await b.resolve_hook(label, Grant(approved=True, by="after a lost create ack"))
-        await anyio.sleep_forever()
+        await out.wait(20)
     assert lossy.lost == ["create"]
-    assert result == [Grant(approved=True, by="after a lost create ack")]
+    assert (out.error, out.value) == (None, Grant(approved=True, by="after a lost create ack"))
 
 
 async def test_a_lost_ack_on_resolve_still_tells_the_winner_and_publishes_resolved(
@@ -151,13 +137,8 @@ async def test_a_lost_ack_on_resolve_still_tells_the_winner_and_publishes_resolv
 ) -> None:
     a, b, ncb = pair
     events = await events_of(ncb, label)
-    result: list[Any] = []
     async with anyio.create_task_group() as tg:
-
-        async def wait() -> None:
-            result.append(await a.hook(label, Grant, timeout_s=20))
-
-        tg.start_soon(wait)
+        out = spawn_hook(tg, a, label, Grant, timeout_s=20)
         pending = decode((await events.next_msg(timeout=10)).data, HookEvent)
         assert pending.hook.status == "pending"
         lossy = lose_acks(b, update=1)
@@ -165,8 +146,9 @@ async def test_a_lost_ack_on_resolve_still_tells_the_winner_and_publishes_resolv
         resolved = decode((await events.next_msg(timeout=10)).data, HookEvent)
         assert resolved.hook.status == "resolved"
         assert resolved.hook.resolution == {"approved": True, "by": "winner"}
+        await out.wait(20)
     assert lossy.lost == ["update"]
-    assert result == [Grant(approved=True, by="winner")]
+    assert (out.error, out.value) == (None, Grant(approved=True, by="winner"))
     with pytest.raises(AlreadySettledError):  # a second resolver still loses
         await b.resolve_hook(label, Grant(approved=False))
 
@@ -290,19 +272,15 @@ async def test_a_live_waiter_keeps_its_label_past_its_lease(
         a, b = HookDispatcher(nca, approvals=False), HookDispatcher(ncb, approvals=False)
         async with a, b, anyio.create_task_group() as tg:
             events = await events_of(ncb, label)
-            result: list[Grant] = []
-
-            async def wait() -> None:
-                result.append(await a.hook(label, Grant, timeout_s=30))
-
-            tg.start_soon(wait)
+            out = spawn_hook(tg, a, label, Grant, timeout_s=30)
             await events.next_msg(timeout=10)
             for _ in range(4):  # four leases long: the heartbeat keeps it
                 with pytest.raises(DuplicateSuspensionError):
                     await b.hook(label, Grant, timeout_s=1)
                 await anyio.sleep(1.0)
             await b.resolve_hook(label, Grant(approved=True, by="owner alive"))
-        assert result == [Grant(approved=True, by="owner alive")]
+            await out.wait(30)
+        assert (out.error, out.value) == (None, Grant(approved=True, by="owner alive"))
     finally:
         await nca.close()
         await ncb.close()
@@ -360,17 +338,13 @@ async def test_a_hook_replaces_a_malformed_record_and_a_resolve_preregisters_ove
     assert await a.hook(preregistered, Grant, timeout_s=5) == Grant(
         approved=True, by="over a bad record"
     )
+    events = await events_of(ncb, waited)
     async with anyio.create_task_group() as tg:
-        result: list[Grant] = []
-
-        async def wait() -> None:
-            result.append(await a.hook(waited, Grant, timeout_s=10))
-
-        events = await events_of(ncb, waited)
-        tg.start_soon(wait)
+        out = spawn_hook(tg, a, waited, Grant, timeout_s=10)
         await events.next_msg(timeout=10)
         await b.resolve_hook(waited, Grant(approved=False, by="fine"))
-    assert result == [Grant(approved=False, by="fine")]
+        await out.wait()
+    assert (out.error, out.value) == (None, Grant(approved=False, by="fine"))
 
 
 async def test_a_waiter_survives_a_malformed_version_of_its_record(
@@ -378,21 +352,14 @@ async def test_a_waiter_survives_a_malformed_version_of_its_record(
 ) -> None:
     a, b, ncb = pair
     events = await events_of(ncb, label)
-    result: list[Any] = []
     async with anyio.create_task_group() as tg:
-
-        async def wait() -> None:
-            try:
-                result.append(await a.hook(label, Grant, timeout_s=20))
-            except Exception as exc:  # the defect: a decode error out of the waiter
-                result.append(exc)
-
-        tg.start_soon(wait)
+        out = spawn_hook(tg, a, label, Grant, timeout_s=20)  # a decode error fails the test
         await events.next_msg(timeout=10)
         await _plant(ncb, {label: b'{"label": "\xff", "status": 1}'})
         assert await b.suspensions.get(label) is None
         await b.resolve_hook(label, Grant(approved=True, by="after garbage"))
-    assert result == [Grant(approved=True, by="after garbage")]
+        await out.wait(20)
+    assert (out.error, out.value) == (None, Grant(approved=True, by="after garbage"))
 
 
 async def _cli(nats_url: str, *args: str) -> subprocess.CompletedProcess[bytes]:
