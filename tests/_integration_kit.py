@@ -1,8 +1,7 @@
 """What the framework integrations' tests share: connections to the test's private server
 (`private_connect`, a fixture: name it `connect` in the test module), a `HookWorker` serving some
 handlers on a connection of its own (`worker`), and handlers that return a fixed result
-(`returning`), a result asking for an approval (`asking`) and the next approval a hook event
-stream shows pending (`pending_approval`)."""
+(`returning`)."""
 
 from __future__ import annotations
 
@@ -10,26 +9,15 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import anyio
 import pytest
 from conftest import connections
 from nats.aio.client import Client as NATS
 
 from hookbus.cli import EmbeddedNatsServer
-from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookEventStream, PendingHook
 from hookbus.schemas import HookResult
 from hookbus.workers import HookWorker
 
-__all__ = [
-    "Connect",
-    "Handler",
-    "asking",
-    "named",
-    "pending_approval",
-    "private_connect",
-    "returning",
-    "worker",
-]
+__all__ = ["Connect", "Handler", "named", "private_connect", "returning", "worker"]
 
 Connect = Callable[..., Awaitable[NATS]]
 Handler = Callable[[str, dict[str, Any]], Awaitable[Any]]
@@ -70,24 +58,3 @@ def returning(name: str, result: HookResult | None, seen: list[Any] | None = Non
         return result
 
     return named(name, handler)
-
-
-def asking(prompt: str, timeout_s: float) -> HookResult:
-    """A handler's result asking a human `prompt`, with the options "Allow once" and "Deny";
-    the approval waits at most `timeout_s` seconds."""
-    return HookResult(
-        action="ask_user",
-        approval_prompt=prompt,
-        approval_options=["Allow once", "Deny"],
-        approval_timeout=timeout_s,
-    )
-
-
-async def pending_approval(stream: HookEventStream, within_s: float = 20.0) -> PendingHook:
-    """The next approval the hook event `stream` shows pending (within `within_s` seconds)."""
-    with anyio.fail_after(within_s):
-        async for event in stream:
-            hook = event.hook
-            if hook.status == "pending" and hook.label.startswith(APPROVAL_LABEL_PREFIX):
-                return hook
-    raise AssertionError("the hook event stream ended")

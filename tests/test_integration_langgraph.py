@@ -17,15 +17,8 @@ from typing import Any
 
 import anyio
 import pytest
-from _integration_kit import (
-    Connect,
-    asking,
-    named,
-    pending_approval,
-    private_connect,
-    returning,
-    worker,
-)
+from _approval_kit import asking, pending_approval
+from _integration_kit import Connect, named, private_connect, returning, worker
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool

@@ -23,16 +23,8 @@ import pytest
 os.environ.setdefault("OPENAI_API_KEY", "sk-dummy-no-network")
 
 import agents
-from _integration_kit import (
-    Connect,
-    Handler,
-    asking,
-    named,
-    pending_approval,
-    private_connect,
-    returning,
-    worker,
-)
+from _approval_kit import asking, pending_approval
+from _integration_kit import Connect, Handler, named, private_connect, returning, worker
 from agents import Agent, FunctionTool, ModelResponse, Usage, function_tool
 from agents.models.interface import Model
 from openai.types.responses import (

@@ -18,16 +18,8 @@ from typing import Any
 import anyio
 import nats
 import pytest
-from _integration_kit import (
-    Connect,
-    Handler,
-    asking,
-    named,
-    pending_approval,
-    private_connect,
-    returning,
-    worker,
-)
+from _approval_kit import asking, pending_approval
+from _integration_kit import Connect, Handler, named, private_connect, returning, worker
 from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults
 from pydantic_ai.messages import (
     ModelMessage,
