@@ -20,8 +20,8 @@ from typing import Any
 
 import anyio
 import pytest
-from _approval_kit import asking, pending_approval
 from _claude_cli import MODEL, FakeMessagesApi, claude_env, trust
+from _integration_cases import asking, pending_approval
 from _integration_kit import Connect, named, private_connect, worker
 
 from hookbus.dispatcher import AnswerNotAppliedError, ApprovalsClient, HookDispatcher

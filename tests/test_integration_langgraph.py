@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 import pytest
-from _approval_kit import asking, pending_approval
+from _integration_cases import asking, denying_bash, pending_approval
 from _integration_kit import Connect, named, private_connect, returning, worker
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
@@ -126,11 +126,7 @@ async def test_a_denied_rm_rf_never_runs_and_the_model_reads_the_reason(
     connect: Connect,
 ) -> None:
     seen: list[Any] = []
-    deny = HookResult(action="deny", reason="destructive command")
-    async with (
-        worker(connect, (TOOL_PRE, returning("security", deny, seen), {"tool_filter": ["bash"]})),
-        HookDispatcher(await connect(), agent_id="agent-1") as d,
-    ):
+    async with denying_bash(connect, "destructive command", seen) as d:
         agent = Agent(
             HookbusToolHooks(d),
             [calls(("bash", {"command": "rm -rf /"}), ("transfer", {"amount": 5, "payee": "a"}))],

@@ -23,7 +23,7 @@ import pytest
 os.environ.setdefault("OPENAI_API_KEY", "sk-dummy-no-network")
 
 import agents
-from _approval_kit import asking, pending_approval
+from _integration_cases import asking, denying_bash, pending_approval
 from _integration_kit import Connect, Handler, named, private_connect, returning, worker
 from agents import Agent, FunctionTool, ModelResponse, Usage, function_tool
 from agents.models.interface import Model
@@ -134,11 +134,7 @@ def make_agent(model: Scripted, tools: Tools) -> Agent[Any]:
 # -- tool:pre ---------------------------------------------------------------------------------
 async def test_a_denied_tool_never_runs_and_the_model_reads_the_reason(connect: Connect) -> None:
     seen: list[Any] = []
-    deny = HookResult(action="deny", reason="destructive shell commands are not allowed")
-    async with (
-        worker(connect, (TOOL_PRE, returning("security", deny, seen), {"tool_filter": ["bash"]})),
-        HookDispatcher(await connect(), agent_id="agent-1") as d,
-    ):
+    async with denying_bash(connect, "destructive shell commands are not allowed", seen) as d:
         model = Scripted(
             [
                 call("bash", {"command": "rm -rf /"}, "c1"),

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import nats
 import pytest
-from _approval_kit import asking, pending_approval
+from _integration_cases import asking, denying_bash, pending_approval
 from _integration_kit import Connect, Handler, named, private_connect, returning, worker
 from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults
 from pydantic_ai.messages import (
@@ -133,11 +133,7 @@ def make_agent(
 # -- tool:pre ---------------------------------------------------------------------------------
 async def test_a_denied_tool_never_runs_and_the_model_sees_the_reason(connect: Connect) -> None:
     seen: list[Any] = []
-    deny = HookResult(action="deny", reason="shell tools are not allowed")
-    async with (
-        worker(connect, (TOOL_PRE, returning("security", deny, seen), {"tool_filter": ["bash"]})),
-        HookDispatcher(await connect(), agent_id="agent-1") as d,
-    ):
+    async with denying_bash(connect, "shell tools are not allowed", seen) as d:
         script = Script(
             [calls(("bash", {"command": "rm -rf /"}), ("send_email", {"to": "a", "body": "b"}))]
         )

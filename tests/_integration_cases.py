@@ -1,0 +1,54 @@
+"""What the framework integrations' tests do alike: an agent's dispatcher whose ``bash``
+calls a worker denies (`denying_bash`), a handler's result asking for an approval (`asking`),
+and the next approval a hook event stream shows pending (`pending_approval`). The plumbing
+beneath (connections, workers, handlers) is `_integration_kit`."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+from _integration_kit import Connect, returning, worker
+
+from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher, HookEventStream, PendingHook
+from hookbus.schemas import TOOL_PRE, HookResult
+
+__all__ = ["asking", "denying_bash", "pending_approval"]
+
+
+@contextlib.asynccontextmanager
+async def denying_bash(
+    connect: Connect, reason: str, seen: list[Any]
+) -> AsyncIterator[HookDispatcher]:
+    """The dispatcher of agent ``agent-1``, on a connection of its own, while a worker's
+    ``security`` handler denies every ``bash`` call with `reason` (its tool filter spares
+    the other tools); the handler appends the ``(event, data)`` it is asked with to `seen`."""
+    deny = HookResult(action="deny", reason=reason)
+    async with (
+        worker(connect, (TOOL_PRE, returning("security", deny, seen), {"tool_filter": ["bash"]})),
+        HookDispatcher(await connect(), agent_id="agent-1") as d,
+    ):
+        yield d
+
+
+def asking(prompt: str, timeout_s: float) -> HookResult:
+    """A handler's result asking a human `prompt`, with the options "Allow once" and "Deny";
+    the approval waits at most `timeout_s` seconds."""
+    return HookResult(
+        action="ask_user",
+        approval_prompt=prompt,
+        approval_options=["Allow once", "Deny"],
+        approval_timeout=timeout_s,
+    )
+
+
+async def pending_approval(stream: HookEventStream, within_s: float = 20.0) -> PendingHook:
+    """The next approval the hook event `stream` shows pending (within `within_s` seconds)."""
+    with anyio.fail_after(within_s):
+        async for event in stream:
+            hook = event.hook
+            if hook.status == "pending" and hook.label.startswith(APPROVAL_LABEL_PREFIX):
+                return hook
+    raise AssertionError("the hook event stream ended")
