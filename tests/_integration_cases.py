@@ -1,21 +1,30 @@
 """What the framework integrations' tests do alike: an agent's dispatcher whose ``bash``
 calls a worker denies (`denying_bash`), a handler's result asking for an approval (`asking`),
-and the next approval a hook event stream shows pending (`pending_approval`). The plumbing
+the next approval a hook event stream shows pending (`pending_approval`), and a call made
+while alice answers the approval it asks for (`answered`). The plumbing
 beneath (connections, workers, handlers) is `_integration_kit`."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import anyio
 from _integration_kit import Connect, returning, worker
 
-from hookbus.dispatcher import APPROVAL_LABEL_PREFIX, HookDispatcher, HookEventStream, PendingHook
+from hookbus.dispatcher import (
+    APPROVAL_LABEL_PREFIX,
+    ApprovalsClient,
+    HookDispatcher,
+    HookEventStream,
+    PendingHook,
+)
 from hookbus.schemas import TOOL_PRE, HookResult
 
-__all__ = ["asking", "denying_bash", "pending_approval"]
+__all__ = ["answered", "asking", "denying_bash", "pending_approval"]
+
+T = TypeVar("T")
 
 
 @contextlib.asynccontextmanager
@@ -52,3 +61,23 @@ async def pending_approval(stream: HookEventStream, within_s: float = 20.0) -> P
             if hook.status == "pending" and hook.label.startswith(APPROVAL_LABEL_PREFIX):
                 return hook
     raise AssertionError("the hook event stream ended")
+
+
+async def answered(
+    call: Callable[[], Awaitable[T]],
+    approver: ApprovalsClient | HookDispatcher,
+    stream: HookEventStream,
+    choice: str,
+) -> tuple[T, PendingHook]:
+    """What `call` returns while alice answers `choice` to the next approval `stream` shows
+    pending (within 20 s), and that approval."""
+    out: list[T] = []
+
+    async def run() -> None:
+        out.append(await call())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        hook = await pending_approval(stream)
+        await approver.answer_approval(hook.label, choice, approver="alice", agent_id=hook.agent_id)
+    return out[0], hook

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 import anyio
 import pytest
 from _claude_cli import MODEL, FakeMessagesApi, claude_env, trust
-from _integration_cases import asking, pending_approval
+from _integration_cases import answered, asking, pending_approval
 from _integration_kit import Connect, named, private_connect, worker
 
 from hookbus.dispatcher import AnswerNotAppliedError, ApprovalsClient, HookDispatcher
@@ -237,23 +238,12 @@ async def test_two_sessions_never_share_an_approval(connect: Connect) -> None:
         labels: list[str] = []
 
         async def decide(session_id: str, choice: str) -> dict[str, Any]:
-            out: list[dict[str, Any]] = []
-            async with anyio.create_task_group() as tg:
+            def call() -> Awaitable[dict[str, Any]]:
+                return hooks.callback(pre_tool_use(session_id), "toolu_same", {"signal": None})
 
-                async def call() -> None:
-                    out.append(
-                        await hooks.callback(
-                            pre_tool_use(session_id), "toolu_same", {"signal": None}
-                        )
-                    )
-
-                tg.start_soon(call)
-                hook = await pending_approval(stream)
-                labels.append(hook.label)
-                await approver.answer_approval(
-                    hook.label, choice, approver="alice", agent_id=hook.agent_id
-                )
-            return out[0]
+            out, hook = await answered(call, approver, stream, choice)
+            labels.append(hook.label)
+            return out
 
         try:
             first = await decide("session-1", "Allow once")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,7 @@ import pytest
 os.environ.setdefault("OPENAI_API_KEY", "sk-dummy-no-network")
 
 import agents
-from _integration_cases import asking, denying_bash, pending_approval
+from _integration_cases import answered, asking, denying_bash, pending_approval
 from _integration_kit import Connect, Handler, named, private_connect, returning, worker
 from agents import Agent, FunctionTool, ModelResponse, Usage, function_tool
 from agents.models.interface import Model
@@ -235,18 +235,6 @@ async def test_a_denied_prompt_never_reaches_the_model(connect: Connect) -> None
 
 
 # -- approvals ------------------------------------------------------------------------------
-async def answered(
-    run: Callable[[], Awaitable[Any]], approver: HookDispatcher, stream: Any, choice: str
-) -> str:
-    """Run `run` while alice answers `choice` to the next pending approval on `stream`;
-    the approval's label."""
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(run)
-        hook = await pending_approval(stream)
-        await approver.answer_approval(hook.label, choice, approver="alice", agent_id=hook.agent_id)
-    return str(hook.label)
-
-
 ASK = asking("Transfer 100 to acme?", 30.0)
 
 
@@ -308,10 +296,12 @@ async def test_two_runs_never_share_an_approval(connect: Connect) -> None:
         async def one_run(choice: str) -> None:
             model = Scripted([call("transfer", {"amount": 100, "payee": "acme"}, "call-1")])
 
-            async def run() -> None:
-                runs.append(await guard.run(make_agent(model, tools), "pay acme"))
+            def run() -> Awaitable[Any]:
+                return guard.run(make_agent(model, tools), "pay acme")
 
-            labels.append(await answered(run, approver, stream, choice))
+            result, approval = await answered(run, approver, stream, choice)
+            runs.append(result)
+            labels.append(approval.label)
 
         try:
             await one_run("Deny")
@@ -351,10 +341,11 @@ async def test_an_allow_once_runs_the_tool_once_however_often_the_run_resumes(
             return Scripted([call("transfer", {"amount": 100, "payee": "acme"}, "c1")])
 
         async def resume(choice: str) -> None:
-            async def run() -> None:
-                await guard.run(make_agent(model(), tools), "pay acme", run_id="run-1")
+            def run() -> Awaitable[Any]:
+                return guard.run(make_agent(model(), tools), "pay acme", run_id="run-1")
 
-            labels.append(await answered(run, approver, stream, choice))
+            _, approval = await answered(run, approver, stream, choice)
+            labels.append(approval.label)
 
         try:
             await resume("Allow once")
