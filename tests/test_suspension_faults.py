@@ -30,7 +30,7 @@ import nats
 import nats.errors
 import pytest
 from _payloads import Grant  # the same shape as _agent_proc.Grant
-from _spawned import spawn_hook
+from _spawned import Outcome, spawn_hook
 from nats.aio.client import Client as NATS
 
 from hookbus.cli import EmbeddedNatsServer
@@ -115,19 +115,27 @@ async def events_of(nc: NATS, label: str) -> Any:
     return sub
 
 
+@contextlib.asynccontextmanager
+async def waiting(
+    d: HookDispatcher, events: Any, label: str, timeout_s: float = 20
+) -> AsyncIterator[Outcome]:
+    """``d.hook(label, Grant)`` waiting in a task once `events` (`events_of` the label) shows
+    it pending; on exit, its outcome within `timeout_s` seconds."""
+    async with anyio.create_task_group() as tg:
+        out = spawn_hook(tg, d, label, Grant, timeout_s=timeout_s)
+        pending = decode((await events.next_msg(timeout=10)).data, HookEvent)
+        assert pending.hook.status == "pending"
+        yield out
+        await out.wait(timeout_s)
+
+
 async def test_a_lost_ack_on_create_does_not_make_hook_a_duplicate_of_itself(
     pair: tuple[HookDispatcher, HookDispatcher, NATS], label: str
 ) -> None:
     a, b, ncb = pair
     lossy = lose_acks(a, create=1)
-    events = await events_of(ncb, label)
-    async with anyio.create_task_group() as tg:
-        out = spawn_hook(tg, a, label, Grant, timeout_s=20)
-        with anyio.fail_after(10):
-            pending = decode((await events.next_msg(timeout=10)).data, HookEvent)
-        assert pending.hook.status == "pending"
+    async with waiting(a, await events_of(ncb, label), label) as out:
         await b.resolve_hook(label, Grant(approved=True, by="after a lost create ack"))
-        await out.wait(20)
     assert lossy.lost == ["create"]
     assert (out.error, out.value) == (None, Grant(approved=True, by="after a lost create ack"))
 
@@ -137,16 +145,12 @@ async def test_a_lost_ack_on_resolve_still_tells_the_winner_and_publishes_resolv
 ) -> None:
     a, b, ncb = pair
     events = await events_of(ncb, label)
-    async with anyio.create_task_group() as tg:
-        out = spawn_hook(tg, a, label, Grant, timeout_s=20)
-        pending = decode((await events.next_msg(timeout=10)).data, HookEvent)
-        assert pending.hook.status == "pending"
+    async with waiting(a, events, label) as out:
         lossy = lose_acks(b, update=1)
         await b.resolve_hook(label, Grant(approved=True, by="winner"))  # no AlreadySettled
         resolved = decode((await events.next_msg(timeout=10)).data, HookEvent)
         assert resolved.hook.status == "resolved"
         assert resolved.hook.resolution == {"approved": True, "by": "winner"}
-        await out.wait(20)
     assert lossy.lost == ["update"]
     assert (out.error, out.value) == (None, Grant(approved=True, by="winner"))
     with pytest.raises(AlreadySettledError):  # a second resolver still loses
@@ -270,16 +274,12 @@ async def test_a_live_waiter_keeps_its_label_past_its_lease(
     try:
         await short_leases(nca, 1.0)
         a, b = HookDispatcher(nca, approvals=False), HookDispatcher(ncb, approvals=False)
-        async with a, b, anyio.create_task_group() as tg:
-            events = await events_of(ncb, label)
-            out = spawn_hook(tg, a, label, Grant, timeout_s=30)
-            await events.next_msg(timeout=10)
+        async with a, b, waiting(a, await events_of(ncb, label), label, 30) as out:
             for _ in range(4):  # four leases long: the heartbeat keeps it
                 with pytest.raises(DuplicateSuspensionError):
                     await b.hook(label, Grant, timeout_s=1)
                 await anyio.sleep(1.0)
             await b.resolve_hook(label, Grant(approved=True, by="owner alive"))
-            await out.wait(30)
         assert (out.error, out.value) == (None, Grant(approved=True, by="owner alive"))
     finally:
         await nca.close()
@@ -338,12 +338,8 @@ async def test_a_hook_replaces_a_malformed_record_and_a_resolve_preregisters_ove
     assert await a.hook(preregistered, Grant, timeout_s=5) == Grant(
         approved=True, by="over a bad record"
     )
-    events = await events_of(ncb, waited)
-    async with anyio.create_task_group() as tg:
-        out = spawn_hook(tg, a, waited, Grant, timeout_s=10)
-        await events.next_msg(timeout=10)
+    async with waiting(a, await events_of(ncb, waited), waited, 10) as out:
         await b.resolve_hook(waited, Grant(approved=False, by="fine"))
-        await out.wait()
     assert (out.error, out.value) == (None, Grant(approved=False, by="fine"))
 
 
@@ -351,14 +347,10 @@ async def test_a_waiter_survives_a_malformed_version_of_its_record(
     pair: tuple[HookDispatcher, HookDispatcher, NATS], label: str
 ) -> None:
     a, b, ncb = pair
-    events = await events_of(ncb, label)
-    async with anyio.create_task_group() as tg:
-        out = spawn_hook(tg, a, label, Grant, timeout_s=20)  # a decode error fails the test
-        await events.next_msg(timeout=10)
+    async with waiting(a, await events_of(ncb, label), label) as out:  # no decode error
         await _plant(ncb, {label: b'{"label": "\xff", "status": 1}'})
         assert await b.suspensions.get(label) is None
         await b.resolve_hook(label, Grant(approved=True, by="after garbage"))
-        await out.wait(20)
     assert (out.error, out.value) == (None, Grant(approved=True, by="after garbage"))
 
 
