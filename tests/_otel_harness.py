@@ -1,5 +1,6 @@
 """What the in-process tracing tests share: global providers installed and removed as an
-application would (the SDK's in-memory exporter and metric reader), and a wire spy.
+application would (the SDK's in-memory exporter and metric reader), a wire spy, and an emit
+request sent to the dispatcher service with the caller's trace headers.
 
 Each test installs fresh global providers and removes them afterwards, so other tests run
 with the API's defaults (tracing off).
@@ -21,10 +22,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.util._once import Once
 
+from hookbus.schemas import EmitReply, EmitRequest, decode, encode
+
 __all__ = [
     "Otel",
     "RecordingSampler",
     "children",
+    "emit_requested",
     "only",
     "reset_globals",
     "wire_headers",
@@ -125,3 +129,13 @@ async def wire_headers(nc: Any, subject: str) -> list[dict[str, str] | None]:
     await nc.subscribe(subject, cb=cb)
     await nc.flush()
     return seen
+
+
+async def emit_requested(
+    nc: Any, subject: str, data: dict[str, Any], headers: dict[str, str], agent_id: str = "a1"
+) -> EmitReply:
+    """The dispatcher service's reply (within 5 s) to an `EmitRequest` of `data`, as agent
+    `agent_id`, sent on `nc` to `subject` with `headers` (a caller's ``traceparent``)."""
+    body = encode(EmitRequest(data=data, agent_id=agent_id))
+    msg = await nc.request(subject, body, timeout=5, headers=headers)
+    return decode(msg.data, EmitReply)

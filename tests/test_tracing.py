@@ -12,19 +12,15 @@ from typing import Any
 
 import pytest
 from _allowing import emitted_allowed
-from _otel_harness import Otel, children, only, wire_headers
+from _otel_harness import Otel, children, emit_requested, only, wire_headers
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, StatusCode
 
 from hookbus.dispatcher import ApprovalsClient, DispatcherService, HookDispatcher
 from hookbus.dispatcher._telemetry import suspension_span, trace_headers
 from hookbus.schemas import (
-    EmitReply,
-    EmitRequest,
     HookResult,
-    decode,
     emit_service_subject,
-    encode,
     handler_subject,
 )
 from hookbus.schemas import telemetry as tn
@@ -243,11 +239,9 @@ async def test_service_mode_continues_the_agents_trace(otel: Otel, nc, connect, 
             with tracer.start_as_current_span(f"send emit {event}", kind=SpanKind.PRODUCER) as span:
                 headers: dict[str, str] = {}
                 propagate.inject(headers)
-                body = encode(EmitRequest(data={"tool_name": "kubectl"}, agent_id="a1"))
-                msg = await agent.request(subject, body, timeout=5, headers=headers)
+                reply = await emit_requested(agent, subject, {"tool_name": "kubectl"}, headers)
         finally:
             await service.stop()
-    reply = decode(msg.data, EmitReply)
     assert reply.result is not None and reply.result.action == "deny"
 
     trace_id = span.get_span_context().trace_id

@@ -24,7 +24,7 @@ from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 import pytest
-from _otel_harness import Otel, RecordingSampler, reset_globals, wire_headers
+from _otel_harness import Otel, RecordingSampler, emit_requested, reset_globals, wire_headers
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
 from opentelemetry.metrics import _internal as metrics_internal
@@ -32,12 +32,8 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 
 from hookbus.dispatcher import DispatcherService, HookDispatcher
 from hookbus.schemas import (
-    EmitReply,
-    EmitRequest,
     HookResult,
-    decode,
     emit_service_subject,
-    encode,
     handler_subject,
 )
 from hookbus.workers import HookWorker
@@ -222,12 +218,10 @@ async def test_an_unsampled_caller_is_honoured_and_passed_on(
         # service mode: the caller's traceparent comes with the request
         await service.start()
         try:
-            body = encode(EmitRequest(data={}, agent_id="a1"))
-            msg = await spy.request(emit_service_subject(event), body, timeout=5, headers=caller)
+            reply = await emit_requested(spy, emit_service_subject(event), {}, caller)
         finally:
             await service.stop()
         await spy.flush()
-    reply = decode(msg.data, EmitReply)
     assert embedded.action == "deny"
     assert reply.result is not None and reply.result.action == "deny"
     assert [s.name for s in o.spans()] == []
