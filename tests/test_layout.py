@@ -127,6 +127,15 @@ def _violations(portion: str, forbidden: set[str], root: Path = ROOT) -> list[st
     return out
 
 
+def _write_package(root: Path, folder: str, files: dict[str, str]) -> None:
+    """Write `files` (file name -> source) into the package of the portion `folder`, under
+    `root` (a tree the checks below are shown to work on)."""
+    package = root / folder / "hookbus" / PORTIONS[folder].removeprefix("hookbus.")
+    package.mkdir(parents=True)
+    for name, text in files.items():
+        (package / name).write_text(text)
+
+
 @pytest.mark.parametrize("portion", sorted(FORBIDDEN))
 def test_dependency_direction(portion: str) -> None:
     assert _violations(portion, FORBIDDEN[portion]) == []
@@ -139,9 +148,7 @@ def test_schemas_does_no_io() -> None:
 
 def test_the_checker_sees_violations(tmp_path: Path) -> None:
     """The AST check itself: absolute, relative and `from hookbus import x` forms."""
-    portion = tmp_path / "workers" / "hookbus" / "workers"
-    portion.mkdir(parents=True)
-    (portion / "_bad.py").write_text(
+    bad = (
         "import hookbus.dispatcher\n"
         "from hookbus.dispatcher._fold import Fold\n"
         "from ..dispatcher import HookDispatcher\n"
@@ -149,6 +156,7 @@ def test_the_checker_sees_violations(tmp_path: Path) -> None:
         "from . import _ok\n"
         "from hookbus.schemas import encode\n"
     )
+    _write_package(tmp_path, "workers", {"_bad.py": bad})
     found = _violations("workers", FORBIDDEN["workers"], root=tmp_path)
     assert sorted(v.partition(":")[2] for v in found) == [
         "1 imports hookbus.dispatcher",
@@ -270,15 +278,15 @@ def test_no_import_cycles() -> None:
 def test_the_cycle_check_sees_cycles(tmp_path: Path) -> None:
     """A cycle through an import inside a function, one through ``if TYPE_CHECKING:`` and
     a relative import; a one-way chain is none."""
-    package = tmp_path / "cli" / "hookbus" / "cli"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "_a.py").write_text("from ._b import B\n")
-    (package / "_b.py").write_text("B = 1\n\ndef f():\n    from hookbus.cli._c import C\n")
-    (package / "_c.py").write_text("import typing\nif typing.TYPE_CHECKING:\n    from . import _a")
-    (package / "_d.py").write_text("import hookbus.cli._a\n")
-    (package / "_e.py").write_text("import importlib\nimportlib.import_module('hookbus.cli._f')\n")
-    (package / "_f.py").write_text("def g():\n    import hookbus.cli._e\n")
+    _write_package(tmp_path, "cli", {
+        "__init__.py": "",
+        "_a.py": "from ._b import B\n",
+        "_b.py": "B = 1\n\ndef f():\n    from hookbus.cli._c import C\n",
+        "_c.py": "import typing\nif typing.TYPE_CHECKING:\n    from . import _a",
+        "_d.py": "import hookbus.cli._a\n",
+        "_e.py": "import importlib\nimportlib.import_module('hookbus.cli._f')\n",
+        "_f.py": "def g():\n    import hookbus.cli._e\n",
+    })  # fmt: skip
     assert _import_cycles(tmp_path) == [
         ["hookbus.cli._a", "hookbus.cli._b", "hookbus.cli._c"],
         ["hookbus.cli._e", "hookbus.cli._f"],
@@ -830,14 +838,13 @@ def test_no_package_imports_another_packages_private_modules() -> None:
 
 
 def test_the_privacy_check_sees_a_private_import(tmp_path: Path) -> None:
-    package = tmp_path / "integrations" / "hookbus" / "integrations"
-    package.mkdir(parents=True)
-    (package / "x.py").write_text(
+    x = (
         "from hookbus.dispatcher._kv import open_bucket\n"
         "from hookbus.dispatcher import HookDispatcher\n"
         "from hookbus._core.kv import kv_retry\n"
         "from . import _emit\n"
     )
+    _write_package(tmp_path, "integrations", {"x.py": x})
     for portion in PORTIONS:
         (tmp_path / portion).mkdir(exist_ok=True)
         (tmp_path / portion / "keep.py").touch()
