@@ -8,6 +8,7 @@ subscriber), never with a sleep.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,7 +19,7 @@ import msgspec
 import pydantic
 import pytest
 from _payloads import Budget, Grant
-from _spawned import spawn_hook
+from _spawned import Outcome, spawn_hook
 from conftest import connections
 from nats.aio.client import Client as NATS
 
@@ -111,6 +112,15 @@ class World:
     async def record(self, label: str) -> SuspensionRecord | None:
         got = await self.b.suspensions.get(label)
         return None if got is None else got[0]
+
+    @contextlib.asynccontextmanager
+    async def waiting(self, label: str, payload: Any) -> AsyncIterator[Outcome]:
+        """``a.hook(label, payload)`` running in a task group, once its pending event is
+        seen (the group waits for it on exit)."""
+        async with anyio.create_task_group() as tg:
+            out = spawn_hook(tg, self.a, label, payload)
+            await self.events.next(label, "pending")
+            yield out
 
 
 @pytest.fixture
@@ -294,9 +304,7 @@ async def test_hook_creates_a_pending_record_emits_pending_and_wakes_on_resolve(
 async def test_a_second_live_hook_with_the_same_label_is_a_clear_error(
     world: World, label: str
 ) -> None:
-    async with anyio.create_task_group() as tg:
-        first = spawn_hook(tg, world.a, label, Grant)
-        await world.events.next(label, "pending")
+    async with world.waiting(label, Grant) as first:
         with anyio.fail_after(10):  # an error, not a hang
             with pytest.raises(DuplicateSuspensionError, match="live hook"):
                 await world.b.hook(label, Grant)
@@ -358,9 +366,7 @@ async def test_exactly_one_of_n_concurrent_resolvers_wins(
 async def test_a_value_that_does_not_fit_is_refused_with_the_reason_and_the_record_is_unchanged(
     world: World, label: str
 ) -> None:
-    async with anyio.create_task_group() as tg:
-        out = spawn_hook(tg, world.a, label, Grant)
-        await world.events.next(label, "pending")
+    async with world.waiting(label, Grant) as out:
         before = await world.b.suspensions.get(label)
 
         with pytest.raises(ResolutionRejectedError) as wrong_type:
@@ -380,9 +386,7 @@ async def test_a_value_that_does_not_fit_is_refused_with_the_reason_and_the_reco
 
 
 async def test_constraints_of_a_msgspec_payload_are_checked(world: World, label: str) -> None:
-    async with anyio.create_task_group() as tg:
-        out = spawn_hook(tg, world.a, label, Budget)
-        await world.events.next(label, "pending")
+    async with world.waiting(label, Budget) as out:
         with pytest.raises(ResolutionRejectedError, match=r"\$\.amount"):
             await world.b.resolve_hook(label, Budget(amount=-5))
         await world.b.resolve_hook(label, Budget(amount=5))
@@ -391,9 +395,7 @@ async def test_constraints_of_a_msgspec_payload_are_checked(world: World, label:
 
 
 async def test_pydantic_model_payload(world: World, label: str) -> None:
-    async with anyio.create_task_group() as tg:
-        out = spawn_hook(tg, world.a, label, GrantModel)
-        await world.events.next(label, "pending")
+    async with world.waiting(label, GrantModel) as out:
         record = await world.record(label)
         assert record is not None
         assert record.payload_type == "GrantModel"
