@@ -4,6 +4,7 @@ while a hook waits in this process."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -65,6 +66,15 @@ class Agent:
     def spawn(self, tg: TaskGroup, label: str, payload: Any = Grant, **kw: Any) -> Outcome:
         return spawn_hook(tg, self.d, label, payload, **kw)
 
+    @contextlib.asynccontextmanager
+    async def waiting(self, label: str) -> AsyncIterator[Outcome]:
+        """``hook(label, Grant)`` running in a task group, once it is seen pending (the
+        group waits for it on exit)."""
+        async with anyio.create_task_group() as tg:
+            w = self.spawn(tg, label)
+            await self.pending(label)
+            yield w
+
 
 @pytest.fixture
 async def agent(connect: Connect) -> AsyncIterator[Agent]:
@@ -123,9 +133,7 @@ async def test_suspensions_show_an_unknown_label_is_a_clear_error(
 async def test_suspensions_resolve_wakes_the_waiter(
     agent: Agent, nats_url: str, label: str
 ) -> None:
-    async with anyio.create_task_group() as tg:
-        w = agent.spawn(tg, label)
-        await agent.pending(label)
+    async with agent.waiting(label) as w:
         p = await hookbus(
             nats_url, "suspensions", "resolve", label, '{"approved": true, "by": "cli"}'
         )
@@ -141,9 +149,7 @@ async def test_suspensions_resolve_wakes_the_waiter(
 async def test_suspensions_resolve_refuses_a_value_that_does_not_fit(
     agent: Agent, nats_url: str, label: str
 ) -> None:
-    async with anyio.create_task_group() as tg:
-        w = agent.spawn(tg, label)
-        await agent.pending(label)
+    async with agent.waiting(label) as w:
         before = await agent.d.suspensions.get(label)
 
         p = await hookbus(nats_url, "suspensions", "resolve", label, '{"approved": "yes"}')
@@ -175,9 +181,7 @@ async def test_suspensions_resolve_an_unknown_label_is_an_error_unless_preregist
 
 
 async def test_suspensions_cancel(agent: Agent, nats_url: str, label: str) -> None:
-    async with anyio.create_task_group() as tg:
-        w = agent.spawn(tg, label)
-        await agent.pending(label)
+    async with agent.waiting(label) as w:
         p = await hookbus(nats_url, "suspensions", "cancel", label, "--reason", "changed my mind")
         assert p.returncode == 0, err(p)
         assert f"cancelled {label}" in out(p)
