@@ -129,6 +129,19 @@ def bearer(token: str = TOKEN) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
+@contextlib.asynccontextmanager
+async def token_gateway(
+    door: str, nats_url: str
+) -> AsyncIterator[tuple[GatewayProcess, httpx.AsyncClient]]:
+    """``hookbus gateway <door>`` on `nats_url` with the bearer token `TOKEN`, and a client
+    of it that sends the token."""
+    async with (
+        GatewayProcess(door, "--url", nats_url, env={"HOOKBUS_GATEWAY_TOKEN": TOKEN}) as gw,
+        httpx.AsyncClient(base_url=gw.url, headers=bearer(), timeout=10) as http,
+    ):
+        yield gw, http
+
+
 async def raw_exchange(url: str, head: bytes, chunks: list[bytes]) -> bytes:
     """Send `head`, then `chunks` one by one, reading after each: what the server answered
     (before the rest was sent, if it answered early)."""
@@ -158,10 +171,7 @@ async def test_cli_gateway_answers_claude_code_on_both_urls(
 ) -> None:
     async with (
         policy_worker(await connect()),
-        GatewayProcess(
-            "http", "--url", embedded_server.url, env={"HOOKBUS_GATEWAY_TOKEN": TOKEN}
-        ) as gw,
-        httpx.AsyncClient(base_url=gw.url, headers=bearer(), timeout=10) as http,
+        token_gateway("http", embedded_server.url) as (gw, http),
     ):
         assert gw.url.startswith("http://127.0.0.1:")
         assert "doors: claude-code; auth: bearer token" in gw.stderr
@@ -203,10 +213,7 @@ async def test_cli_gateway_aos_answers_tool_calls(
 ) -> None:
     async with (
         policy_worker(await connect()),
-        GatewayProcess(
-            "aos", "--url", embedded_server.url, env={"HOOKBUS_GATEWAY_TOKEN": TOKEN}
-        ) as gw,
-        httpx.AsyncClient(base_url=gw.url, headers=bearer(), timeout=10) as http,
+        token_gateway("aos", embedded_server.url) as (gw, http),
     ):
         assert "doors: aos;" in gw.stderr
         denied = await http.post("/aos", json=aos_tool_call("rm -rf /", "req-deny"))
