@@ -127,6 +127,16 @@ def tool_results(messages: list[Any]) -> list[Any]:
     ]
 
 
+async def pending_hooks(run: Any, seen: list[Any] | None = None) -> AsyncIterator[Any]:
+    """The hooks the run's event stream `run` shows pending, as they come (every event of
+    the run also appended to `seen`)."""
+    async for event in run:
+        if seen is not None:
+            seen.append(event)
+        if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
+            yield event.hook
+
+
 MESSAGES = pydantic.TypeAdapter(list[ai.messages.Message])
 
 
@@ -182,12 +192,11 @@ async def _main(argv: list[str]) -> int:
             run_id, amount, path = rest
             call = testing.tool_call(transfer, amount=int(amount))
             async with transfer_run(hooks, call, run_id) as s:
-                async for event in s:
-                    if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
-                        saved = MESSAGES.dump_json(hooks.resumable_messages(s))
-                        await asyncio.to_thread(Path(path).write_bytes, saved)
-                        print(json.dumps({"label": event.hook.hook_id}), flush=True)
-                        await asyncio.sleep(3600)
+                async for hook in pending_hooks(s):
+                    saved = MESSAGES.dump_json(hooks.resumable_messages(s))
+                    await asyncio.to_thread(Path(path).write_bytes, saved)
+                    print(json.dumps({"label": hook.hook_id}), flush=True)
+                    await asyncio.sleep(3600)
         elif command == "run":
             run_id, amount, call_id = rest
             call = testing.tool_call(transfer, amount=int(amount))
@@ -276,9 +285,8 @@ async def run_aborted(hooks: HookbusHooks, call: Any, run_id: str) -> Any:
     """Run an agent whose model makes `call` (to `transfer`) as run `run_id`, aborting the
     approval's wait at its pending event (the run ends blocked); the run's stream."""
     async with transfer_run(hooks, call, run_id) as s:
-        async for event in s:
-            if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
-                hooks.abort_pending_hook(event.hook)
+        async for hook in pending_hooks(s):
+            hooks.abort_pending_hook(hook)
     return s
 
 
@@ -290,27 +298,23 @@ async def test_approval_resolved_by_another_process(
     model = testing.FakeModel(script(call))
     seen = []
     async with hooks.run(ai.Agent(tools=[transfer]), model, [ai.user_message("pay 1200")]) as s:
-        async for event in s:
-            seen.append(event)
-            if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
-                assert event.hook.hook_id == f"approve_{call.tool_call_id}"
-                assert event.hook.hook_type == "ToolApproval"
-                assert event.hook.tool_call_id == call.tool_call_id
-                assert event.hook.metadata == {"tool": "transfer", "kwargs": {"amount": 1200}}
-                record, _ = await hooks.suspensions.get(event.hook.hook_id)  # type: ignore[misc]
-                assert record.status == "pending"
-                assert TRANSFERS == []
-                # a choice that is not offered is refused (checked in the other process)
-                refused = await other_process(
-                    "approve", nats_url, agent_id, event.hook.hook_id, "Maybe", "alice"
-                )
-                assert refused == "ResolutionRejectedError"
-                assert (
-                    await other_process(
-                        "approve", nats_url, agent_id, event.hook.hook_id, "Allow", "alice"
-                    )
-                    == "ok"
-                )
+        async for hook in pending_hooks(s, seen):
+            assert hook.hook_id == f"approve_{call.tool_call_id}"
+            assert hook.hook_type == "ToolApproval"
+            assert hook.tool_call_id == call.tool_call_id
+            assert hook.metadata == {"tool": "transfer", "kwargs": {"amount": 1200}}
+            record, _ = await hooks.suspensions.get(hook.hook_id)  # type: ignore[misc]
+            assert record.status == "pending"
+            assert TRANSFERS == []
+            # a choice that is not offered is refused (checked in the other process)
+            refused = await other_process(
+                "approve", nats_url, agent_id, hook.hook_id, "Maybe", "alice"
+            )
+            assert refused == "ResolutionRejectedError"
+            assert (
+                await other_process("approve", nats_url, agent_id, hook.hook_id, "Allow", "alice")
+                == "ok"
+            )
     assert statuses(seen) == ["pending", "resolved"]
     resolved = [e for e in seen if isinstance(e, ai.events.HookEvent)][-1]
     assert resolved.hook.resolution == {
@@ -362,9 +366,8 @@ async def test_denied_approval_does_not_run_the_tool(
     call = testing.tool_call(transfer, amount=5)
     model = testing.FakeModel(script(call))
     async with hooks.run(ai.Agent(tools=[transfer]), model, [ai.user_message("pay 1200")]) as s:
-        async for event in s:
-            if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
-                await observer.approve(event.hook, "Deny", approver="bob")
+        async for hook in pending_hooks(s):
+            await observer.approve(hook, "Deny", approver="bob")
     assert TRANSFERS == []
     assert tool_results(s.messages) == ["Rejected: bob chose 'Deny'"]
 
@@ -377,11 +380,9 @@ async def test_abort_then_resume_in_a_new_process(
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     seen = []
     async with transfer_run(hooks, call, run_id) as s:
-        async for event in s:
-            seen.append(event)
-            if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
-                assert hooks.abort_pending_hook(event.hook) is True
-                assert hooks.abort_pending_hook(event.hook) is False  # already aborting
+        async for hook in pending_hooks(s, seen):
+            assert hooks.abort_pending_hook(hook) is True
+            assert hooks.abort_pending_hook(hook) is False  # already aborting
     # ai's serverless abort: the run ends blocked, the tool call deferred
     assert statuses(seen) == ["pending"]
     assert any(isinstance(e, ai.events.RunBlocked) for e in seen)
@@ -415,9 +416,8 @@ async def test_resume_before_the_answer_waits_again(
     call = testing.tool_call(transfer, amount=7)
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     async with transfer_run(hooks, call, run_id) as s:
-        async for event in s:
-            if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
-                assert hb_ai.abort_pending_hook(event.hook) is True  # the current hooks
+        async for hook in pending_hooks(s):
+            assert hb_ai.abort_pending_hook(hook) is True  # the current hooks
     saved = tmp_path / "messages.json"
     saved.write_bytes(MESSAGES.dump_json(s.messages))
     # the new process re-attaches, emits pending again, and is answered while it waits
@@ -435,13 +435,11 @@ async def test_cancel_from_another_process(
     events = await observer.events()
     seen = []
     async with hooks.run(ai.Agent(tools=[transfer]), model, [ai.user_message("pay 1200")]) as s:
-        async for event in s:
-            seen.append(event)
-            if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
-                assert (
-                    await other_process("cancel", nats_url, agent_id, label, "client disconnected")
-                    == "ok"
-                )
+        async for _ in pending_hooks(s, seen):
+            assert (
+                await other_process("cancel", nats_url, agent_id, label, "client disconnected")
+                == "ok"
+            )
     # as ai.cancel_hook: the hook raised CancelledError, the run ended, the tool never ran
     assert statuses(seen) == ["pending", "cancelled"]
     assert TRANSFERS == []
@@ -490,9 +488,8 @@ async def test_ai_functions_on_the_run_registry_reach_the_record(
     async with hooks.run(
         ai.Agent(tools=[transfer]), testing.FakeModel(script(call)), [ai.user_message("pay 1200")]
     ) as s:
-        async for event in s:
-            if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
-                ai.resolve_hook(event.hook, {"granted": True})
+        async for hook in pending_hooks(s):
+            ai.resolve_hook(hook, {"granted": True})
     assert TRANSFERS == []
     assert tool_results(s.messages) == ["Rejected: refused: it names no approver"]
     call2 = testing.tool_call(transfer, amount=10)
@@ -500,10 +497,8 @@ async def test_ai_functions_on_the_run_registry_reach_the_record(
     async with hooks.run(
         ai.Agent(tools=[transfer]), testing.FakeModel(script(call2)), [ai.user_message("pay 1200")]
     ) as s:
-        async for event in s:
-            seen.append(event)
-            if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
-                await ai.cancel_hook(event.hook, reason="user said no")
+        async for hook in pending_hooks(s, seen):
+            await ai.cancel_hook(hook, reason="user said no")
     assert statuses(seen) == ["pending", "cancelled"]  # ai's own cancelled event, once
     assert TRANSFERS == []
     async with events:
@@ -542,9 +537,8 @@ async def test_a_tool_approval_resolved_without_an_approvers_proof_does_not_run_
     async with hooks.run(
         ai.Agent(tools=[transfer]), testing.FakeModel(script(call)), [ai.user_message("pay 1200")]
     ) as s:
-        async for event in s:
-            if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
-                await observer.resolve_hook(event.hook, forged)
+        async for hook in pending_hooks(s):
+            await observer.resolve_hook(hook, forged)
     assert TRANSFERS == []
     assert tool_results(s.messages) == [
         "Rejected: refused: no answer of approver 'alice' is on record"
@@ -606,17 +600,15 @@ async def test_a_second_process_with_the_same_run_id_is_refused_while_the_owner_
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     seen = []
     async with transfer_run(hooks, call, run_id) as s:
-        async for event in s:
-            seen.append(event)
-            if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
-                out = json.loads(
-                    await other_process("run", nats_url, agent_id, run_id, "31", call.tool_call_id)
-                )
-                assert out["error"] == "RunInProgressError", out
-                assert run_id in out["message"] and "another process" in out["message"]
-                record, _ = await observer.suspensions.get(event.hook.hook_id)  # type: ignore[misc]
-                assert (record.status, record.owner) == ("pending", hooks.suspensions.waiter_id)
-                await observer.approve(event.hook, "Allow", approver="alice")
+        async for hook in pending_hooks(s, seen):
+            out = json.loads(
+                await other_process("run", nats_url, agent_id, run_id, "31", call.tool_call_id)
+            )
+            assert out["error"] == "RunInProgressError", out
+            assert run_id in out["message"] and "another process" in out["message"]
+            record, _ = await observer.suspensions.get(hook.hook_id)  # type: ignore[misc]
+            assert (record.status, record.owner) == ("pending", hooks.suspensions.waiter_id)
+            await observer.approve(hook, "Allow", approver="alice")
     assert statuses(seen) == ["pending", "resolved"]
     assert TRANSFERS == [31]
     assert tool_results(s.messages) == ["sent 31"]
@@ -872,9 +864,8 @@ async def test_an_embedded_agent_on_a_secured_server_opens_with_the_defaults(
                 assert held.value == hooks.suspensions.waiter_id.encode()  # type: ignore[union-attr]
                 with pytest.raises(hb_ai.RunInProgressError, match=held.value.decode()):
                     await say_hello(other, "run-secured")
-                async for event in s:
-                    if isinstance(event, ai.events.HookEvent) and event.hook.status == "pending":
-                        await approver.approve(event.hook, "Allow", approver="alice")
+                async for hook in pending_hooks(s):
+                    await approver.approve(hook, "Allow", approver="alice")
             await say_hello(other, "run-secured")  # released: the other process runs it
     finally:
         for conn in (alice_nc, again_nc, agent_nc, admin_nc):
