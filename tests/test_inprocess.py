@@ -330,11 +330,6 @@ async def test_handler_returning_an_invalid_value_is_denied(bad: Any) -> None:
 async def test_local_timeout_is_a_failure_and_the_chain_goes_on() -> None:
     d = HookDispatcher()
     calls: list[str] = []
-    never = asyncio.Event()
-
-    async def stuck(event: str, data: dict[str, Any]) -> None:
-        await never.wait()
-
     d.register(EVENT, stuck, timeout_s=0.2)
     d.register(EVENT, recorder(calls, "after"), priority=1)
     with anyio.fail_after(10):
@@ -346,16 +341,21 @@ async def test_local_timeout_is_a_failure_and_the_chain_goes_on() -> None:
 
 async def test_local_timeout_with_deny_policy_fails_closed() -> None:
     d = HookDispatcher()
-    never = asyncio.Event()
-
-    async def stuck(event: str, data: dict[str, Any]) -> None:
-        await never.wait()
-
     d.register(EVENT, stuck, timeout_s=0.2, failure_policy="deny")
     with anyio.fail_after(10):
         r = await d.emit(EVENT, {})
     assert r.action == "deny" and r.decided_by == "stuck"
     assert [(f.kind, f.policy) for f in r.failures] == [("timeout", "deny")]
+
+
+async def stuck(event: str, data: dict[str, Any]) -> None:
+    """A handler that never returns (what a handler's timeout cuts short)."""
+    await anyio.sleep_forever()
+
+
+async def fine(event: str, data: dict[str, Any]) -> HookResult:
+    """A handler that answers ``{"from": "fine"}`` at once."""
+    return HookResult(data={"from": "fine"})
 
 
 def blocking(started: threading.Event, release: threading.Event, *, hold_s: float = 3.0):
@@ -487,17 +487,9 @@ async def test_emit_and_collect_data_as_given_non_none_in_priority_order() -> No
 
 async def test_emit_and_collect_skips_timeouts_and_failures() -> None:
     d = HookDispatcher()
-    never = asyncio.Event()
-
-    async def stuck(event: str, data: dict[str, Any]) -> HookResult:
-        await never.wait()
-        return HookResult(data={"from": "stuck"})
 
     async def broken(event: str, data: dict[str, Any]) -> HookResult:
         raise RuntimeError("boom")
-
-    async def fine(event: str, data: dict[str, Any]) -> HookResult:
-        return HookResult(data={"from": "fine"})
 
     def weird(event: str, data: dict[str, Any]) -> int:
         return 7
@@ -513,15 +505,6 @@ async def test_emit_and_collect_skips_timeouts_and_failures() -> None:
 
 async def test_emit_and_collect_handler_timeout_s_skips_it() -> None:
     d = HookDispatcher()
-    never = asyncio.Event()
-
-    async def stuck(event: str, data: dict[str, Any]) -> HookResult:
-        await never.wait()
-        return HookResult(data={"from": "stuck"})
-
-    async def fine(event: str, data: dict[str, Any]) -> HookResult:
-        return HookResult(data={"from": "fine"})
-
     d.register(EVENT, stuck, timeout_s=0.2)
     d.register(EVENT, fine, priority=1)
     with anyio.fail_after(10):
