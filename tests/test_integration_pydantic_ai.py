@@ -130,6 +130,14 @@ def make_agent(
     return agent
 
 
+def listing_agent(d: HookDispatcher) -> tuple[Agent[None, Any], Script, Tools]:
+    """An agent on `d` whose model calls ``bash ls`` once (then says "done"), with its
+    script and tools."""
+    script = Script([calls(("bash", {"command": "ls"}))])
+    tools = Tools()
+    return make_agent(HookbusCapability(d), script, tools), script, tools
+
+
 # -- tool:pre ---------------------------------------------------------------------------------
 async def test_a_denied_tool_never_runs_and_the_model_sees_the_reason(connect: Connect) -> None:
     seen: list[Any] = []
@@ -582,9 +590,8 @@ async def test_no_responders_with_a_deny_policy_the_tool_does_not_run(connect: C
         pass  # stopped: its declaration stays, and nobody answers it any more
     async with HookDispatcher(await connect()) as d:
         assert d.list_handlers(TOOL_PRE) == {TOOL_PRE: ["guard"]}
-        script = Script([calls(("bash", {"command": "ls"}))])
-        tools = Tools()
-        await make_agent(HookbusCapability(d), script, tools).run("list")
+        agent, script, tools = listing_agent(d)
+        await agent.run("list")
     assert tools.ran == []
     text = script.tool_returns(1)["bash"]
     assert text.startswith("Denied by hook: handler 'guard' failed (no_responders)")
@@ -597,9 +604,7 @@ async def test_the_bus_down_stops_the_tool_and_the_run(
     async with worker(connect, (TOOL_PRE, guard, {"failure_policy": "deny", "timeout_s": 1.0})):
         nc = await connect()
         async with HookDispatcher(nc) as d:
-            script = Script([calls(("bash", {"command": "ls"}))])
-            tools = Tools()
-            agent = make_agent(HookbusCapability(d), script, tools)
+            agent, _, tools = listing_agent(d)
             await nc.close()  # the agent's connection is gone
             with pytest.raises(NotConnectedError):
                 await agent.run("list")
@@ -618,9 +623,7 @@ async def test_the_bus_unreachable_denies_the_tool_and_the_run_goes_on(
         )
         try:
             async with HookDispatcher(nc) as d:
-                script = Script([calls(("bash", {"command": "ls"}))])
-                tools = Tools()
-                agent = make_agent(HookbusCapability(d), script, tools)
+                agent, script, tools = listing_agent(d)
                 embedded_server.stop()  # the bus is unreachable: the connection reconnects
                 result = await asyncio.wait_for(agent.run("list"), 60)
         finally:
@@ -650,9 +653,8 @@ async def test_an_approval_nobody_here_can_answer_is_a_deny(connect: Connect) ->
         worker(connect, (TOOL_PRE, returning("gate", ask), {})),
         HookDispatcher(await connect(), approvals=False) as d,  # runs no approvals
     ):
-        script = Script([calls(("bash", {"command": "ls"}))])
-        tools = Tools()
-        await make_agent(HookbusCapability(d), script, tools).run("list")
+        agent, script, tools = listing_agent(d)
+        await agent.run("list")
     assert tools.ran == []
     text = script.tool_returns(1)["bash"]
     assert text.startswith("Denied by hook: approval required (needs a human)")
