@@ -236,6 +236,19 @@ async def test_the_hook_test_env_module(folder: Path) -> None:
     assert said.code == 0 and "3 passed" in said.stdout, str(said)
 
 
+async def run_given(
+    tmp_path: Path, fingerprint: str, free: set[str], given: str, check: str, **options: float
+) -> Result:
+    """Run the README block containing `fingerprint`, whose free names must be `free`,
+    after the code `given` (which defines them) and before the code `check`: what it all
+    printed (`options`: `run_python`'s)."""
+    b = block(fingerprint)
+    assert free_names(b) == free
+    return await run_python(
+        tmp_path, [Snippet(given)], [Snippet.of(b)], [Snippet(check)], **options
+    )
+
+
 def _one(text: str) -> Command:
     (cmd,) = commands(Block("sh", 0, text + "\n"))
     return cmd
@@ -257,14 +270,12 @@ async def test_the_amplifier_core_switch(tmp_path: Path) -> None:
 async def test_the_pydantic_ai_capability(tmp_path: Path, nats_url: str) -> None:
     """Given `nc` (a connection) and `model` (pydantic-ai's TestModel), the block runs an
     agent whose hooks go on the bus."""
-    b = block("HookbusCapability(hooks)")
-    assert free_names(b) == {"nc", "model"}
-    given = Snippet(
+    given = (
         f"import nats\nfrom pydantic_ai.models.test import TestModel\n"
         f"nc = await nats.connect({nats_url!r})\nmodel = TestModel()\n"
     )
-    check = Snippet("print(type(result).__name__, bool(result.output))\nawait nc.close()\n")
-    said = await run_python(tmp_path, [given], [Snippet.of(b)], [check])
+    check = "print(type(result).__name__, bool(result.output))\nawait nc.close()\n"
+    said = await run_given(tmp_path, "HookbusCapability(hooks)", {"nc", "model"}, given, check)
     assert said.stdout == "AgentRunResult True\n", str(said)
 
 
@@ -272,9 +283,7 @@ async def test_the_langgraph_tool_node(tmp_path: Path, nats_url: str) -> None:
     """Given `nc` and `model` (langchain-core's scripted chat model asking for ``rm -rf``),
     with a worker that denies it: the tool never runs and the model reads why (the worker
     removes its declaration after: the module's server is shared)."""
-    b = block("HookbusToolHooks(hooks).tool_node(")
-    assert free_names(b) == {"nc", "model"}
-    given = Snippet(
+    given = (
         "import nats\n"
         "from langchain_core.language_models.fake_chat_models import GenericFakeChatModel\n"
         "from langchain_core.messages import AIMessage\n"
@@ -291,11 +300,12 @@ async def test_the_langgraph_tool_node(tmp_path: Path, nats_url: str) -> None:
         "model = GenericFakeChatModel(messages=iter([AIMessage('', tool_calls=[call]),"
         " AIMessage('done')]))\n"
     )
-    check = Snippet(
+    check = (
         "print(result['messages'][2].content)\nprint(result['messages'][-1].content)\n"
         "await guard.unregister()\nawait guard.shutdown()\nawait nc.close()\n"
     )
-    said = await run_python(tmp_path, [given], [Snippet.of(b)], [check])
+    node = "HookbusToolHooks(hooks).tool_node("
+    said = await run_given(tmp_path, node, {"nc", "model"}, given, check)
     assert said.stdout == "Denied by hook: destructive command\ndone\n", str(said)
 
 
@@ -303,9 +313,7 @@ async def test_the_openai_agents_guard(tmp_path: Path, nats_url: str) -> None:
     """Given `nc` (a connection) and `model` (a scripted `agents` model: one call of the
     block's tool, then text; no network, tracing off), the block runs an agent whose tool
     call goes on the bus."""
-    b = block("HookbusGuard(hooks).run(")
-    assert free_names(b) == {"nc", "model"}
-    given = Snippet(
+    given = (
         "import os, json, nats, agents\n"
         "os.environ.setdefault('OPENAI_API_KEY', 'sk-dummy-no-network')\n"
         "agents.set_tracing_disabled(True)\n"
@@ -326,11 +334,11 @@ async def test_the_openai_agents_guard(tmp_path: Path, nats_url: str) -> None:
         "        raise NotImplementedError\n"
         f"nc = await nats.connect({nats_url!r})\nmodel = Scripted()\n"
     )
-    check = Snippet(
+    check = (
         "outputs = [i.output for i in result.new_items if i.type == 'tool_call_output_item']\n"
         "print(result.final_output, outputs)\nawait nc.close()\n"
     )
-    said = await run_python(tmp_path, [given], [Snippet.of(b)], [check])
+    said = await run_given(tmp_path, "HookbusGuard(hooks).run(", {"nc", "model"}, given, check)
     assert said.stdout == "done ['ran rm -rf build']\n", str(said)
 
 
@@ -338,12 +346,10 @@ async def test_the_claude_agent_sdk_hooks(tmp_path: Path, nats_url: str) -> None
     """Given `nc` and `project` (a trusted folder, HOME a private one, the Anthropic API a
     local fake: `_claude_cli.FakeMessagesApi`, one Bash call ``touch ran``, then "done"), the
     block runs the SDK's own CLI with its tool call on the bus."""
-    b = block("HookbusClaudeHooks(hooks).options(")
-    assert free_names(b) == {"nc", "project"}
     home, project = tmp_path / "home", tmp_path / "project"
     home.mkdir()
     project.mkdir()
-    given = Snippet(
+    given = (
         "import os, sys, nats\nfrom pathlib import Path\n"
         f"sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
         "from _claude_cli import FakeMessagesApi, claude_env, trust\n"
@@ -352,10 +358,11 @@ async def test_the_claude_agent_sdk_hooks(tmp_path: Path, nats_url: str) -> None
         "os.environ.update(claude_env(home, api.url))\n"
         f"nc = await nats.connect({nats_url!r})\n"
     )
-    check = Snippet(
+    check = (
         "print(api.tool_results[0][:40])\nawait nc.close()\nserving.__exit__(None, None, None)\n"
     )
-    said = await run_python(tmp_path, [given], [Snippet.of(b)], [check], timeout_s=120)
+    options = "HookbusClaudeHooks(hooks).options("
+    said = await run_given(tmp_path, options, {"nc", "project"}, given, check, timeout_s=120)
     assert said.stdout.startswith("done\n"), str(said)
     assert "Bash completed with no output" in said.stdout, str(said)
     assert (project / "ran").exists(), str(said)
