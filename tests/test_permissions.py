@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import ssl
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -32,6 +30,7 @@ import nats
 import nats.errors
 import pytest
 from _ports import on_free_port
+from _sites import wait_listening
 from nats.aio.client import Client as NATS
 
 from hookbus._core.nats_guard import harden_connection
@@ -104,21 +103,13 @@ def secure(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequ
             [find_nats_server(), "-c", str(out / "server.conf"), "-l", str(log)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        deadline = time.monotonic() + 20
         try:
-            while True:
-                with (
-                    contextlib.suppress(OSError),
-                    socket.create_connection(("127.0.0.1", port), 0.2),
-                ):
-                    return proc, out, port
-                assert proc.poll() is None, log.read_text() if log.exists() else "exited"
-                assert time.monotonic() < deadline, "server did not start"
-                time.sleep(0.05)
+            wait_listening(port, proc, log, timeout_s=20)
         except BaseException:
             proc.terminate()
             proc.wait(10)
             raise
+        return proc, out, port
 
     proc, out, port = on_free_port(start)
     try:
