@@ -526,19 +526,14 @@ def _tally_result(
 
 async def run_leaf_link(s: Settings) -> RunResult:
     """A hub and a leaf without JetStream; the link cut for 3 s (test_sites_faults' relay)."""
-    from _sites import hub_and_leaf, wait_linked
-    from test_sites_faults import Relay
+    from _sites import hub_and_leaf
+    from test_sites_faults import relayed
 
     out = RunResult("leaf link cut 3 s")
     started = time.monotonic()
     event = f"faults:{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory() as tmp, hub_and_leaf(Path(tmp), relay=True) as ports:
-        relay = Relay(ports.remote, ports.link)
-        await relay.restore()
-        await anyio.to_thread.run_sync(wait_linked, ports.leaf_log)
-        hub_nc = await nats.connect(ports.hub_url)
-        leaf_nc = await nats.connect(ports.leaf_url, max_reconnect_attempts=-1)
-        worker = HookWorker(hub_nc, js_domain="hub")
+        relay, hub_nc, leaf_nc, worker = await relayed(ports)
         worker.add_handler(
             event, _guard, name="guard", timeout_s=HANDLER_TIMEOUT_S, failure_policy="deny"
         )

@@ -28,6 +28,7 @@ import nats
 import pytest
 from _fleet import check_decision
 from _sites import SitePorts, hub_and_leaf, wait_linked
+from nats.aio.client import Client as NATS
 
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import HookbusError, HookResult
@@ -92,6 +93,18 @@ class Relay:
         self._writers.difference_update((writer, up_writer))
 
 
+async def relayed(ports: SitePorts) -> tuple[Relay, NATS, NATS, HookWorker]:
+    """The leaf linked to the hub through a `Relay` on the leaf's remote port: the relay, a
+    connection at the hub, one at the leaf (reconnecting without end), and a worker at the
+    hub (JetStream domain ``hub``; not started)."""
+    relay = Relay(ports.remote, ports.link)
+    await relay.restore()
+    await anyio.to_thread.run_sync(wait_linked, ports.leaf_log)
+    hub_nc = await nats.connect(ports.hub_url)
+    leaf_nc = await nats.connect(ports.leaf_url, max_reconnect_attempts=-1)
+    return relay, hub_nc, leaf_nc, HookWorker(hub_nc, js_domain="hub")
+
+
 @pytest.fixture
 def servers(tmp_path: Path) -> Iterator[SitePorts]:
     """A hub and a leaf whose remote is a relay port: nothing listens there until the test
@@ -103,13 +116,7 @@ def servers(tmp_path: Path) -> Iterator[SitePorts]:
 async def test_a_lost_leaf_link_never_gives_a_wrong_decision(
     servers: SitePorts,
 ) -> None:
-    relay = Relay(servers.remote, servers.link)
-    await relay.restore()
-    await anyio.to_thread.run_sync(wait_linked, servers.leaf_log)
-
-    hub_nc = await nats.connect(servers.hub_url)
-    leaf_nc = await nats.connect(servers.leaf_url, max_reconnect_attempts=-1)
-    worker = HookWorker(hub_nc, js_domain="hub")
+    relay, hub_nc, leaf_nc, worker = await relayed(servers)
 
     @worker.handler(EVENT, name=GUARD, failure_policy="deny", timeout_s=HANDLER_TIMEOUT_S)
     async def guard(event: str, data: dict[str, Any]) -> HookResult:
