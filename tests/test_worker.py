@@ -309,16 +309,12 @@ async def test_declaration_in_the_registry_bucket(nc, event):
 async def test_unregister_deletes_the_declarations(nc, event):
     import nats.js.errors
 
+    async def no_opinion(ev: str, data: dict[str, Any]) -> None:
+        return None
+
     w = HookWorker(nc)
-
-    @w.handler(event)
-    async def one(ev: str, data: dict[str, Any]) -> None:
-        return None
-
-    @w.handler(event)
-    async def two(ev: str, data: dict[str, Any]) -> None:
-        return None
-
+    for name in ("one", "two"):
+        w.add_handler(event, no_opinion, name=name)
     async with w:
         pass
     await w.unregister()
