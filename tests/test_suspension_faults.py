@@ -309,13 +309,19 @@ async def _plant(nc: NATS, values: dict[str, bytes]) -> None:
         await kv.put(suspension_key(lab), value)
 
 
+async def _planted_bad_values(nc: NATS) -> tuple[str, dict[str, bytes]]:
+    """A fresh tag, and the malformed values (`_bad_values`) planted under its labels."""
+    tag = f"bad-{uuid.uuid4().hex[:8]}"
+    bad = _bad_values(tag)
+    await _plant(nc, bad)
+    return tag, bad
+
+
 async def test_malformed_records_are_skipped_by_listings_and_reads(
     pair: tuple[HookDispatcher, HookDispatcher, NATS],
 ) -> None:
     a, b, ncb = pair
-    tag = f"bad-{uuid.uuid4().hex[:8]}"
-    bad = _bad_values(tag)
-    await _plant(ncb, bad)
+    tag, bad = await _planted_bad_values(ncb)
     await a.resolve_hook(f"{tag} good", Grant(approved=True))
     listed = [r.label for r in await b.suspensions.list() if r.label.startswith(tag)]
     assert listed == [f"{tag} good"]
@@ -330,9 +336,7 @@ async def test_a_hook_replaces_a_malformed_record_and_a_resolve_preregisters_ove
     pair: tuple[HookDispatcher, HookDispatcher, NATS],
 ) -> None:
     a, b, ncb = pair
-    tag = f"bad-{uuid.uuid4().hex[:8]}"
-    bad = _bad_values(tag)
-    await _plant(ncb, bad)
+    tag, _ = await _planted_bad_values(ncb)
     waited, preregistered = f"{tag} bad utf8", f"{tag} wrong types"
     await b.resolve_hook(preregistered, Grant(approved=True, by="over a bad record"))
     assert await a.hook(preregistered, Grant, timeout_s=5) == Grant(
@@ -367,9 +371,7 @@ async def test_the_cli_skips_and_reports_malformed_records(
     pair: tuple[HookDispatcher, HookDispatcher, NATS], nats_url: str
 ) -> None:
     _, b, ncb = pair
-    tag = f"bad-{uuid.uuid4().hex[:8]}"
-    bad = _bad_values(tag)
-    await _plant(ncb, bad)
+    tag, _ = await _planted_bad_values(ncb)
     listed = await _cli(nats_url, "suspensions", "list", "--json")
     assert listed.returncode == 0, listed.stderr.decode()
     assert "Traceback" not in listed.stderr.decode()
