@@ -23,7 +23,7 @@ import anyio
 import pytest
 from _claude_cli import MODEL, FakeMessagesApi, claude_env, trust
 from _integration_cases import answered, asking, pending_approval
-from _integration_kit import Connect, named, private_connect, worker
+from _integration_kit import Connect, named, private_connect, returning, worker
 
 from hookbus.dispatcher import AnswerNotAppliedError, ApprovalsClient, HookDispatcher
 from hookbus.integrations.claude_agent_sdk import HookbusClaudeHooks
@@ -174,15 +174,26 @@ async def test_injected_context_reaches_the_model_and_every_event_is_emitted(
 ASK = asking("Run this command?", 30.0)
 
 
+def pre_tool_use(session_id: str, command: str, tool_use_id: str) -> dict[str, Any]:
+    """Claude Code's ``PreToolUse`` hook input of a Bash call, as the SDK hands it to
+    a hook callback."""
+    return {
+        "session_id": session_id,
+        "transcript_path": "",
+        "cwd": "/tmp",
+        "hook_event_name": "PreToolUse",
+        "tool_name": "Bash",
+        "tool_input": {"command": command},
+        "tool_use_id": tool_use_id,
+    }
+
+
 @pytest.mark.parametrize(("choice", "runs"), [("Allow once", True), ("Deny", False)])
 async def test_an_approval_answered_by_another_process_decides_the_tool(
     claude: Path, connect: Connect, tmp_path: Path, choice: str, runs: bool
 ) -> None:
-    async def ask(event: str, data: dict[str, Any]) -> HookResult:
-        return ASK
-
     async with (
-        worker(connect, (TOOL_PRE, named("bash_approval", ask), {})),
+        worker(connect, (TOOL_PRE, returning("bash_approval", ASK), {})),
         ApprovalsClient(await connect()) as approver,
         HookDispatcher(await connect(), agent_id="coder") as d,
     ):
@@ -214,22 +225,8 @@ async def test_two_sessions_never_share_an_approval(connect: Connect) -> None:
     """The same tool_use_id in two CLI sessions is two calls: each asks its own approval
     (the callbacks are called as the SDK calls them, with Claude Code's hook input)."""
 
-    async def ask(event: str, data: dict[str, Any]) -> HookResult:
-        return ASK
-
-    def pre_tool_use(session_id: str) -> dict[str, Any]:
-        return {
-            "session_id": session_id,
-            "transcript_path": "",
-            "cwd": "/tmp",
-            "hook_event_name": "PreToolUse",
-            "tool_name": "Bash",
-            "tool_input": {"command": "ls"},
-            "tool_use_id": "toolu_same",
-        }
-
     async with (
-        worker(connect, (TOOL_PRE, named("bash_approval", ask), {})),
+        worker(connect, (TOOL_PRE, returning("bash_approval", ASK), {})),
         ApprovalsClient(await connect()) as approver,
         HookDispatcher(await connect(), agent_id="coder") as d,
     ):
@@ -239,7 +236,9 @@ async def test_two_sessions_never_share_an_approval(connect: Connect) -> None:
 
         async def decide(session_id: str, choice: str) -> dict[str, Any]:
             def call() -> Awaitable[dict[str, Any]]:
-                return hooks.callback(pre_tool_use(session_id), "toolu_same", {"signal": None})
+                return hooks.callback(
+                    pre_tool_use(session_id, "ls", "toolu_same"), "toolu_same", {"signal": None}
+                )
 
             out, hook = await answered(call, approver, stream, choice)
             labels.append(hook.label)
@@ -262,20 +261,13 @@ async def test_an_allow_once_allows_one_resume_of_a_killed_call(connect: Connect
     refusal then stands. (The real CLI gives each reach a new tool_use_id, so it asks
     again anyway; this is the call the SDK could replay.)"""
 
-    async def ask(event: str, data: dict[str, Any]) -> HookResult:
-        return ASK
-
-    hook_input = {
-        "session_id": "session-resumed", "transcript_path": "", "cwd": "/tmp",
-        "hook_event_name": "PreToolUse", "tool_name": "Bash",
-        "tool_input": {"command": "transfer 100"}, "tool_use_id": "toolu_transfer",
-    }  # fmt: skip
+    hook_input = pre_tool_use("session-resumed", "transfer 100", "toolu_transfer")
 
     def decision(out: dict[str, Any]) -> str:
         return str(out["hookSpecificOutput"]["permissionDecision"])
 
     async with (
-        worker(connect, (TOOL_PRE, named("bash_approval", ask), {})),
+        worker(connect, (TOOL_PRE, returning("bash_approval", ASK), {})),
         ApprovalsClient(await connect()) as approver,
     ):
         stream = await approver.events()
@@ -330,16 +322,9 @@ async def test_an_approval_nobody_answers_ends_within_the_doors_wait(connect: Co
     approval ends with its default deny at the door's wait less a fifth (2.4 s): the
     callback's answer is that deny, and the record is closed, not left pending."""
 
-    async def ask(event: str, data: dict[str, Any]) -> HookResult:
-        return ASK
-
-    hook_input = {
-        "session_id": "session-wait", "transcript_path": "", "cwd": "/tmp",
-        "hook_event_name": "PreToolUse", "tool_name": "Bash",
-        "tool_input": {"command": "ls"}, "tool_use_id": "toolu_wait",
-    }  # fmt: skip
+    hook_input = pre_tool_use("session-wait", "ls", "toolu_wait")
     async with (
-        worker(connect, (TOOL_PRE, named("bash_approval", ask), {})),
+        worker(connect, (TOOL_PRE, returning("bash_approval", ASK), {})),
         HookDispatcher(await connect(), agent_id="coder") as d,
     ):
         hooks = HookbusClaudeHooks(d, options=ClaudeCodeOptions(on_modify="rules", timeout_s=3))
@@ -359,11 +344,8 @@ async def test_an_approval_nobody_answers_ends_within_the_doors_wait(connect: Co
 async def test_an_ask_user_without_approvals_is_a_deny(
     claude: Path, connect: Connect, tmp_path: Path
 ) -> None:
-    async def ask(event: str, data: dict[str, Any]) -> HookResult:
-        return ASK
-
     async with (
-        worker(connect, (TOOL_PRE, named("bash_approval", ask), {})),
+        worker(connect, (TOOL_PRE, returning("bash_approval", ASK), {})),
         HookDispatcher(await connect(), agent_id="coder", approvals=False) as d,
     ):
         out = await turn(claude, tmp_path, HookbusClaudeHooks(d), "touch ran",
