@@ -131,11 +131,12 @@ def bearer(token: str = TOKEN) -> dict[str, str]:
 
 @contextlib.asynccontextmanager
 async def token_gateway(
-    door: str, nats_url: str
+    door: str, connect: Connect, nats_url: str
 ) -> AsyncIterator[tuple[GatewayProcess, httpx.AsyncClient]]:
     """``hookbus gateway <door>`` on `nats_url` with the bearer token `TOKEN`, and a client
-    of it that sends the token."""
+    of it that sends the token, while a `policy_worker` serves on a connection of its own."""
     async with (
+        policy_worker(await connect()),
         GatewayProcess(door, "--url", nats_url, env={"HOOKBUS_GATEWAY_TOKEN": TOKEN}) as gw,
         httpx.AsyncClient(base_url=gw.url, headers=bearer(), timeout=10) as http,
     ):
@@ -169,10 +170,7 @@ async def raw_exchange(url: str, head: bytes, chunks: list[bytes]) -> bytes:
 async def test_cli_gateway_answers_claude_code_on_both_urls(
     connect: Connect, embedded_server: EmbeddedNatsServer
 ) -> None:
-    async with (
-        policy_worker(await connect()),
-        token_gateway("http", embedded_server.url) as (gw, http),
-    ):
+    async with token_gateway("http", connect, embedded_server.url) as (gw, http):
         assert gw.url.startswith("http://127.0.0.1:")
         assert "doors: claude-code; auth: bearer token" in gw.stderr
         denied = pre_tool_use("rm -rf /")
@@ -211,10 +209,7 @@ async def test_cli_gateway_answers_claude_code_on_both_urls(
 async def test_cli_gateway_aos_answers_tool_calls(
     connect: Connect, embedded_server: EmbeddedNatsServer
 ) -> None:
-    async with (
-        policy_worker(await connect()),
-        token_gateway("aos", embedded_server.url) as (gw, http),
-    ):
+    async with token_gateway("aos", connect, embedded_server.url) as (gw, http):
         assert "doors: aos;" in gw.stderr
         denied = await http.post("/aos", json=aos_tool_call("rm -rf /", "req-deny"))
         modified = await http.post("/aos", json=aos_tool_call("ls", "req-modify"))
