@@ -1,8 +1,9 @@
 """What the framework integrations' tests do alike: an agent's dispatcher whose ``bash``
-calls a worker denies (`denying_bash`), a handler's result asking for an approval (`asking`),
-the next approval a hook event stream shows pending (`pending_approval`), and a call made
-while alice answers the approval it asks for (`answered`). The plumbing
-beneath (connections, workers, handlers) is `_integration_kit`."""
+calls a worker denies (`denying_bash`) and the call it was asked about (`denied_bash_call`),
+a handler's result asking for an approval (`asking`), the next approval a hook event stream
+shows pending (`pending_approval`), and a call made while alice answers the approval it asks
+for (`answered`). The plumbing beneath (connections, workers, handlers) is
+`_integration_kit`."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from hookbus.dispatcher import (
 )
 from hookbus.schemas import TOOL_PRE, HookResult
 
-__all__ = ["answered", "asking", "denying_bash", "pending_approval"]
+__all__ = ["answered", "asking", "denied_bash_call", "denying_bash", "pending_approval"]
 
 T = TypeVar("T")
 
@@ -40,6 +41,15 @@ async def denying_bash(
         HookDispatcher(await connect(), agent_id="agent-1") as d,
     ):
         yield d
+
+
+def denied_bash_call(seen: list[Any]) -> dict[str, Any]:
+    """The data of the one call `denying_bash`'s handler was asked about (`seen`): the
+    ``tool:pre`` of ``bash rm -rf /`` (its tool filter spared the other tools)."""
+    [(event, data)] = seen
+    assert event == TOOL_PRE and data["tool_name"] == "bash"
+    assert data["tool_input"] == {"command": "rm -rf /"}
+    return dict(data)
 
 
 def asking(prompt: str, timeout_s: float) -> HookResult:
