@@ -2,13 +2,15 @@
 calls a worker denies (`denying_bash`) and the call it was asked about (`denied_bash_call`),
 a handler's result asking for an approval (`asking`), the next approval a hook event stream
 shows pending (`pending_approval`), and a call made while alice answers the approval it asks
-for (`answered`). The plumbing beneath (connections, workers, handlers) is
+for (`answered`); the agent's tools as plain functions that record their calls
+(`RecordedTools`). The plumbing beneath (connections, workers, handlers) is
 `_integration_kit`."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import anyio
@@ -23,7 +25,14 @@ from hookbus.dispatcher import (
 )
 from hookbus.schemas import TOOL_PRE, HookResult
 
-__all__ = ["answered", "asking", "denied_bash_call", "denying_bash", "pending_approval"]
+__all__ = [
+    "RecordedTools",
+    "answered",
+    "asking",
+    "denied_bash_call",
+    "denying_bash",
+    "pending_approval",
+]
 
 T = TypeVar("T")
 
@@ -91,3 +100,32 @@ async def answered(
         hook = await pending_approval(stream)
         await approver.answer_approval(hook.label, choice, approver="alice", agent_id=hook.agent_id)
     return out[0], hook
+
+
+@dataclass
+class RecordedTools:
+    """An agent's tools as plain functions, for a framework to wrap: ``bash`` ("ran
+    COMMAND"), ``send_email`` ("sent to TO") and ``transfer`` ("sent AMOUNT to PAYEE");
+    each records its call as ``(tool, arguments)`` in `ran` before it answers."""
+
+    ran: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+    def functions(self) -> dict[str, Callable[..., Any]]:
+        """Tool name -> its function (named, annotated and documented for the framework)."""
+
+        def bash(command: str) -> str:
+            """Run a shell command."""
+            self.ran.append(("bash", {"command": command}))
+            return f"ran {command}"
+
+        def send_email(to: str, body: str) -> str:
+            """Send an e-mail."""
+            self.ran.append(("send_email", {"to": to, "body": body}))
+            return f"sent to {to}"
+
+        def transfer(amount: int, payee: str) -> str:
+            """Transfer money."""
+            self.ran.append(("transfer", {"amount": amount, "payee": payee}))
+            return f"sent {amount} to {payee}"
+
+        return {"bash": bash, "send_email": send_email, "transfer": transfer}

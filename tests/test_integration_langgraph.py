@@ -17,7 +17,13 @@ from typing import Any
 
 import anyio
 import pytest
-from _integration_cases import asking, denied_bash_call, denying_bash, pending_approval
+from _integration_cases import (
+    RecordedTools,
+    asking,
+    denied_bash_call,
+    denying_bash,
+    pending_approval,
+)
 from _integration_kit import Connect, named, private_connect, returning, worker
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
@@ -48,31 +54,18 @@ def calls(*calls: tuple[str, dict[str, Any]], first_id: int = 1) -> AIMessage:
     )
 
 
-@dataclass
-class Tools:
-    """The agent's tools, recording what they ran with."""
-
-    ran: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+class Tools(RecordedTools):
+    """The agent's tools (``bash``, ``transfer``, and ``explode``, which fails), recording
+    what they ran with."""
 
     def all(self) -> list[Any]:
-        @tool
-        def bash(command: str) -> str:
-            """Run a shell command."""
-            self.ran.append(("bash", {"command": command}))
-            return f"ran {command}"
-
-        @tool
-        def transfer(amount: int, payee: str) -> str:
-            """Transfer money."""
-            self.ran.append(("transfer", {"amount": amount, "payee": payee}))
-            return f"sent {amount} to {payee}"
-
         @tool
         def explode() -> str:
             """Fail."""
             raise RuntimeError("boom")
 
-        return [bash, transfer, explode]
+        plain = self.functions()
+        return [tool(plain["bash"]), tool(plain["transfer"]), explode]
 
 
 @dataclass

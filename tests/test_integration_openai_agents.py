@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -24,6 +23,7 @@ os.environ.setdefault("OPENAI_API_KEY", "sk-dummy-no-network")
 
 import agents
 from _integration_cases import (
+    RecordedTools,
     answered,
     asking,
     denied_bash_call,
@@ -105,32 +105,12 @@ class Scripted(Model):
         }
 
 
-@dataclass
-class Tools:
-    """The agent's tools, recording what they ran with."""
-
-    ran: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+class Tools(RecordedTools):
+    """The agent's tools (``bash``, ``send_email``, ``transfer``), recording what they ran
+    with."""
 
     def all(self) -> list[FunctionTool]:
-        @function_tool
-        def bash(command: str) -> str:
-            """Run a shell command."""
-            self.ran.append(("bash", {"command": command}))
-            return f"ran {command}"
-
-        @function_tool
-        def send_email(to: str, body: str) -> str:
-            """Send an e-mail."""
-            self.ran.append(("send_email", {"to": to, "body": body}))
-            return f"sent to {to}"
-
-        @function_tool
-        def transfer(amount: int, payee: str) -> str:
-            """Transfer money."""
-            self.ran.append(("transfer", {"amount": amount, "payee": payee}))
-            return f"transferred {amount} to {payee}"
-
-        return [bash, send_email, transfer]
+        return [function_tool(f) for f in self.functions().values()]
 
 
 def make_agent(model: Scripted, tools: Tools) -> Agent[Any]:

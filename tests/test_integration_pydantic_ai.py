@@ -18,7 +18,13 @@ from typing import Any
 import anyio
 import nats
 import pytest
-from _integration_cases import asking, denied_bash_call, denying_bash, pending_approval
+from _integration_cases import (
+    RecordedTools,
+    asking,
+    denied_bash_call,
+    denying_bash,
+    pending_approval,
+)
 from _integration_kit import Connect, Handler, named, private_connect, returning, worker
 from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults
 from pydantic_ai.messages import (
@@ -94,24 +100,14 @@ def calls(*calls: tuple[str, dict[str, Any]]) -> ModelResponse:
     return ModelResponse(parts=[ToolCallPart(name, args) for name, args in calls])
 
 
-@dataclass
-class Tools:
-    """The tools the agent has, recording what they ran with."""
-
-    ran: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+class Tools(RecordedTools):
+    """The tools the agent has (``bash``, ``send_email``, and a ``transfer`` that answers
+    with the account it paid from), recording what they ran with."""
 
     def install(self, agent: Agent[Any, Any]) -> None:
-        @agent.tool_plain
-        def bash(command: str) -> str:
-            """Run a shell command."""
-            self.ran.append(("bash", {"command": command}))
-            return f"ran {command}"
-
-        @agent.tool_plain
-        def send_email(to: str, body: str) -> str:
-            """Send an e-mail."""
-            self.ran.append(("send_email", {"to": to, "body": body}))
-            return f"sent to {to}"
+        plain = self.functions()
+        agent.tool_plain(plain["bash"])
+        agent.tool_plain(plain["send_email"])
 
         @agent.tool_plain
         def transfer(amount: int, payee: str) -> dict[str, Any]:
