@@ -105,20 +105,25 @@ async def test_a_denied_rm_rf_never_runs_and_the_model_reads_why(
     assert data["session_id"]
 
 
-async def test_a_modify_rewrites_the_command_and_the_rewritten_one_runs(
-    claude: Path, connect: Connect, tmp_path: Path
-) -> None:
+async def rewritten_turn(claude: Path, connect: Connect, tmp_path: Path, **options: Any) -> Turn:
+    """A turn asking for ``touch ran`` while a worker's ``rewrite`` handler modifies every
+    Bash command to ``touch rewritten`` (`options`: `turn`'s)."""
+
     async def rewrite(event: str, data: dict[str, Any]) -> HookResult:
         tool_input = {**data["tool_input"], "command": "touch rewritten"}
         return HookResult(action="modify", data={**data, "tool_input": tool_input})
 
     async with (
-        worker(connect, (TOOL_PRE, named("rewrite", rewrite), {})),
+        worker(connect, (TOOL_PRE, rewrite, {})),
         HookDispatcher(await connect(), agent_id="coder") as d,
     ):
-        out = await turn(
-            claude, tmp_path, HookbusClaudeHooks(d), "touch ran", allowed_tools=["Bash"]
-        )
+        return await turn(claude, tmp_path, HookbusClaudeHooks(d), "touch ran", **options)
+
+
+async def test_a_modify_rewrites_the_command_and_the_rewritten_one_runs(
+    claude: Path, connect: Connect, tmp_path: Path
+) -> None:
+    out = await rewritten_turn(claude, connect, tmp_path, allowed_tools=["Bash"])
     assert out.ran("rewritten")
     assert not out.ran("ran")
     assert "Bash completed with no output" in out.tool_results[0], out.tool_results
@@ -129,16 +134,7 @@ async def test_a_rewrite_is_still_subject_to_the_sdk_permission_rules(
 ) -> None:
     """hookbus rewrites, it does not allow: without ``allowed_tools`` the CLI's own rules
     refuse the rewritten command (nobody is there to approve it)."""
-
-    async def rewrite(event: str, data: dict[str, Any]) -> HookResult:
-        tool_input = {**data["tool_input"], "command": "touch rewritten"}
-        return HookResult(action="modify", data={**data, "tool_input": tool_input})
-
-    async with (
-        worker(connect, (TOOL_PRE, named("rewrite", rewrite), {})),
-        HookDispatcher(await connect(), agent_id="coder") as d,
-    ):
-        out = await turn(claude, tmp_path, HookbusClaudeHooks(d), "touch ran")
+    out = await rewritten_turn(claude, connect, tmp_path)
     assert not out.ran("rewritten")
     assert not out.ran("ran")
 
