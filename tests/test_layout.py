@@ -487,6 +487,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "RequiredHandler",
         "format_served_handlers",
         "parse_registry_key",
+        "registry_key_kind",
         "parse_served_handlers",
         "required_key",
         # the decision audit trail

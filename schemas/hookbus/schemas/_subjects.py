@@ -142,6 +142,7 @@ REQUIRED_KEY_PREFIX: Final = "_required"
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_-]+")
 _NOT_PLAIN = re.compile(r"[^A-Za-z0-9_-]+")
 _TOKEN = re.compile(r"(?:[A-Za-z0-9_-]|=[0-9A-F]{2})+")
+_ESCAPED = re.compile(r"(?:=[0-9A-F]{2})+")
 
 
 def is_js_domain_name(text: str) -> bool:
@@ -164,7 +165,13 @@ def encode_token(name: str) -> str:
 
 
 def _escape(run: re.Match[str]) -> str:
-    return "".join(f"={b:02X}" for b in run.group().encode())
+    return "=" + run.group().encode().hex("=").upper()
+
+
+def _unescape(run: re.Match[str]) -> str:
+    # a run of escapes is whole UTF-8 characters: a plain character is ASCII, and no byte
+    # of a multi-byte UTF-8 character is (raises UnicodeDecodeError for bytes that are not)
+    return bytes.fromhex(run.group().replace("=", "")).decode()
 
 
 def decode_token(token: str) -> str:
@@ -175,17 +182,8 @@ def decode_token(token: str) -> str:
     """
     if not _TOKEN.fullmatch(token):
         raise BadRequestError(f"not a hookbus token: {token!r}")
-    raw = bytearray()
-    i = 0
-    while i < len(token):
-        if token[i] == "=":
-            raw.append(int(token[i + 1 : i + 3], 16))
-            i += 3
-        else:
-            raw.append(ord(token[i]))
-            i += 1
-    try:
-        name = raw.decode()
+    try:  # one regex over the escaped runs, not a loop over characters
+        name = _ESCAPED.sub(_unescape, token) if "=" in token else token
     except UnicodeDecodeError as exc:
         raise BadRequestError(f"not a hookbus token: {token!r}") from exc
     if encode_token(name) != token:  # one encoding per name: reject non-canonical forms
@@ -517,6 +515,17 @@ def required_key(event: str, handler: str) -> str:
     return f"{REQUIRED_KEY_PREFIX}.{handler_key(event, handler)}"
 
 
+def registry_key_kind(key: str) -> str:
+    """What a key of `HANDLERS_BUCKET` would hold, by its shape alone: ``"required"``
+    (``required.<event>.<handler>``) or ``"handler"``. The key itself is not checked:
+    `parse_registry_key` checks it."""
+    return (
+        "required"
+        if key.startswith(REQUIRED_KEY_PREFIX + ".") and key.count(".") == 2
+        else "handler"
+    )
+
+
 def parse_registry_key(key: str) -> tuple[str, str, str]:
     """Any key of `HANDLERS_BUCKET`: ``("handler" | "required", event, handler)``.
 
@@ -526,9 +535,9 @@ def parse_registry_key(key: str) -> tuple[str, str, str]:
     """
     if len(key) > MAX_KEY_LENGTH + len(REQUIRED_KEY_PREFIX) + 1:
         raise BadRequestError(f"registry key too long: {len(key)} characters")
-    kind = "handler"
-    if key.startswith(REQUIRED_KEY_PREFIX + ".") and key.count(".") == 2:
-        kind, key = "required", key[len(REQUIRED_KEY_PREFIX) + 1 :]
+    kind = registry_key_kind(key)
+    if kind == "required":
+        key = key[len(REQUIRED_KEY_PREFIX) + 1 :]
     if key.count(".") != 1:
         raise BadRequestError(f"not a registry key: {key!r}")
     event, handler = parse_handler_key(key)
