@@ -344,6 +344,33 @@ def revoke_cmd(who: str, out: Path, tenant: str | None) -> None:
     click.echo(f"{tenant} {user}: revoked; reload the server to apply it ({out / AUTH_CONF})")
 
 
+@auth.command("leaf-link")
+@click.argument("site")
+@click.option(
+    "--dir",
+    "out",
+    required=True,
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="The folder `hookbus auth init --jwt` wrote.",
+)
+@click.option("--tenant", default=None, help="Its tenant (default: HOOKBUS, or the only one).")
+def leaf_link_cmd(site: str, out: Path, tenant: str | None) -> None:
+    """Issue the credential leaf site SITE's nats-server links to the hub with (JWT mode):
+    a user of the tenant's account accepted only as a leaf node, with no limit of its own
+    (each client at the site keeps its own permissions). Give the site's remote the
+    .creds path as `credentials` and the account's public key as `account`
+    (deploy/leaf/secured/leaf-jwt.conf). No server file changes. Prints both, one per
+    line."""
+    from ._auth_leaf import issue_leaf_link
+
+    try:
+        path, account = issue_leaf_link(out, site, tenant=tenant)
+    except OSError as exc:
+        where = exc.filename or out
+        raise click.ClickException(f"cannot write {where}: {exc.strerror or exc}") from exc
+    click.echo(f"{path}\n{account}")
+
+
 @auth.command("table")
 def table_cmd() -> None:
     """Print the role -> permissions table (markdown), as in docs/security.md."""

@@ -90,6 +90,7 @@ __all__ = [
     "TLS_CONF",
     "AuthSetup",
     "Identity",
+    "account_signer",
     "issue_identity",
     "load_setup",
     "render_accounts",
@@ -510,13 +511,7 @@ def _make_identity(
     if setup.jwt:
         from ._jwt import creds_text, user_jwt
 
-        account = setup.jwt["accounts"][tenant]
-        signer = _read_key(ident.folder(out) / ACCOUNT_SIGNING_SEED, f"tenant {tenant}'s signer")
-        if signer.public_key != account["signing_key"]:
-            raise click.ClickException(
-                f"{ident.folder(out) / ACCOUNT_SIGNING_SEED} is not the signing key of"
-                f" tenant {tenant}'s account (hookbus-auth.json names another)"
-            )
+        signer, account = account_signer(setup, ident.folder(out), tenant)
         perms = ident.permissions([setup.js_domain] if setup.js_domain else [])
         expires_at = None if expires_s is None else math.ceil(time.time() + expires_s)
         token = user_jwt(
@@ -526,6 +521,24 @@ def _make_identity(
     else:
         _write_new_secret(path, seed + "\n")
     return ident
+
+
+def account_signer(setup: AuthSetup, folder: Path, tenant: str) -> tuple[Any, dict[str, Any]]:
+    """The signing key pair of `tenant`'s account (its seed in `folder`) and the account's
+    entry of the manifest (``public_key``, ``signing_key``, ...), in a JWT-mode setup.
+
+    Raises:
+        click.ClickException: the seed is missing or unreadable, or is not the signing key
+            the manifest names.
+    """
+    account = setup.jwt["accounts"][tenant]
+    signer = _read_key(folder / ACCOUNT_SIGNING_SEED, f"tenant {tenant}'s signer")
+    if signer.public_key != account["signing_key"]:
+        raise click.ClickException(
+            f"{folder / ACCOUNT_SIGNING_SEED} is not the signing key of tenant {tenant}'s"
+            " account (hookbus-auth.json names another)"
+        )
+    return signer, account
 
 
 def _read_key(path: Path, what: str) -> Any:
