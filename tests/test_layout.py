@@ -409,6 +409,7 @@ PUBLIC_API: dict[str, set[str]] = {
         "DuplicateSuspensionError",
         "EmitReply",
         "EmitRequest",
+        "EmitOptions",  # an emit's keyword options (HookDispatcher.emit's, every Emit's)
         "EventEnvelope",
         "GRANT_NONE",
         "FailureKind",
