@@ -967,33 +967,42 @@ def test_the_privacy_check_sees_a_private_read(tmp_path: Path) -> None:
     """A read of another package's private field or method is seen, on any expression and
     on ``self`` (an inherited field); one its own package defines where the module sees it
     is not, nor one no hookbus package defines (a third party's)."""
+    files = {
+        "dispatcher/hookbus/dispatcher/_suspensions.py": """
+class Suspensions:
+    def __init__(self, nc):
+        self._nc, self._deliveries, self._agent_id = nc, [], None
+    async def _lease(self):
+        return self._nc
+""",
+        "integrations/hookbus/integrations/_feed.py": """
+class Feed:
+    def start(self):
+        self._nc = 1
+""",
+        "integrations/hookbus/integrations/_emit.py": """
+class Door:
+    async def _emit(self):
+        pass
+""",
+        "integrations/hookbus/integrations/x.py": """
+from hookbus.dispatcher import Suspensions
+from ._emit import Door
+class Hooks(Suspensions, Door):
+    async def run(self, store, kv):
+        await store._deliveries.flush()  # another package's field
+        await self.suspensions._lease()  # another package's method
+        print(store._nc, self._agent_id)  # `_feed` defines `_nc`, unseen here
+        await self._emit()  # its own package's, imported
+        return kv._js  # nobody's of ours
+""",
+    }
     for portion in PORTIONS:
-        (tmp_path / portion).mkdir(exist_ok=True)
+        (tmp_path / portion).mkdir()
         (tmp_path / portion / "keep.py").touch()
-    dispatcher = tmp_path / "dispatcher" / "hookbus" / "dispatcher"
-    dispatcher.mkdir(parents=True)
-    (dispatcher / "_suspensions.py").write_text(
-        "class Suspensions:\n"
-        "    def __init__(self, nc):\n"
-        "        self._nc, self._deliveries, self._agent_id = nc, [], None\n"
-        "    async def _lease(self):\n"
-        "        return self._nc\n"
-    )
-    package = tmp_path / "integrations" / "hookbus" / "integrations"
-    package.mkdir(parents=True)
-    (package / "_feed.py").write_text("class Feed:\n    def start(self):\n        self._nc = 1\n")
-    (package / "_emit.py").write_text("class Door:\n    async def _emit(self):\n        pass\n")
-    (package / "x.py").write_text(
-        "from hookbus.dispatcher import Suspensions\n"
-        "from ._emit import Door\n"
-        "class Hooks(Suspensions, Door):\n"
-        "    async def run(self, store, kv):\n"
-        "        await store._deliveries.flush()\n"  # another package's field
-        "        await self.suspensions._lease()\n"  # another package's method
-        "        print(store._nc, self._agent_id)\n"  # `_feed` defines `_nc`, unseen here
-        "        await self._emit()\n"  # its own package's, imported
-        "        return kv._js\n"  # nobody's of ours
-    )
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
     assert _private_reads(tmp_path) == {
         "hookbus.integrations.x": {"_agent_id", "_deliveries", "_lease", "_nc"}
     }
