@@ -90,6 +90,7 @@ __all__ = [
     "TLS_CONF",
     "AuthSetup",
     "Identity",
+    "NewIdentity",
     "issue_identity",
     "load_setup",
     "render_accounts",
@@ -767,16 +768,23 @@ def _make_jwt_keys(setup: AuthSetup, out: Path) -> dict[str, Any]:
     }
 
 
-def issue_identity(
-    out: Path,
-    role: RoleName,
-    name: str,
-    *,
-    tenant: str | None = None,
-    handlers: Sequence[str] = (),
-    embedded: bool = False,
-    expires_s: float | None = None,
-) -> Identity:
+@dataclass(frozen=True)
+class NewIdentity:
+    """An identity to add to a folder (``hookbus auth add``) or issue (``auth issue``)."""
+
+    out: Path
+    """The folder ``hookbus auth init`` wrote."""
+    role: RoleName
+    name: str
+    tenant: str | None = None
+    """Its tenant (None: the default, or the only one)."""
+    handlers: Sequence[str] = ()
+    """The ``EVENT/HANDLER`` pairs a worker serves."""
+    embedded: bool = False
+    """An agent that runs its own HookDispatcher."""
+
+
+def issue_identity(new: NewIdentity, *, expires_s: float | None = None) -> Identity:
     """What ``hookbus auth issue`` does: a new user of a JWT-mode folder, signed by its
     tenant's account signing key; writes its ``.creds`` (0600) and context only (no server
     file, no manifest entry: the server trusts it without a reload). `expires_s`: seconds
@@ -789,16 +797,17 @@ def issue_identity(
         click.BadParameter: unknown tenant, several tenants and none given, or the role's
             options are wrong (handlers for a non-worker, a worker without one, ...).
     """
+    out, role, name, embedded = new.out, new.role, new.name, new.embedded
     setup = load_setup(out)
     if not setup.jwt:
         raise click.ClickException(
             f"{out} holds static nkey users (made without --jwt): add one with"
             f" `hookbus auth add --dir {out}` and reload the server"
         )
-    tenant = _pick_tenant(setup, tenant)
+    tenant = _pick_tenant(setup, new.tenant)
     if setup.find(tenant, role, name) is not None:
         raise click.ClickException(f"{role} {name!r} already exists in tenant {tenant}")
-    handlers = _checked_role_options(role, name, handlers, embedded)
+    handlers = _checked_role_options(role, name, new.handlers, embedded)
     ident = _make_identity(
         setup, out, role, name, tenant, handlers, embedded=embedded, expires_s=expires_s
     )
@@ -883,24 +892,19 @@ def _pick_tenant(setup: AuthSetup, tenant: str | None) -> str:
     return tenant
 
 
-def add_identity(
-    out: Path,
-    role: RoleName,
-    name: str,
-    *,
-    tenant: str | None = None,
-    handlers: Sequence[str] = (),
-    embedded: bool = False,
-) -> Identity:
+def add_identity(new: NewIdentity) -> Identity:
     """What ``hookbus auth add`` does: a new identity; other seeds are left as they are."""
+    out = new.out
     setup = load_setup(out)
     if setup.jwt:
         raise click.ClickException(
             f"{out} is a JWT-mode folder: issue a credential with `hookbus auth issue"
             f" ROLE NAME --dir {out}` (no server file changes)"
         )
-    tenant = _pick_tenant(setup, tenant)
-    ident = _new_identity(setup, out, role, name, tenant, list(handlers), embedded=embedded)
+    tenant = _pick_tenant(setup, new.tenant)
+    ident = _new_identity(
+        setup, out, new.role, new.name, tenant, list(new.handlers), embedded=new.embedded
+    )
     write_setup(setup, out)
     return ident
 
