@@ -449,25 +449,6 @@ def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
         raise
 
 
-def _new_identity(
-    setup: AuthSetup,
-    out: Path,
-    role: RoleName,
-    name: str,
-    tenant: str,
-    handlers: Sequence[str],
-    *,
-    embedded: bool = False,
-) -> Identity:
-    """Make a seed for a new identity, write its seed and context files, record it."""
-    if setup.find(tenant, role, name) is not None:
-        raise click.ClickException(f"{role} {name!r} already exists in tenant {tenant}")
-    handlers = _checked_role_options(role, name, handlers, embedded)
-    ident = _make_identity(setup, out, role, name, tenant, handlers, embedded=embedded)
-    setup.identities.append(ident)
-    return ident
-
-
 def _checked_role_options(
     role: RoleName, name: str, handlers: Sequence[str], embedded: bool
 ) -> list[str]:
@@ -490,7 +471,7 @@ def _checked_role_options(
     return list(handlers)
 
 
-def _make_identity(
+def _new_identity(
     setup: AuthSetup,
     out: Path,
     role: RoleName,
@@ -498,11 +479,20 @@ def _make_identity(
     tenant: str,
     handlers: Sequence[str],
     *,
-    embedded: bool,
+    embedded: bool = False,
     expires_s: float | None = None,
 ) -> Identity:
-    """A new user key; its seed written (``.nk``), or in JWT mode its signed ``.creds``
-    (valid for `expires_s` seconds from now; None: no expiry)."""
+    """A new user key, once its role's options are checked: its seed written (``.nk``), or
+    in JWT mode its signed ``.creds`` (valid for `expires_s` seconds from now; None: no
+    expiry). Not recorded in `setup` (the caller appends it to ``setup.identities``).
+
+    Raises:
+        click.ClickException: it exists in `tenant` already, or its credential file does.
+        click.BadParameter: see `_checked_role_options`.
+    """
+    if setup.find(tenant, role, name) is not None:
+        raise click.ClickException(f"{role} {name!r} already exists in tenant {tenant}")
+    handlers = _checked_role_options(role, name, handlers, embedded)
     seed, public = new_user_seed()
     ident = Identity(role, name, tenant, public, list(handlers), embedded=embedded)
     path = ident.secret_path(out, setup)
@@ -688,7 +678,8 @@ def init_setup(
     for tenant in tenant_list:
         for role, name, handlers, embedded in wanted:
             if setup.find(tenant, role, name) is None:
-                _new_identity(setup, out, role, name, tenant, handlers, embedded=embedded)
+                ident = _new_identity(setup, out, role, name, tenant, handlers, embedded=embedded)
+                setup.identities.append(ident)
     write_setup(setup, out)
     return setup
 
@@ -797,7 +788,7 @@ def issue_identity(new: NewIdentity, *, expires_s: float | None = None) -> Ident
         click.BadParameter: unknown tenant, several tenants and none given, or the role's
             options are wrong (handlers for a non-worker, a worker without one, ...).
     """
-    out, role, name, embedded = new.out, new.role, new.name, new.embedded
+    out = new.out
     setup = load_setup(out)
     if not setup.jwt:
         raise click.ClickException(
@@ -805,12 +796,10 @@ def issue_identity(new: NewIdentity, *, expires_s: float | None = None) -> Ident
             f" `hookbus auth add --dir {out}` and reload the server"
         )
     tenant = _pick_tenant(setup, new.tenant)
-    if setup.find(tenant, role, name) is not None:
-        raise click.ClickException(f"{role} {name!r} already exists in tenant {tenant}")
-    handlers = _checked_role_options(role, name, new.handlers, embedded)
-    ident = _make_identity(
-        setup, out, role, name, tenant, handlers, embedded=embedded, expires_s=expires_s
-    )
+    ident = _new_identity(
+        setup, out, new.role, new.name, tenant, new.handlers, embedded=new.embedded,
+        expires_s=expires_s,
+    )  # fmt: skip
     _write_atomic(
         ident.context_path(out), json.dumps(context_json(ident, setup, out), indent=2) + "\n"
     )
@@ -905,6 +894,7 @@ def add_identity(new: NewIdentity) -> Identity:
     ident = _new_identity(
         setup, out, new.role, new.name, tenant, list(new.handlers), embedded=new.embedded
     )
+    setup.identities.append(ident)
     write_setup(setup, out)
     return ident
 
