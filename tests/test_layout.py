@@ -13,6 +13,8 @@
   imports any of them (nor they each other); the CLI sits on top, and the demo application
   on the CLI: the CLI loads it only inside its demo entries, nothing else of ours imports it.
 - No import cycle among hookbus modules, imports inside functions included.
+- Privacy: no package imports another package's private module, and above the library no
+  module reads a private member (``._name``) that only another package defines.
 - The public exports (`__all__`) of each part are pinned, and each name resolves.
 """
 
