@@ -30,6 +30,7 @@ import nacl.exceptions
 import nacl.signing
 import nkeys  # type: ignore[import-untyped]
 
+from hookbus._core.base64url import b64url, unb64url
 from hookbus.cli._permissions import RolePermissions
 
 __all__ = [
@@ -116,14 +117,6 @@ class JetStreamLimits:
     consumer: int
 
 
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
 def _json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
@@ -153,8 +146,8 @@ def _encode(
         standard["name"] = name
     standard["sub"] = subject
     claims = {"jti": _jti(standard), **standard, "nats": nats}
-    signed = f"{_b64(_json(_HEADER))}.{_b64(_json(claims))}"
-    return f"{signed}.{_b64(signer.sign(signed.encode()))}"
+    signed = f"{b64url(_json(_HEADER))}.{b64url(_json(claims))}"
+    return f"{signed}.{b64url(signer.sign(signed.encode()))}"
 
 
 def decode(token: str) -> dict[str, Any]:
@@ -167,8 +160,8 @@ def decode(token: str) -> dict[str, Any]:
     if len(parts) != 3:
         raise JwtError("a JWT has three parts separated by '.'")
     try:
-        header, claims = (json.loads(_unb64(p)) for p in parts[:2])
-        sig = _unb64(parts[2])
+        header, claims = (json.loads(unb64url(p)) for p in parts[:2])
+        sig = unb64url(parts[2])
     except (ValueError, TypeError) as exc:
         raise JwtError(f"not a JWT: {exc}") from None
     if not isinstance(header, dict) or header.get("alg") != _HEADER["alg"]:
