@@ -346,9 +346,7 @@ class ChainRunner:
                 progress.start([step for step, _ in run], now, rest_s)
                 if caller.may_wait(run):
                     progress.suspended()
-                outs = await self._run_group(
-                    run, envelope, data, deadline, msg, progress, size
-                )
+                outs = await self._run_group(run, envelope, data, deadline, msg, progress, size)
             running.clear()
             # every step that ran is reported, those after the one that ends the fold
             # in a parallel group too: the dispatcher would call a missing one again
