@@ -22,6 +22,7 @@ import anyio
 import nats.errors
 import pytest
 from anyio.abc import TaskGroup
+from conftest import Connect
 from nats.aio.client import Client as NATS
 
 from hookbus.dispatcher import (
@@ -51,9 +52,6 @@ from hookbus.schemas import (
 from hookbus.workers import HookWorker
 
 pytestmark = pytest.mark.anyio
-
-Connect = Callable[..., Awaitable[NATS]]
-
 
 class Approver:
     """Another process that watches hook events and answers approvals (`client`)."""

@@ -29,7 +29,7 @@ import nats.js.errors
 import pytest
 from _serving import serving
 from click.testing import CliRunner
-from conftest import written
+from conftest import Connect, written
 from nats.aio.client import Client as NATS
 from nats.js.api import DiscardPolicy, RetentionPolicy
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -61,9 +61,6 @@ from hookbus.schemas import (
 )
 
 pytestmark = pytest.mark.anyio
-
-Connect = Callable[..., Awaitable[NATS]]
-
 
 # -- helpers ---------------------------------------------------------------------------------
 @pytest.fixture(autouse=True)

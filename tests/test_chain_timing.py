@@ -27,7 +27,7 @@ import collections
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ import pytest
 from _fleet import WORKER_READY, Fleet, Proc
 from _paced import SECRET, behaviour, worker_module
 from _proxy import NatsProxy
+from conftest import Connect
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
@@ -50,7 +51,6 @@ from hookbus.schemas import (
 
 pytestmark = [pytest.mark.anyio, pytest.mark.faults]
 
-Connect = Callable[..., Awaitable[NATS]]
 TESTS = str(Path(__file__).resolve().parent)
 COMMAND = f"export KEY={SECRET}"
 QUIET_S = 1.0

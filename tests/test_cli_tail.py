@@ -14,13 +14,13 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 import pytest
 from _serving import serving
-from conftest import written
+from conftest import Connect, written
 from nats.aio.client import Client as NATS
 
 from hookbus._core.decisions_stream import ensure_decisions_stream
@@ -30,7 +30,6 @@ from hookbus.schemas import HookResult, decisions_subject
 
 pytestmark = pytest.mark.anyio
 
-Connect = Callable[..., Awaitable[NATS]]
 TIMEOUT_S = 20.0
 ENV = {**os.environ, "NO_COLOR": "1"}
 

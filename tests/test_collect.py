@@ -16,15 +16,13 @@ from typing import Any
 import anyio
 import pytest
 from _serving import serving
+from conftest import Connect
 from nats.aio.client import Client as NATS
 
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import HookResult
 
 pytestmark = pytest.mark.anyio
-
-Connect = Callable[..., Awaitable[NATS]]
-
 
 def answer(
     name: str, value: Any, seen: list[tuple[str, dict[str, Any]]]

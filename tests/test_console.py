@@ -35,6 +35,7 @@ from _browser import sign_in as browser_sign_in
 from _served_app import served
 from _served_process import ServedProcess
 from click.testing import CliRunner
+from conftest import Connect
 from nats.aio.client import Client as NATS
 from playwright.async_api import Page, expect
 
@@ -60,7 +61,6 @@ from hookbus.workers import HookWorker
 # a first run on a clean machine installs Chromium (about 30 s) inside the first test
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(240)]
 
-Connect = Callable[..., Awaitable[NATS]]
 TOKEN = "console-test-token-5c2e"
 OPTIONS = ["Allow once", "Allow always", "Deny"]
 POST = {"Content-Type": "application/json", CSRF_HEADER: "1"}

@@ -21,6 +21,7 @@ import nats
 import nats.js.errors
 import pytest
 from _serving import serving
+from conftest import Connect
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
@@ -43,9 +44,6 @@ from hookbus.schemas import (
 from hookbus.workers import HookWorker
 
 pytestmark = pytest.mark.anyio
-
-Connect = Callable[..., Awaitable[NATS]]
-
 
 @pytest.fixture(autouse=True, params=["chains", "one-request-per-handler"])
 def request_shape(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:

@@ -18,6 +18,7 @@ import pytest
 from _cluster import wait_for
 from _fleet import Fleet, HandlerConf, Load, check_decision, steady_load
 from _proxy import NatsProxy
+from conftest import Connect
 from nats.aio.client import Client as NATS
 
 from hookbus.dispatcher import ApprovalsClient, HookDispatcher
@@ -37,7 +38,6 @@ from hookbus.workers import HookWorker
 
 pytestmark = [pytest.mark.anyio, pytest.mark.faults]
 
-Connect = Callable[..., Awaitable[NATS]]
 SUSPENSIONS_STREAM = f"KV_{SUSPENSIONS_BUCKET}"
 
 

@@ -20,7 +20,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,8 @@ import msgspec
 import nats
 import nats.errors
 import pytest
+from _payloads import Grant  # the same shape as _agent_proc.Grant
+from conftest import Connect
 from nats.aio.client import Client as NATS
 
 from hookbus.cli import EmbeddedNatsServer
@@ -49,14 +51,6 @@ from hookbus.schemas import (
 )
 
 pytestmark = pytest.mark.anyio
-
-Connect = Callable[..., Awaitable[NATS]]
-AGENT = Path(__file__).with_name("_agent_proc.py")
-
-
-class Grant(msgspec.Struct):  # the same shape as _agent_proc.Grant
-    approved: bool
-    by: str = ""
 
 
 @pytest.fixture
@@ -211,6 +205,9 @@ async def test_a_lost_race_after_a_lost_ack_is_still_a_lost_race(
 
 
 # -- leases: a SIGKILLed waiter ----------------------------------------------------------------
+AGENT = Path(__file__).with_name("_agent_proc.py")
+
+
 @pytest.mark.faults
 async def test_a_sigkilled_waiter_blocks_its_label_for_about_one_lease(
     embedded_server: EmbeddedNatsServer,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -19,7 +19,7 @@ import pydantic
 import pytest
 from _payloads import Budget, Grant
 from anyio.abc import TaskGroup
-from conftest import connections
+from conftest import Connect, connections
 from nats.aio.client import Client as NATS
 
 from hookbus.cli import EmbeddedNatsServer
@@ -45,9 +45,6 @@ from hookbus.schemas import (
 )
 
 pytestmark = pytest.mark.anyio
-
-Connect = Callable[..., Awaitable[NATS]]
-
 
 # -- payload types -------------------------------------------------------------------------
 class GrantModel(pydantic.BaseModel):
