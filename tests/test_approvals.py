@@ -21,6 +21,8 @@ from typing import Any
 import anyio
 import nats.errors
 import pytest
+from _emitted import Emitted, in_background
+from _sentinel import send_sentinel
 from anyio.abc import TaskGroup
 from conftest import Connect
 from nats.aio.client import Client as NATS
@@ -47,11 +49,11 @@ from hookbus.schemas import (
     approval_answer_key,
     encode,
     grant_key,
-    suspension_event_subject,
 )
 from hookbus.workers import HookWorker
 
 pytestmark = pytest.mark.anyio
+
 
 class Approver:
     """Another process that watches hook events and answers approvals (`client`)."""
@@ -94,13 +96,7 @@ class Approver:
 
     async def settle(self, *conns: NATS) -> list[HookPart]:
         """Every event received once all `conns` sent so far has arrived (sentinel)."""
-        for conn in conns:
-            await conn.flush()
-        sentinel = f"sentinel {uuid.uuid4().hex}"
-        await self.nc.publish(
-            suspension_event_subject(sentinel, "pending"),
-            encode(HookEvent(hook=HookPart(hook_id="-", label=sentinel, status="pending"))),
-        )
+        sentinel = await send_sentinel(self.nc, *conns)
         await self.next(lambda h: h.label == sentinel)
         return [e.hook for e in self.seen if e.hook.label != sentinel]
 
@@ -128,29 +124,9 @@ async def agent(connect: Connect) -> AsyncIterator[Agent]:
         yield Agent(d, nc, f"session-{uuid.uuid4().hex[:10]}")
 
 
-class Emitted:
-    def __init__(self) -> None:
-        self.result: HookResult | None = None
-        self.done = anyio.Event()
-
-    async def wait(self, timeout_s: float = 10) -> HookResult:
-        with anyio.fail_after(timeout_s):
-            await self.done.wait()
-        assert self.result is not None
-        return self.result
-
-
 def spawn_emit(tg: TaskGroup, d: HookDispatcher, event: str, data: dict[str, Any]) -> Emitted:
-    out = Emitted()
-
-    async def run() -> None:
-        try:
-            out.result = await d.emit(event, data)
-        finally:
-            out.done.set()
-
-    tg.start_soon(run)
-    return out
+    """``d.emit(event, data)`` in the background of `tg` (its `wait`: 10 s by default)."""
+    return in_background(tg, lambda: d.emit(event, data))
 
 
 async def answered(
@@ -696,16 +672,7 @@ async def test_a_key_reused_for_another_call_does_not_reuse_the_answer(
 def spawn_emit_keyed(
     tg: TaskGroup, d: HookDispatcher, event: str, data: dict[str, Any], key: str
 ) -> Emitted:
-    out = Emitted()
-
-    async def run() -> None:
-        try:
-            out.result = await d.emit(event, data, idempotency_key=key)
-        finally:
-            out.done.set()
-
-    tg.start_soon(run)
-    return out
+    return in_background(tg, lambda: d.emit(event, data, idempotency_key=key))
 
 
 # -- "Allow always": scoped, never without a session, listed and revoked ---------------------------
@@ -1005,13 +972,7 @@ async def test_a_retry_does_not_bring_back_a_revoked_grant(
     key = f"call-{uuid.uuid4().hex}"
     data = {"tool_name": "bash", "agent_id": "a1"}
     async with anyio.create_task_group() as tg:
-        out = Emitted()
-
-        async def run() -> None:
-            out.result = await agent.d.emit(event, dict(data), idempotency_key=key)
-            out.done.set()
-
-        tg.start_soon(run)
+        out = spawn_emit_keyed(tg, agent.d, event, dict(data), key)
         part = await approver.pending(agent.session)
         await approver.client.answer_approval(
             part.label, "Allow always", approver="alice", agent_id="a1"
@@ -1131,13 +1092,29 @@ async def test_grants_and_proofs_are_not_records(
     assert [r.getMessage() for r in caplog.records] == []
 
 
+async def quota_asking(connect: Connect, event: str, max_pending: int) -> HookDispatcher:
+    """A dispatcher (not started) allowing `max_pending` pending approvals per agent, whose
+    handler asks on every `event` (30 s to answer)."""
+    d = HookDispatcher(await connect(), max_pending_approvals=max_pending)
+    d.register(event, asker(approval_timeout=30))
+    return d
+
+
+async def cancelled_then_denied(approver: Approver, agent: str, outs: list[Emitted]) -> None:
+    """Cancel every approval of `agent` still listed; each of `outs` then ends denied."""
+    for record in (await approver.client.approval_page()).records:
+        if record.agent_id == agent:
+            await approver.client.cancel_approval(record.label, agent_id=agent)
+    for out in outs:
+        assert (await out.wait()).action == "deny"
+
+
 async def test_pending_approvals_per_agent_are_limited(
     connect: Connect, approver: Approver, event: str
 ) -> None:
     """Past `max_pending_approvals` pending approvals of one agent, a question is denied
     at once with a ``quota:`` reason; another agent is still asked."""
-    d = HookDispatcher(await connect(), max_pending_approvals=2)
-    d.register(event, asker(approval_timeout=30))
+    d = await quota_asking(connect, event, 2)
     agent = f"quota-{uuid.uuid4().hex[:8]}"
     session = f"session-{uuid.uuid4().hex[:8]}"
     async with d, anyio.create_task_group() as tg:
@@ -1157,11 +1134,7 @@ async def test_pending_approvals_per_agent_are_limited(
             part.label, "Allow", approver="t", agent_id=part.agent_id
         )
         assert (await other.wait()).action == "continue"
-        for page_record in (await approver.client.approval_page()).records:
-            if page_record.agent_id == agent:
-                await approver.client.cancel_approval(page_record.label, agent_id=agent)
-        for out in outs:
-            assert (await out.wait()).action == "deny"
+        await cancelled_then_denied(approver, agent, outs)
 
 
 async def test_questions_asked_at_once_cannot_race_past_the_pending_quota(
@@ -1170,8 +1143,7 @@ async def test_questions_asked_at_once_cannot_race_past_the_pending_quota(
     """Ten questions of one agent at once, at most 3 pending: 3 are asked, 7 denied
     ``quota:`` at once (each question sees the others before any record is written, and
     the agent's keys are counted once for all of them)."""
-    d = HookDispatcher(await connect(), max_pending_approvals=3)
-    d.register(event, asker(approval_timeout=30))
+    d = await quota_asking(connect, event, 3)
     agent = f"race-{uuid.uuid4().hex[:8]}"
     session = f"session-{uuid.uuid4().hex[:8]}"
     async with d, anyio.create_task_group() as tg:
@@ -1192,10 +1164,7 @@ async def test_questions_asked_at_once_cannot_race_past_the_pending_quota(
             r for r in (await approver.client.approval_page()).records if r.agent_id == agent
         ]
         assert {r.label for r in pending} == asked
-        for record in pending:
-            await approver.client.cancel_approval(record.label, agent_id=agent)
-        for out in outs:
-            assert (await out.wait()).action == "deny"
+        await cancelled_then_denied(approver, agent, outs)
 
 
 async def test_the_approver_is_on_the_result_the_record_and_the_hook_event(

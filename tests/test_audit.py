@@ -62,6 +62,7 @@ from hookbus.schemas import (
 
 pytestmark = pytest.mark.anyio
 
+
 # -- helpers ---------------------------------------------------------------------------------
 @pytest.fixture(autouse=True)
 async def decisions_stream(nc: NATS) -> None:

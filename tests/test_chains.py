@@ -37,6 +37,7 @@ from hookbus.workers import HookWorker
 
 pytestmark = pytest.mark.anyio
 
+
 @contextlib.asynccontextmanager
 async def requests_seen(nc: NATS) -> AsyncIterator[list[str]]:
     """The subjects of every request sent on hookbus's subjects while inside."""

@@ -24,6 +24,7 @@ from hookbus.schemas import HookResult
 
 pytestmark = pytest.mark.anyio
 
+
 def answer(
     name: str, value: Any, seen: list[tuple[str, dict[str, Any]]]
 ) -> Callable[..., Awaitable[HookResult]]:

@@ -45,6 +45,7 @@ from hookbus.workers import HookWorker
 
 pytestmark = pytest.mark.anyio
 
+
 @pytest.fixture(autouse=True, params=["chains", "one-request-per-handler"])
 def request_shape(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every test here runs both ways: handlers of one worker sent as one chain request

@@ -39,6 +39,7 @@ from hookbus.schemas import (
 
 pytestmark = pytest.mark.anyio
 
+
 async def bucket(nc: NATS) -> KeyValue:
     js = nc.jetstream()
     try:

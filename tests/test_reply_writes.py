@@ -19,6 +19,7 @@ from hookbus._core.nats_guard import reply_now, send_now
 
 pytestmark = pytest.mark.anyio
 
+
 async def _listen(nc: NATS, subject: str) -> asyncio.Queue[bytes]:
     got: asyncio.Queue[bytes] = asyncio.Queue()
 

@@ -43,6 +43,7 @@ from hookbus.schemas import (
 
 pytestmark = pytest.mark.anyio
 
+
 class HeldMarks:
     """The waiter's real KV client, except that a write marking a record consumed waits
     for `release` (or fails, with `fail`)."""

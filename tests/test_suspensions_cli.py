@@ -23,6 +23,7 @@ from hookbus.schemas import HookbusError, HookPart, HookResult, SuspensionCancel
 
 pytestmark = pytest.mark.anyio
 
+
 class Grant(msgspec.Struct):
     approved: bool
     by: str = ""
