@@ -10,9 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -21,6 +18,7 @@ from typing import Any
 import anyio
 import nats.errors
 import pytest
+from _cli_subprocess import hookbus_cli
 from _emitted import Emitted, in_background
 from _sentinel import send_sentinel
 from anyio.abc import TaskGroup
@@ -766,16 +764,6 @@ async def test_a_grant_that_does_not_match_its_key_is_ignored_and_the_human_aske
 
 
 # -- the CLI: hookbus approvals grants | revoke ------------------------------------------------
-async def hookbus_cli(nats_url: str, *args: str) -> subprocess.CompletedProcess[bytes]:
-    """Run the CLI as a user would (a wide terminal so tables do not wrap)."""
-    with anyio.fail_after(30):
-        return await anyio.run_process(
-            [sys.executable, "-m", "hookbus.cli", *args, "--url", nats_url],
-            check=False,
-            env={**os.environ, "COLUMNS": "400", "NO_COLOR": "1"},
-        )
-
-
 async def test_grants_are_listed_and_revoked_from_the_cli(
     agent: Agent, approver: Approver, nats_url: str, event: str
 ) -> None:

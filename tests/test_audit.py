@@ -27,7 +27,7 @@ from typing import Any
 import anyio
 import nats.js.errors
 import pytest
-from _serving import serving
+from _serving import audited, serving, until_routed
 from click.testing import CliRunner
 from conftest import Connect, written
 from nats.aio.client import Client as NATS
@@ -101,12 +101,6 @@ async def records(nc: NATS, agent: str | None) -> list[DecisionRecord]:
         await release_consumer(sub)
 
 
-async def until_routed(d: HookDispatcher, event: str, names: list[str]) -> None:
-    with anyio.fail_after(10):
-        while d.list_handlers(event)[event] != names:  # noqa: ASYNC110
-            await anyio.sleep(0.01)
-
-
 def then_policy(
     event: str, first: tuple[str, Callable[..., Any]], policy: Callable[..., Any]
 ) -> tuple[tuple[str, Callable[..., Any], dict[str, Any]], ...]:
@@ -120,22 +114,23 @@ def then_policy(
 
 
 @asynccontextmanager
-async def audited(
-    connect: Connect,
-    agent: str,
-    worker_nc: NATS,
-    *handlers: tuple[str, Callable[..., Any], dict[str, Any]],
+async def audited_service(
+    connect: Connect, worker_nc: NATS, handler: tuple[str, Callable[..., Any], dict[str, Any]]
 ) -> AsyncIterator[HookDispatcher]:
-    """`handlers` ``(event, fn, options)`` served on `worker_nc` (one event; each options
-    names its handler, in priority order), and agent `agent`'s dispatcher (audit on),
-    yielded once it routes to all of them in that order."""
-    (event,) = {ev for ev, _, _ in handlers}
-    async with (
-        serving(worker_nc, *handlers),
-        HookDispatcher(await connect(), agent_id=agent, audit=True) as d,
-    ):
-        await until_routed(d, event, [options["name"] for _, _, options in handlers])
-        yield d
+    """`handler` ``(event, fn, options naming it)`` served on `worker_nc`, and a
+    `DispatcherService` (audit on) on a connection of its own, started; its dispatcher is
+    yielded once it routes to the handler. The service stops (1 s grace) on exit."""
+    event, _, options = handler
+    service_nc = await connect()
+    d = HookDispatcher(service_nc)
+    service = DispatcherService(d, service_nc, audit=True)
+    async with serving(worker_nc, handler):
+        await service.start()
+        try:
+            await until_routed(d, event, [options["name"]])
+            yield d
+        finally:
+            await service.stop(grace_s=1)
 
 
 def deny(reason: str) -> Callable[..., Awaitable[HookResult]]:
@@ -246,23 +241,15 @@ async def test_a_failure_under_deny_policy_is_one_record_with_the_failure(
 async def test_the_service_records_its_emits_with_the_agent_of_the_subject(
     nc: NATS, connect: Connect, event: str, agent: str
 ) -> None:
-    service_nc = await connect()
-    d = HookDispatcher(service_nc)
-    service = DispatcherService(d, service_nc, audit=True)
-    async with serving(nc, (event, deny("no"), {"name": "guard"})):
-        await service.start()
-        try:
-            await until_routed(d, event, ["guard"])
-            msg = await nc.request(
-                emit_service_subject(event, agent),
-                encode(EmitRequest(data={"tool_name": "sh"}, session_id="s3")),
-                timeout=5,
-            )
-            reply = decode(msg.data, EmitReply)
-            assert reply.result is not None and reply.result.action == "deny"
-            await written(d, 1)
-        finally:
-            await service.stop(grace_s=1)
+    async with audited_service(connect, nc, (event, deny("no"), {"name": "guard"})) as d:
+        msg = await nc.request(
+            emit_service_subject(event, agent),
+            encode(EmitRequest(data={"tool_name": "sh"}, session_id="s3")),
+            timeout=5,
+        )
+        reply = decode(msg.data, EmitReply)
+        assert reply.result is not None and reply.result.action == "deny"
+        await written(d, 1)
     [rec] = await records(nc, agent)
     assert (rec.agent_id, rec.session_id, rec.tool_name) == (agent, "s3", "sh")
     assert rec.handlers == ["guard"] and rec.action == "deny"
@@ -339,19 +326,11 @@ async def test_a_record_carries_the_emits_duration_at_least_the_handlers_sleep(
 async def test_the_services_records_carry_the_duration_too(
     nc: NATS, connect: Connect, event: str, agent: str
 ) -> None:
-    service_nc = await connect()
-    d = HookDispatcher(service_nc)
-    service = DispatcherService(d, service_nc, audit=True)
-    async with serving(nc, (event, slow_continue, {"name": "slow"})):
-        await service.start()
-        try:
-            await until_routed(d, event, ["slow"])
-            started = time.monotonic()
-            await nc.request(emit_service_subject(event, agent), b"{}", timeout=5)
-            took_ms = (time.monotonic() - started) * 1000
-            await written(d, 1)
-        finally:
-            await service.stop(grace_s=1)
+    async with audited_service(connect, nc, (event, slow_continue, {"name": "slow"})) as d:
+        started = time.monotonic()
+        await nc.request(emit_service_subject(event, agent), b"{}", timeout=5)
+        took_ms = (time.monotonic() - started) * 1000
+        await written(d, 1)
     [rec] = await records(nc, agent)
     assert rec.duration_ms is not None
     assert SLEEP_S * 1000 <= rec.duration_ms <= took_ms

@@ -19,7 +19,7 @@ from typing import Any
 
 import anyio
 import pytest
-from _serving import serving
+from _serving import audited
 from conftest import Connect, written
 from nats.aio.client import Client as NATS
 
@@ -51,13 +51,7 @@ async def dispatcher(
 ) -> AsyncIterator[HookDispatcher]:
     """An audited dispatcher for `agent`, `guard` routed on `event`."""
     await ensure_decisions_stream(nc)
-    async with (
-        serving(nc, (event, guard, {"name": "guard"})),
-        HookDispatcher(await connect(), agent_id=agent, audit=True) as d,
-    ):
-        with anyio.fail_after(10):
-            while d.list_handlers(event)[event] != ["guard"]:  # noqa: ASYNC110
-                await anyio.sleep(0.01)
+    async with audited(connect, agent, nc, (event, guard, {"name": "guard"})) as d:
         yield d
 
 
@@ -158,13 +152,7 @@ async def test_the_latency_column_is_at_least_the_handlers_sleep_and_json_has_it
         return HookResult(action="continue")
 
     await ensure_decisions_stream(nc)
-    async with (
-        serving(nc, (event, slow, {"name": "slow"})),
-        HookDispatcher(await connect(), agent_id=agent, audit=True) as d,
-    ):
-        with anyio.fail_after(10):
-            while d.list_handlers(event)[event] != ["slow"]:  # noqa: ASYNC110
-                await anyio.sleep(0.01)
+    async with audited(connect, agent, nc, (event, slow, {"name": "slow"})) as d:
         async with tail(nats_url, "--agent", agent) as proc:
             await d.emit(event, {"tool_name": "ls"})
             cells = (await line(proc)).split()
