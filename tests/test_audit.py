@@ -27,6 +27,7 @@ from typing import Any
 import anyio
 import nats.js.errors
 import pytest
+from _answering import answered
 from _serving import audited, serving, until_routed
 from click.testing import CliRunner
 from conftest import Connect, written
@@ -266,26 +267,14 @@ async def test_an_answered_approval_records_its_approver(
     agent_d.register(event, guard)
     approver = ApprovalsClient(await connect())
     async with agent_d, approver:
-        events = await approver.events()
-        out: list[HookResult] = []
-
-        async def run() -> None:
-            data = {"tool_name": "bash", "agent_id": agent, "session_id": "s4"}
-            out.append(await agent_d.emit(event, data))
-
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(run)
-                with anyio.fail_after(10):
-                    async for e in events:
-                        if e.hook.status == "pending" and e.hook.metadata.get("agent_id") == agent:
-                            break
-                await approver.answer_approval(
-                    e.hook.label, "Allow", approver="alice", agent_id=e.hook.agent_id
-                )
-        finally:
-            await events.aclose()
-        assert out[0].action == "continue" and out[0].approved_by == "alice"
+        data = {"tool_name": "bash", "agent_id": agent, "session_id": "s4"}
+        r = await answered(
+            approver,
+            lambda: agent_d.emit(event, data),
+            lambda hook: hook.metadata.get("agent_id") == agent,
+            "Allow",
+        )
+        assert r.action == "continue" and r.approved_by == "alice"
         await written(agent_d, 1)
     [rec] = await records(nc, agent)
     assert (rec.action, rec.approver, rec.decided_by) == ("continue", "alice", "guard")
