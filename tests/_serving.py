@@ -1,6 +1,7 @@
 """Helpers the test modules share: a started `HookWorker` with given handlers (`serving`),
-a dispatcher waited on until it routes them (`until_routed`, `audited`), and an emit that
-a worker's shutdown cuts short (`emit_during_shutdown`)."""
+a dispatcher waited on until it routes them (`until_routed`, `audited`), a handler that
+tells when it is cancelled (`sleeper`), and an emit that a worker's shutdown cuts short
+(`emit_during_shutdown`)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,22 @@ async def serving(
         w.add_handler(event, fn, **options)
     async with w:
         yield w
+
+
+def sleeper(name: str, seconds: float) -> tuple[Callable[..., Awaitable[None]], asyncio.Event]:
+    """A handler named `name` that sleeps `seconds`, and the event it sets once cancelled
+    (when what runs it stops waiting for it)."""
+    cancelled = asyncio.Event()
+
+    async def sleep(event: str, data: dict[str, Any]) -> None:
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    sleep.__name__ = name
+    return sleep, cancelled
 
 
 async def until_routed(d: HookDispatcher, event: str, names: list[str]) -> None:
