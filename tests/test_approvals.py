@@ -122,9 +122,25 @@ async def agent(connect: Connect) -> AsyncIterator[Agent]:
         yield Agent(d, nc, f"session-{uuid.uuid4().hex[:10]}")
 
 
+@pytest.fixture
+def asking(agent: Agent, event: str) -> Agent:
+    """`agent`, its dispatcher asking the user on every `event` (`asker()`)."""
+    agent.d.register(event, asker())
+    return agent
+
+
 def spawn_emit(tg: TaskGroup, d: HookDispatcher, event: str, data: dict[str, Any]) -> Emitted:
     """``d.emit(event, data)`` in the background of `tg` (its `wait`: 10 s by default)."""
     return in_background(tg, lambda: d.emit(event, data))
+
+
+async def asked_a1(
+    tg: TaskGroup, agent: Agent, approver: Approver, event: str
+) -> tuple[Emitted, HookPart]:
+    """A bash call of agent ``a1`` emitted by `agent` in the background of `tg`: that emit,
+    and the approval it asks (the next pending one of the agent's session)."""
+    out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
+    return out, await approver.pending(agent.session)
 
 
 async def answered(
@@ -192,8 +208,7 @@ async def test_ask_user_from_a_remote_handler_waits_for_the_answer_and_allows(
         await agent.d.refresh()
         assert agent.d.list_handlers(event) == {event: ["remote_guard"]}
         async with anyio.create_task_group() as tg:
-            out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
-            part = await approver.pending(agent.session)
+            out, part = await asked_a1(tg, agent, approver, event)
             assert part.label.startswith(APPROVAL_LABEL_PREFIX)
             m = part.metadata
             assert m["prompt"] == "Run rm -rf?"
@@ -824,8 +839,7 @@ async def test_a_record_resolved_without_an_approvers_proof_denies(
     none, and denies."""
     agent.d.register(event, asker())
     async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
-        part = await approver.pending(agent.session)
+        out, part = await asked_a1(tg, agent, approver, event)
         await forge(agent.d, part.label, forged, "a1")
         r = await out.wait()
     assert r.action == "deny" and r.approved_by is None
@@ -839,8 +853,7 @@ async def test_a_proof_for_another_choice_does_not_carry_a_forged_one(
     name is refused (the proof disagrees), or loses to alice's own answer: never allowed."""
     agent.d.register(event, asker(approval_timeout=30))
     async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
-        part = await approver.pending(agent.session)
+        out, part = await asked_a1(tg, agent, approver, event)
         kv = await approver.nc.jetstream().key_value(APPROVALS_BUCKET)
         proof = ApprovalAnswer(choice="Deny", answered_by="alice", answered_at=1.0)
         await kv.create(approval_answer_key(part.label, "a1", "alice"), encode(proof))
@@ -879,8 +892,7 @@ async def test_an_approval_record_written_outside_the_approvals_store_is_not_an_
         tg.cancel_scope.cancel()
     assert await approver.client.approval_grants(session_id=agent.session) == []
     async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
-        part = await approver.pending(agent.session)  # asked: nothing was granted
+        out, part = await asked_a1(tg, agent, approver, event)  # asked: nothing was granted
         await approver.client.answer_approval(part.label, "Deny", approver="tester", agent_id="a1")
         assert (await out.wait()).action == "deny"
 
@@ -888,8 +900,7 @@ async def test_an_approval_record_written_outside_the_approvals_store_is_not_an_
 async def allowed_always(agent: Agent, approver: Approver, event: str, choice: str) -> str:
     """One call of `event` answered `choice` by alice for agent a1; its approval label."""
     async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
-        part = await approver.pending(agent.session)
+        out, part = await asked_a1(tg, agent, approver, event)
         await approver.client.answer_approval(part.label, choice, approver="alice", agent_id="a1")
         assert (await out.wait()).action == "continue"
     return part.label
@@ -923,8 +934,7 @@ async def test_a_grant_without_a_matching_proof_allows_nothing(
         )  # fmt: skip
     await kv.put(key, encode(grant))
     async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
-        part = await approver.pending(agent.session)  # the grant did not allow: asked
+        out, part = await asked_a1(tg, agent, approver, event)  # the grant did not allow: asked
         await approver.client.answer_approval(part.label, "Deny", approver="tester", agent_id="a1")
         r = await out.wait()
     assert (r.action, r.approved_by) == ("deny", "tester")
@@ -945,8 +955,7 @@ async def test_a_grant_names_its_approver_and_allows_while_its_proof_holds(
     kv = await approver.nc.jetstream().key_value(APPROVALS_BUCKET)
     await kv.delete(approval_answer_key(label, "a1", "alice"))
     async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
-        part = await approver.pending(agent.session)
+        out, part = await asked_a1(tg, agent, approver, event)
         await approver.client.answer_approval(part.label, "Deny", approver="tester", agent_id="a1")
         assert (await out.wait()).action == "deny"
 
@@ -1156,12 +1165,10 @@ async def test_questions_asked_at_once_cannot_race_past_the_pending_quota(
 
 
 async def test_the_approver_is_on_the_result_the_record_and_the_hook_event(
-    agent: Agent, approver: Approver, event: str
+    asking: Agent, approver: Approver, event: str
 ) -> None:
-    agent.d.register(event, asker())
     async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
-        part = await approver.pending(agent.session)
+        out, part = await asked_a1(tg, asking, approver, event)
         assert part.agent_id == "a1"
         answer = await approver.client.answer_approval(
             part.label, "Allow", approver="alice", agent_id="a1"
@@ -1176,12 +1183,10 @@ async def test_the_approver_is_on_the_result_the_record_and_the_hook_event(
 
 
 async def test_a_second_approver_loses_and_is_told(
-    agent: Agent, approver: Approver, event: str
+    asking: Agent, approver: Approver, event: str
 ) -> None:
-    agent.d.register(event, asker())
     async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
-        part = await approver.pending(agent.session)
+        out, part = await asked_a1(tg, asking, approver, event)
         await approver.client.answer_approval(part.label, "Deny", approver="alice", agent_id="a1")
         with pytest.raises(AlreadySettledError):
             await approver.client.answer_approval(
