@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -19,8 +19,9 @@ import msgspec
 import pydantic
 import pytest
 from _payloads import Budget, Grant
+from _sentinel import send_sentinel
 from _spawned import Outcome, spawn_hook
-from conftest import connections
+from conftest import Connect, connections
 from nats.aio.client import Client as NATS
 
 from hookbus.cli import EmbeddedNatsServer
@@ -39,15 +40,11 @@ from hookbus.schemas import (
     SuspensionNotFoundError,
     SuspensionRecord,
     SuspensionTimeoutError,
-    encode,
     label_from_key,
-    suspension_event_subject,
     suspension_key,
 )
 
 pytestmark = pytest.mark.anyio
-
-Connect = Callable[..., Awaitable[NATS]]
 
 
 # -- payload types -------------------------------------------------------------------------
@@ -89,13 +86,7 @@ class Events:
 
     async def settle(self, *conns: NATS) -> list[HookEvent]:
         """Read until every event the `conns` sent so far has arrived; return all seen."""
-        for conn in conns:
-            await conn.flush()
-        sentinel = f"sentinel {uuid.uuid4().hex}"
-        await self._nc.publish(
-            suspension_event_subject(sentinel, "pending"),
-            encode(HookEvent(hook=HookPart(hook_id="-", label=sentinel, status="pending"))),
-        )
+        sentinel = await send_sentinel(self._nc, *conns)
         await self.next(sentinel, "pending")
         return [e for e in self.seen if e.hook.label != sentinel]
 

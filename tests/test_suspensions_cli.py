@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -19,14 +19,12 @@ import pytest
 from _payloads import Grant
 from _spawned import Outcome, spawn_hook
 from anyio.abc import TaskGroup
-from nats.aio.client import Client as NATS
+from conftest import Connect
 
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import HookPart, HookResult, SuspensionCancelledError
 
 pytestmark = pytest.mark.anyio
-
-Connect = Callable[..., Awaitable[NATS]]
 
 
 CLI_TIMEOUT_S = 30.0
