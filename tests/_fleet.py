@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import anyio
+from _pacing import paced_lanes
 
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import HookResult
@@ -437,17 +438,4 @@ async def steady_load(
         if why:
             load.wrong.append(why)
 
-    async def lane(k: int) -> None:
-        i = k
-        next_at = time.monotonic()
-        while not stop.is_set():
-            await one(i)
-            i += concurrency
-            # a steady rate, not a tight loop: an emit that fails fast (connection
-            # reconnecting) must not spin the event loop the reconnect needs
-            next_at = max(next_at + concurrency / RATE_PER_S, time.monotonic())
-            await anyio.sleep(max(0.0, next_at - time.monotonic()))
-
-    async with anyio.create_task_group() as tg:
-        for k in range(concurrency):
-            tg.start_soon(lane, k)
+    await paced_lanes(one, stop, lanes=concurrency, rate_per_s=RATE_PER_S)

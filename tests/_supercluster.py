@@ -36,6 +36,7 @@ from typing import Any, Self
 
 import anyio
 from _cluster import Node, Servers, free_ports, wait_for
+from _pacing import paced_lanes
 from nats.aio.client import Client as NATS
 
 __all__ = ["CLUSTERS", "DEPLOY", "EAST", "WEST", "SuperNode", "Supercluster"]
@@ -282,18 +283,9 @@ async def emit_lanes(
     d: Any, event: str, tally: Tally, stop: anyio.Event, *, lanes: int, rate_per_s: float
 ) -> None:
     """Emit to `event` from `lanes` concurrent lanes at `rate_per_s` in all, until `stop`."""
-
-    async def lane(k: int) -> None:
-        i, next_at = k, time.monotonic()
-        while not stop.is_set():
-            await emit_judged(d, event, tally, i)
-            i += lanes
-            next_at = max(next_at + lanes / rate_per_s, time.monotonic())
-            await anyio.sleep(max(0.0, next_at - time.monotonic()))
-
-    async with anyio.create_task_group() as tg:
-        for k in range(lanes):
-            tg.start_soon(lane, k)
+    await paced_lanes(
+        functools.partial(emit_judged, d, event, tally), stop, lanes=lanes, rate_per_s=rate_per_s
+    )
 
 
 @dataclass
