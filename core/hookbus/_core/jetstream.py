@@ -52,12 +52,14 @@ from hookbus.schemas import (
 )
 
 from .buckets import config_differences, placement_text
+from .deadlines import NEVER, Deadline
 from .nats_guard import bucket_refusal, harden_connection
 
 __all__ = [
     "DomainKeyValue",
     "bind_js_domain",
     "bind_key_value",
+    "caller_bound",
     "caller_deadline",
     "existing_key_value",
     "is_transient",
@@ -290,7 +292,7 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, nats.js.errors.APIError) and getattr(exc, "code", None) == 503
 
 
-_CALLER_DEADLINE: contextvars.ContextVar[tuple[float, asyncio.Task[Any] | None] | None] = (
+_CALLER_DEADLINE: contextvars.ContextVar[tuple[Deadline, asyncio.Task[Any] | None] | None] = (
     contextvars.ContextVar("hookbus_caller_deadline", default=None)
 )
 
@@ -310,12 +312,11 @@ def caller_deadline(timeout_s: float | None, *, extend: bool = False) -> Iterato
     if timeout_s is None:
         yield
         return
-    loop = asyncio.get_running_loop()
-    until = loop.time() + max(0.0, timeout_s)
+    until = Deadline.after(max(0.0, timeout_s), asyncio.get_running_loop().time())
     outer = _CALLER_DEADLINE.get()
     task = asyncio.current_task()
     if not extend and outer is not None and outer[1] is task:
-        until = min(until, outer[0])
+        until = outer[0].earlier(until)
     token = _CALLER_DEADLINE.set((until, task))
     try:
         yield
@@ -323,13 +324,24 @@ def caller_deadline(timeout_s: float | None, *, extend: bool = False) -> Iterato
         _CALLER_DEADLINE.reset(token)
 
 
+def _task_bound() -> Deadline | None:
+    bound = _CALLER_DEADLINE.get()
+    return None if bound is None or bound[1] is not asyncio.current_task() else bound[0]
+
+
+def caller_bound() -> Deadline:
+    """The `caller_deadline` of this task (`NEVER` outside such a block)."""
+    bound = _task_bound()
+    return NEVER if bound is None else bound
+
+
 def time_left(deadline_s: float) -> float:
     """`deadline_s` (seconds) cut to what the `caller_deadline` of this task leaves
     (seconds, at least 0); `deadline_s` itself outside such a block."""
-    bound = _CALLER_DEADLINE.get()
-    if bound is None or bound[1] is not asyncio.current_task():
+    bound = _task_bound()
+    if bound is None:
         return deadline_s
-    return max(0.0, min(deadline_s, bound[0] - asyncio.get_running_loop().time()))
+    return max(0.0, bound.cut(deadline_s, asyncio.get_running_loop().time()))
 
 
 async def kv_retry(
@@ -365,13 +377,13 @@ async def kv_retry(
     """
     loop = asyncio.get_running_loop()
     asked_s, deadline_s = deadline_s, time_left(deadline_s)
-    deadline = loop.time() + deadline_s
+    deadline = Deadline.after(deadline_s, loop.time())
     backoff = wait_exponential_jitter(
         multiplier=initial_wait_s, max=max_wait_s, jitter=initial_wait_s
     )
 
     def wait(state: RetryCallState) -> float:
-        return max(0.0, min(backoff(state), deadline - loop.time()))
+        return deadline.cut(backoff(state), loop.time())
 
     def before_sleep(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
@@ -387,10 +399,9 @@ async def kv_retry(
     try:
         async for attempt in retrying:
             with attempt:
-                left = deadline - loop.time()
-                if left <= 0:
+                if deadline.passed(loop.time()):
                     raise TimeoutError(f"{what}: no time left")
-                async with asyncio.timeout(left):
+                async with deadline.timeout():
                     result = await op()
     except Exception as exc:
         if not is_transient(exc):
