@@ -21,6 +21,7 @@ from hookbus._core.handler_options import (
     HandlerOptions,
     is_async_handler,
 )
+from hookbus._core.deadlines import Deadline
 from hookbus._core.jetstream import existing_key_value
 from hookbus._core.nats_guard import harden_connection
 from hookbus._core.serving import ServingLoop
@@ -382,7 +383,7 @@ class HookWorker:
         assert serving is not None
         serving.draining = True
         await stop_liveness(self._liveness)
-        deadline = asyncio.get_running_loop().time() + max(grace_s, 0.0)
+        deadline = Deadline.after(max(grace_s, 0.0), asyncio.get_running_loop().time())
         await serving.stop_intake()
 
         async def late(running: int) -> None:
