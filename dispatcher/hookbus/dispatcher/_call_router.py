@@ -105,6 +105,7 @@ class EmitContext:
         "_copied",
         "_encoded",
         "_id",
+        "_remote",
         "agent_id",
         "called",
         "deadline",
@@ -133,6 +134,7 @@ class EmitContext:
         """When the emit's chain started (`clock.now()`: its decision's duration)."""
         self.deadline = Deadline.after(timeout_s, self.started)
         """When the emit gives up on its handlers (`NEVER`: it has no deadline)."""
+        self._remote: Deadline | None = None
         agent, session = data.get("agent_id"), data.get("session_id")
         self.agent_id = agent if isinstance(agent, str) else None
         self.session_id = session if isinstance(session, str) else None
@@ -195,11 +197,11 @@ class EmitContext:
         """When remote handler calls must end: the emit's deadline, and never past
         `REMOTE_EMIT_BUDGET_S` from its start (one total, not the sum of the handlers'
         timeouts)."""
-        return self.deadline.earlier(Deadline(self.started + REMOTE_EMIT_BUDGET_S))
-
-    def remote_remaining(self) -> float:
-        """Seconds left for remote handler calls (at least 0; see `remote_deadline`)."""
-        return self.remote_deadline().left()
+        remote = self._remote
+        if remote is None:  # made by the first remote call
+            total = Deadline.after(REMOTE_EMIT_BUDGET_S, self.started)
+            remote = self._remote = self.deadline.earlier(total)
+        return remote
 
     def envelope(self, data: dict[str, Any]) -> EventEnvelope:
         """The request for the handlers, its data as the bytes `encoded_as` / `handler_copy`
@@ -340,9 +342,10 @@ class Router:
             # tenths of a microsecond per in-process handler); it fails a call past the
             # emit's deadline as below
             return call_local(route, ctx.event, ctx.handler_copy(data), ctx.remaining())
-        budget_s = ctx.remote_remaining()
-        if clock.no_time_left(budget_s):
+        remote, now = ctx.remote_deadline(), clock.now()
+        if remote.expired(now):
             return ready_outcome(Failed("timeout", "not called: the emit's deadline had passed"))
+        budget_s = remote.left(now)
         neighbours = ctx.neighbours
         if neighbours is None:
             neighbours = ctx.neighbours = Neighbours()

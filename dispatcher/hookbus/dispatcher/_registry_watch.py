@@ -354,16 +354,16 @@ class RegistryWatch:
 
     async def _follow(self, watcher: Any) -> None:
         loop = asyncio.get_running_loop()
-        next_resync = loop.time() + self._resync_s
+        next_resync = Deadline.after(self._resync_s, loop.time())
         while not self._stopping:
             try:
-                entry = await watcher.updates(timeout=max(0.1, next_resync - loop.time()))
+                entry = await watcher.updates(timeout=max(0.1, next_resync.left(loop.time())))
             except nats.errors.TimeoutError:
                 entry = None
-            if loop.time() >= next_resync:
+            if next_resync.passed(loop.time()):
                 with contextlib.suppress(Exception):
                     await self.resync()
-                next_resync = loop.time() + self._resync_s
+                next_resync = Deadline.after(self._resync_s, loop.time())
             if entry is None:  # end of the initial values, or a quiet period
                 self._loaded.set()
                 continue

@@ -261,8 +261,8 @@ class Requester:
                     return Failed("error", f"{code}: refused {call.refusals} times")
                 if not replicas.another(route, call.avoid, loop.time()):
                     # every replica known refused: give them a moment
-                    wait = max(until - loop.time(), 0)
-                    await asyncio.sleep(min(0.005 * call.refusals, wait))
+                    wait = Deadline.at(until).cut(0.005 * call.refusals, loop.time())
+                    await asyncio.sleep(wait)
                 return None  # at once to a replica that has not refused
             if outcome is not None:
                 if instance:
