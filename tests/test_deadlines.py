@@ -10,8 +10,7 @@ import math
 import pytest
 
 from hookbus._core import clock
-from hookbus._core.deadlines import NEVER, Deadline
-from hookbus._core.jetstream import caller_bound, caller_deadline, time_left
+from hookbus._core.deadlines import NEVER, Deadline, caller_bound, caller_deadline, time_left
 from hookbus.testing import run_with_virtual_clock
 
 

@@ -11,6 +11,9 @@ make virtual. A caller that measures on another monotonic clock (a worker dates 
 by ``time.monotonic()``) passes its own readings as `now`: a deadline is only compared
 with readings of the clock it was made on.
 
+A task's caller deadline (`caller_deadline`) is one too: within its block every store
+retry of the task (`kv_retry`, a reconciled write) ends by it (`time_left`, `caller_bound`).
+
 Floats stay floats: each method is the one expression the paths wrote out before
 (``now + seconds``, ``max(0.0, when - now)``, ``min(a, b)``), so a decision made through
 it is bit for bit the one made without it. No deadline at all is `NEVER` (``when`` is
@@ -21,12 +24,16 @@ it is bit for bit the one made without it. No deadline at all is `NEVER` (``when
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from . import clock
 
-__all__ = ["NEVER", "Deadline"]
+__all__ = ["NEVER", "Deadline", "caller_bound", "caller_deadline", "time_left"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,3 +126,58 @@ class Deadline:
 
 NEVER = Deadline()
 """No deadline: nothing ends, `left` is ``math.inf``."""
+
+
+# -- the caller's deadline of a task -------------------------------------------------
+_CALLER_DEADLINE: contextvars.ContextVar[tuple[Deadline, asyncio.Task[Any] | None] | None] = (
+    contextvars.ContextVar("hookbus_caller_deadline", default=None)
+)
+
+
+@contextlib.contextmanager
+def caller_deadline(timeout_s: float | None, *, extend: bool = False) -> Iterator[None]:
+    """Within the block, every `kv_retry` (and every store write that asks `time_left`)
+    of this task ends by `timeout_s` seconds from now: the caller's own timeout bounds
+    each retry loop, instead of the store's deadline. Tasks started in the block are not
+    bound by it (a background watch or lease heartbeat outlives the call).
+
+    Args:
+        timeout_s: seconds from now (None: no bound added).
+        extend: replace an earlier deadline of an enclosing block instead of keeping the
+            earlier of the two (e.g. a few reads allowed once the caller's deadline passed).
+    """
+    if timeout_s is None:
+        yield
+        return
+    now = asyncio.get_running_loop().time()
+    outer = _CALLER_DEADLINE.get()
+    task = asyncio.current_task()
+    if not extend and outer is not None and outer[1] is task:
+        until = outer[0].within(max(0.0, timeout_s), now)
+    else:
+        until = Deadline.after(max(0.0, timeout_s), now)
+    token = _CALLER_DEADLINE.set((until, task))
+    try:
+        yield
+    finally:
+        _CALLER_DEADLINE.reset(token)
+
+
+def _task_bound() -> Deadline | None:
+    bound = _CALLER_DEADLINE.get()
+    return None if bound is None or bound[1] is not asyncio.current_task() else bound[0]
+
+
+def caller_bound() -> Deadline:
+    """The `caller_deadline` of this task (`NEVER` outside such a block)."""
+    bound = _task_bound()
+    return NEVER if bound is None else bound
+
+
+def time_left(deadline_s: float) -> float:
+    """`deadline_s` (seconds) cut to what the `caller_deadline` of this task leaves
+    (seconds, at least 0); `deadline_s` itself outside such a block."""
+    bound = _task_bound()
+    if bound is None:
+        return deadline_s
+    return max(0.0, bound.cut(deadline_s, asyncio.get_running_loop().time()))

@@ -5,7 +5,8 @@ version for the workers and the dispatcher.
 During a meta or stream leader election (4-6 s on a 3-node cluster) the JetStream API
 answers 503 ("temporarily unavailable"), no responders, or nothing at all (a nats-py
 timeout); the same call succeeds once a leader is elected. `kv_retry` retries exactly
-those, with jittered exponential backoff, and never past the caller's deadline. It is for
+those, with jittered exponential backoff, and never past the caller's deadline
+(`hookbus._core.deadlines.caller_deadline`). It is for
 idempotent calls only (reads, bucket creation, unconditional deletes, a flush): a
 compare-and-set write whose outcome is unknown must be re-read and reconciled, not retried
 blindly. Each caller passes its own logger, so the log keeps naming the side that retried.
@@ -21,11 +22,9 @@ a JetStream that is not the one asked for (`JetStreamDomainError`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import nats.errors
@@ -52,15 +51,13 @@ from hookbus.schemas import (
 )
 
 from .buckets import config_differences, placement_text
-from .deadlines import NEVER, Deadline
+from .deadlines import Deadline, time_left
 from .nats_guard import bucket_refusal, harden_connection
 
 __all__ = [
     "DomainKeyValue",
     "bind_js_domain",
     "bind_key_value",
-    "caller_bound",
-    "caller_deadline",
     "existing_key_value",
     "is_transient",
     "jetstream_context",
@@ -68,7 +65,6 @@ __all__ = [
     "kv_put_prefix",
     "kv_retry",
     "open_bucket",
-    "time_left",
 ]
 
 T = TypeVar("T")
@@ -290,58 +286,6 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, _TRANSIENT) or is_write_in_flight(exc) or is_peer_offline(exc):
         return True
     return isinstance(exc, nats.js.errors.APIError) and getattr(exc, "code", None) == 503
-
-
-_CALLER_DEADLINE: contextvars.ContextVar[tuple[Deadline, asyncio.Task[Any] | None] | None] = (
-    contextvars.ContextVar("hookbus_caller_deadline", default=None)
-)
-
-
-@contextlib.contextmanager
-def caller_deadline(timeout_s: float | None, *, extend: bool = False) -> Iterator[None]:
-    """Within the block, every `kv_retry` (and every store write that asks `time_left`)
-    of this task ends by `timeout_s` seconds from now: the caller's own timeout bounds
-    each retry loop, instead of the store's deadline. Tasks started in the block are not
-    bound by it (a background watch or lease heartbeat outlives the call).
-
-    Args:
-        timeout_s: seconds from now (None: no bound added).
-        extend: replace an earlier deadline of an enclosing block instead of keeping the
-            earlier of the two (e.g. a few reads allowed once the caller's deadline passed).
-    """
-    if timeout_s is None:
-        yield
-        return
-    until = Deadline.after(max(0.0, timeout_s), asyncio.get_running_loop().time())
-    outer = _CALLER_DEADLINE.get()
-    task = asyncio.current_task()
-    if not extend and outer is not None and outer[1] is task:
-        until = outer[0].earlier(until)
-    token = _CALLER_DEADLINE.set((until, task))
-    try:
-        yield
-    finally:
-        _CALLER_DEADLINE.reset(token)
-
-
-def _task_bound() -> Deadline | None:
-    bound = _CALLER_DEADLINE.get()
-    return None if bound is None or bound[1] is not asyncio.current_task() else bound[0]
-
-
-def caller_bound() -> Deadline:
-    """The `caller_deadline` of this task (`NEVER` outside such a block)."""
-    bound = _task_bound()
-    return NEVER if bound is None else bound
-
-
-def time_left(deadline_s: float) -> float:
-    """`deadline_s` (seconds) cut to what the `caller_deadline` of this task leaves
-    (seconds, at least 0); `deadline_s` itself outside such a block."""
-    bound = _task_bound()
-    if bound is None:
-        return deadline_s
-    return max(0.0, bound.cut(deadline_s, asyncio.get_running_loop().time()))
 
 
 async def kv_retry(

@@ -16,8 +16,7 @@ from typing import Any, NamedTuple
 import nats.errors
 import nats.js.errors
 
-from hookbus._core.deadlines import Deadline
-from hookbus._core.jetstream import caller_bound, caller_deadline
+from hookbus._core.deadlines import Deadline, caller_bound, caller_deadline
 from hookbus._core.tasks import stop_task
 from hookbus.schemas import (
     APPROVAL_DEFAULT_OPTIONS,

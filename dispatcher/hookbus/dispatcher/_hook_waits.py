@@ -25,8 +25,7 @@ import anyio
 import msgspec
 from nats.aio.client import Client as NATS
 
-from hookbus._core.deadlines import NEVER, Deadline
-from hookbus._core.jetstream import caller_deadline, time_left
+from hookbus._core.deadlines import NEVER, Deadline, caller_deadline, time_left
 from hookbus._core.kv import kv_retry
 from hookbus.schemas import (
     AlreadySettledError,

@@ -20,8 +20,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from hookbus._core.deadlines import Deadline
-from hookbus._core.jetstream import time_left
+from hookbus._core.deadlines import Deadline, time_left
 from hookbus._core.kv import is_transient
 from hookbus.schemas import HookbusTimeoutError
 
