@@ -13,6 +13,7 @@ import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.micro.service import Service
 
+from hookbus._core.deadlines import Deadline
 from hookbus._core.handler_options import (
     DEFAULT_FAILURE_POLICY,
     DEFAULT_PRIORITY,
@@ -21,7 +22,6 @@ from hookbus._core.handler_options import (
     HandlerOptions,
     is_async_handler,
 )
-from hookbus._core.deadlines import Deadline
 from hookbus._core.jetstream import existing_key_value
 from hookbus._core.nats_guard import harden_connection
 from hookbus._core.serving import ServingLoop
