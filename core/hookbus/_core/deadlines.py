@@ -28,7 +28,6 @@ import contextlib
 import contextvars
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from . import clock
@@ -36,17 +35,26 @@ from . import clock
 __all__ = ["NEVER", "Deadline", "caller_bound", "caller_deadline", "time_left"]
 
 
-@dataclass(frozen=True, slots=True)
 class Deadline:
-    """When some time ends, on the loop clock; immutable.
+    """When some time ends, on the loop clock; immutable (hashable, equal by `when`).
 
     Build one with `Deadline.after` (seconds from now) or `Deadline.at` (a clock
     reading); `NEVER` is no deadline. Every ``now`` argument is a reading of the same
     clock, seconds (None: `clock.now()`, read only when needed).
+
+    Args:
+        when: seconds on the clock at which the time ends; ``math.inf``: never.
     """
 
-    when: float = math.inf
-    """Seconds on the clock at which the time ends; ``math.inf``: never."""
+    __slots__ = ("_when",)
+
+    def __init__(self, when: float = math.inf) -> None:
+        self._when = when  # read through `when` (no setter): cheaper to make than frozen
+
+    @property
+    def when(self) -> float:
+        """Seconds on the clock at which the time ends; ``math.inf``: never."""
+        return self._when
 
     @classmethod
     def after(cls, seconds: float | None, now: float | None = None) -> Deadline:
@@ -63,12 +71,12 @@ class Deadline:
     @property
     def unbounded(self) -> bool:
         """Whether this is no deadline at all (`NEVER`)."""
-        return self.when == math.inf
+        return self._when == math.inf
 
     def left(self, now: float | None = None) -> float:
         """Seconds left at `now`, never below 0 (``max(0.0, when - now)``); ``math.inf``
         for `NEVER`."""
-        when = self.when
+        when = self._when
         if when == math.inf:
             return when
         return max(0.0, when - (clock.now() if now is None else now))
@@ -81,7 +89,7 @@ class Deadline:
     def expired(self, now: float | None = None) -> bool:
         """Whether less than `clock.NO_TIME_S` is left at `now` (no time to call a handler
         in: `clock.no_time_left` of what is left); never for `NEVER`."""
-        when = self.when
+        when = self._when
         if when == math.inf:
             return False
         return when - (clock.now() if now is None else now) < clock.NO_TIME_S
@@ -89,14 +97,14 @@ class Deadline:
     def passed(self, now: float | None = None, *, early_s: float = 0.0) -> bool:
         """Whether `now` is at or past the deadline, or past `early_s` seconds before it
         (``now >= when - early_s``: a margin kept before a give-up); never for `NEVER`."""
-        when = self.when
+        when = self._when
         if when == math.inf:
             return False
         return (clock.now() if now is None else now) >= when - early_s
 
     def earlier(self, other: Deadline) -> Deadline:
         """The earlier of this deadline and `other` (``min``)."""
-        return other if other.when < self.when else self
+        return other if other._when < self._when else self
 
     def within(self, seconds: float | None, now: float | None = None) -> Deadline:
         """The earlier of this deadline and `seconds` from `now` (None seconds: this one)."""
@@ -104,21 +112,31 @@ class Deadline:
 
     def plus(self, seconds: float) -> Deadline:
         """The deadline `seconds` later (a grace past a budget; ``when + seconds``)."""
-        return Deadline(self.when + seconds)
+        return Deadline(self._when + seconds)
 
     def cap(self, when: float) -> float:
         """The clock reading `when`, or this deadline's if earlier (``min``)."""
-        return self.when if self.when < when else when
+        mine = self._when
+        return mine if mine < when else when
 
     def timeout(self) -> asyncio.Timeout:
         """An `asyncio.timeout_at` context ending at this deadline (none for `NEVER`):
         `TimeoutError` out of its block once the loop's clock reaches it."""
-        return asyncio.timeout_at(None if self.when == math.inf else self.when)
+        when = self._when
+        return asyncio.timeout_at(None if when == math.inf else when)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Deadline):
+            return NotImplemented
+        return self._when == other._when
+
+    def __hash__(self) -> int:
+        return hash(self._when)
 
     def __repr__(self) -> str:
-        if self.when == math.inf:
+        if self._when == math.inf:
             return "Deadline(never)"
-        left = self.when - clock.now()
+        left = self._when - clock.now()
         if left < clock.NO_TIME_S:
             return f"Deadline(expired {max(0.0, -left):.3g} s ago)"
         return f"Deadline({left:.3g} s left)"
