@@ -40,6 +40,12 @@ EVENT_CHAIN_RESULT = "bench:chain-result"
 (the shape of amplifier-core's handlers), not None."""
 EVENT_BIG = "bench:big"
 """One handler (answers continue) that gets a large event: the 64 KB and 512 KB rows."""
+EVENT_BIG_CHAIN = "bench:big-chain"
+"""Three sequential handlers in one process (a chain request) that answer continue, for
+large events (``profile_sides.py --kb``)."""
+EVENT_BIG_MODIFY = "bench:big-modify"
+"""Three sequential handlers in one process, each answering ``modify`` with the data it got
+(whole replacement, as large as the event), for large events."""
 EVENT_CHAIN_SPREAD = "bench:chain-spread"
 """The same chain of 3, each handler served by a process of its own."""
 EVENT_PARALLEL = "bench:parallel"
@@ -128,6 +134,14 @@ def _continue(name: str) -> Any:
     return handler
 
 
+def _modify(name: str) -> Any:
+    async def handler(event: str, data: dict[str, Any]) -> HookResult:
+        return HookResult(action="modify", data=data)
+
+    handler.__name__ = name
+    return handler
+
+
 def _answer(name: str) -> Any:
     async def handler(event: str, data: dict[str, Any]) -> dict[str, Any]:
         return {"data": {"from": name}}
@@ -150,6 +164,15 @@ def _group_worker(*indexes: int) -> HookWorker:
 
 groups_worker = _group_worker(1, 2, 3)
 """All three handlers of each group in one process (one worker serving several hooks)."""
+
+
+large_worker = HookWorker()
+"""Large events (``profile_sides.py --kb``): one handler, a chain of 3 that continue and a
+chain of 3 that modify."""
+large_worker.add_handler(EVENT_BIG, _passthrough("big"))
+for _i in (1, 2, 3):
+    large_worker.add_handler(EVENT_BIG_CHAIN, _passthrough(f"big_chain_{_i}"), priority=_i)
+    large_worker.add_handler(EVENT_BIG_MODIFY, _modify(f"big_modify_{_i}"), priority=_i)
 
 
 def _chain_worker(i: int) -> HookWorker:

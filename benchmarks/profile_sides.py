@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/profile_sides.py                       # about 1 minute
     .venv/bin/python benchmarks/profile_sides.py --tree old=/path/to/an/older/checkout
     .venv/bin/python benchmarks/profile_sides.py --profile DIR         # py-spy per side
+    .venv/bin/python benchmarks/profile_sides.py --kb 512 --in-flight 1 --sides raw,emit \\
+        --worker benchmarks/_workers.py:large_worker --event bench:big-chain  # large events
 
 Wall-clock figures are noisy on a shared machine; the CPU time a process spends is much
 less so. This runs, per code tree, one embedded nats-server, the raw responder
@@ -16,6 +18,11 @@ dispatcher`` process (the thin agents' door) and one agent process (this file wi
 - ``emit``: `HookDispatcher.emit("bench:one")` in the agent (the embedded dispatcher);
 - ``service``: a raw request with an `EmitRequest` body to the dispatcher service
   (``hookbus.v1.emit.<agent>.bench:one``), which emits to the same worker.
+
+`--kb N` makes the event's data about N KB (`_workers.big_data`: a file's text; the raw
+request sends an envelope of the same data, encoded once); `--event` and `--worker` pick
+another event and the worker serving it (e.g. ``_workers.py:large_worker``, whose
+``bench:big-chain`` and ``bench:big-modify`` are chains of 3).
 
 Per window it reads each process's CPU (``/proc/<pid>/stat``: user + system; the agent
 its own ``time.process_time``) and divides by the calls completed: microseconds of CPU
@@ -55,6 +62,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 EVENT = "bench:one"
+WORKER = "benchmarks/_workers.py:latency_worker"
 AGENT_ID = "agent-1"
 """The agent of `_workers.DATA` (the service checks the data names the subject's agent)."""
 PORTIONS = ("core", "schemas", "workers", "dispatcher", "cli", "integrations", "testing")
@@ -88,7 +96,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 
 # -- the agent process (this file with --agent) ------------------------------------------
-async def agent(url: str) -> None:
+async def agent(url: str, event: str, kb: int) -> None:
     """Run windows on commands read from stdin (``SIDE IN_FLIGHT SECONDS``); each writes
     ``go`` once its warm-up is over and then one JSON line: calls, failures, cpu_s, wall_s."""
     import nats
@@ -105,15 +113,17 @@ async def agent(url: str) -> None:
     await d.start()
     await d.refresh()
     raw = await RawRequester(nc).start()
-    body = json.dumps({"data": W.DATA, "agent_id": AGENT_ID}).encode()
-    service_subject = emit_service_subject(EVENT, AGENT_ID)
+    data = W.big_data(kb * 1024) if kb else W.DATA
+    raw_payload = W.raw_payload(data) if kb else W.RAW_PAYLOAD
+    body = json.dumps({"data": data, "agent_id": AGENT_ID}).encode()
+    service_subject = emit_service_subject(event, AGENT_ID)
 
     async def call_raw() -> bool:
-        await raw.request(W.RAW_SUBJECT, W.RAW_PAYLOAD)
+        await raw.request(W.RAW_SUBJECT, raw_payload)
         return True
 
     async def call_emit() -> bool:
-        result = await d.emit(EVENT, W.DATA)
+        result = await d.emit(event, data)
         return not result.failures
 
     async def call_service() -> bool:
@@ -171,8 +181,11 @@ def proc_cpu_s(pid: int) -> float:
 class Tree:
     """One code tree's server and processes."""
 
-    def __init__(self, label: str, root: Path) -> None:
+    def __init__(
+        self, label: str, root: Path, *, event: str = EVENT, kb: int = 0, worker: str = WORKER
+    ) -> None:
         self.label, self.root = label, root
+        self.event, self.kb, self.worker = event, kb, worker
         paths = [str(root / p) for p in PORTIONS if (root / p / "hookbus").is_dir()]
         self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
         self.procs: dict[str, subprocess.Popen[str]] = {}
@@ -185,7 +198,7 @@ class Tree:
         self.server.start()
         url = self.server.url
         py = sys.executable
-        worker = "benchmarks/_workers.py:latency_worker"
+        worker = self.worker
         cli = [py, "-m", "hookbus.cli", "--log-level", "info"]
         service = [*cli, "dispatcher", "--url", url, "--agent-max-in-flight", "0"]
         service += ["--agent-rate", "0", "--max-concurrency", "4096"]
@@ -196,7 +209,8 @@ class Tree:
             ("raw", "raw responder ready"), ("worker", "serving "), ("service", "serving ")
         ):  # fmt: skip
             self._wait(name, ready, logs)
-        self._spawn("agent", [py, __file__, "--agent", url], logs)
+        agent = [py, __file__, "--agent", url, "--event", self.event, "--kb", str(self.kb)]
+        self._spawn("agent", agent, logs)
         agent = self.procs["agent"]
         assert agent.stdout is not None
         if agent.stdout.readline().strip() != "ready":
@@ -333,14 +347,19 @@ def main() -> None:
     parser.add_argument("--sides", default=",".join(SIDES), help="comma-separated")
     parser.add_argument("--profile", metavar="DIR", help="py-spy each side into DIR")
     parser.add_argument("--top", type=int, default=12, help="frames listed per profile")
+    parser.add_argument("--kb", type=int, default=0, help="KB of event data (0: a tool:pre)")
+    parser.add_argument("--event", help=f"the event emitted (default {EVENT}; --kb: bench:big)")
+    parser.add_argument("--worker", default=WORKER, help=f"the worker (default {WORKER})")
     args = parser.parse_args()
+    event = args.event or ("bench:big" if args.kb else EVENT)
     if args.agent:
-        asyncio.run(agent(args.agent))
+        asyncio.run(agent(args.agent, event, args.kb))
         return
-    trees = [Tree("new", ROOT)] if not args.tree else []
+    options = {"event": event, "kb": args.kb, "worker": args.worker}
+    trees = [Tree("new", ROOT, **options)] if not args.tree else []
     for spec in args.tree:
         label, _, path = spec.partition("=")
-        trees.append(Tree(label, Path(path).resolve()))
+        trees.append(Tree(label, Path(path).resolve(), **options))
     sides = args.sides.split(",")
     results: dict[tuple[str, str], list[dict[str, float]]] = collections.defaultdict(list)
     try:

@@ -201,6 +201,32 @@ def test_issue_and_add_refuse_what_their_mode_does_not_do(tmp_path: Path) -> Non
                                        "--tenant", "T2", code=1)  # fmt: skip
 
 
+def test_a_leaf_link_credential_is_good_for_a_leaf_link_only_and_limits_nothing_else(
+    tmp_path: Path,
+) -> None:
+    static, jwt = tmp_path / "static", tmp_path / "jwt"
+    hookbus("auth", "init", "--no-tls", "--out", str(static))
+    hookbus("auth", "init", "--jwt", "--no-tls", "--out", str(jwt), "--tenant", "T1",
+            "--tenant", "T2")  # fmt: skip
+    assert "leafnodes block" in hookbus("auth", "leaf-link", "s1", "--dir", str(static), code=1)
+    assert "--tenant" in hookbus("auth", "leaf-link", "s1", "--dir", str(jwt), code=2)
+    path, account = hookbus("auth", "leaf-link", "s1", "--dir", str(jwt), "--tenant", "T2").split()
+    assert Path(path) == jwt / "T2" / "leaf-s1.creds"
+    assert stat.S_IMODE(Path(path).stat().st_mode) == 0o600
+    token, _ = parse_creds(Path(path).read_text())
+    claims = _claims_part(token)
+    setup = load_setup(jwt)
+    assert account == setup.jwt["accounts"]["T2"]["public_key"] == claims["nats"]["issuer_account"]
+    assert claims["iss"] == setup.jwt["accounts"]["T2"]["signing_key"]
+    assert claims["nats"]["allowed_connection_types"] == ["LEAFNODE"]
+    assert "pub" not in claims["nats"] and "sub" not in claims["nats"]
+    assert "not overwriting" in hookbus("auth", "leaf-link", "s1", "--dir", str(jwt), "--tenant",
+                                        "T2", code=1)  # fmt: skip
+    with pytest.raises(JwtError, match="connection types"):  # never a user without limits
+        user_jwt(new_key("account"), new_key("user").public_key, "u", None,
+                 issuer_account=new_key("account").public_key)  # fmt: skip
+
+
 # -- against a server ---------------------------------------------------------------------
 
 

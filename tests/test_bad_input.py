@@ -385,3 +385,38 @@ def test_one_nesting_limit_on_every_python(opener: bytes) -> None:
     text = '[{"' * MAX_NESTING
     envelope = EventEnvelope(id="a", event="e", data={"k": text})
     assert decode(encode(envelope), EventEnvelope).data == {"k": text}
+
+
+@pytest.mark.parametrize(
+    ("shape", "deep"),
+    [
+        ("a large text, nested to the limit", False),
+        ("a large text, one level deeper", True),
+        ("many shallow objects", False),
+        ("many shallow objects, one nested too deeply", True),
+        ("brackets inside a large string", False),
+    ],
+)
+def test_large_messages_keep_the_one_nesting_limit(shape: str, deep: bool) -> None:
+    """Large messages take other paths to the same limit (few opening brackets are found
+    without a pass over every byte): MAX_NESTING levels decode, one more is refused."""
+    text = "the quick brown fox\n" * 4096  # 80 KB
+    depth = MAX_NESTING - 2 + (1 if deep else 0)  # the envelope and its data: two levels
+    nested: Any = 1
+    for _ in range(depth):
+        nested = [nested]
+    data: dict[str, Any] = {"text": text}
+    if shape.startswith("a large text"):
+        data["k"] = nested
+    elif shape.startswith("many shallow objects"):
+        data["items"] = [{"n": i, "tags": [i]} for i in range(3000)]
+        if deep:
+            data["k"] = nested
+    else:
+        data["text"] = text + "[{" * 2000
+    body = encode(EventEnvelope(id="a", event="e", data=data))
+    if deep:
+        with pytest.raises(WireFormatError, match="nested too deeply"):
+            decode(body, EventEnvelope)
+    else:
+        assert decode(body, EventEnvelope).data == data

@@ -130,6 +130,53 @@ async def test_three_handlers_of_one_process_cost_one_request(connect: Connect, 
     same(r, r2)
 
 
+async def test_a_large_event_is_chained_as_one_request_per_handler_chains_it(
+    connect: Connect, event: str
+) -> None:
+    """Data large enough to be copied by walking it: each step still gets a copy of its
+    own (an in-place edit is seen by no later step), a modify's data (sent as the JSON it
+    was checked with) is what the next step sees, and the results are one request's per
+    handler."""
+    calls: list[str] = []
+    views: list[Any] = []
+    text = "a line of a file the agent wrote\n" * 2048  # about 68 KB
+
+    def first(data: dict[str, Any]) -> HookResult:
+        views.append(msgspec.json.encode(data))
+        data["tool_input"]["seen_by"] = "first"  # its own copy: part of its modify
+        return HookResult(action="modify", data={**data, "first": [1, {"n": 2.5}]})
+
+    def second(data: dict[str, Any]) -> None:
+        views.append(msgspec.json.encode(data))
+        data["tool_input"]["content"] = "edited in place"  # its own copy: seen by nobody
+        data["first"].append("edited")
+
+    def third(data: dict[str, Any]) -> HookResult:
+        views.append(msgspec.json.encode(data))
+        return HookResult(action="modify", data={**data, "third": True})
+
+    handlers = [
+        (event, recorder(calls, "first", first), {"priority": 1}),
+        (event, recorder(calls, "second", second), {"priority": 2}),
+        (event, recorder(calls, "third", third), {"priority": 3}),
+    ]
+    data = {"tool_name": "write", "tool_input": {"path": "/tmp/f", "content": text}}
+    results, made = await emit_both_ways(connect, event, data, handlers, calls)
+    assert made == [["first", "second", "third"]] * 2
+    chained, alone = views[:3], views[3:]
+    assert [msgspec.json.decode(v).get("timestamp") is not None for v in views] == [True] * 6
+    for seen in (chained, alone):
+        second_saw, third_saw = msgspec.json.decode(seen[1]), msgspec.json.decode(seen[2])
+        assert second_saw == third_saw, "an in-place edit leaked to the next step"
+        assert second_saw["tool_input"] == {"path": "/tmp/f", "content": text, "seen_by": "first"}
+        assert second_saw["first"] == [1, {"n": 2.5}]
+    result = results[0]
+    assert result.data is not None and result.data["third"] is True
+    assert result.data["tool_input"]["content"] == text
+    assert result.modified_by == ["first", "third"]
+    same(results[0], results[1])
+
+
 async def test_deny_in_the_middle_stops_the_chain_in_the_worker(
     connect: Connect, event: str
 ) -> None:

@@ -762,7 +762,7 @@ async def test_a_killed_process_resumes_from_what_it_saved_at_the_pending_event(
         await observer.approve(label, "Allow", approver="alice", wait_s=0.2)
     # the killed process's hooks are its own until its lease lapses
     record, _ = await observer.suspensions.get(label)  # type: ignore[misc]
-    leases = await observer.suspensions._lease()
+    leases = await observer.suspensions.ensure_leases()
     async with asyncio.timeout(40):
         for _ in range(200):  # the lease's max age is 15 s
             if not await leases.alive(record.owner):

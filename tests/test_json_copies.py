@@ -167,6 +167,30 @@ def test_json_copy_gives_the_same_with_and_without_the_walk(value: dict[str, Any
         assert str(walked) == str(decoded)
 
 
+@_SETTINGS
+@given(value=st.dictionaries(st.text(max_size=8), _native, max_size=6))
+def test_json_copy_of_decoded_data_needs_no_encode_for_the_same_copy(
+    value: dict[str, Any],
+) -> None:
+    """Data msgspec decoded (a worker's request) is copied for a chain's next step with its
+    size given instead of encoded again: the same copy, whether the walk is tried or not."""
+    try:
+        encoded = msgspec.json.encode(value)
+        decoded = msgspec.json.decode(encoded)
+    except (ValueError, msgspec.EncodeError, msgspec.DecodeError):
+        return  # a NaN, an infinity: not what a decoder hands out
+    plain = json_copy(decoded)
+    for share_from in (0, 10**12):
+        saved = event_data.SHARE_FROM_BYTES, event_data.BYTES_PER_NODE
+        event_data.SHARE_FROM_BYTES, event_data.BYTES_PER_NODE = share_from, 1
+        try:
+            sized = json_copy(decoded, len(encoded))
+        finally:
+            event_data.SHARE_FROM_BYTES, event_data.BYTES_PER_NODE = saved
+        assert _same(sized, plain)
+        assert not set(_containers(sized)) & set(_containers(decoded)), "a container is shared"
+
+
 @pytest.mark.parametrize(
     "odd",
     [

@@ -136,6 +136,18 @@ def _kv(bucket: str, key: str) -> str:
     return f"$KV.{bucket}.{key}"
 
 
+def _kv_channel(
+    config: Any, key: str, description: str, message: str, params: dict[str, Any]
+) -> dict[str, Any]:
+    """The channel of the KV bucket `config`'s ``$KV.<bucket>.<key>`` subjects for keys of
+    the form `key`, holding values of `message`, with the bucket's settings in
+    ``x-hookbus-kv``."""
+    return _channel(
+        _kv(config.bucket, key), description, [message], params,
+        kv=_bucket_extension(config, key),
+    )  # fmt: skip
+
+
 def _params(*names: str, rename: dict[str, str] | None = None) -> dict[str, Any]:
     rename = rename or {}
     return {n: {"$ref": f"#/components/parameters/{rename.get(n, n)}"} for n in names}
@@ -441,25 +453,25 @@ def _channels() -> dict[str, Any]:
                 "deny_delete": stream.deny_delete,
             },
         ),
-        "handlersBucket": _channel(
-            _kv(handlers.bucket, handler_key_pattern),
+        "handlersBucket": _kv_channel(
+            handlers,
+            handler_key_pattern,
             f"The handler registry: one HandlerDeclaration per (event, handler) in KV bucket "
             f"`{handlers.bucket}`, key `{handler_key_pattern}`. Workers create or update it by "
             "compare-and-set (a differing live declaration is a conflict); every dispatcher "
             "follows the bucket (its republished changes, `registryChanges`) and derives the "
             "routes from the key.",
-            ["HandlerDeclaration"],
+            "HandlerDeclaration",
             _params("event", "handler"),
-            kv=_bucket_extension(handlers, handler_key_pattern),
         ),
-        "requiredBucket": _channel(
-            _kv(handlers.bucket, required_key_pattern),
+        "requiredBucket": _kv_channel(
+            handlers,
+            required_key_pattern,
             f"Required handlers, in the same bucket under key `{required_key_pattern}`: while "
             "the handler is not declared, its calls fail with no responders and the rule's "
             "failure policy decides.",
-            ["RequiredHandler"],
+            "RequiredHandler",
             _params("event", "handler"),
-            kv=_bucket_extension(handlers, required_key_pattern),
         ),
         "registryChanges": _channel(
             f"{REGISTRY_CHANGES_WILDCARD[:-1]}{handler_key_pattern}",
@@ -477,56 +489,56 @@ def _channels() -> dict[str, Any]:
             ["RequiredHandler"],
             _params("event", "handler"),
         ),
-        "suspensionsBucket": _channel(
-            _kv(suspensions.bucket, suspension_key_pattern),
+        "suspensionsBucket": _kv_channel(
+            suspensions,
+            suspension_key_pattern,
             f"Suspension records in KV bucket `{suspensions.bucket}`, key "
             f"`{suspension_key_pattern}`; each write a compare-and-set on the revision. "
             "Records expire the bucket's TTL after their last write.",
-            ["SuspensionRecord"],
+            "SuspensionRecord",
             _params("agent", "label"),
-            kv=_bucket_extension(suspensions, suspension_key_pattern),
         ),
-        "answerProofs": _channel(
-            _kv(suspensions.bucket, answer_key_pattern),
+        "answerProofs": _kv_channel(
+            suspensions,
+            answer_key_pattern,
             f"Tool approval answer proofs, in the suspensions bucket under key "
             f"`{answer_key_pattern}` (three segments; a record has two). Written once "
             "(create) by the approver, whose NATS user alone may write its key; the waiting "
             "agent resolves the tool approval from the first one, and a resolution without a "
             "matching proof is refused.",
-            ["ApprovalAnswer"],
+            "ApprovalAnswer",
             _params("agent", "label", "approver"),
-            kv=_bucket_extension(suspensions, answer_key_pattern),
         ),
-        "approvalsBucket": _channel(
-            _kv(approvals.bucket, suspension_key_pattern),
+        "approvalsBucket": _kv_channel(
+            approvals,
+            suspension_key_pattern,
             f"Approval records in KV bucket `{approvals.bucket}`, key "
             f"`{suspension_key_pattern}`, written only by the dispatcher that asks (each write "
             "a compare-and-set on the revision); they expire the bucket's TTL (7 days) after "
             "their last write.",
-            ["ApprovalRecord"],
+            "ApprovalRecord",
             _params("agent", "label"),
-            kv=_bucket_extension(approvals, suspension_key_pattern),
         ),
-        "approvalAnswerProofs": _channel(
-            _kv(approvals.bucket, answer_key_pattern),
+        "approvalAnswerProofs": _kv_channel(
+            approvals,
+            answer_key_pattern,
             f"Approval answer proofs, in the approvals bucket under key "
             f"`{answer_key_pattern}` (three segments). Written once (create) by the approver, "
             "whose NATS user alone may write its key; the deciding dispatcher resolves the "
             "approval from the first proof in stream order, and a resolution without a "
             "matching proof denies.",
-            ["ApprovalAnswer"],
+            "ApprovalAnswer",
             _params("agent", "label", "approver"),
-            kv=_bucket_extension(approvals, answer_key_pattern),
         ),
-        "grantsBucket": _channel(
-            _kv(approvals.bucket, grant_key_pattern),
+        "grantsBucket": _kv_channel(
+            approvals,
+            grant_key_pattern,
             f'"Allow always" grants in KV bucket `{approvals.bucket}`, key '
             f"`{grant_key_pattern}`, written by the dispatcher that applied the answer, with "
             "its lineage (approval label, approver, expiry); a value that does not match its "
             "key, or whose approver's proof does not hold, is ignored.",
-            ["ApprovalGrant"],
+            "ApprovalGrant",
             _params("grantAgent", "session", "event", "handler", "tool"),
-            kv=_bucket_extension(approvals, grant_key_pattern),
         ),
         "workerService": _channel(
             f"$SRV.{{verb}}.{WORKER_SERVICE_NAME}",
@@ -562,14 +574,14 @@ def _channels() -> dict[str, Any]:
             "inbox): one answer per replica.",
             ["DispatcherServiceInfo"],
         ),
-        "leasesBucket": _channel(
-            _kv(leases.bucket, _waiter_address()),
+        "leasesBucket": _kv_channel(
+            leases,
+            _waiter_address(),
             f"Waiter leases in KV bucket `{leases.bucket}` (file storage): a process with "
             "waiters rewrites its key well within the bucket's max age; a record whose "
             "owner's lease expired may be taken over.",
-            ["Lease"],
+            "Lease",
             _params("waiter"),
-            kv=_bucket_extension(leases, _waiter_address()),
         ),
     }
 

@@ -4,8 +4,10 @@ the files."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -15,6 +17,7 @@ from ._auth_files import (
     AUTH_CONF,
     CLUSTER_CONF,
     SERVER_CONF,
+    NewIdentity,
     add_identity,
     init_setup,
     issue_identity,
@@ -224,7 +227,7 @@ def init_cmd(
 
 def _identity_options(folder: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """The arguments and options `auth add` and `auth issue` share (`folder`: what --dir
-    names)."""
+    names), handed to the command as one `NewIdentity` (its first argument)."""
     options = [
         click.argument("role", type=click.Choice(_ADDABLE)),
         click.argument("name"),
@@ -255,37 +258,37 @@ def _identity_options(folder: str) -> Callable[[Callable[..., None]], Callable[.
     ]
 
     def decorate(fn: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(fn)
+        def command(
+            role: str,
+            name: str,
+            out: Path,
+            tenant: str | None,
+            handlers: tuple[str, ...],
+            from_worker: str | None,
+            embedded: bool,
+            **rest: Any,
+        ) -> None:
+            if role not in ROLES:  # narrows the click choice to a role
+                raise click.BadParameter(f"unknown role {role!r}")
+            if from_worker:  # the (event, handler) pairs it declares, too
+                handlers = (*handlers, *worker_pairs(from_worker))
+            fn(NewIdentity(out, role, name, tenant, handlers, embedded), **rest)
+
         for option in reversed(options):
-            fn = option(fn)
-        return fn
+            command = option(command)
+        return command
 
     return decorate
 
 
-def _served(role: str, handlers: tuple[str, ...], from_worker: str | None) -> tuple[str, ...]:
-    """The (event, handler) pairs of a new identity: `handlers` and those `from_worker`
-    declares."""
-    if role not in ROLES:  # narrows the click choice to a role
-        raise click.BadParameter(f"unknown role {role!r}")
-    return (*handlers, *worker_pairs(from_worker)) if from_worker else handlers
-
-
 @auth.command("add")
 @_identity_options("`hookbus auth init`")
-def add_cmd(
-    role: str,
-    name: str,
-    out: Path,
-    tenant: str | None,
-    handlers: tuple[str, ...],
-    from_worker: str | None,
-    embedded: bool,
-) -> None:
+def add_cmd(new: NewIdentity) -> None:
     """Add one identity and write auth.conf again (existing seeds are never changed).
     Reload the running server afterwards (`nats-server --signal reload` or SIGHUP)."""
-    handlers = _served(role, handlers, from_worker)
-    ident = add_identity(out, role, name, tenant=tenant, handlers=handlers, embedded=embedded)
-    click.echo(f"{ident.tenant} {ident.role} {ident.name}: {ident.seed_path(out)}")
+    ident = add_identity(new)
+    click.echo(f"{ident.tenant} {ident.role} {ident.name}: {ident.seed_path(new.out)}")
 
 
 @auth.command("issue")
@@ -298,29 +301,16 @@ def add_cmd(
     help="Valid for this long (90s, 12h, 30d; by this host's clock): then the server refuses"
     " it and closes its connections. Default: until revoked.",
 )
-def issue_cmd(
-    role: str,
-    name: str,
-    out: Path,
-    tenant: str | None,
-    handlers: tuple[str, ...],
-    from_worker: str | None,
-    embedded: bool,
-    expires_s: float | None,
-) -> None:
+def issue_cmd(new: NewIdentity, expires_s: float | None) -> None:
     """Issue a user credential (JWT mode): a .creds file with its role's permissions,
     signed by the tenant account's signing key. No server file changes and the running
     server needs no reload. Prints the .creds path."""
-    handlers = _served(role, handlers, from_worker)
     try:
-        ident = issue_identity(
-            out, role, name, tenant=tenant, handlers=handlers, embedded=embedded,
-            expires_s=expires_s,
-        )  # fmt: skip
+        ident = issue_identity(new, expires_s=expires_s)
     except OSError as exc:
-        where = exc.filename or out
+        where = exc.filename or new.out
         raise click.ClickException(f"cannot write {where}: {exc.strerror or exc}") from exc
-    click.echo(f"{ident.tenant} {ident.role} {ident.name}: {ident.creds_path(out)}")
+    click.echo(f"{ident.tenant} {ident.role} {ident.name}: {ident.creds_path(new.out)}")
 
 
 @auth.command("revoke")
@@ -342,6 +332,33 @@ def revoke_cmd(who: str, out: Path, tenant: str | None) -> None:
     the credential and closes its connections."""
     tenant, user = revoke_identity(out, who, tenant=tenant)
     click.echo(f"{tenant} {user}: revoked; reload the server to apply it ({out / AUTH_CONF})")
+
+
+@auth.command("leaf-link")
+@click.argument("site")
+@click.option(
+    "--dir",
+    "out",
+    required=True,
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="The folder `hookbus auth init --jwt` wrote.",
+)
+@click.option("--tenant", default=None, help="Its tenant (default: HOOKBUS, or the only one).")
+def leaf_link_cmd(site: str, out: Path, tenant: str | None) -> None:
+    """Issue the credential leaf site SITE's nats-server links to the hub with (JWT mode):
+    a user of the tenant's account accepted only as a leaf node, with no limit of its own
+    (each client at the site keeps its own permissions). Give the site's remote the
+    .creds path as `credentials` and the account's public key as `account`
+    (deploy/leaf/secured/leaf-jwt.conf). No server file changes. Prints both, one per
+    line."""
+    from ._auth_leaf import issue_leaf_link
+
+    try:
+        path, account = issue_leaf_link(out, site, tenant=tenant)
+    except OSError as exc:
+        where = exc.filename or out
+        raise click.ClickException(f"cannot write {where}: {exc.strerror or exc}") from exc
+    click.echo(f"{path}\n{account}")
 
 
 @auth.command("table")

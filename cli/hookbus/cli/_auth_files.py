@@ -90,6 +90,8 @@ __all__ = [
     "TLS_CONF",
     "AuthSetup",
     "Identity",
+    "NewIdentity",
+    "account_signer",
     "issue_identity",
     "load_setup",
     "render_accounts",
@@ -448,25 +450,6 @@ def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
         raise
 
 
-def _new_identity(
-    setup: AuthSetup,
-    out: Path,
-    role: RoleName,
-    name: str,
-    tenant: str,
-    handlers: Sequence[str],
-    *,
-    embedded: bool = False,
-) -> Identity:
-    """Make a seed for a new identity, write its seed and context files, record it."""
-    if setup.find(tenant, role, name) is not None:
-        raise click.ClickException(f"{role} {name!r} already exists in tenant {tenant}")
-    handlers = _checked_role_options(role, name, handlers, embedded)
-    ident = _make_identity(setup, out, role, name, tenant, handlers, embedded=embedded)
-    setup.identities.append(ident)
-    return ident
-
-
 def _checked_role_options(
     role: RoleName, name: str, handlers: Sequence[str], embedded: bool
 ) -> list[str]:
@@ -489,7 +472,7 @@ def _checked_role_options(
     return list(handlers)
 
 
-def _make_identity(
+def _new_identity(
     setup: AuthSetup,
     out: Path,
     role: RoleName,
@@ -497,11 +480,20 @@ def _make_identity(
     tenant: str,
     handlers: Sequence[str],
     *,
-    embedded: bool,
+    embedded: bool = False,
     expires_s: float | None = None,
 ) -> Identity:
-    """A new user key; its seed written (``.nk``), or in JWT mode its signed ``.creds``
-    (valid for `expires_s` seconds from now; None: no expiry)."""
+    """A new user key, once its role's options are checked: its seed written (``.nk``), or
+    in JWT mode its signed ``.creds`` (valid for `expires_s` seconds from now; None: no
+    expiry). Not recorded in `setup` (the caller appends it to ``setup.identities``).
+
+    Raises:
+        click.ClickException: it exists in `tenant` already, or its credential file does.
+        click.BadParameter: see `_checked_role_options`.
+    """
+    if setup.find(tenant, role, name) is not None:
+        raise click.ClickException(f"{role} {name!r} already exists in tenant {tenant}")
+    handlers = _checked_role_options(role, name, handlers, embedded)
     seed, public = new_user_seed()
     ident = Identity(role, name, tenant, public, list(handlers), embedded=embedded)
     path = ident.secret_path(out, setup)
@@ -510,13 +502,7 @@ def _make_identity(
     if setup.jwt:
         from ._jwt import creds_text, user_jwt
 
-        account = setup.jwt["accounts"][tenant]
-        signer = _read_key(ident.folder(out) / ACCOUNT_SIGNING_SEED, f"tenant {tenant}'s signer")
-        if signer.public_key != account["signing_key"]:
-            raise click.ClickException(
-                f"{ident.folder(out) / ACCOUNT_SIGNING_SEED} is not the signing key of"
-                f" tenant {tenant}'s account (hookbus-auth.json names another)"
-            )
+        signer, account = account_signer(setup, ident.folder(out), tenant)
         perms = ident.permissions([setup.js_domain] if setup.js_domain else [])
         expires_at = None if expires_s is None else math.ceil(time.time() + expires_s)
         token = user_jwt(
@@ -526,6 +512,24 @@ def _make_identity(
     else:
         _write_new_secret(path, seed + "\n")
     return ident
+
+
+def account_signer(setup: AuthSetup, folder: Path, tenant: str) -> tuple[Any, dict[str, Any]]:
+    """The signing key pair of `tenant`'s account (its seed in `folder`) and the account's
+    entry of the manifest (``public_key``, ``signing_key``, ...), in a JWT-mode setup.
+
+    Raises:
+        click.ClickException: the seed is missing or unreadable, or is not the signing key
+            the manifest names.
+    """
+    account = setup.jwt["accounts"][tenant]
+    signer = _read_key(folder / ACCOUNT_SIGNING_SEED, f"tenant {tenant}'s signer")
+    if signer.public_key != account["signing_key"]:
+        raise click.ClickException(
+            f"{folder / ACCOUNT_SIGNING_SEED} is not the signing key of tenant {tenant}'s"
+            " account (hookbus-auth.json names another)"
+        )
+    return signer, account
 
 
 def _read_key(path: Path, what: str) -> Any:
@@ -687,7 +691,8 @@ def init_setup(
     for tenant in tenant_list:
         for role, name, handlers, embedded in wanted:
             if setup.find(tenant, role, name) is None:
-                _new_identity(setup, out, role, name, tenant, handlers, embedded=embedded)
+                ident = _new_identity(setup, out, role, name, tenant, handlers, embedded=embedded)
+                setup.identities.append(ident)
     write_setup(setup, out)
     return setup
 
@@ -767,16 +772,23 @@ def _make_jwt_keys(setup: AuthSetup, out: Path) -> dict[str, Any]:
     }
 
 
-def issue_identity(
-    out: Path,
-    role: RoleName,
-    name: str,
-    *,
-    tenant: str | None = None,
-    handlers: Sequence[str] = (),
-    embedded: bool = False,
-    expires_s: float | None = None,
-) -> Identity:
+@dataclass(frozen=True)
+class NewIdentity:
+    """An identity to add to a folder (``hookbus auth add``) or issue (``auth issue``)."""
+
+    out: Path
+    """The folder ``hookbus auth init`` wrote."""
+    role: RoleName
+    name: str
+    tenant: str | None = None
+    """Its tenant (None: the default, or the only one)."""
+    handlers: Sequence[str] = ()
+    """The ``EVENT/HANDLER`` pairs a worker serves."""
+    embedded: bool = False
+    """An agent that runs its own HookDispatcher."""
+
+
+def issue_identity(new: NewIdentity, *, expires_s: float | None = None) -> Identity:
     """What ``hookbus auth issue`` does: a new user of a JWT-mode folder, signed by its
     tenant's account signing key; writes its ``.creds`` (0600) and context only (no server
     file, no manifest entry: the server trusts it without a reload). `expires_s`: seconds
@@ -789,19 +801,18 @@ def issue_identity(
         click.BadParameter: unknown tenant, several tenants and none given, or the role's
             options are wrong (handlers for a non-worker, a worker without one, ...).
     """
+    out = new.out
     setup = load_setup(out)
     if not setup.jwt:
         raise click.ClickException(
             f"{out} holds static nkey users (made without --jwt): add one with"
             f" `hookbus auth add --dir {out}` and reload the server"
         )
-    tenant = _pick_tenant(setup, tenant)
-    if setup.find(tenant, role, name) is not None:
-        raise click.ClickException(f"{role} {name!r} already exists in tenant {tenant}")
-    handlers = _checked_role_options(role, name, handlers, embedded)
-    ident = _make_identity(
-        setup, out, role, name, tenant, handlers, embedded=embedded, expires_s=expires_s
-    )
+    tenant = _pick_tenant(setup, new.tenant)
+    ident = _new_identity(
+        setup, out, new.role, new.name, tenant, new.handlers, embedded=new.embedded,
+        expires_s=expires_s,
+    )  # fmt: skip
     _write_atomic(
         ident.context_path(out), json.dumps(context_json(ident, setup, out), indent=2) + "\n"
     )
@@ -883,24 +894,20 @@ def _pick_tenant(setup: AuthSetup, tenant: str | None) -> str:
     return tenant
 
 
-def add_identity(
-    out: Path,
-    role: RoleName,
-    name: str,
-    *,
-    tenant: str | None = None,
-    handlers: Sequence[str] = (),
-    embedded: bool = False,
-) -> Identity:
+def add_identity(new: NewIdentity) -> Identity:
     """What ``hookbus auth add`` does: a new identity; other seeds are left as they are."""
+    out = new.out
     setup = load_setup(out)
     if setup.jwt:
         raise click.ClickException(
             f"{out} is a JWT-mode folder: issue a credential with `hookbus auth issue"
             f" ROLE NAME --dir {out}` (no server file changes)"
         )
-    tenant = _pick_tenant(setup, tenant)
-    ident = _new_identity(setup, out, role, name, tenant, list(handlers), embedded=embedded)
+    tenant = _pick_tenant(setup, new.tenant)
+    ident = _new_identity(
+        setup, out, new.role, new.name, tenant, list(new.handlers), embedded=new.embedded
+    )
+    setup.identities.append(ident)
     write_setup(setup, out)
     return ident
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import ssl
 from typing import Any
 
@@ -36,8 +35,7 @@ from ._command_support import (
 )
 from ._connect import LOCAL_URL, auth_identity
 from ._extras import MissingExtraError
-from ._gateway_cmd import _listen
-from ._lifecycle import run_loop, running_loop, serve_until_signalled
+from ._lifecycle import listen, run_loop, running_loop, serve_announced
 from ._nats_lost import nats_lost
 
 __all__ = ["console"]
@@ -212,11 +210,13 @@ def console(
                 config.load()
             except (OSError, ssl.SSLError) as exc:
                 raise click.ClickException(f"cannot load the TLS files: {exc}") from exc
-            sock = _listen(host, port)
+            sock = listen(host, port)
             banner = f"({who}; loop {running_loop()}); Ctrl-C stops it"
             http = servers[0]
             async with nats_lost(nc, server.url or LOCAL_URL, max_reconnects, http) as lost:
-                await _serve(servers[0], sock, scheme, banner)
+                await serve_announced(
+                    servers[0], sock, what="console", scheme=scheme, banner=banner, path="/"
+                )
             lost.check()  # NATS given up on: one line, exit 1
         finally:
             await feed.close()
@@ -226,22 +226,3 @@ def console(
 
     with connection_or_embedded(conn) as server:
         run_loop(run, server)
-
-
-async def _serve(server: Any, sock: socket.socket, scheme: str, banner: str) -> None:
-    """Serve until SIGTERM / SIGINT (a second one stops at once: `serve_until_signalled`);
-    print the URL on stderr once serving."""
-    host, port = sock.getsockname()[:2]
-    url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}/"
-    startup = server.startup
-
-    async def announce(sockets: list[socket.socket] | None = None) -> None:
-        await startup(sockets)
-        if not server.should_exit:
-            click.echo(f"hookbus console serving {url} {banner}", err=True)
-
-    server.startup = announce
-    try:
-        await serve_until_signalled(server, [sock])
-    finally:
-        sock.close()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import ssl
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
@@ -44,7 +43,7 @@ from ._command_support import (
 from ._connect import LOCAL_URL
 from ._decisions_cmd import ByteSize, audit_options
 from ._extras import MissingExtraError
-from ._lifecycle import run_loop, running_loop, serve_until_signalled
+from ._lifecycle import listen, run_loop, running_loop, serve_announced
 from ._nats_lost import nats_lost
 from ._otel import otel_session, otlp_option
 
@@ -102,32 +101,6 @@ class Replica:
             yield
         finally:
             await self.close()
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    """A listening TCP socket (port 0: any free port).
-
-    Raises:
-        click.ClickException: the address cannot be bound.
-    """
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise click.ClickException(f"cannot resolve --host {host!r}: {exc.strerror}") from exc
-    family, kind, proto, _, address = infos[0]
-    sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    # answers are written in parts (head, body): without it Nagle's algorithm holds the
-    # body back until the client's delayed ACK (40 ms on Linux); accepted sockets inherit it
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    try:
-        sock.bind(address)
-    except OSError as exc:
-        sock.close()
-        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
-    sock.listen(2048)
-    sock.setblocking(False)
-    return sock
 
 
 def _doors(value: str) -> tuple[str, ...]:
@@ -239,7 +212,7 @@ def _serve(
                 config.load()
             except (OSError, ssl.SSLError) as exc:
                 raise click.ClickException(f"cannot load the TLS files: {exc}") from exc
-            sock = _listen(host, port)
+            sock = listen(host, port)
             methods = [("bearer token", token), ("client certificates", client_ca)]
             auth = ", ".join(name for name, on in methods if on) or "none"
             banner = (
@@ -247,35 +220,13 @@ def _serve(
             )
             http = uvicorn.Server(config)
             async with nats_lost(nc, server.url or LOCAL_URL, max_reconnects, http) as lost:
-                await _serve_app(http, sock, scheme, banner)
+                await serve_announced(http, sock, what="gateway", scheme=scheme, banner=banner)
             lost.check()  # NATS given up on: one line, exit 1
         finally:
             await replica.close()
 
     with connection_or_embedded(conn) as server, otel_session("hookbus-gateway", otlp_endpoint):
         run_loop(run, server)
-
-
-async def _serve_app(server: Any, sock: socket.socket, scheme: str, banner: str) -> None:
-    """Serve with uvicorn on `sock` until SIGTERM/SIGINT; print the URL once serving.
-
-    The first SIGTERM/SIGINT stops uvicorn gracefully (then the lifespan drains NATS), a
-    second one at once (`serve_until_signalled`).
-    """
-    host, port = sock.getsockname()[:2]
-    url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
-    startup = server.startup
-
-    async def announce(sockets: list[socket.socket] | None = None) -> None:
-        await startup(sockets)
-        if not server.should_exit:
-            click.echo(f"hookbus gateway serving {url} {banner}", err=True)
-
-    server.startup = announce
-    try:
-        await serve_until_signalled(server, [sock])
-    finally:
-        sock.close()
 
 
 def _gateway_options(default_port: int, default_doors: str, default_ask: str) -> Callable[[F], F]:

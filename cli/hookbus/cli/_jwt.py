@@ -30,6 +30,7 @@ import nacl.exceptions
 import nacl.signing
 import nkeys  # type: ignore[import-untyped]
 
+from hookbus._core.base64url import b64url, unb64url
 from hookbus.cli._permissions import RolePermissions
 
 __all__ = [
@@ -116,14 +117,6 @@ class JetStreamLimits:
     consumer: int
 
 
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
 def _json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
@@ -153,8 +146,8 @@ def _encode(
         standard["name"] = name
     standard["sub"] = subject
     claims = {"jti": _jti(standard), **standard, "nats": nats}
-    signed = f"{_b64(_json(_HEADER))}.{_b64(_json(claims))}"
-    return f"{signed}.{_b64(signer.sign(signed.encode()))}"
+    signed = f"{b64url(_json(_HEADER))}.{b64url(_json(claims))}"
+    return f"{signed}.{b64url(signer.sign(signed.encode()))}"
 
 
 def decode(token: str) -> dict[str, Any]:
@@ -167,8 +160,8 @@ def decode(token: str) -> dict[str, Any]:
     if len(parts) != 3:
         raise JwtError("a JWT has three parts separated by '.'")
     try:
-        header, claims = (json.loads(_unb64(p)) for p in parts[:2])
-        sig = _unb64(parts[2])
+        header, claims = (json.loads(unb64url(p)) for p in parts[:2])
+        sig = unb64url(parts[2])
     except (ValueError, TypeError) as exc:
         raise JwtError(f"not a JWT: {exc}") from None
     if not isinstance(header, dict) or header.get("alg") != _HEADER["alg"]:
@@ -261,31 +254,41 @@ def user_jwt(
     signer: KeyPair,
     user: str,
     name: str,
-    perms: RolePermissions,
+    perms: RolePermissions | None,
     *,
     issuer_account: str,
     expires_at: int | None = None,
+    connection_types: Sequence[str] = (),
 ) -> str:
     """A user's JWT (public key `user`) with `perms`, signed by `signer`: the account's key
     or one of its signing keys (then `issuer_account`, the account's public key, is in the
     claims). No subscription, data or payload limit of its own (``-1``; the server's
     ``max_payload`` applies). `expires_at`: Unix seconds (claim ``exp``) from which
     nats-server refuses the credential and closes the connections made with it; None:
-    it never expires.
+    it never expires. `perms` None: no publish or subscribe limit at all (only with
+    `connection_types` that keep clients out, e.g. ``("LEAFNODE",)``). `connection_types`:
+    the only kinds of connection the server accepts it for (claim
+    ``allowed_connection_types``: ``STANDARD``, ``WEBSOCKET``, ``LEAFNODE``, ...); empty:
+    any.
 
     Raises:
-        JwtError: `user` is not a user public key, or `expires_at` is not after its issue.
+        JwtError: `user` is not a user public key, `expires_at` is not after its issue, or
+            neither `perms` nor `connection_types` limits it.
     """
     if not user.startswith("U"):
         raise JwtError(f"{user!r} is not a user public key (U...)")
     if expires_at is not None and expires_at <= time.time():
         raise JwtError(f"the credential would expire before it is issued ({expires_at})")
+    if perms is None and not connection_types:
+        raise JwtError("a user without permissions must be limited to some connection types")
     nats: dict[str, Any] = {
-        **user_permissions(perms),
+        **(user_permissions(perms) if perms is not None else {}),
         "subs": NO_LIMIT,
         "data": NO_LIMIT,
         "payload": NO_LIMIT,
     }
+    if connection_types:
+        nats["allowed_connection_types"] = list(connection_types)
     if signer.public_key != issuer_account:
         nats["issuer_account"] = issuer_account
     nats.update(type="user", version=_VERSION)

@@ -50,12 +50,14 @@ __all__ = [
     "LOOP_ENV",
     "Interrupted",
     "Supervisor",
+    "listen",
     "loop_choice",
     "on_hangup",
     "on_signals",
     "run_async",
     "run_loop",
     "running_loop",
+    "serve_announced",
     "serve_until_signalled",
     "stop_on_signals",
 ]
@@ -223,6 +225,54 @@ async def serve_until_signalled(server: Any, sockets: list[socket.socket]) -> No
     server.capture_signals = contextlib.nullcontext  # uvicorn's own: none
     with on_signals(stop, force):
         await server.serve(sockets=sockets)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket (port 0: any free port).
+
+    Raises:
+        click.ClickException: the address cannot be bound.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise click.ClickException(f"cannot resolve --host {host!r}: {exc.strerror}") from exc
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # answers are written in parts (head, body): without it Nagle's algorithm holds the
+    # body back until the client's delayed ACK (40 ms on Linux); accepted sockets inherit it
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+async def serve_announced(
+    server: Any, sock: socket.socket, *, what: str, scheme: str, banner: str, path: str = ""
+) -> None:
+    """`serve_until_signalled` on `sock` (a `listen` socket, closed at the end); once it
+    serves, print ``hookbus <what> serving <scheme>://<host>:<port><path> <banner>`` on
+    stderr (an IPv6 host in brackets; nothing if it was stopped while starting)."""
+    host, port = sock.getsockname()[:2]
+    url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}{path}"
+    startup = server.startup
+
+    async def announce(sockets: list[socket.socket] | None = None) -> None:
+        await startup(sockets)
+        if not server.should_exit:
+            click.echo(f"hookbus {what} serving {url} {banner}", err=True)
+
+    server.startup = announce
+    try:
+        await serve_until_signalled(server, [sock])
+    finally:
+        sock.close()
 
 
 @contextlib.contextmanager

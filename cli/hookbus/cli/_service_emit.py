@@ -11,7 +11,7 @@ service's emit span continues the caller's trace.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Unpack
 
 from nats.aio.client import Client as NATS
 from opentelemetry import propagate
@@ -19,6 +19,7 @@ from opentelemetry import propagate
 from hookbus.integrations import Emit
 from hookbus.schemas import (
     BadRequestError,
+    EmitOptions,
     EmitReply,
     EmitRequest,
     HookbusError,
@@ -72,25 +73,17 @@ def service_emit(nc: NATS, *, agent_id: str | None = None, retries: int = 2) -> 
     answered (`wire_error_to_exception`). Never a nats-py error.
     """
 
-    async def emit(
-        event: str,
-        data: dict[str, Any],
-        *,
-        idempotency_key: str | None = None,
-        timeout_s: float | None = None,
-        approval_timeout_s: float | None = None,
-    ) -> HookResult:
+    async def emit(event: str, data: dict[str, Any], **options: Unpack[EmitOptions]) -> HookResult:
         session = data.get("session_id")
         request = EmitRequest(
             data=data,
             agent_id=agent_id,
             session_id=session if isinstance(session, str) else None,
-            idempotency_key=idempotency_key,
-            timeout_s=timeout_s,
-            approval_timeout_s=approval_timeout_s,
+            **options,
         )
         subject = emit_service_subject(event, agent_id)
         payload = encode(request)
+        timeout_s = request.timeout_s
         wait = (timeout_s if timeout_s is not None else _DEFAULT_WAIT_S) + REPLY_GRACE_S
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait

@@ -12,7 +12,8 @@ JetStream consumers held in an identity's slots (`consumers`), stopping a backgr
 OpenTelemetry provider caching and the embedded nats-server (`embedded_server`: the CLI's
 default server and the test kit's real one); and what the packages above share: opening
 the decisions stream (`decisions_stream`), reading suspension records back
-(`suspension_records`) and approvers' names (`approvers`). It sits on `hookbus.schemas`
+(`suspension_records`), approvers' names (`approvers`) and unpadded base64url
+(`base64url`: NATS JWTs, the console's cookie). It sits on `hookbus.schemas`
 (the only package of ours it imports, through its public modules) and below
 `hookbus.workers` and `hookbus.dispatcher` (which never import each other); the packages
 above them may use it too. No public API: every name here may change in any release.

@@ -22,17 +22,26 @@ _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 
 
-def json_copy(data: dict[str, Any]) -> dict[str, Any]:
+def json_copy(data: dict[str, Any], json_size: int | None = None) -> dict[str, Any]:
     """A fresh deep copy of JSON data, for one handler (the next handler and the caller
     never see its in-place edits). Values that are not JSON-native (in data a local
     handler returned) are converted as amplifier-core converts a handler's result:
     `Decimal` to a string, `datetime` to ISO 8601, sets and tuples to lists, NaN to
     None, and anything else to its ``str()``.
 
+    `json_size`: about how many bytes the compact JSON of `data` takes, given only for
+    data known to be JSON as it is (msgspec decoded it from JSON, or encoded it already);
+    a large one is then copied by walking it (`walked_copy`) without encoding it again,
+    the same copy. None: not known.
+
     Raises:
         BadRequestError: the data refers to itself, has a key JSON objects cannot have,
             or is nested deeper than the interpreter's recursion limit.
     """
+    if json_size is not None:
+        walked = walked_copy(data, json_size)
+        if walked is not None:
+            return walked
     try:
         encoded = _encode(data)
         walked = walked_copy(data, encoded)  # a large event: its strings shared, not decoded

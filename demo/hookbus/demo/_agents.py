@@ -170,13 +170,14 @@ class _RecordingDispatcher(HookDispatcher):
         self.framework = framework
         self.emits: list[_Emit] = []
         self._via = via
+        self._recorded_agent = agent_id  # the agent each `_Emit` names
 
     async def emit(self, event: str, data: dict[str, Any], **options: Any) -> HookResult:
         t0 = time.perf_counter()
         tool = data.get("tool_name")
         call_id = data.get("tool_call_id")
         record = _Emit(
-            self._agent_id or "", self.framework, event, tool if isinstance(tool, str) else "",
+            self._recorded_agent, self.framework, event, tool if isinstance(tool, str) else "",
             None, 0.0, call_id if isinstance(call_id, str) else "",
         )  # fmt: skip
         # in the order the emits were made: an agent's parallel tool calls end in any order

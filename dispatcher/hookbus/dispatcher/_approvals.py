@@ -91,6 +91,7 @@ from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
 
 from hookbus._core.buckets import approvals_bucket_config
+from hookbus._core.forwarded import Forwarded
 from hookbus._core.jetstream import bind_key_value
 from hookbus._core.kv import open_bucket
 from hookbus.schemas import (
@@ -181,53 +182,33 @@ class Approvals:
             records, self._answers, proofs, read_s=grant_read_s, max_pending=max_pending
         )
 
-    @property
-    def grant_ttl_s(self) -> float:
-        """Seconds an "Allow always" grant allows from its answer."""
-        return self._answers.grant_ttl_s
+    grant_ttl_s = Forwarded[float](
+        "_answers",
+        """Seconds an "Allow always" grant allows from its answer.""",
+    )
 
-    @grant_ttl_s.setter
-    def grant_ttl_s(self, seconds: float) -> None:
-        self._answers.grant_ttl_s = seconds
+    answer_wait_s = Forwarded[float](
+        "_answers",
+        """Seconds `answer` and `cancel` wait, by default, for a dispatcher to apply them.""",
+    )
 
-    @property
-    def answer_wait_s(self) -> float:
-        """Seconds `answer` and `cancel` wait, by default, for a dispatcher to apply them."""
-        return self._answers.answer_wait_s
+    max_pending = Forwarded[int | None](
+        "_asker",
+        """Pending approvals one agent may have at once (None: no limit).""",
+    )
 
-    @answer_wait_s.setter
-    def answer_wait_s(self, seconds: float) -> None:
-        self._answers.answer_wait_s = seconds
-
-    @property
-    def max_pending(self) -> int | None:
-        """Pending approvals one agent may have at once (None: no limit)."""
-        return self._asker.max_pending
-
-    @max_pending.setter
-    def max_pending(self, count: int | None) -> None:
-        self._asker.max_pending = count
-
-    @property
-    def closes_records(self) -> bool:
+    closes_records = Forwarded[bool](
+        "_answers",
         """Whether `end_if_overdue` (from `answer`) writes the record it closes (False:
-        credentials that may not write approval records only judge)."""
-        return self._answers.closes_records
+        credentials that may not write approval records only judge).""",
+    )
 
-    @closes_records.setter
-    def closes_records(self, on: bool) -> None:
-        self._answers.closes_records = on
-
-    @property
-    def max_timeout_s(self) -> float:
+    max_timeout_s = Forwarded[float](
+        "_asker",
         """Longest approval wait, seconds: a handler's ``approval_timeout`` is cut to it (a
         door that waits less than a handler's timeout sets it, so every approval it asks
-        ends, with its ``approval_default``, within the door's wait)."""
-        return self._asker.max_timeout_s
-
-    @max_timeout_s.setter
-    def max_timeout_s(self, seconds: float) -> None:
-        self._asker.max_timeout_s = seconds
+        ends, with its ``approval_default``, within the door's wait).""",
+    )
 
     @classmethod
     async def open(

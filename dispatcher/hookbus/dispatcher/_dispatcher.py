@@ -7,6 +7,7 @@ from typing import Any, TypeVar, overload
 
 from nats.aio.client import Client as NATS
 
+from hookbus._core.forwarded import Forwarded
 from hookbus._core.jetstream import bind_js_domain
 from hookbus.schemas import (
     DECISIONS_DEFAULT_MAX_AGE_S,
@@ -136,24 +137,16 @@ class HookDispatcher(StandardEvents, SuspensionHooks):
             js_domain=js_domain,
         )  # fmt: skip
 
-    @property
-    def audit(self) -> bool:
-        """Whether `start` turns the decision audit trail on (set it before `start`)."""
-        return self._stores.audit
+    audit = Forwarded[bool](
+        "_stores",
+        """Whether `start` turns the decision audit trail on (set it before `start`).""",
+    )
 
-    @audit.setter
-    def audit(self, on: bool) -> None:
-        self._stores.audit = on
-
-    @property
-    def chains(self) -> bool:
+    chains = Forwarded[bool](
+        "_folder",
         """Whether a sequence of adjacent remote handlers of one worker process goes as one chain
-        request (one round trip) instead of one request per handler."""
-        return self._folder.chains
-
-    @chains.setter
-    def chains(self, on: bool) -> None:
-        self._folder.chains = on
+        request (one round trip) instead of one request per handler.""",
+    )
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:

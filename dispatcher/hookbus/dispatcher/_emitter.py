@@ -11,7 +11,7 @@ import logging
 import math
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Unpack
 
 import msgspec
 import nats.errors
@@ -21,6 +21,7 @@ from hookbus._core.copies import json_copy, json_safe_encoded
 from hookbus.schemas import (
     STANDARD_EVENTS,
     BadRequestError,
+    EmitOptions,
     HandlerFailure,
     HookbusError,
     HookResult,
@@ -89,15 +90,12 @@ class Emitter:
         """The decision audit trail every decided emit is appended to (None: off)."""
 
     async def emit(
-        self,
-        event: str,
-        data: dict[str, Any],
-        *,
-        idempotency_key: str | None = None,
-        timeout_s: float | None = None,
-        approval_timeout_s: float | None = None,
+        self, event: str, data: dict[str, Any], **options: Unpack[EmitOptions]
     ) -> HookResult:
         """`HookDispatcher.emit`: see there for the semantics and the errors raised."""
+        idempotency_key = options.get("idempotency_key")
+        timeout_s = options.get("timeout_s")
+        approval_timeout_s = options.get("approval_timeout_s")
         if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s >= 0):
             raise BadRequestError(f"timeout_s must be a finite number of seconds >= 0: {timeout_s}")
         if approval_timeout_s is not None and not (

@@ -58,6 +58,7 @@ from hookbus.schemas import (
     RequiredHandler,
     encode,
     parse_registry_key,
+    registry_key_kind,
     required_key,
 )
 
@@ -169,9 +170,8 @@ def _short(key: str) -> str:
 
 def classify(read: RegistryRead, key: str, value: bytes | None) -> None:
     """Validate one live record into `read` (a bad one goes to `read.rejected`)."""
-    try:
-        kind, _, _ = parse_registry_key(key)
-        if kind == "required":
+    try:  # each check parses and checks the key itself
+        if registry_key_kind(key) == "required":
             read.required[key] = check_required(key, value)
         else:
             read.declarations[key] = check_declaration(key, value)

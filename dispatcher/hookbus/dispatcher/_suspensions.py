@@ -131,7 +131,7 @@ class Suspensions:
         """The waiting and settling sides, on this store's records."""
         self._waits = HookWaits(
             self._nc, self.records, self.watch, self._deliveries, self._local,
-            lease=self._lease, waiter_id=lambda: self.waiter_id,
+            lease=self.ensure_leases, waiter_id=lambda: self.waiter_id,
         )  # fmt: skip
         self._settling = Settling(self._nc, self.records, self._validators, self._hint)
 
@@ -191,14 +191,39 @@ class Suspensions:
 
     @property
     def leases(self) -> Leases | None:
-        """This process's waiter lease (another store of the process may share it)."""
+        """This process's waiter lease (another store of the process may share it); None
+        until the first waiter opens it (see `ensure_leases`)."""
         return self._leases
+
+    @property
+    def connection(self) -> NATS:
+        """The connection the store reads, writes and publishes on (the caller's: `close`
+        leaves it open)."""
+        return self._nc
+
+    async def ensure_leases(self) -> Leases:
+        """This process's waiter lease, alive: opened with the leases bucket's defaults if
+        the store has none yet (as the first waiter does), its heartbeat running.
+
+        Raises:
+            HookbusTimeoutError: the leases bucket stayed unavailable for one lease.
+        """
+        if self._leases is None:
+            self._leases = await Leases.open(self._nc)
+        await self._leases.ensure()
+        return self._leases
+
+    async def flush_deliveries(self, timeout_s: float | None = None) -> None:
+        """Wait until the "consumed" marks of the resolutions this process handed to its
+        waiters are stored (see `_deliveries`), at most `timeout_s` seconds (None: no
+        limit). A mark that could not be stored is logged, never raised."""
+        await self._deliveries.flush(timeout_s=timeout_s)
 
     async def close(self, *, leases: bool = True) -> None:
         """Store the "consumed" marks still in flight (at most 5 s), stop the shared watch
         and, with `leases`, the lease heartbeat (waits in progress keep their records; their
         lease expires). Idempotent."""
-        await self._deliveries.flush(timeout_s=5.0)
+        await self.flush_deliveries(timeout_s=5.0)
         watching, self._watching = self._watching, None
         await stop_task(watching, "the suspension watch's start")  # else it starts after
         await self.watch.close()
@@ -303,12 +328,6 @@ class Suspensions:
             span.event("resolved")
             return value
 
-    async def _lease(self) -> Leases:
-        if self._leases is None:
-            self._leases = await Leases.open(self._nc)
-        await self._leases.ensure()
-        return self._leases
-
     # -- settling --------------------------------------------------------------------------
     async def resolve_hook(
         self, label: str, value: Any, *, replace: bool = False, timeout_s: float | None = None
@@ -411,7 +430,7 @@ class Suspensions:
         finally:
             current_run_scope.reset(token)
             with anyio.CancelScope(shield=True):
-                await self._deliveries.flush(timeout_s=self.records.deadline_s)
+                await self.flush_deliveries(timeout_s=self.records.deadline_s)
                 await cleanup(self.records, scope)
 
     async def events(self) -> HookEventStream:

@@ -20,9 +20,15 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Collection, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, Unpack
 
-from hookbus.schemas import HookbusError, HookResult, NotConnectedError, UnknownEventError
+from hookbus.schemas import (
+    EmitOptions,
+    HookbusError,
+    HookResult,
+    NotConnectedError,
+    UnknownEventError,
+)
 
 if TYPE_CHECKING:
     from hookbus.dispatcher import HookDispatcher
@@ -51,7 +57,7 @@ __all__ = [
 
 class Emit(Protocol):
     """``await emit(event, data, idempotency_key=..., timeout_s=..., approval_timeout_s=...)
-    -> HookResult``.
+    -> HookResult`` (the options: `EmitOptions`).
 
     The shape of `HookDispatcher.emit` (``approval_timeout_s``, seconds: the longest wait of
     an approval the emit asks). Raises what it raises (`hookbus.schemas.HookbusError`
@@ -59,13 +65,7 @@ class Emit(Protocol):
     """
 
     async def __call__(
-        self,
-        event: str,
-        data: dict[str, Any],
-        *,
-        idempotency_key: str | None = None,
-        timeout_s: float | None = None,
-        approval_timeout_s: float | None = None,
+        self, event: str, data: dict[str, Any], **options: Unpack[EmitOptions]
     ) -> HookResult: ...
 
 

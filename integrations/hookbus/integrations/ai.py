@@ -356,7 +356,9 @@ class HookbusHooks(ai_middleware._Middleware):
         """
         async with self._dispatcher_lock:
             if self._dispatcher is None:
-                made = HookDispatcher(self.suspensions._nc, agent_id=self.suspensions.agent_id)
+                made = HookDispatcher(
+                    self.suspensions.connection, agent_id=self.suspensions.agent_id
+                )
                 await made.start()
                 self._dispatcher, self._own_dispatcher = made, True
         return self._dispatcher

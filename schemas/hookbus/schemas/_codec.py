@@ -74,16 +74,39 @@ _DEPTH_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 _SHALLOW_LEN = MAX_NESTING
 """Text no longer than this has at most MAX_NESTING opening brackets (one byte each)."""
 _NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
+_FIND_FROM = 8 * 1024
+"""Text this long or longer is first searched for its opening brackets with ``find``."""
+_BYTES_PER_FIND = 512
+"""The ``find`` calls allowed: one per this many bytes (then the one pass that keeps only
+the brackets is the cheaper count, and takes over)."""
+
+
+def _openers(raw: bytes, most: int) -> int | None:
+    """How many opening brackets (``[`` and ``{``, in strings or not) `raw` has, each found
+    with ``bytes.find`` (a ``memchr``: text with few of them is passed over at memory
+    speed, nothing allocated); None once more than `most` were found."""
+    found = 0
+    for opener in (b"[", b"{"):
+        at = raw.find(opener)
+        while at >= 0:
+            found += 1
+            if found > most:
+                return None
+            at = raw.find(opener, at + 1)
+    return found
 
 
 def check_nesting(data: bytes | str) -> None:
     """Refuse JSON nested deeper than `MAX_NESTING` levels of arrays and objects.
 
-    Costs nothing for text of at most `MAX_NESTING` bytes; one pass keeping only the
-    brackets when it has no more than `MAX_NESTING` of them (most messages: about 0.5 ms for
-    512 KB, against 0.4 ms to decode it); otherwise a scan with strings taken out (about
-    4 ms for 500 KB holding 5,000 objects, against 1.8 ms to decode them). Text that is not
-    JSON at all is left to the decoder.
+    Costs nothing for text of at most `MAX_NESTING` bytes. Text of `_FIND_FROM` bytes or
+    more with few opening brackets (a large event: a file's content, a command's output)
+    is passed with one ``memchr`` pass per kind of opening bracket (about 0.01 ms for
+    512 KB, against 0.2 ms to decode it). Otherwise one pass keeping only the brackets
+    when it has no more than `MAX_NESTING` of them (about 1 µs for a reply of 1.6 KB;
+    0.19 ms for 512 KB); else a scan with strings taken out (about 4 ms for 500 KB
+    holding 5,000 objects, against 1.8 ms to decode them). Text that is not JSON at all
+    is left to the decoder.
 
     Raises:
         WireFormatError: nested deeper than `MAX_NESTING`.
@@ -91,6 +114,11 @@ def check_nesting(data: bytes | str) -> None:
     if len(data) <= _SHALLOW_LEN:  # too short to hold MAX_NESTING + 1 levels
         return
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    if (
+        len(raw) >= _FIND_FROM
+        and _openers(raw, min(MAX_NESTING, len(raw) // _BYTES_PER_FIND)) is not None
+    ):
+        return  # too few opening brackets to nest deeper
     if len(raw.translate(None, _NOT_BRACKETS)) <= MAX_NESTING:  # (a C loop, no copy kept)
         return
     brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)

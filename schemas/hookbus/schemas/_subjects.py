@@ -56,17 +56,17 @@ __all__ = [
     "EMIT_SERVICE_WILDCARD",
     "GRANT_NONE",
     "HANDLERS_BUCKET",
+    "HANDLER_SUBJECT_PREFIX",
     "LEASES_BUCKET",
-    "MAX_NAME_LENGTH",
     "NO_AGENT",
     "REGISTRY_CHANGES_WILDCARD",
     "REQUIRED_KEY_PREFIX",
     "SUBJECT_PREFIX",
     "SUSPENSIONS_BUCKET",
     "SUSPENSION_EVENTS_WILDCARD",
+    "SUSPENSION_SUBJECT_PREFIX",
     "WORKER_SERVICE_NAME",
     "agent_from_service_subject",
-    "agent_from_token",
     "agent_token",
     "approval_answer_key",
     "chain_instance_subject",
@@ -86,6 +86,7 @@ __all__ = [
     "handler_queue_group",
     "handler_subject",
     "is_answer_key",
+    "is_js_domain_name",
     "label_from_key",
     "lease_key",
     "parse_grant_key",
@@ -93,6 +94,7 @@ __all__ = [
     "parse_registry_key",
     "parse_served_handlers",
     "parse_suspension_key",
+    "registry_key_kind",
     "required_key",
     "run_claim_key",
     "suspension_event_subject",
@@ -142,6 +144,7 @@ REQUIRED_KEY_PREFIX: Final = "_required"
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_-]+")
 _NOT_PLAIN = re.compile(r"[^A-Za-z0-9_-]+")
 _TOKEN = re.compile(r"(?:[A-Za-z0-9_-]|=[0-9A-F]{2})+")
+_ESCAPED = re.compile(r"(?:=[0-9A-F]{2})+")
 
 
 def is_js_domain_name(text: str) -> bool:
@@ -164,7 +167,13 @@ def encode_token(name: str) -> str:
 
 
 def _escape(run: re.Match[str]) -> str:
-    return "".join(f"={b:02X}" for b in run.group().encode())
+    return "=" + run.group().encode().hex("=").upper()
+
+
+def _unescape(run: re.Match[str]) -> str:
+    # a run of escapes is whole UTF-8 characters: a plain character is ASCII, and no byte
+    # of a multi-byte UTF-8 character is (raises UnicodeDecodeError for bytes that are not)
+    return bytes.fromhex(run.group().replace("=", "")).decode()
 
 
 def decode_token(token: str) -> str:
@@ -175,17 +184,8 @@ def decode_token(token: str) -> str:
     """
     if not _TOKEN.fullmatch(token):
         raise BadRequestError(f"not a hookbus token: {token!r}")
-    raw = bytearray()
-    i = 0
-    while i < len(token):
-        if token[i] == "=":
-            raw.append(int(token[i + 1 : i + 3], 16))
-            i += 3
-        else:
-            raw.append(ord(token[i]))
-            i += 1
-    try:
-        name = raw.decode()
+    try:  # one regex over the escaped runs, not a loop over characters
+        name = _ESCAPED.sub(_unescape, token) if "=" in token else token
     except UnicodeDecodeError as exc:
         raise BadRequestError(f"not a hookbus token: {token!r}") from exc
     if encode_token(name) != token:  # one encoding per name: reject non-canonical forms
@@ -517,6 +517,17 @@ def required_key(event: str, handler: str) -> str:
     return f"{REQUIRED_KEY_PREFIX}.{handler_key(event, handler)}"
 
 
+def registry_key_kind(key: str) -> str:
+    """What a key of `HANDLERS_BUCKET` would hold, by its shape alone: ``"required"``
+    (``required.<event>.<handler>``) or ``"handler"``. The key itself is not checked:
+    `parse_registry_key` checks it."""
+    return (
+        "required"
+        if key.startswith(REQUIRED_KEY_PREFIX + ".") and key.count(".") == 2
+        else "handler"
+    )
+
+
 def parse_registry_key(key: str) -> tuple[str, str, str]:
     """Any key of `HANDLERS_BUCKET`: ``("handler" | "required", event, handler)``.
 
@@ -526,9 +537,9 @@ def parse_registry_key(key: str) -> tuple[str, str, str]:
     """
     if len(key) > MAX_KEY_LENGTH + len(REQUIRED_KEY_PREFIX) + 1:
         raise BadRequestError(f"registry key too long: {len(key)} characters")
-    kind = "handler"
-    if key.startswith(REQUIRED_KEY_PREFIX + ".") and key.count(".") == 2:
-        kind, key = "required", key[len(REQUIRED_KEY_PREFIX) + 1 :]
+    kind = registry_key_kind(key)
+    if kind == "required":
+        key = key[len(REQUIRED_KEY_PREFIX) + 1 :]
     if key.count(".") != 1:
         raise BadRequestError(f"not a registry key: {key!r}")
     event, handler = parse_handler_key(key)

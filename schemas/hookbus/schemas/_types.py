@@ -7,7 +7,7 @@ and readable with the `nats` CLI. `hookbus schema` writes the JSON Schema of eac
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import msgspec
 
@@ -18,6 +18,7 @@ __all__ = [
     "CollectReply",
     "CollectRequest",
     "ContextInjection",
+    "EmitOptions",
     "EmitReply",
     "EmitRequest",
     "EventEnvelope",
@@ -420,6 +421,20 @@ class EmitRequest(_Wire):
     ``approval_default`` (and is no longer pending) within the caller's own wait; when the
     cut shortens the wait, a default of ``allow`` becomes ``deny`` (only the handler's full
     timeout allows by default). None: the handler's ``approval_timeout``."""
+
+
+class EmitOptions(TypedDict, total=False):
+    """The keyword options of an emit, ``emit(event, data, **options)`` (`HookDispatcher.emit`
+    and every function of its shape): what an `EmitRequest` carries besides the data. Each
+    may be left out (None)."""
+
+    idempotency_key: str | None
+    """The caller's id for this call (see `EmitRequest.idempotency_key`)."""
+    timeout_s: float | None
+    """Overall deadline of the emit, seconds (see `EmitRequest.timeout_s`)."""
+    approval_timeout_s: float | None
+    """Longest wait of an approval the emit asks, seconds (see
+    `EmitRequest.approval_timeout_s`)."""
 
 
 class EmitReply(_Wire):

@@ -84,13 +84,15 @@ def _shared_copy(data: dict[str, Any], budget: int) -> dict[str, Any] | None:
     return shared
 
 
-def walked_copy(data: dict[str, Any], encoded: bytes) -> dict[str, Any] | None:
-    """The copy decoding `encoded` (the compact JSON of `data`) would give, made by walking
-    `data` when that is cheaper: `encoded` is `SHARE_FROM_BYTES` or longer and the walk
-    vouches for every value (`_shared_copy`); else None (decode `encoded` instead)."""
-    if len(encoded) < SHARE_FROM_BYTES:
+def walked_copy(data: dict[str, Any], encoded: bytes | int) -> dict[str, Any] | None:
+    """The copy decoding `encoded` (the compact JSON of `data`, or its length in bytes)
+    would give, made by walking `data` when that is cheaper: `encoded` is
+    `SHARE_FROM_BYTES` or longer and the walk vouches for every value (`_shared_copy`);
+    else None (decode the JSON instead)."""
+    size = encoded if isinstance(encoded, int) else len(encoded)
+    if size < SHARE_FROM_BYTES:
         return None
-    return _shared_copy(data, len(encoded) // BYTES_PER_NODE)
+    return _shared_copy(data, size // BYTES_PER_NODE)
 
 
 def json_safe(data: Any) -> dict[str, Any]:

@@ -4,10 +4,10 @@ in process or against a real nats-server with one switch (``with_real``)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from hookbus._core import clock
-from hookbus.schemas import HookResult
+from hookbus.schemas import EmitOptions, HookResult
 from hookbus.workers import HookWorker
 
 from ._approval_desk import Approval
@@ -154,13 +154,7 @@ class HookTestEnv:
 
     # -- emitting -----------------------------------------------------------------------------
     async def emit(
-        self,
-        event: str,
-        data: dict[str, Any],
-        *,
-        timeout_s: float | None = None,
-        idempotency_key: str | None = None,
-        approval_timeout_s: float | None = None,
+        self, event: str, data: dict[str, Any], **options: Unpack[EmitOptions]
     ) -> HookResult:
         """Emit `event` with `data` and return the decision: `HookDispatcher.emit`, with
         approvals (an ``ask_user`` waits for the test's answer or its timeout).
@@ -183,13 +177,10 @@ class HookTestEnv:
             RuntimeError: the environment is not started.
         """
         self._check()
-        return await self._bus.emit(
-            event, data, timeout_s=timeout_s, idempotency_key=idempotency_key,
-            approval_timeout_s=approval_timeout_s,
-        )  # fmt: skip
+        return await self._bus.emit(event, data, **options)
 
     def emit_soon(
-        self, event: str, data: dict[str, Any], **options: Any
+        self, event: str, data: dict[str, Any], **options: Unpack[EmitOptions]
     ) -> asyncio.Task[HookResult]:
         """`emit` (with the same keyword options) in a task of its own, so the test can
         answer its approvals meanwhile: ``call = env.emit_soon(...)``, ``await

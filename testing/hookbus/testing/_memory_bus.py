@@ -7,11 +7,17 @@ from __future__ import annotations
 import math
 import uuid
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from hookbus._core import clock
 from hookbus.dispatcher import Fold
-from hookbus.schemas import BadRequestError, HookResult, UnknownEventError, json_safe
+from hookbus.schemas import (
+    BadRequestError,
+    EmitOptions,
+    HookResult,
+    UnknownEventError,
+    json_safe,
+)
 from hookbus.schemas.events import STANDARD_EVENTS
 from hookbus.workers import HandlerSpec
 
@@ -42,11 +48,12 @@ class MemoryBus:
     async def close(self) -> None:
         """Nothing to stop."""
 
-    async def emit(self, event: str, data: dict[str, Any], **options: Any) -> HookResult:
+    async def emit(
+        self, event: str, data: dict[str, Any], **options: Unpack[EmitOptions]
+    ) -> HookResult:
         """As `HookDispatcher.emit` with approvals: the chain folded, then each asker's
-        question decided by the test (or its timeout). `options`: ``timeout_s``,
-        ``idempotency_key``, ``approval_timeout_s``, as `HookDispatcher.emit` takes them."""
-        timeout_s: float | None = options["timeout_s"]
+        question decided by the test (or its timeout)."""
+        timeout_s = options.get("timeout_s")
         if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s >= 0):
             raise BadRequestError(f"timeout_s must be a finite number of seconds >= 0: {timeout_s}")
         chain = ordered(self._specs, event)
@@ -72,12 +79,12 @@ class MemoryBus:
         result = fold.result()
         if result.action != "ask_user":
             return result
-        call_id = options["idempotency_key"] or uuid.uuid4().hex
+        call_id = options.get("idempotency_key") or uuid.uuid4().hex
         return await self.approvals.decide(
             event,
             fold.asks(),
             call_id=call_id,
-            longest_s=options["approval_timeout_s"],
+            longest_s=options.get("approval_timeout_s"),
             deadline=deadline,
         )
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 import msgspec
 import nats
@@ -22,7 +22,7 @@ from hookbus._core import clock
 from hookbus._core.embedded_server import EmbeddedNatsServer
 from hookbus._core.handler_options import OPTIONS
 from hookbus.dispatcher import ApprovalsClient, HookDispatcher
-from hookbus.schemas import ApprovalMetadata, HookResult
+from hookbus.schemas import ApprovalMetadata, EmitOptions, HookResult
 from hookbus.workers import HandlerSpec, HookWorker
 
 from ._approval_desk import Approval
@@ -117,7 +117,9 @@ class RealBus:
         assert self._dispatcher is not None, "the environment is not started"
         return self._dispatcher
 
-    async def emit(self, event: str, data: dict[str, Any], **options: Any) -> HookResult:
+    async def emit(
+        self, event: str, data: dict[str, Any], **options: Unpack[EmitOptions]
+    ) -> HookResult:
         return await self.dispatcher.emit(event, data, **options)
 
     async def next_approval(self, timeout_s: float | None) -> Approval:

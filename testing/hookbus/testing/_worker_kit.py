@@ -40,7 +40,7 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, Unpack
 
 from nats.aio.msg import Msg
 
@@ -48,6 +48,7 @@ from hookbus._core.declarations import check_declaration
 from hookbus._core.inboxes import inbox_reply_subject
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
+    EmitOptions,
     HookReply,
     HookResult,
     UnknownEventError,
@@ -163,13 +164,7 @@ class WorkerTestKit:
         return self._dispatcher
 
     async def emit(
-        self,
-        event: str,
-        data: dict[str, Any],
-        *,
-        timeout_s: float | None = None,
-        idempotency_key: str | None = None,
-        approval_timeout_s: float | None = None,
+        self, event: str, data: dict[str, Any], **options: Unpack[EmitOptions]
     ) -> HookResult:
         """Emit `event` to the worker's handlers and fold their results: `HookDispatcher.emit`,
         every handler called as a remote one.
@@ -200,10 +195,7 @@ class WorkerTestKit:
             RuntimeError: the kit is not started (use ``async with``) or is closed.
         """
         self._check(event)
-        return await self._dispatcher.emit(
-            event, data, timeout_s=timeout_s, idempotency_key=idempotency_key,
-            approval_timeout_s=approval_timeout_s,
-        )  # fmt: skip
+        return await self._dispatcher.emit(event, data, **options)
 
     async def emit_and_collect(
         self, event: str, data: dict[str, Any], timeout: float = 1.0

@@ -43,7 +43,7 @@ from hookbus.schemas import (
 )
 
 from ._chain_progress import ChainProgress
-from ._replies import log_reply, ready, sendable
+from ._replies import log_reply, ready, sendable, sendable_step
 from ._requests import RequestServer
 from ._spec import HandlerSpec
 from ._stalls import LoopStalls
@@ -287,6 +287,7 @@ class ChainRunner:
         the request's budget ends (on `time.monotonic()`; `NEVER`: none); `rest_s`: the
         steps' timeouts, summed."""
         data = envelope.data
+        size: int | None = len(msg.data)  # about its JSON's: the request's (for copies)
         n = len(steps)
         caller, is_serving = self._caller, self._is_serving
         # judged once per chain, as for a request of its own: from the next request on
@@ -332,10 +333,10 @@ class ChainRunner:
                 # request of its own does: nothing reads it after this step (not so
                 # once an earlier step's modify replaced it: that data is in its reply)
                 copy = i < n or data is not envelope.data
-                out = sendable(
+                out, modified, modified_size = sendable_step(
                     await self._step(
                         spec, step, envelope, data, deadline, msg, copy, observed,
-                        progress.suspended,
+                        progress.suspended, size,
                     )
                 )  # fmt: skip
                 progress.finished(step, out)
@@ -345,7 +346,7 @@ class ChainRunner:
                 progress.start([step for step, _ in run], now, rest_s)
                 if caller.may_wait(run):
                     progress.suspended()
-                outs = await self._run_group(run, envelope, data, deadline, msg, progress)
+                outs = await self._run_group(run, envelope, data, deadline, msg, progress, size)
             running.clear()
             # every step that ran is reported, those after the one that ends the fold
             # in a parallel group too: the dispatcher would call a missing one again
@@ -355,7 +356,8 @@ class ChainRunner:
                     return
                 result = out.result  # only a sequential step's modify gets here
                 if result is not None and modifies(result):
-                    data = result.data  # type: ignore[assignment]  # modifies: not None
+                    # its data as the handler returned it (the reply carries its JSON)
+                    data, size = modified, modified_size  # type: ignore[assignment]
 
     async def _run_group(
         self,
@@ -365,15 +367,17 @@ class ChainRunner:
         deadline: Deadline,
         msg: Msg,
         progress: ChainProgress,
+        json_size: int | None,
     ) -> list[HookReply]:
         """Run a parallel group of steps concurrently, on `data` (each handler its own
-        copy); each reply is handed to `progress` as its step finishes."""
+        copy; `json_size`: see `_step`); each reply is handed to `progress` as its step
+        finishes."""
         caller = self._caller
 
         async def one(step: ChainStep, spec: HandlerSpec) -> HookReply:
             reply = sendable(
                 await self._step(spec, step, envelope, data, deadline, msg, True, True,
-                                 progress.suspended)
+                                 progress.suspended, json_size)
             )  # fmt: skip
             progress.finished(step, reply)
             caller.returned(spec)  # unless a call showed it waits
@@ -392,9 +396,12 @@ class ChainRunner:
         copy: bool = True,
         observed: bool = True,
         suspended: Callable[[], None] | None = None,
+        json_size: int | None = None,
     ) -> Awaitable[HookReply]:
         """Run one step of a chain on `data` (`copy`: on a copy of its own, as a request
-        of its own would get, so in-place edits stay its own), within the shorter of the
+        of its own would get, so in-place edits stay its own; `json_size`: about how many
+        bytes the JSON of `data` takes, which msgspec decoded or encoded, see `json_copy`;
+        None: not known), within the shorter of the
         step's and the handler's timeouts and what is left of the request's `deadline`
         (on `time.monotonic()`; `NEVER`: none). A plain function returning the step's
         awaitable: unless `observed` (telemetry or debug logging on), the handler's
@@ -407,8 +414,10 @@ class ChainRunner:
             error = WireError(code="handler_timeout", message="not run: the chain's budget ran out")
             return ready(HookReply(handler=step.handler, error=error))
         if observed:
-            return self._step_observed(spec, step, envelope, data, timeout_s, msg, copy, suspended)
-        own = json_copy(data) if copy else data
+            return self._step_observed(
+                spec, step, envelope, data, timeout_s, msg, copy, suspended, json_size
+            )
+        own = json_copy(data, json_size) if copy else data
         return self._caller.invoke(spec, envelope.event, own, timeout_s, envelope.id, suspended)
 
     async def _step_observed(
@@ -421,12 +430,13 @@ class ChainRunner:
         msg: Msg,
         copy: bool,
         suspended: Callable[[], None] | None,
+        json_size: int | None,
     ) -> HookReply:
         """`_step` with its handling recorded (telemetry) and logged (debug)."""
         started = time.monotonic()
         headers = {"traceparent": step.traceparent} if step.traceparent else msg.headers
         with handling_span(spec.declaration, envelope, headers, subject=msg.subject) as handling:
-            own = json_copy(data) if copy else data
+            own = json_copy(data, json_size) if copy else data
             reply = await self._caller.invoke(
                 spec, envelope.event, own, timeout_s, envelope.id, suspended
             )

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import logging
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
 from hookbus._core.copies import json_copy
 from hookbus.schemas import BadRequestError, HandlerDeclaration, HookReply, WireError, encode
 
-__all__ = ["UNENCODABLE", "log_reply", "ready", "sendable"]
+__all__ = ["UNENCODABLE", "log_reply", "ready", "sendable", "sendable_step"]
 
 log = logging.getLogger("hookbus.workers")
 
@@ -47,6 +47,25 @@ def sendable(reply: HookReply, *, every_field: bool = False) -> HookReply:
             handler=reply.handler, error=WireError(code="bad_result", message=message[:500])
         )
     return HookReply(handler=reply.handler, result=result)
+
+
+def sendable_step(reply: HookReply) -> tuple[HookReply, dict[str, Any] | None, int | None]:
+    """`sendable(reply)` for a step of a chain, its result's data encoded once: the reply
+    as it is sent (the data as that JSON, a `msgspec.Raw`, which the chain's replies copy
+    as they are), the data the next step runs on if this one modifies (None: the result
+    has none) and the length of its JSON in bytes (for that step's copy; None: not known,
+    the data was converted). A reply `sendable` converts or refuses is that one."""
+    result = reply.result
+    if result is None or result.data is None:
+        return reply, None, None
+    try:
+        encoded = encode(result.data)
+    except UNENCODABLE:
+        out = sendable(reply)  # converted as amplifier-core converts it, or bad_result
+        data = out.result.data if out.result is not None else None
+        return out, data, None
+    sent = msgspec.structs.replace(result, data=msgspec.Raw(encoded))
+    return msgspec.structs.replace(reply, result=sent), result.data, len(encoded)
 
 
 async def ready(reply: R) -> R:

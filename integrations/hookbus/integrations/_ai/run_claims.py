@@ -43,7 +43,7 @@ class RunClaims:
         return self._settings.suspensions
 
     async def _leases(self) -> Leases:
-        return await self.suspensions._lease()  # opened with the first waiter, kept alive
+        return await self.suspensions.ensure_leases()  # opened with the first waiter, kept alive
 
     async def claim(self, run_id: str) -> tuple[Leases, str]:
         """Claim `run_id` for this process (see `HookbusHooks.run`): its leases and claim

@@ -164,7 +164,7 @@ class ToolApprovals:
         store = self.suspensions
         run = RunScope.current()
         try:
-            await store._deliveries.flush(timeout_s=store.records.deadline_s)  # its mark first
+            await store.flush_deliveries(timeout_s=store.records.deadline_s)  # its mark first
             for _ in range(5):
                 entry = await store.records.read(label)
                 record = None if entry is None else entry.record

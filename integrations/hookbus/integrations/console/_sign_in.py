@@ -20,7 +20,6 @@ Cheat Sheet (custom request headers, Origin verification, Fetch Metadata).
 
 from __future__ import annotations
 
-import base64
 import binascii
 import hashlib
 import hmac
@@ -32,6 +31,7 @@ from urllib.parse import urlsplit
 from starlette.requests import Request
 
 from hookbus._core.approvers import valid_approver
+from hookbus._core.base64url import b64url, unb64url
 
 __all__ = [
     "COOKIE",
@@ -60,14 +60,6 @@ class Session:
 
     approver: str
     expires_at: float
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
 class Signer:
@@ -103,7 +95,7 @@ class Signer:
     def issue(self, approver: str, *, now: float | None = None) -> tuple[str, Session]:
         """A cookie value for `approver`, and its session."""
         expires = int((time.time() if now is None else now) + self.ttl_s)
-        payload = _b64(json.dumps({"a": approver, "exp": expires}).encode())
+        payload = b64url(json.dumps({"a": approver, "exp": expires}).encode())
         return f"{payload}.{self._sign(payload)}", Session(approver, float(expires))
 
     def verify(self, value: str | None, *, now: float | None = None) -> Session | None:
@@ -115,7 +107,7 @@ class Signer:
         if not hmac.compare_digest(signature, self._sign(payload)):
             return None
         try:
-            doc = json.loads(_unb64(payload))
+            doc = json.loads(unb64url(payload))
             approver, expires = str(doc["a"]), float(doc["exp"])
         except (ValueError, KeyError, TypeError, binascii.Error):
             return None
@@ -126,7 +118,7 @@ class Signer:
         return Session(approver, expires)
 
     def _sign(self, payload: str) -> str:
-        return _b64(hmac.new(self._key, payload.encode(), hashlib.sha256).digest())
+        return b64url(hmac.new(self._key, payload.encode(), hashlib.sha256).digest())
 
 
 def cross_origin_problem(request: Request) -> str | None:
