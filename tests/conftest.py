@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -155,8 +155,12 @@ async def written(d: Any, n: int) -> None:
             await anyio.sleep(0.01)
 
 
+Connect = Callable[..., Awaitable[NATS]]
+"""The `connect` fixture: ``await connect(**options)`` opens another connection."""
+
+
 @pytest.fixture
-async def connect(nats_url: str) -> AsyncIterator[object]:
+async def connect(nats_url: str) -> AsyncIterator[Connect]:
     """Factory of extra connections (one per simulated process), all closed at the end."""
     async with connections(nats_url) as make:
         yield make

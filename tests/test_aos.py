@@ -22,6 +22,7 @@ import anyio
 import jsonschema
 import msgspec
 import pytest
+from _answering import answered
 from _integration_kit import Connect, private_connect
 
 from hookbus.dispatcher import ApprovalsClient, HookDispatcher
@@ -459,22 +460,26 @@ async def test_a2a_methods_and_system_messages_have_events_of_their_own(
     assert seen[1][1]["response"] == "The bank account of Acme Corp is 000123456789"
 
 
-async def test_a_modification_of_hookbus_fields_only_is_an_allow(connect: Connect) -> None:
-    async def tag(event: str, data: dict[str, Any]) -> HookResult:
-        return HookResult(action="modify", data={**data, "risk": "low"})
+async def modified(connect: Connect, name: str, **changes: Any) -> dict[str, Any]:
+    """The AOS result of a tool_call_request whose one handler, `name`, modifies the
+    event's data with `changes`."""
 
-    async with guardian(connect, (TOOL_PRE, tag, {})) as d:
-        result = checked(await answer(body("tool_call_request"), d.emit))["result"]
+    async def modify(event: str, data: dict[str, Any]) -> HookResult:
+        return HookResult(action="modify", data={**data, **changes})
+
+    modify.__name__ = name
+    async with guardian(connect, (TOOL_PRE, modify, {})) as d:
+        return dict(checked(await answer(body("tool_call_request"), d.emit))["result"])
+
+
+async def test_a_modification_of_hookbus_fields_only_is_an_allow(connect: Connect) -> None:
+    result = await modified(connect, "tag", risk="low")
     assert result["decision"] == "allow"
     assert result["data"]["hookbus"]["modifiedBy"] == ["tag"]
 
 
 async def test_a_modification_that_breaks_the_aos_request_is_denied(connect: Connect) -> None:
-    async def wreck(event: str, data: dict[str, Any]) -> HookResult:
-        return HookResult(action="modify", data={**data, "tool_input": "not an object"})
-
-    async with guardian(connect, (TOOL_PRE, wreck, {})) as d:
-        result = checked(await answer(body("tool_call_request"), d.emit))["result"]
+    result = await modified(connect, "wreck", tool_input="not an object")
     assert result["decision"] == "deny"
     assert result["reasonCode"] == ["hookbus:emit_failed:invalid_modification"]
 
@@ -532,22 +537,13 @@ async def test_the_approval_gate_decides_ask_user(
         guardian(connect, (TOOL_PRE, asker, {})) as d,
         ApprovalsClient(await connect()) as approver,
     ):
-        events = await approver.events()
-        out: list[bytes | None] = []
-
-        async def call() -> None:
-            out.append(await answer(body("tool_call_request"), d.emit))
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(call)
-            with anyio.fail_after(10):
-                async for e in events:
-                    if e.hook.status == "pending" and e.hook.metadata.get("session_id") == session:
-                        break
-            await approver.answer_approval(e.hook.label, choice, approver="alice",
-                                           agent_id=e.hook.agent_id)  # fmt: skip
-        await events.aclose()
-    result = checked(out[0])["result"]
+        out = await answered(
+            approver,
+            lambda: answer(body("tool_call_request"), d.emit),
+            lambda hook: hook.metadata.get("session_id") == session,
+            choice,
+        )
+    result = checked(out)["result"]
     assert result["decision"] == expected
     assert "approved_by:alice" in result["reasonCode"]
     if expected == "allow":

@@ -16,20 +16,18 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 import pytest
-from nats.aio.client import Client as NATS
+from conftest import Connect
 from test_approvals import Agent, Approver, asker, spawn_emit
 
 from hookbus.dispatcher import AnswerNotAppliedError, HookDispatcher
 from hookbus.schemas import HookPart, HookResult
 
 pytestmark = pytest.mark.anyio
-
-Connect = Callable[..., Awaitable[NATS]]
 
 ASK_S = 5.0
 """Seconds a test waits for a question to be shown before it fails."""

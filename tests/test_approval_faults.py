@@ -15,13 +15,12 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 import nats
 import pytest
-from conftest import reconnecting
+from conftest import Connect, reconnecting
 from nats.aio.client import Client as NATS
 from test_approvals import Approver, asker, spawn_emit
 
@@ -35,8 +34,6 @@ from hookbus.schemas import (
 )
 
 pytestmark = [pytest.mark.anyio, pytest.mark.faults]
-
-Connect = Callable[..., Awaitable[NATS]]
 
 TIMEOUT_S = 0.4
 """Each racing approval's own timeout."""

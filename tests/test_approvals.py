@@ -10,9 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -21,7 +18,11 @@ from typing import Any
 import anyio
 import nats.errors
 import pytest
+from _cli_subprocess import hookbus_cli
+from _emitted import Emitted, in_background
+from _sentinel import send_sentinel
 from anyio.abc import TaskGroup
+from conftest import Connect
 from nats.aio.client import Client as NATS
 
 from hookbus.dispatcher import (
@@ -46,13 +47,10 @@ from hookbus.schemas import (
     approval_answer_key,
     encode,
     grant_key,
-    suspension_event_subject,
 )
 from hookbus.workers import HookWorker
 
 pytestmark = pytest.mark.anyio
-
-Connect = Callable[..., Awaitable[NATS]]
 
 
 class Approver:
@@ -96,13 +94,7 @@ class Approver:
 
     async def settle(self, *conns: NATS) -> list[HookPart]:
         """Every event received once all `conns` sent so far has arrived (sentinel)."""
-        for conn in conns:
-            await conn.flush()
-        sentinel = f"sentinel {uuid.uuid4().hex}"
-        await self.nc.publish(
-            suspension_event_subject(sentinel, "pending"),
-            encode(HookEvent(hook=HookPart(hook_id="-", label=sentinel, status="pending"))),
-        )
+        sentinel = await send_sentinel(self.nc, *conns)
         await self.next(lambda h: h.label == sentinel)
         return [e.hook for e in self.seen if e.hook.label != sentinel]
 
@@ -130,29 +122,25 @@ async def agent(connect: Connect) -> AsyncIterator[Agent]:
         yield Agent(d, nc, f"session-{uuid.uuid4().hex[:10]}")
 
 
-class Emitted:
-    def __init__(self) -> None:
-        self.result: HookResult | None = None
-        self.done = anyio.Event()
-
-    async def wait(self, timeout_s: float = 10) -> HookResult:
-        with anyio.fail_after(timeout_s):
-            await self.done.wait()
-        assert self.result is not None
-        return self.result
+@pytest.fixture
+def asking(agent: Agent, event: str) -> Agent:
+    """`agent`, its dispatcher asking the user on every `event` (`asker()`)."""
+    agent.d.register(event, asker())
+    return agent
 
 
 def spawn_emit(tg: TaskGroup, d: HookDispatcher, event: str, data: dict[str, Any]) -> Emitted:
-    out = Emitted()
+    """``d.emit(event, data)`` in the background of `tg` (its `wait`: 10 s by default)."""
+    return in_background(tg, lambda: d.emit(event, data))
 
-    async def run() -> None:
-        try:
-            out.result = await d.emit(event, data)
-        finally:
-            out.done.set()
 
-    tg.start_soon(run)
-    return out
+async def asked_a1(
+    tg: TaskGroup, agent: Agent, approver: Approver, event: str
+) -> tuple[Emitted, HookPart]:
+    """A bash call of agent ``a1`` emitted by `agent` in the background of `tg`: that emit,
+    and the approval it asks (the next pending one of the agent's session)."""
+    out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
+    return out, await approver.pending(agent.session)
 
 
 async def answered(
@@ -220,8 +208,7 @@ async def test_ask_user_from_a_remote_handler_waits_for_the_answer_and_allows(
         await agent.d.refresh()
         assert agent.d.list_handlers(event) == {event: ["remote_guard"]}
         async with anyio.create_task_group() as tg:
-            out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
-            part = await approver.pending(agent.session)
+            out, part = await asked_a1(tg, agent, approver, event)
             assert part.label.startswith(APPROVAL_LABEL_PREFIX)
             m = part.metadata
             assert m["prompt"] == "Run rm -rf?"
@@ -698,16 +685,7 @@ async def test_a_key_reused_for_another_call_does_not_reuse_the_answer(
 def spawn_emit_keyed(
     tg: TaskGroup, d: HookDispatcher, event: str, data: dict[str, Any], key: str
 ) -> Emitted:
-    out = Emitted()
-
-    async def run() -> None:
-        try:
-            out.result = await d.emit(event, data, idempotency_key=key)
-        finally:
-            out.done.set()
-
-    tg.start_soon(run)
-    return out
+    return in_background(tg, lambda: d.emit(event, data, idempotency_key=key))
 
 
 # -- "Allow always": scoped, never without a session, listed and revoked ---------------------------
@@ -801,16 +779,6 @@ async def test_a_grant_that_does_not_match_its_key_is_ignored_and_the_human_aske
 
 
 # -- the CLI: hookbus approvals grants | revoke ------------------------------------------------
-async def hookbus_cli(nats_url: str, *args: str) -> subprocess.CompletedProcess[bytes]:
-    """Run the CLI as a user would (a wide terminal so tables do not wrap)."""
-    with anyio.fail_after(30):
-        return await anyio.run_process(
-            [sys.executable, "-m", "hookbus.cli", *args, "--url", nats_url],
-            check=False,
-            env={**os.environ, "COLUMNS": "400", "NO_COLOR": "1"},
-        )
-
-
 async def test_grants_are_listed_and_revoked_from_the_cli(
     agent: Agent, approver: Approver, nats_url: str, event: str
 ) -> None:
@@ -871,8 +839,7 @@ async def test_a_record_resolved_without_an_approvers_proof_denies(
     none, and denies."""
     agent.d.register(event, asker())
     async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
-        part = await approver.pending(agent.session)
+        out, part = await asked_a1(tg, agent, approver, event)
         await forge(agent.d, part.label, forged, "a1")
         r = await out.wait()
     assert r.action == "deny" and r.approved_by is None
@@ -886,8 +853,7 @@ async def test_a_proof_for_another_choice_does_not_carry_a_forged_one(
     name is refused (the proof disagrees), or loses to alice's own answer: never allowed."""
     agent.d.register(event, asker(approval_timeout=30))
     async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
-        part = await approver.pending(agent.session)
+        out, part = await asked_a1(tg, agent, approver, event)
         kv = await approver.nc.jetstream().key_value(APPROVALS_BUCKET)
         proof = ApprovalAnswer(choice="Deny", answered_by="alice", answered_at=1.0)
         await kv.create(approval_answer_key(part.label, "a1", "alice"), encode(proof))
@@ -926,8 +892,7 @@ async def test_an_approval_record_written_outside_the_approvals_store_is_not_an_
         tg.cancel_scope.cancel()
     assert await approver.client.approval_grants(session_id=agent.session) == []
     async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
-        part = await approver.pending(agent.session)  # asked: nothing was granted
+        out, part = await asked_a1(tg, agent, approver, event)  # asked: nothing was granted
         await approver.client.answer_approval(part.label, "Deny", approver="tester", agent_id="a1")
         assert (await out.wait()).action == "deny"
 
@@ -935,8 +900,7 @@ async def test_an_approval_record_written_outside_the_approvals_store_is_not_an_
 async def allowed_always(agent: Agent, approver: Approver, event: str, choice: str) -> str:
     """One call of `event` answered `choice` by alice for agent a1; its approval label."""
     async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
-        part = await approver.pending(agent.session)
+        out, part = await asked_a1(tg, agent, approver, event)
         await approver.client.answer_approval(part.label, choice, approver="alice", agent_id="a1")
         assert (await out.wait()).action == "continue"
     return part.label
@@ -970,8 +934,7 @@ async def test_a_grant_without_a_matching_proof_allows_nothing(
         )  # fmt: skip
     await kv.put(key, encode(grant))
     async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
-        part = await approver.pending(agent.session)  # the grant did not allow: asked
+        out, part = await asked_a1(tg, agent, approver, event)  # the grant did not allow: asked
         await approver.client.answer_approval(part.label, "Deny", approver="tester", agent_id="a1")
         r = await out.wait()
     assert (r.action, r.approved_by) == ("deny", "tester")
@@ -992,8 +955,7 @@ async def test_a_grant_names_its_approver_and_allows_while_its_proof_holds(
     kv = await approver.nc.jetstream().key_value(APPROVALS_BUCKET)
     await kv.delete(approval_answer_key(label, "a1", "alice"))
     async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
-        part = await approver.pending(agent.session)
+        out, part = await asked_a1(tg, agent, approver, event)
         await approver.client.answer_approval(part.label, "Deny", approver="tester", agent_id="a1")
         assert (await out.wait()).action == "deny"
 
@@ -1007,13 +969,7 @@ async def test_a_retry_does_not_bring_back_a_revoked_grant(
     key = f"call-{uuid.uuid4().hex}"
     data = {"tool_name": "bash", "agent_id": "a1"}
     async with anyio.create_task_group() as tg:
-        out = Emitted()
-
-        async def run() -> None:
-            out.result = await agent.d.emit(event, dict(data), idempotency_key=key)
-            out.done.set()
-
-        tg.start_soon(run)
+        out = spawn_emit_keyed(tg, agent.d, event, dict(data), key)
         part = await approver.pending(agent.session)
         await approver.client.answer_approval(
             part.label, "Allow always", approver="alice", agent_id="a1"
@@ -1133,13 +1089,29 @@ async def test_grants_and_proofs_are_not_records(
     assert [r.getMessage() for r in caplog.records] == []
 
 
+async def quota_asking(connect: Connect, event: str, max_pending: int) -> HookDispatcher:
+    """A dispatcher (not started) allowing `max_pending` pending approvals per agent, whose
+    handler asks on every `event` (30 s to answer)."""
+    d = HookDispatcher(await connect(), max_pending_approvals=max_pending)
+    d.register(event, asker(approval_timeout=30))
+    return d
+
+
+async def cancelled_then_denied(approver: Approver, agent: str, outs: list[Emitted]) -> None:
+    """Cancel every approval of `agent` still listed; each of `outs` then ends denied."""
+    for record in (await approver.client.approval_page()).records:
+        if record.agent_id == agent:
+            await approver.client.cancel_approval(record.label, agent_id=agent)
+    for out in outs:
+        assert (await out.wait()).action == "deny"
+
+
 async def test_pending_approvals_per_agent_are_limited(
     connect: Connect, approver: Approver, event: str
 ) -> None:
     """Past `max_pending_approvals` pending approvals of one agent, a question is denied
     at once with a ``quota:`` reason; another agent is still asked."""
-    d = HookDispatcher(await connect(), max_pending_approvals=2)
-    d.register(event, asker(approval_timeout=30))
+    d = await quota_asking(connect, event, 2)
     agent = f"quota-{uuid.uuid4().hex[:8]}"
     session = f"session-{uuid.uuid4().hex[:8]}"
     async with d, anyio.create_task_group() as tg:
@@ -1159,11 +1131,7 @@ async def test_pending_approvals_per_agent_are_limited(
             part.label, "Allow", approver="t", agent_id=part.agent_id
         )
         assert (await other.wait()).action == "continue"
-        for page_record in (await approver.client.approval_page()).records:
-            if page_record.agent_id == agent:
-                await approver.client.cancel_approval(page_record.label, agent_id=agent)
-        for out in outs:
-            assert (await out.wait()).action == "deny"
+        await cancelled_then_denied(approver, agent, outs)
 
 
 async def test_questions_asked_at_once_cannot_race_past_the_pending_quota(
@@ -1172,8 +1140,7 @@ async def test_questions_asked_at_once_cannot_race_past_the_pending_quota(
     """Ten questions of one agent at once, at most 3 pending: 3 are asked, 7 denied
     ``quota:`` at once (each question sees the others before any record is written, and
     the agent's keys are counted once for all of them)."""
-    d = HookDispatcher(await connect(), max_pending_approvals=3)
-    d.register(event, asker(approval_timeout=30))
+    d = await quota_asking(connect, event, 3)
     agent = f"race-{uuid.uuid4().hex[:8]}"
     session = f"session-{uuid.uuid4().hex[:8]}"
     async with d, anyio.create_task_group() as tg:
@@ -1194,19 +1161,14 @@ async def test_questions_asked_at_once_cannot_race_past_the_pending_quota(
             r for r in (await approver.client.approval_page()).records if r.agent_id == agent
         ]
         assert {r.label for r in pending} == asked
-        for record in pending:
-            await approver.client.cancel_approval(record.label, agent_id=agent)
-        for out in outs:
-            assert (await out.wait()).action == "deny"
+        await cancelled_then_denied(approver, agent, outs)
 
 
 async def test_the_approver_is_on_the_result_the_record_and_the_hook_event(
-    agent: Agent, approver: Approver, event: str
+    asking: Agent, approver: Approver, event: str
 ) -> None:
-    agent.d.register(event, asker())
     async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
-        part = await approver.pending(agent.session)
+        out, part = await asked_a1(tg, asking, approver, event)
         assert part.agent_id == "a1"
         answer = await approver.client.answer_approval(
             part.label, "Allow", approver="alice", agent_id="a1"
@@ -1221,12 +1183,10 @@ async def test_the_approver_is_on_the_result_the_record_and_the_hook_event(
 
 
 async def test_a_second_approver_loses_and_is_told(
-    agent: Agent, approver: Approver, event: str
+    asking: Agent, approver: Approver, event: str
 ) -> None:
-    agent.d.register(event, asker())
     async with anyio.create_task_group() as tg:
-        out = spawn_emit(tg, agent.d, event, {"tool_name": "bash", "agent_id": "a1"})
-        part = await approver.pending(agent.session)
+        out, part = await asked_a1(tg, asking, approver, event)
         await approver.client.answer_approval(part.label, "Deny", approver="alice", agent_id="a1")
         with pytest.raises(AlreadySettledError):
             await approver.client.answer_approval(

@@ -9,11 +9,11 @@ the client library holds for it.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 import pytest
+from conftest import Connect
 from nats.aio.client import Client as NATS
 from test_approvals import Agent, asker, spawn_emit
 
@@ -21,8 +21,6 @@ from hookbus.dispatcher import ApprovalsClient, HookDispatcher
 from hookbus.schemas import NotConnectedError, SuspensionRecord
 
 pytestmark = pytest.mark.anyio
-
-Connect = Callable[..., Awaitable[NATS]]
 
 APPROVALS_STREAM = "KV_hookbus_approvals"
 

@@ -27,9 +27,10 @@ from typing import Any
 import anyio
 import nats.js.errors
 import pytest
-from _serving import serving
+from _answering import answered
+from _serving import audited, serving, until_routed
 from click.testing import CliRunner
-from conftest import written
+from conftest import Connect, written
 from nats.aio.client import Client as NATS
 from nats.js.api import DiscardPolicy, RetentionPolicy
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -61,8 +62,6 @@ from hookbus.schemas import (
 )
 
 pytestmark = pytest.mark.anyio
-
-Connect = Callable[..., Awaitable[NATS]]
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -103,12 +102,6 @@ async def records(nc: NATS, agent: str | None) -> list[DecisionRecord]:
         await release_consumer(sub)
 
 
-async def until_routed(d: HookDispatcher, event: str, names: list[str]) -> None:
-    with anyio.fail_after(10):
-        while d.list_handlers(event)[event] != names:  # noqa: ASYNC110
-            await anyio.sleep(0.01)
-
-
 def then_policy(
     event: str, first: tuple[str, Callable[..., Any]], policy: Callable[..., Any]
 ) -> tuple[tuple[str, Callable[..., Any], dict[str, Any]], ...]:
@@ -122,22 +115,23 @@ def then_policy(
 
 
 @asynccontextmanager
-async def audited(
-    connect: Connect,
-    agent: str,
-    worker_nc: NATS,
-    *handlers: tuple[str, Callable[..., Any], dict[str, Any]],
+async def audited_service(
+    connect: Connect, worker_nc: NATS, handler: tuple[str, Callable[..., Any], dict[str, Any]]
 ) -> AsyncIterator[HookDispatcher]:
-    """`handlers` ``(event, fn, options)`` served on `worker_nc` (one event; each options
-    names its handler, in priority order), and agent `agent`'s dispatcher (audit on),
-    yielded once it routes to all of them in that order."""
-    (event,) = {ev for ev, _, _ in handlers}
-    async with (
-        serving(worker_nc, *handlers),
-        HookDispatcher(await connect(), agent_id=agent, audit=True) as d,
-    ):
-        await until_routed(d, event, [options["name"] for _, _, options in handlers])
-        yield d
+    """`handler` ``(event, fn, options naming it)`` served on `worker_nc`, and a
+    `DispatcherService` (audit on) on a connection of its own, started; its dispatcher is
+    yielded once it routes to the handler. The service stops (1 s grace) on exit."""
+    event, _, options = handler
+    service_nc = await connect()
+    d = HookDispatcher(service_nc)
+    service = DispatcherService(d, service_nc, audit=True)
+    async with serving(worker_nc, handler):
+        await service.start()
+        try:
+            await until_routed(d, event, [options["name"]])
+            yield d
+        finally:
+            await service.stop(grace_s=1)
 
 
 def deny(reason: str) -> Callable[..., Awaitable[HookResult]]:
@@ -248,23 +242,15 @@ async def test_a_failure_under_deny_policy_is_one_record_with_the_failure(
 async def test_the_service_records_its_emits_with_the_agent_of_the_subject(
     nc: NATS, connect: Connect, event: str, agent: str
 ) -> None:
-    service_nc = await connect()
-    d = HookDispatcher(service_nc)
-    service = DispatcherService(d, service_nc, audit=True)
-    async with serving(nc, (event, deny("no"), {"name": "guard"})):
-        await service.start()
-        try:
-            await until_routed(d, event, ["guard"])
-            msg = await nc.request(
-                emit_service_subject(event, agent),
-                encode(EmitRequest(data={"tool_name": "sh"}, session_id="s3")),
-                timeout=5,
-            )
-            reply = decode(msg.data, EmitReply)
-            assert reply.result is not None and reply.result.action == "deny"
-            await written(d, 1)
-        finally:
-            await service.stop(grace_s=1)
+    async with audited_service(connect, nc, (event, deny("no"), {"name": "guard"})) as d:
+        msg = await nc.request(
+            emit_service_subject(event, agent),
+            encode(EmitRequest(data={"tool_name": "sh"}, session_id="s3")),
+            timeout=5,
+        )
+        reply = decode(msg.data, EmitReply)
+        assert reply.result is not None and reply.result.action == "deny"
+        await written(d, 1)
     [rec] = await records(nc, agent)
     assert (rec.agent_id, rec.session_id, rec.tool_name) == (agent, "s3", "sh")
     assert rec.handlers == ["guard"] and rec.action == "deny"
@@ -281,26 +267,14 @@ async def test_an_answered_approval_records_its_approver(
     agent_d.register(event, guard)
     approver = ApprovalsClient(await connect())
     async with agent_d, approver:
-        events = await approver.events()
-        out: list[HookResult] = []
-
-        async def run() -> None:
-            data = {"tool_name": "bash", "agent_id": agent, "session_id": "s4"}
-            out.append(await agent_d.emit(event, data))
-
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(run)
-                with anyio.fail_after(10):
-                    async for e in events:
-                        if e.hook.status == "pending" and e.hook.metadata.get("agent_id") == agent:
-                            break
-                await approver.answer_approval(
-                    e.hook.label, "Allow", approver="alice", agent_id=e.hook.agent_id
-                )
-        finally:
-            await events.aclose()
-        assert out[0].action == "continue" and out[0].approved_by == "alice"
+        data = {"tool_name": "bash", "agent_id": agent, "session_id": "s4"}
+        r = await answered(
+            approver,
+            lambda: agent_d.emit(event, data),
+            lambda hook: hook.metadata.get("agent_id") == agent,
+            "Allow",
+        )
+        assert r.action == "continue" and r.approved_by == "alice"
         await written(agent_d, 1)
     [rec] = await records(nc, agent)
     assert (rec.action, rec.approver, rec.decided_by) == ("continue", "alice", "guard")
@@ -341,19 +315,11 @@ async def test_a_record_carries_the_emits_duration_at_least_the_handlers_sleep(
 async def test_the_services_records_carry_the_duration_too(
     nc: NATS, connect: Connect, event: str, agent: str
 ) -> None:
-    service_nc = await connect()
-    d = HookDispatcher(service_nc)
-    service = DispatcherService(d, service_nc, audit=True)
-    async with serving(nc, (event, slow_continue, {"name": "slow"})):
-        await service.start()
-        try:
-            await until_routed(d, event, ["slow"])
-            started = time.monotonic()
-            await nc.request(emit_service_subject(event, agent), b"{}", timeout=5)
-            took_ms = (time.monotonic() - started) * 1000
-            await written(d, 1)
-        finally:
-            await service.stop(grace_s=1)
+    async with audited_service(connect, nc, (event, slow_continue, {"name": "slow"})) as d:
+        started = time.monotonic()
+        await nc.request(emit_service_subject(event, agent), b"{}", timeout=5)
+        took_ms = (time.monotonic() - started) * 1000
+        await written(d, 1)
     [rec] = await records(nc, agent)
     assert rec.duration_ms is not None
     assert SLEEP_S * 1000 <= rec.duration_ms <= took_ms

@@ -19,12 +19,13 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import anyio
 import nats
 import pytest
+from _closing import closing
 from click.testing import CliRunner
 from nats.aio.client import Client as NATS
 from nats.js.api import KeyValueConfig
@@ -451,6 +452,23 @@ async def connect_as(url: str, out: Path, who: Identity) -> tuple[NATS, list[str
     return nc, errors
 
 
+Login = Callable[[str, str, str], Awaitable[tuple[NATS, list[str]]]]
+
+
+def logins(server: tuple[str, Path]) -> contextlib.AbstractAsyncContextManager[Login]:
+    """``await login(tenant, role, name)``: a connection to `server` (url, auth folder) as
+    that identity, and the async errors it receives (`connect_as`); all closed on exit."""
+    url, out = server
+    return closing(lambda tenant, role, name: connect_as(url, out, ident(out, tenant, role, name)))
+
+
+@pytest.fixture
+async def login(secured: tuple[str, Path]) -> AsyncIterator[Login]:
+    """`logins` to the module's `secured` server, closed at the test's end."""
+    async with logins(secured) as login:
+        yield login
+
+
 @anyio_test
 async def test_anonymous_and_unknown_keys_are_refused(
     secured: tuple[str, Path], tmp_path: Path
@@ -479,26 +497,21 @@ async def test_every_identity_connects_with_its_seed(secured: tuple[str, Path]) 
 
 
 @anyio_test
-async def test_tenants_do_not_see_each_other(secured: tuple[str, Path]) -> None:
-    url, out = secured
-    acme, _ = await connect_as(url, out, ident(out, "ACME", "agent", "payments"))
-    acme_listener, _ = await connect_as(url, out, ident(out, "ACME", "admin", "admin"))
-    globex, _ = await connect_as(url, out, ident(out, "GLOBEX", "admin", "admin"))
-    try:
-        subject = "hookbus.v1.suspension.payments.label.pending"
-        seen_acme = await acme_listener.subscribe("hookbus.v1.suspension.>", max_msgs=1)
-        seen_globex = await globex.subscribe("hookbus.v1.suspension.>")
-        await acme_listener.flush()
-        await globex.flush()
-        await acme.publish(subject, b"from acme")
-        await acme.flush()
-        msg = await seen_acme.next_msg(timeout=3)  # the same tenant hears it ...
-        assert msg.data == b"from acme"
-        with pytest.raises(nats.errors.TimeoutError):  # ... the other does not
-            await seen_globex.next_msg(timeout=0.5)
-    finally:
-        for nc in (acme, acme_listener, globex):
-            await nc.close()
+async def test_tenants_do_not_see_each_other(login: Login) -> None:
+    acme, _ = await login("ACME", "agent", "payments")
+    acme_listener, _ = await login("ACME", "admin", "admin")
+    globex, _ = await login("GLOBEX", "admin", "admin")
+    subject = "hookbus.v1.suspension.payments.label.pending"
+    seen_acme = await acme_listener.subscribe("hookbus.v1.suspension.>", max_msgs=1)
+    seen_globex = await globex.subscribe("hookbus.v1.suspension.>")
+    await acme_listener.flush()
+    await globex.flush()
+    await acme.publish(subject, b"from acme")
+    await acme.flush()
+    msg = await seen_acme.next_msg(timeout=3)  # the same tenant hears it ...
+    assert msg.data == b"from acme"
+    with pytest.raises(nats.errors.TimeoutError):  # ... the other does not
+        await seen_globex.next_msg(timeout=0.5)
 
 
 async def refusal(url: str, **options: object) -> str:
@@ -534,82 +547,65 @@ async def _violation(errors: list[str], needle: str, kind: str = "") -> None:
 
 
 @anyio_test
-async def test_an_agent_cannot_listen_to_handler_requests(secured: tuple[str, Path]) -> None:
-    url, out = secured
-    spy, spy_errors = await connect_as(url, out, ident(out, "ACME", "agent", "payments"))
-    dispatcher, _ = await connect_as(url, out, ident(out, "ACME", "dispatcher", "dispatcher"))
-    try:
-        sub = await spy.subscribe("hookbus.v1.handler.>")
-        await _violation(spy_errors, "hookbus.v1.handler.>")
-        await dispatcher.publish("hookbus.v1.handler.tool=3Apre.sec", b"secret")
-        await dispatcher.flush()
-        with pytest.raises(nats.errors.TimeoutError):
-            await sub.next_msg(timeout=0.5)
-    finally:
-        await spy.close()
-        await dispatcher.close()
+async def test_an_agent_cannot_listen_to_handler_requests(login: Login) -> None:
+    spy, spy_errors = await login("ACME", "agent", "payments")
+    dispatcher, _ = await login("ACME", "dispatcher", "dispatcher")
+    sub = await spy.subscribe("hookbus.v1.handler.>")
+    await _violation(spy_errors, "hookbus.v1.handler.>")
+    await dispatcher.publish("hookbus.v1.handler.tool=3Apre.sec", b"secret")
+    await dispatcher.flush()
+    with pytest.raises(nats.errors.TimeoutError):
+        await sub.next_msg(timeout=0.5)
 
 
 @anyio_test
-async def test_a_worker_declares_only_its_own_handlers(secured: tuple[str, Path]) -> None:
-    url, out = secured
-    admin, _ = await connect_as(url, out, ident(out, "ACME", "admin", "admin"))
-    wrk, wrk_errors = await connect_as(url, out, ident(out, "ACME", "worker", "sec"))
-    try:
-        await admin.jetstream().create_key_value(
-            KeyValueConfig(bucket="hookbus_handlers", history=1, direct=True)
-        )
-        kv = await wrk.jetstream().key_value("hookbus_handlers")
-        await kv.put("tool=3Apre.security_policy", b"{}")  # its own handler: acked
-        assert (await kv.get("tool=3Apre.security_policy")).value == b"{}"
-        with pytest.raises(nats.errors.TimeoutError):  # refused publish: no ack ever comes
-            await wrk.jetstream().publish("$KV.hookbus_handlers.tool=3Apre.other", b"{}", timeout=1)
-        await _violation(wrk_errors, "$KV.hookbus_handlers.tool=3Apre.other")
-        # nor may it serve another handler's requests, or its own outside its queue group
-        await wrk.subscribe("hookbus.v1.handler.*.other", queue="other")
-        await _violation(wrk_errors, "hookbus.v1.handler.*.other")
-        await wrk.subscribe("hookbus.v1.handler.*.audit")
-        await _violation(wrk_errors, "hookbus.v1.handler.*.audit")
-    finally:
-        await wrk.close()
-        await admin.close()
+async def test_a_worker_declares_only_its_own_handlers(login: Login) -> None:
+    admin, _ = await login("ACME", "admin", "admin")
+    wrk, wrk_errors = await login("ACME", "worker", "sec")
+    await admin.jetstream().create_key_value(
+        KeyValueConfig(bucket="hookbus_handlers", history=1, direct=True)
+    )
+    kv = await wrk.jetstream().key_value("hookbus_handlers")
+    await kv.put("tool=3Apre.security_policy", b"{}")  # its own handler: acked
+    assert (await kv.get("tool=3Apre.security_policy")).value == b"{}"
+    with pytest.raises(nats.errors.TimeoutError):  # refused publish: no ack ever comes
+        await wrk.jetstream().publish("$KV.hookbus_handlers.tool=3Apre.other", b"{}", timeout=1)
+    await _violation(wrk_errors, "$KV.hookbus_handlers.tool=3Apre.other")
+    # nor may it serve another handler's requests, or its own outside its queue group
+    await wrk.subscribe("hookbus.v1.handler.*.other", queue="other")
+    await _violation(wrk_errors, "hookbus.v1.handler.*.other")
+    await wrk.subscribe("hookbus.v1.handler.*.audit")
+    await _violation(wrk_errors, "hookbus.v1.handler.*.audit")
 
 
 @anyio_test
-async def test_one_worker_connection_answers_a_collect_once_per_handler(
-    secured: tuple[str, Path],
-) -> None:
+async def test_one_worker_connection_answers_a_collect_once_per_handler(login: Login) -> None:
     """A worker serving two handlers hears one emit_and_collect twice (two queue groups)
     with one reply subject, and may answer it twice (nats-server needs allow_responses
     max >= 3 for that: the model gives 2 per handler)."""
-    url, out = secured
-    wrk, wrk_errors = await connect_as(url, out, ident(out, "ACME", "worker", "sec"))
-    disp, _ = await connect_as(url, out, ident(out, "ACME", "dispatcher", "dispatcher"))
+    wrk, wrk_errors = await login("ACME", "worker", "sec")
+    disp, _ = await login("ACME", "dispatcher", "dispatcher")
+    harden_connection(wrk)  # its flush then follows its SUBs, as a hookbus worker's does
+    for handler in ("security_policy", "audit"):
+
+        async def answer(msg: nats.aio.msg.Msg, handler: str = handler) -> None:
+            await msg.respond(handler.encode())
+
+        await wrk.subscribe("hookbus.v1.collect.tool=3Apre", queue=handler, cb=answer)
+    await wrk.flush()
+    inbox = disp.new_inbox()
+    replies = await disp.subscribe(inbox)
+    await disp.publish("hookbus.v1.collect.tool=3Apre", b"{}", reply=inbox)
+    got: set[bytes] = set()
     try:
-        harden_connection(wrk)  # its flush then follows its SUBs, as a hookbus worker's does
-        for handler in ("security_policy", "audit"):
-
-            async def answer(msg: nats.aio.msg.Msg, handler: str = handler) -> None:
-                await msg.respond(handler.encode())
-
-            await wrk.subscribe("hookbus.v1.collect.tool=3Apre", queue=handler, cb=answer)
-        await wrk.flush()
-        inbox = disp.new_inbox()
-        replies = await disp.subscribe(inbox)
-        await disp.publish("hookbus.v1.collect.tool=3Apre", b"{}", reply=inbox)
-        got: set[bytes] = set()
-        try:
-            while len(got) < 2:
-                msg = await replies.next_msg(timeout=10)
-                assert not msg.headers, f"a status instead of an answer: {msg.headers}"
-                got.add(msg.data)
-        except nats.errors.TimeoutError:
-            pytest.fail(f"answers {got}; the worker's async errors: {wrk_errors}")
-        assert got == {b"security_policy", b"audit"}
-        assert wrk_errors == []
-    finally:
-        await wrk.close()
-        await disp.close()
+        while len(got) < 2:
+            msg = await replies.next_msg(timeout=10)
+            assert not msg.headers, f"a status instead of an answer: {msg.headers}"
+            got.add(msg.data)
+    except nats.errors.TimeoutError:
+        pytest.fail(f"answers {got}; the worker's async errors: {wrk_errors}")
+    assert got == {b"security_policy", b"audit"}
+    assert wrk_errors == []
 
 
 @anyio_test
@@ -619,12 +615,11 @@ async def test_a_chain_with_progress_replies_is_answered_within_the_workers_perm
     """Worker ``sec`` serves its two handlers as one chain; both wait, so its answer is a
     progress reply and a final one on the dispatcher's reply subject: its permissions must let
     both through, and the decision is the one-by-one one."""
-    url, out = secured_alone
-    admin, _ = await connect_as(url, out, ident(out, "ACME", "admin", "admin"))
-    wrk, wrk_errors = await connect_as(url, out, ident(out, "ACME", "worker", "sec"))
-    disp, disp_errors = await connect_as(url, out, ident(out, "ACME", "dispatcher", "dispatcher"))
     event = "chain:secured"
-    try:
+    async with logins(secured_alone) as login:
+        admin, _ = await login("ACME", "admin", "admin")
+        wrk, wrk_errors = await login("ACME", "worker", "sec")
+        disp, disp_errors = await login("ACME", "dispatcher", "dispatcher")
         await provision(admin)  # the buckets: only the admin may create them
         worker = HookWorker(wrk)
 
@@ -644,31 +639,23 @@ async def test_a_chain_with_progress_replies_is_answered_within_the_workers_perm
             ("deny", "audit", "audited True", [])
         ] * 3
         assert wrk_errors == [] and disp_errors == []
-    finally:
-        for nc in (wrk, disp, admin):
-            await nc.close()
 
 
 @anyio_test
-async def test_an_agent_reads_only_its_own_suspensions(secured: tuple[str, Path]) -> None:
-    url, out = secured
-    disp, _ = await connect_as(url, out, ident(out, "GLOBEX", "admin", "admin"))
-    agt, agt_errors = await connect_as(url, out, ident(out, "GLOBEX", "agent", "payments"))
-    try:
-        kv = await disp.jetstream().create_key_value(
-            KeyValueConfig(bucket="hookbus_suspensions", history=1, direct=True)
-        )
-        await kv.put("payments.l1", b"mine")
-        await kv.put("other.l1", b"theirs")
-        mine = await agt.jetstream().key_value("hookbus_suspensions")
-        assert (await mine.get("payments.l1")).value == b"mine"
-        await mine.put("payments.l2", b"own write")  # its own 2-token key: allowed
-        with pytest.raises(nats.errors.TimeoutError):
-            await mine.get("other.l1")
-        await _violation(agt_errors, "$KV.hookbus_suspensions.other.l1")
-    finally:
-        await agt.close()
-        await disp.close()
+async def test_an_agent_reads_only_its_own_suspensions(login: Login) -> None:
+    disp, _ = await login("GLOBEX", "admin", "admin")
+    agt, agt_errors = await login("GLOBEX", "agent", "payments")
+    kv = await disp.jetstream().create_key_value(
+        KeyValueConfig(bucket="hookbus_suspensions", history=1, direct=True)
+    )
+    await kv.put("payments.l1", b"mine")
+    await kv.put("other.l1", b"theirs")
+    mine = await agt.jetstream().key_value("hookbus_suspensions")
+    assert (await mine.get("payments.l1")).value == b"mine"
+    await mine.put("payments.l2", b"own write")  # its own 2-token key: allowed
+    with pytest.raises(nats.errors.TimeoutError):
+        await mine.get("other.l1")
+    await _violation(agt_errors, "$KV.hookbus_suspensions.other.l1")
 
 
 @anyio_test
@@ -706,46 +693,39 @@ async def test_tls_options_give_a_tls_server_and_contexts(tmp_path: Path) -> Non
 
 @anyio_test
 async def test_the_scoped_jetstream_forms_cannot_be_widened_by_the_request_body(
-    secured: tuple[str, Path],
+    secured: tuple[str, Path], login: Login
 ) -> None:
     """An agent allowed only the subject forms carrying its own key prefix cannot read
     another agent's keys by putting another filter in the request body: nats-server
     checks the body against the subject."""
-    url, out = secured
-    disp, _ = await connect_as(url, out, ident(out, "ACME", "admin", "admin"))
-    payments = ident(out, "ACME", "agent", "payments")
-    agt, _ = await connect_as(url, out, payments)
-    slots = slot_names(payments.public_key)
-    try:
-        kv = await disp.jetstream().create_key_value(
-            KeyValueConfig(bucket="hookbus_suspensions", history=1, direct=True)
-        )
-        await kv.put("other.secret", b"theirs")
-        own, other = "$KV.hookbus_suspensions.payments.>", "$KV.hookbus_suspensions.other.>"
-        inbox = agt.new_inbox()
-        delivered = await agt.subscribe(inbox)
-        for i, widen in enumerate(
-            [{"filter_subject": other}, {"filter_subjects": [own, other]}, {}]
-        ):
-            name = slots[i]  # its own slot: the name is allowed, only the body widens
-            config = {"name": name, "deliver_subject": inbox, "ack_policy": "none", **widen}
-            reply = await agt.request(
-                f"$JS.API.CONSUMER.CREATE.KV_hookbus_suspensions.{name}.{own}",
-                json.dumps({"stream_name": "KV_hookbus_suspensions", "config": config}).encode(),
-                timeout=3,
-            )
-            assert json.loads(reply.data).get("error"), (widen, reply.data)
-        got = await agt.request(
-            "$JS.API.DIRECT.GET.KV_hookbus_suspensions.$KV.hookbus_suspensions.payments.none",
-            json.dumps({"last_by_subj": "$KV.hookbus_suspensions.other.secret"}).encode(),
+    _, out = secured
+    disp, _ = await login("ACME", "admin", "admin")
+    agt, _ = await login("ACME", "agent", "payments")
+    slots = slot_names(ident(out, "ACME", "agent", "payments").public_key)
+    kv = await disp.jetstream().create_key_value(
+        KeyValueConfig(bucket="hookbus_suspensions", history=1, direct=True)
+    )
+    await kv.put("other.secret", b"theirs")
+    own, other = "$KV.hookbus_suspensions.payments.>", "$KV.hookbus_suspensions.other.>"
+    inbox = agt.new_inbox()
+    delivered = await agt.subscribe(inbox)
+    for i, widen in enumerate([{"filter_subject": other}, {"filter_subjects": [own, other]}, {}]):
+        name = slots[i]  # its own slot: the name is allowed, only the body widens
+        config = {"name": name, "deliver_subject": inbox, "ack_policy": "none", **widen}
+        reply = await agt.request(
+            f"$JS.API.CONSUMER.CREATE.KV_hookbus_suspensions.{name}.{own}",
+            json.dumps({"stream_name": "KV_hookbus_suspensions", "config": config}).encode(),
             timeout=3,
         )
-        assert got.data != b"theirs"
-        with pytest.raises(nats.errors.TimeoutError):
-            await delivered.next_msg(timeout=0.3)
-    finally:
-        await agt.close()
-        await disp.close()
+        assert json.loads(reply.data).get("error"), (widen, reply.data)
+    got = await agt.request(
+        "$JS.API.DIRECT.GET.KV_hookbus_suspensions.$KV.hookbus_suspensions.payments.none",
+        json.dumps({"last_by_subj": "$KV.hookbus_suspensions.other.secret"}).encode(),
+        timeout=3,
+    )
+    assert got.data != b"theirs"
+    with pytest.raises(nats.errors.TimeoutError):
+        await delivered.next_msg(timeout=0.3)
 
 
 # -- hookbus server --config -----------------------------------------------------------

@@ -23,6 +23,7 @@ import anyio
 import nats
 import nats.errors
 import pytest
+from _closing import closing
 from click.testing import CliRunner
 from nats.aio.client import Client as NATS
 
@@ -59,6 +60,12 @@ def issue(out: Path, tenant: str, role: str, name: str, *options: str) -> str:
     """``hookbus auth issue ROLE NAME`` in tenant `tenant` of the setup in `out` (it must
     succeed): its output."""
     return hookbus("auth", "issue", role, name, "--dir", str(out), "--tenant", tenant, *options)
+
+
+def init_jwt(out: Path, *options: str) -> Path:
+    """``hookbus auth init --jwt --out OUT OPTIONS`` (it must succeed): `out`."""
+    hookbus("auth", "init", "--jwt", "--out", str(out), *options)
+    return out
 
 
 def _claims_part(token: str) -> dict[str, Any]:
@@ -232,10 +239,9 @@ def test_a_leaf_link_credential_is_good_for_a_leaf_link_only_and_limits_nothing_
 
 @pytest.fixture
 def jwt_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    out = tmp_path / "auth"
-    hookbus("auth", "init", "--jwt", "--out", str(out), "--tenant", "T1", "--tenant", "T2",
-            "--agent", "a1", "--embedded-agent", "e1", "--worker", f"sec:{EVENT}/security",
-            "--approver", "alice", "--auditor", "aud")  # fmt: skip
+    out = init_jwt(tmp_path / "auth", "--tenant", "T1", "--tenant", "T2", "--agent", "a1",
+                   "--embedded-agent", "e1", "--worker", f"sec:{EVENT}/security",
+                   "--approver", "alice", "--auditor", "aud")  # fmt: skip
     with EmbeddedNatsServer(out / "run", config=out / "server.conf", port=-1) as server:
         yield server.url, out
 
@@ -260,6 +266,16 @@ async def connect(url: str, creds: Path) -> tuple[NATS, list[str]]:
         await nc.close()
         raise
     return nc, errors
+
+
+async def cut_then_refused(nc: NATS, url: str, creds: Path, *refusals: str) -> None:
+    """Wait (20 s at most) until the server closes `nc`, a connection with `creds`; then a
+    new connection with them is refused (``authorization``, or one of `refusals`)."""
+    with anyio.fail_after(20):
+        while nc.is_connected:  # noqa: ASYNC110  (no event for it)
+            await anyio.sleep(0.05)
+    with pytest.raises(Exception, match="(?i)" + "|".join(("authorization", *refusals))):
+        await connect(url, creds)
 
 
 def _files(out: Path) -> dict[str, bytes]:
@@ -325,10 +341,10 @@ async def test_issued_worker_and_embedded_agent_decide_end_to_end_within_their_r
     issue(out, "T1", "worker", "guard", "--handler", f"{EVENT}/guard")
     issue(out, "T1", "agent", "pay", "--embedded")
     issue(out, "T1", "agent", "other")
-    worker_nc, _ = await connect(url, out / "T1" / "worker-guard.creds")
-    agent_nc, _ = await connect(url, out / "T1" / "agent-pay.creds")
-    plain_nc, plain_errors = await connect(url, out / "T1" / "agent-other.creds")
-    try:
+    async with closing(connect) as login:
+        worker_nc, _ = await login(url, out / "T1" / "worker-guard.creds")
+        agent_nc, _ = await login(url, out / "T1" / "agent-pay.creds")
+        plain_nc, plain_errors = await login(url, out / "T1" / "agent-other.creds")
         w = HookWorker(worker_nc)
 
         @w.handler(EVENT, name="guard", failure_policy="deny")
@@ -359,9 +375,6 @@ async def test_issued_worker_and_embedded_agent_decide_end_to_end_within_their_r
             # ... nor serve the worker's handler
             await plain_nc.subscribe(handler_subject(EVENT, "guard"), queue="guard")
             await _violation(plain_errors, "subscription")
-    finally:
-        for nc in (worker_nc, agent_nc, plain_nc):
-            await nc.close()
 
 
 @anyio_test
@@ -371,23 +384,19 @@ async def test_issued_users_of_one_tenant_do_not_reach_another(
     url, out = jwt_server
     issue(out, "T1", "agent", "twin")
     issue(out, "T2", "agent", "twin")
-    t1, _ = await connect(url, out / "T1" / "agent-twin.creds")
-    t2, _ = await connect(url, out / "T2" / "agent-twin.creds")
-    try:
+    async with closing(connect) as login:
+        t1, _ = await login(url, out / "T1" / "agent-twin.creds")
+        t2, _ = await login(url, out / "T2" / "agent-twin.creds")
         sub = await t2.subscribe("hookbus.v1.suspension.twin.>")
         await t2.flush()
         await t1.publish("hookbus.v1.suspension.twin.l.pending", b"tenant one")
         await t1.flush()
         with pytest.raises(nats.errors.TimeoutError):
             await sub.next_msg(timeout=0.5)
-    finally:
-        await t1.close()
-        await t2.close()
 
 
 def test_every_role_can_be_issued(tmp_path: Path) -> None:
-    out = tmp_path / "auth"
-    hookbus("auth", "init", "--jwt", "--no-tls", "--out", str(out))
+    out = init_jwt(tmp_path / "auth", "--no-tls")
     for role, extra in (("agent", ()), ("worker", ("--handler", f"{EVENT}/x")),
                         ("approver", ()), ("auditor", ()), ("dispatcher", ()),
                         ("admin", ())):  # fmt: skip
@@ -406,42 +415,33 @@ def test_every_role_can_be_issued(tmp_path: Path) -> None:
 async def test_an_expiring_credential_works_until_it_expires_then_is_refused_and_cut(
     tmp_path: Path,
 ) -> None:
-    out = tmp_path / "auth"
-    hookbus("auth", "init", "--jwt", "--out", str(out))
+    out = init_jwt(tmp_path / "auth")
     assert "duration" in hookbus("auth", "issue", "agent", "x", "--dir", str(out),
                                  "--expires", "soon", code=2)  # fmt: skip
     with EmbeddedNatsServer(out / "run", config=out / "server.conf", port=-1) as server:
         hookbus("auth", "issue", "agent", "brief", "--dir", str(out), "--expires", "8s")
         hookbus("auth", "issue", "agent", "lasting", "--dir", str(out))
         expires_at = decode(parse_creds((out / "agent-brief.creds").read_text())[0])["exp"]
-        brief, _ = await connect(server.url, out / "agent-brief.creds")
-        lasting, _ = await connect(server.url, out / "agent-lasting.creds")
-        try:
+        async with closing(connect) as login:
+            brief, _ = await login(server.url, out / "agent-brief.creds")
+            lasting, _ = await login(server.url, out / "agent-lasting.creds")
             assert await brief.jetstream().account_info() is not None
             await anyio.sleep(max(0.0, expires_at + 1 - time.time()))
-            with anyio.fail_after(20):  # the server closes the expired user's connection
-                while brief.is_connected:  # noqa: ASYNC110  (no event for it)
-                    await anyio.sleep(0.05)
-            with pytest.raises(Exception, match=r"(?i)authorization|expired"):
-                await connect(server.url, out / "agent-brief.creds")
+            await cut_then_refused(brief, server.url, out / "agent-brief.creds", "expired")
             assert lasting.is_connected and await lasting.jetstream().account_info() is not None
-        finally:
-            await brief.close()
-            await lasting.close()
 
 
 @anyio_test
 async def test_a_revoked_credential_is_refused_after_a_reload_and_others_stay(
     tmp_path: Path,
 ) -> None:
-    out = tmp_path / "auth"
-    hookbus("auth", "init", "--jwt", "--out", str(out))
+    out = init_jwt(tmp_path / "auth")
     with EmbeddedNatsServer(out / "run", config=out / "server.conf", port=-1) as server:
         hookbus("auth", "issue", "agent", "leaked", "--dir", str(out))
         hookbus("auth", "issue", "agent", "kept", "--dir", str(out))
-        leaked, _ = await connect(server.url, out / "agent-leaked.creds")
-        kept, kept_errors = await connect(server.url, out / "agent-kept.creds")
-        try:
+        async with closing(connect) as login:
+            leaked, _ = await login(server.url, out / "agent-leaked.creds")
+            kept, kept_errors = await login(server.url, out / "agent-kept.creds")
             said = hookbus("auth", "revoke", str(out / "agent-leaked.creds"), "--dir", str(out))
             assert "reload" in said
             public = KeyPair.from_seed(parse_creds(
@@ -453,11 +453,7 @@ async def test_a_revoked_credential_is_refused_after_a_reload_and_others_stay(
                 while (outcome := server.reload_outcome(offset)) is None:  # noqa: ASYNC110
                     await anyio.sleep(0.05)
             assert outcome == (True, ""), outcome
-            with anyio.fail_after(20):  # the server closes the revoked user's connection
-                while leaked.is_connected:  # noqa: ASYNC110  (no event for it)
-                    await anyio.sleep(0.05)
-            with pytest.raises(Exception, match=r"(?i)authorization"):
-                await connect(server.url, out / "agent-leaked.creds")
+            await cut_then_refused(leaked, server.url, out / "agent-leaked.creds")
             # the other credential kept its connection and still connects
             assert kept.is_connected and await kept.jetstream().account_info() is not None
             again, errors = await connect(server.url, out / "agent-kept.creds")
@@ -465,9 +461,6 @@ async def test_a_revoked_credential_is_refused_after_a_reload_and_others_stay(
             await again.close()
             refusals = [e for e in kept_errors if "violation" in e.lower()]
             assert kept.is_connected and refusals == [], kept_errors
-        finally:
-            await leaked.close()
-            await kept.close()
     assert "neither" in hookbus("auth", "revoke", "UXXX", "--dir", str(out), code=2)
     static = tmp_path / "static"
     hookbus("auth", "init", "--no-tls", "--out", str(static))

@@ -20,6 +20,7 @@ from urllib.parse import urlparse
 import msgspec
 import nats
 import pytest
+from _serving import sleeper
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -373,15 +374,7 @@ async def test_worker_never_runs_past_the_callers_budget(connect, event):
     """The worker cuts its handler's own timeout to the budget in the envelope, and a
     request whose budget is already spent is answered at once, not dropped."""
     nc = await connect()
-    cancelled = asyncio.Event()
-
-    async def long(ev: str, data: dict[str, Any]) -> None:
-        try:
-            await asyncio.sleep(10)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-
+    long, cancelled = sleeper("long", 10)
     w = HookWorker(nc)
     w.add_handler(event, long, timeout_s=30)
     async with w:

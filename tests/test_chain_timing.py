@@ -27,7 +27,7 @@ import collections
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ import pytest
 from _fleet import WORKER_READY, Fleet, Proc
 from _paced import SECRET, behaviour, worker_module
 from _proxy import NatsProxy
+from conftest import Connect
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
@@ -50,7 +51,6 @@ from hookbus.schemas import (
 
 pytestmark = [pytest.mark.anyio, pytest.mark.faults]
 
-Connect = Callable[..., Awaitable[NATS]]
 TESTS = str(Path(__file__).resolve().parent)
 COMMAND = f"export KEY={SECRET}"
 QUIET_S = 1.0
@@ -150,6 +150,16 @@ async def three_ways(
     return out
 
 
+async def served_three_ways(
+    connect: Connect, fleet: Fleet, event: str, handlers: list[dict], emits: list[dict]
+) -> tuple[dict[str, list[tuple[Any, ...]]], Runs]:
+    """`handlers` served by a paced worker process: `three_ways` of `emits`, and the runs
+    announced meanwhile."""
+    runs = await Runs().listen(await connect(), event)
+    await paced_workers(fleet, event, handlers)
+    return await three_ways(connect, event, handlers, emits, runs), runs
+
+
 def tool(**extra: Any) -> dict[str, Any]:
     return {"tool_name": "bash", "tool_input": {"command": COMMAND}, **extra}
 
@@ -159,9 +169,7 @@ async def test_a_handler_that_awaits_only_on_a_cache_miss_keeps_the_earlier_reda
     connect: Connect, fleet: Fleet, event: str, policy: str
 ) -> None:
     handlers = [h("redact", "redact", 1, 1.0, policy), h("audit", "audit", 2, 5.0)]
-    runs = await Runs().listen(await connect(), event)
-    await paced_workers(fleet, event, handlers)
-    out = await three_ways(connect, event, handlers, [tool(), tool(miss=True)], runs)
+    out, runs = await served_three_ways(connect, fleet, event, handlers, [tool(), tool(miss=True)])
     redacted = ("continue", None, "export KEY=***", [])
     assert out == {way: [redacted, redacted] for way in out}
     await runs.settle(
@@ -197,45 +205,30 @@ async def test_a_handler_computing_past_an_earlier_timeout_on_the_first_call(
     connect: Connect, fleet: Fleet, event: str
 ) -> None:
     handlers = [h("redact", "redact", 1, 1.0, "deny"), h("scan", "scan", 2, 5.0)]
-    runs = await Runs().listen(await connect(), event)
-    await paced_workers(fleet, event, handlers)
-    out = await three_ways(connect, event, handlers, [tool()], runs)
+    out, runs = await served_three_ways(connect, fleet, event, handlers, [tool()])
     assert out == {way: [("continue", None, "export KEY=***", [])] for way in out}
     await runs.settle({("scan", f"{way}-0") for way in out})
     assert all(runs.count[("scan", f"{way}-0")] == 1 for way in out), runs.count
 
 
-async def test_a_parallel_neighbour_computing_does_not_time_out_an_answered_handler(
-    connect: Connect, fleet: Fleet, event: str
+@pytest.mark.parametrize("scan_first", [False, True], ids=["guard_first", "scan_first"])
+async def test_a_parallel_neighbour_computing_does_not_time_out_the_guard(
+    connect: Connect, fleet: Fleet, event: str, scan_first: bool
 ) -> None:
     """Two parallel handlers of one worker process, called one by one: ``guard`` denies at
-    once (its failures ignored), ``scan`` computes 1.5 s without awaiting. The guard's
-    answer must leave the process when the guard returns, not when the scan lets the event
-    loop run again: else the dispatcher times the guard out after 1 s and, the failure
-    ignored, lets the call through."""
-    guard = {**h("guard", "deny", 1, 1.0, "ignore"), "parallel": True}
-    scan = {**h("scan", "scan", 2, 5.0), "parallel": True}
-    runs = await Runs().listen(await connect(), event)
-    await paced_workers(fleet, event, [guard, scan])
-    out = await three_ways(connect, event, [guard, scan], [tool(), tool()], runs)
-    denied = ("deny", "guard denies", COMMAND, [])
-    assert out == {way: [denied, denied] for way in out}
+    once (its failures ignored), ``scan`` computes 1.5 s without awaiting. Were the guard
+    timed out (after 1 s), its failure ignored would let the call through.
 
-
-async def test_a_parallel_neighbour_computing_first_does_not_time_out_a_later_handler(
-    connect: Connect, fleet: Fleet, event: str
-) -> None:
-    """The same two handlers, the scan first in order: its request reaches the worker
+    The guard first: its answer must leave the process when the guard returns, not when the
+    scan lets the event loop run again. The scan first: its request reaches the worker
     first, so the guard's is not started before the scan lets the event loop run (1.5 s,
     past the guard's 1 s). The worker times the guard from its start, as a process running
     both would; the dispatcher, with no news, must wait for a request of the same process
-    while a neighbour of the same emit may hold its loop (the neighbour's timeout), else,
-    one by one, the guard times out and, its failure ignored, the call goes through."""
-    scan = {**h("scan", "scan", 1, 5.0), "parallel": True}
-    guard = {**h("guard", "deny", 2, 1.0, "ignore"), "parallel": True}
-    runs = await Runs().listen(await connect(), event)
-    await paced_workers(fleet, event, [scan, guard])
-    out = await three_ways(connect, event, [scan, guard], [tool(), tool()], runs)
+    while a neighbour of the same emit may hold its loop (the neighbour's timeout)."""
+    guard = {**h("guard", "deny", 2 if scan_first else 1, 1.0, "ignore"), "parallel": True}
+    scan = {**h("scan", "scan", 1 if scan_first else 2, 5.0), "parallel": True}
+    handlers = [scan, guard] if scan_first else [guard, scan]
+    out, _ = await served_three_ways(connect, fleet, event, handlers, [tool(), tool()])
     denied = ("deny", "guard denies", COMMAND, [])
     assert out == {way: [denied, denied] for way in out}
 
@@ -244,9 +237,7 @@ async def test_an_object_json_cannot_carry_is_converted_as_in_process(
     connect: Connect, fleet: Fleet, event: str
 ) -> None:
     handlers = [h("h1", "bad", 1, 5.0), h("h2", "allow", 2, 5.0), h("h3", "deny", 3, 5.0)]
-    runs = await Runs().listen(await connect(), event)
-    await paced_workers(fleet, event, handlers)
-    out = await three_ways(connect, event, handlers, [tool()], runs)
+    out, _ = await served_three_ways(connect, fleet, event, handlers, [tool()])
     denied = ("deny", "h3 denies", COMMAND, [])
     assert out == {way: [denied] for way in out}
 

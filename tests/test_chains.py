@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 from _serving import emit_during_shutdown, serving
+from conftest import Connect
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
@@ -35,8 +36,6 @@ from hookbus.schemas import (
 from hookbus.workers import HookWorker
 
 pytestmark = pytest.mark.anyio
-
-Connect = Callable[..., Awaitable[NATS]]
 
 
 @contextlib.asynccontextmanager

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import socket
 import subprocess
 import sys
@@ -27,8 +26,9 @@ from typing import Any
 import anyio
 import nats
 import pytest
+from _claude_bus import ENV, FIXTURES, HOOKBUS, policy_bus
 from _ports import free_port
-from _procs import processes, wait_until
+from _procs import wait_until
 from click.testing import CliRunner
 
 from hookbus._core.nats_guard import order_flushes
@@ -45,13 +45,6 @@ from hookbus.integrations.claude_code import (
     http_reply,
 )
 from hookbus.schemas import DISPATCHER_QUEUE_GROUP, EMIT_SERVICE_WILDCARD, HookResult
-
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "claude_code"
-HOOKBUS = str(Path(sys.executable).with_name("hookbus"))
-ENV = {
-    **{k: v for k, v in os.environ.items() if not k.startswith(("NATS_", "HOOKBUS_"))},
-    "NATS_CONTEXT": "",
-}
 
 
 def hook_input(name: str, **changes: Any) -> dict[str, Any]:
@@ -104,33 +97,24 @@ class Bus:
 @pytest.fixture(scope="module")
 def bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bus]:
     """A private server, a dispatcher service and the policy worker, for the module."""
-    logs = tmp_path_factory.mktemp("claude-code")
-    seen = logs / "seen.jsonl"
-    with EmbeddedNatsServer() as server:
-        url = server.url
-        env = {**ENV, "HOOKBUS_TEST_SEEN": str(seen)}
-        with processes(
-            [HOOKBUS, "dispatcher", "--url", url, "--grace-period", "1"],
-            [HOOKBUS, "worker", f"{FIXTURES / 'policy.py'}:worker", "--url", url],
-            env=env,
-            logs=logs,
-        ):
-            # the first and the last handler the worker declares both answer
-            wait_until(
-                lambda: (
-                    run_hook(with_command("PreToolUse", "rm -rf /"), url=url).out
-                    == deny_pre("destructive command")
-                ),
-                "tool:pre routed to the policy worker",
-            )
-            wait_until(
-                lambda: (
-                    (run_hook(hook_input("Notification"), url=url).out or {}).get("systemMessage")
-                    == "forwarded to the on-call channel"
-                ),
-                "user:notification routed to the policy worker",
-            )
-            yield Bus(url, seen)
+    with policy_bus(tmp_path_factory.mktemp("claude-code")) as served:
+        url = served.url
+        # the first and the last handler the worker declares both answer
+        wait_until(
+            lambda: (
+                run_hook(with_command("PreToolUse", "rm -rf /"), url=url).out
+                == deny_pre("destructive command")
+            ),
+            "tool:pre routed to the policy worker",
+        )
+        wait_until(
+            lambda: (
+                (run_hook(hook_input("Notification"), url=url).out or {}).get("systemMessage")
+                == "forwarded to the on-call channel"
+            ),
+            "user:notification routed to the policy worker",
+        )
+        yield Bus(url, served.seen)
 
 
 def deny_pre(reason: str) -> dict[str, Any]:
@@ -145,6 +129,17 @@ def deny_pre(reason: str) -> dict[str, Any]:
 
 def specific(name: str, **fields: Any) -> dict[str, Any]:
     return {"hookSpecificOutput": {"hookEventName": name, **fields}}
+
+
+def redacted_pre(decision: str) -> dict[str, Any]:
+    """The PreToolUse answer once the guard redacted ``cat SECRET.txt``: `decision`, with
+    the modified input for Claude Code to run."""
+    return specific(
+        "PreToolUse",
+        permissionDecision=decision,
+        permissionDecisionReason="tool input modified by guard",
+        updatedInput={"command": "cat [redacted].txt", "description": "Run the test suite"},
+    )
 
 
 # -- every event through the command door ----------------------------------------------------
@@ -164,29 +159,13 @@ CASES: list[tuple[str, str, dict[str, Any], tuple[str, ...], Any]] = [
         (),
         deny_pre("destructive command"),
     ),
-    (
-        "pre-modify",
-        "PreToolUse",
-        {"command": "cat SECRET.txt"},
-        (),
-        specific(
-            "PreToolUse",
-            permissionDecision="ask",
-            permissionDecisionReason="tool input modified by guard",
-            updatedInput={"command": "cat [redacted].txt", "description": "Run the test suite"},
-        ),
-    ),
+    ("pre-modify", "PreToolUse", {"command": "cat SECRET.txt"}, (), redacted_pre("ask")),
     (
         "pre-modify-allow",
         "PreToolUse",
         {"command": "cat SECRET.txt"},
         ("--on-continue", "allow"),
-        specific(
-            "PreToolUse",
-            permissionDecision="allow",
-            permissionDecisionReason="tool input modified by guard",
-            updatedInput={"command": "cat [redacted].txt", "description": "Run the test suite"},
-        ),
+        redacted_pre("allow"),
     ),
     (
         "pre-inject",

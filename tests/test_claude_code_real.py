@@ -16,34 +16,23 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from _claude_bus import ENV, FIXTURES, HOOKBUS, policy_bus
 from _claude_cli import FakeMessagesApi, claude_env, run_claude, trust
 from _ports import free_port
-from _procs import processes, wait_until
+from _procs import wait_until
 
-from hookbus.cli import EmbeddedNatsServer
-
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "claude_code"
-HOOKBUS = str(Path(sys.executable).with_name("hookbus"))
 DENIED = "rm -rf ./scratch; touch ran"
 ALLOWED = "touch ran"
 # the first test installs the CLI (about 400 MB, once per machine); then each takes seconds
 pytestmark = pytest.mark.timeout(300)
-
-
-ENV = {
-    **{k: v for k, v in os.environ.items() if not k.startswith(("NATS_", "HOOKBUS_"))},
-    "NATS_CONTEXT": "",
-}
 
 
 def denies(url: str) -> bool:
@@ -66,28 +55,19 @@ class Bus:
 @pytest.fixture(scope="module")
 def bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bus]:
     """A private server, a dispatcher service, the policy worker and an HTTP gateway."""
-    logs = tmp_path_factory.mktemp("claude-real")
-    seen = logs / "seen.jsonl"
-    with EmbeddedNatsServer() as server:
-        url = server.url
-        env = {**ENV, "HOOKBUS_TEST_SEEN": str(seen)}
-        with processes(
-            [HOOKBUS, "dispatcher", "--url", url, "--grace-period", "1"],
-            [HOOKBUS, "worker", f"{FIXTURES / 'policy.py'}:worker", "--url", url],
-            [HOOKBUS, "gateway", "http", "--port", "0", "--url", url],
-            env=env,
-            logs=logs,
-        ) as paths:
-            wait_until(lambda: denies(url), "tool:pre routed to the policy worker", interval_s=0.1)
-            banner: list[str] = []
+    gateway = [HOOKBUS, "gateway", "http", "--port", "0"]
+    with policy_bus(tmp_path_factory.mktemp("claude-real"), gateway) as served:
+        url = served.url
+        wait_until(lambda: denies(url), "tool:pre routed to the policy worker", interval_s=0.1)
+        banner: list[str] = []
 
-            def served() -> bool:
-                m = re.search(r"hookbus gateway serving (\S+)", paths[2].read_text())
-                banner[:] = [m.group(1)] if m else []
-                return bool(m)
+        def serving() -> bool:
+            m = re.search(r"hookbus gateway serving (\S+)", served.logs[2].read_text())
+            banner[:] = [m.group(1)] if m else []
+            return bool(m)
 
-            wait_until(served, "the gateway's banner", interval_s=0.1)
-            yield Bus(url, banner[0].rstrip("/") + "/claude-code", seen, env)
+        wait_until(serving, "the gateway's banner", interval_s=0.1)
+        yield Bus(url, banner[0].rstrip("/") + "/claude-code", served.seen, served.env)
 
 
 @dataclass

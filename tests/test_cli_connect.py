@@ -264,30 +264,32 @@ def test_an_nkey_user_replies_on_its_own_inbox_prefix(tmp_path: Path) -> None:
         assert f"to {public} (unknown): permissions violation" in proc.stderr
 
 
+def bad_file_is_one_line(option: str, path: Path, *needles: str) -> None:
+    """``hookbus handlers OPTION PATH`` with a URL nothing answers on: the file is read
+    before connecting, so the command fails with one error line holding `needles`."""
+    one_error_line(hookbus("handlers", "--url", "nats://127.0.0.1:1", option, str(path)), *needles)
+
+
 def test_a_bad_nkey_file_is_one_line(tmp_path: Path) -> None:
     not_a_seed = tmp_path / "not-a-seed.nk"
     not_a_seed.write_text("hello\n")
-    one_error_line(
-        hookbus("handlers", "--url", "nats://127.0.0.1:1", "--nkey", str(not_a_seed)),
-        f"the nkey seed file {not_a_seed} holds no valid nkey seed",
+    bad_file_is_one_line(
+        "--nkey", not_a_seed, f"the nkey seed file {not_a_seed} holds no valid nkey seed"
     )
-    one_error_line(
-        hookbus("handlers", "--url", "nats://127.0.0.1:1", "--nkey", str(tmp_path / "gone.nk")),
-        "cannot read the nkey seed file",
-        "No such file or directory",
+    missing = tmp_path / "gone.nk"
+    bad_file_is_one_line(
+        "--nkey", missing, "cannot read the nkey seed file", "No such file or directory"
     )
 
 
 # -- creds files -------------------------------------------------------------------------------
 def test_an_unreadable_creds_file_is_one_line(tmp_path: Path) -> None:
     missing = tmp_path / "missing.creds"
-    one_error_line(
-        hookbus("handlers", "--url", "nats://127.0.0.1:1", "--creds", str(missing)),
-        f"cannot read the creds file {missing}: No such file or directory",
+    bad_file_is_one_line(
+        "--creds", missing, f"cannot read the creds file {missing}: No such file or directory"
     )
-    one_error_line(
-        hookbus("handlers", "--url", "nats://127.0.0.1:1", "--creds", str(tmp_path)),
-        f"cannot read the creds file {tmp_path}: Is a directory",
+    bad_file_is_one_line(
+        "--creds", tmp_path, f"cannot read the creds file {tmp_path}: Is a directory"
     )
     garbage = tmp_path / "garbage.creds"
     garbage.write_text("not a creds file\n")
@@ -347,18 +349,15 @@ def test_a_bad_context_is_one_line(tmp_path: Path) -> None:
 def tls_files(tmp_path: Path) -> dict[str, Path]:
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1", "localhost")
-    files = {
-        "ca": tmp_path / "ca.pem",
-        "cert": tmp_path / "server.pem",
-        "key": tmp_path / "server-key.pem",
-        "other_ca": tmp_path / "other-ca.pem",
+    written = {  # key: (file name, PEM bytes)
+        "ca": ("ca.pem", ca.cert_pem.bytes()),
+        "cert": ("server.pem", b"".join(pem.bytes() for pem in cert.cert_chain_pems)),
+        "key": ("server-key.pem", cert.private_key_pem.bytes()),
+        "other_ca": ("other-ca.pem", trustme.CA().cert_pem.bytes()),
     }
-    ca.cert_pem.write_to_path(str(files["ca"]))
-    cert.private_key_pem.write_to_path(str(files["key"]))
-    for i, pem in enumerate(cert.cert_chain_pems):
-        pem.write_to_path(str(files["cert"]), append=i > 0)
-    trustme.CA().cert_pem.write_to_path(str(files["other_ca"]))
-    return files
+    for name, pem in written.values():
+        (tmp_path / name).write_bytes(pem)
+    return {key: tmp_path / name for key, (name, _) in written.items()}
 
 
 def test_tls_with_a_ca(tmp_path: Path, tls_files: dict[str, Path]) -> None:
@@ -396,11 +395,5 @@ def test_tls_with_a_ca(tmp_path: Path, tls_files: dict[str, Path]) -> None:
 def test_a_bad_tls_file_is_one_line(tmp_path: Path) -> None:
     not_pem = tmp_path / "not.pem"
     not_pem.write_text("nothing here\n")
-    one_error_line(
-        hookbus("handlers", "--url", "nats://127.0.0.1:1", "--tls-ca", str(not_pem)),
-        f"cannot load the TLS CA {not_pem}",
-    )
-    one_error_line(
-        hookbus("handlers", "--url", "nats://127.0.0.1:1", "--tls-cert", str(not_pem)),
-        f"cannot load the TLS certificate {not_pem}",
-    )
+    bad_file_is_one_line("--tls-ca", not_pem, f"cannot load the TLS CA {not_pem}")
+    bad_file_is_one_line("--tls-cert", not_pem, f"cannot load the TLS certificate {not_pem}")

@@ -14,13 +14,13 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 import pytest
-from _serving import serving
-from conftest import written
+from _serving import audited
+from conftest import Connect, written
 from nats.aio.client import Client as NATS
 
 from hookbus._core.decisions_stream import ensure_decisions_stream
@@ -30,7 +30,6 @@ from hookbus.schemas import HookResult, decisions_subject
 
 pytestmark = pytest.mark.anyio
 
-Connect = Callable[..., Awaitable[NATS]]
 TIMEOUT_S = 20.0
 ENV = {**os.environ, "NO_COLOR": "1"}
 
@@ -52,13 +51,7 @@ async def dispatcher(
 ) -> AsyncIterator[HookDispatcher]:
     """An audited dispatcher for `agent`, `guard` routed on `event`."""
     await ensure_decisions_stream(nc)
-    async with (
-        serving(nc, (event, guard, {"name": "guard"})),
-        HookDispatcher(await connect(), agent_id=agent, audit=True) as d,
-    ):
-        with anyio.fail_after(10):
-            while d.list_handlers(event)[event] != ["guard"]:  # noqa: ASYNC110
-                await anyio.sleep(0.01)
+    async with audited(connect, agent, nc, (event, guard, {"name": "guard"})) as d:
         yield d
 
 
@@ -159,13 +152,7 @@ async def test_the_latency_column_is_at_least_the_handlers_sleep_and_json_has_it
         return HookResult(action="continue")
 
     await ensure_decisions_stream(nc)
-    async with (
-        serving(nc, (event, slow, {"name": "slow"})),
-        HookDispatcher(await connect(), agent_id=agent, audit=True) as d,
-    ):
-        with anyio.fail_after(10):
-            while d.list_handlers(event)[event] != ["slow"]:  # noqa: ASYNC110
-                await anyio.sleep(0.01)
+    async with audited(connect, agent, nc, (event, slow, {"name": "slow"})) as d:
         async with tail(nats_url, "--agent", agent) as proc:
             await d.emit(event, {"tool_name": "ls"})
             cells = (await line(proc)).split()

@@ -16,14 +16,13 @@ from typing import Any
 import anyio
 import pytest
 from _serving import serving
+from conftest import Connect
 from nats.aio.client import Client as NATS
 
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import HookResult
 
 pytestmark = pytest.mark.anyio
-
-Connect = Callable[..., Awaitable[NATS]]
 
 
 def answer(
@@ -37,6 +36,21 @@ def answer(
 
     handler.__name__ = name
     return handler
+
+
+LOCAL = {"from": "local"}
+"""What the in-process handler ``local`` answers."""
+
+
+async def with_local(
+    connect: Connect, event: str, *handlers: tuple[Callable[..., Any], int]
+) -> HookDispatcher:
+    """A dispatcher (not started) on a connection of its own, with in-process `handlers`
+    ``(fn, priority)`` of `event`."""
+    d = HookDispatcher(await connect())
+    for fn, priority in handlers:
+        d.register(event, fn, priority=priority)
+    return d
 
 
 async def test_collect_remote_and_local_in_priority_order_data_as_given(
@@ -116,9 +130,7 @@ async def test_collect_skips_a_handler_that_never_answers(
         await release.wait()
         return HookResult(data={"from": "stuck_local"})
 
-    d = HookDispatcher(await connect())
-    d.register(event, stuck_local, priority=0)
-    d.register(event, answer("local", {"from": "local"}, seen), priority=3)
+    d = await with_local(connect, event, (stuck_local, 0), (answer("local", LOCAL, seen), 3))
     async with (
         serving(
             nc,
@@ -148,9 +160,7 @@ async def test_collect_skips_failing_handlers(nc: NATS, connect: Connect, event:
     async def broken_local(ev: str, data: dict[str, Any]) -> HookResult:
         raise RuntimeError("local boom")
 
-    d = HookDispatcher(await connect())
-    d.register(event, broken_local, priority=0)
-    d.register(event, answer("local", {"from": "local"}, seen), priority=4)
+    d = await with_local(connect, event, (broken_local, 0), (answer("local", LOCAL, seen), 4))
     async with (
         serving(
             nc,

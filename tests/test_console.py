@@ -32,9 +32,11 @@ from _browser import (  # noqa: F401 (the fixtures browser, chromium, page)
     screenshot_folder,
 )
 from _browser import sign_in as browser_sign_in
+from _emitted import Emitted, in_background
 from _served_app import served
 from _served_process import ServedProcess
 from click.testing import CliRunner
+from conftest import Connect
 from nats.aio.client import Client as NATS
 from playwright.async_api import Page, expect
 
@@ -60,7 +62,6 @@ from hookbus.workers import HookWorker
 # a first run on a clean machine installs Chromium (about 30 s) inside the first test
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(240)]
 
-Connect = Callable[..., Awaitable[NATS]]
 TOKEN = "console-test-token-5c2e"
 OPTIONS = ["Allow once", "Allow always", "Deny"]
 POST = {"Content-Type": "application/json", CSRF_HEADER: "1"}
@@ -112,33 +113,9 @@ async def scene(connect: Connect, event: str) -> AsyncIterator[Scene]:
             yield Scene(agent, event, session, prompt)
 
 
-class Emitted:
-    """An emit running in the background."""
-
-    def __init__(self) -> None:
-        self.result: HookResult | None = None
-        self.started = 0.0
-        self.done = anyio.Event()
-
-    async def wait(self, timeout_s: float = 15) -> HookResult:
-        with anyio.fail_after(timeout_s):
-            await self.done.wait()
-        assert self.result is not None
-        return self.result
-
-
 def spawn_emit(tg: Any, scene: Scene, command: str) -> Emitted:
-    out = Emitted()
-
-    async def run() -> None:
-        try:
-            out.started = time.monotonic()
-            out.result = await scene.agent.emit(scene.event, scene.data(command))
-        finally:
-            out.done.set()
-
-    tg.start_soon(run)
-    return out
+    """The agent's emit of `command` in the background of `tg` (its `wait`: 15 s)."""
+    return in_background(tg, lambda: scene.agent.emit(scene.event, scene.data(command)), 15)
 
 
 async def shown(page: Page, card: Any, out: Emitted, timeout_s: float = 5.0) -> None:

@@ -15,10 +15,12 @@ import contextlib
 import secrets
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import nats
 import pytest
+from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy, KeyValueConfig
 
 from hookbus._core.consumer_slots import CONSUMER_SLOTS, identity_key, slot_names
@@ -104,6 +106,27 @@ async def _as(url: str, key: str) -> Any:
     return await nats.connect(url, inbox_prefix=f"_INBOX_{key}")
 
 
+@dataclass
+class Scoped:
+    """A connection of `bucket`'s made-up identity (its inbox prefix): its JetStream
+    context `js`, the `bucket` name and the identity's public `key`."""
+
+    js: JetStreamContext
+    bucket: str
+    key: str
+
+
+@pytest.fixture
+async def scoped(nats_url: str, bucket: tuple[str, str]) -> AsyncIterator[Scoped]:
+    """`Scoped` on the fresh bucket, its connection closed at the test's end."""
+    name, key = bucket
+    nc = await _as(nats_url, key)
+    try:
+        yield Scoped(nc.jetstream(), name, key)
+    finally:
+        await nc.close()
+
+
 async def test_a_slot_held_by_another_process_makes_the_next_one_used(
     nats_url: str, bucket: tuple[str, str]
 ) -> None:
@@ -153,29 +176,22 @@ async def test_without_an_identity_consumers_are_made_as_before(
         await nc.close()
 
 
-async def test_past_the_slots_the_open_server_allows_one_more_consumer(
-    nats_url: str, bucket: tuple[str, str]
-) -> None:
+async def test_past_the_slots_the_open_server_allows_one_more_consumer(scoped: Scoped) -> None:
     """Where the user may create any consumer (the dispatcher service's grants; an open
     server), a watch past the slots still works, on a consumer outside them."""
-    name, key = bucket
-    nc = await _as(nats_url, key)
-    try:
-        js = nc.jetstream()
-        for slot in slot_names(key):  # another process holds every slot
-            await js.add_consumer(
-                f"KV_{name}", name=slot, deliver_subject=f"_INBOX_{key}.held.{slot}",
-                filter_subject=f"$KV.{name}.>", inactive_threshold=30,
-            )  # fmt: skip
-        kv = await js.key_value(name)
-        await kv.put("k", b"v")
-        watch = await watch_keys(kv)
-        assert watch._sub.name not in slot_names(key) and not watch._sub.in_slot
-        entry = await watch.updates(timeout=5)
-        assert entry is not None and entry.value == b"v"
-        await watch.stop()
-    finally:
-        await nc.close()
+    js, name, key = scoped.js, scoped.bucket, scoped.key
+    for slot in slot_names(key):  # another process holds every slot
+        await js.add_consumer(
+            f"KV_{name}", name=slot, deliver_subject=f"_INBOX_{key}.held.{slot}",
+            filter_subject=f"$KV.{name}.>", inactive_threshold=30,
+        )  # fmt: skip
+    kv = await js.key_value(name)
+    await kv.put("k", b"v")
+    watch = await watch_keys(kv)
+    assert watch._sub.name not in slot_names(key) and not watch._sub.in_slot
+    entry = await watch.updates(timeout=5)
+    assert entry is not None and entry.value == b"v"
+    await watch.stop()
 
 
 async def _one_message_dropped(consumer: SlotConsumer, which: int) -> list[int]:
@@ -198,71 +214,51 @@ async def _one_message_dropped(consumer: SlotConsumer, which: int) -> list[int]:
     return dropped
 
 
-async def test_a_missed_update_is_delivered_again(nats_url: str, bucket: tuple[str, str]) -> None:
-    name, key = bucket
-    nc = await _as(nats_url, key)
-    try:
-        kv = await nc.jetstream().key_value(name)
-        watch = await watch_keys(kv)
-        assert await watch.updates(timeout=5) is None  # nothing yet
-        dropped = await _one_message_dropped(watch._sub, 2)
-        for i in range(3):
-            await kv.put(f"k{i}", str(i).encode())
-        got: dict[str, bytes] = {}
-        while len(got) < 3:
-            entry = await watch.updates(timeout=5)
-            assert entry is not None
-            got[entry.key] = entry.value
-        assert got == {"k0": b"0", "k1": b"1", "k2": b"2"}
-        assert dropped and watch._sub.gaps == 1 and watch._sub.recreated == 1
-        assert watch._sub.name == slot_names(key)[1]  # re-created under the next free name
-        await kv.put("k3", b"3")  # and it goes on
+async def test_a_missed_update_is_delivered_again(scoped: Scoped) -> None:
+    kv = await scoped.js.key_value(scoped.bucket)
+    watch = await watch_keys(kv)
+    assert await watch.updates(timeout=5) is None  # nothing yet
+    dropped = await _one_message_dropped(watch._sub, 2)
+    for i in range(3):
+        await kv.put(f"k{i}", str(i).encode())
+    got: dict[str, bytes] = {}
+    while len(got) < 3:
         entry = await watch.updates(timeout=5)
-        assert entry is not None and (entry.key, entry.value) == ("k3", b"3")
-        await watch.stop()
-    finally:
-        await nc.close()
+        assert entry is not None
+        got[entry.key] = entry.value
+    assert got == {"k0": b"0", "k1": b"1", "k2": b"2"}
+    assert dropped and watch._sub.gaps == 1 and watch._sub.recreated == 1
+    assert watch._sub.name == slot_names(scoped.key)[1]  # re-created under the next free name
+    await kv.put("k3", b"3")  # and it goes on
+    entry = await watch.updates(timeout=5)
+    assert entry is not None and (entry.key, entry.value) == ("k3", b"3")
+    await watch.stop()
 
 
-async def test_a_missed_last_update_is_recovered_by_the_check(
-    nats_url: str, bucket: tuple[str, str]
-) -> None:
+async def test_a_missed_last_update_is_recovered_by_the_check(scoped: Scoped) -> None:
     """A loss with nothing after it (no sequence jump to notice) is found by the periodic
     check: the server delivered more than arrived, and nothing came for a whole period."""
-    name, key = bucket
-    nc = await _as(nats_url, key)
-    try:
-        kv = await nc.jetstream().key_value(name)
-        watch = await watch_keys(kv, check_s=0.2)
-        assert await watch.updates(timeout=5) is None
-        await _one_message_dropped(watch._sub, 1)
-        await kv.put("only", b"1")
-        entry = await watch.updates(timeout=10)
-        assert entry is not None and (entry.key, entry.value) == ("only", b"1")
-        assert watch._sub.recreated == 1
-        await watch.stop()
-    finally:
-        await nc.close()
+    kv = await scoped.js.key_value(scoped.bucket)
+    watch = await watch_keys(kv, check_s=0.2)
+    assert await watch.updates(timeout=5) is None
+    await _one_message_dropped(watch._sub, 1)
+    await kv.put("only", b"1")
+    entry = await watch.updates(timeout=10)
+    assert entry is not None and (entry.key, entry.value) == ("only", b"1")
+    assert watch._sub.recreated == 1
+    await watch.stop()
 
 
-async def test_a_deleted_consumer_is_re_created_by_the_check(
-    nats_url: str, bucket: tuple[str, str]
-) -> None:
-    name, key = bucket
-    nc = await _as(nats_url, key)
-    try:
-        js = nc.jetstream()
-        kv = await js.key_value(name)
-        watch = await watch_keys(kv, check_s=0.2)
-        assert await watch.updates(timeout=5) is None
-        await js.delete_consumer(f"KV_{name}", watch._sub.name)  # a restarted server, say
-        await asyncio.sleep(0.1)
-        await kv.put("after", b"1")
-        entry = await watch.updates(timeout=10)
-        assert entry is not None and entry.key == "after"
-        await watch.stop()
-    finally:
-        await nc.close()
+async def test_a_deleted_consumer_is_re_created_by_the_check(scoped: Scoped) -> None:
+    kv = await scoped.js.key_value(scoped.bucket)
+    watch = await watch_keys(kv, check_s=0.2)
+    assert await watch.updates(timeout=5) is None
+    await scoped.js.delete_consumer(f"KV_{scoped.bucket}", watch._sub.name)  # a restart, say
+    await asyncio.sleep(0.1)
+    await kv.put("after", b"1")
+    entry = await watch.updates(timeout=10)
+    assert entry is not None and entry.key == "after"
+    await watch.stop()
 
 
 async def test_a_dispatcher_of_an_identity_follows_the_registry_without_a_consumer(

@@ -21,14 +21,13 @@ import nats
 import nats.js.errors
 import pytest
 from _serving import serving
+from conftest import Connect
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.js.kv import KeyValue
+from test_registry import bucket as handlers_bucket
 
-from hookbus._core.buckets import handlers_bucket_config
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import (
-    HANDLERS_BUCKET,
     HandlerDeclaration,
     HookReply,
     HookResult,
@@ -44,8 +43,6 @@ from hookbus.workers import HookWorker
 
 pytestmark = pytest.mark.anyio
 
-Connect = Callable[..., Awaitable[NATS]]
-
 
 @pytest.fixture(autouse=True, params=["chains", "one-request-per-handler"])
 def request_shape(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
@@ -58,14 +55,6 @@ def request_shape(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
 
 
 # -- helpers ---------------------------------------------------------------------------
-async def handlers_bucket(nc: NATS) -> KeyValue:
-    js = nc.jetstream()
-    try:
-        return await js.create_key_value(config=handlers_bucket_config())
-    except nats.js.errors.BadRequestError:
-        return await js.key_value(HANDLERS_BUCKET)
-
-
 async def wait_for_handlers(d: HookDispatcher, event: str, names: list[str]) -> None:
     """Poll `list_handlers` until it shows `names` (bounded: 10 s)."""
     with anyio.fail_after(10):
@@ -81,6 +70,15 @@ def recorder(calls: list[str], name: str, result: Any = None) -> Callable[..., A
 
     handler.__name__ = name
     return handler
+
+
+def looker(seen: list[dict[str, Any]]) -> Callable[..., Awaitable[None]]:
+    """A handler named ``look`` that appends the data it receives to `seen` (no answer)."""
+
+    async def look(event: str, data: dict[str, Any]) -> None:
+        seen.append(data)
+
+    return look
 
 
 def trail(name: str) -> Callable[..., Awaitable[HookResult]]:
@@ -175,9 +173,7 @@ async def test_remote_modify_replaces_data_whole(nc: NATS, connect: Connect, eve
     async def replace(ev: str, data: dict[str, Any]) -> HookResult:
         return HookResult(action="modify", data={"only": True})
 
-    async def look(ev: str, data: dict[str, Any]) -> None:
-        seen.append(data)
-
+    look = looker(seen)
     async with (
         serving(nc, (event, replace, {"priority": 1}), (event, look, {"priority": 2})),
         HookDispatcher(await connect()) as d,
@@ -284,21 +280,29 @@ def meeting(
     return [make(name, text) for name, text in handlers]
 
 
+async def emitted_in_parallel(
+    nc: NATS, connect: Connect, event: str, first: Callable[..., Any], second: Callable[..., Any]
+) -> HookResult:
+    """`first` and `second`, parallel handlers (20 s timeouts) of priority 1 and 2, served by
+    two workers (on `nc` and on a connection of its own): the result of one emit of `event`
+    with empty data by a third process's dispatcher (30 s at most)."""
+    opts = {"parallel": True, "timeout_s": 20.0}
+    async with (
+        serving(nc, (event, first, {**opts, "priority": 1})),
+        serving(await connect(), (event, second, {**opts, "priority": 2})),
+        HookDispatcher(await connect()) as d,
+    ):
+        with anyio.fail_after(30):
+            return await d.emit(event, {})
+
+
 async def test_adjacent_parallel_handlers_run_concurrently(
     nc: NATS, connect: Connect, event: str
 ) -> None:
     """A and B each wait for the other to have started: this completes only if both run
     at once (run one after the other, the first would wait until its timeout)."""
     a, b = meeting(("a", "from a"), ("b", "from b"))
-
-    opts = {"parallel": True, "timeout_s": 20.0}
-    async with (
-        serving(nc, (event, a, {**opts, "priority": 1})),
-        serving(await connect(), (event, b, {**opts, "priority": 2})),
-        HookDispatcher(await connect()) as d,
-    ):
-        with anyio.fail_after(30):
-            r = await d.emit(event, {})
+    r = await emitted_in_parallel(nc, connect, event, a, b)
     assert r.failures == []
     assert r.action == "inject_context"
     assert r.context_injection == "from a\n\nfrom b"  # folded in priority order
@@ -345,14 +349,7 @@ async def test_parallel_first_deny_in_priority_order_wins(
     async def b_deny(ev: str, data: dict[str, Any]) -> HookResult:
         return HookResult(action="deny", reason="denied by b")
 
-    opts = {"parallel": True, "timeout_s": 20.0}
-    async with (
-        serving(nc, (event, a_deny, {**opts, "priority": 1})),
-        serving(await connect(), (event, b_deny, {**opts, "priority": 2})),
-        HookDispatcher(await connect()) as d,
-    ):
-        with anyio.fail_after(30):
-            r = await d.emit(event, {})
+    r = await emitted_in_parallel(nc, connect, event, a_deny, b_deny)
     assert b_replied.is_set()
     assert r.failures == []
     assert r.action == "deny" and r.decided_by == "a_deny" and r.reason == "denied by a"
@@ -362,10 +359,6 @@ async def test_parallel_group_is_followed_by_sequential_handlers(
     nc: NATS, connect: Connect, event: str
 ) -> None:
     seen: list[dict[str, Any]] = []
-
-    async def look(ev: str, data: dict[str, Any]) -> None:
-        seen.append(data)
-
     async with (
         serving(
             nc,
@@ -373,7 +366,7 @@ async def test_parallel_group_is_followed_by_sequential_handlers(
             (event, recorder([], "par2"), {"priority": 2, "parallel": True}),
             (event, recorder([], "par3"), {"priority": 3, "parallel": True}),
             (event, trail("seq4"), {"priority": 4}),
-            (event, look, {"priority": 5}),
+            (event, looker(seen), {"priority": 5}),
         ),
         HookDispatcher(await connect()) as d,
     ):

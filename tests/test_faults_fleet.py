@@ -5,6 +5,7 @@ deadline. Every test asserts the decision each call got, not only that nothing c
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,6 +19,7 @@ import pytest
 from _cluster import wait_for
 from _fleet import Fleet, HandlerConf, Load, check_decision, steady_load
 from _proxy import NatsProxy
+from conftest import Connect
 from nats.aio.client import Client as NATS
 
 from hookbus.dispatcher import ApprovalsClient, HookDispatcher
@@ -37,7 +39,6 @@ from hookbus.workers import HookWorker
 
 pytestmark = [pytest.mark.anyio, pytest.mark.faults]
 
-Connect = Callable[..., Awaitable[NATS]]
 SUSPENSIONS_STREAM = f"KV_{SUSPENSIONS_BUCKET}"
 
 
@@ -75,19 +76,32 @@ async def _done(load: Load, n: int) -> bool:
     return load.decided + len(load.undecided) >= n
 
 
+async def replica_fault_under_load(
+    fleet: Fleet, nc: NATS, guard: HandlerConf, fault: str, after: int
+) -> Load:
+    """Two worker replicas serving the fail-closed `guard`, a dispatcher on `nc` routed to
+    it, steady load (`run_load`); once `after` emits are done, the first replica is
+    ``"kill"``-ed (SIGKILL) or ``"pause"``-d (SIGSTOP, resumed when the load is over)."""
+    a = await fleet.worker([guard])
+    await fleet.worker([guard])
+    async with HookDispatcher(nc) as d:
+        await routed(d, guard.event, guard.name)
+
+        async def hit() -> None:
+            getattr(a, fault)()
+
+        try:
+            return await run_load(d, guard.event, guard.name, hit, after=after)
+        finally:
+            if fault == "pause":
+                a.resume()
+
+
 # -- 2. a worker replica SIGKILLed under load ------------------------------------------------
 async def test_worker_replica_killed_under_load(fleet: Fleet, nc: NATS) -> None:
     event, guard = names()
-    conf = [HandlerConf(event, guard, priority=10, failure_policy="deny", timeout_s=1.0)]
-    a = await fleet.worker(conf)
-    await fleet.worker(conf)
-    async with HookDispatcher(nc) as d:
-        await routed(d, event, guard)
-
-        async def fault() -> None:
-            a.kill()
-
-        load = await run_load(d, event, guard, fault, after=300)
+    conf = HandlerConf(event, guard, priority=10, failure_policy="deny", timeout_s=1.0)
+    load = await replica_fault_under_load(fleet, nc, conf, "kill", after=300)
     assert load.undecided == [], sorted(set(load.undecided))
     assert load.wrong == [], sorted(set(load.wrong))[:5]
 
@@ -95,23 +109,10 @@ async def test_worker_replica_killed_under_load(fleet: Fleet, nc: NATS) -> None:
 # -- a replica paused (SIGSTOP): latency, not decisions -------------------------------------
 async def test_stalled_replica_costs_latency_not_decisions(fleet: Fleet, nc: NATS) -> None:
     event, guard = names()
-    conf = [
-        HandlerConf(
-            event, guard, priority=10, failure_policy="deny", timeout_s=2.0, retry_safe=True
-        )
-    ]
-    a = await fleet.worker(conf)
-    await fleet.worker(conf)
-    async with HookDispatcher(nc) as d:
-        await routed(d, event, guard)
-
-        async def fault() -> None:
-            a.pause()
-
-        try:
-            load = await run_load(d, event, guard, fault, after=200)
-        finally:
-            a.resume()
+    conf = HandlerConf(
+        event, guard, priority=10, failure_policy="deny", timeout_s=2.0, retry_safe=True
+    )
+    load = await replica_fault_under_load(fleet, nc, conf, "pause", after=200)
     assert load.undecided == [], sorted(set(load.undecided))
     assert load.wrong == [], sorted(set(load.wrong))[:5]
     # the healthy replica was there: a harmless call must not be denied by a timeout
@@ -196,93 +197,91 @@ def suspension_ack(m: Any) -> bool:
     return bool(m.is_pub_ack(SUSPENSIONS_STREAM))
 
 
-async def test_lost_ack_consuming_a_preregistered_resolution(
-    proxy: NatsProxy, connect: Connect
-) -> None:
-    label = f"lost-ack {uuid.uuid4().hex}"
-    other = await connect()
-    agent = await nats.connect(proxy.url, max_reconnect_attempts=2)
-    try:
-        async with (
-            HookDispatcher(other, approvals=False) as r,
-            HookDispatcher(agent, approvals=False) as d,
-        ):
-            await r.resolve_hook(label, Choice("yes"))  # pre-registered
-            proxy.drop_next(1, suspension_ack)  # the consume's ack is lost
-            with anyio.fail_after(20):
-                got = await d.hook(label, Choice, timeout_s=15)
-            assert got == Choice("yes")
-            assert len(proxy.dropped) == 1, "the fault was not injected"
-            # consumed exactly once: a new hook on the label waits (nobody resolves it)
-            with pytest.raises(TimeoutError):
-                await d.hook(label, Choice, timeout_s=1)
-    finally:
-        await agent.close()
-
-
-async def test_lost_ack_of_the_winning_resolve(proxy: NatsProxy, connect: Connect) -> None:
-    label = f"lost-ack {uuid.uuid4().hex}"
-    agent_nc = await connect()
-    resolver_nc = await nats.connect(proxy.url, max_reconnect_attempts=2)
+@contextlib.asynccontextmanager
+async def agent_and_resolver(
+    proxy: NatsProxy, connect: Connect, *, proxied: str
+) -> AsyncIterator[tuple[HookDispatcher, HookDispatcher]]:
+    """``(d, r)``: an agent's dispatcher and a resolver's (another process's), approvals
+    off, each on a connection of its own; the `proxied` one (``"agent"`` or
+    ``"resolver"``) connects through `proxy`, whose acks the test drops."""
+    direct = await connect()
+    through_proxy = await nats.connect(proxy.url, max_reconnect_attempts=2)
+    agent_nc, resolver_nc = (
+        (through_proxy, direct) if proxied == "agent" else (direct, through_proxy)
+    )
     try:
         async with (
             HookDispatcher(agent_nc, approvals=False) as d,
             HookDispatcher(resolver_nc, approvals=False) as r,
         ):
-            events = await d.hook_events()
-            got: list[Choice] = []
-            async with anyio.create_task_group() as tg:
-
-                async def wait() -> None:
-                    got.append(await d.hook(label, Choice, timeout_s=20))
-
-                tg.start_soon(wait)
-                seen: list[str] = []
-                with anyio.fail_after(20):
-                    async for ev in events:
-                        if ev.hook.label == label:
-                            seen.append(ev.hook.status)
-                            if ev.hook.status == "pending":
-                                proxy.drop_next(1, suspension_ack)
-                                await r.resolve_hook(label, Choice("go"))  # must not raise
-                            if ev.hook.status == "resolved":
-                                break
-            await events.aclose()
-            assert len(proxy.dropped) == 1, "the fault was not injected"
-            assert got == [Choice("go")]
-            assert seen == ["pending", "resolved"]
+            yield d, r
     finally:
-        await resolver_nc.close()
+        await through_proxy.close()
+
+
+async def test_lost_ack_consuming_a_preregistered_resolution(
+    proxy: NatsProxy, connect: Connect
+) -> None:
+    label = f"lost-ack {uuid.uuid4().hex}"
+    async with agent_and_resolver(proxy, connect, proxied="agent") as (d, r):
+        await r.resolve_hook(label, Choice("yes"))  # pre-registered
+        proxy.drop_next(1, suspension_ack)  # the consume's ack is lost
+        with anyio.fail_after(20):
+            got = await d.hook(label, Choice, timeout_s=15)
+        assert got == Choice("yes")
+        assert len(proxy.dropped) == 1, "the fault was not injected"
+        # consumed exactly once: a new hook on the label waits (nobody resolves it)
+        with pytest.raises(TimeoutError):
+            await d.hook(label, Choice, timeout_s=1)
+
+
+async def test_lost_ack_of_the_winning_resolve(proxy: NatsProxy, connect: Connect) -> None:
+    label = f"lost-ack {uuid.uuid4().hex}"
+    async with agent_and_resolver(proxy, connect, proxied="resolver") as (d, r):
+        events = await d.hook_events()
+        got: list[Choice] = []
+        async with anyio.create_task_group() as tg:
+
+            async def wait() -> None:
+                got.append(await d.hook(label, Choice, timeout_s=20))
+
+            tg.start_soon(wait)
+            seen: list[str] = []
+            with anyio.fail_after(20):
+                async for ev in events:
+                    if ev.hook.label == label:
+                        seen.append(ev.hook.status)
+                        if ev.hook.status == "pending":
+                            proxy.drop_next(1, suspension_ack)
+                            await r.resolve_hook(label, Choice("go"))  # must not raise
+                        if ev.hook.status == "resolved":
+                            break
+        await events.aclose()
+        assert len(proxy.dropped) == 1, "the fault was not injected"
+        assert got == [Choice("go")]
+        assert seen == ["pending", "resolved"]
 
 
 async def test_lost_ack_of_hook_creation(proxy: NatsProxy, connect: Connect) -> None:
     label = f"lost-ack {uuid.uuid4().hex}"
-    resolver_nc = await connect()
-    agent = await nats.connect(proxy.url, max_reconnect_attempts=2)
-    try:
-        async with (
-            HookDispatcher(resolver_nc, approvals=False) as r,
-            HookDispatcher(agent, approvals=False) as d,
-        ):
-            proxy.drop_next(1, suspension_ack)  # the pending record's ack is lost
-            got: list[Choice] = []
-            async with anyio.create_task_group() as tg:
+    async with agent_and_resolver(proxy, connect, proxied="agent") as (d, r):
+        proxy.drop_next(1, suspension_ack)  # the pending record's ack is lost
+        got: list[Choice] = []
+        async with anyio.create_task_group() as tg:
 
-                async def wait() -> None:
-                    got.append(await d.hook(label, Choice, timeout_s=20))
+            async def wait() -> None:
+                got.append(await d.hook(label, Choice, timeout_s=20))
 
-                tg.start_soon(wait)
-                with anyio.fail_after(20):
-                    await wait_for(_dropped(proxy), interval_s=0.05)
-                    while True:  # resolve once the record is pending (the agent reconciles)
-                        got_record = await r.suspensions.get(label)
-                        if got_record is not None and got_record[0].status == "pending":
-                            break
-                        await anyio.sleep(0.05)
-                    await r.resolve_hook(label, Choice("ok"))
-            assert got == [Choice("ok")]  # no DuplicateSuspensionError against itself
-    finally:
-        await agent.close()
+            tg.start_soon(wait)
+            with anyio.fail_after(20):
+                await wait_for(_dropped(proxy), interval_s=0.05)
+                while True:  # resolve once the record is pending (the agent reconciles)
+                    got_record = await r.suspensions.get(label)
+                    if got_record is not None and got_record[0].status == "pending":
+                        break
+                    await anyio.sleep(0.05)
+                await r.resolve_hook(label, Choice("ok"))
+        assert got == [Choice("ok")]  # no DuplicateSuspensionError against itself
 
 
 def _dropped(proxy: NatsProxy) -> Callable[[], Awaitable[bool]]:

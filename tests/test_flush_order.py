@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import nats
 import pytest
 from _proxy import NatsProxy
-from conftest import connections
+from conftest import Connect, connections
 from nats.aio.client import Client as NATS
 
 from hookbus._core.nats_guard import harden_connection
@@ -36,8 +36,6 @@ from hookbus.schemas import (
 )
 
 pytestmark = pytest.mark.anyio
-
-Connect = Callable[..., Awaitable[NATS]]
 
 LATE_S = 0.5
 """Seconds the proxy holds a subscription back."""

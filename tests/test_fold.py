@@ -180,64 +180,43 @@ def test_modify_with_empty_dict_replaces() -> None:
 
 
 # -- inject_context --------------------------------------------------------------------
+LINT_INJECTION = {
+    "context_injection": "lint: 2 issues",
+    "context_injection_role": "user",
+    "ephemeral": True,
+    "append_to_last_tool_result": True,
+    "suppress_output": True,
+    "user_message": "linted",
+    "user_message_level": "warning",
+    "user_message_source": "linter",
+    "reason": "lint",
+}
+"""Every field an injecting result carries, none at its default."""
+
+
 def test_single_injection_returned_as_its_handler_made_it() -> None:
-    injection = HookResult(
-        action="inject_context",
-        context_injection="lint: 2 issues",
-        context_injection_role="user",
-        ephemeral=True,
-        append_to_last_tool_result=True,
-        suppress_output=True,
-        user_message="linted",
-        user_message_level="warning",
-        user_message_source="linter",
-        reason="lint",
-    )
+    injection = HookResult(action="inject_context", **LINT_INJECTION)  # type: ignore[arg-type]
     r = fold_all([("redact", HookResult(action="modify", data={"x": 1})), ("lint", injection)])
     assert r.action == "inject_context"
-    assert r.context_injection == "lint: 2 issues"
-    assert r.context_injection_role == "user"
-    assert r.ephemeral is True
-    assert r.append_to_last_tool_result is True
-    assert r.suppress_output is True
-    assert r.user_message == "linted" and r.user_message_level == "warning"
-    assert r.user_message_source == "linter"
-    assert r.reason == "lint"
+    assert {field: getattr(r, field) for field in LINT_INJECTION} == LINT_INJECTION
     assert r.data is None  # the injecting handler's (amplifier-core)
     assert r.chained_data == {"x": 1}
     assert r.context_injections == [
-        ContextInjection(
-            content="lint: 2 issues",
-            role="user",
-            ephemeral=True,
-            append_to_last_tool_result=True,
-            hook_name="lint",
-            event="tool:pre",
-        )
-    ]
+        ContextInjection(content="lint: 2 issues", role="user", ephemeral=True,
+                         append_to_last_tool_result=True, hook_name="lint", event="tool:pre")
+    ]  # fmt: skip
     assert r.decided_by == "lint"
     assert r.modified_by == ["redact"]
 
 
 def test_injections_merge_joined_by_blank_line() -> None:
-    first = HookResult(
-        action="inject_context",
-        context_injection="one",
-        context_injection_role="assistant",
-        ephemeral=False,
-        append_to_last_tool_result=False,
-        suppress_output=True,
-        user_message="first says",
-        reason="first",
-    )
-    second = HookResult(
-        action="inject_context",
-        context_injection="two",
-        context_injection_role="user",
-        ephemeral=True,
-        append_to_last_tool_result=True,
-        suppress_output=False,
-    )
+    first = HookResult(action="inject_context", context_injection="one",
+                       context_injection_role="assistant", ephemeral=False,
+                       append_to_last_tool_result=False, suppress_output=True,
+                       user_message="first says", reason="first")  # fmt: skip
+    second = HookResult(action="inject_context", context_injection="two",
+                        context_injection_role="user", ephemeral=True,
+                        append_to_last_tool_result=True, suppress_output=False)  # fmt: skip
     third = HookResult(action="inject_context", context_injection="three")
     r = fold_all([("a", first), ("b", second), ("c", third)])
     assert r.action == "inject_context"

@@ -20,6 +20,7 @@ from typing import Any
 
 import anyio
 import pytest
+from conftest import Connect
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nats.aio.client import Client as NATS
@@ -41,8 +42,6 @@ from hookbus.workers import HookWorker
 from hookbus.workers._worker import HandlerSpec
 
 pytestmark = pytest.mark.anyio
-
-Connect = Callable[..., Awaitable[NATS]]
 
 CLAMP_S = 60.0
 """`MAX_HANDLER_TIMEOUT_S`, spelled out so these tests run on code that lacks it too."""

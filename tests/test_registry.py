@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -18,6 +18,7 @@ import nats
 import nats.js.errors
 import pytest
 from _serving import serving
+from conftest import Connect
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
@@ -37,8 +38,6 @@ from hookbus.schemas import (
 )
 
 pytestmark = pytest.mark.anyio
-
-Connect = Callable[..., Awaitable[NATS]]
 
 
 async def bucket(nc: NATS) -> KeyValue:

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
 
 import nats.errors
 import pytest
+from conftest import Connect
 from nats.aio.client import Client as NATS
 
 from hookbus._core.nats_guard import reply_now, send_now
 
 pytestmark = pytest.mark.anyio
-
-Connect = Callable[..., Awaitable[NATS]]
 
 
 async def _listen(nc: NATS, subject: str) -> asyncio.Queue[bytes]:

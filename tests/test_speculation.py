@@ -20,15 +20,14 @@ from typing import Any, TypeVar
 
 import looptime
 import pytest
+from conftest import Connect
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from nats.aio.client import Client as NATS
 
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import HookResult
 from hookbus.workers import HookWorker
 
-Connect = Callable[..., Awaitable[NATS]]
 T = TypeVar("T")
 
 

@@ -16,11 +16,10 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,9 @@ import msgspec
 import nats
 import nats.errors
 import pytest
+from _cli_subprocess import hookbus_cli
+from _payloads import Grant  # the same shape as _agent_proc.Grant
+from conftest import Connect
 from nats.aio.client import Client as NATS
 
 from hookbus.cli import EmbeddedNatsServer
@@ -49,14 +51,6 @@ from hookbus.schemas import (
 )
 
 pytestmark = pytest.mark.anyio
-
-Connect = Callable[..., Awaitable[NATS]]
-AGENT = Path(__file__).with_name("_agent_proc.py")
-
-
-class Grant(msgspec.Struct):  # the same shape as _agent_proc.Grant
-    approved: bool
-    by: str = ""
 
 
 @pytest.fixture
@@ -211,6 +205,9 @@ async def test_a_lost_race_after_a_lost_ack_is_still_a_lost_race(
 
 
 # -- leases: a SIGKILLed waiter ----------------------------------------------------------------
+AGENT = Path(__file__).with_name("_agent_proc.py")
+
+
 @pytest.mark.faults
 async def test_a_sigkilled_waiter_blocks_its_label_for_about_one_lease(
     embedded_server: EmbeddedNatsServer,
@@ -395,15 +392,6 @@ async def test_a_waiter_survives_a_malformed_version_of_its_record(
     assert result == [Grant(approved=True, by="after garbage")]
 
 
-async def _cli(nats_url: str, *args: str) -> subprocess.CompletedProcess[bytes]:
-    with anyio.fail_after(30):
-        return await anyio.run_process(
-            [sys.executable, "-m", "hookbus.cli", *args, "--url", nats_url],
-            check=False,
-            env={**os.environ, "COLUMNS": "400", "NO_COLOR": "1"},
-        )
-
-
 async def test_the_cli_skips_and_reports_malformed_records(
     pair: tuple[HookDispatcher, HookDispatcher, NATS], nats_url: str
 ) -> None:
@@ -411,25 +399,25 @@ async def test_the_cli_skips_and_reports_malformed_records(
     tag = f"bad-{uuid.uuid4().hex[:8]}"
     bad = _bad_values(tag)
     await _plant(ncb, bad)
-    listed = await _cli(nats_url, "suspensions", "list", "--json")
+    listed = await hookbus_cli(nats_url, "suspensions", "list", "--json")
     assert listed.returncode == 0, listed.stderr.decode()
     assert "Traceback" not in listed.stderr.decode()
     assert "malformed" in listed.stderr.decode()
     assert not any(r["label"].startswith(tag) for r in msgspec.json.decode(listed.stdout))
-    shown = await _cli(nats_url, "suspensions", "show", f"{tag} bad utf8")
+    shown = await hookbus_cli(nats_url, "suspensions", "show", f"{tag} bad utf8")
     assert shown.returncode == 1 and "malformed" in shown.stderr.decode()
     assert "Traceback" not in shown.stderr.decode()
-    approvals = await _cli(nats_url, "approvals")
+    approvals = await hookbus_cli(nats_url, "approvals")
     assert approvals.returncode == 0, approvals.stderr.decode()
-    resolved = await _cli(nats_url, "suspensions", "resolve", f"{tag} not json", "{}")
+    resolved = await hookbus_cli(nats_url, "suspensions", "resolve", f"{tag} not json", "{}")
     assert resolved.returncode == 1 and "Traceback" not in resolved.stderr.decode()
-    prereg = await _cli(
+    prereg = await hookbus_cli(
         nats_url, "suspensions", "resolve", "--preregister", f"{tag} not json", '{"approved": true}'
     )
     assert prereg.returncode == 0, prereg.stderr.decode()
     got = await b.suspensions.get(f"{tag} not json")
     assert got is not None and got[0].preregistered
-    cleared = await _cli(nats_url, "suspensions", "clear", f"{tag} oversize")
+    cleared = await hookbus_cli(nats_url, "suspensions", "clear", f"{tag} oversize")
     assert cleared.returncode == 0, cleared.stderr.decode()
     assert await b.suspensions.records.read(f"{tag} oversize") is None
 

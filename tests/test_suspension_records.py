@@ -30,7 +30,7 @@ import nats.errors
 import pytest
 from _payloads import Grant
 from _proxy import NatsProxy
-from conftest import reconnecting
+from conftest import Connect, reconnecting
 from nats.aio.client import Client as NATS
 
 from hookbus.cli import EmbeddedNatsServer
@@ -39,7 +39,6 @@ from hookbus.schemas import SUSPENSIONS_BUCKET, SuspensionTimeoutError
 
 pytestmark = pytest.mark.anyio
 
-Connect = Callable[..., Awaitable[NATS]]
 Act = Callable[[], Awaitable[None]]
 STREAM = f"KV_{SUSPENSIONS_BUCKET}"
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -27,6 +27,7 @@ import nats.errors
 import nats.js.errors
 import pytest
 from _payloads import Budget, Grant
+from conftest import Connect
 from nats.aio.client import Client as NATS
 
 from hookbus._core.kv import stream_sequence
@@ -41,8 +42,6 @@ from hookbus.schemas import (
 )
 
 pytestmark = pytest.mark.anyio
-
-Connect = Callable[..., Awaitable[NATS]]
 
 
 class HeldMarks:

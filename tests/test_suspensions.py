@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -18,8 +18,9 @@ import msgspec
 import pydantic
 import pytest
 from _payloads import Budget, Grant
+from _sentinel import send_sentinel
 from anyio.abc import TaskGroup
-from conftest import connections
+from conftest import Connect, connections
 from nats.aio.client import Client as NATS
 
 from hookbus.cli import EmbeddedNatsServer
@@ -38,15 +39,11 @@ from hookbus.schemas import (
     SuspensionNotFoundError,
     SuspensionRecord,
     SuspensionTimeoutError,
-    encode,
     label_from_key,
-    suspension_event_subject,
     suspension_key,
 )
 
 pytestmark = pytest.mark.anyio
-
-Connect = Callable[..., Awaitable[NATS]]
 
 
 # -- payload types -------------------------------------------------------------------------
@@ -120,13 +117,7 @@ class Events:
 
     async def settle(self, *conns: NATS) -> list[HookEvent]:
         """Read until every event the `conns` sent so far has arrived; return all seen."""
-        for conn in conns:
-            await conn.flush()
-        sentinel = f"sentinel {uuid.uuid4().hex}"
-        await self._nc.publish(
-            suspension_event_subject(sentinel, "pending"),
-            encode(HookEvent(hook=HookPart(hook_id="-", label=sentinel, status="pending"))),
-        )
+        sentinel = await send_sentinel(self._nc, *conns)
         await self.next(sentinel, "pending")
         return [e for e in self.seen if e.hook.label != sentinel]
 

@@ -9,21 +9,19 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 import msgspec
 import pytest
 from anyio.abc import TaskGroup
-from nats.aio.client import Client as NATS
+from conftest import Connect
 
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import HookbusError, HookPart, HookResult, SuspensionCancelledError
 
 pytestmark = pytest.mark.anyio
-
-Connect = Callable[..., Awaitable[NATS]]
 
 
 class Grant(msgspec.Struct):

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from _serving import sleeper
 
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import BadRequestError, HookResult, UnknownEventError
@@ -334,16 +335,8 @@ async def test_close_cancels_calls_still_running() -> None:
     """A handler the emit stopped waiting for (its timeout) is cancelled when the kit
     closes: nothing outlives the test."""
     w = HookWorker()
-    cancelled = asyncio.Event()
-
-    @w.handler(TOOL_PRE, timeout_s=30)
-    async def hangs(event: str, data: dict[str, Any]) -> None:
-        try:
-            await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-
+    hangs, cancelled = sleeper("hangs", 30)
+    w.add_handler(TOOL_PRE, hangs, timeout_s=30)
     async with WorkerTestKit(w) as hooks:
         result = await hooks.emit(TOOL_PRE, {}, timeout_s=0.05)
         assert [f.kind for f in result.failures] == ["timeout"]
