@@ -7,7 +7,8 @@ config comparisons, opening a bucket and retrying idempotent JetStream calls thr
 leader election, KV reads and key subscriptions (`kv`), answer proofs read and applied in
 stream order (`proofs`, the approvals' and the ``ai`` integration's tool approvals'),
 JetStream consumers held in an identity's slots (`consumers`), stopping a background task
-(`tasks`), the nats-py client's guards, consumer-slot naming, rate-limited logging,
+(`tasks`), the loop clock and the one value for time, `Deadline` (`clock`,
+`deadlines`), the nats-py client's guards, consumer-slot naming, rate-limited logging,
 OpenTelemetry provider caching and the embedded nats-server (`embedded_server`: the CLI's
 default server and the test kit's real one); and what the packages above share: opening
 the decisions stream (`decisions_stream`), reading suspension records back

@@ -36,6 +36,8 @@ from typing import Any
 
 from hookbus.schemas import HookbusError
 
+from .deadlines import Deadline
+
 __all__ = ["EmbeddedNatsServer", "NatsServerNotFoundError", "find_nats_server"]
 
 _RELOADED = "Reloaded server configuration"
@@ -152,8 +154,8 @@ class EmbeddedNatsServer:
         return self.url
 
     def _wait_for_ports(self, proc: subprocess.Popen[bytes], ports_dir: Path) -> str:
-        deadline = time.monotonic() + self._timeout
-        while time.monotonic() < deadline:
+        deadline = Deadline.after(self._timeout, time.monotonic())
+        while not deadline.passed(time.monotonic()):
             if proc.poll() is not None:
                 why = self._fatal_line()
                 raise HookbusError(f"nats-server exited with {proc.returncode}: {why}")

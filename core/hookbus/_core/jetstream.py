@@ -5,7 +5,8 @@ version for the workers and the dispatcher.
 During a meta or stream leader election (4-6 s on a 3-node cluster) the JetStream API
 answers 503 ("temporarily unavailable"), no responders, or nothing at all (a nats-py
 timeout); the same call succeeds once a leader is elected. `kv_retry` retries exactly
-those, with jittered exponential backoff, and never past the caller's deadline. It is for
+those, with jittered exponential backoff, and never past the caller's deadline
+(`hookbus._core.deadlines.caller_deadline`). It is for
 idempotent calls only (reads, bucket creation, unconditional deletes, a flush): a
 compare-and-set write whose outcome is unknown must be re-read and reconciled, not retried
 blindly. Each caller passes its own logger, so the log keeps naming the side that retried.
@@ -21,11 +22,9 @@ a JetStream that is not the one asked for (`JetStreamDomainError`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import nats.errors
@@ -52,13 +51,13 @@ from hookbus.schemas import (
 )
 
 from .buckets import config_differences, placement_text
+from .deadlines import Deadline, time_left
 from .nats_guard import bucket_refusal, harden_connection
 
 __all__ = [
     "DomainKeyValue",
     "bind_js_domain",
     "bind_key_value",
-    "caller_deadline",
     "existing_key_value",
     "is_transient",
     "jetstream_context",
@@ -66,7 +65,6 @@ __all__ = [
     "kv_put_prefix",
     "kv_retry",
     "open_bucket",
-    "time_left",
 ]
 
 T = TypeVar("T")
@@ -290,48 +288,6 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, nats.js.errors.APIError) and getattr(exc, "code", None) == 503
 
 
-_CALLER_DEADLINE: contextvars.ContextVar[tuple[float, asyncio.Task[Any] | None] | None] = (
-    contextvars.ContextVar("hookbus_caller_deadline", default=None)
-)
-
-
-@contextlib.contextmanager
-def caller_deadline(timeout_s: float | None, *, extend: bool = False) -> Iterator[None]:
-    """Within the block, every `kv_retry` (and every store write that asks `time_left`)
-    of this task ends by `timeout_s` seconds from now: the caller's own timeout bounds
-    each retry loop, instead of the store's deadline. Tasks started in the block are not
-    bound by it (a background watch or lease heartbeat outlives the call).
-
-    Args:
-        timeout_s: seconds from now (None: no bound added).
-        extend: replace an earlier deadline of an enclosing block instead of keeping the
-            earlier of the two (e.g. a few reads allowed once the caller's deadline passed).
-    """
-    if timeout_s is None:
-        yield
-        return
-    loop = asyncio.get_running_loop()
-    until = loop.time() + max(0.0, timeout_s)
-    outer = _CALLER_DEADLINE.get()
-    task = asyncio.current_task()
-    if not extend and outer is not None and outer[1] is task:
-        until = min(until, outer[0])
-    token = _CALLER_DEADLINE.set((until, task))
-    try:
-        yield
-    finally:
-        _CALLER_DEADLINE.reset(token)
-
-
-def time_left(deadline_s: float) -> float:
-    """`deadline_s` (seconds) cut to what the `caller_deadline` of this task leaves
-    (seconds, at least 0); `deadline_s` itself outside such a block."""
-    bound = _CALLER_DEADLINE.get()
-    if bound is None or bound[1] is not asyncio.current_task():
-        return deadline_s
-    return max(0.0, min(deadline_s, bound[0] - asyncio.get_running_loop().time()))
-
-
 async def kv_retry(
     op: Callable[[], Awaitable[T]],
     *,
@@ -365,13 +321,13 @@ async def kv_retry(
     """
     loop = asyncio.get_running_loop()
     asked_s, deadline_s = deadline_s, time_left(deadline_s)
-    deadline = loop.time() + deadline_s
+    deadline = Deadline.after(deadline_s, loop.time())
     backoff = wait_exponential_jitter(
         multiplier=initial_wait_s, max=max_wait_s, jitter=initial_wait_s
     )
 
     def wait(state: RetryCallState) -> float:
-        return max(0.0, min(backoff(state), deadline - loop.time()))
+        return deadline.cut(backoff(state), loop.time())
 
     def before_sleep(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
@@ -387,10 +343,9 @@ async def kv_retry(
     try:
         async for attempt in retrying:
             with attempt:
-                left = deadline - loop.time()
-                if left <= 0:
+                if deadline.passed(loop.time()):
                     raise TimeoutError(f"{what}: no time left")
-                async with asyncio.timeout(left):
+                async with deadline.timeout():
                     result = await op()
     except Exception as exc:
         if not is_transient(exc):

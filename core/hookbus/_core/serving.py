@@ -45,6 +45,8 @@ from nats.micro.service import EndpointInfo, EndpointStats
 
 from hookbus.schemas import WireError
 
+from .deadlines import Deadline
+
 __all__ = [
     "Admission",
     "Endpoint",
@@ -387,12 +389,12 @@ class ServingLoop:
 
     async def finish(
         self,
-        deadline: float,
+        deadline: Deadline,
         *,
         cancel_wait_s: float,
         late: Callable[[int], Awaitable[None]] | None = None,
     ) -> list[Request]:
-        """Let the requests in flight run until `deadline` (event loop time); then call
+        """Let the requests in flight run until `deadline` (on the loop clock); then call
         ``late(n)`` with the number still running (if any), cancel what still runs and
         wait up to `cancel_wait_s` seconds for it to end.
 
@@ -401,7 +403,7 @@ class ServingLoop:
             for the caller to answer.
         """
         loop = asyncio.get_running_loop()
-        while self._running() and (left := deadline - loop.time()) > 0:
+        while self._running() and (left := deadline.left(loop.time())) > 0:
             await self.wait(left)
         running = self._running()
         if running and late is not None:

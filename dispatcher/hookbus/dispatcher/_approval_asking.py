@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from typing import Any, NamedTuple
 
 import nats.errors
 import nats.js.errors
 
-from hookbus._core.jetstream import caller_deadline, time_left
+from hookbus._core.deadlines import Deadline, caller_bound, caller_deadline
 from hookbus._core.tasks import stop_task
 from hookbus.schemas import (
     APPROVAL_DEFAULT_OPTIONS,
@@ -133,6 +132,7 @@ class ApprovalAsker:
         longest_s: float | None,
     ) -> HookResult:  # fmt: skip
         started = time.monotonic()
+        caller = Deadline.after(wait_s, started)  # on `time.monotonic()`, as `started`
         handler = result.decided_by or "?"
         result = cut_timeout(result, self.max_timeout_s, longest_s)
         options = list(result.approval_options or APPROVAL_DEFAULT_OPTIONS)
@@ -151,25 +151,25 @@ class ApprovalAsker:
         question = _Question(event, result, handler, options, allowing, store)
         while True:
             try:
-                return await self._decide_at(question, label, started, wait_s)
+                return await self._decide_at(question, label, started, caller)
             except UsedUp:  # its "Allow once" went to another decision: ask afresh
                 now = time.monotonic()
-                if wait_s is not None:
-                    wait_s = max(0.0, wait_s - (now - started))
-                    if wait_s <= 0:
-                        return decided(
-                            result, allow=False,
-                            reason=f"{CALLERS_DEADLINE}: its one-time allow was used by"
-                            " another decision, and no time is left to ask again",
-                        )  # fmt: skip
+                if caller.passed(now):
+                    return decided(
+                        result, allow=False,
+                        reason=f"{CALLERS_DEADLINE}: its one-time allow was used by"
+                        " another decision, and no time is left to ask again",
+                    )  # fmt: skip
                 started = now
                 label = next_approval_label(label)
 
     async def _decide_at(
-        self, question: _Question, label: str, started: float, wait_s: float | None
+        self, question: _Question, label: str, started: float, caller: Deadline
     ) -> HookResult:
         """Decide `question` by the approval `label` (asked, taken over, or read: see
-        `_decide`). Raises `UsedUp` when its one-time allow went to another decision."""
+        `_decide`), asked at `started` (`time.monotonic()`) within the caller's deadline
+        `caller` (on that clock). Raises `UsedUp` when its one-time allow went to another
+        decision."""
         result, options, store = question.result, question.options, question.store
         try:
             got = await store.get(label)  # a retry of this call finds its approval
@@ -190,7 +190,7 @@ class ApprovalAsker:
                 return decided(result, allow=False, reason=over)
             reserved = self._quota is not None and not self.own_agent_secured
         try:
-            return await self._asked(question, label, started, wait_s, got)
+            return await self._asked(question, label, started, caller, got)
         finally:
             if reserved and self._quota is not None:
                 self._quota.release(store.agent_id)
@@ -200,14 +200,14 @@ class ApprovalAsker:
         question: _Question,
         label: str,
         started: float,
-        wait_s: float | None,
+        caller: Deadline,
         got: tuple[SuspensionRecord, int] | None,
     ) -> HookResult:
         """Ask `question` as the approval `label` (or take it over, `got`) and decide from
         its answer."""
         event, result, handler, options, allowing, store = question
         remaining = approval_left(result.approval_timeout, started)
-        caller_left = None if wait_s is None else max(0.0, wait_s - (time.monotonic() - started))
+        caller_left = None if caller.unbounded else caller.left(time.monotonic())
         cut = caller_left is not None and (remaining is None or caller_left < remaining)
         metadata = approval_metadata(event, result, handler, options, allowing)
         try:
@@ -243,9 +243,8 @@ class ApprovalAsker:
         agent's keys of the approvals bucket), else None: then room is reserved."""
         if self._quota is None or self.own_agent_secured:
             return None  # none, or the agent may not create approvals at all: no count
-        left = time_left(math.inf)  # the count is shared: only this wait for it is cut
-        try:
-            async with asyncio.timeout(None if left == math.inf else left):
+        try:  # the count is shared: only this wait for it is cut
+            async with caller_bound().timeout():
                 pending = await self._quota.admit(store.agent_id)
         except TimeoutError:  # the caller's deadline: its room stays reserved, released
             return None  # as an admitted question's (which then fails for lack of time)
@@ -408,4 +407,4 @@ def _out_of_time(exc: BaseException) -> bool:
     """Whether `exc` is the store giving up at the caller's deadline (`caller_deadline`):
     the store could not be reached in time (the caller records that failure), not a
     question this dispatcher may not ask."""
-    return isinstance(exc, HookbusTimeoutError) and time_left(math.inf) <= 0
+    return isinstance(exc, HookbusTimeoutError) and caller_bound().passed()

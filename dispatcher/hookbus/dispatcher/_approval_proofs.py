@@ -16,6 +16,7 @@ import logging
 
 import msgspec
 
+from hookbus._core.deadlines import Deadline
 from hookbus._core.proofs import apply_proofs_until_settled, first_proof, read_proof, write_proof
 from hookbus.schemas import (
     AlreadySettledError,
@@ -154,7 +155,7 @@ class ApprovalProofs:
         """Wait (at most `wait_s` seconds) until a decider settled `label`; see
         `Approvals.answer`."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s
+        deadline = Deadline.after(wait_s, loop.time())
         pause = 0.05
         while True:
             got = await store.get(label)
@@ -182,7 +183,7 @@ class ApprovalProofs:
                     else (f"{won.answered_by}'s answer {won.choice!r}")
                 )
                 raise AlreadySettledError(f"approval {label!r} was decided first by {who}")
-            if loop.time() >= deadline:
+            if deadline.passed(loop.time()):
                 what = "cancel" if answer.kind == "cancel" else f"answer {answer.choice!r}"
                 raise AnswerNotAppliedError(
                     f"the {what} of {answer.answered_by} to approval {label!r}"
@@ -190,7 +191,7 @@ class ApprovalProofs:
                     " it decides when the agent's dispatcher (or the dispatcher service) reads"
                     " the approval, unless another approver answered first"
                 )
-            await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
+            await asyncio.sleep(deadline.cut(pause, loop.time()))
             pause = min(pause * 2, 0.5)
 
 

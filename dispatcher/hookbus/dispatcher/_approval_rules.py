@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from hookbus._core.deadlines import Deadline
 from hookbus.schemas import ApprovalAnswer, HookbusError, HookResult, SuspensionRecord, encode
 
 __all__ = [
@@ -137,7 +138,7 @@ def approval_left(timeout_s: float | None, started: float) -> float | None:
     approval at its own timeout, and the retry then gets that outcome."""
     if timeout_s is None:
         return None
-    return max(0.0, timeout_s - (time.monotonic() - started))
+    return Deadline.after(timeout_s, started).left(time.monotonic())
 
 
 def text_or_none(value: Any) -> str | None:

@@ -41,6 +41,7 @@ import nats.js.errors
 from nats.aio.client import Client as NATS
 from opentelemetry import metrics, trace
 
+from hookbus._core.deadlines import Deadline
 from hookbus._core.decisions_stream import ensure_decisions_stream
 from hookbus._core.jetstream import jetstream_context
 from hookbus._core.kv import is_transient
@@ -296,7 +297,7 @@ class DecisionLog:
 
     async def _publish(self, item: _Pending) -> None:
         headers = {"Nats-Msg-Id": item.record.id}
-        deadline = item.queued_at + self._retry_for_s
+        deadline = Deadline.after(self._retry_for_s, item.queued_at)  # on time.monotonic()
         wait = 0.05
         while True:
             try:
@@ -316,11 +317,11 @@ class DecisionLog:
                 if not is_transient(exc):
                     self._drop(item.record.emit_id, "refused", error)
                     return
-                left = deadline - time.monotonic()
-                if left <= 0:
+                now = time.monotonic()
+                if deadline.passed(now):
                     self._drop(item.record.emit_id, "unavailable", error)
                     return
-                await asyncio.sleep(min(wait, left))
+                await asyncio.sleep(deadline.cut(wait, now))
                 wait = min(wait * 2, 1.0)
 
     def _drop(self, emit_id: str, reason: str, error: str) -> None:

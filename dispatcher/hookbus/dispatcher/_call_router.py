@@ -28,6 +28,7 @@ from nats.js.kv import KeyValue
 from hookbus._core import clock
 from hookbus._core.buckets import republishes_registry
 from hookbus._core.copies import json_copy, walked_copy
+from hookbus._core.deadlines import Deadline
 from hookbus._core.inboxes import inbox_reply_subject
 from hookbus._core.nats_guard import harden_connection
 from hookbus.schemas import (
@@ -104,6 +105,7 @@ class EmitContext:
         "_copied",
         "_encoded",
         "_id",
+        "_remote",
         "agent_id",
         "called",
         "deadline",
@@ -130,8 +132,9 @@ class EmitContext:
         self.emitted_at = time.time()
         self.started = clock.now()
         """When the emit's chain started (`clock.now()`: its decision's duration)."""
-        self.deadline = None if timeout_s is None else self.started + timeout_s
-        """When the emit gives up on its handlers (`clock.now()`); None: never."""
+        self.deadline = Deadline.after(timeout_s, self.started)
+        """When the emit gives up on its handlers (`NEVER`: it has no deadline)."""
+        self._remote: Deadline | None = None
         agent, session = data.get("agent_id"), data.get("session_id")
         self.agent_id = agent if isinstance(agent, str) else None
         self.session_id = session if isinstance(session, str) else None
@@ -186,16 +189,19 @@ class EmitContext:
         return copy
 
     def remaining(self) -> float | None:
-        """Seconds left before the emit's deadline (may be negative); None: no deadline."""
-        return None if self.deadline is None else self.deadline - clock.now()
+        """Seconds left before the emit's deadline (at least 0); None: no deadline."""
+        deadline = self.deadline
+        return None if deadline.unbounded else deadline.left()
 
-    def remote_remaining(self) -> float:
-        """Seconds left for remote handler calls (may be negative): to the emit's deadline,
-        and never past `REMOTE_EMIT_BUDGET_S` from its start (one total, not the sum of
-        the handlers' timeouts)."""
-        now = clock.now()
-        left = self.started + REMOTE_EMIT_BUDGET_S - now
-        return left if self.deadline is None else min(left, self.deadline - now)
+    def remote_deadline(self) -> Deadline:
+        """When remote handler calls must end: the emit's deadline, and never past
+        `REMOTE_EMIT_BUDGET_S` from its start (one total, not the sum of the handlers'
+        timeouts)."""
+        remote = self._remote
+        if remote is None:  # made by the first remote call
+            total = Deadline.after(REMOTE_EMIT_BUDGET_S, self.started)
+            remote = self._remote = self.deadline.earlier(total)
+        return remote
 
     def envelope(self, data: dict[str, Any]) -> EventEnvelope:
         """The request for the handlers, its data as the bytes `encoded_as` / `handler_copy`
@@ -336,9 +342,10 @@ class Router:
             # tenths of a microsecond per in-process handler); it fails a call past the
             # emit's deadline as below
             return call_local(route, ctx.event, ctx.handler_copy(data), ctx.remaining())
-        budget_s = ctx.remote_remaining()
-        if clock.no_time_left(budget_s):
+        remote, now = ctx.remote_deadline(), clock.now()
+        if remote.expired(now):
             return ready_outcome(Failed("timeout", "not called: the emit's deadline had passed"))
+        budget_s = remote.left(now)
         neighbours = ctx.neighbours
         if neighbours is None:
             neighbours = ctx.neighbours = Neighbours()
@@ -376,10 +383,11 @@ class Router:
             if len(self._chains) >= 1024:  # stale snapshots: start over
                 self._chains.clear()
             plan = self._chains[seg] = ChainPlan.of(seg)
-        loop_deadline = asyncio.get_running_loop().time() + ctx.remote_remaining()
         if headers is None:
             headers = trace_headers()
-        chain = ChainCall(self._requester, nc, plan, ctx.envelope(data), headers, loop_deadline)
+        chain = ChainCall(
+            self._requester, nc, plan, ctx.envelope(data), headers, ctx.remote_deadline()
+        )
         failed = await chain.start()
         if failed is not None:
             chain.close()

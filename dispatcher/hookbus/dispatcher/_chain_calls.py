@@ -40,6 +40,7 @@ from nats.aio.msg import Msg
 
 from hookbus._core import clock
 from hookbus._core.chain_timing import GRACE_S
+from hookbus._core.deadlines import Deadline
 from hookbus._core.handler_options import DEFAULT_TIMEOUT_S
 from hookbus.schemas import ChainStep, EventEnvelope, HookReply, WireFormatError, decode
 
@@ -66,7 +67,7 @@ class ChainCall:
         plan: the steps and the chain subject.
         envelope: the request (its ``chain`` and ``budget_s`` are set here).
         headers: the request's headers (trace context).
-        deadline: the emit's deadline on the loop's clock; None for none.
+        deadline: when the emit's remote calls must end (`NEVER`: no deadline).
     """
 
     def __init__(
@@ -76,7 +77,7 @@ class ChainCall:
         plan: ChainPlan,
         envelope: EventEnvelope,
         headers: dict[str, str] | None,
-        deadline: float | None,
+        deadline: Deadline,
     ) -> None:
         self._requester = requester
         self._nc = nc
@@ -235,13 +236,13 @@ class ChainCall:
             due = since + self._timeout_s(route) + GRACE_S
         else:
             due = self._heard_at + self._plan.rest_s[route.name] + GRACE_S
-        return due if self._deadline is None else min(due, self._deadline)
+        return self._deadline.cap(due)
 
     def _hedge_at(self, route: Route) -> float:
         return self._start_of(route) + max(HEDGE_MIN_S, self._timeout_s(route) * HEDGE_FRACTION)
 
     def _timeout(self, route: Route) -> Failed:
-        if self._deadline is not None and self._loop.time() >= self._deadline:
+        if self._deadline.passed(self._loop.time()):
             return Failed("timeout", "no reply within the emit's deadline")
         return Failed("timeout", f"no reply within {self._timeout_s(route):.3g}s")
 
@@ -321,9 +322,7 @@ class ChainCall:
     async def _send(self, subject: str) -> Failed | None:
         assert self._inbox is not None
         now = self._loop.time()
-        budget = self._plan.total_s
-        if self._deadline is not None:
-            budget = min(budget, self._deadline - now)
+        budget = self._deadline.cut(self._plan.total_s, now)
         if clock.no_time_left(budget):
             self.over = True
             return Failed("timeout", "not called: the emit's deadline had passed")

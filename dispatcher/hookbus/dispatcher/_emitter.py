@@ -195,9 +195,7 @@ class Emitter:
         whatever the default) and the failure is recorded on the result.
         """
         assert self.approvals is not None
-        left = ctx.remaining()
-        if left is not None:
-            left = max(0.0, left)
+        left = ctx.remaining()  # at least 0
         try:
             async with asyncio.timeout(None if left is None else left + _SETTLE_S):
                 return await self.approvals.decide(

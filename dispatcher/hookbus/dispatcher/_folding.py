@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from hookbus._core import clock
+from hookbus._core.deadlines import Deadline
 from hookbus._core.fold_rules import (
     PARALLEL_MODIFY_MESSAGE,
     failure_policy_applied,
@@ -323,12 +324,12 @@ def _from_first_match(seg: tuple[Route, ...], data: dict[str, Any]) -> tuple[Rou
 
 
 def _as_if_sequential(
-    outcome: Outcome, start: float, took: float, deadline: float | None
+    outcome: Outcome, start: float, took: float, deadline: Deadline
 ) -> tuple[Outcome, float]:
     """A speculative call's `outcome` as the same call, started at `start` (`clock.now()`
     seconds: when the handler before it would have ended, called one by one) and taking
     `took` seconds, gives it: a ``timeout`` if it would have ended at the emit's
-    `deadline` or past it (None: no deadline), since called one by one it would have been
+    `deadline` or past it (`NEVER`: no deadline), since called one by one it would have been
     cut, or not called at all (no time left). At the deadline exactly, the cut wins: the
     loop's timer for the deadline and the handler's own wake-up fall due in one turn of the
     loop, and the cancel reaches the handler before it runs again; "exactly" is within
@@ -336,11 +337,11 @@ def _as_if_sequential(
     when the next handler would start. A speculative call starts no later, so its own cut
     is never earlier than that one."""
     end = start + took
-    if deadline is None or end < deadline - clock.NO_TIME_S:
+    if not deadline.passed(end, early_s=clock.NO_TIME_S):
         return outcome, end
     if not (isinstance(outcome, Failed) and outcome.kind == "timeout"):
         outcome = Failed("timeout", "called one by one, it would have run past the deadline")
-    return outcome, deadline
+    return outcome, deadline.when
 
 
 def _drop(calls: Iterable[asyncio.Future[tuple[Outcome, float]]]) -> None:

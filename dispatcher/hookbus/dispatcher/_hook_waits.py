@@ -25,7 +25,7 @@ import anyio
 import msgspec
 from nats.aio.client import Client as NATS
 
-from hookbus._core.jetstream import caller_deadline, time_left
+from hookbus._core.deadlines import NEVER, Deadline, caller_deadline, time_left
 from hookbus._core.kv import kv_retry
 from hookbus.schemas import (
     AlreadySettledError,
@@ -153,7 +153,7 @@ class HookWaits:
         """`Suspensions.hook` inside its span and deadline: attach to `label`'s record
         (create it, take it over, or take its resolution at once), then wait."""
         key = self.records.key(label)  # BadRequestError for a label too long to be a key
-        until = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
+        until = Deadline.after(timeout_s, asyncio.get_running_loop().time())
         if self.local.waiting(key) and not shared:
             raise DuplicateSuspensionError(
                 f"this process already waits on a hook labelled {label!r}"
@@ -252,9 +252,9 @@ class HookWaits:
         run: RunScope | None,
         *,
         shared: bool,
-        until: float | None = None,
+        until: Deadline = NEVER,
     ) -> T:
-        """Wait for the record's resolution until the loop time `until` (None: no end);
+        """Wait for the record's resolution until `until` (`NEVER`: no end);
         `timeout_s` (seconds) is what the error names."""
         scope = anyio.CancelScope()
         key = self.records.key(label)
@@ -262,7 +262,7 @@ class HookWaits:
         keep = False  # a run cancelled from outside: its exit removes the record
         took = False  # the resolution was handed to this wait: nothing to detach
         try:
-            left = None if until is None else max(0.0, until - asyncio.get_running_loop().time())
+            left = None if until.unbounded else until.left(asyncio.get_running_loop().time())
             with scope, anyio.move_on_after(left) as deadline:
                 value = await self._untilsettled(slot, label, hook_id, payload, shared=shared)
                 took = True

@@ -20,7 +20,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from hookbus._core.jetstream import time_left
+from hookbus._core.deadlines import Deadline, time_left
 from hookbus._core.kv import is_transient
 from hookbus.schemas import HookbusTimeoutError
 
@@ -70,7 +70,7 @@ async def reconciled(
     budget = time_left(deadline_s)
     if budget <= 0:
         raise HookbusTimeoutError(f"writing suspension {key[:80]}: no time left")
-    deadline = loop.time() + budget
+    deadline = Deadline.after(budget, loop.time())
     try:  # the first try goes without the retry machinery (40 us): most need no more
         async with asyncio.timeout(budget):
             return await attempt()
@@ -84,30 +84,30 @@ async def reconciled(
     backoff = wait_exponential_jitter(multiplier=0.05, max=1.0, jitter=0.05)
 
     def wait(state: RetryCallState) -> float:  # never sleep past the deadline
-        return max(0.0, min(backoff(state), deadline - loop.time()))
+        return deadline.cut(backoff(state), loop.time())
 
     retrying = AsyncRetrying(
         retry=retry_if_exception(is_transient),
         wait=wait,
-        stop=stop_after_delay(max(0.0, deadline - loop.time())),
+        stop=stop_after_delay(deadline.left(loop.time())),
         reraise=True,
     )
     try:
         async for tried in retrying:
             with tried:
                 if unknown:
-                    async with asyncio.timeout(max(0.001, deadline - loop.time())):
+                    async with asyncio.timeout(_at_least_1ms(deadline, loop)):
                         verdict = await probe()
                     if verdict == "ours":
                         return ours()
                     if verdict == "changed":
                         return None
                 try:
-                    async with asyncio.timeout(max(0.001, deadline - loop.time())):
+                    async with asyncio.timeout(_at_least_1ms(deadline, loop)):
                         return await attempt()
                 except Conflict:
                     if unknown:
-                        async with asyncio.timeout(max(0.001, deadline - loop.time())):
+                        async with asyncio.timeout(_at_least_1ms(deadline, loop)):
                             verdict = await probe()
                         if verdict == "ours":
                             return ours()  # our earlier try landed after all
@@ -126,6 +126,11 @@ async def reconciled(
             f" ({type(exc).__name__}: {exc})"
         ) from exc
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _at_least_1ms(deadline: Deadline, loop: asyncio.AbstractEventLoop) -> float:
+    """Seconds one try or probe may take: what `deadline` leaves, and at least 1 ms."""
+    return max(0.001, deadline.left(loop.time()))
 
 
 class _WriteIds(msgspec.Struct):

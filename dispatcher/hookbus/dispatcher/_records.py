@@ -23,7 +23,7 @@ reads it), and records that revision in its lineage (``deleted@<revision>``): a 
 that reads the new record back finds out that its own base was deleted meanwhile.
 
 Retries go through tenacity and stop at a deadline (seconds per write), or earlier at the
-caller's own deadline (`hookbus._core.jetstream.caller_deadline`: a ``hook`` with a
+caller's own deadline (`hookbus._core.deadlines.caller_deadline`: a ``hook`` with a
 timeout). A write cut by it raises `HookbusTimeoutError` with its outcome unknown: it may
 still land. Deletes carry no body, so "the key is gone" (absent, or a delete marker)
 counts as done.

@@ -50,6 +50,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
+from hookbus._core.deadlines import Deadline
 from hookbus._core.kv import kv_retry
 from hookbus._core.nats_guard import harden_connection
 from hookbus._core.tasks import stop_task
@@ -395,7 +396,7 @@ class RegistryFollower:
     # -- the loop ----------------------------------------------------------------------
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        next_check = loop.time() + self._jittered()
+        next_check = Deadline.after(self._jittered(), loop.time())
         while True:
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
@@ -410,8 +411,8 @@ class RegistryFollower:
                     log.warning("handler registry snapshot failed (%r); retrying", exc)
                     await asyncio.sleep(_TICK_S)
                 continue
-            if loop.time() >= next_check:
-                next_check = loop.time() + self._jittered()
+            if next_check.passed(loop.time()):
+                next_check = Deadline.after(self._jittered(), loop.time())
                 try:
                     await self._check_tail()
                 except asyncio.CancelledError:

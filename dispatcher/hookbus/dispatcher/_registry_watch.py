@@ -45,6 +45,7 @@ from nats.js.kv import KeyValue
 
 from hookbus._core.buckets import handlers_bucket_config
 from hookbus._core.consumers import watch_keys
+from hookbus._core.deadlines import Deadline
 from hookbus._core.declarations import check_declaration, check_required
 from hookbus._core.kv import is_transient, kv_retry, open_bucket, release_consumer
 from hookbus._core.tasks import stop_task
@@ -195,10 +196,10 @@ async def read_registry(kv: KeyValue, *, timeout_s: float = 5.0) -> RegistryRead
     last_seq = state.last_seq
     seen: dict[str, tuple[bytes | None, bool]] = {}
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
+    deadline = Deadline.after(timeout_s, loop.time())
     watcher = await watch_keys(kv)
     try:
-        while (left := deadline - loop.time()) > 0:
+        while (left := deadline.left(loop.time())) > 0:
             try:
                 entry = await watcher.updates(timeout=left)
             except nats.errors.TimeoutError:
@@ -266,14 +267,14 @@ class RegistryWatch:
                 could not follow the registry, so it does not start.
         """
         loop = asyncio.get_running_loop()
-        until = loop.time() + deadline_s
+        until = Deadline.after(deadline_s, loop.time())
         await kv_retry(self.resync, deadline_s=deadline_s, what="reading the handler registry")
         self._stopping = False
         self._refused = self._last_error = None
         self._loaded.clear()
         self._task = asyncio.create_task(self._run(), name="hookbus-registry-watch")
         try:
-            async with asyncio.timeout(max(0.0, until - loop.time())):
+            async with asyncio.timeout(until.left(loop.time())):
                 await self._loaded.wait()
         except TimeoutError:
             await self.stop()
@@ -353,16 +354,16 @@ class RegistryWatch:
 
     async def _follow(self, watcher: Any) -> None:
         loop = asyncio.get_running_loop()
-        next_resync = loop.time() + self._resync_s
+        next_resync = Deadline.after(self._resync_s, loop.time())
         while not self._stopping:
             try:
-                entry = await watcher.updates(timeout=max(0.1, next_resync - loop.time()))
+                entry = await watcher.updates(timeout=max(0.1, next_resync.left(loop.time())))
             except nats.errors.TimeoutError:
                 entry = None
-            if loop.time() >= next_resync:
+            if next_resync.passed(loop.time()):
                 with contextlib.suppress(Exception):
                     await self.resync()
-                next_resync = loop.time() + self._resync_s
+                next_resync = Deadline.after(self._resync_s, loop.time())
             if entry is None:  # end of the initial values, or a quiet period
                 self._loaded.set()
                 continue

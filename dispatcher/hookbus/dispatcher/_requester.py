@@ -42,6 +42,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from hookbus._core.chain_timing import GRACE_S
+from hookbus._core.deadlines import Deadline
 from hookbus._core.inboxes import inbox_reply_subject
 from hookbus.schemas import (
     WORKER_SERVICE_NAME,
@@ -162,7 +163,7 @@ class Requester:
                      neighbours)  # fmt: skip
         try:
             for attempt in itertools.count(1):
-                remaining = call.deadline - loop.time()
+                remaining = call.deadline.left(loop.time())
                 if remaining <= 0 or attempt > MAX_RESENDS + 1:
                     break
                 envelope.attempt = attempt
@@ -178,7 +179,7 @@ class Requester:
                 outcome = await self._replies(call, attempt)
                 if outcome is not None:
                     return outcome
-                if loop.time() >= call.deadline:
+                if call.deadline.passed(loop.time()):
                     break
         finally:
             self._end(call)
@@ -234,17 +235,17 @@ class Requester:
         answer (`_Call.grace_until`)."""
         loop = asyncio.get_running_loop()
         route, live, replicas = call.route, call.live, self.replicas
-        until = min(call.next_send(loop.time(), attempt), call.deadline)
+        until = call.deadline.cap(call.next_send(loop.time(), attempt))
         while True:
             try:
                 token, msg = await call.inbox.get(loop, until)
             except TimeoutError:
-                if until >= call.deadline and live:
+                if call.deadline.passed(until) and live:
                     # the budget is spent and a request is unanswered: its worker times
                     # it, so wait on while a live one may still answer
                     later = call.grace_until()
-                    if later > until and later > loop.time():
-                        until = later
+                    if not later.passed(until) and not later.passed(loop.time()):
+                        until = later.when
                         continue
                 return None  # hedge (retry_safe) or the budget is spent
             live.discard(token)
@@ -260,8 +261,8 @@ class Requester:
                     return Failed("error", f"{code}: refused {call.refusals} times")
                 if not replicas.another(route, call.avoid, loop.time()):
                     # every replica known refused: give them a moment
-                    wait = max(until - loop.time(), 0)
-                    await asyncio.sleep(min(0.005 * call.refusals, wait))
+                    wait = Deadline.at(until).cut(0.005 * call.refusals, loop.time())
+                    await asyncio.sleep(wait)
                 return None  # at once to a replica that has not refused
             if outcome is not None:
                 if instance:
@@ -287,7 +288,7 @@ class Requester:
             self.replicas.found_no_replica(route.subject, now)
         elif (
             now - self.replicas.no_replica_at(route.subject) >= NO_RESPONDERS_KEPT_S
-            and call.deadline - now > NO_RESPONDERS_RECHECK_S
+            and call.deadline.left(now) > NO_RESPONDERS_RECHECK_S
         ):
             # a replica that subscribed a moment ago may not be visible to this publish
             # yet (seen under load): ask once more, shortly
@@ -320,7 +321,7 @@ class Requester:
                 stalled = call.targets.get(token)
                 if stalled is not None:  # no longer an instance to send to
                     self.replicas.forget(route.subject, stalled)
-            self.replicas.suspect(route.subject, call.deadline - call.budget_s)
+            self.replicas.suspect(route.subject, call.started)
             await self.discover(route.subject)
         return Failed("timeout", f"no reply within {call.budget_s:.3g}s")
 
@@ -413,7 +414,7 @@ class Requester:
 
 
 class _Call:
-    """One `Requester.call` in flight: its time limits (loop time, seconds), its requests
+    """One `Requester.call` in flight: its time limits (on the loop clock), its requests
     (by reply token) and what their replies said so far."""
 
     __slots__ = (
@@ -433,6 +434,7 @@ class _Call:
         "refused",
         "route",
         "sent",
+        "started",
         "targets",
         "window",
     )
@@ -443,10 +445,14 @@ class _Call:
     ) -> None:  # fmt: skip
         self.route = route
         self.inbox = inbox
+        self.started = started
+        """When the call's first request went (loop time)."""
         self.budget_s = budget_s
-        self.deadline = started + budget_s
+        self.deadline = Deadline.after(budget_s, started)
         """When the handler's budget ends."""
-        self.limit = started + (budget_s if within_s is None else max(within_s, budget_s))
+        self.limit = Deadline.after(
+            budget_s if within_s is None else max(within_s, budget_s), started
+        )
         """When the emit's deadline ends: no wait goes past it."""
         self.key = route.handler_set
         self.neighbours = neighbours
@@ -476,10 +482,10 @@ class _Call:
             return math.inf
         return now + (self.window if attempt == 1 else max(HEDGE_MIN_S, self.window / 2))
 
-    def grace_until(self) -> float:
+    def grace_until(self) -> Deadline:
         """How long past its budget the call waits for a live worker: `GRACE_S` plus the
         overlap of its neighbours, never past the emit's deadline."""
         extra = GRACE_S
         if self.mark is not None and self.neighbours is not None:
             extra += self.neighbours.overlap(self.key, self.mark)
-        return min(self.limit, self.deadline + extra)
+        return self.deadline.plus(extra).earlier(self.limit)

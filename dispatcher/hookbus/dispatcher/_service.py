@@ -46,6 +46,7 @@ import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from hookbus._core.deadlines import Deadline
 from hookbus._core.jetstream import bind_js_domain
 from hookbus._core.serving import (
     Admission,
@@ -303,7 +304,7 @@ class DispatcherService:
         serving.draining = True
         if self._sweep is not None:
             await self._sweep.stop()
-        deadline = asyncio.get_running_loop().time() + grace
+        deadline = Deadline.after(grace, asyncio.get_running_loop().time())
         if self._api is not None:  # no longer listed as live while it drains
             await self._api.close()
             self._api = None

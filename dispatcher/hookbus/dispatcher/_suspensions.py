@@ -48,7 +48,7 @@ from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
 
 from hookbus._core.buckets import suspensions_bucket_config
-from hookbus._core.jetstream import caller_deadline
+from hookbus._core.deadlines import caller_deadline
 from hookbus._core.kv import open_bucket
 from hookbus._core.nats_guard import harden_connection
 from hookbus._core.tasks import stop_task

@@ -37,6 +37,7 @@ from typing import Any
 import nats.errors
 
 from hookbus._core.chain_timing import LATE_MARGIN_S
+from hookbus._core.deadlines import Deadline
 from hookbus.schemas import ChainStep, HookReply
 
 from ._coroutines import Resumed
@@ -87,7 +88,7 @@ class ChainProgress:
         self._closed = False
         self._named = False
         """The running steps were named in a report (their replies go out as they end)."""
-        self._give_up = received + total_s
+        self._give_up = Deadline.after(total_s, received)
         """When the dispatcher may give up (its grace aside), dated on this clock: no
         report yet, so from the request for every step's timeout."""
 
@@ -129,7 +130,7 @@ class ChainProgress:
         now = time.monotonic()
         reply = HookReply(handler=self._name, chain=self._unreported, running=[])
         self._unreported = []
-        self._give_up = now + self._rest_s  # the next steps, dated from this report
+        self._give_up = Deadline.after(self._rest_s, now)  # the next steps, from this report
         _publish_now(self._publish(reply))
         return True
 
@@ -141,7 +142,7 @@ class ChainProgress:
     def late(self, now: float) -> bool:
         """Whether starting another step at `now` could race the dispatcher's give-up on
         the chain: then the worker stops and the dispatcher calls the rest itself."""
-        return now >= self._give_up - LATE_MARGIN_S
+        return self._give_up.passed(now, early_s=LATE_MARGIN_S)
 
     def close(self) -> None:
         """The chain is over (its final reply goes now): no more progress replies."""
@@ -162,7 +163,7 @@ class ChainProgress:
         self._named = True
         # the dispatcher has every earlier reply: it now waits on the running steps only,
         # each dated from its start for its own timeout (a later report cannot move that)
-        self._give_up = self._started + _earliest(self._running)
+        self._give_up = Deadline.after(_earliest(self._running), self._started)
         _publish_now(self._publish(reply))
 
     async def _publish(self, reply: HookReply) -> None:

@@ -23,6 +23,7 @@ import msgspec
 from nats.aio.msg import Msg
 
 from hookbus._core.copies import json_copy
+from hookbus._core.deadlines import Deadline
 from hookbus._core.fold_rules import StepOutcome, ends_fold, group_end, modifies, widest_group
 from hookbus._core.serving import Admission, Endpoint
 from hookbus.schemas import (
@@ -253,8 +254,7 @@ class ChainRunner:
         specs, refusal = self._served(envelope.event, steps)
         if refusal is not None:
             return refusal
-        budget = envelope.budget_s
-        deadline = None if budget is None else received + budget
+        deadline = Deadline.after(envelope.budget_s, received)  # on `time.monotonic()`
         rest_s = 0.0  # the timeouts of the steps, summed
         for step in steps:
             rest_s += step.timeout_s
@@ -274,7 +274,7 @@ class ChainRunner:
         envelope: EventEnvelope,
         steps: list[ChainStep],
         specs: list[HandlerSpec | None],
-        deadline: float | None,
+        deadline: Deadline,
         rest_s: float,
         progress: ChainProgress,
         replies: list[HookReply],
@@ -284,8 +284,8 @@ class ChainRunner:
         whose tool filter admits the data runs in order, on the data the last modify
         made, until a step's reply stops the chain (`_stops_chain`), the next step starts
         too late or the worker drains; each reply is appended to `replies`. `deadline`:
-        the request's budget ends (`time.monotonic()`; None: none); `rest_s`: the steps'
-        timeouts, summed."""
+        the request's budget ends (on `time.monotonic()`; `NEVER`: none); `rest_s`: the
+        steps' timeouts, summed."""
         data = envelope.data
         size: int | None = len(msg.data)  # about its JSON's: the request's (for copies)
         n = len(steps)
@@ -364,7 +364,7 @@ class ChainRunner:
         run: list[tuple[ChainStep, HandlerSpec]],
         envelope: EventEnvelope,
         data: dict[str, Any],
-        deadline: float | None,
+        deadline: Deadline,
         msg: Msg,
         progress: ChainProgress,
         json_size: int | None,
@@ -391,7 +391,7 @@ class ChainRunner:
         step: ChainStep,
         envelope: EventEnvelope,
         data: dict[str, Any],
-        deadline: float | None,
+        deadline: Deadline,
         msg: Msg,
         copy: bool = True,
         observed: bool = True,
@@ -403,13 +403,13 @@ class ChainRunner:
         bytes the JSON of `data` takes, which msgspec decoded or encoded, see `json_copy`;
         None: not known), within the shorter of the
         step's and the handler's timeouts and what is left of the request's `deadline`
-        (`time.monotonic()`; None: none). A plain function returning the step's
+        (on `time.monotonic()`; `NEVER`: none). A plain function returning the step's
         awaitable: unless `observed` (telemetry or debug logging on), the handler's
         `HandlerCaller.invoke` itself (one coroutine frame less per step). `suspended`:
         see `HandlerCaller.invoke`."""
         timeout_s = min(step.timeout_s, spec.declaration.timeout_s)
-        if deadline is not None:
-            timeout_s = min(timeout_s, deadline - time.monotonic())
+        if not deadline.unbounded:
+            timeout_s = deadline.cut(timeout_s, time.monotonic())
         if timeout_s <= 0:
             error = WireError(code="handler_timeout", message="not run: the chain's budget ran out")
             return ready(HookReply(handler=step.handler, error=error))

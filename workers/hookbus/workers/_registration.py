@@ -48,6 +48,7 @@ from nats.micro import add_service
 from nats.micro.service import Service, ServiceConfig
 
 from hookbus._core.buckets import handlers_bucket_config
+from hookbus._core.deadlines import Deadline
 from hookbus._core.declarations import check_declaration, declaration_differences
 from hookbus._core.jetstream import is_transient, kv_retry, open_bucket
 from hookbus.schemas import (
@@ -76,14 +77,14 @@ log = logging.getLogger("hookbus.workers")
 T = TypeVar("T")
 
 
-async def _retrying(op: Callable[[], Awaitable[T]], *, deadline: float, what: str) -> T:
-    """`op()` retried on transient errors until the loop time `deadline` (`kv_retry`, with
-    one deadline shared by several calls).
+async def _retrying(op: Callable[[], Awaitable[T]], *, deadline: Deadline, what: str) -> T:
+    """`op()` retried on transient errors until `deadline` (`kv_retry`, with one deadline
+    shared by several calls).
 
     Raises:
         HookbusTimeoutError: still failing transiently at the deadline (cause: last error).
     """
-    left = max(0.0, deadline - asyncio.get_running_loop().time())
+    left = deadline.left(asyncio.get_running_loop().time())
     return await kv_retry(op, deadline_s=left, what=what, log=log)
 
 
@@ -94,7 +95,7 @@ async def flush_subscriptions(nc: NATS, *, deadline_s: float = 30.0) -> None:
     Raises:
         HookbusTimeoutError: the server did not answer the flush within `deadline_s`.
     """
-    deadline = asyncio.get_running_loop().time() + deadline_s
+    deadline = Deadline.after(deadline_s, asyncio.get_running_loop().time())
     await _retrying(nc.flush, deadline=deadline, what="flushing the subscriptions")
 
 
@@ -250,7 +251,7 @@ async def declare_handlers(
             and a replica of it is live (or no probe, or the probe cannot tell).
         HookbusTimeoutError: JetStream stayed unavailable for `deadline_s` seconds.
     """
-    deadline = asyncio.get_running_loop().time() + deadline_s
+    deadline = Deadline.after(deadline_s, asyncio.get_running_loop().time())
     for decl, replace in declarations:
 
         async def once(decl: HandlerDeclaration = decl, replace: bool = replace) -> None:

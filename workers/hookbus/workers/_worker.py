@@ -13,6 +13,7 @@ import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.micro.service import Service
 
+from hookbus._core.deadlines import Deadline
 from hookbus._core.handler_options import (
     DEFAULT_FAILURE_POLICY,
     DEFAULT_PRIORITY,
@@ -382,7 +383,7 @@ class HookWorker:
         assert serving is not None
         serving.draining = True
         await stop_liveness(self._liveness)
-        deadline = asyncio.get_running_loop().time() + max(grace_s, 0.0)
+        deadline = Deadline.after(max(grace_s, 0.0), asyncio.get_running_loop().time())
         await serving.stop_intake()
 
         async def late(running: int) -> None:
