@@ -18,7 +18,7 @@ import msgspec
 import pytest
 from _serving import sleeper
 
-from hookbus.dispatcher import HookDispatcher
+from hookbus.dispatcher import HookDispatcher, route_over
 from hookbus.schemas import BadRequestError, HookResult, UnknownEventError
 from hookbus.testing import WorkerTestKit
 from hookbus.workers import HookWorker
@@ -589,3 +589,17 @@ async def test_the_kit_decides_as_a_dispatcher_on_nats(connect: Any, event: str)
     } <= kinds, kinds
     assert any(r.modified_by == ["a_tag", "b_redact", "retool"] for r in local)
     assert any(len(r.context_injections) >= 2 for r in local)
+
+
+async def test_route_over_takes_only_a_dispatcher_without_a_connection_of_its_own() -> None:
+    """The kit's seam into the dispatcher (`route_over`) refuses a dispatcher that routes
+    over a connection of its own, or one already routed: it never rewires a live one."""
+    kit_worker = HookWorker()
+
+    @kit_worker.handler("tool:pre", name="guard")
+    async def guard(event: str, data: dict[str, Any]) -> HookResult:
+        return HookResult(action="continue")
+
+    async with WorkerTestKit(kit_worker) as kit:  # routed over its loopback once
+        with pytest.raises(RuntimeError, match="connection of its own"):
+            await route_over(kit.dispatcher, object(), [])

@@ -19,6 +19,7 @@ from ._call_router import REMOTE_EMIT_BUDGET_S
 from ._dispatcher import HookDispatcher
 from ._fold import Fold
 from ._liveness import HandlerStatus, LiveReplica, RegistryView, describe_handlers, live_handlers
+from ._loopback import route_over
 from ._registry_watch import require_handler, unrequire_handler
 from ._route_table import Route
 from ._service import DispatcherService
@@ -58,5 +59,6 @@ __all__ = [
     "live_handlers",
     "next_approval_label",
     "require_handler",
+    "route_over",
     "unrequire_handler",
 ]

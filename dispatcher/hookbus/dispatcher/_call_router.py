@@ -294,6 +294,24 @@ class Router:
         await self._requester.start(self.nc)
         self.started = True
 
+    async def start_over(self, connection: Any) -> None:
+        """Start on `connection` (nats-py's `new_inbox`, `subscribe` and `publish`: a test
+        kit's in-process loopback) without the handlers bucket: the inboxes `start` opens;
+        the routes are the caller's to put in `table`.
+
+        Raises:
+            RuntimeError: the router has a connection of its own or was started.
+        """
+        if self.started or self.nc is not None:
+            raise RuntimeError("a router with a connection of its own routes over it")
+        self.nc = connection
+        self._inbox_prefix = connection.new_inbox()
+        self._inbox_sub = await connection.subscribe(
+            inbox_reply_subject(self._inbox_prefix, "*"), cb=self._on_collect_reply
+        )
+        await self._requester.start(connection)
+        self.started = True
+
     async def close(self) -> None:
         """Stop watching and unsubscribe (idempotent)."""
         if self._watch is not None:

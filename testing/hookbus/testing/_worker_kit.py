@@ -44,9 +44,7 @@ from typing import Any, Unpack
 
 from nats.aio.msg import Msg
 
-from hookbus._core.declarations import check_declaration
-from hookbus._core.inboxes import inbox_reply_subject
-from hookbus.dispatcher import HookDispatcher
+from hookbus.dispatcher import HookDispatcher, route_over
 from hookbus.schemas import (
     EmitOptions,
     HookReply,
@@ -54,7 +52,6 @@ from hookbus.schemas import (
     UnknownEventError,
     WireError,
     encode,
-    handler_key,
 )
 from hookbus.workers import HandlerSpec, HookWorker
 
@@ -119,21 +116,12 @@ class WorkerTestKit:
         if self._state == "closed":
             raise RuntimeError("this WorkerTestKit is closed")
         loopback = self._loopback
-        # the dispatcher's own router, with the loopback as its connection: the same
-        # inboxes `Router.start` opens, without the registry bucket (the table is filled
-        # below, from the declarations the worker would write there)
-        router = self._dispatcher._router
-        router.nc = loopback  # type: ignore[assignment]
-        router._inbox_prefix = loopback.new_inbox()
-        await loopback.subscribe(
-            inbox_reply_subject(router._inbox_prefix, "*"), cb=router._on_collect_reply
+        # the dispatcher routes over the loopback, from the declarations the worker would
+        # write in the registry (checked as every dispatcher checks them)
+        routed = await route_over(
+            self._dispatcher, loopback, [spec.declaration for spec in self._specs]
         )
-        await router._requester.start(loopback)  # type: ignore[arg-type]
-        router.started = True
-        for spec in self._specs:
-            sent = spec.declaration
-            decl = check_declaration(handler_key(sent.event, sent.name), encode(sent))
-            router.table.put_remote(decl)
+        for spec, decl in zip(self._specs, routed, strict=True):
             serve = self._server(spec)
             await loopback.subscribe(decl.subject, cb=serve)
             await loopback.subscribe(decl.collect_subject, cb=serve)
@@ -241,7 +229,7 @@ class WorkerTestKit:
         async def serve(msg: Msg) -> None:
             self.calls.append((decl.event, decl.name))
             try:
-                reply = await worker._requests.handle(spec, msg)
+                reply = await worker.reply_to(spec, msg)
             except Exception as exc:  # as the worker answers an error of its own
                 log.exception("unexpected error serving %s", msg.subject)
                 error = WireError(code="internal", message=repr(exc))

@@ -6,11 +6,12 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import nats.js.errors
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.micro.service import Service
 
 from hookbus._core.deadlines import Deadline
@@ -29,6 +30,7 @@ from hookbus.schemas import (
     HANDLERS_BUCKET,
     FailurePolicy,
     HandlerDeclaration,
+    HookReply,
     NotConnectedError,
     collect_subject,
     handler_key,
@@ -146,6 +148,15 @@ class HookWorker:
     def refused(self) -> int:
         """Requests refused with ``busy`` or ``unavailable`` without running (stats)."""
         return self._requests.refused
+
+    def reply_to(self, spec: HandlerSpec, msg: Msg) -> Awaitable[HookReply | None]:
+        """The reply this worker gives `msg`, a request for its handler `spec`, as its
+        subscription does (decoded, run within the handler's timeout and the caller's
+        budget, in its span when telemetry is on); None: nothing to send. For serving
+        over a transport of one's own (a test kit's loopback): the reply is the caller's
+        to send. Raises what the worker's own request path does not turn into a reply (its
+        subscription answers those ``internal``)."""
+        return self._requests.handle(spec, msg)
 
     # -- declaring handlers ------------------------------------------------------------
     def handler(
