@@ -7,7 +7,9 @@ Where the server comes from, in order:
 
 Each test gets fresh names (events, handlers) so tests never see each other's traffic.
 
-The fast tier, for the edit loop: ``pytest -m "not processes"``. A test is marked
+The fast tier, for the edit loop: ``pytest -m "not processes"``. CI splits the
+fault-injection files (marker ``faults``) between its two Pythons
+(``HOOKBUS_FAULTS_SHARD=0/2`` and ``1/2``): each file runs on one of them. A test is marked
 ``processes`` when it uses a server fixture (`nats_url`, `embedded_server`, or one built on
 them) or its module starts processes itself (`_SPAWNS`, read from the module's source: a
 module that spawns anywhere counts whole, so the tier errs towards leaving tests out).
@@ -46,11 +48,38 @@ def _spawns(module: Any, seen: dict[str, bool] = {}) -> bool:  # noqa: B006 (a c
     return seen[path]
 
 
+def _faults_shard() -> tuple[int, int] | None:
+    """``HOOKBUS_FAULTS_SHARD=i/n`` (CI's two Pythons): this run takes the fault-injection
+    files whose place in name order is i modulo n. None: every file."""
+    spec = os.environ.get("HOOKBUS_FAULTS_SHARD")
+    if not spec:
+        return None
+    index, _, count = spec.partition("/")
+    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+        raise pytest.UsageError(f"HOOKBUS_FAULTS_SHARD={spec!r}: want i/n with 0 <= i < n")
+    return int(index), int(count)
+
+
+# judges its drawn cases by a shard of its own (HOOKBUS_DIFFERENTIAL_SHARD): never left out
+_SHARDED_BY_CASE = frozenset({"test_differential.py"})
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         if fixtures & _SERVER_FIXTURES or _spawns(getattr(item, "module", None)):
             item.add_marker(pytest.mark.processes)
+    shard = _faults_shard()
+    if shard is None:
+        return
+    index, count = shard
+    files = sorted({item.path.name for item in items if item.get_closest_marker("faults")})
+    files = [name for name in files if name not in _SHARDED_BY_CASE]
+    others = {name for place, name in enumerate(files) if place % count != index}
+    kept = [item for item in items if item.path.name not in others]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i.path.name in others])
+        items[:] = kept
 
 
 def _docker_answers() -> bool:
