@@ -27,6 +27,17 @@ S = TypeVar("S")
 RAW_REPLY = b'{"handler":"raw","result":{"action":"continue"}}'
 
 
+async def stop_process(proc: asyncio.subprocess.Process) -> None:
+    """Stop a child process: SIGTERM, then SIGKILL after 15 s (nothing if it ended)."""
+    if proc.returncode is None:
+        proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), 15)
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
 async def serve_allow_all(
     url: str, *, client: str, handler: str, raw_subject: str, ready: str
 ) -> None:

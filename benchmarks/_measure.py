@@ -23,6 +23,7 @@ __all__ = [
     "CpuWindow",
     "Failures",
     "Rate",
+    "Rounds",
     "Side",
     "cpu_note",
     "cpu_window",
@@ -33,6 +34,17 @@ __all__ = [
     "throughput",
     "timed",
 ]
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """How much a latency benchmark samples: `rounds` interleaved rounds of `per_round`
+    sequential calls per side, after `warmup` calls per side that are not measured."""
+
+    rounds: int
+    per_round: int
+    warmup: int
+
 
 Call = Callable[[], Awaitable[Any]]
 """One call of a side: returns True (ok), `REFUSED`, or False or a message (failed)."""

@@ -31,12 +31,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import signal
 import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +43,8 @@ try:
 except ImportError:  # not in the gateway extra (the test extra has it): rows (c') (d') left out
     httpx = None
 import nats
-from _allow_worker import bench_main, serve_allow_all
+from _allow_worker import bench_main, serve_allow_all, stop_process
+from _measure import Rounds
 
 from hookbus.dispatcher import HookDispatcher
 from hookbus.schemas import TOOL_PRE
@@ -96,17 +95,8 @@ AOS_REQUEST: dict[str, Any] = {
 """An OWASP AOS toolCallRequest step (JSON-RPC 2.0)."""
 
 
-@dataclass(frozen=True)
-class Settings:
-    rounds: int
-    per_round: int
-    """Sequential calls per row per round."""
-    warmup: int
-    """Unmeasured calls per row first."""
-
-
-DEFAULT = Settings(rounds=10, per_round=400, warmup=300)
-QUICK = Settings(rounds=4, per_round=250, warmup=100)
+DEFAULT = Rounds(rounds=10, per_round=400, warmup=300)
+QUICK = Rounds(rounds=4, per_round=250, warmup=100)
 
 
 # -- the worker process (this file run with --serve) ------------------------------------------
@@ -136,7 +126,7 @@ async def start(argv: list[str], ready: str) -> tuple[asyncio.subprocess.Process
                 if ready in line:
                     break
     except BaseException:
-        await stop(proc)
+        await stop_process(proc)
         raise
     asyncio.get_running_loop().create_task(_drain(proc.stderr))
     return proc, line
@@ -145,16 +135,6 @@ async def start(argv: list[str], ready: str) -> tuple[asyncio.subprocess.Process
 async def _drain(stream: asyncio.StreamReader) -> None:
     async for _ in stream:
         pass
-
-
-async def stop(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is None:
-        proc.send_signal(signal.SIGTERM)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(proc.wait(), 15)
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
 
 
 # -- a minimal keep-alive HTTP/1.1 client -------------------------------------------------------
@@ -263,7 +243,7 @@ def pct(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def measure(url: str, settings: Settings) -> int:
+async def measure(url: str, settings: Rounds) -> int:
     worker, _ = await start([sys.executable, str(SELF), "--serve", "--url", url], READY)
     gateway = None
     try:
@@ -306,13 +286,13 @@ async def measure(url: str, settings: Settings) -> int:
             await nc.drain()
     finally:
         if gateway is not None:
-            await stop(gateway)
-        await stop(worker)
+            await stop_process(gateway)
+        await stop_process(worker)
     report(samples, settings)
     return 0
 
 
-def report(samples: dict[str, list[float]], settings: Settings) -> None:
+def report(samples: dict[str, list[float]], settings: Rounds) -> None:
     n = settings.rounds * settings.per_round
     emit_p50 = statistics.median(samples["(b) HookDispatcher.emit"])
     print(f"gateway benchmark: {n} sequential calls per row, {settings.rounds} rounds interleaved")

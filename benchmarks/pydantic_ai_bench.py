@@ -29,9 +29,7 @@ is met or not (1 only if the run itself failed: a worker not ready, a failed emi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.metadata
-import signal
 import statistics
 import sys
 import time
@@ -39,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nats
-from _allow_worker import bench_main, serve_allow_all
+from _allow_worker import bench_main, serve_allow_all, stop_process
 from nats.aio.client import Client as NATS
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
@@ -192,12 +190,7 @@ async def measure(url: str, settings: Settings) -> int:
         finally:
             await nc.drain()
     finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), 15)
-            if proc.returncode is None:
-                proc.kill()
+        await stop_process(proc)
     b, h = statistics.median(bare_s), statistics.median(hooked_s)
     ratio = h / b
     steps = settings.rounds * settings.runs * STEPS

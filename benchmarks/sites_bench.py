@@ -54,7 +54,7 @@ from typing import Any
 
 import nats
 from _allow_worker import RAW_REPLY, serve_worker
-from _measure import BenchAborted, Failures, Side, emit_outcome, latency_rounds, timed
+from _measure import BenchAborted, Failures, Rounds, Side, emit_outcome, latency_rounds, timed
 from _procs import Proc
 from nats.aio.client import Client as NATS
 
@@ -77,16 +77,8 @@ LS = {"tool_name": "bash", "tool_input": {"command": "ls"}}
 RM = {"tool_name": "bash", "tool_input": {"command": "rm -rf /"}}
 
 
-@dataclass(frozen=True)
-class Settings:
-    rounds: int
-    per_round: int
-    """Sequential calls per side per round."""
-    warmup: int
-
-
-DEFAULT = Settings(rounds=20, per_round=250, warmup=300)
-QUICK = Settings(rounds=6, per_round=150, warmup=100)
+DEFAULT = Rounds(rounds=20, per_round=250, warmup=300)
+QUICK = Rounds(rounds=6, per_round=150, warmup=100)
 
 
 # -- the worker process (this file run with --serve) --------------------------------
@@ -152,7 +144,7 @@ class Client:
 
 
 async def measure_sides(
-    worker_url: str, domain: str | None, clients: list[Client], settings: Settings
+    worker_url: str, domain: str | None, clients: list[Client], settings: Rounds
 ) -> tuple[list[Side], Failures]:
     """The worker process on `worker_url`, then, for each of `clients`, a raw
     ``nc.request`` side and an `emit` side (raws first, then emits, in `clients`' order),
@@ -197,7 +189,7 @@ async def measure_sides(
     return sides, failures
 
 
-async def measure_leaf(settings: Settings) -> None:
+async def measure_leaf(settings: Rounds) -> None:
     with sites() as (hub_url, leaf_url):
         sides, failures = await measure_sides(
             hub_url,
@@ -246,7 +238,7 @@ def _gateway_pair(sc: Supercluster) -> tuple[str, str, str]:
     )
 
 
-async def measure_supercluster(settings: Settings) -> None:
+async def measure_supercluster(settings: Rounds) -> None:
     """The route and gateway hops: the worker on an east node, clients on the same node,
     on another east node (a route hop) and on a west node (the gateway), buckets in east."""
     os.environ[PLACEMENT_CLUSTER_ENV] = EAST  # the worker process inherits it

@@ -141,6 +141,28 @@ async def _bench_bucket(nc: nats.NATS) -> Any:
         return await js.key_value(BENCH_BUCKET)
 
 
+async def _floor_watch(nc: Any) -> Any:
+    """A watch of the bench bucket's ``floor`` key, read past its initial state (up to
+    the "no more" marker): the raw put -> watch floor's delivery side."""
+    watch = await (await nc.jetstream().key_value(BENCH_BUCKET)).watch("floor")
+    while await watch.updates(timeout=5) is not None:
+        pass
+    return watch
+
+
+def _waiting(waiter: HookDispatcher, i: int) -> tuple[str, asyncio.Task[None], list[float]]:
+    """A fresh label, the task in which `waiter` waits on it, and the list its wake time
+    (`time.perf_counter`) is appended to."""
+    label = f"bench {uuid.uuid4().hex[:8]} {i}"
+    woke: list[float] = []
+
+    async def wait() -> None:
+        await waiter.hook(label, Answer)
+        woke.append(time.perf_counter())
+
+    return label, asyncio.create_task(wait()), woke
+
+
 async def _until_pending(waiter: HookDispatcher, label: str) -> None:
     """Return once `label`'s record is pending (read every millisecond, for 10 s at most)."""
     for _ in range(10_000):
@@ -163,9 +185,7 @@ async def bench_suspensions(url: str, n: int, *, processes: bool = False) -> dic
         await waiter.start()
         await _bench_bucket(nc_wait)
         resolver = await _Resolver.start(url)
-        floor_watch = await (await nc_wait.jetstream().key_value(BENCH_BUCKET)).watch("floor")
-        while await floor_watch.updates(timeout=5) is not None:
-            pass  # the initial state, up to the "no more" marker
+        floor_watch = await _floor_watch(nc_wait)
         puts: list[float] = []
         floors: list[float] = []
         wakes: list[float] = []
@@ -173,14 +193,7 @@ async def bench_suspensions(url: str, n: int, *, processes: bool = False) -> dic
 
         async def wake_once(i: int) -> tuple[float, float]:
             assert resolver is not None
-            label = f"bench {uuid.uuid4().hex[:8]} {i}"
-            woke: list[float] = []
-
-            async def wait() -> None:
-                await waiter.hook(label, Answer)
-                woke.append(time.perf_counter())
-
-            task = asyncio.create_task(wait())
+            label, task, woke = _waiting(waiter, i)
             await _until_pending(waiter, label)
             await asyncio.sleep(SETTLE_S)  # not measured
             t0, call = await resolver.ask(f"resolve {label}")
@@ -273,9 +286,7 @@ async def bench_one_process(url: str, n: int) -> dict[str, Any]:
         value = _record_sized_value()
         events = await resolver.hook_events()
 
-        floor_watch = await (await nc_wait.jetstream().key_value(BENCH_BUCKET)).watch("floor")
-        while await floor_watch.updates(timeout=5) is not None:
-            pass  # the initial state, up to the "no more" marker
+        floor_watch = await _floor_watch(nc_wait)
         puts: list[float] = []
         floors: list[float] = []
         wakes: list[float] = []
@@ -294,14 +305,7 @@ async def bench_one_process(url: str, n: int) -> dict[str, Any]:
             return time.perf_counter() - t0
 
         async def wake_once(i: int) -> tuple[float, float]:
-            label = f"bench {uuid.uuid4().hex[:8]} {i}"
-            woke: list[float] = []
-
-            async def wait() -> None:
-                await waiter.hook(label, Answer)
-                woke.append(time.perf_counter())
-
-            task = asyncio.create_task(wait())
+            label, task, woke = _waiting(waiter, i)
             async for e in events:
                 if e.hook.label == label and e.hook.status == "pending":
                     break
