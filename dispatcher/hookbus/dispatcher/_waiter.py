@@ -521,6 +521,10 @@ class Leases:
                         deadline_s=lease_s,
                         what="claiming a run",
                     )
+                except nats.js.errors.KeyNotFoundError:
+                    # nats-py's create reads the key after the server refused the write as
+                    # not new; that read finds nothing if the claim lapsed in between
+                    continue  # lapsed meanwhile: create it again
                 except nats.js.errors.KeyWrongLastSequenceError:
                     try:
                         entry = await kv_retry(
