@@ -313,15 +313,20 @@ def issue_cmd(new: NewIdentity, expires_s: float | None) -> None:
     click.echo(f"{ident.tenant} {ident.role} {ident.name}: {ident.creds_path(new.out)}")
 
 
+def _jwt_folder_option(more: str = "") -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """The required ``--dir`` of a JWT-mode command (as `out`), its help ending in `more`."""
+    return click.option(
+        "--dir",
+        "out",
+        required=True,
+        type=click.Path(file_okay=False, exists=True, path_type=Path),
+        help=f"The folder `hookbus auth init --jwt` wrote{more}.",
+    )
+
+
 @auth.command("revoke")
 @click.argument("who", metavar="CREDS_OR_PUBKEY")
-@click.option(
-    "--dir",
-    "out",
-    required=True,
-    type=click.Path(file_okay=False, exists=True, path_type=Path),
-    help="The folder `hookbus auth init --jwt` wrote (its operator's key re-signs the account).",
-)
+@_jwt_folder_option(" (its operator's key re-signs the account)")
 @click.option(
     "--tenant", default=None, help="The tenant of a public key (default: HOOKBUS, or the only one)."
 )
@@ -336,13 +341,7 @@ def revoke_cmd(who: str, out: Path, tenant: str | None) -> None:
 
 @auth.command("leaf-link")
 @click.argument("site")
-@click.option(
-    "--dir",
-    "out",
-    required=True,
-    type=click.Path(file_okay=False, exists=True, path_type=Path),
-    help="The folder `hookbus auth init --jwt` wrote.",
-)
+@_jwt_folder_option()
 @click.option("--tenant", default=None, help="Its tenant (default: HOOKBUS, or the only one).")
 def leaf_link_cmd(site: str, out: Path, tenant: str | None) -> None:
     """Issue the credential leaf site SITE's nats-server links to the hub with (JWT mode):
