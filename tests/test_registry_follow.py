@@ -277,3 +277,38 @@ async def test_a_direct_get_nobody_answers_while_the_stream_is_there_is_retried(
     await js.delete_stream(STREAM)
     why = await _why_no_direct_get(kv, "$JS.API.DIRECT.GET.x")
     assert isinstance(why, HookbusError) and "gone" in str(why)
+
+
+async def test_a_change_applied_while_the_tail_check_is_answered_is_not_a_restart(
+    server: Any,
+) -> None:
+    """The periodic check asks the stream's last sequence; a change is stored and applied
+    before the answer is read (it comes on another subscription, or from a replica a
+    moment behind). The answer is one below what is applied by then: that is not a stream
+    that went back, and the dispatcher keeps deciding (seen on a fleet: an agent denied
+    every emit for 0.7 s after such a check)."""
+    url, _, kv = server
+    bare, event = (f"test:{uuid.uuid4().hex[:10]}" for _ in range(2))
+    nc = await nats.connect(url)
+    d = HookDispatcher(nc, resync_s=600.0)
+    try:
+        await d.start()
+        follower = d._router._watch  # type: ignore[union-attr]
+        asked = follower._stream_last_seq
+
+        async def answered_late() -> int:
+            last = await asked()  # the stream's answer, then a change overtakes it
+            await declare(kv, event)
+            with anyio.fail_after(10):
+                while not d.routes(event):  # noqa: ASYNC110  (no change event to wait on)
+                    await anyio.sleep(0.02)
+            return last
+
+        follower._stream_last_seq = answered_late
+        await follower._check_tail()
+        assert follower.current
+        assert (await d.emit(bare, {})).action == "continue"
+        assert (await d.emit(event, {}, timeout_s=2.0)).action == "deny"
+    finally:
+        await d.close()
+        await nc.close()

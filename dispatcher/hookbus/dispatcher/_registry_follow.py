@@ -425,7 +425,13 @@ class RegistryFollower:
 
     async def _check_tail(self) -> None:
         """Compare the stream's last sequence with the last one applied (a stream that
-        no longer answers: behind, nothing can be known)."""
+        no longer answers: behind, nothing can be known).
+
+        The answer is as old as the question: changes applied while it came (on the
+        changes' subscription, or ahead of a replica a moment behind) may pass it. A
+        stream went back only if it holds less than was applied when asked, as its
+        leader confirms (`stream_info`)."""
+        asked_at = self._seq
         try:
             last = await self._stream_last_seq()
         except nats.errors.NoRespondersError:
@@ -435,8 +441,16 @@ class RegistryFollower:
             await asyncio.sleep(_TAIL_GRACE_S)
             if last > self._seq:
                 self._fall_behind(f"the stream holds {last}, {self._seq} applied")
-        elif last < self._seq:
-            self._fall_behind(f"the stream restarted at {last} ({self._seq} applied)")
+        elif last < asked_at:
+            kv = self._kv
+            try:
+                info = await kv._js.stream_info(kv._stream)
+            except nats.js.errors.NotFoundError:
+                self._fall_behind("the registry's stream is gone")
+                return
+            leader_last = int(info.state.last_seq or 0)
+            if leader_last < asked_at:
+                self._fall_behind(f"the stream restarted at {leader_last} ({asked_at} applied)")
 
     async def _stream_last_seq(self) -> int:
         """The stream's last sequence: a direct get of its last message (any replica
