@@ -609,6 +609,46 @@ def test_any_record_is_accepted_bound_to_its_key_or_refused() -> None:
     check()
 
 
+def test_a_change_applied_from_the_cache_routes_as_the_record_checked_afresh() -> None:
+    """A change's route is checked once per process and shared by its dispatchers: each
+    of two tables applying the same bytes (the second from the cache) gets the routes,
+    or the refusal, of the record checked afresh, and a refusal is reported to both."""
+    import dataclasses
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from hookbus.dispatcher._registry_watch import RegistryRead, apply_entry, classify
+    from hookbus.dispatcher._route_table import RoutingTable
+
+    keys = st.sampled_from(["tool=3Apre.x", "x.guard", "_required.tool=3Apre.x", "x.y"])
+
+    def fields(table: RoutingTable, event: str) -> list[dict[str, Any]]:
+        return [
+            {f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "_filter"}
+            for r in table.routes(event)
+        ]
+
+    @settings(max_examples=300, deadline=None)
+    @given(key=keys, value=_hostile_values())
+    def check(key: str, value: bytes) -> None:
+        event = "tool:pre" if key.endswith("tool=3Apre.x") else "x"
+        read = RegistryRead()
+        classify(read, key, value)
+        reference = RoutingTable()
+        for decl in read.declarations.values():
+            reference.put_remote(decl)
+        for req in read.required.values():
+            reference.put_required(req)
+        for _ in range(2):
+            table, reports = RoutingTable(), []
+            apply_entry(table, {}, reports.append, key, bytes(value), False)
+            assert fields(table, event) == fields(reference, event)
+            assert bool(reports) == bool(read.rejected)
+
+    check()
+
+
 async def test_cli_worker_conflict_is_one_error_line(
     nc: NATS, connect: Connect, nats_url: str, event: str, tmp_path: Any
 ) -> None:

@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import nats.errors
 import nats.js.errors
@@ -62,7 +63,7 @@ from hookbus.schemas import (
     required_key,
 )
 
-from ._route_table import RoutingTable
+from ._route_table import Route, RoutingTable
 
 __all__ = [
     "RegistryRead",
@@ -375,6 +376,32 @@ class RegistryWatch:
         apply_entry(self._table, self.rejected, self._report, key, value, deleted)
 
 
+RECORDS_CACHED: Final = 64
+"""Changes whose checked route is kept, by (key, value bytes). A process running many
+dispatchers (a multi-session agent server, the fleet benchmark) checks each change of the
+registry once instead of once per dispatcher: a record's route is a function of its key and
+bytes, and a `Route` is immutable."""
+
+
+@functools.lru_cache(maxsize=RECORDS_CACHED)
+def _parsed_key(key: str) -> tuple[str, str, str]:
+    return parse_registry_key(key)
+
+
+@functools.lru_cache(maxsize=RECORDS_CACHED)
+def record_route(key: str, value: bytes) -> Route:
+    """The route of a live record of the handlers bucket at `key` (a handler key or a
+    required-handler key): the declaration's, or a required handler's stand-in; cached
+    (`RECORDS_CACHED`).
+
+    Raises:
+        BadRequestError: the record is refused (`check_declaration`, `check_required`).
+    """
+    if registry_key_kind(key) == "required":
+        return Route.from_required(check_required(key, value))
+    return Route.from_declaration(check_declaration(key, value))
+
+
 def apply_entry(
     table: RoutingTable,
     rejected: dict[str, str],
@@ -387,22 +414,22 @@ def apply_entry(
     `key` follows it; a refused value removes what the key had (`report`ed and kept in
     `rejected`, by key)."""
     try:
-        kind, event, name = parse_registry_key(key)
+        kind, event, name = _parsed_key(key)
     except BadRequestError:
         log.warning("ignoring foreign key %r in the handlers bucket", _short(key))
         return
-    drop = table.delete_required if kind == "required" else table.delete_remote
+    required = kind == "required"
+    drop = table.delete_required if required else table.delete_remote
     rejected.pop(_short(key), None)
     if deleted or value is None:
         drop(event, name)
         return
-    read = RegistryRead()
-    classify(read, key, value)
-    if read.rejected:
-        report(read.rejected)
-        rejected.update(read.rejected)
+    try:
+        route = record_route(key, bytes(value))
+    except BadRequestError as exc:
+        refused = {_short(key): str(exc)}
+        report(refused)
+        rejected.update(refused)
         drop(event, name)
-    for decl in read.declarations.values():
-        table.put_remote(decl)
-    for req in read.required.values():
-        table.put_required(req)
+        return
+    table.put_route(route, required=required)

@@ -230,8 +230,14 @@ class RoutingTable:
 
     def put_remote(self, decl: HandlerDeclaration) -> None:
         """Add or replace the remote route of a (validated) declaration."""
-        self._remote.setdefault(decl.event, {})[decl.name] = Route.from_declaration(decl)
-        self._rebuild(decl.event)
+        self.put_route(Route.from_declaration(decl))
+
+    def put_route(self, route: Route, *, required: bool = False) -> None:
+        """Add or replace a remote route (`Route.from_declaration`), or with `required`
+        a required handler's stand-in (`Route.from_required`)."""
+        routes = self._required if required else self._remote
+        routes.setdefault(route.event, {})[route.name] = route
+        self._rebuild(route.event)
 
     def delete_remote(self, event: str, name: str) -> None:
         if self._remote.get(event, {}).pop(name, None) is not None:
@@ -239,8 +245,7 @@ class RoutingTable:
 
     def put_required(self, req: RequiredHandler) -> None:
         """Add or replace a required handler of `req.event`."""
-        self._required.setdefault(req.event, {})[req.name] = Route.from_required(req)
-        self._rebuild(req.event)
+        self.put_route(Route.from_required(req), required=True)
 
     def delete_required(self, event: str, name: str) -> None:
         if self._required.get(event, {}).pop(name, None) is not None:
