@@ -50,7 +50,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
-from hookbus._core.deadlines import Deadline
+from hookbus._core.deadlines import NEVER, Deadline
 from hookbus._core.kv import kv_retry
 from hookbus._core.nats_guard import harden_connection
 from hookbus._core.tasks import stop_task
@@ -226,6 +226,9 @@ class RegistryFollower:
         self._behind_since: float | None = None
         self._current = asyncio.Event()
         self._wake = asyncio.Event()
+        """Set when the follower's task has work: behind, or the periodic check due."""
+        self._ticks: asyncio.TimerHandle | None = None
+        self._next_check: Deadline = NEVER
         self._reading = asyncio.Lock()
         """Held while a snapshot is read and applied: one at a time (two would share the
         buffer of changes, and the later could undo changes applied meanwhile)."""
@@ -395,30 +398,45 @@ class RegistryFollower:
 
     # -- the loop ----------------------------------------------------------------------
     async def _run(self) -> None:
+        """Re-read when behind, and check the stream's tail when due. The task sleeps until
+        there is work: once a tick a timer callback (`_tick`, no task woken) looks at the
+        connection and the check's deadline, and wakes it only for one of them."""
         loop = asyncio.get_running_loop()
-        next_check = Deadline.after(self._jittered(), loop.time())
-        while True:
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(_TICK_S):
-                    await self._wake.wait()
-            if not self.current:  # also notices a reconnect
-                try:
-                    await self._snapshot()
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    log.warning("handler registry snapshot failed (%r); retrying", exc)
-                    await asyncio.sleep(_TICK_S)
-                continue
-            if next_check.passed(loop.time()):
-                next_check = Deadline.after(self._jittered(), loop.time())
-                try:
-                    await self._check_tail()
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # no evidence of a miss: the routes stand
-                    log.warning("handler registry check failed (%r)", exc)
+        self._next_check = Deadline.after(self._jittered(), loop.time())
+        self._ticks = loop.call_later(_TICK_S, self._tick)
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                if not self.current:
+                    try:
+                        await self._snapshot()
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as exc:
+                        log.warning("handler registry snapshot failed (%r); retrying", exc)
+                        await asyncio.sleep(_TICK_S)
+                        self._wake.set()
+                    continue
+                if self._next_check.passed(loop.time()):
+                    self._next_check = Deadline.after(self._jittered(), loop.time())
+                    try:
+                        await self._check_tail()
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as exc:  # no evidence of a miss: the routes stand
+                        log.warning("handler registry check failed (%r)", exc)
+        finally:
+            self._ticks.cancel()
+            self._ticks = None
+
+    def _tick(self) -> None:
+        """A tick of the follower's timer: wake its task if a reconnect made it behind
+        (`current`) or the periodic check is due."""
+        loop = asyncio.get_running_loop()
+        self._ticks = loop.call_later(_TICK_S, self._tick)
+        if not self.current or self._next_check.passed(loop.time()):
+            self._wake.set()
 
     def _jittered(self) -> float:
         return self._check_s * random.uniform(0.8, 1.2)
