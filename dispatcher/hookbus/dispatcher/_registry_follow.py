@@ -427,8 +427,9 @@ class RegistryFollower:
                     except Exception as exc:  # no evidence of a miss: the routes stand
                         log.warning("handler registry check failed (%r)", exc)
         finally:
-            self._ticks.cancel()
-            self._ticks = None
+            ticks, self._ticks = self._ticks, None
+            if ticks is not None:
+                ticks.cancel()
 
     def _tick(self) -> None:
         """A tick of the follower's timer: wake its task if a reconnect made it behind
