@@ -157,6 +157,33 @@ async def test_a_change_lost_at_the_tail_is_found_by_the_check(server: Any) -> N
             await nc.close()
 
 
+async def test_dispatchers_sharing_a_loop_keep_their_checks_as_others_stop(server: Any) -> None:
+    """The followers of one event loop share one timer: dispatchers that stopped before
+    and after the last one started leave it ticking, and its check still finds a change
+    lost at the tail."""
+    url, _, kv = server
+    event = f"test:{uuid.uuid4().hex[:10]}"
+    async with NatsProxy(url) as proxy:
+        conns = [await nats.connect(url) for _ in range(2)]
+        nc = await nats.connect(proxy.url)
+        early, late = HookDispatcher(conns[0]), HookDispatcher(conns[1], resync_s=600.0)
+        d = HookDispatcher(nc, resync_s=1.0)
+        try:
+            await early.start()
+            await d.start()
+            await late.start()
+            await early.close()
+            await late.close()
+            proxy.drop_next(1, registry_change)
+            await declare(kv, event)
+            await decides(d, event, "deny", within_s=15)
+            assert proxy.dropped
+        finally:
+            await d.close()
+            for conn in [*conns, nc]:
+                await conn.close()
+
+
 async def test_a_change_made_while_disconnected_is_applied_on_reconnect(server: Any) -> None:
     """The change is lost and the connection cut (as a server lost and found again): the
     reconnect alone makes the dispatcher re-read, long before its periodic check."""

@@ -41,6 +41,7 @@ import contextlib
 import json
 import logging
 import random
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,6 +201,51 @@ async def _why_no_direct_get(kv: KeyValue, subject: str) -> BaseException:
     return HookbusError(f"nothing answers {subject}: the handler registry's stream is gone")
 
 
+class _Ticker:
+    """One timer per event loop ticking every follower on it (`_TICK_S`): a process running
+    many dispatchers keeps one timer, not one per dispatcher. (It holds no reference to
+    its loop: `_TICKERS` forgets it with the loop.)"""
+
+    def __init__(self) -> None:
+        self._followers: dict[RegistryFollower, None] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    @staticmethod
+    def of(loop: asyncio.AbstractEventLoop) -> _Ticker:
+        """The ticker of `loop` (made on first use)."""
+        ticker = _TICKERS.get(loop)
+        if ticker is None:
+            ticker = _TICKERS[loop] = _Ticker()
+        return ticker
+
+    def add(self, follower: RegistryFollower) -> None:
+        """Tick `follower` from now on (called on the running loop)."""
+        self._followers[follower] = None
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(_TICK_S, self._tick)
+
+    def discard(self, follower: RegistryFollower) -> None:
+        self._followers.pop(follower, None)
+        if not self._followers and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(_TICK_S, self._tick)
+        now = loop.time()
+        for follower in list(self._followers):
+            try:
+                follower.tick(now)
+            except Exception:  # one follower's fault never stops the others' ticks
+                log.exception("handler registry follower tick failed")
+
+
+_TICKERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Ticker] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 class RegistryFollower:
     """Keeps a routing table in step with the handler registry through the bucket stream's
     republished changes (see the module docstring). `start` returns once a snapshot is
@@ -227,7 +273,6 @@ class RegistryFollower:
         self._current = asyncio.Event()
         self._wake = asyncio.Event()
         """Set when the follower's task has work: behind, or the periodic check due."""
-        self._ticks: asyncio.TimerHandle | None = None
         self._next_check: Deadline = NEVER
         self._reading = asyncio.Lock()
         """Held while a snapshot is read and applied: one at a time (two would share the
@@ -399,11 +444,12 @@ class RegistryFollower:
     # -- the loop ----------------------------------------------------------------------
     async def _run(self) -> None:
         """Re-read when behind, and check the stream's tail when due. The task sleeps until
-        there is work: once a tick a timer callback (`_tick`, no task woken) looks at the
-        connection and the check's deadline, and wakes it only for one of them."""
+        there is work: once a tick the loop's `_Ticker` (a timer callback, no task woken)
+        looks at the connection and the check's deadline, and wakes it only for one of them."""
         loop = asyncio.get_running_loop()
         self._next_check = Deadline.after(self._jittered(), loop.time())
-        self._ticks = loop.call_later(_TICK_S, self._tick)
+        ticker = _Ticker.of(loop)
+        ticker.add(self)
         try:
             while True:
                 await self._wake.wait()
@@ -427,16 +473,12 @@ class RegistryFollower:
                     except Exception as exc:  # no evidence of a miss: the routes stand
                         log.warning("handler registry check failed (%r)", exc)
         finally:
-            ticks, self._ticks = self._ticks, None
-            if ticks is not None:
-                ticks.cancel()
+            ticker.discard(self)
 
-    def _tick(self) -> None:
-        """A tick of the follower's timer: wake its task if a reconnect made it behind
-        (`current`) or the periodic check is due."""
-        loop = asyncio.get_running_loop()
-        self._ticks = loop.call_later(_TICK_S, self._tick)
-        if not self.current or self._next_check.passed(loop.time()):
+    def tick(self, now: float) -> None:
+        """Wake the follower's task if a reconnect made it behind (`current`) or the
+        periodic check is due at loop time `now`."""
+        if not self.current or self._next_check.passed(now):
             self._wake.set()
 
     def _jittered(self) -> float:
