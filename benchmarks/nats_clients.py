@@ -21,10 +21,11 @@ JSON object per line). Sides:
 Each request carries `PAYLOAD_BYTES` of payload and one trace header; the reply is `REPLY`.
 Per round, each side in turn (the order rotates each round) runs: `--sequential` requests
 one after the other (p50, and the CPU per request of both processes, ``time.process_time``
-read in each process), `--spaced` requests each after 10 ms idle (the latency of a lone
-request), then a `--seconds` window with `--in-flight` requests outstanding (requests/s,
-CPU per request). Figures are medians over the rounds; ratios are against nats-py of the
-same run: the machine is shared, so read the ratios, not the absolute numbers.
+read in each process), `--spaced` requests each after 10 ms idle (a lone request), as
+many each after 2 ms idle (a steady trickle of about 400/s), then a `--seconds` window
+with `--in-flight` requests outstanding (requests/s, CPU per request). Figures are medians
+over the rounds; a ratio is the median [range] of each round's figure over nats-py's in
+the same round: the machine is shared, so read the ratios, not the absolute numbers.
 
 If nats-core is not importable it prints one line saying so and exits 0.
 """
@@ -49,8 +50,12 @@ PAYLOAD = b'{"event":"tool:pre","data":"' + b"x" * (PAYLOAD_BYTES - 30) + b'"}'
 HEADERS = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
 REPLY = b'{"handler":"raw","result":{"action":"continue"}}'
 """What a hookbus worker answers for a handler that returns None (49 bytes)."""
-SPACED_GAP_S = 0.010
-"""Idle time before each spaced request: longer than nats-core's 5 ms flush pacing."""
+LONE_GAP_S = 0.010
+"""Idle time before each lone request: longer than nats-core's 5 ms flush pacing."""
+STEADY_GAP_S = 0.002
+"""Idle time before each request of the steady trickle (about 400 requests/s): shorter
+than that pacing, as the requests a worker answers under a moderate load."""
+THIS_FILE = str(Path(__file__).resolve())
 SIDES = ("nats-py", "nats-core", "nats-core flush 0")
 
 
@@ -221,14 +226,13 @@ def _median(xs: list[float]) -> float:
 
 
 async def _measure(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _procs import JsonChild, running
 
     from hookbus.cli import EmbeddedNatsServer
 
     server = EmbeddedNatsServer()
     url = server.start()
-    me = [sys.executable, str(Path(__file__).resolve()), "--url", url]
+    me = [sys.executable, THIS_FILE, "--url", url]
     pairs = {
         side: (
             JsonChild(f"{side} responder", [*me, "--role", "responder", "--side", side]),
@@ -246,8 +250,12 @@ async def _measure(args: argparse.Namespace) -> dict[str, dict[str, list[float]]
                     out = figures[side]
                     for name, ask in (
                         ("seq", {"op": "sequential", "n": args.sequential, "gap_s": 0.0}),
-                        ("spaced", {"op": "sequential", "n": args.spaced, "gap_s": SPACED_GAP_S}),
-                        ("tput", {"op": "window", "in_flight": args.in_flight, "seconds": args.seconds}),
+                        ("lone", {"op": "sequential", "n": args.spaced, "gap_s": LONE_GAP_S}),
+                        ("steady", {"op": "sequential", "n": args.spaced, "gap_s": STEADY_GAP_S}),
+                        (
+                            "tput",
+                            {"op": "window", "in_flight": args.in_flight, "seconds": args.seconds},
+                        ),
                     ):
                         before = (await responder.ask({"op": "cpu"}))["cpu_s"]
                         got = await requester.ask(ask)
@@ -271,30 +279,35 @@ ROWS = (
     ("sequential round trip p50, us", "seq_p50_us"),
     ("  requester CPU per request, us", "seq_req_cpu_us"),
     ("  responder CPU per request, us", "seq_resp_cpu_us"),
-    ("lone request (10 ms idle before) p50, us", "spaced_p50_us"),
-    (f"requests/s, N in flight", "rps"),
+    ("lone request (10 ms idle before) p50, us", "lone_p50_us"),
+    ("steady trickle (2 ms idle before) p50, us", "steady_p50_us"),
+    ("requests/s, N in flight", "rps"),
     ("  requester CPU per request, us", "tput_req_cpu_us"),
     ("  responder CPU per request, us", "tput_resp_cpu_us"),
 )
 
 
 def _report(figures: dict[str, dict[str, list[float]]], args: argparse.Namespace) -> None:
+    """One row per figure: nats-py's median over the rounds, and per other side its median
+    and the median [range] of its per-round ratios to nats-py (same round, side by side)."""
     base = figures["nats-py"]
-    width = 44
     print(
-        f"\n{args.rounds} rounds; {args.sequential} sequential + {args.spaced} lone requests"
-        f" and {args.seconds:g} s at {args.in_flight} in flight per side and round;"
-        f" {PAYLOAD_BYTES} B payload + 1 header; Python {sys.version.split()[0]}"
+        f"\n{args.rounds} rounds; per side and round {args.sequential} back-to-back requests,"
+        f" {args.spaced} lone, {args.spaced} steady, {args.seconds:g} s at {args.in_flight}"
+        f" in flight; {PAYLOAD_BYTES} B payload + 1 header; Python {sys.version.split()[0]};"
+        f" load average before/after: {args.load_before} / {os.getloadavg()[0]:.2f}"
     )
-    print(f"load average before/after: {args.load_before} / {os.getloadavg()[0]:.2f}")
-    head = "".join(f"{s:>22}" for s in SIDES)
-    print(f"{'median over rounds (ratio to nats-py)':<{width}}{head}")
+    width = 42
+    head = f"{'nats-py':>9}" + "".join(f"{s:>30}" for s in SIDES[1:])
+    print(f"{'median over rounds; ratio: median [range]':<{width}}{head}")
     for label, key in ROWS:
-        cells = ""
-        for side in SIDES:
-            value = _median(figures[side][key])
-            ratio = value / _median(base[key])
-            cells += f"{value:>13,.0f} ({ratio:4.2f}x)" if side != "nats-py" else f"{value:>22,.0f}"
+        cells = f"{_median(base[key]):>9,.0f}"
+        for side in SIDES[1:]:
+            ratios = [v / b for v, b in zip(figures[side][key], base[key], strict=True)]
+            cells += (
+                f"{_median(figures[side][key]):>9,.0f} {_median(ratios):5.2f}x"
+                f" [{min(ratios):.2f}-{max(ratios):.2f}]"
+            )
         print(f"{label.replace('N', str(args.in_flight)):<{width}}{cells}")
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))
