@@ -13,6 +13,8 @@ JSON object per line). Sides:
   with a reply subject on one long-lived wildcard inbox and resolves a future from the
   inbox subscription's callback; the responder replies inline in its callback
   (``await nc.publish(msg.reply, REPLY)``).
+- ``nats-py request()``: nats-py's own ``request`` (a NUID token, ``asyncio.wait_for``),
+  against the same responder: what a comparison with plain nats-py code measures.
 - ``nats-core``: ``Client.request`` (one multiplexed inbox, a counter token: the same shape);
   the responder iterates its subscription and replies with ``publish``.
 - ``nats-core flush 0``: the same with the client's private minimum interval between two
@@ -56,7 +58,7 @@ STEADY_GAP_S = 0.002
 """Idle time before each request of the steady trickle (about 400 requests/s): shorter
 than that pacing, as the requests a worker answers under a moderate load."""
 THIS_FILE = str(Path(__file__).resolve())
-SIDES = ("nats-py", "nats-core", "nats-core flush 0")
+SIDES = ("nats-py", "nats-py request()", "nats-core", "nats-core flush 0")
 
 
 def _nats_core_missing() -> str | None:
@@ -70,12 +72,15 @@ def _nats_core_missing() -> str | None:
     return None
 
 
-# -- the two clients, behind one small shape --------------------------------------------------
+# -- the clients, behind one small shape --------------------------------------------------
 class _PyClient:
-    """nats-py: publish with a reply subject on one wildcard inbox, a future per request."""
+    """nats-py: publish with a reply subject on one wildcard inbox, a future per request;
+    or (`plain`) nats-py's own ``request``."""
 
-    def __init__(self, subject: str) -> None:
+    def __init__(self, subject: str, plain: bool = False) -> None:
         self.subject = subject
+        if plain:
+            self.request = self._plain_request
 
     async def connect(self, url: str) -> None:
         import nats
@@ -105,6 +110,10 @@ class _PyClient:
             return await asyncio.wait_for(fut, 5.0)
         finally:
             self.waiting.pop(token, None)
+
+    async def _plain_request(self) -> bytes:
+        msg = await self.nc.request(self.subject, PAYLOAD, timeout=5.0, headers=HEADERS)
+        return msg.data
 
     async def serve(self) -> None:
         nc = self.nc
@@ -158,8 +167,8 @@ class _CoreClient:
 def _client(side: str) -> Any:
     """The client of `side`, on a subject of its own."""
     subject = f"{SUBJECT}.{SIDES.index(side)}"
-    if side == "nats-py":
-        return _PyClient(subject)
+    if side.startswith("nats-py"):
+        return _PyClient(subject, plain=side != "nats-py")
     return _CoreClient(subject, 0.0 if side.endswith("flush 0") else None)
 
 
@@ -298,14 +307,14 @@ def _report(figures: dict[str, dict[str, list[float]]], args: argparse.Namespace
         f" load average before/after: {args.load_before} / {os.getloadavg()[0]:.2f}"
     )
     width = 42
-    head = f"{'nats-py':>9}" + "".join(f"{s:>30}" for s in SIDES[1:])
+    head = f"{'nats-py':>9}" + "".join(f"{s:>31}" for s in SIDES[1:])
     print(f"{'median over rounds; ratio: median [range]':<{width}}{head}")
     for label, key in ROWS:
         cells = f"{_median(base[key]):>9,.0f}"
         for side in SIDES[1:]:
             ratios = [v / b for v, b in zip(figures[side][key], base[key], strict=True)]
             cells += (
-                f"{_median(figures[side][key]):>9,.0f} {_median(ratios):5.2f}x"
+                f"{_median(figures[side][key]):>10,.0f} {_median(ratios):5.2f}x"
                 f" [{min(ratios):.2f}-{max(ratios):.2f}]"
             )
         print(f"{label.replace('N', str(args.in_flight)):<{width}}{cells}")
