@@ -2,8 +2,8 @@
 3.13+) on hookbus's request/reply shape: sequential round trips, CPU per request on each
 side, requests per second at 256 in flight. A command, not a test.
 
-    python3.13 benchmarks/nats_clients.py                 # 3 rounds, about 1 minute
-    python3.13 benchmarks/nats_clients.py --rounds 5 --seconds 3
+    python3.13 benchmarks/nats_clients.py                 # 3 rounds, about 1.5 minutes
+    python3.13 benchmarks/nats_clients.py --rounds 6 --seconds 3   # about 2.5 minutes
 
 Processes: one nats-server (`EmbeddedNatsServer`, the bundled binary), and per side a
 responder and a requester process of its own (`--role`), driven over stdin / stdout (one
