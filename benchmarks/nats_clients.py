@@ -211,11 +211,9 @@ async def _child(role: str, side: str, url: str) -> None:
     await client.connect(url)
     if role == "responder":
         await client.serve()
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     print(json.dumps({"ready": side}), flush=True)
-    while line := await reader.readline():
+    # stdin is read in a thread: asked between measurements only, never during one
+    while line := await asyncio.to_thread(sys.stdin.readline):
         ask = json.loads(line)
         if ask["op"] == "cpu":
             answer: dict = {"cpu_s": time.process_time()}
