@@ -40,6 +40,8 @@ import anyio
 import click
 from nats.aio.client import Client as NATS
 
+from hookbus._core.deadlines import NEVER, Deadline
+
 from ._command_support import close_quietly, drain_or_close
 from ._connect import _redacted
 from ._extras import MissingExtraError
@@ -307,7 +309,7 @@ class Supervisor:
         self.max_reconnects = max_reconnects
         self.signum = 0
         self._forced = False
-        self._deadline: float | None = None
+        self._deadline: Deadline = NEVER  # the drain's bound, on the loop's clock
         self._nc: NATS | None = None
         self._url = ""
         self._stop: Callable[[], Awaitable[None]] | None = None
@@ -334,7 +336,7 @@ class Supervisor:
             self._forced = True
             click.echo(f"{self.what}: {sig.name}: stopping", err=True)
             return
-        self._deadline = loop.time() + self.grace_s + DRAIN_MARGIN_S
+        self._deadline = Deadline.after(self.grace_s, loop.time()).plus(DRAIN_MARGIN_S)
         click.echo(
             f"{self.what}: {sig.name}: draining (up to {self.grace_s:g} s; {sig.name} again"
             " stops at once)",
@@ -375,7 +377,7 @@ class Supervisor:
             await asyncio.wait({main}, timeout=0.1)
             if main.done():
                 break
-            late = self._deadline is not None and loop.time() > self._deadline
+            late = loop.time() > self._deadline.when  # strictly (`passed` counts the bound)
             if late:
                 click.echo(f"{self.what}: the drain ran past its bound: stopping", err=True)
             nc = self._nc

@@ -20,6 +20,7 @@ from nats.aio.client import Client as NATS
 from nats.js.api import KeyValueConfig
 
 from hookbus._core.buckets import handlers_bucket_config
+from hookbus._core.deadlines import Deadline
 from hookbus._core.embedded_server import EmbeddedNatsServer, NatsServerNotFoundError
 from hookbus._core.kv import open_bucket
 from hookbus.dispatcher import DispatcherService, HookDispatcher
@@ -66,9 +67,10 @@ RELOAD_WAIT_S = 5.0
 """How long `server` reads nats-server's log for the outcome of a reload it asked."""
 
 
-def _ask_reload(srv: EmbeddedNatsServer, config: str | None) -> tuple[int, float] | None:
-    """SIGHUP: have nats-server read `config` again; (log offset, deadline) to read how it
-    went, None (and a line saying so) for the development server, which has no config."""
+def _ask_reload(srv: EmbeddedNatsServer, config: str | None) -> tuple[int, Deadline] | None:
+    """SIGHUP: have nats-server read `config` again; (log offset, deadline on
+    `time.monotonic()`) to read how it went, None (and a line saying so) for the
+    development server, which has no config."""
     if config is None:
         click.echo(
             "hookbus server: SIGHUP: the development server has no config file to reload"
@@ -76,16 +78,16 @@ def _ask_reload(srv: EmbeddedNatsServer, config: str | None) -> tuple[int, float
             err=True,
         )
         return None
-    return srv.reload(), time.monotonic() + RELOAD_WAIT_S
+    return srv.reload(), Deadline.after(RELOAD_WAIT_S, time.monotonic())  # no loop runs
 
 
 def _say_reloaded(
-    srv: EmbeddedNatsServer, config: str, offset: int, deadline: float
-) -> tuple[int, float] | None:
+    srv: EmbeddedNatsServer, config: str, offset: int, deadline: Deadline
+) -> tuple[int, Deadline] | None:
     """One line once nats-server's log tells how the reload went, or the wait is over
     (then None); until then, the same (offset, deadline)."""
     outcome = srv.reload_outcome(offset)
-    if outcome is None and time.monotonic() < deadline:
+    if outcome is None and not deadline.passed(time.monotonic()):
         return offset, deadline
     if outcome is None:
         said = f"asked nats-server to reload {config}; its log ({srv.log_file}) says nothing yet"
@@ -158,7 +160,7 @@ def server(port: int | None, data_dir: str, config: str | None) -> None:
                 label = f"with {config}" if config else "with JetStream"
                 hup = f"; kill -HUP {os.getpid()} reloads it" if config else ""
                 click.echo(f"nats-server {label} at {url}; {where}{hup}; Ctrl-C stops it")
-            asked: tuple[int, float] | None = None  # a reload's log offset and deadline
+            asked: tuple[int, Deadline] | None = None  # a reload's log offset and deadline
             while not received:
                 code = srv.poll()
                 if code is not None:

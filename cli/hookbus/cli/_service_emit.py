@@ -16,6 +16,7 @@ from typing import Any, Unpack
 from nats.aio.client import Client as NATS
 from opentelemetry import propagate
 
+from hookbus._core.deadlines import Deadline
 from hookbus.integrations import Emit
 from hookbus.schemas import (
     BadRequestError,
@@ -85,16 +86,15 @@ def service_emit(nc: NATS, *, agent_id: str | None = None, retries: int = 2) -> 
         payload = encode(request)
         timeout_s = request.timeout_s
         wait = (timeout_s if timeout_s is not None else _DEFAULT_WAIT_S) + REPLY_GRACE_S
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait
+        deadline = Deadline.after(wait)  # on the loop's clock
         attempt = 0
         while True:
-            msg = await _request(nc, subject, payload, max(0.01, deadline - loop.time()), wait)
+            msg = await _request(nc, subject, payload, max(0.01, deadline.left()), wait)
             reply = decode(msg, EmitReply)
             if reply.error is None and reply.result is not None:
                 return reply.result
             error = reply.error or WireError(code="internal", message="a reply with no result")
-            if error.retryable and attempt < retries and deadline - loop.time() > 0.1:
+            if error.retryable and attempt < retries and deadline.left() > 0.1:
                 attempt += 1
                 await asyncio.sleep(0.05 * attempt)
                 continue

@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from hookbus._core import clock
+from hookbus._core.deadlines import Deadline
 from hookbus.dispatcher import allows, approval_label, joined_decision
 from hookbus.schemas import (
     APPROVAL_DEFAULT_OPTIONS,
@@ -86,11 +86,11 @@ class MemoryApprovals:
         *,
         call_id: str,
         longest_s: float | None,
-        deadline: float | None,
+        deadline: Deadline,
     ) -> HookResult:
         """Ask each of `asks` (an emit's ``ask_user`` results, `Fold.asks`) in turn, until
         one is refused; the emit's decision (`joined_decision`). `longest_s`: the emit's
-        ``approval_timeout_s``; `deadline`: the emit's end on the loop's clock (None:
+        ``approval_timeout_s``; `deadline`: the emit's end on the loop's clock (`NEVER`:
         none), which ends a wait as a deny, never as the question's default."""
         decisions: list[HookResult] = []
         for ask in asks:
@@ -109,7 +109,7 @@ class MemoryApprovals:
         *,
         call_id: str,
         longest_s: float | None,
-        deadline: float | None,
+        deadline: Deadline,
     ) -> HookResult:
         handler = result.decided_by or "?"
         result = _cut(result, longest_s)
@@ -138,10 +138,11 @@ class MemoryApprovals:
         answered: asyncio.Future[tuple[str, str]] = asyncio.get_running_loop().create_future()
         self._waiting[label] = (approval, answered)
         self._asked.put_nowait(approval)
-        ends = None if question.timeout_s is None else clock.now() + question.timeout_s
-        callers = deadline is not None and (ends is None or deadline < ends)
+        ends = Deadline.after(question.timeout_s)  # the question's own timeout
+        until = ends.earlier(deadline)  # the caller's deadline if strictly earlier, else `ends`
+        callers = until is not ends
         try:
-            async with asyncio.timeout_at(deadline if callers else ends):
+            async with until.timeout():
                 choice, approver = await answered
         except TimeoutError:
             if callers:

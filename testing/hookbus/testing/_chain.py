@@ -25,6 +25,7 @@ from typing import Any
 
 from hookbus._core import clock
 from hookbus._core.copies import json_copy
+from hookbus._core.deadlines import NEVER, Deadline
 from hookbus._core.fold_rules import (
     PARALLEL_MODIFY_MESSAGE,
     ends_fold,
@@ -47,7 +48,7 @@ def ordered(specs: Sequence[HandlerSpec], event: str) -> list[HandlerSpec]:
 
 
 async def run_chain(
-    chain: Sequence[HandlerSpec], event: str, fold: Fold, *, deadline: float | None = None
+    chain: Sequence[HandlerSpec], event: str, fold: Fold, *, deadline: Deadline = NEVER
 ) -> HookResult | None:
     """Run `chain` (handlers of `event` in call order, see `ordered`) on ``fold.data``,
     folding each outcome into `fold`. Returns the final result when one ended the fold (a
@@ -57,7 +58,7 @@ async def run_chain(
     A handler whose tool filter does not admit the data as it is when its turn comes is
     skipped; an adjacent run of ``parallel`` handlers is called at once on the same data
     and folded in order. Each call runs at most its ``timeout_s`` and never past
-    `deadline` (seconds on the loop's clock; None: none).
+    `deadline` (on the loop's clock; `NEVER`: none).
     """
     parallel = [s.declaration.parallel for s in chain]
     for start, end in parallel_groups(parallel):
@@ -93,14 +94,14 @@ def _fold(
 
 
 async def _call(
-    spec: HandlerSpec, event: str, data: dict[str, Any], deadline: float | None
+    spec: HandlerSpec, event: str, data: dict[str, Any], deadline: Deadline
 ) -> HookResult | tuple[str, str]:
     """One handler call on a copy of `data`: its result, or ``(kind, message)`` of its
     failure as a dispatcher reads a worker's error reply."""
     decl = spec.declaration
     timeout_s = decl.timeout_s
-    if deadline is not None:
-        timeout_s = min(timeout_s, deadline - clock.now())
+    if not deadline.unbounded:
+        timeout_s = deadline.cut(timeout_s)
         if clock.no_time_left(timeout_s):
             return "timeout", "not called: the emit's deadline had passed"
     try:

@@ -9,7 +9,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any, TypeVar, Unpack
 
-from hookbus._core import clock
+from hookbus._core.deadlines import Deadline
 from hookbus.dispatcher import Fold
 from hookbus.schemas import (
     BadRequestError,
@@ -72,7 +72,7 @@ class MemoryBus:
             merged["agent_id"] = self._agent_id
         merged["timestamp"] = datetime.now(UTC).isoformat()
         fold = Fold(json_safe(merged), event)
-        deadline = None if timeout_s is None else clock.now() + timeout_s
+        deadline = Deadline.after(timeout_s)  # on the loop's clock; `NEVER`: none
         result = await run_chain(chain, event, fold, deadline=deadline)
         if result is not None:
             return result

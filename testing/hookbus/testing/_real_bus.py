@@ -18,7 +18,7 @@ import msgspec
 import nats
 from nats.aio.client import Client as NATS
 
-from hookbus._core import clock
+from hookbus._core.deadlines import Deadline
 from hookbus._core.embedded_server import EmbeddedNatsServer
 from hookbus._core.handler_options import OPTIONS
 from hookbus.dispatcher import ApprovalsClient, HookDispatcher
@@ -126,14 +126,14 @@ class RealBus:
         """The next pending approval not handed out before, read from the approvals
         bucket (oldest first)."""
         assert self._approvals is not None
-        deadline = None if timeout_s is None else clock.now() + timeout_s
+        deadline = Deadline.after(timeout_s)  # on the loop's clock; `NEVER`: none
         while True:
             for record in await self._approvals.pending_approvals():
                 if record.label not in self._seen and record.agent_id == self._agent_id:
                     self._seen.add(record.label)
                     question = msgspec.convert(record.metadata, ApprovalMetadata)
                     return Approval(label=record.label, question=question)
-            if deadline is not None and clock.now() >= deadline:
+            if deadline.passed():
                 raise TimeoutError(f"no approval was asked within {timeout_s}s")
             await asyncio.sleep(_POLL_S)
 

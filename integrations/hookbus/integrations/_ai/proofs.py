@@ -13,6 +13,7 @@ from typing import Any
 
 from ai.types import tools as ai_tools
 
+from hookbus._core.deadlines import Deadline
 from hookbus._core.proofs import apply_proofs_until_settled, first_proof, read_proof, write_proof
 from hookbus.dispatcher import AnswerNotAppliedError, Suspensions
 from hookbus.schemas import (
@@ -93,8 +94,7 @@ class ToolApprovalProofs:
         )
         if found is None:
             return answer  # the hook takes it when it starts
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s
+        deadline = Deadline.after(wait_s)  # on the loop's clock
         while True:
             got = await store.get(label)
             record = None if got is None else got[0]
@@ -117,7 +117,7 @@ class ToolApprovalProofs:
                     f" {won.get('answered_by') or 'an unproven resolution'}"
                     f" ({won.get('choice') or won.get('granted')!r})"
                 )
-            if loop.time() >= deadline:
+            if deadline.passed():
                 raise AnswerNotAppliedError(
                     f"the answer {choice!r} of {approver} to tool approval {label!r} is"
                     f" recorded, but the agent did not apply it within {wait_s:g} s: it decides"

@@ -17,6 +17,7 @@ from ai.types import messages as ai_messages
 from ai.types import tools as ai_tools
 from nats.errors import Error as NatsError
 
+from hookbus._core.deadlines import Deadline
 from hookbus._core.tasks import stop_task
 from hookbus.dispatcher import RunScope
 from hookbus.dispatcher.tracing import created_by, creating_traceparent
@@ -331,13 +332,13 @@ class AIHookWaits:
         wait has created or attached it); the record stays pending, detached."""
         store = self._settings.suspensions
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + _ABORT_DEADLINE_S
+        deadline = Deadline.after(_ABORT_DEADLINE_S, loop.time())
         while not kv.done():
             found = await store.get(label)
             if found is not None and found[0].status == "pending":
                 if store.abort_pending_hook(found[0].hook_id):
                     return
-            if loop.time() > deadline:
+            if loop.time() > deadline.when:  # strictly (`passed` counts the deadline)
                 kv.cancel()
                 return
             await asyncio.sleep(_ABORT_POLL_S)

@@ -21,6 +21,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Lifespan, Message, Receive, Scope, Send
 
 from hookbus._core.approvers import valid_approver
+from hookbus._core.deadlines import Deadline
 from hookbus.dispatcher import (
     APPROVAL_LABEL_PREFIX,
     AnswerNotAppliedError,
@@ -341,18 +342,18 @@ def console_app(
         log.info("console: %s revoked grant %s", session.approver, key)
         return _json({"revoked": key})
 
-    unreadable: list[tuple[float, dict[str, Any]]] = []  # (until, answer) of the last refusal
+    unreadable: list[tuple[Deadline, dict[str, Any]]] = []  # (until, answer) of the last refusal
 
     async def decisions(request: Request, session: Session) -> Response:
         raw = request.query_params.get("limit", "50")
         if not raw.isdigit() or not 1 <= int(raw) <= 1000:
             return _error(400, "bad_request", "limit must be a whole number from 1 to 1000")
-        if unreadable and unreadable[0][0] > time.monotonic():
+        if unreadable and not unreadable[0][0].passed(time.monotonic()):
             return _json(unreadable[0][1])  # a user that may not read it waits 5 s to learn
         got = await recent_decisions(nc, limit=int(raw))
         unreadable.clear()
         if got.get("code") == "not_readable":
-            unreadable.append((time.monotonic() + UNREADABLE_RETRY_S, got))
+            unreadable.append((Deadline.after(UNREADABLE_RETRY_S, time.monotonic()), got))
         return _json(got)
 
     async def handlers(request: Request, session: Session) -> Response:
@@ -366,7 +367,7 @@ def console_app(
             try:
                 yield "retry: 1000\n\n"
                 yield _sse("hello", {"approver": session.approver, "now": time.time()})
-                quiet_since = time.monotonic()
+                keep_alive = Deadline.after(KEEPALIVE_S, time.monotonic())  # due if quiet so long
                 while not is_stopping():
                     event = await listener.get(1.0)
                     if time.time() >= session.expires_at:
@@ -374,10 +375,10 @@ def console_app(
                         return
                     if event is not None:
                         yield _sse(*event)
-                        quiet_since = time.monotonic()
-                    elif time.monotonic() - quiet_since >= KEEPALIVE_S:
+                        keep_alive = Deadline.after(KEEPALIVE_S, time.monotonic())
+                    elif keep_alive.passed(time.monotonic()):
                         yield ": keep-alive\n\n"
-                        quiet_since = time.monotonic()
+                        keep_alive = Deadline.after(KEEPALIVE_S, time.monotonic())
             finally:
                 live.unlisten(listener)
 
