@@ -28,7 +28,7 @@ from nats.js.kv import KeyValue
 from hookbus._core import clock
 from hookbus._core.buckets import republishes_registry
 from hookbus._core.copies import json_copy, walked_copy
-from hookbus._core.deadlines import Deadline
+from hookbus._core.deadlines import NEVER, Deadline
 from hookbus._core.inboxes import inbox_reply_subject
 from hookbus._core.nats_guard import harden_connection
 from hookbus.schemas import (
@@ -130,9 +130,9 @@ class EmitContext:
         self.idempotency_key = call_id or None
         """The caller's idempotency key; None: it gave none."""
         self.emitted_at = time.time()
-        self.started = clock.now()
+        started = self.started = clock.now()
         """When the emit's chain started (`clock.now()`: its decision's duration)."""
-        self.deadline = Deadline.after(timeout_s, self.started)
+        self.deadline = NEVER if timeout_s is None else Deadline(started + timeout_s)
         """When the emit gives up on its handlers (`NEVER`: it has no deadline)."""
         self._remote: Deadline | None = None
         agent, session = data.get("agent_id"), data.get("session_id")
@@ -199,7 +199,7 @@ class EmitContext:
         timeouts)."""
         remote = self._remote
         if remote is None:  # made by the first remote call
-            total = Deadline.after(REMOTE_EMIT_BUDGET_S, self.started)
+            total = Deadline(self.started + REMOTE_EMIT_BUDGET_S)
             remote = self._remote = self.deadline.earlier(total)
         return remote
 

@@ -362,10 +362,9 @@ class HookDispatcher(StandardEvents, SuspensionHooks):
                 {"idempotency_key": idempotency_key, "timeout_s": timeout_s,
                  "approval_timeout_s": approval_timeout_s},
             )  # fmt: skip
-        return await self._emitter.emit(
-            event, data, idempotency_key=idempotency_key, timeout_s=timeout_s,
-            approval_timeout_s=approval_timeout_s,
-        )  # fmt: skip
+        return await self._emitter.emit_with(
+            event, data, idempotency_key, timeout_s, approval_timeout_s
+        )
 
     async def emit_and_collect(
         self, event: str, data: dict[str, Any], timeout: float = 1.0

@@ -93,9 +93,24 @@ class Emitter:
         self, event: str, data: dict[str, Any], **options: Unpack[EmitOptions]
     ) -> HookResult:
         """`HookDispatcher.emit`: see there for the semantics and the errors raised."""
-        idempotency_key = options.get("idempotency_key")
-        timeout_s = options.get("timeout_s")
-        approval_timeout_s = options.get("approval_timeout_s")
+        return await self.emit_with(
+            event,
+            data,
+            options.get("idempotency_key"),
+            options.get("timeout_s"),
+            options.get("approval_timeout_s"),
+        )
+
+    async def emit_with(
+        self,
+        event: str,
+        data: dict[str, Any],
+        idempotency_key: str | None,
+        timeout_s: float | None,
+        approval_timeout_s: float | None,
+    ) -> HookResult:
+        """`emit` with its options as positional arguments (`HookDispatcher.emit`'s path:
+        no keyword dict per emit); the same semantics and errors."""
         if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s >= 0):
             raise BadRequestError(f"timeout_s must be a finite number of seconds >= 0: {timeout_s}")
         if approval_timeout_s is not None and not (

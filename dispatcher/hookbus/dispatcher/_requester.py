@@ -173,10 +173,15 @@ class Requester:
                     subject = route.subject  # the usual first request: the queue group's
                 else:
                     subject = await self._subject(call, attempt, token, remaining)
-                failed = await self._request(nc, call, subject, envelope, headers, token)
-                if failed is not None:
+                # the request (no coroutine of its own: one frame less per call)
+                self._waiting[token] = call.inbox
+                call.sent.append(token)
+                failed = await self._send(nc, subject, envelope, headers, token)
+                if failed is None:
+                    call.live.add(token)
+                elif not call.live:  # NATS refused it and no earlier one is unanswered
                     return failed
-                outcome = await self._replies(call, attempt)
+                outcome = await self._replies(call, attempt, loop)
                 if outcome is not None:
                     return outcome
                 if call.deadline.passed(loop.time()):
@@ -213,29 +218,20 @@ class Requester:
             call.targets[token] = instance
         return subject
 
-    async def _request(
-        self, nc: NATS, call: _Call, subject: str, envelope: EventEnvelope,
-        headers: dict[str, str] | None, token: str,
-    ) -> Failed | None:  # fmt: skip
-        """Send the call's request `token` on `subject`; a `Failed` to end the call with if
-        NATS refused it and no earlier request is unanswered."""
-        self._waiting[token] = call.inbox
-        call.sent.append(token)
-        failed = await self._send(nc, subject, envelope, headers, token)
-        if failed is None:
-            call.live.add(token)
-        elif not call.live:
-            return failed
-        return None
-
-    async def _replies(self, call: _Call, attempt: int) -> Outcome | None:
+    async def _replies(
+        self, call: _Call, attempt: int, loop: asyncio.AbstractEventLoop
+    ) -> Outcome | None:
         """Take the call's replies until one decides it (its outcome), its next request is
         due (None: a hedge, or a replica that refused or is gone, asked again), or its
         budget is spent (None), waiting on past the budget while a live worker may still
-        answer (`_Call.grace_until`)."""
-        loop = asyncio.get_running_loop()
+        answer (`_Call.grace_until`). `loop`: the running loop."""
         route, live, replicas = call.route, call.live, self.replicas
-        until = call.deadline.cap(call.next_send(loop.time(), attempt))
+        # no hedge: the budget's end (no clock read for a next request never due)
+        until = (
+            call.deadline.cap(call.next_send(loop.time(), attempt))
+            if call.hedge
+            else call.deadline.when
+        )
         while True:
             try:
                 token, msg = await call.inbox.get(loop, until)
@@ -425,7 +421,6 @@ class _Call:
         "hedge",
         "inbox",
         "key",
-        "limit",
         "live",
         "mark",
         "neighbours",
@@ -437,6 +432,7 @@ class _Call:
         "started",
         "targets",
         "window",
+        "within_s",
     )
 
     def __init__(
@@ -448,12 +444,11 @@ class _Call:
         self.started = started
         """When the call's first request went (loop time)."""
         self.budget_s = budget_s
-        self.deadline = Deadline.after(budget_s, started)
+        self.deadline = Deadline(started + budget_s)
         """When the handler's budget ends."""
-        self.limit = Deadline.after(
-            budget_s if within_s is None else max(within_s, budget_s), started
-        )
-        """When the emit's deadline ends: no wait goes past it."""
+        self.within_s = within_s
+        """Seconds from `started` to the emit's deadline (None: `budget_s`): no wait goes
+        past it (`limit`)."""
         self.key = route.handler_set
         self.neighbours = neighbours
         self.mark = None if neighbours is None else neighbours.open(self.key, budget_s)
@@ -488,4 +483,12 @@ class _Call:
         extra = GRACE_S
         if self.mark is not None and self.neighbours is not None:
             extra += self.neighbours.overlap(self.key, self.mark)
-        return self.deadline.plus(extra).earlier(self.limit)
+        return self.deadline.plus(extra).earlier(self.limit())
+
+    def limit(self) -> Deadline:
+        """When the emit's deadline ends: no wait goes past it (made only when a call
+        waits past its budget)."""
+        within_s = self.within_s
+        return Deadline.after(
+            self.budget_s if within_s is None else max(within_s, self.budget_s), self.started
+        )

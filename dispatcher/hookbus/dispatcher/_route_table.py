@@ -42,6 +42,9 @@ __all__ = ["LocalHandler", "Route", "RoutingTable"]
 LocalHandler = Callable[[str, dict[str, Any]], Awaitable[Any]]
 """amplifier-core's handler signature: ``async def handler(event, data) -> HookResult``."""
 
+_EVERY = ToolFilter.EVERY
+"""No filter (`ToolFilter.of(None)`): it admits every event's data."""
+
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Route:
@@ -78,7 +81,8 @@ class Route:
         """Whether the tool filter admits this event's ``data["tool_name"]`` (`ToolFilter`:
         no filter admits everything; a filter never admits data without a string tool
         name)."""
-        return self._filter.matches(data)
+        flt = self._filter
+        return flt is _EVERY or flt.matches(data)  # no filter: no call
 
     @classmethod
     def make(
