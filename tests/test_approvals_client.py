@@ -25,16 +25,27 @@ pytestmark = pytest.mark.anyio
 APPROVALS_STREAM = "KV_hookbus_approvals"
 
 
+MARKER = "$JS.API.HOOKBUS_TEST_MARKER"
+"""A subject under the monitored ones that no JetStream API serves: `ApiRequests.settled`'s
+marker."""
+
+
 class ApiRequests:
     """The JetStream API requests (subjects) whose replies go to inboxes under `prefix`."""
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
         self.subjects: list[str] = []
+        self._markers: dict[str, anyio.Event] = {}
 
     async def start(self, monitor: NATS) -> ApiRequests:
         async def seen(msg: Any) -> None:
-            if (msg.reply or "").startswith(self.prefix + "."):
+            reply = msg.reply or ""
+            if msg.subject == MARKER:
+                marker = self._markers.get(reply)
+                if marker is not None:
+                    marker.set()
+            elif reply.startswith(self.prefix + "."):
                 self.subjects.append(msg.subject)
 
         await monitor.subscribe("$JS.API.>", cb=seen)
@@ -42,10 +53,17 @@ class ApiRequests:
         return self
 
     async def settled(self, *conns: NATS) -> list[str]:
-        """The requests so far, once what `conns` sent has reached the monitor."""
+        """The requests so far, once everything `conns` sent has reached the monitor: each
+        sends a marker after its requests, and NATS delivers one connection's messages to
+        a subscriber in the order they were sent (no wait guessed: a busy machine may hold
+        the monitor's copies for any time)."""
         for conn in conns:
+            token = f"{self.prefix}.marker-{uuid.uuid4().hex}"
+            arrived = self._markers[token] = anyio.Event()
+            await conn.publish(MARKER, b"", reply=token)
             await conn.flush()
-        await anyio.sleep(0.2)  # the monitor's copies: one hop behind the server
+            with anyio.fail_after(30):
+                await arrived.wait()
         return list(self.subjects)
 
     def stream_infos(self, stream: str) -> int:
