@@ -138,42 +138,26 @@ async def test_a_lost_change_is_found_by_the_next_one(server: Any) -> None:
             await nc.close()
 
 
-async def test_a_change_lost_at_the_tail_is_found_by_the_check(server: Any) -> None:
+@pytest.mark.parametrize("others", [0, 2], ids=["alone", "beside-stopped-dispatchers"])
+async def test_a_change_lost_at_the_tail_is_found_by_the_check(server: Any, others: int) -> None:
     """The last change is lost and nothing follows it: the periodic check of the stream's
-    last sequence finds it."""
+    last sequence finds it. The followers of one event loop share one timer: `others`
+    dispatchers started before and after this one and stopped leave its check ticking."""
     url, _, kv = server
     event = f"test:{uuid.uuid4().hex[:10]}"
     async with NatsProxy(url) as proxy:
+        conns = [await nats.connect(url) for _ in range(others)]
+        around = [HookDispatcher(conn, resync_s=600.0) for conn in conns]
         nc = await nats.connect(proxy.url)
         d = HookDispatcher(nc, resync_s=1.0)
         try:
+            for other in around[:1]:
+                await other.start()
             await d.start()
-            proxy.drop_next(1, registry_change)
-            await declare(kv, event)
-            await decides(d, event, "deny", within_s=15)
-            assert proxy.dropped
-        finally:
-            await d.close()
-            await nc.close()
-
-
-async def test_dispatchers_sharing_a_loop_keep_their_checks_as_others_stop(server: Any) -> None:
-    """The followers of one event loop share one timer: dispatchers that stopped before
-    and after the last one started leave it ticking, and its check still finds a change
-    lost at the tail."""
-    url, _, kv = server
-    event = f"test:{uuid.uuid4().hex[:10]}"
-    async with NatsProxy(url) as proxy:
-        conns = [await nats.connect(url) for _ in range(2)]
-        nc = await nats.connect(proxy.url)
-        early, late = HookDispatcher(conns[0]), HookDispatcher(conns[1], resync_s=600.0)
-        d = HookDispatcher(nc, resync_s=1.0)
-        try:
-            await early.start()
-            await d.start()
-            await late.start()
-            await early.close()
-            await late.close()
+            for other in around[1:]:
+                await other.start()
+            for other in around:
+                await other.close()
             proxy.drop_next(1, registry_change)
             await declare(kv, event)
             await decides(d, event, "deny", within_s=15)
