@@ -169,15 +169,29 @@ def _short(key: str) -> str:
     return key if len(key) <= 200 else key[:200] + "..."
 
 
+def check_record(key: str, value: bytes | None) -> HandlerDeclaration | RequiredHandler:
+    """The live record at `key` of the handlers bucket, validated by the check its key's
+    kind calls for (`check_declaration`, `check_required`; each parses the key itself).
+
+    Raises:
+        BadRequestError: the record is refused.
+    """
+    if registry_key_kind(key) == "required":
+        return check_required(key, value)
+    return check_declaration(key, value)
+
+
 def classify(read: RegistryRead, key: str, value: bytes | None) -> None:
     """Validate one live record into `read` (a bad one goes to `read.rejected`)."""
-    try:  # each check parses and checks the key itself
-        if registry_key_kind(key) == "required":
-            read.required[key] = check_required(key, value)
-        else:
-            read.declarations[key] = check_declaration(key, value)
+    try:
+        record = check_record(key, value)
     except BadRequestError as exc:
         read.rejected[_short(key)] = str(exc)
+        return
+    if isinstance(record, RequiredHandler):
+        read.required[key] = record
+    else:
+        read.declarations[key] = record
 
 
 async def read_registry(kv: KeyValue, *, timeout_s: float = 5.0) -> RegistryRead:
@@ -397,9 +411,10 @@ def record_route(key: str, value: bytes) -> Route:
     Raises:
         BadRequestError: the record is refused (`check_declaration`, `check_required`).
     """
-    if registry_key_kind(key) == "required":
-        return Route.from_required(check_required(key, value))
-    return Route.from_declaration(check_declaration(key, value))
+    record = check_record(key, value)
+    if isinstance(record, RequiredHandler):
+        return Route.from_required(record)
+    return Route.from_declaration(record)
 
 
 def apply_entry(
