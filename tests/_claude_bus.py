@@ -8,11 +8,11 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from _procs import processes
+from _procs import log_tails, processes, wait_until
 
 from hookbus.cli import EmbeddedNatsServer
 
@@ -36,6 +36,21 @@ class PolicyBus:
     seen: Path
     env: dict[str, str]
     logs: list[Path]
+
+    def wait_until(
+        self,
+        probe: Callable[[], object],
+        what: str,
+        interval_s: float = 0.2,
+        last: Callable[[], str] = lambda: "",
+    ) -> None:
+        """`_procs.wait_until` with the margin of a busy machine (90 s: the processes start
+        in about 2 s on a quiet one) and, when it fails, what `last` says (e.g. the last
+        answer probed) and the processes' logs."""
+        wait_until(
+            probe, what, timeout_s=90, interval_s=interval_s,
+            explain=lambda: f"{last()}\n{log_tails(self.logs)}",
+        )  # fmt: skip
 
 
 @contextlib.contextmanager

@@ -10,7 +10,15 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-__all__ = ["alive", "children_of", "descendants", "processes", "thread_states", "wait_until"]
+__all__ = [
+    "alive",
+    "children_of",
+    "descendants",
+    "log_tails",
+    "processes",
+    "thread_states",
+    "wait_until",
+]
 
 
 def _state(stat_path: str | Path) -> str:
@@ -78,16 +86,34 @@ def processes(*argvs: list[str], env: dict[str, str], logs: Path) -> Iterator[li
                     p.wait(5)
 
 
+def log_tails(paths: list[Path], lines: int = 40) -> str:
+    """The last `lines` lines of each log file, each under its name (for a failure message)."""
+    parts = []
+    for path in paths:
+        try:
+            tail = path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError as exc:
+            tail = [f"(unreadable: {exc})"]
+        parts.append(f"--- {path.name} ---\n" + "\n".join(tail))
+    return "\n".join(parts)
+
+
 def wait_until(
-    probe: Callable[[], object], what: str, timeout_s: float = 30, interval_s: float = 0.2
+    probe: Callable[[], object],
+    what: str,
+    timeout_s: float = 30,
+    interval_s: float = 0.2,
+    explain: Callable[[], str] | None = None,
 ) -> None:
     """Call `probe` every `interval_s` seconds until it returns a truthy value.
 
     Raises:
-        AssertionError: still falsy after `timeout_s` seconds (naming `what`).
+        AssertionError: still falsy after `timeout_s` seconds (naming `what`, followed by
+            what `explain` says then: e.g. the logs of the processes that should be ready).
     """
     deadline = time.monotonic() + timeout_s
     while not probe():
         if time.monotonic() > deadline:
-            raise AssertionError(f"not ready within {timeout_s}s: {what}")
+            why = f"\n{explain()}" if explain is not None else ""
+            raise AssertionError(f"not ready within {timeout_s}s: {what}{why}")
         time.sleep(interval_s)

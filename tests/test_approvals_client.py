@@ -17,7 +17,7 @@ from conftest import Connect
 from nats.aio.client import Client as NATS
 from test_approvals import Agent, asker, spawn_emit
 
-from hookbus.dispatcher import ApprovalsClient, HookDispatcher
+from hookbus.dispatcher import ApprovalsClient, HookDispatcher, _server_clock
 from hookbus.schemas import NotConnectedError, SuspensionRecord
 
 pytestmark = pytest.mark.anyio
@@ -131,11 +131,14 @@ async def test_a_dispatcher_holds_the_inboxes_an_approvals_client_does_not(
 
 
 async def test_answering_twenty_approvals_opens_the_approvals_bucket_once(
-    connect: Connect, event: str
+    connect: Connect, event: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Opening reads the bucket's stream info; 20 answers read it never again (each is direct
     gets and one proof write). A listing makes a consumer, which reads it too: it is counted
-    apart."""
+    apart. Judging an approval's age reads the server's clock, also a stream info, once per
+    `SERVER_CLOCK_TTL_S`: held past the test's length here, or a slow machine's answers
+    would span a second reading."""
+    monkeypatch.setattr(_server_clock, "SERVER_CLOCK_TTL_S", 3600.0)
     nc = await connect()
     async with HookDispatcher(nc, max_pending_approvals=None) as d:
         agent = Agent(d, nc, f"session-{uuid.uuid4().hex[:10]}")

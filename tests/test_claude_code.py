@@ -28,7 +28,6 @@ import nats
 import pytest
 from _claude_bus import ENV, FIXTURES, HOOKBUS, policy_bus
 from _ports import free_port
-from _procs import wait_until
 from click.testing import CliRunner
 
 from hookbus._core.nats_guard import order_flushes
@@ -100,14 +99,14 @@ def bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bus]:
     with policy_bus(tmp_path_factory.mktemp("claude-code")) as served:
         url = served.url
         # the first and the last handler the worker declares both answer
-        wait_until(
+        served.wait_until(
             lambda: (
                 run_hook(with_command("PreToolUse", "rm -rf /"), url=url).out
                 == deny_pre("destructive command")
             ),
             "tool:pre routed to the policy worker",
         )
-        wait_until(
+        served.wait_until(
             lambda: (
                 (run_hook(hook_input("Notification"), url=url).out or {}).get("systemMessage")
                 == "forwarded to the on-call channel"

@@ -27,7 +27,6 @@ import pytest
 from _claude_bus import ENV, FIXTURES, HOOKBUS, policy_bus
 from _claude_cli import FakeMessagesApi, claude_env, run_claude, trust
 from _ports import free_port
-from _procs import wait_until
 
 DENIED = "rm -rf ./scratch; touch ran"
 ALLOWED = "touch ran"
@@ -35,12 +34,14 @@ ALLOWED = "touch ran"
 pytestmark = pytest.mark.timeout(300)
 
 
-def denies(url: str) -> bool:
-    """Whether ``hookbus claude-code`` answers an ``rm -rf`` PreToolUse with the worker's deny."""
+def denies(url: str, answers: list[str]) -> bool:
+    """Whether ``hookbus claude-code`` answers an ``rm -rf`` PreToolUse with the worker's deny
+    (its output is appended to `answers`)."""
     body = json.loads((FIXTURES / "PreToolUse.json").read_text())
     body["tool_input"] = {**body["tool_input"], "command": "rm -rf /"}
     done = subprocess.run([HOOKBUS, "claude-code", "--url", url], input=json.dumps(body),
                           capture_output=True, text=True, timeout=30, env=ENV)  # fmt: skip
+    answers.append(f"exit {done.returncode}: {done.stdout.strip()} {done.stderr.strip()}")
     return "destructive command" in done.stdout
 
 
@@ -57,8 +58,11 @@ def bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bus]:
     """A private server, a dispatcher service, the policy worker and an HTTP gateway."""
     gateway = [HOOKBUS, "gateway", "http", "--port", "0"]
     with policy_bus(tmp_path_factory.mktemp("claude-real"), gateway) as served:
-        url = served.url
-        wait_until(lambda: denies(url), "tool:pre routed to the policy worker", interval_s=0.1)
+        url, answers = served.url, []
+        served.wait_until(
+            lambda: denies(url, answers), "tool:pre routed to the policy worker", interval_s=0.1,
+            last=lambda: f"the last answer: {answers[-1:]}",
+        )  # fmt: skip
         banner: list[str] = []
 
         def serving() -> bool:
@@ -66,7 +70,7 @@ def bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bus]:
             banner[:] = [m.group(1)] if m else []
             return bool(m)
 
-        wait_until(serving, "the gateway's banner", interval_s=0.1)
+        served.wait_until(serving, "the gateway's banner", interval_s=0.1)
         yield Bus(url, banner[0].rstrip("/") + "/claude-code", served.seen, served.env)
 
 
