@@ -537,7 +537,7 @@ async def test_an_allow_once_answered_while_the_agent_was_dead_allows_one_resume
     agent.d.register(event, asker(approval_options=["Allow once", "Deny"], approval_timeout=60))
     call = {"tool_name": "transfer", "amount": 100}
     key = f"run-1:tool:pre:{uuid.uuid4().hex[:8]}"
-    dead = await agent.d.emit(event, dict(call), idempotency_key=key, timeout_s=0.5)
+    dead = await agent.d.emit(event, dict(call), idempotency_key=key, timeout_s=2.0)
     assert dead.action == "deny" and CALLERS_DEADLINE in (dead.reason or "")
     part = await approver.pending(agent.session)
     with pytest.raises(AnswerNotAppliedError):  # nobody waits on it
@@ -564,7 +564,7 @@ async def test_a_lost_ack_of_the_use_mark_still_allows_once(
     agent.d.register(event, asker(approval_options=["Allow once", "Deny"], approval_timeout=60))
     call = {"tool_name": "transfer", "amount": 7}
     key = f"call-{uuid.uuid4().hex}"
-    assert (await agent.d.emit(event, dict(call), idempotency_key=key, timeout_s=0.5)).action == (
+    assert (await agent.d.emit(event, dict(call), idempotency_key=key, timeout_s=2.0)).action == (
         "deny"
     )
     part = await approver.pending(agent.session)
@@ -611,7 +611,7 @@ async def test_the_amplifier_drop_in_allows_a_resumed_tool_call_once(
     key = f"amp:{uuid.uuid4().hex[:8]}:t1"
     ran = 0
     async with hooks:
-        killed = await hooks.emit(TOOL_PRE, dict(call), idempotency_key=key, timeout_s=0.5)
+        killed = await hooks.emit(TOOL_PRE, dict(call), idempotency_key=key, timeout_s=2.0)
         assert killed.action == "deny"
         part = await approver.pending(session)
         with pytest.raises(AnswerNotAppliedError):
@@ -1235,10 +1235,10 @@ async def test_an_approval_whose_asker_is_gone_expires_at_its_timeout_with_its_d
     from hookbus.dispatcher import _approval_answers
 
     monkeypatch.setattr(_approval_answers, "EXPIRY_MARGIN_S", 0.5)
-    agent.d.register(event, asker(approval_timeout=1.0, approval_default="allow"))
+    agent.d.register(event, asker(approval_timeout=3.0, approval_default="allow"))
     call = {"tool_name": "bash", "command": "ls"}
     key = f"key-{uuid.uuid4().hex}"
-    gone = await agent.d.emit(event, dict(call), idempotency_key=key, timeout_s=0.3)
+    gone = await agent.d.emit(event, dict(call), idempotency_key=key, timeout_s=2.0)
     assert gone.action == "deny" and CALLERS_DEADLINE in (gone.reason or "")
     label = (await approver.pending(agent.session)).label
     async with ApprovalsClient(approver.nc) as client:
@@ -1251,28 +1251,30 @@ async def test_an_approval_whose_asker_is_gone_expires_at_its_timeout_with_its_d
         got = await client.get_approval(label)
         assert got is not None
         assert got[0].status == "cancelled"
-        assert got[0].reason == "timed out after 1.0s; default allow applied"
-        with pytest.raises(AlreadySettledError, match=r"timed out after 1\.0s"):
+        assert got[0].reason == "timed out after 3.0s; default allow applied"
+        with pytest.raises(AlreadySettledError, match=r"timed out after 3\.0s"):
             await client.answer_approval(label, "Allow", approver="late")
     again = await agent.d.emit(event, dict(call), idempotency_key=key, timeout_s=5)
-    assert again.action == "continue" and again.reason == "timed out after 1.0s; default allow"
+    assert again.action == "continue" and again.reason == "timed out after 3.0s; default allow"
 
 
 async def test_an_overdue_approval_is_refused_an_answer_and_listed_as_expired_by_the_cli(
     agent: Agent, approver: Approver, event: str, nats_url: str
 ) -> None:
     """`hookbus approvals list --json` ends an approval nobody waited for past its timeout
-    (its own margin) and shows it once as expired; `answer` then finds nothing pending."""
-    agent.d.register(event, asker(approval_timeout=0.2, approval_default="deny"))
-    gone = await agent.d.emit(event, {"tool_name": "bash"}, timeout_s=0.1)
+    (its own margin) and shows it once as expired; `answer` then finds nothing pending.
+    The caller leaves before the approval's timeout, with seconds to spare for the approval
+    to be written first (a busy machine's JetStream write can take a tenth of a second)."""
+    agent.d.register(event, asker(approval_timeout=2.5, approval_default="deny"))
+    gone = await agent.d.emit(event, {"tool_name": "bash"}, timeout_s=2.0)
     assert gone.action == "deny"
     label = (await approver.pending(agent.session)).label
-    await anyio.sleep(0.2 + _approvals_margin() + 0.5)
+    await anyio.sleep(2.5 + _approvals_margin() + 0.5)
     listed = await hookbus_cli(nats_url, "approvals", "list", "--json")
     assert listed.returncode == 0, listed.stderr
     rows = [r for r in json.loads(listed.stdout) if r["label"] == label]
     assert [(r["state"], r["reason"]) for r in rows] == [
-        ("expired", "timed out after 0.2s; default deny applied")
+        ("expired", "timed out after 2.5s; default deny applied")
     ]
     answered = await hookbus_cli(
         nats_url, "approvals", "answer", label, "Allow", "--approver", "late"

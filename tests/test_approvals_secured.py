@@ -183,7 +183,7 @@ async def test_the_dispatcher_service_ends_an_approval_nobody_waits_for(
     agent = HookDispatcher(await connect())
 
     async def ask(event: str, data: dict[str, Any]) -> HookResult:
-        return HookResult(action="ask_user", approval_timeout=1.0, approval_default="deny")
+        return HookResult(action="ask_user", approval_timeout=3.0, approval_default="deny")
 
     agent.register(event, ask)  # an event of its own: the server is shared
     service_nc = await connect()
@@ -191,14 +191,14 @@ async def test_the_dispatcher_service_ends_an_approval_nobody_waits_for(
     async with agent, ApprovalsClient(await connect()) as reader:
         session = f"s-{uuid.uuid4().hex}"  # the server is shared: this test's approval
         call = {"tool_name": "bash", "session_id": session}
-        gone = await agent.emit(event, call, timeout_s=0.5)
+        gone = await agent.emit(event, call, timeout_s=2.0)
         assert gone.action == "deny" and CALLERS_DEADLINE in (gone.reason or ""), gone
         every = (await reader.approval_page(status=None)).records  # a listing that ends nothing
         [pending] = [r for r in every if r.metadata.get("session_id") == session]
         assert pending.status == "pending"
         await service.start()
         try:
-            with anyio.fail_after(30):  # expired after 1.5 s, swept every 0.3 s
+            with anyio.fail_after(30):  # expired after 3.5 s, swept every 0.3 s
                 while True:  # only get_approval: a plain read that ends nothing
                     got = await reader.get_approval(pending.label, agent_id=pending.agent_id)
                     assert got is not None
@@ -208,4 +208,4 @@ async def test_the_dispatcher_service_ends_an_approval_nobody_waits_for(
         finally:
             await service.stop()
     assert got[0].status == "cancelled"
-    assert got[0].reason == "timed out after 1.0s; default deny applied"
+    assert got[0].reason == "timed out after 3.0s; default deny applied"
