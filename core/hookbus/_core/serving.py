@@ -318,11 +318,12 @@ class ServingLoop:
             else:
                 verdict = admit(msg, received)
                 if isinstance(verdict, Admission):  # decided without a wait
-                    admission: Admission | None = verdict
+                    admission = verdict
                 else:
-                    admission = await verdict  # type: ignore[misc]
-                    if admission is None:  # answered by the hook
+                    awaited = await verdict
+                    if awaited is None:  # answered by the hook
                         return
+                    admission = awaited
                 weight, context, ticket = admission.weight, admission.context, admission.ticket
             bound = endpoint.max_in_flight
             if self.in_flight + weight > self.max_concurrency or (
