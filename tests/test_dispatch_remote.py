@@ -678,5 +678,9 @@ async def test_an_emit_without_a_deadline_gives_its_remote_handlers_one_total(
         r = await d.emit(event, {"tool_name": "bash"})
     a, b = r.failures
     assert (a.handler, a.kind, b.handler, b.kind) == ("a", "timeout", "b", "timeout")
-    assert a.message == "no reply within 2s"  # its 5 s cut to the total
+    # its 5 s cut to the total. Two clocks end it at the same 2 s: the worker's (which
+    # runs the step and times it) and the dispatcher's (rounded up to its millisecond
+    # timer); on a local link the worker's answer can arrive inside that millisecond.
+    # Either names the same 2 s and gives the same decision.
+    assert a.message in ("no reply within 2s", "handler_timeout: ran past 2s")
     assert b.message == "not called: the emit's deadline had passed"
