@@ -346,7 +346,9 @@ class ChainRunner:
                 progress.start([step for step, _ in run], now, rest_s)
                 if caller.may_wait(run):
                     progress.suspended()
-                outs = await self._run_group(run, envelope, data, deadline, msg, progress, size)
+                outs = await self._run_group(
+                    run, envelope, data, deadline, msg, progress, size, observed
+                )
             running.clear()
             # every step that ran is reported, those after the one that ends the fold
             # in a parallel group too: the dispatcher would call a missing one again
@@ -368,15 +370,16 @@ class ChainRunner:
         msg: Msg,
         progress: ChainProgress,
         json_size: int | None,
+        observed: bool,
     ) -> list[HookReply]:
         """Run a parallel group of steps concurrently, on `data` (each handler its own
-        copy; `json_size`: see `_step`); each reply is handed to `progress` as its step
-        finishes."""
+        copy; `json_size`, `observed`: see `_step`); each reply is handed to `progress` as
+        its step finishes."""
         caller = self._caller
 
         async def one(step: ChainStep, spec: HandlerSpec) -> HookReply:
             reply = sendable(
-                await self._step(spec, step, envelope, data, deadline, msg, True, True,
+                await self._step(spec, step, envelope, data, deadline, msg, True, observed,
                                  progress.suspended, json_size)
             )  # fmt: skip
             progress.finished(step, reply)
