@@ -226,7 +226,7 @@ def _serve(
             await replica.close()
 
     with connection_or_embedded(conn) as server, otel_session("hookbus-gateway", otlp_endpoint):
-        run_loop(run, server)
+        run_loop(run, server, serving=True)
 
 
 def _gateway_options(default_port: int, default_doors: str, default_ask: str) -> Callable[[F], F]:

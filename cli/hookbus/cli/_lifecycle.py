@@ -22,12 +22,17 @@ and which event loop they run on.
   (a reload, as nats-server itself does on SIGHUP): it never stops a command.
 - A NATS connection that nats-py gave up on (every reconnect attempt failed) ends the
   command with one error line (exit 1), never a retry loop without end.
+- A serving command (``worker``, ``dispatcher``, ``gateway``: `run_loop`'s ``serving``)
+  moves what its start made (modules, the handlers, the telemetry SDK) out of the
+  garbage collector's reach before it serves (`gc.freeze`), so the collector's full
+  passes walk only what serving makes (see docs/performance.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import importlib.util
 import logging
 import os
@@ -102,9 +107,15 @@ def loop_choice(preference: str | None = None) -> str:
     return "uvloop" if installed else "asyncio"
 
 
-def run_loop(func: Callable[..., Awaitable[T]], *args: Any) -> T:
+def run_loop(func: Callable[..., Awaitable[T]], *args: Any, serving: bool = False) -> T:
     """Run ``func(*args)`` to its end on a new event loop, through anyio's asyncio backend
     (nats-py runs on asyncio only): uvloop's loop or asyncio's, as `loop_choice` says.
+
+    `serving`: a long-running command that serves requests. What exists before its loop
+    starts is collected once and then frozen (`gc.freeze`: the objects leave the
+    collector's generations; reference counting still frees them), so each full
+    collection while it serves walks only the objects made since, not every module and
+    the telemetry SDK again.
 
     Raises:
         click.BadParameter, MissingExtraError: see `loop_choice` (before any loop runs).
@@ -117,12 +128,15 @@ def run_loop(func: Callable[..., Awaitable[T]], *args: Any) -> T:
 
         options["loop_factory"] = uvloop.new_event_loop
     log.debug("event loop: %s", name)
+    if serving:
+        gc.collect()  # the start's cyclic garbage, before it is frozen for good
+        gc.freeze()
     return anyio.run(func, *args, backend="asyncio", backend_options=options)
 
 
-def run_async(coro: Coroutine[Any, Any, T]) -> T:
+def run_async(coro: Coroutine[Any, Any, T], *, serving: bool = False) -> T:
     """Run a coroutine on the CLI's event loop (`run_loop`: uvloop when installed, else
-    asyncio's; nats-py's backend is asyncio).
+    asyncio's; nats-py's backend is asyncio; `serving`: see `run_loop`).
 
     Raises:
         click.BadParameter, MissingExtraError: a ``HOOKBUS_LOOP`` that cannot be had.
@@ -132,7 +146,7 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
         return await coro
 
     try:
-        return run_loop(runner)
+        return run_loop(runner, serving=serving)
     finally:
         coro.close()  # never started (no loop could be had): no "never awaited" warning
 

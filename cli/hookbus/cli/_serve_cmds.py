@@ -272,7 +272,7 @@ def worker(
         ),
     ):
         sup = Supervisor(what, grace_s=grace_s, max_reconnects=max_reconnects)
-        code = run_async(sup.run(lambda s: body(s, server)))
+        code = run_async(sup.run(lambda s: body(s, server)), serving=True)
     if code:
         raise click.exceptions.Exit(code)
 
@@ -437,7 +437,7 @@ def dispatcher_cmd(
         otel_session("hookbus-dispatcher", otlp_endpoint),
     ):
         sup = Supervisor(what, grace_s=grace_s, max_reconnects=max_reconnects)
-        code = run_async(sup.run(lambda s: body(s, server)))
+        code = run_async(sup.run(lambda s: body(s, server)), serving=True)
     if code:
         raise click.exceptions.Exit(code)
 
