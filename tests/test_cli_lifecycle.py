@@ -32,12 +32,17 @@ def _tracked(obj: object) -> bool:
     return any(o is obj for o in gc.get_objects())
 
 
-def test_a_serving_command_serves_with_its_start_frozen(unfrozen: None) -> None:
+@pytest.mark.parametrize("runner", ["run_loop", "run_async"])
+def test_a_serving_command_serves_with_its_start_frozen(unfrozen: None, runner: str) -> None:
     started = type("Started", (), {})()  # made before the loop: a container the collector tracks
     assert _tracked(started)
-    assert run_loop(_frozen_count, serving=True) > 0
+    assert gc.get_threshold() != SERVING_GC_THRESHOLDS
+    if runner == "run_loop":
+        frozen = run_loop(_frozen_count, serving=True)
+    else:
+        frozen = run_async(_frozen_count(), serving=True)
+    assert frozen > 0
     assert not _tracked(started)  # frozen: no collection walks it again
-    assert run_async(_frozen_count(), serving=True) > 0
     assert gc.get_threshold() == SERVING_GC_THRESHOLDS
 
 
