@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _workers as W
 from _raw import RawRequester
 
+from hookbus._core.direct_delivery import subscribe_direct
 from hookbus.dispatcher import HookDispatcher
 from hookbus.dispatcher._route_table import Route
 from hookbus.schemas import HookReply, HookResult, encode
@@ -138,7 +139,7 @@ async def _dispatcher() -> HookDispatcher:
     router.nc = nc  # type: ignore[assignment]
     await router._requester.start(nc)  # type: ignore[arg-type]
     router._inbox_prefix = nc.new_inbox()
-    await nc.subscribe(router._inbox_prefix + ".*", cb=router._on_collect_reply)
+    await subscribe_direct(nc, router._inbox_prefix + ".*", router._on_collect_reply)
     router.started = True
     router.table.routes = lambda event: CHAIN if event == "bench:chain" else (ONE,)  # type: ignore[method-assign]
     return d

@@ -29,7 +29,9 @@ out before itself, drops what is queued when closing a lost connection, and watc
 permission violations: a pending request whose subject (or reply subject) was refused
 raises `NotPermittedError` at once, and so does the next `flush` after a refused
 subscription (subscribe, then flush, learns it); the user's error callback is still called.
-No I/O here: it only wraps methods of the object it is given.
+The wrapped entry point also hands the messages of direct subscriptions
+(`hookbus._core.direct_delivery`) over in the read loop. No I/O here: it only wraps methods
+of the object it is given.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ from collections.abc import Awaitable
 from typing import Any
 
 from hookbus.schemas import NotPermittedError
+
+from .direct_delivery import deliver_now, direct_table
 
 __all__ = [
     "bucket_refusal",
@@ -194,28 +198,36 @@ def _safe_decoding(nc: Any) -> None:
         return
 
     seen = 0
+    direct = direct_table(nc)
 
     def process_msg(sid: int, subject: Any, reply: Any, data: Any, headers: Any) -> Any:
-        # ASCII lines cannot fail to decode: nats-py's own coroutine, no frame of ours
-        # around it (the common case, every message a client receives goes through here)
+        # ASCII lines cannot fail to decode: nats-py's own coroutine (or a direct
+        # subscription's delivery), no frame of ours around it (the common case, every
+        # message a client receives goes through here)
         if (
             subject.isascii()
             and (not reply or reply.isascii())
             and (not headers or headers.isascii())
         ):
-            return original(sid, subject, reply, data, headers)
+            return entry(sid, subject, reply, data, headers)
         return guarded(sid, subject, reply, data, headers)
+
+    def entry(sid: int, subject: Any, reply: Any, data: Any, headers: Any) -> Any:
+        deliver = direct.get(sid) if direct else None
+        if deliver is not None:
+            return deliver_now(nc, deliver, sid, subject, reply, data, headers)
+        return original(sid, subject, reply, data, headers)
 
     async def guarded(sid: int, subject: Any, reply: Any, data: Any, headers: Any) -> Any:
         nonlocal seen
         try:
-            return await original(sid, subject, reply, data, headers)
+            return await entry(sid, subject, reply, data, headers)
         except UnicodeDecodeError:
             seen += 1
             if seen <= 5 or seen % 1000 == 0:  # a flood must not flood the log
                 log.warning("%d message(s) with invalid UTF-8 in a subject or status line", seen)
         try:
-            return await original(sid, _safe(subject), _safe(reply), data, _safe(headers))
+            return await entry(sid, _safe(subject), _safe(reply), data, _safe(headers))
         except UnicodeDecodeError:  # pragma: no cover - nothing left to decode strictly
             log.warning("a message that nats-py cannot parse was dropped")
             return None

@@ -29,6 +29,7 @@ from hookbus._core import clock
 from hookbus._core.buckets import republishes_registry
 from hookbus._core.copies import json_copy, walked_copy
 from hookbus._core.deadlines import NEVER, Deadline
+from hookbus._core.direct_delivery import subscribe_direct, unsubscribe_direct
 from hookbus._core.inboxes import inbox_reply_subject
 from hookbus._core.nats_guard import harden_connection
 from hookbus.schemas import (
@@ -288,8 +289,8 @@ class Router:
         kv = await open_handlers_bucket(self.nc, replicas=self._bucket_replicas)
         self._watch = await follow_registry(kv, self.table, resync_s=self._resync_s)
         self._inbox_prefix = self.nc.new_inbox()
-        self._inbox_sub = await self.nc.subscribe(
-            inbox_reply_subject(self._inbox_prefix, "*"), cb=self._on_collect_reply
+        self._inbox_sub = await subscribe_direct(
+            self.nc, inbox_reply_subject(self._inbox_prefix, "*"), self._on_collect_reply
         )
         await self._requester.start(self.nc)
         self.started = True
@@ -306,8 +307,8 @@ class Router:
             raise RuntimeError("a router with a connection of its own routes over it")
         self.nc = connection
         self._inbox_prefix = connection.new_inbox()
-        self._inbox_sub = await connection.subscribe(
-            inbox_reply_subject(self._inbox_prefix, "*"), cb=self._on_collect_reply
+        self._inbox_sub = await subscribe_direct(
+            connection, inbox_reply_subject(self._inbox_prefix, "*"), self._on_collect_reply
         )
         await self._requester.start(connection)
         self.started = True
@@ -319,7 +320,7 @@ class Router:
             self._watch = None
         if self._inbox_sub is not None:
             with contextlib.suppress(Exception):
-                await self._inbox_sub.unsubscribe()
+                await unsubscribe_direct(self.nc, self._inbox_sub)
             self._inbox_sub = None
         await self._requester.close()
         self.started = False
@@ -473,7 +474,7 @@ class Router:
             end_collect_span(span, collect.subject, collect.asked, answered)
         return collect.results
 
-    async def _on_collect_reply(self, msg: Msg) -> None:
+    def _on_collect_reply(self, msg: Msg) -> None:
         collect = self._collects.get(msg.subject.rpartition(".")[2])
         if collect is None:
             return  # late answer to a finished collect

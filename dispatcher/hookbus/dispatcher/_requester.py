@@ -43,6 +43,7 @@ from nats.aio.subscription import Subscription
 
 from hookbus._core.chain_timing import GRACE_S
 from hookbus._core.deadlines import Deadline
+from hookbus._core.direct_delivery import subscribe_direct, unsubscribe_direct
 from hookbus._core.inboxes import inbox_reply_subject
 from hookbus.schemas import (
     WORKER_SERVICE_NAME,
@@ -126,17 +127,18 @@ class Requester:
         if self._sub is None:
             self._nc = nc
             self._prefix = nc.new_inbox()
-            self._sub = await nc.subscribe(
-                inbox_reply_subject(self._prefix, "*"), cb=self._on_reply
+            # handed over in the read loop: a reply wakes its call with no task between
+            self._sub = await subscribe_direct(
+                nc, inbox_reply_subject(self._prefix, "*"), self._on_reply
             )
 
     async def close(self) -> None:
         if self._sub is not None:
             with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
+                await unsubscribe_direct(self._nc, self._sub)
             self._sub = None
 
-    async def _on_reply(self, msg: Msg) -> None:
+    def _on_reply(self, msg: Msg) -> None:
         token = msg.subject.rpartition(".")[2]
         inbox = self._waiting.get(token)
         if inbox is not None:
