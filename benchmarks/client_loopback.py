@@ -112,7 +112,10 @@ class LoopbackClient:
         else:
             self._queue.put_nowait(_Msg(reply, CHAIN_REPLY if ".chain." in subject else REPLY))
 
-    async def subscribe(self, subject: str, cb: Callable[[Any], Awaitable[None]]) -> Any:
+    async def subscribe(
+        self, subject: str, queue: str = "", cb: Callable[[Any], Awaitable[None]] | None = None
+    ) -> Any:
+        assert cb is not None
         self._subs.append((subject.rstrip("*"), cb))
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._deliver())

@@ -28,7 +28,14 @@ from typing import Any
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-__all__ = ["Deliver", "deliver_now", "direct_table", "subscribe_direct", "unsubscribe_direct"]
+__all__ = [
+    "Deliver",
+    "deliver_now",
+    "direct_table",
+    "forget_direct",
+    "subscribe_direct",
+    "unsubscribe_direct",
+]
 
 log = logging.getLogger("hookbus")
 
@@ -48,9 +55,11 @@ def direct_table(nc: Any) -> dict[int, Deliver]:
     return table
 
 
-async def subscribe_direct(nc: Any, subject: str, deliver: Deliver) -> Subscription:
-    """Subscribe `subject` on `nc` with `deliver` called in the read loop (see the module
-    docstring); not flushed.
+async def subscribe_direct(
+    nc: Any, subject: str, deliver: Deliver, *, queue: str = ""
+) -> Subscription:
+    """Subscribe `subject` on `nc` (in queue group `queue`; "" for none) with `deliver`
+    called in the read loop (see the module docstring); not flushed.
 
     Raises:
         nats.errors.Error: nats-py's subscribe failed (closed, draining, a bad subject).
@@ -59,7 +68,7 @@ async def subscribe_direct(nc: Any, subject: str, deliver: Deliver) -> Subscript
     async def callback(msg: Msg) -> None:  # a connection whose entry point is not ours
         deliver(msg)
 
-    sub: Subscription = await nc.subscribe(subject, cb=callback)
+    sub: Subscription = await nc.subscribe(subject, queue=queue, cb=callback)
     sid = getattr(sub, "_id", None)
     if sid is not None:  # not nats-py's subscription (a test kit's): its callback delivers
         direct_table(nc)[sid] = deliver
@@ -72,8 +81,13 @@ async def unsubscribe_direct(nc: Any, sub: Subscription) -> None:
     Raises:
         nats.errors.Error: nats-py's unsubscribe failed (e.g. the connection is closed).
     """
-    direct_table(nc).pop(getattr(sub, "_id", None), None)
+    forget_direct(nc, sub)
     await sub.unsubscribe()
+
+
+def forget_direct(nc: Any, sub: Subscription) -> None:
+    """Drop `sub` from `nc`'s direct subscriptions (it was unsubscribed or drained)."""
+    direct_table(nc).pop(getattr(sub, "_id", None), None)
 
 
 async def deliver_now(

@@ -2,7 +2,11 @@
 
 An `Endpoint` is a subject (and queue group) with a handler coroutine; a `ServingLoop`
 subscribes its endpoints and serves every request the same way, as a ``nats.micro``
-endpoint would, but with a task per request:
+endpoint would, but with a task per request. A request is taken in the connection's read
+loop as it is parsed (a direct subscription, `hookbus._core.direct_delivery`: no queue and
+no task of the subscription's between the socket and the request's own task); a step
+below that must wait (a refusal's reply, an admission hook that waits) runs in a task of
+its own:
 
 1. the request is counted on its endpoint (`EndpointCounters.received`);
 2. once the loop drains, it is refused at once (``refuse(msg, "draining", received)``);
@@ -34,7 +38,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final, Literal
 
 import nats.errors
@@ -46,6 +50,7 @@ from nats.micro.service import EndpointInfo, EndpointStats
 from hookbus.schemas import WireError
 
 from .deadlines import Deadline
+from .direct_delivery import Deliver, forget_direct, subscribe_direct, unsubscribe_direct
 
 __all__ = [
     "Admission",
@@ -165,6 +170,9 @@ class Admission:
         self.ticket = ticket
 
 
+_ADMIT_ONE: Final = Admission()
+"""The admission of a request on an endpoint without an `admit` hook."""
+
 Handler = Callable[[Msg, Any, int], Awaitable[None]]
 """``handler(msg, context, received_ns)``: serve one request and answer it. `context`:
 the `Admission`'s; `received_ns`: ``time.perf_counter_ns()`` at receipt. Cancelled when a
@@ -268,6 +276,8 @@ class ServingLoop:
         self.draining = False
         """Whether requests are refused now (``refuse(msg, "draining", ...)``)."""
         self._subs: list[Subscription] = []
+        self._side_tasks: set[asyncio.Task[None]] = set()
+        """Refusals and admissions that wait, running (see `_spawn`)."""
         self._pending: set[Request] = set()
         """Requests admitted whose handler has not returned (or raised): each holds its
         slots and ticket until then (released by `_serve` as it ends, not by a done
@@ -288,8 +298,8 @@ class ServingLoop:
         Raises:
             nats.errors.Error: the subscription failed.
         """
-        sub = await self._nc.subscribe(
-            endpoint.subject, queue=endpoint.queue_group, cb=self._callback(endpoint)
+        sub = await subscribe_direct(
+            self._nc, endpoint.subject, self._callback(endpoint), queue=endpoint.queue_group
         )
         self._subs.append(sub)
 
@@ -298,55 +308,87 @@ class ServingLoop:
         failed: nothing was served)."""
         for sub in self._subs:
             with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+                await unsubscribe_direct(self._nc, sub)
         self._subs.clear()
 
-    def _callback(self, endpoint: Endpoint) -> Callable[[Msg], Awaitable[None]]:
+    def _callback(self, endpoint: Endpoint) -> Deliver:
         counters = endpoint.counters
         admit = endpoint.admit
         refuse = endpoint.refuse
+        start = self._start
+        spawn = self._spawn
 
-        async def on_message(msg: Msg) -> None:
-            # never await the work here: the subscription would stall behind it
+        def on_message(msg: Msg) -> None:
+            # called in the connection's read loop: never wait here (a refusal and an
+            # admission that waits get a task of their own)
             received = time.perf_counter_ns()
             counters.received += 1
             if self.draining:
-                await refuse(msg, "draining", received)
+                spawn(refuse(msg, "draining", received))
                 return
             if admit is None:
-                weight, context, ticket = 1, None, None
-            else:
-                verdict = admit(msg, received)
-                if isinstance(verdict, Admission):  # decided without a wait
-                    admission = verdict
-                else:
-                    awaited = await verdict
-                    if awaited is None:  # answered by the hook
-                        return
-                    admission = awaited
-                weight, context, ticket = admission.weight, admission.context, admission.ticket
-            bound = endpoint.max_in_flight
-            if self.in_flight + weight > self.max_concurrency or (
-                bound is not None and endpoint.in_flight + weight > bound
-            ):
-                await refuse(msg, "busy", received)
+                start(endpoint, msg, received, _ADMIT_ONE)
                 return
-            self.in_flight += weight
-            endpoint.in_flight += weight
-            if ticket is not None:
-                ticket.acquire()
-            request = Request(endpoint, msg, received, weight, ticket)
-            pending.add(request)
-            serve = self._serve(request, context)
-            if _eager_task is not None:
-                task = _eager_task(asyncio.get_running_loop(), serve)
-            else:  # the loop's own: `asyncio.create_task` is a Python frame more around it
-                task = asyncio.get_running_loop().create_task(serve)
-            if request in pending:  # not over in an eager first step: still to end
-                request.task = task
+            verdict = admit(msg, received)
+            if isinstance(verdict, Admission):  # decided without a wait
+                start(endpoint, msg, received, verdict)
+            else:
+                spawn(self._admit_later(endpoint, msg, received, verdict))
 
-        pending = self._pending
         return on_message
+
+    async def _admit_later(
+        self,
+        endpoint: Endpoint,
+        msg: Msg,
+        received: int,
+        verdict: Awaitable[Admission | None],
+    ) -> None:
+        admission = await verdict
+        if admission is not None:  # else answered by the hook
+            self._start(endpoint, msg, received, admission)
+
+    def _start(self, endpoint: Endpoint, msg: Msg, received: int, admission: Admission) -> None:
+        """Run admitted `msg` in a task of its own, or refuse it over the bounds."""
+        weight = admission.weight
+        bound = endpoint.max_in_flight
+        if self.in_flight + weight > self.max_concurrency or (
+            bound is not None and endpoint.in_flight + weight > bound
+        ):
+            self._spawn(endpoint.refuse(msg, "busy", received))
+            return
+        self.in_flight += weight
+        endpoint.in_flight += weight
+        ticket = admission.ticket
+        if ticket is not None:
+            ticket.acquire()
+        request = Request(endpoint, msg, received, weight, ticket)
+        pending = self._pending
+        pending.add(request)
+        serve = self._serve(request, admission.context)
+        if _eager_task is not None:
+            task = _eager_task(asyncio.get_running_loop(), serve)
+        else:  # the loop's own: `asyncio.create_task` is a Python frame more around it
+            task = asyncio.get_running_loop().create_task(serve)
+        if request in pending:  # not over in an eager first step: still to end
+            request.task = task
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` (a refusal, an admission that waits) in a task of its own, kept
+        until it ends."""
+        loop = asyncio.get_running_loop()
+        task = _eager_task(loop, work) if _eager_task is not None else loop.create_task(work)
+        if task.done():  # over in an eager first step
+            self._side_end(task)
+        else:
+            self._side_tasks.add(task)
+            task.add_done_callback(self._side_end)
+
+    def _side_end(self, task: asyncio.Task[None]) -> None:
+        self._side_tasks.discard(task)
+        error = None if task.cancelled() else task.exception()
+        if error is not None:  # never let one request take the process down
+            self._log.error("unexpected error refusing or admitting a request", exc_info=error)
 
     async def _serve(self, request: Request, context: Any) -> None:
         try:
@@ -376,11 +418,11 @@ class ServingLoop:
         await asyncio.gather(*(self._drain(sub, timeout_s) for sub in self._subs))
         self._subs.clear()
 
-    @staticmethod
-    async def _drain(sub: Subscription, timeout_s: float | None) -> None:
+    async def _drain(self, sub: Subscription, timeout_s: float | None) -> None:
         with contextlib.suppress(nats.errors.Error, TimeoutError):
             async with asyncio.timeout(timeout_s):
                 await sub.drain()
+        forget_direct(self._nc, sub)
 
     async def wait(self, timeout_s: float) -> None:
         """Wait up to `timeout_s` seconds for the requests running now to end."""

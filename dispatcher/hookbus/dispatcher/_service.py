@@ -359,11 +359,11 @@ class DispatcherService:
                 )
             await self._refuse(msg, reply_type, error, received)
 
-        async def admit(msg: Msg, received: int) -> Admission | None:
+        def admit(msg: Msg, received: int) -> Admission | Awaitable[None]:
+            # a plain function: only a refusal (held, then answered) needs a coroutine
             quota = self._quotas.admit(msg.subject)
             if isinstance(quota, WireError):
-                await self._held.hold(msg, reply_type, quota, received)
-                return None
+                return self._held.hold(msg, reply_type, quota, received)
             return _ADMITTED if quota is None else Admission(ticket=quota)
 
         async def serve(msg: Msg, context: object, received: int) -> None:
