@@ -3,8 +3,10 @@
 nats-py gives a subscription with a callback a queue and a task of its own: a message read
 from the socket is put on the queue, the task wakes on a later turn of the event loop and
 only then calls the callback. For a reply inbox whose callback only files the reply where
-its caller waits (the dispatcher's `Requester`), that is a queue put, a task step and a
-coroutine per reply, and a turn of the loop before the caller can even be woken.
+its caller waits (the dispatcher's `Requester`), or a request whose callback only starts
+the request's own task (`hookbus._core.serving`), that is a queue put, a task step and a
+coroutine per message, and a turn of the loop before the caller is woken or the request
+started.
 
 A direct subscription (`subscribe_direct`) has its ``deliver(msg)`` called by the read loop
 as the message is parsed, on connections `harden_connection` was given
@@ -16,7 +18,7 @@ it raises is logged and its message dropped; the read loop goes on. On a connect
 hardened (a client without nats-py's private entry point), the subscription's own callback
 calls ``deliver`` as any subscription would.
 
-Measured: ``docs/performance.md``, "A reply handed over in the read loop".
+Measured: ``docs/performance.md``, "A message handed over in the read loop".
 """
 
 from __future__ import annotations
