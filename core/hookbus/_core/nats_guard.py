@@ -50,8 +50,8 @@ __all__ = [
     "connection_identity",
     "harden_connection",
     "order_flushes",
-    "publish_now",
     "refusal_raised",
+    "reply_now",
     "report_refusals",
     "send_now",
 ]
@@ -152,18 +152,16 @@ def send_now(nc: Any) -> None:
         nc._pending_data_size = 0
 
 
-def publish_now(nc: Any, subject: str, payload: bytes, reply: str = "") -> bool:
-    """Write a message of `payload` (bytes, no headers) on `subject`, with reply subject
-    `reply` ("" for none), to `nc`'s socket now, as ``await nc.publish(subject, payload,
-    reply=reply)`` then `send_now` would, without nats-py's queue: no flusher task woken,
-    no future made, no list copied per message.
+def reply_now(nc: Any, subject: str, payload: bytes) -> bool:
+    """Write a message of `payload` (bytes, no headers) on `subject` to `nc`'s socket now,
+    as ``await nc.publish(subject, payload)`` then `send_now` would, without nats-py's
+    queue: no flusher task woken, no future made, no list copied per reply.
 
     Returns True once written; False, having done nothing, when it cannot be written so:
     not connected (or no transport), commands queued before it (they go first: the caller
     publishes and calls `send_now`, which keeps the order), closing or draining, a subject
-    or reply subject nats-py refuses (the caller's ``publish`` raises its error), a payload
-    over the server's ``max_payload``, or a client without the expected private entry
-    points.
+    nats-py refuses (the caller's ``publish`` raises its error), a payload over the
+    server's ``max_payload``, or a client without the expected private entry points.
     """
     transport = getattr(nc, "_transport", None)
     if (
@@ -173,15 +171,10 @@ def publish_now(nc: Any, subject: str, payload: bytes, reply: str = "") -> bool:
         or nc.is_draining_pubs
         or len(payload) > nc.max_payload
         or _bad_subject(subject)
-        or (reply and _bad_subject(reply))
     ):
         return False
-    if reply:  # one copy of the payload, as nats-py's own command makes
-        data = b"PUB %b %b %d\r\n%b\r\n" % (subject.encode(), reply.encode(), len(payload), payload)
-    else:
-        data = b"PUB %b %d\r\n%b\r\n" % (subject.encode(), len(payload), payload)
     try:
-        transport.write(data)
+        transport.write(b"PUB %b %d\r\n%b\r\n" % (subject.encode(), len(payload), payload))
     except Exception:  # a transport closing under us: let nats-py's publish say what it is
         return False
     stats = nc.stats

@@ -45,7 +45,6 @@ from hookbus._core.chain_timing import GRACE_S
 from hookbus._core.deadlines import Deadline
 from hookbus._core.direct_delivery import subscribe_direct, unsubscribe_direct
 from hookbus._core.inboxes import inbox_reply_subject
-from hookbus._core.nats_guard import publish_now
 from hookbus.schemas import (
     WORKER_SERVICE_NAME,
     EventEnvelope,
@@ -117,8 +116,6 @@ class Requester:
         self._tokens = itertools.count()
         self._waiting: dict[str, Inbox | Discovery] = {}
         self._deadlines = Deadlines()
-        self._wrote_this_turn = False
-        """Whether a request was written at once in this turn of the event loop (`_send`)."""
         self.replicas = Replicas()
         """The worker instances known per handler: where each request goes."""
 
@@ -398,19 +395,13 @@ class Requester:
                 f"event {envelope.event!r} is {len(payload)} bytes encoded; the server's"
                 f" max_payload is {nc.max_payload} bytes"
             )
-        reply = inbox_reply_subject(self._prefix, token)
-        if (
-            not self._wrote_this_turn
-            and headers is None
-            and publish_now(nc, subject, payload, reply)
-        ):
-            # the first request of this turn of the event loop leaves now, not when nats-py's
-            # flusher task next runs; the others of the turn go to the flusher, one write
-            self._wrote_this_turn = True
-            asyncio.get_running_loop().call_soon(self._next_turn)
-            return None
         try:
-            await nc.publish(subject, payload, reply=reply, headers=headers)
+            await nc.publish(
+                subject,
+                payload,
+                reply=inbox_reply_subject(self._prefix, token),
+                headers=headers,
+            )
         except nats.errors.MaxPayloadError as exc:
             raise PayloadTooLargeError(str(exc)) from exc
         except _CONNECTION_ERRORS as exc:
@@ -418,9 +409,6 @@ class Requester:
         except nats.errors.Error as exc:
             return nats_failure(exc)
         return None
-
-    def _next_turn(self) -> None:
-        self._wrote_this_turn = False
 
 
 class _Call:

@@ -16,7 +16,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from hookbus._core.log_limits import RateLimitedWarning
-from hookbus._core.nats_guard import harden_connection, publish_now, send_now
+from hookbus._core.nats_guard import harden_connection, reply_now, send_now
 from hookbus._core.serving import Endpoint, Refusal
 from hookbus.schemas import (
     EventEnvelope,
@@ -242,6 +242,6 @@ class RequestServer:
                 )
             )
         # written now, not after whatever the loop runs next (it may compute)
-        if not publish_now(self.nc, msg.reply, payload):
+        if not reply_now(self.nc, msg.reply, payload):
             await self.nc.publish(msg.reply, payload)
             send_now(self.nc)
