@@ -412,11 +412,14 @@ class ServingLoop:
     async def stop_intake(self, timeout_s: float | None = None) -> None:
         """Refuse new requests, and drain every subscription at once: the server stops
         sending, and the messages already delivered pass through the callback (which
-        refuses them). `timeout_s`: the most one subscription's drain may take (None:
-        no bound). A lost connection is ignored."""
+        refuses them); then the refusals under way are given the same time to be sent.
+        `timeout_s`: the most one subscription's drain may take (None: no bound). A lost
+        connection is ignored."""
         self.draining = True
         await asyncio.gather(*(self._drain(sub, timeout_s) for sub in self._subs))
         self._subs.clear()
+        if self._side_tasks:
+            await asyncio.wait(list(self._side_tasks), timeout=timeout_s)
 
     async def _drain(self, sub: Subscription, timeout_s: float | None) -> None:
         with contextlib.suppress(nats.errors.Error, TimeoutError):
