@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 from urllib.parse import urlparse
 
@@ -13,8 +14,9 @@ import pytest
 from conftest import connections
 from nats.aio.msg import Msg
 
-from hookbus._core.direct_delivery import subscribe_direct, unsubscribe_direct
+from hookbus._core.direct_delivery import direct_table, subscribe_direct, unsubscribe_direct
 from hookbus._core.nats_guard import harden_connection
+from hookbus._core.serving import Endpoint, Refusal, ServingLoop
 
 pytestmark = pytest.mark.anyio
 
@@ -142,3 +144,45 @@ async def test_a_connection_not_hardened_delivers_through_the_callback(nats_url:
         await asyncio.wait_for(seen.done.wait(), 10)
         assert [m.data for m in seen.msgs] == [str(i).encode() for i in range(N)]
         assert nc._reading_task not in seen.tasks  # the subscription's own task
+
+
+async def test_a_request_taken_as_a_handler_ends_gets_its_slot(nats_url: str) -> None:
+    """The read loop takes a request in the same turn of the event loop as a handler
+    ending: the slot that handler gives back is the new request's, not a ``busy``."""
+    async with connections(nats_url) as connect:
+        nc, caller = await connect(), await connect()
+        harden_connection(nc)
+        loop = ServingLoop(nc, max_concurrency=1, log=logging.getLogger("test"))
+        release, started = asyncio.Event(), asyncio.Event()
+        served: list[bytes] = []
+        refused: list[str] = []
+
+        async def handler(msg: Msg, context: Any, received: int) -> None:
+            if msg.data == b"first":
+                started.set()
+                await release.wait()
+            served.append(msg.data)
+            await nc.publish(msg.reply, b"served")
+
+        async def refuse(msg: Msg, why: Refusal, received: int) -> None:
+            refused.append(why)
+            await nc.publish(msg.reply, why.encode())
+
+        await loop.add(Endpoint("slots.test", handler, refuse))
+        await nc.flush()
+        first = asyncio.ensure_future(caller.request("slots.test", b"first", timeout=10))
+        await asyncio.wait_for(started.wait(), 10)
+        assert loop.in_flight == 1
+        # what the read loop does when the next request is parsed in the turn the first
+        # one's handler ends in: its `deliver`, called right after that handler is woken
+        sub = loop._subs[0]
+        deliver = direct_table(nc)[sub._id]
+        inbox = caller.new_inbox()
+        replies = await caller.subscribe(inbox, max_msgs=1)
+        await caller.flush()
+        release.set()
+        deliver(Msg(nc, subject="slots.test", reply=inbox, data=b"second"))
+        assert (await first).data == b"served"
+        assert (await replies.next_msg(timeout=10)).data == b"served"
+        assert served == [b"first", b"second"] and refused == []
+        await loop.stop_intake(5)

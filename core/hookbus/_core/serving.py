@@ -14,8 +14,9 @@ its own:
    quota, a chain too wide) or admit it with a weight (the handlers it may run at once)
    and a context for the handler;
 4. over the loop's `max_concurrency` (or the endpoint's own `max_in_flight`) it is
-   refused at once (``refuse(msg, "busy", received)``) instead of waiting into the
-   caller's timeout;
+   looked at once more on the next turn of the event loop (the handlers ending in the
+   turn it was read in give their slots back first), then refused
+   (``refuse(msg, "busy", received)``) instead of waiting into the caller's timeout;
 5. else its handler runs in a task of its own; the handler answers the request itself.
    On Python 3.12 and later the task starts eagerly (`asyncio.eager_task_factory`): the
    handler runs in the callback's own turn of the event loop up to its first wait, so one
@@ -348,14 +349,24 @@ class ServingLoop:
         if admission is not None:  # else answered by the hook
             self._start(endpoint, msg, received, admission)
 
-    def _start(self, endpoint: Endpoint, msg: Msg, received: int, admission: Admission) -> None:
-        """Run admitted `msg` in a task of its own, or refuse it over the bounds."""
-        weight = admission.weight
+    def _full(self, endpoint: Endpoint, weight: int) -> bool:
+        """Whether `weight` more on `endpoint` would go over a bound."""
         bound = endpoint.max_in_flight
-        if self.in_flight + weight > self.max_concurrency or (
+        return self.in_flight + weight > self.max_concurrency or (
             bound is not None and endpoint.in_flight + weight > bound
-        ):
-            self._spawn(endpoint.refuse(msg, "busy", received))
+        )
+
+    def _start(self, endpoint: Endpoint, msg: Msg, received: int, admission: Admission) -> None:
+        """Run admitted `msg` in a task of its own; over the bounds, look again on the next
+        turn of the loop (`_start_later`)."""
+        weight = admission.weight
+        if self._full(endpoint, weight):
+            # the read loop takes a request before the handlers that end in the same turn
+            # have given their slots back: they get that turn first
+            work = self._start_later(endpoint, msg, received, admission)
+            task = asyncio.get_running_loop().create_task(work)  # never eager: a turn later
+            self._side_tasks.add(task)
+            task.add_done_callback(self._side_end)
             return
         self.in_flight += weight
         endpoint.in_flight += weight
@@ -372,6 +383,18 @@ class ServingLoop:
             task = asyncio.get_running_loop().create_task(serve)
         if request in pending:  # not over in an eager first step: still to end
             request.task = task
+
+    async def _start_later(
+        self, endpoint: Endpoint, msg: Msg, received: int, admission: Admission
+    ) -> None:
+        """`_start` for a request that found the bounds full: started if a slot was given
+        back meanwhile, else refused ``busy``."""
+        if self._full(endpoint, admission.weight):
+            await endpoint.refuse(msg, "busy", received)
+        elif self.draining:
+            await endpoint.refuse(msg, "draining", received)
+        else:
+            self._start(endpoint, msg, received, admission)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run `work` (a refusal, an admission that waits) in a task of its own, kept
