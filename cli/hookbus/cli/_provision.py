@@ -49,7 +49,7 @@ from hookbus._core.buckets import (
     stream_config_differences,
     suspensions_bucket_config,
 )
-from hookbus._core.decisions_stream import ensure_decisions_stream
+from hookbus._core.decisions_stream import add_stream, ensure_decisions_stream
 from hookbus._core.jetstream import jetstream_context, js_domain_of, open_bucket
 from hookbus.cli._permissions import inbox_prefix
 from hookbus.schemas import (
@@ -169,7 +169,7 @@ async def _placed_decisions_stream(
         info = await js.stream_info(DECISIONS_STREAM)
     except nats.js.errors.NotFoundError:
         try:
-            await js.add_stream(config)
+            await add_stream(js, config)
         except nats.js.errors.APIError as exc:
             raise BucketConfigError(
                 f"cannot create the decision audit stream {DECISIONS_STREAM} as asked"

@@ -4,6 +4,7 @@ for a fleet, so both open, create and check it alike."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -20,11 +21,37 @@ from hookbus.schemas import (
 )
 
 from .buckets import bucket_placement, stream_config_differences
-from .jetstream import jetstream_context
+from .jetstream import is_peer_offline, jetstream_context
 
-__all__ = ["ensure_decisions_stream"]
+__all__ = ["PEER_OFFLINE_WAIT_S", "add_stream", "ensure_decisions_stream"]
 
 log = logging.getLogger("hookbus.dispatcher.audit")
+
+PEER_OFFLINE_WAIT_S = 30.0
+"""Seconds a stream's create is asked again while JetStream answers that a peer is offline
+(a server just started, or restarting, not yet seen by the meta leader): as long as a
+bucket's create is retried (`hookbus._core.jetstream.open_bucket`)."""
+
+
+async def add_stream(js: Any, config: Any) -> Any:
+    """``js.add_stream(config)`` (its `StreamInfo`), asked again every 0.25 s while
+    JetStream refuses it because a peer is offline (`is_peer_offline`), for up to
+    `PEER_OFFLINE_WAIT_S` seconds.
+
+    Raises:
+        nats.js.errors.APIError: any other refusal, or a peer still offline at the end.
+        TimeoutError: no answer (nats-py's).
+    """
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + PEER_OFFLINE_WAIT_S
+    while True:
+        try:
+            return await js.add_stream(config)
+        except nats.js.errors.APIError as exc:
+            if not is_peer_offline(exc) or loop.time() >= give_up:
+                raise
+            log.info("stream %s: a peer is offline, asking again", config.name)
+        await asyncio.sleep(0.25)
 
 
 async def ensure_decisions_stream(
@@ -74,7 +101,7 @@ async def ensure_decisions_stream(
         return
     if info is None:
         try:
-            info = await js.add_stream(config)
+            info = await add_stream(js, config)
             log.info("decision audit: created stream %s", name)
         except TimeoutError as exc:  # a refused request is not answered: it times out
             raise HookbusTimeoutError(
