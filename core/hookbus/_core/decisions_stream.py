@@ -21,13 +21,13 @@ from hookbus.schemas import (
 )
 
 from .buckets import bucket_placement, stream_config_differences
-from .jetstream import is_peer_offline, jetstream_context
+from .jetstream import CREATE_DEADLINE_S, is_peer_offline, jetstream_context
 
 __all__ = ["PEER_OFFLINE_WAIT_S", "add_stream", "ensure_decisions_stream"]
 
 log = logging.getLogger("hookbus.dispatcher.audit")
 
-PEER_OFFLINE_WAIT_S = 30.0
+PEER_OFFLINE_WAIT_S = CREATE_DEADLINE_S
 """Seconds a stream's create is asked again while JetStream answers that a peer is offline
 (a server just started, or restarting, not yet seen by the meta leader): as long as a
 bucket's create is retried (`hookbus._core.jetstream.open_bucket`)."""

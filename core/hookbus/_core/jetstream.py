@@ -55,6 +55,7 @@ from .deadlines import Deadline, time_left
 from .nats_guard import bucket_refusal, harden_connection
 
 __all__ = [
+    "CREATE_DEADLINE_S",
     "DomainKeyValue",
     "bind_js_domain",
     "bind_key_value",
@@ -262,6 +263,10 @@ def is_write_in_flight(exc: BaseException) -> bool:
     return isinstance(exc, nats.js.errors.APIError) and code == WRITE_IN_FLIGHT
 
 
+CREATE_DEADLINE_S = 30.0
+"""Seconds a bucket's or stream's create is retried through transient refusals (a leader
+election, a peer offline) before it fails (`open_bucket`'s default)."""
+
 NO_PEERS = 10005
 """JetStream's "no suitable peers for placement" (a stream create asking more replicas
 than the servers it may use). With the reason "peer offline" the servers exist and one is
@@ -410,7 +415,7 @@ async def open_bucket(
     *,
     log: logging.Logger,
     strict: bool = False,
-    deadline_s: float = 30.0,
+    deadline_s: float = CREATE_DEADLINE_S,
     js_domain: str | None = None,
     check_replicas: bool = False,
     differences_out: list[str] | None = None,

@@ -202,8 +202,8 @@ def _safe_decoding(nc: Any) -> None:
 
     def process_msg(sid: int, subject: Any, reply: Any, data: Any, headers: Any) -> Any:
         # ASCII lines cannot fail to decode: nats-py's own coroutine (or a direct
-        # subscription's delivery), no frame of ours around it (the common case, every
-        # message a client receives goes through here)
+        # subscription's delivery) handed back as it is, no coroutine of ours around it
+        # (the common case, every message a client receives goes through here)
         if (
             subject.isascii()
             and (not reply or reply.isascii())
