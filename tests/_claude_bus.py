@@ -6,7 +6,9 @@ bus behind the doors: a private nats-server, a ``hookbus dispatcher`` process an
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -46,11 +48,33 @@ class PolicyBus:
     ) -> None:
         """`_procs.wait_until` with the margin of a busy machine (90 s: the processes start
         in about 2 s on a quiet one) and, when it fails, what `last` says (e.g. the last
-        answer probed) and the processes' logs."""
+        answer probed), the processes' logs and `state` (where a decision could be lost)."""
         wait_until(
             probe, what, timeout_s=90, interval_s=interval_s,
-            explain=lambda: f"{last()}\n{log_tails(self.logs)}",
+            explain=lambda: f"{last()}\n{log_tails(self.logs)}\n{self.state()}",
         )  # fmt: skip
+
+    def state(self) -> str:
+        """What tells a dispatcher-service fault from a registry or worker fault: the handlers
+        the registry and the live workers show (``hookbus handlers``), a ``tool:pre`` decided
+        by a dispatcher of its own (``hookbus emit``: the service left out), and how many
+        calls the policy handlers received."""
+        rm = json.dumps({"tool_name": "Bash", "tool_input": {"command": "rm -rf /"}})
+        parts = []
+        for argv in (["handlers"], ["emit", "tool:pre", rm]):
+            try:
+                done = subprocess.run([HOOKBUS, *argv, "--url", self.url], capture_output=True,
+                                      text=True, timeout=30, env=self.env)  # fmt: skip
+                out = f"exit {done.returncode}\n{done.stdout.strip()}\n{done.stderr.strip()}"
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                out = repr(exc)
+            parts.append(f"--- hookbus {argv[0]} ---\n{out.strip()}")
+        try:
+            calls = len(self.seen.read_text().splitlines())
+        except OSError as exc:
+            calls = f"none ({exc})"  # type: ignore[assignment]
+        parts.append(f"--- calls the policy handlers received: {calls}")
+        return "\n".join(parts)
 
 
 @contextlib.contextmanager
