@@ -40,6 +40,7 @@ answer proof is ``<agent>.<label>.<approver>``, and grants are ``<agent>.<sessio
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Final
 
@@ -145,6 +146,12 @@ _PLAIN_NAME = re.compile(r"[A-Za-z0-9_-]+")
 _NOT_PLAIN = re.compile(r"[^A-Za-z0-9_-]+")
 _TOKEN = re.compile(r"(?:[A-Za-z0-9_-]|=[0-9A-F]{2})+")
 _ESCAPED = re.compile(r"(?:=[0-9A-F]{2})+")
+_TOKENS_KEPT = 4096
+"""Names and tokens `encode_token` and `decode_token` keep the answer of (each, least
+recently used dropped first): every request's subject carries an event and an agent's
+token, and a fleet's are few; a kept answer is one dictionary lookup (about 40 ns against
+about 1 µs for a name with an escape, measured with ``python -m timeit``). A failure is
+never kept."""
 
 
 def is_js_domain_name(text: str) -> bool:
@@ -153,6 +160,7 @@ def is_js_domain_name(text: str) -> bool:
     return bool(text) and not any(c in text for c in ". *>\t\r\n")
 
 
+@functools.lru_cache(maxsize=_TOKENS_KEPT)
 def encode_token(name: str) -> str:
     """Encode any non-empty text as one subject token / KV key segment (reversible).
 
@@ -176,6 +184,7 @@ def _unescape(run: re.Match[str]) -> str:
     return bytes.fromhex(run.group().replace("=", "")).decode()
 
 
+@functools.lru_cache(maxsize=_TOKENS_KEPT)
 def decode_token(token: str) -> str:
     """Invert `encode_token`.
 
