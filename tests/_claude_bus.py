@@ -59,21 +59,29 @@ class PolicyBus:
         the registry and the live workers show (``hookbus handlers``), a ``tool:pre`` decided
         by a dispatcher of its own (``hookbus emit``: the service left out), and how many
         calls the policy handlers received."""
+        calls: int | str
+        try:  # before the emit below adds its own
+            calls = len(self.seen.read_text().splitlines())
+        except OSError as exc:
+            calls = f"none ({exc})"
+        parts = [f"--- calls the policy handlers received: {calls}"]
         rm = json.dumps({"tool_name": "Bash", "tool_input": {"command": "rm -rf /"}})
-        parts = []
-        for argv in (["handlers"], ["emit", "tool:pre", rm]):
+        for argv in (["handlers", "--json"], ["emit", "tool:pre", rm]):
             try:
                 done = subprocess.run([HOOKBUS, *argv, "--url", self.url], capture_output=True,
                                       text=True, timeout=30, env=self.env)  # fmt: skip
-                out = f"exit {done.returncode}\n{done.stdout.strip()}\n{done.stderr.strip()}"
+                shown = done.stdout.strip()
+                if argv[0] == "handlers":
+                    with contextlib.suppress(ValueError, TypeError, KeyError):
+                        shown = "\n".join(
+                            f"{h['event']} {h['name']}: declared {h['declared']},"
+                            f" {len(h['replicas'])} live replica(s)"
+                            for h in json.loads(shown)
+                        )
+                out = f"exit {done.returncode}\n{shown}\n{done.stderr.strip()}"
             except (OSError, subprocess.TimeoutExpired) as exc:
                 out = repr(exc)
             parts.append(f"--- hookbus {argv[0]} ---\n{out.strip()}")
-        try:
-            calls = len(self.seen.read_text().splitlines())
-        except OSError as exc:
-            calls = f"none ({exc})"  # type: ignore[assignment]
-        parts.append(f"--- calls the policy handlers received: {calls}")
         return "\n".join(parts)
 
 
