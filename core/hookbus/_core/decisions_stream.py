@@ -4,13 +4,13 @@ for a fleet, so both open, create and check it alike."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_fixed
 
 from hookbus.schemas import (
     DECISIONS_DEFAULT_MAX_AGE_S,
@@ -23,35 +23,29 @@ from hookbus.schemas import (
 from .buckets import bucket_placement, stream_config_differences
 from .jetstream import CREATE_DEADLINE_S, is_peer_offline, jetstream_context
 
-__all__ = ["PEER_OFFLINE_WAIT_S", "add_stream", "ensure_decisions_stream"]
+__all__ = ["add_stream", "ensure_decisions_stream"]
 
 log = logging.getLogger("hookbus.dispatcher.audit")
-
-PEER_OFFLINE_WAIT_S = CREATE_DEADLINE_S
-"""Seconds a stream's create is asked again while JetStream answers that a peer is offline
-(a server just started, or restarting, not yet seen by the meta leader): as long as a
-bucket's create is retried (`hookbus._core.jetstream.open_bucket`)."""
 
 
 async def add_stream(js: Any, config: Any) -> Any:
     """``js.add_stream(config)`` (its `StreamInfo`), asked again every 0.25 s while
-    JetStream refuses it because a peer is offline (`is_peer_offline`), for up to
-    `PEER_OFFLINE_WAIT_S` seconds.
+    JetStream refuses it because a peer is offline (`is_peer_offline`: a server just
+    started or restarting, not yet seen by the meta leader), for up to `CREATE_DEADLINE_S`
+    seconds, as a bucket's create is retried (`open_bucket`).
 
     Raises:
         nats.js.errors.APIError: any other refusal, or a peer still offline at the end.
         TimeoutError: no answer (nats-py's).
     """
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + PEER_OFFLINE_WAIT_S
-    while True:
-        try:
-            return await js.add_stream(config)
-        except nats.js.errors.APIError as exc:
-            if not is_peer_offline(exc) or loop.time() >= give_up:
-                raise
-            log.info("stream %s: a peer is offline, asking again", config.name)
-        await asyncio.sleep(0.25)
+    retrying = AsyncRetrying(
+        stop=stop_after_delay(CREATE_DEADLINE_S),
+        wait=wait_fixed(0.25),
+        retry=retry_if_exception(is_peer_offline),
+        before_sleep=lambda _: log.info("stream %s: a peer is offline, asking again", config.name),
+        reraise=True,
+    )
+    return await retrying(js.add_stream, config)
 
 
 async def ensure_decisions_stream(
