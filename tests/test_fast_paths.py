@@ -216,7 +216,7 @@ async def test_a_deadline_inside_a_chain_keeps_an_earlier_modify(
     assert r.action == "continue" and r.chained_data is not None
     assert r.chained_data["secret"] == "***" and r.modified_by == ["redact"]
     assert [(f.handler, f.kind) for f in r.failures] == [("slow_audit", "timeout")]
-    assert took < 2.0
+    assert took < 2.9  # the 1 s budget, not the audit's 3 s (a wide margin for a busy machine)
 
 
 async def test_a_parallel_group_hedges_a_retry_safe_handler_past_a_stalled_replica(

@@ -188,7 +188,7 @@ async def test_an_approval_nobody_answers_takes_its_default(with_real: bool, def
     assert skipped >= timeout_s
     if not with_real:
         assert env.time_skipping
-        assert waited_s < 1.0  # 30 s on the clock
+        assert waited_s < 10.0  # 30 s on the clock were skipped, not waited
 
 
 async def test_the_emits_deadline_ends_an_approval_as_a_deny(with_real: bool) -> None:
