@@ -584,7 +584,7 @@ async def test_a_handler_failure_follows_its_failure_policy(connect: Connect) ->
 
     options = {"timeout_s": 3, "failure_policy": "deny"}
     async with guardian(connect, (TOOL_PRE, slow, options)) as d:
-        with anyio.fail_after(2):  # the door's deadline, not the handler's 3 s, ends it
+        with anyio.fail_after(2.8):  # the door's deadline, not the handler's 3 s, ends it
             raw = await answer(body("tool_call_request"), d.emit, timeout_s=0.2)
     result = checked(raw)["result"]
     assert result["decision"] == "deny"
