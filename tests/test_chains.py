@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -308,6 +309,52 @@ async def test_parallel_steps_run_together_and_a_parallel_modify_is_denied(
         assert await kinds(seen, 1) == ["chain"]
     assert r.action == "deny" and r.decided_by == "p2" and calls == []
     assert [(f.handler, f.kind) for f in r.failures] == [("p2", "bad_reply")]
+
+
+async def test_each_parallel_step_runs_in_a_task_and_context_of_its_own(
+    connect: Connect, event: str
+) -> None:
+    """A parallel group in one worker, as `asyncio.gather` runs coroutines: each handler
+    in a task of its own (an ``asyncio.timeout`` it arms cuts itself, not its neighbours)
+    and a context of its own (a context variable one sets is not seen by another), whether
+    it returns at once or waits; the slow one's timeout is its own failure."""
+    mark: contextvars.ContextVar[str] = contextvars.ContextVar("mark")
+    tasks: dict[str, asyncio.Task[Any] | None] = {}
+    seen: dict[str, str | None] = {}
+
+    async def at_once(ev: str, data: dict[str, Any]) -> None:
+        tasks["at_once"] = asyncio.current_task()
+        mark.set("at_once")
+
+    async def waits(ev: str, data: dict[str, Any]) -> None:
+        tasks["waits"] = asyncio.current_task()
+        mark.set("waits")
+        await asyncio.sleep(0.05)
+        seen["waits"] = mark.get(None)
+
+    async def cut(ev: str, data: dict[str, Any]) -> None:
+        tasks["cut"] = asyncio.current_task()
+        seen["cut"] = mark.get(None)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.05):  # its own: cuts this handler only
+                await asyncio.sleep(10)
+        await asyncio.sleep(10)  # then past its step's timeout
+
+    async with (
+        serving(
+            await connect(),
+            (event, at_once, {"priority": 1, "parallel": True}),
+            (event, waits, {"priority": 2, "parallel": True}),
+            (event, cut, {"priority": 3, "parallel": True, "timeout_s": 0.5}),
+        ),
+        HookDispatcher(await connect()) as d,
+    ):
+        r = await d.emit(event, {})
+    assert r.action == "continue"
+    assert [(f.handler, f.kind) for f in r.failures] == [("cut", "timeout")]
+    assert seen == {"waits": "waits", "cut": None}
+    ran_in = list(tasks.values())
+    assert len(ran_in) == 3 and None not in ran_in and len({id(t) for t in ran_in}) == 3
 
 
 async def test_a_set_with_no_live_process_falls_back_to_one_request_per_handler(

@@ -52,6 +52,7 @@ from hookbus.schemas import WireError
 
 from .deadlines import Deadline
 from .direct_delivery import Deliver, forget_direct, subscribe_direct, unsubscribe_direct
+from .tasks import start_task
 
 __all__ = [
     "Admission",
@@ -62,9 +63,6 @@ __all__ = [
     "ServingLoop",
     "Ticket",
 ]
-
-_eager_task: Final = getattr(asyncio, "eager_task_factory", None)
-"""`asyncio.eager_task_factory` (Python 3.12+), else None."""
 
 Refusal = Literal["draining", "busy"]
 """Why the loop refuses a request without running it: the loop drains, or it is full."""
@@ -376,11 +374,7 @@ class ServingLoop:
         request = Request(endpoint, msg, received, weight, ticket)
         pending = self._pending
         pending.add(request)
-        serve = self._serve(request, admission.context)
-        if _eager_task is not None:
-            task = _eager_task(asyncio.get_running_loop(), serve)
-        else:  # the loop's own: `asyncio.create_task` is a Python frame more around it
-            task = asyncio.get_running_loop().create_task(serve)
+        task = start_task(asyncio.get_running_loop(), self._serve(request, admission.context))
         if request in pending:  # not over in an eager first step: still to end
             request.task = task
 
@@ -399,8 +393,7 @@ class ServingLoop:
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run `work` (a refusal, an admission that waits) in a task of its own, kept
         until it ends."""
-        loop = asyncio.get_running_loop()
-        task = _eager_task(loop, work) if _eager_task is not None else loop.create_task(work)
+        task = start_task(asyncio.get_running_loop(), work)
         if task.done():  # over in an eager first step
             self._side_end(task)
         else:

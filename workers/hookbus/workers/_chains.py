@@ -26,6 +26,7 @@ from hookbus._core.copies import json_copy
 from hookbus._core.deadlines import Deadline
 from hookbus._core.fold_rules import StepOutcome, ends_fold, group_end, modifies, widest_group
 from hookbus._core.serving import Admission, Endpoint
+from hookbus._core.tasks import gather_tasks
 from hookbus.schemas import (
     MAX_HANDLER_SET,
     MAX_RECORD_BYTES,
@@ -373,8 +374,10 @@ class ChainRunner:
         observed: bool,
     ) -> list[HookReply]:
         """Run a parallel group of steps concurrently, on `data` (each handler its own
-        copy; `json_size`, `observed`: see `_step`); each reply is handed to `progress` as
-        its step finishes."""
+        copy; `json_size`, `observed`: see `_step`), each in a task of its own (its own
+        context, as `asyncio.gather` gives); each reply is handed to `progress` as its step
+        finishes. On Python 3.12+ the tasks start eagerly (`gather_tasks`): when every
+        handler returned without waiting the group is over with no turn of the event loop."""
         caller = self._caller
 
         async def one(step: ChainStep, spec: HandlerSpec) -> HookReply:
@@ -386,7 +389,7 @@ class ChainRunner:
             caller.returned(spec)  # unless a call showed it waits
             return reply
 
-        return list(await asyncio.gather(*(one(st, sp) for st, sp in run)))
+        return await gather_tasks(one(st, sp) for st, sp in run)
 
     def _step(
         self,
