@@ -329,7 +329,7 @@ async def test_each_parallel_step_runs_in_a_task_and_context_of_its_own(
     async def waits(ev: str, data: dict[str, Any]) -> None:
         tasks["waits"] = asyncio.current_task()
         mark.set("waits")
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)  # past the moment `cut`'s own timeout fires
         seen["waits"] = mark.get(None)
 
     async def cut(ev: str, data: dict[str, Any]) -> None:
