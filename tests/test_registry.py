@@ -8,6 +8,7 @@ out as JSON and literal keys, so the same tests run against an older hookbus.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import Callable
@@ -445,13 +446,19 @@ async def test_worker_answers_the_services_api(nc: NATS, connect: Connect, event
 async def test_worker_registration_rides_out_a_jetstream_without_quorum(tmp_path: Any) -> None:
     """Two of three cluster nodes go away, so JetStream has no quorum (as during a leader
     election, only longer: more than nats-py's 5 s request timeout) while core NATS still
-    works; a worker started meanwhile keeps retrying and registers once they are back."""
+    works; a worker started meanwhile keeps retrying and registers once they are back.
+
+    The record is read from the stream's leader: a direct get may be answered by a replica
+    that came back a moment ago and has not applied the write yet."""
     from _cluster import Cluster
 
     from hookbus.workers import HookWorker
 
     event = f"test:{uuid.uuid4().hex[:10]}"
     cluster = Cluster(tmp_path / "cluster").start()
+    conn: NATS | None = None
+    workers: list[Any] = []
+    starting: asyncio.Task[None] | None = None
     try:
         await cluster.wait_ready()
         first = cluster.nodes[0]
@@ -463,6 +470,7 @@ async def test_worker_registration_rides_out_a_jetstream_without_quorum(tmp_path
         for node in cluster.nodes[1:]:
             node.stop()
         w = HookWorker(conn, bucket_replicas=3)  # retries for 30 s by default
+        workers.append(w)
         w.add_handler(event, allow, name="late", failure_policy="deny")
         starting = asyncio.create_task(w.start())
         await asyncio.sleep(6.5)  # the outage itself: nothing to wait on
@@ -471,12 +479,19 @@ async def test_worker_registration_rides_out_a_jetstream_without_quorum(tmp_path
             node.start()
         with anyio.fail_after(40):
             await starting
-        kv = await conn.jetstream().key_value(HANDLERS_BUCKET)
-        entry = await kv.get(handler_key(event, "late"))
-        assert json.loads(entry.value)["failure_policy"] == "deny"
-        await w.shutdown()
-        await conn.close()
+        stored = await conn.jetstream().get_last_msg(
+            f"KV_{HANDLERS_BUCKET}", f"$KV.{HANDLERS_BUCKET}.{handler_key(event, 'late')}"
+        )
+        assert json.loads(stored.data or b"{}")["failure_policy"] == "deny"
     finally:
+        if starting is not None and not starting.done():
+            starting.cancel()
+            with contextlib.suppress(BaseException):
+                await starting
+        for w in workers:
+            await w.shutdown()
+        if conn is not None:
+            await conn.close()
         cluster.stop()
 
 
