@@ -10,12 +10,15 @@ including writes the stream refused, and carries no sequence.
 `RegistryFollower`:
 
 1. subscribes to the republished changes (and learns at once if this identity may not),
-2. reads a snapshot with direct gets (JetStream's ``$JS.API.DIRECT.GET.<stream>``, a
+2. asks the stream's leader for its last sequence ``L`` (a stream info),
+3. reads a snapshot with direct gets (JetStream's ``$JS.API.DIRECT.GET.<stream>``, a
    *batch* from sequence 1 over the bucket's subjects, paged by `SCAN_BATCH` messages;
    served by any replica of the stream, no consumer), up to the stream's last sequence
    ``S`` as of the last page,
-3. applies the changes that arrived meanwhile after ``S``, in order, and from then on each
-   change as it comes.
+4. applies the changes that arrived meanwhile after ``S``, in order, and from then on each
+   change as it comes. If that leaves it below ``L``, the replica that answered was behind
+   the leader (any replica answers a direct get, and a follower may lag): the snapshot is
+   read again (`SnapshotBehindError`), and until one is as new, the follower is behind.
 
 It is **behind** (`current` is False) from the moment it has evidence that it missed a
 change until a new snapshot is applied: a sequence that skips one, the connection lost and
@@ -65,7 +68,7 @@ from hookbus.schemas import (
 from ._registry_watch import DELETE_OPS, RegistryRead, apply_entry, classify
 from ._route_table import RoutingTable
 
-__all__ = ["SCAN_BATCH", "RegistryFollower", "scan_bucket"]
+__all__ = ["SCAN_BATCH", "RegistryFollower", "SnapshotBehindError", "scan_bucket"]
 
 log = logging.getLogger("hookbus.dispatcher")
 
@@ -182,6 +185,12 @@ async def _page(
     if status not in ("204", "404"):
         raise HookbusError(f"the registry snapshot ({subject}) was refused: status {status}")
     return got, pending, status
+
+
+class SnapshotBehindError(HookbusTimeoutError):
+    """A registry snapshot ended below the sequence the stream's leader had stored when it
+    was asked: the replica that answered the direct gets (any replica does, followers
+    included) had not applied every change yet. Transient: the snapshot is read again."""
 
 
 class _NoDirectGet(HookbusError):
@@ -366,6 +375,8 @@ class RegistryFollower:
         Returns:
             True (a snapshot is always complete).
         Raises:
+            SnapshotBehindError: the snapshot was older than what the stream's leader had
+                stored (the follower is behind until a new one is read).
             HookbusTimeoutError, HookbusError: it could not be read (the routes are kept,
                 and the follower stays as current as it was).
         """
@@ -414,6 +425,7 @@ class RegistryFollower:
         self._buffer = []
         reconnects = self._nc.stats["reconnects"]
         try:
+            stored = await self._leader_last_seq()
             snap = await scan_bucket(self._kv)
             read = RegistryRead(complete=True)
             for key, (value, deleted) in snap.entries.items():
@@ -429,12 +441,39 @@ class RegistryFollower:
             self._current.set()  # the buffered changes decide whether it stays so
             for msg in buffered:
                 self._follow(msg)
+            if self._current.is_set() and self._seq < stored:
+                self._current.clear()
+                raise SnapshotBehindError(
+                    f"the registry snapshot was answered at sequence {snap.last_seq} by a "
+                    f"replica behind the stream's leader, which had stored {stored}"
+                )
         finally:
             self._buffer = None
         if self._current.is_set() and self._behind_since is not None:
             behind = asyncio.get_running_loop().time() - self._behind_since
             log.warning("handler registry: caught up after %.2f s behind", behind)
             self._behind_since = None
+
+    async def _leader_last_seq(self) -> int:
+        """The last sequence the stream's leader has stored, asked after the changes'
+        subscription was made: a stream info, which the leader answers. A replica that
+        sees no leader answers it too, from its own store, and names no leader: that
+        answer is not taken.
+
+        Raises:
+            SnapshotBehindError: the answer names no leader (transient).
+            HookbusError: the stream is gone.
+        """
+        kv = self._kv
+        try:
+            info = await kv._js.stream_info(kv._stream)
+        except nats.js.errors.NotFoundError:
+            raise HookbusError(f"the handler registry's stream is gone ({kv._stream})") from None
+        if info.cluster is not None and not info.cluster.leader:
+            raise SnapshotBehindError(
+                "the registry's stream info was answered by a replica that sees no leader"
+            )
+        return int(info.state.last_seq or 0)
 
     def _report(self, rejected: dict[str, str]) -> None:
         for key, reason in rejected.items():
