@@ -13,8 +13,9 @@ replica answers, its own server's first) is as old as that.
 
 The routes: ``n3`` solicits ``n1`` and ``n2`` through a forwarder each, advertises a
 forwarder to its own cluster port, and ``n1`` / ``n2`` route to each other directly and to
-``n3`` through that forwarder. `wait_ready` checks that every route ``n3`` has goes through
-a forwarder (a route opened from gossip before the configured one would not).
+``n3`` through that forwarder. ``n1`` and ``n2`` advertise a port nobody listens on, so a
+route opened from gossip before the configured ones are up fails rather than bypassing the
+forwarders; `wait_ready` checks that every route ``n3`` has goes through one.
 """
 
 from __future__ import annotations
@@ -129,6 +130,9 @@ class LaggingCluster(Cluster):
         n2.routes = [n1.cluster_port, self._to_n3.port]
         n3.routes = [self._to_n1.port, self._to_n2.port]
         n3.advertise_port = self._to_n3.port
+        # n1 and n2 advertise a port nobody listens on: a route opened from gossip (before
+        # the configured one is up) fails instead of bypassing the forwarders
+        n1.advertise_port, n2.advertise_port = free_ports(2)
 
     @property
     def lagging(self) -> Node:

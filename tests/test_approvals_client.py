@@ -133,11 +133,11 @@ async def test_a_dispatcher_holds_the_inboxes_an_approvals_client_does_not(
 async def test_answering_twenty_approvals_opens_the_approvals_bucket_once(
     connect: Connect, event: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Opening reads the bucket's stream info; 20 answers read it never again (each is direct
-    gets and one proof write). A listing makes a consumer, which reads it too: it is counted
-    apart. Judging an approval's age reads the server's clock, also a stream info, once per
-    `SERVER_CLOCK_TTL_S`: held past the test's length here, or a slow machine's answers
-    would span a second reading."""
+    """Opening reads the bucket's stream info; 20 answers read it never again (each is gets,
+    from the stream's leader, and one proof write). A listing makes a consumer, which reads
+    it too: it is counted apart. Judging an approval's age reads the server's clock, also a
+    stream info, once per `SERVER_CLOCK_TTL_S`: held past the test's length here, or a slow
+    machine's answers would span a second reading."""
     monkeypatch.setattr(_server_clock, "SERVER_CLOCK_TTL_S", 3600.0)
     nc = await connect()
     async with HookDispatcher(nc, max_pending_approvals=None) as d:
@@ -165,7 +165,8 @@ async def test_answering_twenty_approvals_opens_the_approvals_bucket_once(
     assert opened >= 1  # opening the bucket: its stream info
     answering = requests[answers_from:]
     assert api.stream_infos(APPROVALS_STREAM) == listed  # 20 answers: never again
-    assert answering and all(s.startswith("$JS.API.DIRECT.GET.") for s in answering), answering
+    gets = ("$JS.API.STREAM.MSG.GET.", "$JS.API.DIRECT.GET.")  # the server clock's: direct
+    assert answering and all(s.startswith(gets) for s in answering), answering
 
 
 async def test_a_client_refuses_calls_before_start_and_after_close(connect: Connect) -> None:

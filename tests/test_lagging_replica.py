@@ -43,18 +43,28 @@ LAG_S = 10.0
 longer than a direct get's page (5 s) and a JetStream API request (5 s)."""
 
 
-async def _leader_elsewhere(admin: Any, not_on: str) -> str:
-    """Move `STREAM`'s leader off node `not_on` (a lagging leader would lag every write)."""
+async def _leader_elsewhere(admin: Any, not_on: str, stream: str = STREAM) -> str:
+    """Move `stream`'s leader off node `not_on` (a lagging leader would lag every write)."""
     js = admin.jetstream()
     with anyio.fail_after(60):
         while True:
-            info = await js.stream_info(STREAM)
+            info = await js.stream_info(stream)
             leader = info.cluster.leader if info.cluster else None
             if leader and leader != not_on:
                 return str(leader)
             with contextlib.suppress(Exception):
-                await admin.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{STREAM}", b"", timeout=5)
+                await admin.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", b"", timeout=5)
             await anyio.sleep(1.0)  # an election: no event to wait on
+
+
+async def _last_seq_on(node: Any, stream: str) -> int:
+    """`stream`'s last sequence as `node` holds it (its monitoring endpoint)."""
+    jsz = await anyio.to_thread.run_sync(node.http_json, "/jsz?streams=true")
+    for account in jsz.get("account_details") or []:
+        for detail in account.get("stream_detail") or []:
+            if detail.get("name") == stream:
+                return int((detail.get("state") or {}).get("last_seq") or 0)
+    raise AssertionError(f"{node.name} holds no replica of {stream}")
 
 
 async def test_a_registry_snapshot_from_a_replica_behind_the_leader_is_not_taken_as_current(
@@ -121,3 +131,60 @@ async def test_a_registry_snapshot_from_a_replica_behind_the_leader_is_not_taken
                 await c.close()
         await cluster.close()
         await asyncio.sleep(0)
+
+
+READ_LAG_S = 1.5
+"""How late ``n3`` hears, seconds, when a read from it must still reach the leader within
+nats-py's JetStream request timeout (5 s): a round trip of 3 s."""
+
+
+async def test_a_grant_revoked_is_not_read_back_from_a_replica_behind_the_leader(
+    tmp_path: Any,
+) -> None:
+    """An "Allow always" grant is revoked (deleted by the leader and a second replica,
+    acknowledged) while ``n3`` lags; a dispatcher connected to ``n3`` then looks for it,
+    sixteen times at once. Each look must find nothing: a record hookbus decides on is read
+    from the stream's leader. Before, the gets were direct gets, which any replica answers:
+    in the runs where ``n3`` answered some of them itself (about a third each, when its
+    direct get subscription was up), those found the grant, which allowed calls without
+    asking anyone until ``n3`` caught up."""
+    import time
+
+    from hookbus._core.buckets import approvals_bucket_config
+    from hookbus._core.kv import open_bucket
+    from hookbus.dispatcher._grants import Grants
+    from hookbus.schemas import ApprovalGrant
+
+    cluster = LaggingCluster(tmp_path / "cluster").start()
+    conns: list[Any] = []
+    try:
+        await cluster.wait_ready()
+        n1, _, n3 = cluster.nodes
+        admin, reader = await nats.connect(n1.url), await nats.connect(n3.url)
+        conns += [admin, reader]
+        config = approvals_bucket_config(replicas=3)
+        writes = Grants(await open_bucket(admin, config))
+        stream = f"KV_{config.bucket}"
+        await _leader_elsewhere(admin, n3.name, stream)
+        reads = Grants(await open_bucket(reader, config))
+        grant = ApprovalGrant(
+            session_id="s1", event="tool:pre", handler="ask", agent_id="a1", tool="Bash",
+            choice="Allow always", label="approval:1", granted_at=time.time(),
+            approved_by="p1", expires_at=time.time() + 3600,
+        )  # fmt: skip
+        scope = ("a1", "s1", "tool:pre", "ask", "Bash")
+        await writes.put(grant, budget_s=10)
+        assert await reads.find(*scope, budget_s=10) == grant
+
+        cluster.lag_s = READ_LAG_S
+        await writes.revoke(grant)
+        leader_last = (await admin.jetstream().stream_info(stream)).state.last_seq
+        assert await _last_seq_on(n3, stream) < leader_last, "n3 was not behind"
+        found = await asyncio.gather(*(reads.find(*scope, budget_s=20) for _ in range(16)))
+        assert found == [None] * 16, f"{sum(f is not None for f in found)} of 16 found it"
+    finally:
+        cluster.lag_s = 0.0
+        for c in conns:
+            with contextlib.suppress(Exception):
+                await c.close()
+        await cluster.close()

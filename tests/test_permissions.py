@@ -426,14 +426,16 @@ async def test_legitimate_flows_pass(secure: Secure, as_: Connect, event: str) -
                         await anyio.sleep(0.05)
                 await d.resolve_hook(label, {"ok": True})
             assert got == [{"ok": True}]
+            # it may get its own keys only, by direct get: never asks the stream's leader
+            assert not d.suspensions.records.kv.reads_from_leader
         assert not [e for e in agent.errors if VIOLATION in e.lower()
                     and "hookbus_approvals" not in e], agent.errors  # fmt: skip
 
         # the service decides for a client agent: a deny, an approval answered by alice
         # with "Allow always", then the grant that answer made, and the audit trail
         service_client = await as_("dispatcher-dispatcher")
-        service = DispatcherService(HookDispatcher(service_client.nc, audit=True),
-                                    service_client.nc)  # fmt: skip
+        decider = HookDispatcher(service_client.nc, audit=True)
+        service = DispatcherService(decider, service_client.nc)
         await service.start()
         client = await as_("agent-a2")
         approver = await as_("approver-alice")
@@ -468,6 +470,8 @@ async def test_legitimate_flows_pass(secure: Secure, as_: Connect, event: str) -
             emit = next(e for e in stats["endpoints"] if e["name"] == "emit")
             assert emit["num_requests"] >= 3 and emit["num_errors"] == 0, stats
             assert not [e for e in service_client.errors if VIOLATION in e.lower()]
+            # the decider reads what it decides on from the streams' leaders
+            assert decider.suspensions.records.kv.reads_from_leader
             assert not [e for e in approver.errors if VIOLATION in e.lower()], approver.errors
         finally:
             await service.stop()

@@ -73,8 +73,9 @@ def hold_marks(store: Suspensions, *, fail: bool = False) -> HeldMarks:
 
 
 class Spy:
-    """Every write (a publish on the key's KV subject) and read (a direct get of the key)
-    of one record, as the server routes them."""
+    """Every write (a publish on the key's KV subject) and read (a get of the key: from the
+    stream's leader, a message get naming it, or a direct get) of one record, as the server
+    routes them."""
 
     def __init__(self, nc: NATS, key: str) -> None:
         self.nc = nc
@@ -88,6 +89,10 @@ class Spy:
         self._reads = await self.nc.subscribe(
             f"$JS.API.DIRECT.GET.KV_{SUSPENSIONS_BUCKET}.{kv_subject}"
         )
+        self._leader_reads = await self.nc.subscribe(
+            f"$JS.API.STREAM.MSG.GET.KV_{SUSPENSIONS_BUCKET}"
+        )
+        self._kv_subject = kv_subject.encode()
         await self.nc.flush()
         return self
 
@@ -97,16 +102,16 @@ class Spy:
         for conn in conns:
             await conn.flush()
         await self.nc.flush()
-        for sub, sink in ((self._writes, self.writes.append), (self._reads, None)):
+        for sub in (self._writes, self._reads, self._leader_reads):
             while True:
                 try:
                     msg = await sub.next_msg(timeout=0.05)
                 except nats.errors.TimeoutError:
                     break
-                if sink is None:
+                if sub is self._writes:
+                    self.writes.append(msg.data)
+                elif sub is self._reads or self._kv_subject in msg.data:
                     self.reads += 1
-                else:
-                    sink(msg.data)
         return self
 
 

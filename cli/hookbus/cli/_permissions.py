@@ -36,8 +36,12 @@ Roles (one user per identity):
 ==================  ============================================================
 
 JetStream is reached through its API subjects (nats-server 2.11+, nats-py 2.16): a KV put
-of key K in bucket B publishes to ``$KV.B.K``; a get (buckets have ``allow_direct``) is a
-request to ``$JS.API.DIRECT.GET.KV_B.$KV.B.K``, scopable by key prefix; a watch or listing
+of key K in bucket B publishes to ``$KV.B.K``; a get from the stream's leader (how hookbus
+reads a record it decides on) is a request to ``$JS.API.STREAM.MSG.GET.KV_B`` naming the key
+in its body, so it is given only to roles that may read every key of B; a direct get
+(buckets have ``allow_direct``; any replica answers, one that lags answers an older
+revision) is a request to ``$JS.API.DIRECT.GET.KV_B.$KV.B.K``, scopable by key prefix: an
+agent reads its own keys that way (``hookbus._core.leader_reads``); a watch or listing
 creates a consumer. NATS cannot count consumers per user, but a named consumer's create
 request carries its name and filter in its subject (``$JS.API.CONSUMER.CREATE.KV_B.<name>.
 <filter>``): every role but the dispatcher may create only consumers named by its own
@@ -222,6 +226,12 @@ def _get(bucket: str, keys: str, why: str) -> Permission:
     return Permission(f"{_JS}.DIRECT.GET.{stream}.$KV.{bucket}.{keys}", f"get {why}")
 
 
+def _leader_get(bucket: str, why: str) -> Permission:
+    """Gets of any key of `bucket` from its stream's leader (a message get names its key in
+    the request's body, so it cannot be allowed by key)."""
+    return Permission(f"{_JS}.STREAM.MSG.GET.{_kv_stream(bucket)}", f"get {why} from the leader")
+
+
 def _slot_consumers(
     stream: str, filters: str, why: str, public_key: str | None
 ) -> list[Permission]:
@@ -259,6 +269,7 @@ def _kv_read_all_slots(bucket: str, public_key: str | None) -> list[Permission]:
     return [
         Permission(f"{_JS}.DIRECT.GET.{stream}", f"get by sequence in {bucket}"),
         _get(bucket, ">", f"any key of {bucket}"),
+        _leader_get(bucket, f"any key of {bucket}"),
         *_slot_consumers(stream, "", bucket, public_key),
     ]
 
@@ -270,6 +281,7 @@ def _kv_read_all(bucket: str) -> list[Permission]:
     return [
         Permission(f"{_JS}.DIRECT.GET.{stream}", f"get by sequence in {bucket}"),
         _get(bucket, ">", f"any key of {bucket}"),
+        _leader_get(bucket, f"any key of {bucket}"),
         Permission(f"{_JS}.CONSUMER.CREATE.{stream}", f"watch / list {bucket} (unnamed consumer)"),
         Permission(f"{_JS}.CONSUMER.CREATE.{stream}.>", f"watch / list {bucket} (named consumer)"),
         Permission(f"{_JS}.CONSUMER.INFO.{stream}.*", "check its consumers"),
@@ -434,6 +446,7 @@ def _worker(
         name=name,
         publish_permissions=(
             *declare,
+            _leader_get(HANDLERS_BUCKET, "its own declaration (any declaration: no secret)"),
             _js_info(),
             _kv_open(HANDLERS_BUCKET),
             Permission(

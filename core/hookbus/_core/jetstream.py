@@ -52,11 +52,13 @@ from hookbus.schemas import (
 
 from .buckets import config_differences, placement_text
 from .deadlines import Deadline, time_left
+from .leader_reads import LeaderKeyValue, direct_allowed
 from .nats_guard import bucket_refusal, harden_connection
 
 __all__ = [
     "CREATE_DEADLINE_S",
     "DomainKeyValue",
+    "LeaderKeyValue",
     "bind_js_domain",
     "bind_key_value",
     "existing_key_value",
@@ -140,7 +142,7 @@ def kv_put_prefix(bucket: str, js_domain: str | None) -> str:
     return f"$JS.{js_domain}.API.$KV.{bucket}."
 
 
-class DomainKeyValue(KeyValue):
+class DomainKeyValue(LeaderKeyValue):
     """nats-py's `KeyValue` for a bucket in another JetStream domain: `put`, `create`,
     `update`, `delete` and `purge` publish to ``$JS.<domain>.API.$KV.<bucket>.<key>`` (with
     the headers nats-py's KeyValue sends: ``Nats-Expected-Last-Subject-Sequence`` for
@@ -152,16 +154,21 @@ class DomainKeyValue(KeyValue):
     """
 
     def __init__(
-        self, name: str, stream: str, pre: str, js: JetStreamContext, direct: bool, *, domain: str
-    ) -> None:
-        super().__init__(name=name, stream=stream, pre=pre, js=js, direct=direct)
+        self, name: str, stream: str, pre: str, js: JetStreamContext, *,
+        domain: str, direct_allowed: bool, direct: bool = False,
+    ) -> None:  # fmt: skip
+        super().__init__(name, stream, pre, js, direct_allowed=direct_allowed, direct=direct)
         self.js_domain = domain
         self._put_pre = kv_put_prefix(name, domain)
 
     @classmethod
-    def of(cls, kv: KeyValue, domain: str) -> DomainKeyValue:
-        """`kv` (opened on a context of `domain`) with its writes sent to the domain."""
-        return cls(kv._name, kv._stream, kv._pre, kv._js, kv._direct, domain=domain)
+    def of(cls, kv: KeyValue, domain: str) -> DomainKeyValue:  # type: ignore[override]
+        """`kv` (opened on a context of `domain`) with its writes sent to the domain, and
+        its reads as `kv` makes them (nats-py's: from the leader, see `LeaderKeyValue`)."""
+        return cls(
+            kv._name, kv._stream, kv._pre, kv._js, domain=domain,
+            direct_allowed=direct_allowed(kv), direct=isinstance(kv, LeaderKeyValue) and kv._direct,
+        )  # fmt: skip
 
     async def put(self, key: str, value: bytes, validate_keys: bool = True) -> int:
         if validate_keys and not _is_key_valid(key):
@@ -211,35 +218,46 @@ class DomainKeyValue(KeyValue):
         return True
 
 
-def _in_domain(kv: KeyValue, domain: str | None) -> KeyValue:
-    return kv if domain is None or isinstance(kv, DomainKeyValue) else DomainKeyValue.of(kv, domain)
+def _in_domain(kv: KeyValue, domain: str | None) -> LeaderKeyValue:
+    """`kv` reading from its stream's leader (`LeaderKeyValue`), and in a domain a
+    `DomainKeyValue`."""
+    if domain is None:
+        return kv if isinstance(kv, LeaderKeyValue) else LeaderKeyValue.of(kv)
+    return kv if isinstance(kv, DomainKeyValue) else DomainKeyValue.of(kv, domain)
 
 
 def bind_key_value(
     nc: NATS, bucket: str, *, js_domain: str | None = None, direct: bool = False
 ) -> KeyValue:
     """A `KeyValue` on `bucket` made without a request (no stream info: for an identity
-    that may only read its own keys), in the domain of `js_domain_of`.
+    that may only read its own keys), in the domain of `js_domain_of`; `direct`: its gets
+    are direct gets, answered by any replica (else by the stream's leader, see
+    `LeaderKeyValue`).
 
     Raises:
         HookbusError: `js_domain` conflicts with the domain bound to `nc`.
     """
+    harden_connection(nc)  # a refused read fails at once
     domain = js_domain_of(nc, js_domain)
-    kv = KeyValue(
-        name=bucket, stream=f"KV_{bucket}", pre=f"$KV.{bucket}.",
-        js=jetstream_context(nc, domain), direct=direct,
+    kv = LeaderKeyValue(
+        bucket, f"KV_{bucket}", f"$KV.{bucket}.", jetstream_context(nc, domain),
+        direct_allowed=direct, direct=direct,
     )  # fmt: skip
     return _in_domain(kv, domain)
 
 
-async def existing_key_value(nc: NATS, bucket: str, *, js_domain: str | None = None) -> KeyValue:
+async def existing_key_value(
+    nc: NATS, bucket: str, *, js_domain: str | None = None
+) -> LeaderKeyValue:
     """The existing bucket `bucket` (one stream info request, never a create) in the
-    domain of `js_domain_of`; a `DomainKeyValue` in a domain.
+    domain of `js_domain_of`, reading from its stream's leader (`LeaderKeyValue`); a
+    `DomainKeyValue` in a domain.
 
     Raises:
         nats.js.errors.BucketNotFoundError: no such bucket there.
         HookbusError: `js_domain` conflicts with the domain bound to `nc`.
     """
+    harden_connection(nc)  # a refused read fails at once (see `LeaderKeyValue`)
     domain = js_domain_of(nc, js_domain)
     return _in_domain(await jetstream_context(nc, domain).key_value(bucket), domain)
 

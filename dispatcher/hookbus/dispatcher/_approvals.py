@@ -94,6 +94,7 @@ from hookbus._core.buckets import approvals_bucket_config
 from hookbus._core.forwarded import Forwarded
 from hookbus._core.jetstream import bind_key_value
 from hookbus._core.kv import open_bucket
+from hookbus._core.leader_reads import own_keys_only
 from hookbus.schemas import (
     APPROVALS_BUCKET,
     ApprovalAnswer,
@@ -232,15 +233,14 @@ class Approvals:
         it may not write approval records (they are asked through the dispatcher service),
         and a refused write must deny promptly.
         """
-        info = getattr(nc, "_server_info", None) or {}
-        secured = bool(info.get("auth_required"))
-        if suspensions.records.scoped and secured:  # an agent: it may only get its own keys
+        own_keys = own_keys_only(nc, scoped=suspensions.records.scoped)
+        if own_keys:  # an agent: it may only get its own keys, by direct get
             kv = bind_key_value(nc, APPROVALS_BUCKET, js_domain=js_domain, direct=True)
         else:
             kv = await open_bucket(
                 nc, approvals_bucket_config(replicas=replicas), js_domain=js_domain
             )
-        deadline = 3.0 if suspensions.records.scoped and secured else 15.0
+        deadline = 3.0 if own_keys else 15.0
         store = Suspensions(
             nc, kv, leases=suspensions.leases, agent_id=suspensions.agent_id,
             scoped=suspensions.records.scoped, write_deadline_s=deadline,

@@ -50,6 +50,7 @@ from nats.js.kv import KeyValue
 from hookbus._core.buckets import suspensions_bucket_config
 from hookbus._core.deadlines import caller_deadline
 from hookbus._core.kv import open_bucket
+from hookbus._core.leader_reads import own_keys_only, read_from_replicas
 from hookbus._core.nats_guard import harden_connection
 from hookbus._core.tasks import stop_task
 from hookbus.schemas import (
@@ -181,7 +182,12 @@ class Suspensions:
         """
         config = suspensions_bucket_config(ttl_s=ttl_s, replicas=replicas)
         kv = await open_bucket(nc, config, js_domain=js_domain)
-        leases = await Leases.open(nc, lease_s=lease_s, replicas=replicas, js_domain=js_domain)
+        own_keys = own_keys_only(nc, scoped=scoped)
+        if own_keys:  # it may get its own keys only, by direct get
+            read_from_replicas(kv)
+        leases = await Leases.open(
+            nc, lease_s=lease_s, replicas=replicas, js_domain=js_domain, own_keys=own_keys
+        )
         return cls(nc, kv, leases=leases, poll_s=poll_s, agent_id=agent_id, scoped=scoped)
 
     @property
@@ -209,7 +215,8 @@ class Suspensions:
             HookbusTimeoutError: the leases bucket stayed unavailable for one lease.
         """
         if self._leases is None:
-            self._leases = await Leases.open(self._nc)
+            own_keys = own_keys_only(self._nc, scoped=self.records.scoped)
+            self._leases = await Leases.open(self._nc, own_keys=own_keys)
         await self._leases.ensure()
         return self._leases
 

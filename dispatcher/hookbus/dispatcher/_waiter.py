@@ -48,6 +48,7 @@ from hookbus._core.kv import (
     stream_sequence,
     subscribe_keys,
 )
+from hookbus._core.leader_reads import read_from_replicas
 from hookbus._core.tasks import stop_task
 from hookbus.schemas import (
     HookbusTimeoutError,
@@ -415,18 +416,25 @@ class Leases:
 
     @classmethod
     async def open(
-        cls, nc: NATS, *, lease_s: float = 15.0, replicas: int = 1, js_domain: str | None = None
-    ) -> Leases:
+        cls, nc: NATS, *, lease_s: float = 15.0, replicas: int = 1, js_domain: str | None = None,
+        own_keys: bool = False,
+    ) -> Leases:  # fmt: skip
         """Open (or create) `LEASES_BUCKET` (in the JetStream domain `js_domain`; None: the
         one bound to `nc`, else the connection's own); an existing bucket's max age is the
-        lease.
+        lease. Leases and claims are read from the stream's leader, or with `own_keys`
+        (an identity that may get only its own keys: `own_keys_only`) by direct gets.
 
         Raises:
             HookbusTimeoutError: JetStream stayed unavailable.
             JetStreamDomainError: see `open_bucket`.
         """
         config = leases_bucket_config(lease_s=lease_s, replicas=replicas)
-        kv = await open_bucket(nc, config, js_domain=js_domain)
+
+        async def opened(deadline_s: float) -> KeyValue:
+            kv = await open_bucket(nc, config, js_domain=js_domain, deadline_s=deadline_s)
+            return read_from_replicas(kv) if own_keys else kv
+
+        kv = await opened(30.0)
         with contextlib.suppress(Exception):
             status = await kv.status()
             age = status.stream_info.config.max_age
@@ -434,7 +442,7 @@ class Leases:
                 lease_s = float(age)
 
         async def reopen() -> KeyValue:
-            return await open_bucket(nc, config, js_domain=js_domain, deadline_s=lease_s)
+            return await opened(lease_s)
 
         return cls(kv, lease_s=lease_s, reopen=reopen)
 
