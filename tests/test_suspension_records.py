@@ -418,3 +418,52 @@ async def test_a_waiter_resolved_after_a_nats_server_restart_wakes_promptly(
         await nc.close()
         if restarted is not None:
             restarted.stop()
+
+
+def test_a_probe_that_reads_the_key_older_than_the_write_judges_nothing() -> None:
+    """After a write's unknown outcome, the probe reads the key. A message older than the
+    version the write replaced can only come from a reader behind the stream's leader (a
+    direct get an agent makes on a secured server, answered by a replica that lags): it says
+    nothing of what happened since, so the probe is made again (a transient error). Before, a
+    delete marker there was taken for a delete after the write's revision, and a resolve or
+    cancel that never landed was reported stored."""
+    from hookbus._core.kv import is_transient
+    from hookbus.dispatcher._reconcile import ReadBehind, judge
+
+    with pytest.raises(ReadBehind) as behind:
+        judge((b"", 3, "DEL"), "w1", last=5)
+    assert is_transient(behind.value)
+    with pytest.raises(ReadBehind):
+        judge((b'{"write_id": "w0"}', 4, None), "w1", last=5)
+    assert judge((b"", 7, "DEL"), "w1", last=5) == ("deleted", 0)
+    assert judge((b'{"write_id": "w0"}', 5, None), "w1", last=5) == ("unchanged", 0)
+    assert judge((b'{"write_id": "w1"}', 6, None), "w1", last=5) == ("ours", 6)
+
+
+async def test_a_create_whose_key_is_gone_when_it_looks_again_lost_a_race(
+    pair: tuple[Suspensions, Suspensions], label: str
+) -> None:
+    """nats-py's `create`, refused because the key holds a record, reads the key again to
+    see whether it was only a delete marker; here the key's messages are purged from the
+    stream in between (what a bucket's max age does to an old record). The create lost a
+    race: the store says so (None), as for any lost compare-and-set. Before, nats-py's own
+    `KeyNotFoundError` came out of the store raw."""
+    from hookbus.schemas import SuspensionRecord, encode
+
+    store, _ = pair
+    records = store.records
+    key = records.key(label)
+    subject = f"$KV.{SUSPENSIONS_BUCKET}.{key}"
+    kv = records.kv
+    await kv.put(key, encode(SuspensionRecord(label=label, status="pending")))
+
+    class PurgedBeforeItLooks(type(kv)):  # type: ignore[misc]
+        async def _get(self, key: str, revision: int | None = None) -> Any:
+            await self._js.purge_stream(STREAM, subject=subject)
+            return await super()._get(key, revision)
+
+    kv.__class__ = PurgedBeforeItLooks
+    try:
+        assert await records.create(SuspensionRecord(label=label, status="pending")) is None
+    finally:
+        kv.__class__ = PurgedBeforeItLooks.__mro__[1]

@@ -24,7 +24,16 @@ from hookbus._core.deadlines import Deadline, time_left
 from hookbus._core.kv import is_transient
 from hookbus.schemas import HookbusTimeoutError
 
-__all__ = ["DELETED", "LINEAGE", "WRONG_LAST", "Conflict", "Verdict", "judge", "reconciled"]
+__all__ = [
+    "DELETED",
+    "LINEAGE",
+    "WRONG_LAST",
+    "Conflict",
+    "ReadBehind",
+    "Verdict",
+    "judge",
+    "reconciled",
+]
 
 log = logging.getLogger("hookbus.dispatcher")
 
@@ -47,6 +56,12 @@ replaced it), the version the write replaces (send it again), or another writer'
 
 class Conflict(Exception):
     """A compare-and-set failed: another write is at the key."""
+
+
+class ReadBehind(TimeoutError):
+    """A probe read a message older than the version the write replaces: the reader was
+    behind the stream's leader (a direct get, answered by a replica that lags). Nothing can
+    be judged from it; transient (a `TimeoutError`), so the probe is made again."""
 
 
 async def reconciled(
@@ -150,6 +165,10 @@ def judge(
 
     ``deleted``: the key was deleted after `last` (a newer delete marker, or a record
     created over one): the versions in between are gone, ours maybe among them.
+
+    Raises:
+        ReadBehind: `got` is older than revision `last` (its reader lagged the leader: a
+            delete marker there says nothing about what happened after `last`).
     """
     if got is None:  # never written (or expired)
         return ("unchanged" if last == 0 else "changed"), 0
@@ -161,6 +180,8 @@ def judge(
         return "ours", 0
     if revision == last:
         return "unchanged", 0
+    if revision < last:  # the leader never holds less than the version written over
+        raise ReadBehind(f"the key was read at revision {revision}, behind {last}")
     if op is not None or _deleted_since(ids, last):
         return "deleted", 0
     return "changed", 0

@@ -307,6 +307,10 @@ class RecordStore:
                 if is_transient(exc):  # an earlier try still in flight: outcome unknown
                     raise
                 raise Conflict from exc
+            except nats.js.errors.KeyNotFoundError as exc:
+                # nats-py's `create`, refused, reads the key to see whether it was deleted:
+                # gone meanwhile (expired, purged; or a direct get behind), ours did not land
+                raise Conflict from exc
 
         async def probe() -> Verdict:
             got = await self._raw(key)
