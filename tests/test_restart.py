@@ -391,10 +391,17 @@ async def test_dispatcher_service_killed_mid_approval_loses_nothing(
 
 
 # -- the nats-server restarts mid-wait -------------------------------------------------------
-def direct_get_subject(label: str) -> str:
-    """Where a direct KV read of `label`'s record is requested (nats-py, ``direct=True``)."""
-    stream = f"KV_{SUSPENSIONS_BUCKET}"
-    return f"$JS.API.DIRECT.GET.{stream}.$KV.{SUSPENSIONS_BUCKET}.{suspension_key(label)}"
+READS_SUBJECT = f"$JS.API.STREAM.MSG.GET.KV_{SUSPENSIONS_BUCKET}"
+"""Where a read of a suspension record is requested: from the stream's leader, a message get
+naming the record's subject in its body (`hookbus._core.leader_reads`)."""
+
+
+async def next_read_of(sub: Any, label: str, timeout_s: float) -> None:
+    """Wait for the next read of `label`'s record among the requests `sub` hears."""
+    subject = f"$KV.{SUSPENSIONS_BUCKET}.{suspension_key(label)}".encode()
+    with anyio.fail_after(timeout_s):
+        while subject not in (await sub.next_msg(timeout=timeout_s)).data:
+            pass
 
 
 async def restart_while_waiting(
@@ -422,7 +429,7 @@ async def restart_while_waiting(
         d = HookDispatcher(nc, approvals=False)
         async with d:
             result: list[Grant] = []
-            reads = await nc.subscribe(direct_get_subject(label))
+            reads = await nc.subscribe(READS_SUBJECT)
             stream = await d.hook_events()
             async with anyio.create_task_group() as tg:
 
@@ -436,8 +443,8 @@ async def restart_while_waiting(
                             break
                     await stream.aclose()
                     if steady:
-                        await reads.next_msg(timeout=5)  # hook()'s own look before creating
-                        await reads.next_msg(timeout=5)  # the first periodic read
+                        await next_read_of(reads, label, 5)  # hook()'s look before creating
+                        await next_read_of(reads, label, 5)  # the first periodic read
                 await reads.unsubscribe()
 
                 server.kill()  # keeps its data folder
