@@ -467,3 +467,82 @@ async def test_a_create_whose_key_is_gone_when_it_looks_again_lost_a_race(
         assert await records.create(SuspensionRecord(label=label, status="pending")) is None
     finally:
         kv.__class__ = PurgedBeforeItLooks.__mro__[1]
+
+
+class BehindOnce(LateAck):
+    """`LateAck` (the next write's request is lost), whose first read after the loss is
+    answered as a replica behind the leader would: with `older`, the answer the key got
+    when it was read earlier (the bucket keeps one message per key, so the leader no
+    longer has it; a replica that lags still does)."""
+
+    def __init__(self, kv: Any, older: BaseException) -> None:
+        super().__init__(kv, store=False)
+        self._older = older
+        self.stale_reads = 0
+
+    async def get(self, key: str, *args: Any, **kwargs: Any) -> Any:
+        if self.lost and not self.stale_reads:
+            self.stale_reads += 1
+            raise self._older
+        return await self._kv.get(key, *args, **kwargs)
+
+    async def delete(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._late("delete", *args, **kwargs)
+
+
+async def test_a_resolve_whose_probe_reads_an_older_delete_marker_is_sent_again(
+    pair: tuple[Suspensions, Suspensions], label: str
+) -> None:
+    """A label used by an earlier run (a delete marker), now pending again; the resolve's
+    request is lost, and the probe that follows reads the key as a replica behind the leader
+    has it: the old delete marker. That says nothing about the resolve (the key was written
+    after the marker): the probe is made again, finds the pending record unchanged, and
+    sends the resolve again, which wakes the waiter. Before, the old marker counted as a
+    delete after the resolve, the resolve as landed, and the waiter was never woken."""
+    import nats.js.errors
+
+    waiter, resolver = pair
+    await used_before(waiter, resolver, label)
+    key = resolver.records.key(label)
+    with pytest.raises(nats.js.errors.KeyNotFoundError) as marker:
+        await resolver.records.kv.get(key)
+    assert marker.value.entry is not None  # type: ignore[attr-defined]
+    got: list[Grant] = []
+    async with anyio.create_task_group() as tg:
+
+        async def wait() -> None:
+            async with waiter.run(f"run-{uuid.uuid4().hex}"):
+                got.append(await waiter.hook(label, payload=Grant, timeout_s=10))
+
+        tg.start_soon(wait)
+        await pending(resolver, label)
+        behind = BehindOnce(resolver.records.kv, marker.value)
+        resolver.records.kv = behind  # type: ignore[assignment]
+        await resolver.resolve_hook(label, Grant(approved=True, by="sent again"))
+        assert behind.lost and behind.stale_reads == 1
+    assert got == [Grant(approved=True, by="sent again")]
+
+
+async def test_a_delete_whose_probe_reads_an_older_delete_marker_is_sent_again(
+    pair: tuple[Suspensions, Suspensions], label: str
+) -> None:
+    """The same for a delete (a run's cleanup of its record): its request lost, its probe
+    reading the old delete marker of an earlier run, it is sent again and the record is
+    gone. Before, the old marker counted as the delete done, and the record stayed."""
+    import nats.js.errors
+
+    waiter, resolver = pair
+    await used_before(waiter, resolver, label)
+    records = resolver.records
+    key = records.key(label)
+    with pytest.raises(nats.js.errors.KeyNotFoundError) as marker:
+        await records.kv.get(key)
+    await resolver.resolve_hook(label, Grant(approved=True, by="left for a later run"))
+    entry = await records.latest(label)
+    assert entry is not None
+    behind = BehindOnce(records.kv, marker.value)
+    records.kv = behind  # type: ignore[assignment]
+    assert await records.delete(label, last=entry.revision)
+    assert behind.lost and behind.stale_reads == 1
+    records.kv = behind._kv
+    assert await resolver.get(label) is None, "the record is gone"

@@ -15,10 +15,11 @@ and listings (consumers) are unchanged.
 
 An identity whose NATS user may only get its own keys (an agent on a server securing each
 identity: its direct gets are allowed by key, and a message get names its key in the
-request body, so it cannot be allowed by key) may not make that request. The first refusal
-switches the object to direct gets, said once on the ``hookbus`` logger: its reads may lag
-the leader, as every read did before. ``docs/decisions-under-faults.md`` has the fact and
-the test.
+request body, so it cannot be allowed by key) may not make that request: its stores read
+by direct get from the start (`own_keys_only`, `read_from_replicas`), and those reads may
+lag the leader (a limit, in ``docs/decisions-under-faults.md`` with the fact and the
+tests). An identity refused a leader read otherwise (one issued before hookbus read from
+leaders) falls back to direct gets at the first refusal, with a warning.
 """
 
 from __future__ import annotations

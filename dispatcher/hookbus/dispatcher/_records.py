@@ -56,7 +56,16 @@ from hookbus.schemas import (
     suspension_key,
 )
 
-from ._reconcile import DELETED, LINEAGE, WRONG_LAST, Conflict, Verdict, judge, reconciled
+from ._reconcile import (
+    DELETED,
+    LINEAGE,
+    WRONG_LAST,
+    Conflict,
+    ReadBehind,
+    Verdict,
+    judge,
+    reconciled,
+)
 from ._record_listing import SuspensionPage, page_of, scan_once
 
 __all__ = [
@@ -268,6 +277,8 @@ class RecordStore:
 
         async def probe() -> Verdict:
             got = await self._raw(key)
+            if got is not None and got[1] < last:
+                raise ReadBehind(f"{key[:80]} read at revision {got[1]}, behind {last}")
             if got is None or got[2] is not None:
                 return "ours"  # gone (absent, or a delete marker): what the delete was for
             return "unchanged" if got[1] == last else "changed"
