@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 import nats
 import pytest
+from _emitted import in_background
 from conftest import Connect, reconnecting
 from nats.aio.client import Client as NATS
 from test_approvals import Approver, asker, spawn_emit
@@ -196,3 +197,46 @@ async def test_an_unreachable_approval_store_denies_within_the_deadline(
     assert result.reason == "approval unavailable: the suspension store could not be reached"
     assert [(f.handler, f.kind, f.policy) for f in result.failures] == [("gate", "error", "deny")]
     assert elapsed < 10, elapsed  # bounded by the emit's deadline, not the store's 15 s retries
+
+
+async def test_an_approval_that_cannot_be_closed_at_its_timeout_denies_whatever_its_default(
+    embedded_server: EmbeddedNatsServer,
+) -> None:
+    """An approval is pending when JetStream goes away; its timeout comes, and its close
+    (the cancel that makes a later answer decide nothing) cannot be stored. A human may have
+    answered meanwhile, unseen: the call is denied, whatever `approval_default` says, as
+    when the store cannot be reached at the ask. Before, an `allow` default allowed it."""
+    nc = await nats.connect(
+        embedded_server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.05
+    )
+    d = HookDispatcher(nc)
+    event = f"test:{uuid.uuid4().hex[:8]}"
+
+    @d.register(event)
+    async def gate(ev: str, data: dict[str, Any]) -> HookResult:
+        return HookResult(
+            action="ask_user", approval_prompt="go?", approval_timeout=1.0,
+            approval_default="allow",
+        )  # fmt: skip
+
+    await d.start()
+    d.approvals.records.records.deadline_s = 2.0  # each try of the store gives up sooner
+    events = await d.hook_events()
+    try:
+        async with anyio.create_task_group() as tg:
+            data = {"session_id": "s", "tool_name": "bash"}
+            out = in_background(tg, lambda: d.emit(event, data, timeout_s=40))
+            with anyio.fail_after(10):
+                async for e in events:
+                    if e.hook.status == "pending":
+                        break
+            embedded_server.stop()
+            result = await out.wait(timeout_s=60)
+    finally:
+        with contextlib.suppress(Exception):
+            await events.aclose()
+        await d.close()
+        with contextlib.suppress(Exception):
+            await nc.close()
+    assert result.action == "deny", result
+    assert result.reason is not None and "could not be closed" in result.reason, result.reason

@@ -151,13 +151,16 @@ def running(tmp_path: Path) -> Iterator[Any]:
 
 
 def port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is not a listener
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
+    """Whether nothing listens on `port` (a connection to it is refused). Not a bind: the
+    port comes from the ephemeral range, and another test's client connection may hold it
+    as its own local port, which makes a bind fail with nothing listening (seen in CI)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2.0):
             return False
-    return True
+    except ConnectionRefusedError:
+        return True
+    except OSError:  # a listener too busy to accept within 2 s is still a listener
+        return False
 
 
 def wait_gone(pid: int, timeout: float = EXIT_WITHIN_S) -> bool:

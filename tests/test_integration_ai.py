@@ -1049,6 +1049,35 @@ async def test_a_timed_out_tool_approval_ends_denied_and_the_model_is_told(
     assert TRANSFERS == []
 
 
+async def test_a_tool_approval_that_cannot_be_closed_at_its_timeout_is_denied(
+    embedded_server: Any, agent_id: str
+) -> None:
+    """A tool approval is pending when JetStream goes away; at its timeout its close cannot
+    be stored, so a human's answer may be there unseen: the tool is denied, whatever
+    ``approval_default`` says, and the model is told why. Before, an ``allow`` default let
+    the tool run."""
+    nc = await nats.connect(
+        embedded_server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.05
+    )
+    hooks = await HookbusHooks.open(nc, agent_id=agent_id, approval_default="allow")
+    hooks.timeout_s = 1.0
+    hooks.suspensions.records.deadline_s = 2.0  # each try of the store gives up sooner
+    call = testing.tool_call(transfer, amount=78)
+    try:
+        async with transfer_run(hooks, call, f"run-{uuid.uuid4().hex[:8]}") as s:
+            async for _ in pending_hooks(s):
+                embedded_server.stop()
+        assert TRANSFERS == []
+        [result] = tool_results(s.messages)
+        assert result.startswith("Rejected: timed out after 1s; default allow, but it could"
+                                 " not be closed"), result  # fmt: skip
+    finally:
+        with contextlib.suppress(Exception):
+            await hooks.close()
+        with contextlib.suppress(Exception):
+            await nc.close()
+
+
 async def test_public_api() -> None:
     assert set(hb_ai.__all__) == {
         "AI_METADATA_KEY", "APPROVAL_LABEL_PREFIX", "EVENTS", "HookbusHooks",

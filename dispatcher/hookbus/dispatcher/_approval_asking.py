@@ -376,7 +376,9 @@ class ApprovalAsker:
         self, result: HookResult, label: str, options: list[str], store: Suspensions
     ) -> HookResult:
         """Close the approval; if an answer won the race (or is proven), it decides, not
-        the clock."""
+        the clock. The default decides only once this close is stored (then no answer can
+        win): a close that could not be stored, a record settled but unreadable, or gone,
+        denies, since a human's answer may be there unseen."""
         decision = await self._settled_by_proof(result, label, options, store)
         if decision is not None:
             return decision
@@ -392,15 +394,19 @@ class ApprovalAsker:
             )
             if decision is not None:
                 return decision
-            log.warning("approval %r settled but unreadable after its timeout", label)
+            why = "it was settled meanwhile and is unreadable"
         except SuspensionNotFoundError:
-            log.warning("approval %r vanished at its timeout; default applied", label)
+            why = "its record is gone"
         except (HookbusError, nats.errors.Error, nats.js.errors.Error) as exc:
-            log.warning(
-                "approval %r could not be closed at its timeout (%s); default %s applied and a"
-                " later answer is ignored by this call", label, exc, result.approval_default,
-            )  # fmt: skip
-        return decided(result, allow=result.approval_default == "allow", reason=reason)
+            why = f"it could not be closed ({exc})"
+        else:
+            return decided(result, allow=result.approval_default == "allow", reason=reason)
+        log.warning("approval %r timed out, but %s: denied, whatever its default", label, why)
+        return decided(
+            result, allow=False,
+            reason=f"{TIMED_OUT}{result.approval_timeout}s, but {why}: whether a human answered"
+            " is unknown; denied",
+        )  # fmt: skip
 
 
 def _out_of_time(exc: BaseException) -> bool:

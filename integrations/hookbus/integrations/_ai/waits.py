@@ -262,7 +262,9 @@ class AIHookWaits:
         `approval_default`: close its record (cancelled, the reason saying so, so a later
         answer decides nothing) and return ``ToolApproval(granted=..., reason="timed out
         after <s>s; default <deny|allow>")``, which the model reads (a deny is the tool
-        result ``"Rejected: timed out ..."``). An answer that won the race decides instead."""
+        result ``"Rejected: timed out ..."``). An answer that won the race decides instead;
+        a record that could not be closed (gone, or the store unreachable) is a deny,
+        whatever the default: a human's answer may be there unseen."""
         store = self._settings.suspensions
         default = self._settings.approval_default
         why = f"{TIMED_OUT}{timeout_s:g}s; default {default}"
@@ -276,9 +278,12 @@ class AIHookWaits:
                 registry=None, timeout_s=_SETTLE_S,
             )  # fmt: skip
         except (SuspensionNotFoundError, HookbusError, NatsError) as exc:
-            log.warning(
-                "tool approval %r: not closed at its timeout (%r); default applied", label, exc
-            )
+            # not closed: a human's answer may be there unseen, so the default may not decide
+            log.warning("tool approval %r: not closed at its timeout (%r); denied", label, exc)
+            if rt is not None:
+                await rt.put_hook(part.model_copy(update={"status": "cancelled"}))
+            reason = f"{why}, but it could not be closed: whether a human answered is unknown"
+            return payload.model_validate({"granted": False, "reason": reason})
         else:  # kept past the run's end: a later answer, or a replay, finds it closed
             run = RunScope.current()
             if run is not None:
