@@ -472,9 +472,10 @@ async def test_preregistered_resolution_is_consumed_once(
     assert TRANSFERS == [3]
     assert model.unused == []
     await assert_used(hooks, label, ["sent 3"])
-    # the proof answers the label (the tool call): the same call replayed gets the same answer
-    got = await hooks.hook(label, payload=ai.tools.ToolApproval, timeout_s=5)
-    assert got == ai.tools.ToolApproval(granted=True, reason="alice chose 'Allow'")
+    # that run used the approval: the same call hooked again is asked anew, never answered
+    # by the used approval's proof (nobody answers here: its timeout's default)
+    got = await hooks.hook(label, payload=ai.tools.ToolApproval, timeout_s=2)
+    assert got == ai.tools.ToolApproval(granted=False, reason="timed out after 2s; default deny")
 
 
 async def test_ai_functions_on_the_run_registry_reach_the_record(
@@ -1076,6 +1077,29 @@ async def test_a_tool_approval_that_cannot_be_closed_at_its_timeout_is_denied(
             await hooks.close()
         with contextlib.suppress(Exception):
             await nc.close()
+
+
+async def test_the_same_tool_call_in_another_run_is_asked_anew_not_by_the_old_answer(
+    hooks: HookbusHooks, observer: HookbusHooks
+) -> None:
+    """A tool call approved ("Allow", by alice) and run in one run comes again in another
+    run (the same call replayed under a new run id): it is asked anew, and bob's "Deny"
+    decides it; the tool runs once. Before, alice's answer proof of the first run, still in
+    the bucket, answered the new approval at once ("Allow"), bob's answer was refused as
+    decided first by alice, and the tool ran a second time."""
+    call = testing.tool_call(transfer, amount=41)
+    async with transfer_run(hooks, call, f"run-{uuid.uuid4().hex[:8]}") as s:
+        async for hook in pending_hooks(s):
+            await observer.approve(hook, "Allow", approver="alice")
+    assert TRANSFERS == [41]
+    seen: list[Any] = []
+    async with transfer_run(hooks, call, f"run-{uuid.uuid4().hex[:8]}") as s:
+        async for hook in pending_hooks(s, seen):
+            await observer.approve(hook, "Deny", approver="bob")
+    assert statuses(seen) == ["pending", "resolved"]
+    assert TRANSFERS == [41], "the tool ran again on the first run's answer"
+    [result] = tool_results(s.messages)
+    assert result == "Rejected: bob chose 'Deny'", result
 
 
 async def test_public_api() -> None:

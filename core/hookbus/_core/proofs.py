@@ -72,22 +72,25 @@ async def write_proof(
 
 
 async def read_proofs(
-    kv: KeyValue, record_key: str, *, deadline_s: float
+    kv: KeyValue, record_key: str, *, deadline_s: float, after: int = 0
 ) -> list[tuple[str, bytes]]:
-    """Every live proof of the record `record_key` as ``(key, value)``, in stream order
-    (a deleted proof is left out).
+    """Every live proof of the record `record_key` stored after stream sequence `after`
+    (see `SuspensionRecord.created_over`: older ones answered an earlier hook on the label)
+    as ``(key, value)``, in stream order (a deleted proof is left out).
 
     Raises:
         HookbusTimeoutError: JetStream stayed unavailable for `deadline_s` seconds.
     """
     return await kv_retry(
-        lambda: _read_once(kv, record_key, deadline_s),
+        lambda: _read_once(kv, record_key, deadline_s, after),
         deadline_s=deadline_s,
         what=f"reading the answers of {record_key[:80]}",
     )
 
 
-async def _read_once(kv: KeyValue, record_key: str, deadline_s: float) -> list[tuple[str, bytes]]:
+async def _read_once(
+    kv: KeyValue, record_key: str, deadline_s: float, after: int
+) -> list[tuple[str, bytes]]:
     prefix = kv._pre  # type: ignore[attr-defined]
     found: dict[str, tuple[int, bytes]] = {}
     processed: dict[str, int] = {}
@@ -116,7 +119,8 @@ async def _read_once(kv: KeyValue, record_key: str, deadline_s: float) -> list[t
         deadline_s=deadline_s,
         missed="reading the answers missed a message; reading again",
     )
-    return [(key, value) for key, (_, value) in sorted(found.items(), key=lambda kv_: kv_[1][0])]
+    kept = sorted((item for item in found.items() if item[1][0] > after), key=lambda i: i[1][0])
+    return [(key, value) for key, (_, value) in kept]
 
 
 async def first_proof(
@@ -125,18 +129,21 @@ async def first_proof(
     accept: Callable[[str, bytes], T | None],
     *,
     deadline_s: float,
+    after: int = 0,
 ) -> T | None:
-    """The first proof of `record_key` in stream order that `accept` turns into a value
-    (`accept(key, value)` returns None for a proof it refuses), or None."""
-    for key, value in await read_proofs(kv, record_key, deadline_s=deadline_s):
+    """The first proof of `record_key` stored after stream sequence `after`, in stream
+    order, that `accept` turns into a value (`accept(key, value)` returns None for a proof
+    it refuses), or None."""
+    for key, value in await read_proofs(kv, record_key, deadline_s=deadline_s, after=after):
         got = accept(key, value)
         if got is not None:
             return got
     return None
 
 
-async def read_proof(kv: KeyValue, key: str, *, deadline_s: float) -> bytes | None:
-    """The value of the one proof `key` (an approver's), or None when there is none.
+async def read_proof(kv: KeyValue, key: str, *, deadline_s: float, after: int = 0) -> bytes | None:
+    """The value of the one proof `key` (an approver's), or None when there is none stored
+    after stream sequence `after` (an older one answered an earlier hook on the label).
 
     Raises:
         HookbusTimeoutError: JetStream stayed unavailable for `deadline_s` seconds.
@@ -144,9 +151,12 @@ async def read_proof(kv: KeyValue, key: str, *, deadline_s: float) -> bytes | No
 
     async def get() -> bytes | None:
         try:
-            return (await kv.get(key)).value or None
+            entry = await kv.get(key)
         except nats.js.errors.KeyNotFoundError:
             return None
+        if (entry.revision or 0) <= after:
+            return None  # an answer to an earlier hook on the label
+        return entry.value or None
 
     return await kv_retry(get, deadline_s=deadline_s, what=f"reading {key[:80]}")
 

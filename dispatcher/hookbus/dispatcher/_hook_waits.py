@@ -173,19 +173,19 @@ class HookWaits:
             await kv_retry(self.watch.start, deadline_s=self.records.deadline_s, what="watch")
             hook_id = uuid.uuid4().hex
 
-            def fresh() -> SuspensionRecord:
+            def fresh(over: int) -> SuspensionRecord:
                 return SuspensionRecord(
                     label=label, status="pending", hook_id=hook_id, agent_id=self.records.agent_id,
                     run_id=run.run_id if run else None, attached=True, owner=leases.waiter_id,
                     metadata=metadata or {}, payload_type=getattr(payload, "__name__", None),
                     payload_schema=schema if schema is not None else payload_schema(payload),
-                    created_at=time.time(),
+                    created_at=time.time(), created_over=over,
                 )  # fmt: skip
 
             while True:
                 entry = await self.records.latest(label)
                 if entry is None or entry.record is None:  # absent, deleted or malformed
-                    record = fresh()
+                    record = fresh(0 if entry is None else entry.revision)
                     revision = await self.records.create(record, over=entry, if_deleted="lost")
                     if revision is None:
                         continue  # someone created it first: look again
@@ -211,7 +211,7 @@ class HookWaits:
                 if record.status == "resolved" and shared:  # one call, retried: its answer
                     return convert(label, record.resolution, payload)
                 if record.status == "resolved":  # consumed earlier: this is a new hook
-                    record = fresh()
+                    record = fresh(entry.revision)
                     revision = await self.records.swap(
                         record, last=entry.revision, prior=entry.record, if_deleted="lost"
                     )

@@ -94,6 +94,10 @@ class SuspensionRecord(_Wire):
     key after that is asked again, in a fresh approval."""
     created_at: float = 0.0
     """When the record was created: seconds since the Unix epoch."""
+    created_over: int = 0
+    """The revision (stream sequence) of what this hook's pending record was written over:
+    an earlier hook's record on the label, or its delete marker (0: a key never written).
+    An answer proof stored at or below it answered an earlier hook, never this one."""
     settled_at: float | None = None
     """When it was resolved or cancelled: seconds since the Unix epoch; None while pending."""
 

@@ -125,14 +125,25 @@ class ToolApprovalProofs:
                 )
             await asyncio.sleep(0.05)
 
-    async def _first(self, label: str) -> ApprovalAnswer | None:
-        """The first valid proof of the tool approval `label`, in stream order, or None."""
+    async def _first(self, label: str, *, after: int = 0) -> ApprovalAnswer | None:
+        """The first valid proof of the tool approval `label` stored after stream sequence
+        `after`, in stream order, or None."""
         store = self.suspensions
         return await first_proof(
             store.records.kv, store.records.key(label),
             lambda key, value: _valid_proof(key, value, label, store.agent_id),
-            deadline_s=store.records.deadline_s,
+            deadline_s=store.records.deadline_s, after=after,
         )  # fmt: skip
+
+    async def _answers_after(self, label: str) -> int:
+        """The stream sequence at or below which a proof of the tool approval `label`
+        answered an earlier ask of the same label (the same tool call in another run):
+        what its pending record was written over (`SuspensionRecord.created_over`), or,
+        with no record, the delete marker the key holds (0: never written)."""
+        entry = await self.suspensions.records.latest(label)
+        if entry is None:
+            return 0
+        return entry.revision if entry.record is None else entry.record.created_over
 
     async def apply(self, label: str) -> bool:
         """Resolve the tool approval `label` (pending, or not created yet: pre-registered)
@@ -143,7 +154,7 @@ class ToolApprovalProofs:
             return False  # a used one, kept (see `ToolApprovals.mark_used`): asked anew
         if found is not None and found[0].status != "pending":
             return True
-        answer = await self._first(label)
+        answer = await self._first(label, after=await self._answers_after(label))
         if answer is None:
             return False
         with contextlib.suppress(AlreadySettledError):  # settled meanwhile
@@ -175,7 +186,10 @@ class ToolApprovalProofs:
         else:
             store = self.suspensions
             key = approval_answer_key(label, store.agent_id, who)
-            raw = await read_proof(store.records.kv, key, deadline_s=store.records.deadline_s)
+            raw = await read_proof(
+                store.records.kv, key, deadline_s=store.records.deadline_s,
+                after=await self._answers_after(label),
+            )  # fmt: skip
             proof = None if raw is None else _valid_proof(key, raw, label, store.agent_id)
             if proof is None:
                 problem = f"no answer of approver {who!r} is on record"
