@@ -166,6 +166,13 @@ async def test_a_grant_read_retries_through_a_server_outage(
             restarted.stop()
 
 
+async def outliving(server: EmbeddedNatsServer) -> tuple[NATS, HookDispatcher, str]:
+    """A connection to `server` that keeps reconnecting (it outlives the server), a
+    dispatcher on it (not started), and a fresh event name."""
+    nc = await nats.connect(server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.05)
+    return nc, HookDispatcher(nc), f"test:{uuid.uuid4().hex[:8]}"
+
+
 @pytest.mark.parametrize("default", ["deny", "allow"])
 async def test_an_unreachable_approval_store_denies_within_the_deadline(
     embedded_server: EmbeddedNatsServer, default: str
@@ -173,11 +180,7 @@ async def test_an_unreachable_approval_store_denies_within_the_deadline(
     """JetStream gone while a handler asks: whether anybody answered is unknown, so the
     emit is denied within its deadline whatever the approval's default, with the failure on
     the result (never a raw error, never a hang, never an allow)."""
-    nc = await nats.connect(
-        embedded_server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.05
-    )
-    d = HookDispatcher(nc)
-    event = f"test:{uuid.uuid4().hex[:8]}"
+    nc, d, event = await outliving(embedded_server)
 
     @d.register(event)
     async def gate(ev: str, data: dict[str, Any]) -> HookResult:
@@ -206,11 +209,7 @@ async def test_an_approval_that_cannot_be_closed_at_its_timeout_denies_whatever_
     (the cancel that makes a later answer decide nothing) cannot be stored. A human may have
     answered meanwhile, unseen: the call is denied, whatever `approval_default` says, as
     when the store cannot be reached at the ask. Before, an `allow` default allowed it."""
-    nc = await nats.connect(
-        embedded_server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.05
-    )
-    d = HookDispatcher(nc)
-    event = f"test:{uuid.uuid4().hex[:8]}"
+    nc, d, event = await outliving(embedded_server)
 
     @d.register(event)
     async def gate(ev: str, data: dict[str, Any]) -> HookResult:

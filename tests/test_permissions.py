@@ -682,3 +682,29 @@ async def test_buckets_and_accounts_carry_limits(secure: Secure, as_: Connect) -
     limits = (await js.account_info()).limits
     assert limits.max_consumers > 0 and limits.max_streams > 0 and limits.max_storage > 0
     secure.table.append(("buckets and account without storage limits", "bounded", "bounded"))
+
+
+async def test_an_identity_refused_a_leader_read_falls_back_to_direct_gets(
+    secure: Secure, as_: Connect, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bucket opened to read from its stream's leader, by an identity whose NATS user may
+    not (an agent may get only its own keys; an identity issued before hookbus read from
+    leaders): the first refusal turns its gets into direct gets, said once on the log, and
+    the read is answered (here: its own key, never written)."""
+    import logging
+
+    import nats.js.errors
+
+    from hookbus._core.jetstream import existing_key_value
+    from hookbus.schemas import SUSPENSIONS_BUCKET
+
+    agent = await as_("agent-a1")
+    kv = await existing_key_value(agent.nc, SUSPENSIONS_BUCKET)
+    assert kv.reads_from_leader
+    with caplog.at_level(logging.WARNING, logger="hookbus"):
+        for _ in range(2):
+            with pytest.raises(nats.js.errors.KeyNotFoundError):
+                await kv.get(suspension_key(f"never-{uuid.uuid4().hex[:6]}", "a1"))
+    assert not kv.reads_from_leader
+    said = [r for r in caplog.records if "may not read from the stream's leader" in r.message]
+    assert len(said) == 1, said
