@@ -21,7 +21,6 @@ import contextlib
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import urllib.error
@@ -33,6 +32,7 @@ from typing import Any, Generic, Self, TypeVar
 
 import anyio
 import nats
+from _ports import free_ports
 from nats.aio.client import Client as NATS
 
 from hookbus._core.nats_guard import order_flushes
@@ -41,21 +41,6 @@ from hookbus.cli import find_nats_server
 __all__ = ["Cluster", "Node", "Servers", "free_ports", "wait_for"]
 
 CLUSTER_NAME = "hookbus-faults"
-
-
-def free_ports(n: int) -> list[int]:
-    """`n` distinct free TCP ports on 127.0.0.1 (bound together, then released)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @dataclass
