@@ -130,7 +130,6 @@ async def test_a_registry_snapshot_from_a_replica_behind_the_leader_is_not_taken
             with contextlib.suppress(Exception):
                 await c.close()
         await cluster.close()
-        await asyncio.sleep(0)
 
 
 READ_LAG_S = 1.5
