@@ -56,6 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -191,7 +192,9 @@ class Tree:
         self.procs: dict[str, subprocess.Popen[str]] = {}
         self.server: Any = None
 
-    def start(self, logs: Path) -> None:
+    def start(self, logs: Path, sides: Collection[str] = SIDES) -> None:
+        """Start the tree's server, its worker, and the raw responder and the dispatcher
+        service when `sides` measures them (an older tree may have no such service)."""
         from hookbus.cli import EmbeddedNatsServer
 
         self.server = EmbeddedNatsServer()
@@ -202,12 +205,16 @@ class Tree:
         cli = [py, "-m", "hookbus.cli", "--log-level", "info"]
         service = [*cli, "dispatcher", "--url", url, "--agent-max-in-flight", "0"]
         service += ["--agent-rate", "0", "--max-concurrency", "4096"]
-        self._spawn("raw", [py, str(HERE / "_workers.py"), "--url", url], logs)
-        self._spawn("worker", [*cli, "worker", worker, "--url", url], logs)
-        self._spawn("service", service, logs)
-        for name, ready in (
-            ("raw", "raw responder ready"), ("worker", "serving "), ("service", "serving ")
-        ):  # fmt: skip
+        started = {
+            "raw": ([py, str(HERE / "_workers.py"), "--url", url], "raw responder ready"),
+            "worker": ([*cli, "worker", worker, "--url", url], "serving "),
+            "service": (service, "serving "),
+        }
+        if "service" not in sides:
+            del started["service"]
+        for name, (argv, _) in started.items():
+            self._spawn(name, argv, logs)
+        for name, (_, ready) in started.items():
             self._wait(name, ready, logs)
         agent = [py, __file__, "--agent", url, "--event", self.event, "--kb", str(self.kb)]
         self._spawn("agent", agent, logs)
@@ -300,7 +307,7 @@ def profile(trees: list[Tree], args: argparse.Namespace) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     who = {"raw": ("agent",), "emit": ("agent", "worker"), "service": ("service", "worker")}
     for tree in trees:
-        for side in SIDES:
+        for side in args.sides.split(","):
             agent = tree.procs["agent"]
             assert agent.stdin is not None and agent.stdout is not None
             agent.stdin.write(f"{side} {args.in_flight} {args.seconds + 1.0}\n")
@@ -366,7 +373,7 @@ def main() -> None:
         logs = Path(tempfile.mkdtemp(prefix="hookbus-sides-"))
         print(f"process logs: {logs}", file=sys.stderr)
         for tree in trees:
-            tree.start(logs)
+            tree.start(logs, sides)
         for r in range(args.rounds):
             order = [(t, s) for t in trees for s in sides]
             k = r % len(order)
@@ -378,8 +385,9 @@ def main() -> None:
         cols = ["rate", "agent", "worker", "service", "raw", "nats-server", "failed"]
         print(f"{'tree':8} {'side':8} " + " ".join(f"{c:>11}" for c in cols))
         for (label, side), rows in results.items():
-            med = {c: statistics.median(x[c] for x in rows) for c in cols}
-            print(f"{label:8} {side:8} " + " ".join(f"{med[c]:11.1f}" for c in cols))
+            med = {c: statistics.median(x[c] for x in rows) for c in cols if c in rows[0]}
+            figures = (f"{med[c]:11.1f}" if c in med else f"{'-':>11}" for c in cols)
+            print(f"{label:8} {side:8} " + " ".join(figures))
         if args.profile:
             profile(trees, args)
     finally:

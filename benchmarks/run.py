@@ -700,12 +700,11 @@ async def phase_more(run: Run) -> None:
     """The suspension and tracing rows, each with its own baseline from the same run: a KV
     put, and emit with tracing off (`suspensions.py`, `tracing.py`)."""
     import tracing
-    from suspensions import bench_suspensions
     from tracing import bench_noop_overhead, bench_tracing
 
     s = run.s
     run.say(f"suspensions: resolve -> wake vs a KV put, {s.suspension_n} rounds ...")
-    sus = await _bounded("the suspension benchmark", bench_suspensions(run.url, s.suspension_n))
+    sus = await _bounded("the suspension benchmark", _suspensions(run.url, s.suspension_n))
     run.say(f"tracing: chain of 3, on vs off, {s.tracing_n} emits per variant ...")
     tr = await _bounded("the tracing benchmark", bench_tracing(run.url, s.tracing_n))
     if isinstance(tr, dict) and hasattr(tracing, "bench_span_floor"):
@@ -731,6 +730,14 @@ async def phase_more(run: Run) -> None:
             "instrumentation with no OTel provider set (in-process emit, 3 handlers): "
             f"unwrapped {noop['bare_us']:.1f} us, as shipped {noop['instrumented_us']:.1f} us"
         )
+
+
+async def _suspensions(url: str, rounds: int) -> dict[str, Any]:
+    """`suspensions.bench_suspensions`, imported here: a code tree that cannot run it (an
+    older checkout first on ``PYTHONPATH``) leaves its row unmeasured, not the run failed."""
+    from suspensions import bench_suspensions
+
+    return await bench_suspensions(url, rounds)
 
 
 async def bench(url: str, s: Settings, amplifier: Path | Unavailable) -> Run:
