@@ -154,7 +154,10 @@ class ToolApprovalProofs:
             return False  # a used one, kept (see `ToolApprovals.mark_used`): asked anew
         if found is not None and found[0].status != "pending":
             return True
-        answer = await self._first(label, after=await self._answers_after(label))
+        # the proofs that answer it: stored after what its record was written over (the
+        # record read above; with none, the key's delete marker, read again)
+        after = found[0].created_over if found is not None else await self._answers_after(label)
+        answer = await self._first(label, after=after)
         if answer is None:
             return False
         with contextlib.suppress(AlreadySettledError):  # settled meanwhile

@@ -280,18 +280,17 @@ class AIHookWaits:
         except (SuspensionNotFoundError, HookbusError, NatsError) as exc:
             # not closed: a human's answer may be there unseen, so the default may not decide
             log.warning("tool approval %r: not closed at its timeout (%r); denied", label, exc)
-            if rt is not None:
-                await rt.put_hook(part.model_copy(update={"status": "cancelled"}))
+            granted = False
             reason = f"{why}, but it could not be closed: whether a human answered is unknown"
-            return payload.model_validate({"granted": False, "reason": reason})
         else:  # kept past the run's end: a later answer, or a replay, finds it closed
             run = RunScope.current()
             if run is not None:
                 run.keep(label)
-        log.info("tool approval %r: %s", label, why)
+            log.info("tool approval %r: %s", label, why)
+            granted, reason = default == "allow", why
         if rt is not None:
             await rt.put_hook(part.model_copy(update={"status": "cancelled"}))
-        return payload.model_validate({"granted": default == "allow", "reason": why})
+        return payload.model_validate({"granted": granted, "reason": reason})
 
     async def _carry(
         self, label: str, local: asyncio.Future[dict[str, Any]], kv: asyncio.Future[Any]
