@@ -193,8 +193,8 @@ class Tree:
         self.server: Any = None
 
     def start(self, logs: Path, sides: Collection[str] = SIDES) -> None:
-        """Start the tree's server, its worker, and the raw responder and the dispatcher
-        service when `sides` measures them (an older tree may have no such service)."""
+        """Start the tree's server, the raw responder, its worker, and the dispatcher service
+        when `sides` measures it (an older tree's service may not take today's options)."""
         from hookbus.cli import EmbeddedNatsServer
 
         self.server = EmbeddedNatsServer()
