@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import ssl
 import subprocess
 import sys
@@ -28,16 +29,19 @@ from typing import Any
 import anyio
 import nats
 import nats.errors
+import nats.js.errors
 import pytest
 from _ports import on_free_port
 from _sites import wait_listening
 from nats.aio.client import Client as NATS
 
+from hookbus._core.jetstream import existing_key_value
 from hookbus._core.nats_guard import harden_connection
 from hookbus.cli import find_nats_server
 from hookbus.dispatcher import ApprovalsClient, DispatcherService, HookDispatcher
 from hookbus.schemas import (
     DISPATCHER_SERVICE_NAME,
+    SUSPENSIONS_BUCKET,
     TOOL_PRE,
     ApprovalAnswer,
     HookResult,
@@ -691,13 +695,6 @@ async def test_an_identity_refused_a_leader_read_falls_back_to_direct_gets(
     not (an agent may get only its own keys; an identity issued before hookbus read from
     leaders): the first refusal turns its gets into direct gets, said once on the log, and
     the read is answered (here: its own key, never written)."""
-    import logging
-
-    import nats.js.errors
-
-    from hookbus._core.jetstream import existing_key_value
-    from hookbus.schemas import SUSPENSIONS_BUCKET
-
     agent = await as_("agent-a1")
     kv = await existing_key_value(agent.nc, SUSPENSIONS_BUCKET)
     assert kv.reads_from_leader

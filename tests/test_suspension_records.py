@@ -27,15 +27,18 @@ from typing import Any
 import anyio
 import nats
 import nats.errors
+import nats.js.errors
 import pytest
 from _payloads import Grant
 from _proxy import NatsProxy
 from conftest import Connect, reconnecting
 from nats.aio.client import Client as NATS
 
+from hookbus._core.kv import is_transient
 from hookbus.cli import EmbeddedNatsServer
 from hookbus.dispatcher import Suspensions
-from hookbus.schemas import SUSPENSIONS_BUCKET, SuspensionTimeoutError
+from hookbus.dispatcher._reconcile import ReadBehind, judge
+from hookbus.schemas import SUSPENSIONS_BUCKET, SuspensionRecord, SuspensionTimeoutError, encode
 
 pytestmark = pytest.mark.anyio
 
@@ -427,9 +430,6 @@ def test_a_probe_that_reads_the_key_older_than_the_write_judges_nothing() -> Non
     nothing of what happened since, so the probe is made again (a transient error). Before, a
     delete marker there was taken for a delete after the write's revision, and a resolve or
     cancel that never landed was reported stored."""
-    from hookbus._core.kv import is_transient
-    from hookbus.dispatcher._reconcile import ReadBehind, judge
-
     with pytest.raises(ReadBehind) as behind:
         judge((b"", 3, "DEL"), "w1", last=5)
     assert is_transient(behind.value)
@@ -448,8 +448,6 @@ async def test_a_create_whose_key_is_gone_when_it_looks_again_lost_a_race(
     stream in between (what a bucket's max age does to an old record). The create lost a
     race: the store says so (None), as for any lost compare-and-set. Before, nats-py's own
     `KeyNotFoundError` came out of the store raw."""
-    from hookbus.schemas import SuspensionRecord, encode
-
     store, _ = pair
     records = store.records
     key = records.key(label)
@@ -499,8 +497,6 @@ async def test_a_resolve_whose_probe_reads_an_older_delete_marker_is_sent_again(
     after the marker): the probe is made again, finds the pending record unchanged, and
     sends the resolve again, which wakes the waiter. Before, the old marker counted as a
     delete after the resolve, the resolve as landed, and the waiter was never woken."""
-    import nats.js.errors
-
     waiter, resolver = pair
     await used_before(waiter, resolver, label)
     key = resolver.records.key(label)
@@ -529,8 +525,6 @@ async def test_a_delete_whose_probe_reads_an_older_delete_marker_is_sent_again(
     """The same for a delete (a run's cleanup of its record): its request lost, its probe
     reading the old delete marker of an earlier run, it is sent again and the record is
     gone. Before, the old marker counted as the delete done, and the record stayed."""
-    import nats.js.errors
-
     waiter, resolver = pair
     await used_before(waiter, resolver, label)
     records = resolver.records
