@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -166,11 +167,18 @@ async def test_a_grant_read_retries_through_a_server_outage(
             restarted.stop()
 
 
-async def outliving(server: EmbeddedNatsServer) -> tuple[NATS, HookDispatcher, str]:
-    """A connection to `server` that keeps reconnecting (it outlives the server), a
-    dispatcher on it (not started), and a fresh event name."""
+@contextlib.asynccontextmanager
+async def outliving(server: EmbeddedNatsServer) -> AsyncIterator[tuple[HookDispatcher, str]]:
+    """A dispatcher (not started) on a connection to `server` that keeps reconnecting (it
+    outlives the server), and a fresh event name; both closed on exit."""
     nc = await nats.connect(server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.05)
-    return nc, HookDispatcher(nc), f"test:{uuid.uuid4().hex[:8]}"
+    d = HookDispatcher(nc)
+    try:
+        yield d, f"test:{uuid.uuid4().hex[:8]}"
+    finally:
+        await d.close()
+        with contextlib.suppress(Exception):
+            await nc.close()
 
 
 @pytest.mark.parametrize("default", ["deny", "allow"])
@@ -180,22 +188,17 @@ async def test_an_unreachable_approval_store_denies_within_the_deadline(
     """JetStream gone while a handler asks: whether anybody answered is unknown, so the
     emit is denied within its deadline whatever the approval's default, with the failure on
     the result (never a raw error, never a hang, never an allow)."""
-    nc, d, event = await outliving(embedded_server)
+    async with outliving(embedded_server) as (d, event):
 
-    @d.register(event)
-    async def gate(ev: str, data: dict[str, Any]) -> HookResult:
-        return HookResult(action="ask_user", approval_prompt="go?", approval_default=default)
+        @d.register(event)
+        async def gate(ev: str, data: dict[str, Any]) -> HookResult:
+            return HookResult(action="ask_user", approval_prompt="go?", approval_default=default)
 
-    await d.start()
-    embedded_server.stop()
-    started = time.monotonic()
-    try:
+        await d.start()
+        embedded_server.stop()
+        started = time.monotonic()
         result = await d.emit(event, {"session_id": "s", "tool_name": "bash"}, timeout_s=2.0)
-    finally:
         elapsed = time.monotonic() - started
-        await d.close()
-        with contextlib.suppress(Exception):
-            await nc.close()
     assert result.action == "deny", result
     assert result.reason == "approval unavailable: the suspension store could not be reached"
     assert [(f.handler, f.kind, f.policy) for f in result.failures] == [("gate", "error", "deny")]
@@ -209,33 +212,30 @@ async def test_an_approval_that_cannot_be_closed_at_its_timeout_denies_whatever_
     (the cancel that makes a later answer decide nothing) cannot be stored. A human may have
     answered meanwhile, unseen: the call is denied, whatever `approval_default` says, as
     when the store cannot be reached at the ask. Before, an `allow` default allowed it."""
-    nc, d, event = await outliving(embedded_server)
+    async with outliving(embedded_server) as (d, event):
 
-    @d.register(event)
-    async def gate(ev: str, data: dict[str, Any]) -> HookResult:
-        return HookResult(
-            action="ask_user", approval_prompt="go?", approval_timeout=1.0,
-            approval_default="allow",
-        )  # fmt: skip
+        @d.register(event)
+        async def gate(ev: str, data: dict[str, Any]) -> HookResult:
+            return HookResult(
+                action="ask_user", approval_prompt="go?", approval_timeout=1.0,
+                approval_default="allow",
+            )  # fmt: skip
 
-    await d.start()
-    d.approvals.records.records.deadline_s = 2.0  # each try of the store gives up sooner
-    events = await d.hook_events()
-    try:
-        async with anyio.create_task_group() as tg:
-            data = {"session_id": "s", "tool_name": "bash"}
-            out = in_background(tg, lambda: d.emit(event, data, timeout_s=40))
-            with anyio.fail_after(10):
-                async for e in events:
-                    if e.hook.status == "pending":
-                        break
-            embedded_server.stop()
-            result = await out.wait(timeout_s=60)
-    finally:
-        with contextlib.suppress(Exception):
-            await events.aclose()
-        await d.close()
-        with contextlib.suppress(Exception):
-            await nc.close()
+        await d.start()
+        d.approvals.records.records.deadline_s = 2.0  # each try of the store gives up sooner
+        events = await d.hook_events()
+        try:
+            async with anyio.create_task_group() as tg:
+                data = {"session_id": "s", "tool_name": "bash"}
+                out = in_background(tg, lambda: d.emit(event, data, timeout_s=40))
+                with anyio.fail_after(10):
+                    async for e in events:
+                        if e.hook.status == "pending":
+                            break
+                embedded_server.stop()
+                result = await out.wait(timeout_s=60)
+        finally:
+            with contextlib.suppress(Exception):
+                await events.aclose()
     assert result.action == "deny", result
     assert result.reason is not None and "could not be closed" in result.reason, result.reason
