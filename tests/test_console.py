@@ -174,7 +174,9 @@ async def served_console(connect: Connect, **options: Any) -> AsyncIterator[str]
         return console_app(client, nc, token=TOKEN, stopping=stopping, **options)
 
     try:
-        async with served(make_app=make_app) as url:
+        # as `hookbus console` serves it: request tasks still running 2 s after the stop
+        # (a browser's page left open) are cancelled, not waited for without limit
+        async with served(make_app=make_app, timeout_graceful_shutdown=2) as url:
             yield f"{url}/"
     finally:
         await client.close()
